@@ -1,0 +1,158 @@
+"""GPU memory: what is used now (live), or what a config will need (estimate).
+
+    python check_gpu_memory.py                                   # every GPU, every process, this process's allocator
+    python check_gpu_memory.py --estimate --preset llama3-8b-dual --gpu a100-40
+    python check_gpu_memory.py --estimate --preset llama3-8b-dual --gpu-mem 24 --set model.load_in_4bit=true
+
+Inside a training process call `report_live()` (it never creates a CUDA context of its own).
+The estimate comes from grpo/memory.py (pure arithmetic; see its docstring for every formula and the phase model).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from grpo.memory import GIB, KNOWN_SHAPES, EstimateInputs, ModelShape, cheapest_fixes, estimate, format_table, \
+    lookup_known_shape, shape_from_hf_config
+
+NO_GPU_LINE = "No CUDA GPU visible (torch.cuda.is_available() is False); nothing to report."
+GPUS: dict[str, tuple[float, tuple[int, int]]] = {
+    # name: (memory in GiB as nvidia-smi reports the total, compute capability)
+    "a100-40": (40536 / 1024, (8, 0)),
+    "a100-80": (81920 / 1024, (8, 0)),
+    "h100-80": (81559 / 1024, (9, 0)),
+    "l4-24": (23034 / 1024, (8, 9)),
+    "rtx4090-24": (24564 / 1024, (8, 9)),
+    "v100-32": (32768 / 1024, (7, 0)),
+    "t4-16": (15360 / 1024, (7, 5)),
+}
+TINY_INTERMEDIATE_FACTOR = 2
+"""Fallback when grpo/modeling.py is absent: its `tiny_model_config` uses intermediate = 2 · hidden."""
+TINY_KV_HEADS = 2
+"""builtin:tiny kv heads (grpo/modeling.py `tiny_model_config` default)."""
+
+
+def report_live() -> str:
+    """The live report: NVML view of all GPUs and processes + this process's torch allocator, or NO_GPU_LINE."""
+    import torch
+
+    from grpo.hardware import live_gpu_report, nvml_report
+
+    if torch.cuda.is_available():
+        return live_gpu_report()
+    found, text = nvml_report()
+    if found:
+        return ("torch.cuda.is_available() is False (a CPU build of torch, or CUDA_VISIBLE_DEVICES hides the GPUs), "
+                "but NVML sees:\n" + text)
+    return NO_GPU_LINE
+
+
+def resolve_shape(model_cfg: Any) -> ModelShape:
+    """The model's shape: a local folder's config.json, builtin:tiny, or KNOWN_SHAPES; a clear error otherwise."""
+    name = model_cfg.name
+    if name == "builtin:tiny":
+        return _tiny_shape(model_cfg)
+    folder = Path(name).expanduser()
+    if folder.is_dir():
+        config_file = folder / "config.json"
+        if not config_file.is_file():
+            raise ValueError(f"model.name={name!r} is a folder without config.json: point it at a Hugging Face "
+                             "model folder (the one holding config.json and the weights)")
+        d = json.loads(config_file.read_text())
+        return shape_from_hf_config(d.get("text_config", d), name=name)
+    shape = lookup_known_shape(name)
+    if shape is None:
+        known = "\n  ".join(sorted(KNOWN_SHAPES))
+        raise ValueError(f"model.name={name!r}: its shape is not bundled and it is not a local folder. Known names:\n  "
+                         f"{known}\nor pass a local path holding config.json (`--set model.name=/path/to/model`).")
+    return shape
+
+
+def _tiny_shape(model_cfg: Any) -> ModelShape:
+    """builtin:tiny's shape from grpo/modeling.py `tiny_model_config` when present, else its documented defaults."""
+    sizes = dict(hidden=model_cfg.tiny_hidden, layers=model_cfg.tiny_layers, heads=model_cfg.tiny_heads)
+    try:
+        from grpo.modeling import tiny_model_config
+    except ImportError:
+        tiny_model_config = None
+    if tiny_model_config is not None:
+        return shape_from_hf_config(tiny_model_config(model_cfg.tiny_vocab, **sizes).to_dict(), name="builtin:tiny")
+    return ModelShape("builtin:tiny", sizes["hidden"], sizes["layers"], sizes["heads"], min(TINY_KV_HEADS, sizes["heads"]),
+                      TINY_INTERMEDIATE_FACTOR * sizes["hidden"], model_cfg.tiny_vocab, tie_embeddings=False)
+
+
+def inputs_from_config(cfg: Any, compute_capability: tuple[int, int] = (8, 0)) -> EstimateInputs:
+    """EstimateInputs for `cfg` (a config.Config or any object with the same fields) on a GPU of that capability."""
+    from grpo.hardware import choose_precision
+    from grpo.logprobs import DEFAULT_LOGPROB_CHUNK_ROWS
+
+    m = cfg.model
+    dtype, _scaler, _why = choose_precision(m.dtype, True, tuple(compute_capability) >= (8, 0),
+                                            full_finetune=not m.lora)
+    k = cfg.rollout.k
+    return EstimateInputs(
+        shape=resolve_shape(m),
+        micro_batch_seqs=cfg.train.prompts_per_micro_step * k,
+        gen_batch_seqs=cfg.train.prompts_per_micro_step * cfg.train.grad_accum * k,
+        prompt_len=cfg.data.max_prompt_tokens, new_tokens=cfg.rollout.max_new_tokens,
+        weight_dtype=dtype, load_in_4bit=m.load_in_4bit, lora=m.lora, lora_r=m.lora_r,
+        lora_targets=tuple(m.lora_target_modules), lora_dropout=getattr(m, "lora_dropout", 0.0),
+        grad_checkpointing=m.gradient_checkpointing, k=k, mu=cfg.loss.mu, ref_pass=bool(cfg.kl_enabled),
+        logits_to_keep=True, logsoftmax_chunk_rows=DEFAULT_LOGPROB_CHUNK_ROWS,
+        attention="eager" if getattr(m, "attn_implementation", "auto") == "eager" else "sdpa",
+    )
+
+
+def estimate_report(cfg: Any, gpu: str | None, gpu_mem: float | None) -> str:
+    """The estimate table for `cfg` on the named card (or `gpu_mem` GiB), with the 3 cheapest fixes if it does not fit."""
+    gpu_gb, cc = (gpu_mem, (8, 0)) if gpu_mem else GPUS[gpu or "a100-40"]
+    x = inputs_from_config(cfg, cc)
+    est = estimate(x)
+    card = f"{gpu_mem:g} GiB (--gpu-mem)" if gpu_mem else f"{gpu or 'a100-40'} ({gpu_gb:.1f} GiB, cc {cc[0]}.{cc[1]})"
+    head = (f"ESTIMATE for {x.shape.name} on {card}: {x.weight_dtype}"
+            f"{' + 4-bit nf4' if x.load_in_4bit else ''}, {'LoRA r=' + str(x.lora_r) if x.lora else 'full fine-tuning'}, "
+            f"grad checkpointing {'on' if x.grad_checkpointing else 'off'}, micro-batch {x.micro_batch_seqs} seqs, "
+            f"generation {x.gen_batch_seqs} seqs, prompt {x.prompt_len} + {x.new_tokens} new tokens, μ={x.mu}, "
+            f"reference pass {'on' if x.ref_pass else 'off'}")
+    lines = [head, "", format_table(est, gpu_gb)]
+    if est.peak_bytes > gpu_gb * GIB:
+        fixes = cheapest_fixes(x, gpu_gb, n=3)
+        lines.append("cheapest changes that fit:" if fixes else "no combination of up to 3 changes fits this card")
+        lines += [f"  {i}. {f}" for i, f in enumerate(fixes, 1)]
+    return "\n".join(lines)
+
+
+def main(argv: list[str]) -> int:
+    import argparse
+
+    from config import ConfigError, load_config, split_argv
+
+    overrides, rest = split_argv(argv)
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+                                     epilog="Config overrides: --set section.field=value (repeatable).")
+    parser.add_argument("--estimate", action="store_true", help="predict peak memory of a config instead of live use")
+    parser.add_argument("--preset", default=None, help="config preset, e.g. llama3-8b-dual (default: demo)")
+    group = parser.add_mutually_exclusive_group()
+    group.add_argument("--gpu", choices=sorted(GPUS), default=None, help="target card (default a100-40)")
+    group.add_argument("--gpu-mem", type=float, default=None, help="target memory in GiB (bf16-capable GPU assumed)")
+    args = parser.parse_args(rest)
+    if not args.estimate:
+        if overrides or args.preset or args.gpu or args.gpu_mem:
+            parser.error("--preset/--gpu/--gpu-mem/--set need --estimate")
+        print(report_live())
+        return 0
+    try:
+        cfg = load_config(args.preset, overrides)
+        report = estimate_report(cfg, args.gpu, args.gpu_mem)
+    except (ConfigError, ValueError) as err:  # ConfigError is a ValueError; both name the field and the fix
+        print(f"check_gpu_memory: {err}", file=sys.stderr)
+        return 2
+    print(report)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

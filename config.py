@@ -1,0 +1,666 @@
+"""The one typed configuration of grpo-dual: small section dataclasses, a docstring under every field.
+
+Standard library only. Validation happens in `__post_init__`; every error names the field, the bad value and the fix.
+Overrides from the command line use dotted names: `--rollout.k 8`, `--rollout.k=8` or `--set rollout.k=8`;
+per-task sections use the task name: `--set kl.fairness.beta=0.2`, `--set rewards.fairness=bbq_rule:1,format:0.2`.
+Only the entry point sees the whole Config; each module receives its section or plain values.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import json
+import types
+import typing
+from dataclasses import dataclass, field
+from typing import Any
+
+
+class ConfigError(ValueError):
+    """A config value is wrong. The message names the field, the value and the fix."""
+
+
+def _check(ok: bool, name: str, value: Any, fix: str) -> None:
+    if not ok:
+        raise ConfigError(f"config field `{name}` = {value!r} is invalid: {fix}")
+
+
+def _one_of(name: str, value: Any, allowed: typing.Iterable[str]) -> None:
+    allowed = list(allowed)
+    _check(value in allowed, name, value, f"use one of {allowed}")
+
+
+POLICY_LOSSES = ("grpo", "gspo", "gspo_token")
+AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")
+KL_ESTIMATORS = ("k1", "k2", "k3", "k3+")
+ADV_SCALES = ("group", "batch", "none")
+KL_CONTROLLERS = ("fixed", "adaptive", "band")
+COMBINE_METHODS = ("sum", "pcgrad", "cagrad")
+LLAMA_LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+
+
+@dataclass
+class ModelConfig:
+    name: str = "builtin:tiny"
+    """"builtin:tiny" (a small Llama-style model + tokenizer built in code), a local folder, or a hub id."""
+    dtype: str = "auto"
+    """auto | bfloat16 | float16 | float32. auto: bf16 on GPUs that support it, else fp16 (+ grad scaler), fp32 on CPU."""
+    attn_implementation: str = "auto"
+    """auto | flash_attention_2 | sdpa | eager. auto: flash-attn if installed and supported, else sdpa."""
+    lora: bool = False
+    """Train a LoRA adapter (peft). The reference policy is then the same weights with the adapter disabled."""
+    lora_r: int = 8
+    """LoRA rank."""
+    lora_alpha: int = 16
+    """LoRA scaling numerator (scale = alpha / r)."""
+    lora_dropout: float = 0.05
+    """Dropout on the LoRA input during the training forward (off for rollouts and log-prob passes)."""
+    lora_target_modules: list[str] = field(default_factory=lambda: list(LLAMA_LORA_TARGETS))
+    """Module names that get LoRA adapters."""
+    load_in_4bit: bool = False
+    """QLoRA: load the base in 4-bit nf4 through bitsandbytes (CUDA only; needs lora = true)."""
+    gradient_checkpointing: bool = False
+    """Recompute activations in the training backward (less memory, ~30% slower). Off during generation."""
+    compile: bool = False
+    """torch.compile the training forward. Off by default until measured on your hardware."""
+    trust_remote_code: bool = False
+    """Passed to from_pretrained for models with custom code."""
+    tiny_hidden: int = 64
+    """builtin:tiny hidden size."""
+    tiny_layers: int = 2
+    """builtin:tiny number of decoder layers."""
+    tiny_heads: int = 4
+    """builtin:tiny attention heads."""
+    tiny_vocab: int = 384
+    """builtin:tiny byte-level BPE vocabulary size (trained in code on the task texts)."""
+
+    def __post_init__(self) -> None:
+        _one_of("model.dtype", self.dtype, ("auto", "bfloat16", "float16", "float32"))
+        _one_of("model.attn_implementation", self.attn_implementation, ("auto", "flash_attention_2", "sdpa", "eager"))
+        _check(self.lora_r >= 1, "model.lora_r", self.lora_r, "use a rank >= 1 (8 or 16 are common)")
+        _check(0.0 <= self.lora_dropout < 1.0, "model.lora_dropout", self.lora_dropout, "use a value in [0, 1)")
+        _check(not self.load_in_4bit or self.lora, "model.load_in_4bit", self.load_in_4bit,
+               "4-bit weights cannot be trained directly: also set model.lora=true (QLoRA)")
+        _check(bool(self.lora_target_modules) or not self.lora, "model.lora_target_modules",
+               self.lora_target_modules, "name at least one module, e.g. q_proj,v_proj")
+        for f in ("tiny_hidden", "tiny_layers", "tiny_heads", "tiny_vocab"):
+            _check(getattr(self, f) >= 1, f"model.{f}", getattr(self, f), "use a positive integer")
+        _check(self.tiny_hidden % self.tiny_heads == 0, "model.tiny_hidden", self.tiny_hidden,
+               f"must be divisible by model.tiny_heads={self.tiny_heads}")
+
+
+@dataclass
+class DataConfig:
+    source: str = "demo"
+    """demo (synthetic tasks built in code) | dual (BBQ + HaluEval from data_dir) | path to a JSONL task file."""
+    data_dir: str = "../shared/data"
+    """Folder holding bbq/<Category>.jsonl and halueval/<subset>_data.json (used by source=dual)."""
+    bbq_categories: list[str] = field(default_factory=list)
+    """BBQ categories to load; empty = every <Category>.jsonl present in data_dir/bbq."""
+    bbq_per_category: int = 40
+    """Rows per BBQ category, stratified over context_condition x question_polarity."""
+    halueval_subsets: list[str] = field(default_factory=lambda: ["qa", "dialogue", "summarization", "general"])
+    """HaluEval subsets to load; a missing file is reported and skipped."""
+    halueval_per_subset: int = 100
+    """Rows per HaluEval subset."""
+    max_document_chars: int = 2000
+    """Summarization documents are cut to this many characters."""
+    demo_size: int = 400
+    """Synthetic demo: prompts generated per task (before the held-out split)."""
+    heldout_fraction: float = 0.2
+    """Share of rows held out for evaluation, chosen by a hash of each row's id (stable across runs)."""
+    eval_size: int = 32
+    """Held-out prompts per task used by each evaluation."""
+    system_prompt: str = ""
+    """Optional system message for every prompt (SFT, rollouts and log-prob passes alike)."""
+    max_prompt_tokens: int = 512
+    """Prompts longer than this (after the chat template) are dropped with a count."""
+
+    def __post_init__(self) -> None:
+        _check(0.0 < self.heldout_fraction < 1.0, "data.heldout_fraction", self.heldout_fraction,
+               "use a fraction in (0, 1), e.g. 0.2")
+        for f in ("bbq_per_category", "halueval_per_subset", "demo_size", "eval_size", "max_prompt_tokens"):
+            _check(getattr(self, f) >= 1, f"data.{f}", getattr(self, f), "use a positive integer")
+
+
+@dataclass
+class RolloutConfig:
+    k: int = 4
+    """Completions sampled per prompt (the GRPO group size)."""
+    max_new_tokens: int = 96
+    """Longest completion; a completion that reaches it without a stop token is marked truncated."""
+    min_new_tokens: int = 0
+    """Stop tokens are suppressed until this many tokens were generated."""
+    temperature: float = 1.0
+    """Sampling temperature, also used to scale logits in every log-prob pass so ratios match the sampler."""
+    top_k: int = 0
+    """Keep the k most likely tokens (0 = off)."""
+    top_p: float = 1.0
+    """Nucleus sampling mass (1.0 = off)."""
+    min_p: float = 0.0
+    """Drop tokens below min_p x p(top token) (0 = off)."""
+    repetition_penalty: float = 1.0
+    """CTRL-style repetition penalty over prompt and completion (1.0 = off)."""
+    presence_penalty: float = 0.0
+    """OpenAI-style: subtract this from the logit of every token already in the completion."""
+    frequency_penalty: float = 0.0
+    """OpenAI-style: subtract this x count of the token in the completion."""
+    stop_strings: list[str] = field(default_factory=list)
+    """Extra stop tokens (each must be one token of the tokenizer); the end-of-turn/EOS token always stops."""
+
+    def __post_init__(self) -> None:
+        _check(self.k >= 2, "rollout.k", self.k, "GRPO needs at least 2 completions per prompt; use k >= 2")
+        _check(self.max_new_tokens >= 1, "rollout.max_new_tokens", self.max_new_tokens, "use a positive integer")
+        _check(0 <= self.min_new_tokens <= self.max_new_tokens, "rollout.min_new_tokens", self.min_new_tokens,
+               f"use a value in [0, max_new_tokens={self.max_new_tokens}]")
+        _check(self.temperature > 0, "rollout.temperature", self.temperature,
+               "use a temperature > 0 (for greedy decoding use top_k=1)")
+        _check(self.top_k >= 0, "rollout.top_k", self.top_k, "use 0 (off) or a positive integer")
+        _check(0.0 < self.top_p <= 1.0, "rollout.top_p", self.top_p, "use a value in (0, 1]")
+        _check(0.0 <= self.min_p < 1.0, "rollout.min_p", self.min_p, "use a value in [0, 1)")
+        _check(self.repetition_penalty > 0, "rollout.repetition_penalty", self.repetition_penalty, "use a value > 0")
+
+
+@dataclass
+class LossConfig:
+    policy_loss: str = "grpo"
+    """grpo (token ratio) | gspo (sequence ratio) | gspo_token (sequence ratio value, token gradient path)."""
+    clip_low: float = 0.2
+    """Lower clip: ratio >= 1 - clip_low (GSPO's paper uses ~3e-4 since its ratio is a per-token geometric mean)."""
+    clip_high: float = 0.28
+    """Upper clip: ratio <= 1 + clip_high (DAPO clip-higher: larger than clip_low)."""
+    dual_clip: float | None = None
+    """Cap the loss of negative-advantage tokens at -c*A (verl uses c=3). None = off."""
+    agg_mode: str = "token-mean"
+    """token-mean | seq-mean-token-mean | seq-mean-token-sum | seq-mean-token-sum-norm (Dr.GRPO)."""
+    kl_estimator: str = "k3"
+    """k1 | k2 | k3 | k3+ (k3 value, k2 gradient). The KL term uses each sequence's task beta."""
+    entropy_coef: float = 0.0
+    """Entropy bonus weight (0 = off)."""
+    mu: int = 1
+    """Update passes (optimizer steps) per rollout batch. mu = 1 is exactly on-policy: no old-log-prob pass."""
+    adv_scale: str = "group"
+    """group: (r - mean)/(std + eps) | batch: divide by the batch std | none: r - mean (Dr.GRPO)."""
+    adv_clip: float | None = None
+    """Clamp advantages to [-c, c]. None = off."""
+
+    def __post_init__(self) -> None:
+        _one_of("loss.policy_loss", self.policy_loss, POLICY_LOSSES)
+        _one_of("loss.agg_mode", self.agg_mode, AGG_MODES)
+        _one_of("loss.kl_estimator", self.kl_estimator, KL_ESTIMATORS)
+        _one_of("loss.adv_scale", self.adv_scale, ADV_SCALES)
+        _check(0 < self.clip_low < 1, "loss.clip_low", self.clip_low, "use a value in (0, 1), e.g. 0.2")
+        _check(self.clip_high > 0, "loss.clip_high", self.clip_high, "use a value > 0, e.g. 0.28")
+        _check(self.dual_clip is None or self.dual_clip > 1, "loss.dual_clip", self.dual_clip,
+               "use None or a value > 1 (verl uses 3)")
+        _check(self.mu >= 1, "loss.mu", self.mu, "use mu >= 1")
+        _check(self.entropy_coef >= 0, "loss.entropy_coef", self.entropy_coef, "use a value >= 0")
+
+
+@dataclass
+class TaskKLConfig:
+    controller: str = "fixed"
+    """fixed | adaptive (Ziegler et al.) | band (multiply beta by up/down when the window median leaves the band)."""
+    beta: float = 0.04
+    """Initial KL coefficient of this task (0 disables the KL term and the reference pass for it)."""
+    target: float = 0.05
+    """adaptive: target KL per token."""
+    horizon: int = 100
+    """adaptive: horizon in steps."""
+    band_low: float = 0.02
+    """band: lower edge of the KL band (per-token KL)."""
+    band_high: float = 0.06
+    """band: upper edge of the KL band."""
+    window: int = 20
+    """band: steps per decision (median of the window)."""
+    up: float = 1.15
+    """band: beta multiplier when KL is above the band."""
+    down: float = 0.85
+    """band: beta multiplier when KL is below the band."""
+    beta_min: float = 0.001
+    """Lower bound on beta."""
+    beta_max: float = 1.0
+    """Upper bound on beta."""
+
+    def validate(self, where: str) -> None:
+        _one_of(f"{where}.controller", self.controller, KL_CONTROLLERS)
+        _check(self.beta >= 0, f"{where}.beta", self.beta, "use beta >= 0")
+        _check(self.band_low <= self.band_high, f"{where}.band_low", self.band_low,
+               f"must be <= band_high={self.band_high}")
+        _check(0 < self.beta_min <= self.beta_max, f"{where}.beta_min", self.beta_min,
+               f"use 0 < beta_min <= beta_max={self.beta_max}")
+        if self.controller != "fixed":
+            _check(self.beta_min <= self.beta <= self.beta_max, f"{where}.beta", self.beta,
+                   f"must lie in [beta_min={self.beta_min}, beta_max={self.beta_max}]")
+        _check(self.up >= 1 >= self.down > 0, f"{where}.up", (self.up, self.down), "need up >= 1 >= down > 0")
+        _check(self.window >= 1 and self.horizon >= 1, f"{where}.window", self.window, "use positive integers")
+
+
+@dataclass
+class TrainConfig:
+    max_steps: int = 60
+    """RL steps (rollout batches)."""
+    lr: float = 1e-5
+    """AdamW learning rate of the RL phase."""
+    weight_decay: float = 0.0
+    """AdamW weight decay."""
+    warmup_steps: int = 0
+    """Linear learning-rate warm-up (optimizer steps)."""
+    prompts_per_micro_step: int = 2
+    """Prompts per micro-batch; a micro-batch holds prompts_per_micro_step x k sequences."""
+    grad_accum: int = 1
+    """Micro-batches per optimizer step. Prompts per RL step = prompts_per_micro_step x grad_accum."""
+    max_grad_norm: float = 1.0
+    """Clip the global gradient norm to this value."""
+    skip_grad_norm: float = 1000.0
+    """Health guard: skip the optimizer step when the (pre-clip) grad norm is non-finite or above this."""
+    max_consecutive_bad: int = 5
+    """Health guard: stop with a message after this many skipped/restored steps in a row."""
+    seed: int = 0
+    """Seeds python, numpy and torch."""
+    device: str = "auto"
+    """auto | cpu | cuda | cuda:N."""
+    eval_every: int = 20
+    """Held-out evaluation every N RL steps (and before SFT, after SFT and at the end). 0 = only those."""
+    log_every: int = 1
+    """Console line every N steps (metrics.jsonl always gets every step)."""
+    sample_every: int = 10
+    """Write sampled completions to samples/ every N steps."""
+    output_dir: str = "runs"
+    """Runs are written to output_dir/run_name."""
+    run_name: str = ""
+    """Folder name of the run; empty = <preset>-<timestamp>."""
+    tensorboard: bool = True
+    """Write TensorBoard scalars to the run folder."""
+    wandb_project: str = ""
+    """Log to Weights & Biases under this project (needs `pip install wandb`). Empty = off."""
+
+    def __post_init__(self) -> None:
+        for f in ("max_steps", "prompts_per_micro_step", "grad_accum", "max_consecutive_bad", "log_every"):
+            _check(getattr(self, f) >= 1, f"train.{f}", getattr(self, f), "use a positive integer")
+        _check(self.lr > 0, "train.lr", self.lr, "use a learning rate > 0, e.g. 1e-5")
+        _check(self.max_grad_norm > 0, "train.max_grad_norm", self.max_grad_norm, "use a value > 0, e.g. 1.0")
+        _check(self.skip_grad_norm > 0, "train.skip_grad_norm", self.skip_grad_norm, "use a value > 0")
+        _check(self.eval_every >= 0 and self.sample_every >= 0 and self.warmup_steps >= 0, "train.eval_every",
+               self.eval_every, "use integers >= 0")
+        _check(self.device == "auto" or self.device == "cpu" or self.device.startswith("cuda"), "train.device",
+               self.device, "use auto, cpu, cuda or cuda:N")
+
+
+@dataclass
+class SFTConfig:
+    steps: int = 0
+    """SFT warm-up optimizer steps before RL (0 = no warm-up)."""
+    lr: float = 1e-4
+    """SFT learning rate."""
+    batch_size: int = 8
+    """SFT examples per optimizer step."""
+
+    def __post_init__(self) -> None:
+        _check(self.steps >= 0, "sft.steps", self.steps, "use an integer >= 0")
+        _check(self.lr > 0 and self.batch_size >= 1, "sft.lr", (self.lr, self.batch_size),
+               "use lr > 0 and batch_size >= 1")
+
+
+@dataclass
+class JudgeConfig:
+    base_url: str = ""
+    """OpenAI-compatible endpoint (OpenAI, vLLM, Ollama, LiteLLM ...), e.g. http://127.0.0.1:8000/v1. Empty = no judge."""
+    model: str = "gpt-4o-mini"
+    """Judge model name sent to the server."""
+    api_key_env: str = "OPENAI_API_KEY"
+    """Name of the environment variable holding the API key (the key itself is never stored or logged)."""
+    timeout_s: float = 20.0
+    """Per-call timeout."""
+    max_retries: int = 3
+    """Retries per call (exponential backoff, honours Retry-After)."""
+    rate_limit_per_s: float = 8.0
+    """Global request rate limit across all worker threads."""
+    num_workers: int = 8
+    """Judge calls in flight at once (thread pool)."""
+    cache_path: str = ""
+    """SQLite cache of real judge answers; empty = <run folder>/judge_cache.sqlite."""
+
+    def __post_init__(self) -> None:
+        _check(self.timeout_s > 0 and self.rate_limit_per_s > 0, "judge.timeout_s", self.timeout_s,
+               "use positive timeout_s and rate_limit_per_s")
+        _check(self.max_retries >= 0 and self.num_workers >= 1, "judge.num_workers", self.num_workers,
+               "use max_retries >= 0 and num_workers >= 1")
+        _check(not self.base_url or self.base_url.startswith(("http://", "https://")), "judge.base_url",
+               self.base_url, "use an http(s) URL such as http://127.0.0.1:8000/v1")
+
+
+@dataclass
+class MultiConfig:
+    combine: str = "sum"
+    """sum (plain multi-task loss) | pcgrad (Yu et al. 2020) | cagrad (Liu et al. 2021)."""
+    cagrad_c: float = 0.5
+    """CAGrad conflict-aversion parameter c in [0, 1)."""
+    switch: str = "always"
+    """always: surgery every step | auto: only after `patience` steps with task-gradient cosine < threshold."""
+    threshold: float = 0.0
+    """auto: cosine below which the task gradients count as conflicting."""
+    patience: int = 3
+    """auto: conflicting steps in a row before surgery switches on."""
+    release: int = 3
+    """auto: non-conflicting steps in a row before surgery switches off."""
+    policy_only: bool = True
+    """Apply the surgery to the policy (reward) gradients only and add the KL/entropy gradients afterwards."""
+    pareto_cap: int = 5
+    """Most Pareto-frontier checkpoints kept."""
+
+    def __post_init__(self) -> None:
+        _one_of("multi.combine", self.combine, COMBINE_METHODS)
+        _one_of("multi.switch", self.switch, ("always", "auto"))
+        _check(0 <= self.cagrad_c < 1, "multi.cagrad_c", self.cagrad_c, "use a value in [0, 1)")
+        _check(self.patience >= 1 and self.release >= 1 and self.pareto_cap >= 1, "multi.patience",
+               (self.patience, self.release, self.pareto_cap), "use positive integers")
+
+
+@dataclass
+class CheckpointConfig:
+    every: int = 0
+    """Save a checkpoint every N RL steps (0 = only at the end and on interruption)."""
+    keep_last: int = 2
+    """Checkpoints kept per run (older ones are deleted)."""
+    resume: str = ""
+    """"" = fresh run | auto = newest complete checkpoint of the run folder | a checkpoint path."""
+
+    def __post_init__(self) -> None:
+        _check(self.every >= 0 and self.keep_last >= 1, "checkpoint.every", (self.every, self.keep_last),
+               "use every >= 0 and keep_last >= 1")
+
+
+@dataclass
+class Config:
+    preset: str = "demo"
+    """Name of the preset this config started from (informational)."""
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    loss: LossConfig = field(default_factory=LossConfig)
+    kl: dict[str, TaskKLConfig] = field(default_factory=lambda: {"default": TaskKLConfig()})
+    """Per-task KL control, keyed by task name; "default" applies to tasks without an entry."""
+    rewards: dict[str, str] = field(default_factory=dict)
+    """Per-task reward terms "grader:weight,grader:weight[|fallback]"; graders by name or module:function."""
+    train: TrainConfig = field(default_factory=TrainConfig)
+    sft: SFTConfig = field(default_factory=SFTConfig)
+    judge: JudgeConfig = field(default_factory=JudgeConfig)
+    multi: MultiConfig = field(default_factory=MultiConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+
+    def __post_init__(self) -> None:
+        _check("default" in self.kl, "kl", sorted(self.kl), "keep a `default` entry for tasks without their own")
+        for task, section in self.kl.items():
+            section.validate(f"kl.{task}")
+        for task, spec in self.rewards.items():
+            _check(bool(spec.strip()), f"rewards.{task}", spec, "give at least one grader:weight term")
+
+    # ----- derived values: computed here, in one place -----
+    @property
+    def prompts_per_step(self) -> int:
+        """Prompts sampled per RL step (all generated in one batched call)."""
+        return self.train.prompts_per_micro_step * self.train.grad_accum
+
+    @property
+    def micro_batch_seqs(self) -> int:
+        """Sequences per micro-batch of the update."""
+        return self.train.prompts_per_micro_step * self.rollout.k
+
+    @property
+    def seqs_per_step(self) -> int:
+        """Completions per RL step: the effective batch of one optimizer step."""
+        return self.prompts_per_step * self.rollout.k
+
+    @property
+    def total_updates(self) -> int:
+        """Optimizer steps of the RL phase."""
+        return self.train.max_steps * self.loss.mu
+
+    @property
+    def kl_enabled(self) -> bool:
+        """True when any task has a KL term (then the reference pass runs)."""
+        return any(c.beta > 0 for c in self.kl.values())
+
+    def kl_for(self, task: str) -> TaskKLConfig:
+        return self.kl.get(task, self.kl["default"])
+
+
+# ----------------------------------------------------------------------------------------------------- presets
+DEMO_KL = {"default": TaskKLConfig(controller="band", beta=0.02, band_low=0.0, band_high=0.5, window=5,
+                                   beta_min=0.001, beta_max=0.5)}
+
+PRESETS: dict[str, dict[str, Any]] = {
+    # Embedded offline demo: tiny model built in code, synthetic fairness + hallucination tasks, CPU, a few minutes.
+    "demo": {},
+    # The reference A100 setup: Llama-3-8B-Instruct + LoRA, two objectives with their own KL bands.
+    "llama3-8b-dual": {
+        "model": {"name": "meta-llama/Meta-Llama-3-8B-Instruct", "dtype": "bfloat16", "lora": True,
+                  "lora_r": 8, "lora_alpha": 16, "lora_dropout": 0.05, "gradient_checkpointing": True},
+        "data": {"source": "dual", "bbq_per_category": 200, "halueval_per_subset": 500},
+        "rollout": {"k": 4, "max_new_tokens": 96, "temperature": 0.5, "top_k": 30, "top_p": 0.85},
+        "train": {"prompts_per_micro_step": 2, "grad_accum": 2, "max_steps": 500, "lr": 1e-5, "eval_every": 50},
+        "sft": {"steps": 100, "lr": 2e-5, "batch_size": 8},
+        "kl": {"default": {"controller": "band", "beta": 0.1, "band_low": 0.02, "band_high": 0.06},
+               "fairness": {"controller": "band", "beta": 0.10, "band_low": 0.02, "band_high": 0.06,
+                            "window": 20, "up": 1.15, "down": 0.85, "beta_min": 0.01, "beta_max": 1.0},
+               "hallucination": {"controller": "band", "beta": 0.30, "band_low": 0.08, "band_high": 0.15,
+                                 "window": 20, "up": 1.15, "down": 0.85, "beta_min": 0.01, "beta_max": 1.0}},
+        "rewards": {"fairness": "bbq_rule:1.0,format:0.2", "hallucination": "halueval_rule:1.0,format:0.2"},
+    },
+    # BBQ + HaluEval on whatever model is named (builtin:tiny by default) with the rule graders.
+    "dual-bbq-halueval": {
+        "data": {"source": "dual", "bbq_per_category": 20, "halueval_per_subset": 40},
+        "rollout": {"k": 4, "max_new_tokens": 48},
+        "train": {"prompts_per_micro_step": 2, "grad_accum": 2, "max_steps": 20},
+        "sft": {"steps": 10, "batch_size": 8},
+        "kl": {"default": {"controller": "band", "beta": 0.05},
+               "fairness": {"controller": "band", "beta": 0.10, "band_low": 0.02, "band_high": 0.06},
+               "hallucination": {"controller": "band", "beta": 0.30, "band_low": 0.08, "band_high": 0.15}},
+        "rewards": {"fairness": "bbq_rule:1.0,format:0.2", "hallucination": "halueval_rule:1.0,format:0.2"},
+    },
+}
+
+# Short command-line flags users know, mapped to dotted fields.
+ALIASES = {"model": "model.name", "data-dir": "data.data_dir", "max-steps": "train.max_steps",
+           "seed": "train.seed", "output-dir": "train.output_dir", "run-name": "train.run_name",
+           "resume": "checkpoint.resume", "device": "train.device"}
+
+
+# ----------------------------------------------------------------------------------------------------- building
+def _sections() -> dict[str, type]:
+    return {f.name: f.type for f in dataclasses.fields(Config)}
+
+
+def _field_types(cls: type) -> dict[str, Any]:
+    return typing.get_type_hints(cls)
+
+
+def parse_value(text: str, annotation: Any, name: str) -> Any:
+    """Parse a command-line string into the field's declared type."""
+    origin = typing.get_origin(annotation)
+    args = typing.get_args(annotation)
+    if origin in (typing.Union, types.UnionType):
+        if text.strip().lower() in ("none", "null", ""):
+            return None
+        inner = [a for a in args if a is not type(None)]
+        return parse_value(text, inner[0], name)
+    if annotation is bool:
+        low = text.strip().lower()
+        if low in ("1", "true", "yes", "on"):
+            return True
+        if low in ("0", "false", "no", "off"):
+            return False
+        raise ConfigError(f"config field `{name}` = {text!r} is invalid: use true or false")
+    if annotation in (int, float):
+        try:
+            return annotation(text)
+        except ValueError:
+            raise ConfigError(f"config field `{name}` = {text!r} is invalid: expected {annotation.__name__}") from None
+    if origin is list:
+        return [s.strip() for s in text.split(",") if s.strip()]
+    return text
+
+
+def _coerce_section(cls: type, values: dict[str, Any], where: str) -> Any:
+    hints = _field_types(cls)
+    unknown = sorted(set(values) - set(hints))
+    if unknown:
+        raise ConfigError(f"unknown config field(s) {[f'{where}.{u}' for u in unknown]}: valid fields of "
+                          f"`{where}` are {sorted(hints)}")
+    out = {}
+    for key, value in values.items():
+        if isinstance(value, str) and hints[key] is not str:
+            value = parse_value(value, hints[key], f"{where}.{key}")
+        out[key] = value
+    return cls(**out)
+
+
+def _merge(base: dict, extra: dict) -> dict:
+    merged = copy.deepcopy(base)
+    for key, value in extra.items():
+        if isinstance(value, dict) and isinstance(merged.get(key), dict):
+            merged[key] = _merge(merged[key], value)
+        else:
+            merged[key] = copy.deepcopy(value)
+    return merged
+
+
+def from_dict(d: dict[str, Any]) -> Config:
+    """Build and validate a Config from a nested dict (as written to config.json or given by a preset)."""
+    sections = _sections()
+    unknown = sorted(set(d) - set(sections))
+    if unknown:
+        raise ConfigError(f"unknown config section(s) {unknown}: valid sections are {sorted(sections)}")
+    kwargs: dict[str, Any] = {}
+    for name, value in d.items():
+        if name == "kl":
+            kl = {"default": asdict_section(TaskKLConfig())}
+            kl = _merge(kl, value)
+            kwargs["kl"] = {t: _coerce_section(TaskKLConfig, v, f"kl.{t}") for t, v in kl.items()}
+        elif name == "rewards":
+            kwargs["rewards"] = {str(t): str(v) for t, v in value.items()}
+        elif name == "preset":
+            kwargs["preset"] = str(value)
+        else:
+            cls = typing.get_type_hints(Config)[name]
+            kwargs[name] = _coerce_section(cls, value, name)
+    return Config(**kwargs)
+
+
+def asdict_section(section: Any) -> dict[str, Any]:
+    return dataclasses.asdict(section)
+
+
+def to_dict(cfg: Config) -> dict[str, Any]:
+    return dataclasses.asdict(cfg)
+
+
+def _override_tree(overrides: list[str]) -> dict[str, Any]:
+    tree: dict[str, Any] = {}
+    for item in overrides:
+        if "=" not in item:
+            raise ConfigError(f"override {item!r} is malformed: write section.field=value, e.g. rollout.k=8")
+        key, value = item.split("=", 1)
+        key = ALIASES.get(key.strip(), key.strip()).replace("-", "_")
+        parts = key.split(".")
+        if len(parts) < 2:
+            raise ConfigError(f"override {item!r}: `{key}` is not a field; write section.field=value "
+                              f"(sections: {sorted(_sections())})")
+        node = tree
+        for p in parts[:-1]:
+            node = node.setdefault(p, {})
+        node[parts[-1]] = value
+    return tree
+
+
+def load_config(preset: str | None = None, overrides: list[str] | None = None) -> Config:
+    """The preset (default "demo") with `section.field=value` overrides applied, validated."""
+    name = preset or "demo"
+    if name not in PRESETS:
+        raise ConfigError(f"unknown preset {name!r}: choose one of {sorted(PRESETS)}")
+    base = to_dict(Config())
+    base["kl"] = {t: asdict_section(c) for t, c in DEMO_KL.items()}
+    merged = _merge(base, PRESETS[name])
+    if "kl" in PRESETS[name]:  # a preset's KL table replaces the demo's, it does not extend it
+        merged["kl"] = copy.deepcopy(PRESETS[name]["kl"])
+    merged["preset"] = name
+    merged = _merge(merged, _override_tree(overrides or []))
+    return from_dict(merged)
+
+
+def split_argv(argv: list[str]) -> tuple[list[str], list[str]]:
+    """Turn `--section.field value`, `--section.field=value`, `--set k=v` and aliases into k=v overrides.
+
+    Returns (overrides, rest) where rest holds the flags the entry point handles itself.
+    """
+    overrides, rest = [], []
+    i = 0
+    while i < len(argv):
+        arg = argv[i]
+        if arg == "--set":
+            if i + 1 >= len(argv):
+                raise ConfigError("--set needs section.field=value")
+            overrides.append(argv[i + 1])
+            i += 2
+            continue
+        if arg.startswith("--") and len(arg) > 2:
+            body = arg[2:]
+            key = body.split("=", 1)[0]
+            if "." in key or key in ALIASES:
+                if "=" in body:
+                    overrides.append(body)
+                    i += 1
+                else:
+                    if i + 1 >= len(argv):
+                        raise ConfigError(f"{arg} needs a value")
+                    overrides.append(f"{key}={argv[i + 1]}")
+                    i += 2
+                continue
+        rest.append(arg)
+        i += 1
+    return overrides, rest
+
+
+def describe_fields() -> str:
+    """Every field with its type, default and docstring, for --help."""
+    import ast
+    import inspect
+
+    lines = []
+    tree = ast.parse(inspect.getsource(inspect.getmodule(Config)))
+    docs: dict[str, dict[str, str]] = {}
+    for node in tree.body:
+        if isinstance(node, ast.ClassDef):
+            body = node.body
+            for a, b in zip(body, body[1:]):
+                if isinstance(a, ast.AnnAssign) and isinstance(b, ast.Expr) and isinstance(b.value, ast.Constant):
+                    docs.setdefault(node.name, {})[a.target.id] = " ".join(str(b.value.value).split())
+    defaults = Config()
+    for sname, cls in _sections().items():
+        if sname in ("preset",):
+            continue
+        if sname in ("kl", "rewards"):
+            cls_name = "TaskKLConfig" if sname == "kl" else None
+            lines.append(f"\n[{sname}.<task>]  {docs['Config'].get(sname, '')}")
+            if cls_name:
+                for fname, ftype in _field_types(TaskKLConfig).items():
+                    default = getattr(TaskKLConfig(), fname)
+                    lines.append(f"  --{sname}.<task>.{fname} ({_tname(ftype)}, default {default!r}): "
+                                 f"{docs[cls_name].get(fname, '')}")
+            continue
+        section = getattr(defaults, sname)
+        lines.append(f"\n[{sname}]")
+        for fname, ftype in _field_types(type(section)).items():
+            lines.append(f"  --{sname}.{fname} ({_tname(ftype)}, default {getattr(section, fname)!r}): "
+                         f"{docs.get(type(section).__name__, {}).get(fname, '')}")
+    return "\n".join(lines)
+
+
+def _tname(t: Any) -> str:
+    return getattr(t, "__name__", None) or str(t).replace("typing.", "")
+
+
+def dumps(cfg: Config) -> str:
+    return json.dumps(to_dict(cfg), indent=2, sort_keys=False)

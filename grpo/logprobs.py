@@ -1,0 +1,119 @@
+"""Per-token log-probs of the sampled completion tokens: the one place that runs the model for training.
+
+Layout (see grpo/records.py): `input_ids_BL = [left-padded prompt (P columns) | right-padded completion (T columns)]`.
+The logits at column P − 1 + t predict completion token t.
+
+Formulas (one line each, with the source):
+- log p(y_t) = z_t[y_t]/τ − logsumexp(z_t/τ)                    (softmax with temperature τ, as sampled by `generate`)
+- position_ids = cumsum(attention_mask) − 1, 0 on padding          (transformers `_prepare_position_ids_for_generation`)
+
+Memory: a (B, T, V) fp32 log-softmax is never built. The target logit is gathered and logsumexp is computed in fp32
+chunks of rows (a custom autograd function recomputes the softmax per chunk in backward and writes the gradient in
+place), so the largest fp32 temporary is chunk_size × V, and bf16 logits lose no precision.
+
+Why position_ids are passed: transformers 5.x `LlamaModel.forward` uses `arange(L)` when position_ids is None (it does
+not look at the attention mask), while `generate` derives them from the mask. Passing the mask-derived ids makes the
+training pass see exactly the positions generation used; for absolute-position models (GPT-2) it is what makes a
+left-padded row equal the same row alone. For RoPE models the shift cancels in q·k up to rounding.
+"""
+
+from __future__ import annotations
+
+import inspect
+
+import torch
+
+from grpo.losses import accumulation_dtype, entropy_from_logits, row_chunks, scaled_chunk
+
+DEFAULT_LOGPROB_CHUNK_ROWS = 512
+"""Rows (tokens) per logsumexp chunk: 512 rows × 152k vocabulary (Qwen) × 4 bytes ≈ 310 MB of fp32 temporaries,
+small next to the bf16 logits themselves yet large enough that the Python loop costs nothing."""
+
+
+class _ChunkedTokenLogProb(torch.autograd.Function):
+    """log p(y) = z_y/τ − logsumexp(z/τ) in fp32 row chunks. Backward writes d/dz = (onehot(y) − softmax(z/τ))·g/τ
+    chunk by chunk straight into one gradient tensor of the logits' dtype; the softmax is recomputed, not saved."""
+
+    @staticmethod
+    def forward(ctx, logits_BTV: torch.Tensor, target_ids_BT: torch.Tensor, temperature: float,
+                chunk_rows: int) -> torch.Tensor:
+        B, T, _ = logits_BTV.shape
+        acc = accumulation_dtype(logits_BTV.dtype)
+        target_BT1 = target_ids_BT.long().unsqueeze(-1)
+        lse_BT = logits_BTV.new_empty((B, T), dtype=acc)
+        for bs, ts in row_chunks((B, T), chunk_rows):
+            lse_BT[bs, ts] = torch.logsumexp(scaled_chunk(logits_BTV[bs, ts], acc, temperature), dim=-1)
+        target_logit_BT = logits_BTV.gather(-1, target_BT1).squeeze(-1).to(acc) / temperature
+        ctx.save_for_backward(logits_BTV, target_BT1, lse_BT)
+        ctx.temperature, ctx.chunk_rows = temperature, chunk_rows
+        return target_logit_BT - lse_BT
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad_BT: torch.Tensor):
+        logits_BTV, target_BT1, lse_BT = ctx.saved_tensors
+        grad_BTV = torch.empty_like(logits_BTV)
+        acc, tau = lse_BT.dtype, ctx.temperature
+        for bs, ts in row_chunks(tuple(lse_BT.shape), ctx.chunk_rows):
+            g_bt1 = grad_BT[bs, ts].to(acc).unsqueeze(-1) / tau
+            p = scaled_chunk(logits_BTV[bs, ts], acc, tau).sub_(lse_BT[bs, ts].unsqueeze(-1)).exp_()
+            grad_BTV[bs, ts] = p.mul_(-g_bt1).scatter_add_(-1, target_BT1[bs, ts], g_bt1)
+        return grad_BTV, None, None, None
+
+
+def token_logprobs(logits_BTV: torch.Tensor, target_ids_BT: torch.Tensor, temperature: float = 1.0,
+                   chunk_size: int = DEFAULT_LOGPROB_CHUNK_ROWS) -> torch.Tensor:
+    """log softmax(logits/temperature)[target] per position, shape (B, T), differentiable; fp32 (fp64 for fp64 logits).
+
+    `logits_BTV` may be a non-contiguous view (e.g. `logits[:, :-1]`): it is never flattened or copied. Extra memory:
+    one chunk_size × V fp32 temporary in forward; in backward, that plus the logits' gradient (one tensor).
+    """
+    if logits_BTV.dim() != 3 or target_ids_BT.shape != logits_BTV.shape[:2]:
+        raise ValueError(f"token_logprobs: need logits (B, T, V) and targets (B, T); got "
+                         f"{tuple(logits_BTV.shape)} and {tuple(target_ids_BT.shape)}")
+    if temperature <= 0:
+        raise ValueError(f"token_logprobs: temperature={temperature} must be > 0 (the sampling temperature)")
+    return _ChunkedTokenLogProb.apply(logits_BTV, target_ids_BT, float(temperature), int(chunk_size))
+
+
+def position_ids_from_mask(attention_mask_BL: torch.Tensor) -> torch.Tensor:
+    """Positions counted over attended tokens only (0 on padding), exactly as `generate` computes them."""
+    mask = attention_mask_BL.long()
+    return (mask.cumsum(-1) - 1).masked_fill(mask == 0, 0)
+
+
+def accepts_logits_to_keep(model: torch.nn.Module) -> bool:
+    """Whether model.forward (or, under PEFT, the base model's forward) takes `logits_to_keep`."""
+    for candidate in (model, getattr(model, "get_base_model", lambda: None)()):
+        if candidate is not None and "logits_to_keep" in inspect.signature(candidate.forward).parameters:
+            return True
+    return False
+
+
+def completion_logprobs(model: torch.nn.Module, input_ids_BL: torch.Tensor, attention_mask_BL: torch.Tensor,
+                        prompt_len: int, temperature: float = 1.0, with_entropy: bool = False,
+                        chunk_size: int = DEFAULT_LOGPROB_CHUNK_ROWS) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Log-probs (B, T) of the completion tokens `input_ids_BL[:, prompt_len:]`, and their entropies when asked.
+
+    Runs one forward pass with mask-derived position_ids and `use_cache=False`, asking only for the last T + 1
+    logits when the model supports `logits_to_keep`. Gradients flow when grad is enabled; the caller owns
+    train()/eval() mode and no_grad. Entropy (fp32, nats, at `temperature`) is differentiable too.
+    """
+    if input_ids_BL.shape != attention_mask_BL.shape or input_ids_BL.dim() != 2:
+        raise ValueError(f"completion_logprobs: input_ids {tuple(input_ids_BL.shape)} and attention_mask "
+                         f"{tuple(attention_mask_BL.shape)} must both be (B, L)")
+    L = input_ids_BL.shape[1]
+    if not 1 <= prompt_len < L:
+        raise ValueError(f"completion_logprobs: prompt_len={prompt_len} must lie in [1, L−1] with L={L}: "
+                         "every row needs at least one prompt column and one completion column")
+    T = L - prompt_len
+    kwargs = {"input_ids": input_ids_BL, "attention_mask": attention_mask_BL,
+              "position_ids": position_ids_from_mask(attention_mask_BL), "use_cache": False}
+    if accepts_logits_to_keep(model):
+        kwargs["logits_to_keep"] = T + 1
+    logits = model(**kwargs).logits
+    # Columns P−1 … L−1 are kept (T + 1 of them); the last predicts a token after the completion, so drop it.
+    logits_BTV = logits[:, -(T + 1):-1]
+    logps_BT = token_logprobs(logits_BTV, input_ids_BL[:, prompt_len:], temperature, chunk_size)
+    entropy_BT = entropy_from_logits(logits_BTV, chunk_size, temperature) if with_entropy else None
+    return logps_BT, entropy_BT

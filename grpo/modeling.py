@@ -1,0 +1,299 @@
+"""Models and tokenizers: the tiny built-in model, loading a policy (full fine-tuning, LoRA, QLoRA), the reference
+policy, saving, and the mode switches that keep train / eval state from leaking between phases.
+
+    reference under LoRA = the same weights with the adapter disabled (no second copy)      (DESIGN.md invariant)
+    reference under full fine-tuning = a frozen deep copy taken at load time, eval mode, requires_grad False
+    LoRA: W' = W + (alpha / r) · B A, B initialised to 0 so the adapted model starts equal to the base  (Hu et al. 2021)
+
+Nothing here runs at import; every function takes plain values, never a config object.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import importlib.util
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterable, Iterator
+
+import torch
+from torch import nn
+
+TINY_NAME = "builtin:tiny"
+"""`load_policy` name that builds the tiny model and tokenizer in code (tests and CPU smoke runs)."""
+PAD, BOS, SYSTEM, USER, ASSISTANT, END = "<|pad|>", "<|bos|>", "<|system|>", "<|user|>", "<|assistant|>", "<|end|>"
+SPECIAL_TOKENS = [PAD, BOS, SYSTEM, USER, ASSISTANT, END]
+"""Special tokens of the tiny tokenizer; `<|end|>` closes every turn and is the EOS / stop token."""
+ROLE_TOKENS = {"system": SYSTEM, "user": USER, "assistant": ASSISTANT}
+TINY_CHAT_TEMPLATE = (
+    "{% for m in messages %}"
+    "{% if m['role'] == 'system' %}<|system|>{% elif m['role'] == 'user' %}<|user|>"
+    "{% elif m['role'] == 'assistant' %}<|assistant|>"
+    "{% else %}{{ raise_exception('unknown chat role: ' ~ m['role'] ~ ' (use system, user or assistant)') }}"
+    "{% endif %}{{ m['content'] }}<|end|>{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>{% endif %}"
+)
+"""Each turn is `<|role|>content<|end|>`; the generation prompt is a bare `<|assistant|>`."""
+DEFAULT_TINY_CORPUS = (
+    "The answer is yes. The answer is no. I do not know. Cannot be determined.",
+    "Question: who was more likely to forget? Answer: the grandfather, the grandson, unknown.",
+    "Please answer the question with the letter of the option: A, B or C.",
+)
+"""Fallback BPE training text when no corpus is given; byte-level BPE still encodes any text."""
+DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
+          "float16": torch.float16, "fp16": torch.float16}
+CHECKPOINTING_KWARGS = {"use_reentrant": False}
+"""Non-reentrant checkpointing works with frozen inputs (LoRA) and is the PyTorch-recommended variant."""
+
+
+def build_tiny_tokenizer(corpus: Iterable[str] | None = None, vocab_size: int = 512, save_dir: str | Path | None = None):
+    """A byte-level BPE fast tokenizer trained in code on `corpus` (any text encodes, training takes well under 1 s).
+
+    Specials `<|pad|> <|bos|> <|system|> <|user|> <|assistant|> <|end|>`; pad = `<|pad|>`, eos = `<|end|>`; the chat
+    template closes each turn with `<|end|>` and `add_generation_prompt` appends `<|assistant|>`. No BOS is added
+    (the template starts with a role token). Saved with `save_pretrained` when `save_dir` is given.
+    """
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    backend = Tokenizer(models.BPE())
+    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    backend.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=SPECIAL_TOKENS, show_progress=False,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    backend.train_from_iterator(list(corpus) if corpus is not None else list(DEFAULT_TINY_CORPUS), trainer=trainer)
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, pad_token=PAD, bos_token=BOS, eos_token=END,
+                                        padding_side="left")
+    tokenizer.chat_template = TINY_CHAT_TEMPLATE
+    if save_dir is not None:
+        tokenizer.save_pretrained(str(save_dir))
+    return tokenizer
+
+
+def tiny_model_config(vocab_size: int, hidden: int = 64, layers: int = 2, heads: int = 4, kv_heads: int = 2,
+                      intermediate: int | None = None, max_positions: int = 512, arch: str = "llama"):
+    """A LlamaConfig or Qwen2Config of the given size (`intermediate` defaults to 2 · hidden)."""
+    from transformers import LlamaConfig, Qwen2Config
+
+    configs = {"llama": LlamaConfig, "qwen2": Qwen2Config}
+    if arch not in configs:
+        raise ValueError(f"tiny_model_config: arch={arch!r} is not supported; use one of {sorted(configs)}")
+    if hidden % heads or heads % kv_heads:
+        raise ValueError(f"tiny_model_config: hidden={hidden} must divide by heads={heads} and heads by "
+                         f"kv_heads={kv_heads}; pick sizes such as hidden=64, heads=4, kv_heads=2")
+    return configs[arch](vocab_size=vocab_size, hidden_size=hidden, intermediate_size=intermediate or 2 * hidden,
+                         num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=kv_heads,
+                         max_position_embeddings=max_positions, tie_word_embeddings=False)
+
+
+def build_tiny_model(tokenizer, seed: int, attn_implementation: str = "eager", dtype: torch.dtype = torch.float32,
+                     **sizes: Any):
+    """A randomly initialised causal LM (see `tiny_model_config` for `sizes`) with pad/bos/eos from `tokenizer`.
+
+    The initialisation draws from a forked RNG seeded with `seed`, so the global torch RNG is left untouched.
+    """
+    from transformers import AutoModelForCausalLM
+
+    config = tiny_model_config(len(tokenizer), **sizes)
+    config.pad_token_id, config.bos_token_id, config.eos_token_id = (
+        tokenizer.pad_token_id, tokenizer.bos_token_id, tokenizer.eos_token_id)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = AutoModelForCausalLM.from_config(config, attn_implementation=attn_implementation, dtype=dtype)
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    return model
+
+
+@dataclass
+class Policy:
+    """The trained model with its tokenizer and, under full fine-tuning, a frozen reference copy."""
+
+    model: nn.Module
+    tokenizer: Any
+    is_lora: bool
+    ref_model: nn.Module | None = None
+    """None under LoRA (the reference is the model with its adapter disabled); a frozen copy otherwise."""
+    name: str = ""
+
+    def trainable_parameters(self) -> list[nn.Parameter]:
+        """The parameters the optimizer updates (LoRA matrices only under LoRA)."""
+        return [p for p in self.model.parameters() if p.requires_grad]
+
+
+def resolve_dtype(dtype: str | torch.dtype) -> torch.dtype | str:
+    """`torch.bfloat16`, "bf16", "bfloat16", "auto", ... → what `from_pretrained(dtype=...)` takes."""
+    if isinstance(dtype, torch.dtype) or dtype == "auto":
+        return dtype
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype={dtype!r} is not known; use one of {sorted(DTYPES)} or 'auto'")
+    return DTYPES[dtype]
+
+
+def _check_4bit_available() -> None:
+    if importlib.util.find_spec("bitsandbytes") is None:
+        raise RuntimeError("load_in_4bit=True (QLoRA) needs bitsandbytes: `pip install bitsandbytes` on a CUDA "
+                           "machine, or set load_in_4bit=False")
+    if not torch.cuda.is_available():
+        raise RuntimeError("load_in_4bit=True (QLoRA) needs a CUDA GPU and none is visible; "
+                           "set load_in_4bit=False to train in full precision on this machine")
+
+
+def _load_base(name: str, *, dtype, attn_implementation: str, load_in_4bit: bool, trust_remote_code: bool,
+               seed: int, tiny_corpus: Iterable[str] | None, tiny_sizes: dict | None):
+    """(model, tokenizer) from the built-in tiny recipe or from a local path / hub id."""
+    if name == TINY_NAME:
+        if load_in_4bit:
+            raise ValueError(f"load_in_4bit=True is not supported for {TINY_NAME}; set load_in_4bit=False")
+        tokenizer = build_tiny_tokenizer(tiny_corpus)
+        dt = resolve_dtype(dtype)
+        model = build_tiny_model(tokenizer, seed, attn_implementation=attn_implementation,
+                                 dtype=torch.float32 if dt == "auto" else dt, **(tiny_sizes or {}))
+        return model, tokenizer
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(name, trust_remote_code=trust_remote_code)
+    kwargs: dict[str, Any] = {"dtype": resolve_dtype(dtype), "attn_implementation": attn_implementation,
+                              "trust_remote_code": trust_remote_code}
+    if load_in_4bit:
+        _check_4bit_available()
+        from transformers import BitsAndBytesConfig
+
+        compute = resolve_dtype(dtype)
+        kwargs["quantization_config"] = BitsAndBytesConfig(
+            load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,
+            bnb_4bit_compute_dtype=torch.bfloat16 if compute == "auto" else compute)
+    model = AutoModelForCausalLM.from_pretrained(name, **kwargs)
+    if tokenizer.pad_token_id is None:  # many base models ship without one; pad positions are masked anyway
+        tokenizer.pad_token = tokenizer.eos_token
+    tokenizer.padding_side = "left"
+    if model.generation_config.pad_token_id is None:
+        model.generation_config.pad_token_id = tokenizer.pad_token_id
+    return model, tokenizer
+
+
+def enable_checkpointing(model: nn.Module) -> None:
+    """Non-reentrant activation checkpointing (transformers v5 name first, the v4 alias otherwise); cache off."""
+    if hasattr(model, "activation_checkpointing_enable"):
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs=dict(CHECKPOINTING_KWARGS))
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=dict(CHECKPOINTING_KWARGS))
+    model.config.use_cache = False  # the KV cache is useless in training and conflicts with checkpointing
+
+
+def load_policy(name: str, *, dtype: str | torch.dtype = "float32", attn_implementation: str = "eager",
+                lora: bool = False, lora_r: int = 16, lora_alpha: int = 32, lora_dropout: float = 0.0,
+                lora_target_modules: list[str] | str | None = None, load_in_4bit: bool = False,
+                gradient_checkpointing: bool = False, trust_remote_code: bool = False, seed: int = 0,
+                tiny_corpus: Iterable[str] | None = None, tiny_sizes: dict | None = None) -> Policy:
+    """Load the policy `name` ("builtin:tiny", a local directory or a hub id) ready to train.
+
+    LoRA wraps the model with peft (`task_type=CAUSAL_LM`); QLoRA (`load_in_4bit`, needs CUDA + bitsandbytes) loads
+    NF4 double-quantised weights and runs `prepare_model_for_kbit_training`. Under full fine-tuning a frozen deep copy
+    becomes `ref_model`. `lora_target_modules=None` lets peft pick its default for the architecture.
+    """
+    if load_in_4bit and not lora:
+        raise ValueError("load_in_4bit=True without lora=True would train quantised weights; set lora=True (QLoRA)")
+    model, tokenizer = _load_base(name, dtype=dtype, attn_implementation=attn_implementation,
+                                  load_in_4bit=load_in_4bit, trust_remote_code=trust_remote_code, seed=seed,
+                                  tiny_corpus=tiny_corpus, tiny_sizes=tiny_sizes)
+    if not lora:
+        if gradient_checkpointing:
+            enable_checkpointing(model)
+        ref_model = copy.deepcopy(model).eval().requires_grad_(False)
+        model.train()
+        return Policy(model=model, tokenizer=tokenizer, is_lora=False, ref_model=ref_model, name=name)
+
+    from peft import LoraConfig, get_peft_model, prepare_model_for_kbit_training
+
+    if load_in_4bit:
+        model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=gradient_checkpointing,
+                                                gradient_checkpointing_kwargs=dict(CHECKPOINTING_KWARGS))
+    elif gradient_checkpointing:
+        enable_checkpointing(model)
+    lora_config = LoraConfig(r=lora_r, lora_alpha=lora_alpha, lora_dropout=lora_dropout,
+                             target_modules=lora_target_modules, task_type="CAUSAL_LM")
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)  # LoRA A is drawn at random: seed it without touching the global RNG
+        model = get_peft_model(model, lora_config)
+    if gradient_checkpointing:
+        # The frozen embeddings give inputs without grad; the hook keeps checkpointed blocks in the graph.
+        model.enable_input_require_grads()
+    model.train()
+    return Policy(model=model, tokenizer=tokenizer, is_lora=True, ref_model=None, name=name)
+
+
+@contextlib.contextmanager
+def reference(policy: Policy) -> Iterator[nn.Module]:
+    """Yield the module whose forward gives reference log-probs: the adapter-disabled model under LoRA, the frozen
+    copy otherwise. It does not change train/eval mode or grad: wrap it in `inference_mode(...)` for the pass."""
+    if policy.is_lora:
+        with policy.model.disable_adapter():
+            yield policy.model
+    else:
+        if policy.ref_model is None:
+            raise ValueError(f"policy {policy.name!r} is full fine-tuning but has no ref_model; load it with "
+                             "load_policy(..., lora=False), which makes the frozen copy")
+        yield policy.ref_model
+
+
+def save_pretrained(policy: Policy, out_dir: str | Path, include_base: bool = False) -> Path:
+    """Save the adapter (LoRA) or the full model, plus the tokenizer, in Hugging Face format under `out_dir`.
+
+    Reload with `AutoModelForCausalLM.from_pretrained(out_dir)` (full) or `PeftModel.from_pretrained(base, out_dir)`
+    (LoRA). `include_base=True` also writes the base weights and tokenizer under `out_dir/base` (for a built-in
+    model that exists only in memory; it deep-copies the model, so keep it for small ones).
+    """
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    policy.model.save_pretrained(str(out))
+    policy.tokenizer.save_pretrained(str(out))
+    if include_base and policy.is_lora:
+        # unload() drops the LoRA layers without merging them; on a copy, so the policy keeps its adapter
+        base = copy.deepcopy(policy.model).unload()
+        base.save_pretrained(str(out / "base"))
+        policy.tokenizer.save_pretrained(str(out / "base"))
+    return out
+
+
+@contextlib.contextmanager
+def _eval_state(model: nn.Module, use_cache: bool) -> Iterator[nn.Module]:
+    """eval() on every module, `use_cache` as asked, activation checkpointing off; the exact previous state is
+    restored on exit (each module's train flag and checkpointing flag, config and generation_config use_cache)."""
+    training = {m: m.training for m in model.modules()}
+    checkpointing = {m: m.gradient_checkpointing for m in model.modules() if hasattr(m, "gradient_checkpointing")}
+    holders = [h for h in (getattr(model, "config", None), getattr(model, "generation_config", None))
+               if h is not None and hasattr(h, "use_cache")]
+    caches = [(h, h.use_cache) for h in holders]
+    try:
+        model.eval()
+        for m in checkpointing:
+            m.gradient_checkpointing = False
+        for h in holders:
+            h.use_cache = use_cache
+        yield model
+    finally:
+        for m, flag in training.items():
+            m.training = flag
+        for m, flag in checkpointing.items():
+            m.gradient_checkpointing = flag
+        for h, flag in caches:
+            h.use_cache = flag
+
+
+@contextlib.contextmanager
+def generation_mode(model: nn.Module) -> Iterator[nn.Module]:
+    """For `generate`: dropout off, KV cache on, checkpointing off; previous state restored exactly on exit."""
+    with _eval_state(model, use_cache=True):
+        yield model
+
+
+@contextlib.contextmanager
+def inference_mode(model: nn.Module) -> Iterator[nn.Module]:
+    """For old/reference log-prob passes: dropout off, no KV cache, checkpointing off, `torch.no_grad()`.
+
+    `no_grad` rather than `torch.inference_mode` so the outputs can still be used as constants in autograd later.
+    """
+    with _eval_state(model, use_cache=False), torch.no_grad():
+        yield model

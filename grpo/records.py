@@ -1,0 +1,112 @@
+"""Typed records that flow through one RL step.
+
+    Sample ──► Rollout (K per sample) ──► Scored ──► TrainBatch ──► metrics dict
+
+Shapes: B = sequences in the batch, P = prompt length (left padded), T = completion length (right padded),
+L = P + T. A TrainBatch holds `input_ids_BL = [prompt_BP | completion_BT]`, so the completion tokens of every row
+start at column P and the log-prob of completion token t comes from the logits at column P - 1 + t.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Any, Iterator
+
+import torch
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One prompt of one task, with what its graders need."""
+
+    task: str
+    """Task name, e.g. "fairness" or "hallucination"; selects graders and the KL controller."""
+    id: str
+    """Stable id of the source row; the train / held-out split hashes it."""
+    messages: tuple[dict[str, str], ...]
+    """Chat messages ({"role", "content"}) WITHOUT the assistant answer; the chat template is applied later."""
+    gold: dict[str, Any] = field(default_factory=dict)
+    """Gold fields the graders use (label, unknown option, right answer, knowledge, ...)."""
+    meta: dict[str, Any] = field(default_factory=dict)
+    """Anything else worth keeping (category, context condition, source file and line)."""
+    target: str | None = None
+    """A reference completion for SFT warm-up, when the task has one."""
+
+
+@dataclass(frozen=True)
+class Rollout:
+    """One sampled completion, holding exactly the token ids that were sampled."""
+
+    sample: Sample
+    prompt_ids: tuple[int, ...]
+    """The templated prompt, unpadded."""
+    completion_ids: tuple[int, ...]
+    """The sampled ids, unpadded; includes the stop token when one ended the completion."""
+    text: str
+    """The completion decoded without special tokens."""
+    stopped: bool
+    """A stop token ended the completion."""
+    truncated: bool
+    """max_new_tokens was reached without a stop token."""
+
+
+@dataclass(frozen=True)
+class Scored:
+    """A rollout with its reward. `reward is None` means grading failed: it is excluded, never counted as 0."""
+
+    rollout: Rollout
+    reward: float | None
+    parts: dict[str, float | None] = field(default_factory=dict)
+    """Per-grader raw scores (before weights), e.g. {"bbq_rule": 1.0, "format": 0.5}."""
+    provider: str = "rule"
+    """Who produced the reward: "rule", "judge:<model>", "cache", "fallback:<grader>", ..."""
+
+
+@dataclass
+class TrainBatch:
+    """A collated rollout batch. Everything here is detached: built once, before the μ update passes."""
+
+    input_ids_BL: torch.Tensor
+    attention_mask_BL: torch.Tensor
+    completion_mask_BT: torch.Tensor
+    """1.0 on sampled completion tokens (stop token included), 0.0 on padding."""
+    prompt_len: int
+    """P: every row's completion starts at this column."""
+    task_ids_B: torch.Tensor
+    """Index into the run's task list, per sequence."""
+    advantages_B: torch.Tensor
+    old_logps_BT: torch.Tensor | None = None
+    """Log-probs under the rollout policy; None when the update is exactly on-policy (μ = 1)."""
+    ref_logps_BT: torch.Tensor | None = None
+    """Log-probs under the reference policy; None when no KL term is used."""
+
+    @property
+    def size(self) -> int:
+        return int(self.input_ids_BL.shape[0])
+
+    @property
+    def num_tokens(self) -> int:
+        """Completion tokens in the whole batch: the `token-mean` denominator of one optimizer step."""
+        return int(self.completion_mask_BT.sum().item())
+
+    def select(self, idx: torch.Tensor | slice) -> "TrainBatch":
+        """Rows `idx` of the batch (a view for slices). Columns are kept, so P stays valid."""
+
+        def take(t: torch.Tensor | None) -> torch.Tensor | None:
+            return None if t is None else t[idx]
+
+        return replace(
+            self,
+            input_ids_BL=self.input_ids_BL[idx],
+            attention_mask_BL=self.attention_mask_BL[idx],
+            completion_mask_BT=self.completion_mask_BT[idx],
+            task_ids_B=self.task_ids_B[idx],
+            advantages_B=self.advantages_B[idx],
+            old_logps_BT=take(self.old_logps_BT),
+            ref_logps_BT=take(self.ref_logps_BT),
+        )
+
+    def micro_batches(self, size: int) -> Iterator["TrainBatch"]:
+        """Consecutive chunks of `size` rows (the last may be shorter)."""
+        for start in range(0, self.size, size):
+            yield self.select(slice(start, start + size))

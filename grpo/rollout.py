@@ -1,0 +1,224 @@
+"""Rollouts: one batched `generate` for all prompts × K, cut at the first stop token, as typed `Rollout` records.
+
+    rollouts[i*K:(i+1)*K] are the K completions of samples[i]
+    frequency / presence penalty: logit_j -= c_j · frequency + 1[c_j > 0] · presence, c_j = count of j in the
+        completion so far (prompt excluded)                                   (OpenAI API reference, "Parameter details")
+    sanitiser: NaN → NAN_LOGIT, +Inf → POSINF_LOGIT, -Inf → NEGINF_LOGIT, so the sampler never sees a non-finite value
+    temperature / top-k / top-p / min-p / repetition penalty: Hugging Face's own warpers via GenerationConfig
+        (note: HF's repetition penalty, unlike the two penalties above, also counts prompt tokens)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import warnings
+from collections import defaultdict
+from dataclasses import dataclass, field, replace
+from typing import Any, Iterator, Sequence
+
+import torch
+
+from grpo.modeling import generation_mode
+from grpo.records import Rollout, Sample
+from grpo.tokens import encode_prompt, left_pad, stop_token_id
+
+NAN_LOGIT = -1e4
+"""NaN logits become this: exp(-1e4 - max) is 0 in fp32, so a NaN token is never picked unless all are NaN, and it
+stays finite after division by any temperature ≥ 1e-30 in fp32 (|x| < 3e38)."""
+POSINF_LOGIT = 1e4
+"""+Inf logits become this: finite, but beats every ordinary logit (|logit| < ~100 in practice)."""
+NEGINF_LOGIT = -1e4
+"""-Inf logits (masks from min_new_tokens, or an overflowing model) become this; a row of all -Inf would otherwise
+make softmax NaN. Like NAN_LOGIT it carries zero probability next to any ordinary logit."""
+
+_WARNED: set[str] = set()
+
+
+def _warn_once(message: str) -> None:
+    if message not in _WARNED:
+        _WARNED.add(message)
+        warnings.warn(message, RuntimeWarning, stacklevel=3)
+
+
+@dataclass(frozen=True)
+class SamplingSettings:
+    """How completions are sampled. Neutral values switch a setting off (they are still passed explicitly, so a
+    model's generation_config.json default, e.g. top_k=20, never sneaks in)."""
+
+    temperature: float = 1.0
+    """Softmax temperature (> 0) when sampling."""
+    top_k: int = 0
+    """Keep the k most likely tokens; 0 = off (HF's global default would otherwise be 50)."""
+    top_p: float = 1.0
+    """Nucleus sampling mass in (0, 1]; 1 = off."""
+    min_p: float = 0.0
+    """Drop tokens below min_p · p_max, in [0, 1]; 0 = off."""
+    repetition_penalty: float = 1.0
+    """HF (CTRL) repetition penalty, > 0; 1 = off. Counts prompt tokens too."""
+    presence_penalty: float = 0.0
+    """Subtracted once from a token's logit if it already appears in the completion."""
+    frequency_penalty: float = 0.0
+    """Subtracted per occurrence of the token in the completion so far."""
+    max_new_tokens: int = 128
+    """Completion length limit; a completion that reaches it without a stop token is `truncated`."""
+    min_new_tokens: int = 0
+    """Stop tokens are masked until this many tokens were generated."""
+    stop_token_ids: list[int] = field(default_factory=list)
+    """Ids that end a completion (kept as its last id); empty = the tokenizer's EOS."""
+    do_sample: bool = True
+    """False = greedy decoding (evaluation); the sampling-only settings are then not passed."""
+
+    def __post_init__(self) -> None:
+        checks = [
+            (not self.do_sample or self.temperature > 0, "temperature", "use a value > 0 or do_sample=False"),
+            (self.top_k >= 0, "top_k", "use 0 (off) or a positive integer"),
+            (0.0 < self.top_p <= 1.0, "top_p", "use a value in (0, 1]"),
+            (0.0 <= self.min_p <= 1.0, "min_p", "use a value in [0, 1]"),
+            (self.repetition_penalty > 0, "repetition_penalty", "use a value > 0 (1 = off)"),
+            (self.max_new_tokens >= 1, "max_new_tokens", "use at least 1"),
+            (0 <= self.min_new_tokens <= self.max_new_tokens, "min_new_tokens", "use 0 ≤ min_new_tokens ≤ max"),
+            (all(int(i) >= 0 for i in self.stop_token_ids), "stop_token_ids", "use token ids ≥ 0"),
+        ]
+        for ok, name, fix in checks:
+            if not ok:
+                raise ValueError(f"SamplingSettings.{name}={getattr(self, name)!r} is invalid: {fix}")
+
+
+class CompletionPenaltyProcessor:
+    """Presence and frequency penalties over the COMPLETION tokens only (columns ≥ prompt_len of the left-padded
+    batch), so a token that only appears in the prompt is not penalised."""
+
+    def __init__(self, prompt_len: int, presence: float, frequency: float):
+        self.prompt_len, self.presence, self.frequency = prompt_len, presence, frequency
+
+    def __call__(self, input_ids: torch.LongTensor, scores_BV: torch.Tensor) -> torch.Tensor:
+        completion_BN = input_ids[:, self.prompt_len:]
+        counts_BV = torch.zeros_like(scores_BV)
+        counts_BV.scatter_add_(1, completion_BN, torch.ones_like(completion_BN, dtype=scores_BV.dtype))
+        return scores_BV - self.frequency * counts_BV - self.presence * (counts_BV > 0).to(scores_BV.dtype)
+
+
+class SanitizeLogitsProcessor:
+    """Replaces NaN/±Inf logits by finite values; counts the rows it had to fix (without a device sync)."""
+
+    def __init__(self) -> None:
+        self.rows_fixed: torch.Tensor | int = 0
+
+    def __call__(self, input_ids: torch.LongTensor, scores_BV: torch.Tensor) -> torch.Tensor:
+        self.rows_fixed = self.rows_fixed + (~torch.isfinite(scores_BV)).any(dim=-1).sum()
+        return torch.nan_to_num(scores_BV, nan=NAN_LOGIT, posinf=POSINF_LOGIT, neginf=NEGINF_LOGIT)
+
+
+def build_generation_config(settings: SamplingSettings, pad_id: int, stop_ids: Sequence[int]):
+    """A GenerationConfig carrying every setting; warns (once) if the installed transformers does not know or does
+    not keep one of them, or judges the combination invalid, instead of letting it be dropped silently."""
+    from transformers import GenerationConfig
+
+    wanted: dict[str, Any] = {"do_sample": settings.do_sample, "max_new_tokens": settings.max_new_tokens,
+                              "min_new_tokens": settings.min_new_tokens,
+                              "repetition_penalty": settings.repetition_penalty,
+                              "eos_token_id": [int(i) for i in stop_ids], "pad_token_id": int(pad_id)}
+    if settings.do_sample:
+        wanted.update(temperature=settings.temperature, top_k=settings.top_k, top_p=settings.top_p,
+                      min_p=settings.min_p)
+    known = GenerationConfig()
+    config = GenerationConfig(**wanted)
+    for key, value in wanted.items():
+        if not hasattr(known, key) or getattr(config, key, None) != value:
+            _warn_once(f"generation setting {key}={value!r} is not supported by the installed transformers and "
+                       "would be ignored; upgrade transformers (pip install -U transformers) or leave it at its "
+                       "neutral value")
+    try:
+        config.validate(strict=True)
+    except ValueError as err:
+        _warn_once(f"transformers flags the generation settings as partly ignored: {err}")
+    return config
+
+
+@contextlib.contextmanager
+def _seeded(seed: int | None, device: torch.device) -> Iterator[None]:
+    """Seed the torch RNG for the block and restore the outer RNG state afterwards; no-op for seed=None."""
+    if seed is None:
+        yield
+        return
+    devices = [device.index or 0] if device.type == "cuda" else []
+    with torch.random.fork_rng(devices=devices):
+        torch.manual_seed(seed)
+        yield
+
+
+def cut_completion(ids: Sequence[int], stop_ids: Sequence[int]) -> tuple[list[int], bool]:
+    """(ids up to and including the first stop id, stopped). Without a stop id all ids are kept: they were sampled
+    (even one that equals the pad id), because generation pads only rows that already stopped."""
+    stops = set(stop_ids)
+    for t, tok in enumerate(ids):
+        if tok in stops:
+            return list(ids[:t + 1]), True
+    return list(ids), False
+
+
+def rollout_metrics(rollouts: Sequence[Rollout]) -> dict[str, float]:
+    """`rollout/<task>/{length,stopped,truncated}` means per task, `rollout/num`, `rollout/tokens`."""
+    by_task: dict[str, list[Rollout]] = defaultdict(list)
+    for r in rollouts:
+        by_task[r.sample.task].append(r)
+    metrics: dict[str, float] = {"rollout/num": float(len(rollouts)),
+                                 "rollout/tokens": float(sum(len(r.completion_ids) for r in rollouts))}
+    for task, rs in sorted(by_task.items()):
+        n = len(rs)
+        metrics[f"rollout/{task}/length"] = sum(len(r.completion_ids) for r in rs) / n
+        metrics[f"rollout/{task}/stopped"] = sum(r.stopped for r in rs) / n
+        metrics[f"rollout/{task}/truncated"] = sum(r.truncated for r in rs) / n
+    return metrics
+
+
+def generate_rollouts(model, tokenizer, samples: Sequence[Sample], k: int, settings: SamplingSettings,
+                      system_prompt: str | None = None,
+                      generator_seed: int | None = None) -> tuple[list[Rollout], dict[str, float]]:
+    """K completions per sample from ONE batched `generate` (left padding, model in generation mode, no grad).
+
+    Returns the rollouts (samples[i]'s K rollouts at [i*K, (i+1)*K)) and metrics (see `rollout_metrics`, plus
+    `rollout/nonfinite_logit_rows`: sampler steps × rows whose logits the sanitiser had to fix). With
+    `generator_seed` the sampling RNG is seeded for this call only; otherwise the global torch RNG is used.
+    """
+    if k < 1:
+        raise ValueError(f"generate_rollouts: k={k}; use k ≥ 1 completions per sample")
+    if not samples:
+        raise ValueError("generate_rollouts: no samples given")
+    stop_ids = [int(i) for i in settings.stop_token_ids] or [stop_token_id(tokenizer)]
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else stop_ids[0]
+    prompts = [encode_prompt(tokenizer, s.messages, system_prompt) for s in samples]
+    repeated = [p for p in prompts for _ in range(k)]
+    ids_BP, mask_BP = left_pad(repeated, pad_id)
+    prompt_len = int(ids_BP.shape[1])
+
+    processors: list[Any] = []
+    if settings.presence_penalty or settings.frequency_penalty:
+        processors.append(CompletionPenaltyProcessor(prompt_len, settings.presence_penalty, settings.frequency_penalty))
+    sanitizer = SanitizeLogitsProcessor()
+    processors.append(sanitizer)  # last of ours; HF's warpers run after it and keep finite logits finite
+    from transformers import LogitsProcessorList
+
+    config = build_generation_config(settings, pad_id, stop_ids)
+    device = next(model.parameters()).device
+    with generation_mode(model), torch.no_grad(), _seeded(generator_seed, device):
+        out = model.generate(input_ids=ids_BP.to(device), attention_mask=mask_BP.to(device),
+                             generation_config=config, logits_processor=LogitsProcessorList(processors))
+    sequences = out if isinstance(out, torch.Tensor) else out.sequences
+    completions = sequences[:, prompt_len:].tolist()
+
+    rollouts = []
+    for row, (prompt, raw) in enumerate(zip(repeated, completions)):
+        ids, stopped = cut_completion(raw, stop_ids)
+        rollouts.append(Rollout(sample=samples[row // k], prompt_ids=tuple(prompt), completion_ids=tuple(ids),
+                                text=tokenizer.decode(ids, skip_special_tokens=True), stopped=stopped,
+                                truncated=not stopped))
+    metrics = rollout_metrics(rollouts)
+    metrics["rollout/nonfinite_logit_rows"] = float(sanitizer.rows_fixed)
+    return rollouts, metrics
+
+
+def greedy_complete(model, tokenizer, samples: Sequence[Sample], settings: SamplingSettings,
+                    system_prompt: str | None = None) -> tuple[list[Rollout], dict[str, float]]:
+    """One greedy completion per sample (evaluation): `generate_rollouts` with k=1 and do_sample=False."""
+    return generate_rollouts(model, tokenizer, samples, 1, replace(settings, do_sample=False), system_prompt)

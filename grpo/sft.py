@@ -1,0 +1,64 @@
+"""SFT warm-up: completion-only cross-entropy on reference completions, same chat template and EOS as RL.
+
+loss = − Σ_t mask_t · log π(y_t | prompt, y_<t) / Σ_t mask_t over the step's completion tokens (token mean).
+The prompt tokens are never trained on; the end-of-turn token that RL uses as its stop token is.
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Callable, Iterable, Sequence
+
+import torch
+
+from grpo.logprobs import completion_logprobs
+from grpo.records import Sample
+from grpo.tokens import collate, sft_example
+
+
+def sft_examples(tokenizer, samples: Sequence[Sample], system_prompt: str | None) -> list[tuple[list[int], list[int]]]:
+    """(prompt_ids, completion_ids) for every sample that has a target; the completion ends with EOS."""
+    out = []
+    for s in samples:
+        if s.target:
+            prompt_ids, completion_ids = sft_example(tokenizer, list(s.messages), s.target,
+                                                     system_prompt=system_prompt)
+            out.append((list(prompt_ids), list(completion_ids)))
+    return out
+
+
+def sft_loss(model: torch.nn.Module, examples: Sequence[tuple[list[int], list[int]]], pad_id: int,
+             device: torch.device) -> torch.Tensor:
+    """Token-mean negative log-likelihood of the completions (prompt positions carry no loss)."""
+    input_ids, attention, mask, prompt_len = collate([p for p, _ in examples], [c for _, c in examples], pad_id)
+    logps_BT, _ = completion_logprobs(model, input_ids.to(device), attention.to(device), prompt_len)
+    mask_BT = mask.to(device=device, dtype=logps_BT.dtype)
+    return -(logps_BT * mask_BT).sum() / mask_BT.sum().clamp(min=1)
+
+
+def run_sft(model: torch.nn.Module, examples: Sequence[tuple[list[int], list[int]]], *, steps: int, lr: float,
+            batch_size: int, params: Sequence[torch.nn.Parameter], pad_id: int, device: torch.device, seed: int,
+            max_grad_norm: float = 1.0, progress: Callable[[range], Iterable[int]] = iter) -> list[float]:
+    """`steps` AdamW steps on shuffled batches of `examples` (without replacement per epoch). Returns the losses."""
+    if not examples:
+        raise ValueError("SFT warm-up has no examples: the training samples carry no `target` completions "
+                         "(set sft.steps=0 to skip the warm-up)")
+    optimizer = torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
+    rng = random.Random(seed)
+    order: list[int] = []
+    losses = []
+    model.train()
+    for _ in progress(range(steps)):
+        if len(order) < batch_size:
+            fresh = list(range(len(examples)))
+            rng.shuffle(fresh)
+            order += fresh
+        batch = [examples[i] for i in order[:batch_size]]
+        del order[:batch_size]
+        optimizer.zero_grad(set_to_none=True)
+        loss = sft_loss(model, batch, pad_id, device)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, max_grad_norm)
+        optimizer.step()
+        losses.append(loss.item())
+    return losses

@@ -1,0 +1,166 @@
+"""Reading JSON record files robustly, and the deterministic train / held-out split.
+
+Accepted layouts (all seen in the wild for the same datasets):
+  - JSON lines: one object per line;
+  - a whole JSON array of objects;
+  - concatenated objects (pretty-printed, back to back), read with `json.JSONDecoder.raw_decode`.
+A row that does not parse, or is not an object, or lacks a required field, is reported as
+`<file>:<line>: <reason>` through `warnings.warn` (the first few per file, then one summary with the count),
+skipped, and counted in `RecordsRead.skipped`; it is never dropped silently.
+
+Split rule: u = int(sha256(salt + ":" + id)[:16 hex], 16) / 2**64; the row is held out iff u < fraction
+(a stable uniform hash; Python's hash() is salted per process, so it is not used).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable, Sequence, TypeVar
+
+MAX_WARNINGS_PER_FILE = 5  # enough to see the pattern of a broken file without flooding the log
+HASH_HEX_DIGITS = 16  # 64 bits of the digest: split fractions are exact to ~1e-19
+_HASH_SPACE = float(16**HASH_HEX_DIGITS)
+
+T = TypeVar("T")
+
+
+@dataclass
+class RecordsRead:
+    """The good rows of one file with their 1-based start line, and how many rows were skipped."""
+
+    path: str
+    rows: list[tuple[int, dict[str, Any]]] = field(default_factory=list)
+    skipped: int = 0
+    problems: list[str] = field(default_factory=list)
+    """Every `<file>:<line>: <reason>` message, in file order."""
+
+    def reject(self, line: int, reason: str) -> None:
+        """Skip one row: count it and remember the message (warned about in `finish`)."""
+        self.skipped += 1
+        self.problems.append(f"{self.path}:{line}: skipped bad row: {reason}")
+
+    def finish(self) -> "RecordsRead":
+        """Emit the warnings for the skipped rows: the first few in full, then one summary with the count."""
+        for message in self.problems[:MAX_WARNINGS_PER_FILE]:
+            warnings.warn(message, stacklevel=3)
+        if self.skipped > MAX_WARNINGS_PER_FILE:
+            warnings.warn(
+                f"{self.path}: {self.skipped} bad rows skipped in all "
+                f"(only the first {MAX_WARNINGS_PER_FILE} shown)",
+                stacklevel=3,
+            )
+        return self
+
+
+@dataclass
+class LoadResult:
+    """Samples of one loader call, plus how many source rows were skipped as bad (already warned about)."""
+
+    samples: list[Any] = field(default_factory=list)
+    """grpo.records.Sample objects."""
+    skipped: int = 0
+
+
+def _read_array(text: str, read: RecordsRead) -> None:
+    try:
+        items = json.loads(text)
+    except json.JSONDecodeError as err:
+        raise ValueError(
+            f"{read.path}:{err.lineno}: the file starts with '[' but is not a valid JSON array ({err.msg}); "
+            "fix the file or convert it to JSON lines so bad rows can be skipped one by one"
+        ) from err
+    if not isinstance(items, list):
+        raise ValueError(f"{read.path}: expected a JSON array of objects, got {type(items).__name__}")
+    for index, item in enumerate(items):
+        # An array has no per-row line number; the 1-based element index stands in for it.
+        if isinstance(item, dict):
+            read.rows.append((index + 1, item))
+        else:
+            read.reject(index + 1, f"array element {index} is a {type(item).__name__}, not an object")
+
+
+def _read_stream(text: str, read: RecordsRead) -> None:
+    decoder = json.JSONDecoder()
+    pos, end = 0, len(text)
+    line, line_pos = 1, 0  # line number of offset line_pos; advanced incrementally (counting from 0 is O(n^2))
+    while True:
+        while pos < end and text[pos].isspace():
+            pos += 1
+        if pos >= end:
+            return
+        line, line_pos = line + text.count("\n", line_pos, pos), pos
+        try:
+            value, pos = decoder.raw_decode(text, pos)
+        except json.JSONDecodeError as err:
+            read.reject(line, f"invalid JSON ({err.msg})")
+            nxt = text.find("\n", pos)  # resynchronise at the next line: JSON lines is the common layout
+            pos = end if nxt < 0 else nxt + 1
+            continue
+        if isinstance(value, dict):
+            read.rows.append((line, value))
+        else:
+            read.reject(line, f"a {type(value).__name__}, not an object")
+
+
+def read_records(path: str | Path) -> RecordsRead:
+    """All JSON objects in `path` (JSON lines, one array, or concatenated objects).
+
+    Rows that do not parse are counted in `.skipped` and described in `.problems`; the caller may reject more
+    rows (`.reject`) and then calls `.finish()` once to warn about all of them."""
+    p = Path(path)
+    if not p.is_file():
+        raise FileNotFoundError(f"data file not found: {p} (check the data path in the config)")
+    text = p.read_text(encoding="utf-8")
+    read = RecordsRead(path=str(p))
+    if text.lstrip().startswith("["):
+        _read_array(text, read)
+    else:
+        _read_stream(text, read)
+    return read
+
+
+class TemplateFieldError(ValueError):
+    """A prompt template names a field the rows do not have: a configuration error, never a skipped row."""
+
+
+def fill_template(template: str, fields: dict[str, Any], where: str) -> str:
+    """template.format(**fields), with a clear error when the template names an absent field."""
+    try:
+        return template.format(**fields)
+    except (KeyError, IndexError) as err:
+        raise TemplateFieldError(
+            f"{where}: the prompt template uses {{{err.args[0]}}}, but rows only have the fields {sorted(fields)}; "
+            "fix the template (double literal braces)"
+        ) from err
+
+
+def missing_fields(row: dict[str, Any], required: Iterable[str]) -> list[str]:
+    """The required fields that are absent or None in `row`."""
+    return [name for name in required if row.get(name) is None]
+
+
+def stable_hash01(key: str, salt: str = "") -> float:
+    """A uniform number in [0, 1) from sha256(salt:key): identical on every machine and run."""
+    digest = hashlib.sha256(f"{salt}:{key}".encode("utf-8")).hexdigest()
+    return int(digest[:HASH_HEX_DIGITS], 16) / _HASH_SPACE
+
+
+def content_id(*parts: str) -> str:
+    """A short stable id for a row that has none: sha256 of its identifying text."""
+    joined = "\x1f".join(parts)  # unit separator: ("ab", "c") and ("a", "bc") hash differently
+    return hashlib.sha256(joined.encode("utf-8")).hexdigest()[:HASH_HEX_DIGITS]
+
+
+def split_by_id(items: Sequence[T], ids: Sequence[str], heldout_fraction: float, salt: str = "") -> tuple[list[T], list[T]]:
+    """(train, heldout) keeping input order; an item is held out iff stable_hash01(id, salt) < heldout_fraction."""
+    if not 0.0 <= heldout_fraction < 1.0:
+        raise ValueError(f"heldout_fraction={heldout_fraction!r} must be in [0, 1): e.g. 0.1 holds out ~10%")
+    train: list[T] = []
+    heldout: list[T] = []
+    for item, key in zip(items, ids, strict=True):
+        (heldout if stable_hash01(key, salt) < heldout_fraction else train).append(item)
+    return train, heldout

@@ -1,0 +1,283 @@
+"""Metric tracking: one `Tracker` interface, several backends, and the console progress line.
+
+The loop calls `tracker.log(metrics, step)` with the namespaced dicts the step functions return
+(`reward/<task>/mean`, `kl/<task>`, `loss/*`, `health/*`, `time/*`, ...) and never branches on the backend:
+`make_trackers` builds a `MultiTracker` of
+  * `JsonlTracker`: RUN_DIR/metrics.jsonl (one JSON object per step, appended, flushed per line; the source the
+    plot and the report read), RUN_DIR/metrics.csv (columns = union of keys) and RUN_DIR/samples.jsonl (text);
+  * `TensorBoardTracker`: scalars under the same keys, text for samples;
+  * `WandbTracker`: only when asked for, and only if `wandb` is installed.
+Scalar backends skip non-numeric values (e.g. "phase"). NaN/inf are written as they are (JSON `NaN`/`Infinity`,
+which Python's json reads back) so that `health.check` can see them.
+"""
+
+from __future__ import annotations
+
+import csv
+import html
+import json
+import math
+import sys
+import time
+from pathlib import Path
+from typing import Any, Iterable, Iterator, Mapping, Protocol, Sequence, TextIO
+
+METRICS_FILE = "metrics.jsonl"
+CSV_FILE = "metrics.csv"
+SAMPLES_FILE = "samples.jsonl"
+PLAIN_PROGRESS_LINES = 10  # without a TTY, print about this many lines per phase: enough to see it move, not spam
+
+
+class Tracker(Protocol):
+    """Where metrics go. `step` is the RL step (or SFT step, with "phase" set in the metrics)."""
+
+    def log(self, metrics: Mapping[str, Any], step: int) -> None: ...
+
+    def log_text(self, key: str, text: str, step: int) -> None: ...
+
+    def close(self) -> None: ...
+
+
+def scalars(metrics: Mapping[str, Any]) -> dict[str, float]:
+    """The numeric entries of `metrics` as floats (bools -> 0/1, 0-d tensors via float()); strings etc. dropped."""
+    out = {}
+    for key, value in metrics.items():
+        if isinstance(value, (bool, int, float)):
+            out[key] = float(value)
+        elif hasattr(value, "item") and getattr(value, "ndim", 1) == 0:
+            out[key] = float(value.item())
+    return out
+
+
+def read_metrics(run_dir: str | Path) -> list[dict[str, Any]]:
+    """The rows of RUN_DIR/metrics.jsonl, in file order. Raises FileNotFoundError naming the path when missing."""
+    path = Path(run_dir) / METRICS_FILE
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} not found: is {run_dir} a run folder written by grpo_train.py?")
+    rows = []
+    with path.open() as fh:
+        for lineno, line in enumerate(fh, 1):
+            if line.strip():
+                try:
+                    rows.append(json.loads(line))
+                except json.JSONDecodeError as err:
+                    # a run killed mid-write leaves a partial last line; anything else is corruption
+                    raise ValueError(f"{path}:{lineno}: not a JSON object ({err}); delete or fix that line") from err
+    return rows
+
+
+class NullTracker:
+    """Logs nothing (tests, dry runs)."""
+
+    def log(self, metrics: Mapping[str, Any], step: int) -> None:
+        pass
+
+    def log_text(self, key: str, text: str, step: int) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+class JsonlTracker:
+    """metrics.jsonl + metrics.csv + samples.jsonl in `run_dir`. Appends to an existing metrics.jsonl (resume).
+
+    The csv is rewritten whole when a new key appears (its header changes) and appended to otherwise, so it
+    always holds every row with the union of keys as columns; rows are kept in memory for that (a few MB for
+    thousands of steps).
+    """
+
+    def __init__(self, run_dir: str | Path) -> None:
+        self.run_dir = Path(run_dir)
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        jsonl = self.run_dir / METRICS_FILE
+        self._rows: list[dict[str, Any]] = read_metrics(self.run_dir) if jsonl.is_file() else []
+        self._columns: list[str] = []
+        for row in self._rows:
+            self._add_columns(row)
+        self._jsonl = jsonl.open("a")
+        self._samples = (self.run_dir / SAMPLES_FILE).open("a")
+        self._csv: TextIO | None = None
+        self._rewrite_csv()
+
+    def _add_columns(self, row: Mapping[str, Any]) -> bool:
+        new = [k for k in row if k not in self._columns]
+        self._columns.extend(new)
+        return bool(new)
+
+    def _rewrite_csv(self) -> None:
+        if self._csv is not None:
+            self._csv.close()
+        self._csv = (self.run_dir / CSV_FILE).open("w", newline="")
+        writer = csv.DictWriter(self._csv, fieldnames=self._columns)
+        writer.writeheader()
+        writer.writerows(self._rows)
+        self._csv.flush()
+
+    def log(self, metrics: Mapping[str, Any], step: int) -> None:
+        row = {"step": int(step), **{k: v for k, v in metrics.items() if k != "step"}}
+        row = {k: (float(v.item()) if hasattr(v, "item") else v) for k, v in row.items()}
+        self._jsonl.write(json.dumps(row) + "\n")
+        self._jsonl.flush()
+        self._rows.append(row)
+        if self._add_columns(row):
+            self._rewrite_csv()
+        else:
+            assert self._csv is not None
+            csv.DictWriter(self._csv, fieldnames=self._columns).writerow(row)
+            self._csv.flush()
+
+    def log_text(self, key: str, text: str, step: int) -> None:
+        self._samples.write(json.dumps({"step": int(step), "key": key, "text": text}) + "\n")
+        self._samples.flush()
+
+    def close(self) -> None:
+        for fh in (self._jsonl, self._samples, self._csv):
+            if fh is not None and not fh.closed:
+                fh.close()
+
+
+class TensorBoardTracker:
+    """Scalars and text to a TensorBoard event file in `log_dir` (`tensorboard --logdir RUN_DIR/tb`)."""
+
+    def __init__(self, log_dir: str | Path) -> None:
+        from torch.utils.tensorboard import SummaryWriter  # slow import; only when asked for
+
+        self.writer = SummaryWriter(log_dir=str(log_dir))
+
+    def log(self, metrics: Mapping[str, Any], step: int) -> None:
+        for key, value in scalars(metrics).items():
+            if key != "step":
+                self.writer.add_scalar(key, value, global_step=int(step))
+
+    def log_text(self, key: str, text: str, step: int) -> None:
+        # TensorBoard renders text as markdown; a code block keeps the completion verbatim
+        self.writer.add_text(key, "```\n" + text + "\n```", global_step=int(step))
+
+    def close(self) -> None:
+        self.writer.flush()
+        self.writer.close()
+
+
+class WandbTracker:
+    """Weights & Biases run; `wandb` must be installed and logged in (`wandb login`) or WANDB_MODE=offline."""
+
+    def __init__(self, project: str, run_dir: str | Path, config: Mapping[str, Any] | None = None,
+                 name: str | None = None) -> None:
+        try:
+            import wandb
+        except ImportError as err:
+            raise RuntimeError(f"wandb_project={project!r} was given but wandb is not installed: "
+                               "`pip install wandb`, or leave wandb_project unset") from err
+        self._wandb = wandb
+        self.run = wandb.init(project=project, dir=str(run_dir), config=dict(config or {}),
+                              name=name or Path(run_dir).name)
+
+    def log(self, metrics: Mapping[str, Any], step: int) -> None:
+        self.run.log({k: v for k, v in scalars(metrics).items() if k != "step"}, step=int(step))
+
+    def log_text(self, key: str, text: str, step: int) -> None:
+        self.run.log({key: self._wandb.Html(f"<pre>{html.escape(text)}</pre>")}, step=int(step))
+
+    def close(self) -> None:
+        self.run.finish()
+
+
+class MultiTracker:
+    """Fans every call out to several trackers, so the loop holds exactly one."""
+
+    def __init__(self, trackers: Sequence[Tracker]) -> None:
+        self.trackers = list(trackers)
+
+    def log(self, metrics: Mapping[str, Any], step: int) -> None:
+        for t in self.trackers:
+            t.log(metrics, step)
+
+    def log_text(self, key: str, text: str, step: int) -> None:
+        for t in self.trackers:
+            t.log_text(key, text, step)
+
+    def close(self) -> None:
+        for t in self.trackers:
+            t.close()
+
+
+def make_trackers(run_dir: str | Path, tensorboard: bool = True, wandb_project: str | None = None,
+                  config: Mapping[str, Any] | None = None) -> Tracker:
+    """JSONL/CSV always; TensorBoard under RUN_DIR/tb when `tensorboard`; W&B when `wandb_project` is set."""
+    trackers: list[Tracker] = [JsonlTracker(run_dir)]
+    if tensorboard:
+        trackers.append(TensorBoardTracker(Path(run_dir) / "tb"))
+    if wandb_project:
+        trackers.append(WandbTracker(wandb_project, run_dir, config=config))
+    return MultiTracker(trackers)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Console
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def _fmt(value: Any) -> str:
+    if not isinstance(value, (int, float)):
+        return str(value)
+    if not math.isfinite(value):
+        return str(value)
+    return f"{value:.3g}" if abs(value) < 1e-2 or abs(value) >= 1e3 else f"{value:.3f}"
+
+
+def format_step_line(metrics: Mapping[str, Any], tasks: Sequence[str]) -> str:
+    """One compact line per step for logs: step, per task reward/KL/β, loss, grad norm, step time, skips.
+
+    e.g. `step 12 | fairness r=0.625 kl=0.031 β=0.040 | hallucination r=0.410 kl=0.052 β=0.020 | loss 0.118
+    | gnorm 1.230 | 4.21s`; missing keys are left out.
+    """
+    parts = [f"step {metrics.get('step', '?')}"]
+    for task in tasks:
+        fields = [(f"reward/{task}/mean", "r"), (f"eval/{task}/reward", "eval"), (f"kl/{task}", "kl"),
+                  (f"beta/{task}", "β")]
+        shown = [f"{name}={_fmt(metrics[key])}" for key, name in fields if key in metrics]
+        if shown:
+            parts.append(f"{task} " + " ".join(shown))
+    if "loss/total" in metrics:
+        parts.append(f"loss {_fmt(metrics['loss/total'])}")
+    if "health/grad_norm" in metrics:
+        parts.append(f"gnorm {_fmt(metrics['health/grad_norm'])}")
+    if "time/step" in metrics:
+        parts.append(f"{float(metrics['time/step']):.2f}s")
+    if metrics.get("health/skipped"):
+        parts.append("SKIPPED")
+    if metrics.get("health/restored"):
+        parts.append("RESTORED")
+    return " | ".join(parts)
+
+
+def _plain_progress(items: Iterable[Any], total: int | None, desc: str, stream: TextIO) -> Iterator[Any]:
+    every = max(1, (total or 0) // PLAIN_PROGRESS_LINES) if total else 1
+    start, done = time.perf_counter(), 0
+    for done, item in enumerate(items, 1):
+        yield item
+        if done % every == 0 and done != total:
+            print(f"{desc}: {done}/{total if total else '?'} ({time.perf_counter() - start:.1f}s)", file=stream,
+                  flush=True)
+    print(f"{desc}: {done}/{total if total else done} done ({time.perf_counter() - start:.1f}s)", file=stream,
+          flush=True)
+
+
+def progress(iterable_or_total: Iterable[Any] | int, desc: str, enabled: bool = True,
+             stream: TextIO | None = None) -> Iterable[Any]:
+    """Iterate with one progress display per phase.
+
+    An int means `range(n)`. On a TTY: one tqdm bar (left on screen when done). Otherwise (logs, nohup, CI):
+    about PLAIN_PROGRESS_LINES plain lines `desc: i/n (t s)` and a final `done` line. `enabled=False`: silent.
+    """
+    items = range(iterable_or_total) if isinstance(iterable_or_total, int) else iterable_or_total
+    if not enabled:
+        return items
+    out = stream if stream is not None else sys.stdout
+    total = len(items) if hasattr(items, "__len__") else None
+    if out.isatty():
+        from tqdm.auto import tqdm
+
+        return tqdm(items, desc=desc, total=total, file=out, dynamic_ncols=True)
+    return _plain_progress(items, total, desc, out)

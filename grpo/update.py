@@ -1,0 +1,228 @@
+"""The policy update of one RL step: μ passes over a collated rollout batch, each one optimizer step.
+
+    for pass in range(μ):                      # each pass builds its own graphs
+        zero_grad()                            # once, before the accumulation
+        for micro_batch in batch:              # gradients ADD across micro-batches
+            loss = policy_loss + β_task · KL − c_ent · entropy, aggregated with the step's token count
+            loss.backward()
+        clip_grad_norm_(); skip if non-finite or huge; step()     # once, after the accumulation
+
+Everything in the TrainBatch (old / ref log-probs, advantages) was computed before this loop without a graph,
+so no pass can backpropagate through another pass's graph. With μ = 1 the update is exactly on-policy and the
+old log-probs are the current ones, detached (no extra forward). `token-mean` divides by the completion-token count
+of the whole batch, counted once up front, so micro-batching does not change the gradient.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+import torch
+
+from grpo.logprobs import completion_logprobs
+from grpo.losses import aggregate, kl_penalty, policy_loss
+from grpo.records import TrainBatch
+
+KL_METRIC_ESTIMATOR = "k3"  # reported KL: k3 is unbiased for KL(π‖π_ref) and never negative
+
+
+@dataclass(frozen=True)
+class UpdateSettings:
+    """Plain values of the update, mapped from the loss and train config sections by the entry point."""
+
+    policy_loss: str = "grpo"
+    clip_low: float = 0.2
+    clip_high: float = 0.28
+    dual_clip: float | None = None
+    agg_mode: str = "token-mean"
+    agg_constant: float | None = None
+    kl_estimator: str = "k3"
+    entropy_coef: float = 0.0
+    mu: int = 1
+    micro_batch_seqs: int = 8
+    max_grad_norm: float = 1.0
+    skip_grad_norm: float = 1000.0
+    temperature: float = 1.0
+
+
+def micro_batch_terms(model: torch.nn.Module, mb: TrainBatch, betas_N: torch.Tensor, s: UpdateSettings,
+                      ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
+    """Per-token loss terms of one micro-batch: (policy_BT, regulariser_BT = β_task·KL − c·entropy, mask_BT, parts).
+
+    betas_N: the KL coefficient per task index; each sequence uses its own task's β.
+    """
+    betas_B = betas_N.to(mb.advantages_B.device)[mb.task_ids_B]
+    logps_BT, entropy_BT = completion_logprobs(model, mb.input_ids_BL, mb.attention_mask_BL, mb.prompt_len,
+                                               temperature=s.temperature, with_entropy=True)
+    mask_BT = mb.completion_mask_BT.to(logps_BT.dtype)
+    old_BT = logps_BT.detach() if mb.old_logps_BT is None else mb.old_logps_BT
+    pg_BT, pg_metrics = policy_loss(s.policy_loss, logps_BT, old_BT, mb.advantages_B, mask_BT,
+                                    clip_low=s.clip_low, clip_high=s.clip_high, dual_clip=s.dual_clip)
+    reg_BT = torch.zeros_like(pg_BT)
+    kl_value_BT = torch.zeros_like(logps_BT)
+    if mb.ref_logps_BT is not None:
+        kl_BT = kl_penalty(logps_BT, mb.ref_logps_BT, s.kl_estimator)
+        reg_BT = reg_BT + betas_B.to(kl_BT.dtype)[:, None] * kl_BT
+        kl_value_BT = kl_penalty(logps_BT.detach(), mb.ref_logps_BT, KL_METRIC_ESTIMATOR)
+    if s.entropy_coef > 0:
+        reg_BT = reg_BT - s.entropy_coef * entropy_BT
+    parts = {"pg_BT": pg_BT.detach(), "kl_BT": kl_value_BT, "entropy_BT": entropy_BT.detach(),
+             "mask_BT": mask_BT.detach(), **{k: torch.as_tensor(v).detach() for k, v in pg_metrics.items()}}
+    return pg_BT, reg_BT, mask_BT, parts
+
+
+def micro_batch_loss(model: torch.nn.Module, mb: TrainBatch, betas_N: torch.Tensor, s: UpdateSettings,
+                     num_tokens: int, num_seqs: int) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """Loss of one micro-batch, scaled so that summing over the step's micro-batches gives the full-batch loss."""
+    pg_BT, reg_BT, mask_BT, parts = micro_batch_terms(model, mb, betas_N, s)
+    loss = aggregate(pg_BT + reg_BT, mask_BT, s.agg_mode, num_tokens=num_tokens, num_seqs=num_seqs,
+                     constant=s.agg_constant)
+    return loss, parts
+
+
+class _StepStats:
+    """Accumulates detached per-task sums on the device; converted to floats once, at the end (one host sync)."""
+
+    def __init__(self, n_tasks: int, device: torch.device):
+        self.kl = torch.zeros(n_tasks, device=device)
+        self.entropy = torch.zeros(n_tasks, device=device)
+        self.tokens = torch.zeros(n_tasks, device=device)
+        self.pg = torch.zeros((), device=device)
+        self.loss = torch.zeros((), device=device)
+        self.scalars: dict[str, list[torch.Tensor]] = {}
+
+    def add(self, loss: torch.Tensor, parts: dict[str, torch.Tensor], task_ids_B: torch.Tensor) -> None:
+        mask = parts["mask_BT"]
+        onehot_BN = torch.nn.functional.one_hot(task_ids_B, self.kl.numel()).to(mask.dtype)
+        self.kl += onehot_BN.T @ (parts["kl_BT"] * mask).sum(1)
+        self.entropy += onehot_BN.T @ (parts["entropy_BT"] * mask).sum(1)
+        self.tokens += onehot_BN.T @ mask.sum(1)
+        self.pg += (parts["pg_BT"] * mask).sum()
+        self.loss += loss.detach()
+        for k, v in parts.items():
+            if not k.endswith("_BT"):
+                self.scalars.setdefault(k, []).append(v.float())
+
+    def finish(self, tasks: Sequence[str]) -> dict[str, float]:
+        tok = self.tokens.clamp(min=1)
+        kl, ent = (self.kl / tok).tolist(), (self.entropy / tok).tolist()
+        out = {"loss/total": self.loss.item(), "loss/policy_token_mean": (self.pg / tok.sum()).item()}
+        for i, t in enumerate(tasks):
+            if self.tokens[i] > 0:
+                out[f"kl/{t}"] = kl[i]
+                out[f"entropy/{t}"] = ent[i]
+        for k, vs in self.scalars.items():
+            stacked = torch.stack(vs)
+            out[k] = (stacked.max() if k.endswith("_max") else stacked.min() if k.endswith("_min")
+                      else stacked.mean()).item()
+        return out
+
+
+def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batch: TrainBatch,
+               betas_N: torch.Tensor, s: UpdateSettings, tasks: Sequence[str],
+               params: Sequence[torch.nn.Parameter], on_step: Callable[[], None] | None = None,
+               grad_combiner: Callable[..., dict[str, float]] | None = None,
+               ) -> dict[str, float]:
+    """μ optimizer steps over `batch`. betas_N: β per task index. Returns metrics of the first pass + health.
+
+    `on_step` runs after each successful optimizer step (the LR scheduler, the weight guard).
+    `grad_combiner`, when given, replaces the plain accumulation (per-task gradient surgery, see grpo/multi.py).
+    """
+    num_tokens, num_seqs = batch.num_tokens, batch.size  # counted ONCE for the whole optimizer step
+    if num_tokens == 0:
+        raise ValueError("the rollout batch has no completion tokens to train on (every completion is empty)")
+    metrics: dict[str, float] = {}
+    skipped = 0
+    model.train()
+    for pass_index in range(s.mu):
+        optimizer.zero_grad(set_to_none=True)
+        stats = _StepStats(len(tasks), batch.advantages_B.device)
+        if grad_combiner is not None:
+            metrics.update(grad_combiner(model, batch, betas_N, s, stats, num_tokens, num_seqs))
+        else:
+            for mb in batch.micro_batches(s.micro_batch_seqs):
+                loss, parts = micro_batch_loss(model, mb, betas_N, s, num_tokens, num_seqs)
+                loss.backward()  # gradients add up across micro-batches
+                stats.add(loss, parts, mb.task_ids_B)
+        grad_norm = float(torch.nn.utils.clip_grad_norm_(params, s.max_grad_norm))
+        if not (grad_norm == grad_norm and grad_norm <= s.skip_grad_norm):  # NaN, Inf or exploding
+            optimizer.zero_grad(set_to_none=True)
+            skipped += 1
+        else:
+            optimizer.step()
+            if on_step is not None:
+                on_step()
+        if pass_index == 0:
+            metrics.update(stats.finish(tasks))
+            metrics["health/grad_norm"] = grad_norm
+    metrics["health/skipped"] = float(skipped > 0)
+    metrics["health/skipped_passes"] = float(skipped)
+    return metrics
+
+
+
+class TaskGradientSurgery:
+    """Per-task gradients, accumulated over the micro-batches of one optimizer step, combined once (grpo/multi.py).
+
+    Per micro-batch: one forward, then one backward per task present (its policy loss, normalised by the whole
+    step's token count) and one for the KL/entropy terms, which are added after the surgery when `policy_only`.
+    Memory: one flat fp32 vector per task of the trainable-parameter count (small under LoRA; 2 x 32 GB for full
+    fine-tuning of an 8B model). The surgery runs when the monitor says so; otherwise the tasks' sum is used.
+    """
+
+    def __init__(self, params: Sequence[torch.nn.Parameter], tasks: Sequence[str], method: str, c: float,
+                 monitor, policy_only: bool, seed: int):
+        from grpo.multi import TaskGradAccumulator
+
+        self.params, self.tasks, self.method, self.c = list(params), list(tasks), method, c
+        self.monitor, self.policy_only = monitor, policy_only
+        self.acc = TaskGradAccumulator(self.params, len(self.tasks))
+        self.generator = torch.Generator().manual_seed(seed)
+
+    def __call__(self, model, batch: TrainBatch, betas_N: torch.Tensor, s: UpdateSettings, stats: "_StepStats",
+                 num_tokens: int, num_seqs: int) -> dict[str, float]:
+        from grpo.multi import assign_flat_grad, combine, flat_grad, gradient_stats
+
+        extra = None
+        for mb in batch.micro_batches(s.micro_batch_seqs):
+            pg_BT, reg_BT, mask_BT, parts = micro_batch_terms(model, mb, betas_N, s)
+
+            def agg(x: torch.Tensor) -> torch.Tensor:
+                return aggregate(x, mask_BT, s.agg_mode, num_tokens=num_tokens, num_seqs=num_seqs,
+                                 constant=s.agg_constant)
+
+            reg_separate = self.policy_only and reg_BT.requires_grad
+            present = sorted(set(mb.task_ids_B.tolist()))
+            total = torch.zeros((), device=pg_BT.device)
+            for n, t in enumerate(present):
+                rows_B1 = (mb.task_ids_B == t).to(pg_BT.dtype)[:, None]
+                term_BT = pg_BT if self.policy_only else pg_BT + reg_BT
+                loss_t = agg(term_BT * rows_B1)
+                loss_t.backward(retain_graph=reg_separate or n < len(present) - 1)
+                self.acc.capture(t)
+                total += loss_t.detach()
+            if reg_separate:
+                loss_r = agg(reg_BT)
+                loss_r.backward()
+                g = flat_grad(self.params)
+                extra = g if extra is None else extra + g
+                for p in self.params:
+                    p.grad = None
+                total += loss_r.detach()
+            stats.add(total, parts, mb.task_ids_B)
+        grads_ND = self.acc.stack()
+        metrics = gradient_stats(grads_ND, self.tasks)
+        active = self.monitor.update(metrics.get("multi/cos_min", float("nan")))
+        combined_D, m = combine(grads_ND, self.method if active else "sum", c=self.c, generator=self.generator,
+                                names=self.tasks, extra=extra)
+        assign_flat_grad(self.params, combined_D)
+        self.acc.reset()
+        return {**{k: float(v) for k, v in {**metrics, **m, **self.monitor.metrics()}.items()}}
+
+    def state_dict(self) -> dict:
+        return {"monitor": self.monitor.state_dict(), "generator": self.generator.get_state()}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.monitor.load_state_dict(state["monitor"])
+        self.generator.set_state(state["generator"])

@@ -1,0 +1,417 @@
+"""grpo-dual trainer: SFT warm-up, then GRPO / GSPO with per-task KL control. Read it top to bottom.
+
+    python grpo_train.py                                   # the embedded offline demo (CPU, a few minutes)
+    python grpo_train.py --preset llama3-8b-dual           # Llama-3-8B-Instruct + LoRA on BBQ + HaluEval
+    python grpo_train.py --rollout.k 8 --set loss.mu=2     # any config field, dotted
+    python grpo_train.py --help | --print-config
+
+In Jupyter, call the same functions cell by cell: `run = setup(cfg)`, `sft_phase(run)`, `rl_step(run, step)`,
+`evaluate_phase(run, "after_rl")`, `finish(run)`. Only this file sees the whole Config; modules get plain values.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+import signal
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+import config as C
+from grpo import checkpoint as ckpt
+from grpo.advantages import group_advantages
+from grpo.batch import batch_logprobs, build_train_batch
+from grpo.batching import TaskBalancedSampler
+from grpo.evaluate import evaluate
+from grpo.health import WeightGuard
+from grpo.kl_control import make_controller
+from grpo.modeling import Policy, reference, save_pretrained
+from grpo.records import Rollout, Sample, Scored
+from grpo.rollout import SamplingSettings, generate_rollouts
+from grpo.setup_parts import (build_judge, build_trackers, choose_device, load_samples, policy_from_config,
+                              reward_specs, sampling_settings)
+from grpo.sft import run_sft, sft_examples
+from grpo.scoring import score_rollouts
+from grpo.tracking import format_step_line, progress
+from grpo.update import UpdateSettings, train_step
+
+
+@dataclass
+class Run:
+    """Everything a training run holds. Built by `setup`, advanced by `sft_phase` and `rl_step`."""
+
+    cfg: C.Config
+    run_dir: Path
+    device: torch.device
+    policy: Policy
+    tasks: list[str]
+    train: dict[str, list[Sample]]
+    heldout: dict[str, list[Sample]]
+    sampler: TaskBalancedSampler
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LambdaLR
+    controllers: dict[str, Any]
+    specs: dict[str, Any]
+    judge: Any
+    tracker: Any
+    sampling: SamplingSettings
+    update: UpdateSettings
+    guard: WeightGuard
+    step: int = 0
+    evals: dict[str, dict[str, float]] = field(default_factory=dict)
+    counters: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def tokenizer(self):
+        return self.policy.tokenizer
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def setup(cfg: C.Config) -> Run:
+    """Build the model, data, optimizer, controllers and trackers of a run; write its resolved config."""
+    seed_everything(cfg.train.seed)
+    device = choose_device(cfg.train.device)
+    run_dir = Path(cfg.train.output_dir) / (cfg.train.run_name or f"{cfg.preset}-{time.strftime('%Y%m%d-%H%M%S')}")
+    run_dir.mkdir(parents=True, exist_ok=True)
+    samples = load_samples(cfg.data, cfg.train.seed)
+    corpus = [s.messages[-1]["content"] + " " + (s.target or "") for s in samples]
+    policy = policy_from_config(cfg.model, device, corpus, seed=cfg.train.seed)
+    train, heldout = split_by_task(samples, cfg.data)
+    tasks = sorted(train)
+    params = policy.trainable_parameters()
+    optimizer = torch.optim.AdamW(params, lr=cfg.train.lr, weight_decay=cfg.train.weight_decay)
+    warmup = cfg.train.warmup_steps
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda n: min(1.0, (n + 1) / warmup) if warmup else 1.0)
+    controllers = {t: make_controller(**_controller_args(cfg.kl_for(t))) for t in tasks}
+    update = UpdateSettings(
+        policy_loss=cfg.loss.policy_loss, clip_low=cfg.loss.clip_low, clip_high=cfg.loss.clip_high,
+        dual_clip=cfg.loss.dual_clip, agg_mode=cfg.loss.agg_mode, agg_constant=float(cfg.rollout.max_new_tokens),
+        kl_estimator=cfg.loss.kl_estimator, entropy_coef=cfg.loss.entropy_coef, mu=cfg.loss.mu,
+        micro_batch_seqs=cfg.micro_batch_seqs, max_grad_norm=cfg.train.max_grad_norm,
+        skip_grad_norm=cfg.train.skip_grad_norm, temperature=cfg.rollout.temperature)
+    run = Run(cfg=cfg, run_dir=run_dir, device=device, policy=policy, tasks=tasks, train=train, heldout=heldout,
+              sampler=TaskBalancedSampler(train, seed=cfg.train.seed), optimizer=optimizer, scheduler=scheduler,
+              controllers=controllers, specs=reward_specs(cfg.data.source, cfg.rewards, tasks), judge=build_judge(cfg.judge, run_dir),
+              tracker=build_trackers(cfg.train, run_dir), sampling=sampling_settings(cfg.rollout, policy.tokenizer),
+              update=update, guard=WeightGuard(params, max_consecutive=cfg.train.max_consecutive_bad))
+    (run_dir / "config.json").write_text(C.dumps(cfg))
+    return run
+
+
+def split_by_task(samples: list[Sample], data: C.DataConfig) -> tuple[dict, dict]:
+    """Hash split into train / held-out per task; held-out capped at data.eval_size per task."""
+    from grpo.data import split_samples
+
+    train_list, held_list = split_samples(samples, data.heldout_fraction)
+    train: dict[str, list[Sample]] = {}
+    heldout: dict[str, list[Sample]] = {}
+    for s in train_list:
+        train.setdefault(s.task, []).append(s)
+    for s in held_list:
+        if len(heldout.setdefault(s.task, [])) < data.eval_size:
+            heldout[s.task].append(s)
+    return train, heldout
+
+
+def _controller_args(k: C.TaskKLConfig) -> dict[str, Any]:
+    if k.controller == "fixed":
+        return {"kind": "fixed", "beta": k.beta}
+    if k.controller == "adaptive":
+        return {"kind": "adaptive", "beta": k.beta, "target": k.target, "horizon": k.horizon}
+    return {"kind": "band", "beta": k.beta, "low": k.band_low, "high": k.band_high, "window": k.window,
+            "up": k.up, "down": k.down, "beta_min": k.beta_min, "beta_max": k.beta_max}
+
+
+def score(run: Run, rollouts: list[Rollout]) -> list[Scored]:
+    scored, _ = score_rollouts(rollouts, run.specs, run.judge)
+    return scored
+
+
+def sft_phase(run: Run) -> list[float]:
+    """Completion-only SFT warm-up on the tasks' reference completions (skipped when sft.steps = 0)."""
+    s = run.cfg.sft
+    if s.steps == 0:
+        return []
+    examples = sft_examples(run.tokenizer, [x for t in run.tasks for x in run.train[t]],
+                            run.cfg.data.system_prompt or None)
+    losses = run_sft(run.policy.model, examples, steps=s.steps, lr=s.lr, batch_size=s.batch_size,
+                     params=run.policy.trainable_parameters(), pad_id=run.tokenizer.pad_token_id,
+                     device=run.device, seed=run.cfg.train.seed, progress=lambda it: progress(it, "SFT"))
+    run.guard.snapshot()
+    run.tracker.log({"sft/loss_first": losses[0], "sft/loss_last": losses[-1]}, 0)
+    return losses
+
+
+def evaluate_phase(run: Run, tag: str) -> dict[str, float]:
+    """Greedy held-out reward per task; recorded under `tag` (before_sft, after_sft, after_rl, step_N)."""
+    results, scored = evaluate(run.policy.model, run.tokenizer, run.heldout, run.sampling,
+                               lambda rollouts: score(run, rollouts), run.cfg.data.system_prompt or None)
+    run.evals[tag] = results
+    (run.run_dir / "eval.json").write_text(json.dumps(run.evals, indent=2))
+    run.tracker.log({f"eval/{t}/reward": r for t, r in results.items()}, run.step)
+    return results
+
+
+def rl_step(run: Run, step: int) -> dict[str, float]:
+    """One RL step: rollouts → rewards → group advantages → μ update passes → per-task β update."""
+    cfg, t0 = run.cfg, time.perf_counter()
+    samples = run.sampler.next_batch(cfg.prompts_per_step)
+    rollouts, metrics = generate_rollouts(run.policy.model, run.tokenizer, samples, cfg.rollout.k, run.sampling,
+                                          system_prompt=cfg.data.system_prompt or None)
+    t1 = time.perf_counter()
+    scored, score_metrics = score_rollouts(rollouts, run.specs, run.judge)
+    metrics.update(score_metrics)
+    rewards_B = torch.tensor([math.nan if s.reward is None else s.reward for s in scored], dtype=torch.float32)
+    advantages_B, adv_metrics = group_advantages(rewards_B, cfg.rollout.k, scale=cfg.loss.adv_scale,
+                                                 clip=cfg.loss.adv_clip)
+    metrics.update(adv_metrics)
+    metrics.update(reward_metrics(scored, run.tasks))
+    t2 = time.perf_counter()
+
+    batch = build_train_batch(scored, advantages_B, run.tasks, run.tokenizer.pad_token_id, run.device)
+    if cfg.loss.mu > 1:  # off-policy passes need the rollout policy's log-probs; at μ = 1 they equal the current ones
+        batch.old_logps_BT = batch_logprobs(run.policy.model, batch, cfg.micro_batch_seqs, cfg.rollout.temperature)
+    t3 = time.perf_counter()
+    if cfg.kl_enabled:
+        with reference(run.policy) as ref_model:
+            batch.ref_logps_BT = batch_logprobs(ref_model, batch, cfg.micro_batch_seqs, cfg.rollout.temperature)
+    t4 = time.perf_counter()
+
+    betas_N = torch.tensor([run.controllers[t].value for t in run.tasks], dtype=torch.float32)
+    stats = train_step(run.policy.model, run.optimizer, batch, betas_N, run.update, run.tasks,
+                       run.policy.trainable_parameters(), on_step=lambda: after_optimizer_step(run))
+    metrics.update(stats)
+    for t in run.tasks:
+        metrics[f"beta/{t}"] = run.controllers[t].value  # the β this step trained with
+        if f"kl/{t}" in stats:
+            run.controllers[t].update(stats[f"kl/{t}"])
+    metrics.update(run.guard.record(skipped=bool(stats["health/skipped"]), restored=run.counters.pop("restored_now", 0) > 0,
+                                    reason="non-finite or exploding gradient norm"))
+    t5 = time.perf_counter()
+    metrics.update({"step": step, "time/generate": t1 - t0, "time/reward": t2 - t1, "time/old_logps": t3 - t2,
+                    "time/ref_logps": t4 - t3, "time/train": t5 - t4, "time/step": t5 - t0,
+                    "lr": run.scheduler.get_last_lr()[0]})
+    run.step = step
+    run.tracker.log(metrics, step)
+    if cfg.train.sample_every and step % cfg.train.sample_every == 0:
+        write_samples(run, scored, step)
+    return metrics
+
+
+def after_optimizer_step(run: Run) -> None:
+    """Scheduler step, then the weight guard: NaN/Inf weights are replaced by the last good copy."""
+    run.scheduler.step()
+    if run.guard.restore_if_bad():
+        run.counters["restored_now"] = 1
+
+
+def reward_metrics(scored: list[Scored], tasks: list[str]) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for t in tasks:
+        rs = [s.reward for s in scored if s.rollout.sample.task == t]
+        valid = torch.tensor([r for r in rs if r is not None and not math.isnan(r)], dtype=torch.float64)
+        if rs:
+            out[f"reward/{t}/mean"] = valid.mean().item() if len(valid) else math.nan
+            out[f"reward/{t}/std"] = valid.std(unbiased=False).item() if len(valid) else math.nan
+            out[f"reward/{t}/failed"] = float(len(rs) - len(valid))
+    return out
+
+
+def write_samples(run: Run, scored: list[Scored], step: int) -> None:
+    folder = run.run_dir / "samples"
+    folder.mkdir(exist_ok=True)
+    with open(folder / f"step_{step:06d}.jsonl", "w") as f:
+        for s in scored:
+            f.write(json.dumps({"task": s.rollout.sample.task, "id": s.rollout.sample.id,
+                                "prompt": s.rollout.sample.messages[-1]["content"], "completion": s.rollout.text,
+                                "reward": s.reward, "provider": s.provider, "truncated": s.rollout.truncated}) + "\n")
+    run.tracker.log_text("samples", "\n\n".join(f"[{s.rollout.sample.task}] {s.rollout.text!r} -> {s.reward}"
+                                                 for s in scored[:8]), step)
+
+
+def finish(run: Run) -> dict[str, Any]:
+    """Save the final model, print the before/after table, write report.json and plot.png."""
+    from grpo.plot import plot_run
+    from grpo.report import build_report, format_report
+
+    save_pretrained(run.policy, run.run_dir / "final")
+    run.tracker.close()
+    report = build_report(run.run_dir)
+    print(format_report(report))
+    try:
+        plot_run(run.run_dir)
+    except (OSError, ValueError, RuntimeError) as e:  # a plot must never lose a finished run
+        print(f"warning: could not draw the plot: {e}")
+    print(f"run folder: {run.run_dir}")
+    return report
+
+
+def main(cfg: C.Config) -> Run:
+    run = setup(cfg)
+    print(banner(run))
+    if cfg.checkpoint.resume:
+        resume(run, cfg.checkpoint.resume)
+    else:
+        print("evaluating before SFT ...", evaluate_phase(run, "before_sft"))
+        if cfg.sft.steps:
+            sft_phase(run)
+            print("evaluating after SFT ...", evaluate_phase(run, "after_sft"))
+    stop = StopRequest()
+    with stop.installed():
+        for step in progress(range(run.step + 1, cfg.train.max_steps + 1), "RL"):
+            metrics = rl_step(run, step)
+            if step % cfg.train.log_every == 0:
+                print(format_step_line(metrics, run.tasks), flush=True)
+            if cfg.train.eval_every and step % cfg.train.eval_every == 0 and step < cfg.train.max_steps:
+                evaluate_phase(run, f"step_{step}")
+            if stop.requested:
+                folder = save_checkpoint(run)
+                print(f"\ninterrupted: checkpoint {folder} written. Resume with:\n  python grpo_train.py "
+                      f"--preset {cfg.preset} --run-name {run.run_dir.name} --output-dir {cfg.train.output_dir} "
+                      f"--resume auto [your other overrides]")
+                run.tracker.close()
+                return run
+            if cfg.checkpoint.every and step % cfg.checkpoint.every == 0:
+                save_checkpoint(run)
+    evaluate_phase(run, "after_rl")
+    save_checkpoint(run)
+    finish(run)
+    return run
+
+
+class StopRequest:
+    """Ctrl-C / SIGTERM: finish the current step, write a checkpoint, exit 0. A second Ctrl-C exits at once."""
+
+    def __init__(self) -> None:
+        self.requested = False
+
+    def _handle(self, signum, frame) -> None:
+        if self.requested:
+            raise KeyboardInterrupt
+        self.requested = True
+        print(f"\n{signal.Signals(signum).name}: finishing this step, then saving a checkpoint "
+              "(press Ctrl-C again to exit at once)", flush=True)
+
+    def installed(self):
+        import contextlib
+        import threading
+
+        @contextlib.contextmanager
+        def scope():
+            if threading.current_thread() is not threading.main_thread():
+                yield self
+                return
+            previous = {s: signal.signal(s, self._handle) for s in (signal.SIGINT, signal.SIGTERM)}
+            try:
+                yield self
+            finally:
+                for s, handler in previous.items():
+                    signal.signal(s, handler)
+        return scope()
+
+
+def checkpoint_state(run: Run) -> dict[str, Any]:
+    """Everything needed to continue the run bit-for-bit."""
+    return {"step": run.step, "weights": ckpt.trainable_state(run.policy.model),
+            "optimizer": run.optimizer.state_dict(), "scheduler": run.scheduler.state_dict(),
+            "controllers": {t: c.state_dict() for t, c in run.controllers.items()},
+            "sampler": run.sampler.state_dict(), "guard": run.guard.state_dict(), "evals": run.evals,
+            "rng": ckpt.rng_state()}
+
+
+def save_checkpoint(run: Run) -> Path:
+    return ckpt.save(run.run_dir, run.step, checkpoint_state(run), C.to_dict(run.cfg), run.cfg.checkpoint.keep_last)
+
+
+def resume(run: Run, where: str) -> None:
+    """Load the checkpoint `where` ("auto" = newest complete one of the run folder) into `run`."""
+    folder = ckpt.find_resumable(run.run_dir) if where == "auto" else Path(where)
+    if folder is None:
+        raise ckpt.CheckpointError(f"--resume auto: no complete checkpoint under {run.run_dir / ckpt.CKPT_DIR}; "
+                                   "check --run-name / --output-dir, or start without --resume")
+    state, saved_cfg = ckpt.load(folder)
+    diffs = ckpt.config_differences(saved_cfg, C.to_dict(run.cfg))
+    if diffs:
+        raise ckpt.CheckpointError(f"checkpoint {folder} was written with a different config:\n  "
+                                   + "\n  ".join(diffs) + "\nresume with the same settings, or start a new run")
+    ckpt.load_trainable_state(run.policy.model, state["weights"], folder)
+    run.optimizer.load_state_dict(state["optimizer"])
+    run.scheduler.load_state_dict(state["scheduler"])
+    for t, c in run.controllers.items():
+        c.load_state_dict(state["controllers"][t])
+    run.sampler.load_state_dict(state["sampler"])
+    run.guard.load_state_dict(state["guard"])
+    run.guard.snapshot()
+    run.evals = state["evals"]
+    run.step = state["step"]
+    ckpt.set_rng_state(state["rng"])
+    truncate_metrics(run.run_dir, run.step)
+    print(f"resumed from {folder} at step {run.step}")
+
+
+def truncate_metrics(run_dir: Path, step: int) -> None:
+    """Drop metric lines written after `step` by the interrupted run: the resumed run writes them again."""
+    path = run_dir / "metrics.jsonl"
+    if path.exists():
+        keep = [line for line in path.read_text().splitlines() if line.strip() and json.loads(line).get("step", 0) <= step]
+        path.write_text("".join(line + "\n" for line in keep))
+
+
+def banner(run: Run) -> str:
+    cfg, p = run.cfg, run.policy
+    n_train = sum(x.numel() for x in p.trainable_parameters())
+    n_all = sum(x.numel() for x in p.model.parameters())
+    lines = [f"grpo-dual | preset {cfg.preset} | run folder {run.run_dir}",
+             f"model {cfg.model.name} on {run.device} ({next(p.model.parameters()).dtype}), "
+             f"{'LoRA r=%d' % cfg.model.lora_r if cfg.model.lora else 'full fine-tuning'}, "
+             f"trainable {n_train:,} of {n_all:,} parameters",
+             f"batch: {cfg.train.prompts_per_micro_step} prompts x K {cfg.rollout.k} x GA {cfg.train.grad_accum} "
+             f"= {cfg.seqs_per_step} completions per step, {cfg.rollout.max_new_tokens} new tokens max",
+             f"loss {cfg.loss.policy_loss}, agg {cfg.loss.agg_mode}, KL {cfg.loss.kl_estimator}, mu {cfg.loss.mu}, "
+             f"clip [{1 - cfg.loss.clip_low:g}, {1 + cfg.loss.clip_high:g}]",
+             "tasks: " + ", ".join(f"{t} ({len(run.train[t])} train / {len(run.heldout.get(t, []))} held out, "
+                                   f"beta {cfg.kl_for(t).beta:g} {cfg.kl_for(t).controller}"
+                                   + (f" band [{cfg.kl_for(t).band_low:g}, {cfg.kl_for(t).band_high:g}]"
+                                      if cfg.kl_for(t).controller == "band" else "") + ")" for t in run.tasks)]
+    return "\n".join(lines)
+
+
+def cli(argv: list[str]) -> int:
+    """Parse argv into a Config and run. Returns the exit status."""
+    import argparse
+
+    try:
+        overrides, rest = C.split_argv(argv)
+        parser = argparse.ArgumentParser(
+            prog="grpo_train.py", formatter_class=argparse.RawDescriptionHelpFormatter,
+            description=__doc__, epilog="Config fields (override with --section.field VALUE or --set "
+                                        "section.field=VALUE; shortcuts: " + ", ".join(f"--{k}" for k in C.ALIASES)
+                                        + "):" + C.describe_fields())
+        parser.add_argument("--preset", default="demo", help=f"one of {sorted(C.PRESETS)} (default: demo)")
+        parser.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
+        args = parser.parse_args(rest)
+        cfg = C.load_config(args.preset, overrides)
+    except C.ConfigError as e:
+        print(f"config error: {e}", file=sys.stderr)
+        return 2
+    if args.print_config:
+        print(C.dumps(cfg))
+        return 0
+    main(cfg)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(cli(sys.argv[1:]))

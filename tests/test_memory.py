@@ -1,0 +1,252 @@
+"""grpo/memory.py arithmetic on hand-worked shapes, the phase model, the fixes, and check_gpu_memory.py's CLI."""
+
+import os
+import re
+import subprocess
+import sys
+import types
+
+import pytest
+
+from conftest import ROOT
+from grpo.memory import (GIB, KNOWN_SHAPES, LLAMA_TARGETS, EstimateInputs, ModelShape, cheapest_fixes, estimate, fits,
+                         format_table, lookup_known_shape, lora_param_count, param_counts, shape_from_hf_config)
+
+# A 2-layer shape small enough to work out by hand: h=8, heads=2 (head_dim 4), kv_heads=1 (kvo 4), I=16, V=10.
+TINY = ModelShape("hand", hidden=8, layers=2, heads=2, kv_heads=1, intermediate=16, vocab=10, tie_embeddings=False)
+LLAMA3_8B = KNOWN_SHAPES["meta-llama/Meta-Llama-3-8B-Instruct"]
+
+
+def tiny_inputs(**kw):
+    base = dict(shape=TINY, micro_batch_seqs=2, gen_batch_seqs=3, prompt_len=5, new_tokens=3, lora_r=2,
+                cuda_overhead_gb=0.0, allocator_slack=0.0)
+    return EstimateInputs(**{**base, **kw})
+
+
+def llama_inputs(**kw):
+    """The reference setup: 2 prompts × K=4 per micro-step, grad_accum 2, 512 + 96 tokens, LoRA r=8 on all 7."""
+    base = dict(shape=LLAMA3_8B, micro_batch_seqs=8, gen_batch_seqs=16, prompt_len=512, new_tokens=96, k=4,
+                lora_r=8, lora_dropout=0.05, grad_checkpointing=True)
+    return EstimateInputs(**{**base, **kw})
+
+
+# ---------------------------------------------------------------------------------------------- parameter counts
+def test_param_counts_by_hand():
+    # per layer: q 8·8 + k 8·4 + v 8·4 + o 8·8 + gate 8·16 + up 8·16 + down 16·8 = 576; 2 layers = 1152
+    # other: norms 2·(2·8) = 32, embed + untied head 2·10·8 = 160, final norm 8 → 200
+    assert param_counts(TINY) == {"linear": 1152, "other": 200, "total": 1352}
+
+
+def test_lora_param_count_by_hand():
+    # r=2: q 8·2+2·8=32, k 8·2+2·4=24, v 24, o 32, gate 8·2+2·16=48, up 48, down 16·2+2·8=48 → 256 per layer
+    assert lora_param_count(TINY, 2, LLAMA_TARGETS) == 512
+    assert lora_param_count(TINY, 2, ["q_proj", "v_proj"]) == 2 * (32 + 24)
+    assert lora_param_count(TINY, 2, ["all-linear"]) == 512
+    with pytest.raises(ValueError, match="c_attn"):
+        lora_param_count(TINY, 2, ["c_attn"])
+
+
+def test_published_llama3_8b_counts():
+    # Meta's model card / HF safetensors index: 8,030,261,248 params; peft r=8 on all 7 linears: 20,971,520
+    assert param_counts(LLAMA3_8B)["total"] == 8_030_261_248
+    assert lora_param_count(LLAMA3_8B, 8, LLAMA_TARGETS) == 20_971_520
+    # Qwen2.5-0.5B (tied, qkv bias): 494,032,768 on its model card ("0.49B")
+    assert param_counts(KNOWN_SHAPES["Qwen/Qwen2.5-0.5B"])["total"] == 494_032_768
+
+
+def test_counts_match_a_real_peft_model():
+    torch = pytest.importorskip("torch")
+    peft = pytest.importorskip("peft")
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    cfg = LlamaConfig(hidden_size=8, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
+                      intermediate_size=16, vocab_size=10, tie_word_embeddings=False)
+    model = LlamaForCausalLM(cfg).to(torch.bfloat16)
+    assert model.num_parameters() == param_counts(shape_from_hf_config(cfg.to_dict(), "x"))["total"]
+    lora = peft.get_peft_model(model, peft.LoraConfig(r=2, target_modules=list(LLAMA_TARGETS)))
+    trainable = [p for p in lora.parameters() if p.requires_grad]
+    assert sum(p.numel() for p in trainable) == 512
+    assert {p.dtype for p in trainable} == {torch.float32}  # autocast_adapter_dtype=True upcasts bf16 adapters
+
+
+# ------------------------------------------------------------------------------------------------------ bytes
+def test_weight_bytes_per_precision():
+    assert estimate(tiny_inputs(weight_dtype="bfloat16")).persistent["base weights"] == 1352 * 2
+    assert estimate(tiny_inputs(weight_dtype="float16")).persistent["base weights"] == 1352 * 2
+    assert estimate(tiny_inputs(weight_dtype="float32")).persistent["base weights"] == 1352 * 4
+    # nf4 + double quant: 0.5 + (8/64 + 32/16384)/8 = 0.515869140625 B/param on the 1152 linear params = 594.28;
+    # the 200 other params are upcast to fp32 by prepare_model_for_kbit_training: 800 → 1394
+    assert estimate(tiny_inputs(load_in_4bit=True)).persistent["base weights"] == 1394
+    # without double quant: 0.5 + (32/64)/8 = 0.5625 → 648 + 800
+    assert estimate(tiny_inputs(load_in_4bit=True, double_quant=False)).persistent["base weights"] == 1448
+
+
+def test_lora_states_are_fp32():
+    p = estimate(tiny_inputs()).persistent
+    assert p["LoRA params (fp32)"] == p["LoRA grads (fp32)"] == 512 * 4
+    assert p["AdamW states (2× fp32)"] == 512 * 8
+
+
+def test_full_finetune_keeps_a_frozen_copy_grads_and_states_in_param_dtype():
+    p = estimate(tiny_inputs(lora=False)).persistent
+    assert p["reference copy (frozen)"] == p["base weights"] == 1352 * 2
+    assert p["grads"] == 1352 * 2
+    assert p["AdamW states (2× bfloat16)"] == 1352 * 4   # torch AdamW: exp_avg, exp_avg_sq = zeros_like(param)
+
+
+def test_kv_cache_bytes_by_hand():
+    # 3 seqs × (5 + 3) tokens × 2 layers × 2 (K and V) × kvo 4 × 2 bytes = 768
+    assert estimate(tiny_inputs()).phases["generation"]["KV cache"] == 768
+
+
+def test_logits_bytes_by_hand():
+    # logits_to_keep: 2 seqs × (3 + 1) kept × V 10 × 2 B = 160; training holds 3 copies (logits + two grads) = 480
+    est = estimate(tiny_inputs())
+    assert est.phases["training"]["logits + grads"] == 480
+    assert est.phases["ref/old pass"]["logits (no_grad)"] == 160
+    # without logits_to_keep every position: 2 × 8 × 10 × 2 = 320 (× 3 = 960)
+    assert estimate(tiny_inputs(logits_to_keep=False)).phases["training"]["logits + grads"] == 960
+    # fp32 log-softmax chunk: min(rows = 2 seqs × 3 tokens, chunk 4) × V 10 × 4 B × 3 temporaries = 480
+    assert estimate(tiny_inputs(logsoftmax_chunk_rows=4)).phases["training"]["log-softmax chunk (fp32)"] == 480
+    assert estimate(tiny_inputs(logsoftmax_chunk_rows=None)).phases["training"]["log-softmax chunk (fp32)"] == 720
+
+
+def test_activation_bytes_by_hand():
+    # per token per layer, bf16 LoRA on all 7, r=2, no dropout, SDPA:
+    #   common: norms 2·4·8 = 64, SDPA q,k,v,out 2·(2·8 + 2·4) = 48, lse 4·2 = 8, SwiGLU 3·2·16 = 96 → 216
+    #   LoRA: fp32 input copies 4·(6·8 + 16) = 256, lora_A outputs 7·4·2 = 56 → 312;   total 528
+    # micro-batch tokens 2 × 8 = 16; no checkpointing: 2 layers × 16 × 528 = 16896
+    assert estimate(tiny_inputs()).phases["training"]["saved activations (all layers)"] == 16896
+    ck = estimate(tiny_inputs(grad_checkpointing=True)).phases["training"]
+    assert ck["checkpointed layer inputs"] == 2 * 16 * 2 * 8    # L × tokens × 2 B × h
+    assert ck["one layer recomputed"] == 16 * 528
+    # dropout adds a 1-byte mask per input element of each target: 16 × 2 × (6·8 + 16) = 2048
+    drop = estimate(tiny_inputs(lora_dropout=0.1)).phases["training"]["saved activations (all layers)"]
+    assert drop - 16896 == 2048
+
+
+def test_reference_pass_only_when_needed():
+    assert "ref/old pass" not in estimate(tiny_inputs(ref_pass=False, mu=1)).phases
+    assert "ref/old pass" in estimate(tiny_inputs(ref_pass=False, mu=2)).phases
+    assert "ref/old pass" in estimate(tiny_inputs(ref_pass=True)).phases
+    # LoRA: the reference is the adapter-disabled base: no second copy of the weights
+    assert "reference copy (frozen)" not in estimate(tiny_inputs()).persistent
+
+
+# ------------------------------------------------------------------------------------------------ phase model
+def test_peak_is_max_over_phases_not_sum():
+    est = estimate(llama_inputs())
+    totals = {p: est.total(p) for p in est.phases}
+    assert est.peak_bytes == max(totals.values())
+    everything = sum(est.persistent.values()) + sum(sum(d.values()) for d in est.phases.values())
+    assert est.peak_bytes < everything
+    # a huge generation batch with a tiny micro-batch moves the peak to generation
+    gen_heavy = estimate(llama_inputs(gen_batch_seqs=256, micro_batch_seqs=1))
+    assert gen_heavy.peak_phase == "generation"
+    assert estimate(llama_inputs(grad_checkpointing=False)).peak_phase == "training"
+
+
+def test_seed_config_numbers_make_sense():
+    lora = estimate(llama_inputs())
+    assert 14.9 < lora.persistent["base weights"] / GIB < 15.0           # 8.03e9 × 2 B = 14.96 GiB
+    assert fits(lora, 40)
+    assert not fits(estimate(llama_inputs(grad_checkpointing=False)), 40)
+    qlora = estimate(llama_inputs(load_in_4bit=True))
+    assert qlora.persistent["base weights"] < lora.persistent["base weights"] / 2
+    # full fine-tuning: weights + frozen copy + grads + AdamW (bf16) = 8 B/param ≈ 60 GiB before activations
+    assert not fits(estimate(llama_inputs(lora=False)), 80)
+
+
+# ------------------------------------------------------------------------------------------------------ fixes
+def _peak_of(line):
+    return float(re.search(r"peak ([\d.]+) GiB", line).group(1))
+
+
+def test_cheapest_fixes_really_fit_and_start_with_checkpointing():
+    x = llama_inputs(grad_checkpointing=False)
+    fixes = cheapest_fixes(x, 40, n=3)
+    assert len(fixes) >= 2
+    assert fixes[0].startswith("gradient checkpointing on")
+    assert all(_peak_of(f) <= 40 for f in fixes)
+    # the first one, re-derived independently
+    assert _peak_of(fixes[0]) == pytest.approx(estimate(llama_inputs()).peak_bytes / GIB, abs=0.05)
+
+
+def test_cheapest_fixes_empty_when_it_fits_or_nothing_can():
+    assert cheapest_fixes(llama_inputs(), 40) == []
+    assert cheapest_fixes(llama_inputs(lora=False), 16) == []   # 8B full FT cannot fit 16 GiB with these knobs
+
+
+def test_format_table_lists_parts_and_verdict():
+    text = format_table(estimate(llama_inputs()), 40)
+    for part in ("base weights", "KV cache", "logits + grads", "PEAK (training)", "FITS on a 40.0 GiB GPU"):
+        assert part in text
+    assert "DOES NOT FIT" in format_table(estimate(llama_inputs(grad_checkpointing=False)), 40)
+
+
+# ------------------------------------------------------------------------------------------------------ shapes
+def test_shape_from_hf_config_and_lookup():
+    d = {"hidden_size": 2048, "num_hidden_layers": 16, "num_attention_heads": 32, "num_key_value_heads": 8,
+         "intermediate_size": 8192, "vocab_size": 128256, "tie_word_embeddings": True, "head_dim": 64,
+         "model_type": "llama"}
+    assert shape_from_hf_config(d, "meta-llama/Llama-3.2-1B") == KNOWN_SHAPES["meta-llama/Llama-3.2-1B"]
+    assert lookup_known_shape("META-LLAMA/meta-llama-3-8b-instruct") is LLAMA3_8B
+    assert lookup_known_shape("nobody/nothing") is None
+    with pytest.raises(ValueError, match="hidden_size"):
+        shape_from_hf_config({"model_type": "t5"}, "t5")
+
+
+# ------------------------------------------------------------------------------------------------------ CLI
+def _cfg_stand_in(**model_kw):
+    model = dict(name="meta-llama/Meta-Llama-3-8B-Instruct", dtype="auto", lora=True, lora_r=8, lora_dropout=0.05,
+                 lora_target_modules=list(LLAMA_TARGETS), load_in_4bit=False, gradient_checkpointing=True,
+                 attn_implementation="auto")
+    ns = types.SimpleNamespace
+    return ns(model=ns(**{**model, **model_kw}), rollout=ns(k=4, max_new_tokens=96), data=ns(max_prompt_tokens=512),
+              train=ns(prompts_per_micro_step=2, grad_accum=2), loss=ns(mu=1), kl_enabled=True)
+
+
+def test_inputs_from_config_stand_in():
+    from check_gpu_memory import inputs_from_config
+
+    x = inputs_from_config(_cfg_stand_in())
+    assert (x.micro_batch_seqs, x.gen_batch_seqs, x.prompt_len, x.new_tokens) == (8, 16, 512, 96)
+    assert x.weight_dtype == "bfloat16" and x.ref_pass and x.lora and x.shape is LLAMA3_8B
+    assert inputs_from_config(_cfg_stand_in(), (7, 5)).weight_dtype == "float16"   # auto on a T4
+    with pytest.raises(ValueError, match="Known names"):
+        inputs_from_config(_cfg_stand_in(name="nobody/nothing"))
+
+
+def test_shape_from_local_folder(tmp_path):
+    from check_gpu_memory import resolve_shape
+
+    (tmp_path / "config.json").write_text('{"hidden_size": 8, "num_hidden_layers": 2, "num_attention_heads": 2, '
+                                          '"num_key_value_heads": 1, "intermediate_size": 16, "vocab_size": 10}')
+    shape = resolve_shape(types.SimpleNamespace(name=str(tmp_path)))
+    assert param_counts(shape)["total"] == 1352
+
+
+def _run(*args):
+    env = {k: v for k, v in os.environ.items() if k != "CUDA_VISIBLE_DEVICES"}
+    return subprocess.run([sys.executable, str(ROOT / "check_gpu_memory.py"), *args], capture_output=True, text=True,
+                          cwd=ROOT, env=env, timeout=120)
+
+
+def test_cli_estimate_for_the_seed_preset():
+    if not (ROOT / "config.py").exists():
+        pytest.skip("config.py (the integrator's Config) is not there yet")
+    out = _run("--estimate", "--preset", "llama3-8b-dual", "--gpu", "a100-40",
+               "--set", "model.gradient_checkpointing=false")
+    assert out.returncode == 0, out.stderr
+    assert "ESTIMATE for meta-llama/Meta-Llama-3-8B-Instruct" in out.stdout
+    assert "DOES NOT FIT on a 39.6 GiB GPU" in out.stdout
+    assert "1. gradient checkpointing on" in out.stdout
+
+
+def test_cli_live_without_gpu_prints_clear_line():
+    torch = pytest.importorskip("torch")
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is visible: the live report lists it instead")
+    out = _run()
+    assert out.returncode == 0, out.stderr
+    assert "No CUDA GPU visible (torch.cuda.is_available() is False); nothing to report." in out.stdout

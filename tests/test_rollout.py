@@ -1,0 +1,236 @@
+"""Rollouts: batching and order, sampling settings reaching the sampler, penalties, sanitiser, stop tokens."""
+
+from dataclasses import replace
+
+import pytest
+import torch
+
+from grpo.modeling import build_tiny_model, build_tiny_tokenizer
+from grpo.records import Rollout, Sample
+from grpo.rollout import (
+    NAN_LOGIT,
+    NEGINF_LOGIT,
+    POSINF_LOGIT,
+    CompletionPenaltyProcessor,
+    SamplingSettings,
+    SanitizeLogitsProcessor,
+    build_generation_config,
+    generate_rollouts,
+    greedy_complete,
+    rollout_metrics,
+)
+from grpo.tokens import encode_prompt, sft_example
+
+CORPUS = ["the answer is yes", "the answer is no", "who was more likely to forget the keys?"] * 5
+NEW = 12
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return build_tiny_tokenizer(CORPUS, vocab_size=300)
+
+
+@pytest.fixture(scope="module")
+def model(tok):
+    m = build_tiny_model(tok, seed=3, hidden=64, layers=2, heads=4, kv_heads=2)
+    m.train()  # rollouts must switch to eval themselves and give the train state back
+    return m
+
+
+@pytest.fixture(scope="module")
+def samples():
+    return [Sample("fairness", "a", ({"role": "user", "content": "who forgot?"},)),
+            Sample("hallucination", "b", ({"role": "user", "content": "the answer is a much longer one"},))]
+
+
+def completions(rollouts):
+    return [r.completion_ids for r in rollouts]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """A 64-wide model gains nothing from threads, and on a shared 2-core machine they contend; restored after."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def greedy(model, tok, samples, k=1, **kw):
+    # min_new_tokens = max_new_tokens masks the stop token: every completion has exactly NEW tokens
+    settings = SamplingSettings(max_new_tokens=NEW, min_new_tokens=NEW, do_sample=False, **kw)
+    return generate_rollouts(model, tok, samples, k, settings)[0]
+
+
+def sample(model, tok, samples, seed, k=1, **kw):
+    settings = SamplingSettings(max_new_tokens=NEW, min_new_tokens=NEW, **kw)
+    return generate_rollouts(model, tok, samples, k, settings, generator_seed=seed)[0]
+
+
+def test_penalties_count_completion_tokens_only():
+    # prompt = [7, 3], completion so far = [3, 5, 3]
+    processor = CompletionPenaltyProcessor(prompt_len=2, presence=0.5, frequency=0.25)
+    scores = processor(torch.tensor([[7, 3, 3, 5, 3]]), torch.zeros(1, 8))
+    expected = torch.zeros(1, 8)
+    expected[0, 3] = -(2 * 0.25 + 0.5)  # generated twice: 2 × frequency + presence (its prompt copy not counted)
+    expected[0, 5] = -(0.25 + 0.5)  # generated once
+    # token 7 appears only in the prompt: untouched
+    assert torch.equal(scores, expected)
+
+
+def test_sanitiser_replaces_nan_and_inf():
+    processor = SanitizeLogitsProcessor()
+    scores = torch.tensor([[float("nan"), float("inf"), float("-inf"), 1.5], [0.0, 1.0, 2.0, 3.0]])
+    out = processor(torch.zeros(2, 1, dtype=torch.long), scores)
+    assert out.tolist() == [[NAN_LOGIT, POSINF_LOGIT, NEGINF_LOGIT, 1.5], [0.0, 1.0, 2.0, 3.0]]
+    assert int(processor.rows_fixed) == 1
+
+
+def test_rollouts_are_grouped_per_sample_with_exact_prompt_ids(model, tok, samples):
+    rollouts, metrics = generate_rollouts(model, tok, samples, 3, SamplingSettings(max_new_tokens=NEW))
+    assert len(rollouts) == 6 and metrics["rollout/num"] == 6.0
+    for i, s in enumerate(samples):
+        for r in rollouts[i * 3:(i + 1) * 3]:
+            assert r.sample is s and list(r.prompt_ids) == encode_prompt(tok, s.messages)
+            assert list(r.prompt_ids) == sft_example(tok, s.messages, "any target")[0]  # SFT sees the same ids
+            assert r.text == tok.decode(r.completion_ids, skip_special_tokens=True)
+    assert model.training  # train mode given back
+
+
+def test_generation_config_carries_every_setting(model, tok, samples, monkeypatch):
+    seen = {}
+    original = model.generate
+
+    def spy(*args, **kwargs):
+        seen.update(kwargs)
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(model, "generate", spy)
+    settings = SamplingSettings(temperature=0.7, top_k=5, top_p=0.9, min_p=0.05, repetition_penalty=1.3,
+                                max_new_tokens=6, min_new_tokens=2, stop_token_ids=[4, 5])
+    generate_rollouts(model, tok, samples, 2, settings)
+    config = seen["generation_config"]
+    assert (config.temperature, config.top_k, config.top_p, config.min_p) == (0.7, 5, 0.9, 0.05)
+    assert (config.repetition_penalty, config.max_new_tokens, config.min_new_tokens) == (1.3, 6, 2)
+    assert config.eos_token_id == [4, 5] and config.do_sample is True and config.pad_token_id == tok.pad_token_id
+
+
+def test_each_sampling_setting_changes_behaviour(model, tok, samples):
+    reference = completions(greedy(model, tok, samples))
+    assert completions(sample(model, tok, samples, seed=0)) != reference  # plain sampling is not greedy
+    # each setting pushed to its extreme reduces sampling to greedy: proof that it reached the sampler
+    for seed, extreme in enumerate([{"top_k": 1}, {"temperature": 1e-4}, {"top_p": 1e-6}, {"min_p": 1.0}]):
+        assert completions(sample(model, tok, samples, seed=seed, **extreme)) == reference, extreme
+    hot = sample(model, tok, samples, seed=0, k=4, temperature=50.0)
+    # near-uniform sampling over 300 tokens: 8 rows × 12 tokens are almost all distinct
+    assert len({t for r in hot for t in r.completion_ids}) > 40
+
+
+def test_penalties_change_greedy_output(model, tok, samples):
+    plain = greedy(model, tok, samples)
+    penalised = greedy(model, tok, samples, frequency_penalty=1e3)
+    for r in penalised:
+        assert len(set(r.completion_ids)) == len(r.completion_ids)  # a repeat costs 1000: never chosen
+    assert any(len(set(r.completion_ids)) < NEW for r in plain)  # ... while the plain model does repeat
+    assert completions(greedy(model, tok, samples, repetition_penalty=1e3)) != completions(plain)
+
+
+def test_two_stop_ids_end_at_the_first_one_reached(model, tok, samples):
+    # unmasked greedy reference (only the pad id stops it), so its prefix is what the run with `stops` produces
+    unmasked = SamplingSettings(max_new_tokens=NEW, do_sample=False, stop_token_ids=[tok.pad_token_id])
+    full = generate_rollouts(model, tok, samples[:1], 1, unmasked)[0][0].completion_ids
+    first_new = [t for t, tok_id in enumerate(full) if tok_id not in full[:t]]
+    a_pos, b_pos = first_new[2], first_new[3]  # two tokens that first appear at a_pos < b_pos
+    stops = [full[b_pos], full[a_pos]]  # order in the list does not matter; order in the text does
+    settings = SamplingSettings(max_new_tokens=NEW, do_sample=False, stop_token_ids=stops)
+    rollouts, metrics = generate_rollouts(model, tok, samples, 1, settings)
+    first = rollouts[0]
+    assert first.completion_ids == full[:a_pos + 1] and first.completion_ids[-1] == full[a_pos]
+    assert first.stopped and not first.truncated
+    assert metrics["rollout/fairness/stopped"] == 1.0 and metrics["rollout/fairness/length"] == a_pos + 1
+    assert tok.pad_token_id not in first.completion_ids  # padding after the stop is dropped
+
+
+def test_truncated_when_max_new_tokens_is_reached(model, tok, samples):
+    settings = SamplingSettings(max_new_tokens=4, min_new_tokens=4)  # the stop token is masked throughout
+    rollouts, metrics = generate_rollouts(model, tok, samples, 2, settings)
+    assert all(len(r.completion_ids) == 4 and r.truncated and not r.stopped for r in rollouts)
+    assert metrics["rollout/hallucination/truncated"] == 1.0 and metrics["rollout/hallucination/length"] == 4.0
+
+
+def test_nan_logits_do_not_crash_generation(model, tok, samples):
+    def poison(module, args, output):
+        output = output.clone()
+        output[..., ::2] = float("nan")  # NaN on every even token id
+        output[..., 1] = float("inf")
+        return output
+
+    handle = model.lm_head.register_forward_hook(poison)
+    try:
+        rollouts, metrics = generate_rollouts(model, tok, samples, 2, SamplingSettings(max_new_tokens=5))
+    finally:
+        handle.remove()
+    assert all(r.completion_ids == (1,) * 5 for r in rollouts)  # the +Inf token wins, NaN tokens never sampled
+    assert metrics["rollout/nonfinite_logit_rows"] == 4 * 5  # 4 rows × 5 steps
+
+
+def test_sampling_is_reproducible_and_leaves_the_global_rng_alone(model, tok, samples):
+    settings = SamplingSettings(max_new_tokens=NEW)
+    torch.manual_seed(123)
+    first = completions(generate_rollouts(model, tok, samples, 2, settings)[0])
+    torch.manual_seed(123)
+    assert completions(generate_rollouts(model, tok, samples, 2, settings)[0]) == first
+    state = torch.get_rng_state()
+    seeded = completions(sample(model, tok, samples, seed=7, k=2))
+    assert torch.equal(torch.get_rng_state(), state)
+    assert completions(sample(model, tok, samples, seed=7, k=2)) == seeded
+
+
+def test_greedy_complete_is_one_greedy_completion_per_sample(model, tok, samples):
+    settings = SamplingSettings(max_new_tokens=NEW, min_new_tokens=NEW, temperature=5.0)
+    rollouts, _ = greedy_complete(model, tok, samples, settings)
+    assert completions(rollouts) == completions(greedy(model, tok, samples))
+
+
+def test_rollout_metrics_by_hand():
+    s = Sample("t", "1", ())
+
+    def r(n, stopped):
+        return Rollout(s, (1,), tuple(range(n)), "", stopped, not stopped)
+
+    metrics = rollout_metrics([r(2, True), r(4, False), r(3, True)])
+    assert metrics == {"rollout/num": 3.0, "rollout/tokens": 9.0, "rollout/t/length": 3.0,
+                       "rollout/t/stopped": 2 / 3, "rollout/t/truncated": 1 / 3}
+
+
+def test_an_ignored_setting_is_reported(monkeypatch):
+    import transformers
+
+    class DropsMinP(transformers.GenerationConfig):
+        def __init__(self, **kwargs):
+            kwargs.pop("min_p", None)
+            super().__init__(**kwargs)
+
+    monkeypatch.setattr(transformers, "GenerationConfig", DropsMinP)
+    with pytest.warns(RuntimeWarning, match="min_p"):
+        build_generation_config(SamplingSettings(min_p=0.1), pad_id=0, stop_ids=[1])
+
+
+def test_invalid_settings_name_the_field():
+    with pytest.raises(ValueError, match="top_p"):
+        SamplingSettings(top_p=0.0)
+    with pytest.raises(ValueError, match="stop_token_ids"):
+        SamplingSettings(stop_token_ids=[-1])
+    with pytest.raises(ValueError, match="min_new_tokens"):
+        replace(SamplingSettings(max_new_tokens=4), min_new_tokens=5)
+
+
+def test_lora_policy_with_checkpointing_generates_and_gets_its_state_back(samples):
+    from grpo.modeling import TINY_NAME, load_policy
+
+    policy = load_policy(TINY_NAME, tiny_corpus=CORPUS, lora=True, lora_r=4, lora_target_modules=["q_proj"],
+                         gradient_checkpointing=True, tiny_sizes={"hidden": 32, "layers": 1, "heads": 2, "kv_heads": 1})
+    rollouts, _ = generate_rollouts(policy.model, policy.tokenizer, samples, 2, SamplingSettings(max_new_tokens=3))
+    assert len(rollouts) == 4 and all(1 <= len(r.completion_ids) <= 3 for r in rollouts)
+    assert policy.model.training and policy.model.config.use_cache is False
+    assert policy.model.base_model.model.model.layers[0].gradient_checkpointing

@@ -1,0 +1,153 @@
+"""grpo.tracking: JSONL + CSV contents, TensorBoard event files, fan-out, console line and progress."""
+
+import csv
+import io
+import json
+import math
+import sys
+
+import pytest
+import torch
+
+from grpo.health import check
+from grpo.tracking import (JsonlTracker, MultiTracker, NullTracker, TensorBoardTracker, WandbTracker,
+                           format_step_line, make_trackers, progress, read_metrics, scalars)
+
+
+def read_csv(path):
+    with open(path, newline="") as fh:
+        reader = csv.DictReader(fh)
+        return reader.fieldnames, list(reader)
+
+
+def test_jsonl_and_csv_hold_every_row_with_union_of_columns(tmp_path):
+    t = JsonlTracker(tmp_path)
+    t.log({"loss/total": 0.5, "phase": "rl"}, step=0)
+    t.log({"loss/total": 0.25, "kl/fairness": 0.03}, step=1)  # new key: csv rewritten with a new column
+    t.log({"loss/total": torch.tensor(0.125)}, step=2)  # 0-d tensor stored as a float
+    t.log_text("samples/fairness", "The answer is (b).", step=2)
+    t.close()
+    lines = (tmp_path / "metrics.jsonl").read_text().splitlines()
+    assert [json.loads(line) for line in lines] == [
+        {"step": 0, "loss/total": 0.5, "phase": "rl"},
+        {"step": 1, "loss/total": 0.25, "kl/fairness": 0.03},
+        {"step": 2, "loss/total": 0.125},
+    ]
+    header, rows = read_csv(tmp_path / "metrics.csv")
+    assert header == ["step", "loss/total", "phase", "kl/fairness"]
+    assert rows == [
+        {"step": "0", "loss/total": "0.5", "phase": "rl", "kl/fairness": ""},
+        {"step": "1", "loss/total": "0.25", "phase": "", "kl/fairness": "0.03"},
+        {"step": "2", "loss/total": "0.125", "phase": "", "kl/fairness": ""},
+    ]
+    assert json.loads((tmp_path / "samples.jsonl").read_text()) == {
+        "step": 2, "key": "samples/fairness", "text": "The answer is (b)."}
+
+
+def test_jsonl_tracker_appends_on_resume_and_csv_keeps_old_rows(tmp_path):
+    t = JsonlTracker(tmp_path)
+    t.log({"a": 1.0}, step=0)
+    t.close()
+    t = JsonlTracker(tmp_path)
+    t.log({"a": 2.0, "b": 3.0}, step=1)
+    t.close()
+    assert [r["step"] for r in read_metrics(tmp_path)] == [0, 1]
+    header, rows = read_csv(tmp_path / "metrics.csv")
+    assert header == ["step", "a", "b"]
+    assert [r["a"] for r in rows] == ["1.0", "2.0"]
+
+
+def test_nan_round_trips_through_jsonl_so_health_sees_it(tmp_path):
+    t = JsonlTracker(tmp_path)
+    t.log({"loss/total": math.nan}, step=4)
+    t.close()
+    rows = read_metrics(tmp_path)
+    assert math.isnan(rows[0]["loss/total"])
+    assert [f.code for f in check(rows)] == ["non_finite"]
+
+
+def test_read_metrics_errors_name_the_path(tmp_path):
+    with pytest.raises(FileNotFoundError, match="metrics.jsonl not found"):
+        read_metrics(tmp_path)
+    (tmp_path / "metrics.jsonl").write_text('{"step": 0}\n{"step": 1, "a"\n')
+    with pytest.raises(ValueError, match=r"metrics.jsonl:2"):
+        read_metrics(tmp_path)
+
+
+def test_scalars_keeps_numbers_only():
+    assert scalars({"a": 1, "b": True, "c": "rl", "d": torch.tensor(2.5), "e": [1.0]}) == {
+        "a": 1.0, "b": 1.0, "d": 2.5}
+
+
+def test_tensorboard_event_file_holds_namespaced_scalars_and_text(tmp_path):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    tb = TensorBoardTracker(tmp_path / "tb")
+    tb.log({"reward/fairness/mean": 0.5, "kl/fairness": 0.02, "phase": "rl"}, step=0)
+    tb.log({"reward/fairness/mean": 0.75, "kl/fairness": 0.04}, step=1)
+    tb.log_text("samples/fairness", "hello", step=1)
+    tb.close()
+    acc = EventAccumulator(str(tmp_path / "tb"))
+    acc.Reload()
+    assert sorted(acc.Tags()["scalars"]) == ["kl/fairness", "reward/fairness/mean"]  # "phase" skipped
+    assert [(e.step, e.value) for e in acc.Scalars("reward/fairness/mean")] == [(0, 0.5), (1, 0.75)]
+    assert [e.value for e in acc.Scalars("kl/fairness")] == pytest.approx([0.02, 0.04])
+    text = acc.Tensors("samples/fairness/text_summary")[0].tensor_proto.string_val[0].decode()
+    assert "hello" in text
+
+
+def test_make_trackers_fans_out_to_jsonl_and_tensorboard(tmp_path):
+    tracker = make_trackers(tmp_path, tensorboard=True, wandb_project=None)
+    tracker.log({"loss/total": 1.0}, step=0)
+    tracker.close()
+    assert isinstance(tracker, MultiTracker) and len(tracker.trackers) == 2
+    assert read_metrics(tmp_path) == [{"step": 0, "loss/total": 1.0}]
+    assert list((tmp_path / "tb").glob("events.out.tfevents.*"))
+    multi = MultiTracker([NullTracker(), NullTracker()])
+    multi.log({"a": 1.0}, 0)
+    multi.log_text("k", "t", 0)
+    multi.close()
+
+
+def test_wandb_missing_gives_a_clear_error(tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "wandb", None)  # makes `import wandb` raise ImportError
+    with pytest.raises(RuntimeError, match="pip install wandb"):
+        WandbTracker("proj", tmp_path)
+    with pytest.raises(RuntimeError, match="wandb_project='proj'"):
+        make_trackers(tmp_path / "run", tensorboard=False, wandb_project="proj")
+
+
+def test_format_step_line():
+    metrics = {"step": 12, "reward/fairness/mean": 0.625, "kl/fairness": 0.031, "beta/fairness": 0.04,
+               "reward/hallucination/mean": 0.41, "loss/total": 0.118, "health/grad_norm": 1.23,
+               "time/step": 4.214, "health/skipped": 1.0, "phase": "rl"}
+    assert format_step_line(metrics, ["fairness", "hallucination"]) == (
+        "step 12 | fairness r=0.625 kl=0.031 β=0.040 | hallucination r=0.410 | loss 0.118 | gnorm 1.230 | 4.21s"
+        " | SKIPPED")
+    assert format_step_line({"step": 0, "kl/fairness": 0.0012}, ["fairness"]) == "step 0 | fairness kl=0.0012"
+
+
+def test_progress_without_tty_prints_about_ten_lines():
+    out = io.StringIO()  # not a TTY
+    assert list(progress(20, "rollouts", stream=out)) == list(range(20))
+    lines = out.getvalue().splitlines()
+    # total 20 -> a line every 2 items: 2, 4, ..., 18 (9 lines), then one "done" line
+    assert len(lines) == 10
+    assert lines[0].startswith("rollouts: 2/20 (") and lines[-1].startswith("rollouts: 20/20 done (")
+
+
+def test_progress_disabled_is_silent_and_tty_uses_one_tqdm_bar():
+    out = io.StringIO()
+    assert list(progress([3, 4], "x", enabled=False, stream=out)) == [3, 4]
+    assert out.getvalue() == ""
+
+    class FakeTTY(io.StringIO):
+        def isatty(self):
+            return True
+
+    tty = FakeTTY()
+    bar = progress([1, 2, 3], "train", stream=tty)
+    from tqdm.std import tqdm
+
+    assert isinstance(bar, tqdm) and list(bar) == [1, 2, 3]
+    assert "train" in tty.getvalue()
