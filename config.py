@@ -296,9 +296,13 @@ class SFTConfig:
     """SFT learning rate."""
     batch_size: int = 8
     """SFT examples per optimizer step."""
+    max_examples: int = 0
+    """Use only the first N training samples with a reference completion for SFT (0 = all): a few demonstrations
+    teach the format, RL with rewards on every prompt does the rest."""
 
     def __post_init__(self) -> None:
         _check(self.steps >= 0, "sft.steps", self.steps, "use an integer >= 0")
+        _check(self.max_examples >= 0, "sft.max_examples", self.max_examples, "use 0 (all) or a positive count")
         _check(self.lr > 0 and self.batch_size >= 1, "sft.lr", (self.lr, self.batch_size),
                "use lr > 0 and batch_size >= 1")
 

@@ -32,7 +32,7 @@ from grpo.batching import TaskBalancedSampler
 from grpo.evaluate import evaluate
 from grpo.health import WeightGuard
 from grpo.kl_control import make_controller
-from grpo.modeling import Policy, reference, save_pretrained
+from grpo.modeling import Policy, rebase_reference, reference, save_pretrained
 from grpo.records import Rollout, Sample, Scored
 from grpo.rollout import SamplingSettings, generate_rollouts
 from grpo.setup_parts import (build_judge, build_trackers, choose_device, load_samples, policy_from_config,
@@ -91,9 +91,7 @@ def setup(cfg: C.Config) -> Run:
     train, heldout = split_by_task(samples, cfg.data)
     tasks = sorted(train)
     params = policy.trainable_parameters()
-    optimizer = torch.optim.AdamW(params, lr=cfg.train.lr, weight_decay=cfg.train.weight_decay)
-    warmup = cfg.train.warmup_steps
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda n: min(1.0, (n + 1) / warmup) if warmup else 1.0)
+    optimizer, scheduler = build_optimizer(cfg.train, params)
     controllers = {t: make_controller(**_controller_args(cfg.kl_for(t))) for t in tasks}
     update = UpdateSettings(
         policy_loss=cfg.loss.policy_loss, clip_low=cfg.loss.clip_low, clip_high=cfg.loss.clip_high,
@@ -108,6 +106,14 @@ def setup(cfg: C.Config) -> Run:
               update=update, guard=WeightGuard(params, max_consecutive=cfg.train.max_consecutive_bad))
     (run_dir / "config.json").write_text(C.dumps(cfg))
     return run
+
+
+def build_optimizer(train: C.TrainConfig, params: list[torch.nn.Parameter]):
+    """AdamW over the trainable parameters, with a linear warm-up."""
+    optimizer = torch.optim.AdamW(params, lr=train.lr, weight_decay=train.weight_decay)
+    warmup = train.warmup_steps
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda n: min(1.0, (n + 1) / warmup) if warmup else 1.0)
+    return optimizer, scheduler
 
 
 def split_by_task(samples: list[Sample], data: C.DataConfig) -> tuple[dict, dict]:
@@ -144,20 +150,32 @@ def sft_phase(run: Run) -> list[float]:
     s = run.cfg.sft
     if s.steps == 0:
         return []
-    examples = sft_examples(run.tokenizer, [x for t in run.tasks for x in run.train[t]],
-                            run.cfg.data.system_prompt or None)
+    examples = sft_examples(run.tokenizer, [x for t in run.tasks for x in run.train[t]], None)
+    if s.max_examples:
+        examples = examples[:: max(1, len(examples) // s.max_examples)][: s.max_examples]  # spread over tasks
     losses = run_sft(run.policy.model, examples, steps=s.steps, lr=s.lr, batch_size=s.batch_size,
                      params=run.policy.trainable_parameters(), pad_id=run.tokenizer.pad_token_id,
                      device=run.device, seed=run.cfg.train.seed, progress=lambda it: progress(it, "SFT"))
-    run.guard.snapshot()
+    # RL is regularised towards the SFT model, not the pre-SFT one: rebase the reference, then rebuild the
+    # optimizer (under LoRA the trainable parameters are new objects) and the guard.
+    run.policy = rebase_reference(run.policy, seed=run.cfg.train.seed)
+    run.optimizer, run.scheduler = build_optimizer(run.cfg.train, run.policy.trainable_parameters())
+    run.guard = WeightGuard(run.policy.trainable_parameters(), max_consecutive=run.cfg.train.max_consecutive_bad)
+    ckpt.save_reference(run.run_dir, reference_weights(run.policy))
     run.tracker.log({"sft/loss_first": losses[0], "sft/loss_last": losses[-1]}, 0)
     return losses
+
+
+def reference_weights(policy: Policy) -> dict[str, torch.Tensor]:
+    """The weights that define the KL reference: the frozen copy (full FT) or the whole merged model (LoRA)."""
+    module = policy.model if policy.is_lora else policy.ref_model
+    return {k: v.detach().to("cpu", copy=True) for k, v in module.state_dict().items()}
 
 
 def evaluate_phase(run: Run, tag: str) -> dict[str, float]:
     """Greedy held-out reward per task; recorded under `tag` (before_sft, after_sft, after_rl, step_N)."""
     results, scored = evaluate(run.policy.model, run.tokenizer, run.heldout, run.sampling,
-                               lambda rollouts: score(run, rollouts), run.cfg.data.system_prompt or None)
+                               lambda rollouts: score(run, rollouts))
     run.evals[tag] = results
     (run.run_dir / "eval.json").write_text(json.dumps(run.evals, indent=2))
     run.tracker.log({f"eval/{t}/reward": r for t, r in results.items()}, run.step)
@@ -168,8 +186,8 @@ def rl_step(run: Run, step: int) -> dict[str, float]:
     """One RL step: rollouts → rewards → group advantages → μ update passes → per-task β update."""
     cfg, t0 = run.cfg, time.perf_counter()
     samples = run.sampler.next_batch(cfg.prompts_per_step)
-    rollouts, metrics = generate_rollouts(run.policy.model, run.tokenizer, samples, cfg.rollout.k, run.sampling,
-                                          system_prompt=cfg.data.system_prompt or None)
+    # the system prompt (data.system_prompt) is already the first message of every sample
+    rollouts, metrics = generate_rollouts(run.policy.model, run.tokenizer, samples, cfg.rollout.k, run.sampling)
     t1 = time.perf_counter()
     scored, score_metrics = score_rollouts(rollouts, run.specs, run.judge)
     metrics.update(score_metrics)
@@ -204,6 +222,7 @@ def rl_step(run: Run, step: int) -> dict[str, float]:
                     "time/ref_logps": t4 - t3, "time/train": t5 - t4, "time/step": t5 - t0,
                     "lr": run.scheduler.get_last_lr()[0]})
     run.step = step
+    metrics = {k: v if isinstance(v, str) else float(v) for k, v in metrics.items()}
     run.tracker.log(metrics, step)
     if cfg.train.sample_every and step % cfg.train.sample_every == 0:
         write_samples(run, scored, step)
@@ -346,6 +365,11 @@ def resume(run: Run, where: str) -> None:
     if diffs:
         raise ckpt.CheckpointError(f"checkpoint {folder} was written with a different config:\n  "
                                    + "\n  ".join(diffs) + "\nresume with the same settings, or start a new run")
+    ref = ckpt.load_reference(run.run_dir)
+    if ref is not None:  # the run had an SFT warm-up: restore its reference (and, under LoRA, the merged base)
+        (run.policy.model if run.policy.is_lora else run.policy.ref_model).load_state_dict(ref)
+        run.optimizer, run.scheduler = build_optimizer(run.cfg.train, run.policy.trainable_parameters())
+        run.guard = WeightGuard(run.policy.trainable_parameters(), max_consecutive=run.cfg.train.max_consecutive_bad)
     ckpt.load_trainable_state(run.policy.model, state["weights"], folder)
     run.optimizer.load_state_dict(state["optimizer"])
     run.scheduler.load_state_dict(state["scheduler"])

@@ -191,3 +191,28 @@ def load_trainable_state(model: torch.nn.Module, weights: dict[str, torch.Tensor
             raise CheckpointError(f"checkpoint {where}: parameter {name} has shape {tuple(weights[name].shape)}, "
                                   f"the model has {tuple(p.shape)}")
         p.copy_(weights[name].to(p.device, p.dtype))
+
+
+REFERENCE_FILE = "reference.pt"
+
+
+def save_reference(run_dir: Path, weights: dict[str, torch.Tensor]) -> Path:
+    """Write the post-SFT model once (the KL reference that checkpoints rely on), atomically."""
+    path = Path(run_dir) / CKPT_DIR / REFERENCE_FILE
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(f".tmp-{os.getpid()}")
+    torch.save(weights, tmp)
+    _fsync_file(tmp)
+    os.replace(tmp, path)
+    _fsync_dir(path.parent)
+    return path
+
+
+def load_reference(run_dir: Path) -> dict[str, torch.Tensor] | None:
+    path = Path(run_dir) / CKPT_DIR / REFERENCE_FILE
+    if not path.exists():
+        return None
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except (RuntimeError, EOFError, OSError) as e:
+        raise CheckpointError(f"{path} (the post-SFT reference model) cannot be read: {e}") from None

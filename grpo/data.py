@@ -10,7 +10,7 @@ Loaders live in grpo/tasks/ (bbq.py, halueval.py, generic.py); their prompt temp
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Sequence
 
 from grpo.records import Sample
@@ -60,8 +60,10 @@ class DataSpec:
     """hf only: the datasets builder ("json", "csv", "parquet", ...)."""
     hf_split: str = "train"
     """hf only: the split to read."""
-    extra: dict[str, str] = field(default_factory=dict)
-    """hf only: prompt_field / id_field overrides."""
+    hf_prompt_field: str = "prompt"
+    """hf only: the column holding the prompt (ignored when `template` is given)."""
+    hf_id_field: str = "id"
+    """hf only: the column holding the row id (missing ids are hashed from the prompt)."""
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
@@ -90,7 +92,7 @@ def load_task(spec: DataSpec) -> tuple[list[Sample], dict[str, float]]:
         files = [p.strip() for p in spec.path.split(",") if p.strip()]
         result = load_hf_dataset(spec.hf_builder, files, task=str(task), split=spec.hf_split,
                                  template=spec.template, system_prompt=spec.system_prompt, limit=spec.limit,
-                                 **spec.extra)
+                                 prompt_field=spec.hf_prompt_field, id_field=spec.hf_id_field)
     names = sorted({s.task for s in result.samples}) or [str(task)]
     metrics: dict[str, float] = {}
     for name in names:
@@ -99,7 +101,9 @@ def load_task(spec: DataSpec) -> tuple[list[Sample], dict[str, float]]:
     return result.samples, metrics
 
 
-def split_samples(samples: Sequence[Sample], heldout_fraction: float, salt: str = "") -> tuple[list[Sample], list[Sample]]:
+def split_samples(
+    samples: Sequence[Sample], heldout_fraction: float, salt: str = ""
+) -> tuple[list[Sample], list[Sample]]:
     """(train, heldout), order kept: a sample is held out iff stable_hash01(sample.id, salt) < heldout_fraction.
 
     The side of an id never depends on the other rows, their order, the machine or the Python process."""

@@ -193,7 +193,9 @@ class _Client:
             try:
                 import anthropic as sdk  # lazy: optional dependency
             except ImportError as err:
-                raise ImportError(f"judge provider {provider.name!r} needs the Anthropic SDK: pip install anthropic") from err
+                raise ImportError(
+                    f"judge provider {provider.name!r} needs the Anthropic SDK: pip install anthropic"
+                ) from err
             self._client: Any = sdk.Anthropic(api_key=key, base_url=provider.base_url, max_retries=0)
         else:
             import openai as sdk  # lazy: keeps import of this module free of side effects

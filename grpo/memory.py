@@ -1,32 +1,28 @@
-"""Pure GPU-memory estimator for one GRPO step: bytes per part, per phase, and the cheapest changes that fit a card.
+"""Pure GPU-memory estimator for one GRPO step: bytes per part and phase, and the cheapest changes that fit a card.
 
-No torch, no I/O. Units: bytes; tables print GiB (2^30 B, the unit GPU cards are sold in: an "80 GB" A100 has 81,920 MiB).
-h = hidden, L = layers, I = intermediate, V = vocab, kvo = kv_heads·head_dim, a = activation bytes (2 bf16/fp16, 4 fp32),
-B = sequences per micro-batch, P = prompt tokens, T = new tokens, S = P + T.
+No torch, no I/O. Bytes throughout; tables print GiB (2^30 B: an "80 GB" A100 has 81,920 MiB). h hidden, L layers,
+I intermediate, V vocab, kvo = kv_heads·head_dim, a = activation bytes (2 bf16/fp16, 4 fp32), B sequences per
+micro-batch, P prompt and T new tokens, S = P + T. Checked against an H100 run (MEMORY_OPTIMIZATION.md, "Measured").
 
 Formulas (one line each, with the source):
-- params: L·(Σ_linear in·out + 2h [+ qkv bias]) + V·h·(1 if tied else 2) + h                  (Llama/Qwen2 modeling code)
-- weights: 2 B/param bf16/fp16, 4 B fp32; nf4 linears 0.5 B + double-quant state (8/64 + 32/(64·256)) bits/8   (QLoRA arXiv 2305.14314 §3)
-- 4-bit: embeddings, norms, lm_head upcast to fp32 and so is the residual stream   (peft `prepare_model_for_kbit_training`)
-- LoRA params: Σ_layers Σ_targets (in·r + r·out), fp32 under peft ≥0.12 `autocast_adapter_dtype=True`   (LoRA arXiv 2106.09685)
-- AdamW states: 2 tensors shaped like each trainable param, in the param's dtype        (torch.optim.AdamW `zeros_like(p)`)
-- activations, no checkpointing, per token per layer: Korthikanti et al. 2022 (arXiv 2205.05198 §4.1, 34h + 5·heads·S for
-  GPT) re-derived for Llama (RMSNorm fp32 input 4h ×2, SDPA/flash keeps q,k,v,out: a·(2h_q + 2kvo), SwiGLU keeps gate, up,
-  silu: 3a·I; eager adds the (4 + a)·heads·S softmax; the S² term vanishes under SDPA/flash) plus what trains:
-  full FT: every linear keeps its input (a·(2h + h_q + I) + 2a·h norm); LoRA: each target keeps an fp32 copy of its
-  input 4·in (peft casts x to the adapter dtype) + 4r, and 1·in dropout mask when lora_dropout > 0
-- activations, gradient checkpointing: L·B·S·a·h (each layer's input) + one layer's full activations (recomputed)  (Chen et al. arXiv 1604.06174)
-- logits: B·(T+1)·V·a with `logits_to_keep`, else B·S·V·a; training holds ≈3× (saved logits + two full-size grads in backward)
-- chunked log-softmax: chunk_rows·V·4 B × 3 fp32 temporaries (upcast, /τ, exp)           (grpo/logprobs.py `_ChunkedLogSumExp`)
-- KV cache: seqs·S·L·2·kvo·a                                                               (HF DynamicCache)
+- params = L·(Σ_linears in·out + 2h [+ qkv bias]) + V·h·(1 if tied else 2) + h                    (Llama/Qwen2 modeling code)
+- weights: 2 B/param bf16/fp16, 4 fp32; nf4 linears 0.5 B + (8/64 + 32/(64·256))/8 B double-quant state   (QLoRA 2305.14314 §3)
+- 4-bit: embeddings, norms, lm_head, hence the residual stream, become fp32       (peft `prepare_model_for_kbit_training`)
+- LoRA params = L·Σ_targets (in·r + r·out), fp32 (peft `autocast_adapter_dtype=True`)                   (LoRA 2106.09685)
+- AdamW: 2 states shaped and typed like each trainable param                               (torch.optim.AdamW `zeros_like`)
+- saved per token per layer = 8h (RMSNorm fp32 inputs) + a·(2h_q + 2kvo) (SDPA q,k,v,out) + 3a·I (SwiGLU) + train part:
+  LoRA Σ_targets (4·in fp32 input copy + 1·in dropout mask + 4r), full FT a·(4h + h_q + I)   (Korthikanti 2205.05198 §4.1,
+  re-derived for Llama: its 5·heads·S² term vanishes under SDPA/flash; eager adds (4 + a)·heads·S)
+- checkpointing keeps L·B·S·a·h (layer inputs) + one layer recomputed                                (Chen 1604.06174)
+- no_grad layer peak per token = 2a·h + 2a·I + (8·I adapter on | a·I off); backward adds 2a·h + 3a·I (+4·I LoRA)
+- logits = B·(T+1)·V·a with `logits_to_keep` (else B·S·V·a); training holds 2 (logits + grad); fp32 chunk 2·rows·V·4
+- KV cache = seqs·S·L·2·kvo·a                                                                         (HF DynamicCache)
 
-Phase model: the peak is the max over phases, not the sum of every part. Persistent parts (CUDA context, weights, the
-frozen reference copy under full FT, trainable params, grads, optimizer states) live in every phase; each phase adds its
-own: generation (KV cache of all prompts×K of the step + one layer's prefill temporaries), the ref/old pass (no_grad
-logits of one micro-batch; only when β > 0 or μ > 1) and training (saved activations + logits and their grads). Grads
-are counted as persistent because `zero_grad` runs just before the accumulation loop, so the last step's grads are still
-allocated during generation. An allocator slack (fraction of the non-context bytes) stands for fragmentation of the
-PyTorch caching allocator; nvidia-smi shows reserved memory, which is larger than allocated.
+Phase model: the peak is the max over phases, never the sum of all parts. Persistent parts (context, weights, the frozen
+copy under full FT, trainable params, grads — `zero_grad` runs after generation, so last step's grads are alive —
+and AdamW states) live in every phase. Generation adds the KV cache of all prompts×K of the step plus one layer's
+prefill temporaries; the ref/old pass (β > 0 or μ > 1) and training each take the larger of two moments that never
+overlap: the logits moment and the one-layer moment. A slack fraction stands for allocator fragmentation.
 """
 
 from __future__ import annotations
@@ -46,15 +42,15 @@ ADAPTER_BYTES = 4
 """peft upcasts LoRA A/B to fp32 when the base is fp16/bf16 (`autocast_adapter_dtype=True`, default of get_peft_model)."""
 NORM_INPUT_BYTES = 4
 """HF LlamaRMSNorm computes in fp32: `pow(2)` keeps an fp32 copy of its input for backward, whatever the model dtype."""
-SOFTMAX_TEMPS = 3
-"""fp32 temporaries alive per chunk in the chunked log-softmax: the upcast, the /τ result and exp() (grpo/logprobs.py)."""
-TRAIN_LOGITS_COPIES = 3
-"""Training holds the saved logits plus, in backward, the logsumexp-path grad and the gather-path grad (same size)."""
+SOFTMAX_TEMPS = 2
+"""fp32 temporaries alive at once per chunk in grpo/logprobs.py (the upcast and the /τ or exp() result)."""
+TRAIN_LOGITS_COPIES = 2
+"""Training holds the saved logits plus one full-size grad at a time in backward (measured, see MEMORY_OPTIMIZATION.md)."""
 DEFAULT_CUDA_OVERHEAD_GB = 0.75
-"""CUDA context + cuBLAS workspace of a torch process: ~0.5–1 GiB on A100/H100 with CUDA 12 (nvidia-smi of a process that
-ran one bf16 matmul; the cuBLAS workspace is documented in the CUDA Toolkit docs, `CUBLAS_WORKSPACE_CONFIG`)."""
-DEFAULT_ALLOCATOR_SLACK = 0.10
-"""Fragmentation of the caching allocator: reserved is typically 5–15% above allocated in training loops."""
+"""CUDA context + cuBLAS workspace of a torch process: NVML process use − torch reserved measured 0.66–0.75 GiB on an
+H100 (torch 2.11, CUDA 13); ~0.5–1 GiB is the usual range on A100/H100."""
+DEFAULT_ALLOCATOR_SLACK = 0.05
+"""Caching-allocator fragmentation: reserved was 1–4% above peak allocated in the measured 8B LoRA step; 5% margin."""
 MIN_K = 2
 """GRPO needs at least two completions per prompt for a group standard deviation."""
 
@@ -256,14 +252,20 @@ def _layer_activation_bytes(x: EstimateInputs, seq_len: int) -> float:
     return common + sum((cast + mask) * dims[t][0] + ADAPTER_BYTES * x.lora_r for t in resolve_targets(s, x.lora_targets))
 
 
-def _forward_temporaries(x: EstimateInputs, tokens: int, seq_len: int) -> float:
-    """One layer's no_grad temporaries (normed input, q, k, v, attention out, gate, up, silu) over `tokens` tokens."""
+def _layer_temporaries(x: EstimateInputs, tokens: int, seq_len: int, adapter_on: bool) -> float:
+    """One layer's no_grad peak (the MLP): hidden + residual 2a·h, silu(gate) and up a·I each, then either the product
+    a·I or, with the adapter on, the fp32 lora_B output and the fp32 sum peft makes before casting back (8·I)."""
     s, a = x.shape, act_bytes(x)
-    per_token = a * (s.hidden + 2 * s.heads * s.head_dim + 2 * s.kv_heads * s.head_dim + 3 * s.intermediate)
-    if x.lora and a != ADAPTER_BYTES:
-        per_token += ADAPTER_BYTES * s.intermediate  # the fp32 cast of down_proj's input for the adapter
+    per_token = 2 * a * s.hidden + 2 * a * s.intermediate + (8 if adapter_on else a) * s.intermediate
     eager = (4 + a) * s.heads * seq_len if x.attention == "eager" else 0
     return tokens * (per_token + eager)
+
+
+def _backward_temporaries(x: EstimateInputs, tokens: int) -> float:
+    """Grads alive while one layer back-propagates: 2a·h (residual, MLP out) + 3a·I (SwiGLU) [+ 4·I fp32 LoRA path]."""
+    s, a = x.shape, act_bytes(x)
+    lora = ADAPTER_BYTES * s.intermediate if (x.lora and a != ADAPTER_BYTES) else 0
+    return tokens * (2 * a * s.hidden + 3 * a * s.intermediate + lora)
 
 
 def _weights(x: EstimateInputs, counts: dict[str, int]) -> float:
@@ -290,13 +292,18 @@ def _persistent(x: EstimateInputs, counts: dict[str, int], n_train: int) -> dict
     return out
 
 
-def _logit_bytes(x: EstimateInputs, seqs: int, copies: int) -> tuple[float, float]:
+def logit_bytes(x: EstimateInputs, seqs: int, copies: int) -> tuple[float, float]:
     """(bf16/fp32 logits × copies, fp32 log-softmax chunk temporaries) for `seqs` sequences."""
     a = act_bytes(x)
     kept = x.new_tokens + 1 if x.logits_to_keep else x.prompt_len + x.new_tokens
     rows = seqs * x.new_tokens
     chunk = rows if x.logsoftmax_chunk_rows is None else min(rows, x.logsoftmax_chunk_rows)
     return copies * seqs * kept * x.shape.vocab * a, SOFTMAX_TEMPS * chunk * x.shape.vocab * 4
+
+
+def _larger(a: dict[str, float], b: dict[str, float]) -> dict[str, float]:
+    """Parts alive at the larger of two moments of a phase (they do not overlap in time)."""
+    return a if sum(a.values()) >= sum(b.values()) else b
 
 
 def estimate(x: EstimateInputs) -> Estimate:
@@ -309,25 +316,29 @@ def estimate(x: EstimateInputs) -> Estimate:
     kv = x.gen_batch_seqs * seq * s.layers * 2 * s.kv_heads * s.head_dim * a
     phases: dict[str, dict[str, float]] = {"generation": {
         "KV cache": kv,
-        "prefill temporaries (1 layer)": _forward_temporaries(x, x.gen_batch_seqs * x.prompt_len, x.prompt_len)
-        + kv / s.layers,  # DynamicCache grows one layer at a time by torch.cat: a second copy of one layer
+        "KV cache growth (torch.cat of 1 layer)": kv / s.layers,
+        "prefill temporaries (1 layer)": _layer_temporaries(x, x.gen_batch_seqs * x.prompt_len, x.prompt_len, x.lora),
         "sampling logits (last position)": x.gen_batch_seqs * s.vocab * (a + 2 * 4),
     }}
     tokens = x.micro_batch_seqs * seq
     if x.ref_pass or x.mu > 1:
-        logits, chunk = _logit_bytes(x, x.micro_batch_seqs, copies=1)
-        phases["ref/old pass"] = {"logits (no_grad)": logits, "log-softmax chunk (fp32)": chunk,
-                                  "forward temporaries (1 layer)": _forward_temporaries(x, tokens, seq)}
+        logits, chunk = logit_bytes(x, x.micro_batch_seqs, copies=1)
+        adapter_on = x.lora and x.mu > 1  # the old-policy pass runs the adapter; the reference pass disables it
+        phases["ref/old pass"] = _larger({"logits (no_grad)": logits, "log-softmax chunk (fp32)": chunk},
+                                         {"layer temporaries (1 layer)": _layer_temporaries(x, tokens, seq, adapter_on)})
     per_layer = _layer_activation_bytes(x, seq)
-    final_norm = NORM_INPUT_BYTES * s.hidden + (0 if x.lora else 2 * a * s.hidden)
     if x.grad_checkpointing:
-        acts = {"checkpointed layer inputs": s.layers * tokens * a * s.hidden,
-                "one layer recomputed": tokens * per_layer}
+        saved = {"checkpointed layer inputs": s.layers * tokens * a * s.hidden}
+        layer_moment = {**saved, "one layer recomputed": tokens * per_layer}
     else:
-        acts = {"saved activations (all layers)": s.layers * tokens * per_layer}
-    acts["final norm"] = tokens * final_norm
-    logits, chunk = _logit_bytes(x, x.micro_batch_seqs, copies=TRAIN_LOGITS_COPIES)
-    phases["training"] = {**acts, "logits + grads": logits, "log-softmax chunk (fp32)": chunk}
+        saved = {"saved activations (all layers)": s.layers * tokens * per_layer}
+        layer_moment = dict(saved)
+    layer_moment["layer backward temporaries"] = _backward_temporaries(x, tokens)
+    logits, chunk = logit_bytes(x, x.micro_batch_seqs, copies=TRAIN_LOGITS_COPIES)
+    final_norm = NORM_INPUT_BYTES * s.hidden + (0 if x.lora else 2 * a * s.hidden)
+    logits_moment = {**saved, "final norm": tokens * final_norm, "logits + grad": logits,
+                     "log-softmax chunk (fp32)": chunk}
+    phases["training"] = _larger(logits_moment, layer_moment)
     non_context = sum(persistent.values()) - persistent["CUDA context"]
     for parts in phases.values():
         parts[f"allocator slack ({x.allocator_slack:.0%})"] = x.allocator_slack * (non_context + sum(parts.values()))

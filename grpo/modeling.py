@@ -238,6 +238,39 @@ def reference(policy: Policy) -> Iterator[nn.Module]:
         yield policy.ref_model
 
 
+def rebase_reference(policy: Policy, seed: int = 0) -> Policy:
+    """Make the current policy the KL reference (called after SFT warm-up: RL stays close to the SFT model).
+
+    Full fine-tuning: the frozen copy takes the current weights. LoRA: the trained adapter is merged into the base
+    weights and a fresh adapter of the same config (B = 0, so the function is unchanged) is attached; the reference
+    "adapter disabled" is then the SFT model. The trainable parameters are new objects: rebuild the optimizer.
+    QLoRA cannot merge into 4-bit weights: its reference stays the pre-SFT base (a warning says so).
+    """
+    if not policy.is_lora:
+        with torch.no_grad():
+            policy.ref_model.load_state_dict(policy.model.state_dict())
+        return policy
+    from peft import get_peft_model
+
+    base = policy.model.get_base_model()
+    if getattr(base, "is_loaded_in_4bit", False) or getattr(base, "is_quantized", False):
+        import warnings
+
+        warnings.warn("QLoRA: the SFT adapter cannot be merged into 4-bit weights, so the KL reference stays the "
+                      "pre-SFT base model; expect a larger KL at the start of RL", stacklevel=2)
+        return policy
+    lora_config = policy.model.peft_config["default"]
+    was_training = policy.model.training
+    merged = policy.model.merge_and_unload()
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = get_peft_model(merged, lora_config)
+    if getattr(merged, "is_gradient_checkpointing", False):
+        model.enable_input_require_grads()
+    model.train(was_training)
+    return Policy(model=model, tokenizer=policy.tokenizer, is_lora=True, ref_model=None, name=policy.name)
+
+
 def save_pretrained(policy: Policy, out_dir: str | Path, include_base: bool = False) -> Path:
     """Save the adapter (LoRA) or the full model, plus the tokenizer, in Hugging Face format under `out_dir`.
 

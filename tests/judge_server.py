@@ -49,7 +49,7 @@ class Seen:
     body: dict[str, Any]
     path: str
     headers: dict[str, str]
-    """Kept in memory only (it holds the Authorization header); never written anywhere."""
+    """Lower-cased names. Kept in memory only (it holds the Authorization header); never written anywhere."""
 
 
 class JudgeServer:
@@ -75,7 +75,8 @@ class JudgeServer:
                     body = {}
                 with server._lock:
                     n = len(server.seen)
-                    server.seen.append(Seen(t=time.monotonic(), body=body, path=self.path, headers=dict(self.headers)))
+                    headers = {k.lower(): v for k, v in self.headers.items()}
+                    server.seen.append(Seen(t=time.monotonic(), body=body, path=self.path, headers=headers))
                 reply = server.reply(body, n)
                 if reply.delay_s:
                     time.sleep(reply.delay_s)

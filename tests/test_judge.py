@@ -79,7 +79,7 @@ def test_normal_answers_in_every_format_with_calibration():
             assert [r.score for r in results] == pytest.approx([0.8, 0.6, 0.3, 0.7, 0.4])
             assert {r.provider for r in results} == {"judge:p0"}
             assert "- label_letter: B" in server.seen[0].body["messages"][0]["content"]  # the judge sees the gold
-            assert server.seen[0].headers["Authorization"] == f"Bearer {SECRET}"  # the key was really used
+            assert server.seen[0].headers["authorization"] == f"Bearer {SECRET}"  # the key was really used
         with make_judge(server, calibration_a=0.5, calibration_b=0.25) as judge:
             # 0.5·0.8 + 0.25 = 0.65 ; 0.5·0.4 + 0.25 = 0.45
             assert [r.score for r in judge.score_batch([item("plain"), item("percent")])] == pytest.approx([0.65, 0.45])
@@ -135,8 +135,9 @@ def test_malformed_replies_fail_without_retry_and_log_once_per_kind(caplog):
     assert server.count == 4 and metrics["judge/retries"] == 0.0 and metrics["judge/failures"] == 4.0
     assert metrics["judge/errors/bad_body"] == 2.0 and metrics["judge/errors/no_json"] == 2.0
     warned = [r.getMessage() for r in caplog.records]
-    assert len(warned) == 3  # bad_body once (two different causes share the kind... see below), no_json once
-    assert sum("no JSON object" in m for m in warned) == 1
+    # One line per kind (bad_body: HTML and JSON without choices; no_json: two prose replies), not per call.
+    assert len(warned) == 2
+    assert sum("no JSON object" in m for m in warned) == 1 and sum("bad_body" in m for m in warned) == 1
 
 
 def test_64_concurrent_items_keep_order_and_respect_the_rate_limit():
@@ -150,11 +151,12 @@ def test_64_concurrent_items_keep_order_and_respect_the_rate_limit():
     assert [r.score for r in results] == pytest.approx([(i % 11) / 10 for i in range(64)])
     arrivals = sorted(s.t for s in server.seen)
     assert len(arrivals) == 64
-    # Slots are 25 ms apart; network jitter can shift one arrival by a few ms, so check windows of 10 requests.
-    window = 10
+    # Slots are 25 ms apart, so 10 requests span >= 250 ms. A loaded CPU can delay one arrival by tens of ms, hence
+    # the 100 ms slack; without the limiter 16 workers would send 16 requests at once (a 10-request span ~ 0 s).
+    window, slack = 10, 0.1
     gaps = [arrivals[i + window] - arrivals[i] for i in range(64 - window)]
-    assert min(gaps) >= window / rate - 0.03
-    assert arrivals[-1] - arrivals[0] >= 63 / rate - 0.03
+    assert min(gaps) >= window / rate - slack
+    assert arrivals[-1] - arrivals[0] >= 63 / rate - slack
 
 
 def test_rate_limiter_never_sleeps_holding_its_lock():
@@ -252,7 +254,8 @@ def test_score_rollouts_judge_terms_fallback_and_none():
     assert [s.provider for s in scored] == ["judge:p0", "judge:p0", "rule"]
     assert scored[0].parts == {"llm_judge": 0.8, "format": 0.5}
     assert metrics["scoring/fairness/failed"] == 0.0 and metrics["judge/calls"] == 2.0
-    with JudgeServer(lambda body, n: Reply(status=500, raw=b"{}")) as server, make_judge(server, max_retries=0) as judge:
+    down = JudgeServer(lambda body, n: Reply(status=500, raw=b"{}"))
+    with down as server, make_judge(server, max_retries=0) as judge:
         scored, metrics = score_rollouts(rollouts, specs, judge)
     # fallback bbq_rule = 1 replaces the judge: (2·1 + 1·0.5) / 3 ; strict has no fallback -> None, never 0
     assert scored[0].reward == pytest.approx(2.5 / 3) and scored[0].provider == "fallback:bbq_rule"

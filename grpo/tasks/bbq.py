@@ -163,7 +163,9 @@ def load_bbq(
     if categories is None:
         wanted = present
         if not wanted:
-            raise FileNotFoundError(f"no BBQ category files (<Category>.jsonl) in {root}; expected some of {BBQ_CATEGORIES}")
+            raise FileNotFoundError(
+                f"no BBQ category files (<Category>.jsonl) in {root}; expected some of {BBQ_CATEGORIES}"
+            )
     else:
         wanted = list(categories)
         unknown = [c for c in wanted if c not in BBQ_CATEGORIES]

@@ -15,7 +15,9 @@ from pathlib import Path
 from typing import Any
 
 from grpo.records import Sample
-from grpo.tasks.jsonio import MAX_WARNINGS_PER_FILE, LoadResult, TemplateFieldError, content_id, fill_template, read_records
+from grpo.tasks.jsonio import (
+    MAX_WARNINGS_PER_FILE, LoadResult, TemplateFieldError, content_id, fill_template, read_records,
+)
 
 RESERVED = ("task", "id", "prompt", "messages", "target", "meta", "gold")
 
@@ -33,7 +35,10 @@ def row_to_sample(
         messages.append({"role": "system", "content": system_prompt})
     if row.get("messages") is not None:
         given = row["messages"]
-        if not isinstance(given, list) or not all(isinstance(m, dict) and "role" in m and "content" in m for m in given):
+        well_formed = isinstance(given, list) and all(
+            isinstance(m, dict) and {"role", "content"} <= m.keys() for m in given
+        )
+        if not well_formed:
             raise ValueError("'messages' must be a list of {'role', 'content'} objects")
         messages.extend({"role": str(m["role"]), "content": str(m["content"])} for m in given)
     elif row.get(prompt_field) is not None or template is not None:

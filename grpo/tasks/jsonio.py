@@ -155,7 +155,9 @@ def content_id(*parts: str) -> str:
     return hashlib.sha256(joined.encode("utf-8")).hexdigest()[:HASH_HEX_DIGITS]
 
 
-def split_by_id(items: Sequence[T], ids: Sequence[str], heldout_fraction: float, salt: str = "") -> tuple[list[T], list[T]]:
+def split_by_id(
+    items: Sequence[T], ids: Sequence[str], heldout_fraction: float, salt: str = ""
+) -> tuple[list[T], list[T]]:
     """(train, heldout) keeping input order; an item is held out iff stable_hash01(id, salt) < heldout_fraction."""
     if not 0.0 <= heldout_fraction < 1.0:
         raise ValueError(f"heldout_fraction={heldout_fraction!r} must be in [0, 1): e.g. 0.1 holds out ~10%")
