@@ -80,8 +80,9 @@ def _tiny_shape(model_cfg: Any) -> ModelShape:
         tiny_model_config = None
     if tiny_model_config is not None:
         return shape_from_hf_config(tiny_model_config(model_cfg.tiny_vocab, **sizes).to_dict(), name="builtin:tiny")
-    return ModelShape("builtin:tiny", sizes["hidden"], sizes["layers"], sizes["heads"], min(TINY_KV_HEADS, sizes["heads"]),
-                      TINY_INTERMEDIATE_FACTOR * sizes["hidden"], model_cfg.tiny_vocab, tie_embeddings=False)
+    return ModelShape("builtin:tiny", sizes["hidden"], sizes["layers"], sizes["heads"],
+                      min(TINY_KV_HEADS, sizes["heads"]), TINY_INTERMEDIATE_FACTOR * sizes["hidden"],
+                      model_cfg.tiny_vocab, tie_embeddings=False)
 
 
 def inputs_from_config(cfg: Any, compute_capability: tuple[int, int] = (8, 0)) -> EstimateInputs:
@@ -107,13 +108,14 @@ def inputs_from_config(cfg: Any, compute_capability: tuple[int, int] = (8, 0)) -
 
 
 def estimate_report(cfg: Any, gpu: str | None, gpu_mem: float | None) -> str:
-    """The estimate table for `cfg` on the named card (or `gpu_mem` GiB), with the 3 cheapest fixes if it does not fit."""
+    """The estimate table for `cfg` on the named card (or `gpu_mem` GiB) and, if it does not fit, the 3 cheapest fixes."""
     gpu_gb, cc = (gpu_mem, (8, 0)) if gpu_mem else GPUS[gpu or "a100-40"]
     x = inputs_from_config(cfg, cc)
     est = estimate(x)
     card = f"{gpu_mem:g} GiB (--gpu-mem)" if gpu_mem else f"{gpu or 'a100-40'} ({gpu_gb:.1f} GiB, cc {cc[0]}.{cc[1]})"
     head = (f"ESTIMATE for {x.shape.name} on {card}: {x.weight_dtype}"
-            f"{' + 4-bit nf4' if x.load_in_4bit else ''}, {'LoRA r=' + str(x.lora_r) if x.lora else 'full fine-tuning'}, "
+            f"{' + 4-bit nf4' if x.load_in_4bit else ''}, "
+            f"{'LoRA r=' + str(x.lora_r) if x.lora else 'full fine-tuning'}, "
             f"grad checkpointing {'on' if x.grad_checkpointing else 'off'}, micro-batch {x.micro_batch_seqs} seqs, "
             f"generation {x.gen_batch_seqs} seqs, prompt {x.prompt_len} + {x.new_tokens} new tokens, μ={x.mu}, "
             f"reference pass {'on' if x.ref_pass else 'off'}")

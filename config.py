@@ -314,7 +314,17 @@ class JudgeConfig:
     model: str = "gpt-4o-mini"
     """Judge model name sent to the server."""
     api_key_env: str = "OPENAI_API_KEY"
-    """Name of the environment variable holding the API key (the key itself is never stored or logged)."""
+    """Name of the environment variable holding the API key (the key itself is never stored or logged); "" = none."""
+    kind: str = "openai"
+    """openai (any OpenAI-compatible server) | anthropic (needs `pip install anthropic`)."""
+    fallback_base_url: str = ""
+    """Optional second judge tried when the first fails (same kind and key variable). Empty = none."""
+    fallback_model: str = ""
+    """Model name of the second judge."""
+    calibration_a: float = 1.0
+    """Linear calibration of judge scores: a * score + b, clipped to [0, 1]."""
+    calibration_b: float = 0.0
+    """See calibration_a."""
     timeout_s: float = 20.0
     """Per-call timeout."""
     max_retries: int = 3
@@ -331,8 +341,11 @@ class JudgeConfig:
                "use positive timeout_s and rate_limit_per_s")
         _check(self.max_retries >= 0 and self.num_workers >= 1, "judge.num_workers", self.num_workers,
                "use max_retries >= 0 and num_workers >= 1")
-        _check(not self.base_url or self.base_url.startswith(("http://", "https://")), "judge.base_url",
-               self.base_url, "use an http(s) URL such as http://127.0.0.1:8000/v1")
+        for name in ("base_url", "fallback_base_url"):
+            url = getattr(self, name)
+            _check(not url or url.startswith(("http://", "https://")), f"judge.{name}", url,
+                   "use an http(s) URL such as http://127.0.0.1:8000/v1")
+        _one_of("judge.kind", self.kind, ("openai", "anthropic"))
 
 
 @dataclass

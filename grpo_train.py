@@ -64,9 +64,13 @@ class Run:
     sampling: SamplingSettings
     update: UpdateSettings
     guard: WeightGuard
+    surgery: Any = None
+    """Per-task gradient combination (PCGrad / CAGrad), or None for the plain summed loss."""
+    frontier: Any = None
+    """Pareto frontier of per-task held-out scores, with a saved adapter/model per point."""
     step: int = 0
     evals: dict[str, dict[str, float]] = field(default_factory=dict)
-    counters: dict[str, int] = field(default_factory=dict)
+    counters: dict[str, float] = field(default_factory=dict)
 
     @property
     def tokenizer(self):
@@ -104,8 +108,25 @@ def setup(cfg: C.Config) -> Run:
               controllers=controllers, specs=reward_specs(cfg.data.source, cfg.rewards, tasks), judge=build_judge(cfg.judge, run_dir),
               tracker=build_trackers(cfg.train, run_dir), sampling=sampling_settings(cfg.rollout, policy.tokenizer),
               update=update, guard=WeightGuard(params, max_consecutive=cfg.train.max_consecutive_bad))
+    run.surgery = build_surgery(cfg, params, tasks)
+    from grpo.pareto import ParetoFrontier
+
+    run.frontier = ParetoFrontier(cfg.multi.pareto_cap, run_dir / "pareto")
     (run_dir / "config.json").write_text(C.dumps(cfg))
     return run
+
+
+def build_surgery(cfg: C.Config, params: list[torch.nn.Parameter], tasks: list[str]):
+    """PCGrad / CAGrad over per-task gradients when multi.combine asks for it (and there are several tasks)."""
+    if cfg.multi.combine == "sum" or len(tasks) < 2:
+        return None
+    from grpo.multi import ConflictMonitor
+    from grpo.update import TaskGradientSurgery
+
+    monitor = ConflictMonitor(mode=cfg.multi.switch, threshold=cfg.multi.threshold, patience=cfg.multi.patience,
+                              release=cfg.multi.release)
+    return TaskGradientSurgery(params, tasks, cfg.multi.combine, cfg.multi.cagrad_c, monitor,
+                               policy_only=cfg.multi.policy_only, seed=cfg.train.seed)
 
 
 def build_optimizer(train: C.TrainConfig, params: list[torch.nn.Parameter]):
@@ -161,6 +182,7 @@ def sft_phase(run: Run) -> list[float]:
     run.policy = rebase_reference(run.policy, seed=run.cfg.train.seed)
     run.optimizer, run.scheduler = build_optimizer(run.cfg.train, run.policy.trainable_parameters())
     run.guard = WeightGuard(run.policy.trainable_parameters(), max_consecutive=run.cfg.train.max_consecutive_bad)
+    run.surgery = build_surgery(run.cfg, run.policy.trainable_parameters(), run.tasks)
     ckpt.save_reference(run.run_dir, reference_weights(run.policy))
     run.tracker.log({"sft/loss_first": losses[0], "sft/loss_last": losses[-1]}, 0)
     return losses
@@ -179,6 +201,8 @@ def evaluate_phase(run: Run, tag: str) -> dict[str, float]:
     run.evals[tag] = results
     (run.run_dir / "eval.json").write_text(json.dumps(run.evals, indent=2))
     run.tracker.log({f"eval/{t}/reward": r for t, r in results.items()}, run.step)
+    if tag.startswith("step_") or tag == "after_rl":  # RL checkpoints compete for the Pareto frontier
+        run.frontier.offer(run.step, results, save_fn=lambda path: save_pretrained(run.policy, path))
     return results
 
 
@@ -190,7 +214,7 @@ def rl_step(run: Run, step: int) -> dict[str, float]:
     rollouts, metrics = generate_rollouts(run.policy.model, run.tokenizer, samples, cfg.rollout.k, run.sampling)
     t1 = time.perf_counter()
     scored, score_metrics = score_rollouts(rollouts, run.specs, run.judge)
-    metrics.update(score_metrics)
+    metrics.update(per_step_counts(run, score_metrics))
     rewards_B = torch.tensor([math.nan if s.reward is None else s.reward for s in scored], dtype=torch.float32)
     advantages_B, adv_metrics = group_advantages(rewards_B, cfg.rollout.k, scale=cfg.loss.adv_scale,
                                                  clip=cfg.loss.adv_clip)
@@ -209,7 +233,8 @@ def rl_step(run: Run, step: int) -> dict[str, float]:
 
     betas_N = torch.tensor([run.controllers[t].value for t in run.tasks], dtype=torch.float32)
     stats = train_step(run.policy.model, run.optimizer, batch, betas_N, run.update, run.tasks,
-                       run.policy.trainable_parameters(), on_step=lambda: after_optimizer_step(run))
+                       run.policy.trainable_parameters(), on_step=lambda: after_optimizer_step(run),
+                       grad_combiner=run.surgery)
     metrics.update(stats)
     for t in run.tasks:
         metrics[f"beta/{t}"] = run.controllers[t].value  # the β this step trained with
@@ -222,11 +247,26 @@ def rl_step(run: Run, step: int) -> dict[str, float]:
                     "time/ref_logps": t4 - t3, "time/train": t5 - t4, "time/step": t5 - t0,
                     "lr": run.scheduler.get_last_lr()[0]})
     run.step = step
-    metrics = {k: v if isinstance(v, str) else float(v) for k, v in metrics.items()}
+    metrics = {k: v if isinstance(v, (str, int)) else float(v) for k, v in metrics.items()}
     run.tracker.log(metrics, step)
     if cfg.train.sample_every and step % cfg.train.sample_every == 0:
         write_samples(run, scored, step)
     return metrics
+
+
+JUDGE_COUNTERS = ("judge/calls", "judge/failures", "judge/cache_hits", "judge/retries", "judge/items")
+
+
+def per_step_counts(run: Run, metrics: dict[str, float]) -> dict[str, float]:
+    """The judge keeps running totals; the step metrics report this step's share (health checks rate them)."""
+    out = dict(metrics)
+    for key in JUDGE_COUNTERS:
+        if key in metrics:
+            total = float(metrics[key])
+            out[key] = total - run.counters.get(key, 0.0)
+            out[key + "_total"] = total
+            run.counters[key] = total
+    return out
 
 
 def after_optimizer_step(run: Run) -> None:
@@ -268,7 +308,14 @@ def finish(run: Run) -> dict[str, Any]:
     save_pretrained(run.policy, run.run_dir / "final")
     run.tracker.close()
     report = build_report(run.run_dir)
+    best = run.frontier.best()
+    if best is not None:  # the Pareto point with the best mean held-out score, and where its weights are
+        report["pareto_best"] = {"step": best.step, "scores": best.scores, "path": str(best.path)}
+        (run.run_dir / "report.json").write_text(json.dumps(report, indent=2, default=str))
     print(format_report(report))
+    if best is not None:
+        print(f"Pareto frontier: {len(run.frontier.points)} point(s); best by mean score: step {best.step} "
+              f"{ {t: round(v, 3) for t, v in best.scores.items()} } -> {best.path}")
     try:
         plot_run(run.run_dir)
     except (OSError, ValueError, RuntimeError) as e:  # a plot must never lose a finished run
@@ -347,7 +394,8 @@ def checkpoint_state(run: Run) -> dict[str, Any]:
             "optimizer": run.optimizer.state_dict(), "scheduler": run.scheduler.state_dict(),
             "controllers": {t: c.state_dict() for t, c in run.controllers.items()},
             "sampler": run.sampler.state_dict(), "guard": run.guard.state_dict(), "evals": run.evals,
-            "rng": ckpt.rng_state()}
+            "surgery": run.surgery.state_dict() if run.surgery is not None else None,
+            "frontier": run.frontier.state_dict(), "counters": dict(run.counters), "rng": ckpt.rng_state()}
 
 
 def save_checkpoint(run: Run) -> Path:
@@ -377,6 +425,12 @@ def resume(run: Run, where: str) -> None:
         c.load_state_dict(state["controllers"][t])
     run.sampler.load_state_dict(state["sampler"])
     run.guard.load_state_dict(state["guard"])
+    run.surgery = build_surgery(run.cfg, run.policy.trainable_parameters(), run.tasks)
+    if run.surgery is not None and state.get("surgery") is not None:
+        run.surgery.load_state_dict(state["surgery"])
+    run.frontier.load_state_dict(state["frontier"])
+    run.frontier.remove_orphans()  # points saved after this checkpoint belong to the lost part of the run
+    run.counters = dict(state.get("counters", {}))
     run.guard.snapshot()
     run.evals = state["evals"]
     run.step = state["step"]

@@ -1,12 +1,11 @@
 """Precision and attention selection (pure, testable with faked capabilities) and live GPU readers (NVML, torch).
 
 Rules (one line each, with the source):
-- bf16 needs compute capability ≥ 8.0 (Ampere); torch reports it as `torch.cuda.is_bf16_supported()`   (NVIDIA Ampere whitepaper)
-- fp16 training needs loss scaling: `torch.amp.GradScaler` multiplies the loss so small grads do not flush to zero
-                                                                                  (Micikevicius et al. 2017, arXiv 1710.03740)
-- GradScaler refuses fp16 *parameters'* grads ("Attempting to unscale FP16 gradients"), so fp16 works with LoRA (fp32
-  adapters) but full fine-tuning in fp16 needs fp32 master weights, which this trainer does not keep  (torch/amp/grad_scaler.py)
-- FlashAttention-2 needs Ampere or newer (cc ≥ 8.0) and fp16/bf16 inputs                 (Dao 2023, arXiv 2307.08691; flash-attn README)
+- bf16 needs compute capability ≥ 8.0 (Ampere): `torch.cuda.is_bf16_supported()`          (NVIDIA Ampere whitepaper)
+- fp16 training scales the loss so small grads do not flush to zero: `torch.amp.GradScaler`   (arXiv 1710.03740)
+- GradScaler refuses to unscale fp16 *parameter* grads: fp16 works under LoRA (fp32 adapters) but full fine-tuning in
+  fp16 would need fp32 master weights, which this trainer does not keep                   (torch/amp/grad_scaler.py)
+- FlashAttention-2 needs cc ≥ 8.0 and fp16/bf16 inputs                           (Dao 2023, arXiv 2307.08691; README)
 
 What we rely on for mixed precision under LoRA: peft ≥ 0.12 `get_peft_model(..., autocast_adapter_dtype=True)` (the
 default, checked in peft 0.21 `tuners_utils.cast_adapter_dtype`) upcasts the LoRA A/B weights of a bf16/fp16 base to
@@ -45,7 +44,8 @@ def choose_precision(requested: str, cuda_available: bool, bf16_supported: bool,
     if requested == "bfloat16":
         if cuda_available and not bf16_supported:
             raise ValueError("model.dtype=bfloat16 but this GPU has no bf16 support (needs compute capability >= 8.0, "
-                             "Ampere or newer): set model.dtype=float16 (trained with a GradScaler) or model.dtype=auto")
+                             "Ampere or newer): set model.dtype=float16 (trained with a GradScaler) or "
+                             "model.dtype=auto")
         where = "GPU supports bf16" if cuda_available else "CPU: bf16 works but is slow; use it for tests only"
         return "bfloat16", False, f"bfloat16 requested; {where}"
     if requested == "float16":
@@ -75,7 +75,8 @@ def choose_attention(requested: str, flash_attn_importable: bool, compute_capabi
                      dtype_name: str, sdpa_available: bool = True) -> tuple[str, str]:
     """(attn_implementation for from_pretrained, reason); ValueError naming the fix for an impossible request.
 
-    auto: flash_attention_2 when flash_attn imports, the GPU is cc ≥ 8.0 and dtype is fp16/bf16; else sdpa; else eager.
+    auto: flash_attention_2 when flash_attn imports, the GPU has cc ≥ 8.0 and dtype is fp16/bf16; else sdpa; else
+    eager.
     """
     if requested not in ATTENTIONS:
         raise ValueError(f"model.attn_implementation={requested!r} is unknown: use one of {list(ATTENTIONS)}")
@@ -156,7 +157,7 @@ def nvml_report(pynvml: Any = None) -> tuple[bool, str]:
         try:
             pynvml = importlib.import_module("pynvml")
         except ImportError:
-            return False, "NVML unavailable: pynvml is not installed (pip install nvidia-ml-py); per-process use not shown."
+            return False, "NVML unavailable: pynvml is not installed (pip install nvidia-ml-py); no per-process use."
     try:
         pynvml.nvmlInit()
     except pynvml.NVMLError as err:
@@ -208,7 +209,7 @@ def _text(value: Any) -> str:
 
 
 def torch_allocator_report() -> str:
-    """This process's torch allocator stats per device, only if this process already uses CUDA (never creates a context)."""
+    """This process's torch allocator stats per device, if it already uses CUDA (never creates a context)."""
     import torch
 
     if not (torch.cuda.is_available() and torch.cuda.is_initialized()):

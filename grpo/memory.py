@@ -5,18 +5,18 @@ I intermediate, V vocab, kvo = kv_heads·head_dim, a = activation bytes (2 bf16/
 micro-batch, P prompt and T new tokens, S = P + T. Checked against an H100 run (MEMORY_OPTIMIZATION.md, "Measured").
 
 Formulas (one line each, with the source):
-- params = L·(Σ_linears in·out + 2h [+ qkv bias]) + V·h·(1 if tied else 2) + h                    (Llama/Qwen2 modeling code)
-- weights: 2 B/param bf16/fp16, 4 fp32; nf4 linears 0.5 B + (8/64 + 32/(64·256))/8 B double-quant state   (QLoRA 2305.14314 §3)
-- 4-bit: embeddings, norms, lm_head, hence the residual stream, become fp32       (peft `prepare_model_for_kbit_training`)
-- LoRA params = L·Σ_targets (in·r + r·out), fp32 (peft `autocast_adapter_dtype=True`)                   (LoRA 2106.09685)
-- AdamW: 2 states shaped and typed like each trainable param                               (torch.optim.AdamW `zeros_like`)
-- saved per token per layer = 8h (RMSNorm fp32 inputs) + a·(2h_q + 2kvo) (SDPA q,k,v,out) + 3a·I (SwiGLU) + train part:
-  LoRA Σ_targets (4·in fp32 input copy + 1·in dropout mask + 4r), full FT a·(4h + h_q + I)   (Korthikanti 2205.05198 §4.1,
-  re-derived for Llama: its 5·heads·S² term vanishes under SDPA/flash; eager adds (4 + a)·heads·S)
-- checkpointing keeps L·B·S·a·h (layer inputs) + one layer recomputed                                (Chen 1604.06174)
-- no_grad layer peak per token = 2a·h + 2a·I + (8·I adapter on | a·I off); backward adds 2a·h + 3a·I (+4·I LoRA)
-- logits = B·(T+1)·V·a with `logits_to_keep` (else B·S·V·a); training holds 2 (logits + grad); fp32 chunk 2·rows·V·4
-- KV cache = seqs·S·L·2·kvo·a                                                                         (HF DynamicCache)
+- params = L·(Σ_linears in·out + 2h [+ qkv bias]) + V·h·(1 if tied else 2) + h           (Llama/Qwen2 modeling code)
+- weights: 2 B/param bf16/fp16, 4 fp32; nf4 0.5 B + (8/64 + 32/(64·256))/8 B state    (QLoRA arXiv 2305.14314 §3)
+- 4-bit: embeddings, norms, lm_head, so the residual stream, are fp32   (peft `prepare_model_for_kbit_training`)
+- LoRA params = L·Σ_targets (in·r + r·out), fp32 (peft `autocast_adapter_dtype=True`)     (LoRA arXiv 2106.09685)
+- AdamW: 2 states shaped and typed like each trainable param                      (torch.optim.AdamW `zeros_like`)
+- saved/token/layer = 8h (RMSNorm fp32 in) + a·(2h_q + 2kvo) (SDPA q,k,v,out) + 3a·I (SwiGLU) + LoRA Σ_targets
+  (4·in fp32 input + 1·in dropout mask + 4r) | full FT a·(4h + h_q + I)   (Korthikanti arXiv 2205.05198 §4.1 re-derived
+  for Llama: its 5·heads·S² term vanishes under SDPA/flash; eager adds (4 + a)·heads·S)
+- checkpointing keeps L·B·S·a·h (layer inputs) + one layer recomputed                   (Chen et al. arXiv 1604.06174)
+- no_grad layer peak/token = 2a·h + 2a·I + (8·I adapter on | a·I off); backward adds 2a·h + 3a·I (+4·I LoRA)
+- logits = B·(T+1)·V·a with `logits_to_keep` (else B·S·V·a), ×2 in training; fp32 chunk = 2·rows·V·4
+- KV cache = seqs·S·L·2·kvo·a                                                                     (HF DynamicCache)
 
 Phase model: the peak is the max over phases, never the sum of all parts. Persistent parts (context, weights, the frozen
 copy under full FT, trainable params, grads — `zero_grad` runs after generation, so last step's grads are alive —
@@ -35,20 +35,20 @@ GIB = 2**30
 LLAMA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
 NF4_BYTES_PER_PARAM_DQ = 0.5 + (8 / 64 + 32 / (64 * 256)) / 8
-"""4-bit weight + 8-bit absmax per 64-block + fp32 second-level absmax per 256 blocks (QLoRA double quant): 4.127 bits."""
+"""4-bit weight + 8-bit absmax per 64-block + fp32 absmax per 256 blocks (QLoRA double quant): 4.127 bits."""
 NF4_BYTES_PER_PARAM = 0.5 + (32 / 64) / 8
-"""4-bit weight + one fp32 absmax per 64-weight block (bitsandbytes default blocksize) without double quant: 4.5 bits."""
+"""4-bit weight + one fp32 absmax per 64-weight block (bitsandbytes default), no double quant: 4.5 bits."""
 ADAPTER_BYTES = 4
-"""peft upcasts LoRA A/B to fp32 when the base is fp16/bf16 (`autocast_adapter_dtype=True`, default of get_peft_model)."""
+"""peft upcasts LoRA A/B of an fp16/bf16 base to fp32 (get_peft_model's default `autocast_adapter_dtype=True`)."""
 NORM_INPUT_BYTES = 4
 """HF LlamaRMSNorm computes in fp32: `pow(2)` keeps an fp32 copy of its input for backward, whatever the model dtype."""
 SOFTMAX_TEMPS = 2
 """fp32 temporaries alive at once per chunk in grpo/logprobs.py (the upcast and the /τ or exp() result)."""
 TRAIN_LOGITS_COPIES = 2
-"""Training holds the saved logits plus one full-size grad at a time in backward (measured, see MEMORY_OPTIMIZATION.md)."""
+"""Training holds the saved logits plus one full-size grad at a time in backward (measured: MEMORY_OPTIMIZATION.md)."""
 DEFAULT_CUDA_OVERHEAD_GB = 0.75
-"""CUDA context + cuBLAS workspace of a torch process: NVML process use − torch reserved measured 0.66–0.75 GiB on an
-H100 (torch 2.11, CUDA 13); ~0.5–1 GiB is the usual range on A100/H100."""
+"""CUDA context + cuBLAS workspace of a torch process: NVML process use − torch reserved measured 0.66–0.75 GiB on
+an H100 (torch 2.11, CUDA 13); ~0.5–1 GiB is the usual range on A100/H100."""
 DEFAULT_ALLOCATOR_SLACK = 0.05
 """Caching-allocator fragmentation: reserved was 1–4% above peak allocated in the measured 8B LoRA step; 5% margin."""
 MIN_K = 2
@@ -86,7 +86,8 @@ def shape_from_hf_config(d: dict[str, Any], name: str = "") -> ModelShape:
     if missing:
         raise ValueError(f"config.json of {name or d.get('_name_or_path', '?')!r} lacks {missing}: "
                          "only decoder-only Llama-style configs are supported")
-    return ModelShape(name=name or str(d.get("_name_or_path", "")), hidden=d["hidden_size"], layers=d["num_hidden_layers"],
+    return ModelShape(name=name or str(d.get("_name_or_path", "")), hidden=d["hidden_size"],
+                      layers=d["num_hidden_layers"],
                       heads=d["num_attention_heads"], kv_heads=d.get("num_key_value_heads") or d["num_attention_heads"],
                       intermediate=d["intermediate_size"], vocab=d["vocab_size"],
                       tie_embeddings=bool(d.get("tie_word_embeddings", False)), head_dim=d.get("head_dim") or 0,
@@ -127,7 +128,8 @@ def lookup_known_shape(name: str) -> ModelShape | None:
 
 def linear_dims(shape: ModelShape) -> dict[str, tuple[int, int]]:
     """(in_features, out_features) of every linear of one decoder layer, by module name."""
-    h, q_out, kvo, inter = shape.hidden, shape.heads * shape.head_dim, shape.kv_heads * shape.head_dim, shape.intermediate
+    h, inter = shape.hidden, shape.intermediate
+    q_out, kvo = shape.heads * shape.head_dim, shape.kv_heads * shape.head_dim
     return {"q_proj": (h, q_out), "k_proj": (h, kvo), "v_proj": (h, kvo), "o_proj": (q_out, h),
             "gate_proj": (h, inter), "up_proj": (h, inter), "down_proj": (inter, h)}
 
@@ -147,7 +149,7 @@ def resolve_targets(shape: ModelShape, targets: tuple[str, ...] | list[str]) -> 
     names = tuple(LLAMA_TARGETS) if list(targets) == ["all-linear"] else tuple(targets)
     unknown = [t for t in names if t not in linear_dims(shape)]
     if unknown:
-        raise ValueError(f"lora_targets {unknown} are not linears of a Llama-style layer: use names from {LLAMA_TARGETS}")
+        raise ValueError(f"lora_targets {unknown} are not linears of a Llama-style layer: use {LLAMA_TARGETS}")
     return names
 
 
@@ -181,7 +183,7 @@ class EstimateInputs:
     """Completions per prompt; only used to price the "smaller K" fix."""
     mu: int = 1
     ref_pass: bool = True
-    """β > 0 for some task: a no_grad reference pass runs (adapter disabled under LoRA; a frozen copy under full FT)."""
+    """β > 0 for some task: a no_grad reference pass runs (LoRA: adapter disabled; full FT: the frozen copy)."""
     optimizer: str = "adamw"
     fp32_master: bool = False
     """Full FT in low precision with an fp32 master copy (this trainer does not keep one)."""
@@ -249,7 +251,8 @@ def _layer_activation_bytes(x: EstimateInputs, seq_len: int) -> float:
     cast = 4 if (a != ADAPTER_BYTES or x.lora_dropout > 0) else 0
     mask = 1 if x.lora_dropout > 0 else 0
     dims = linear_dims(s)
-    return common + sum((cast + mask) * dims[t][0] + ADAPTER_BYTES * x.lora_r for t in resolve_targets(s, x.lora_targets))
+    targets = resolve_targets(s, x.lora_targets)
+    return common + sum((cast + mask) * dims[t][0] + ADAPTER_BYTES * x.lora_r for t in targets)
 
 
 def _layer_temporaries(x: EstimateInputs, tokens: int, seq_len: int, adapter_on: bool) -> float:
@@ -262,7 +265,7 @@ def _layer_temporaries(x: EstimateInputs, tokens: int, seq_len: int, adapter_on:
 
 
 def _backward_temporaries(x: EstimateInputs, tokens: int) -> float:
-    """Grads alive while one layer back-propagates: 2a·h (residual, MLP out) + 3a·I (SwiGLU) [+ 4·I fp32 LoRA path]."""
+    """Grads alive while one layer back-propagates: 2a·h (residual, MLP out) + 3a·I (SwiGLU) [+ 4·I LoRA path]."""
     s, a = x.shape, act_bytes(x)
     lora = ADAPTER_BYTES * s.intermediate if (x.lora and a != ADAPTER_BYTES) else 0
     return tokens * (2 * a * s.hidden + 3 * a * s.intermediate + lora)
@@ -324,8 +327,9 @@ def estimate(x: EstimateInputs) -> Estimate:
     if x.ref_pass or x.mu > 1:
         logits, chunk = logit_bytes(x, x.micro_batch_seqs, copies=1)
         adapter_on = x.lora and x.mu > 1  # the old-policy pass runs the adapter; the reference pass disables it
+        layer = _layer_temporaries(x, tokens, seq, adapter_on)
         phases["ref/old pass"] = _larger({"logits (no_grad)": logits, "log-softmax chunk (fp32)": chunk},
-                                         {"layer temporaries (1 layer)": _layer_temporaries(x, tokens, seq, adapter_on)})
+                                         {"layer temporaries (1 layer)": layer})
     per_layer = _layer_activation_bytes(x, seq)
     if x.grad_checkpointing:
         saved = {"checkpointed layer inputs": s.layers * tokens * a * s.hidden}
@@ -384,7 +388,8 @@ def _candidate_fixes(x: EstimateInputs) -> list[_Fix]:
                       lambda y: replace(y, load_in_4bit=True), lambda y: y.lora and not y.load_in_4bit))
     for i, frac in enumerate((0.75, 0.5)):
         fixes.append(_Fix("tokens", 7 + i, f"max_new_tokens {x.new_tokens} → {max(1, int(x.new_tokens * frac))} "
-                          "(more truncated answers)", lambda y, f=frac: replace(y, new_tokens=max(1, int(y.new_tokens * f))),
+                          "(more truncated answers)",
+                          lambda y, f=frac: replace(y, new_tokens=max(1, int(y.new_tokens * f))),
                           lambda y: y.new_tokens > 1))
     half_k = max(MIN_K, x.k // 2)
 
@@ -442,7 +447,7 @@ def format_table(est: Estimate, gpu_gb: float | None = None) -> str:
     for phase, parts in est.phases.items():
         lines.append(f"phase '{phase}' adds:")
         lines += [f"  {k:<{width - 2}}{gib(v)}" for k, v in parts.items()]
-        lines.append(f"  {'= phase total':<{width - 2}}{gib(est.total(phase))}")
+        lines.append(f"  {'= total in this phase':<{width - 2}}{gib(est.total(phase))}")
     lines.append("-" * (width + 9))
     lines.append(f"{'PEAK (' + est.peak_phase + ')':<{width}}{gib(est.peak_bytes)}")
     lines.append(f"params: base {est.params.get('base', 0):,}, trainable {est.params.get('trainable', 0):,}")

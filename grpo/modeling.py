@@ -140,9 +140,111 @@ def _check_4bit_available() -> None:
                            "set load_in_4bit=False to train in full precision on this machine")
 
 
+RANDOM_PREFIX = "random:"
+"""`load_policy("random:<shape>")`: random weights of a shape from grpo.memory.KNOWN_SHAPES (case-insensitive) or of a
+local folder's config.json, with the tiny tokenizer. Memory and speed do not depend on weight values, so this measures
+a real model's footprint with no download (benchmarks/gpu_memory.py)."""
+RANDOM_MAX_POSITIONS = 8192
+"""RoPE table length of random models: longer than any prompt + completion the benchmarks run."""
+RANDOM_CHECKPOINTS = "grpo-random-models"
+"""Folder under the temp dir where QLoRA's random bf16 checkpoints are written once and reused (16 GB for an 8B)."""
+
+
+def random_model_config(name: str, tokenizer):
+    """LlamaConfig of "random:<shape>" (Qwen2Config when the shape has q/k/v biases), pad/bos/eos from `tokenizer`."""
+    import json
+
+    from transformers import LlamaConfig, Qwen2Config
+
+    from grpo.memory import KNOWN_SHAPES, lookup_known_shape, shape_from_hf_config
+
+    key = name[len(RANDOM_PREFIX):]
+    config_file = Path(key).expanduser() / "config.json"
+    shape = (shape_from_hf_config(json.loads(config_file.read_text()), name=key) if config_file.is_file()
+             else lookup_known_shape(key))
+    if shape is None:
+        raise ValueError(f"model.name={name!r}: unknown shape {key!r}; use random:<name> with a name from "
+                         f"grpo.memory.KNOWN_SHAPES ({', '.join(sorted(KNOWN_SHAPES))}) or random:<folder with "
+                         "config.json>")
+    if shape.vocab < len(tokenizer):
+        raise ValueError(f"model.name={name!r}: vocab {shape.vocab} is smaller than the tiny tokenizer's "
+                         f"{len(tokenizer)} tokens; give the shape a vocab_size >= {len(tokenizer)}")
+    sizes = dict(vocab_size=shape.vocab, hidden_size=shape.hidden, intermediate_size=shape.intermediate,
+                 num_hidden_layers=shape.layers, num_attention_heads=shape.heads, num_key_value_heads=shape.kv_heads,
+                 max_position_embeddings=RANDOM_MAX_POSITIONS, tie_word_embeddings=shape.tie_embeddings)
+    if shape.attn_bias and shape.head_dim != shape.hidden // shape.heads:
+        raise ValueError(f"model.name={name!r}: a q/k/v-bias (Qwen2) shape needs head_dim = hidden / heads")
+    config = Qwen2Config(**sizes) if shape.attn_bias else LlamaConfig(**sizes, head_dim=shape.head_dim)
+    config.pad_token_id, config.bos_token_id, config.eos_token_id = (
+        tokenizer.pad_token_id, tokenizer.bos_token_id, tokenizer.eos_token_id)
+    return config
+
+
+def build_random_model(name: str, tokenizer, *, seed: int, dtype: torch.dtype, attn_implementation: str,
+                       device: str | torch.device):
+    """Random weights of "random:<shape>", allocated and initialised directly on `device` in `dtype` (an 8B model
+    takes seconds on a GPU; nothing is built in fp32 on the CPU first). The init RNGs are forked and seeded."""
+    from transformers import AutoModelForCausalLM
+
+    config = random_model_config(name, tokenizer)
+    device = torch.device(device)
+    rng_devices = [device.index or 0] if device.type == "cuda" else []
+    with torch.random.fork_rng(devices=rng_devices), torch.device(device):
+        torch.manual_seed(seed)
+        model = AutoModelForCausalLM.from_config(config, attn_implementation=attn_implementation, dtype=dtype)
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    return model
+
+
+def _load_random(name: str, *, dtype, attn_implementation: str, load_in_4bit: bool, seed: int,
+                 tiny_corpus: Iterable[str] | None, device: str):
+    """(model, tokenizer) for "random:<shape>". QLoRA: bitsandbytes quantises only while `from_pretrained` loads a
+    checkpoint, so the random bf16 model is saved once under <tmp>/RANDOM_CHECKPOINTS and loaded back in 4-bit through
+    the same BitsAndBytesConfig as a hub model (robust across transformers versions, unlike swapping layers by hand)."""
+    import re
+    import tempfile
+
+    from transformers import AutoModelForCausalLM, BitsAndBytesConfig
+
+    tokenizer = build_tiny_tokenizer(tiny_corpus)
+    dt = resolve_dtype(dtype)
+    if not load_in_4bit:
+        if dt == "auto":
+            dt = torch.bfloat16 if torch.device(device).type == "cuda" else torch.float32
+        model = build_random_model(name, tokenizer, seed=seed, dtype=dt, attn_implementation=attn_implementation,
+                                   device=device)
+        return model, tokenizer
+    _check_4bit_available()
+    compute = torch.bfloat16 if dt == "auto" else dt
+    slug = re.sub(r"[^A-Za-z0-9._-]+", "_", name[len(RANDOM_PREFIX):]) + f"-seed{seed}"
+    folder = Path(tempfile.gettempdir()) / RANDOM_CHECKPOINTS / slug
+    if not (folder / "COMPLETE").is_file():  # written last: a run killed mid-save rewrites the folder
+        print(f"writing random bf16 weights of {name} to {folder} for 4-bit loading ...", flush=True)
+        model = build_random_model(name, tokenizer, seed=seed, dtype=torch.bfloat16,
+                                   attn_implementation=attn_implementation, device="cuda")
+        model.save_pretrained(str(folder))
+        (folder / "COMPLETE").write_text(name)
+        del model
+        torch.cuda.empty_cache()
+    quant = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,
+                               bnb_4bit_compute_dtype=compute)
+    model = AutoModelForCausalLM.from_pretrained(str(folder), dtype=compute, attn_implementation=attn_implementation,
+                                                 quantization_config=quant)
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    return model, tokenizer
+
+
 def _load_base(name: str, *, dtype, attn_implementation: str, load_in_4bit: bool, trust_remote_code: bool,
                seed: int, tiny_corpus: Iterable[str] | None, tiny_sizes: dict | None):
-    """(model, tokenizer) from the built-in tiny recipe or from a local path / hub id."""
+    """(model, tokenizer) from the built-in tiny recipe, random weights of a known shape, or a local path / hub id.
+
+    "random:<shape>" builds on `tiny_sizes["device"]` when given, else on CUDA when available, else on the CPU."""
+    if name.startswith(RANDOM_PREFIX):
+        device = (tiny_sizes or {}).get("device") or ("cuda" if torch.cuda.is_available() else "cpu")
+        return _load_random(name, dtype=dtype, attn_implementation=attn_implementation, load_in_4bit=load_in_4bit,
+                            seed=seed, tiny_corpus=tiny_corpus, device=str(device))
     if name == TINY_NAME:
         if load_in_4bit:
             raise ValueError(f"load_in_4bit=True is not supported for {TINY_NAME}; set load_in_4bit=False")

@@ -1,0 +1,135 @@
+"""Shared pieces of the benchmarks: the benchmark model shapes, saving one model both trainers load, peak-memory
+probes, and the median / min–max summary and table.
+
+    steady-state s/step = Σ cycle_time[w:] / (len(cycle_time[w:]) · μ)    (w warm-up rollout cycles dropped; μ optimizer
+                                                                          steps per rollout cycle)
+    completions/s       = len(cycle_time[w:]) · completions_per_cycle / Σ cycle_time[w:]
+    ratio               = median(ours) / median(TRL)
+
+Nothing runs at import.
+"""
+
+from __future__ import annotations
+
+import resource
+import statistics
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Sequence
+
+KIB_PER_MIB = 1024
+"""`ru_maxrss` is in KiB on Linux (bytes on macOS, handled in `peak_rss_mib`)."""
+BYTES_PER_MIB = 1024 * 1024
+
+
+@dataclass(frozen=True)
+class Shape:
+    """Size of the randomly initialised benchmark model (a Llama or Qwen2 config)."""
+
+    arch: str
+    hidden: int
+    layers: int
+    heads: int
+    kv_heads: int
+    intermediate: int
+    vocab: int | None
+    """None = the builtin tokenizer's vocabulary; a number larger than it pads the embedding (e.g. Qwen's 151936)."""
+    tied: bool = False
+    max_positions: int = 2048
+
+
+SHAPES: dict[str, Shape] = {
+    # --quick: seconds per step on 2 CPU cores.
+    "tiny": Shape(arch="llama", hidden=64, layers=2, heads=4, kv_heads=2, intermediate=128, vocab=None),
+    # default CPU run: big enough that the model, not Python, dominates a step.
+    "small": Shape(arch="llama", hidden=256, layers=4, heads=8, kv_heads=4, intermediate=688, vocab=None),
+    # the GPU run: Qwen2.5-0.5B's published config.json sizes, random weights, tied embeddings.
+    "qwen2.5-0.5b": Shape(arch="qwen2", hidden=896, layers=24, heads=14, kv_heads=2, intermediate=4864,
+                          vocab=151936, tied=True, max_positions=32768),
+}
+
+
+def build_and_save_model(shape: Shape, out_dir: Path, seed: int, dtype_name: str) -> dict[str, Any]:
+    """Builtin tokenizer (trained on the demo corpus) + a random model of `shape`, saved to `out_dir`.
+
+    Both trainers load this folder, so they start from identical weights. Token ids beyond the tokenizer's
+    vocabulary (when shape.vocab is larger) decode to nothing with the fast tokenizer: harmless, since generation
+    is forced to full length and the rule rewards only read the decoded text.
+    """
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from grpo.demo_tasks import demo_corpus
+    from grpo.modeling import DTYPES, build_tiny_tokenizer, tiny_model_config
+
+    tokenizer = build_tiny_tokenizer(demo_corpus(), vocab_size=384)
+    vocab = max(shape.vocab or 0, len(tokenizer))
+    config = tiny_model_config(vocab, hidden=shape.hidden, layers=shape.layers, heads=shape.heads,
+                               kv_heads=shape.kv_heads, intermediate=shape.intermediate,
+                               max_positions=shape.max_positions, arch=shape.arch)
+    config.tie_word_embeddings = shape.tied
+    config.pad_token_id, config.bos_token_id, config.eos_token_id = (
+        tokenizer.pad_token_id, tokenizer.bos_token_id, tokenizer.eos_token_id)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = AutoModelForCausalLM.from_config(config, dtype=DTYPES[dtype_name])
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    out_dir.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(str(out_dir))
+    tokenizer.save_pretrained(str(out_dir))
+    return {"parameters": sum(p.numel() for p in model.parameters()), "model_vocab": vocab,
+            "tokenizer_vocab": len(tokenizer)}
+
+
+def peak_rss_mib() -> float:
+    """Peak resident memory of THIS process so far (each run is its own subprocess, so peaks never mix)."""
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak / BYTES_PER_MIB if sys.platform == "darwin" else peak / KIB_PER_MIB
+
+
+def peak_cuda_mib() -> float | None:
+    """Peak CUDA memory allocated by torch in this process, or None without CUDA."""
+    import torch
+
+    if not torch.cuda.is_available() or not torch.cuda.is_initialized():
+        return None
+    return torch.cuda.max_memory_allocated() / BYTES_PER_MIB
+
+
+def steady_state(cycle_times_s: Sequence[float], warmup_cycles: int, mu: int,
+                 completions_per_cycle: int) -> tuple[float, float]:
+    """(seconds per optimizer step, completions per second) over the cycles after the warm-up ones."""
+    kept = list(cycle_times_s)[warmup_cycles:]
+    if not kept:
+        raise ValueError(f"steady_state: {len(cycle_times_s)} cycles measured and {warmup_cycles} are warm-up; "
+                         "run more cycles (--cycles) or fewer warm-up cycles (--warmup)")
+    total = sum(kept)
+    return total / (len(kept) * mu), len(kept) * completions_per_cycle / total
+
+
+def spread(values: Sequence[float | None]) -> dict[str, float] | None:
+    """{"median", "min", "max"} of the non-None values, or None when there are none."""
+    xs = [float(v) for v in values if v is not None]
+    if not xs:
+        return None
+    return {"median": statistics.median(xs), "min": min(xs), "max": max(xs)}
+
+
+def fmt_spread(s: dict[str, float] | None, digits: int = 3) -> str:
+    if s is None:
+        return "n/a"
+    return f"{s['median']:.{digits}g} ({s['min']:.{digits}g}–{s['max']:.{digits}g})"
+
+
+def ratio(ours: dict[str, float] | None, theirs: dict[str, float] | None) -> str:
+    if ours is None or theirs is None or theirs["median"] == 0:
+        return "n/a"
+    return f"{ours['median'] / theirs['median']:.2f}"
+
+
+def markdown_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    lines += ["| " + " | ".join(r) + " |" for r in rows]
+    return "\n".join(lines)

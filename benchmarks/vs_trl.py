@@ -1,0 +1,362 @@
+"""Side-by-side speed and memory of grpo-dual's RL step and TRL's GRPOTrainer on the same work.
+
+    python benchmarks/vs_trl.py --quick                                  # tiny model, 2 CPU cores, < 5 min
+    python benchmarks/vs_trl.py                                          # "small" model on CPU, more repeats
+    python benchmarks/vs_trl.py --device cuda --shape qwen2.5-0.5b       # random Qwen2.5-0.5B shape, bf16
+    python benchmarks/vs_trl.py --quick --out bench.json --scenarios grpo
+
+One model + tokenizer is built from a config (fixed seed) and saved once; every run loads that folder, so both
+trainers start from identical weights. Each run is its own subprocess (peak RSS / GPU memory never mix), runs
+alternate (ours, TRL, ours, TRL ...), and warm-up rollout cycles are dropped. Generation is forced to full length
+(ours: rollout.min_new_tokens = max_new_tokens; TRL: generation_kwargs={"min_new_tokens": N}), so both sides
+generate and train on exactly the same number of tokens; the workers check it from what each run produced.
+
+    one rollout cycle = P prompts × K completions generated once, then μ optimizer steps over all of them
+    completions per optimizer step: ours prompts_per_micro_step·K·grad_accum = TRL per_device_train_batch_size·GA
+    steady-state s/step = Σ cycle_time[w:] / (cycles_kept · μ)                           (benchmarks/common.py)
+
+Needs `pip install -r requirements-bench.txt` (trl, datasets). Requires TRL only here; it is not a runtime dependency.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+if __package__ in (None, ""):  # run as `python benchmarks/vs_trl.py`: make the repository root importable
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks import common  # noqa: E402  (after the path fix above)
+
+ROOT = Path(__file__).resolve().parents[1]
+TRAINERS = ("ours", "trl")
+GRPO_CLIP = (0.2, 0.28)
+"""(clip_low, clip_high) for token-level GRPO: PPO's 0.2 and DAPO's clip-higher 0.28."""
+GSPO_CLIP = (3e-4, 4e-4)
+"""GSPO clips the per-sequence geometric-mean ratio, so its range is ~1000× narrower (GSPO paper §5.1)."""
+OUR_TIME_KEYS = ("time/generate", "time/reward", "time/old_logps", "time/ref_logps", "time/train", "time/step")
+
+
+@dataclass(frozen=True)
+class BenchSpec:
+    """One benchmark configuration, mapped to both trainers by `build_configs`."""
+
+    name: str
+    """Scenario label: "grpo" (token ratio, μ = 1) or "gspo" (sequence ratio, μ = 2)."""
+    policy_loss: str
+    """ours loss.policy_loss: grpo | gspo. TRL: importance_sampling_level token | sequence."""
+    mu: int
+    """Optimizer steps per rollout batch (ours loss.mu, TRL num_iterations)."""
+    prompts_per_micro_step: int
+    grad_accum: int
+    k: int
+    max_new_tokens: int
+    """Completions are forced to exactly this length on both sides."""
+    beta: float = 0.04
+    """KL coefficient; > 0, so both sides run the reference pass."""
+    clip_low: float = GRPO_CLIP[0]
+    clip_high: float = GRPO_CLIP[1]
+    lr: float = 1e-6
+    temperature: float = 1.0
+    device: str = "cpu"
+    dtype: str = "float32"
+    cycles: int = 4
+    """Rollout cycles per run (each = μ optimizer steps)."""
+    warmup_cycles: int = 1
+    """Cycles dropped from the steady-state numbers (allocator, caches, first-call overheads)."""
+    seed: int = 0
+    demo_size: int = 200
+    """Demo prompts generated per task (the prompt pool both sides draw from)."""
+
+    @property
+    def prompts_per_cycle(self) -> int:
+        return self.prompts_per_micro_step * self.grad_accum
+
+    @property
+    def completions_per_cycle(self) -> int:
+        return self.prompts_per_cycle * self.k
+
+    @property
+    def optimizer_steps(self) -> int:
+        return self.cycles * self.mu
+
+
+def scenario(name: str, base: dict[str, Any]) -> BenchSpec:
+    """The two compared losses: GRPO token-level at μ = 1, GSPO sequence-level at μ = 2 (old-log-prob pass on)."""
+    if name == "grpo":
+        return BenchSpec(name="grpo", policy_loss="grpo", mu=1, clip_low=GRPO_CLIP[0], clip_high=GRPO_CLIP[1], **base)
+    if name == "gspo":
+        return BenchSpec(name="gspo", policy_loss="gspo", mu=2, clip_low=GSPO_CLIP[0], clip_high=GSPO_CLIP[1], **base)
+    raise ValueError(f"--scenarios: unknown scenario {name!r}; use grpo, gspo or grpo,gspo")
+
+
+def build_configs(spec: BenchSpec, model_dir: str, out_dir: str) -> tuple[list[str], dict[str, Any]]:
+    """(our `section.field=value` overrides for config.load_config("demo", ...), TRL GRPOConfig kwargs). Pure.
+
+    The correspondence, field by field, is the table in benchmarks/NOTES.md. TRL counts COMPLETIONS per device
+    batch; ours counts PROMPTS per micro-step (× K completions each).
+    """
+    n = spec.max_new_tokens
+    ours = [
+        f"model.name={model_dir}", f"model.dtype={spec.dtype}", "model.attn_implementation=sdpa", "model.lora=false",
+        "model.gradient_checkpointing=false", "data.source=demo", f"data.demo_size={spec.demo_size}",
+        f"rollout.k={spec.k}", f"rollout.max_new_tokens={n}", f"rollout.min_new_tokens={n}",
+        f"rollout.temperature={spec.temperature}", "rollout.top_k=0", "rollout.top_p=1.0", "rollout.min_p=0.0",
+        f"loss.policy_loss={spec.policy_loss}", f"loss.mu={spec.mu}", f"loss.clip_low={spec.clip_low}",
+        f"loss.clip_high={spec.clip_high}", "loss.agg_mode=token-mean", "loss.kl_estimator=k3",
+        "loss.adv_scale=group", "loss.entropy_coef=0.0",
+        "kl.default.controller=fixed", f"kl.default.beta={spec.beta}",
+        f"train.prompts_per_micro_step={spec.prompts_per_micro_step}", f"train.grad_accum={spec.grad_accum}",
+        f"train.max_steps={spec.cycles}", f"train.lr={spec.lr}", "train.weight_decay=0.0", "train.warmup_steps=0",
+        "train.max_grad_norm=1.0", f"train.seed={spec.seed}", f"train.device={spec.device}", "train.eval_every=0",
+        "train.sample_every=0", "train.tensorboard=false", f"train.output_dir={out_dir}", "train.run_name=ours",
+        "sft.steps=0",
+    ]
+    trl = {
+        "output_dir": str(Path(out_dir) / "trl"),
+        "per_device_train_batch_size": spec.prompts_per_micro_step * spec.k,  # completions, not prompts
+        "gradient_accumulation_steps": spec.grad_accum,
+        "steps_per_generation": spec.grad_accum,  # one generation batch per optimizer step, like ours
+        "num_generations": spec.k,
+        "max_completion_length": n,
+        "generation_kwargs": {"min_new_tokens": n},  # forced full length, like rollout.min_new_tokens
+        "num_iterations": spec.mu,
+        "beta": spec.beta,
+        "loss_type": "dapo",  # Σ m·ℓ / tokens of the whole accumulated batch = our token-mean
+        "importance_sampling_level": "sequence" if spec.policy_loss == "gspo" else "token",
+        "epsilon": spec.clip_low,
+        "epsilon_high": spec.clip_high,
+        "temperature": spec.temperature, "top_p": 1.0, "top_k": 0, "min_p": None,
+        "scale_rewards": "group",
+        "mask_truncated_completions": False,  # every completion is truncated here; masking would train on nothing
+        "max_steps": spec.optimizer_steps,
+        "learning_rate": spec.lr, "lr_scheduler_type": "constant", "warmup_steps": 0, "weight_decay": 0.0,
+        "max_grad_norm": 1.0, "optim": "adamw_torch",
+        "gradient_checkpointing": False,  # TRL's default is True; ours is off
+        "bf16": spec.dtype == "bfloat16", "fp16": False, "use_cpu": spec.device == "cpu",
+        "disable_dropout": True, "use_vllm": False, "report_to": "none", "logging_steps": 1,
+        "save_strategy": "no", "seed": spec.seed, "remove_unused_columns": False, "dataloader_num_workers": 0,
+        "log_completions": False,
+    }
+    return ours, trl
+
+
+# ------------------------------------------------------------------------------------------------------- workers
+def _our_config(spec: BenchSpec, model_dir: str, out_dir: str):
+    import config as C
+
+    overrides, _ = build_configs(spec, model_dir, out_dir)
+    return C.load_config("demo", overrides)
+
+
+def run_ours(spec: BenchSpec, model_dir: str, out_dir: str) -> dict[str, Any]:
+    """`grpo_train.setup` + `rl_step` (the real code path) for spec.cycles rollout cycles."""
+    import torch
+
+    import grpo_train
+
+    cfg = _our_config(spec, model_dir, out_dir)
+    run = grpo_train.setup(cfg)
+    cycle_times, phases = [], {k: [] for k in OUR_TIME_KEYS}
+    completions = tokens = 0
+    for step in range(1, spec.cycles + 1):
+        t0 = time.perf_counter()
+        metrics = grpo_train.rl_step(run, step)
+        if run.device.type == "cuda":
+            torch.cuda.synchronize()
+        cycle_times.append(time.perf_counter() - t0)
+        completions += int(metrics["rollout/num"])
+        tokens += int(metrics["rollout/tokens"])
+        for k in OUR_TIME_KEYS:
+            phases[k].append(metrics[k])
+    run.tracker.close()
+    # lengths never exceed max_new_tokens, so mean == N means every completion has exactly N tokens
+    return {"cycle_times_s": cycle_times, "optimizer_steps": int(run.scheduler.last_epoch),
+            "completions": completions, "completion_tokens": tokens,
+            "min_completion_len": tokens // max(completions, 1) if tokens == completions * spec.max_new_tokens else -1,
+            "max_completion_len": spec.max_new_tokens, "phases": phases}
+
+
+def trl_dataset(spec: BenchSpec, model_dir: str, out_dir: str):
+    """The same training prompt pool our run draws from (same demo samples, same held-out split), as TRL rows."""
+    from datasets import Dataset
+
+    from grpo.setup_parts import load_samples
+    from grpo_train import split_by_task
+
+    cfg = _our_config(spec, model_dir, out_dir)
+    train, _ = split_by_task(load_samples(cfg.data, cfg.train.seed), cfg.data)
+    rows = [{"prompt": [dict(m) for m in s.messages], "task": s.task, "gold": json.dumps(s.gold)}
+            for task in sorted(train) for s in train[task]]
+    return Dataset.from_list(rows)
+
+
+def _demo_reward(counts: dict[str, Any]):
+    """TRL reward function: the demo rule graders; also counts completions and their token lengths."""
+    from grpo.demo_tasks import fairness_grader, hallucination_grader
+
+    graders = {"fairness": fairness_grader, "hallucination": hallucination_grader}
+
+    def demo_rule_reward(prompts, completions, completion_ids, task, gold, **_: Any) -> list[float]:
+        lengths = [len(c) for c in completion_ids]
+        counts["completions"] += len(lengths)
+        counts["completion_tokens"] += sum(lengths)
+        counts["lengths"].update(lengths)
+        texts = [c[-1]["content"] if isinstance(c, list) else c for c in completions]
+        return [graders[t](x, json.loads(g)) for x, t, g in zip(texts, task, gold)]
+
+    return demo_rule_reward
+
+
+def _instrument(trainer, events: list[tuple[str, float, float]]) -> None:
+    """Wrap TRL's phase methods on the instance to record (phase, start, duration) events."""
+    import torch
+
+    def timed(name: str, fn, only_no_grad: bool = False):
+        def wrapper(*args, **kwargs):
+            t0 = time.perf_counter()
+            out = fn(*args, **kwargs)
+            if not only_no_grad or not torch.is_grad_enabled():
+                events.append((name, t0, time.perf_counter() - t0))
+            return out
+        return wrapper
+
+    trainer._generate_single_turn = timed("generate", trainer._generate_single_turn)
+    trainer._calculate_rewards = timed("reward", trainer._calculate_rewards)
+    trainer._get_per_token_logps_and_entropies = timed("no_grad_logps", trainer._get_per_token_logps_and_entropies,
+                                                       only_no_grad=True)
+    trainer._generate_and_score_completions = timed("generate_and_score", trainer._generate_and_score_completions)
+
+
+def run_trl(spec: BenchSpec, model_dir: str, out_dir: str) -> dict[str, Any]:
+    """TRL's GRPOTrainer on the saved model for spec.cycles · μ optimizer steps."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
+    from trl import GRPOConfig, GRPOTrainer
+
+    from grpo.modeling import DTYPES
+
+    _, kwargs = build_configs(spec, model_dir, out_dir)
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    tokenizer.padding_side = "left"
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=DTYPES[spec.dtype], attn_implementation="sdpa")
+    counts: dict[str, Any] = {"completions": 0, "completion_tokens": 0, "lengths": set()}
+    marks: list[float] = []
+
+    class StepTimer(TrainerCallback):
+        def on_step_begin(self, args, state, control, **kw):
+            if not marks:
+                marks.append(time.perf_counter())
+
+        def on_step_end(self, args, state, control, **kw):
+            if torch.cuda.is_available() and torch.cuda.is_initialized():
+                torch.cuda.synchronize()
+            marks.append(time.perf_counter())
+
+    trainer = GRPOTrainer(model=model, reward_funcs=_demo_reward(counts), args=GRPOConfig(**kwargs),
+                          train_dataset=trl_dataset(spec, model_dir, out_dir), processing_class=tokenizer,
+                          callbacks=[StepTimer()])
+    events: list[tuple[str, float, float]] = []
+    _instrument(trainer, events)
+    trainer.train()
+    bounds = marks[::spec.mu]  # a cycle = μ optimizer steps = one generation batch
+    cycle_times = [b - a for a, b in zip(bounds, bounds[1:])]
+    phases: dict[str, list[float]] = {k: [0.0] * len(cycle_times) for k in
+                                      ("generate", "reward", "no_grad_logps", "generate_and_score")}
+    for name, start, dur in events:
+        idx = next((i for i, b in enumerate(bounds[1:]) if start < b), None)
+        if idx is not None:
+            phases[name][idx] += dur
+    phases["train"] = [c - g for c, g in zip(cycle_times, phases["generate_and_score"])]
+    lengths = counts["lengths"] or {-1}
+    return {"cycle_times_s": cycle_times, "optimizer_steps": int(trainer.state.global_step),
+            "completions": counts["completions"], "completion_tokens": counts["completion_tokens"],
+            "min_completion_len": min(lengths), "max_completion_len": max(lengths), "phases": phases}
+
+
+def worker(trainer: str, spec: BenchSpec, model_dir: str, out_dir: str, result_path: str) -> None:
+    """Run one trainer in this (fresh) process and write its measurements, peaks included, to `result_path`."""
+    base_rss = common.peak_rss_mib()
+    result = (run_ours if trainer == "ours" else run_trl)(spec, model_dir, out_dir)
+    result.update(trainer=trainer, spec=spec.name, peak_rss_mib=common.peak_rss_mib(),
+                  rss_at_start_mib=base_rss, peak_cuda_mib=common.peak_cuda_mib())
+    sec, cps = common.steady_state(result["cycle_times_s"], spec.warmup_cycles, spec.mu, spec.completions_per_cycle)
+    result.update(sec_per_step=sec, completions_per_s=cps)
+    Path(result_path).write_text(json.dumps(result))
+
+
+# ------------------------------------------------------------------------------------------------- orchestration
+def _spawn(trainer: str, spec: BenchSpec, model_dir: Path, work: Path, tag: str) -> dict[str, Any]:
+    out_dir, result = work / tag, work / f"{tag}.json"
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", trainer, "--spec-json", json.dumps(asdict(spec)),
+           "--model-dir", str(model_dir), "--work-dir", str(out_dir), "--result", str(result)]
+    env = {**os.environ, "TOKENIZERS_PARALLELISM": "false", "PYTHONPATH": str(ROOT)}
+    log = work / f"{tag}.log"
+    with open(log, "w") as f:
+        proc = subprocess.run(cmd, cwd=ROOT, env=env, stdout=f, stderr=subprocess.STDOUT)
+    if proc.returncode != 0 or not result.exists():
+        tail = log.read_text()[-3000:]
+        raise RuntimeError(f"benchmark run {tag} ({trainer}) failed with exit status {proc.returncode}; "
+                           f"last output:\n{tail}\n(full log: {log})")
+    return json.loads(result.read_text())
+
+
+def check_same_work(spec: BenchSpec, runs: list[dict[str, Any]]) -> None:
+    """Every run generated spec.completions_per_cycle completions of exactly N tokens per cycle and took μ·cycles
+    optimizer steps; otherwise the comparison is void and we stop with what differed."""
+    want = {"completions": spec.cycles * spec.completions_per_cycle, "optimizer_steps": spec.optimizer_steps,
+            "completion_tokens": spec.cycles * spec.completions_per_cycle * spec.max_new_tokens,
+            "min_completion_len": spec.max_new_tokens, "max_completion_len": spec.max_new_tokens}
+    for r in runs:
+        bad = {k: (r[k], v) for k, v in want.items() if r[k] != v}
+        if bad:
+            raise RuntimeError(f"{r['trainer']} run of scenario {spec.name!r} did different work than specified "
+                               f"(got, wanted): {bad}; the comparison would be unfair")
+
+
+def summarise(spec: BenchSpec, runs: list[dict[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {"spec": asdict(spec), "runs": runs}
+    for t in TRAINERS:
+        rs = [r for r in runs if r["trainer"] == t]
+        out[t] = {m: common.spread([r[m] for r in rs]) for m in
+                  ("sec_per_step", "completions_per_s", "peak_rss_mib", "rss_at_start_mib", "peak_cuda_mib")}
+        kept = [p for r in rs for p in zip(*[r["phases"][k][spec.warmup_cycles:] for k in sorted(r["phases"])])]
+        names = sorted(rs[0]["phases"]) if rs else []
+        out[t]["phases_s_per_cycle"] = {n: common.spread([row[i] for row in kept]) for i, n in enumerate(names)}
+    s_ours, s_trl = out["ours"]["sec_per_step"], out["trl"]["sec_per_step"]
+    out["speedup_trl_time_over_ours"] = s_trl["median"] / s_ours["median"] if s_ours and s_trl else None
+    return out
+
+
+def table(results: list[dict[str, Any]]) -> str:
+    rows = []
+    metrics = [("s / optimizer step", "sec_per_step", 3), ("completions / s", "completions_per_s", 3),
+               ("peak RSS MiB", "peak_rss_mib", 4), ("RSS after imports MiB", "rss_at_start_mib", 4),
+               ("peak GPU MiB", "peak_cuda_mib", 4)]
+    for res in results:
+        name = res["spec"]["name"]
+        for label, key, digits in metrics:
+            o, t = res["ours"][key], res["trl"][key]
+            if o is None and t is None:
+                continue
+            rows.append([name, label, common.fmt_spread(o, digits), common.fmt_spread(t, digits), common.ratio(o, t)])
+        rows.append([name, "speed-up (TRL s/step ÷ ours)", "", "", f"{res['speedup_trl_time_over_ours']:.2f}×"])
+    return common.markdown_table(["scenario", "metric", "ours median (min–max)", "TRL median (min–max)",
+                                  "ours/TRL"], rows)
+
+
+def phase_table(results: list[dict[str, Any]]) -> str:
+    rows = []
+    for res in results:
+        for t in TRAINERS:
+            for phase, s in res[t]["phases_s_per_cycle"].items():
+                rows.append([res["spec"]["name"], t, phase, common.fmt_spread(s)])
+    return common.markdown_table(["scenario", "trainer", "phase", "s per rollout cycle, median (min–max)"], rows)
