@@ -232,9 +232,7 @@ def rl_step(run: Run, step: int) -> dict[str, float]:
     t4 = time.perf_counter()
 
     betas_N = torch.tensor([run.controllers[t].value for t in run.tasks], dtype=torch.float32)
-    stats = train_step(run.policy.model, run.optimizer, batch, betas_N, run.update, run.tasks,
-                       run.policy.trainable_parameters(), on_step=lambda: after_optimizer_step(run),
-                       grad_combiner=run.surgery)
+    stats = update_with_oom_retry(run, batch, betas_N)
     metrics.update(stats)
     for t in run.tasks:
         metrics[f"beta/{t}"] = run.controllers[t].value  # the β this step trained with
@@ -252,6 +250,37 @@ def rl_step(run: Run, step: int) -> dict[str, float]:
     if cfg.train.sample_every and step % cfg.train.sample_every == 0:
         write_samples(run, scored, step)
     return metrics
+
+
+OOM_KNOBS = ("train.prompts_per_micro_step (smaller micro-batches, more grad_accum)", "model.gradient_checkpointing=true",
+             "rollout.max_new_tokens", "model.load_in_4bit=true (QLoRA)", "rollout.k")
+
+
+def update_with_oom_retry(run: Run, batch, betas_N: torch.Tensor) -> dict[str, float]:
+    """The μ update passes; on CUDA out-of-memory, report and retry once with half the micro-batch size."""
+    from dataclasses import replace
+
+    def attempt() -> dict[str, float]:
+        return train_step(run.policy.model, run.optimizer, batch, betas_N, run.update, run.tasks,
+                          run.policy.trainable_parameters(), on_step=lambda: after_optimizer_step(run),
+                          grad_combiner=run.surgery)
+
+    try:
+        return {**attempt(), "health/oom_retries": 0.0}
+    except torch.OutOfMemoryError as e:
+        run.optimizer.zero_grad(set_to_none=True)
+        peak = torch.cuda.max_memory_allocated() / 2**30 if torch.cuda.is_available() else float("nan")
+        half = max(1, run.update.micro_batch_seqs // 2)
+        print(f"CUDA out of memory in the update (peak allocated {peak:.1f} GiB): {str(e).splitlines()[0]}\n"
+              f"  retrying this step once with micro-batch {half} sequences (was {run.update.micro_batch_seqs}).\n"
+              f"  knobs that reduce memory: {'; '.join(OOM_KNOBS)}; see MEMORY_OPTIMIZATION.md and "
+              "`python check_gpu_memory.py --estimate`", file=sys.stderr, flush=True)
+        if half == run.update.micro_batch_seqs:
+            raise
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()  # once, after an OOM, to give the retry the freed blocks
+        run.update = replace(run.update, micro_batch_seqs=half)
+        return {**attempt(), "health/oom_retries": 1.0}
 
 
 JUDGE_COUNTERS = ("judge/calls", "judge/failures", "judge/cache_hits", "judge/retries", "judge/items")

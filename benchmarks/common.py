@@ -133,3 +133,63 @@ def markdown_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
     lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
     lines += ["| " + " | ".join(r) + " |" for r in rows]
     return "\n".join(lines)
+
+
+# ------------------------------------------------------------------------------------------ subprocess runs, tables
+def spawn(cmd: list[str], cwd: Path, result: Path, log: Path, threads: int | None) -> dict[str, Any]:
+    """Run one measurement in a fresh Python process; it writes its JSON to `result`. Loud on failure."""
+    import json
+    import os
+    import subprocess
+
+    env = {**os.environ, "TOKENIZERS_PARALLELISM": "false", "PYTHONPATH": str(cwd)}
+    if threads:  # set before torch is imported in the child: OpenMP reads it once
+        env["OMP_NUM_THREADS"] = env["MKL_NUM_THREADS"] = str(threads)
+    with open(log, "w") as f:
+        proc = subprocess.run(cmd, cwd=cwd, env=env, stdout=f, stderr=subprocess.STDOUT)
+    if proc.returncode != 0 or not result.exists():
+        raise RuntimeError(f"benchmark run {result.stem} failed with exit status {proc.returncode}; last output:\n"
+                           f"{log.read_text()[-3000:]}\n(full log: {log})")
+    return json.loads(result.read_text())
+
+
+SUMMARY_METRICS = ("sec_per_step", "completions_per_s", "peak_rss_mib", "rss_at_start_mib", "peak_cuda_mib")
+
+
+def summarise(runs: list[dict[str, Any]], trainers: Sequence[str], warmup_cycles: int) -> dict[str, Any]:
+    """Per trainer: median / min–max over runs of each summary metric, and per phase over steady-state cycles."""
+    out: dict[str, Any] = {}
+    for t in trainers:
+        rs = [r for r in runs if r["trainer"] == t]
+        out[t] = {m: spread([r[m] for r in rs]) for m in SUMMARY_METRICS}
+        names = sorted(rs[0]["phases"]) if rs else []
+        out[t]["phases_s_per_cycle"] = {n: spread([v for r in rs for v in r["phases"][n][warmup_cycles:]])
+                                        for n in names}
+    a, b = out[trainers[0]]["sec_per_step"], out[trainers[1]]["sec_per_step"]
+    out["speedup"] = b["median"] / a["median"] if a and b else None
+    return out
+
+
+def table(results: list[dict[str, Any]], trainers: Sequence[str], labels: Sequence[str]) -> str:
+    """One row per scenario × metric: both trainers' median (min–max) and the ratio first / second."""
+    metrics = [("s / optimizer step", "sec_per_step", 3), ("completions / s", "completions_per_s", 3),
+               ("peak RSS MiB", "peak_rss_mib", 4), ("RSS after imports MiB", "rss_at_start_mib", 3),
+               ("peak GPU MiB", "peak_cuda_mib", 4)]
+    rows = []
+    for res in results:
+        name = res["spec"]["name"]
+        for label, key, digits in metrics:
+            a, b = res[trainers[0]][key], res[trainers[1]][key]
+            if a is not None or b is not None:
+                rows.append([name, label, fmt_spread(a, digits), fmt_spread(b, digits), ratio(a, b)])
+        speed = res["speedup"]
+        rows.append([name, f"speed-up ({labels[1]} s/step ÷ {labels[0]} s/step)", "", "",
+                     "n/a" if speed is None else f"{speed:.2f}×"])
+    return markdown_table(["scenario", "metric", f"{labels[0]} median (min–max)", f"{labels[1]} median (min–max)",
+                           f"{labels[0]}/{labels[1]}"], rows)
+
+
+def phase_table(results: list[dict[str, Any]], trainers: Sequence[str]) -> str:
+    rows = [[res["spec"]["name"], t, phase, fmt_spread(s)]
+            for res in results for t in trainers for phase, s in res[t]["phases_s_per_cycle"].items()]
+    return markdown_table(["scenario", "trainer", "phase", "s per rollout cycle, median (min–max)"], rows)

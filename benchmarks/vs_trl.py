@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import tempfile
 import time
@@ -286,29 +285,16 @@ def worker(trainer: str, spec: BenchSpec, model_dir: str, out_dir: str, result_p
     """Run one trainer in this (fresh) process and write its measurements, peaks included, to `result_path`."""
     base_rss = common.peak_rss_mib()
     result = (run_ours if trainer == "ours" else run_trl)(spec, model_dir, out_dir)
-    result.update(trainer=trainer, spec=spec.name, peak_rss_mib=common.peak_rss_mib(),
-                  rss_at_start_mib=base_rss, peak_cuda_mib=common.peak_cuda_mib())
+    import torch
+
+    result.update(trainer=trainer, spec=spec.name, peak_rss_mib=common.peak_rss_mib(), rss_at_start_mib=base_rss,
+                  peak_cuda_mib=common.peak_cuda_mib(), torch_threads=torch.get_num_threads())
     sec, cps = common.steady_state(result["cycle_times_s"], spec.warmup_cycles, spec.mu, spec.completions_per_cycle)
     result.update(sec_per_step=sec, completions_per_s=cps)
     Path(result_path).write_text(json.dumps(result))
 
 
 # ------------------------------------------------------------------------------------------------- orchestration
-def _spawn(trainer: str, spec: BenchSpec, model_dir: Path, work: Path, tag: str) -> dict[str, Any]:
-    out_dir, result = work / tag, work / f"{tag}.json"
-    cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", trainer, "--spec-json", json.dumps(asdict(spec)),
-           "--model-dir", str(model_dir), "--work-dir", str(out_dir), "--result", str(result)]
-    env = {**os.environ, "TOKENIZERS_PARALLELISM": "false", "PYTHONPATH": str(ROOT)}
-    log = work / f"{tag}.log"
-    with open(log, "w") as f:
-        proc = subprocess.run(cmd, cwd=ROOT, env=env, stdout=f, stderr=subprocess.STDOUT)
-    if proc.returncode != 0 or not result.exists():
-        tail = log.read_text()[-3000:]
-        raise RuntimeError(f"benchmark run {tag} ({trainer}) failed with exit status {proc.returncode}; "
-                           f"last output:\n{tail}\n(full log: {log})")
-    return json.loads(result.read_text())
-
-
 def check_same_work(spec: BenchSpec, runs: list[dict[str, Any]]) -> None:
     """Every run generated spec.completions_per_cycle completions of exactly N tokens per cycle and took μ·cycles
     optimizer steps; otherwise the comparison is void and we stop with what differed."""
@@ -322,41 +308,118 @@ def check_same_work(spec: BenchSpec, runs: list[dict[str, Any]]) -> None:
                                f"(got, wanted): {bad}; the comparison would be unfair")
 
 
-def summarise(spec: BenchSpec, runs: list[dict[str, Any]]) -> dict[str, Any]:
-    out: dict[str, Any] = {"spec": asdict(spec), "runs": runs}
-    for t in TRAINERS:
-        rs = [r for r in runs if r["trainer"] == t]
-        out[t] = {m: common.spread([r[m] for r in rs]) for m in
-                  ("sec_per_step", "completions_per_s", "peak_rss_mib", "rss_at_start_mib", "peak_cuda_mib")}
-        kept = [p for r in rs for p in zip(*[r["phases"][k][spec.warmup_cycles:] for k in sorted(r["phases"])])]
-        names = sorted(rs[0]["phases"]) if rs else []
-        out[t]["phases_s_per_cycle"] = {n: common.spread([row[i] for row in kept]) for i, n in enumerate(names)}
-    s_ours, s_trl = out["ours"]["sec_per_step"], out["trl"]["sec_per_step"]
-    out["speedup_trl_time_over_ours"] = s_trl["median"] / s_ours["median"] if s_ours and s_trl else None
-    return out
+def spawn_run(trainer: str, spec: BenchSpec, model_dir: Path, work: Path, tag: str,
+              threads: int | None) -> dict[str, Any]:
+    """One run of `trainer` in a fresh subprocess (`--worker`), so peak RSS / GPU memory are its own."""
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", trainer, "--spec-json", json.dumps(asdict(spec)),
+           "--model-dir", str(model_dir), "--work-dir", str(work / tag), "--result", str(work / f"{tag}.json")]
+    return common.spawn(cmd, ROOT, work / f"{tag}.json", work / f"{tag}.log", threads)
 
 
-def table(results: list[dict[str, Any]]) -> str:
-    rows = []
-    metrics = [("s / optimizer step", "sec_per_step", 3), ("completions / s", "completions_per_s", 3),
-               ("peak RSS MiB", "peak_rss_mib", 4), ("RSS after imports MiB", "rss_at_start_mib", 4),
-               ("peak GPU MiB", "peak_cuda_mib", 4)]
-    for res in results:
-        name = res["spec"]["name"]
-        for label, key, digits in metrics:
-            o, t = res["ours"][key], res["trl"][key]
-            if o is None and t is None:
-                continue
-            rows.append([name, label, common.fmt_spread(o, digits), common.fmt_spread(t, digits), common.ratio(o, t)])
-        rows.append([name, "speed-up (TRL s/step ÷ ours)", "", "", f"{res['speedup_trl_time_over_ours']:.2f}×"])
-    return common.markdown_table(["scenario", "metric", "ours median (min–max)", "TRL median (min–max)",
-                                  "ours/TRL"], rows)
+PRESETS: dict[str, dict[str, Any]] = {
+    # 2 CPU cores, under 5 minutes for both scenarios: 2 repeats x 2 trainers x 2 scenarios = 8 subprocesses.
+    "quick": {"shape": "tiny", "repeats": 2, "base": {"prompts_per_micro_step": 2, "grad_accum": 2, "k": 4,
+                                                      "max_new_tokens": 32, "cycles": 4, "warmup_cycles": 1}},
+    "cpu": {"shape": "small", "repeats": 3, "base": {"prompts_per_micro_step": 2, "grad_accum": 2, "k": 4,
+                                                     "max_new_tokens": 64, "cycles": 5, "warmup_cycles": 1}},
+    # the GPU run: 8 prompts x K 8 = 64 completions of 128 tokens per rollout cycle, bf16.
+    "cuda": {"shape": "qwen2.5-0.5b", "repeats": 3, "base": {"prompts_per_micro_step": 4, "grad_accum": 2, "k": 8,
+                                                             "max_new_tokens": 128, "cycles": 6, "warmup_cycles": 2,
+                                                             "device": "cuda", "dtype": "bfloat16"}},
+}
 
 
-def phase_table(results: list[dict[str, Any]]) -> str:
-    rows = []
-    for res in results:
-        for t in TRAINERS:
-            for phase, s in res[t]["phases_s_per_cycle"].items():
-                rows.append([res["spec"]["name"], t, phase, common.fmt_spread(s)])
-    return common.markdown_table(["scenario", "trainer", "phase", "s per rollout cycle, median (min–max)"], rows)
+def orchestrate(specs: list[BenchSpec], shape_name: str, repeats: int, work: Path,
+                threads: int | None) -> dict[str, Any]:
+    """Save the model once, then run ours and TRL alternately `repeats` times per spec; check the work matched."""
+    import platform
+
+    import torch
+    import transformers
+    import trl
+
+    model_dir = work / "model"
+    model_info = common.build_and_save_model(common.SHAPES[shape_name], model_dir, seed=specs[0].seed,
+                                             dtype_name=specs[0].dtype)
+    results = []
+    for spec in specs:
+        runs = []
+        for r in range(repeats):
+            for trainer in TRAINERS:  # alternate: ours, TRL, ours, TRL ...
+                t0 = time.perf_counter()
+                runs.append(spawn_run(trainer, spec, model_dir, work, f"{spec.name}-{trainer}-{r}", threads))
+                print(f"  {spec.name} {trainer:4s} repeat {r + 1}/{repeats}: {runs[-1]['sec_per_step']:.3f} s/step "
+                      f"({time.perf_counter() - t0:.0f} s with start-up)", flush=True)
+        check_same_work(spec, runs)
+        results.append({"spec": asdict(spec), "runs": runs, **common.summarise(runs, TRAINERS, spec.warmup_cycles)})
+    machine = {"platform": platform.platform(), "cpu_count": os.cpu_count(), "threads": threads,
+               "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
+               "python": platform.python_version(), "torch": torch.__version__,
+               "transformers": transformers.__version__, "trl": trl.__version__}
+    return {"date": time.strftime("%Y-%m-%d %H:%M"), "shape": shape_name, "model": model_info, "machine": machine,
+            "repeats": repeats, "results": results}
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="vs_trl.py", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--quick", action="store_true", help="tiny model, 2 repeats, < 5 min on 2 CPU cores")
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    p.add_argument("--shape", choices=sorted(common.SHAPES), default=None, help="model shape (default per preset)")
+    p.add_argument("--scenarios", default="grpo,gspo", help="comma list of grpo (μ=1) and gspo (μ=2)")
+    p.add_argument("--repeats", type=int, default=None, help="runs per trainer per scenario")
+    p.add_argument("--cycles", type=int, default=None, help="rollout cycles per run (warm-up included)")
+    p.add_argument("--warmup", type=int, default=None, help="warm-up cycles dropped from the numbers")
+    p.add_argument("--threads", type=int, default=None,
+                   help="OMP/torch threads per run (default: torch's choice); 1 is steadier on a loaded machine")
+    p.add_argument("--out", default="", help="write all measurements as JSON here")
+    p.add_argument("--work-dir", default="", help="keep models, logs and run folders here (default: a temp dir)")
+    # internal: one run in a fresh process
+    p.add_argument("--worker", choices=TRAINERS, help=argparse.SUPPRESS)
+    p.add_argument("--spec-json", help=argparse.SUPPRESS)
+    p.add_argument("--model-dir", help=argparse.SUPPRESS)
+    p.add_argument("--result", help=argparse.SUPPRESS)
+    return p.parse_args(argv)
+
+
+def specs_from_args(args: argparse.Namespace) -> tuple[list[BenchSpec], str, int]:
+    preset = PRESETS["cuda" if args.device == "cuda" else "quick" if args.quick else "cpu"]
+    base = dict(preset["base"])
+    if args.cycles is not None:
+        base["cycles"] = args.cycles
+    if args.warmup is not None:
+        base["warmup_cycles"] = args.warmup
+    if base["cycles"] <= base["warmup_cycles"]:
+        raise SystemExit(f"--cycles {base['cycles']} must exceed --warmup {base['warmup_cycles']}")
+    specs = [scenario(s.strip(), base) for s in args.scenarios.split(",") if s.strip()]
+    return specs, args.shape or preset["shape"], args.repeats or preset["repeats"]
+
+
+def main(argv: list[str]) -> int:
+    args = parse_args(argv)
+    if args.worker:
+        worker(args.worker, BenchSpec(**json.loads(args.spec_json)), args.model_dir, args.work_dir, args.result)
+        return 0
+    specs, shape, repeats = specs_from_args(args)
+    if args.device == "cuda" and not __import__("torch").cuda.is_available():
+        raise SystemExit("--device cuda: no CUDA GPU is visible; run on a GPU machine or drop --device cuda")
+    with tempfile.TemporaryDirectory(prefix="vs_trl_") as tmp:
+        work = Path(args.work_dir) if args.work_dir else Path(tmp)
+        work.mkdir(parents=True, exist_ok=True)
+        t0 = time.perf_counter()
+        report = orchestrate(specs, shape, repeats, work, args.threads)
+        report["wall_s"] = time.perf_counter() - t0
+    print(f"\nvs TRL {report['machine']['trl']} | shape {shape} ({report['model']['parameters']:,} parameters) | "
+          f"{specs[0].device} {specs[0].dtype} | threads {args.threads or 'default'} | {repeats} repeats | "
+          f"{report['wall_s']:.0f} s wall\n")
+    print(common.table(report["results"], TRAINERS, ("ours", "TRL")))
+    print("\nper-phase time per rollout cycle (steady state):\n")
+    print(common.phase_table(report["results"], TRAINERS))
+    if args.out:
+        Path(args.out).write_text(json.dumps(report, indent=2))
+        print(f"\nwritten: {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -19,27 +19,24 @@ import re
 
 from grpo.records import Sample
 
-NAMES = ["Anna", "Ben", "Carl", "Dina", "Eva", "Finn", "Gus", "Hana"]
-PLACES = ["park", "shop", "school", "office", "market", "library"]
+NAMES = ["Anna", "Ben", "Carl", "Dina"]
+"""Few names: a 2-layer model must learn to *match* the actor to an option, not memorise many names."""
 ACTIONS = [("broke the vase", "Who broke the vase?"), ("took the keys", "Who took the keys?"),
-           ("won the prize", "Who won the prize?"), ("lost the map", "Who lost the map?")]
-ENTITIES = ["river", "tower", "garden", "bridge", "lake", "castle", "forest", "island"]
-ATTRIBUTES = [("color", "What color is the {e}?"), ("city", "In which city is the {e}?")]
-VALUES = {"color": ["red", "blue", "green", "white", "black", "yellow"],
-          "city": ["Paris", "Rome", "Oslo", "Lima", "Cairo", "Tokyo"]}
+           ("won the prize", "Who won the prize?")]
+ENTITIES = ["lake", "tower", "bridge", "castle"]
+COLORS = ["red", "blue", "green", "white"]
 UNKNOWN = "unknown"
 LETTERS = "ABC"
 
-FAIRNESS_INSTRUCTION = "Answer with the letter of the right option."
-HALLUCINATION_INSTRUCTION = "Answer yes or no only from the knowledge. If it does not say, answer unknown."
+FAIRNESS_INSTRUCTION = "Answer with A, B or C."
+HALLUCINATION_INSTRUCTION = "Answer yes, no or unknown from the knowledge."
 
 
 def _fairness_sample(rng: random.Random, index: int) -> Sample:
     a, b = rng.sample(NAMES, 2)
-    place = rng.choice(PLACES)
     action, question = rng.choice(ACTIONS)
-    ambiguous = rng.random() < 0.5
-    context = f"{a} and {b} were at the {place}."
+    ambiguous = rng.random() < 1 / 3  # unknown / first named / second named: three balanced classes
+    context = f"{a} and {b} were there."
     actor = None
     if not ambiguous:
         actor = rng.choice([a, b])
@@ -58,14 +55,11 @@ def _fairness_sample(rng: random.Random, index: int) -> Sample:
 
 def _hallucination_sample(rng: random.Random, index: int) -> Sample:
     entity, other = rng.sample(ENTITIES, 2)
-    attribute, _ = rng.choice(ATTRIBUTES)
-    value, wrong = rng.sample(VALUES[attribute], 2)
+    value, wrong = rng.sample(COLORS, 2)
     kind = rng.choice(("yes", "no", "unknown"))  # three balanced classes
     asked_entity = other if kind == "unknown" else entity
     asked_value = wrong if kind == "no" else rng.choice([value, wrong]) if kind == "unknown" else value
-    verb = "is" if attribute == "color" else "is in"
-    content = (f"Knowledge: the {entity} {verb} {value}. "
-               f"Question: Is the {asked_entity} {'' if attribute == 'color' else 'in '}{asked_value}? "
+    content = (f"Knowledge: the {entity} is {value}. Question: is the {asked_entity} {asked_value}? "
                f"{HALLUCINATION_INSTRUCTION}")
     gold = {"right_answer": kind, "answerable": kind != "unknown", "knowledge_value": value}
     return Sample(task="hallucination", id=f"halu-{index}", messages=({"role": "user", "content": content},),
@@ -86,7 +80,7 @@ def demo_corpus() -> list[str]:
     """Texts the builtin tokenizer is trained on: every word the demo can produce, in context."""
     samples = make_demo_samples(300, seed=12345)
     texts = [s.messages[0]["content"] for s in samples] + [s.target or "" for s in samples]
-    texts += [" ".join(NAMES + PLACES + ENTITIES + [UNKNOWN, "yes", "no"] + sum(VALUES.values(), []))]
+    texts += [" ".join(NAMES + ENTITIES + COLORS + [UNKNOWN, "yes", "no"])]
     return texts
 
 

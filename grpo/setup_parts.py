@@ -77,7 +77,8 @@ def policy_from_config(model_cfg, device: torch.device, corpus: Iterable[str], s
 
     caps = detect_capabilities()
     on_cuda = device.type == "cuda"
-    dtype, _scaler, dtype_why = choose_precision(model_cfg.dtype, on_cuda, bool(caps.get("bf16_supported")) and on_cuda)
+    dtype, _scaler, dtype_why = choose_precision(model_cfg.dtype, on_cuda, bool(caps.get("bf16_supported")) and on_cuda,
+                                                 full_finetune=not model_cfg.lora)
     attn, attn_why = choose_attention(model_cfg.attn_implementation, bool(caps.get("flash_attn_importable")),
                                       caps.get("compute_capability") if on_cuda else None, dtype)
     print(f"precision: {dtype} ({dtype_why}); attention: {attn} ({attn_why})")

@@ -151,6 +151,7 @@ def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batch: 
             skipped += 1
         else:
             optimizer.step()
+            optimizer.zero_grad(set_to_none=True)  # free the gradients now: they would sit through generation
             if on_step is not None:
                 on_step()
         if pass_index == 0:

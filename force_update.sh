@@ -1,0 +1,153 @@
+#!/usr/bin/env bash
+# Update this checkout only when that is safe, then prove the known bug fixes are in by RUNNING their regression
+# tests. Never stashes, resets, cleans or force-checks-out anything: it fast-forwards or it stops and says why.
+#
+#   ./force_update.sh                  # refuse if tracked files have uncommitted changes; git fetch; fast-forward
+#                                      # to the upstream branch; run every bug class's regression tests
+#   ./force_update.sh --no-fetch       # no update: only run the checks (allowed on a dirty tree, with a warning)
+#   ./force_update.sh --only kl,nan-guard   # run a subset of the bug classes (or FORCE_UPDATE_ONLY=kl,nan-guard)
+#   ./force_update.sh --list           # print the bug classes and their tests, run nothing
+#
+# Environment: FORCE_UPDATE_PYTHON (interpreter; default .venv/bin/python if present, else python3),
+# FORCE_UPDATE_PYTEST_ARGS (extra pytest arguments), FORCE_UPDATE_ONLY (as --only).
+# Exit status: 0 every check passed | 1 a check failed or its test is missing | 2 usage error |
+#              3 refused: uncommitted changes | 4 the update itself failed (fetch or fast-forward).
+# The classes and their tests are described in BUG_FIXES_SUMMARY.md.
+set -uo pipefail
+
+# class id | what it guards | pytest node ids (space separated, file::test)
+CLASSES=(
+  "backward-twice|no backward through the graph twice in the mu loop (GSPO)|tests/test_trainer.py::test_mu_passes_no_backward_twice"
+  "accumulation|gradients add across micro-batches; token-mean over the whole step|tests/test_trainer.py::test_grad_accumulation_equivalence tests/test_losses.py::test_micro_batch_accumulation_equals_full_batch_for_every_mode tests/test_losses.py::test_accumulation_equivalence_over_random_splits"
+  "kl|the KL term is a real KL estimator (k3 >= 0, finite; no clamp(ref-cur, 0))|tests/test_losses.py::test_kl_estimators_hand_values tests/test_losses.py::test_k3_nonnegative_finite_with_finite_gradients_over_wide_range tests/test_losses.py::test_k3_nonnegative_property tests/test_losses.py::test_k3_plus_has_k3_value_and_k2_gradient"
+  "sampling|every sampling setting reaches the sampler (top-k=1 is greedy, temperature, penalties)|tests/test_rollout.py::test_generation_config_carries_every_setting tests/test_rollout.py::test_each_sampling_setting_changes_behaviour tests/test_rollout.py::test_penalties_change_greedy_output tests/test_rollout.py::test_penalties_count_completion_tokens_only tests/test_rollout.py::test_an_ignored_setting_is_reported"
+  "masks|trained tokens are exactly the sampled tokens (template, padding, slice)|tests/test_tokens.py::test_collate_masked_tokens_are_exactly_the_sampled_ids tests/test_trainer.py::test_trained_tokens_are_sampled_tokens tests/test_logprobs.py::test_left_padded_rows_equal_each_row_alone"
+  "nan-guard|a NaN/Inf gradient is skipped and bad weights are restored at once|tests/test_trainer.py::test_nan_gradient_is_skipped tests/test_health.py::test_weight_guard_restores_after_nan_in_place tests/test_health.py::test_weight_guard_snapshot_follows_good_steps tests/test_health.py::test_weight_guard_raises_after_k_consecutive_bad_steps_and_good_step_resets"
+)
+
+usage() { sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//'; }
+
+NO_FETCH=0
+ONLY="${FORCE_UPDATE_ONLY:-}"
+LIST=0
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --no-fetch) NO_FETCH=1 ;;
+    --only) [ $# -ge 2 ] || { echo "force_update.sh: --only needs a class list, e.g. --only kl,nan-guard" >&2; exit 2; }
+            ONLY="$2"; shift ;;
+    --only=*) ONLY="${1#--only=}" ;;
+    --list) LIST=1 ;;
+    -h|--help) usage; exit 0 ;;
+    *) echo "force_update.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
+  esac
+  shift
+done
+
+class_ids() { local row; for row in "${CLASSES[@]}"; do echo "${row%%|*}"; done; }
+
+if [ -n "$ONLY" ]; then
+  for wanted in ${ONLY//,/ }; do
+    if ! class_ids | grep -qx -- "$wanted"; then
+      echo "force_update.sh: unknown bug class '$wanted'; known: $(class_ids | tr '\n' ' ')" >&2
+      exit 2
+    fi
+  done
+fi
+
+if [ "$LIST" = 1 ]; then
+  for row in "${CLASSES[@]}"; do
+    IFS='|' read -r id what tests <<<"$row"
+    printf '%s\t%s\t%s\n' "$id" "$what" "$tests"
+  done
+  exit 0
+fi
+
+ROOT="$(git -C "$(dirname "$0")" rev-parse --show-toplevel 2>/dev/null)" || {
+  echo "❌ $(cd "$(dirname "$0")" && pwd) is not inside a git checkout: nothing to update." >&2; exit 4; }
+cd "$ROOT" || exit 4
+
+# ---------------------------------------------------------------------------------------------------- update
+DIRTY="$(git status --porcelain --untracked-files=no)"
+if [ -n "$DIRTY" ]; then
+  if [ "$NO_FETCH" = 0 ]; then
+    echo "❌ refusing to update: tracked files have uncommitted changes:"
+    echo "$DIRTY" | sed 's/^/     /'
+    echo "   Nothing was changed. Commit them (or stash them yourself), then run this again;"
+    echo "   or run with --no-fetch to only check the current tree."
+    exit 3
+  fi
+  echo "⚠️  uncommitted changes present: the checks below test your working tree as it is, not a commit."
+fi
+
+if [ "$NO_FETCH" = 1 ]; then
+  echo "update: skipped (--no-fetch); checking $(git rev-parse --short HEAD 2>/dev/null || echo 'the working tree')"
+elif ! UPSTREAM="$(git rev-parse --abbrev-ref --symbolic-full-name '@{u}' 2>/dev/null)"; then
+  BRANCH="$(git symbolic-ref --quiet --short HEAD || echo 'a detached HEAD')"
+  echo "update: no upstream branch is configured for $BRANCH, so there is nothing to fast-forward to;"
+  echo "        set one with: git branch --set-upstream-to=origin/<branch>. Running the checks on this checkout."
+else
+  REMOTE="${UPSTREAM%%/*}"
+  echo "update: git fetch $REMOTE"
+  if ! git fetch --quiet "$REMOTE"; then
+    echo "❌ git fetch $REMOTE failed (network or credentials?); nothing was changed. Use --no-fetch to only check." >&2
+    exit 4
+  fi
+  BEFORE="$(git rev-parse --short HEAD)"
+  if ! git merge --ff-only --quiet '@{u}'; then
+    echo "❌ cannot fast-forward to $UPSTREAM: your branch has commits the upstream does not (diverged)." >&2
+    echo "   Nothing was changed. Rebase or merge yourself (git pull --rebase), then run this again." >&2
+    exit 4
+  fi
+  AFTER="$(git rev-parse --short HEAD)"
+  if [ "$BEFORE" = "$AFTER" ]; then echo "update: already up to date with $UPSTREAM ($AFTER)"
+  else echo "update: fast-forwarded $BEFORE -> $AFTER ($UPSTREAM)"; fi
+fi
+
+# ---------------------------------------------------------------------------------------------------- checks
+if [ -n "${FORCE_UPDATE_PYTHON:-}" ]; then PY="$FORCE_UPDATE_PYTHON"
+elif [ -x .venv/bin/python ]; then PY=.venv/bin/python
+else PY=python3; fi
+if ! "$PY" -c "import pytest, torch" 2>/dev/null; then
+  echo "❌ $PY cannot import pytest and torch: install the dev requirements first (see README.md)." >&2
+  exit 1
+fi
+
+# A node id "file::name" is present when the file defines `def name(`.
+missing_tests() {
+  local node file name
+  for node in "$@"; do
+    file="${node%%::*}"; name="${node##*::}"
+    if [ ! -f "$file" ] || ! grep -Eq "^[[:space:]]*def ${name}\(" "$file"; then echo "$node"; fi
+  done
+}
+
+passed=0; failed=0; LOG="$(mktemp)"; trap 'rm -f "$LOG"' EXIT
+echo "checks: running the regression tests of each bug class with $PY"
+for row in "${CLASSES[@]}"; do
+  IFS='|' read -r id what tests <<<"$row"
+  if [ -n "$ONLY" ] && ! echo ",$ONLY," | grep -q ",$id,"; then continue; fi
+  # shellcheck disable=SC2086  # the node ids are space separated on purpose
+  missing="$(missing_tests $tests | tr '\n' ' ')"
+  if [ -n "$missing" ]; then
+    echo "❌ $id: test not found: ${missing% } ($what)"
+    failed=$((failed + 1)); continue
+  fi
+  start=$SECONDS
+  # shellcheck disable=SC2086
+  if "$PY" -m pytest -q -p no:cacheprovider $tests ${FORCE_UPDATE_PYTEST_ARGS:-} >"$LOG" 2>&1; then
+    echo "✅ $id: $what ($(echo $tests | wc -w) test(s), $((SECONDS - start)) s)"
+    passed=$((passed + 1))
+  else
+    echo "❌ $id: FAILED ($what). Last lines of pytest:"
+    tail -n 15 "$LOG" | sed 's/^/     /'
+    failed=$((failed + 1))
+  fi
+done
+
+total=$((passed + failed))
+if [ "$failed" -eq 0 ]; then
+  echo "summary: ✅ all $total bug class(es) verified"
+  exit 0
+fi
+echo "summary: ❌ $failed of $total bug class(es) failed (see above; BUG_FIXES_SUMMARY.md explains each class)"
+exit 1

@@ -1,0 +1,217 @@
+"""End-to-end behaviour of the trainer on a tiny model, and one regression test per known trainer bug."""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+
+import pytest
+import torch
+
+import grpo_train as G
+from grpo.advantages import group_advantages
+from grpo.batch import batch_logprobs, build_train_batch
+from grpo.logprobs import completion_logprobs
+from grpo.rollout import generate_rollouts
+from grpo.scoring import score_rollouts
+from grpo.update import UpdateSettings, train_step
+from tests.trainer_helpers import fast_config
+
+
+def _params(model):
+    return {n: p.detach().clone() for n, p in model.named_parameters()}
+
+
+@pytest.mark.parametrize("lora", [False, True])
+def test_two_step_run_moves_every_trainable_parameter(tmp_path, lora):
+    extra = ["model.lora=true", "model.lora_r=4", "train.lr=5e-2"] if lora else []
+    run = G.setup(fast_config(tmp_path, *extra))
+    before = _params(run.policy.model)
+    ref_before = None if lora else _params(run.policy.ref_model)
+    for step in (1, 2):
+        G.rl_step(run, step)
+    after = dict(run.policy.model.named_parameters())
+    trainable = {n for n, p in after.items() if p.requires_grad}
+    assert trainable, "no trainable parameters"
+    unmoved = [n for n in trainable if torch.equal(after[n].detach(), before[n])]
+    assert not unmoved, f"trainable parameters that did not move: {unmoved}"
+    moved_frozen = [n for n, p in after.items() if not p.requires_grad and not torch.equal(p.detach(), before[n])]
+    assert not moved_frozen, f"frozen parameters moved: {moved_frozen}"
+    if ref_before is not None:
+        assert all(torch.equal(p, ref_before[n]) for n, p in run.policy.ref_model.named_parameters())
+    lines = [json.loads(x) for x in (run.run_dir / "metrics.jsonl").read_text().splitlines()]
+    last = lines[-1]
+    for key in ("reward/fairness/mean", "reward/hallucination/mean", "kl/fairness", "beta/hallucination",
+                "rollout/fairness/length", "rollout/hallucination/truncated", "loss/total", "loss/clip_frac_high",
+                "health/grad_norm", "entropy/fairness", "time/generate", "time/train", "adv/frac_zero_std"):
+        assert key in last, f"metrics.jsonl lacks {key}"
+    assert last["step"] == 2
+
+
+@pytest.mark.parametrize("loss,mu", [("gspo", 2), ("gspo", 3), ("grpo", 2), ("gspo_token", 2)])
+def test_mu_passes_no_backward_twice(tmp_path, loss, mu):
+    """Regression (the seed's GSPO bug): μ > 1 backpropagated through a graph built before the μ loop."""
+    run = G.setup(fast_config(tmp_path, f"loss.policy_loss={loss}", f"loss.mu={mu}"))
+    steps = []
+    real_step = run.optimizer.step
+
+    def counting_step(*a, **k):
+        steps.append(1)
+        return real_step(*a, **k)
+
+    run.optimizer.step = counting_step
+    metrics = G.rl_step(run, 1)
+    assert len(steps) == mu, "each μ pass is exactly one optimizer step"
+    assert math.isfinite(metrics["loss/total"])
+    # old log-probs used by the passes carry no graph
+    samples = run.sampler.next_batch(2)
+    rollouts, _ = generate_rollouts(run.policy.model, run.tokenizer, samples, 4, run.sampling)
+    scored, _ = score_rollouts(rollouts, run.specs, None)
+    adv, _ = group_advantages(torch.tensor([s.reward for s in scored]), 4)
+    batch = build_train_batch(scored, adv, run.tasks, run.tokenizer.pad_token_id, run.device)
+    old = batch_logprobs(run.policy.model, batch, 4, 1.0)
+    assert not old.requires_grad and old.grad_fn is None
+
+
+def _fixed_batch(run, n_prompts=2):
+    samples = run.sampler.next_batch(n_prompts)
+    rollouts, _ = generate_rollouts(run.policy.model, run.tokenizer, samples, run.cfg.rollout.k, run.sampling)
+    scored, _ = score_rollouts(rollouts, run.specs, None)
+    adv, _ = group_advantages(torch.tensor([s.reward for s in scored]), run.cfg.rollout.k)
+    batch = build_train_batch(scored, adv, run.tasks, run.tokenizer.pad_token_id, run.device)
+    batch.ref_logps_BT = batch_logprobs(run.policy.ref_model, batch, 8, 1.0) - 0.05 * batch.completion_mask_BT
+    return batch
+
+
+@pytest.mark.parametrize("agg", ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"])
+def test_grad_accumulation_equivalence(tmp_path, agg):
+    """GA = 2 x micro-batch 4 gives the same parameters as GA = 1 x micro-batch 8 after one optimizer step.
+
+    Regression: zero_grad()/step() inside the micro-batch loop, or gradients overwritten instead of added,
+    trains on one micro-batch only.
+    """
+    run = G.setup(fast_config(tmp_path))
+    batch = _fixed_batch(run)
+    assert batch.size == 8 and batch.advantages_B.abs().sum() > 0
+    results = []
+    for micro in (4, 8):
+        model = copy.deepcopy(run.policy.model)
+        params = [p for p in model.parameters() if p.requires_grad]
+        opt = torch.optim.SGD(params, lr=1.0)  # SGD: the update IS the gradient, so any difference shows
+        settings = UpdateSettings(agg_mode=agg, agg_constant=6.0, micro_batch_seqs=micro, max_grad_norm=1e9)
+        train_step(model, opt, batch, torch.tensor([0.1, 0.3]), settings, run.tasks, params)
+        results.append(params)
+    for a, b in zip(*results):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+    moved = max((a - b).abs().max().item() for a, b in zip(results[0], run.policy.model.parameters()))
+    assert moved > 1e-4, "the step must move the weights, or the comparison proves nothing"
+
+
+def test_trained_tokens_are_sampled_tokens(tmp_path):
+    """Regression for mask/slicing bugs: the tokens whose log-probs are trained are exactly the sampled ids,
+    scored with the same template and padding as sampling, for prompts of different lengths (left padding)."""
+    run = G.setup(fast_config(tmp_path))
+    samples = run.sampler.next_batch(4)
+    assert len({len(s.messages[0]["content"]) for s in samples}) > 1
+    rollouts, _ = generate_rollouts(run.policy.model, run.tokenizer, samples, 2, run.sampling)
+    scored, _ = score_rollouts(rollouts, run.specs, None)
+    batch = build_train_batch(scored, torch.zeros(len(scored)), run.tasks, run.tokenizer.pad_token_id, run.device)
+    assert len({len(r.prompt_ids) for r in rollouts}) > 1, "need prompts of different lengths"
+    logps = batch_logprobs(run.policy.model, batch, 16, 1.0)
+    run.policy.model.eval()
+    for i, r in enumerate(rollouts):
+        row = batch.input_ids_BL[i, batch.prompt_len:]
+        mask = batch.completion_mask_BT[i].bool()
+        assert row[mask].tolist() == list(r.completion_ids)
+        assert batch.input_ids_BL[i, :batch.prompt_len][batch.attention_mask_BL[i, :batch.prompt_len].bool()
+                                                        ].tolist() == list(r.prompt_ids)
+        ids = torch.tensor([list(r.prompt_ids) + list(r.completion_ids)])
+        with torch.no_grad():
+            alone, _ = completion_logprobs(run.policy.model, ids, torch.ones_like(ids), len(r.prompt_ids))
+        torch.testing.assert_close(logps[i][mask], alone[0], atol=1e-5, rtol=1e-5)
+
+
+def test_nan_gradient_is_skipped(tmp_path):
+    """An injected NaN gradient: the optimizer step is skipped and counted, the weights stay finite."""
+    run = G.setup(fast_config(tmp_path))
+    target = run.policy.trainable_parameters()[0]
+    handle = target.register_hook(lambda g: torch.full_like(g, float("nan")))
+    before = _params(run.policy.model)
+    metrics = G.rl_step(run, 1)
+    handle.remove()
+    assert metrics["health/skipped"] == 1.0 and metrics["health/skipped_total"] == 1.0
+    assert all(torch.equal(p.detach(), before[n]) for n, p in run.policy.model.named_parameters())
+    assert all(torch.isfinite(p).all() for p in run.policy.model.parameters())
+    metrics = G.rl_step(run, 2)  # the next step trains normally
+    assert metrics["health/skipped"] == 0.0
+
+
+def test_nan_weights_are_restored(tmp_path):
+    """A step that leaves NaN weights is rolled back to the last good copy and counted."""
+    run = G.setup(fast_config(tmp_path))
+    G.rl_step(run, 1)
+    good = _params(run.policy.model)
+    real_step = run.optimizer.step
+
+    def poisoned_step(*a, **k):
+        out = real_step(*a, **k)
+        with torch.no_grad():
+            run.policy.trainable_parameters()[0].fill_(float("inf"))
+        return out
+
+    run.optimizer.step = poisoned_step
+    metrics = G.rl_step(run, 2)
+    assert metrics["health/restored"] == 1.0
+    assert all(torch.equal(p.detach(), good[n]) for n, p in run.policy.model.named_parameters())
+
+
+def test_per_task_beta_moves_in_opposite_directions(tmp_path):
+    """Fairness KL sits above its band, hallucination KL below: their β move apart and stay within bounds."""
+    run = G.setup(fast_config(
+        tmp_path, "train.max_steps=4", "train.lr=5e-2",
+        "kl.fairness.controller=band", "kl.fairness.beta=0.1", "kl.fairness.band_low=0",
+        "kl.fairness.band_high=1e-9", "kl.fairness.window=1", "kl.fairness.up=2", "kl.fairness.beta_max=0.3",
+        "kl.hallucination.controller=band", "kl.hallucination.beta=0.1", "kl.hallucination.band_low=5",
+        "kl.hallucination.band_high=10", "kl.hallucination.window=1", "kl.hallucination.down=0.5",
+        "kl.hallucination.beta_min=0.02"))
+    betas = []
+    for step in range(1, 5):
+        m = G.rl_step(run, step)
+        betas.append((m["beta/fairness"], m["beta/hallucination"]))
+    f_end, h_end = run.controllers["fairness"].value, run.controllers["hallucination"].value
+    assert f_end > 0.1 and h_end < 0.1
+    assert f_end <= 0.3 + 1e-12 and h_end >= 0.02 - 1e-12
+    assert betas[0] == (0.1, 0.1)  # a step trains with the β its controller held before the step
+    state = G.checkpoint_state(run)["controllers"]
+    assert state["fairness"] != state["hallucination"]
+
+
+def test_cagrad_trains_end_to_end(tmp_path):
+    run = G.setup(fast_config(tmp_path, "multi.combine=cagrad", "train.lr=5e-2"))
+    before = _params(run.policy.model)
+    metrics = G.rl_step(run, 1)
+    metrics = G.rl_step(run, 2)
+    assert "multi/cos/fairness__hallucination" in metrics and "reward/fairness/mean" in metrics
+    assert "reward/hallucination/mean" in metrics and metrics["multi/active"] == 1.0
+    assert any(not torch.equal(p.detach(), before[n]) for n, p in run.policy.model.named_parameters())
+
+
+def test_oom_retries_with_half_micro_batch(tmp_path, monkeypatch):
+    """A CUDA OOM in the update is reported and the step retried once with half the micro-batch."""
+    import grpo.update as U
+
+    run = G.setup(fast_config(tmp_path))
+    real = U.completion_logprobs
+    calls = {"big": 0}
+
+    def flaky(model, ids, *a, **k):
+        if ids.shape[0] > 4 and model.training:
+            calls["big"] += 1
+            raise torch.OutOfMemoryError("CUDA out of memory (simulated)")
+        return real(model, ids, *a, **k)
+
+    monkeypatch.setattr(U, "completion_logprobs", flaky)
+    metrics = G.rl_step(run, 1)
+    assert calls["big"] == 1 and run.update.micro_batch_seqs == 4
+    assert metrics["health/oom_retries"] == 1.0 and math.isfinite(metrics["loss/total"])

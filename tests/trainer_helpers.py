@@ -1,0 +1,21 @@
+"""Shared pieces of the trainer tests: a fast tiny config and a reward with within-group variance."""
+
+from __future__ import annotations
+
+import config as C
+
+
+def length_reward(completion: str, gold: dict) -> float:
+    """Longer completions score higher (capped): varied rewards inside a group, so advantages are non-zero."""
+    return min(len(completion), 24) / 24.0
+
+
+def fast_config(out_dir, *extra: str, preset: str = "demo") -> C.Config:
+    """A tiny, fast demo config (1 layer, short completions, no SFT, no eval) writing to `out_dir`."""
+    base = [f"train.output_dir={out_dir}", "train.run_name=t", "model.tiny_hidden=32", "model.tiny_layers=1",
+            "model.tiny_heads=2", "data.demo_size=24", "data.eval_size=4", "rollout.max_new_tokens=6",
+            "sft.steps=0", "rollout.k=4", "train.prompts_per_micro_step=2", "train.grad_accum=1",
+            "train.max_steps=2", "train.eval_every=0", "train.sample_every=0", "train.tensorboard=false",
+            "train.lr=1e-2", "rewards.fairness=tests.trainer_helpers:length_reward:1.0",
+            "rewards.hallucination=tests.trainer_helpers:length_reward:1.0"]
+    return C.load_config(preset, base + list(extra))
