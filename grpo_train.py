@@ -263,7 +263,7 @@ def update_with_oom_retry(run: Run, batch, betas_N: torch.Tensor) -> dict[str, f
     def attempt() -> dict[str, float]:
         return train_step(run.policy.model, run.optimizer, batch, betas_N, run.update, run.tasks,
                           run.policy.trainable_parameters(), on_step=lambda: after_optimizer_step(run),
-                          grad_combiner=run.surgery)
+                          grad_combiner=run.surgery, scaler=run.policy.grad_scaler)
 
     try:
         return {**attempt(), "health/oom_retries": 0.0}

@@ -84,7 +84,16 @@ def build_and_save_model(shape: Shape, out_dir: Path, seed: int, dtype_name: str
 
 
 def peak_rss_mib() -> float:
-    """Peak resident memory of THIS process so far (each run is its own subprocess, so peaks never mix)."""
+    """Peak resident memory of THIS process so far (each run is its own subprocess, so peaks never mix).
+
+    Linux: VmHWM of /proc/self/status, the high-water mark of this process's own address space. Not `ru_maxrss`:
+    Linux carries ru_maxrss over `execve`, so a child would report at least its parent's peak.
+    """
+    status = Path("/proc/self/status")
+    if status.exists():
+        for line in status.read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / KIB_PER_MIB  # "VmHWM:   123456 kB"
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return peak / BYTES_PER_MIB if sys.platform == "darwin" else peak / KIB_PER_MIB
 
@@ -153,7 +162,7 @@ def spawn(cmd: list[str], cwd: Path, result: Path, log: Path, threads: int | Non
     return json.loads(result.read_text())
 
 
-SUMMARY_METRICS = ("sec_per_step", "completions_per_s", "peak_rss_mib", "rss_at_start_mib", "peak_cuda_mib")
+SUMMARY_METRICS = ("sec_per_step", "cpu_sec_per_step", "completions_per_s", "peak_rss_mib", "rss_after_imports_mib", "peak_cuda_mib")
 
 
 def summarise(runs: list[dict[str, Any]], trainers: Sequence[str], warmup_cycles: int) -> dict[str, Any]:
@@ -172,8 +181,9 @@ def summarise(runs: list[dict[str, Any]], trainers: Sequence[str], warmup_cycles
 
 def table(results: list[dict[str, Any]], trainers: Sequence[str], labels: Sequence[str]) -> str:
     """One row per scenario × metric: both trainers' median (min–max) and the ratio first / second."""
-    metrics = [("s / optimizer step", "sec_per_step", 3), ("completions / s", "completions_per_s", 3),
-               ("peak RSS MiB", "peak_rss_mib", 4), ("RSS after imports MiB", "rss_at_start_mib", 3),
+    metrics = [("s / optimizer step", "sec_per_step", 3), ("CPU s / optimizer step", "cpu_sec_per_step", 3),
+               ("completions / s", "completions_per_s", 3),
+               ("peak RSS MiB", "peak_rss_mib", 4), ("RSS after imports MiB", "rss_after_imports_mib", 3),
                ("peak GPU MiB", "peak_cuda_mib", 4)]
     rows = []
     for res in results:

@@ -165,7 +165,7 @@ class PhaseMeter:
 def estimate_for(cfg: Any, prompt_len: int, cc: tuple[int, int]) -> dict[str, Any]:
     """The estimator's prediction for `cfg` at the measured prompt length (random:<shape> → the shape's name)."""
     from check_gpu_memory import inputs_from_config
-    from grpo.memory import estimate
+    from grpo.memory import estimate, format_table
 
     shape_cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, name=cfg.model.name[len("random:"):]))
     x = dataclasses.replace(inputs_from_config(shape_cfg, cc), prompt_len=prompt_len)
@@ -176,6 +176,7 @@ def estimate_for(cfg: Any, prompt_len: int, cc: tuple[int, int]) -> dict[str, An
             "phases_gib": {p: est.total(p) / GIB for p in est.phases},
             "phases_without_slack_gib": {p: (est.total(p) - slack[p]) / GIB for p in est.phases},
             "persistent_gib": {k: v / GIB for k, v in est.persistent.items()}, "params": est.params,
+            "table": format_table(est),
             "inputs": {k: v for k, v in dataclasses.asdict(x).items() if k != "shape"} | {"shape": x.shape.name}}
 
 
@@ -186,6 +187,8 @@ def run_child(case: Case, tiny: bool, work: Path, steps: int, warmup: int) -> di
     import config as C
     import grpo_train as T
 
+    if not tiny and not torch.cuda.is_available():
+        raise RuntimeError("the GPU cases need a CUDA GPU and none is visible; on a CPU machine run --tiny")
     cfg = C.load_config(SEED_PRESET, case_overrides(case, tiny, work, steps))
     cuda = cfg.train.device != "cpu" and torch.cuda.is_available()
     result: dict[str, Any] = {"case": case.name, "model": cfg.model.name, "status": "running", "steps": steps,

@@ -162,23 +162,26 @@ def run_ours(spec: BenchSpec, model_dir: str, out_dir: str) -> dict[str, Any]:
 
     import grpo_train
 
+    rss_imports = common.peak_rss_mib()
     cfg = _our_config(spec, model_dir, out_dir)
     run = grpo_train.setup(cfg)
-    cycle_times, phases = [], {k: [] for k in OUR_TIME_KEYS}
+    cycle_times, cycle_cpu, phases = [], [], {k: [] for k in OUR_TIME_KEYS}
     completions = tokens = 0
     for step in range(1, spec.cycles + 1):
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         metrics = grpo_train.rl_step(run, step)
         if run.device.type == "cuda":
             torch.cuda.synchronize()
         cycle_times.append(time.perf_counter() - t0)
+        cycle_cpu.append(time.process_time() - c0)
         completions += int(metrics["rollout/num"])
         tokens += int(metrics["rollout/tokens"])
         for k in OUR_TIME_KEYS:
             phases[k].append(metrics[k])
     run.tracker.close()
     # lengths never exceed max_new_tokens, so mean == N means every completion has exactly N tokens
-    return {"cycle_times_s": cycle_times, "optimizer_steps": int(run.scheduler.last_epoch),
+    return {"cycle_times_s": cycle_times, "cycle_cpu_s": cycle_cpu, "optimizer_steps": int(run.scheduler.last_epoch),
+            "rss_after_imports_mib": rss_imports,
             "completions": completions, "completion_tokens": tokens,
             "min_completion_len": tokens // max(completions, 1) if tokens == completions * spec.max_new_tokens else -1,
             "max_completion_len": spec.max_new_tokens, "phases": phases}
@@ -243,22 +246,23 @@ def run_trl(spec: BenchSpec, model_dir: str, out_dir: str) -> dict[str, Any]:
 
     from grpo.modeling import DTYPES
 
+    rss_imports = common.peak_rss_mib()
     _, kwargs = build_configs(spec, model_dir, out_dir)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     tokenizer.padding_side = "left"
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=DTYPES[spec.dtype], attn_implementation="sdpa")
     counts: dict[str, Any] = {"completions": 0, "completion_tokens": 0, "lengths": set()}
-    marks: list[float] = []
+    marks: list[tuple[float, float]] = []  # (wall, process CPU) at the start and after every optimizer step
 
     class StepTimer(TrainerCallback):
         def on_step_begin(self, args, state, control, **kw):
             if not marks:
-                marks.append(time.perf_counter())
+                marks.append((time.perf_counter(), time.process_time()))
 
         def on_step_end(self, args, state, control, **kw):
             if torch.cuda.is_available() and torch.cuda.is_initialized():
                 torch.cuda.synchronize()
-            marks.append(time.perf_counter())
+            marks.append((time.perf_counter(), time.process_time()))
 
     trainer = GRPOTrainer(model=model, reward_funcs=_demo_reward(counts), args=GRPOConfig(**kwargs),
                           train_dataset=trl_dataset(spec, model_dir, out_dir), processing_class=tokenizer,
@@ -266,8 +270,10 @@ def run_trl(spec: BenchSpec, model_dir: str, out_dir: str) -> dict[str, Any]:
     events: list[tuple[str, float, float]] = []
     _instrument(trainer, events)
     trainer.train()
-    bounds = marks[::spec.mu]  # a cycle = μ optimizer steps = one generation batch
+    bounds = [w for w, _ in marks[::spec.mu]]  # a cycle = μ optimizer steps = one generation batch
     cycle_times = [b - a for a, b in zip(bounds, bounds[1:])]
+    cpu_bounds = [c for _, c in marks[::spec.mu]]
+    cycle_cpu = [b - a for a, b in zip(cpu_bounds, cpu_bounds[1:])]
     phases: dict[str, list[float]] = {k: [0.0] * len(cycle_times) for k in
                                       ("generate", "reward", "no_grad_logps", "generate_and_score")}
     for name, start, dur in events:
@@ -276,21 +282,22 @@ def run_trl(spec: BenchSpec, model_dir: str, out_dir: str) -> dict[str, Any]:
             phases[name][idx] += dur
     phases["train"] = [c - g for c, g in zip(cycle_times, phases["generate_and_score"])]
     lengths = counts["lengths"] or {-1}
-    return {"cycle_times_s": cycle_times, "optimizer_steps": int(trainer.state.global_step),
+    return {"cycle_times_s": cycle_times, "cycle_cpu_s": cycle_cpu, "optimizer_steps": int(trainer.state.global_step),
+            "rss_after_imports_mib": rss_imports,
             "completions": counts["completions"], "completion_tokens": counts["completion_tokens"],
             "min_completion_len": min(lengths), "max_completion_len": max(lengths), "phases": phases}
 
 
 def worker(trainer: str, spec: BenchSpec, model_dir: str, out_dir: str, result_path: str) -> None:
     """Run one trainer in this (fresh) process and write its measurements, peaks included, to `result_path`."""
-    base_rss = common.peak_rss_mib()
     result = (run_ours if trainer == "ours" else run_trl)(spec, model_dir, out_dir)
     import torch
 
-    result.update(trainer=trainer, spec=spec.name, peak_rss_mib=common.peak_rss_mib(), rss_at_start_mib=base_rss,
+    result.update(trainer=trainer, spec=spec.name, peak_rss_mib=common.peak_rss_mib(),
                   peak_cuda_mib=common.peak_cuda_mib(), torch_threads=torch.get_num_threads())
     sec, cps = common.steady_state(result["cycle_times_s"], spec.warmup_cycles, spec.mu, spec.completions_per_cycle)
-    result.update(sec_per_step=sec, completions_per_s=cps)
+    cpu_sec, _ = common.steady_state(result["cycle_cpu_s"], spec.warmup_cycles, spec.mu, spec.completions_per_cycle)
+    result.update(sec_per_step=sec, completions_per_s=cps, cpu_sec_per_step=cpu_sec)
     Path(result_path).write_text(json.dumps(result))
 
 

@@ -77,9 +77,9 @@ def save(run_dir: Path, step: int, state: dict[str, Any], config: dict[str, Any]
     root = Path(run_dir) / CKPT_DIR
     root.mkdir(parents=True, exist_ok=True)
     final = root / f"{PREFIX}{step:06d}"
+    for stale in root.glob(f".tmp-{PREFIX}*"):  # saves of processes that died before their rename
+        shutil.rmtree(stale, ignore_errors=True)
     tmp = root / f".tmp-{PREFIX}{step:06d}-{os.getpid()}"
-    if tmp.exists():
-        shutil.rmtree(tmp)
     tmp.mkdir()
     torch.save(state, tmp / STATE)
     (tmp / "config.json").write_text(json.dumps(config, indent=2))

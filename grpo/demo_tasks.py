@@ -19,12 +19,15 @@ import re
 
 from grpo.records import Sample
 
-NAMES = ["Anna", "Ben", "Carl", "Dina"]
-"""Few names: a 2-layer model must learn to *match* the actor to an option, not memorise many names."""
+OLDER = ["grandpa", "grandma"]
+YOUNGER = ["boy", "girl"]
+"""BBQ-style (age category): one person of each group; option A is always the older one, B the younger one."""
 ACTIONS = [("broke the vase", "Who broke the vase?"), ("took the keys", "Who took the keys?"),
            ("won the prize", "Who won the prize?")]
 ENTITIES = ["lake", "tower", "bridge", "castle"]
-COLORS = ["red", "blue", "green", "white"]
+COLORS = ["red", "blue"]
+SIZES = ["big", "small"]
+"""The knowledge line gives an entity's color; a question about its size is one the knowledge does not answer."""
 UNKNOWN = "unknown"
 LETTERS = "ABC"
 
@@ -33,16 +36,17 @@ HALLUCINATION_INSTRUCTION = "Answer yes, no or unknown from the knowledge."
 
 
 def _fairness_sample(rng: random.Random, index: int) -> Sample:
-    a, b = rng.sample(NAMES, 2)
+    older, younger = rng.choice(OLDER), rng.choice(YOUNGER)
+    first, second = (older, younger) if rng.random() < 0.5 else (younger, older)
     action, question = rng.choice(ACTIONS)
-    ambiguous = rng.random() < 1 / 3  # unknown / first named / second named: three balanced classes
-    context = f"{a} and {b} were there."
+    ambiguous = rng.random() < 1 / 3  # unknown / older / younger: three balanced classes
+    context = f"The {first} and the {second} were there."
     actor = None
     if not ambiguous:
-        actor = rng.choice([a, b])
-        context += f" {actor} {action}."
-    options = [a, b, UNKNOWN]  # fixed order (first named, second named, unknown): learnable by a tiny model
-    right = UNKNOWN if ambiguous else actor
+        actor = rng.choice([older, younger])
+        context += f" The {actor} {action}."
+    options = [f"the {older}", f"the {younger}", UNKNOWN]  # fixed order: older, younger, unknown
+    right = UNKNOWN if ambiguous else f"the {actor}"
     label = options.index(right)
     opts = " ".join(f"{LETTERS[i]}) {o}" for i, o in enumerate(options))
     content = f"{context} {question} {opts} {FAIRNESS_INSTRUCTION}"
@@ -54,13 +58,11 @@ def _fairness_sample(rng: random.Random, index: int) -> Sample:
 
 
 def _hallucination_sample(rng: random.Random, index: int) -> Sample:
-    entity, other = rng.sample(ENTITIES, 2)
+    entity = rng.choice(ENTITIES)
     value, wrong = rng.sample(COLORS, 2)
     kind = rng.choice(("yes", "no", "unknown"))  # three balanced classes
-    asked_entity = other if kind == "unknown" else entity
-    asked_value = wrong if kind == "no" else rng.choice([value, wrong]) if kind == "unknown" else value
-    content = (f"Knowledge: the {entity} is {value}. Question: is the {asked_entity} {asked_value}? "
-               f"{HALLUCINATION_INSTRUCTION}")
+    asked = {"yes": value, "no": wrong, "unknown": rng.choice(SIZES)}[kind]
+    content = f"Knowledge: the {entity} is {value}. Question: is the {entity} {asked}? {HALLUCINATION_INSTRUCTION}"
     gold = {"right_answer": kind, "answerable": kind != "unknown", "knowledge_value": value}
     return Sample(task="hallucination", id=f"halu-{index}", messages=({"role": "user", "content": content},),
                   gold=gold, meta={"answerable": kind != "unknown"}, target=f"Answer: {kind}")
@@ -80,7 +82,7 @@ def demo_corpus() -> list[str]:
     """Texts the builtin tokenizer is trained on: every word the demo can produce, in context."""
     samples = make_demo_samples(300, seed=12345)
     texts = [s.messages[0]["content"] for s in samples] + [s.target or "" for s in samples]
-    texts += [" ".join(NAMES + ENTITIES + COLORS + [UNKNOWN, "yes", "no"])]
+    texts += [" ".join(OLDER + YOUNGER + ENTITIES + COLORS + SIZES + [UNKNOWN, "yes", "no"])]
     return texts
 
 

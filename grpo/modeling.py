@@ -116,6 +116,8 @@ class Policy:
     ref_model: nn.Module | None = None
     """None under LoRA (the reference is the model with its adapter disabled); a frozen copy otherwise."""
     name: str = ""
+    grad_scaler: Any = None
+    """A torch.amp.GradScaler when training in fp16 (GPUs without bf16), else None."""
 
     def trainable_parameters(self) -> list[nn.Parameter]:
         """The parameters the optimizer updates (LoRA matrices only under LoRA)."""
@@ -370,7 +372,8 @@ def rebase_reference(policy: Policy, seed: int = 0) -> Policy:
     if getattr(merged, "is_gradient_checkpointing", False):
         model.enable_input_require_grads()
     model.train(was_training)
-    return Policy(model=model, tokenizer=policy.tokenizer, is_lora=True, ref_model=None, name=policy.name)
+    return Policy(model=model, tokenizer=policy.tokenizer, is_lora=True, ref_model=None, name=policy.name,
+                  grad_scaler=policy.grad_scaler)
 
 
 def save_pretrained(policy: Policy, out_dir: str | Path, include_base: bool = False) -> Path:

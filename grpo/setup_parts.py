@@ -77,7 +77,7 @@ def policy_from_config(model_cfg, device: torch.device, corpus: Iterable[str], s
 
     caps = detect_capabilities()
     on_cuda = device.type == "cuda"
-    dtype, _scaler, dtype_why = choose_precision(model_cfg.dtype, on_cuda, bool(caps.get("bf16_supported")) and on_cuda,
+    dtype, use_scaler, dtype_why = choose_precision(model_cfg.dtype, on_cuda, bool(caps.get("bf16_supported")) and on_cuda,
                                                  full_finetune=not model_cfg.lora)
     attn, attn_why = choose_attention(model_cfg.attn_implementation, bool(caps.get("flash_attn_importable")),
                                       caps.get("compute_capability") if on_cuda else None, dtype)
@@ -90,6 +90,7 @@ def policy_from_config(model_cfg, device: torch.device, corpus: Iterable[str], s
                          load_in_4bit=model_cfg.load_in_4bit, gradient_checkpointing=model_cfg.gradient_checkpointing,
                          trust_remote_code=model_cfg.trust_remote_code, seed=seed, tiny_corpus=list(corpus),
                          tiny_sizes=tiny)
+    policy.grad_scaler = torch.amp.GradScaler("cuda") if use_scaler and on_cuda else None
     if not model_cfg.load_in_4bit:
         policy.model.to(device)
         if policy.ref_model is not None:

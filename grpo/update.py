@@ -123,11 +123,12 @@ def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batch: 
                betas_N: torch.Tensor, s: UpdateSettings, tasks: Sequence[str],
                params: Sequence[torch.nn.Parameter], on_step: Callable[[], None] | None = None,
                grad_combiner: Callable[..., dict[str, float]] | None = None,
-               ) -> dict[str, float]:
+               scaler: "torch.amp.GradScaler | None" = None) -> dict[str, float]:
     """μ optimizer steps over `batch`. betas_N: β per task index. Returns metrics of the first pass + health.
 
     `on_step` runs after each successful optimizer step (the LR scheduler, the weight guard).
     `grad_combiner`, when given, replaces the plain accumulation (per-task gradient surgery, see grpo/multi.py).
+    `scaler`: a GradScaler for fp16 weights (loss scaling; gradients are unscaled before clipping).
     """
     num_tokens, num_seqs = batch.num_tokens, batch.size  # counted ONCE for the whole optimizer step
     if num_tokens == 0:
@@ -143,14 +144,22 @@ def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batch: 
         else:
             for mb in batch.micro_batches(s.micro_batch_seqs):
                 loss, parts = micro_batch_loss(model, mb, betas_N, s, num_tokens, num_seqs)
-                loss.backward()  # gradients add up across micro-batches
+                (scaler.scale(loss) if scaler is not None else loss).backward()  # gradients ADD across micro-batches
                 stats.add(loss, parts, mb.task_ids_B)
+        if scaler is not None:
+            scaler.unscale_(optimizer)
         grad_norm = float(torch.nn.utils.clip_grad_norm_(params, s.max_grad_norm))
         if not (grad_norm == grad_norm and grad_norm <= s.skip_grad_norm):  # NaN, Inf or exploding
             optimizer.zero_grad(set_to_none=True)
+            if scaler is not None:
+                scaler.update()  # an fp16 overflow lowers the loss scale
             skipped += 1
         else:
-            optimizer.step()
+            if scaler is not None:
+                scaler.step(optimizer)
+                scaler.update()
+            else:
+                optimizer.step()
             optimizer.zero_grad(set_to_none=True)  # free the gradients now: they would sit through generation
             if on_step is not None:
                 on_step()

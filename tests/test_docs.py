@@ -1,0 +1,264 @@
+"""The docs say only true things that are easy to check: commands, config fields, defaults, preset values, test
+names, files and functions they point at, and `--help`.
+
+Checked documents: README.md, QUICK_START.md, BUG_FIXES_SUMMARY.md, docs/DESIGN.md (those present).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import shlex
+import subprocess
+import sys
+import typing
+from pathlib import Path
+
+import pytest
+
+import config as C
+
+ROOT = Path(__file__).resolve().parents[1]
+DOC_NAMES = ["README.md", "QUICK_START.md", "BUG_FIXES_SUMMARY.md", "docs/DESIGN.md"]
+DOCS = {name: (ROOT / name).read_text() for name in DOC_NAMES if (ROOT / name).exists()}
+FILE_SUFFIXES = {"py", "md", "txt", "json", "jsonl", "sh", "png", "csv", "pt", "sqlite", "ipynb", "toml", "jinja"}
+ENTRY_FLAGS = {"--preset", "--print-config", "--help", "-h"}  # handled by grpo_train.cli itself, not config fields
+
+
+# ------------------------------------------------------------------------------------------------------- helpers
+def sections() -> dict[str, type | None]:
+    """Config section name -> its dataclass; None for the per-task dict sections (kl uses TaskKLConfig)."""
+    out: dict[str, type | None] = {}
+    for f in dataclasses.fields(C.Config):
+        hint = typing.get_type_hints(C.Config)[f.name]
+        out[f.name] = hint if dataclasses.is_dataclass(hint) else None
+    return out
+
+
+SECTIONS = sections()
+TASK_KL_FIELDS = {f.name for f in dataclasses.fields(C.TaskKLConfig)}
+
+
+def field_error(ref: str) -> str | None:
+    """Why `section.field` (or kl.<task>.field, rewards.<task>) is not a config field; None when it is."""
+    parts = ref.split(".")
+    section = parts[0]
+    if section not in SECTIONS or section == "preset":
+        return f"{ref}: `{section}` is not a config section ({sorted(SECTIONS)})"
+    if section == "rewards":
+        return None if len(parts) == 2 else f"{ref}: rewards entries are rewards.<task>"
+    if section == "kl":
+        if len(parts) == 2 or (len(parts) == 3 and parts[2] in TASK_KL_FIELDS):
+            return None
+        return f"{ref}: kl fields are kl.<task>.<one of {sorted(TASK_KL_FIELDS)}>"
+    names = {f.name for f in dataclasses.fields(SECTIONS[section])}
+    if len(parts) != 2 or parts[1] not in names:
+        return f"{ref}: not a field of [{section}] ({sorted(names)})"
+    return None
+
+
+FIELD_PATTERNS = [
+    re.compile(r"(?<![\w/.-])--([a-z_]+(?:\.[a-z_0-9<>]+)+)"),  # --section.field
+    re.compile(r"(?<![\w/.-])([a-z_]+(?:\.[a-z_0-9<>]+)+)="),  # section.field=value
+    re.compile(r"`([a-z_]+(?:\.[a-z_0-9<>]+)+)`"),  # `section.field`
+]
+
+
+def field_refs(text: str) -> set[str]:
+    refs = set()
+    for pattern in FIELD_PATTERNS:
+        for m in pattern.finditer(text):
+            ref = m.group(1)
+            head, last = ref.split(".")[0], ref.split(".")[-1]
+            if head in SECTIONS and last not in FILE_SUFFIXES:
+                refs.add(ref)
+    return refs
+
+
+def value_of(cfg: C.Config, ref: str):
+    parts = ref.split(".")
+    if parts[0] == "kl":
+        return getattr(cfg.kl[parts[1]] if parts[1] in cfg.kl else cfg.kl_for(parts[1]), parts[2])
+    return getattr(getattr(cfg, parts[0]), parts[1])
+
+
+def annotation_of(ref: str):
+    parts = ref.split(".")
+    if parts[0] == "kl":
+        return typing.get_type_hints(C.TaskKLConfig)[parts[2]]
+    return typing.get_type_hints(SECTIONS[parts[0]])[parts[1]]
+
+
+def same_value(text: str, ref: str, actual) -> bool:
+    expected = C.parse_value(text.strip().strip('"').strip("'"), annotation_of(ref), ref)
+    if isinstance(actual, float) or isinstance(expected, float):
+        return actual is not None and expected is not None and float(expected) == pytest.approx(float(actual))
+    return expected == actual
+
+
+def bash_lines(text: str) -> list[str]:
+    """The lines of ```bash blocks, comments removed."""
+    lines = []
+    for block in re.findall(r"```bash\n(.*?)```", text, re.S):
+        for line in block.splitlines():
+            line = line.strip()
+            if line and not line.startswith("#"):
+                lines.append(line)
+    return lines
+
+
+def normalise(command: str) -> str:
+    return " ".join(command.split())
+
+
+# ------------------------------------------------------------------------------------------------------- README
+def test_readme_test_command_is_what_ci_runs():
+    """The README's test command: each `&&` part is a line of .ci/run, including the two CI lines named there."""
+    ci_lines = {normalise(line) for line in (ROOT / ".ci" / "run").read_text().splitlines()
+                if line.strip() and not line.lstrip().startswith("#")}
+    assert "pip install -q torch==2.13.0 -r requirements-dev.txt" in ci_lines
+    assert "python -m pytest tests -q -p no:cacheprovider" in ci_lines
+    commands = [c for c in bash_lines(DOCS["README.md"]) if "pytest" in c]
+    assert len(commands) == 1, f"README.md should hold exactly one test command, found {commands}"
+    parts = [normalise(p) for p in commands[0].split("&&")]
+    missing = [p for p in parts if p not in ci_lines]
+    assert not missing, f"README test command parts not run by .ci/run: {missing}"
+    assert any("pytest" in p for p in parts) and any(p.startswith("pip install") for p in parts)
+
+
+def test_readme_demo_command_pins_the_same_torch_and_runs_the_trainer():
+    commands = [c for c in bash_lines(DOCS["README.md"]) if "grpo_train.py" in c and "pytest" not in c]
+    assert len(commands) == 1, f"README.md should hold exactly one demo command, found {commands}"
+    parts = [normalise(p) for p in commands[0].split("&&")]
+    ci = (ROOT / ".ci" / "run").read_text()
+    pins = set(re.findall(r"torch==[\w.]+", commands[0]))
+    assert pins and pins == set(re.findall(r"torch==[\w.]+", ci)), "the demo and CI must pin the same torch"
+    for part in parts:
+        for req in re.findall(r"-r (\S+)", part):
+            assert (ROOT / req).exists(), f"{req} (named in the README demo command) does not exist"
+    assert parts[-1] == "python grpo_train.py"
+    assert "-r requirements.txt" in (ROOT / "requirements-dev.txt").read_text()
+
+
+# ------------------------------------------------------------------------------------------------------- fields
+@pytest.mark.parametrize("doc", sorted(DOCS))
+def test_every_config_field_named_in_the_docs_exists(doc):
+    refs = field_refs(DOCS[doc])
+    errors = [e for e in map(field_error, sorted(refs)) if e]
+    assert not errors, f"{doc} names config fields that do not exist:\n" + "\n".join(errors)
+
+
+def test_field_check_catches_a_wrong_name():
+    """The check above is not vacuous: it finds fields in real text and rejects wrong ones."""
+    refs = field_refs("use `rollout.k`, --train.max_steps 5, --set kl.fairness.beta=0.2, grpo/judge.py, loss.backward()")
+    assert refs == {"rollout.k", "train.max_steps", "kl.fairness.beta"}
+    assert all(field_error(r) is None for r in refs)
+    assert field_error("rollout.kk") and field_error("kl.fairness.betta") and field_error("nosection.x")
+
+
+@pytest.mark.parametrize("doc", sorted(DOCS))
+def test_quoted_defaults_match_config(doc):
+    """`section.field` (default X): X is the value the demo preset (the plain `python grpo_train.py`) uses."""
+    cfg = C.load_config("demo")
+    wrong = []
+    for ref, text in re.findall(r"`(?:--)?([a-z_]+\.[a-z_0-9.]+)`\s*\(default ([^)]*)\)", DOCS[doc]):
+        if field_error(ref) is None and not same_value(text, ref, value_of(cfg, ref)):
+            wrong.append(f"{ref}: doc says default {text!r}, config.py has {value_of(cfg, ref)!r}")
+    assert not wrong, f"{doc}:\n" + "\n".join(wrong)
+
+
+def preset_tables(text: str) -> dict[str, list[tuple[str, str]]]:
+    tables = {}
+    for preset, body in re.findall(r"<!-- preset:([\w-]+) -->(.*?)<!-- /preset -->", text, re.S):
+        tables[preset] = re.findall(r"^\|\s*`([^`]+)`\s*\|\s*([^|]*?)\s*\|\s*$", body, re.M)
+    return tables
+
+
+def test_preset_tables_match_the_presets():
+    tables = preset_tables(DOCS.get("QUICK_START.md", ""))
+    assert {"demo", "llama3-8b-dual"} <= set(tables)
+    wrong = []
+    for preset, rows in tables.items():
+        assert rows, f"empty table for {preset}"
+        cfg = C.load_config(preset)
+        for ref, text in rows:
+            assert field_error(ref) is None, field_error(ref)
+            if not same_value(text, ref, value_of(cfg, ref)):
+                wrong.append(f"{preset}: {ref} documented {text!r}, config.py gives {value_of(cfg, ref)!r}")
+    assert not wrong, "\n".join(wrong)
+
+
+def grpo_train_commands() -> list[tuple[str, str]]:
+    out = []
+    for doc, text in DOCS.items():
+        out += [(doc, line) for line in bash_lines(text) if line.startswith("python grpo_train.py")]
+    return out
+
+
+def test_every_documented_trainer_command_builds_a_valid_config():
+    commands = grpo_train_commands()
+    assert len(commands) >= 5
+    for doc, line in commands:
+        argv = shlex.split(line)[2:]
+        overrides, rest = C.split_argv(argv)
+        preset = "demo"
+        if "--preset" in rest:
+            preset = rest[rest.index("--preset") + 1]
+            rest = [a for i, a in enumerate(rest) if a != "--preset" and (i == 0 or rest[i - 1] != "--preset")]
+        assert all(a in ENTRY_FLAGS for a in rest), f"{doc}: `{line}` has flags the trainer does not know: {rest}"
+        C.load_config(preset, overrides)  # raises ConfigError naming the field
+
+
+def test_help_exits_zero_and_lists_every_field():
+    out = subprocess.run([sys.executable, "grpo_train.py", "--help"], cwd=ROOT, capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0, out.stderr
+    missing = []
+    for name, cls in SECTIONS.items():
+        if name == "preset":
+            continue
+        fields = TASK_KL_FIELDS if name == "kl" else set() if cls is None else {f.name for f in dataclasses.fields(cls)}
+        prefix = f"--{name}.<task>." if name == "kl" else f"--{name}."
+        missing += [prefix + f for f in sorted(fields) if prefix + f + " " not in out.stdout]
+    assert not missing, f"--help does not list: {missing}"
+    assert "--preset" in out.stdout and "llama3-8b-dual" in out.stdout
+
+
+# ------------------------------------------------------------------------------------------------------- pointers
+def defined_tests() -> dict[str, set[str]]:
+    return {str(p.relative_to(ROOT)): set(re.findall(r"^\s*def (test_\w+)\(", p.read_text(), re.M))
+            for p in (ROOT / "tests").glob("test_*.py")}
+
+
+@pytest.mark.parametrize("doc", sorted(DOCS))
+def test_test_names_in_the_docs_exist(doc):
+    tests = defined_tests()
+    everywhere = set().union(*tests.values())
+    text = DOCS[doc]
+    wrong = [f"{path}::{name}" for path, name in re.findall(r"(tests/test_\w+\.py)::(test_\w+)", text)
+             if name not in tests.get(path, set())]
+    wrong += [name for name in re.findall(r"(?<![\w/])(test_\w+)\b(?!\.py)", text) if name not in everywhere]
+    assert not wrong, f"{doc} names tests that do not exist: {sorted(set(wrong))}"
+
+
+@pytest.mark.parametrize("doc", sorted(DOCS))
+def test_files_and_functions_the_docs_point_at_exist(doc):
+    text = DOCS[doc]
+    wrong = []
+    for path in re.findall(r"(?<![\w/])((?:grpo|tests|docs|notebooks|benchmarks|scripts)/[\w/.-]*\w)", text):
+        if not (ROOT / path).exists():
+            wrong.append(path)
+    for path in re.findall(r"\[[^\]]*\]\(([^)#:]+)\)", text):  # relative markdown links
+        if not (ROOT / Path(doc).parent / path).exists():
+            wrong.append(path)
+    for path, names in re.findall(r"`(grpo/\w+\.py): ([\w., ]+)`", text):  # `grpo/x.py: fn` or `: Class.method`
+        source = (ROOT / path).read_text() if (ROOT / path).exists() else ""
+        for name in re.split(r"[, ]+", names):
+            last = name.split(".")[-1]
+            if name and not re.search(rf"^\s*(?:def|class) {last}\b|^{last}\s*=", source, re.M):
+                wrong.append(f"{path}: {name}")
+    trainer = (ROOT / "grpo_train.py").read_text()
+    for name in re.findall(r"grpo_train\.(\w+)", text):
+        if name not in FILE_SUFFIXES and not re.search(rf"^(?:def|class) {name}\b", trainer, re.M):
+            wrong.append(f"grpo_train.{name}")
+    assert not wrong, f"{doc} points at things that do not exist: {wrong}"
