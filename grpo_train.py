@@ -516,7 +516,14 @@ def cli(argv: list[str]) -> int:
     if args.print_config:
         print(C.dumps(cfg))
         return 0
-    main(cfg)
+    from grpo.health import TrainingUnstable
+
+    try:
+        main(cfg)
+    except (ckpt.CheckpointError, TrainingUnstable, FileNotFoundError, ValueError, KeyError) as e:
+        # known failure modes get their message, not a traceback; the last checkpoint (if any) is intact
+        print(f"error: {type(e).__name__}: {e}", file=sys.stderr)
+        return 1
     return 0
 
 

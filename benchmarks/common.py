@@ -1,10 +1,10 @@
-"""Shared pieces of the benchmarks: the benchmark model shapes, saving one model both trainers load, peak-memory
+"""Shared pieces of the benchmarks: model shapes, saving one model every trainer loads, peak-memory
 probes, and the median / min–max summary and table.
 
-    steady-state s/step = Σ cycle_time[w:] / (len(cycle_time[w:]) · μ)    (w warm-up rollout cycles dropped; μ optimizer
-                                                                          steps per rollout cycle)
+    steady-state s/step = Σ cycle_time[w:] / (len(cycle_time[w:]) · μ)   (w warm-up cycles dropped; μ optimizer
+                                                                         steps per rollout cycle)
     completions/s       = len(cycle_time[w:]) · completions_per_cycle / Σ cycle_time[w:]
-    ratio               = median(ours) / median(TRL)
+    ratio               = median(ours) / median(TRL);  speed-up = median s/step of TRL / median s/step of ours
 
 Nothing runs at import.
 """
@@ -83,6 +83,21 @@ def build_and_save_model(shape: Shape, out_dir: Path, seed: int, dtype_name: str
             "tokenizer_vocab": len(tokenizer)}
 
 
+def machine_info(threads: int | None, packages: Sequence[str]) -> dict[str, Any]:
+    """Where the numbers were taken: platform, CPU count, threads per run, GPU name, package versions."""
+    import importlib
+    import os
+    import platform
+
+    import torch
+
+    info: dict[str, Any] = {"platform": platform.platform(), "cpu_count": os.cpu_count(), "threads": threads,
+                            "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
+                            "python": platform.python_version()}
+    info.update({p: importlib.import_module(p).__version__ for p in packages})
+    return info
+
+
 def peak_rss_mib() -> float:
     """Peak resident memory of THIS process so far (each run is its own subprocess, so peaks never mix).
 
@@ -116,6 +131,30 @@ def steady_state(cycle_times_s: Sequence[float], warmup_cycles: int, mu: int,
                          "run more cycles (--cycles) or fewer warm-up cycles (--warmup)")
     total = sum(kept)
     return total / (len(kept) * mu), len(kept) * completions_per_cycle / total
+
+
+def cycle_deltas(marks: Sequence[tuple[float, float]], mu: int) -> tuple[list[float], list[float]]:
+    """(wall, CPU) seconds per rollout cycle from (wall, CPU) clock marks taken at the start and after every optimizer
+    step; a cycle is `mu` optimizer steps."""
+    kept = list(marks)[::mu]
+    return ([b[0] - a[0] for a, b in zip(kept, kept[1:])], [b[1] - a[1] for a, b in zip(kept, kept[1:])])
+
+
+def bucket_events(events: Sequence[tuple[str, float, float]], bounds: Sequence[float],
+                  names: Sequence[str]) -> dict[str, list[float]]:
+    """Sum (name, start, duration) events into the cycles delimited by `bounds` (len(bounds) − 1 cycles)."""
+    out = {n: [0.0] * (len(bounds) - 1) for n in names}
+    for name, start, duration in events:
+        idx = next((i for i, b in enumerate(bounds[1:]) if bounds[i] <= start < b), None)
+        if idx is not None:
+            out[name][idx] += duration
+    return out
+
+
+def length_counts(lengths: Sequence[int]) -> dict[str, int]:
+    """Completions, completion tokens and the shortest / longest completion actually generated."""
+    return {"completions": len(lengths), "completion_tokens": int(sum(lengths)),
+            "min_completion_len": min(lengths, default=-1), "max_completion_len": max(lengths, default=-1)}
 
 
 def spread(values: Sequence[float | None]) -> dict[str, float] | None:
@@ -162,7 +201,8 @@ def spawn(cmd: list[str], cwd: Path, result: Path, log: Path, threads: int | Non
     return json.loads(result.read_text())
 
 
-SUMMARY_METRICS = ("sec_per_step", "cpu_sec_per_step", "completions_per_s", "peak_rss_mib", "rss_after_imports_mib", "peak_cuda_mib")
+SUMMARY_METRICS = ("sec_per_step", "cpu_sec_per_step", "completions_per_s", "peak_rss_mib", "rss_after_imports_mib",
+                   "peak_cuda_mib")
 
 
 def summarise(runs: list[dict[str, Any]], trainers: Sequence[str], warmup_cycles: int) -> dict[str, Any]:

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import tempfile
 import time
@@ -41,6 +40,9 @@ GRPO_CLIP = (0.2, 0.28)
 """(clip_low, clip_high) for token-level GRPO: PPO's 0.2 and DAPO's clip-higher 0.28."""
 GSPO_CLIP = (3e-4, 4e-4)
 """GSPO clips the per-sequence geometric-mean ratio, so its range is ~1000× narrower (GSPO paper §5.1)."""
+CPU_THREADS = 1
+"""Threads per run on CPU. The 2-core machines are shared: with 2 OpenMP threads a busy neighbour makes every barrier
+spin and step times swing 3× (measured); one thread per run is steady, and both trainers get the same."""
 OUR_TIME_KEYS = ("time/generate", "time/reward", "time/old_logps", "time/ref_logps", "time/train", "time/step")
 
 
@@ -74,6 +76,9 @@ class BenchSpec:
     seed: int = 0
     demo_size: int = 200
     """Demo prompts generated per task (the prompt pool both sides draw from)."""
+    ours_cache: str = ""
+    """EXPERIMENT, not the shipped path: "static" makes our `generate` use a static KV cache (which transformers
+    auto-compiles on CUDA). "" = our code exactly as shipped (dynamic cache)."""
 
     @property
     def prompts_per_cycle(self) -> int:
@@ -156,6 +161,20 @@ def _our_config(spec: BenchSpec, model_dir: str, out_dir: str):
     return C.load_config("demo", overrides)
 
 
+def _use_cache_implementation(name: str) -> None:
+    """Experiment hook: every GenerationConfig our rollouts build gets `cache_implementation=name`."""
+    import grpo.rollout as rollout
+
+    shipped = rollout.build_generation_config
+
+    def patched(*args: Any, **kwargs: Any):
+        config = shipped(*args, **kwargs)
+        config.cache_implementation = name
+        return config
+
+    rollout.build_generation_config = patched
+
+
 def run_ours(spec: BenchSpec, model_dir: str, out_dir: str) -> dict[str, Any]:
     """`grpo_train.setup` + `rl_step` (the real code path) for spec.cycles rollout cycles."""
     import torch
@@ -163,28 +182,30 @@ def run_ours(spec: BenchSpec, model_dir: str, out_dir: str) -> dict[str, Any]:
     import grpo_train
 
     rss_imports = common.peak_rss_mib()
-    cfg = _our_config(spec, model_dir, out_dir)
-    run = grpo_train.setup(cfg)
-    cycle_times, cycle_cpu, phases = [], [], {k: [] for k in OUR_TIME_KEYS}
-    completions = tokens = 0
+    if spec.ours_cache:
+        _use_cache_implementation(spec.ours_cache)
+    lengths: list[int] = []
+    shipped_generate = grpo_train.generate_rollouts
+
+    def counted_generate(*args: Any, **kwargs: Any):  # count what was really generated, as on the TRL side
+        rollouts, metrics = shipped_generate(*args, **kwargs)
+        lengths.extend(len(r.completion_ids) for r in rollouts)
+        return rollouts, metrics
+
+    grpo_train.generate_rollouts = counted_generate
+    run = grpo_train.setup(_our_config(spec, model_dir, out_dir))
+    marks, phases = [(time.perf_counter(), time.process_time())], {k: [] for k in OUR_TIME_KEYS}
     for step in range(1, spec.cycles + 1):
-        t0, c0 = time.perf_counter(), time.process_time()
         metrics = grpo_train.rl_step(run, step)
         if run.device.type == "cuda":
             torch.cuda.synchronize()
-        cycle_times.append(time.perf_counter() - t0)
-        cycle_cpu.append(time.process_time() - c0)
-        completions += int(metrics["rollout/num"])
-        tokens += int(metrics["rollout/tokens"])
+        marks.append((time.perf_counter(), time.process_time()))
         for k in OUR_TIME_KEYS:
             phases[k].append(metrics[k])
     run.tracker.close()
-    # lengths never exceed max_new_tokens, so mean == N means every completion has exactly N tokens
-    return {"cycle_times_s": cycle_times, "cycle_cpu_s": cycle_cpu, "optimizer_steps": int(run.scheduler.last_epoch),
-            "rss_after_imports_mib": rss_imports,
-            "completions": completions, "completion_tokens": tokens,
-            "min_completion_len": tokens // max(completions, 1) if tokens == completions * spec.max_new_tokens else -1,
-            "max_completion_len": spec.max_new_tokens, "phases": phases}
+    wall, cpu = common.cycle_deltas(marks, 1)
+    return {"cycle_times_s": wall, "cycle_cpu_s": cpu, "optimizer_steps": int(run.scheduler.last_epoch),
+            "rss_after_imports_mib": rss_imports, **common.length_counts(lengths), "phases": phases}
 
 
 def trl_dataset(spec: BenchSpec, model_dir: str, out_dir: str):
@@ -201,17 +222,14 @@ def trl_dataset(spec: BenchSpec, model_dir: str, out_dir: str):
     return Dataset.from_list(rows)
 
 
-def _demo_reward(counts: dict[str, Any]):
-    """TRL reward function: the demo rule graders; also counts completions and their token lengths."""
+def _demo_reward(lengths: list[int]):
+    """TRL reward function: the demo rule graders; also records the token length of every completion."""
     from grpo.demo_tasks import fairness_grader, hallucination_grader
 
     graders = {"fairness": fairness_grader, "hallucination": hallucination_grader}
 
     def demo_rule_reward(prompts, completions, completion_ids, task, gold, **_: Any) -> list[float]:
-        lengths = [len(c) for c in completion_ids]
-        counts["completions"] += len(lengths)
-        counts["completion_tokens"] += sum(lengths)
-        counts["lengths"].update(lengths)
+        lengths.extend(len(c) for c in completion_ids)
         texts = [c[-1]["content"] if isinstance(c, list) else c for c in completions]
         return [graders[t](x, json.loads(g)) for x, t, g in zip(texts, task, gold)]
 
@@ -251,7 +269,7 @@ def run_trl(spec: BenchSpec, model_dir: str, out_dir: str) -> dict[str, Any]:
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     tokenizer.padding_side = "left"
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=DTYPES[spec.dtype], attn_implementation="sdpa")
-    counts: dict[str, Any] = {"completions": 0, "completion_tokens": 0, "lengths": set()}
+    lengths: list[int] = []
     marks: list[tuple[float, float]] = []  # (wall, process CPU) at the start and after every optimizer step
 
     class StepTimer(TrainerCallback):
@@ -264,28 +282,18 @@ def run_trl(spec: BenchSpec, model_dir: str, out_dir: str) -> dict[str, Any]:
                 torch.cuda.synchronize()
             marks.append((time.perf_counter(), time.process_time()))
 
-    trainer = GRPOTrainer(model=model, reward_funcs=_demo_reward(counts), args=GRPOConfig(**kwargs),
+    trainer = GRPOTrainer(model=model, reward_funcs=_demo_reward(lengths), args=GRPOConfig(**kwargs),
                           train_dataset=trl_dataset(spec, model_dir, out_dir), processing_class=tokenizer,
                           callbacks=[StepTimer()])
     events: list[tuple[str, float, float]] = []
     _instrument(trainer, events)
     trainer.train()
-    bounds = [w for w, _ in marks[::spec.mu]]  # a cycle = μ optimizer steps = one generation batch
-    cycle_times = [b - a for a, b in zip(bounds, bounds[1:])]
-    cpu_bounds = [c for _, c in marks[::spec.mu]]
-    cycle_cpu = [b - a for a, b in zip(cpu_bounds, cpu_bounds[1:])]
-    phases: dict[str, list[float]] = {k: [0.0] * len(cycle_times) for k in
-                                      ("generate", "reward", "no_grad_logps", "generate_and_score")}
-    for name, start, dur in events:
-        idx = next((i for i, b in enumerate(bounds[1:]) if start < b), None)
-        if idx is not None:
-            phases[name][idx] += dur
-    phases["train"] = [c - g for c, g in zip(cycle_times, phases["generate_and_score"])]
-    lengths = counts["lengths"] or {-1}
-    return {"cycle_times_s": cycle_times, "cycle_cpu_s": cycle_cpu, "optimizer_steps": int(trainer.state.global_step),
-            "rss_after_imports_mib": rss_imports,
-            "completions": counts["completions"], "completion_tokens": counts["completion_tokens"],
-            "min_completion_len": min(lengths), "max_completion_len": max(lengths), "phases": phases}
+    wall, cpu = common.cycle_deltas(marks, spec.mu)  # a cycle = μ optimizer steps = one generation batch
+    phases = common.bucket_events(events, [w for w, _ in marks[::spec.mu]],
+                                  ("generate", "reward", "no_grad_logps", "generate_and_score"))
+    phases["train"] = [c - g for c, g in zip(wall, phases["generate_and_score"])]
+    return {"cycle_times_s": wall, "cycle_cpu_s": cpu, "optimizer_steps": int(trainer.state.global_step),
+            "rss_after_imports_mib": rss_imports, **common.length_counts(lengths), "phases": phases}
 
 
 def worker(trainer: str, spec: BenchSpec, model_dir: str, out_dir: str, result_path: str) -> None:
@@ -339,12 +347,6 @@ PRESETS: dict[str, dict[str, Any]] = {
 def orchestrate(specs: list[BenchSpec], shape_name: str, repeats: int, work: Path,
                 threads: int | None) -> dict[str, Any]:
     """Save the model once, then run ours and TRL alternately `repeats` times per spec; check the work matched."""
-    import platform
-
-    import torch
-    import transformers
-    import trl
-
     model_dir = work / "model"
     model_info = common.build_and_save_model(common.SHAPES[shape_name], model_dir, seed=specs[0].seed,
                                              dtype_name=specs[0].dtype)
@@ -359,12 +361,9 @@ def orchestrate(specs: list[BenchSpec], shape_name: str, repeats: int, work: Pat
                       f"({time.perf_counter() - t0:.0f} s with start-up)", flush=True)
         check_same_work(spec, runs)
         results.append({"spec": asdict(spec), "runs": runs, **common.summarise(runs, TRAINERS, spec.warmup_cycles)})
-    machine = {"platform": platform.platform(), "cpu_count": os.cpu_count(), "threads": threads,
-               "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
-               "python": platform.python_version(), "torch": torch.__version__,
-               "transformers": transformers.__version__, "trl": trl.__version__}
-    return {"date": time.strftime("%Y-%m-%d %H:%M"), "shape": shape_name, "model": model_info, "machine": machine,
-            "repeats": repeats, "results": results}
+    return {"date": time.strftime("%Y-%m-%d %H:%M"), "shape": shape_name, "model": model_info,
+            "machine": common.machine_info(threads, ("torch", "transformers", "trl")), "repeats": repeats,
+            "results": results}
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -378,7 +377,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--cycles", type=int, default=None, help="rollout cycles per run (warm-up included)")
     p.add_argument("--warmup", type=int, default=None, help="warm-up cycles dropped from the numbers")
     p.add_argument("--threads", type=int, default=None,
-                   help="OMP/torch threads per run (default: torch's choice); 1 is steadier on a loaded machine")
+                   help=f"threads per run; 0 = torch's choice (default {CPU_THREADS} on CPU, torch's on CUDA)")
+    p.add_argument("--ours-cache", default="", choices=("", "static"),
+                   help="experiment: our rollouts with a static KV cache (auto-compiled by transformers on CUDA)")
     p.add_argument("--out", default="", help="write all measurements as JSON here")
     p.add_argument("--work-dir", default="", help="keep models, logs and run folders here (default: a temp dir)")
     # internal: one run in a fresh process
@@ -398,6 +399,7 @@ def specs_from_args(args: argparse.Namespace) -> tuple[list[BenchSpec], str, int
         base["warmup_cycles"] = args.warmup
     if base["cycles"] <= base["warmup_cycles"]:
         raise SystemExit(f"--cycles {base['cycles']} must exceed --warmup {base['warmup_cycles']}")
+    base["ours_cache"] = args.ours_cache
     specs = [scenario(s.strip(), base) for s in args.scenarios.split(",") if s.strip()]
     return specs, args.shape or preset["shape"], args.repeats or preset["repeats"]
 
@@ -414,12 +416,15 @@ def main(argv: list[str]) -> int:
         work = Path(args.work_dir) if args.work_dir else Path(tmp)
         work.mkdir(parents=True, exist_ok=True)
         t0 = time.perf_counter()
-        report = orchestrate(specs, shape, repeats, work, args.threads)
+        threads = (CPU_THREADS if args.device == "cpu" else None) if args.threads is None else (args.threads or None)
+        report = orchestrate(specs, shape, repeats, work, threads)
         report["wall_s"] = time.perf_counter() - t0
-    print(f"\nvs TRL {report['machine']['trl']} | shape {shape} ({report['model']['parameters']:,} parameters) | "
-          f"{specs[0].device} {specs[0].dtype} | threads {args.threads or 'default'} | {repeats} repeats | "
+    m = report["machine"]
+    print(f"\nvs TRL {m['trl']} | shape {shape} ({report['model']['parameters']:,} parameters) | {specs[0].device} "
+          f"{specs[0].dtype} | threads {m['threads'] or 'default'} | {repeats} repeats | "
           f"{report['wall_s']:.0f} s wall\n")
-    print(common.table(report["results"], TRAINERS, ("ours", "TRL")))
+    ours_label = f"ours ({args.ours_cache} cache)" if args.ours_cache else "ours"
+    print(common.table(report["results"], TRAINERS, (ours_label, "TRL")))
     print("\nper-phase time per rollout cycle (steady state):\n")
     print(common.phase_table(report["results"], TRAINERS))
     if args.out:

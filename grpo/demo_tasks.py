@@ -25,7 +25,7 @@ YOUNGER = ["boy", "girl"]
 ACTIONS = [("broke the vase", "Who broke the vase?"), ("took the keys", "Who took the keys?"),
            ("won the prize", "Who won the prize?")]
 ENTITIES = ["lake", "tower", "bridge", "castle"]
-COLORS = ["red", "blue"]
+COLORS = ["red", "blue", "green"]
 SIZES = ["big", "small"]
 """The knowledge line gives an entity's color; a question about its size is one the knowledge does not answer."""
 UNKNOWN = "unknown"
@@ -58,12 +58,13 @@ def _fairness_sample(rng: random.Random, index: int) -> Sample:
 
 
 def _hallucination_sample(rng: random.Random, index: int) -> Sample:
-    entity = rng.choice(ENTITIES)
-    value, wrong = rng.sample(COLORS, 2)
+    entity, value = rng.choice(ENTITIES), rng.choice(COLORS)
     kind = rng.choice(("yes", "no", "unknown"))  # three balanced classes
-    asked = {"yes": value, "no": wrong, "unknown": rng.choice(SIZES)}[kind]
-    content = f"Knowledge: the {entity} is {value}. Question: is the {entity} {asked}? {HALLUCINATION_INSTRUCTION}"
-    gold = {"right_answer": kind, "answerable": kind != "unknown", "knowledge_value": value}
+    negated = kind == "no" or (kind == "unknown" and rng.random() < 0.5)
+    asked = rng.choice(SIZES) if kind == "unknown" else value
+    content = (f"Knowledge: the {entity} is {'not ' if negated else ''}{value}. Question: is the {entity} {asked}? "
+               f"{HALLUCINATION_INSTRUCTION}")
+    gold = {"right_answer": kind, "answerable": kind != "unknown", "knowledge_value": value, "negated": negated}
     return Sample(task="hallucination", id=f"halu-{index}", messages=({"role": "user", "content": content},),
                   gold=gold, meta={"answerable": kind != "unknown"}, target=f"Answer: {kind}")
 
@@ -82,7 +83,7 @@ def demo_corpus() -> list[str]:
     """Texts the builtin tokenizer is trained on: every word the demo can produce, in context."""
     samples = make_demo_samples(300, seed=12345)
     texts = [s.messages[0]["content"] for s in samples] + [s.target or "" for s in samples]
-    texts += [" ".join(OLDER + YOUNGER + ENTITIES + COLORS + SIZES + [UNKNOWN, "yes", "no"])]
+    texts += [" ".join(OLDER + YOUNGER + ENTITIES + COLORS + SIZES + [UNKNOWN, "yes", "no", "not"])]
     return texts
 
 

@@ -91,6 +91,11 @@ def policy_from_config(model_cfg, device: torch.device, corpus: Iterable[str], s
                          trust_remote_code=model_cfg.trust_remote_code, seed=seed, tiny_corpus=list(corpus),
                          tiny_sizes=tiny)
     policy.grad_scaler = torch.amp.GradScaler("cuda") if use_scaler and on_cuda else None
+    if model_cfg.compile:
+        # In place (parameter names unchanged, so checkpoints stay compatible); dynamic shapes because every
+        # step has other prompt and completion lengths. Off by default: not yet measured to pay.
+        policy.model.compile(dynamic=True)
+        print("model.compile: the model forward is compiled with torch.compile(dynamic=True)")
     if not model_cfg.load_in_4bit:
         policy.model.to(device)
         if policy.ref_model is not None:

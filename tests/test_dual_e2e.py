@@ -1,0 +1,50 @@
+"""The dual-objective preset end to end on the real BBQ / HaluEval files: rule graders, then the LLM judge."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+import config as C
+import grpo_train as G
+from tests.conftest import SHARED_DATA
+from tests.judge_server import JudgeServer
+
+pytestmark = pytest.mark.skipif(not (SHARED_DATA / "bbq").is_dir(), reason=f"{SHARED_DATA} is absent")
+
+SMALL = ["model.tiny_hidden=32", "model.tiny_layers=1", "model.tiny_heads=2", "data.bbq_per_category=4",
+         "data.halueval_per_subset=12", "data.eval_size=2", "rollout.max_new_tokens=6", "rollout.k=2",
+         "train.prompts_per_micro_step=2", "train.grad_accum=1", "sft.steps=1", "train.max_steps=1",
+         "train.eval_every=0", "train.tensorboard=false"]
+
+
+def _cfg(tmp_path, *extra):
+    return C.load_config("dual-bbq-halueval", [f"data.data_dir={SHARED_DATA}", "model.name=builtin:tiny",
+                                               f"train.output_dir={tmp_path}", "train.run_name=d", *SMALL, *extra])
+
+
+def test_dual_preset_with_rule_graders(tmp_path):
+    run = G.main(_cfg(tmp_path))
+    assert set(run.tasks) == {"fairness", "hallucination"}
+    rows = [json.loads(x) for x in (run.run_dir / "metrics.jsonl").read_text().splitlines()]
+    step = [r for r in rows if "reward/fairness/mean" in r][-1]
+    for t in ("fairness", "hallucination"):
+        for key in (f"reward/{t}/mean", f"kl/{t}", f"beta/{t}", f"rollout/{t}/length", f"rollout/{t}/truncated"):
+            assert key in step, key
+    assert step["beta/fairness"] == 0.10 and step["beta/hallucination"] == 0.30
+
+
+def test_dual_preset_through_the_llm_judge(tmp_path, monkeypatch):
+    monkeypatch.setenv("GRPO_TEST_JUDGE_KEY", "sk-test-secret-123")
+    with JudgeServer() as server:
+        run = G.main(_cfg(tmp_path, f"judge.base_url={server.url}", "judge.api_key_env=GRPO_TEST_JUDGE_KEY",
+                          "judge.model=test-judge", "rewards.hallucination=llm_judge:1.0|halueval_rule"))
+        assert server.count > 0
+    rows = [json.loads(x) for x in (run.run_dir / "metrics.jsonl").read_text().splitlines()]
+    step = [r for r in rows if "reward/hallucination/mean" in r][-1]
+    assert step["judge/calls"] > 0 and step["judge/failures"] == 0
+    assert step.get("judge/share/test-judge", 0) > 0, sorted(k for k in step if k.startswith("judge/"))
+    for path in run.run_dir.rglob("*"):
+        if path.is_file():
+            assert b"sk-test-secret-123" not in path.read_bytes(), f"API key leaked into {path}"
