@@ -458,6 +458,7 @@ PRESETS: dict[str, dict[str, Any]] = {
         "data": {"source": "dual", "bbq_per_category": 200, "halueval_per_subset": 500},
         "rollout": {"k": 4, "max_new_tokens": 96, "temperature": 0.5, "top_k": 30, "top_p": 0.85},
         "train": {"prompts_per_micro_step": 2, "grad_accum": 2, "max_steps": 500, "lr": 1e-5, "eval_every": 50},
+        "checkpoint": {"every": 50},
         "sft": {"steps": 100, "lr": 2e-5, "batch_size": 8},
         "kl": {"default": {"controller": "band", "beta": 0.1, "band_low": 0.02, "band_high": 0.06},
                "fairness": {"controller": "band", "beta": 0.10, "band_low": 0.02, "band_high": 0.06,

@@ -7,6 +7,7 @@
 #   ./force_update.sh --no-fetch       # no update: only run the checks (allowed on a dirty tree, with a warning)
 #   ./force_update.sh --only kl,nan-guard   # run a subset of the bug classes (or FORCE_UPDATE_ONLY=kl,nan-guard)
 #   ./force_update.sh --list           # print the bug classes and their tests, run nothing
+# All classes take a few minutes on a CPU (one pytest run per class).
 #
 # Environment: FORCE_UPDATE_PYTHON (interpreter; default .venv/bin/python if present, else python3),
 # FORCE_UPDATE_PYTEST_ARGS (extra pytest arguments), FORCE_UPDATE_ONLY (as --only).
@@ -24,11 +25,11 @@ CLASSES=(
   "masks|trained tokens are exactly the sampled tokens (template, padding, slice); dropout off in rollouts|tests/test_tokens.py::test_collate_masked_tokens_are_exactly_the_sampled_ids tests/test_trainer.py::test_trained_tokens_are_sampled_tokens tests/test_logprobs.py::test_left_padded_rows_equal_each_row_alone tests/test_modeling.py::test_generation_mode_restores_train_cache_and_checkpointing_exactly"
   "nan-guard|a NaN/Inf gradient is skipped and bad weights are restored at once|tests/test_trainer.py::test_nan_gradient_is_skipped tests/test_trainer.py::test_nan_weights_are_restored tests/test_health.py::test_weight_guard_restores_after_nan_in_place tests/test_health.py::test_weight_guard_snapshot_follows_good_steps tests/test_health.py::test_weight_guard_raises_after_k_consecutive_bad_steps_and_good_step_resets"
   "reference|the KL reference is the same weights (adapter off) or one frozen copy, never a reload|tests/test_modeling.py::test_lora_reference_is_the_base_with_adapter_disabled tests/test_modeling.py::test_full_finetuning_reference_is_a_frozen_copy"
-  "judge|judge: gold labels in the rubric, failures not cached, no sleep under the rate-limit lock, None not 0|tests/test_judge.py::test_rubrics_have_versions_and_show_gold tests/test_judge.py::test_failures_are_not_cached tests/test_judge.py::test_rate_limiter_never_sleeps_holding_its_lock tests/test_judge.py::test_64_concurrent_items_keep_order_and_respect_the_rate_limit tests/test_judge.py::test_score_rollouts_judge_terms_fallback_and_none"
+  "judge|gold labels in the judge rubric, failures not cached, no sleep under the rate-limit lock, None not 0|tests/test_judge.py::test_rubrics_have_versions_and_show_gold tests/test_judge.py::test_failures_are_not_cached tests/test_judge.py::test_rate_limiter_never_sleeps_holding_its_lock tests/test_judge.py::test_64_concurrent_items_keep_order_and_respect_the_rate_limit tests/test_judge.py::test_score_rollouts_judge_terms_fallback_and_none"
   "checkpoints|periodic crash-safe checkpoints; Ctrl-C saves one; resume is exact|tests/test_checkpoint.py::test_exact_resume tests/test_checkpoint.py::test_truncated_and_incomplete_checkpoints_are_skipped tests/test_checkpoint.py::test_sigint_leaves_a_resumable_checkpoint"
 )
 
-usage() { sed -n '2,15p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//'; }
 
 NO_FETCH=0
 ONLY="${FORCE_UPDATE_ONLY:-}"

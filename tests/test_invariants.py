@@ -1,0 +1,58 @@
+"""Design invariants that cut across modules."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import grpo_train as G
+from grpo.batch import batch_logprobs
+from grpo.modeling import reference
+from tests.trainer_helpers import fast_config
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.parametrize("lora", [False, True])
+def test_reference_is_the_post_sft_policy(tmp_path, lora):
+    """After SFT warm-up the KL reference is the SFT model: reference log-probs equal the policy's."""
+    extra = ["model.lora=true", "model.lora_r=4", "model.lora_dropout=0"] if lora else []
+    run = G.setup(fast_config(tmp_path, "sft.steps=5", "sft.lr=1e-2", *extra))
+    G.sft_phase(run)
+
+    batch = _fixed_batch_any(run)
+    policy_logps = batch_logprobs(run.policy.model, batch, 8, 1.0)
+    with reference(run.policy) as ref_model:
+        ref_logps = batch_logprobs(ref_model, batch, 8, 1.0)
+    torch.testing.assert_close(policy_logps, ref_logps, atol=1e-5, rtol=1e-5)
+
+
+def _fixed_batch_any(run):
+    from grpo.advantages import group_advantages
+    from grpo.batch import build_train_batch
+    from grpo.rollout import generate_rollouts
+    from grpo.scoring import score_rollouts
+
+    samples = run.sampler.next_batch(2)
+    rollouts, _ = generate_rollouts(run.policy.model, run.tokenizer, samples, 2, run.sampling)
+    scored, _ = score_rollouts(rollouts, run.specs, None)
+    adv, _ = group_advantages(torch.tensor([s.reward for s in scored]), 2)
+    return build_train_batch(scored, adv, run.tasks, run.tokenizer.pad_token_id, run.device)
+
+
+def test_nothing_happens_at_import(tmp_path):
+    """Importing every module creates no file, parses no argv and loads no model."""
+    modules = ["config", "grpo_train", "check_gpu_memory"] + [
+        f"grpo.{p.stem}" for p in (ROOT / "grpo").glob("*.py") if p.stem != "__init__"]
+    code = ("import sys, importlib; sys.argv = ['x', '--definitely-not-a-flag']\n"
+            f"sys.path.insert(0, {str(ROOT)!r})\n"
+            f"for m in {modules!r}: importlib.import_module(m)\n"
+            "import torch.nn as nn; print('models:', sum(isinstance(o, nn.Module) for o in __import__('gc').get_objects()))")
+    out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "models: 0" in out.stdout
+    assert list(tmp_path.iterdir()) == [], "importing created files"
