@@ -99,7 +99,8 @@ def main() -> int:
     subprocess.run(command(out, "soak", args.steps, args.seed, bool(ckpt.list_complete(run_dir))), check=True,
                    capture_output=True)
     soak = final_weights(run_dir)
-    identical = soak.keys() == reference.keys() and all((soak[k] == reference[k]).all() for k in soak)
+    identical = soak.keys() == reference.keys() and all(
+        soak[k].shape == reference[k].shape and bool((soak[k] == reference[k]).all()) for k in soak)
     print(f"kills: {kills}, corrupt checkpoints: {corrupt}, final weights identical: {'yes' if identical else 'no'}")
     return 0 if identical and corrupt == 0 else 1
 
