@@ -450,7 +450,15 @@ DEMO_KL = {"default": TaskKLConfig(controller="band", beta=0.02, band_low=0.0, b
 
 PRESETS: dict[str, dict[str, Any]] = {
     # Embedded offline demo: tiny model built in code, synthetic fairness + hallucination tasks, CPU, a few minutes.
-    "demo": {},
+    # SFT on 24 demonstrations teaches the reply format (not the rule); RL on every prompt learns the rule:
+    # held-out reward after RL >= after SFT + 0.3 on both tasks (seeds 0/1/2), ~2 min on 2 CPU cores.
+    "demo": {
+        "model": {"tiny_hidden": 128, "tiny_layers": 2},
+        "data": {"eval_size": 64},
+        "rollout": {"k": 6, "max_new_tokens": 4},
+        "train": {"max_steps": 120, "lr": 5e-4, "prompts_per_micro_step": 16},
+        "sft": {"steps": 35, "lr": 1e-3, "batch_size": 8, "max_examples": 24},
+    },
     # The reference A100 setup: Llama-3-8B-Instruct + LoRA, two objectives with their own KL bands.
     "llama3-8b-dual": {
         "model": {"name": "meta-llama/Meta-Llama-3-8B-Instruct", "dtype": "bfloat16", "lora": True,

@@ -190,7 +190,9 @@ def spawn(cmd: list[str], cwd: Path, result: Path, log: Path, threads: int | Non
     import os
     import subprocess
 
-    env = {**os.environ, "TOKENIZERS_PARALLELISM": "false", "PYTHONPATH": str(cwd)}
+    # keep any PYTHONPATH the caller set (e.g. packages installed with --target), the repo root first
+    path = os.pathsep.join(p for p in (str(cwd), os.environ.get("PYTHONPATH", "")) if p)
+    env = {**os.environ, "TOKENIZERS_PARALLELISM": "false", "PYTHONPATH": path}
     if threads:  # set before torch is imported in the child: OpenMP reads it once
         env["OMP_NUM_THREADS"] = env["MKL_NUM_THREADS"] = str(threads)
     with open(log, "w") as f:

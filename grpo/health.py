@@ -266,6 +266,9 @@ def grad_norm_ok(norm: float | torch.Tensor, max_norm_skip: float | None) -> tup
     return True, ""
 
 
+ON_DEVICE_SNAPSHOT_BYTES = 2 * 2**30  # up to this size (any LoRA adapter) the last good copy stays on the GPU
+
+
 class WeightGuard:
     """Keeps a copy of the trainable parameters to restore after a step that leaves them non-finite.
 
@@ -279,7 +282,7 @@ class WeightGuard:
     """
 
     def __init__(self, params: Iterable[torch.Tensor], max_consecutive: int = 3,
-                 device: str | torch.device | None = "cpu") -> None:
+                 device: str | torch.device | None = "auto") -> None:
         self.params = [p for p in params if p.requires_grad]
         if not self.params:
             raise ValueError("WeightGuard got no trainable parameters; pass [p for p in model.parameters() "
@@ -291,12 +294,26 @@ class WeightGuard:
         self.skipped_total = 0
         self.restored_total = 0
         self.consecutive_bad = 0
-        self._copy: list[torch.Tensor] = []
+        self._copy = self._buffers(device)
         self.snapshot()
+
+    def _buffers(self, device) -> list[torch.Tensor]:
+        """Snapshot buffers, allocated once. "auto": on the parameters' device when they total at most
+        ON_DEVICE_SNAPSHOT_BYTES (LoRA adapters), else in pinned CPU memory so the copy is asynchronous."""
+        import torch
+
+        total = sum(p.numel() * p.element_size() for p in self.params)
+        on_cuda = self.params[0].is_cuda
+        if device == "auto":
+            device = self.params[0].device if (not on_cuda or total <= ON_DEVICE_SNAPSHOT_BYTES) else "cpu"
+        device = torch.device(device) if device is not None else self.params[0].device
+        pin = on_cuda and device.type == "cpu"
+        return [torch.empty(p.shape, dtype=p.dtype, device=device, pin_memory=pin) for p in self.params]
 
     def snapshot(self) -> None:
         """Copy the current trainable parameters (the last known-good weights)."""
-        self._copy = [p.detach().to(self.device or p.device, copy=True) for p in self.params]
+        for buf, p in zip(self._copy, self.params):  # into the same buffers every time: no allocation
+            buf.copy_(p.detach(), non_blocking=True)  # stream-ordered: a later restore sees this copy
 
     def all_finite(self) -> bool:
         """True when no trainable parameter holds NaN or inf (one sync with the device)."""

@@ -105,7 +105,14 @@ class SanitizeLogitsProcessor:
         self.rows_fixed: torch.Tensor | int = 0
 
     def __call__(self, input_ids: torch.LongTensor, scores_BV: torch.Tensor) -> torch.Tensor:
-        self.rows_fixed = self.rows_fixed + (~torch.isfinite(scores_BV)).any(dim=-1).sum()
+        # One reduction finds the bad rows: a NaN or +Inf anywhere makes the row sum NaN or +Inf. A -Inf alone
+        # (a token masked by min_new_tokens or a bad-words list) is legitimate and left alone. Only when a row is
+        # bad is the whole tensor rewritten, so the common case costs one pass, not two plus a copy.
+        sum_B = scores_BV.sum(dim=-1)
+        bad_B = torch.isnan(sum_B) | (sum_B == float("inf"))
+        self.rows_fixed = self.rows_fixed + bad_B.sum()
+        if not bool(bad_B.any()):
+            return scores_BV
         return torch.nan_to_num(scores_BV, nan=NAN_LOGIT, posinf=POSINF_LOGIT, neginf=NEGINF_LOGIT)
 
 
@@ -119,8 +126,9 @@ def build_generation_config(settings: SamplingSettings, pad_id: int, stop_ids: S
                               "repetition_penalty": settings.repetition_penalty,
                               "eos_token_id": [int(i) for i in stop_ids], "pad_token_id": int(pad_id)}
     if settings.do_sample:
-        wanted.update(temperature=settings.temperature, top_k=settings.top_k, top_p=settings.top_p,
-                      min_p=settings.min_p)
+        wanted.update(temperature=settings.temperature, top_k=settings.top_k, top_p=settings.top_p)
+        if settings.min_p > 0:  # min_p=0.0 would still add a full-vocabulary softmax per step in transformers
+            wanted["min_p"] = settings.min_p
     known = GenerationConfig()
     config = GenerationConfig(**wanted)
     for key, value in wanted.items():
