@@ -72,7 +72,7 @@ class ModelConfig:
     """builtin:tiny number of decoder layers."""
     tiny_heads: int = 4
     """builtin:tiny attention heads."""
-    tiny_vocab: int = 384
+    tiny_vocab: int = 512
     """builtin:tiny byte-level BPE vocabulary size (trained in code on the task texts)."""
 
     def __post_init__(self) -> None:

@@ -176,7 +176,9 @@ def _check_rates(history, th: HealthThresholds) -> list[Finding]:
                                f"{100 * rate:.0f}% of {task} completions hit max_new_tokens (max {100 * th.truncation_max:.0f}%)",
                                "raise rollout.max_new_tokens or add a length penalty / format reward"))
     zero = _recent(history, "adv/frac_zero_std", w)
-    if zero > th.zero_std_max:
+    rewards = [_recent(history, f"reward/{t}/mean", w) for t in tasks_in(history, "reward/", "/mean")]
+    solved = bool(rewards) and all(r >= SOLVED_REWARD for r in rewards)  # equal rewards because all are right
+    if zero > th.zero_std_max and not solved:
         out.append(Finding("yellow", "zero_std_groups",
                            f"{100 * zero:.0f}% of groups have zero reward std (max {100 * th.zero_std_max:.0f}%)",
                            "raise K (samples per prompt) or the temperature, or filter prompts that are too easy/hard"))
@@ -266,6 +268,7 @@ def grad_norm_ok(norm: float | torch.Tensor, max_norm_skip: float | None) -> tup
     return True, ""
 
 
+SOLVED_REWARD = 0.9  # mean training reward above which all-equal groups mean "solved", not "no signal"
 ON_DEVICE_SNAPSHOT_BYTES = 2 * 2**30  # up to this size (any LoRA adapter) the last good copy stays on the GPU
 
 

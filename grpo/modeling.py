@@ -250,10 +250,11 @@ def _load_base(name: str, *, dtype, attn_implementation: str, load_in_4bit: bool
     if name == TINY_NAME:
         if load_in_4bit:
             raise ValueError(f"load_in_4bit=True is not supported for {TINY_NAME}; set load_in_4bit=False")
-        tokenizer = build_tiny_tokenizer(tiny_corpus)
+        sizes = dict(tiny_sizes or {})
+        tokenizer = build_tiny_tokenizer(tiny_corpus, vocab_size=sizes.pop("vocab_size", 512))
         dt = resolve_dtype(dtype)
         model = build_tiny_model(tokenizer, seed, attn_implementation=attn_implementation,
-                                 dtype=torch.float32 if dt == "auto" else dt, **(tiny_sizes or {}))
+                                 dtype=torch.float32 if dt == "auto" else dt, **sizes)
         return model, tokenizer
     from transformers import AutoModelForCausalLM, AutoTokenizer
 

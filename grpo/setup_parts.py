@@ -83,7 +83,7 @@ def policy_from_config(model_cfg, device: torch.device, corpus: Iterable[str], s
                                       caps.get("compute_capability") if on_cuda else None, dtype)
     print(f"precision: {dtype} ({dtype_why}); attention: {attn} ({attn_why})")
     tiny = {"hidden": model_cfg.tiny_hidden, "layers": model_cfg.tiny_layers, "heads": model_cfg.tiny_heads,
-            "kv_heads": max(1, model_cfg.tiny_heads // 2)}
+            "kv_heads": max(1, model_cfg.tiny_heads // 2), "vocab_size": model_cfg.tiny_vocab}
     policy = load_policy(model_cfg.name, dtype=dtype, attn_implementation=attn, lora=model_cfg.lora,
                          lora_r=model_cfg.lora_r, lora_alpha=model_cfg.lora_alpha,
                          lora_dropout=model_cfg.lora_dropout, lora_target_modules=model_cfg.lora_target_modules,
