@@ -86,6 +86,9 @@ def seed_everything(seed: int) -> None:
 def setup(cfg: C.Config) -> Run:
     """Build the model, data, optimizer, controllers and trackers of a run; write its resolved config."""
     seed_everything(cfg.train.seed)
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # one progress display per phase is ours; HF's save bars are noise
     device = choose_device(cfg.train.device)
     run_dir = Path(cfg.train.output_dir) / (cfg.train.run_name or f"{cfg.preset}-{time.strftime('%Y%m%d-%H%M%S')}")
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -365,9 +368,14 @@ def main(cfg: C.Config) -> Run:
             print("evaluating after SFT ...", evaluate_phase(run, "after_sft"))
     stop = StopRequest()
     with stop.installed():
-        for step in progress(range(run.step + 1, cfg.train.max_steps + 1), "RL"):
+        bar = progress(range(run.step + 1, cfg.train.max_steps + 1), "RL")
+        for step in bar:
             metrics = rl_step(run, step)
-            if step % cfg.train.log_every == 0:
+            if hasattr(bar, "set_postfix_str"):  # a tqdm bar on a terminal: per-task reward / KL / β in the postfix
+                bar.set_postfix_str(" | ".join(
+                    f"{t[:5]} r={metrics.get(f'reward/{t}/mean', math.nan):.2f} kl={metrics.get(f'kl/{t}', 0.0):.3f}"
+                    f" β={metrics[f'beta/{t}']:.3f}" for t in run.tasks), refresh=False)
+            elif step % cfg.train.log_every == 0:  # logs: one plain line per step
                 print(format_step_line(metrics, run.tasks), flush=True)
             if cfg.train.eval_every and step % cfg.train.eval_every == 0 and step < cfg.train.max_steps:
                 evaluate_phase(run, f"step_{step}")
@@ -489,8 +497,8 @@ def banner(run: Run) -> str:
              f"loss {cfg.loss.policy_loss}, agg {cfg.loss.agg_mode}, KL {cfg.loss.kl_estimator}, mu {cfg.loss.mu}, "
              f"clip [{1 - cfg.loss.clip_low:g}, {1 + cfg.loss.clip_high:g}]",
              "tasks: " + ", ".join(f"{t} ({len(run.train[t])} train / {len(run.heldout.get(t, []))} held out, "
-                                   f"beta {cfg.kl_for(t).beta:g} {cfg.kl_for(t).controller}"
-                                   + (f" band [{cfg.kl_for(t).band_low:g}, {cfg.kl_for(t).band_high:g}]"
+                                   f"beta {cfg.kl_for(t).beta:g}, {cfg.kl_for(t).controller} controller"
+                                   + (f" [{cfg.kl_for(t).band_low:g}, {cfg.kl_for(t).band_high:g}]"
                                       if cfg.kl_for(t).controller == "band" else "") + ")" for t in run.tasks)]
     return "\n".join(lines)
 

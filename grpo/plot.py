@@ -17,6 +17,7 @@ import math
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
+from grpo.report import kl_bands
 from grpo.health import HealthThresholds, series, tasks_in
 from grpo.tracking import read_metrics
 
@@ -176,8 +177,7 @@ def plot_run(run_dir: str | Path) -> Path:
             tasks.append(task)
     palette = plt.get_cmap("tab10").colors
     colors = {t: palette[i % len(palette)] for i, t in enumerate(tasks)}
-    bands = {t: (float(c["band_low"]), float(c["band_high"])) for t, c in config.get("kl", {}).items()
-             if isinstance(c, dict) and "band_low" in c and "band_high" in c}
+    bands = kl_bands(config, tasks)
 
     fig, axes = plt.subplots(4, 2, figsize=(14, 14), sharex=True)
     _panel_eval(axes[0, 0], history, tasks, colors, evals)

@@ -14,9 +14,9 @@ import json
 import math
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
-from grpo.health import HealthThresholds, check, series, verdict
+from grpo.health import HealthThresholds, check, series, tasks_in, verdict
 from grpo.tracking import read_metrics
 
 REPORT_FILE = "report.json"
@@ -47,11 +47,15 @@ def task_table(evals: Mapping[str, Mapping[str, float]]) -> dict[str, dict[str, 
     return table
 
 
-def kl_bands(config: Mapping[str, Any]) -> dict[str, tuple[float, float]]:
-    """task -> (band_low, band_high) from config["kl"][task]; tasks without both bounds are left out."""
+def kl_bands(config: Mapping[str, Any], tasks: Sequence[str]) -> dict[str, tuple[float, float]]:
+    """task -> (band_low, band_high) for the tasks whose KL controller is a band (config["kl"][task], else the
+    "default" entry, as the trainer resolves it); other controllers have no band to draw or check."""
+    sections = config.get("kl") or {}
     bands = {}
-    for task, section in (config.get("kl") or {}).items():
-        if isinstance(section, Mapping) and section.get("band_low") is not None and section.get("band_high") is not None:
+    for task in tasks:
+        section = sections.get(task, sections.get("default"))
+        if (isinstance(section, Mapping) and section.get("controller", "band") == "band"
+                and section.get("band_low") is not None and section.get("band_high") is not None):
             bands[task] = (float(section["band_low"]), float(section["band_high"]))
     return bands
 
@@ -79,7 +83,7 @@ def build_report(run_dir: str | Path, thresholds: HealthThresholds | None = None
     history = read_metrics(run_dir)
     evals = _load_json(run_dir / "eval.json")
     config = _load_json(run_dir / "config.json")
-    findings = check(history, thresholds, kl_bands(config), evals or None)
+    findings = check(history, thresholds, kl_bands(config, tasks_in(history, "kl/")), evals or None)
     level, reasons = verdict(findings)
     suggestions = list(dict.fromkeys(f.suggestion for f in findings))
     if not evals:
