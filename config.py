@@ -116,8 +116,12 @@ class DataConfig:
     """Optional system message for every prompt (SFT, rollouts and log-prob passes alike)."""
     max_prompt_tokens: int = 512
     """Prompts longer than this (after the chat template) are dropped with a count."""
+    task_mix: str = ""
+    """Share of each task in every RL batch, "fairness:1,hallucination:2"; empty = equal shares."""
 
     def __post_init__(self) -> None:
+        _check(not self.task_mix or all(p.count(":") == 1 for p in self.task_mix.split(",")), "data.task_mix",
+               self.task_mix, 'write task:weight pairs, e.g. "fairness:1,hallucination:2"')
         _check(0.0 < self.heldout_fraction < 1.0, "data.heldout_fraction", self.heldout_fraction,
                "use a fraction in (0, 1), e.g. 0.2")
         for f in ("bbq_per_category", "halueval_per_subset", "demo_size", "eval_size", "max_prompt_tokens"):

@@ -107,10 +107,15 @@ def setup(cfg: C.Config) -> Run:
         micro_batch_seqs=cfg.micro_batch_seqs, max_grad_norm=cfg.train.max_grad_norm,
         skip_grad_norm=cfg.train.skip_grad_norm, temperature=cfg.rollout.temperature)
     run = Run(cfg=cfg, run_dir=run_dir, device=device, policy=policy, tasks=tasks, train=train, heldout=heldout,
-              sampler=TaskBalancedSampler(train, seed=cfg.train.seed), optimizer=optimizer, scheduler=scheduler,
+              sampler=TaskBalancedSampler(train, seed=cfg.train.seed, mix=parse_task_mix(cfg.data.task_mix)),
+              optimizer=optimizer, scheduler=scheduler,
               controllers=controllers, specs=reward_specs(cfg.data.source, cfg.rewards, tasks), judge=build_judge(cfg.judge, run_dir),
               tracker=build_trackers(cfg.train, run_dir), sampling=sampling_settings(cfg.rollout, policy.tokenizer),
               update=update, guard=WeightGuard(params, max_consecutive=cfg.train.max_consecutive_bad))
+    if policy.grad_scaler is not None and cfg.multi.combine != "sum":
+        raise C.ConfigError(f"multi.combine={cfg.multi.combine!r} needs bf16 or fp32 weights: the per-task gradients "
+                            "are not loss-scaled, so fp16 (this GPU has no bf16) would under- or overflow; use "
+                            "multi.combine=sum or model.dtype=float32")
     run.surgery = build_surgery(cfg, params, tasks)
     from grpo.pareto import ParetoFrontier
 
@@ -130,6 +135,17 @@ def build_surgery(cfg: C.Config, params: list[torch.nn.Parameter], tasks: list[s
                               release=cfg.multi.release)
     return TaskGradientSurgery(params, tasks, cfg.multi.combine, cfg.multi.cagrad_c, monitor,
                                policy_only=cfg.multi.policy_only, seed=cfg.train.seed)
+
+
+def parse_task_mix(text: str) -> dict[str, float] | None:
+    """"a:1,b:2" -> {"a": 1.0, "b": 2.0}; empty -> None (equal shares)."""
+    if not text:
+        return None
+    pairs = (p.split(":") for p in text.split(","))
+    try:
+        return {task.strip(): float(w) for task, w in pairs}
+    except ValueError:
+        raise C.ConfigError(f"config field `data.task_mix` = {text!r} is invalid: weights must be numbers") from None
 
 
 def build_optimizer(train: C.TrainConfig, params: list[torch.nn.Parameter]):
@@ -446,7 +462,7 @@ def resume(run: Run, where: str) -> None:
         raise ckpt.CheckpointError(f"--resume auto: no complete checkpoint under {run.run_dir / ckpt.CKPT_DIR}; "
                                    "check --run-name / --output-dir, or start without --resume")
     state, saved_cfg = ckpt.load(folder)
-    diffs = ckpt.config_differences(saved_cfg, C.to_dict(run.cfg))
+    diffs = ckpt.config_differences(saved_cfg, C.to_dict(run.cfg), config_defaults(run.cfg))
     if diffs:
         raise ckpt.CheckpointError(f"checkpoint {folder} was written with a different config:\n  "
                                    + "\n  ".join(diffs) + "\nresume with the same settings, or start a new run")
@@ -476,6 +492,19 @@ def resume(run: Run, where: str) -> None:
     print(f"resumed from {folder} at step {run.step}")
 
 
+def config_defaults(cfg: C.Config) -> dict[str, Any]:
+    """Flat "section.field" -> dataclass default, for fields a checkpoint may predate (per-task KL included)."""
+    import dataclasses
+
+    flat: dict[str, Any] = {}
+    for name, section in C.to_dict(C.Config()).items():
+        if isinstance(section, dict) and name != "kl":
+            flat.update({f"{name}.{k}": v for k, v in section.items()})
+    for task in cfg.kl:
+        flat.update({f"kl.{task}.{k}": v for k, v in dataclasses.asdict(C.TaskKLConfig()).items()})
+    return flat
+
+
 def truncate_metrics(run_dir: Path, step: int) -> None:
     """Drop metric lines written after `step` by the interrupted run: the resumed run writes them again."""
     path = run_dir / "metrics.jsonl"
@@ -500,6 +529,17 @@ def banner(run: Run) -> str:
                                    f"beta {cfg.kl_for(t).beta:g}, {cfg.kl_for(t).controller} controller"
                                    + (f" [{cfg.kl_for(t).band_low:g}, {cfg.kl_for(t).band_high:g}]"
                                       if cfg.kl_for(t).controller == "band" else "") + ")" for t in run.tasks)]
+    if run.device.type == "cuda":  # what the estimator predicts for this config, next to what the card has
+        from check_gpu_memory import inputs_from_config
+        from grpo.memory import estimate
+
+        try:
+            peak = estimate(inputs_from_config(cfg)).peak_bytes / 2**30
+            total = torch.cuda.get_device_properties(run.device).total_memory / 2**30
+            lines.append(f"GPU {torch.cuda.get_device_name(run.device)}: {total:.0f} GiB; estimated peak {peak:.1f} GiB "
+                         "(python check_gpu_memory.py --estimate for the breakdown)")
+        except (ValueError, KeyError) as e:  # a model the estimator has no shape for
+            lines.append(f"GPU memory estimate unavailable: {e}")
     return "\n".join(lines)
 
 

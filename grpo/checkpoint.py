@@ -163,14 +163,23 @@ def _flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     return out
 
 
-def config_differences(saved: dict[str, Any], current: dict[str, Any]) -> list[str]:
-    """Fields that differ between two config dicts, ignoring those a resume may change."""
+def config_differences(saved: dict[str, Any], current: dict[str, Any],
+                       defaults: dict[str, Any] | None = None) -> list[str]:
+    """Fields that differ between two config dicts, ignoring those a resume may change.
+
+    A field absent from the saved config (written before the field existed) counts as its value in `defaults`
+    (a flat "section.field" -> default map), so adding a config field does not strand older checkpoints.
+    """
     a, b = _flatten(saved), _flatten(current)
+    defaults = defaults or {}
     diffs = []
     for key in sorted(set(a) | set(b)):
-        if key.startswith(RESUMABLE_CHANGES) or a.get(key) == b.get(key):
+        if key.startswith(RESUMABLE_CHANGES):
             continue
-        diffs.append(f"{key}: checkpoint {a.get(key, '<absent>')!r} vs now {b.get(key, '<absent>')!r}")
+        if a.get(key, defaults.get(key, "<absent>")) == b.get(key, defaults.get(key, "<absent>")):
+            continue
+        diffs.append(f"{key}: checkpoint {a.get(key, defaults.get(key, '<absent>'))!r} vs now "
+                     f"{b.get(key, defaults.get(key, '<absent>'))!r}")
     return diffs
 
 

@@ -87,3 +87,13 @@ def test_sigint_leaves_a_resumable_checkpoint(tmp_path):
     ckpt.verify(folder)
     state, _ = ckpt.load(folder)
     assert state["step"] >= 2
+
+
+def test_a_checkpoint_older_than_a_config_field_still_resumes():
+    """A field missing from the saved config counts as its default; a real difference is still reported."""
+    saved = {"train": {"lr": 1e-5}, "data": {"source": "demo"}}
+    current = {"train": {"lr": 1e-5}, "data": {"source": "demo", "task_mix": ""}}
+    assert ckpt.config_differences(saved, current, {"data.task_mix": ""}) == []
+    current["data"]["task_mix"] = "fairness:2,hallucination:1"
+    assert ckpt.config_differences(saved, current, {"data.task_mix": ""}) == [
+        "data.task_mix: checkpoint '' vs now 'fairness:2,hallucination:1'"]
