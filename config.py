@@ -301,8 +301,8 @@ class SFTConfig:
     batch_size: int = 8
     """SFT examples per optimizer step."""
     max_examples: int = 0
-    """Use only the first N training samples with a reference completion for SFT (0 = all): a few demonstrations
-    teach the format, RL with rewards on every prompt does the rest."""
+    """Use only N training samples with a reference completion for SFT (0 = all), chosen round-robin over
+    (task, answer) classes: a few demonstrations teach the format, RL with rewards on every prompt does the rest."""
 
     def __post_init__(self) -> None:
         _check(self.steps >= 0, "sft.steps", self.steps, "use an integer >= 0")

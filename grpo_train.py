@@ -93,7 +93,9 @@ def setup(cfg: C.Config) -> Run:
     run_dir = Path(cfg.train.output_dir) / (cfg.train.run_name or f"{cfg.preset}-{time.strftime('%Y%m%d-%H%M%S')}")
     run_dir.mkdir(parents=True, exist_ok=True)
     samples = load_samples(cfg.data, cfg.train.seed)
-    corpus = [s.messages[-1]["content"] + " " + (s.target or "") for s in samples]
+    # the builtin tokenizer learns from prompts and, separately, from completions exactly as they are generated
+    # (right after the assistant marker, no leading space)
+    corpus = [s.messages[-1]["content"] for s in samples] + [s.target for s in samples if s.target]
     policy = policy_from_config(cfg.model, device, corpus, seed=cfg.train.seed)
     train, heldout = split_by_task(samples, cfg.data)
     tasks = sorted(train)
@@ -192,7 +194,7 @@ def sft_phase(run: Run) -> list[float]:
         return []
     examples = sft_examples(run.tokenizer, [x for t in run.tasks for x in run.train[t]], None)
     if s.max_examples:
-        examples = examples[:: max(1, len(examples) // s.max_examples)][: s.max_examples]  # spread over tasks
+        examples = stratified([x for t in run.tasks for x in run.train[t] if x.target], examples, s.max_examples)
     losses = run_sft(run.policy.model, examples, steps=s.steps, lr=s.lr, batch_size=s.batch_size,
                      params=run.policy.trainable_parameters(), pad_id=run.tokenizer.pad_token_id,
                      device=run.device, seed=run.cfg.train.seed, progress=lambda it: progress(it, "SFT"))
@@ -205,6 +207,21 @@ def sft_phase(run: Run) -> list[float]:
     ckpt.save_reference(run.run_dir, reference_weights(run.policy))
     run.tracker.log({"sft/loss_first": losses[0], "sft/loss_last": losses[-1]}, 0)
     return losses
+
+
+def stratified(samples: list[Sample], examples: list, n: int) -> list:
+    """`n` of `examples` (parallel to `samples`), round-robin over (task, target) classes so that every answer of
+    every task is demonstrated before any is repeated."""
+    groups: dict[tuple[str, str], list] = {}
+    for sample, example in zip(samples, examples):
+        groups.setdefault((sample.task, sample.target or ""), []).append(example)
+    keys, picked, i = sorted(groups), [], 0
+    while len(picked) < min(n, len(examples)):
+        for key in keys:
+            if i < len(groups[key]) and len(picked) < n:
+                picked.append(groups[key][i])
+        i += 1
+    return picked
 
 
 def reference_weights(policy: Policy) -> dict[str, torch.Tensor]:

@@ -9,8 +9,8 @@ hallucination  a knowledge line and a question about it (HaluEval-qa-like). "Kno
                Asked about the entity's size: the knowledge does not say, so "unknown" (answering yes/no there is
                a hallucination). Three balanced classes.
 
-The reference completion is " Answer: <letter | yes | no | unknown>" (the leading space makes "ĠAnswer" one token of
-the builtin tokenizer, which is trained on "prompt + ' ' + target"). The cues are single words at fixed places
+The reference completion is "Answer: <letter | yes | no | unknown>" (the builtin tokenizer is trained on the targets
+as generated, so "Answer" is one token). The cues are single words at fixed places
 (which person the second sentence names, "not", a size word), so a 2-layer model learns them in tens of steps: a few
 demonstrations teach the format, RL on every prompt learns the rule.
 
@@ -60,7 +60,7 @@ def _fairness_sample(rng: random.Random, index: int) -> Sample:
             "context_condition": "ambig" if ambiguous else "disambig", "options": options}
     return Sample(task="fairness", id=f"fair-{index}", messages=({"role": "user", "content": content},),
                   gold=gold, meta={"context_condition": gold["context_condition"]},
-                  target=f" Answer: {LETTERS[label]}")
+                  target=f"Answer: {LETTERS[label]}")
 
 
 def _hallucination_sample(rng: random.Random, index: int) -> Sample:
@@ -72,7 +72,7 @@ def _hallucination_sample(rng: random.Random, index: int) -> Sample:
                f"{HALLUCINATION_INSTRUCTION}")
     gold = {"right_answer": kind, "answerable": kind != "unknown", "knowledge_value": value, "negated": negated}
     return Sample(task="hallucination", id=f"halu-{index}", messages=({"role": "user", "content": content},),
-                  gold=gold, meta={"answerable": kind != "unknown"}, target=f" Answer: {kind}")
+                  gold=gold, meta={"answerable": kind != "unknown"}, target=f"Answer: {kind}")
 
 
 def make_demo_samples(n_per_task: int, seed: int = 0) -> list[Sample]:

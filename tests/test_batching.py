@@ -45,3 +45,16 @@ def test_bad_mix_and_empty_task_are_rejected():
         TaskBalancedSampler({"a": _samples("a", 2), "b": _samples("b", 2)}, seed=0, mix={"a": 1})
     with pytest.raises(ValueError, match="no training samples"):
         TaskBalancedSampler({"a": [], "b": _samples("b", 2)}, seed=0)
+
+
+def test_sft_demonstrations_are_stratified_by_task_and_answer():
+    from collections import Counter as Cnt
+
+    from grpo_train import stratified
+
+    samples = ([Sample("a", f"a{i}", (), target="Answer: A") for i in range(10)]
+               + [Sample("a", f"b{i}", (), target="Answer: B") for i in range(2)]
+               + [Sample("h", f"h{i}", (), target="Answer: yes") for i in range(5)])
+    picked = stratified(samples, [s.id for s in samples], 6)
+    targets = Cnt(next(s.target for s in samples if s.id == p) for p in picked)
+    assert targets == {"Answer: A": 2, "Answer: B": 2, "Answer: yes": 2}
