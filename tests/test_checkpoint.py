@@ -97,3 +97,16 @@ def test_a_checkpoint_older_than_a_config_field_still_resumes():
     current["data"]["task_mix"] = "fairness:2,hallucination:1"
     assert ckpt.config_differences(saved, current, {"data.task_mix": ""}) == [
         "data.task_mix: checkpoint '' vs now 'fairness:2,hallucination:1'"]
+
+
+def test_second_ctrl_c_exits_at_once():
+    """The first SIGINT asks for a clean stop after the step; a second one interrupts immediately."""
+    stop = G.StopRequest()
+    with stop.installed():
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(0.05)
+        assert stop.requested
+        with pytest.raises(KeyboardInterrupt):
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(0.5)
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # the previous handler is back
