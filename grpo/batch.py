@@ -6,8 +6,7 @@ so the log-prob pass scores exactly the tokens the sampler produced, with the sa
 
 from __future__ import annotations
 
-from contextlib import nullcontext
-from typing import ContextManager, Sequence
+from typing import Sequence
 
 import torch
 
@@ -30,15 +29,14 @@ def build_train_batch(scored: Sequence[Scored], advantages_B: torch.Tensor, task
 
 @torch.no_grad()
 def batch_logprobs(model: torch.nn.Module, batch: TrainBatch, micro_batch_seqs: int, temperature: float,
-                   context: ContextManager | None = None) -> torch.Tensor:
+                   ) -> torch.Tensor:
     """Per-token log-probs of the batch's completions under `model`, in eval mode (dropout off), no graph."""
     was_training = model.training
     model.eval()
     try:
-        with context if context is not None else nullcontext():
-            parts = [completion_logprobs(model, mb.input_ids_BL, mb.attention_mask_BL, mb.prompt_len,
-                                         temperature=temperature)[0].float()
-                     for mb in batch.micro_batches(micro_batch_seqs)]
+        parts = [completion_logprobs(model, mb.input_ids_BL, mb.attention_mask_BL, mb.prompt_len,
+                                     temperature=temperature)[0].float()
+                 for mb in batch.micro_batches(micro_batch_seqs)]
     finally:
         model.train(was_training)
     return torch.cat(parts) * batch.completion_mask_BT

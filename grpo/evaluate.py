@@ -3,25 +3,23 @@
 from __future__ import annotations
 
 import math
-from dataclasses import replace
 from typing import Callable, Sequence
 
 from grpo.records import Rollout, Sample, Scored
-from grpo.rollout import SamplingSettings, generate_rollouts
+from grpo.rollout import SamplingSettings, greedy_complete
 
 
 def evaluate(model, tokenizer, samples_by_task: dict[str, Sequence[Sample]], settings: SamplingSettings,
              score: Callable[[list[Rollout]], list[Scored]], system_prompt: str | None = None,
              batch_size: int = 32) -> tuple[dict[str, float], list[Scored]]:
     """Mean reward per task on greedy (top-1) completions; failed scores are left out of the mean."""
-    greedy = replace(settings, do_sample=False, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0)
     results: dict[str, float] = {}
     all_scored: list[Scored] = []
     for task, samples in samples_by_task.items():
         scored: list[Scored] = []
         for start in range(0, len(samples), batch_size):
-            rollouts, _ = generate_rollouts(model, tokenizer, list(samples[start:start + batch_size]), 1, greedy,
-                                            system_prompt=system_prompt)
+            rollouts, _ = greedy_complete(model, tokenizer, list(samples[start:start + batch_size]), settings,
+                                          system_prompt=system_prompt)
             scored += score(rollouts)
         valid = [s.reward for s in scored if s.reward is not None and not math.isnan(s.reward)]
         results[task] = sum(valid) / len(valid) if valid else float("nan")

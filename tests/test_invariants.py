@@ -12,7 +12,7 @@ import torch
 import grpo_train as G
 from grpo.batch import batch_logprobs
 from grpo.modeling import reference
-from tests.trainer_helpers import fast_config
+from tests.trainer_helpers import fast_config, rollout_batch
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -24,24 +24,11 @@ def test_reference_is_the_post_sft_policy(tmp_path, lora):
     run = G.setup(fast_config(tmp_path, "sft.steps=5", "sft.lr=1e-2", *extra))
     G.sft_phase(run)
 
-    batch = _fixed_batch_any(run)
+    batch = rollout_batch(run, 2, 2)
     policy_logps = batch_logprobs(run.policy.model, batch, 8, 1.0)
     with reference(run.policy) as ref_model:
         ref_logps = batch_logprobs(ref_model, batch, 8, 1.0)
     torch.testing.assert_close(policy_logps, ref_logps, atol=1e-5, rtol=1e-5)
-
-
-def _fixed_batch_any(run):
-    from grpo.advantages import group_advantages
-    from grpo.batch import build_train_batch
-    from grpo.rollout import generate_rollouts
-    from grpo.scoring import score_rollouts
-
-    samples = run.sampler.next_batch(2)
-    rollouts, _ = generate_rollouts(run.policy.model, run.tokenizer, samples, 2, run.sampling)
-    scored, _ = score_rollouts(rollouts, run.specs, None)
-    adv, _ = group_advantages(torch.tensor([s.reward for s in scored]), 2)
-    return build_train_batch(scored, adv, run.tasks, run.tokenizer.pad_token_id, run.device)
 
 
 def test_nothing_happens_at_import(tmp_path):

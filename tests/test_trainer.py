@@ -10,13 +10,12 @@ import pytest
 import torch
 
 import grpo_train as G
-from grpo.advantages import group_advantages
 from grpo.batch import batch_logprobs, build_train_batch
 from grpo.logprobs import completion_logprobs
 from grpo.rollout import generate_rollouts
 from grpo.scoring import score_rollouts
 from grpo.update import UpdateSettings, train_step
-from tests.trainer_helpers import fast_config
+from tests.trainer_helpers import fast_config, rollout_batch
 
 
 def _params(model):
@@ -65,21 +64,13 @@ def test_mu_passes_no_backward_twice(tmp_path, loss, mu):
     assert len(steps) == mu, "each μ pass is exactly one optimizer step"
     assert math.isfinite(metrics["loss/total"])
     # old log-probs used by the passes carry no graph
-    samples = run.sampler.next_batch(2)
-    rollouts, _ = generate_rollouts(run.policy.model, run.tokenizer, samples, 4, run.sampling)
-    scored, _ = score_rollouts(rollouts, run.specs, None)
-    adv, _ = group_advantages(torch.tensor([s.reward for s in scored]), 4)
-    batch = build_train_batch(scored, adv, run.tasks, run.tokenizer.pad_token_id, run.device)
+    batch = rollout_batch(run, 2, 4)
     old = batch_logprobs(run.policy.model, batch, 4, 1.0)
     assert not old.requires_grad and old.grad_fn is None
 
 
 def _fixed_batch(run, n_prompts=2):
-    samples = run.sampler.next_batch(n_prompts)
-    rollouts, _ = generate_rollouts(run.policy.model, run.tokenizer, samples, run.cfg.rollout.k, run.sampling)
-    scored, _ = score_rollouts(rollouts, run.specs, None)
-    adv, _ = group_advantages(torch.tensor([s.reward for s in scored]), run.cfg.rollout.k)
-    batch = build_train_batch(scored, adv, run.tasks, run.tokenizer.pad_token_id, run.device)
+    batch = rollout_batch(run, n_prompts)
     batch.ref_logps_BT = batch_logprobs(run.policy.ref_model, batch, 8, 1.0) - 0.05 * batch.completion_mask_BT
     return batch
 
@@ -215,3 +206,26 @@ def test_oom_retries_with_half_micro_batch(tmp_path, monkeypatch):
     metrics = G.rl_step(run, 1)
     assert calls["big"] == 1 and run.update.micro_batch_seqs == 4
     assert metrics["health/oom_retries"] == 1.0 and math.isfinite(metrics["loss/total"])
+
+
+def test_nan_loss_is_skipped_and_training_stops_after_k_bad_steps(tmp_path, monkeypatch):
+    """An injected NaN loss is caught (the step is skipped, weights untouched); K bad steps in a row stop the run
+    with a message that names what to change."""
+    import grpo.update as U
+    from grpo.health import TrainingUnstable
+
+    run = G.setup(fast_config(tmp_path, "train.max_consecutive_bad=2"))
+    real = U.policy_loss
+
+    def nan_loss(*a, **k):
+        loss_BT, metrics = real(*a, **k)
+        return loss_BT * float("nan"), metrics
+
+    monkeypatch.setattr(U, "policy_loss", nan_loss)
+    before = _params(run.policy.model)
+    metrics = G.rl_step(run, 1)
+    assert metrics["health/skipped"] == 1.0
+    assert all(torch.equal(p.detach(), before[n]) for n, p in run.policy.model.named_parameters())
+    with pytest.raises(TrainingUnstable) as err:
+        G.rl_step(run, 2)
+    assert "2" in str(err.value) and ("lr" in str(err.value) or "learning rate" in str(err.value))

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import torch
+
 import config as C
 
 
@@ -19,3 +21,18 @@ def fast_config(out_dir, *extra: str, preset: str = "demo") -> C.Config:
             "train.lr=1e-2", "rewards.fairness=tests.trainer_helpers:length_reward:1.0",
             "rewards.hallucination=tests.trainer_helpers:length_reward:1.0"]
     return C.load_config(preset, base + list(extra))
+
+
+def rollout_batch(run, n_prompts: int = 2, k: int | None = None):
+    """A collated TrainBatch of real rollouts of `run`'s policy, scored, with group advantages (no ref/old passes)."""
+    from grpo.advantages import group_advantages
+    from grpo.batch import build_train_batch
+    from grpo.rollout import generate_rollouts
+    from grpo.scoring import score_rollouts
+
+    k = k or run.cfg.rollout.k
+    rollouts, _ = generate_rollouts(run.policy.model, run.tokenizer, run.sampler.next_batch(n_prompts), k,
+                                    run.sampling)
+    scored, _ = score_rollouts(rollouts, run.specs, None)
+    adv, _ = group_advantages(torch.tensor([s.reward for s in scored]), k)
+    return build_train_batch(scored, adv, run.tasks, run.tokenizer.pad_token_id, run.device)
