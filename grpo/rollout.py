@@ -31,6 +31,14 @@ NEGINF_LOGIT = -1e4
 """-Inf logits (masks from min_new_tokens, or an overflowing model) become this; a row of all -Inf would otherwise
 make softmax NaN. Like NAN_LOGIT it carries zero probability next to any ordinary logit."""
 
+CACHE_IMPLEMENTATIONS = ("dynamic", "static")
+"""KV caches `generate` may use: dynamic grows per step; static is allocated once at prompt + max_new_tokens columns,
+which lets transformers compile the decoding step on CUDA (`_valid_auto_compile_criteria`)."""
+STATIC_PROMPT_BUCKET = 64
+"""With the static cache, prompts are left-padded to a multiple of this many columns, so the cache (and the compiled
+decoding step) takes one of a few shapes instead of a new one, and a recompile, whenever the longest prompt changes.
+Padding is masked and position ids come from the mask, so the sampled ids and their log-probs stay the same."""
+
 _WARNED: set[str] = set()
 
 
@@ -67,6 +75,8 @@ class SamplingSettings:
     """Ids that end a completion (kept as its last id); empty = the tokenizer's EOS."""
     do_sample: bool = True
     """False = greedy decoding (evaluation); the sampling-only settings are then not passed."""
+    cache_implementation: str = "dynamic"
+    """KV cache: "dynamic" or "static" (prompts padded to STATIC_PROMPT_BUCKET; decoding compiled on CUDA)."""
 
     def __post_init__(self) -> None:
         checks = [
@@ -78,6 +88,8 @@ class SamplingSettings:
             (self.max_new_tokens >= 1, "max_new_tokens", "use at least 1"),
             (0 <= self.min_new_tokens <= self.max_new_tokens, "min_new_tokens", "use 0 ≤ min_new_tokens ≤ max"),
             (all(int(i) >= 0 for i in self.stop_token_ids), "stop_token_ids", "use token ids ≥ 0"),
+            (self.cache_implementation in CACHE_IMPLEMENTATIONS, "cache_implementation",
+             f"use one of {list(CACHE_IMPLEMENTATIONS)}"),
         ]
         for ok, name, fix in checks:
             if not ok:
@@ -111,6 +123,11 @@ class SanitizeLogitsProcessor:
         sum_B = scores_BV.sum(dim=-1)
         bad_B = torch.isnan(sum_B) | (sum_B == float("inf"))
         self.rows_fixed = self.rows_fixed + bad_B.sum()
+        if scores_BV.device.type != "cpu":
+            # On an accelerator `bool(bad_B.any())` would be a host sync per decoding step, stalling the launch
+            # queue; rewriting the bad rows with a select costs one cheap elementwise pass instead.
+            fixed_BV = torch.nan_to_num(scores_BV, nan=NAN_LOGIT, posinf=POSINF_LOGIT, neginf=NEGINF_LOGIT)
+            return torch.where(bad_B.unsqueeze(-1), fixed_BV, scores_BV)
         if not bool(bad_B.any()):
             return scores_BV
         return torch.nan_to_num(scores_BV, nan=NAN_LOGIT, posinf=POSINF_LOGIT, neginf=NEGINF_LOGIT)
@@ -129,6 +146,8 @@ def build_generation_config(settings: SamplingSettings, pad_id: int, stop_ids: S
         wanted.update(temperature=settings.temperature, top_k=settings.top_k, top_p=settings.top_p)
         if settings.min_p > 0:  # min_p=0.0 would still add a full-vocabulary softmax per step in transformers
             wanted["min_p"] = settings.min_p
+    if settings.cache_implementation != "dynamic":  # None = transformers' default, the dynamic cache
+        wanted["cache_implementation"] = settings.cache_implementation
     known = GenerationConfig()
     config = GenerationConfig(**wanted)
     for key, value in wanted.items():
@@ -181,13 +200,15 @@ def rollout_metrics(rollouts: Sequence[Rollout]) -> dict[str, float]:
 
 
 def generate_rollouts(model, tokenizer, samples: Sequence[Sample], k: int, settings: SamplingSettings,
-                      system_prompt: str | None = None,
-                      generator_seed: int | None = None) -> tuple[list[Rollout], dict[str, float]]:
+                      system_prompt: str | None = None, generator_seed: int | None = None,
+                      row_keys: Sequence[int] | None = None) -> tuple[list[Rollout], dict[str, float]]:
     """K completions per sample from ONE batched `generate` (left padding, model in generation mode, no grad).
 
     Returns the rollouts (samples[i]'s K rollouts at [i*K, (i+1)*K)) and metrics (see `rollout_metrics`, plus
     `rollout/nonfinite_logit_rows`: sampler steps × rows whose logits the sanitiser had to fix). With
     `generator_seed` the sampling RNG is seeded for this call only; otherwise the global torch RNG is used.
+    With `row_keys` (one per completion, see grpo/sampling.py) every completion is drawn from its own random stream,
+    so it does not depend on the other prompts of the batch (data-parallel runs shard prompts over processes).
     """
     if k < 1:
         raise ValueError(f"generate_rollouts: k={k}; use k ≥ 1 completions per sample")
@@ -197,7 +218,8 @@ def generate_rollouts(model, tokenizer, samples: Sequence[Sample], k: int, setti
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else stop_ids[0]
     prompts = [encode_prompt(tokenizer, s.messages, system_prompt) for s in samples]
     repeated = [p for p in prompts for _ in range(k)]
-    ids_BP, mask_BP = left_pad(repeated, pad_id)
+    bucket = STATIC_PROMPT_BUCKET if settings.cache_implementation == "static" else 1
+    ids_BP, mask_BP = left_pad(repeated, pad_id, multiple_of=bucket)
     prompt_len = int(ids_BP.shape[1])
 
     processors: list[Any] = []
@@ -208,6 +230,15 @@ def generate_rollouts(model, tokenizer, samples: Sequence[Sample], k: int, setti
     from transformers import LogitsProcessorList
 
     config = build_generation_config(settings, pad_id, stop_ids)
+    if row_keys is not None and settings.do_sample:
+        from grpo.sampling import SeededSampler
+
+        if len(row_keys) != len(repeated):
+            raise ValueError(f"generate_rollouts: {len(row_keys)} row keys for {len(repeated)} completions")
+        # our sampler draws the token (warpers included); generate then only takes its one-hot argmax
+        processors.append(SeededSampler(row_keys, prompt_len, settings.temperature, settings.top_k, settings.top_p,
+                                        settings.min_p))
+        config = build_generation_config(replace(settings, do_sample=False), pad_id, stop_ids)
     device = next(model.parameters()).device
     with generation_mode(model), torch.no_grad(), _seeded(generator_seed, device):
         out = model.generate(input_ids=ids_BP.to(device), attention_mask=mask_BP.to(device),
@@ -228,5 +259,9 @@ def generate_rollouts(model, tokenizer, samples: Sequence[Sample], k: int, setti
 
 def greedy_complete(model, tokenizer, samples: Sequence[Sample], settings: SamplingSettings,
                     system_prompt: str | None = None) -> tuple[list[Rollout], dict[str, float]]:
-    """One greedy completion per sample (evaluation): `generate_rollouts` with k=1 and do_sample=False."""
-    return generate_rollouts(model, tokenizer, samples, 1, replace(settings, do_sample=False), system_prompt)
+    """One greedy completion per sample (evaluation): `generate_rollouts` with k=1 and do_sample=False.
+
+    Always with the dynamic cache: evaluation batches vary in size, and every new shape would recompile the static
+    cache's compiled decoding step."""
+    greedy = replace(settings, do_sample=False, cache_implementation="dynamic")
+    return generate_rollouts(model, tokenizer, samples, 1, greedy, system_prompt)
