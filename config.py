@@ -37,6 +37,7 @@ KL_ESTIMATORS = ("k1", "k2", "k3", "k3+")
 ADV_SCALES = ("group", "batch", "none")
 KL_CONTROLLERS = ("fixed", "adaptive", "band")
 COMBINE_METHODS = ("sum", "pcgrad", "cagrad")
+CACHE_IMPLEMENTATIONS = ("dynamic", "static")
 LLAMA_LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
 
@@ -152,6 +153,15 @@ class RolloutConfig:
     """OpenAI-style: subtract this x count of the token in the completion."""
     stop_strings: list[str] = field(default_factory=list)
     """Extra stop tokens (each must be one token of the tokenizer); the end-of-turn/EOS token always stops."""
+    cache_implementation: str = "dynamic"
+    """KV cache of the RL rollouts: dynamic | static. static pads prompts to a multiple of 64 tokens and lets
+    transformers compile the decoding step on CUDA (faster rollouts after a one-off compile; no effect on CPU but
+    the padding). Evaluation always uses the dynamic cache (its batch shapes vary)."""
+    sampling_rng: str = "auto"
+    """global | per_completion | auto. per_completion draws every completion from its own random stream keyed by
+    (seed, step, prompt, k) (grpo/sampling.py), so it does not depend on the batch it was generated in: a run on N
+    processes then samples exactly what the one-process run samples. auto = per_completion under several
+    processes, global (torch's RNG, Hugging Face's sampler) otherwise."""
 
     def __post_init__(self) -> None:
         _check(self.k >= 2, "rollout.k", self.k, "GRPO needs at least 2 completions per prompt; use k >= 2")
@@ -164,6 +174,8 @@ class RolloutConfig:
         _check(0.0 < self.top_p <= 1.0, "rollout.top_p", self.top_p, "use a value in (0, 1]")
         _check(0.0 <= self.min_p < 1.0, "rollout.min_p", self.min_p, "use a value in [0, 1)")
         _check(self.repetition_penalty > 0, "rollout.repetition_penalty", self.repetition_penalty, "use a value > 0")
+        _one_of("rollout.cache_implementation", self.cache_implementation, CACHE_IMPLEMENTATIONS)
+        _one_of("rollout.sampling_rng", self.sampling_rng, ("auto", "global", "per_completion"))
 
 
 @dataclass
@@ -421,7 +433,8 @@ class Config:
     # ----- derived values: computed here, in one place -----
     @property
     def prompts_per_step(self) -> int:
-        """Prompts sampled per RL step (all generated in one batched call)."""
+        """Prompts sampled per RL step and PROCESS (all generated in one batched call); a run on N processes
+        trains on N times as many per optimizer step."""
         return self.train.prompts_per_micro_step * self.train.grad_accum
 
     @property

@@ -29,17 +29,19 @@ from grpo import checkpoint as ckpt
 from grpo.advantages import group_advantages
 from grpo.batch import batch_logprobs, build_train_batch
 from grpo.batching import TaskBalancedSampler
+from grpo.distributed import Dist, make_dist
 from grpo.evaluate import evaluate
 from grpo.health import WeightGuard
 from grpo.kl_control import make_controller
 from grpo.modeling import Policy, rebase_reference, reference, save_pretrained
 from grpo.records import Rollout, Sample, Scored
-from grpo.rollout import SamplingSettings, generate_rollouts
+from grpo.rollout import SamplingSettings, generate_rollouts, rollout_metrics
+from grpo.sampling import row_keys
 from grpo.setup_parts import (build_judge, build_trackers, choose_device, load_samples, policy_from_config,
                               reward_specs, sampling_settings)
 from grpo.sft import run_sft, sft_examples
 from grpo.scoring import score_rollouts
-from grpo.tracking import format_step_line, progress
+from grpo.tracking import NullTracker, format_step_line, progress
 from grpo.update import UpdateSettings, train_step
 
 
@@ -64,6 +66,10 @@ class Run:
     sampling: SamplingSettings
     update: UpdateSettings
     guard: WeightGuard
+    dist: Dist = field(default_factory=Dist)
+    """The processes of the run (grpo/distributed.py); one process unless started by `accelerate launch`."""
+    train_model: Any = None
+    """The model the update runs through: the policy's model, or accelerate's DDP / FSDP wrapper of it."""
     surgery: Any = None
     """Per-task gradient combination (PCGrad / CAGrad), or None for the plain summed loss."""
     frontier: Any = None
@@ -84,13 +90,19 @@ def seed_everything(seed: int) -> None:
 
 
 def setup(cfg: C.Config) -> Run:
-    """Build the model, data, optimizer, controllers and trackers of a run; write its resolved config."""
+    """Build the model, data, optimizer, controllers and trackers of a run; write its resolved config.
+
+    Under `accelerate launch` (several processes) every rank builds the same run (same seed, same weights, same
+    prompt order); rank 0 alone logs, evaluates and saves.
+    """
     seed_everything(cfg.train.seed)
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()  # one progress display per phase is ours; HF's save bars are noise
-    device = choose_device(cfg.train.device)
-    run_dir = Path(cfg.train.output_dir) / (cfg.train.run_name or f"{cfg.preset}-{time.strftime('%Y%m%d-%H%M%S')}")
+    dist, dist_device = make_dist(cfg.train.device)
+    device = dist_device or choose_device(cfg.train.device)
+    name = dist.broadcast(cfg.train.run_name or f"{cfg.preset}-{time.strftime('%Y%m%d-%H%M%S')}")
+    run_dir = Path(cfg.train.output_dir) / name
     run_dir.mkdir(parents=True, exist_ok=True)
     samples = load_samples(cfg.data, cfg.train.seed)
     # the builtin tokenizer learns from prompts and, separately, from completions exactly as they are generated
@@ -112,18 +124,39 @@ def setup(cfg: C.Config) -> Run:
               sampler=TaskBalancedSampler(train, seed=cfg.train.seed, mix=parse_task_mix(cfg.data.task_mix)),
               optimizer=optimizer, scheduler=scheduler,
               controllers=controllers, specs=reward_specs(cfg.data.source, cfg.rewards, tasks), judge=build_judge(cfg.judge, run_dir),
-              tracker=build_trackers(cfg.train, run_dir), sampling=sampling_settings(cfg.rollout, policy.tokenizer),
-              update=update, guard=WeightGuard(params, max_consecutive=cfg.train.max_consecutive_bad))
+              tracker=build_trackers(cfg.train, run_dir) if dist.is_main else NullTracker(),
+              sampling=sampling_settings(cfg.rollout, policy.tokenizer),
+              update=update, guard=WeightGuard(params, max_consecutive=cfg.train.max_consecutive_bad), dist=dist)
     if policy.grad_scaler is not None and cfg.multi.combine != "sum":
         raise C.ConfigError(f"multi.combine={cfg.multi.combine!r} needs bf16 or fp32 weights: the per-task gradients "
                             "are not loss-scaled, so fp16 (this GPU has no bf16) would under- or overflow; use "
                             "multi.combine=sum or model.dtype=float32")
     run.surgery = build_surgery(cfg, params, tasks)
+    run.train_model, run.optimizer = dist.prepare(policy.model, optimizer)
     from grpo.pareto import ParetoFrontier
 
     run.frontier = ParetoFrontier(cfg.multi.pareto_cap, run_dir / "pareto")
-    (run_dir / "config.json").write_text(C.dumps(cfg))
+    if dist.is_main:
+        (run_dir / "config.json").write_text(C.dumps(cfg))
+    if dist.active and not per_completion_sampling(cfg, dist):
+        torch.manual_seed(cfg.train.seed + 1_000_003 * dist.rank)  # ranks must not draw the same samples
     return run
+
+
+def per_completion_sampling(cfg: C.Config, dist: Dist) -> bool:
+    """Whether rollouts draw from per-completion streams (rollout.sampling_rng; auto = when several processes)."""
+    mode = cfg.rollout.sampling_rng
+    return mode == "per_completion" or (mode == "auto" and dist.active)
+
+
+def fresh_optimizer(run: Run) -> None:
+    """Optimizer, scheduler, weight guard and gradient surgery for the policy's current trainable parameters
+    (after SFT or a reference restore they are new objects under LoRA), prepared for the run's processes."""
+    params = run.policy.trainable_parameters()
+    optimizer, run.scheduler = build_optimizer(run.cfg.train, params)
+    run.guard = WeightGuard(params, max_consecutive=run.cfg.train.max_consecutive_bad)
+    run.surgery = build_surgery(run.cfg, params, run.tasks)
+    run.train_model, run.optimizer = run.dist.prepare(run.policy.model, optimizer)
 
 
 def build_surgery(cfg: C.Config, params: list[torch.nn.Parameter], tasks: list[str]):
@@ -197,14 +230,15 @@ def sft_phase(run: Run) -> list[float]:
         examples = stratified([x for t in run.tasks for x in run.train[t] if x.target], examples, s.max_examples)
     losses = run_sft(run.policy.model, examples, steps=s.steps, lr=s.lr, batch_size=s.batch_size,
                      params=run.policy.trainable_parameters(), pad_id=run.tokenizer.pad_token_id,
-                     device=run.device, seed=run.cfg.train.seed, progress=lambda it: progress(it, "SFT"))
+                     device=run.device, seed=run.cfg.train.seed,
+                     progress=lambda it: progress(it, "SFT", enabled=run.dist.is_main), dist=run.dist)
     # RL is regularised towards the SFT model, not the pre-SFT one: rebase the reference, then rebuild the
     # optimizer (under LoRA the trainable parameters are new objects) and the guard.
     run.policy = rebase_reference(run.policy, seed=run.cfg.train.seed)
-    run.optimizer, run.scheduler = build_optimizer(run.cfg.train, run.policy.trainable_parameters())
-    run.guard = WeightGuard(run.policy.trainable_parameters(), max_consecutive=run.cfg.train.max_consecutive_bad)
-    run.surgery = build_surgery(run.cfg, run.policy.trainable_parameters(), run.tasks)
-    ckpt.save_reference(run.run_dir, reference_weights(run.policy))
+    fresh_optimizer(run)
+    if run.dist.is_main:
+        ckpt.save_reference(run.run_dir, reference_weights(run.policy))
+    run.dist.barrier()
     run.tracker.log({"sft/loss_first": losses[0], "sft/loss_last": losses[-1]}, 0)
     return losses
 
@@ -231,7 +265,11 @@ def reference_weights(policy: Policy) -> dict[str, torch.Tensor]:
 
 
 def evaluate_phase(run: Run, tag: str) -> dict[str, float]:
-    """Greedy held-out reward per task; recorded under `tag` (before_sft, after_sft, after_rl, step_N)."""
+    """Greedy held-out reward per task; recorded under `tag` (before_sft, after_sft, after_rl, step_N).
+    Rank 0 evaluates; the other ranks wait for it and return {}."""
+    if not run.dist.is_main:
+        run.dist.barrier()
+        return {}
     results, scored = evaluate(run.policy.model, run.tokenizer, run.heldout, run.sampling,
                                lambda rollouts: score(run, rollouts))
     run.evals[tag] = results
@@ -239,17 +277,29 @@ def evaluate_phase(run: Run, tag: str) -> dict[str, float]:
     run.tracker.log({f"eval/{t}/reward": r for t, r in results.items()}, run.step)
     if tag.startswith("step_") or tag == "after_rl":  # RL checkpoints compete for the Pareto frontier
         run.frontier.offer(run.step, results, save_fn=lambda path: save_pretrained(run.policy, path))
+    run.dist.barrier()
     return results
 
 
 def rl_step(run: Run, step: int) -> dict[str, float]:
     """One RL step: rollouts → rewards → group advantages → μ update passes → per-task β update."""
-    cfg, t0 = run.cfg, time.perf_counter()
-    samples = run.sampler.next_batch(cfg.prompts_per_step)
+    cfg, dist, t0 = run.cfg, run.dist, time.perf_counter()
+    # The step's GLOBAL batch is drawn identically on every rank; this rank generates its contiguous share.
+    everyone = run.sampler.next_batch(cfg.prompts_per_step * dist.world)
+    mine = dist.share(len(everyone))
+    keys = (row_keys(cfg.train.seed, step, range(mine.start, mine.stop), cfg.rollout.k)
+            if per_completion_sampling(cfg, dist) else None)
     # the system prompt (data.system_prompt) is already the first message of every sample
-    rollouts, metrics = generate_rollouts(run.policy.model, run.tokenizer, samples, cfg.rollout.k, run.sampling)
+    rollouts, metrics = generate_rollouts(run.policy.model, run.tokenizer, everyone[mine], cfg.rollout.k,
+                                          run.sampling, row_keys=keys)
     t1 = time.perf_counter()
-    scored, score_metrics = score_rollouts(rollouts, run.specs, run.judge)
+    scored_mine, score_metrics = score_rollouts(rollouts, run.specs, run.judge)
+    scored = scored_mine
+    if dist.active:  # metrics and group advantages over the global batch (groups never straddle ranks)
+        scored = [s for part in dist.gather(scored_mine) for s in part]
+        metrics = {**rollout_metrics([s.rollout for s in scored]),
+                   "rollout/nonfinite_logit_rows": dist.sum_numbers([metrics["rollout/nonfinite_logit_rows"]])[0]}
+        score_metrics = dict(zip(score_metrics, dist.sum_numbers(list(score_metrics.values()))))
     metrics.update(per_step_counts(run, score_metrics))
     rewards_B = torch.tensor([math.nan if s.reward is None else s.reward for s in scored], dtype=torch.float32)
     advantages_B, adv_metrics = group_advantages(rewards_B, cfg.rollout.k, scale=cfg.loss.adv_scale,
@@ -258,7 +308,8 @@ def rl_step(run: Run, step: int) -> dict[str, float]:
     metrics.update(reward_metrics(scored, run.tasks))
     t2 = time.perf_counter()
 
-    batch = build_train_batch(scored, advantages_B, run.tasks, run.tokenizer.pad_token_id, run.device)
+    rows = slice(mine.start * cfg.rollout.k, mine.stop * cfg.rollout.k)
+    batch = build_train_batch(scored_mine, advantages_B[rows], run.tasks, run.tokenizer.pad_token_id, run.device)
     if cfg.loss.mu > 1:  # off-policy passes need the rollout policy's log-probs; at μ = 1 they equal the current ones
         batch.old_logps_BT = batch_logprobs(run.policy.model, batch, cfg.micro_batch_seqs, cfg.rollout.temperature)
     t3 = time.perf_counter()
@@ -283,7 +334,7 @@ def rl_step(run: Run, step: int) -> dict[str, float]:
     run.step = step
     metrics = {k: v if isinstance(v, (str, int)) else float(v) for k, v in metrics.items()}
     run.tracker.log(metrics, step)
-    if cfg.train.sample_every and step % cfg.train.sample_every == 0:
+    if cfg.train.sample_every and step % cfg.train.sample_every == 0 and dist.is_main:
         write_samples(run, scored, step)
     return metrics
 
@@ -297,9 +348,9 @@ def update_with_oom_retry(run: Run, batch, betas_N: torch.Tensor) -> dict[str, f
     from dataclasses import replace
 
     def attempt() -> dict[str, float]:
-        return train_step(run.policy.model, run.optimizer, batch, betas_N, run.update, run.tasks,
+        return train_step(run.train_model or run.policy.model, run.optimizer, batch, betas_N, run.update, run.tasks,
                           run.policy.trainable_parameters(), on_step=lambda: after_optimizer_step(run),
-                          grad_combiner=run.surgery, scaler=run.policy.grad_scaler)
+                          grad_combiner=run.surgery, scaler=run.policy.grad_scaler, dist=run.dist)
 
     try:
         return {**attempt(), "health/oom_retries": 0.0}
@@ -366,12 +417,14 @@ def write_samples(run: Run, scored: list[Scored], step: int) -> None:
 
 
 def finish(run: Run) -> dict[str, Any]:
-    """Save the final model, print the before/after table, write report.json and plot.png."""
+    """Save the final model, print the before/after table, write report.json and plot.png (rank 0)."""
     from grpo.plot import plot_run
     from grpo.report import build_report, format_report
 
-    save_pretrained(run.policy, run.run_dir / "final")
     run.tracker.close()
+    if not run.dist.is_main:
+        return {}
+    save_pretrained(run.policy, run.run_dir / "final")
     report = build_report(run.run_dir)
     best = run.frontier.best()
     if best is not None:  # the Pareto point with the best mean held-out score, and where its weights are
@@ -391,17 +444,18 @@ def finish(run: Run) -> dict[str, Any]:
 
 def main(cfg: C.Config) -> Run:
     run = setup(cfg)
-    print(banner(run))
+    say = print if run.dist.is_main else (lambda *a, **k: None)  # one voice: rank 0
+    say(banner(run))
     if cfg.checkpoint.resume:
         resume(run, cfg.checkpoint.resume)
     else:
-        print("evaluating before SFT ...", evaluate_phase(run, "before_sft"))
+        say("evaluating before SFT ...", evaluate_phase(run, "before_sft"))
         if cfg.sft.steps:
             sft_phase(run)
-            print("evaluating after SFT ...", evaluate_phase(run, "after_sft"))
+            say("evaluating after SFT ...", evaluate_phase(run, "after_sft"))
     stop = StopRequest()
     with stop.installed():
-        bar = progress(range(run.step + 1, cfg.train.max_steps + 1), "RL")
+        bar = progress(range(run.step + 1, cfg.train.max_steps + 1), "RL", enabled=run.dist.is_main)
         for step in bar:
             metrics = rl_step(run, step)
             if hasattr(bar, "set_postfix_str"):  # a tqdm bar on a terminal: per-task reward / KL / β in the postfix
@@ -409,12 +463,12 @@ def main(cfg: C.Config) -> Run:
                     f"{t[:5]} r={metrics.get(f'reward/{t}/mean', math.nan):.2f} kl={metrics.get(f'kl/{t}', 0.0):.3f}"
                     f" β={metrics[f'beta/{t}']:.3f}" for t in run.tasks), refresh=False)
             elif step % cfg.train.log_every == 0:  # logs: one plain line per step
-                print(format_step_line(metrics, run.tasks), flush=True)
+                say(format_step_line(metrics, run.tasks), flush=True)
             if cfg.train.eval_every and step % cfg.train.eval_every == 0 and step < cfg.train.max_steps:
                 evaluate_phase(run, f"step_{step}")
-            if stop.requested:
+            if run.dist.any(stop.requested):  # every rank stops after the same step
                 folder = save_checkpoint(run)
-                print(f"\ninterrupted: checkpoint {folder} written. Resume with:\n  python grpo_train.py "
+                say(f"\ninterrupted: checkpoint {folder} written. Resume with:\n  python grpo_train.py "
                       f"--preset {cfg.preset} --run-name {run.run_dir.name} --output-dir {cfg.train.output_dir} "
                       f"--resume auto [your other overrides]")
                 run.tracker.close()
@@ -458,18 +512,26 @@ class StopRequest:
         return scope()
 
 
-def checkpoint_state(run: Run) -> dict[str, Any]:
-    """Everything needed to continue the run bit-for-bit."""
+def checkpoint_state(run: Run, rng_ranks: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    """Everything needed to continue the run bit-for-bit. `rng_ranks`: every rank's RNG state (rank order)."""
+    rng_ranks = rng_ranks or [ckpt.rng_state()]
     return {"step": run.step, "weights": ckpt.trainable_state(run.policy.model),
             "optimizer": run.optimizer.state_dict(), "scheduler": run.scheduler.state_dict(),
             "controllers": {t: c.state_dict() for t, c in run.controllers.items()},
             "sampler": run.sampler.state_dict(), "guard": run.guard.state_dict(), "evals": run.evals,
             "surgery": run.surgery.state_dict() if run.surgery is not None else None,
-            "frontier": run.frontier.state_dict(), "counters": dict(run.counters), "rng": ckpt.rng_state()}
+            "frontier": run.frontier.state_dict(), "counters": dict(run.counters), "rng": rng_ranks[0],
+            "rng_ranks": rng_ranks}
 
 
 def save_checkpoint(run: Run) -> Path:
-    return ckpt.save(run.run_dir, run.step, checkpoint_state(run), C.to_dict(run.cfg), run.cfg.checkpoint.keep_last)
+    """Rank 0 writes the checkpoint (weights are the same on every rank) with every rank's RNG state."""
+    rng_ranks = run.dist.gather(ckpt.rng_state())
+    folder = None
+    if run.dist.is_main:
+        folder = ckpt.save(run.run_dir, run.step, checkpoint_state(run, rng_ranks), C.to_dict(run.cfg),
+                           run.cfg.checkpoint.keep_last)
+    return run.dist.broadcast(folder)  # also a barrier: no rank goes on before the checkpoint is complete
 
 
 def resume(run: Run, where: str) -> None:
@@ -486,8 +548,7 @@ def resume(run: Run, where: str) -> None:
     ref = ckpt.load_reference(run.run_dir)
     if ref is not None:  # the run had an SFT warm-up: restore its reference (and, under LoRA, the merged base)
         (run.policy.model if run.policy.is_lora else run.policy.ref_model).load_state_dict(ref)
-        run.optimizer, run.scheduler = build_optimizer(run.cfg.train, run.policy.trainable_parameters())
-        run.guard = WeightGuard(run.policy.trainable_parameters(), max_consecutive=run.cfg.train.max_consecutive_bad)
+        fresh_optimizer(run)
     ckpt.load_trainable_state(run.policy.model, state["weights"], folder)
     run.optimizer.load_state_dict(state["optimizer"])
     run.scheduler.load_state_dict(state["scheduler"])
@@ -495,18 +556,39 @@ def resume(run: Run, where: str) -> None:
         c.load_state_dict(state["controllers"][t])
     run.sampler.load_state_dict(state["sampler"])
     run.guard.load_state_dict(state["guard"])
-    run.surgery = build_surgery(run.cfg, run.policy.trainable_parameters(), run.tasks)
     if run.surgery is not None and state.get("surgery") is not None:
         run.surgery.load_state_dict(state["surgery"])
     run.frontier.load_state_dict(state["frontier"])
-    run.frontier.remove_orphans()  # points saved after this checkpoint belong to the lost part of the run
+    if run.dist.is_main:
+        run.frontier.remove_orphans()  # points saved after this checkpoint belong to the lost part of the run
     run.counters = dict(state.get("counters", {}))
     run.guard.snapshot()
     run.evals = state["evals"]
     run.step = state["step"]
-    ckpt.set_rng_state(state["rng"])
-    truncate_metrics(run.run_dir, run.step)
-    print(f"resumed from {folder} at step {run.step}")
+    ckpt.set_rng_state(rank_rng_state(state, run.dist))
+    if run.dist.is_main:
+        truncate_metrics(run.run_dir, run.step)
+        print(f"resumed from {folder} at step {run.step}")
+    run.dist.barrier()
+
+
+def rank_rng_state(state: dict[str, Any], dist: Dist) -> dict[str, Any]:
+    """This rank's saved RNG state; a checkpoint from another number of processes gives each rank rank 0's state
+    re-seeded per rank (rollouts then differ from the interrupted run's, which a warning says)."""
+    saved = state.get("rng_ranks") or [state["rng"]]
+    if len(saved) == dist.world:
+        return saved[dist.rank]
+    if dist.is_main:
+        import warnings
+
+        warnings.warn(f"the checkpoint was written by {len(saved)} process(es), this run has {dist.world}: the "
+                      "random state cannot continue exactly (sampling with rollout.sampling_rng=per_completion "
+                      "does not depend on it)", stacklevel=2)
+    if dist.rank == 0:
+        return saved[0]
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(1_000_003 * dist.rank + int(state["step"]))
+        return {**saved[0], "torch": torch.get_rng_state()}
 
 
 def config_defaults(cfg: C.Config) -> dict[str, Any]:
@@ -539,7 +621,9 @@ def banner(run: Run) -> str:
              f"{'LoRA r=%d' % cfg.model.lora_r if cfg.model.lora else 'full fine-tuning'}, "
              f"trainable {n_train:,} of {n_all:,} parameters",
              f"batch: {cfg.train.prompts_per_micro_step} prompts x K {cfg.rollout.k} x GA {cfg.train.grad_accum} "
-             f"= {cfg.seqs_per_step} completions per step, {cfg.rollout.max_new_tokens} new tokens max",
+             + (f"x {run.dist.world} processes " if run.dist.active else "")
+             + f"= {cfg.seqs_per_step * run.dist.world} completions per step, {cfg.rollout.max_new_tokens} new "
+             "tokens max",
              f"loss {cfg.loss.policy_loss}, agg {cfg.loss.agg_mode}, KL {cfg.loss.kl_estimator}, mu {cfg.loss.mu}, "
              f"clip [{1 - cfg.loss.clip_low:g}, {1 + cfg.loss.clip_high:g}]",
              "tasks: " + ", ".join(f"{t} ({len(run.train[t])} train / {len(run.heldout.get(t, []))} held out, "
@@ -593,4 +677,8 @@ def cli(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
+    from grpo.distributed import relaunch_on_cpu, requested_cpu_processes
+
+    if requested_cpu_processes() > 1:  # `accelerate launch --cpu --num_processes N` started only this one
+        relaunch_on_cpu(requested_cpu_processes(), sys.argv[0], sys.argv[1:])
     sys.exit(cli(sys.argv[1:]))

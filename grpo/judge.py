@@ -129,14 +129,21 @@ class RateLimiter:
 
 class JudgeCache:
     """SQLite cache of real judge answers (raw score in [0, 1] and the provider), safe under threads:
-    one connection with check_same_thread=False, every use under a lock."""
+    one connection with check_same_thread=False, every use under a lock. Safe for concurrent PROCESSES too (the
+    ranks of a data-parallel run share one file): write-ahead logging lets readers run beside a writer, and a
+    writer waits up to BUSY_TIMEOUT_S for the lock instead of failing."""
+
+    BUSY_TIMEOUT_S = 60.0
 
     def __init__(self, path: str | Path) -> None:
         Path(path).parent.mkdir(parents=True, exist_ok=True)
         self._lock = threading.Lock()
-        self._db = sqlite3.connect(str(path), check_same_thread=False)
-        with self._lock, self._db:
-            self._db.execute("CREATE TABLE IF NOT EXISTS scores (key TEXT PRIMARY KEY, score REAL, provider TEXT)")
+        self._db = sqlite3.connect(str(path), check_same_thread=False, timeout=self.BUSY_TIMEOUT_S)
+        with self._lock:
+            self._db.execute("PRAGMA journal_mode=WAL")
+            with self._db:
+                self._db.execute("CREATE TABLE IF NOT EXISTS scores (key TEXT PRIMARY KEY, score REAL, "
+                                 "provider TEXT)")
 
     @staticmethod
     def key(model: str, rubric_version: str, task: str, prompt: str, response: str) -> str:

@@ -83,7 +83,9 @@ def position_ids_from_mask(attention_mask_BL: torch.Tensor) -> torch.Tensor:
 
 
 def accepts_logits_to_keep(model: torch.nn.Module) -> bool:
-    """Whether model.forward (or, under PEFT, the base model's forward) takes `logits_to_keep`."""
+    """Whether model.forward (or, under PEFT, the base model's forward) takes `logits_to_keep`. A DDP / FSDP
+    wrapper's forward takes (*args, **kwargs): the wrapped module (`.module`) is inspected instead."""
+    model = getattr(model, "module", model)
     for candidate in (model, getattr(model, "get_base_model", lambda: None)()):
         if candidate is not None and "logits_to_keep" in inspect.signature(candidate.forward).parameters:
             return True

@@ -5,6 +5,7 @@ The entry point hands each function one config section (or plain values); nothin
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 from typing import Any, Iterable
@@ -81,7 +82,8 @@ def policy_from_config(model_cfg, device: torch.device, corpus: Iterable[str], s
                                                  full_finetune=not model_cfg.lora)
     attn, attn_why = choose_attention(model_cfg.attn_implementation, bool(caps.get("flash_attn_importable")),
                                       caps.get("compute_capability") if on_cuda else None, dtype)
-    print(f"precision: {dtype} ({dtype_why}); attention: {attn} ({attn_why})")
+    if os.environ.get("RANK", "0") == "0":  # one line per run, not per data-parallel process
+        print(f"precision: {dtype} ({dtype_why}); attention: {attn} ({attn_why})")
     tiny = {"hidden": model_cfg.tiny_hidden, "layers": model_cfg.tiny_layers, "heads": model_cfg.tiny_heads,
             "kv_heads": max(1, model_cfg.tiny_heads // 2), "vocab_size": model_cfg.tiny_vocab}
     policy = load_policy(model_cfg.name, dtype=dtype, attn_implementation=attn, lora=model_cfg.lora,

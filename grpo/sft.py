@@ -7,7 +7,7 @@ The prompt tokens are never trained on; the end-of-turn token that RL uses as it
 from __future__ import annotations
 
 import random
-from typing import Callable, Iterable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 import torch
 
@@ -28,18 +28,26 @@ def sft_examples(tokenizer, samples: Sequence[Sample], system_prompt: str | None
 
 
 def sft_loss(model: torch.nn.Module, examples: Sequence[tuple[list[int], list[int]]], pad_id: int,
-             device: torch.device) -> torch.Tensor:
-    """Token-mean negative log-likelihood of the completions (prompt positions carry no loss)."""
+             device: torch.device, num_tokens: int | None = None) -> torch.Tensor:
+    """Token-mean negative log-likelihood of the completions (prompt positions carry no loss). `num_tokens`: the
+    denominator when `examples` are one share of a larger batch (data parallelism); default their own count."""
     input_ids, attention, mask, prompt_len = collate([p for p, _ in examples], [c for _, c in examples], pad_id)
     logps_BT, _ = completion_logprobs(model, input_ids.to(device), attention.to(device), prompt_len)
     mask_BT = mask.to(device=device, dtype=logps_BT.dtype)
-    return -(logps_BT * mask_BT).sum() / mask_BT.sum().clamp(min=1)
+    denominator = mask_BT.sum().clamp(min=1) if num_tokens is None else max(num_tokens, 1)
+    return -(logps_BT * mask_BT).sum() / denominator
 
 
 def run_sft(model: torch.nn.Module, examples: Sequence[tuple[list[int], list[int]]], *, steps: int, lr: float,
             batch_size: int, params: Sequence[torch.nn.Parameter], pad_id: int, device: torch.device, seed: int,
-            max_grad_norm: float = 1.0, progress: Callable[[range], Iterable[int]] = iter) -> list[float]:
-    """`steps` AdamW steps on shuffled batches of `examples` (without replacement per epoch). Returns the losses."""
+            max_grad_norm: float = 1.0, progress: Callable[[range], Iterable[int]] = iter,
+            dist: Any = None) -> list[float]:
+    """`steps` AdamW steps on shuffled batches of `examples` (without replacement per epoch). Returns the losses.
+
+    With `dist` (data parallelism) every rank draws the same batch and trains on rows rank, rank + world, …; the
+    loss is divided by the whole batch's token count and the gradients are summed over ranks before clipping, so
+    the step equals the one-process step.
+    """
     if not examples:
         raise ValueError("SFT warm-up has no examples: the training samples carry no `target` completions "
                          "(set sft.steps=0 to skip the warm-up)")
@@ -56,8 +64,17 @@ def run_sft(model: torch.nn.Module, examples: Sequence[tuple[list[int], list[int
         batch = [examples[i] for i in order[:batch_size]]
         del order[:batch_size]
         optimizer.zero_grad(set_to_none=True)
-        loss = sft_loss(model, batch, pad_id, device)
-        loss.backward()
+        if dist is not None and dist.active:
+            mine = batch[dist.rank::dist.world]
+            tokens = sum(len(c) for _, c in batch)
+            loss = sft_loss(model, mine, pad_id, device, tokens) if mine else torch.zeros((), device=device)
+            if mine:
+                loss.backward()
+            dist.sum_grads(params)
+            loss = dist.sum(loss.detach().reshape(1).clone())[0]
+        else:
+            loss = sft_loss(model, batch, pad_id, device)
+            loss.backward()
         torch.nn.utils.clip_grad_norm_(params, max_grad_norm)
         optimizer.step()
         losses.append(loss.item())

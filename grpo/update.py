@@ -15,8 +15,9 @@ of the whole batch, counted once up front, so micro-batching does not change the
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 
@@ -104,7 +105,18 @@ class _StepStats:
             if not k.endswith("_BT"):
                 self.scalars.setdefault(k, []).append(v.float())
 
-    def finish(self, tasks: Sequence[str]) -> dict[str, float]:
+    def finish(self, tasks: Sequence[str], dist: Any = None) -> dict[str, float]:
+        """Per-task means over the step; with `dist` the sums (and max / min) are taken over every rank first."""
+        if dist is not None and dist.active:
+            sums = dist.sum(torch.cat([self.kl, self.entropy, self.tokens, self.pg[None], self.loss[None]]))
+            n = self.kl.numel()
+            self.kl, self.entropy, self.tokens = sums[:n], sums[n:2 * n], sums[2 * n:3 * n]
+            self.pg, self.loss = sums[3 * n], sums[3 * n + 1]
+            for k, vs in self.scalars.items():
+                op = "max" if k.endswith("_max") else "min" if k.endswith("_min") else "sum"
+                value = torch.stack(vs).max() if op == "max" else torch.stack(vs).min() if op == "min" \
+                    else torch.stack(vs).mean() / dist.world
+                self.scalars[k] = [dist.reduce(value.reshape(1).clone(), op)[0]]
         tok = self.tokens.clamp(min=1)
         kl, ent = (self.kl / tok).tolist(), (self.entropy / tok).tolist()
         out = {"loss/total": self.loss.item(), "loss/policy_token_mean": (self.pg / tok.sum()).item()}
@@ -123,14 +135,21 @@ def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batch: 
                betas_N: torch.Tensor, s: UpdateSettings, tasks: Sequence[str],
                params: Sequence[torch.nn.Parameter], on_step: Callable[[], None] | None = None,
                grad_combiner: Callable[..., dict[str, float]] | None = None,
-               scaler: "torch.amp.GradScaler | None" = None) -> dict[str, float]:
+               scaler: "torch.amp.GradScaler | None" = None, dist: Any = None) -> dict[str, float]:
     """μ optimizer steps over `batch`. betas_N: β per task index. Returns metrics of the first pass + health.
 
     `on_step` runs after each successful optimizer step (the LR scheduler, the weight guard).
     `grad_combiner`, when given, replaces the plain accumulation (per-task gradient surgery, see grpo/multi.py).
     `scaler`: a GradScaler for fp16 weights (loss scaling; gradients are unscaled before clipping).
+    `dist` (grpo/distributed.py): data parallelism. `batch` is this rank's share; token and sequence counts are
+    summed over ranks, and gradients are summed once per optimizer step (DDP on the last micro-batch, `no_sync` on
+    the others; the loss is multiplied by the world size because DDP averages).
     """
     num_tokens, num_seqs = batch.num_tokens, batch.size  # counted ONCE for the whole optimizer step
+    world = 1
+    if dist is not None and dist.active:
+        num_tokens, num_seqs = (int(v) for v in dist.sum_numbers([num_tokens, num_seqs]))
+        world = dist.world
     if num_tokens == 0:
         raise ValueError("the rollout batch has no completion tokens to train on (every completion is empty)")
     metrics: dict[str, float] = {}
@@ -140,11 +159,16 @@ def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batch: 
         optimizer.zero_grad(set_to_none=True)
         stats = _StepStats(len(tasks), batch.advantages_B.device)
         if grad_combiner is not None:
-            metrics.update(grad_combiner(model, batch, betas_N, s, stats, num_tokens, num_seqs))
+            with dist.no_sync(model) if dist is not None else contextlib.nullcontext():  # it sums per-task grads
+                metrics.update(grad_combiner(model, batch, betas_N, s, stats, num_tokens, num_seqs, dist=dist))
         else:
-            for mb in batch.micro_batches(s.micro_batch_seqs):
-                loss, parts = micro_batch_loss(model, mb, betas_N, s, num_tokens, num_seqs)
-                (scaler.scale(loss) if scaler is not None else loss).backward()  # gradients ADD across micro-batches
+            micro = list(batch.micro_batches(s.micro_batch_seqs))
+            for i, mb in enumerate(micro):
+                last = i == len(micro) - 1  # DDP all-reduces on this backward only
+                with dist.no_sync(model) if dist is not None and not last else contextlib.nullcontext():
+                    loss, parts = micro_batch_loss(model, mb, betas_N, s, num_tokens, num_seqs)
+                    scaled = (scaler.scale(loss) if scaler is not None else loss) * world
+                    scaled.backward()  # gradients ADD across micro-batches
                 stats.add(loss, parts, mb.task_ids_B)
         if scaler is not None:
             scaler.unscale_(optimizer)
@@ -164,7 +188,7 @@ def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batch: 
             if on_step is not None:
                 on_step()
         if pass_index == 0:
-            metrics.update(stats.finish(tasks))
+            metrics.update(stats.finish(tasks, dist))
             metrics["health/grad_norm"] = grad_norm
     metrics["health/skipped"] = float(skipped > 0)
     metrics["health/skipped_passes"] = float(skipped)
@@ -191,7 +215,7 @@ class TaskGradientSurgery:
         self.generator = torch.Generator().manual_seed(seed)
 
     def __call__(self, model, batch: TrainBatch, betas_N: torch.Tensor, s: UpdateSettings, stats: "_StepStats",
-                 num_tokens: int, num_seqs: int) -> dict[str, float]:
+                 num_tokens: int, num_seqs: int, dist: Any = None) -> dict[str, float]:
         from grpo.multi import assign_flat_grad, combine, flat_grad, gradient_stats
 
         extra = None
@@ -222,6 +246,10 @@ class TaskGradientSurgery:
                 total += loss_r.detach()
             stats.add(total, parts, mb.task_ids_B)
         grads_ND = self.acc.stack()
+        if dist is not None and dist.active:  # every rank combines the same global per-task gradients
+            grads_ND = dist.sum(grads_ND.contiguous())
+            if extra is not None:  # present on every rank or on none: it depends on the config only
+                extra = dist.sum(extra)
         metrics = gradient_stats(grads_ND, self.tasks)
         active = self.monitor.update(metrics.get("multi/cos_min", float("nan")))
         combined_D, m = combine(grads_ND, self.method if active else "sum", c=self.c, generator=self.generator,

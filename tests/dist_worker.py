@@ -1,0 +1,89 @@
+"""Run by tests/test_distributed.py under `accelerate launch --num_processes N --cpu tests/dist_worker.py OUT
+SCENARIO...`: one optimizer step (or a short run) per scenario; rank 0 saves the trainable weights and metrics.
+
+Each scenario is a list of config overrides on top of `dist_config`; the same function builds the one-process
+reference runs in the test itself, so both sides share every setting except the process count and grad_accum.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import config as C  # noqa: E402
+from tests.trainer_helpers import fast_config  # noqa: E402
+
+SCENARIOS: dict[str, list[str]] = {
+    "token_mean": ["loss.agg_mode=token-mean"],
+    "token_mean_ga": ["loss.agg_mode=token-mean", "loss.mu=2"],
+    "seq_mean": ["loss.agg_mode=seq-mean-token-mean"],
+    "seq_mean_ga": ["loss.agg_mode=seq-mean-token-mean"],
+    "pcgrad": ["multi.combine=pcgrad", "multi.switch=always",  # opposed rewards: the task gradients conflict
+               "rewards.hallucination=tests.dist_worker:short_reward:1.0"],
+}
+"""Scenarios whose name ends in _ga use gradient accumulation on every process (2 micro-batches per process)."""
+
+
+def short_reward(completion: str, gold: dict) -> float:
+    """The opposite of length_reward: shorter completions score higher."""
+    return 1.0 - min(len(completion), 24) / 24.0
+
+
+def dist_config(out_dir, scenario: str, world: int, *extra: str) -> C.Config:
+    """The config of `scenario` for a run on `world` processes with the same GLOBAL batch as every other world:
+    2 prompts per micro-step and 2 micro-batches in all (4 for the _ga scenarios), split over the processes."""
+    total_micro = 4 if scenario.endswith("_ga") else 2
+    if total_micro % world:
+        raise ValueError(f"{scenario}: {total_micro} micro-batches cannot be split over {world} processes")
+    return fast_config(out_dir, "train.device=cpu", "rollout.sampling_rng=per_completion", "train.lr=1e-4",
+                       f"train.grad_accum={total_micro // world}", "kl.default.controller=fixed",
+                       "kl.default.beta=0.05", "sft.steps=6", "sft.batch_size=6", "sft.lr=3e-3",
+                       "rollout.max_new_tokens=10", *SCENARIOS[scenario], *extra)
+
+
+def one_step(out_dir: Path, scenario: str, world: int) -> dict:
+    """setup + one RL step; returns {"weights": ..., "metrics": ...} (rank 0 writes them)."""
+    import grpo_train as T
+
+    cfg = dist_config(out_dir, scenario, world, f"train.run_name={scenario}")
+    run = T.setup(cfg)
+    T.sft_phase(run)  # SFT (sharded over processes too) teaches the stop token: completion lengths then vary
+    after_sft = {n: p.detach().clone() for n, p in run.policy.model.named_parameters() if p.requires_grad}
+    metrics = T.rl_step(run, 1)
+    weights = {n: p.detach().clone() for n, p in run.policy.model.named_parameters() if p.requires_grad}
+    return {"weights": weights, "after_sft": after_sft, "metrics": metrics, "is_main": run.dist.is_main}
+
+
+def main(out: str, scenarios: list[str]) -> None:
+    import grpo_train as T
+
+    out_dir = Path(out)
+    for scenario in scenarios:
+        if scenario == "resume":  # 3 steps straight vs 2 steps, then resumed from the 2-process checkpoint
+            base = ["train.max_steps=3", "checkpoint.every=1", "train.eval_every=0"]
+            straight = T.main(dist_config(out_dir, "token_mean", 2, "train.run_name=straight", *base))
+            T.main(dist_config(out_dir, "token_mean", 2, "train.run_name=cut", *base, "train.max_steps=2"))
+            resumed = T.main(dist_config(out_dir, "token_mean", 2, "train.run_name=cut", *base,
+                                         "checkpoint.resume=auto"))
+            if straight.dist.is_main:
+                torch.save({"straight": {n: p.detach() for n, p in straight.policy.model.named_parameters()},
+                            "resumed": {n: p.detach() for n, p in resumed.policy.model.named_parameters()}},
+                           out_dir / "resume.pt")
+            continue
+        result = one_step(out_dir, scenario, 2)
+        if result["is_main"]:
+            torch.save({"weights": result["weights"], "after_sft": result["after_sft"]}, out_dir / f"{scenario}.pt")
+            (out_dir / f"{scenario}.json").write_text(json.dumps(result["metrics"]))
+
+
+if __name__ == "__main__":
+    from grpo.distributed import relaunch_on_cpu, requested_cpu_processes
+
+    if requested_cpu_processes() > 1:
+        relaunch_on_cpu(requested_cpu_processes(), sys.argv[0], sys.argv[1:])
+    main(sys.argv[1], sys.argv[2:])

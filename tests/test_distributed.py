@@ -1,0 +1,116 @@
+"""Data parallelism (grpo/distributed.py): a run on 2 CPU processes equals the 1-process run with the same global
+batch. The 2-process side is `accelerate launch --num_processes 2 --cpu tests/dist_worker.py`, started once."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from grpo.distributed import Dist, num_processes_from_launch
+from tests.dist_worker import SCENARIOS, one_step
+
+ROOT = Path(__file__).resolve().parents[1]
+LR = 1e-4  # train.lr of dist_config: Adam's first step moves a weight by about lr
+
+
+def accelerate_cli() -> list[str]:
+    exe = shutil.which("accelerate", path=str(Path(sys.executable).parent)) or shutil.which("accelerate")
+    if exe is None:
+        pytest.skip("the accelerate command is not installed")
+    return [exe]
+
+
+@pytest.fixture(scope="module")
+def two_process(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("two_process")
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    cmd = [*accelerate_cli(), "launch", "--num_processes", "2", "--cpu", str(ROOT / "tests" / "dist_worker.py"),
+           str(out), *SCENARIOS, "resume"]
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+    assert "starting 2 CPU processes" in proc.stderr  # the --cpu launcher alone would have started one
+    return out
+
+
+def max_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
+    assert a.keys() == b.keys()
+    return max((a[n] - b[n]).abs().max().item() for n in a)
+
+
+@pytest.mark.parametrize("scenario", list(SCENARIOS))
+def test_two_processes_equal_one_process(two_process, tmp_path, scenario):
+    one = one_step(tmp_path, scenario, world=1)
+    two = torch.load(two_process / f"{scenario}.pt")
+    m1, m2 = one["metrics"], json.loads((two_process / f"{scenario}.json").read_text())
+    # the same rollouts: sharded prompts, per-completion sampling streams
+    completions = (4 if scenario.endswith("_ga") else 2) * 2 * 4  # micro-batches x prompts x K, all processes
+    assert m1["rollout/tokens"] == m2["rollout/tokens"] and m1["rollout/num"] == m2["rollout/num"] == completions
+    for task in ("fairness", "hallucination"):
+        assert m1[f"reward/{task}/mean"] == pytest.approx(m2[f"reward/{task}/mean"], abs=1e-12)
+    # SFT sharded over the processes, then one RL optimizer step: the weights of the 1-process run
+    assert max_diff(one["after_sft"], two["after_sft"]) <= 1e-5
+    assert max_diff(one["weights"], two["weights"]) <= 1e-5
+    assert max_diff(one["weights"], one["after_sft"]) >= 0.5 * LR  # the step moved the weights
+    # Adam's first step is nearly scale-free, so the gradient itself is compared through its norm: a mean over
+    # ranks instead of a sum, or a per-rank token count, would change it
+    assert m2["health/grad_norm"] == pytest.approx(m1["health/grad_norm"], rel=1e-5)
+    assert m2["loss/total"] == pytest.approx(m1["loss/total"], rel=1e-4, abs=1e-9)
+    for key in (k for k in m1 if k.startswith(("kl/", "entropy/"))):
+        assert m2[key] == pytest.approx(m1[key], rel=1e-5, abs=1e-8), key
+
+
+def test_pcgrad_combines_the_global_task_gradients(two_process, tmp_path):
+    """Per-task gradients are summed over ranks BEFORE the projection: same conflict, same projection."""
+    one = one_step(tmp_path, "pcgrad", world=1)["metrics"]
+    two = json.loads((two_process / "pcgrad.json").read_text())
+    assert one["multi/cos_min"] < 0 and one["multi/pcgrad/projections"] > 0  # the surgery really acted
+    assert two["multi/pcgrad/projections"] == one["multi/pcgrad/projections"]
+    assert two["multi/cos_min"] == pytest.approx(one["multi/cos_min"], rel=1e-4)
+
+
+def test_resume_from_a_two_process_checkpoint_is_exact(two_process):
+    weights = torch.load(two_process / "resume.pt")
+    assert max_diff(weights["straight"], weights["resumed"]) == 0.0
+    state = torch.load(next((two_process / "cut" / "checkpoints").glob("step_*")) / "state.pt", weights_only=False)
+    assert len(state["rng_ranks"]) == 2  # every rank's RNG state
+
+
+def test_metrics_are_written_once(two_process):
+    rows = [json.loads(line) for line in (two_process / "straight" / "metrics.jsonl").read_text().splitlines()]
+    rl_steps = [r["step"] for r in rows if "loss/total" in r]
+    assert rl_steps == [1, 2, 3]
+    assert all(r["rollout/num"] == 16.0 for r in rows if "rollout/num" in r)  # the global batch, not a share
+
+
+def test_one_process_collectives_are_the_identity():
+    d = Dist()
+    t = torch.tensor([1.0, 2.0])
+    assert d.world == 1 and d.is_main and not d.active
+    assert d.sum(t) is t and t.tolist() == [1.0, 2.0]
+    assert d.gather({"a": 1}) == [{"a": 1}] and d.broadcast(3) == 3 and d.any(True) and not d.any(False)
+    assert d.share(6) == slice(0, 6)
+    model, opt = torch.nn.Linear(2, 2), None
+    assert d.prepare(model, opt) == (model, opt) and d.unwrap(model) is model
+
+
+def test_share_refuses_an_uneven_split():
+    d = Dist()
+    d.world, d.rank = 2, 1
+    assert d.share(6) == slice(3, 6)
+    with pytest.raises(ValueError, match="evenly over 2 processes"):
+        d.share(5)
+
+
+def test_the_cpu_launch_command_line_is_read():
+    assert num_processes_from_launch(["/v/bin/python", "/v/bin/accelerate", "launch", "--num_processes", "2",
+                                      "--cpu", "grpo_train.py"]) == 2
+    assert num_processes_from_launch(["accelerate", "launch", "--num_processes=4", "x.py"]) == 4
+    assert num_processes_from_launch(["python", "x.py", "--num_processes", "2"]) == 0  # not a launcher
+    assert num_processes_from_launch(["accelerate", "launch", "x.py"]) == 0
