@@ -146,7 +146,23 @@ def make_dist(requested_device: str) -> tuple[Dist, torch.device | None]:
 
     cpu = requested_device == "cpu" or not torch.cuda.is_available()
     accelerator = Accelerator(cpu=cpu)
+    check_strategy(str(getattr(accelerator.distributed_type, "value", accelerator.distributed_type)))
     return Dist(accelerator), accelerator.device
+
+
+SUPPORTED_STRATEGIES = ("NO", "MULTI_GPU", "MULTI_CPU")
+"""Data parallel with whole-model replicas (DDP). Sharded strategies need gathered weights for `generate`, a
+sharded weight guard, per-shard task gradients and engine-managed backward: not built yet (docs/SCALING.md)."""
+
+
+def check_strategy(distributed_type: str) -> None:
+    """Refuse, before any work, an accelerate strategy the trainer does not support (FSDP, DeepSpeed, ...)."""
+    name = distributed_type.upper().removeprefix("DISTRIBUTEDTYPE.")
+    if name not in SUPPORTED_STRATEGIES:
+        raise ValueError(f"accelerate distributed_type {name} is not supported yet: grpo-dual runs data parallel "
+                         "with a whole model per process (DDP: configs/accelerate/multi_gpu.yaml). For a model that "
+                         "does not fit one card use LoRA / QLoRA and model.gradient_checkpointing=true "
+                         "(MEMORY_OPTIMIZATION.md); FSDP and DeepSpeed ZeRO are planned, see docs/SCALING.md")
 
 
 def requested_cpu_processes() -> int:

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from grpo.distributed import Dist, num_processes_from_launch
+from grpo.distributed import Dist, check_strategy, num_processes_from_launch
 from tests.dist_worker import SCENARIOS, one_step
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -114,3 +114,22 @@ def test_the_cpu_launch_command_line_is_read():
     assert num_processes_from_launch(["accelerate", "launch", "--num_processes=4", "x.py"]) == 4
     assert num_processes_from_launch(["python", "x.py", "--num_processes", "2"]) == 0  # not a launcher
     assert num_processes_from_launch(["accelerate", "launch", "x.py"]) == 0
+
+
+def test_sharded_strategies_are_refused_by_name():
+    for ok in ("NO", "MULTI_GPU", "MULTI_CPU", "DistributedType.MULTI_GPU"):
+        check_strategy(ok)
+    for name in ("FSDP", "DEEPSPEED", "DistributedType.FSDP"):
+        with pytest.raises(ValueError, match="is not supported yet.*multi_gpu.yaml"):
+            check_strategy(name)
+
+
+def test_accelerate_configs_parse_and_name_their_strategy():
+    import yaml
+
+    folder = ROOT / "configs" / "accelerate"
+    kinds = {p.stem: yaml.safe_load(p.read_text())["distributed_type"] for p in folder.glob("*.yaml")}
+    assert kinds == {"single_gpu": "NO", "multi_gpu": "MULTI_GPU", "cpu_2proc": "MULTI_GPU", "fsdp": "FSDP",
+                     "deepspeed_zero2": "DEEPSPEED", "deepspeed_zero3": "DEEPSPEED"}
+    fsdp = yaml.safe_load((folder / "fsdp.yaml").read_text())["fsdp_config"]
+    assert fsdp["fsdp_auto_wrap_policy"] == "TRANSFORMER_BASED_WRAP" and fsdp["fsdp_reshard_after_forward"]

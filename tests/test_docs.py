@@ -1,7 +1,7 @@
 """The docs say only true things that are easy to check: commands, config fields, defaults, preset values, test
 names, files and functions they point at, and `--help`.
 
-Checked documents: README.md, QUICK_START.md, BUG_FIXES_SUMMARY.md, docs/DESIGN.md (those present).
+Checked documents: README.md, QUICK_START.md, BUG_FIXES_SUMMARY.md, docs/DESIGN.md, docs/SCALING.md (those present).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import pytest
 import config as C
 
 ROOT = Path(__file__).resolve().parents[1]
-DOC_NAMES = ["README.md", "QUICK_START.md", "BUG_FIXES_SUMMARY.md", "docs/DESIGN.md"]
+DOC_NAMES = ["README.md", "QUICK_START.md", "BUG_FIXES_SUMMARY.md", "docs/DESIGN.md", "docs/SCALING.md"]
 DOCS = {name: (ROOT / name).read_text() for name in DOC_NAMES if (ROOT / name).exists()}
 FILE_SUFFIXES = {"py", "md", "txt", "json", "jsonl", "sh", "png", "csv", "pt", "sqlite", "ipynb", "toml", "jinja"}
 ENTRY_FLAGS = {"--preset", "--print-config", "--help", "-h"}  # handled by grpo_train.cli itself, not config fields
@@ -127,8 +127,10 @@ def test_readme_test_command_is_what_ci_runs():
 
 
 def test_readme_demo_command_pins_the_same_torch_and_runs_the_trainer():
-    commands = [c for c in bash_lines(DOCS["README.md"]) if "grpo_train.py" in c and "pytest" not in c]
-    assert len(commands) == 1, f"README.md should hold exactly one demo command, found {commands}"
+    setup = [c for c in bash_lines(DOCS["README.md"]) if "pip install" in c]
+    assert len(setup) == 2, f"README.md should hold exactly two set-up commands (demo, tests), found {setup}"
+    commands = [c for c in setup if "grpo_train.py" in c and "pytest" not in c]
+    assert len(commands) == 1, f"README.md should hold exactly one demo set-up command, found {commands}"
     parts = [normalise(p) for p in commands[0].split("&&")]
     ci = (ROOT / ".ci" / "run").read_text()
     pins = set(re.findall(r"torch==[\w.]+", commands[0]))

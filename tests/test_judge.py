@@ -266,3 +266,32 @@ def test_score_rollouts_judge_terms_fallback_and_none():
         score_rollouts(rollouts[:1], specs, None)
     with pytest.raises(KeyError, match="no RewardSpec for tasks"):
         score_rollouts([rollout("x", "other", gold)], specs, None)
+
+
+def _fill_cache(path: str, prefix: str, n: int) -> None:
+    from grpo.judge import JudgeCache
+
+    cache = JudgeCache(path)
+    for i in range(n):
+        cache.put(f"{prefix}{i}", i / n, "judge:m")
+        assert cache.get(f"{prefix}{i}") == (i / n, "judge:m")
+    cache.close()
+
+
+def test_cache_is_shared_safely_by_concurrent_processes(tmp_path):
+    """The ranks of a data-parallel run write one cache file at once: no 'database is locked', nothing lost."""
+    import multiprocessing as mp
+
+    from grpo.judge import JudgeCache
+
+    path = str(tmp_path / "cache.sqlite")
+    ctx = mp.get_context("spawn")
+    procs = [ctx.Process(target=_fill_cache, args=(path, f"rank{r}-", 300)) for r in range(2)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(120)
+    assert [p.exitcode for p in procs] == [0, 0]
+    cache = JudgeCache(path)
+    assert all(cache.get(f"rank{r}-{i}") == (i / 300, "judge:m") for r in range(2) for i in range(300))
+    cache.close()
