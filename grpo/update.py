@@ -16,6 +16,7 @@ of the whole batch, counted once up front, so micro-batching does not change the
 from __future__ import annotations
 
 import contextlib
+import math
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
@@ -26,6 +27,8 @@ from grpo.losses import aggregate, kl_penalty, policy_loss
 from grpo.records import TrainBatch
 
 KL_METRIC_ESTIMATOR = "k3"  # reported KL: k3 is unbiased for KL(π‖π_ref) and never negative
+PER_PASS_PREFIXES = ("loss/clip_frac", "loss/ratio", "loss/approx_kl_old", "loss/dual_clip_frac")
+"""Off-policy metrics: at μ > 1 they are aggregated over ALL passes (the first pass is on-policy, ratio = 1)."""
 
 
 @dataclass(frozen=True)
@@ -136,7 +139,11 @@ def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batch: 
                params: Sequence[torch.nn.Parameter], on_step: Callable[[], None] | None = None,
                grad_combiner: Callable[..., dict[str, float]] | None = None,
                scaler: "torch.amp.GradScaler | None" = None, dist: Any = None) -> dict[str, float]:
-    """μ optimizer steps over `batch`. betas_N: β per task index. Returns metrics of the first pass + health.
+    """μ optimizer steps over `batch`. betas_N: β per task index. Returns metrics + health.
+
+    Loss, per-task KL and entropy are the first pass's (measured on the rollout policy, which is what the KL
+    controllers steer); the ratio / clip metrics (PER_PASS_PREFIXES) cover all μ passes: mean of the means, max of
+    the maxima, min of the minima. `health/grad_norm` is the first pass's, `health/grad_norm_max` the largest.
 
     `on_step` runs after each successful optimizer step (the LR scheduler, the weight guard).
     `grad_combiner`, when given, replaces the plain accumulation (per-task gradient surgery, see grpo/multi.py).
@@ -153,6 +160,8 @@ def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batch: 
     if num_tokens == 0:
         raise ValueError("the rollout batch has no completion tokens to train on (every completion is empty)")
     metrics: dict[str, float] = {}
+    passes: list[dict[str, float]] = []
+    norms: list[float] = []
     skipped = 0
     model.train()
     for pass_index in range(s.mu):
@@ -187,9 +196,15 @@ def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batch: 
             optimizer.zero_grad(set_to_none=True)  # free the gradients now: they would sit through generation
             if on_step is not None:
                 on_step()
-        if pass_index == 0:
-            metrics.update(stats.finish(tasks, dist))
-            metrics["health/grad_norm"] = grad_norm
+        passes.append(stats.finish(tasks, dist))
+        norms.append(grad_norm)
+    metrics.update(passes[0])
+    for key in [k for k in passes[0] if k.startswith(PER_PASS_PREFIXES)]:
+        values = [p[key] for p in passes if key in p]
+        metrics[key] = max(values) if key.endswith("_max") else min(values) if key.endswith("_min") \
+            else sum(values) / len(values)
+    metrics["health/grad_norm"] = norms[0]
+    metrics["health/grad_norm_max"] = max(norms, key=lambda n: n if n == n else math.inf)  # NaN counts as largest
     metrics["health/skipped"] = float(skipped > 0)
     metrics["health/skipped_passes"] = float(skipped)
     return metrics

@@ -69,6 +69,17 @@ def test_mu_passes_no_backward_twice(tmp_path, loss, mu):
     assert not old.requires_grad and old.grad_fn is None
 
 
+def test_ratio_metrics_cover_every_mu_pass(tmp_path):
+    """At μ = 1 the ratio is exactly 1 (on-policy); at μ = 3 the later passes are off-policy and the reported ratio /
+    clip metrics must show it (they used to come from the first pass only, where the ratio is always 1)."""
+    on = G.rl_step(G.setup(fast_config(tmp_path / "a", "loss.mu=1", "train.lr=5e-2")), 1)
+    assert on["loss/ratio_min"] == on["loss/ratio_max"] == 1.0 and on["loss/clip_frac_high"] == 0.0
+    off = G.rl_step(G.setup(fast_config(tmp_path / "b", "loss.mu=3", "train.lr=5e-2")), 1)
+    assert off["loss/ratio_max"] > 1.0 > off["loss/ratio_min"]
+    assert off["loss/clip_frac_low"] + off["loss/clip_frac_high"] > 0  # a 5e-2 step moves the ratio past the clip
+    assert off["health/grad_norm_max"] >= off["health/grad_norm"] > 0
+
+
 def _fixed_batch(run, n_prompts=2):
     batch = rollout_batch(run, n_prompts)
     batch.ref_logps_BT = batch_logprobs(run.policy.ref_model, batch, 8, 1.0) - 0.05 * batch.completion_mask_BT
