@@ -23,6 +23,9 @@ SCENARIOS: dict[str, list[str]] = {
     "token_mean_ga": ["loss.agg_mode=token-mean", "loss.mu=2"],
     "seq_mean": ["loss.agg_mode=seq-mean-token-mean"],
     "seq_mean_ga": ["loss.agg_mode=seq-mean-token-mean"],
+    # LoRA (SFT merged into the base, a fresh adapter, DDP prepared again) with activation checkpointing; LoRA dropout
+    # off, since dropout masks come from each process's own RNG (with dropout the runs agree only in distribution)
+    "lora": ["model.lora=true", "model.lora_r=4", "model.lora_dropout=0", "model.gradient_checkpointing=true"],
     "pcgrad": ["multi.combine=pcgrad", "multi.switch=always",  # opposed rewards: the task gradients conflict
                "rewards.hallucination=tests.dist_worker:short_reward:1.0"],
 }
@@ -53,7 +56,7 @@ def one_step(out_dir: Path, scenario: str, world: int) -> dict:
     cfg = dist_config(out_dir, scenario, world, f"train.run_name={scenario}")
     run = T.setup(cfg)
     T.sft_phase(run)  # SFT (sharded over processes too) teaches the stop token: completion lengths then vary
-    after_sft = {n: p.detach().clone() for n, p in run.policy.model.named_parameters() if p.requires_grad}
+    after_sft = {n: p.detach().clone() for n, p in run.policy.model.named_parameters()}  # LoRA: the merged base too
     metrics = T.rl_step(run, 1)
     weights = {n: p.detach().clone() for n, p in run.policy.model.named_parameters() if p.requires_grad}
     return {"weights": weights, "after_sft": after_sft, "metrics": metrics, "is_main": run.dist.is_main}

@@ -57,7 +57,7 @@ def test_two_processes_equal_one_process(two_process, tmp_path, scenario):
     # SFT sharded over the processes, then one RL optimizer step: the weights of the 1-process run
     assert max_diff(one["after_sft"], two["after_sft"]) <= 1e-5
     assert max_diff(one["weights"], two["weights"]) <= 1e-5
-    assert max_diff(one["weights"], one["after_sft"]) >= 0.5 * LR  # the step moved the weights
+    assert max(((one["weights"][n] - one["after_sft"][n]).abs().max().item() for n in one["weights"])) >= 0.5 * LR
     # Adam's first step is nearly scale-free, so the gradient itself is compared through its norm: a mean over
     # ranks instead of a sum, or a per-rank token count, would change it
     assert m2["health/grad_norm"] == pytest.approx(m1["health/grad_norm"], rel=1e-5)
