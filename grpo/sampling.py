@@ -2,14 +2,16 @@
 
 With Hugging Face's sampler one RNG stream serves the whole batch, so a completion depends on which other prompts
 were generated with it. Data-parallel training shards the prompts of a step over processes, and then a 2-process run
-could never sample what a 1-process run samples. Here row b's token at decoding step t is the Gumbel-max choice
+could never sample what a 1-process run samples. Here row b's token at decoding step t is drawn by inverse CDF
 
-    token_bt = argmax_v ( warped_logit_btv + G_btv ),   G = −log(−log U),   U_btv = uniform(hash(key_b, t, v))
+    p_bt = softmax(warped_logit_bt)      token_bt = min{ v : Σ_{u ≤ v} p_btu ≥ U_bt · Σ_u p_btu },
+    U_bt = uniform(hash(key_b, t)) ∈ (0, 1)
 
-which is an exact draw from softmax(warped_logit_bt) (the Gumbel-max trick), and U depends only on (key_b, t, v):
-not on the batch, the device count, the padding or the global torch RNG. `row_keys` gives each completion its key
-from (seed, step, global prompt index, k). The hash is SplitMix64 (Steele et al., 2014; its finaliser is
-MurmurHash3's fmix64), evaluated with int64 tensor arithmetic, so CPU and CUDA produce the same stream.
+an exact draw from p_bt (a token of probability 0, e.g. a −inf logit, is never chosen) whose randomness depends only
+on (key_b, t): not on the batch, the device count, the padding or the global torch RNG. `row_keys` gives each
+completion its key from (seed, step, global prompt index, k). The hash is SplitMix64 (Steele et al., 2014; its
+finaliser is MurmurHash3's fmix64), evaluated with int64 tensor arithmetic, so CPU and CUDA draw the same U.
+One uniform per row and step: the cost is the softmax and cumulative sum the sampler needs anyway.
 
 The warpers (temperature, top-k, top-p, min-p) are Hugging Face's own classes, applied in generate's order.
 """
@@ -90,10 +92,11 @@ def warpers(temperature: float, top_k: int, top_p: float, min_p: float) -> list[
     return out
 
 
-def gumbel_choice(scores_BV: torch.Tensor, keys_B: torch.Tensor, t: int) -> torch.Tensor:
-    """The sampled token per row: argmax(scores + Gumbel noise of (key, t)); −inf scores are never chosen."""
-    gumbel_BV = -torch.log(-torch.log(uniforms(keys_B, t, scores_BV.shape[-1])))
-    return (scores_BV.double() + gumbel_BV).argmax(dim=-1)
+def inverse_cdf_choice(scores_BV: torch.Tensor, keys_B: torch.Tensor, t: int) -> torch.Tensor:
+    """The sampled token per row: inverse CDF of softmax(scores) (float64) at U(key, t)."""
+    cdf_BV = torch.softmax(scores_BV.double(), dim=-1).cumsum(dim=-1)
+    target_B1 = uniforms(keys_B, t, 1) * cdf_BV[:, -1:]
+    return torch.searchsorted(cdf_BV, target_B1).squeeze(1).clamp(max=scores_BV.shape[-1] - 1)
 
 
 class SeededSampler:
@@ -116,6 +119,6 @@ class SeededSampler:
         for warp in self.warpers:
             scores_BV = warp(input_ids, scores_BV)
         t = int(input_ids.shape[1]) - self.prompt_len  # decoding step: 0 for the first new token
-        choice_B = gumbel_choice(scores_BV, self.keys_B.to(scores_BV.device), t)
+        choice_B = inverse_cdf_choice(scores_BV, self.keys_B.to(scores_BV.device), t)
         onehot_BV = torch.full_like(scores_BV, float("-inf"))
         return onehot_BV.scatter_(1, choice_B[:, None], 0.0)

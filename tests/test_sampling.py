@@ -1,4 +1,4 @@
-"""Batch-invariant sampling (grpo/sampling.py): the hash, the Gumbel-max draw, and generate's output per row."""
+"""Batch-invariant sampling (grpo/sampling.py): the hash, the inverse-CDF draw, and generate's output per row."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import torch
 from grpo.modeling import build_tiny_model, build_tiny_tokenizer
 from grpo.records import Sample
 from grpo.rollout import SamplingSettings, generate_rollouts
-from grpo.sampling import gumbel_choice, row_keys, splitmix64, splitmix64_int, uniforms
+from grpo.sampling import inverse_cdf_choice, row_keys, splitmix64, splitmix64_int, uniforms
 
 
 def test_splitmix64_matches_the_published_sequence():
@@ -33,13 +33,13 @@ def test_uniforms_are_in_the_open_interval_and_depend_only_on_key_step_token():
     assert len(set(row_keys(0, 1, range(50), 4))) == 200  # every completion its own key
 
 
-def test_gumbel_max_draws_from_the_softmax():
+def test_inverse_cdf_draws_from_the_softmax():
     """Frequencies of 40,000 draws against softmax(scores): a chi-square test with 3 degrees of freedom."""
     scores = torch.tensor([2.0, 1.0, 0.0, -1.0])
     p = torch.softmax(scores, 0)
     n = 40_000
     keys = torch.tensor(row_keys(7, 0, range(n), 1))
-    picks = gumbel_choice(scores.expand(n, 4), keys, 0)
+    picks = inverse_cdf_choice(scores.expand(n, 4), keys, 0)
     counts = torch.bincount(picks, minlength=4).double()
     chi2 = (((counts - n * p) ** 2) / (n * p)).sum().item()
     assert chi2 < 16.27  # the 0.999 quantile of chi-square(3): a wrong sampler fails, a right one passes
@@ -47,7 +47,7 @@ def test_gumbel_max_draws_from_the_softmax():
 
 def test_minus_infinity_is_never_drawn():
     scores = torch.tensor([[0.0, float("-inf"), 0.0, float("-inf")]]).expand(2000, 4)
-    picks = gumbel_choice(scores, torch.tensor(row_keys(1, 0, range(2000), 1)), 0)
+    picks = inverse_cdf_choice(scores, torch.tensor(row_keys(1, 0, range(2000), 1)), 0)
     assert set(picks.tolist()) == {0, 2}
 
 
