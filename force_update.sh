@@ -27,6 +27,7 @@ CLASSES=(
   "reference|the KL reference is the same weights (adapter off) or one frozen copy, never a reload|tests/test_modeling.py::test_lora_reference_is_the_base_with_adapter_disabled tests/test_modeling.py::test_full_finetuning_reference_is_a_frozen_copy"
   "judge|gold labels in the judge rubric, failures not cached, no sleep under the rate-limit lock, None not 0|tests/test_judge.py::test_rubrics_have_versions_and_show_gold tests/test_judge.py::test_failures_are_not_cached tests/test_judge.py::test_rate_limiter_never_sleeps_holding_its_lock tests/test_judge.py::test_64_concurrent_items_keep_order_and_respect_the_rate_limit tests/test_judge.py::test_score_rollouts_judge_terms_fallback_and_none"
   "checkpoints|periodic crash-safe checkpoints; Ctrl-C saves one; resume is exact|tests/test_checkpoint.py::test_exact_resume tests/test_checkpoint.py::test_truncated_and_incomplete_checkpoints_are_skipped tests/test_checkpoint.py::test_sigint_leaves_a_resumable_checkpoint"
+  "distributed|2 processes train exactly like 1 (gradients summed, global token counts, batch-invariant sampling)|tests/test_distributed.py::test_two_processes_equal_one_process tests/test_distributed.py::test_pcgrad_combines_the_global_task_gradients tests/test_distributed.py::test_resume_from_a_two_process_checkpoint_is_exact tests/test_sampling.py::test_a_completion_does_not_depend_on_its_batch_or_the_global_rng"
 )
 
 usage() { sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//'; }
