@@ -269,7 +269,17 @@ def grad_norm_ok(norm: float | torch.Tensor, max_norm_skip: float | None) -> tup
 
 
 SOLVED_REWARD = 0.9  # mean training reward above which all-equal groups mean "solved", not "no signal"
-ON_DEVICE_SNAPSHOT_BYTES = 2 * 2**30  # up to this size (any LoRA adapter) the last good copy stays on the GPU
+ON_DEVICE_SNAPSHOT_BYTES = 512 * 2**20
+"""Up to this size (a LoRA adapter) the last good copy stays on the GPU. A full fine-tuned model's copy goes to pinned
+CPU memory instead. Measured on an H100 with a Qwen2.5-0.5B-shaped bf16 model (0.92 GiB of weights): pinned CPU takes
+the peak from 16,370 to 15,425 MiB, and the per-step check + copy costs 28.7 ms instead of 22.5 ms on the GPU."""
+
+
+def snapshot_device(total_bytes: int, param_device):
+    """Where WeightGuard's "auto" keeps the last good copy: with the parameters when they are on the CPU or total at
+    most ON_DEVICE_SNAPSHOT_BYTES, else on the CPU (pinned there, so the copy stays asynchronous)."""
+    on_accelerator = getattr(param_device, "type", str(param_device)) != "cpu"
+    return param_device if (not on_accelerator or total_bytes <= ON_DEVICE_SNAPSHOT_BYTES) else "cpu"
 
 
 class WeightGuard:
@@ -308,7 +318,7 @@ class WeightGuard:
         total = sum(p.numel() * p.element_size() for p in self.params)
         on_cuda = self.params[0].is_cuda
         if device == "auto":
-            device = self.params[0].device if (not on_cuda or total <= ON_DEVICE_SNAPSHOT_BYTES) else "cpu"
+            device = snapshot_device(total, self.params[0].device)
         device = torch.device(device) if device is not None else self.params[0].device
         pin = on_cuda and device.type == "cpu"
         return [torch.empty(p.shape, dtype=p.dtype, device=device, pin_memory=pin) for p in self.params]

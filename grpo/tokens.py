@@ -87,9 +87,12 @@ def sft_example(tokenizer, messages: Sequence[Mapping[str, str]], target: str, s
     return prompt_ids, [int(i) for i in target_ids] + [stop_token_id(tokenizer) if eos is None else int(eos)]
 
 
-def left_pad(seqs: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(ids_BP, mask_BP) with each sequence right-aligned; P = the longest length (at least 1 column)."""
-    width = max([len(s) for s in seqs] + [0])
+def left_pad(seqs: Sequence[Sequence[int]], pad_id: int, multiple_of: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+    """(ids_BP, mask_BP) with each sequence right-aligned; P = the longest length rounded up to a multiple of
+    `multiple_of` (at least 1 column)."""
+    if multiple_of < 1:
+        raise ValueError(f"left_pad: multiple_of={multiple_of}; use a positive integer")
+    width = -(-max([len(s) for s in seqs] + [0]) // multiple_of) * multiple_of
     ids_BP = torch.full((len(seqs), width), pad_id, dtype=torch.long)
     mask_BP = torch.zeros((len(seqs), width), dtype=torch.long)
     for i, s in enumerate(seqs):

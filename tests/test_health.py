@@ -196,3 +196,27 @@ def test_weight_guard_raises_after_k_consecutive_bad_steps_and_good_step_resets(
 def test_weight_guard_rejects_no_trainable_params():
     with pytest.raises(ValueError, match="no trainable parameters"):
         WeightGuard([torch.zeros(2)])
+
+
+def test_weight_guard_auto_keeps_a_full_model_copy_off_the_gpu():
+    from grpo.health import ON_DEVICE_SNAPSHOT_BYTES, snapshot_device
+
+    gpu = torch.device("cuda", 0)
+    assert snapshot_device(ON_DEVICE_SNAPSHOT_BYTES, gpu) == gpu  # a LoRA adapter stays on the GPU
+    assert snapshot_device(988 * 2**20, gpu) == "cpu"  # Qwen2.5-0.5B full fine-tuning (bf16) goes to pinned CPU
+    assert snapshot_device(10 * 2**30, torch.device("cpu")) == torch.device("cpu")
+
+
+def test_weight_guard_restores_from_a_cpu_snapshot_in_place():
+    """The snapshot on another device than the weights (here: forced to the CPU) restores them all the same."""
+    torch.manual_seed(0)
+    model = torch.nn.Linear(3, 2, dtype=torch.bfloat16)
+    guard = WeightGuard(model.parameters(), device="cpu")
+    assert all(b.device.type == "cpu" for b in guard._copy)
+    good = [p.detach().clone() for p in model.parameters()]
+    ptr = model.weight.data_ptr()
+    with torch.no_grad():
+        model.weight.fill_(math.nan)
+        model.bias[0] = math.inf
+    assert guard.restore_if_bad() is True
+    assert all(torch.equal(p, g) for p, g in zip(model.parameters(), good)) and model.weight.data_ptr() == ptr

@@ -11,6 +11,7 @@ from grpo.rollout import (
     NAN_LOGIT,
     NEGINF_LOGIT,
     POSINF_LOGIT,
+    STATIC_PROMPT_BUCKET,
     CompletionPenaltyProcessor,
     SamplingSettings,
     SanitizeLogitsProcessor,
@@ -234,3 +235,76 @@ def test_lora_policy_with_checkpointing_generates_and_gets_its_state_back(sample
     assert len(rollouts) == 4 and all(1 <= len(r.completion_ids) <= 3 for r in rollouts)
     assert policy.model.training and policy.model.config.use_cache is False
     assert policy.model.base_model.model.model.layers[0].gradient_checkpointing
+
+
+def test_cache_implementation_reaches_the_generation_config(model, tok, samples, monkeypatch):
+    seen = {}
+    original = model.generate
+
+    def spy(*args, **kwargs):
+        seen.update(kwargs)
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(model, "generate", spy)
+    generate_rollouts(model, tok, samples, 2, SamplingSettings(max_new_tokens=3, cache_implementation="static"))
+    assert seen["generation_config"].cache_implementation == "static"
+    assert seen["input_ids"].shape[1] % STATIC_PROMPT_BUCKET == 0  # prompts padded to the bucket
+    generate_rollouts(model, tok, samples, 2, SamplingSettings(max_new_tokens=3))
+    assert seen["generation_config"].cache_implementation is None  # transformers' default: dynamic
+    assert seen["input_ids"].shape[1] < STATIC_PROMPT_BUCKET  # no bucket padding on the dynamic path
+    greedy_complete(model, tok, samples, SamplingSettings(max_new_tokens=3, cache_implementation="static"))
+    assert seen["generation_config"].cache_implementation is None  # evaluation keeps the dynamic cache
+    with pytest.raises(ValueError, match="cache_implementation"):
+        SamplingSettings(cache_implementation="paged")
+
+
+def test_static_cache_and_bucket_padding_sample_the_same_ids(model, tok, samples):
+    """The static cache left-pads prompts to STATIC_PROMPT_BUCKET columns: masked, with mask-derived positions, so
+    greedy and seeded sampled completions are those of the dynamic cache, and each completion's log-probs under the
+    padded prompt equal those under the unpadded one."""
+    from grpo.logprobs import completion_logprobs
+    from grpo.tokens import left_pad
+
+    assert completions(greedy(model, tok, samples, k=2, cache_implementation="static")) == \
+        completions(greedy(model, tok, samples, k=2))
+    static = sample(model, tok, samples, seed=5, k=3, cache_implementation="static")
+    assert completions(static) == completions(sample(model, tok, samples, seed=5, k=3))
+    model.eval()
+    try:
+        for r in static:
+            full = list(r.prompt_ids) + list(r.completion_ids)
+            rows = {width: left_pad([full], tok.pad_token_id, multiple_of=width)
+                    for width in (1, STATIC_PROMPT_BUCKET)}
+            with torch.no_grad():
+                logps = {w: completion_logprobs(model, ids, mask, ids.shape[1] - NEW)[0]
+                         for w, (ids, mask) in rows.items()}
+            assert rows[STATIC_PROMPT_BUCKET][0].shape[1] > len(full)  # really padded
+            torch.testing.assert_close(logps[STATIC_PROMPT_BUCKET], logps[1], rtol=1e-5, atol=1e-5)
+    finally:
+        model.train()
+
+
+def test_sanitiser_off_cpu_fixes_bad_rows_without_a_host_sync(monkeypatch):
+    """Off the CPU the sanitiser rewrites bad rows with a select instead of branching on `.any()`; same result."""
+    scores = torch.tensor([[0.0, float("nan"), 1.0], [0.0, float("-inf"), 2.0], [float("inf"), 0.0, 0.0]])
+    cpu = SanitizeLogitsProcessor()(None, scores.clone())
+
+    class FakeDevice:
+        type = "cuda"
+
+    class OffCpu(torch.Tensor):
+        @property
+        def device(self):
+            return FakeDevice()
+
+    def no_sync(self):
+        raise AssertionError("host sync")
+
+    fake = scores.clone().as_subclass(OffCpu)
+    monkeypatch.setattr(torch.Tensor, "__bool__", no_sync)
+    proc = SanitizeLogitsProcessor()
+    out = torch.Tensor.as_subclass(proc(None, fake), torch.Tensor)
+    monkeypatch.undo()
+    torch.testing.assert_close(out[[0, 2]], cpu[[0, 2]])  # the bad rows (NaN, +inf) fixed as on the CPU
+    torch.testing.assert_close(out[1], scores[1])  # a good row, with its legitimate -inf mask, left alone
+    assert int(proc.rows_fixed) == 2
