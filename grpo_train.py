@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import math
 import random
-import signal
 import sys
 import time
 from dataclasses import dataclass, field
@@ -29,7 +28,7 @@ from grpo import checkpoint as ckpt
 from grpo.advantages import group_advantages
 from grpo.batch import batch_logprobs, build_train_batch
 from grpo.batching import TaskBalancedSampler
-from grpo.distributed import Dist, make_dist
+from grpo.distributed import Dist, make_dist, rank_rng_state
 from grpo.evaluate import evaluate
 from grpo.health import WeightGuard
 from grpo.kl_control import make_controller
@@ -40,6 +39,7 @@ from grpo.sampling import row_keys
 from grpo.setup_parts import (build_judge, build_trackers, choose_device, load_samples, policy_from_config,
                               reward_specs, sampling_settings)
 from grpo.sft import run_sft, sft_examples
+from grpo.signals import StopRequest
 from grpo.scoring import score_rollouts
 from grpo.tracking import NullTracker, format_step_line, progress
 from grpo.update import UpdateSettings, train_step
@@ -481,37 +481,6 @@ def main(cfg: C.Config) -> Run:
     return run
 
 
-class StopRequest:
-    """Ctrl-C / SIGTERM: finish the current step, write a checkpoint, exit 0. A second Ctrl-C exits at once."""
-
-    def __init__(self) -> None:
-        self.requested = False
-
-    def _handle(self, signum, frame) -> None:
-        if self.requested:
-            raise KeyboardInterrupt
-        self.requested = True
-        print(f"\n{signal.Signals(signum).name}: finishing this step, then saving a checkpoint "
-              "(press Ctrl-C again to exit at once)", flush=True)
-
-    def installed(self):
-        import contextlib
-        import threading
-
-        @contextlib.contextmanager
-        def scope():
-            if threading.current_thread() is not threading.main_thread():
-                yield self
-                return
-            previous = {s: signal.signal(s, self._handle) for s in (signal.SIGINT, signal.SIGTERM)}
-            try:
-                yield self
-            finally:
-                for s, handler in previous.items():
-                    signal.signal(s, handler)
-        return scope()
-
-
 def checkpoint_state(run: Run, rng_ranks: list[dict[str, Any]] | None = None) -> dict[str, Any]:
     """Everything needed to continue the run bit-for-bit. `rng_ranks`: every rank's RNG state (rank order)."""
     rng_ranks = rng_ranks or [ckpt.rng_state()]
@@ -570,25 +539,6 @@ def resume(run: Run, where: str) -> None:
         truncate_metrics(run.run_dir, run.step)
         print(f"resumed from {folder} at step {run.step}")
     run.dist.barrier()
-
-
-def rank_rng_state(state: dict[str, Any], dist: Dist) -> dict[str, Any]:
-    """This rank's saved RNG state; a checkpoint from another number of processes gives each rank rank 0's state
-    re-seeded per rank (rollouts then differ from the interrupted run's, which a warning says)."""
-    saved = state.get("rng_ranks") or [state["rng"]]
-    if len(saved) == dist.world:
-        return saved[dist.rank]
-    if dist.is_main:
-        import warnings
-
-        warnings.warn(f"the checkpoint was written by {len(saved)} process(es), this run has {dist.world}: the "
-                      "random state cannot continue exactly (sampling with rollout.sampling_rng=per_completion "
-                      "does not depend on it)", stacklevel=2)
-    if dist.rank == 0:
-        return saved[0]
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(1_000_003 * dist.rank + int(state["step"]))
-        return {**saved[0], "torch": torch.get_rng_state()}
 
 
 def config_defaults(cfg: C.Config) -> dict[str, Any]:

@@ -130,6 +130,25 @@ class Dist:
         return self.accelerator.unwrap_model(model) if self.active else model
 
 
+def rank_rng_state(state: dict[str, Any], dist: Dist) -> dict[str, Any]:
+    """This rank's saved RNG state; a checkpoint from another number of processes gives each rank rank 0's state
+    re-seeded per rank (rollouts then differ from the interrupted run's, which a warning says)."""
+    saved = state.get("rng_ranks") or [state["rng"]]
+    if len(saved) == dist.world:
+        return saved[dist.rank]
+    if dist.is_main:
+        import warnings
+
+        warnings.warn(f"the checkpoint was written by {len(saved)} process(es), this run has {dist.world}: the "
+                      "random state cannot continue exactly (sampling with rollout.sampling_rng=per_completion "
+                      "does not depend on it)", stacklevel=2)
+    if dist.rank == 0:
+        return saved[0]
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(1_000_003 * dist.rank + int(state["step"]))
+        return {**saved[0], "torch": torch.get_rng_state()}
+
+
 def launched_world_size() -> int:
     """Processes started by the launcher (torchrun / accelerate launch set WORLD_SIZE); 1 otherwise."""
     return int(os.environ.get("WORLD_SIZE", "1") or 1)
