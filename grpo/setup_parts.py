@@ -184,4 +184,5 @@ def sampling_settings(rollout_cfg, tokenizer) -> SamplingSettings:
                             presence_penalty=rollout_cfg.presence_penalty,
                             frequency_penalty=rollout_cfg.frequency_penalty,
                             max_new_tokens=rollout_cfg.max_new_tokens, min_new_tokens=rollout_cfg.min_new_tokens,
-                            stop_token_ids=list(dict.fromkeys(stops)), do_sample=True)
+                            stop_token_ids=list(dict.fromkeys(stops)), do_sample=True,
+                            cache_implementation=rollout_cfg.cache_implementation)

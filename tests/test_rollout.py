@@ -308,3 +308,21 @@ def test_sanitiser_off_cpu_fixes_bad_rows_without_a_host_sync(monkeypatch):
     torch.testing.assert_close(out[[0, 2]], cpu[[0, 2]])  # the bad rows (NaN, +inf) fixed as on the CPU
     torch.testing.assert_close(out[1], scores[1])  # a good row, with its legitimate -inf mask, left alone
     assert int(proc.rows_fixed) == 2
+
+
+def test_every_rollout_setting_reaches_the_sampling_settings():
+    """Regression: rollout.cache_implementation existed in the config but sampling_settings() did not pass it on.
+    Every RolloutConfig field that SamplingSettings also has must arrive, with a non-default value."""
+    import dataclasses
+
+    import config as C
+    from grpo.modeling import build_tiny_tokenizer
+    from grpo.setup_parts import sampling_settings
+
+    changed = {"temperature": 0.7, "top_k": 5, "top_p": 0.9, "min_p": 0.05, "repetition_penalty": 1.1,
+               "presence_penalty": 0.2, "frequency_penalty": 0.3, "max_new_tokens": 17, "min_new_tokens": 2,
+               "cache_implementation": "static"}
+    shared = {f.name for f in dataclasses.fields(SamplingSettings)} & {f.name for f in dataclasses.fields(C.RolloutConfig)}
+    assert shared - {"stop_token_ids"} == set(changed), "a new shared field needs a value here"
+    settings = sampling_settings(C.RolloutConfig(**changed), build_tiny_tokenizer(CORPUS, vocab_size=300))
+    assert {k: getattr(settings, k) for k in changed} == changed
