@@ -278,6 +278,10 @@ class TrainConfig:
     """Seeds python, numpy and torch."""
     device: str = "auto"
     """auto | cpu | cuda | cuda:N."""
+    sharding: str = "auto"
+    """Under several processes: none (every process holds the whole model, DDP) | fsdp (FSDP2 full shard of the
+    model and the reference over the processes; full fine-tuning, multi.combine=sum) | auto (fsdp when the
+    accelerate config says FSDP, else none). See docs/SCALING.md."""
     eval_every: int = 20
     """Held-out evaluation every N RL steps (and before SFT, after SFT and at the end). 0 = only those."""
     log_every: int = 1
@@ -303,6 +307,7 @@ class TrainConfig:
                self.eval_every, "use integers >= 0")
         _check(self.device == "auto" or self.device == "cpu" or self.device.startswith("cuda"), "train.device",
                self.device, "use auto, cpu, cuda or cuda:N")
+        _one_of("train.sharding", self.sharding, ("auto", "none", "fsdp"))
 
 
 @dataclass

@@ -99,7 +99,7 @@ def setup(cfg: C.Config) -> Run:
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()  # one progress display per phase is ours; HF's save bars are noise
-    dist, dist_device = make_dist(cfg.train.device)
+    dist, dist_device = make_dist(cfg.train.device, cfg.train.sharding)
     device = dist_device or choose_device(cfg.train.device)
     name = dist.broadcast(cfg.train.run_name or f"{cfg.preset}-{time.strftime('%Y%m%d-%H%M%S')}")
     run_dir = Path(cfg.train.output_dir) / name
@@ -109,6 +109,10 @@ def setup(cfg: C.Config) -> Run:
     # (right after the assistant marker, no leading space)
     corpus = [s.messages[-1]["content"] for s in samples] + [s.target for s in samples if s.target]
     policy = policy_from_config(cfg.model, device, corpus, seed=cfg.train.seed)
+    if dist.sharded:  # FSDP2: the parameters become shards in place; the optimizer is built on them below
+        check_sharding(cfg, policy, dist)
+        dist.shard(policy.model)
+        dist.shard(policy.ref_model)
     train, heldout = split_by_task(samples, cfg.data)
     tasks = sorted(train)
     params = policy.trainable_parameters()
@@ -126,7 +130,8 @@ def setup(cfg: C.Config) -> Run:
               controllers=controllers, specs=reward_specs(cfg.data.source, cfg.rewards, tasks), judge=build_judge(cfg.judge, run_dir),
               tracker=build_trackers(cfg.train, run_dir) if dist.is_main else NullTracker(),
               sampling=sampling_settings(cfg.rollout, policy.tokenizer),
-              update=update, guard=WeightGuard(params, max_consecutive=cfg.train.max_consecutive_bad), dist=dist)
+              update=update, guard=WeightGuard(dist.local(params), max_consecutive=cfg.train.max_consecutive_bad),
+              dist=dist)
     if policy.grad_scaler is not None and cfg.multi.combine != "sum":
         raise C.ConfigError(f"multi.combine={cfg.multi.combine!r} needs bf16 or fp32 weights: the per-task gradients "
                             "are not loss-scaled, so fp16 (this GPU has no bf16) would under- or overflow; use "
@@ -143,6 +148,19 @@ def setup(cfg: C.Config) -> Run:
     return run
 
 
+def check_sharding(cfg: C.Config, policy: Policy, dist: Dist) -> None:
+    """What FSDP sharding supports today: full fine-tuning in bf16 / fp32 with the summed loss."""
+    problems = [why for bad, why in [
+        (cfg.model.lora or cfg.model.load_in_4bit, "LoRA / QLoRA (model.lora=false: sharding is for full fine-tuning; "
+                                                   "an adapter fits every process, use train.sharding=none)"),
+        (cfg.multi.combine != "sum", "per-task gradient surgery (multi.combine=sum)"),
+        (policy.grad_scaler is not None, "fp16 loss scaling (model.dtype=bfloat16 or float32)"),
+        (cfg.sft.steps > 0 and cfg.sft.batch_size % dist.world != 0,
+         f"an SFT batch that does not split evenly over {dist.world} processes (sft.batch_size)")] if bad]
+    if problems:
+        raise C.ConfigError("train.sharding=fsdp does not support " + "; ".join(problems))
+
+
 def per_completion_sampling(cfg: C.Config, dist: Dist) -> bool:
     """Whether rollouts draw from per-completion streams (rollout.sampling_rng; auto = when several processes)."""
     mode = cfg.rollout.sampling_rng
@@ -154,7 +172,7 @@ def fresh_optimizer(run: Run) -> None:
     (after SFT or a reference restore they are new objects under LoRA), prepared for the run's processes."""
     params = run.policy.trainable_parameters()
     optimizer, run.scheduler = build_optimizer(run.cfg.train, params)
-    run.guard = WeightGuard(params, max_consecutive=run.cfg.train.max_consecutive_bad)
+    run.guard = WeightGuard(run.dist.local(params), max_consecutive=run.cfg.train.max_consecutive_bad)
     run.surgery = build_surgery(run.cfg, params, run.tasks)
     run.train_model, run.optimizer = run.dist.prepare(run.policy.model, optimizer)
 
@@ -236,8 +254,9 @@ def sft_phase(run: Run) -> list[float]:
     # optimizer (under LoRA the trainable parameters are new objects) and the guard.
     run.policy = rebase_reference(run.policy, seed=run.cfg.train.seed)
     fresh_optimizer(run)
+    weights = reference_weights(run.policy, run.dist)  # a collective when sharded
     if run.dist.is_main:
-        ckpt.save_reference(run.run_dir, reference_weights(run.policy))
+        ckpt.save_reference(run.run_dir, weights)
     run.dist.barrier()
     run.tracker.log({"sft/loss_first": losses[0], "sft/loss_last": losses[-1]}, 0)
     return losses
@@ -258,27 +277,40 @@ def stratified(samples: list[Sample], examples: list, n: int) -> list:
     return picked
 
 
-def reference_weights(policy: Policy) -> dict[str, torch.Tensor]:
+def reference_weights(policy: Policy, dist: Dist) -> dict[str, torch.Tensor]:
     """The weights that define the KL reference: the frozen copy (full FT) or the whole merged model (LoRA)."""
-    module = policy.model if policy.is_lora else policy.ref_model
-    return {k: v.detach().to("cpu", copy=True) for k, v in module.state_dict().items()}
+    return dist.full_state(policy.model if policy.is_lora else policy.ref_model)
 
 
 def evaluate_phase(run: Run, tag: str) -> dict[str, float]:
     """Greedy held-out reward per task; recorded under `tag` (before_sft, after_sft, after_rl, step_N).
-    Rank 0 evaluates; the other ranks wait for it and return {}."""
-    if not run.dist.is_main:
-        run.dist.barrier()
+    Rank 0 evaluates; the other ranks wait for it and return {}. Sharded, every rank generates (each forward is a
+    collective) and rank 0 alone scores and records."""
+    dist = run.dist
+    if not dist.is_main and not dist.sharded:
+        dist.barrier()
         return {}
-    results, scored = evaluate(run.policy.model, run.tokenizer, run.heldout, run.sampling,
-                               lambda rollouts: score(run, rollouts))
+    scorer = (lambda rollouts: score(run, rollouts)) if dist.is_main else unscored
+    results, scored = evaluate(run.policy.model, run.tokenizer, run.heldout, run.sampling, scorer,
+                               synced_gpus=dist.sharded)
+    dist.reshard(run.policy.model)
+    offered = tag.startswith("step_") or tag == "after_rl"  # RL checkpoints compete for the Pareto frontier
+    state = dist.full_state(run.policy.model) if dist.sharded and offered else None
+    if not dist.is_main:
+        dist.barrier()
+        return {}
     run.evals[tag] = results
     (run.run_dir / "eval.json").write_text(json.dumps(run.evals, indent=2))
     run.tracker.log({f"eval/{t}/reward": r for t, r in results.items()}, run.step)
-    if tag.startswith("step_") or tag == "after_rl":  # RL checkpoints compete for the Pareto frontier
-        run.frontier.offer(run.step, results, save_fn=lambda path: save_pretrained(run.policy, path))
-    run.dist.barrier()
+    if offered:
+        run.frontier.offer(run.step, results, save_fn=lambda path: save_pretrained(run.policy, path, state))
+    dist.barrier()
     return results
+
+
+def unscored(rollouts: list[Rollout]) -> list[Scored]:
+    """The scorer of the ranks that only help generate (sharded evaluation): no reward, no judge call."""
+    return [Scored(rollout=r, reward=None) for r in rollouts]
 
 
 def rl_step(run: Run, step: int) -> dict[str, float]:
@@ -291,7 +323,8 @@ def rl_step(run: Run, step: int) -> dict[str, float]:
             if per_completion_sampling(cfg, dist) else None)
     # the system prompt (data.system_prompt) is already the first message of every sample
     rollouts, metrics = generate_rollouts(run.policy.model, run.tokenizer, everyone[mine], cfg.rollout.k,
-                                          run.sampling, row_keys=keys)
+                                          run.sampling, row_keys=keys, synced_gpus=dist.sharded)
+    dist.reshard(run.policy.model)  # after every no-grad pass of a sharded model (see Dist.reshard)
     t1 = time.perf_counter()
     scored_mine, score_metrics = score_rollouts(rollouts, run.specs, run.judge)
     scored = scored_mine
@@ -312,10 +345,12 @@ def rl_step(run: Run, step: int) -> dict[str, float]:
     batch = build_train_batch(scored_mine, advantages_B[rows], run.tasks, run.tokenizer.pad_token_id, run.device)
     if cfg.loss.mu > 1:  # off-policy passes need the rollout policy's log-probs; at μ = 1 they equal the current ones
         batch.old_logps_BT = batch_logprobs(run.policy.model, batch, cfg.micro_batch_seqs, cfg.rollout.temperature)
+        dist.reshard(run.policy.model)
     t3 = time.perf_counter()
     if cfg.kl_enabled:
         with reference(run.policy) as ref_model:
             batch.ref_logps_BT = batch_logprobs(ref_model, batch, cfg.micro_batch_seqs, cfg.rollout.temperature)
+            dist.reshard(ref_model)
     t4 = time.perf_counter()
 
     betas_N = torch.tensor([run.controllers[t].value for t in run.tasks], dtype=torch.float32)
@@ -386,9 +421,15 @@ def per_step_counts(run: Run, metrics: dict[str, float]) -> dict[str, float]:
 
 
 def after_optimizer_step(run: Run) -> None:
-    """Scheduler step, then the weight guard: NaN/Inf weights are replaced by the last good copy."""
+    """Scheduler step, then the weight guard: NaN/Inf weights are replaced by the last good copy. Sharded, each
+    rank guards its shard and a bad shard anywhere restores every shard (the model stays one step)."""
     run.scheduler.step()
-    if run.guard.restore_if_bad():
+    if run.dist.sharded:
+        bad = run.dist.any(not run.guard.all_finite())
+        run.guard.restore() if bad else run.guard.snapshot()
+    else:
+        bad = run.guard.restore_if_bad()
+    if bad:
         run.counters["restored_now"] = 1
 
 
@@ -422,9 +463,10 @@ def finish(run: Run) -> dict[str, Any]:
     from grpo.report import build_report, format_report
 
     run.tracker.close()
+    state = run.dist.full_state(run.policy.model) if run.dist.sharded else None  # a collective when sharded
     if not run.dist.is_main:
         return {}
-    save_pretrained(run.policy, run.run_dir / "final")
+    save_pretrained(run.policy, run.run_dir / "final", state)
     report = build_report(run.run_dir)
     best = run.frontier.best()
     if best is not None:  # the Pareto point with the best mean held-out score, and where its weights are
@@ -481,11 +523,13 @@ def main(cfg: C.Config) -> Run:
     return run
 
 
-def checkpoint_state(run: Run, rng_ranks: list[dict[str, Any]] | None = None) -> dict[str, Any]:
-    """Everything needed to continue the run bit-for-bit. `rng_ranks`: every rank's RNG state (rank order)."""
+def checkpoint_state(run: Run, rng_ranks: list[dict[str, Any]] | None = None,
+                     gathered: tuple[dict, dict] | None = None) -> dict[str, Any]:
+    """Everything needed to continue the run bit-for-bit. `rng_ranks`: every rank's RNG state (rank order);
+    `gathered`: (weights, optimizer state) gathered from the shards when sharded."""
     rng_ranks = rng_ranks or [ckpt.rng_state()]
-    return {"step": run.step, "weights": ckpt.trainable_state(run.policy.model),
-            "optimizer": run.optimizer.state_dict(), "scheduler": run.scheduler.state_dict(),
+    weights, optimizer = gathered or (ckpt.trainable_state(run.policy.model), run.optimizer.state_dict())
+    return {"step": run.step, "weights": weights, "optimizer": optimizer, "scheduler": run.scheduler.state_dict(),
             "controllers": {t: c.state_dict() for t, c in run.controllers.items()},
             "sampler": run.sampler.state_dict(), "guard": run.guard.state_dict(), "evals": run.evals,
             "surgery": run.surgery.state_dict() if run.surgery is not None else None,
@@ -496,9 +540,12 @@ def checkpoint_state(run: Run, rng_ranks: list[dict[str, Any]] | None = None) ->
 def save_checkpoint(run: Run) -> Path:
     """Rank 0 writes the checkpoint (weights are the same on every rank) with every rank's RNG state."""
     rng_ranks = run.dist.gather(ckpt.rng_state())
+    gathered = None
+    if run.dist.sharded:  # collectives: every rank takes part, rank 0 receives the whole state
+        gathered = (run.dist.full_state(run.policy.model), run.dist.optimizer_state(run.policy.model, run.optimizer))
     folder = None
     if run.dist.is_main:
-        folder = ckpt.save(run.run_dir, run.step, checkpoint_state(run, rng_ranks), C.to_dict(run.cfg),
+        folder = ckpt.save(run.run_dir, run.step, checkpoint_state(run, rng_ranks, gathered), C.to_dict(run.cfg),
                            run.cfg.checkpoint.keep_last)
     return run.dist.broadcast(folder)  # also a barrier: no rank goes on before the checkpoint is complete
 
@@ -516,10 +563,14 @@ def resume(run: Run, where: str) -> None:
                                    + "\n  ".join(diffs) + "\nresume with the same settings, or start a new run")
     ref = ckpt.load_reference(run.run_dir)
     if ref is not None:  # the run had an SFT warm-up: restore its reference (and, under LoRA, the merged base)
-        (run.policy.model if run.policy.is_lora else run.policy.ref_model).load_state_dict(ref)
+        run.dist.load_full_state(run.policy.model if run.policy.is_lora else run.policy.ref_model, ref)
         fresh_optimizer(run)
-    ckpt.load_trainable_state(run.policy.model, state["weights"], folder)
-    run.optimizer.load_state_dict(state["optimizer"])
+    if run.dist.sharded:
+        run.dist.load_full_state(run.policy.model, state["weights"])
+        run.dist.load_optimizer_state(run.policy.model, run.optimizer, state["optimizer"])
+    else:
+        ckpt.load_trainable_state(run.policy.model, state["weights"], folder)
+        run.optimizer.load_state_dict(state["optimizer"])
     run.scheduler.load_state_dict(state["scheduler"])
     for t, c in run.controllers.items():
         c.load_state_dict(state["controllers"][t])
@@ -571,7 +622,8 @@ def banner(run: Run) -> str:
              f"{'LoRA r=%d' % cfg.model.lora_r if cfg.model.lora else 'full fine-tuning'}, "
              f"trainable {n_train:,} of {n_all:,} parameters",
              f"batch: {cfg.train.prompts_per_micro_step} prompts x K {cfg.rollout.k} x GA {cfg.train.grad_accum} "
-             + (f"x {run.dist.world} processes " if run.dist.active else "")
+             + (f"x {run.dist.world} processes{' (FSDP full shard)' if run.dist.sharded else ''} "
+                if run.dist.active else "")
              + f"= {cfg.seqs_per_step * run.dist.world} completions per step, {cfg.rollout.max_new_tokens} new "
              "tokens max",
              f"loss {cfg.loss.policy_loss}, agg {cfg.loss.agg_mode}, KL {cfg.loss.kl_estimator}, mu {cfg.loss.mu}, "

@@ -10,6 +10,10 @@ Everything about processes goes through `Dist`, so the loop reads the same for o
                            DDP averages; per-task gradients (PCGrad / CAGrad) are summed by hand
     logging / eval / save  rank 0; a checkpoint holds every rank's RNG state
 
+With `sharded` (train.sharding=fsdp, or an accelerate FSDP config) the model and the reference are sharded with
+FSDP2 (`fully_shard` on every decoder layer, then the root; parameters, gradients and optimizer state are split
+over the ranks) instead of replicated. Every forward is then a collective, so every rank runs the same number of
+them: `generate(synced_gpus=True)`, evaluation on every rank (rank 0 scores), the same micro-batch count.
 With one process every collective is the identity and no Accelerator is built.
 """
 
@@ -27,10 +31,11 @@ import torch
 class Dist:
     """Rank, world size and the few collectives the trainer needs (torch.distributed under accelerate)."""
 
-    def __init__(self, accelerator: Any = None) -> None:
+    def __init__(self, accelerator: Any = None, sharded: bool = False) -> None:
         self.accelerator = accelerator
         self.rank = int(accelerator.process_index) if accelerator is not None else 0
         self.world = int(accelerator.num_processes) if accelerator is not None else 1
+        self.sharded = sharded
 
     @property
     def is_main(self) -> bool:
@@ -108,10 +113,79 @@ class Dist:
         return self.accelerator.device if self.accelerator is not None else torch.device("cpu")
 
     def no_sync(self, model: torch.nn.Module):
-        """Skip DDP's gradient all-reduce for this backward (gradients accumulate locally)."""
+        """Skip the gradient all-reduce (DDP) / reduce-scatter (FSDP) for this backward: gradients accumulate
+        locally and are reduced, summed, with the next synchronised backward."""
+        if self.active and hasattr(model, "set_requires_gradient_sync"):
+            return _fsdp_no_sync(model)
         if self.active and hasattr(model, "no_sync"):
             return model.no_sync()
         return contextlib.nullcontext()
+
+    # ---------------------------------------------------------------------------------- sharded (FSDP2) only
+    def shard(self, module: torch.nn.Module | None) -> None:
+        """FSDP2 full shard: `fully_shard` every decoder layer (the model's `_no_split_modules` classes), then the
+        root. Parameters become DTensors in place, so build the optimizer afterwards."""
+        if module is None or not self.sharded:
+            return
+        from torch.distributed.fsdp import fully_shard
+
+        layers = set(getattr(module, "_no_split_modules", None) or ())
+        for sub in module.modules():
+            if type(sub).__name__ in layers:
+                fully_shard(sub)
+        fully_shard(module)
+
+    def reshard(self, module: torch.nn.Module | None) -> None:
+        """Free the gathered weights after no-grad forwards (generate, log-prob passes). FSDP2 keeps the root's
+        parameters unsharded after a forward; left so, the next training backward gives the root's parameters
+        (embeddings, final norm, LM head) no gradient at all (tests/test_distributed.py catches this)."""
+        if module is None or not self.sharded:
+            return
+        from torch.distributed.fsdp import FSDPModule
+
+        for sub in module.modules():
+            if isinstance(sub, FSDPModule):
+                sub.reshard()
+
+    def full_state(self, module: torch.nn.Module) -> dict[str, torch.Tensor]:
+        """The whole state dict on the CPU: gathered from the shards on rank 0 ({} on the other ranks) when
+        sharded, else the module's own. A collective when sharded: call it on every rank."""
+        if not self.sharded:
+            return {k: v.detach().to("cpu", copy=True) for k, v in module.state_dict().items()}
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+        return get_model_state_dict(module, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+
+    def load_full_state(self, module: torch.nn.Module, state: dict[str, torch.Tensor], strict: bool = True) -> None:
+        """Load a whole (unsharded) state dict; every rank passes the same one (read from the same file)."""
+        if not self.sharded:
+            module.load_state_dict(state, strict=strict)
+            return
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
+        set_model_state_dict(module, state, options=StateDictOptions(full_state_dict=True, strict=strict))
+
+    def optimizer_state(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+        if not self.sharded:
+            return optimizer.state_dict()
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
+
+        return get_optimizer_state_dict(model, optimizer,
+                                        options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+
+    def load_optimizer_state(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+                             state: dict[str, Any]) -> None:
+        if not self.sharded:
+            optimizer.load_state_dict(state)
+            return
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+
+        set_optimizer_state_dict(model, optimizer, state, options=StateDictOptions(full_state_dict=True))
+
+    def local(self, params: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        """This rank's shard of each parameter (views: writing them writes the parameters); the tensors
+        themselves when not sharded."""
+        return [p.to_local() if hasattr(p, "to_local") else p for p in params]
 
     def prepare(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer):
         """(training model, optimizer) prepared by accelerate (DDP / FSDP / DeepSpeed per the launch config).
@@ -119,7 +193,7 @@ class Dist:
         Called again after SFT (new trainable parameters under LoRA): accelerate's lists of prepared objects are
         cleared first, so the previous wrappers are not kept alive.
         """
-        if not self.active:
+        if not self.active or self.sharded:  # sharded: `shard` already wrapped the model in place
             return model, optimizer
         acc = self.accelerator
         acc._models.clear()
@@ -149,39 +223,65 @@ def rank_rng_state(state: dict[str, Any], dist: Dist) -> dict[str, Any]:
         return {**saved[0], "torch": torch.get_rng_state()}
 
 
+@contextlib.contextmanager
+def _fsdp_no_sync(model: torch.nn.Module):
+    model.set_requires_gradient_sync(False)
+    try:
+        yield
+    finally:
+        model.set_requires_gradient_sync(True)
+
+
+def as_float(value: Any) -> float:
+    """A 0-dim tensor, DTensor (e.g. the gradient norm of sharded parameters) or number as a float."""
+    if hasattr(value, "full_tensor"):
+        value = value.full_tensor()
+    return float(value)
+
+
 def launched_world_size() -> int:
     """Processes started by the launcher (torchrun / accelerate launch set WORLD_SIZE); 1 otherwise."""
     return int(os.environ.get("WORLD_SIZE", "1") or 1)
 
 
-def make_dist(requested_device: str) -> tuple[Dist, torch.device | None]:
+def make_dist(requested_device: str, sharding: str = "auto") -> tuple[Dist, torch.device | None]:
     """A Dist for this process, and the device accelerate assigned it (None for one process: the caller picks).
 
-    Several processes on a machine without CUDA, or with train.device=cpu, use gloo on the CPU.
+    Several processes on a machine without CUDA, or with train.device=cpu, use gloo on the CPU. `sharding`:
+    "fsdp", "none", or "auto" (FSDP when the accelerate config says so). accelerate itself never shards on the
+    CPU, so the FSDP2 wrapping is done here, the same way on CPU and GPU.
     """
     if launched_world_size() <= 1:
+        if sharding == "fsdp":
+            raise ValueError("train.sharding=fsdp needs several processes: start with `accelerate launch "
+                             "--config_file configs/accelerate/fsdp.yaml grpo_train.py ...`")
         return Dist(None), None
     from accelerate import Accelerator
 
     cpu = requested_device == "cpu" or not torch.cuda.is_available()
+    name = (os.environ.get("ACCELERATE_USE_FSDP", "").lower() in ("true", "1")) and "FSDP"
+    if name == "FSDP":  # accelerate would wrap at prepare(); the trainer shards itself (see Dist.shard)
+        os.environ["ACCELERATE_USE_FSDP"] = "false"
     accelerator = Accelerator(cpu=cpu)
-    check_strategy(str(getattr(accelerator.distributed_type, "value", accelerator.distributed_type)))
-    return Dist(accelerator), accelerator.device
+    name = name or str(getattr(accelerator.distributed_type, "value", accelerator.distributed_type))
+    check_strategy(name)
+    sharded = sharding == "fsdp" or (sharding == "auto" and name.upper().endswith("FSDP"))
+    return Dist(accelerator, sharded=sharded), accelerator.device
 
 
-SUPPORTED_STRATEGIES = ("NO", "MULTI_GPU", "MULTI_CPU")
-"""Data parallel with whole-model replicas (DDP). Sharded strategies need gathered weights for `generate`, a
-sharded weight guard, per-shard task gradients and engine-managed backward: not built yet (docs/SCALING.md)."""
+SUPPORTED_STRATEGIES = ("NO", "MULTI_GPU", "MULTI_CPU", "FSDP")
+"""Data parallel with whole-model replicas (DDP), or FSDP2 sharding. DeepSpeed needs engine-managed backward and
+steps: not built yet (docs/SCALING.md)."""
 
 
 def check_strategy(distributed_type: str) -> None:
-    """Refuse, before any work, an accelerate strategy the trainer does not support (FSDP, DeepSpeed, ...)."""
+    """Refuse, before any work, an accelerate strategy the trainer does not support (DeepSpeed, ...)."""
     name = distributed_type.upper().removeprefix("DISTRIBUTEDTYPE.")
     if name not in SUPPORTED_STRATEGIES:
-        raise ValueError(f"accelerate distributed_type {name} is not supported yet: grpo-dual runs data parallel "
-                         "with a whole model per process (DDP: configs/accelerate/multi_gpu.yaml). For a model that "
-                         "does not fit one card use LoRA / QLoRA and model.gradient_checkpointing=true "
-                         "(MEMORY_OPTIMIZATION.md); FSDP and DeepSpeed ZeRO are planned, see docs/SCALING.md")
+        raise ValueError(f"accelerate distributed_type {name} is not supported yet: use data parallel "
+                         "(configs/accelerate/multi_gpu.yaml) or FSDP (configs/accelerate/fsdp.yaml). For a model "
+                         "that does not fit one card, also consider LoRA / QLoRA and model.gradient_checkpointing="
+                         "true (MEMORY_OPTIMIZATION.md); DeepSpeed ZeRO is planned, see docs/SCALING.md")
 
 
 def requested_cpu_processes() -> int:

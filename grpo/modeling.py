@@ -377,16 +377,18 @@ def rebase_reference(policy: Policy, seed: int = 0) -> Policy:
                   grad_scaler=policy.grad_scaler)
 
 
-def save_pretrained(policy: Policy, out_dir: str | Path, include_base: bool = False) -> Path:
+def save_pretrained(policy: Policy, out_dir: str | Path, state_dict: dict | None = None,
+                    include_base: bool = False) -> Path:
     """Save the adapter (LoRA) or the full model, plus the tokenizer, in Hugging Face format under `out_dir`.
 
     Reload with `AutoModelForCausalLM.from_pretrained(out_dir)` (full) or `PeftModel.from_pretrained(base, out_dir)`
     (LoRA). `include_base=True` also writes the base weights and tokenizer under `out_dir/base` (for a built-in
-    model that exists only in memory; it deep-copies the model, so keep it for small ones).
+    model that exists only in memory; it deep-copies the model, so keep it for small ones). `state_dict`: the
+    weights to write instead of the model's own (the whole model gathered from FSDP shards).
     """
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    policy.model.save_pretrained(str(out))
+    policy.model.save_pretrained(str(out), **({"state_dict": state_dict} if state_dict is not None else {}))
     policy.tokenizer.save_pretrained(str(out))
     if include_base and policy.is_lora:
         # unload() drops the LoRA layers without merging them; on a copy, so the policy keeps its adapter

@@ -201,7 +201,8 @@ def rollout_metrics(rollouts: Sequence[Rollout]) -> dict[str, float]:
 
 def generate_rollouts(model, tokenizer, samples: Sequence[Sample], k: int, settings: SamplingSettings,
                       system_prompt: str | None = None, generator_seed: int | None = None,
-                      row_keys: Sequence[int] | None = None) -> tuple[list[Rollout], dict[str, float]]:
+                      row_keys: Sequence[int] | None = None,
+                      synced_gpus: bool = False) -> tuple[list[Rollout], dict[str, float]]:
     """K completions per sample from ONE batched `generate` (left padding, model in generation mode, no grad).
 
     Returns the rollouts (samples[i]'s K rollouts at [i*K, (i+1)*K)) and metrics (see `rollout_metrics`, plus
@@ -209,6 +210,7 @@ def generate_rollouts(model, tokenizer, samples: Sequence[Sample], k: int, setti
     `generator_seed` the sampling RNG is seeded for this call only; otherwise the global torch RNG is used.
     With `row_keys` (one per completion, see grpo/sampling.py) every completion is drawn from its own random stream,
     so it does not depend on the other prompts of the batch (data-parallel runs shard prompts over processes).
+    `synced_gpus`: keep decoding until every process is done (FSDP: each forward is a collective).
     """
     if k < 1:
         raise ValueError(f"generate_rollouts: k={k}; use k ≥ 1 completions per sample")
@@ -242,7 +244,8 @@ def generate_rollouts(model, tokenizer, samples: Sequence[Sample], k: int, setti
     device = next(model.parameters()).device
     with generation_mode(model), torch.no_grad(), _seeded(generator_seed, device):
         out = model.generate(input_ids=ids_BP.to(device), attention_mask=mask_BP.to(device),
-                             generation_config=config, logits_processor=LogitsProcessorList(processors))
+                             generation_config=config, logits_processor=LogitsProcessorList(processors),
+                             **({"synced_gpus": True} if synced_gpus else {}))
     sequences = out if isinstance(out, torch.Tensor) else out.sequences
     completions = sequences[:, prompt_len:].tolist()
 
@@ -258,10 +261,11 @@ def generate_rollouts(model, tokenizer, samples: Sequence[Sample], k: int, setti
 
 
 def greedy_complete(model, tokenizer, samples: Sequence[Sample], settings: SamplingSettings,
-                    system_prompt: str | None = None) -> tuple[list[Rollout], dict[str, float]]:
+                    system_prompt: str | None = None, synced_gpus: bool = False,
+                    ) -> tuple[list[Rollout], dict[str, float]]:
     """One greedy completion per sample (evaluation): `generate_rollouts` with k=1 and do_sample=False.
 
     Always with the dynamic cache: evaluation batches vary in size, and every new shape would recompile the static
     cache's compiled decoding step."""
     greedy = replace(settings, do_sample=False, cache_implementation="dynamic")
-    return generate_rollouts(model, tokenizer, samples, 1, greedy, system_prompt)
+    return generate_rollouts(model, tokenizer, samples, 1, greedy, system_prompt, synced_gpus=synced_gpus)

@@ -68,9 +68,12 @@ def run_sft(model: torch.nn.Module, examples: Sequence[tuple[list[int], list[int
             mine = batch[dist.rank::dist.world]
             tokens = sum(len(c) for _, c in batch)
             loss = sft_loss(model, mine, pad_id, device, tokens) if mine else torch.zeros((), device=device)
-            if mine:
-                loss.backward()
-            dist.sum_grads(params)
+            if dist.sharded:  # FSDP reduce-scatters the MEAN over ranks in backward: scale to get the sum
+                (loss * dist.world).backward()
+            else:
+                if mine:
+                    loss.backward()
+                dist.sum_grads(params)
             loss = dist.sum(loss.detach().reshape(1).clone())[0]
         else:
             loss = sft_loss(model, batch, pad_id, device)

@@ -22,6 +22,7 @@ from typing import Any, Callable, Sequence
 
 import torch
 
+from grpo.distributed import as_float
 from grpo.logprobs import completion_logprobs
 from grpo.losses import aggregate, kl_penalty, policy_loss
 from grpo.records import TrainBatch
@@ -181,7 +182,7 @@ def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batch: 
                 stats.add(loss, parts, mb.task_ids_B)
         if scaler is not None:
             scaler.unscale_(optimizer)
-        grad_norm = float(torch.nn.utils.clip_grad_norm_(params, s.max_grad_norm))
+        grad_norm = as_float(torch.nn.utils.clip_grad_norm_(params, s.max_grad_norm))  # a DTensor when sharded
         if not (grad_norm == grad_norm and grad_norm <= s.skip_grad_norm):  # NaN, Inf or exploding
             optimizer.zero_grad(set_to_none=True)
             if scaler is not None:

@@ -26,6 +26,9 @@ SCENARIOS: dict[str, list[str]] = {
     # LoRA (SFT merged into the base, a fresh adapter, DDP prepared again) with activation checkpointing; LoRA dropout
     # off, since dropout masks come from each process's own RNG (with dropout the runs agree only in distribution)
     "lora": ["model.lora=true", "model.lora_r=4", "model.lora_dropout=0", "model.gradient_checkpointing=true"],
+    # FSDP2: model and reference sharded over the processes (the 1-process side runs unsharded)
+    "fsdp": ["train.sharding=fsdp"],
+    "fsdp_ga": ["train.sharding=fsdp", "loss.agg_mode=seq-mean-token-mean", "loss.mu=2"],
     "pcgrad": ["multi.combine=pcgrad", "multi.switch=always",  # opposed rewards: the task gradients conflict
                "rewards.hallucination=tests.dist_worker:short_reward:1.0"],
 }
@@ -43,10 +46,11 @@ def dist_config(out_dir, scenario: str, world: int, *extra: str) -> C.Config:
     total_micro = 4 if scenario.endswith("_ga") else 2
     if total_micro % world:
         raise ValueError(f"{scenario}: {total_micro} micro-batches cannot be split over {world} processes")
+    overrides = [o for o in SCENARIOS.get(scenario, []) if world > 1 or not o.startswith("train.sharding")]
     return fast_config(out_dir, "train.device=cpu", "rollout.sampling_rng=per_completion", "train.lr=1e-4",
                        f"train.grad_accum={total_micro // world}", "kl.default.controller=fixed",
                        "kl.default.beta=0.05", "sft.steps=6", "sft.batch_size=6", "sft.lr=3e-3",
-                       "rollout.max_new_tokens=10", *SCENARIOS[scenario], *extra)
+                       "rollout.max_new_tokens=10", *overrides, *extra)
 
 
 def one_step(out_dir: Path, scenario: str, world: int) -> dict:
@@ -56,10 +60,19 @@ def one_step(out_dir: Path, scenario: str, world: int) -> dict:
     cfg = dist_config(out_dir, scenario, world, f"train.run_name={scenario}")
     run = T.setup(cfg)
     T.sft_phase(run)  # SFT (sharded over processes too) teaches the stop token: completion lengths then vary
-    after_sft = {n: p.detach().clone() for n, p in run.policy.model.named_parameters()}  # LoRA: the merged base too
+    after_sft = parameters(run)  # LoRA: the merged base too
     metrics = T.rl_step(run, 1)
-    weights = {n: p.detach().clone() for n, p in run.policy.model.named_parameters() if p.requires_grad}
+    trainable = {n for n, p in run.policy.model.named_parameters() if p.requires_grad}
+    weights = {n: w for n, w in parameters(run).items() if n in trainable}
     return {"weights": weights, "after_sft": after_sft, "metrics": metrics, "is_main": run.dist.is_main}
+
+
+def parameters(run) -> dict[str, torch.Tensor]:
+    """Every parameter of the policy, whole (gathered from the FSDP shards on rank 0 when sharded)."""
+    if run.dist.sharded:
+        names = {n for n, _ in run.policy.model.named_parameters()}
+        return {n: w for n, w in run.dist.full_state(run.policy.model).items() if n in names}
+    return {n: p.detach().clone() for n, p in run.policy.model.named_parameters()}
 
 
 def main(out: str, scenarios: list[str]) -> None:
@@ -67,16 +80,15 @@ def main(out: str, scenarios: list[str]) -> None:
 
     out_dir = Path(out)
     for scenario in scenarios:
-        if scenario == "resume":  # 3 steps straight vs 2 steps, then resumed from the 2-process checkpoint
-            base = ["train.max_steps=3", "checkpoint.every=1", "train.eval_every=0"]
-            straight = T.main(dist_config(out_dir, "token_mean", 2, "train.run_name=straight", *base))
-            T.main(dist_config(out_dir, "token_mean", 2, "train.run_name=cut", *base, "train.max_steps=2"))
-            resumed = T.main(dist_config(out_dir, "token_mean", 2, "train.run_name=cut", *base,
-                                         "checkpoint.resume=auto"))
+        if scenario in ("resume", "resume_fsdp"):  # 3 steps straight vs 2 steps, then resumed from the checkpoint
+            base = ["train.max_steps=3", "checkpoint.every=1", "train.eval_every=0", "train.run_name=" + scenario,
+                    *(["train.sharding=fsdp"] if scenario == "resume_fsdp" else [])]
+            straight = T.main(dist_config(out_dir / "straight", "token_mean", 2, *base))
+            T.main(dist_config(out_dir / "cut", "token_mean", 2, *base, "train.max_steps=2"))
+            resumed = T.main(dist_config(out_dir / "cut", "token_mean", 2, *base, "checkpoint.resume=auto"))
+            weights = {"straight": parameters(straight), "resumed": parameters(resumed)}
             if straight.dist.is_main:
-                torch.save({"straight": {n: p.detach() for n, p in straight.policy.model.named_parameters()},
-                            "resumed": {n: p.detach() for n, p in resumed.policy.model.named_parameters()}},
-                           out_dir / "resume.pt")
+                torch.save(weights, out_dir / f"{scenario}.pt")
             continue
         result = one_step(out_dir, scenario, 2)
         if result["is_main"]:

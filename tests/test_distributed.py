@@ -32,7 +32,7 @@ def two_process(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("two_process")
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
     cmd = [*accelerate_cli(), "launch", "--num_processes", "2", "--cpu", str(ROOT / "tests" / "dist_worker.py"),
-           str(out), *SCENARIOS, "resume"]
+           str(out), *SCENARIOS, "resume", "resume_fsdp"]
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
     assert "starting 2 CPU processes" in proc.stderr  # the --cpu launcher alone would have started one
@@ -75,15 +75,22 @@ def test_pcgrad_combines_the_global_task_gradients(two_process, tmp_path):
     assert two["multi/cos_min"] == pytest.approx(one["multi/cos_min"], rel=1e-4)
 
 
-def test_resume_from_a_two_process_checkpoint_is_exact(two_process):
-    weights = torch.load(two_process / "resume.pt")
+@pytest.mark.parametrize("scenario", ["resume", "resume_fsdp"])
+def test_resume_from_a_two_process_checkpoint_is_exact(two_process, scenario):
+    weights = torch.load(two_process / f"{scenario}.pt")
     assert max_diff(weights["straight"], weights["resumed"]) == 0.0
-    state = torch.load(next((two_process / "cut" / "checkpoints").glob("step_*")) / "state.pt", weights_only=False)
+    folder = two_process / "cut" / scenario / "checkpoints"
+    state = torch.load(next(folder.glob("step_*")) / "state.pt", weights_only=False)
     assert len(state["rng_ranks"]) == 2  # every rank's RNG state
+    assert not any(hasattr(w, "to_local") for w in state["weights"].values())  # whole tensors, not shards
+    from transformers import AutoModelForCausalLM  # the final model is whole too, loadable without the trainer
+
+    final = AutoModelForCausalLM.from_pretrained(two_process / "cut" / scenario / "final").state_dict()
+    assert max_diff({n: final[n] for n in weights["resumed"]}, weights["resumed"]) == 0.0
 
 
 def test_metrics_are_written_once(two_process):
-    rows = [json.loads(line) for line in (two_process / "straight" / "metrics.jsonl").read_text().splitlines()]
+    rows = [json.loads(line) for line in (two_process / "straight" / "resume" / "metrics.jsonl").read_text().splitlines()]
     rl_steps = [r["step"] for r in rows if "loss/total" in r]
     assert rl_steps == [1, 2, 3]
     assert all(r["rollout/num"] == 16.0 for r in rows if "rollout/num" in r)  # the global batch, not a share
@@ -116,12 +123,27 @@ def test_the_cpu_launch_command_line_is_read():
     assert num_processes_from_launch(["accelerate", "launch", "x.py"]) == 0
 
 
-def test_sharded_strategies_are_refused_by_name():
-    for ok in ("NO", "MULTI_GPU", "MULTI_CPU", "DistributedType.MULTI_GPU"):
+def test_deepspeed_is_refused_by_name():
+    for ok in ("NO", "MULTI_GPU", "MULTI_CPU", "FSDP", "DistributedType.MULTI_GPU", "DistributedType.FSDP"):
         check_strategy(ok)
-    for name in ("FSDP", "DEEPSPEED", "DistributedType.FSDP"):
-        with pytest.raises(ValueError, match="is not supported yet.*multi_gpu.yaml"):
+    for name in ("DEEPSPEED", "DistributedType.DEEPSPEED", "MEGATRON_LM"):
+        with pytest.raises(ValueError, match="is not supported yet.*fsdp.yaml"):
             check_strategy(name)
+
+
+def test_fsdp_refuses_what_it_does_not_support(tmp_path):
+    import config as C
+    import grpo_train as T
+    from tests.trainer_helpers import fast_config
+
+    dist = Dist()
+    dist.world, dist.sharded = 2, True
+    cfg = fast_config(tmp_path, "model.lora=true", "multi.combine=pcgrad", "sft.steps=2", "sft.batch_size=3")
+    run = T.setup(fast_config(tmp_path))
+    with pytest.raises(C.ConfigError, match="LoRA.*multi.combine=sum.*sft.batch_size"):
+        T.check_sharding(cfg, run.policy, dist)
+    with pytest.raises(ValueError, match="needs several processes"):
+        T.setup(fast_config(tmp_path, "train.sharding=fsdp"))
 
 
 def test_accelerate_configs_parse_and_name_their_strategy():
