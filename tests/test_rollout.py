@@ -98,8 +98,9 @@ def test_rollouts_are_grouped_per_sample_with_exact_prompt_ids(model, tok, sampl
     assert model.training  # train mode given back
 
 
-def test_generation_config_carries_every_setting(model, tok, samples, monkeypatch):
-    seen = {}
+def spy_generate(model, monkeypatch) -> dict:
+    """The keyword arguments of the model's latest `generate` call (filled in as it is called)."""
+    seen: dict = {}
     original = model.generate
 
     def spy(*args, **kwargs):
@@ -107,6 +108,11 @@ def test_generation_config_carries_every_setting(model, tok, samples, monkeypatc
         return original(*args, **kwargs)
 
     monkeypatch.setattr(model, "generate", spy)
+    return seen
+
+
+def test_generation_config_carries_every_setting(model, tok, samples, monkeypatch):
+    seen = spy_generate(model, monkeypatch)
     settings = SamplingSettings(temperature=0.7, top_k=5, top_p=0.9, min_p=0.05, repetition_penalty=1.3,
                                 max_new_tokens=6, min_new_tokens=2, stop_token_ids=[4, 5])
     generate_rollouts(model, tok, samples, 2, settings)
@@ -238,14 +244,7 @@ def test_lora_policy_with_checkpointing_generates_and_gets_its_state_back(sample
 
 
 def test_cache_implementation_reaches_the_generation_config(model, tok, samples, monkeypatch):
-    seen = {}
-    original = model.generate
-
-    def spy(*args, **kwargs):
-        seen.update(kwargs)
-        return original(*args, **kwargs)
-
-    monkeypatch.setattr(model, "generate", spy)
+    seen = spy_generate(model, monkeypatch)
     generate_rollouts(model, tok, samples, 2, SamplingSettings(max_new_tokens=3, cache_implementation="static"))
     assert seen["generation_config"].cache_implementation == "static"
     assert seen["input_ids"].shape[1] % STATIC_PROMPT_BUCKET == 0  # prompts padded to the bucket
