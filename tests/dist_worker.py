@@ -29,6 +29,8 @@ SCENARIOS: dict[str, list[str]] = {
     # FSDP2: model and reference sharded over the processes (the 1-process side runs unsharded)
     "fsdp": ["train.sharding=fsdp"],
     "fsdp_ga": ["train.sharding=fsdp", "loss.agg_mode=seq-mean-token-mean", "loss.mu=2"],
+    # several steps with a β that moves: rollouts, β and weights must stay in step after step 1
+    "three_steps": ["kl.default.controller=adaptive", "kl.default.target=0.0001", "kl.default.horizon=2"],
     "pcgrad": ["multi.combine=pcgrad", "multi.switch=always",  # opposed rewards: the task gradients conflict
                "rewards.hallucination=tests.dist_worker:short_reward:1.0"],
 }
@@ -54,17 +56,20 @@ def dist_config(out_dir, scenario: str, world: int, *extra: str) -> C.Config:
 
 
 def one_step(out_dir: Path, scenario: str, world: int) -> dict:
-    """setup + one RL step; returns {"weights": ..., "metrics": ...} (rank 0 writes them)."""
+    """setup + SFT + one RL step (three for "three_steps"); returns {"weights", "after_sft", "metrics", "history"}
+    (rank 0 writes them)."""
     import grpo_train as T
 
     cfg = dist_config(out_dir, scenario, world, f"train.run_name={scenario}")
     run = T.setup(cfg)
     T.sft_phase(run)  # SFT (sharded over processes too) teaches the stop token: completion lengths then vary
     after_sft = parameters(run)  # LoRA: the merged base too
-    metrics = T.rl_step(run, 1)
+    history = [T.rl_step(run, step) for step in range(1, 4 if scenario == "three_steps" else 2)]
+    metrics = history[-1]
     trainable = {n for n, p in run.policy.model.named_parameters() if p.requires_grad}
     weights = {n: w for n, w in parameters(run).items() if n in trainable}
-    return {"weights": weights, "after_sft": after_sft, "metrics": metrics, "is_main": run.dist.is_main}
+    return {"weights": weights, "after_sft": after_sft, "metrics": metrics, "history": history,
+            "is_main": run.dist.is_main}
 
 
 def parameters(run) -> dict[str, torch.Tensor]:
@@ -94,6 +99,7 @@ def main(out: str, scenarios: list[str]) -> None:
         if result["is_main"]:
             torch.save({"weights": result["weights"], "after_sft": result["after_sft"]}, out_dir / f"{scenario}.pt")
             (out_dir / f"{scenario}.json").write_text(json.dumps(result["metrics"]))
+            (out_dir / f"{scenario}.history.json").write_text(json.dumps(result["history"]))
 
 
 if __name__ == "__main__":

@@ -44,7 +44,7 @@ def max_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
     return max((a[n] - b[n]).abs().max().item() for n in a)
 
 
-@pytest.mark.parametrize("scenario", list(SCENARIOS))
+@pytest.mark.parametrize("scenario", [s for s in SCENARIOS if s != "three_steps"])
 def test_two_processes_equal_one_process(two_process, tmp_path, scenario):
     one = one_step(tmp_path, scenario, world=1)
     two = torch.load(two_process / f"{scenario}.pt")
@@ -64,6 +64,21 @@ def test_two_processes_equal_one_process(two_process, tmp_path, scenario):
     assert m2["loss/total"] == pytest.approx(m1["loss/total"], rel=1e-4, abs=1e-9)
     for key in (k for k in m1 if k.startswith(("kl/", "entropy/"))):
         assert m2[key] == pytest.approx(m1[key], rel=1e-5, abs=1e-8), key
+
+
+def test_later_steps_stay_equal(two_process, tmp_path):
+    """A failure at step 2 is invisible at step 1: three steps with an adaptive β. Rollouts (discrete) must be the
+    same at every step, β must move identically, and the weights stay within Adam's float noise."""
+    one = one_step(tmp_path, "three_steps", world=1)
+    two_history = json.loads((two_process / "three_steps.history.json").read_text())
+    assert len(one["history"]) == len(two_history) == 3
+    for m1, m2 in zip(one["history"], two_history):
+        assert m1["rollout/tokens"] == m2["rollout/tokens"]
+        for task in ("fairness", "hallucination"):
+            assert m1[f"reward/{task}/mean"] == pytest.approx(m2[f"reward/{task}/mean"], abs=1e-12)
+            assert m1[f"beta/{task}"] == pytest.approx(m2[f"beta/{task}"], rel=1e-5)
+    assert one["history"][-1]["beta/fairness"] != one["history"][0]["beta/fairness"]  # β really moved
+    assert max_diff(one["weights"], torch.load(two_process / "three_steps.pt")["weights"]) <= 1e-4
 
 
 def test_pcgrad_combines_the_global_task_gradients(two_process, tmp_path):
