@@ -123,7 +123,8 @@ def setup(cfg: C.Config) -> Run:
         dual_clip=cfg.loss.dual_clip, agg_mode=cfg.loss.agg_mode, agg_constant=float(cfg.rollout.max_new_tokens),
         kl_estimator=cfg.loss.kl_estimator, entropy_coef=cfg.loss.entropy_coef, mu=cfg.loss.mu,
         micro_batch_seqs=cfg.micro_batch_seqs, max_grad_norm=cfg.train.max_grad_norm,
-        skip_grad_norm=cfg.train.skip_grad_norm, temperature=cfg.rollout.temperature)
+        skip_grad_norm=cfg.train.skip_grad_norm, temperature=cfg.rollout.temperature,
+        fused_head=cfg.model.fused_lm_head)
     run = Run(cfg=cfg, run_dir=run_dir, device=device, policy=policy, tasks=tasks, train=train, heldout=heldout,
               sampler=TaskBalancedSampler(train, seed=cfg.train.seed, mix=parse_task_mix(cfg.data.task_mix)),
               optimizer=optimizer, scheduler=scheduler,

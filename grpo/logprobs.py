@@ -61,6 +61,77 @@ class _ChunkedTokenLogProb(torch.autograd.Function):
         return grad_BTV, None, None, None
 
 
+class _FusedHeadLogProb(torch.autograd.Function):
+    """Log-probs (and entropies) of targets straight from the final hidden states and the LM-head weight, in row
+    chunks: z = h·Wᵀ (in the weights' dtype, as the model's own head computes it), then fp32 softmax statistics.
+    The (N, V) logits exist one chunk at a time, in forward and in backward (recomputed), never whole.
+
+        d/dz = g_lp·(onehot(y) − p)/τ − g_H·p·(log p + H)/τ          dh = d/dz · W        dW = Σ_chunks (d/dz)ᵀ · h
+    """
+
+    @staticmethod
+    def forward(ctx, hidden_NH: torch.Tensor, weight_VH: torch.Tensor, target_N: torch.Tensor, temperature: float,
+                chunk_rows: int, with_entropy: bool):
+        acc = accumulation_dtype(hidden_NH.dtype)
+        N = hidden_NH.shape[0]
+        logp_N = hidden_NH.new_empty(N, dtype=acc)
+        entropy_N = hidden_NH.new_zeros(N, dtype=acc)
+        for s in range(0, N, chunk_rows):
+            z = scaled_chunk(hidden_NH[s:s + chunk_rows] @ weight_VH.T, acc, temperature)
+            lse = torch.logsumexp(z, dim=-1)
+            logp_N[s:s + chunk_rows] = z.gather(-1, target_N[s:s + chunk_rows, None]).squeeze(-1) - lse
+            if with_entropy:
+                logp_all = z.sub_(lse[:, None])  # log softmax, in place (z is not needed after this)
+                entropy_N[s:s + chunk_rows] = -(logp_all.exp() * logp_all).sum(-1)
+        ctx.save_for_backward(hidden_NH, weight_VH, target_N)
+        ctx.temperature, ctx.chunk_rows, ctx.with_entropy = temperature, chunk_rows, with_entropy
+        return logp_N, entropy_N
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad_logp_N: torch.Tensor, grad_entropy_N: torch.Tensor):
+        hidden_NH, weight_VH, target_N = ctx.saved_tensors
+        acc, tau = accumulation_dtype(hidden_NH.dtype), ctx.temperature
+        want_h, want_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+        grad_h = torch.empty_like(hidden_NH) if want_h else None
+        grad_w = torch.zeros(weight_VH.shape, dtype=acc, device=weight_VH.device) if want_w else None
+        use_entropy = ctx.with_entropy and grad_entropy_N is not None
+        for s in range(0, hidden_NH.shape[0], ctx.chunk_rows):
+            h = hidden_NH[s:s + ctx.chunk_rows]
+            z = scaled_chunk(h @ weight_VH.T, acc, tau)
+            logp = z.sub_(torch.logsumexp(z, dim=-1, keepdim=True))  # log softmax, in place
+            p = logp.exp()
+            g_lp = grad_logp_N[s:s + ctx.chunk_rows].to(acc)[:, None]
+            dz = p * -g_lp
+            if use_entropy:
+                H = -(p * logp).sum(-1, keepdim=True)
+                dz -= grad_entropy_N[s:s + ctx.chunk_rows].to(acc)[:, None] * p * (logp + H)
+            dz.scatter_add_(-1, target_N[s:s + ctx.chunk_rows, None], g_lp).div_(tau)
+            dz = dz.to(hidden_NH.dtype)
+            if want_h:
+                grad_h[s:s + ctx.chunk_rows] = dz @ weight_VH
+            if want_w:
+                grad_w += (dz.T @ h).to(acc)
+        return grad_h, None if grad_w is None else grad_w.to(weight_VH.dtype), None, None, None, None
+
+
+def head_logprobs(hidden_BTH: torch.Tensor, weight_VH: torch.Tensor, target_ids_BT: torch.Tensor,
+                  temperature: float = 1.0, with_entropy: bool = False,
+                  chunk_size: int = DEFAULT_LOGPROB_CHUNK_ROWS) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(log p(target), entropy or None), each (B, T) fp32, from final hidden states and a bias-free LM head weight;
+    differentiable in both. Peak extra memory: one chunk_size × V logits chunk (fp32 and the weights' dtype)."""
+    B, T, H = hidden_BTH.shape
+    if weight_VH.dim() != 2 or weight_VH.shape[1] != H or target_ids_BT.shape != (B, T):
+        raise ValueError(f"head_logprobs: hidden {tuple(hidden_BTH.shape)}, weight {tuple(weight_VH.shape)} and "
+                         f"targets {tuple(target_ids_BT.shape)} do not fit (B, T, H), (V, H), (B, T)")
+    if temperature <= 0:
+        raise ValueError(f"head_logprobs: temperature={temperature} must be > 0 (the sampling temperature)")
+    logp_N, entropy_N = _FusedHeadLogProb.apply(hidden_BTH.reshape(B * T, H), weight_VH,
+                                                 target_ids_BT.reshape(-1).long(), float(temperature),
+                                                 int(chunk_size), bool(with_entropy))
+    return logp_N.view(B, T), entropy_N.view(B, T) if with_entropy else None
+
+
 def token_logprobs(logits_BTV: torch.Tensor, target_ids_BT: torch.Tensor, temperature: float = 1.0,
                    chunk_size: int = DEFAULT_LOGPROB_CHUNK_ROWS) -> torch.Tensor:
     """log softmax(logits/temperature)[target] per position, shape (B, T), differentiable; fp32 (fp64 for fp64 logits).
@@ -92,14 +163,38 @@ def accepts_logits_to_keep(model: torch.nn.Module) -> bool:
     return False
 
 
+FUSABLE_MODEL_TYPES = frozenset({"llama", "mistral", "qwen2", "qwen3", "phi3", "olmo2"})
+"""Model types whose logits are exactly final_hidden · lm_headᵀ (no soft-capping, logit scale or bias), so the
+fused head path computes what the model would. Others take the logits path."""
+
+
+def fused_head_parts(model: torch.nn.Module) -> tuple[torch.nn.Module, torch.nn.Linear] | None:
+    """(decoder, lm_head) when the fused head path applies to `model` (DDP / PEFT wrappers looked through), else
+    None: an unknown model type, a head with a bias or a LoRA layer, or sharded (FSDP) head weights."""
+    inner = getattr(model, "module", model)
+    base = inner.get_base_model() if hasattr(inner, "get_base_model") else inner
+    if getattr(getattr(base, "config", None), "model_type", None) not in FUSABLE_MODEL_TYPES:
+        return None
+    head = base.get_output_embeddings()
+    decoder = base.get_decoder() if hasattr(base, "get_decoder") else None
+    if type(head) is not torch.nn.Linear or head.bias is not None or hasattr(head.weight, "to_local") or decoder is None:
+        return None
+    return decoder, head
+
+
 def completion_logprobs(model: torch.nn.Module, input_ids_BL: torch.Tensor, attention_mask_BL: torch.Tensor,
                         prompt_len: int, temperature: float = 1.0, with_entropy: bool = False,
-                        chunk_size: int = DEFAULT_LOGPROB_CHUNK_ROWS) -> tuple[torch.Tensor, torch.Tensor | None]:
+                        chunk_size: int = DEFAULT_LOGPROB_CHUNK_ROWS,
+                        fused_head: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Log-probs (B, T) of the completion tokens `input_ids_BL[:, prompt_len:]`, and their entropies when asked.
 
     Runs one forward pass with mask-derived position_ids and `use_cache=False`, asking only for the last T + 1
     logits when the model supports `logits_to_keep`. Gradients flow when grad is enabled; the caller owns
     train()/eval() mode and no_grad. Entropy (fp32, nats, at `temperature`) is differentiable too.
+
+    `fused_head` (when `fused_head_parts` allows it): the model computes the logits of one position only; the
+    decoder's final hidden states are caught by a forward hook and `head_logprobs` applies the LM head chunk by
+    chunk, so neither the (B, T, V) logits nor their gradient is ever held (1.2 GiB each at 32 × 128 × 152k bf16).
     """
     if input_ids_BL.shape != attention_mask_BL.shape or input_ids_BL.dim() != 2:
         raise ValueError(f"completion_logprobs: input_ids {tuple(input_ids_BL.shape)} and attention_mask "
@@ -111,11 +206,24 @@ def completion_logprobs(model: torch.nn.Module, input_ids_BL: torch.Tensor, atte
     T = L - prompt_len
     kwargs = {"input_ids": input_ids_BL, "attention_mask": attention_mask_BL,
               "position_ids": position_ids_from_mask(attention_mask_BL), "use_cache": False}
+    targets_BT = input_ids_BL[:, prompt_len:]
+    parts = fused_head_parts(model) if fused_head and accepts_logits_to_keep(model) else None
+    if parts is not None:
+        decoder, head = parts
+        caught: list[torch.Tensor] = []
+        hook = decoder.register_forward_hook(
+            lambda module, args, out: caught.append(out[0] if isinstance(out, tuple) else out.last_hidden_state))
+        try:
+            model(**kwargs, logits_to_keep=1)  # through every wrapper (DDP syncs, PEFT adapters); one logits row
+        finally:
+            hook.remove()
+        return head_logprobs(caught[-1][:, -(T + 1):-1], head.weight, targets_BT, temperature, with_entropy,
+                             chunk_size)
     if accepts_logits_to_keep(model):
         kwargs["logits_to_keep"] = T + 1
     logits = model(**kwargs).logits
     # Columns P−1 … L−1 are kept (T + 1 of them); the last predicts a token after the completion, so drop it.
     logits_BTV = logits[:, -(T + 1):-1]
-    logps_BT = token_logprobs(logits_BTV, input_ids_BL[:, prompt_len:], temperature, chunk_size)
+    logps_BT = token_logprobs(logits_BTV, targets_BT, temperature, chunk_size)
     entropy_BT = entropy_from_logits(logits_BTV, chunk_size, temperature) if with_entropy else None
     return logps_BT, entropy_BT

@@ -49,6 +49,8 @@ class UpdateSettings:
     max_grad_norm: float = 1.0
     skip_grad_norm: float = 1000.0
     temperature: float = 1.0
+    fused_head: bool = True
+    """Apply the LM head inside the log-prob computation (grpo/logprobs.head_logprobs): less memory, some time."""
 
 
 def micro_batch_terms(model: torch.nn.Module, mb: TrainBatch, betas_N: torch.Tensor, s: UpdateSettings,
@@ -59,7 +61,7 @@ def micro_batch_terms(model: torch.nn.Module, mb: TrainBatch, betas_N: torch.Ten
     """
     betas_B = betas_N.to(mb.advantages_B.device)[mb.task_ids_B]
     logps_BT, entropy_BT = completion_logprobs(model, mb.input_ids_BL, mb.attention_mask_BL, mb.prompt_len,
-                                               temperature=s.temperature, with_entropy=True)
+                                               temperature=s.temperature, with_entropy=True, fused_head=s.fused_head)
     mask_BT = mb.completion_mask_BT.to(logps_BT.dtype)
     old_BT = logps_BT.detach() if mb.old_logps_BT is None else mb.old_logps_BT
     pg_BT, pg_metrics = policy_loss(s.policy_loss, logps_BT, old_BT, mb.advantages_B, mask_BT,

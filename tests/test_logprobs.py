@@ -9,7 +9,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
 
-from grpo.logprobs import accepts_logits_to_keep, completion_logprobs, position_ids_from_mask, token_logprobs
+from grpo.logprobs import (accepts_logits_to_keep, completion_logprobs, fused_head_parts, head_logprobs,
+                           position_ids_from_mask, token_logprobs)
 
 
 def naive_f64(logits, targets, temperature=1.0):
@@ -220,3 +221,77 @@ def test_position_ids_and_bad_prompt_len():
     torch.testing.assert_close(position_ids_from_mask(mask), torch.tensor([[0, 0, 0, 1, 2, 0], [0, 1, 2, 3, 4, 5]]))
     with pytest.raises(ValueError, match="prompt_len"):
         completion_logprobs(tiny_llama(), torch.ones(1, 4, dtype=torch.long), torch.ones(1, 4), 4)
+
+
+# ------------------------------------------------------------------------------------------------- the fused head
+@pytest.mark.parametrize("temperature,chunk", [(1.0, 4), (0.7, 4), (1.3, 1000)])
+def test_head_logprobs_match_a_float64_log_softmax_with_gradients(temperature, chunk):
+    """Values and gradients (hidden and weight, through log-prob AND entropy) against autograd of the plain path."""
+    torch.manual_seed(1)
+    B, T, H, V = 3, 5, 7, 11
+    hidden = torch.randn(B, T, H, dtype=torch.float64, requires_grad=True)
+    weight = torch.randn(V, H, dtype=torch.float64, requires_grad=True)
+    targets = torch.randint(0, V, (B, T))
+    g_lp, g_ent = torch.randn(B, T, dtype=torch.float64), torch.randn(B, T, dtype=torch.float64)
+    results = []
+    for fused in (True, False):
+        hidden.grad = weight.grad = None
+        if fused:
+            lp, ent = head_logprobs(hidden, weight, targets, temperature, with_entropy=True, chunk_size=chunk)
+        else:
+            log_p = torch.log_softmax(hidden @ weight.T / temperature, -1)
+            lp, ent = log_p.gather(-1, targets[..., None]).squeeze(-1), -(log_p.exp() * log_p).sum(-1)
+        (lp * g_lp + ent * g_ent).sum().backward()
+        results.append((lp.detach(), ent.detach(), hidden.grad.clone(), weight.grad.clone()))
+    for a, b in zip(*results):
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+
+
+def test_fused_head_equals_the_logits_path_on_a_model(tmp_path):
+    """completion_logprobs with and without the fused head: log-probs, entropies and every parameter gradient."""
+    model = tiny_llama().train()
+    assert fused_head_parts(model) is not None
+    ids = torch.tensor([[0, 0, 5, 6, 7, 8, 9, 10], [11, 12, 13, 14, 15, 16, 17, 18]])
+    mask = torch.tensor([[0, 0, 1, 1, 1, 1, 1, 1], [1] * 8])
+    results = []
+    for fused in (True, False):
+        model.zero_grad()
+        lp, ent = completion_logprobs(model, ids, mask, 4, temperature=0.8, with_entropy=True, fused_head=fused)
+        (lp.sum() + 0.3 * ent.sum()).backward()
+        results.append((lp.detach(), ent.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}))
+    (lp_a, ent_a, grads_a), (lp_b, ent_b, grads_b) = results
+    torch.testing.assert_close(lp_a, lp_b, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(ent_a, ent_b, rtol=1e-5, atol=1e-5)
+    for name in grads_a:
+        torch.testing.assert_close(grads_a[name], grads_b[name], rtol=1e-4, atol=1e-5, msg=name)
+
+
+def test_fused_head_applies_only_where_logits_are_hidden_times_head():
+    model = tiny_llama()
+    assert fused_head_parts(torch.nn.Module()) is None
+    wrapped = torch.nn.Module()
+    wrapped.module = model  # a DDP-style wrapper is looked through
+    assert fused_head_parts(wrapped) == (model.get_decoder(), model.lm_head)
+    model.config.model_type = "gemma2"  # soft-capped logits: not fused
+    assert fused_head_parts(model) is None
+    assert fused_head_parts(tiny_gpt2()) is None  # not in the list: the logits path
+
+
+def test_fused_head_never_holds_the_logits():
+    """Peak live bytes of one training forward + backward: the fused path stays far below B·T·V."""
+    torch.manual_seed(0)
+    V, B, L = 8_000, 2, 200
+    model = LlamaForCausalLM(LlamaConfig(vocab_size=V, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                                         num_attention_heads=2, num_key_value_heads=1)).train()
+    ids, mask = torch.randint(0, V, (B, L)), torch.ones(B, L, dtype=torch.long)
+    peaks = {}
+    for fused in (True, False):
+        model.zero_grad(set_to_none=True)
+        with PeakLiveBytes(*model.parameters(), ids, mask) as tracker:
+            lp, _ = completion_logprobs(model, ids, mask, 8, fused_head=fused, chunk_size=16)
+            lp.sum().backward()
+            del lp
+        peaks[fused] = tracker.peak
+    logits_bytes = B * (L - 8) * V * 4
+    assert peaks[False] >= 2 * logits_bytes  # the logits and their gradient
+    assert peaks[True] < logits_bytes / 2, peaks

@@ -240,3 +240,21 @@ def test_nan_loss_is_skipped_and_training_stops_after_k_bad_steps(tmp_path, monk
     with pytest.raises(TrainingUnstable) as err:
         G.rl_step(run, 2)
     assert "2" in str(err.value) and ("lr" in str(err.value) or "learning rate" in str(err.value))
+
+
+def test_fused_lm_head_setting_reaches_the_training_pass(tmp_path, monkeypatch):
+    """model.fused_lm_head decides whether the training micro-batches go through head_logprobs."""
+    import grpo.logprobs as L
+
+    calls = []
+    real = L.head_logprobs
+    monkeypatch.setattr(L, "head_logprobs", lambda *a, **k: calls.append(1) or real(*a, **k))
+    for fused in (True, False):
+        calls.clear()
+        run = G.setup(fast_config(tmp_path / str(fused), f"model.fused_lm_head={str(fused).lower()}",
+                                  "kl.default.beta=0.0", "kl.default.controller=fixed"))
+        assert run.update.fused_head is fused
+        batch = rollout_batch(run)
+        train_step(run.policy.model, run.optimizer, batch, torch.zeros(2), run.update, run.tasks,
+                   run.policy.trainable_parameters())
+        assert bool(calls) is fused
