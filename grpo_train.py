@@ -32,7 +32,7 @@ from grpo.distributed import Dist, make_dist, rank_rng_state
 from grpo.evaluate import evaluate
 from grpo.health import WeightGuard
 from grpo.kl_control import make_controller
-from grpo.modeling import Policy, rebase_reference, reference, save_pretrained
+from grpo.modeling import Policy, has_dropout, rebase_reference, reference, save_pretrained
 from grpo.records import Rollout, Sample, Scored
 from grpo.rollout import SamplingSettings, generate_rollouts, rollout_metrics
 from grpo.sampling import row_keys
@@ -344,7 +344,9 @@ def rl_step(run: Run, step: int) -> dict[str, float]:
 
     rows = slice(mine.start * cfg.rollout.k, mine.stop * cfg.rollout.k)
     batch = build_train_batch(scored_mine, advantages_B[rows], run.tasks, run.tokenizer.pad_token_id, run.device)
-    if cfg.loss.mu > 1:  # off-policy passes need the rollout policy's log-probs; at μ = 1 they equal the current ones
+    if cfg.loss.mu > 1 and has_dropout(run.policy.model):
+        # off-policy passes need the rollout policy's log-probs (eval mode: no dropout). At μ = 1 they equal the
+        # current ones; without dropout the first pass computes them (train_step keeps them for the later passes)
         batch.old_logps_BT = batch_logprobs(run.policy.model, batch, cfg.micro_batch_seqs, cfg.rollout.temperature)
         dist.reshard(run.policy.model)
     t3 = time.perf_counter()

@@ -423,6 +423,21 @@ def _eval_state(model: nn.Module, use_cache: bool) -> Iterator[nn.Module]:
             h.use_cache = flag
 
 
+def has_dropout(model: nn.Module) -> bool:
+    """Whether train mode draws random masks anywhere: an nn.Dropout with p > 0 (LoRA dropout included), or a
+    config dropout probability > 0 that attention / MLP code applies functionally (attention_dropout, *_pdrop, ...).
+    Without dropout a train-mode forward computes what an eval-mode forward computes."""
+    inner = getattr(model, "module", model)
+    if any(isinstance(m, nn.Dropout) and m.p > 0 for m in inner.modules()):
+        return True
+    configs = [getattr(m, "config", None) for m in inner.modules()]
+    for config in {id(c): c for c in configs if c is not None}.values():
+        for key, value in vars(config).items():
+            if ("dropout" in key or key.endswith("pdrop")) and isinstance(value, (int, float)) and value > 0:
+                return True
+    return False
+
+
 @contextlib.contextmanager
 def generation_mode(model: nn.Module) -> Iterator[nn.Module]:
     """For `generate`: dropout off, KV cache on, checkpointing off; previous state restored exactly on exit."""

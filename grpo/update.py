@@ -75,6 +75,7 @@ def micro_batch_terms(model: torch.nn.Module, mb: TrainBatch, betas_N: torch.Ten
     if s.entropy_coef > 0:
         reg_BT = reg_BT - s.entropy_coef * entropy_BT
     parts = {"pg_BT": pg_BT.detach(), "kl_BT": kl_value_BT, "entropy_BT": entropy_BT.detach(),
+             "logps_BT": logps_BT.detach(),
              "mask_BT": mask_BT.detach(), **{k: torch.as_tensor(v).detach() for k, v in pg_metrics.items()}}
     return pg_BT, reg_BT, mask_BT, parts
 
@@ -98,6 +99,8 @@ class _StepStats:
         self.pg = torch.zeros((), device=device)
         self.loss = torch.zeros((), device=device)
         self.scalars: dict[str, list[torch.Tensor]] = {}
+        self.logps: list[torch.Tensor] = []
+        """Each micro-batch's detached log-probs, in batch order (the old log-probs of later μ passes)."""
 
     def add(self, loss: torch.Tensor, parts: dict[str, torch.Tensor], task_ids_B: torch.Tensor) -> None:
         mask = parts["mask_BT"]
@@ -107,6 +110,7 @@ class _StepStats:
         self.tokens += onehot_BN.T @ mask.sum(1)
         self.pg += (parts["pg_BT"] * mask).sum()
         self.loss += loss.detach()
+        self.logps.append(parts["logps_BT"])
         for k, v in parts.items():
             if not k.endswith("_BT"):
                 self.scalars.setdefault(k, []).append(v.float())
@@ -151,6 +155,9 @@ def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batch: 
     `on_step` runs after each successful optimizer step (the LR scheduler, the weight guard).
     `grad_combiner`, when given, replaces the plain accumulation (per-task gradient surgery, see grpo/multi.py).
     `scaler`: a GradScaler for fp16 weights (loss scaling; gradients are unscaled before clipping).
+    With μ > 1 and `batch.old_logps_BT` None, the first pass's own log-probs (detached) become the old log-probs of
+    the later passes: the caller skips the separate old-log-prob forward when train mode has no dropout, because
+    the first pass then computes exactly those values.
     `dist` (grpo/distributed.py): data parallelism. `batch` is this rank's share; token and sequence counts are
     summed over ranks, and gradients are summed once per optimizer step (DDP on the last micro-batch, `no_sync` on
     the others; the loss is multiplied by the world size because DDP averages).
@@ -199,6 +206,8 @@ def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batch: 
             optimizer.zero_grad(set_to_none=True)  # free the gradients now: they would sit through generation
             if on_step is not None:
                 on_step()
+        if pass_index == 0 and s.mu > 1 and batch.old_logps_BT is None:
+            batch.old_logps_BT = torch.cat(stats.logps).float() * batch.completion_mask_BT
         passes.append(stats.finish(tasks, dist))
         norms.append(grad_norm)
     metrics.update(passes[0])

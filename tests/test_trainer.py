@@ -258,3 +258,46 @@ def test_fused_lm_head_setting_reaches_the_training_pass(tmp_path, monkeypatch):
         train_step(run.policy.model, run.optimizer, batch, torch.zeros(2), run.update, run.tasks,
                    run.policy.trainable_parameters())
         assert bool(calls) is fused
+
+
+def test_mu_passes_reuse_the_first_pass_log_probs_when_there_is_no_dropout(tmp_path, monkeypatch):
+    """μ = 2 without dropout: no separate old-log-prob forward, and the update equals the one with that forward."""
+    from grpo.modeling import has_dropout
+
+    run = G.setup(fast_config(tmp_path / "a", "loss.mu=2", "loss.policy_loss=gspo"))
+    assert not has_dropout(run.policy.model)
+    calls = []
+    real = G.batch_logprobs
+    monkeypatch.setattr(G, "batch_logprobs", lambda model, *a, **k: calls.append(model) or real(model, *a, **k))
+    G.rl_step(run, 1)
+    assert all(m is not run.policy.model for m in calls)  # only the reference pass ran
+
+    results = []
+    for precomputed in (True, False):
+        run = G.setup(fast_config(tmp_path / f"b{precomputed}", "loss.mu=2", "loss.policy_loss=gspo"))
+        torch.manual_seed(5)
+        batch = rollout_batch(run)
+        if precomputed:
+            batch.old_logps_BT = real(run.policy.model, batch, run.update.micro_batch_seqs, 1.0)
+        metrics = train_step(run.policy.model, run.optimizer, batch, torch.zeros(2), run.update, run.tasks,
+                             run.policy.trainable_parameters())
+        results.append((_params(run.policy.model), metrics["loss/ratio_max"]))
+    (a, ratio_a), (b, ratio_b) = results
+    assert all(torch.allclose(a[n], b[n], atol=1e-6) for n in a)
+    assert ratio_a == pytest.approx(ratio_b, abs=1e-6) and ratio_a > 1.0  # pass 2 really was off-policy
+
+
+def test_dropout_is_detected_where_train_mode_differs():
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from grpo.modeling import TINY_NAME, has_dropout, load_policy
+
+    assert not has_dropout(LlamaForCausalLM(LlamaConfig(vocab_size=32, hidden_size=16, intermediate_size=32,
+                                                        num_hidden_layers=1, num_attention_heads=2)))
+    assert has_dropout(LlamaForCausalLM(LlamaConfig(vocab_size=32, hidden_size=16, intermediate_size=32,
+                                                    num_hidden_layers=1, num_attention_heads=2,
+                                                    attention_dropout=0.1)))
+    sizes = {"hidden": 32, "layers": 1, "heads": 2, "kv_heads": 1}
+    lora = load_policy(TINY_NAME, tiny_corpus=["a b c"] * 5, lora=True, lora_r=4, lora_dropout=0.05,
+                       lora_target_modules=["q_proj"], tiny_sizes=sizes)
+    assert has_dropout(lora.model)
