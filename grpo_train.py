@@ -684,6 +684,7 @@ def cli(argv: list[str]) -> int:
 if __name__ == "__main__":
     from grpo.distributed import relaunch_on_cpu, requested_cpu_processes
 
-    if requested_cpu_processes() > 1:  # `accelerate launch --cpu --num_processes N` started only this one
-        relaunch_on_cpu(requested_cpu_processes(), sys.argv[0], sys.argv[1:])
+    n_processes = requested_cpu_processes()  # reads the launcher's command line once
+    if n_processes > 1:  # `accelerate launch --cpu --num_processes N` started only this one
+        relaunch_on_cpu(n_processes, sys.argv[0], sys.argv[1:])
     sys.exit(cli(sys.argv[1:]))

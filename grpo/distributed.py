@@ -259,11 +259,12 @@ def make_dist(requested_device: str, sharding: str = "auto") -> tuple[Dist, torc
     from accelerate import Accelerator
 
     cpu = requested_device == "cpu" or not torch.cuda.is_available()
-    name = (os.environ.get("ACCELERATE_USE_FSDP", "").lower() in ("true", "1")) and "FSDP"
-    if name == "FSDP":  # accelerate would wrap at prepare(); the trainer shards itself (see Dist.shard)
+    fsdp_launch = os.environ.get("ACCELERATE_USE_FSDP", "").lower() in ("true", "1")
+    if fsdp_launch:  # accelerate would wrap at prepare(); the trainer shards itself (see Dist.shard)
         os.environ["ACCELERATE_USE_FSDP"] = "false"
     accelerator = Accelerator(cpu=cpu)
-    name = name or str(getattr(accelerator.distributed_type, "value", accelerator.distributed_type))
+    name = "FSDP" if fsdp_launch else str(getattr(accelerator.distributed_type, "value",
+                                                  accelerator.distributed_type))
     check_strategy(name)
     sharded = sharding == "fsdp" or (sharding == "auto" and name.upper().endswith("FSDP"))
     return Dist(accelerator, sharded=sharded), accelerator.device

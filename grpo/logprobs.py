@@ -9,7 +9,9 @@ Formulas (one line each, with the source):
 
 Memory: a (B, T, V) fp32 log-softmax is never built. The target logit is gathered and logsumexp is computed in fp32
 chunks of rows (a custom autograd function recomputes the softmax per chunk in backward and writes the gradient in
-place), so the largest fp32 temporary is chunk_size × V, and bf16 logits lose no precision.
+place), so the largest fp32 temporary is chunk_size × V, and bf16 logits lose no precision. With the fused head
+(`head_logprobs`, Llama-like models) the logits themselves exist one chunk at a time: the LM head is applied to the
+final hidden states inside the log-prob computation and recomputed in backward.
 
 Why position_ids are passed: transformers 5.x `LlamaModel.forward` uses `arange(L)` when position_ids is None (it does
 not look at the attention mask), while `generate` derives them from the mask. Passing the mask-derived ids makes the

@@ -118,7 +118,9 @@ class SeededSampler:
             raise ValueError(f"SeededSampler: {input_ids.shape[0]} rows but {self.keys_B.numel()} keys")
         for warp in self.warpers:
             scores_BV = warp(input_ids, scores_BV)
+        if self.keys_B.device != scores_BV.device:  # once: no host-to-device copy on every decoding step
+            self.keys_B = self.keys_B.to(scores_BV.device)
         t = int(input_ids.shape[1]) - self.prompt_len  # decoding step: 0 for the first new token
-        choice_B = inverse_cdf_choice(scores_BV, self.keys_B.to(scores_BV.device), t)
+        choice_B = inverse_cdf_choice(scores_BV, self.keys_B, t)
         onehot_BV = torch.full_like(scores_BV, float("-inf"))
         return onehot_BV.scatter_(1, choice_B[:, None], 0.0)

@@ -20,7 +20,8 @@ from tests.trainer_helpers import fast_config  # noqa: E402
 
 SCENARIOS: dict[str, list[str]] = {
     "token_mean": ["loss.agg_mode=token-mean"],
-    "token_mean_ga": ["loss.agg_mode=token-mean", "loss.mu=2"],
+    "token_mean_ga": ["loss.agg_mode=token-mean"],
+    "mu2": ["loss.agg_mode=token-mean", "loss.mu=2"],  # two optimizer steps on one rollout batch
     "seq_mean": ["loss.agg_mode=seq-mean-token-mean"],
     "seq_mean_ga": ["loss.agg_mode=seq-mean-token-mean"],
     # LoRA (SFT merged into the base, a fresh adapter, DDP prepared again) with activation checkpointing; LoRA dropout
@@ -105,6 +106,7 @@ def main(out: str, scenarios: list[str]) -> None:
 if __name__ == "__main__":
     from grpo.distributed import relaunch_on_cpu, requested_cpu_processes
 
-    if requested_cpu_processes() > 1:
-        relaunch_on_cpu(requested_cpu_processes(), sys.argv[0], sys.argv[1:])
+    n_processes = requested_cpu_processes()  # reads the launcher's command line once
+    if n_processes > 1:
+        relaunch_on_cpu(n_processes, sys.argv[0], sys.argv[1:])
     main(sys.argv[1], sys.argv[2:])

@@ -202,3 +202,20 @@ def test_sigterm_stops_every_rank_after_the_same_step_and_the_run_resumes(tmp_pa
     assert resumed.returncode == 0, resumed.stdout[-2000:] + resumed.stderr[-3000:]
     steps = [json.loads(line)["step"] for line in metrics.read_text().splitlines() if '"loss/total"' in line]
     assert steps == list(range(1, step + 2))  # every step once, none lost, none repeated
+
+
+def test_the_readme_accelerate_command_runs(tmp_path):
+    """The README's 2-CPU-process command, as written (plus an output folder), trains 5 steps and finishes."""
+    import shlex
+
+    readme = (ROOT / "README.md").read_text()
+    line = next(x for x in readme.splitlines() if x.startswith("accelerate launch --num_processes 2 --cpu"))
+    argv = shlex.split(line.split("#")[0])
+    cmd = [*accelerate_cli(), *argv[1:], "--output-dir", str(tmp_path), "--run-name", "readme"]
+    proc = subprocess.run(cmd, cwd=ROOT, env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True,
+                          timeout=900)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    assert "starting 2 CPU processes" in proc.stderr and "x 2 processes" in proc.stdout
+    rows = [json.loads(x) for x in (tmp_path / "readme" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows if "loss/total" in r] == [1, 2, 3, 4, 5]
+    assert (tmp_path / "readme" / "final").is_dir() and (tmp_path / "readme" / "report.json").exists()

@@ -130,10 +130,16 @@ def test_dirty_tree_is_refused_and_left_untouched(tmp_path):
     assert not (tmp_path / "pytest-calls.txt").exists()  # stopped before the checks
 
 
-def test_fast_forwards_to_upstream_then_runs_the_checks(tmp_path):
+def origin_and_clone(tmp_path):
+    """An upstream repo and a clone of it, both under tmp_path."""
     origin = make_repo(tmp_path / "origin")
     clone = tmp_path / "clone"
     git(tmp_path, "clone", "-q", str(origin), str(clone))
+    return origin, clone
+
+
+def test_fast_forwards_to_upstream_then_runs_the_checks(tmp_path):
+    origin, clone = origin_and_clone(tmp_path)
     (origin / "NEW_FILE.txt").write_text("upstream change\n")
     commit_all(origin, "upstream moves on")
     fake = fake_python(tmp_path)
@@ -148,9 +154,7 @@ def test_fast_forwards_to_upstream_then_runs_the_checks(tmp_path):
 
 
 def test_diverged_branch_is_not_merged(tmp_path):
-    origin = make_repo(tmp_path / "origin")
-    clone = tmp_path / "clone"
-    git(tmp_path, "clone", "-q", str(origin), str(clone))
+    origin, clone = origin_and_clone(tmp_path)
     (origin / "A.txt").write_text("a\n")
     commit_all(origin, "upstream commit")
     (clone / "B.txt").write_text("b\n")

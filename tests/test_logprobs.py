@@ -247,7 +247,7 @@ def test_head_logprobs_match_a_float64_log_softmax_with_gradients(temperature, c
         torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
 
 
-def test_fused_head_equals_the_logits_path_on_a_model(tmp_path):
+def test_fused_head_equals_the_logits_path_on_a_model():
     """completion_logprobs with and without the fused head: log-probs, entropies and every parameter gradient."""
     model = tiny_llama().train()
     assert fused_head_parts(model) is not None
