@@ -38,6 +38,7 @@ ADV_SCALES = ("group", "batch", "none")
 KL_CONTROLLERS = ("fixed", "adaptive", "band")
 COMBINE_METHODS = ("sum", "pcgrad", "cagrad")
 CACHE_IMPLEMENTATIONS = ("dynamic", "static")
+ENGINES = ("auto", "hf", "lean")
 LLAMA_LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
 
@@ -163,6 +164,11 @@ class RolloutConfig:
     transformers compile the decoding step on CUDA (H100, Qwen-0.5B shape: generate 4.45 -> 0.75 s per step after
     a one-off compile; benchmarks/RESULTS.md). On CPU nothing is compiled and it is slower. Evaluation always
     uses the dynamic cache (its batch shapes vary)."""
+    engine: str = "auto"
+    """auto | lean | hf: the decoding loop of rollouts and evaluation. lean (grpo/decode.py) samples exactly the
+    tokens transformers' generate samples (same processors, same random numbers; tested token for token) with less
+    Python per step, and drops finished completions from the batch. auto = lean unless the static cache, FSDP or a
+    model generation_config field it does not apply (bad_words_ids, no_repeat_ngram_size, ...) needs generate."""
     sampling_rng: str = "auto"
     """global | per_completion | auto. per_completion draws every completion from its own random stream keyed by
     (seed, step, prompt, k) (grpo/sampling.py), so it does not depend on the batch it was generated in: a run on N
@@ -182,6 +188,10 @@ class RolloutConfig:
         _check(self.repetition_penalty > 0, "rollout.repetition_penalty", self.repetition_penalty, "use a value > 0")
         _one_of("rollout.cache_implementation", self.cache_implementation, CACHE_IMPLEMENTATIONS)
         _one_of("rollout.sampling_rng", self.sampling_rng, ("auto", "global", "per_completion"))
+        _one_of("rollout.engine", self.engine, ENGINES)
+        _check(self.engine != "lean" or self.cache_implementation == "dynamic", "rollout.engine", self.engine,
+               "the lean loop keeps a dynamic KV cache; with rollout.cache_implementation=static use engine=auto "
+               "or hf")
 
 
 @dataclass

@@ -1,4 +1,8 @@
-"""Rollouts: one batched `generate` for all prompts × K, cut at the first stop token, as typed `Rollout` records.
+"""Rollouts: one batched decode for all prompts × K, cut at the first stop token, as typed `Rollout` records.
+
+The decode is transformers' `generate` or the lean loop of grpo/decode.py (`SamplingSettings.engine`), which samples
+the same tokens with the same processors and random numbers, with less Python per step and without computing rows
+that already stopped.
 
     rollouts[i*K:(i+1)*K] are the K completions of samples[i]
     frequency / presence penalty: logit_j -= c_j · frequency + 1[c_j > 0] · presence, c_j = count of j in the
@@ -18,6 +22,7 @@ from typing import Any, Iterator, Sequence
 
 import torch
 
+from grpo.decode import ENGINES, decode, lean_blocker, sampling_processors
 from grpo.modeling import generation_mode
 from grpo.records import Rollout, Sample
 from grpo.tokens import encode_prompt, left_pad, stop_token_id
@@ -77,6 +82,9 @@ class SamplingSettings:
     """False = greedy decoding (evaluation); the sampling-only settings are then not passed."""
     cache_implementation: str = "dynamic"
     """KV cache: "dynamic" or "static" (prompts padded to STATIC_PROMPT_BUCKET; decoding compiled on CUDA)."""
+    engine: str = "auto"
+    """Decoding loop: "hf" = transformers' generate; "lean" = grpo/decode.py (same tokens, less per-step overhead,
+    stopped rows dropped from the batch); "auto" = lean wherever it applies (`grpo.decode.lean_blocker`)."""
 
     def __post_init__(self) -> None:
         checks = [
@@ -90,6 +98,9 @@ class SamplingSettings:
             (all(int(i) >= 0 for i in self.stop_token_ids), "stop_token_ids", "use token ids ≥ 0"),
             (self.cache_implementation in CACHE_IMPLEMENTATIONS, "cache_implementation",
              f"use one of {list(CACHE_IMPLEMENTATIONS)}"),
+            (self.engine in ENGINES, "engine", f"use one of {list(ENGINES)}"),
+            (self.engine != "lean" or self.cache_implementation == "dynamic", "engine",
+             "the lean loop keeps a dynamic KV cache; use engine=auto or hf with cache_implementation=static"),
         ]
         for ok, name, fix in checks:
             if not ok:
@@ -199,11 +210,26 @@ def rollout_metrics(rollouts: Sequence[Rollout]) -> dict[str, float]:
     return metrics
 
 
+def choose_engine(model, settings: SamplingSettings, synced_gpus: bool) -> str:
+    """"lean" or "hf" for this call (see SamplingSettings.engine); an explicit "lean" that cannot apply is an error
+    naming why, never a silent switch."""
+    if settings.engine == "hf":
+        return "hf"
+    blocker = lean_blocker(model, settings.cache_implementation, synced_gpus)
+    if blocker is None:
+        return "lean"
+    if settings.engine == "lean":
+        raise ValueError(f"rollout.engine=lean cannot decode here: {blocker}. Use rollout.engine=auto (it picks "
+                         "transformers' generate in this case) or rollout.engine=hf")
+    return "hf"
+
+
 def generate_rollouts(model, tokenizer, samples: Sequence[Sample], k: int, settings: SamplingSettings,
                       system_prompt: str | None = None, generator_seed: int | None = None,
                       row_keys: Sequence[int] | None = None,
                       synced_gpus: bool = False) -> tuple[list[Rollout], dict[str, float]]:
-    """K completions per sample from ONE batched `generate` (left padding, model in generation mode, no grad).
+    """K completions per sample from ONE batched decode (left padding, model in generation mode, no grad), by
+    `generate` or the lean loop (see `choose_engine`).
 
     Returns the rollouts (samples[i]'s K rollouts at [i*K, (i+1)*K)) and metrics (see `rollout_metrics`, plus
     `rollout/nonfinite_logit_rows`: sampler steps × rows whose logits the sanitiser had to fix). With
@@ -242,11 +268,22 @@ def generate_rollouts(model, tokenizer, samples: Sequence[Sample], k: int, setti
                                         settings.min_p))
         config = build_generation_config(replace(settings, do_sample=False), pad_id, stop_ids)
     device = next(model.parameters()).device
+    engine = choose_engine(model, settings, synced_gpus)
     with generation_mode(model), torch.no_grad(), _seeded(generator_seed, device):
-        out = model.generate(input_ids=ids_BP.to(device), attention_mask=mask_BP.to(device),
-                             generation_config=config, logits_processor=LogitsProcessorList(processors),
-                             **({"synced_gpus": True} if synced_gpus else {}))
-    sequences = out if isinstance(out, torch.Tensor) else out.sequences
+        ids_BP, mask_BP = ids_BP.to(device), mask_BP.to(device)
+        if engine == "lean":
+            steps = sampling_processors(do_sample=config.do_sample, temperature=settings.temperature,
+                                        top_k=settings.top_k, top_p=settings.top_p, min_p=settings.min_p,
+                                        repetition_penalty=settings.repetition_penalty,
+                                        min_new_tokens=settings.min_new_tokens, prompt_len=prompt_len,
+                                        mask_BP=mask_BP, stop_ids=stop_ids, extra=processors)
+            sequences = decode(model, ids_BP, mask_BP, steps, max_new_tokens=settings.max_new_tokens,
+                               stop_ids=stop_ids, pad_id=pad_id, do_sample=config.do_sample)
+        else:
+            out = model.generate(input_ids=ids_BP, attention_mask=mask_BP, generation_config=config,
+                                 logits_processor=LogitsProcessorList(processors),
+                                 **({"synced_gpus": True} if synced_gpus else {}))
+            sequences = out if isinstance(out, torch.Tensor) else out.sequences
     completions = sequences[:, prompt_len:].tolist()
 
     rollouts = []

@@ -185,4 +185,4 @@ def sampling_settings(rollout_cfg, tokenizer) -> SamplingSettings:
                             frequency_penalty=rollout_cfg.frequency_penalty,
                             max_new_tokens=rollout_cfg.max_new_tokens, min_new_tokens=rollout_cfg.min_new_tokens,
                             stop_token_ids=list(dict.fromkeys(stops)), do_sample=True,
-                            cache_implementation=rollout_cfg.cache_implementation)
+                            cache_implementation=rollout_cfg.cache_implementation, engine=rollout_cfg.engine)

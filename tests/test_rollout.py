@@ -112,9 +112,10 @@ def spy_generate(model, monkeypatch) -> dict:
 
 
 def test_generation_config_carries_every_setting(model, tok, samples, monkeypatch):
+    """With transformers' generate (rollout.engine=hf); tests/test_decode.py checks the lean loop's processors."""
     seen = spy_generate(model, monkeypatch)
     settings = SamplingSettings(temperature=0.7, top_k=5, top_p=0.9, min_p=0.05, repetition_penalty=1.3,
-                                max_new_tokens=6, min_new_tokens=2, stop_token_ids=[4, 5])
+                                max_new_tokens=6, min_new_tokens=2, stop_token_ids=[4, 5], engine="hf")
     generate_rollouts(model, tok, samples, 2, settings)
     config = seen["generation_config"]
     assert (config.temperature, config.top_k, config.top_p, config.min_p) == (0.7, 5, 0.9, 0.05)
@@ -248,11 +249,15 @@ def test_cache_implementation_reaches_the_generation_config(model, tok, samples,
     generate_rollouts(model, tok, samples, 2, SamplingSettings(max_new_tokens=3, cache_implementation="static"))
     assert seen["generation_config"].cache_implementation == "static"
     assert seen["input_ids"].shape[1] % STATIC_PROMPT_BUCKET == 0  # prompts padded to the bucket
-    generate_rollouts(model, tok, samples, 2, SamplingSettings(max_new_tokens=3))
+    generate_rollouts(model, tok, samples, 2, SamplingSettings(max_new_tokens=3, engine="hf"))
     assert seen["generation_config"].cache_implementation is None  # transformers' default: dynamic
     assert seen["input_ids"].shape[1] < STATIC_PROMPT_BUCKET  # no bucket padding on the dynamic path
+    seen.clear()
     greedy_complete(model, tok, samples, SamplingSettings(max_new_tokens=3, cache_implementation="static"))
-    assert seen["generation_config"].cache_implementation is None  # evaluation keeps the dynamic cache
+    assert not seen  # evaluation keeps the dynamic cache, so engine=auto decodes it with the lean loop
+    greedy_complete(model, tok, samples, SamplingSettings(max_new_tokens=3, cache_implementation="static",
+                                                          engine="hf"))
+    assert seen["generation_config"].cache_implementation is None
     with pytest.raises(ValueError, match="cache_implementation"):
         SamplingSettings(cache_implementation="paged")
 
@@ -320,7 +325,7 @@ def test_every_rollout_setting_reaches_the_sampling_settings():
 
     changed = {"temperature": 0.7, "top_k": 5, "top_p": 0.9, "min_p": 0.05, "repetition_penalty": 1.1,
                "presence_penalty": 0.2, "frequency_penalty": 0.3, "max_new_tokens": 17, "min_new_tokens": 2,
-               "cache_implementation": "static"}
+               "cache_implementation": "static", "engine": "hf"}
     shared = {f.name for f in dataclasses.fields(SamplingSettings)} & {f.name for f in dataclasses.fields(C.RolloutConfig)}
     assert shared - {"stop_token_ids"} == set(changed), "a new shared field needs a value here"
     settings = sampling_settings(C.RolloutConfig(**changed), build_tiny_tokenizer(CORPUS, vocab_size=300))

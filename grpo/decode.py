@@ -1,0 +1,237 @@
+"""A lean decoding loop: Hugging Face `generate`'s sampling without its per-step bookkeeping, and with stopped rows
+dropped from the model's batch.
+
+    prefill    logits_B = model(prompt_BP, mask_BP, pos_BP = cumsum(mask) − 1 (0 on padding), logits_to_keep=1)
+    step t     scores_BV = processors(seq_BL, logits_BV)       (HF's order: repetition penalty, min-new-tokens mask,
+                                                                the caller's processors, then the sampling warpers
+                                                                temperature, top-k, top-p, min-p)
+               next_B = multinomial(softmax(scores_BV))  when sampling, argmax(scores_BV) otherwise
+               next_B = pad_id on rows that already stopped;  a row stops when next ∈ stop_ids
+               done when every row stopped, or after max_new_tokens tokens
+    compaction when the rows still running fall to ≤ COMPACT_FRACTION of the rows the model computes, the KV cache
+               keeps only the running rows. The processors and the sampler still see all B rows (a stopped row's
+               logits are zeros), so every row draws what it would draw without compaction: the sampler takes its
+               random numbers per row whatever the row holds, and the stopped row's draw is replaced by pad_id.
+
+With compaction off the output equals `model.generate`'s, token for token under the same seed (tests/test_decode.py),
+which is what lets `rollout.engine=auto` use it. What it saves: `generate`'s per-step Python (model-input
+preparation, processor signature inspection, stopping criteria), and the compute of rows that already stopped,
+which RL rollouts have many of (K samples of one prompt end at very different lengths).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Sequence
+
+import torch
+
+COMPACT_FRACTION = 0.75
+"""Drop the stopped rows from the KV cache once the running rows are at most this fraction of the rows the model
+computes. A copy of the cache per compaction, so a geometric threshold bounds the copies by log_{4/3}(B) (15 at B=64)
+while the model never computes more than 4/3 of the running rows."""
+
+GENERATION_FIELDS_NOT_REPLAYED = (
+    "min_length", "no_repeat_ngram_size", "encoder_no_repeat_ngram_size", "encoder_repetition_penalty",
+    "bad_words_ids", "suppress_tokens", "begin_suppress_tokens", "forced_bos_token_id", "forced_eos_token_id",
+    "sequence_bias", "guidance_scale", "typical_p", "epsilon_cutoff", "eta_cutoff", "top_h",
+    "exponential_decay_length_penalty", "renormalize_logits", "remove_invalid_values", "watermarking_config",
+)
+"""GenerationConfig fields that `generate` would take from a model's generation_config.json and that this loop does
+not apply. A model that sets one of them decodes with `generate` under `rollout.engine=auto`
+(see `fields_generate_would_add`)."""
+
+ENGINES = ("auto", "hf", "lean")
+"""How rollouts are decoded: "hf" = transformers' `generate`; "lean" = `decode` here; "auto" = lean wherever it
+applies (dynamic KV cache, one process or data parallel, no extra generation fields in the model), else hf."""
+
+Processor = Callable[[torch.LongTensor, torch.Tensor], torch.Tensor]
+
+
+def fields_generate_would_add(model: torch.nn.Module) -> list[str]:
+    """Names of GENERATION_FIELDS_NOT_REPLAYED that the model's own generation config sets to a non-default value
+    (`generate` merges those into every call; this loop would not)."""
+    from transformers import GenerationConfig
+
+    own = getattr(model, "generation_config", None)
+    if own is None:
+        return []
+    default = GenerationConfig()
+    return [name for name in GENERATION_FIELDS_NOT_REPLAYED
+            if getattr(own, name, None) is not None and getattr(own, name, None) != getattr(default, name, None)]
+
+
+def lean_blocker(model: torch.nn.Module, cache_implementation: str, synced_gpus: bool) -> str | None:
+    """Why `decode` cannot stand in for `generate` here (None = it can)."""
+    if cache_implementation != "dynamic":
+        return (f"rollout.cache_implementation={cache_implementation} (the lean loop keeps a dynamic cache; the static "
+                "cache is for generate's compiled decoding)")
+    if synced_gpus:
+        return "FSDP sharding (every forward is a collective, and generate keeps the processes in step)"
+    fields = fields_generate_would_add(model)
+    if fields:
+        return f"the model's generation_config sets {fields}, which generate applies and the lean loop does not"
+    return None
+
+
+def sampling_processors(*, do_sample: bool, temperature: float, top_k: int, top_p: float, min_p: float,
+                        repetition_penalty: float, min_new_tokens: int, prompt_len: int, mask_BP: torch.Tensor,
+                        stop_ids: Sequence[int], extra: Sequence[Processor] = ()) -> list[Processor]:
+    """The processors `generate` builds for these settings, in its order (`_get_logits_processor`), with `extra`
+    (the caller's own processors) where `generate` puts a user's `logits_processor` list: after its processors and
+    before the sampling warpers. Neutral values add nothing, as in `generate`."""
+    from transformers import (
+        MinNewTokensLengthLogitsProcessor,
+        MinPLogitsWarper,
+        RepetitionPenaltyLogitsProcessor,
+        TemperatureLogitsWarper,
+        TopKLogitsWarper,
+        TopPLogitsWarper,
+    )
+
+    processors: list[Processor] = []
+    if repetition_penalty != 1.0:
+        padding_lengths_B = (mask_BP != 0).int().argmax(dim=1)  # left padding: the first real column of each row
+        try:
+            processors.append(RepetitionPenaltyLogitsProcessor(repetition_penalty,
+                                                               prompt_ignore_length=padding_lengths_B))
+        except TypeError:  # transformers before `prompt_ignore_length`: its generate does not pass it either
+            processors.append(RepetitionPenaltyLogitsProcessor(repetition_penalty))
+    if min_new_tokens > 0:
+        processors.append(MinNewTokensLengthLogitsProcessor(prompt_len, min_new_tokens, list(stop_ids),
+                                                            device=mask_BP.device))
+    processors.extend(extra)
+    if do_sample:
+        if temperature != 1.0:
+            processors.append(TemperatureLogitsWarper(temperature))
+        if top_k != 0:
+            processors.append(TopKLogitsWarper(top_k=top_k, min_tokens_to_keep=1))
+        if top_p < 1.0:
+            processors.append(TopPLogitsWarper(top_p=top_p, min_tokens_to_keep=1))
+        if min_p > 0:
+            processors.append(MinPLogitsWarper(min_p=min_p, min_tokens_to_keep=1))
+    return processors
+
+
+def _accepts_logits_to_keep(model: torch.nn.Module) -> bool:
+    from grpo.logprobs import accepts_logits_to_keep
+
+    return accepts_logits_to_keep(model)
+
+
+def _select_cache_rows(cache: Any, keep_R: torch.Tensor) -> None:
+    """Keep rows `keep_R` of every layer of a dynamic KV cache (in place)."""
+    for layer in cache.layers:
+        layer.batch_select_indices(keep_R)
+
+
+class _StepMask:
+    """The attention mask of the one-token decoding steps, kept in the form the attention takes.
+
+    transformers rebuilds a 4D mask from the 2D padding mask on every forward (`create_causal_mask`, ~0.5 ms a step
+    on the CPU); a one-token query may attend to every cached column that is not padding, so the 4D mask is just the
+    padding mask with a column appended per step. It is built here once and handed over as 4D, which transformers
+    passes through as is: boolean (True = attend) for sdpa, additive (0 / dtype min) for eager, the way
+    `sdpa_mask` / `eager_mask` build it. Other attention kernels (flash, flex) get the 2D mask as `generate` gives it.
+    None = no padding at all (`generate` then drops the mask too)."""
+
+    def __init__(self, mask_BP: torch.Tensor, attn_implementation: str | None, dtype: torch.dtype):
+        self.kind = attn_implementation if attn_implementation in ("sdpa", "eager") else "2d"
+        self.dtype = dtype
+        self.mask: torch.Tensor | None = None
+        if not bool(mask_BP.all()):
+            keep = mask_BP.bool()
+            if self.kind == "sdpa":
+                self.mask = keep[:, None, None, :]
+            elif self.kind == "eager":
+                zeros = torch.zeros((), dtype=dtype, device=keep.device)
+                self.mask = torch.where(keep, zeros, torch.finfo(dtype).min)[:, None, None, :]
+            else:
+                self.mask = mask_BP.long()
+
+    def grow(self) -> None:
+        if self.mask is not None:
+            attend = (True if self.kind == "sdpa" else 0.0 if self.kind == "eager" else 1)
+            column = self.mask.new_full((*self.mask.shape[:-1], 1), attend)
+            self.mask = torch.cat([self.mask, column], dim=-1)
+
+    def select(self, keep_R: torch.Tensor) -> None:
+        if self.mask is not None:
+            self.mask = self.mask[keep_R]
+
+
+def _sync_every(device: torch.device) -> int:
+    """Decoding steps between host reads of "how many rows still run". On the CPU a read is free; on an accelerator
+    it stalls the launch queue, so it is read every 8 steps (at most 7 extra steps after the last row stopped, which
+    only append padding)."""
+    return 1 if device.type == "cpu" else 8
+
+
+@torch.no_grad()
+def decode(model: torch.nn.Module, ids_BP: torch.LongTensor, mask_BP: torch.Tensor, processors: Sequence[Processor],
+           *, max_new_tokens: int, stop_ids: Sequence[int], pad_id: int, do_sample: bool,
+           compact: bool = True) -> torch.LongTensor:
+    """(B, P + n) prompt + completion ids, n ≤ max_new_tokens; rows that stopped are padded with `pad_id` after their
+    stop token, as `generate` pads them. The model must already be in eval mode with its KV cache on
+    (`grpo.modeling.generation_mode`); the torch RNG (seed it around the call) drives the sampler.
+
+    On the CPU the result is `generate`'s, token for token. On an accelerator the loop may run up to 7 steps past the
+    last stop (see `_sync_every`), which adds padding columns and draws more random numbers, nothing else."""
+    from transformers import DynamicCache
+
+    if max_new_tokens < 1:
+        raise ValueError(f"decode: max_new_tokens={max_new_tokens}; use at least 1")
+    device = ids_BP.device
+    B = ids_BP.shape[0]
+    stops = torch.tensor([int(i) for i in stop_ids], device=device)
+    pad = torch.tensor(int(pad_id), device=device)
+    # `generate` drops an all-ones mask (the attention then takes its causal fast path); so does this loop, so the
+    # logits are bit-identical to its own
+    prefill_mask = None if bool(mask_BP.all()) else mask_BP.long()
+    pos_BP = (mask_BP.long().cumsum(-1) - 1).masked_fill(mask_BP == 0, 0)
+    next_pos_R1 = pos_BP[:, -1:] + 1
+    cache = DynamicCache(config=model.config)
+    extra = {"logits_to_keep": 1} if _accepts_logits_to_keep(model) else {}
+    out = model(input_ids=ids_BP, attention_mask=prefill_mask, position_ids=pos_BP, past_key_values=cache,
+                use_cache=True, **extra)
+    cache = out.past_key_values
+    step_mask = _StepMask(mask_BP, getattr(model.config, "_attn_implementation", None), out.logits.dtype)
+    sync_every = _sync_every(device)
+    rows_R: torch.Tensor | None = None  # the batch rows the model computes; None = all B
+    running_B = torch.ones(B, dtype=torch.bool, device=device)
+    seq_BL = ids_BP
+    for t in range(max_new_tokens):
+        logits_RV = out.logits[:, -1].to(dtype=torch.float32, copy=True)
+        del out
+        if rows_R is None:
+            logits_BV = logits_RV
+        else:
+            logits_BV = logits_RV.new_zeros(B, logits_RV.shape[-1])
+            logits_BV[rows_R] = logits_RV
+        for processor in processors:
+            logits_BV = processor(seq_BL, logits_BV)
+        if do_sample:
+            next_B = torch.multinomial(torch.softmax(logits_BV, dim=-1), num_samples=1).squeeze(1)
+        else:
+            next_B = torch.argmax(logits_BV, dim=-1)
+        next_B = torch.where(running_B, next_B, pad)
+        seq_BL = torch.cat([seq_BL, next_B[:, None]], dim=-1)
+        running_B = running_B & ~torch.isin(next_B, stops)
+        if t == max_new_tokens - 1:
+            break
+        if (t + 1) % sync_every == 0:
+            n_running = int(running_B.sum())  # a host sync
+            if n_running == 0:
+                break
+            computed = B if rows_R is None else int(rows_R.numel())
+            if compact and n_running <= COMPACT_FRACTION * computed:
+                keep_R = (running_B if rows_R is None else running_B[rows_R]).nonzero().squeeze(1)
+                _select_cache_rows(cache, keep_R)
+                next_pos_R1 = next_pos_R1[keep_R]
+                step_mask.select(keep_R)
+                rows_R = running_B.nonzero().squeeze(1)
+        step_mask.grow()
+        out = model(input_ids=(next_B if rows_R is None else next_B[rows_R])[:, None], attention_mask=step_mask.mask,
+                    position_ids=next_pos_R1, past_key_values=cache, use_cache=True)
+        cache = out.past_key_values
+        next_pos_R1 = next_pos_R1 + 1
+    return seq_BL

@@ -1,0 +1,226 @@
+"""The lean decoding loop (grpo/decode.py): transformers' generate token for token, stopped rows dropped from the
+batch, dropout off, and the choice between the two engines."""
+
+import pytest
+import torch
+
+from grpo.decode import lean_blocker, sampling_processors
+from grpo.modeling import build_tiny_model, build_tiny_tokenizer
+from grpo.records import Sample
+from grpo.rollout import (
+    CompletionPenaltyProcessor,
+    SamplingSettings,
+    SanitizeLogitsProcessor,
+    choose_engine,
+    generate_rollouts,
+)
+from grpo.sampling import row_keys
+
+CORPUS = ["the answer is yes", "the answer is no", "who was more likely to forget the keys?"] * 5
+NEW = 16
+K = 4
+SAMPLES = [Sample("fairness", str(i), ({"role": "user", "content": text},))
+           for i, text in enumerate(["who forgot?", "the answer is a much longer one than this", "no", "keys"])]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return build_tiny_tokenizer(CORPUS, vocab_size=300)
+
+
+def tiny_model(tok, attn: str):
+    model = build_tiny_model(tok, seed=3, hidden=64, layers=2, heads=4, kv_heads=2)
+    model.set_attn_implementation(attn)
+    return model
+
+
+@pytest.fixture(scope="module", params=["sdpa", "eager"])
+def model(request, tok):
+    return tiny_model(tok, request.param)
+
+
+@pytest.fixture(scope="module")
+def stops(model, tok):
+    """The three tokens the model samples most: as stop ids they end completions at many different lengths."""
+    settings = SamplingSettings(max_new_tokens=NEW, stop_token_ids=[tok.pad_token_id], engine="hf")
+    rollouts, _ = generate_rollouts(model, tok, SAMPLES, K, settings, generator_seed=0)
+    ids, counts = torch.tensor([t for r in rollouts for t in r.completion_ids]).unique(return_counts=True)
+    return ids[counts.argsort(descending=True)[:3]].tolist()
+
+
+@pytest.fixture(scope="module")
+def greedy_stops(model, tok):
+    """For greedy decoding: from prompt j's greedy completion, the first new token at or after position 3j + 1, so
+    the four prompts end at different lengths."""
+    settings = SamplingSettings(max_new_tokens=NEW, stop_token_ids=[tok.pad_token_id], do_sample=False, engine="hf")
+    rollouts, _ = generate_rollouts(model, tok, SAMPLES, 1, settings)
+    stops = []
+    for j, r in enumerate(rollouts):
+        ids = r.completion_ids
+        new = [t for t in range(3 * j + 1, len(ids)) if ids[t] not in ids[:t]]
+        if new:
+            stops.append(ids[new[0]])
+    return stops
+
+
+def rows_per_forward(model) -> tuple[list[int], object]:
+    """Batch size of every decoder forward (filled in as the model runs) and the hook handle."""
+    sizes: list[int] = []
+    handle = model.model.register_forward_pre_hook(
+        lambda module, args, kwargs: sizes.append(int(kwargs["input_ids"].shape[0])), with_kwargs=True)
+    return sizes, handle
+
+
+SETTINGS = {
+    "plain": {},
+    "warpers": {"temperature": 0.7, "top_k": 20, "top_p": 0.9, "min_p": 0.02, "repetition_penalty": 1.3,
+                "min_new_tokens": 3},
+    "penalties": {"temperature": 1.5, "presence_penalty": 0.5, "frequency_penalty": 0.3, "repetition_penalty": 0.8},
+    "greedy": {"do_sample": False},
+}
+
+
+@pytest.mark.parametrize("name", sorted(SETTINGS))
+def test_lean_loop_samples_what_generate_samples(model, tok, stops, greedy_stops, name, monkeypatch):
+    """Same seed, same settings: the lean loop and transformers' generate give the same tokens, row for row, also
+    after rows stopped and were dropped from the model's batch (here as soon as any row stops, so every setting
+    runs through several compactions)."""
+    import grpo.decode
+
+    monkeypatch.setattr(grpo.decode, "COMPACT_FRACTION", 0.99)
+    sizes, handle = rows_per_forward(model)
+    lengths, shrank = set(), False
+    try:
+        for seed in range(3):
+            out = {}
+            for engine in ("hf", "lean"):
+                settings = SamplingSettings(max_new_tokens=NEW, engine=engine, **SETTINGS[name],
+                                            stop_token_ids=greedy_stops if name == "greedy" else stops)
+                sizes.clear()
+                rollouts, _ = generate_rollouts(model, tok, SAMPLES, K, settings, generator_seed=seed)
+                out[engine] = [(r.completion_ids, r.stopped) for r in rollouts], list(sizes)
+            assert out["lean"][0] == out["hf"][0], (name, seed)
+            lean_sizes = out["lean"][1]
+            assert lean_sizes == sorted(lean_sizes, reverse=True)
+            shrank |= min(lean_sizes) < len(SAMPLES) * K
+            lengths |= {len(c) for c, _ in out["lean"][0]}
+            assert set(out["hf"][1]) == {len(SAMPLES) * K}  # generate computes every row to the end
+    finally:
+        handle.remove()
+    assert len(lengths) > 2 and shrank  # rows ended at different lengths, and the lean loop dropped stopped rows
+
+
+def test_lean_loop_with_per_completion_keys_equals_generate(model, tok, stops):
+    """The per-completion sampler (grpo/sampling.py) is one of the caller's processors: same tokens on both."""
+    keys = row_keys(0, 1, range(len(SAMPLES)), K)
+    out = {engine: generate_rollouts(model, tok, SAMPLES, K, SamplingSettings(max_new_tokens=NEW, top_p=0.95,
+                                                                              stop_token_ids=stops, engine=engine),
+                                     row_keys=keys)[0]
+           for engine in ("hf", "lean")}
+    assert [r.completion_ids for r in out["lean"]] == [r.completion_ids for r in out["hf"]]
+
+
+def test_deferred_stop_checks_change_nothing(model, tok, stops, monkeypatch):
+    """On an accelerator the loop reads "rows still running" every 8 steps (no host sync per step); the extra steps
+    after the last stop only append padding, so the rollouts are the same."""
+    import grpo.decode
+
+    settings = SamplingSettings(max_new_tokens=NEW, stop_token_ids=stops, engine="lean")
+    every_step = generate_rollouts(model, tok, SAMPLES, K, settings, generator_seed=1)[0]
+    monkeypatch.setattr(grpo.decode, "_sync_every", lambda device: 3)
+    deferred = generate_rollouts(model, tok, SAMPLES, K, settings, generator_seed=1)[0]
+    assert [(r.completion_ids, r.stopped) for r in deferred] == [(r.completion_ids, r.stopped) for r in every_step]
+
+
+def test_dropout_is_off_while_decoding(tok):
+    """A model with attention dropout 0.5, left in train mode: greedy decoding must not depend on the RNG, and the
+    train mode comes back."""
+    model = tiny_model(tok, "eager")
+    model.config.attention_dropout = 0.5
+    for layer in model.model.layers:
+        layer.self_attn.attention_dropout = 0.5
+    model.train()
+    settings = SamplingSettings(max_new_tokens=NEW, min_new_tokens=NEW, do_sample=False, engine="lean")
+    first = generate_rollouts(model, tok, SAMPLES, 1, settings, generator_seed=1)[0]
+    second = generate_rollouts(model, tok, SAMPLES, 1, settings, generator_seed=2)[0]
+    assert [r.completion_ids for r in first] == [r.completion_ids for r in second]
+    assert model.training
+
+
+def test_the_lean_processors_carry_every_setting(model, tok, monkeypatch):
+    """The processors handed to the loop: generate's, with its values, in its order, ours in between."""
+    from transformers import (
+        MinNewTokensLengthLogitsProcessor,
+        MinPLogitsWarper,
+        RepetitionPenaltyLogitsProcessor,
+        TemperatureLogitsWarper,
+        TopKLogitsWarper,
+        TopPLogitsWarper,
+    )
+
+    import grpo.rollout
+
+    seen = {}
+    original = grpo.rollout.decode
+
+    def spy(model, ids, mask, processors, **kw):
+        seen.update(processors=list(processors), **kw)
+        return original(model, ids, mask, processors, **kw)
+
+    monkeypatch.setattr(grpo.rollout, "decode", spy)
+    settings = SamplingSettings(temperature=0.7, top_k=5, top_p=0.9, min_p=0.05, repetition_penalty=1.3,
+                                presence_penalty=0.2, max_new_tokens=6, min_new_tokens=2, stop_token_ids=[4, 5])
+    generate_rollouts(model, tok, SAMPLES, 2, settings)
+    kinds = [type(p) for p in seen["processors"]]
+    assert kinds == [RepetitionPenaltyLogitsProcessor, MinNewTokensLengthLogitsProcessor, CompletionPenaltyProcessor,
+                     SanitizeLogitsProcessor, TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper,
+                     MinPLogitsWarper]
+    rep, min_new, penalty, _, temp, top_k, top_p, min_p = seen["processors"]
+    assert (rep.penalty, min_new.min_new_tokens, min_new.eos_token_id.tolist()) == (1.3, 2, [4, 5])
+    assert (penalty.presence, temp.temperature, top_k.top_k, top_p.top_p, min_p.min_p) == (0.2, 0.7, 5, 0.9, 0.05)
+    assert (seen["max_new_tokens"], seen["stop_ids"], seen["do_sample"]) == (6, [4, 5], True)
+    # neutral values add nothing, as in generate; greedy drops the sampling warpers
+    mask = torch.ones(1, 3, dtype=torch.long)
+    neutral = dict(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, repetition_penalty=1.0, min_new_tokens=0,
+                   prompt_len=3, mask_BP=mask, stop_ids=[4])
+    assert sampling_processors(do_sample=True, **neutral) == []
+    assert sampling_processors(do_sample=False, **{**neutral, "temperature": 0.5, "top_k": 3}) == []
+
+
+def test_the_engine_is_chosen_by_what_applies(model, tok):
+    assert choose_engine(model, SamplingSettings(), synced_gpus=False) == "lean"
+    assert choose_engine(model, SamplingSettings(engine="hf"), synced_gpus=False) == "hf"
+    assert choose_engine(model, SamplingSettings(cache_implementation="static"), synced_gpus=False) == "hf"
+    assert choose_engine(model, SamplingSettings(), synced_gpus=True) == "hf"
+    with pytest.raises(ValueError, match="FSDP"):
+        choose_engine(model, SamplingSettings(engine="lean"), synced_gpus=True)
+    with pytest.raises(ValueError, match="engine"):
+        SamplingSettings(engine="lean", cache_implementation="static")
+    with pytest.raises(ValueError, match="engine"):
+        SamplingSettings(engine="fast")
+    # a generation_config.json field generate would merge in and the lean loop would not apply: generate decodes
+    model.generation_config.no_repeat_ngram_size = 2
+    try:
+        assert "no_repeat_ngram_size" in lean_blocker(model, "dynamic", False)
+        assert choose_engine(model, SamplingSettings(), synced_gpus=False) == "hf"
+    finally:
+        model.generation_config.no_repeat_ngram_size = 0
+
+
+def test_config_refuses_an_engine_that_cannot_apply():
+    import config as C
+
+    with pytest.raises(ValueError, match="rollout.engine"):
+        C.RolloutConfig(engine="lean", cache_implementation="static")
+    with pytest.raises(ValueError, match="rollout.engine"):
+        C.RolloutConfig(engine="vllm")
+    assert C.RolloutConfig().engine == "auto"
+
