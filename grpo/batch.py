@@ -39,4 +39,4 @@ def batch_logprobs(model: torch.nn.Module, batch: TrainBatch, micro_batch_seqs: 
                  for mb in batch.micro_batches(micro_batch_seqs)]
     finally:
         model.train(was_training)
-    return torch.cat(parts) * batch.completion_mask_BT
+    return batch.from_micro_batches(parts, micro_batch_seqs) * batch.completion_mask_BT

@@ -106,7 +106,57 @@ class TrainBatch:
             ref_logps_BT=take(self.ref_logps_BT),
         )
 
+    def micro_batch_rows(self, size: int) -> list[torch.Tensor]:
+        """Row indices of each micro-batch: the rows sorted by (completion length, prompt length), `size` per
+        micro-batch (the last may be shorter). Rows of similar length share a micro-batch, so trimming its padding
+        columns (`trimmed`) removes most of the padding. Sorting is stable, so the partition is deterministic.
+
+        The loss of a step is a sum over micro-batches normalised by the whole step's counts, so which rows share a
+        micro-batch changes nothing but the order of floating-point sums."""
+        completion_B = self.completion_mask_BT.sum(1)
+        prompt_B = self.attention_mask_BL[:, :self.prompt_len].sum(1)
+        keys = list(zip(completion_B.tolist(), prompt_B.tolist()))
+        order = sorted(range(self.size), key=keys.__getitem__)
+        device = self.input_ids_BL.device
+        return [torch.tensor(order[start:start + size], dtype=torch.long, device=device)
+                for start in range(0, self.size, size)]
+
     def micro_batches(self, size: int) -> Iterator["TrainBatch"]:
-        """Consecutive chunks of `size` rows (the last may be shorter)."""
-        for start in range(0, self.size, size):
-            yield self.select(slice(start, start + size))
+        """The micro-batches of `micro_batch_rows(size)`, each `trimmed` of its all-padding columns."""
+        for rows in self.micro_batch_rows(size):
+            yield self.select(rows).trimmed()
+
+    def trimmed(self) -> "TrainBatch":
+        """The same rows without the columns that are padding in every row: leading prompt columns (P shrinks by
+        their number) and trailing completion columns (T shrinks). Position ids come from the attention mask, so the
+        log-probs of the kept tokens do not change."""
+        P = self.prompt_len
+        any_prompt_P = self.attention_mask_BL[:, :P].any(0)
+        lead = int(any_prompt_P.long().argmax()) if bool(any_prompt_P.any()) else P - 1
+        lead = min(lead, P - 1)  # keep one prompt column, which predicts the first completion token
+        any_completion_T = self.completion_mask_BT.any(0)
+        keep_T = int(any_completion_T.nonzero().max()) + 1 if bool(any_completion_T.any()) else 1
+        if lead == 0 and keep_T == self.completion_mask_BT.shape[1]:
+            return self
+
+        def cols(t: torch.Tensor | None) -> torch.Tensor | None:
+            return None if t is None else t[:, :keep_T]
+
+        return replace(
+            self,
+            input_ids_BL=self.input_ids_BL[:, lead:P + keep_T],
+            attention_mask_BL=self.attention_mask_BL[:, lead:P + keep_T],
+            completion_mask_BT=self.completion_mask_BT[:, :keep_T],
+            prompt_len=P - lead,
+            old_logps_BT=cols(self.old_logps_BT),
+            ref_logps_BT=cols(self.ref_logps_BT),
+        )
+
+    def from_micro_batches(self, parts: list[torch.Tensor], size: int) -> torch.Tensor:
+        """(B, T) in batch order from per-micro-batch (rows_i, T_i) results of `micro_batches(size)`; the columns
+        trimmed away are 0."""
+        T = self.completion_mask_BT.shape[1]
+        out_BT = parts[0].new_zeros(self.size, T)
+        for rows, part in zip(self.micro_batch_rows(size), parts):
+            out_BT[rows, :part.shape[1]] = part
+        return out_BT

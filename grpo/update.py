@@ -100,7 +100,8 @@ class _StepStats:
         self.loss = torch.zeros((), device=device)
         self.scalars: dict[str, list[torch.Tensor]] = {}
         self.logps: list[torch.Tensor] = []
-        """Each micro-batch's detached log-probs, in batch order (the old log-probs of later μ passes)."""
+        """Each micro-batch's detached log-probs, in micro-batch order (the old log-probs of later μ passes, put back
+        in batch order by `TrainBatch.from_micro_batches`)."""
 
     def add(self, loss: torch.Tensor, parts: dict[str, torch.Tensor], task_ids_B: torch.Tensor) -> None:
         mask = parts["mask_BT"]
@@ -207,7 +208,8 @@ def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batch: 
             if on_step is not None:
                 on_step()
         if pass_index == 0 and s.mu > 1 and batch.old_logps_BT is None:
-            batch.old_logps_BT = torch.cat(stats.logps).float() * batch.completion_mask_BT
+            logps_BT = batch.from_micro_batches([lp.float() for lp in stats.logps], s.micro_batch_seqs)
+            batch.old_logps_BT = logps_BT * batch.completion_mask_BT
         passes.append(stats.finish(tasks, dist))
         norms.append(grad_norm)
     metrics.update(passes[0])
