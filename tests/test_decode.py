@@ -16,19 +16,12 @@ from grpo.rollout import (
 )
 from grpo.sampling import row_keys
 
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 CORPUS = ["the answer is yes", "the answer is no", "who was more likely to forget the keys?"] * 5
 NEW = 16
 K = 4
 SAMPLES = [Sample("fairness", str(i), ({"role": "user", "content": text},))
            for i, text in enumerate(["who forgot?", "the answer is a much longer one than this", "no", "keys"])]
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="module")

@@ -61,7 +61,9 @@ def test_two_processes_equal_one_process(two_process, tmp_path, scenario):
     # Adam's first step is nearly scale-free, so the gradient itself is compared through its norm: a mean over
     # ranks instead of a sum, or a per-rank token count, would change it
     assert m2["health/grad_norm"] == pytest.approx(m1["health/grad_norm"], rel=1e-5)
-    assert m2["loss/total"] == pytest.approx(m1["loss/total"], rel=1e-4, abs=1e-9)
+    # the on-policy loss is a sum of O(1) terms that cancels to ~1e-7 (zero-mean advantages): fp32 rounding of sums
+    # taken in another order (each process groups its own rows into micro-batches by length) moves it by ~3e-9
+    assert m2["loss/total"] == pytest.approx(m1["loss/total"], rel=1e-4, abs=1e-8)
     for key in (k for k in m1 if k.startswith(("kl/", "entropy/"))):
         assert m2[key] == pytest.approx(m1[key], rel=1e-5, abs=1e-8), key
 

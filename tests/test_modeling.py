@@ -15,6 +15,7 @@ from grpo.modeling import (
 )
 from grpo.tokens import encode_prompt
 
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 CORPUS = ["the answer is yes", "the answer is no", "who was more likely to forget the keys?"] * 5
 SIZES = {"hidden": 64, "layers": 2, "heads": 4, "kv_heads": 2}
 
@@ -22,15 +23,6 @@ SIZES = {"hidden": 64, "layers": 2, "heads": 4, "kv_heads": 2}
 def logits_of(model, ids):
     with inference_mode(model):
         return model(input_ids=ids).logits
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """A 64-wide model gains nothing from threads, and on a shared 2-core machine they contend; restored after."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="module")

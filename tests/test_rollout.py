@@ -22,6 +22,7 @@ from grpo.rollout import (
 )
 from grpo.tokens import encode_prompt, sft_example
 
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 CORPUS = ["the answer is yes", "the answer is no", "who was more likely to forget the keys?"] * 5
 NEW = 12
 
@@ -46,15 +47,6 @@ def samples():
 
 def completions(rollouts):
     return [r.completion_ids for r in rollouts]
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """A 64-wide model gains nothing from threads, and on a shared 2-core machine they contend; restored after."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def greedy(model, tok, samples, k=1, **kw):
