@@ -13,10 +13,12 @@ dropped from the model's batch.
                logits are zeros), so every row draws what it would draw without compaction: the sampler takes its
                random numbers per row whatever the row holds, and the stopped row's draw is replaced by pad_id.
 
-With compaction off the output equals `model.generate`'s, token for token under the same seed (tests/test_decode.py),
-which is what lets `rollout.engine=auto` use it. What it saves: `generate`'s per-step Python (model-input
-preparation, processor signature inspection, stopping criteria), and the compute of rows that already stopped,
-which RL rollouts have many of (K samples of one prompt end at very different lengths).
+On the CPU the output equals `model.generate`'s, token for token under the same seed, compaction included
+(tests/test_decode.py: every group of settings, sdpa and eager attention), which is what lets `rollout.engine=auto`
+use it. What it saves: `generate`'s per-step Python (model-input preparation, processor signature inspection,
+stopping criteria, a 4D attention mask rebuilt on every forward), and the compute of rows that already stopped,
+which RL rollouts have many of (K samples of one prompt end at very different lengths). A GPU run of it has not been
+measured yet.
 """
 
 from __future__ import annotations
