@@ -126,6 +126,15 @@ def _select_cache_rows(cache: Any, keep_R: torch.Tensor) -> None:
         layer.batch_select_indices(keep_R)
 
 
+def has_sliding_window(config: Any) -> bool:
+    """Whether some attention layer of the model only sees a window of recent tokens (Mistral's `sliding_window`,
+    `layer_types` with "sliding_attention" as in Gemma / gpt-oss, Qwen2 with `use_sliding_window`)."""
+    layer_types = getattr(config, "layer_types", None)
+    if layer_types:
+        return any(t != "full_attention" for t in layer_types)
+    return getattr(config, "sliding_window", None) is not None
+
+
 class _StepMask:
     """The attention mask of the one-token decoding steps, kept in the form the attention takes.
 
@@ -133,11 +142,14 @@ class _StepMask:
     on the CPU); a one-token query may attend to every cached column that is not padding, so the 4D mask is just the
     padding mask with a column appended per step. It is built here once and handed over as 4D, which transformers
     passes through as is: boolean (True = attend) for sdpa, additive (0 / dtype min) for eager, the way
-    `sdpa_mask` / `eager_mask` build it. Other attention kernels (flash, flex) get the 2D mask as `generate` gives it.
-    None = no padding at all (`generate` then drops the mask too)."""
+    `sdpa_mask` / `eager_mask` build it. Other attention kernels (flash, flex), and models with sliding-window layers
+    (whose masks and caches stop at the window), get the 2D mask as `generate` gives it, and transformers builds
+    theirs. None = no padding at all (`generate` then drops the mask too)."""
 
-    def __init__(self, mask_BP: torch.Tensor, attn_implementation: str | None, dtype: torch.dtype):
-        self.kind = attn_implementation if attn_implementation in ("sdpa", "eager") else "2d"
+    def __init__(self, mask_BP: torch.Tensor, config: Any, dtype: torch.dtype):
+        attn_implementation = getattr(config, "_attn_implementation", None)
+        plain = attn_implementation in ("sdpa", "eager") and not has_sliding_window(config)
+        self.kind = attn_implementation if plain else "2d"
         self.dtype = dtype
         self.mask: torch.Tensor | None = None
         if not bool(mask_BP.all()):
@@ -196,7 +208,7 @@ def decode(model: torch.nn.Module, ids_BP: torch.LongTensor, mask_BP: torch.Tens
     out = model(input_ids=ids_BP, attention_mask=prefill_mask, position_ids=pos_BP, past_key_values=cache,
                 use_cache=True, **extra)
     cache = out.past_key_values
-    step_mask = _StepMask(mask_BP, getattr(model.config, "_attn_implementation", None), out.logits.dtype)
+    step_mask = _StepMask(mask_BP, model.config, out.logits.dtype)
     sync_every = _sync_every(device)
     rows_R: torch.Tensor | None = None  # the batch rows the model computes; None = all B
     running_B = torch.ones(B, dtype=torch.bool, device=device)

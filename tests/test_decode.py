@@ -217,3 +217,25 @@ def test_config_refuses_an_engine_that_cannot_apply():
         C.RolloutConfig(engine="vllm")
     assert C.RolloutConfig().engine == "auto"
 
+
+
+def test_sliding_window_models_decode_like_generate(tok):
+    """Mistral-style sliding-window attention (a window of 4, shorter than the prompts): the masks and caches stop
+    at the window, so the lean loop leaves the step masks to transformers; the tokens are generate's."""
+    from transformers import AutoModelForCausalLM, MistralConfig
+
+    from grpo.decode import has_sliding_window
+
+    config = MistralConfig(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                           num_attention_heads=4, num_key_value_heads=2, sliding_window=4,
+                           pad_token_id=tok.pad_token_id, bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        model = AutoModelForCausalLM.from_config(config, attn_implementation="sdpa")
+    assert has_sliding_window(model.config) and not has_sliding_window(tiny_model(tok, "sdpa").config)
+    out = {}
+    for engine in ("hf", "lean"):
+        settings = SamplingSettings(max_new_tokens=NEW, min_new_tokens=NEW, engine=engine)
+        out[engine] = [r.completion_ids for r in generate_rollouts(model, tok, SAMPLES, 2, settings,
+                                                                   generator_seed=3)[0]]
+    assert out["lean"] == out["hf"]
