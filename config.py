@@ -167,8 +167,9 @@ class RolloutConfig:
     engine: str = "auto"
     """auto | lean | hf: the decoding loop of rollouts and evaluation. lean (grpo/decode.py) samples exactly the
     tokens transformers' generate samples (same processors, same random numbers; tested token for token) with less
-    Python per step, and drops finished completions from the batch. auto = lean unless the static cache, FSDP or a
-    model generation_config field it does not apply (bad_words_ids, no_repeat_ngram_size, ...) needs generate."""
+    Python per step, and drops finished completions from the batch. auto = lean unless the static cache, FSDP, a
+    model that prepares its own generation inputs (Phi-3, multimodal models) or a model generation_config field the
+    loop does not apply (bad_words_ids, no_repeat_ngram_size, ...) needs generate."""
     sampling_rng: str = "auto"
     """global | per_completion | auto. per_completion draws every completion from its own random stream keyed by
     (seed, step, prompt, k) (grpo/sampling.py), so it does not depend on the batch it was generated in: a run on N

@@ -69,6 +69,14 @@ def lean_blocker(model: torch.nn.Module, cache_implementation: str, synced_gpus:
                 "cache is for generate's compiled decoding)")
     if synced_gpus:
         return "FSDP sharding (every forward is a collective, and generate keeps the processes in step)"
+    from transformers import GenerationMixin
+
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    if getattr(base.config, "is_encoder_decoder", False):
+        return "an encoder-decoder model"
+    if type(base).prepare_inputs_for_generation is not GenerationMixin.prepare_inputs_for_generation:
+        return (f"{type(base).__name__} prepares its own generation inputs (prepare_inputs_for_generation), which "
+                "the lean loop would skip")
     fields = fields_generate_would_add(model)
     if fields:
         return f"the model's generation_config sets {fields}, which generate applies and the lean loop does not"

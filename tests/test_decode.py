@@ -199,6 +199,13 @@ def test_the_engine_is_chosen_by_what_applies(model, tok):
         SamplingSettings(engine="lean", cache_implementation="static")
     with pytest.raises(ValueError, match="engine"):
         SamplingSettings(engine="fast")
+    # a model that prepares its own generation inputs (Phi-3 switches its rotary scaling there): generate decodes
+    from transformers import Phi3Config, Phi3ForCausalLM
+
+    phi3 = Phi3ForCausalLM(Phi3Config(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                      num_attention_heads=2, num_key_value_heads=1, pad_token_id=tok.pad_token_id))
+    assert "prepare_inputs_for_generation" in lean_blocker(phi3, "dynamic", False)
+    assert choose_engine(phi3, SamplingSettings(), synced_gpus=False) == "hf"
     # a generation_config.json field generate would merge in and the lean loop would not apply: generate decodes
     model.generation_config.no_repeat_ngram_size = 2
     try:
