@@ -27,6 +27,8 @@ from typing import Any, Callable, Sequence
 
 import torch
 
+from grpo.logprobs import accepts_logits_to_keep
+
 COMPACT_FRACTION = 0.75
 """Drop the stopped rows from the KV cache once the running rows are at most this fraction of the rows the model
 computes. A copy of the cache per compaction, so a geometric threshold bounds the copies by log_{4/3}(B) (15 at B=64)
@@ -44,7 +46,8 @@ not apply. A model that sets one of them decodes with `generate` under `rollout.
 
 ENGINES = ("auto", "hf", "lean")
 """How rollouts are decoded: "hf" = transformers' `generate`; "lean" = `decode` here; "auto" = lean wherever it
-applies (dynamic KV cache, one process or data parallel, no extra generation fields in the model), else hf."""
+applies (`lean_blocker` says None), else hf. config.py keeps its own copy (it imports no torch); a test keeps them
+equal."""
 
 Processor = Callable[[torch.LongTensor, torch.Tensor], torch.Tensor]
 
@@ -122,12 +125,6 @@ def sampling_processors(*, do_sample: bool, temperature: float, top_k: int, top_
     return processors
 
 
-def _accepts_logits_to_keep(model: torch.nn.Module) -> bool:
-    from grpo.logprobs import accepts_logits_to_keep
-
-    return accepts_logits_to_keep(model)
-
-
 def _select_cache_rows(cache: Any, keep_R: torch.Tensor) -> None:
     """Keep rows `keep_R` of every layer of a dynamic KV cache (in place)."""
     for layer in cache.layers:
@@ -158,7 +155,6 @@ class _StepMask:
         attn_implementation = getattr(config, "_attn_implementation", None)
         plain = attn_implementation in ("sdpa", "eager") and not has_sliding_window(config)
         self.kind = attn_implementation if plain else "2d"
-        self.dtype = dtype
         self.mask: torch.Tensor | None = None
         if not bool(mask_BP.all()):
             keep = mask_BP.bool()
@@ -212,7 +208,7 @@ def decode(model: torch.nn.Module, ids_BP: torch.LongTensor, mask_BP: torch.Tens
     pos_BP = (mask_BP.long().cumsum(-1) - 1).masked_fill(mask_BP == 0, 0)
     next_pos_R1 = pos_BP[:, -1:] + 1
     cache = DynamicCache(config=model.config)
-    extra = {"logits_to_keep": 1} if _accepts_logits_to_keep(model) else {}
+    extra = {"logits_to_keep": 1} if accepts_logits_to_keep(model) else {}
     out = model(input_ids=ids_BP, attention_mask=prefill_mask, position_ids=pos_BP, past_key_values=cache,
                 use_cache=True, **extra)
     cache = out.past_key_values

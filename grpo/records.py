@@ -106,38 +106,43 @@ class TrainBatch:
             ref_logps_BT=take(self.ref_logps_BT),
         )
 
+    def _lengths(self) -> tuple[list[int], list[int]]:
+        """(prompt length, completion length) of every row, on the host: one read of the masks."""
+        prompt_B = self.attention_mask_BL[:, :self.prompt_len].sum(1)
+        completion_B = self.completion_mask_BT.sum(1)
+        lengths = torch.stack([prompt_B.to(completion_B.dtype), completion_B]).long().tolist()
+        return lengths[0], lengths[1]
+
     def micro_batch_rows(self, size: int) -> list[torch.Tensor]:
         """Row indices of each micro-batch: the rows sorted by (completion length, prompt length), `size` per
-        micro-batch (the last may be shorter). Rows of similar length share a micro-batch, so trimming its padding
-        columns (`trimmed`) removes most of the padding. Sorting is stable, so the partition is deterministic.
+        micro-batch (the last may be shorter). Rows of similar length share a micro-batch, so cutting its
+        all-padding columns (`micro_batches`) removes most of the padding. Sorting is stable, so the partition is
+        deterministic.
 
         The loss of a step is a sum over micro-batches normalised by the whole step's counts, so which rows share a
         micro-batch changes nothing but the order of floating-point sums."""
-        completion_B = self.completion_mask_BT.sum(1)
-        prompt_B = self.attention_mask_BL[:, :self.prompt_len].sum(1)
-        keys = list(zip(completion_B.tolist(), prompt_B.tolist()))
-        order = sorted(range(self.size), key=keys.__getitem__)
-        device = self.input_ids_BL.device
-        return [torch.tensor(order[start:start + size], dtype=torch.long, device=device)
-                for start in range(0, self.size, size)]
+        return [torch.tensor(rows, dtype=torch.long, device=self.input_ids_BL.device)
+                for rows in self._row_groups(size, *self._lengths())]
+
+    def _row_groups(self, size: int, prompt: list[int], completion: list[int]) -> list[list[int]]:
+        order = sorted(range(self.size), key=lambda i: (completion[i], prompt[i]))
+        return [order[start:start + size] for start in range(0, self.size, size)]
 
     def micro_batches(self, size: int) -> Iterator["TrainBatch"]:
-        """The micro-batches of `micro_batch_rows(size)`, each `trimmed` of its all-padding columns."""
-        for rows in self.micro_batch_rows(size):
-            yield self.select(rows).trimmed()
+        """The micro-batches of `micro_batch_rows(size)`, each without the columns that are padding in all its rows:
+        leading prompt columns (P shrinks by their number) and trailing completion columns (T shrinks). Position ids
+        come from the attention mask, so the log-probs of the kept tokens do not change. The bounds come from the
+        row lengths read once, so slicing needs no device read per micro-batch."""
+        prompt, completion = self._lengths()
+        for rows in self._row_groups(size, prompt, completion):
+            lead = self.prompt_len - max(prompt[i] for i in rows)  # prompts are left-padded, completions right-padded
+            keep_T = max(1, max(completion[i] for i in rows))
+            yield self.select(torch.tensor(rows, dtype=torch.long, device=self.input_ids_BL.device)) \
+                .columns(min(lead, self.prompt_len - 1), keep_T)
 
-    def trimmed(self) -> "TrainBatch":
-        """The same rows without the columns that are padding in every row: leading prompt columns (P shrinks by
-        their number) and trailing completion columns (T shrinks). Position ids come from the attention mask, so the
-        log-probs of the kept tokens do not change."""
+    def columns(self, lead: int, keep_T: int) -> "TrainBatch":
+        """Prompt columns from `lead` on (P shrinks by `lead`) and the first `keep_T` completion columns."""
         P = self.prompt_len
-        any_prompt_P = self.attention_mask_BL[:, :P].any(0)
-        lead = int(any_prompt_P.long().argmax()) if bool(any_prompt_P.any()) else P - 1
-        lead = min(lead, P - 1)  # keep one prompt column, which predicts the first completion token
-        any_completion_T = self.completion_mask_BT.any(0)
-        keep_T = int(any_completion_T.nonzero().max()) + 1 if bool(any_completion_T.any()) else 1
-        if lead == 0 and keep_T == self.completion_mask_BT.shape[1]:
-            return self
 
         def cols(t: torch.Tensor | None) -> torch.Tensor | None:
             return None if t is None else t[:, :keep_T]

@@ -223,6 +223,11 @@ def test_config_refuses_an_engine_that_cannot_apply():
     with pytest.raises(ValueError, match="rollout.engine"):
         C.RolloutConfig(engine="vllm")
     assert C.RolloutConfig().engine == "auto"
+    import grpo.decode
+    import grpo.rollout
+
+    # config.py imports no torch, so it keeps its own copies of these choices: they must not drift apart
+    assert C.ENGINES == grpo.decode.ENGINES and C.CACHE_IMPLEMENTATIONS == grpo.rollout.CACHE_IMPLEMENTATIONS
 
 
 
