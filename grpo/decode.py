@@ -13,21 +13,26 @@ dropped from the model's batch.
                logits are zeros), so every row draws what it would draw without compaction: the sampler takes its
                random numbers per row whatever the row holds, and the stopped row's draw is replaced by pad_id.
 
+The one-token steps are grpo/steppers.py's: for the Llama family (Llama, Mistral, Qwen2, Qwen3) the layers are
+called one by one over KV buffers written in place (`FastSteps`); any other model runs its whole forward per step
+(`HFSteps`). Both give the forward's logits bit for bit.
+
 On the CPU the output equals `model.generate`'s, token for token under the same seed, compaction included
-(tests/test_decode.py: every group of settings, sdpa and eager attention), which is what lets `rollout.engine=auto`
-use it. What it saves: `generate`'s per-step Python (model-input preparation, processor signature inspection,
-stopping criteria, a 4D attention mask rebuilt on every forward), and the compute of rows that already stopped,
-which RL rollouts have many of (K samples of one prompt end at very different lengths). A GPU run of it has not been
-measured yet.
+(tests/test_decode.py: every group of settings, sdpa and eager attention, both kinds of step), which is what lets
+`rollout.engine=auto` use it. What it saves: `generate`'s per-step Python (model-input preparation, processor
+signature inspection, stopping criteria, a 4D attention mask rebuilt on every forward), the forward's own
+bookkeeping and cache concatenation (FastSteps), and the compute of rows that already stopped, which RL rollouts
+have many of (K samples of one prompt end at very different lengths). A GPU run of it has not been measured yet.
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable, Sequence
+from typing import Callable, Sequence
 
 import torch
 
 from grpo.logprobs import accepts_logits_to_keep
+from grpo.steppers import make_steps
 
 COMPACT_FRACTION = 0.75
 """Drop the stopped rows from the KV cache once the running rows are at most this fraction of the rows the model
@@ -125,58 +130,6 @@ def sampling_processors(*, do_sample: bool, temperature: float, top_k: int, top_
     return processors
 
 
-def _select_cache_rows(cache: Any, keep_R: torch.Tensor) -> None:
-    """Keep rows `keep_R` of every layer of a dynamic KV cache (in place)."""
-    for layer in cache.layers:
-        layer.batch_select_indices(keep_R)
-
-
-def has_sliding_window(config: Any) -> bool:
-    """Whether some attention layer of the model only sees a window of recent tokens (Mistral's `sliding_window`,
-    `layer_types` with "sliding_attention" as in Gemma / gpt-oss, Qwen2 with `use_sliding_window`)."""
-    layer_types = getattr(config, "layer_types", None)
-    if layer_types:
-        return any(t != "full_attention" for t in layer_types)
-    return getattr(config, "sliding_window", None) is not None
-
-
-class _StepMask:
-    """The attention mask of the one-token decoding steps, kept in the form the attention takes.
-
-    transformers rebuilds a 4D mask from the 2D padding mask on every forward (`create_causal_mask`, ~0.5 ms a step
-    on the CPU); a one-token query may attend to every cached column that is not padding, so the 4D mask is just the
-    padding mask with a column appended per step. It is built here once and handed over as 4D, which transformers
-    passes through as is: boolean (True = attend) for sdpa, additive (0 / dtype min) for eager, the way
-    `sdpa_mask` / `eager_mask` build it. Other attention kernels (flash, flex), and models with sliding-window layers
-    (whose masks and caches stop at the window), get the 2D mask as `generate` gives it, and transformers builds
-    theirs. None = no padding at all (`generate` then drops the mask too)."""
-
-    def __init__(self, mask_BP: torch.Tensor, config: Any, dtype: torch.dtype):
-        attn_implementation = getattr(config, "_attn_implementation", None)
-        plain = attn_implementation in ("sdpa", "eager") and not has_sliding_window(config)
-        self.kind = attn_implementation if plain else "2d"
-        self.mask: torch.Tensor | None = None
-        if not bool(mask_BP.all()):
-            keep = mask_BP.bool()
-            if self.kind == "sdpa":
-                self.mask = keep[:, None, None, :]
-            elif self.kind == "eager":
-                zeros = torch.zeros((), dtype=dtype, device=keep.device)
-                self.mask = torch.where(keep, zeros, torch.finfo(dtype).min)[:, None, None, :]
-            else:
-                self.mask = mask_BP.long()
-
-    def grow(self) -> None:
-        if self.mask is not None:
-            attend = (True if self.kind == "sdpa" else 0.0 if self.kind == "eager" else 1)
-            column = self.mask.new_full((*self.mask.shape[:-1], 1), attend)
-            self.mask = torch.cat([self.mask, column], dim=-1)
-
-    def select(self, keep_R: torch.Tensor) -> None:
-        if self.mask is not None:
-            self.mask = self.mask[keep_R]
-
-
 def _sync_every(device: torch.device) -> int:
     """Decoding steps between host reads of "how many rows still run". On the CPU a read is free; on an accelerator
     it stalls the launch queue, so it is read every 8 steps (at most 7 extra steps after the last row stopped, which
@@ -187,7 +140,7 @@ def _sync_every(device: torch.device) -> int:
 @torch.no_grad()
 def decode(model: torch.nn.Module, ids_BP: torch.LongTensor, mask_BP: torch.Tensor, processors: Sequence[Processor],
            *, max_new_tokens: int, stop_ids: Sequence[int], pad_id: int, do_sample: bool,
-           compact: bool = True) -> torch.LongTensor:
+           compact: bool = True, fast_steps: bool = True) -> torch.LongTensor:
     """(B, P + n) prompt + completion ids, n ≤ max_new_tokens; rows that stopped are padded with `pad_id` after their
     stop token, as `generate` pads them. The model must already be in eval mode with its KV cache on
     (`grpo.modeling.generation_mode`); the torch RNG (seed it around the call) drives the sampler.
@@ -207,19 +160,19 @@ def decode(model: torch.nn.Module, ids_BP: torch.LongTensor, mask_BP: torch.Tens
     prefill_mask = None if bool(mask_BP.all()) else mask_BP.long()
     pos_BP = (mask_BP.long().cumsum(-1) - 1).masked_fill(mask_BP == 0, 0)
     next_pos_R1 = pos_BP[:, -1:] + 1
-    cache = DynamicCache(config=model.config)
     extra = {"logits_to_keep": 1} if accepts_logits_to_keep(model) else {}
-    out = model(input_ids=ids_BP, attention_mask=prefill_mask, position_ids=pos_BP, past_key_values=cache,
-                use_cache=True, **extra)
-    cache = out.past_key_values
-    step_mask = _StepMask(mask_BP, model.config, out.logits.dtype)
+    out = model(input_ids=ids_BP, attention_mask=prefill_mask, position_ids=pos_BP,
+                past_key_values=DynamicCache(config=model.config), use_cache=True, **extra)
+    # FastSteps copies the prefill's cache into its own buffers; `out` is dropped below, and the copy with it
+    steps = make_steps(model, out.past_key_values, mask_BP, out.logits.dtype, max_new_tokens - 1, fast=fast_steps)
+    logits_RV = out.logits[:, -1]
+    del out
     sync_every = _sync_every(device)
     rows_R: torch.Tensor | None = None  # the batch rows the model computes; None = all B
     running_B = torch.ones(B, dtype=torch.bool, device=device)
     seq_BL = ids_BP
     for t in range(max_new_tokens):
-        logits_RV = out.logits[:, -1].to(dtype=torch.float32, copy=True)
-        del out
+        logits_RV = logits_RV.to(dtype=torch.float32, copy=True)
         if rows_R is None:
             logits_BV = logits_RV
         else:
@@ -243,13 +196,9 @@ def decode(model: torch.nn.Module, ids_BP: torch.LongTensor, mask_BP: torch.Tens
             computed = B if rows_R is None else int(rows_R.numel())
             if compact and n_running <= COMPACT_FRACTION * computed:
                 keep_R = (running_B if rows_R is None else running_B[rows_R]).nonzero().squeeze(1)
-                _select_cache_rows(cache, keep_R)
+                steps.select(keep_R)
                 next_pos_R1 = next_pos_R1[keep_R]
-                step_mask.select(keep_R)
                 rows_R = running_B.nonzero().squeeze(1)
-        step_mask.grow()
-        out = model(input_ids=(next_B if rows_R is None else next_B[rows_R])[:, None], attention_mask=step_mask.mask,
-                    position_ids=next_pos_R1, past_key_values=cache, use_cache=True)
-        cache = out.past_key_values
+        logits_RV = steps((next_B if rows_R is None else next_B[rows_R])[:, None], next_pos_R1)
         next_pos_R1 = next_pos_R1 + 1
     return seq_BL

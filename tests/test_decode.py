@@ -65,10 +65,10 @@ def greedy_stops(model, tok):
 
 
 def rows_per_forward(model) -> tuple[list[int], object]:
-    """Batch size of every decoder forward (filled in as the model runs) and the hook handle."""
+    """Batch size of every forward (filled in as the model runs) and the hook handle. The LM head runs once per
+    forward on both engines (the lean loop's fast steps call the layers, not the model's forward)."""
     sizes: list[int] = []
-    handle = model.model.register_forward_pre_hook(
-        lambda module, args, kwargs: sizes.append(int(kwargs["input_ids"].shape[0])), with_kwargs=True)
+    handle = model.lm_head.register_forward_pre_hook(lambda module, args: sizes.append(int(args[0].shape[0])))
     return sizes, handle
 
 
@@ -81,14 +81,27 @@ SETTINGS = {
 }
 
 
+@pytest.mark.parametrize("steps", ["FastSteps", "HFSteps"])
 @pytest.mark.parametrize("name", sorted(SETTINGS))
-def test_lean_loop_samples_what_generate_samples(model, tok, stops, greedy_stops, name, monkeypatch):
+def test_lean_loop_samples_what_generate_samples(model, tok, stops, greedy_stops, name, steps, monkeypatch):
     """Same seed, same settings: the lean loop and transformers' generate give the same tokens, row for row, also
     after rows stopped and were dropped from the model's batch (here as soon as any row stops, so every setting
-    runs through several compactions)."""
+    runs through several compactions). Both kinds of decoding step: the Llama family's FastSteps, and the model's
+    whole forward (HFSteps, what every other model gets)."""
     import grpo.decode
+    import grpo.steppers
 
     monkeypatch.setattr(grpo.decode, "COMPACT_FRACTION", 0.99)
+    if steps == "HFSteps":
+        monkeypatch.setattr(grpo.steppers, "FAST_STEP_ARCHITECTURES", frozenset())
+    made: list[str] = []
+    shipped = grpo.decode.make_steps
+
+    def spy(*args, **kwargs):
+        made.append(type(stepper := shipped(*args, **kwargs)).__name__)
+        return stepper
+
+    monkeypatch.setattr(grpo.decode, "make_steps", spy)
     sizes, handle = rows_per_forward(model)
     lengths, shrank = set(), False
     try:
@@ -109,6 +122,7 @@ def test_lean_loop_samples_what_generate_samples(model, tok, stops, greedy_stops
     finally:
         handle.remove()
     assert len(lengths) > 2 and shrank  # rows ended at different lengths, and the lean loop dropped stopped rows
+    assert set(made) == {steps}
 
 
 def test_lean_loop_with_per_completion_keys_equals_generate(model, tok, stops):
@@ -236,7 +250,7 @@ def test_sliding_window_models_decode_like_generate(tok):
     at the window, so the lean loop leaves the step masks to transformers; the tokens are generate's."""
     from transformers import AutoModelForCausalLM, MistralConfig
 
-    from grpo.decode import has_sliding_window
+    from grpo.steppers import has_sliding_window
 
     config = MistralConfig(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                            num_attention_heads=4, num_key_value_heads=2, sliding_window=4,
