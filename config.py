@@ -39,6 +39,7 @@ KL_CONTROLLERS = ("fixed", "adaptive", "band")
 COMBINE_METHODS = ("sum", "pcgrad", "cagrad")
 CACHE_IMPLEMENTATIONS = ("dynamic", "static")
 ENGINES = ("auto", "hf", "lean")
+SHARED_PROMPT_MODES = ("auto", "on", "off")
 LLAMA_LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
 
@@ -71,6 +72,12 @@ class ModelConfig:
     their gradient are never held (Llama / Mistral / Qwen / Phi-3 / OLMo-2; other models use the logits).
     H100, Qwen-0.5B shape, 32 x 192 tokens: peak 11.9 -> 10.6 GiB, +8% time; 16 x 576: 19.4 -> 14.6 GiB, +26%
     time (benchmarks/fused_head.py). false = faster, more memory. Log-prob passes without gradient always fuse."""
+    shared_prompt_forward: str = "auto"
+    """auto | on | off. on: log-prob and training forwards encode each prompt once for its K completions (a KV
+    cache repeated K times) instead of K times: G·P + B·(T−1) tokens instead of B·(P+T), the same log-probs up to
+    rounding. It cannot apply with activation checkpointing, DDP / FSDP or sliding-window models
+    (grpo/logprobs.shared_prompt_blocker): on is then refused at start-up, auto prints why it is off. auto: on
+    where it applies, for models of >= 1M parameters (below, the extra forward costs more than it saves)."""
     trust_remote_code: bool = False
     """Passed to from_pretrained for models with custom code."""
     tiny_hidden: int = 64
@@ -86,6 +93,7 @@ class ModelConfig:
         _one_of("model.dtype", self.dtype, ("auto", "bfloat16", "float16", "float32"))
         _one_of("model.attn_implementation", self.attn_implementation, ("auto", "flash_attention_2", "sdpa", "eager"))
         _check(self.lora_r >= 1, "model.lora_r", self.lora_r, "use a rank >= 1 (8 or 16 are common)")
+        _one_of("model.shared_prompt_forward", self.shared_prompt_forward, SHARED_PROMPT_MODES)
         _check(0.0 <= self.lora_dropout < 1.0, "model.lora_dropout", self.lora_dropout, "use a value in [0, 1)")
         _check(not self.load_in_4bit or self.lora, "model.load_in_4bit", self.load_in_4bit,
                "4-bit weights cannot be trained directly: also set model.lora=true (QLoRA)")

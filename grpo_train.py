@@ -32,6 +32,7 @@ from grpo.distributed import Dist, make_dist, rank_rng_state
 from grpo.evaluate import evaluate
 from grpo.health import WeightGuard
 from grpo.kl_control import make_controller
+from grpo.logprobs import SHARED_PROMPT_MIN_PARAMS, shared_prompt_blocker
 from grpo.modeling import Policy, has_dropout, rebase_reference, reference, save_pretrained
 from grpo.records import Rollout, Sample, Scored
 from grpo.rollout import SamplingSettings, generate_rollouts, rollout_metrics
@@ -69,6 +70,8 @@ class Run:
     dist: Dist = field(default_factory=Dist)
     """The processes of the run (grpo/distributed.py); one process unless started by `accelerate launch`."""
     train_model: Any = None
+    share_prompts: bool = False
+    """Forward passes encode each prompt once for its K completions (see `shares_prompts`)."""
     """The model the update runs through: the policy's model, or accelerate's DDP / FSDP wrapper of it."""
     surgery: Any = None
     """Per-task gradient combination (PCGrad / CAGrad), or None for the plain summed loss."""
@@ -139,6 +142,7 @@ def setup(cfg: C.Config) -> Run:
                             "multi.combine=sum or model.dtype=float32")
     run.surgery = build_surgery(cfg, params, tasks)
     run.train_model, run.optimizer = dist.prepare(policy.model, optimizer)
+    run.share_prompts = shares_prompts(cfg, run.train_model, dist)
     from grpo.pareto import ParetoFrontier
 
     run.frontier = ParetoFrontier(cfg.multi.pareto_cap, run_dir / "pareto")
@@ -147,6 +151,23 @@ def setup(cfg: C.Config) -> Run:
     if dist.active and not per_completion_sampling(cfg, dist):
         torch.manual_seed(cfg.train.seed + 1_000_003 * dist.rank)  # ranks must not draw the same samples
     return run
+
+
+def shares_prompts(cfg: C.Config, train_model: torch.nn.Module, dist: Dist) -> bool:
+    """Whether the forward passes encode each prompt once for its K completions (model.shared_prompt_forward),
+    decided once: what blocks it (grpo/logprobs.shared_prompt_blocker) does not change during a run."""
+    mode = cfg.model.shared_prompt_forward
+    if mode == "off":
+        return False
+    why = shared_prompt_blocker(train_model, training=True)
+    if why is not None:
+        if mode == "on":
+            raise C.ConfigError(f"model.shared_prompt_forward=on cannot apply here: {why}. Use auto (it turns "
+                                "itself off) or off")
+        if dist.is_main:
+            print(f"model.shared_prompt_forward=auto: off for this run ({why}); every row encodes its own prompt")
+        return False
+    return mode == "on" or sum(p.numel() for p in train_model.parameters()) >= SHARED_PROMPT_MIN_PARAMS
 
 
 def check_sharding(cfg: C.Config, policy: Policy, dist: Dist) -> None:
@@ -343,7 +364,8 @@ def rl_step(run: Run, step: int) -> dict[str, float]:
     t2 = time.perf_counter()
 
     rows = slice(mine.start * cfg.rollout.k, mine.stop * cfg.rollout.k)
-    batch = build_train_batch(scored_mine, advantages_B[rows], run.tasks, run.tokenizer.pad_token_id, run.device)
+    batch = build_train_batch(scored_mine, advantages_B[rows], run.tasks, run.tokenizer.pad_token_id, run.device,
+                              group_size=cfg.rollout.k if run.share_prompts else 1)
     if cfg.loss.mu > 1 and has_dropout(run.policy.model):
         # off-policy passes need the rollout policy's log-probs (eval mode: no dropout). At μ = 1 they equal the
         # current ones; without dropout the first pass computes them (train_step keeps them for the later passes)

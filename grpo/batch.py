@@ -16,15 +16,18 @@ from grpo.tokens import collate
 
 
 def build_train_batch(scored: Sequence[Scored], advantages_B: torch.Tensor, tasks: Sequence[str], pad_id: int,
-                      device: torch.device) -> TrainBatch:
-    """Collate the rollouts (order kept) with their advantages; nothing here carries a graph."""
+                      device: torch.device, group_size: int = 1) -> TrainBatch:
+    """Collate the rollouts (order kept) with their advantages; nothing here carries a graph. `group_size` K > 1:
+    the rollouts come as K consecutive completions per prompt, and the forward passes may encode each prompt once
+    (TrainBatch.group_size)."""
     input_ids, attention, completion_mask, prompt_len = collate(
         [list(s.rollout.prompt_ids) for s in scored], [list(s.rollout.completion_ids) for s in scored], pad_id)
     task_ids = torch.tensor([tasks.index(s.rollout.sample.task) for s in scored], dtype=torch.long)
     return TrainBatch(input_ids_BL=input_ids.to(device), attention_mask_BL=attention.to(device),
                       completion_mask_BT=completion_mask.to(device=device, dtype=torch.float32),
                       prompt_len=prompt_len, task_ids_B=task_ids.to(device),
-                      advantages_B=advantages_B.detach().to(device=device, dtype=torch.float32))
+                      advantages_B=advantages_B.detach().to(device=device, dtype=torch.float32),
+                      group_size=group_size)
 
 
 @torch.no_grad()
@@ -35,7 +38,7 @@ def batch_logprobs(model: torch.nn.Module, batch: TrainBatch, micro_batch_seqs: 
     model.eval()
     try:
         parts = [completion_logprobs(model, mb.input_ids_BL, mb.attention_mask_BL, mb.prompt_len,
-                                     temperature=temperature)[0].float()
+                                     temperature=temperature, group_size=mb.group_size)[0].float()
                  for mb in batch.micro_batches(micro_batch_seqs)]
     finally:
         model.train(was_training)

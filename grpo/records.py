@@ -79,6 +79,9 @@ class TrainBatch:
     """Log-probs under the rollout policy; None when the update is exactly on-policy (μ = 1)."""
     ref_logps_BT: torch.Tensor | None = None
     """Log-probs under the reference policy; None when no KL term is used."""
+    group_size: int = 1
+    """K > 1: rows g·K … g·K + K − 1 are the K completions of one prompt, and the forward passes encode that prompt
+    once for them (grpo/logprobs.completion_logprobs); micro-batches then hold whole groups. 1 = rows stand alone."""
 
     @property
     def size(self) -> int:
@@ -117,14 +120,24 @@ class TrainBatch:
         """Row indices of each micro-batch: the rows sorted by (completion length, prompt length), `size` per
         micro-batch (the last may be shorter). Rows of similar length share a micro-batch, so cutting its
         all-padding columns (`micro_batches`) removes most of the padding. Sorting is stable, so the partition is
-        deterministic.
+        deterministic. With groups (`group_size` K dividing `size`) whole groups are sorted instead, by (longest
+        completion, prompt length), size / K groups per micro-batch, each group's rows in order.
 
         The loss of a step is a sum over micro-batches normalised by the whole step's counts, so which rows share a
         micro-batch changes nothing but the order of floating-point sums."""
         return [torch.tensor(rows, dtype=torch.long, device=self.input_ids_BL.device)
                 for rows in self._row_groups(size, *self._lengths())]
 
+    def _whole_groups(self, size: int) -> bool:
+        K = self.group_size
+        return K > 1 and size % K == 0 and self.size % K == 0
+
     def _row_groups(self, size: int, prompt: list[int], completion: list[int]) -> list[list[int]]:
+        if self._whole_groups(size):
+            K, per = self.group_size, size // self.group_size
+            groups = sorted(range(self.size // K), key=lambda g: (max(completion[g * K:(g + 1) * K]), prompt[g * K]))
+            return [[g * K + j for g in groups[start:start + per] for j in range(K)]
+                    for start in range(0, len(groups), per)]
         order = sorted(range(self.size), key=lambda i: (completion[i], prompt[i]))
         return [order[start:start + size] for start in range(0, self.size, size)]
 
@@ -134,11 +147,12 @@ class TrainBatch:
         come from the attention mask, so the log-probs of the kept tokens do not change. The bounds come from the
         row lengths read once, so slicing needs no device read per micro-batch."""
         prompt, completion = self._lengths()
+        group_size = self.group_size if self._whole_groups(size) else 1
         for rows in self._row_groups(size, prompt, completion):
             lead = self.prompt_len - max(prompt[i] for i in rows)  # prompts are left-padded, completions right-padded
             keep_T = max(1, max(completion[i] for i in rows))
-            yield self.select(torch.tensor(rows, dtype=torch.long, device=self.input_ids_BL.device)) \
-                .columns(min(lead, self.prompt_len - 1), keep_T)
+            part = self.select(torch.tensor(rows, dtype=torch.long, device=self.input_ids_BL.device))
+            yield replace(part.columns(min(lead, self.prompt_len - 1), keep_T), group_size=group_size)
 
     def columns(self, lead: int, keep_T: int) -> "TrainBatch":
         """Prompt columns from `lead` on (P shrinks by `lead`) and the first `keep_T` completion columns."""

@@ -61,7 +61,8 @@ def micro_batch_terms(model: torch.nn.Module, mb: TrainBatch, betas_N: torch.Ten
     """
     betas_B = betas_N.to(mb.advantages_B.device)[mb.task_ids_B]
     logps_BT, entropy_BT = completion_logprobs(model, mb.input_ids_BL, mb.attention_mask_BL, mb.prompt_len,
-                                               temperature=s.temperature, with_entropy=True, fused_head=s.fused_head)
+                                               temperature=s.temperature, with_entropy=True, fused_head=s.fused_head,
+                                               group_size=mb.group_size)
     mask_BT = mb.completion_mask_BT.to(logps_BT.dtype)
     old_BT = logps_BT.detach() if mb.old_logps_BT is None else mb.old_logps_BT
     pg_BT, pg_metrics = policy_loss(s.policy_loss, logps_BT, old_BT, mb.advantages_B, mask_BT,
