@@ -186,9 +186,9 @@ def fused_head_parts(model: torch.nn.Module) -> tuple[torch.nn.Module, torch.nn.
 
 SHARED_PROMPT_MIN_PARAMS = 1_000_000
 """model.shared_prompt_forward=auto encodes shared prompts once only for models of at least this many parameters.
-Below it the second forward's fixed cost exceeds the prompt tokens saved: on 2 CPU cores, 8 rows × (41 + 32)
-tokens per micro-batch, the 123k-parameter benchmark model's training pass took 12 % longer, the 3.1M-parameter
-one's 21 % less (benchmarks/NOTES.md)."""
+Below it the second forward's fixed cost exceeds the prompt tokens saved: on 2 CPU cores, 8 rows of 41-token
+prompts per micro-batch, the 123k-parameter benchmark model's training pass took 6 % longer and its reference pass
+31 % longer; the 3.1M-parameter one's took 16 % and 15 % less (benchmarks/NOTES.md)."""
 
 
 def shared_prompt_blocker(model: torch.nn.Module, training: bool) -> str | None:
@@ -232,7 +232,7 @@ def _shared_prompt_logprobs(model: torch.nn.Module, input_ids_BL: torch.Tensor, 
     """`completion_logprobs` with each group's prompt encoded once (see there); rows must be grouped."""
     from transformers import DynamicCache
 
-    B, L = input_ids_BL.shape
+    L = input_ids_BL.shape[1]
     K, P, T = group_size, prompt_len, L - prompt_len
     prompt_GP, prompt_mask_GP = input_ids_BL[::K, :P], attention_mask_BL[::K, :P]
     targets_BT = input_ids_BL[:, P:]
