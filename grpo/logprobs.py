@@ -87,6 +87,9 @@ class _FusedHeadLogProb(torch.autograd.Function):
                 entropy_N[s:s + chunk_rows] = -(logp_all.exp() * logp_all).sum(-1)
         ctx.save_for_backward(hidden_NH, weight_VH, target_N)
         ctx.temperature, ctx.chunk_rows, ctx.with_entropy = temperature, chunk_rows, with_entropy
+        # an output the loss does not use (the metric-only entropy at entropy_coef = 0) gets None, not zeros: its
+        # term is skipped in backward instead of adding three vocabulary-wide products of 0 per chunk
+        ctx.set_materialize_grads(False)
         return logp_N, entropy_N
 
     @staticmethod
@@ -98,17 +101,23 @@ class _FusedHeadLogProb(torch.autograd.Function):
         grad_h = torch.empty_like(hidden_NH) if want_h else None
         grad_w = torch.zeros(weight_VH.shape, dtype=acc, device=weight_VH.device) if want_w else None
         use_entropy = ctx.with_entropy and grad_entropy_N is not None
+        use_logp = grad_logp_N is not None
         for s in range(0, hidden_NH.shape[0], ctx.chunk_rows):
             h = hidden_NH[s:s + ctx.chunk_rows]
             z = scaled_chunk(h @ weight_VH.T, acc, tau)
             logp = z.sub_(torch.logsumexp(z, dim=-1, keepdim=True))  # log softmax, in place
             p = logp.exp()
-            g_lp = grad_logp_N[s:s + ctx.chunk_rows].to(acc)[:, None]
-            dz = p * -g_lp
+            if use_logp:
+                g_lp = grad_logp_N[s:s + ctx.chunk_rows].to(acc)[:, None]
+                dz = p * -g_lp
+            else:
+                dz = torch.zeros_like(p)
             if use_entropy:
                 H = -(p * logp).sum(-1, keepdim=True)
                 dz -= grad_entropy_N[s:s + ctx.chunk_rows].to(acc)[:, None] * p * (logp + H)
-            dz.scatter_add_(-1, target_N[s:s + ctx.chunk_rows, None], g_lp).div_(tau)
+            if use_logp:
+                dz.scatter_add_(-1, target_N[s:s + ctx.chunk_rows, None], g_lp)
+            dz.div_(tau)
             dz = dz.to(hidden_NH.dtype)
             if want_h:
                 grad_h[s:s + ctx.chunk_rows] = dz @ weight_VH

@@ -266,6 +266,23 @@ def test_fused_head_equals_the_logits_path_on_a_model():
         torch.testing.assert_close(grads_a[name], grads_b[name], rtol=1e-4, atol=1e-5, msg=name)
 
 
+def test_fused_head_gradient_of_either_output_alone():
+    """The loss may use only the log-probs (entropy_coef = 0: the entropy is a metric) or only the entropy: the
+    unused output's gradient is None, its term skipped, and each gradient still equals the logits path's."""
+    model = tiny_llama().train()
+    ids = torch.tensor([[0, 0, 5, 6, 7, 8, 9, 10], [11, 12, 13, 14, 15, 16, 17, 18]])
+    mask = torch.tensor([[0, 0, 1, 1, 1, 1, 1, 1], [1] * 8])
+    for pick in (0, 1):
+        grads = []
+        for fused in (True, False):
+            model.zero_grad()
+            out = completion_logprobs(model, ids, mask, 4, temperature=0.8, with_entropy=True, fused_head=fused)
+            out[pick].sum().backward()
+            grads.append({n: p.grad.clone() for n, p in model.named_parameters()})
+        for name in grads[0]:
+            torch.testing.assert_close(grads[0][name], grads[1][name], rtol=1e-4, atol=1e-5, msg=(pick, name))
+
+
 def test_fused_head_applies_only_where_logits_are_hidden_times_head():
     model = tiny_llama()
     assert fused_head_parts(torch.nn.Module()) is None
