@@ -117,8 +117,8 @@ class HFSteps:
 class FastSteps:
     """The Llama-family decoding step, layer by layer over in-place KV buffers (see the module docstring).
 
-    Built from the prefill's DynamicCache: its keys / values are copied into buffers of P + `steps` columns, and
-    every later step writes its column in place."""
+    Built from the prefill's DynamicCache, which it empties: its keys / values are moved into buffers of P + `steps`
+    columns, layer by layer, and every later step writes its column in place."""
 
     def __init__(self, model: torch.nn.Module, cache: Any, mask_BP: torch.Tensor, dtype: torch.dtype, steps: int):
         from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
@@ -140,6 +140,10 @@ class FastSteps:
             K[:, :, :P], V[:, :, :P] = keys, values
             self.K.append(K)
             self.V.append(V)
+            # the prefill cache is emptied as it is copied, so the copy holds one layer's prompt keys and values at
+            # a time on top of the buffers, not the whole prompt cache
+            layer.keys = layer.values = None
+            del keys, values
         self.mask: torch.Tensor | None = None  # (B, 1, 1, P + steps), sliced to the columns written
         if not bool(mask_BP.all()):
             keep = torch.cat([mask_BP.bool(), mask_BP.new_ones(B, steps, dtype=torch.bool)], dim=-1)

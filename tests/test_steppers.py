@@ -139,3 +139,32 @@ def test_fast_steps_apply_only_where_they_replay_the_model():
         assert type(make_steps(model, out.past_key_values, mask_BP, out.logits.dtype, 3)) is kind
     assert type(make_steps(build("llama", "sdpa"), out.past_key_values, mask_BP, out.logits.dtype, 3,
                            fast=False)) is HFSteps
+
+
+def test_fast_steps_empty_the_prefill_cache_layer_by_layer():
+    """Moving the prompt's keys and values into the buffers holds one layer's prompt cache at a time on top of the
+    buffers (not the whole prompt cache twice): when a layer's buffers are allocated, the earlier layers' prefill
+    tensors are already freed."""
+    import weakref
+
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    model = build("llama", "sdpa")
+    ids_BP, mask_BP = prompt(True)
+    with torch.no_grad():
+        out = model(input_ids=ids_BP, attention_mask=mask_BP, past_key_values=DynamicCache(config=model.config),
+                    use_cache=True, logits_to_keep=1)
+    refs = [weakref.ref(t) for layer in out.past_key_values.layers for t in (layer.keys, layer.values)]
+
+    class AliveAtAllocation(TorchDispatchMode):
+        counts: list[int] = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if func._overloadpacket in (torch.ops.aten.new_empty, torch.ops.aten.empty):
+                self.counts.append(sum(r() is not None for r in refs))
+            return func(*args, **(kwargs or {}))
+
+    with AliveAtAllocation() as mode:
+        FastSteps(model, out.past_key_values, mask_BP, out.logits.dtype, 4)
+    assert mode.counts[:4] == [4, 4, 2, 2]  # layer 0's K and V buffers, then layer 1's once layer 0 is gone
+    assert all(r() is None for r in refs)
