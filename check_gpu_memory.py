@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from grpo.memory import GIB, KNOWN_SHAPES, EstimateInputs, ModelShape, cheapest_fixes, estimate, format_table, \
-    lookup_known_shape, shape_from_hf_config
+    lookup_known_shape, param_counts, shape_from_hf_config
 
 NO_GPU_LINE = "No CUDA GPU visible (torch.cuda.is_available() is False); nothing to report."
 GPUS: dict[str, tuple[float, tuple[int, int]]] = {
@@ -85,6 +85,17 @@ def _tiny_shape(model_cfg: Any) -> ModelShape:
                       model_cfg.tiny_vocab, tie_embeddings=False)
 
 
+def _shares_prompts(cfg: Any, shape: ModelShape) -> bool:
+    """What grpo_train.shares_prompts will decide, from the config alone: not under activation checkpointing or
+    FSDP; `auto` only from SHARED_PROMPT_MIN_PARAMS parameters (several DDP processes turn it off too)."""
+    from grpo.logprobs import SHARED_PROMPT_MIN_PARAMS
+
+    mode = getattr(cfg.model, "shared_prompt_forward", "off")
+    if mode == "off" or cfg.model.gradient_checkpointing or getattr(cfg.train, "sharding", "none") == "fsdp":
+        return False
+    return mode == "on" or param_counts(shape)["total"] >= SHARED_PROMPT_MIN_PARAMS
+
+
 def inputs_from_config(cfg: Any, compute_capability: tuple[int, int] = (8, 0)) -> EstimateInputs:
     """EstimateInputs for `cfg` (a config.Config or any object with the same fields) on a GPU of that capability."""
     from grpo.hardware import choose_precision
@@ -94,8 +105,9 @@ def inputs_from_config(cfg: Any, compute_capability: tuple[int, int] = (8, 0)) -
     dtype, _scaler, _why = choose_precision(m.dtype, True, tuple(compute_capability) >= (8, 0),
                                             full_finetune=not m.lora)
     k = cfg.rollout.k
+    shape = resolve_shape(m)
     return EstimateInputs(
-        shape=resolve_shape(m),
+        shape=shape,
         micro_batch_seqs=cfg.train.prompts_per_micro_step * k,
         gen_batch_seqs=cfg.train.prompts_per_micro_step * cfg.train.grad_accum * k,
         prompt_len=cfg.data.max_prompt_tokens, new_tokens=cfg.rollout.max_new_tokens,
@@ -103,6 +115,7 @@ def inputs_from_config(cfg: Any, compute_capability: tuple[int, int] = (8, 0)) -
         lora_targets=tuple(m.lora_target_modules), lora_dropout=getattr(m, "lora_dropout", 0.0),
         grad_checkpointing=m.gradient_checkpointing, k=k, mu=cfg.loss.mu, ref_pass=bool(cfg.kl_enabled),
         logits_to_keep=True, logsoftmax_chunk_rows=DEFAULT_LOGPROB_CHUNK_ROWS,
+        fused_head=bool(getattr(m, "fused_lm_head", True)), shared_prompt=_shares_prompts(cfg, shape),
         attention="eager" if getattr(m, "attn_implementation", "auto") == "eager" else "sdpa",
     )
 

@@ -16,6 +16,10 @@ Formulas (one line each, with the source):
 - checkpointing keeps L·B·S·a·h (layer inputs) + one layer recomputed                   (Chen et al. arXiv 1604.06174)
 - no_grad layer peak/token = 2a·h + 2a·I + (8·I adapter on | a·I off); backward adds 2a·h + 3a·I (+4·I LoRA)
 - logits = B·(T+1)·V·a with `logits_to_keep` (else B·S·V·a), ×2 in training; fp32 chunk = 2·rows·V·4
+- fused head (`model.fused_lm_head`): no logits; per chunk rows·V·(3·4 + a) (fp32 z, p, dz + the chunk's logits) and
+  the final hidden states B·T·h·a kept for backward                                      (grpo/logprobs.py)
+- shared prompts (`model.shared_prompt_forward`): B/K·P + B·T tokens instead of B·S, plus the prompt's KV cache
+  repeated K times, B·P·L·2·kvo·a, held by the completion forward                        (grpo/logprobs.py)
 - KV cache = seqs·S·L·2·kvo·a                                                                     (HF DynamicCache)
 
 Phase model: the peak is the max over phases, never the sum of all parts. Persistent parts (context, weights, the frozen
@@ -188,6 +192,11 @@ class EstimateInputs:
     fp32_master: bool = False
     """Full FT in low precision with an fp32 master copy (this trainer does not keep one)."""
     logits_to_keep: bool = True
+    fused_head: bool = False
+    """The LM head applied chunk by chunk inside the log-prob computation (`model.fused_lm_head`, the trainer's
+    default): no (B, T, V) logits or logits gradient. False = the logits path, which the H100 measurements used."""
+    shared_prompt: bool = False
+    """Each group's prompt encoded once for its K completions (`model.shared_prompt_forward`)."""
     logsoftmax_chunk_rows: int | None = 512
     """Rows (tokens) per fp32 log-softmax chunk; None = one unchunked fp32 (B, T, V) pass."""
     attention: str = "sdpa"
@@ -304,6 +313,20 @@ def logit_bytes(x: EstimateInputs, seqs: int, copies: int) -> tuple[float, float
     return copies * seqs * kept * x.shape.vocab * a, SOFTMAX_TEMPS * chunk * x.shape.vocab * 4
 
 
+def fused_head_bytes(x: EstimateInputs, seqs: int) -> tuple[float, float]:
+    """(final hidden states kept for backward, one chunk's temporaries) of the fused head for `seqs` sequences."""
+    rows = seqs * x.new_tokens
+    chunk = rows if x.logsoftmax_chunk_rows is None else min(rows, x.logsoftmax_chunk_rows)
+    return rows * x.shape.hidden * act_bytes(x), chunk * x.shape.vocab * (3 * 4 + act_bytes(x))
+
+
+def pass_tokens(x: EstimateInputs, seqs: int) -> int:
+    """Tokens one forward of `seqs` sequences computes: B·S, or B/K·P + B·T with shared prompts."""
+    if x.shared_prompt and x.k > 1:
+        return -(-seqs // x.k) * x.prompt_len + seqs * x.new_tokens
+    return seqs * (x.prompt_len + x.new_tokens)
+
+
 def _larger(a: dict[str, float], b: dict[str, float]) -> dict[str, float]:
     """Parts alive at the larger of two moments of a phase (they do not overlap in time)."""
     return a if sum(a.values()) >= sum(b.values()) else b
@@ -323,13 +346,18 @@ def estimate(x: EstimateInputs) -> Estimate:
         "prefill temporaries (1 layer)": _layer_temporaries(x, x.gen_batch_seqs * x.prompt_len, x.prompt_len, x.lora),
         "sampling logits (last position)": x.gen_batch_seqs * s.vocab * (a + 2 * 4),
     }}
-    tokens = x.micro_batch_seqs * seq
+    tokens = pass_tokens(x, x.micro_batch_seqs)
+    shared_kv = ({"prompt KV cache repeated K times": x.micro_batch_seqs * x.prompt_len * s.layers * 2 * s.kv_heads
+                  * s.head_dim * a} if x.shared_prompt and x.k > 1 else {})
+    if x.fused_head:
+        hidden, fused_chunk = fused_head_bytes(x, x.micro_batch_seqs)
+        head_moment = {"final hidden states": hidden, "fused head chunk": fused_chunk}
     if x.ref_pass or x.mu > 1:
         logits, chunk = logit_bytes(x, x.micro_batch_seqs, copies=1)
         adapter_on = x.lora and x.mu > 1  # the old-policy pass runs the adapter; the reference pass disables it
         layer = _layer_temporaries(x, tokens, seq, adapter_on)
-        phases["ref/old pass"] = _larger({"logits (no_grad)": logits, "log-softmax chunk (fp32)": chunk},
-                                         {"layer temporaries (1 layer)": layer})
+        head = head_moment if x.fused_head else {"logits (no_grad)": logits, "log-softmax chunk (fp32)": chunk}
+        phases["ref/old pass"] = _larger({**shared_kv, **head}, {**shared_kv, "layer temporaries (1 layer)": layer})
     per_layer = _layer_activation_bytes(x, seq)
     if x.grad_checkpointing:
         saved = {"checkpointed layer inputs": s.layers * tokens * a * s.hidden}
@@ -338,10 +366,12 @@ def estimate(x: EstimateInputs) -> Estimate:
         saved = {"saved activations (all layers)": s.layers * tokens * per_layer}
         layer_moment = dict(saved)
     layer_moment["layer backward temporaries"] = _backward_temporaries(x, tokens)
+    saved.update(shared_kv)
+    layer_moment.update(shared_kv)
     logits, chunk = logit_bytes(x, x.micro_batch_seqs, copies=TRAIN_LOGITS_COPIES)
     final_norm = NORM_INPUT_BYTES * s.hidden + (0 if x.lora else 2 * a * s.hidden)
-    logits_moment = {**saved, "final norm": tokens * final_norm, "logits + grad": logits,
-                     "log-softmax chunk (fp32)": chunk}
+    head = head_moment if x.fused_head else {"logits + grad": logits, "log-softmax chunk (fp32)": chunk}
+    logits_moment = {**saved, "final norm": tokens * final_norm, **head}
     phases["training"] = _larger(logits_moment, layer_moment)
     non_context = sum(persistent.values()) - persistent["CUDA context"]
     for parts in phases.values():

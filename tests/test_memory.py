@@ -12,7 +12,7 @@ import pytest
 from conftest import ROOT
 
 from grpo.memory import (GIB, KNOWN_SHAPES, LLAMA_TARGETS, EstimateInputs, ModelShape, cheapest_fixes, estimate, fits,
-                         format_table, logit_bytes, lookup_known_shape, lora_param_count, param_counts,
+                         format_table, logit_bytes, lookup_known_shape, lora_param_count, param_counts, pass_tokens,
                          shape_from_hf_config)
 
 # A 2-layer shape small enough to work out by hand: h=8, heads=2 (head_dim 4), kv_heads=1 (kvo 4), I=16, V=10.
@@ -140,6 +140,34 @@ def test_training_takes_the_larger_moment():
     assert sum(t.values()) == 97408
 
 
+def test_fused_head_bytes_by_hand():
+    # V = 1000, 2 seqs × 3 new tokens = 6 rows: final hidden 6·8·2 B = 96; one chunk min(6, 512) · 1000 · (3·4 + 2)
+    # = 84000 instead of the logits + grad (32000) and the fp32 log-softmax chunk (48000)
+    x = tiny_inputs(shape=replace(TINY, vocab=1000), fused_head=True)
+    t = estimate(x).phases["training"]
+    assert t == {"saved activations (all layers)": 16896, "final norm": 512, "final hidden states": 96,
+                 "fused head chunk": 84000, "allocator slack (0%)": 0}
+    assert estimate(x).phases["ref/old pass"] == {"final hidden states": 96, "fused head chunk": 84000,
+                                                  "allocator slack (0%)": 0}
+
+
+def test_shared_prompt_tokens_by_hand():
+    # K = 2, 2 seqs per micro-batch = 1 group: 1·5 prompt + 2·3 completion = 11 tokens instead of 2·8 = 16;
+    # saved 2 layers × 11 × 528 = 11616; the prompt's KV repeated: 2 seqs · 5 · 2 layers · 2 · kvo 4 · 2 B = 320;
+    # backward temporaries 11 × 192 = 2112 (the layer moment, 14048, still wins over the logits moment, 13088)
+    x = tiny_inputs(k=2, shared_prompt=True)
+    assert pass_tokens(x, 2) == 11 and pass_tokens(tiny_inputs(k=2), 2) == 16
+    assert estimate(x).phases["training"] == {"saved activations (all layers)": 11616,
+                                              "prompt KV cache repeated K times": 320,
+                                              "layer backward temporaries": 2112, "allocator slack (0%)": 0}
+    # the 8B seed config without checkpointing: 8 × 608 tokens → 2 × 512 + 8 × 96 per micro-batch
+    full, shared = estimate(llama_inputs(grad_checkpointing=False)), estimate(
+        llama_inputs(grad_checkpointing=False, shared_prompt=True))
+    ratio = shared.phases["training"]["saved activations (all layers)"] / \
+        full.phases["training"]["saved activations (all layers)"]
+    assert ratio == pytest.approx((2 * 512 + 8 * 96) / (8 * 608))
+
+
 def test_reference_pass_only_when_needed():
     assert "ref/old pass" not in estimate(tiny_inputs(ref_pass=False, mu=1)).phases
     assert "ref/old pass" in estimate(tiny_inputs(ref_pass=False, mu=2)).phases
@@ -239,6 +267,10 @@ def test_inputs_from_config_stand_in():
     assert (x.micro_batch_seqs, x.gen_batch_seqs, x.prompt_len, x.new_tokens) == (8, 16, 512, 96)
     assert x.weight_dtype == "bfloat16" and x.ref_pass and x.lora and x.shape is LLAMA3_8B
     assert inputs_from_config(_cfg_stand_in(), (7, 5)).weight_dtype == "float16"   # auto on a T4
+    assert x.fused_head and not x.shared_prompt  # the fused head by default; checkpointing keeps prompts per row
+    assert inputs_from_config(_cfg_stand_in(shared_prompt_forward="auto", gradient_checkpointing=False)).shared_prompt
+    assert not inputs_from_config(_cfg_stand_in(shared_prompt_forward="auto")).shared_prompt
+    assert not inputs_from_config(_cfg_stand_in(shared_prompt_forward="off", gradient_checkpointing=False)).shared_prompt
     with pytest.raises(ValueError, match="Known names"):
         inputs_from_config(_cfg_stand_in(name="nobody/nothing"))
 
@@ -262,11 +294,15 @@ def test_cli_estimate_for_the_seed_preset():
     if not (ROOT / "config.py").exists():
         pytest.skip("config.py (the integrator's Config) is not there yet")
     out = _run("--estimate", "--preset", "llama3-8b-dual", "--gpu", "a100-40",
-               "--set", "model.gradient_checkpointing=false")
+               "--set", "model.gradient_checkpointing=false", "--set", "model.shared_prompt_forward=off")
     assert out.returncode == 0, out.stderr
     assert "ESTIMATE for meta-llama/Meta-Llama-3-8B-Instruct" in out.stdout
     assert "DOES NOT FIT on a 39.6 GiB GPU" in out.stdout
     assert "1. gradient checkpointing on" in out.stdout
+    # with shared prompts (auto, on once checkpointing is off) the activations shrink enough to fit
+    shared = _run("--estimate", "--preset", "llama3-8b-dual", "--gpu", "a100-40",
+                  "--set", "model.gradient_checkpointing=false")
+    assert "FITS on a 39.6 GiB GPU" in shared.stdout and "prompt KV cache repeated K times" in shared.stdout
 
 
 def test_cli_live_mode():
