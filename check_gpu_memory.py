@@ -86,12 +86,12 @@ def _tiny_shape(model_cfg: Any) -> ModelShape:
 
 
 def _shares_prompts(cfg: Any, shape: ModelShape) -> bool:
-    """What grpo_train.shares_prompts will decide, from the config alone: not under activation checkpointing or
-    FSDP; `auto` only from SHARED_PROMPT_MIN_PARAMS parameters (several DDP processes turn it off too)."""
+    """What grpo_train.shares_prompts will decide, from the config alone: not under FSDP; `auto` only from
+    SHARED_PROMPT_MIN_PARAMS parameters (several DDP processes turn it off too)."""
     from grpo.logprobs import SHARED_PROMPT_MIN_PARAMS
 
     mode = getattr(cfg.model, "shared_prompt_forward", "off")
-    if mode == "off" or cfg.model.gradient_checkpointing or getattr(cfg.train, "sharding", "none") == "fsdp":
+    if mode == "off" or getattr(cfg.train, "sharding", "none") == "fsdp":
         return False
     return mode == "on" or param_counts(shape)["total"] >= SHARED_PROMPT_MIN_PARAMS
 

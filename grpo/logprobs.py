@@ -21,7 +21,9 @@ left-padded row equal the same row alone. For RoPE models the shift cancels in q
 
 from __future__ import annotations
 
+import contextlib
 import inspect
+from typing import Any
 
 import torch
 
@@ -203,7 +205,7 @@ prompts per micro-batch, the 123k-parameter benchmark model's training pass took
 def shared_prompt_blocker(model: torch.nn.Module, training: bool) -> str | None:
     """Why `completion_logprobs(..., group_size=K)` may not encode each group's prompt once (None = it may).
     Static properties of the model: the entry point asks once, for the training passes (`training`: with their
-    graph) or for no-grad passes only."""
+    graph) or for no-grad passes only. Activation checkpointing is no obstacle: see `_prompt_cache`."""
     from grpo.steppers import has_sliding_window
 
     if hasattr(model, "module"):
@@ -218,8 +220,11 @@ def shared_prompt_blocker(model: torch.nn.Module, training: bool) -> str | None:
         return "sliding-window attention layers"
     if any(hasattr(p, "to_local") for p in base.parameters()):
         return "sharded (FSDP) weights"
-    if training and any(getattr(m, "gradient_checkpointing", False) for m in base.modules()):
-        return "activation checkpointing (transformers drops the KV cache inside checkpointed layers)"
+    modules = list(base.modules())
+    if training and any(getattr(m, "gradient_checkpointing", False) for m in modules) and not any(
+            hasattr(type(m), "_can_checkpoint_with_cache") for m in modules):
+        return ("activation checkpointing in layers that drop the KV cache (a transformers version without "
+                "`_can_checkpoint_with_cache`)")
     return None
 
 
@@ -235,39 +240,75 @@ def groups_share_prompts(input_ids_BL: torch.Tensor, attention_mask_BL: torch.Te
     return bool(((ids_GKP == ids_GKP[:, :1]) & (mask_GKP == mask_GKP[:, :1])).all())
 
 
+def _prompt_cache(config: Any, group_size: int):
+    """A KV cache for `_shared_prompt_logprobs` whose every write is idempotent, so that a checkpointed layer's
+    recompute in backward sees exactly what its first forward saw (transformers otherwise drops the cache inside
+    checkpointed layers: a second append would corrupt it). Per layer: the prompt forward (G rows) SETS the prompt's
+    keys / values; the completion forward (G·K rows) reads them, repeated K times, in front of its own, and stores
+    nothing."""
+    from transformers import DynamicCache
+    from transformers.cache_utils import DynamicLayer
+
+    class PromptLayer(DynamicLayer):
+        def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any):
+            if self.is_initialized and key_states.shape[0] == group_size * self.keys.shape[0]:
+                return (torch.cat([self.keys.repeat_interleave(group_size, dim=0), key_states], dim=-2),
+                        torch.cat([self.values.repeat_interleave(group_size, dim=0), value_states], dim=-2))
+            if not self.is_initialized:
+                self.lazy_initialization(key_states, value_states)
+            self.keys, self.values = key_states, value_states
+            return key_states, value_states
+
+    cache = DynamicCache(config=config)
+    cache.layers = [PromptLayer() for _ in cache.layers]
+    return cache
+
+
+@contextlib.contextmanager
+def _cache_through_checkpointing(model: torch.nn.Module):
+    """Let transformers' checkpointed layers pass the KV cache on (`_can_checkpoint_with_cache`, meant for layers
+    that only read it; `_prompt_cache` makes every write a repeatable set). The recompute in backward keeps the
+    cache it was first called with."""
+    layers = [m for m in model.modules() if hasattr(type(m), "_can_checkpoint_with_cache")]
+    for m in layers:
+        m._can_checkpoint_with_cache = True
+    try:
+        yield
+    finally:
+        for m in layers:
+            del m._can_checkpoint_with_cache
+
+
 def _shared_prompt_logprobs(model: torch.nn.Module, input_ids_BL: torch.Tensor, attention_mask_BL: torch.Tensor,
                             prompt_len: int, group_size: int, temperature: float, with_entropy: bool,
                             chunk_size: int, fused_head: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
     """`completion_logprobs` with each group's prompt encoded once (see there); rows must be grouped."""
-    from transformers import DynamicCache
-
     L = input_ids_BL.shape[1]
     K, P, T = group_size, prompt_len, L - prompt_len
     prompt_GP, prompt_mask_GP = input_ids_BL[::K, :P], attention_mask_BL[::K, :P]
     targets_BT = input_ids_BL[:, P:]
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    cache = DynamicCache(config=base.config)
+    cache = _prompt_cache(base.config, K)
     keep = accepts_logits_to_keep(model)
     parts = fused_head_parts(model) if fused_head and keep else None
     caught: list[torch.Tensor] = []
     hook = None if parts is None else parts[0].register_forward_hook(
         lambda module, args, out: caught.append(out[0] if isinstance(out, tuple) else out.last_hidden_state))
-    try:
-        # 1. the G prompts: their KV cache, and the hidden state / logits of the last prompt column (→ token 0)
-        first = model(input_ids=prompt_GP, attention_mask=prompt_mask_GP,
-                      position_ids=position_ids_from_mask(prompt_mask_GP), past_key_values=cache, use_cache=True,
-                      **({"logits_to_keep": 1} if keep else {}))
-        rest = None
-        if T > 1:
-            # 2. the completions (all but their last column, which predicts nothing we score) attend to their
-            #    group's cached prompt, repeated K times (the gradient of the K copies adds up in the prompt's graph)
-            for layer in cache.layers:
-                layer.keys = layer.keys.repeat_interleave(K, dim=0)
-                layer.values = layer.values.repeat_interleave(K, dim=0)
-            mask_BL1 = attention_mask_BL[:, :L - 1]
-            rest = model(input_ids=input_ids_BL[:, P:L - 1], attention_mask=mask_BL1,
-                         position_ids=position_ids_from_mask(mask_BL1)[:, P:], past_key_values=cache,
-                         use_cache=True, **({"logits_to_keep": 1 if parts is not None else T - 1} if keep else {}))
+    try:  # use_cache=False: the cache passed in is used anyway; True only adds a warning under checkpointing
+        with _cache_through_checkpointing(base):
+            # 1. the G prompts: their KV cache, and the hidden state / logits of the last prompt column (→ token 0)
+            first = model(input_ids=prompt_GP, attention_mask=prompt_mask_GP,
+                          position_ids=position_ids_from_mask(prompt_mask_GP), past_key_values=cache, use_cache=False,
+                          **({"logits_to_keep": 1} if keep else {}))
+            rest = None
+            if T > 1:
+                # 2. the completions (all but their last column, which predicts nothing we score) attend to
+                #    their group's cached prompt, repeated K times (the K copies' gradients add up in the prompt's)
+                mask_BL1 = attention_mask_BL[:, :L - 1]
+                rest = model(input_ids=input_ids_BL[:, P:L - 1], attention_mask=mask_BL1,
+                             position_ids=position_ids_from_mask(mask_BL1)[:, P:], past_key_values=cache,
+                             use_cache=False,
+                             **({"logits_to_keep": 1 if parts is not None else T - 1} if keep else {}))
     finally:
         if hook is not None:
             hook.remove()

@@ -18,8 +18,9 @@ Formulas (one line each, with the source):
 - logits = B·(T+1)·V·a with `logits_to_keep` (else B·S·V·a), ×2 in training; fp32 chunk = 2·rows·V·4
 - fused head (`model.fused_lm_head`): no logits; per chunk rows·V·(3·4 + a) (fp32 z, p, dz + the chunk's logits) and
   the final hidden states B·T·h·a kept for backward                                      (grpo/logprobs.py)
-- shared prompts (`model.shared_prompt_forward`): B/K·P + B·T tokens instead of B·S, plus the prompt's KV cache
-  repeated K times, B·P·L·2·kvo·a, held by the completion forward                        (grpo/logprobs.py)
+- shared prompts (`model.shared_prompt_forward`): B/K·P + B·T tokens instead of B·S; the prompt's KV repeated K
+  times, B·P·2·kvo·a per layer, kept by every layer for backward (with checkpointing: the B/K·P·L·2·kvo·a cache
+  plus one layer's repeat)                                                              (grpo/logprobs.py)
 - KV cache = seqs·S·L·2·kvo·a                                                                     (HF DynamicCache)
 
 Phase model: the peak is the max over phases, never the sum of all parts. Persistent parts (context, weights, the frozen
@@ -347,8 +348,12 @@ def estimate(x: EstimateInputs) -> Estimate:
         "sampling logits (last position)": x.gen_batch_seqs * s.vocab * (a + 2 * 4),
     }}
     tokens = pass_tokens(x, x.micro_batch_seqs)
-    shared_kv = ({"prompt KV cache repeated K times": x.micro_batch_seqs * x.prompt_len * s.layers * 2 * s.kv_heads
-                  * s.head_dim * a} if x.shared_prompt and x.k > 1 else {})
+    shared = x.shared_prompt and x.k > 1
+    kv_token = 2 * s.kv_heads * s.head_dim * a
+    stored = {"prompt KV cache (one copy per group)": -(-x.micro_batch_seqs // x.k) * x.prompt_len * s.layers
+              * kv_token} if shared else {}
+    repeated = x.micro_batch_seqs * x.prompt_len * kv_token  # one layer's, repeated K times for the completions
+    repeated_one = {"prompt KV repeated K times (1 layer)": repeated} if shared else {}
     if x.fused_head:
         hidden, fused_chunk = fused_head_bytes(x, x.micro_batch_seqs)
         head_moment = {"final hidden states": hidden, "fused head chunk": fused_chunk}
@@ -357,7 +362,8 @@ def estimate(x: EstimateInputs) -> Estimate:
         adapter_on = x.lora and x.mu > 1  # the old-policy pass runs the adapter; the reference pass disables it
         layer = _layer_temporaries(x, tokens, seq, adapter_on)
         head = head_moment if x.fused_head else {"logits (no_grad)": logits, "log-softmax chunk (fp32)": chunk}
-        phases["ref/old pass"] = _larger({**shared_kv, **head}, {**shared_kv, "layer temporaries (1 layer)": layer})
+        phases["ref/old pass"] = _larger({**stored, **head},
+                                         {**stored, **repeated_one, "layer temporaries (1 layer)": layer})
     per_layer = _layer_activation_bytes(x, seq)
     if x.grad_checkpointing:
         saved = {"checkpointed layer inputs": s.layers * tokens * a * s.hidden}
@@ -366,8 +372,12 @@ def estimate(x: EstimateInputs) -> Estimate:
         saved = {"saved activations (all layers)": s.layers * tokens * per_layer}
         layer_moment = dict(saved)
     layer_moment["layer backward temporaries"] = _backward_temporaries(x, tokens)
-    saved.update(shared_kv)
-    layer_moment.update(shared_kv)
+    if shared and x.grad_checkpointing:  # the cache of every layer stays; one layer's repeat is rebuilt at a time
+        saved.update(stored)
+        layer_moment.update({**stored, **repeated_one})
+    elif shared:  # each layer's attention keeps its keys / values, the prompt's repeated K times, for backward
+        saved["prompt KV repeated K times (all layers)"] = s.layers * repeated
+        layer_moment["prompt KV repeated K times (all layers)"] = s.layers * repeated
     logits, chunk = logit_bytes(x, x.micro_batch_seqs, copies=TRAIN_LOGITS_COPIES)
     final_norm = NORM_INPUT_BYTES * s.hidden + (0 if x.lora else 2 * a * s.hidden)
     head = head_moment if x.fused_head else {"logits + grad": logits, "log-softmax chunk (fp32)": chunk}

@@ -158,8 +158,13 @@ def test_shared_prompt_tokens_by_hand():
     x = tiny_inputs(k=2, shared_prompt=True)
     assert pass_tokens(x, 2) == 11 and pass_tokens(tiny_inputs(k=2), 2) == 16
     assert estimate(x).phases["training"] == {"saved activations (all layers)": 11616,
-                                              "prompt KV cache repeated K times": 320,
+                                              "prompt KV repeated K times (all layers)": 320,
                                               "layer backward temporaries": 2112, "allocator slack (0%)": 0}
+    # with checkpointing: layer inputs 2 × 11 × 2 B × 8 = 352, the prompt cache of 1 group 1·5·2 layers·16 = 160 for
+    # every layer, one layer recomputed 11 × 528 = 5808 with its repeat 2·5·16 = 160, backward temporaries 2112
+    assert estimate(tiny_inputs(k=2, shared_prompt=True, grad_checkpointing=True)).phases["training"] == {
+        "checkpointed layer inputs": 352, "prompt KV cache (one copy per group)": 160, "one layer recomputed": 5808,
+        "layer backward temporaries": 2112, "prompt KV repeated K times (1 layer)": 160, "allocator slack (0%)": 0}
     # the 8B seed config without checkpointing: 8 × 608 tokens → 2 × 512 + 8 × 96 per micro-batch
     full, shared = estimate(llama_inputs(grad_checkpointing=False)), estimate(
         llama_inputs(grad_checkpointing=False, shared_prompt=True))
@@ -267,9 +272,9 @@ def test_inputs_from_config_stand_in():
     assert (x.micro_batch_seqs, x.gen_batch_seqs, x.prompt_len, x.new_tokens) == (8, 16, 512, 96)
     assert x.weight_dtype == "bfloat16" and x.ref_pass and x.lora and x.shape is LLAMA3_8B
     assert inputs_from_config(_cfg_stand_in(), (7, 5)).weight_dtype == "float16"   # auto on a T4
-    assert x.fused_head and not x.shared_prompt  # the fused head by default; checkpointing keeps prompts per row
+    assert x.fused_head and not x.shared_prompt  # the fused head by default; the stand-in predates shared prompts
     assert inputs_from_config(_cfg_stand_in(shared_prompt_forward="auto", gradient_checkpointing=False)).shared_prompt
-    assert not inputs_from_config(_cfg_stand_in(shared_prompt_forward="auto")).shared_prompt
+    assert inputs_from_config(_cfg_stand_in(shared_prompt_forward="auto")).shared_prompt  # checkpointing too
     assert not inputs_from_config(_cfg_stand_in(shared_prompt_forward="off", gradient_checkpointing=False)).shared_prompt
     with pytest.raises(ValueError, match="Known names"):
         inputs_from_config(_cfg_stand_in(name="nobody/nothing"))
@@ -302,7 +307,7 @@ def test_cli_estimate_for_the_seed_preset():
     # with shared prompts (auto, on once checkpointing is off) the activations shrink enough to fit
     shared = _run("--estimate", "--preset", "llama3-8b-dual", "--gpu", "a100-40",
                   "--set", "model.gradient_checkpointing=false")
-    assert "FITS on a 39.6 GiB GPU" in shared.stdout and "prompt KV cache repeated K times" in shared.stdout
+    assert "FITS on a 39.6 GiB GPU" in shared.stdout and "prompt KV repeated K times" in shared.stdout
 
 
 def test_cli_live_mode():

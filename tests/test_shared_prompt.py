@@ -58,7 +58,7 @@ def logps_entropy_grads(model, batch: TrainBatch, group_size: int, fused: bool):
     logps, entropy = completion_logprobs(model, batch.input_ids_BL, batch.attention_mask_BL, batch.prompt_len,
                                          temperature=0.7, with_entropy=True, fused_head=fused, group_size=group_size)
     ((logps * mask).sum() + 0.3 * (entropy * mask).sum()).backward()
-    return logps * mask, entropy * mask, [p.grad.clone() for p in model.parameters()]
+    return logps * mask, entropy * mask, [p.grad.clone() for p in model.parameters() if p.requires_grad]
 
 
 @pytest.mark.parametrize("train", [False, True], ids=["eval", "train"])
@@ -148,6 +148,42 @@ def test_an_update_with_shared_prompts_equals_the_per_row_update(model):
     assert max((a - b).abs().max().item() for a, b in zip(after[K], base.parameters())) > 1e-4
 
 
+@pytest.mark.parametrize("lora", [False, True], ids=["full", "lora"])
+def test_shared_prompts_under_activation_checkpointing_give_the_per_row_gradients(model, lora):
+    """transformers drops the KV cache inside checkpointed layers (a recompute would append twice); the prompt cache
+    makes every write a repeatable set, so the layers keep it, the recompute in backward runs (4 attention calls per
+    layer: 2 forwards, 2 recomputes) and the gradients are the per-row ones without checkpointing."""
+    from peft import LoraConfig, get_peft_model
+
+    m = copy.deepcopy(model)
+    if lora:
+        m = get_peft_model(m, LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "k_proj", "v_proj", "up_proj"]))
+        with torch.no_grad():
+            for name, p in m.named_parameters():
+                if "lora_B" in name:
+                    p.uniform_(-0.3, 0.3)
+    m.train()
+    batch = make_batch()
+    per_row = logps_entropy_grads(m, batch, 1, True)
+    base = m.get_base_model() if lora else m
+    enable_checkpointing(base)
+    assert shared_prompt_blocker(m, training=True) is None
+    calls: list[int] = []
+    attention = base.model.layers[0].self_attn
+    handle = attention.register_forward_pre_hook(lambda module, args: calls.append(1))
+    try:
+        shared = logps_entropy_grads(m, batch, K, True)
+    finally:
+        handle.remove()
+    assert len(calls) == 4
+    torch.testing.assert_close(shared[0], per_row[0], rtol=1e-5, atol=1e-5)
+    scale = max(g.abs().max().item() for g in per_row[2])
+    for a, b in zip(shared[2], per_row[2]):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-5 * scale)
+    assert not any(hasattr(layer, "_can_checkpoint_with_cache") and "_can_checkpoint_with_cache" in vars(layer)
+                   for layer in base.modules())  # the switch is back to transformers' class default
+
+
 def test_shared_prompts_apply_only_where_the_kv_cache_survives(model):
     from transformers import AutoModelForCausalLM, MistralConfig
 
@@ -156,8 +192,13 @@ def test_shared_prompts_apply_only_where_the_kv_cache_survives(model):
     m.config.attention_dropout = 0.1  # dropout is no obstacle: the rows share the prompt's masks, unbiased
     assert shared_prompt_blocker(m, training=True) is None
     enable_checkpointing(m)
-    assert "checkpointing" in shared_prompt_blocker(m, training=True)
-    assert shared_prompt_blocker(m, training=False) is None  # no-grad passes keep their cache
+    assert shared_prompt_blocker(m, training=True) is None  # see the test above
+    from transformers.modeling_layers import GradientCheckpointingLayer
+
+    with pytest.MonkeyPatch.context() as patch:  # an older transformers: checkpointed layers would drop the cache
+        patch.delattr(GradientCheckpointingLayer, "_can_checkpoint_with_cache")
+        assert "drop the KV cache" in shared_prompt_blocker(m, training=True)
+        assert shared_prompt_blocker(m, training=False) is None
     assert "DDP" in shared_prompt_blocker(SimpleNamespace(module=model), training=False)
     windowed = AutoModelForCausalLM.from_config(MistralConfig(vocab_size=50, hidden_size=32, intermediate_size=64,
                                                               num_hidden_layers=1, num_attention_heads=2,
@@ -177,11 +218,10 @@ def test_the_entry_point_decides_once_and_refuses_what_cannot_apply(model, monke
     assert grpo_train.shares_prompts(cfg, model, dist)
     assert grpo_train.shares_prompts(C.load_config("demo", ["model.shared_prompt_forward=on"]), model, dist)
     assert not grpo_train.shares_prompts(C.load_config("demo", ["model.shared_prompt_forward=off"]), model, dist)
-    checkpointed = copy.deepcopy(model)
-    enable_checkpointing(checkpointed)
-    assert not grpo_train.shares_prompts(cfg, checkpointed, dist)
-    with pytest.raises(C.ConfigError, match="shared_prompt_forward=on cannot apply here: activation checkpointing"):
-        grpo_train.shares_prompts(C.load_config("demo", ["model.shared_prompt_forward=on"]), checkpointed, dist)
+    wrapped = SimpleNamespace(module=model)  # a DDP wrapper: one backward must follow one forward
+    assert not grpo_train.shares_prompts(cfg, wrapped, dist)
+    with pytest.raises(C.ConfigError, match="shared_prompt_forward=on cannot apply here: a DDP wrapper"):
+        grpo_train.shares_prompts(C.load_config("demo", ["model.shared_prompt_forward=on"]), wrapped, dist)
     with pytest.raises(C.ConfigError, match="model.shared_prompt_forward"):
         C.load_config("demo", ["model.shared_prompt_forward=yes"])
 
