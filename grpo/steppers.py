@@ -66,6 +66,8 @@ def fast_steps_blocker(model: torch.nn.Module) -> str | None:
         return "hub kernels replace some of the model's functions (use_kernels=True)"
     if getattr(base.config, "num_hidden_layers", None) != len(base.model.layers):
         return "the model runs fewer layers than it holds"
+    if any(hasattr(m, "_hf_hook") for m in base.modules()):
+        return "accelerate hooks (device_map / offloading) that move tensors around the model's own forward calls"
     return None
 
 

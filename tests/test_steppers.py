@@ -132,6 +132,9 @@ def test_fast_steps_apply_only_where_they_replay_the_model():
     flex = build("llama", "sdpa")
     flex.config._attn_implementation = "flex_attention"
     assert "flex_attention" in fast_steps_blocker(flex)
+    offloaded = build("llama", "sdpa")
+    offloaded.model.layers[1]._hf_hook = object()  # what accelerate's device_map attaches to a layer
+    assert "accelerate hooks" in fast_steps_blocker(offloaded)
     ids_BP, mask_BP = prompt(True)
     for model, kind in ((build("llama", "eager"), FastSteps), (windowed, HFSteps), (phi3, HFSteps)):
         out = model(input_ids=ids_BP, attention_mask=mask_BP, past_key_values=DynamicCache(config=model.config),
