@@ -316,7 +316,9 @@ def _shared_prompt_logprobs(model: torch.nn.Module, input_ids_BL: torch.Tensor, 
         pieces = [caught[0][:, -1:].repeat_interleave(K, dim=0)] + ([caught[1]] if rest is not None else [])
         return head_logprobs(torch.cat(pieces, dim=1), parts[1].weight, targets_BT, temperature, with_entropy,
                              chunk_size)
-    pieces = [first.logits[:, -1:].repeat_interleave(K, dim=0)] + ([rest.logits[:, -(T - 1):]] if rest is not None else [])
+    pieces = [first.logits[:, -1:].repeat_interleave(K, dim=0)]
+    if rest is not None:
+        pieces.append(rest.logits[:, -(T - 1):])
     logits_BTV = torch.cat(pieces, dim=1)
     logps_BT = token_logprobs(logits_BTV, targets_BT, temperature, chunk_size)
     entropy_BT = entropy_from_logits(logits_BTV, chunk_size, temperature) if with_entropy else None
