@@ -87,7 +87,7 @@ def _tiny_shape(model_cfg: Any) -> ModelShape:
 
 def _shares_prompts(cfg: Any, shape: ModelShape) -> bool:
     """What grpo_train.shares_prompts will decide, from the config alone: not under FSDP; `auto` only from
-    SHARED_PROMPT_MIN_PARAMS parameters (several DDP processes turn it off too)."""
+    SHARED_PROMPT_MIN_PARAMS parameters."""
     from grpo.logprobs import SHARED_PROMPT_MIN_PARAMS
 
     mode = getattr(cfg.model, "shared_prompt_forward", "off")

@@ -75,9 +75,10 @@ class ModelConfig:
     shared_prompt_forward: str = "auto"
     """auto | on | off. on: log-prob and training forwards encode each prompt once for its K completions (a KV
     cache repeated K times) instead of K times: G·P + B·(T−1) tokens instead of B·(P+T), the same log-probs up to
-    rounding, with or without gradient checkpointing. It cannot apply with DDP / FSDP or sliding-window models
-    (grpo/logprobs.shared_prompt_blocker): on is then refused at start-up, auto prints why it is off. auto: on
-    where it applies, for models of >= 1M parameters (below, the extra forward costs more than it saves)."""
+    rounding, with or without gradient checkpointing, on one process or several (DDP). It cannot apply under FSDP
+    or to sliding-window models (grpo/logprobs.shared_prompt_blocker): on is then refused at start-up, auto prints
+    why it is off. auto: on where it applies, for models of >= 1M parameters (below, the extra forward costs more
+    than it saves)."""
     trust_remote_code: bool = False
     """Passed to from_pretrained for models with custom code."""
     tiny_hidden: int = 64

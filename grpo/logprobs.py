@@ -208,9 +208,8 @@ def shared_prompt_blocker(model: torch.nn.Module, training: bool) -> str | None:
     graph) or for no-grad passes only. Activation checkpointing is no obstacle: see `_prompt_cache`."""
     from grpo.steppers import has_sliding_window
 
-    if hasattr(model, "module"):
-        return "a DDP wrapper (one backward must follow one forward)"
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    inner = getattr(model, "module", model)  # DDP: see `_shared_prompt_logprobs`
+    base = inner.get_base_model() if hasattr(inner, "get_base_model") else inner
     config = getattr(base, "config", None)
     if config is None or getattr(config, "is_encoder_decoder", False):
         return "not a decoder-only transformers model"
@@ -287,7 +286,11 @@ def _shared_prompt_logprobs(model: torch.nn.Module, input_ids_BL: torch.Tensor, 
     K, P, T = group_size, prompt_len, L - prompt_len
     prompt_GP, prompt_mask_GP = input_ids_BL[::K, :P], attention_mask_BL[::K, :P]
     targets_BT = input_ids_BL[:, P:]
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    # Under DDP the prompt forward runs on the wrapped module, the completion forward through the wrapper, so the
+    # wrapper's per-forward work (buffer broadcast, readying the reducer) happens once for the one backward; its
+    # gradient hooks fire once per parameter with both forwards' contributions added (tests/test_distributed.py)
+    inner = getattr(model, "module", model)
+    base = inner.get_base_model() if hasattr(inner, "get_base_model") else inner
     cache = _prompt_cache(base.config, K)
     keep = accepts_logits_to_keep(model)
     parts = fused_head_parts(model) if fused_head and keep else None
@@ -297,7 +300,7 @@ def _shared_prompt_logprobs(model: torch.nn.Module, input_ids_BL: torch.Tensor, 
     try:  # use_cache=False: the cache passed in is used anyway; True only adds a warning under checkpointing
         with _cache_through_checkpointing(base):
             # 1. the G prompts: their KV cache, and the hidden state / logits of the last prompt column (→ token 0)
-            first = model(input_ids=prompt_GP, attention_mask=prompt_mask_GP,
+            first = inner(input_ids=prompt_GP, attention_mask=prompt_mask_GP,
                           position_ids=position_ids_from_mask(prompt_mask_GP), past_key_values=cache, use_cache=False,
                           **({"logits_to_keep": 1} if keep else {}))
             rest = None

@@ -32,6 +32,9 @@ SCENARIOS: dict[str, list[str]] = {
     "fsdp_ga": ["train.sharding=fsdp", "loss.agg_mode=seq-mean-token-mean", "loss.mu=2"],
     # several steps with a β that moves: rollouts, β and weights must stay in step after step 1
     "three_steps": ["kl.default.controller=adaptive", "kl.default.target=0.0001", "kl.default.horizon=2"],
+    # each prompt encoded once for its K completions: the prompt forward outside the DDP wrapper, the completions in
+    "shared": ["model.shared_prompt_forward=on"],
+    "shared_ga": ["model.shared_prompt_forward=on", "loss.agg_mode=seq-mean-token-mean"],
     "pcgrad": ["multi.combine=pcgrad", "multi.switch=always",  # opposed rewards: the task gradients conflict
                "rewards.hallucination=tests.dist_worker:short_reward:1.0"],
 }

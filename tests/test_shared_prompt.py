@@ -199,7 +199,7 @@ def test_shared_prompts_apply_only_where_the_kv_cache_survives(model):
         patch.delattr(GradientCheckpointingLayer, "_can_checkpoint_with_cache")
         assert "drop the KV cache" in shared_prompt_blocker(m, training=True)
         assert shared_prompt_blocker(m, training=False) is None
-    assert "DDP" in shared_prompt_blocker(SimpleNamespace(module=model), training=False)
+    assert shared_prompt_blocker(SimpleNamespace(module=model), training=True) is None  # DDP: looked through
     windowed = AutoModelForCausalLM.from_config(MistralConfig(vocab_size=50, hidden_size=32, intermediate_size=64,
                                                               num_hidden_layers=1, num_attention_heads=2,
                                                               num_key_value_heads=1, sliding_window=4))
@@ -218,10 +218,11 @@ def test_the_entry_point_decides_once_and_refuses_what_cannot_apply(model, monke
     assert grpo_train.shares_prompts(cfg, model, dist)
     assert grpo_train.shares_prompts(C.load_config("demo", ["model.shared_prompt_forward=on"]), model, dist)
     assert not grpo_train.shares_prompts(C.load_config("demo", ["model.shared_prompt_forward=off"]), model, dist)
-    wrapped = SimpleNamespace(module=model)  # a DDP wrapper: one backward must follow one forward
-    assert not grpo_train.shares_prompts(cfg, wrapped, dist)
-    with pytest.raises(C.ConfigError, match="shared_prompt_forward=on cannot apply here: a DDP wrapper"):
-        grpo_train.shares_prompts(C.load_config("demo", ["model.shared_prompt_forward=on"]), wrapped, dist)
+    windowed = copy.deepcopy(model)
+    windowed.config.sliding_window = 4  # Mistral-style windows: the cache would stop at the window
+    assert not grpo_train.shares_prompts(cfg, windowed, dist)
+    with pytest.raises(C.ConfigError, match="shared_prompt_forward=on cannot apply here: sliding-window"):
+        grpo_train.shares_prompts(C.load_config("demo", ["model.shared_prompt_forward=on"]), windowed, dist)
     with pytest.raises(C.ConfigError, match="model.shared_prompt_forward"):
         C.load_config("demo", ["model.shared_prompt_forward=yes"])
 
