@@ -88,12 +88,11 @@ def _tiny_shape(model_cfg: Any) -> ModelShape:
 def _shares_prompts(cfg: Any, shape: ModelShape) -> bool:
     """What grpo_train.shares_prompts will decide, from the config alone: not under FSDP; `auto` only from
     SHARED_PROMPT_MIN_PARAMS parameters."""
-    from grpo.logprobs import SHARED_PROMPT_MIN_PARAMS
+    from grpo.logprobs import shares_by_size
 
-    mode = getattr(cfg.model, "shared_prompt_forward", "off")
-    if mode == "off" or getattr(cfg.train, "sharding", "none") == "fsdp":
+    if getattr(cfg.train, "sharding", "none") == "fsdp":
         return False
-    return mode == "on" or param_counts(shape)["total"] >= SHARED_PROMPT_MIN_PARAMS
+    return shares_by_size(getattr(cfg.model, "shared_prompt_forward", "off"), param_counts(shape)["total"])
 
 
 def inputs_from_config(cfg: Any, compute_capability: tuple[int, int] = (8, 0)) -> EstimateInputs:

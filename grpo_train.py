@@ -32,7 +32,7 @@ from grpo.distributed import Dist, make_dist, rank_rng_state
 from grpo.evaluate import evaluate
 from grpo.health import WeightGuard
 from grpo.kl_control import make_controller
-from grpo.logprobs import SHARED_PROMPT_MIN_PARAMS, shared_prompt_blocker
+from grpo.logprobs import shared_prompt_blocker, shares_by_size
 from grpo.modeling import Policy, has_dropout, rebase_reference, reference, save_pretrained
 from grpo.records import Rollout, Sample, Scored
 from grpo.rollout import SamplingSettings, generate_rollouts, rollout_metrics
@@ -167,7 +167,7 @@ def shares_prompts(cfg: C.Config, train_model: torch.nn.Module, dist: Dist) -> b
         if dist.is_main:
             print(f"model.shared_prompt_forward=auto: off for this run ({why}); every row encodes its own prompt")
         return False
-    return mode == "on" or sum(p.numel() for p in train_model.parameters()) >= SHARED_PROMPT_MIN_PARAMS
+    return shares_by_size(mode, sum(p.numel() for p in train_model.parameters()))
 
 
 def check_sharding(cfg: C.Config, policy: Policy, dist: Dist) -> None:

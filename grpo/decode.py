@@ -32,6 +32,7 @@ from typing import Callable, Sequence
 import torch
 
 from grpo.logprobs import accepts_logits_to_keep
+from grpo.modeling import base_model
 from grpo.steppers import make_steps
 
 COMPACT_FRACTION = 0.75
@@ -79,7 +80,7 @@ def lean_blocker(model: torch.nn.Module, cache_implementation: str, synced_gpus:
         return "FSDP sharding (every forward is a collective, and generate keeps the processes in step)"
     from transformers import GenerationMixin
 
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    base = base_model(model)
     if getattr(base.config, "is_encoder_decoder", False):
         return "an encoder-decoder model"
     if type(base).prepare_inputs_for_generation is not GenerationMixin.prepare_inputs_for_generation:

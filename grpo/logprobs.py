@@ -28,6 +28,7 @@ from typing import Any
 import torch
 
 from grpo.losses import accumulation_dtype, entropy_from_logits, row_chunks, scaled_chunk
+from grpo.modeling import base_model, has_sliding_window
 
 DEFAULT_LOGPROB_CHUNK_ROWS = 512
 """Rows (tokens) per logsumexp chunk: 512 rows × 152k vocabulary (Qwen) × 4 bytes ≈ 310 MB of fp32 temporaries,
@@ -184,8 +185,7 @@ fused head path computes what the model would. Others take the logits path."""
 def fused_head_parts(model: torch.nn.Module) -> tuple[torch.nn.Module, torch.nn.Linear] | None:
     """(decoder, lm_head) when the fused head path applies to `model` (DDP / PEFT wrappers looked through), else
     None: an unknown model type, a head with a bias or a LoRA layer, or sharded (FSDP) head weights."""
-    inner = getattr(model, "module", model)
-    base = inner.get_base_model() if hasattr(inner, "get_base_model") else inner
+    base = base_model(model)
     if getattr(getattr(base, "config", None), "model_type", None) not in FUSABLE_MODEL_TYPES:
         return None
     head = base.get_output_embeddings()
@@ -202,14 +202,16 @@ prompts per micro-batch, the 123k-parameter benchmark model's training pass took
 31 % longer; the 3.1M-parameter one's took 16 % and 15 % less (benchmarks/NOTES.md)."""
 
 
+def shares_by_size(mode: str, n_params: int) -> bool:
+    """model.shared_prompt_forward where nothing blocks it: "on", or "auto" from SHARED_PROMPT_MIN_PARAMS."""
+    return mode == "on" or (mode == "auto" and n_params >= SHARED_PROMPT_MIN_PARAMS)
+
+
 def shared_prompt_blocker(model: torch.nn.Module, training: bool) -> str | None:
     """Why `completion_logprobs(..., group_size=K)` may not encode each group's prompt once (None = it may).
     Static properties of the model: the entry point asks once, for the training passes (`training`: with their
     graph) or for no-grad passes only. Activation checkpointing is no obstacle: see `_prompt_cache`."""
-    from grpo.steppers import has_sliding_window
-
-    inner = getattr(model, "module", model)  # DDP: see `_shared_prompt_logprobs`
-    base = inner.get_base_model() if hasattr(inner, "get_base_model") else inner
+    base = base_model(model)  # DDP: see `_shared_prompt_logprobs`
     config = getattr(base, "config", None)
     if config is None or getattr(config, "is_encoder_decoder", False):
         return "not a decoder-only transformers model"
@@ -289,8 +291,7 @@ def _shared_prompt_logprobs(model: torch.nn.Module, input_ids_BL: torch.Tensor, 
     # Under DDP the prompt forward runs on the wrapped module, the completion forward through the wrapper, so the
     # wrapper's per-forward work (buffer broadcast, readying the reducer) happens once for the one backward; its
     # gradient hooks fire once per parameter with both forwards' contributions added (tests/test_distributed.py)
-    inner = getattr(model, "module", model)
-    base = inner.get_base_model() if hasattr(inner, "get_base_model") else inner
+    inner, base = getattr(model, "module", model), base_model(model)
     cache = _prompt_cache(base.config, K)
     keep = accepts_logits_to_keep(model)
     parts = fused_head_parts(model) if fused_head and keep else None

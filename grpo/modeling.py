@@ -423,6 +423,21 @@ def _eval_state(model: nn.Module, use_cache: bool) -> Iterator[nn.Module]:
             h.use_cache = flag
 
 
+def base_model(model: nn.Module) -> nn.Module:
+    """The transformers model under the DDP (`.module`) and PEFT (`get_base_model()`) wrappers."""
+    inner = getattr(model, "module", model)
+    return inner.get_base_model() if hasattr(inner, "get_base_model") else inner
+
+
+def has_sliding_window(config: Any) -> bool:
+    """Whether some attention layer of the model only sees a window of recent tokens (Mistral's `sliding_window`,
+    `layer_types` with "sliding_attention" as in Gemma / gpt-oss, Qwen2 with `use_sliding_window`)."""
+    layer_types = getattr(config, "layer_types", None)
+    if layer_types:
+        return any(t != "full_attention" for t in layer_types)
+    return getattr(config, "sliding_window", None) is not None
+
+
 def has_dropout(model: nn.Module) -> bool:
     """Whether train mode draws random masks anywhere: an nn.Dropout with p > 0 (LoRA dropout included), or a
     config dropout probability > 0 that attention / MLP code applies functionally (attention_dropout, *_pdrop, ...).

@@ -25,6 +25,8 @@ from typing import Any
 
 import torch
 
+from grpo.modeling import base_model, has_sliding_window
+
 FAST_STEP_ARCHITECTURES = frozenset({"LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM",
                                      "Qwen3ForCausalLM"})
 """Causal LMs whose decoder layer is exactly the pre-norm block FastSteps replays (read from transformers' modeling
@@ -36,24 +38,9 @@ FAST_STEP_ATTENTION = ("sdpa", "eager")
 `sdpa_mask` / `eager_mask` build them). Flash and flex take other mask forms: HFSteps."""
 
 
-def has_sliding_window(config: Any) -> bool:
-    """Whether some attention layer of the model only sees a window of recent tokens (Mistral's `sliding_window`,
-    `layer_types` with "sliding_attention" as in Gemma / gpt-oss, Qwen2 with `use_sliding_window`)."""
-    layer_types = getattr(config, "layer_types", None)
-    if layer_types:
-        return any(t != "full_attention" for t in layer_types)
-    return getattr(config, "sliding_window", None) is not None
-
-
-def _base_model(model: torch.nn.Module) -> torch.nn.Module:
-    """The transformers model under PEFT / DDP wrappers."""
-    inner = getattr(model, "module", model)
-    return inner.get_base_model() if hasattr(inner, "get_base_model") else inner
-
-
 def fast_steps_blocker(model: torch.nn.Module) -> str | None:
     """Why FastSteps cannot decode for `model` (None = it can, with the same logits as the model's forward)."""
-    base = _base_model(model)
+    base = base_model(model)
     name = type(base).__name__
     if name not in FAST_STEP_ARCHITECTURES or not type(base).__module__.startswith("transformers.models."):
         return f"{name} is not one of the architectures the fast steps replay ({sorted(FAST_STEP_ARCHITECTURES)})"
@@ -125,7 +112,7 @@ class FastSteps:
     def __init__(self, model: torch.nn.Module, cache: Any, mask_BP: torch.Tensor, dtype: torch.dtype, steps: int):
         from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
-        base = _base_model(model)
+        base = base_model(model)
         self.decoder, self.head = base.model, base.lm_head
         first = self.decoder.layers[0].self_attn
         modeling = sys.modules[type(first).__module__]

@@ -250,7 +250,7 @@ def test_sliding_window_models_decode_like_generate(tok):
     at the window, so the lean loop leaves the step masks to transformers; the tokens are generate's."""
     from transformers import AutoModelForCausalLM, MistralConfig
 
-    from grpo.steppers import has_sliding_window
+    from grpo.modeling import has_sliding_window
 
     config = MistralConfig(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                            num_attention_heads=4, num_key_value_heads=2, sliding_window=4,

@@ -206,15 +206,16 @@ def test_shared_prompts_apply_only_where_the_kv_cache_survives(model):
     assert "sliding-window" in shared_prompt_blocker(windowed, training=False)
 
 
-def test_the_entry_point_decides_once_and_refuses_what_cannot_apply(model, monkeypatch):
+def test_the_entry_point_decides_by_mode_size_and_blockers_and_refuses_what_cannot_apply(model, monkeypatch):
+    import grpo.logprobs
     import grpo_train
 
     dist = SimpleNamespace(is_main=True)
     cfg = C.load_config("demo", [])
     assert cfg.model.shared_prompt_forward == "auto"
     small = sum(p.numel() for p in model.parameters())
-    assert small < grpo_train.SHARED_PROMPT_MIN_PARAMS and not grpo_train.shares_prompts(cfg, model, dist)
-    monkeypatch.setattr(grpo_train, "SHARED_PROMPT_MIN_PARAMS", small)
+    assert small < grpo.logprobs.SHARED_PROMPT_MIN_PARAMS and not grpo_train.shares_prompts(cfg, model, dist)
+    monkeypatch.setattr(grpo.logprobs, "SHARED_PROMPT_MIN_PARAMS", small)
     assert grpo_train.shares_prompts(cfg, model, dist)
     assert grpo_train.shares_prompts(C.load_config("demo", ["model.shared_prompt_forward=on"]), model, dist)
     assert not grpo_train.shares_prompts(C.load_config("demo", ["model.shared_prompt_forward=off"]), model, dist)
