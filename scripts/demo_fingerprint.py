@@ -1,0 +1,56 @@
+"""Fingerprint of a finished run folder, to check that a refactor left the training bit-identical.
+
+    python grpo_train.py --seed 0 --output-dir /tmp/runs --run-name base     # before the change
+    python scripts/demo_fingerprint.py /tmp/runs/base > before.json
+    ... change the code, run again as `after` ...
+    python scripts/demo_fingerprint.py /tmp/runs/after > after.json && diff before.json after.json
+
+Covers every value of metrics.jsonl except the wall-clock ones (TIMING_KEYS), eval.json, the sampled completions
+(samples/*.jsonl) and the sha256 of every final/*.safetensors file. The last line is one sha256 over all of it.
+Exact equality (repr of every float): meant for the same machine and the same torch build.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import sys
+from pathlib import Path
+
+TIMING_PREFIXES = ("time/",)
+"""Metric keys measured with a clock: they differ between two runs of the same code."""
+
+
+def is_timing(key: str) -> bool:
+    return key.startswith(TIMING_PREFIXES)
+
+
+def fingerprint(run_dir: Path) -> dict:
+    """Everything deterministic a run wrote, as one JSON-able dict."""
+    metrics = []
+    for line in (run_dir / "metrics.jsonl").read_text().splitlines():
+        if line.strip():
+            row = json.loads(line)
+            metrics.append({k: v for k, v in row.items() if not is_timing(k)})
+    samples = {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted((run_dir / "samples").glob("*.jsonl"))}
+    weights = {p.name: hashlib.sha256(p.read_bytes()).hexdigest()
+               for p in sorted((run_dir / "final").glob("*.safetensors"))}
+    if not weights:
+        raise SystemExit(f"{run_dir}/final holds no *.safetensors: is the run finished?")
+    return {"metrics": metrics, "eval": json.loads((run_dir / "eval.json").read_text()), "samples": samples,
+            "weights": weights}
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 1:
+        print(__doc__, file=sys.stderr)
+        return 2
+    fp = fingerprint(Path(argv[0]))
+    text = json.dumps(fp, indent=1, sort_keys=True)
+    print(text)
+    print(f"fingerprint sha256 {hashlib.sha256(text.encode()).hexdigest()}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
