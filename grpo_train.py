@@ -34,16 +34,16 @@ from grpo.health import WeightGuard
 from grpo.kl_control import make_controller
 from grpo.logprobs import shared_prompt_blocker, shares_by_size
 from grpo.modeling import Policy, has_dropout, rebase_reference, reference, save_pretrained
-from grpo.records import Rollout, Sample, Scored
-from grpo.rollout import SamplingSettings, generate_rollouts, rollout_metrics
+from grpo.records import Rollout, Sample, Scored, TrainBatch
+from grpo.rollout import generate_rollouts, rollout_metrics
 from grpo.sampling import row_keys
 from grpo.setup_parts import (build_judge, build_trackers, choose_device, load_samples, policy_from_config,
-                              reward_specs, sampling_settings)
+                              reward_specs, stop_token_ids)
 from grpo.sft import run_sft, sft_examples
 from grpo.signals import StopRequest
 from grpo.scoring import score_rollouts
 from grpo.tracking import NullTracker, format_step_line, progress
-from grpo.update import UpdateSettings, train_step
+from grpo.update import train_step
 
 
 @dataclass
@@ -64,8 +64,10 @@ class Run:
     specs: dict[str, Any]
     judge: Any
     tracker: Any
-    sampling: SamplingSettings
-    update: UpdateSettings
+    stop_ids: tuple[int, ...]
+    """Token ids that end a completion: the end-of-turn / EOS token and rollout.stop_strings, resolved once."""
+    micro_batch_seqs: int
+    """Sequences per forward of the update (cfg.micro_batch_seqs; halved after a CUDA out-of-memory retry)."""
     guard: WeightGuard
     dist: Dist = field(default_factory=Dist)
     """The processes of the run (grpo/distributed.py); one process unless started by `accelerate launch`."""
@@ -121,20 +123,13 @@ def setup(cfg: C.Config) -> Run:
     params = policy.trainable_parameters()
     optimizer, scheduler = build_optimizer(cfg.train, params)
     controllers = {t: make_controller(**_controller_args(cfg.kl_for(t))) for t in tasks}
-    update = UpdateSettings(
-        policy_loss=cfg.loss.policy_loss, clip_low=cfg.loss.clip_low, clip_high=cfg.loss.clip_high,
-        dual_clip=cfg.loss.dual_clip, agg_mode=cfg.loss.agg_mode, agg_constant=float(cfg.rollout.max_new_tokens),
-        kl_estimator=cfg.loss.kl_estimator, entropy_coef=cfg.loss.entropy_coef, mu=cfg.loss.mu,
-        micro_batch_seqs=cfg.micro_batch_seqs, max_grad_norm=cfg.train.max_grad_norm,
-        skip_grad_norm=cfg.train.skip_grad_norm, temperature=cfg.rollout.temperature,
-        fused_head=cfg.model.fused_lm_head)
     run = Run(cfg=cfg, run_dir=run_dir, device=device, policy=policy, tasks=tasks, train=train, heldout=heldout,
               sampler=TaskBalancedSampler(train, seed=cfg.train.seed, mix=parse_task_mix(cfg.data.task_mix)),
               optimizer=optimizer, scheduler=scheduler,
               controllers=controllers, specs=reward_specs(cfg.data.source, cfg.rewards, tasks), judge=build_judge(cfg.judge, run_dir),
               tracker=build_trackers(cfg.train, run_dir) if dist.is_main else NullTracker(),
-              sampling=sampling_settings(cfg.rollout, policy.tokenizer),
-              update=update, guard=WeightGuard(dist.local(params), max_consecutive=cfg.train.max_consecutive_bad),
+              stop_ids=stop_token_ids(cfg.rollout, policy.tokenizer),
+              micro_batch_seqs=cfg.micro_batch_seqs, guard=WeightGuard(dist.local(params), max_consecutive=cfg.train.max_consecutive_bad),
               dist=dist)
     if policy.grad_scaler is not None and cfg.multi.combine != "sum":
         raise C.ConfigError(f"multi.combine={cfg.multi.combine!r} needs bf16 or fp32 weights: the per-task gradients "
@@ -148,7 +143,7 @@ def setup(cfg: C.Config) -> Run:
     run.frontier = ParetoFrontier(cfg.multi.pareto_cap, run_dir / "pareto")
     if dist.is_main:
         (run_dir / "config.json").write_text(C.dumps(cfg))
-    if dist.active and not per_completion_sampling(cfg, dist):
+    if dist.active and not per_completion_sampling(cfg.rollout, dist):
         torch.manual_seed(cfg.train.seed + 1_000_003 * dist.rank)  # ranks must not draw the same samples
     return run
 
@@ -183,9 +178,9 @@ def check_sharding(cfg: C.Config, policy: Policy, dist: Dist) -> None:
         raise C.ConfigError("train.sharding=fsdp does not support " + "; ".join(problems))
 
 
-def per_completion_sampling(cfg: C.Config, dist: Dist) -> bool:
+def per_completion_sampling(rollout: C.RolloutConfig, dist: Dist) -> bool:
     """Whether rollouts draw from per-completion streams (rollout.sampling_rng; auto = when several processes)."""
-    mode = cfg.rollout.sampling_rng
+    mode = rollout.sampling_rng
     return mode == "per_completion" or (mode == "auto" and dist.active)
 
 
@@ -313,7 +308,7 @@ def evaluate_phase(run: Run, tag: str) -> dict[str, float]:
         dist.barrier()
         return {}
     scorer = (lambda rollouts: score(run, rollouts)) if dist.is_main else unscored
-    results, scored = evaluate(run.policy.model, run.tokenizer, run.heldout, run.sampling, scorer,
+    results, scored = evaluate(run.policy.model, run.tokenizer, run.heldout, run.cfg.rollout, run.stop_ids, scorer,
                                synced_gpus=dist.sharded)
     dist.reshard(run.policy.model)
     offered = tag.startswith("step_") or tag == "after_rl"  # RL checkpoints compete for the Pareto frontier
@@ -342,10 +337,10 @@ def rl_step(run: Run, step: int) -> dict[str, float]:
     everyone = run.sampler.next_batch(cfg.prompts_per_step * dist.world)
     mine = dist.share(len(everyone))
     keys = (row_keys(cfg.train.seed, step, range(mine.start, mine.stop), cfg.rollout.k)
-            if per_completion_sampling(cfg, dist) else None)
+            if per_completion_sampling(cfg.rollout, dist) else None)
     # the system prompt (data.system_prompt) is already the first message of every sample
-    rollouts, metrics = generate_rollouts(run.policy.model, run.tokenizer, everyone[mine], cfg.rollout.k,
-                                          run.sampling, row_keys=keys, synced_gpus=dist.sharded)
+    rollouts, metrics = generate_rollouts(run.policy.model, run.tokenizer, everyone[mine], cfg.rollout, run.stop_ids,
+                                          row_keys=keys, synced_gpus=dist.sharded)
     dist.reshard(run.policy.model)  # after every no-grad pass of a sharded model (see Dist.reshard)
     t1 = time.perf_counter()
     scored_mine, score_metrics = score_rollouts(rollouts, run.specs, run.judge)
@@ -403,31 +398,36 @@ OOM_KNOBS = ("train.prompts_per_micro_step (smaller micro-batches, more grad_acc
              "rollout.max_new_tokens", "model.load_in_4bit=true (QLoRA)", "rollout.k")
 
 
-def update_with_oom_retry(run: Run, batch, betas_N: torch.Tensor) -> dict[str, float]:
+def train_update(run: Run, batch: TrainBatch, betas_N: torch.Tensor) -> dict[str, float]:
+    """The μ update passes of one step (grpo/update.train_step) with the run's settings: the loss section, the
+    rollout temperature and length, the train section's gradient-norm limits, the run's micro-batch size."""
+    cfg = run.cfg
+    return train_step(run.train_model or run.policy.model, run.optimizer, batch, betas_N, cfg.loss, run.tasks,
+                      run.policy.trainable_parameters(), micro_batch_seqs=run.micro_batch_seqs,
+                      temperature=cfg.rollout.temperature, max_grad_norm=cfg.train.max_grad_norm,
+                      skip_grad_norm=cfg.train.skip_grad_norm, agg_constant=float(cfg.rollout.max_new_tokens),
+                      fused_head=cfg.model.fused_lm_head, on_step=lambda: after_optimizer_step(run),
+                      grad_combiner=run.surgery, scaler=run.policy.grad_scaler, dist=run.dist)
+
+
+def update_with_oom_retry(run: Run, batch: TrainBatch, betas_N: torch.Tensor) -> dict[str, float]:
     """The μ update passes; on CUDA out-of-memory, report and retry once with half the micro-batch size."""
-    from dataclasses import replace
-
-    def attempt() -> dict[str, float]:
-        return train_step(run.train_model or run.policy.model, run.optimizer, batch, betas_N, run.update, run.tasks,
-                          run.policy.trainable_parameters(), on_step=lambda: after_optimizer_step(run),
-                          grad_combiner=run.surgery, scaler=run.policy.grad_scaler, dist=run.dist)
-
     try:
-        return {**attempt(), "health/oom_retries": 0.0}
+        return {**train_update(run, batch, betas_N), "health/oom_retries": 0.0}
     except torch.OutOfMemoryError as e:
         run.optimizer.zero_grad(set_to_none=True)
         peak = torch.cuda.max_memory_allocated() / 2**30 if torch.cuda.is_available() else float("nan")
-        half = max(1, run.update.micro_batch_seqs // 2)
+        half = max(1, run.micro_batch_seqs // 2)
         print(f"CUDA out of memory in the update (peak allocated {peak:.1f} GiB): {str(e).splitlines()[0]}\n"
-              f"  retrying this step once with micro-batch {half} sequences (was {run.update.micro_batch_seqs}).\n"
+              f"  retrying this step once with micro-batch {half} sequences (was {run.micro_batch_seqs}).\n"
               f"  knobs that reduce memory: {'; '.join(OOM_KNOBS)}; see MEMORY_OPTIMIZATION.md and "
               "`python check_gpu_memory.py --estimate`", file=sys.stderr, flush=True)
-        if half == run.update.micro_batch_seqs:
+        if half == run.micro_batch_seqs:
             raise
         if torch.cuda.is_available():
             torch.cuda.empty_cache()  # once, after an OOM, to give the retry the freed blocks
-        run.update = replace(run.update, micro_batch_seqs=half)
-        return {**attempt(), "health/oom_retries": 1.0}
+        run.micro_batch_seqs = half
+        return {**train_update(run, batch, betas_N), "health/oom_retries": 1.0}
 
 
 JUDGE_COUNTERS = ("judge/calls", "judge/failures", "judge/cache_hits", "judge/retries", "judge/items")

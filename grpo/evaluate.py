@@ -5,22 +5,25 @@ from __future__ import annotations
 import math
 from typing import Callable, Sequence
 
+from config import RolloutConfig
 from grpo.records import Rollout, Sample, Scored
-from grpo.rollout import SamplingSettings, greedy_complete
+from grpo.rollout import greedy_complete
 
 
-def evaluate(model, tokenizer, samples_by_task: dict[str, Sequence[Sample]], settings: SamplingSettings,
-             score: Callable[[list[Rollout]], list[Scored]], system_prompt: str | None = None,
-             batch_size: int = 32, synced_gpus: bool = False) -> tuple[dict[str, float], list[Scored]]:
-    """Mean reward per task on greedy (top-1) completions; failed scores are left out of the mean.
+def evaluate(model, tokenizer, samples_by_task: dict[str, Sequence[Sample]], rollout: RolloutConfig,
+             stop_ids: Sequence[int] | None, score: Callable[[list[Rollout]], list[Scored]], *,
+             system_prompt: str | None = None, batch_size: int = 32,
+             synced_gpus: bool = False) -> tuple[dict[str, float], list[Scored]]:
+    """Mean reward per task on greedy (top-1) completions (`greedy_complete`: rollout's length limits and penalties,
+    no sampling); failed scores are left out of the mean.
     `synced_gpus`: sharded model, every process runs this same evaluation (see grpo/distributed.py)."""
     results: dict[str, float] = {}
     all_scored: list[Scored] = []
     for task, samples in samples_by_task.items():
         scored: list[Scored] = []
         for start in range(0, len(samples), batch_size):
-            rollouts, _ = greedy_complete(model, tokenizer, list(samples[start:start + batch_size]), settings,
-                                          system_prompt=system_prompt, synced_gpus=synced_gpus)
+            rollouts, _ = greedy_complete(model, tokenizer, list(samples[start:start + batch_size]), rollout,
+                                          stop_ids, system_prompt=system_prompt, synced_gpus=synced_gpus)
             scored += score(rollouts)
         valid = [s.reward for s in scored if s.reward is not None and not math.isnan(s.reward)]
         results[task] = sum(valid) / len(valid) if valid else float("nan")

@@ -1,6 +1,6 @@
 """Rollouts: one batched decode for all prompts × K, cut at the first stop token, as typed `Rollout` records.
 
-The decode is transformers' `generate` or the lean loop of grpo/decode.py (`SamplingSettings.engine`), which samples
+The decode is transformers' `generate` or the lean loop of grpo/decode.py (`rollout.engine`), which samples
 the same tokens with the same processors and random numbers, with less Python per step and without computing rows
 that already stopped.
 
@@ -17,12 +17,12 @@ from __future__ import annotations
 import contextlib
 import warnings
 from collections import defaultdict
-from dataclasses import dataclass, field, replace
 from typing import Any, Iterator, Sequence
 
 import torch
 
-from grpo.decode import ENGINES, decode, lean_blocker, sampling_processors
+from config import RolloutConfig
+from grpo.decode import decode, lean_blocker, sampling_processors
 from grpo.modeling import generation_mode
 from grpo.records import Rollout, Sample
 from grpo.tokens import encode_prompt, left_pad, stop_token_id
@@ -51,60 +51,6 @@ def _warn_once(message: str) -> None:
     if message not in _WARNED:
         _WARNED.add(message)
         warnings.warn(message, RuntimeWarning, stacklevel=3)
-
-
-@dataclass(frozen=True)
-class SamplingSettings:
-    """How completions are sampled. Neutral values switch a setting off (they are still passed explicitly, so a
-    model's generation_config.json default, e.g. top_k=20, never sneaks in)."""
-
-    temperature: float = 1.0
-    """Softmax temperature (> 0) when sampling."""
-    top_k: int = 0
-    """Keep the k most likely tokens; 0 = off (HF's global default would otherwise be 50)."""
-    top_p: float = 1.0
-    """Nucleus sampling mass in (0, 1]; 1 = off."""
-    min_p: float = 0.0
-    """Drop tokens below min_p · p_max, in [0, 1]; 0 = off."""
-    repetition_penalty: float = 1.0
-    """HF (CTRL) repetition penalty, > 0; 1 = off. Counts prompt tokens too."""
-    presence_penalty: float = 0.0
-    """Subtracted once from a token's logit if it already appears in the completion."""
-    frequency_penalty: float = 0.0
-    """Subtracted per occurrence of the token in the completion so far."""
-    max_new_tokens: int = 128
-    """Completion length limit; a completion that reaches it without a stop token is `truncated`."""
-    min_new_tokens: int = 0
-    """Stop tokens are masked until this many tokens were generated."""
-    stop_token_ids: list[int] = field(default_factory=list)
-    """Ids that end a completion (kept as its last id); empty = the tokenizer's EOS."""
-    do_sample: bool = True
-    """False = greedy decoding (evaluation); the sampling-only settings are then not passed."""
-    cache_implementation: str = "dynamic"
-    """KV cache: "dynamic" or "static" (prompts padded to STATIC_PROMPT_BUCKET; decoding compiled on CUDA)."""
-    engine: str = "auto"
-    """Decoding loop: "hf" = transformers' generate; "lean" = grpo/decode.py (same tokens, less per-step overhead,
-    stopped rows dropped from the batch); "auto" = lean wherever it applies (`grpo.decode.lean_blocker`)."""
-
-    def __post_init__(self) -> None:
-        checks = [
-            (not self.do_sample or self.temperature > 0, "temperature", "use a value > 0 or do_sample=False"),
-            (self.top_k >= 0, "top_k", "use 0 (off) or a positive integer"),
-            (0.0 < self.top_p <= 1.0, "top_p", "use a value in (0, 1]"),
-            (0.0 <= self.min_p <= 1.0, "min_p", "use a value in [0, 1]"),
-            (self.repetition_penalty > 0, "repetition_penalty", "use a value > 0 (1 = off)"),
-            (self.max_new_tokens >= 1, "max_new_tokens", "use at least 1"),
-            (0 <= self.min_new_tokens <= self.max_new_tokens, "min_new_tokens", "use 0 ≤ min_new_tokens ≤ max"),
-            (all(int(i) >= 0 for i in self.stop_token_ids), "stop_token_ids", "use token ids ≥ 0"),
-            (self.cache_implementation in CACHE_IMPLEMENTATIONS, "cache_implementation",
-             f"use one of {list(CACHE_IMPLEMENTATIONS)}"),
-            (self.engine in ENGINES, "engine", f"use one of {list(ENGINES)}"),
-            (self.engine != "lean" or self.cache_implementation == "dynamic", "engine",
-             "the lean loop keeps a dynamic KV cache; use engine=auto or hf with cache_implementation=static"),
-        ]
-        for ok, name, fix in checks:
-            if not ok:
-                raise ValueError(f"SamplingSettings.{name}={getattr(self, name)!r} is invalid: {fix}")
 
 
 class CompletionPenaltyProcessor:
@@ -144,21 +90,24 @@ class SanitizeLogitsProcessor:
         return torch.nan_to_num(scores_BV, nan=NAN_LOGIT, posinf=POSINF_LOGIT, neginf=NEGINF_LOGIT)
 
 
-def build_generation_config(settings: SamplingSettings, pad_id: int, stop_ids: Sequence[int]):
-    """A GenerationConfig carrying every setting; warns (once) if the installed transformers does not know or does
-    not keep one of them, or judges the combination invalid, instead of letting it be dropped silently."""
+def build_generation_config(rollout: RolloutConfig, pad_id: int, stop_ids: Sequence[int], *, do_sample: bool = True,
+                            cache_implementation: str = "dynamic"):
+    """A GenerationConfig carrying every setting of `rollout` (sampling ones only when `do_sample`); warns (once) if
+    the installed transformers does not know or does not keep one of them, or judges the combination invalid,
+    instead of letting it be dropped silently. Neutral values are passed explicitly, so a model's
+    generation_config.json default (e.g. top_k=20) never sneaks in."""
     from transformers import GenerationConfig
 
-    wanted: dict[str, Any] = {"do_sample": settings.do_sample, "max_new_tokens": settings.max_new_tokens,
-                              "min_new_tokens": settings.min_new_tokens,
-                              "repetition_penalty": settings.repetition_penalty,
+    wanted: dict[str, Any] = {"do_sample": do_sample, "max_new_tokens": rollout.max_new_tokens,
+                              "min_new_tokens": rollout.min_new_tokens,
+                              "repetition_penalty": rollout.repetition_penalty,
                               "eos_token_id": [int(i) for i in stop_ids], "pad_token_id": int(pad_id)}
-    if settings.do_sample:
-        wanted.update(temperature=settings.temperature, top_k=settings.top_k, top_p=settings.top_p)
-        if settings.min_p > 0:  # min_p=0.0 would still add a full-vocabulary softmax per step in transformers
-            wanted["min_p"] = settings.min_p
-    if settings.cache_implementation != "dynamic":  # None = transformers' default, the dynamic cache
-        wanted["cache_implementation"] = settings.cache_implementation
+    if do_sample:
+        wanted.update(temperature=rollout.temperature, top_k=rollout.top_k, top_p=rollout.top_p)
+        if rollout.min_p > 0:  # min_p=0.0 would still add a full-vocabulary softmax per step in transformers
+            wanted["min_p"] = rollout.min_p
+    if cache_implementation != "dynamic":  # None = transformers' default, the dynamic cache
+        wanted["cache_implementation"] = cache_implementation
     known = GenerationConfig()
     config = GenerationConfig(**wanted)
     for key, value in wanted.items():
@@ -210,26 +159,28 @@ def rollout_metrics(rollouts: Sequence[Rollout]) -> dict[str, float]:
     return metrics
 
 
-def choose_engine(model, settings: SamplingSettings, synced_gpus: bool) -> str:
-    """"lean" or "hf" for this call (see SamplingSettings.engine); an explicit "lean" that cannot apply is an error
+def choose_engine(model, engine: str, cache_implementation: str, synced_gpus: bool) -> str:
+    """"lean" or "hf" for this call (`engine` is rollout.engine); an explicit "lean" that cannot apply is an error
     naming why, never a silent switch."""
-    if settings.engine == "hf":
+    if engine == "hf":
         return "hf"
-    blocker = lean_blocker(model, settings.cache_implementation, synced_gpus)
+    blocker = lean_blocker(model, cache_implementation, synced_gpus)
     if blocker is None:
         return "lean"
-    if settings.engine == "lean":
+    if engine == "lean":
         raise ValueError(f"rollout.engine=lean cannot decode here: {blocker}. Use rollout.engine=auto (it picks "
                          "transformers' generate in this case) or rollout.engine=hf")
     return "hf"
 
 
-def generate_rollouts(model, tokenizer, samples: Sequence[Sample], k: int, settings: SamplingSettings,
-                      system_prompt: str | None = None, generator_seed: int | None = None,
-                      row_keys: Sequence[int] | None = None,
+def generate_rollouts(model, tokenizer, samples: Sequence[Sample], rollout: RolloutConfig,
+                      stop_ids: Sequence[int] | None = None, *, system_prompt: str | None = None,
+                      generator_seed: int | None = None, row_keys: Sequence[int] | None = None,
                       synced_gpus: bool = False) -> tuple[list[Rollout], dict[str, float]]:
-    """K completions per sample from ONE batched decode (left padding, model in generation mode, no grad), by
-    `generate` or the lean loop (see `choose_engine`).
+    """`rollout.k` sampled completions per sample from ONE batched decode (left padding, model in generation mode,
+    no grad), by `generate` or the lean loop (see `choose_engine`). `stop_ids`: the ids that end a completion (kept
+    as its last id; `grpo.setup_parts.stop_token_ids` resolves rollout.stop_strings); None = the tokenizer's
+    end-of-turn / EOS token.
 
     Returns the rollouts (samples[i]'s K rollouts at [i*K, (i+1)*K)) and metrics (see `rollout_metrics`, plus
     `rollout/nonfinite_logit_rows`: sampler steps × rows whose logits the sanitiser had to fix). With
@@ -238,47 +189,72 @@ def generate_rollouts(model, tokenizer, samples: Sequence[Sample], k: int, setti
     so it does not depend on the other prompts of the batch (data-parallel runs shard prompts over processes).
     `synced_gpus`: keep decoding until every process is done (FSDP: each forward is a collective).
     """
+    return _complete(model, tokenizer, samples, rollout, stop_ids, k=rollout.k, greedy=False,
+                     system_prompt=system_prompt, generator_seed=generator_seed, row_keys=row_keys,
+                     synced_gpus=synced_gpus)
+
+
+def greedy_complete(model, tokenizer, samples: Sequence[Sample], rollout: RolloutConfig,
+                    stop_ids: Sequence[int] | None = None, *, system_prompt: str | None = None,
+                    synced_gpus: bool = False) -> tuple[list[Rollout], dict[str, float]]:
+    """One greedy (top-1) completion per sample (evaluation), with `rollout`'s length limits, repetition and
+    presence / frequency penalties and engine; its sampling settings do not apply.
+
+    Always with the dynamic cache: evaluation batches vary in size, and every new shape would recompile the static
+    cache's compiled decoding step."""
+    return _complete(model, tokenizer, samples, rollout, stop_ids, k=1, greedy=True, system_prompt=system_prompt,
+                     synced_gpus=synced_gpus)
+
+
+def _complete(model, tokenizer, samples: Sequence[Sample], rollout: RolloutConfig, stop_ids: Sequence[int] | None, *,
+              k: int, greedy: bool, system_prompt: str | None = None, generator_seed: int | None = None,
+              row_keys: Sequence[int] | None = None,
+              synced_gpus: bool = False) -> tuple[list[Rollout], dict[str, float]]:
+    """`generate_rollouts` (greedy=False) and `greedy_complete` (greedy=True, k=1, dynamic cache)."""
     if k < 1:
         raise ValueError(f"generate_rollouts: k={k}; use k ≥ 1 completions per sample")
     if not samples:
         raise ValueError("generate_rollouts: no samples given")
-    stop_ids = [int(i) for i in settings.stop_token_ids] or [stop_token_id(tokenizer)]
+    do_sample = not greedy
+    cache_implementation = "dynamic" if greedy else rollout.cache_implementation
+    stop_ids = [int(i) for i in stop_ids or ()] or [stop_token_id(tokenizer)]
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else stop_ids[0]
     prompts = [encode_prompt(tokenizer, s.messages, system_prompt) for s in samples]
     repeated = [p for p in prompts for _ in range(k)]
-    bucket = STATIC_PROMPT_BUCKET if settings.cache_implementation == "static" else 1
+    bucket = STATIC_PROMPT_BUCKET if cache_implementation == "static" else 1
     ids_BP, mask_BP = left_pad(repeated, pad_id, multiple_of=bucket)
     prompt_len = int(ids_BP.shape[1])
 
     processors: list[Any] = []
-    if settings.presence_penalty or settings.frequency_penalty:
-        processors.append(CompletionPenaltyProcessor(prompt_len, settings.presence_penalty, settings.frequency_penalty))
+    if rollout.presence_penalty or rollout.frequency_penalty:
+        processors.append(CompletionPenaltyProcessor(prompt_len, rollout.presence_penalty, rollout.frequency_penalty))
     sanitizer = SanitizeLogitsProcessor()
     processors.append(sanitizer)  # last of ours; HF's warpers run after it and keep finite logits finite
     from transformers import LogitsProcessorList
 
-    config = build_generation_config(settings, pad_id, stop_ids)
-    if row_keys is not None and settings.do_sample:
+    if row_keys is not None and do_sample:
         from grpo.sampling import SeededSampler
 
         if len(row_keys) != len(repeated):
             raise ValueError(f"generate_rollouts: {len(row_keys)} row keys for {len(repeated)} completions")
         # our sampler draws the token (warpers included); generate then only takes its one-hot argmax
-        processors.append(SeededSampler(row_keys, prompt_len, settings.temperature, settings.top_k, settings.top_p,
-                                        settings.min_p))
-        config = build_generation_config(replace(settings, do_sample=False), pad_id, stop_ids)
+        processors.append(SeededSampler(row_keys, prompt_len, rollout.temperature, rollout.top_k, rollout.top_p,
+                                        rollout.min_p))
+        do_sample = False
+    config = build_generation_config(rollout, pad_id, stop_ids, do_sample=do_sample,
+                                     cache_implementation=cache_implementation)
     device = next(model.parameters()).device
-    engine = choose_engine(model, settings, synced_gpus)
+    engine = choose_engine(model, rollout.engine, cache_implementation, synced_gpus)
     with generation_mode(model), torch.no_grad(), _seeded(generator_seed, device):
         ids_BP, mask_BP = ids_BP.to(device), mask_BP.to(device)
         if engine == "lean":
-            steps = sampling_processors(do_sample=config.do_sample, temperature=settings.temperature,
-                                        top_k=settings.top_k, top_p=settings.top_p, min_p=settings.min_p,
-                                        repetition_penalty=settings.repetition_penalty,
-                                        min_new_tokens=settings.min_new_tokens, prompt_len=prompt_len,
+            steps = sampling_processors(do_sample=do_sample, temperature=rollout.temperature,
+                                        top_k=rollout.top_k, top_p=rollout.top_p, min_p=rollout.min_p,
+                                        repetition_penalty=rollout.repetition_penalty,
+                                        min_new_tokens=rollout.min_new_tokens, prompt_len=prompt_len,
                                         mask_BP=mask_BP, stop_ids=stop_ids, extra=processors)
-            sequences = decode(model, ids_BP, mask_BP, steps, max_new_tokens=settings.max_new_tokens,
-                               stop_ids=stop_ids, pad_id=pad_id, do_sample=config.do_sample)
+            sequences = decode(model, ids_BP, mask_BP, steps, max_new_tokens=rollout.max_new_tokens,
+                               stop_ids=stop_ids, pad_id=pad_id, do_sample=do_sample)
         else:
             out = model.generate(input_ids=ids_BP, attention_mask=mask_BP, generation_config=config,
                                  logits_processor=LogitsProcessorList(processors),
@@ -295,14 +271,3 @@ def generate_rollouts(model, tokenizer, samples: Sequence[Sample], k: int, setti
     metrics = rollout_metrics(rollouts)
     metrics["rollout/nonfinite_logit_rows"] = float(sanitizer.rows_fixed)
     return rollouts, metrics
-
-
-def greedy_complete(model, tokenizer, samples: Sequence[Sample], settings: SamplingSettings,
-                    system_prompt: str | None = None, synced_gpus: bool = False,
-                    ) -> tuple[list[Rollout], dict[str, float]]:
-    """One greedy completion per sample (evaluation): `generate_rollouts` with k=1 and do_sample=False.
-
-    Always with the dynamic cache: evaluation batches vary in size, and every new shape would recompile the static
-    cache's compiled decoding step."""
-    greedy = replace(settings, do_sample=False, cache_implementation="dynamic")
-    return generate_rollouts(model, tokenizer, samples, 1, greedy, system_prompt, synced_gpus=synced_gpus)

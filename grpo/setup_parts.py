@@ -1,4 +1,4 @@
-"""Building a run's parts from config sections: device, data, policy, rewards, judge, trackers, sampling.
+"""Building a run's parts from config sections: device, data, policy, rewards, judge, trackers, stop tokens.
 
 The entry point hands each function one config section (or plain values); nothing here reads a global.
 """
@@ -13,7 +13,6 @@ from typing import Any, Iterable
 import torch
 
 from grpo.records import Sample
-from grpo.rollout import SamplingSettings
 
 
 def choose_device(requested: str) -> torch.device:
@@ -165,8 +164,9 @@ def build_trackers(train_cfg, run_dir: Path):
     return make_trackers(run_dir, tensorboard=train_cfg.tensorboard, wandb_project=train_cfg.wandb_project or None)
 
 
-def sampling_settings(rollout_cfg, tokenizer) -> SamplingSettings:
-    """Sampling settings with the stop tokens resolved to ids (end-of-turn/EOS always included)."""
+def stop_token_ids(rollout_cfg, tokenizer) -> tuple[int, ...]:
+    """The ids that end a rollout: the tokenizer's end-of-turn / EOS token, then each of rollout.stop_strings
+    (each must be one token of the tokenizer), without repeats."""
     from grpo.tokens import stop_token_id
 
     stops = [stop_token_id(tokenizer)]
@@ -179,10 +179,4 @@ def sampling_settings(rollout_cfg, tokenizer) -> SamplingSettings:
                                  "exactly one token of the tokenizer")
             ids = encoded[0]
         stops.append(int(ids))
-    return SamplingSettings(temperature=rollout_cfg.temperature, top_k=rollout_cfg.top_k, top_p=rollout_cfg.top_p,
-                            min_p=rollout_cfg.min_p, repetition_penalty=rollout_cfg.repetition_penalty,
-                            presence_penalty=rollout_cfg.presence_penalty,
-                            frequency_penalty=rollout_cfg.frequency_penalty,
-                            max_new_tokens=rollout_cfg.max_new_tokens, min_new_tokens=rollout_cfg.min_new_tokens,
-                            stop_token_ids=list(dict.fromkeys(stops)), do_sample=True,
-                            cache_implementation=rollout_cfg.cache_implementation, engine=rollout_cfg.engine)
+    return tuple(dict.fromkeys(stops))

@@ -17,11 +17,11 @@ from __future__ import annotations
 
 import contextlib
 import math
-from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 import torch
 
+from config import LossConfig
 from grpo.distributed import as_float
 from grpo.logprobs import completion_logprobs
 from grpo.losses import aggregate, kl_penalty, policy_loss
@@ -32,62 +32,41 @@ PER_PASS_PREFIXES = ("loss/clip_frac", "loss/ratio", "loss/approx_kl_old", "loss
 """Off-policy metrics: at μ > 1 they are aggregated over ALL passes (the first pass is on-policy, ratio = 1)."""
 
 
-@dataclass(frozen=True)
-class UpdateSettings:
-    """Plain values of the update, mapped from the loss and train config sections by the entry point."""
-
-    policy_loss: str = "grpo"
-    clip_low: float = 0.2
-    clip_high: float = 0.28
-    dual_clip: float | None = None
-    agg_mode: str = "token-mean"
-    agg_constant: float | None = None
-    kl_estimator: str = "k3"
-    entropy_coef: float = 0.0
-    mu: int = 1
-    micro_batch_seqs: int = 8
-    max_grad_norm: float = 1.0
-    skip_grad_norm: float = 1000.0
-    temperature: float = 1.0
-    fused_head: bool = True
-    """Apply the LM head inside the log-prob computation (grpo/logprobs.head_logprobs): less memory, some time."""
-
-
-def micro_batch_terms(model: torch.nn.Module, mb: TrainBatch, betas_N: torch.Tensor, s: UpdateSettings,
+def micro_batch_terms(model: torch.nn.Module, mb: TrainBatch, betas_N: torch.Tensor, loss: LossConfig,
+                      temperature: float, fused_head: bool,
                       ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
     """Per-token loss terms of one micro-batch: (policy_BT, regulariser_BT = β_task·KL − c·entropy, mask_BT, parts).
 
-    betas_N: the KL coefficient per task index; each sequence uses its own task's β.
+    betas_N: the KL coefficient per task index; each sequence uses its own task's β. `temperature`: the sampling
+    temperature (rollout.temperature), so the log-probs are those of the distribution the rollouts came from.
+    `fused_head` (model.fused_lm_head): apply the LM head inside the log-prob computation (grpo/kernels.py).
     """
     betas_B = betas_N.to(mb.advantages_B.device)[mb.task_ids_B]
     logps_BT, entropy_BT = completion_logprobs(model, mb.input_ids_BL, mb.attention_mask_BL, mb.prompt_len,
-                                               temperature=s.temperature, with_entropy=True, fused_head=s.fused_head,
+                                               temperature=temperature, with_entropy=True, fused_head=fused_head,
                                                group_size=mb.group_size)
     mask_BT = mb.completion_mask_BT.to(logps_BT.dtype)
     old_BT = logps_BT.detach() if mb.old_logps_BT is None else mb.old_logps_BT
-    pg_BT, pg_metrics = policy_loss(s.policy_loss, logps_BT, old_BT, mb.advantages_B, mask_BT,
-                                    clip_low=s.clip_low, clip_high=s.clip_high, dual_clip=s.dual_clip)
+    pg_BT, pg_metrics = policy_loss(loss.policy_loss, logps_BT, old_BT, mb.advantages_B, mask_BT,
+                                    clip_low=loss.clip_low, clip_high=loss.clip_high, dual_clip=loss.dual_clip)
     reg_BT = torch.zeros_like(pg_BT)
     kl_value_BT = torch.zeros_like(logps_BT)
     if mb.ref_logps_BT is not None:
-        kl_BT = kl_penalty(logps_BT, mb.ref_logps_BT, s.kl_estimator)
+        kl_BT = kl_penalty(logps_BT, mb.ref_logps_BT, loss.kl_estimator)
         reg_BT = reg_BT + betas_B.to(kl_BT.dtype)[:, None] * kl_BT
         kl_value_BT = kl_penalty(logps_BT.detach(), mb.ref_logps_BT, KL_METRIC_ESTIMATOR)
-    if s.entropy_coef > 0:
-        reg_BT = reg_BT - s.entropy_coef * entropy_BT
+    if loss.entropy_coef > 0:
+        reg_BT = reg_BT - loss.entropy_coef * entropy_BT
     parts = {"pg_BT": pg_BT.detach(), "kl_BT": kl_value_BT, "entropy_BT": entropy_BT.detach(),
              "logps_BT": logps_BT.detach(),
              "mask_BT": mask_BT.detach(), **{k: torch.as_tensor(v).detach() for k, v in pg_metrics.items()}}
     return pg_BT, reg_BT, mask_BT, parts
 
 
-def micro_batch_loss(model: torch.nn.Module, mb: TrainBatch, betas_N: torch.Tensor, s: UpdateSettings,
-                     num_tokens: int, num_seqs: int) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """Loss of one micro-batch, scaled so that summing over the step's micro-batches gives the full-batch loss."""
-    pg_BT, reg_BT, mask_BT, parts = micro_batch_terms(model, mb, betas_N, s)
-    loss = aggregate(pg_BT + reg_BT, mask_BT, s.agg_mode, num_tokens=num_tokens, num_seqs=num_seqs,
-                     constant=s.agg_constant)
-    return loss, parts
+Terms = Callable[[TrainBatch], tuple[torch.Tensor, torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]]
+"""One micro-batch -> (policy_BT, regulariser_BT, mask_BT, parts): `micro_batch_terms` with the step's settings."""
+Aggregate = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+"""(loss_BT, mask_BT) -> the scalar share of the optimizer step's loss (`aggregate` with the step's counts)."""
 
 
 class _StepStats:
@@ -144,18 +123,27 @@ class _StepStats:
 
 
 def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batch: TrainBatch,
-               betas_N: torch.Tensor, s: UpdateSettings, tasks: Sequence[str],
-               params: Sequence[torch.nn.Parameter], on_step: Callable[[], None] | None = None,
+               betas_N: torch.Tensor, loss: LossConfig, tasks: Sequence[str],
+               params: Sequence[torch.nn.Parameter], *, micro_batch_seqs: int, temperature: float,
+               max_grad_norm: float, skip_grad_norm: float, agg_constant: float | None = None,
+               fused_head: bool = True, on_step: Callable[[], None] | None = None,
                grad_combiner: Callable[..., dict[str, float]] | None = None,
                scaler: "torch.amp.GradScaler | None" = None, dist: Any = None) -> dict[str, float]:
-    """μ optimizer steps over `batch`. betas_N: β per task index. Returns metrics + health.
+    """loss.mu optimizer steps over `batch` (the loss section: policy loss, clipping, aggregation, KL estimator,
+    entropy bonus, μ). betas_N: β per task index. Returns metrics + health.
+
+    Plain values from other sections: `micro_batch_seqs` (sequences per forward; the run's current size, see
+    grpo_train.update_with_oom_retry), `temperature` (rollout.temperature), `max_grad_norm` / `skip_grad_norm`
+    (train section: clip the norm; skip the step when it is non-finite or above), `agg_constant` (the Dr.GRPO
+    normaliser of seq-mean-token-sum-norm: rollout.max_new_tokens), `fused_head` (model.fused_lm_head).
 
     Loss, per-task KL and entropy are the first pass's (measured on the rollout policy, which is what the KL
     controllers steer); the ratio / clip metrics (PER_PASS_PREFIXES) cover all μ passes: mean of the means, max of
     the maxima, min of the minima. `health/grad_norm` is the first pass's, `health/grad_norm_max` the largest.
 
     `on_step` runs after each successful optimizer step (the LR scheduler, the weight guard).
-    `grad_combiner`, when given, replaces the plain accumulation (per-task gradient surgery, see grpo/multi.py).
+    `grad_combiner`, when given, replaces the plain accumulation (per-task gradient surgery, see grpo/multi.py):
+    called as grad_combiner(micro_batches, terms, agg, stats, dist=dist) (see `Terms`, `Aggregate`).
     `scaler`: a GradScaler for fp16 weights (loss scaling; gradients are unscaled before clipping).
     With μ > 1 and `batch.old_logps_BT` None, the first pass's own log-probs (detached) become the old log-probs of
     the later passes: the caller skips the separate old-log-prob forward when train mode has no dropout, because
@@ -175,26 +163,35 @@ def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batch: 
     passes: list[dict[str, float]] = []
     norms: list[float] = []
     skipped = 0
+
+    def terms(mb: TrainBatch):
+        return micro_batch_terms(model, mb, betas_N, loss, temperature, fused_head)
+
+    def agg(loss_BT: torch.Tensor, mask_BT: torch.Tensor) -> torch.Tensor:
+        return aggregate(loss_BT, mask_BT, loss.agg_mode, num_tokens=num_tokens, num_seqs=num_seqs,
+                         constant=agg_constant)
+
     model.train()
-    for pass_index in range(s.mu):
+    for pass_index in range(loss.mu):
         optimizer.zero_grad(set_to_none=True)
         stats = _StepStats(len(tasks), batch.advantages_B.device)
+        micro = list(batch.micro_batches(micro_batch_seqs))
         if grad_combiner is not None:
             with dist.no_sync(model) if dist is not None else contextlib.nullcontext():  # it sums per-task grads
-                metrics.update(grad_combiner(model, batch, betas_N, s, stats, num_tokens, num_seqs, dist=dist))
+                metrics.update(grad_combiner(micro, terms, agg, stats, dist=dist))
         else:
-            micro = list(batch.micro_batches(s.micro_batch_seqs))
             for i, mb in enumerate(micro):
                 last = i == len(micro) - 1  # DDP all-reduces on this backward only
                 with dist.no_sync(model) if dist is not None and not last else contextlib.nullcontext():
-                    loss, parts = micro_batch_loss(model, mb, betas_N, s, num_tokens, num_seqs)
-                    scaled = (scaler.scale(loss) if scaler is not None else loss) * world
+                    pg_BT, reg_BT, mask_BT, parts = terms(mb)
+                    mb_loss = agg(pg_BT + reg_BT, mask_BT)  # scaled so the micro-batches sum to the step's loss
+                    scaled = (scaler.scale(mb_loss) if scaler is not None else mb_loss) * world
                     scaled.backward()  # gradients ADD across micro-batches
-                stats.add(loss, parts, mb.task_ids_B)
+                stats.add(mb_loss, parts, mb.task_ids_B)
         if scaler is not None:
             scaler.unscale_(optimizer)
-        grad_norm = as_float(torch.nn.utils.clip_grad_norm_(params, s.max_grad_norm))  # a DTensor when sharded
-        if not (grad_norm == grad_norm and grad_norm <= s.skip_grad_norm):  # NaN, Inf or exploding
+        grad_norm = as_float(torch.nn.utils.clip_grad_norm_(params, max_grad_norm))  # a DTensor when sharded
+        if not (grad_norm == grad_norm and grad_norm <= skip_grad_norm):  # NaN, Inf or exploding
             optimizer.zero_grad(set_to_none=True)
             if scaler is not None:
                 scaler.update()  # an fp16 overflow lowers the loss scale
@@ -208,8 +205,8 @@ def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batch: 
             optimizer.zero_grad(set_to_none=True)  # free the gradients now: they would sit through generation
             if on_step is not None:
                 on_step()
-        if pass_index == 0 and s.mu > 1 and batch.old_logps_BT is None:
-            logps_BT = batch.from_micro_batches([lp.float() for lp in stats.logps], s.micro_batch_seqs)
+        if pass_index == 0 and loss.mu > 1 and batch.old_logps_BT is None:
+            logps_BT = batch.from_micro_batches([lp.float() for lp in stats.logps], micro_batch_seqs)
             batch.old_logps_BT = logps_BT * batch.completion_mask_BT
         passes.append(stats.finish(tasks, dist))
         norms.append(grad_norm)
@@ -244,30 +241,25 @@ class TaskGradientSurgery:
         self.acc = TaskGradAccumulator(self.params, len(self.tasks))
         self.generator = torch.Generator().manual_seed(seed)
 
-    def __call__(self, model, batch: TrainBatch, betas_N: torch.Tensor, s: UpdateSettings, stats: "_StepStats",
-                 num_tokens: int, num_seqs: int, dist: Any = None) -> dict[str, float]:
+    def __call__(self, micro_batches: Sequence[TrainBatch], terms: Terms, agg: Aggregate, stats: "_StepStats",
+                 dist: Any = None) -> dict[str, float]:
         from grpo.multi import assign_flat_grad, combine, flat_grad, gradient_stats
 
         extra = None
-        for mb in batch.micro_batches(s.micro_batch_seqs):
-            pg_BT, reg_BT, mask_BT, parts = micro_batch_terms(model, mb, betas_N, s)
-
-            def agg(x: torch.Tensor) -> torch.Tensor:
-                return aggregate(x, mask_BT, s.agg_mode, num_tokens=num_tokens, num_seqs=num_seqs,
-                                 constant=s.agg_constant)
-
+        for mb in micro_batches:
+            pg_BT, reg_BT, mask_BT, parts = terms(mb)
             reg_separate = self.policy_only and reg_BT.requires_grad
             present = sorted(set(mb.task_ids_B.tolist()))
             total = torch.zeros((), device=pg_BT.device)
             for n, t in enumerate(present):
                 rows_B1 = (mb.task_ids_B == t).to(pg_BT.dtype)[:, None]
                 term_BT = pg_BT if self.policy_only else pg_BT + reg_BT
-                loss_t = agg(term_BT * rows_B1)
+                loss_t = agg(term_BT * rows_B1, mask_BT)
                 loss_t.backward(retain_graph=reg_separate or n < len(present) - 1)
                 self.acc.capture(t)
                 total += loss_t.detach()
             if reg_separate:
-                loss_r = agg(reg_BT)
+                loss_r = agg(reg_BT, mask_BT)
                 loss_r.backward()
                 g = flat_grad(self.params)
                 extra = g if extra is None else extra + g

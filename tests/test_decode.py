@@ -4,15 +4,16 @@ batch, dropout off, and the choice between the two engines."""
 import pytest
 import torch
 
+from config import ConfigError, RolloutConfig
 from grpo.decode import lean_blocker, sampling_processors
 from grpo.modeling import build_tiny_model, build_tiny_tokenizer
 from grpo.records import Sample
 from grpo.rollout import (
     CompletionPenaltyProcessor,
-    SamplingSettings,
     SanitizeLogitsProcessor,
     choose_engine,
     generate_rollouts,
+    greedy_complete,
 )
 from grpo.sampling import row_keys
 
@@ -43,8 +44,8 @@ def model(request, tok):
 @pytest.fixture(scope="module")
 def stops(model, tok):
     """The three tokens the model samples most: as stop ids they end completions at many different lengths."""
-    settings = SamplingSettings(max_new_tokens=NEW, stop_token_ids=[tok.pad_token_id], engine="hf")
-    rollouts, _ = generate_rollouts(model, tok, SAMPLES, K, settings, generator_seed=0)
+    rollout = RolloutConfig(k=K, max_new_tokens=NEW, engine="hf")
+    rollouts, _ = generate_rollouts(model, tok, SAMPLES, rollout, [tok.pad_token_id], generator_seed=0)
     ids, counts = torch.tensor([t for r in rollouts for t in r.completion_ids]).unique(return_counts=True)
     return ids[counts.argsort(descending=True)[:3]].tolist()
 
@@ -53,8 +54,8 @@ def stops(model, tok):
 def greedy_stops(model, tok):
     """For greedy decoding: from prompt j's greedy completion, the first new token at or after position 3j + 1, so
     the four prompts end at different lengths."""
-    settings = SamplingSettings(max_new_tokens=NEW, stop_token_ids=[tok.pad_token_id], do_sample=False, engine="hf")
-    rollouts, _ = generate_rollouts(model, tok, SAMPLES, 1, settings)
+    rollouts, _ = greedy_complete(model, tok, SAMPLES, RolloutConfig(max_new_tokens=NEW, engine="hf"),
+                                  [tok.pad_token_id])
     stops = []
     for j, r in enumerate(rollouts):
         ids = r.completion_ids
@@ -77,7 +78,7 @@ SETTINGS = {
     "warpers": {"temperature": 0.7, "top_k": 20, "top_p": 0.9, "min_p": 0.02, "repetition_penalty": 1.3,
                 "min_new_tokens": 3},
     "penalties": {"temperature": 1.5, "presence_penalty": 0.5, "frequency_penalty": 0.3, "repetition_penalty": 0.8},
-    "greedy": {"do_sample": False},
+    "greedy": {},  # greedy_complete: one completion per prompt
 }
 
 
@@ -108,17 +109,20 @@ def test_lean_loop_samples_what_generate_samples(model, tok, stops, greedy_stops
         for seed in range(3):
             out = {}
             for engine in ("hf", "lean"):
-                settings = SamplingSettings(max_new_tokens=NEW, engine=engine, **SETTINGS[name],
-                                            stop_token_ids=greedy_stops if name == "greedy" else stops)
+                rollout = RolloutConfig(k=K, max_new_tokens=NEW, engine=engine, **SETTINGS[name])
                 sizes.clear()
-                rollouts, _ = generate_rollouts(model, tok, SAMPLES, K, settings, generator_seed=seed)
+                if name == "greedy":
+                    rollouts, _ = greedy_complete(model, tok, SAMPLES, rollout, greedy_stops)
+                else:
+                    rollouts, _ = generate_rollouts(model, tok, SAMPLES, rollout, stops, generator_seed=seed)
                 out[engine] = [(r.completion_ids, r.stopped) for r in rollouts], list(sizes)
             assert out["lean"][0] == out["hf"][0], (name, seed)
             lean_sizes = out["lean"][1]
+            rows = len(SAMPLES) * (1 if name == "greedy" else K)
             assert lean_sizes == sorted(lean_sizes, reverse=True)
-            shrank |= min(lean_sizes) < len(SAMPLES) * K
+            shrank |= min(lean_sizes) < rows
             lengths |= {len(c) for c, _ in out["lean"][0]}
-            assert set(out["hf"][1]) == {len(SAMPLES) * K}  # generate computes every row to the end
+            assert set(out["hf"][1]) == {rows}  # generate computes every row to the end
     finally:
         handle.remove()
     assert len(lengths) > 2 and shrank  # rows ended at different lengths, and the lean loop dropped stopped rows
@@ -128,9 +132,8 @@ def test_lean_loop_samples_what_generate_samples(model, tok, stops, greedy_stops
 def test_lean_loop_with_per_completion_keys_equals_generate(model, tok, stops):
     """The per-completion sampler (grpo/sampling.py) is one of the caller's processors: same tokens on both."""
     keys = row_keys(0, 1, range(len(SAMPLES)), K)
-    out = {engine: generate_rollouts(model, tok, SAMPLES, K, SamplingSettings(max_new_tokens=NEW, top_p=0.95,
-                                                                              stop_token_ids=stops, engine=engine),
-                                     row_keys=keys)[0]
+    out = {engine: generate_rollouts(model, tok, SAMPLES, RolloutConfig(k=K, max_new_tokens=NEW, top_p=0.95,
+                                                                         engine=engine), stops, row_keys=keys)[0]
            for engine in ("hf", "lean")}
     assert [r.completion_ids for r in out["lean"]] == [r.completion_ids for r in out["hf"]]
 
@@ -140,10 +143,10 @@ def test_deferred_stop_checks_change_nothing(model, tok, stops, monkeypatch):
     after the last stop only append padding, so the rollouts are the same."""
     import grpo.decode
 
-    settings = SamplingSettings(max_new_tokens=NEW, stop_token_ids=stops, engine="lean")
-    every_step = generate_rollouts(model, tok, SAMPLES, K, settings, generator_seed=1)[0]
+    rollout = RolloutConfig(k=K, max_new_tokens=NEW, engine="lean")
+    every_step = generate_rollouts(model, tok, SAMPLES, rollout, stops, generator_seed=1)[0]
     monkeypatch.setattr(grpo.decode, "_sync_every", lambda device: 3)
-    deferred = generate_rollouts(model, tok, SAMPLES, K, settings, generator_seed=1)[0]
+    deferred = generate_rollouts(model, tok, SAMPLES, rollout, stops, generator_seed=1)[0]
     assert [(r.completion_ids, r.stopped) for r in deferred] == [(r.completion_ids, r.stopped) for r in every_step]
 
 
@@ -155,9 +158,11 @@ def test_dropout_is_off_while_decoding(tok):
     for layer in model.model.layers:
         layer.self_attn.attention_dropout = 0.5
     model.train()
-    settings = SamplingSettings(max_new_tokens=NEW, min_new_tokens=NEW, do_sample=False, engine="lean")
-    first = generate_rollouts(model, tok, SAMPLES, 1, settings, generator_seed=1)[0]
-    second = generate_rollouts(model, tok, SAMPLES, 1, settings, generator_seed=2)[0]
+    rollout = RolloutConfig(max_new_tokens=NEW, min_new_tokens=NEW, engine="lean")
+    torch.manual_seed(1)
+    first = greedy_complete(model, tok, SAMPLES, rollout)[0]
+    torch.manual_seed(2)
+    second = greedy_complete(model, tok, SAMPLES, rollout)[0]
     assert [r.completion_ids for r in first] == [r.completion_ids for r in second]
     assert model.training
 
@@ -183,9 +188,9 @@ def test_the_lean_processors_carry_every_setting(model, tok, monkeypatch):
         return original(model, ids, mask, processors, **kw)
 
     monkeypatch.setattr(grpo.rollout, "decode", spy)
-    settings = SamplingSettings(temperature=0.7, top_k=5, top_p=0.9, min_p=0.05, repetition_penalty=1.3,
-                                presence_penalty=0.2, max_new_tokens=6, min_new_tokens=2, stop_token_ids=[4, 5])
-    generate_rollouts(model, tok, SAMPLES, 2, settings)
+    rollout = RolloutConfig(k=2, temperature=0.7, top_k=5, top_p=0.9, min_p=0.05, repetition_penalty=1.3,
+                            presence_penalty=0.2, max_new_tokens=6, min_new_tokens=2)
+    generate_rollouts(model, tok, SAMPLES, rollout, [4, 5])
     kinds = [type(p) for p in seen["processors"]]
     assert kinds == [RepetitionPenaltyLogitsProcessor, MinNewTokensLengthLogitsProcessor, CompletionPenaltyProcessor,
                      SanitizeLogitsProcessor, TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper,
@@ -203,28 +208,24 @@ def test_the_lean_processors_carry_every_setting(model, tok, monkeypatch):
 
 
 def test_the_engine_is_chosen_by_what_applies(model, tok):
-    assert choose_engine(model, SamplingSettings(), synced_gpus=False) == "lean"
-    assert choose_engine(model, SamplingSettings(engine="hf"), synced_gpus=False) == "hf"
-    assert choose_engine(model, SamplingSettings(cache_implementation="static"), synced_gpus=False) == "hf"
-    assert choose_engine(model, SamplingSettings(), synced_gpus=True) == "hf"
+    assert choose_engine(model, "auto", "dynamic", synced_gpus=False) == "lean"
+    assert choose_engine(model, "hf", "dynamic", synced_gpus=False) == "hf"
+    assert choose_engine(model, "auto", "static", synced_gpus=False) == "hf"
+    assert choose_engine(model, "auto", "dynamic", synced_gpus=True) == "hf"
     with pytest.raises(ValueError, match="FSDP"):
-        choose_engine(model, SamplingSettings(engine="lean"), synced_gpus=True)
-    with pytest.raises(ValueError, match="engine"):
-        SamplingSettings(engine="lean", cache_implementation="static")
-    with pytest.raises(ValueError, match="engine"):
-        SamplingSettings(engine="fast")
+        choose_engine(model, "lean", "dynamic", synced_gpus=True)
     # a model that prepares its own generation inputs (Phi-3 switches its rotary scaling there): generate decodes
     from transformers import Phi3Config, Phi3ForCausalLM
 
     phi3 = Phi3ForCausalLM(Phi3Config(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=1,
                                       num_attention_heads=2, num_key_value_heads=1, pad_token_id=tok.pad_token_id))
     assert "prepare_inputs_for_generation" in lean_blocker(phi3, "dynamic", False)
-    assert choose_engine(phi3, SamplingSettings(), synced_gpus=False) == "hf"
+    assert choose_engine(phi3, "auto", "dynamic", synced_gpus=False) == "hf"
     # a generation_config.json field generate would merge in and the lean loop would not apply: generate decodes
     model.generation_config.no_repeat_ngram_size = 2
     try:
         assert "no_repeat_ngram_size" in lean_blocker(model, "dynamic", False)
-        assert choose_engine(model, SamplingSettings(), synced_gpus=False) == "hf"
+        assert choose_engine(model, "auto", "dynamic", synced_gpus=False) == "hf"
     finally:
         model.generation_config.no_repeat_ngram_size = 0
 
@@ -261,7 +262,6 @@ def test_sliding_window_models_decode_like_generate(tok):
     assert has_sliding_window(model.config) and not has_sliding_window(tiny_model(tok, "sdpa").config)
     out = {}
     for engine in ("hf", "lean"):
-        settings = SamplingSettings(max_new_tokens=NEW, min_new_tokens=NEW, engine=engine)
-        out[engine] = [r.completion_ids for r in generate_rollouts(model, tok, SAMPLES, 2, settings,
-                                                                   generator_seed=3)[0]]
+        rollout = RolloutConfig(k=2, max_new_tokens=NEW, min_new_tokens=NEW, engine=engine)
+        out[engine] = [r.completion_ids for r in generate_rollouts(model, tok, SAMPLES, rollout, generator_seed=3)[0]]
     assert out["lean"] == out["hf"]

@@ -1,10 +1,9 @@
 """Rollouts: batching and order, sampling settings reaching the sampler, penalties, sanitiser, stop tokens."""
 
-from dataclasses import replace
-
 import pytest
 import torch
 
+from config import ConfigError, RolloutConfig
 from grpo.modeling import build_tiny_model, build_tiny_tokenizer
 from grpo.records import Rollout, Sample
 from grpo.rollout import (
@@ -13,7 +12,6 @@ from grpo.rollout import (
     POSINF_LOGIT,
     STATIC_PROMPT_BUCKET,
     CompletionPenaltyProcessor,
-    SamplingSettings,
     SanitizeLogitsProcessor,
     build_generation_config,
     generate_rollouts,
@@ -49,15 +47,19 @@ def completions(rollouts):
     return [r.completion_ids for r in rollouts]
 
 
-def greedy(model, tok, samples, k=1, **kw):
+def greedy(model, tok, samples, **kw):
     # min_new_tokens = max_new_tokens masks the stop token: every completion has exactly NEW tokens
-    settings = SamplingSettings(max_new_tokens=NEW, min_new_tokens=NEW, do_sample=False, **kw)
-    return generate_rollouts(model, tok, samples, k, settings)[0]
+    return greedy_complete(model, tok, samples, RolloutConfig(max_new_tokens=NEW, min_new_tokens=NEW, **kw))[0]
 
 
-def sample(model, tok, samples, seed, k=1, **kw):
-    settings = SamplingSettings(max_new_tokens=NEW, min_new_tokens=NEW, **kw)
-    return generate_rollouts(model, tok, samples, k, settings, generator_seed=seed)[0]
+def sample(model, tok, samples, seed, k=2, **kw):
+    rollout = RolloutConfig(k=k, max_new_tokens=NEW, min_new_tokens=NEW, **kw)
+    return generate_rollouts(model, tok, samples, rollout, generator_seed=seed)[0]
+
+
+def repeat(ids, k=2):
+    """Each completion k times: what k samples per prompt give when sampling is greedy."""
+    return [x for x in ids for _ in range(k)]
 
 
 def test_penalties_count_completion_tokens_only():
@@ -80,7 +82,7 @@ def test_sanitiser_replaces_nan_and_inf():
 
 
 def test_rollouts_are_grouped_per_sample_with_exact_prompt_ids(model, tok, samples):
-    rollouts, metrics = generate_rollouts(model, tok, samples, 3, SamplingSettings(max_new_tokens=NEW))
+    rollouts, metrics = generate_rollouts(model, tok, samples, RolloutConfig(k=3, max_new_tokens=NEW))
     assert len(rollouts) == 6 and metrics["rollout/num"] == 6.0
     for i, s in enumerate(samples):
         for r in rollouts[i * 3:(i + 1) * 3]:
@@ -106,9 +108,9 @@ def spy_generate(model, monkeypatch) -> dict:
 def test_generation_config_carries_every_setting(model, tok, samples, monkeypatch):
     """With transformers' generate (rollout.engine=hf); tests/test_decode.py checks the lean loop's processors."""
     seen = spy_generate(model, monkeypatch)
-    settings = SamplingSettings(temperature=0.7, top_k=5, top_p=0.9, min_p=0.05, repetition_penalty=1.3,
-                                max_new_tokens=6, min_new_tokens=2, stop_token_ids=[4, 5], engine="hf")
-    generate_rollouts(model, tok, samples, 2, settings)
+    rollout = RolloutConfig(k=2, temperature=0.7, top_k=5, top_p=0.9, min_p=0.05, repetition_penalty=1.3,
+                            max_new_tokens=6, min_new_tokens=2, engine="hf")
+    generate_rollouts(model, tok, samples, rollout, stop_ids=[4, 5])
     config = seen["generation_config"]
     assert (config.temperature, config.top_k, config.top_p, config.min_p) == (0.7, 5, 0.9, 0.05)
     assert (config.repetition_penalty, config.max_new_tokens, config.min_new_tokens) == (1.3, 6, 2)
@@ -117,10 +119,10 @@ def test_generation_config_carries_every_setting(model, tok, samples, monkeypatc
 
 def test_each_sampling_setting_changes_behaviour(model, tok, samples):
     reference = completions(greedy(model, tok, samples))
-    assert completions(sample(model, tok, samples, seed=0)) != reference  # plain sampling is not greedy
+    assert completions(sample(model, tok, samples, seed=0)) != repeat(reference)  # plain sampling is not greedy
     # each setting pushed to its extreme reduces sampling to greedy: proof that it reached the sampler
-    for seed, extreme in enumerate([{"top_k": 1}, {"temperature": 1e-4}, {"top_p": 1e-6}, {"min_p": 1.0}]):
-        assert completions(sample(model, tok, samples, seed=seed, **extreme)) == reference, extreme
+    for seed, extreme in enumerate([{"top_k": 1}, {"temperature": 1e-4}, {"top_p": 1e-6}, {"min_p": 0.999}]):
+        assert completions(sample(model, tok, samples, seed=seed, **extreme)) == repeat(reference), extreme
     hot = sample(model, tok, samples, seed=0, k=4, temperature=50.0)
     # near-uniform sampling over 300 tokens: 8 rows × 12 tokens are almost all distinct
     assert len({t for r in hot for t in r.completion_ids}) > 40
@@ -137,13 +139,12 @@ def test_penalties_change_greedy_output(model, tok, samples):
 
 def test_two_stop_ids_end_at_the_first_one_reached(model, tok, samples):
     # unmasked greedy reference (only the pad id stops it), so its prefix is what the run with `stops` produces
-    unmasked = SamplingSettings(max_new_tokens=NEW, do_sample=False, stop_token_ids=[tok.pad_token_id])
-    full = generate_rollouts(model, tok, samples[:1], 1, unmasked)[0][0].completion_ids
+    rollout = RolloutConfig(max_new_tokens=NEW)
+    full = greedy_complete(model, tok, samples[:1], rollout, stop_ids=[tok.pad_token_id])[0][0].completion_ids
     first_new = [t for t, tok_id in enumerate(full) if tok_id not in full[:t]]
     a_pos, b_pos = first_new[2], first_new[3]  # two tokens that first appear at a_pos < b_pos
     stops = [full[b_pos], full[a_pos]]  # order in the list does not matter; order in the text does
-    settings = SamplingSettings(max_new_tokens=NEW, do_sample=False, stop_token_ids=stops)
-    rollouts, metrics = generate_rollouts(model, tok, samples, 1, settings)
+    rollouts, metrics = greedy_complete(model, tok, samples, rollout, stop_ids=stops)
     first = rollouts[0]
     assert first.completion_ids == full[:a_pos + 1] and first.completion_ids[-1] == full[a_pos]
     assert first.stopped and not first.truncated
@@ -152,8 +153,8 @@ def test_two_stop_ids_end_at_the_first_one_reached(model, tok, samples):
 
 
 def test_truncated_when_max_new_tokens_is_reached(model, tok, samples):
-    settings = SamplingSettings(max_new_tokens=4, min_new_tokens=4)  # the stop token is masked throughout
-    rollouts, metrics = generate_rollouts(model, tok, samples, 2, settings)
+    rollout = RolloutConfig(k=2, max_new_tokens=4, min_new_tokens=4)  # the stop token is masked throughout
+    rollouts, metrics = generate_rollouts(model, tok, samples, rollout)
     assert all(len(r.completion_ids) == 4 and r.truncated and not r.stopped for r in rollouts)
     assert metrics["rollout/hallucination/truncated"] == 1.0 and metrics["rollout/hallucination/length"] == 4.0
 
@@ -167,7 +168,7 @@ def test_nan_logits_do_not_crash_generation(model, tok, samples):
 
     handle = model.lm_head.register_forward_hook(poison)
     try:
-        rollouts, metrics = generate_rollouts(model, tok, samples, 2, SamplingSettings(max_new_tokens=5))
+        rollouts, metrics = generate_rollouts(model, tok, samples, RolloutConfig(k=2, max_new_tokens=5))
     finally:
         handle.remove()
     assert all(r.completion_ids == (1,) * 5 for r in rollouts)  # the +Inf token wins, NaN tokens never sampled
@@ -175,11 +176,11 @@ def test_nan_logits_do_not_crash_generation(model, tok, samples):
 
 
 def test_sampling_is_reproducible_and_leaves_the_global_rng_alone(model, tok, samples):
-    settings = SamplingSettings(max_new_tokens=NEW)
+    rollout = RolloutConfig(k=2, max_new_tokens=NEW)
     torch.manual_seed(123)
-    first = completions(generate_rollouts(model, tok, samples, 2, settings)[0])
+    first = completions(generate_rollouts(model, tok, samples, rollout)[0])
     torch.manual_seed(123)
-    assert completions(generate_rollouts(model, tok, samples, 2, settings)[0]) == first
+    assert completions(generate_rollouts(model, tok, samples, rollout)[0]) == first
     state = torch.get_rng_state()
     seeded = completions(sample(model, tok, samples, seed=7, k=2))
     assert torch.equal(torch.get_rng_state(), state)
@@ -187,9 +188,13 @@ def test_sampling_is_reproducible_and_leaves_the_global_rng_alone(model, tok, sa
 
 
 def test_greedy_complete_is_one_greedy_completion_per_sample(model, tok, samples):
-    settings = SamplingSettings(max_new_tokens=NEW, min_new_tokens=NEW, temperature=5.0)
-    rollouts, _ = greedy_complete(model, tok, samples, settings)
+    """The sampling settings do not apply to greedy completions: a hot temperature changes nothing, and the result is
+    what sampling with top_k = 1 gives."""
+    hot = RolloutConfig(max_new_tokens=NEW, min_new_tokens=NEW, temperature=5.0, top_p=0.5)
+    rollouts, _ = greedy_complete(model, tok, samples, hot)
+    assert len(rollouts) == len(samples)
     assert completions(rollouts) == completions(greedy(model, tok, samples))
+    assert repeat(completions(rollouts)) == completions(sample(model, tok, samples, seed=0, top_k=1))
 
 
 def test_rollout_metrics_by_hand():
@@ -213,16 +218,7 @@ def test_an_ignored_setting_is_reported(monkeypatch):
 
     monkeypatch.setattr(transformers, "GenerationConfig", DropsMinP)
     with pytest.warns(RuntimeWarning, match="min_p"):
-        build_generation_config(SamplingSettings(min_p=0.1), pad_id=0, stop_ids=[1])
-
-
-def test_invalid_settings_name_the_field():
-    with pytest.raises(ValueError, match="top_p"):
-        SamplingSettings(top_p=0.0)
-    with pytest.raises(ValueError, match="stop_token_ids"):
-        SamplingSettings(stop_token_ids=[-1])
-    with pytest.raises(ValueError, match="min_new_tokens"):
-        replace(SamplingSettings(max_new_tokens=4), min_new_tokens=5)
+        build_generation_config(RolloutConfig(min_p=0.1), pad_id=0, stop_ids=[1])
 
 
 def test_lora_policy_with_checkpointing_generates_and_gets_its_state_back(samples):
@@ -230,7 +226,7 @@ def test_lora_policy_with_checkpointing_generates_and_gets_its_state_back(sample
 
     policy = load_policy(TINY_NAME, tiny_corpus=CORPUS, lora=True, lora_r=4, lora_target_modules=["q_proj"],
                          gradient_checkpointing=True, tiny_sizes={"hidden": 32, "layers": 1, "heads": 2, "kv_heads": 1})
-    rollouts, _ = generate_rollouts(policy.model, policy.tokenizer, samples, 2, SamplingSettings(max_new_tokens=3))
+    rollouts, _ = generate_rollouts(policy.model, policy.tokenizer, samples, RolloutConfig(k=2, max_new_tokens=3))
     assert len(rollouts) == 4 and all(1 <= len(r.completion_ids) <= 3 for r in rollouts)
     assert policy.model.training and policy.model.config.use_cache is False
     assert policy.model.base_model.model.model.layers[0].gradient_checkpointing
@@ -238,20 +234,19 @@ def test_lora_policy_with_checkpointing_generates_and_gets_its_state_back(sample
 
 def test_cache_implementation_reaches_the_generation_config(model, tok, samples, monkeypatch):
     seen = spy_generate(model, monkeypatch)
-    generate_rollouts(model, tok, samples, 2, SamplingSettings(max_new_tokens=3, cache_implementation="static"))
+    generate_rollouts(model, tok, samples, RolloutConfig(k=2, max_new_tokens=3, cache_implementation="static"))
     assert seen["generation_config"].cache_implementation == "static"
     assert seen["input_ids"].shape[1] % STATIC_PROMPT_BUCKET == 0  # prompts padded to the bucket
-    generate_rollouts(model, tok, samples, 2, SamplingSettings(max_new_tokens=3, engine="hf"))
+    generate_rollouts(model, tok, samples, RolloutConfig(k=2, max_new_tokens=3, engine="hf"))
     assert seen["generation_config"].cache_implementation is None  # transformers' default: dynamic
     assert seen["input_ids"].shape[1] < STATIC_PROMPT_BUCKET  # no bucket padding on the dynamic path
     seen.clear()
-    greedy_complete(model, tok, samples, SamplingSettings(max_new_tokens=3, cache_implementation="static"))
+    greedy_complete(model, tok, samples, RolloutConfig(max_new_tokens=3, cache_implementation="static"))
     assert not seen  # evaluation keeps the dynamic cache, so engine=auto decodes it with the lean loop
-    greedy_complete(model, tok, samples, SamplingSettings(max_new_tokens=3, cache_implementation="static",
-                                                          engine="hf"))
+    greedy_complete(model, tok, samples, RolloutConfig(max_new_tokens=3, cache_implementation="static", engine="hf"))
     assert seen["generation_config"].cache_implementation is None
-    with pytest.raises(ValueError, match="cache_implementation"):
-        SamplingSettings(cache_implementation="paged")
+    with pytest.raises(ConfigError, match="rollout.cache_implementation"):
+        RolloutConfig(cache_implementation="paged")
 
 
 def test_static_cache_and_bucket_padding_sample_the_same_ids(model, tok, samples):
@@ -261,8 +256,9 @@ def test_static_cache_and_bucket_padding_sample_the_same_ids(model, tok, samples
     from grpo.logprobs import completion_logprobs
     from grpo.tokens import left_pad
 
-    assert completions(greedy(model, tok, samples, k=2, cache_implementation="static")) == \
-        completions(greedy(model, tok, samples, k=2))
+    # top_k = 1: greedy decoding through the sampling path, which is the one that uses the static cache
+    assert completions(sample(model, tok, samples, seed=0, top_k=1, cache_implementation="static")) == \
+        completions(sample(model, tok, samples, seed=0, top_k=1))
     static = sample(model, tok, samples, seed=5, k=3, cache_implementation="static")
     assert completions(static) == completions(sample(model, tok, samples, seed=5, k=3))
     model.eval()
@@ -306,19 +302,27 @@ def test_sanitiser_off_cpu_fixes_bad_rows_without_a_host_sync(monkeypatch):
     assert int(proc.rows_fixed) == 2
 
 
-def test_every_rollout_setting_reaches_the_sampling_settings():
-    """Regression: rollout.cache_implementation existed in the config but sampling_settings() did not pass it on.
-    Every RolloutConfig field that SamplingSettings also has must arrive, with a non-default value."""
+def test_every_rollout_setting_is_read_by_the_code_it_configures(model, tok, samples):
+    """Regression: rollout.cache_implementation once existed in the config but never reached the sampler (a copy
+    record left it out). Now the section itself is passed: every RolloutConfig field must be read by the rollout
+    code, the stop-token resolution or the trainer's sampling-stream choice."""
     import dataclasses
 
-    import config as C
-    from grpo.modeling import build_tiny_tokenizer
-    from grpo.setup_parts import sampling_settings
+    import grpo_train
+    from grpo.distributed import Dist
+    from grpo.setup_parts import stop_token_ids
 
-    changed = {"temperature": 0.7, "top_k": 5, "top_p": 0.9, "min_p": 0.05, "repetition_penalty": 1.1,
-               "presence_penalty": 0.2, "frequency_penalty": 0.3, "max_new_tokens": 17, "min_new_tokens": 2,
-               "cache_implementation": "static", "engine": "hf"}
-    shared = {f.name for f in dataclasses.fields(SamplingSettings)} & {f.name for f in dataclasses.fields(C.RolloutConfig)}
-    assert shared - {"stop_token_ids"} == set(changed), "a new shared field needs a value here"
-    settings = sampling_settings(C.RolloutConfig(**changed), build_tiny_tokenizer(CORPUS, vocab_size=300))
-    assert {k: getattr(settings, k) for k in changed} == changed
+    read: set[str] = set()
+
+    class Recording(RolloutConfig):
+        def __getattribute__(self, name):
+            read.add(name)
+            return super().__getattribute__(name)
+
+    rollout = Recording(k=2, max_new_tokens=3, presence_penalty=0.1, stop_strings=["yes"])
+    stops = stop_token_ids(rollout, tok)
+    generate_rollouts(model, tok, samples, rollout, stops)
+    greedy_complete(model, tok, samples, rollout, stops)
+    grpo_train.per_completion_sampling(rollout, Dist())
+    unread = {f.name for f in dataclasses.fields(RolloutConfig)} - read
+    assert not unread, f"RolloutConfig fields nobody reads: {sorted(unread)}"

@@ -7,9 +7,10 @@ import math
 import pytest
 import torch
 
+from config import RolloutConfig
 from grpo.modeling import build_tiny_model, build_tiny_tokenizer
 from grpo.records import Sample
-from grpo.rollout import SamplingSettings, generate_rollouts
+from grpo.rollout import generate_rollouts, greedy_complete
 from grpo.sampling import inverse_cdf_choice, row_keys, splitmix64, splitmix64_int, uniforms
 
 
@@ -69,8 +70,8 @@ SAMPLES = [Sample("fairness", str(i), ({"role": "user", "content": text},))
 
 
 def seeded(model, tok, samples, indices, step=1, **kw):
-    settings = SamplingSettings(max_new_tokens=10, min_new_tokens=10, **kw)
-    rollouts, _ = generate_rollouts(model, tok, samples, 3, settings, row_keys=row_keys(0, step, indices, 3))
+    rollout = RolloutConfig(k=3, max_new_tokens=10, min_new_tokens=10, **kw)
+    rollouts, _ = generate_rollouts(model, tok, samples, rollout, row_keys=row_keys(0, step, indices, 3))
     return [r.completion_ids for r in rollouts]
 
 
@@ -87,12 +88,12 @@ def test_a_completion_does_not_depend_on_its_batch_or_the_global_rng(model, tok)
 
 def test_seeded_sampling_honours_the_warpers(model, tok):
     """top_k=1 leaves one token: seeded sampling must then equal greedy decoding, whatever the keys."""
-    greedy_settings = SamplingSettings(max_new_tokens=10, min_new_tokens=10, do_sample=False)
-    greedy, _ = generate_rollouts(model, tok, SAMPLES, 3, greedy_settings)
-    assert seeded(model, tok, SAMPLES, [0, 1, 2, 3], top_k=1) == [r.completion_ids for r in greedy]
+    greedy_rollouts, _ = greedy_complete(model, tok, SAMPLES, RolloutConfig(max_new_tokens=10, min_new_tokens=10))
+    greedy = [r.completion_ids for r in greedy_rollouts for _ in range(3)]  # what K = 3 greedy draws would give
+    assert seeded(model, tok, SAMPLES, [0, 1, 2, 3], top_k=1) == greedy
     # a very low temperature is greedy too; a high one is not
-    assert seeded(model, tok, SAMPLES, [0, 1, 2, 3], temperature=1e-4) == [r.completion_ids for r in greedy]
-    assert seeded(model, tok, SAMPLES, [0, 1, 2, 3], temperature=5.0) != [r.completion_ids for r in greedy]
+    assert seeded(model, tok, SAMPLES, [0, 1, 2, 3], temperature=1e-4) == greedy
+    assert seeded(model, tok, SAMPLES, [0, 1, 2, 3], temperature=5.0) != greedy
 
 
 def test_seeded_token_frequencies_follow_the_model(model, tok):
@@ -102,9 +103,9 @@ def test_seeded_token_frequencies_follow_the_model(model, tok):
     prompt = encode_prompt(tok, SAMPLES[0].messages, None)
     with torch.no_grad():
         p = torch.softmax(model(torch.tensor([prompt])).logits[0, -1].double(), -1)
-    settings = SamplingSettings(max_new_tokens=1)  # no min_new_tokens: the stop token keeps its probability
     n = 600
-    rollouts, _ = generate_rollouts(model, tok, SAMPLES[:1], n, settings, row_keys=row_keys(3, 0, [0], n))
+    rollout = RolloutConfig(k=n, max_new_tokens=1)  # no min_new_tokens: the stop token keeps its probability
+    rollouts, _ = generate_rollouts(model, tok, SAMPLES[:1], rollout, row_keys=row_keys(3, 0, [0], n))
     counts = torch.bincount(torch.tensor([r.completion_ids[0] for r in rollouts]), minlength=p.numel()).double()
     top = torch.argsort(p, descending=True)[:3]  # the three likeliest tokens: observed share within 4.5 sigma
     for v in top.tolist():

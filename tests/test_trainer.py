@@ -5,16 +5,18 @@ from __future__ import annotations
 import copy
 import json
 import math
+from dataclasses import replace
 
 import pytest
 import torch
 
+import config as C
 import grpo_train as G
 from grpo.batch import batch_logprobs, build_train_batch
 from grpo.logprobs import completion_logprobs
 from grpo.rollout import generate_rollouts
 from grpo.scoring import score_rollouts
-from grpo.update import UpdateSettings, train_step
+from grpo.update import train_step
 from tests.trainer_helpers import fast_config, rollout_batch
 
 
@@ -101,8 +103,8 @@ def test_grad_accumulation_equivalence(tmp_path, agg):
         model = copy.deepcopy(run.policy.model)
         params = [p for p in model.parameters() if p.requires_grad]
         opt = torch.optim.SGD(params, lr=1.0)  # SGD: the update IS the gradient, so any difference shows
-        settings = UpdateSettings(agg_mode=agg, agg_constant=6.0, micro_batch_seqs=micro, max_grad_norm=1e9)
-        train_step(model, opt, batch, torch.tensor([0.1, 0.3]), settings, run.tasks, params)
+        train_step(model, opt, batch, torch.tensor([0.1, 0.3]), C.LossConfig(agg_mode=agg), run.tasks, params,
+                   micro_batch_seqs=micro, temperature=1.0, max_grad_norm=1e9, skip_grad_norm=1e9, agg_constant=6.0)
         results.append(params)
     for a, b in zip(*results):
         torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
@@ -116,7 +118,8 @@ def test_trained_tokens_are_sampled_tokens(tmp_path):
     run = G.setup(fast_config(tmp_path))
     samples = run.sampler.next_batch(4)
     assert len({len(s.messages[0]["content"]) for s in samples}) > 1
-    rollouts, _ = generate_rollouts(run.policy.model, run.tokenizer, samples, 2, run.sampling)
+    rollouts, _ = generate_rollouts(run.policy.model, run.tokenizer, samples, replace(run.cfg.rollout, k=2),
+                                    run.stop_ids)
     scored, _ = score_rollouts(rollouts, run.specs, None)
     batch = build_train_batch(scored, torch.zeros(len(scored)), run.tasks, run.tokenizer.pad_token_id, run.device)
     assert len({len(r.prompt_ids) for r in rollouts}) > 1, "need prompts of different lengths"
@@ -215,7 +218,7 @@ def test_oom_retries_with_half_micro_batch(tmp_path, monkeypatch):
 
     monkeypatch.setattr(U, "completion_logprobs", flaky)
     metrics = G.rl_step(run, 1)
-    assert calls["big"] == 1 and run.update.micro_batch_seqs == 4
+    assert calls["big"] == 1 and run.micro_batch_seqs == 4
     assert metrics["health/oom_retries"] == 1.0 and math.isfinite(metrics["loss/total"])
 
 
@@ -253,10 +256,9 @@ def test_fused_lm_head_setting_reaches_the_training_pass(tmp_path, monkeypatch):
         calls.clear()
         run = G.setup(fast_config(tmp_path / str(fused), f"model.fused_lm_head={str(fused).lower()}",
                                   "kl.default.beta=0.0", "kl.default.controller=fixed"))
-        assert run.update.fused_head is fused
+        assert run.cfg.model.fused_lm_head is fused
         batch = rollout_batch(run)
-        train_step(run.policy.model, run.optimizer, batch, torch.zeros(2), run.update, run.tasks,
-                   run.policy.trainable_parameters())
+        G.train_update(run, batch, torch.zeros(2))
         assert bool(calls) is fused
 
 
@@ -278,9 +280,8 @@ def test_mu_passes_reuse_the_first_pass_log_probs_when_there_is_no_dropout(tmp_p
         torch.manual_seed(5)
         batch = rollout_batch(run)
         if precomputed:
-            batch.old_logps_BT = real(run.policy.model, batch, run.update.micro_batch_seqs, 1.0)
-        metrics = train_step(run.policy.model, run.optimizer, batch, torch.zeros(2), run.update, run.tasks,
-                             run.policy.trainable_parameters())
+            batch.old_logps_BT = real(run.policy.model, batch, run.micro_batch_seqs, 1.0)
+        metrics = G.train_update(run, batch, torch.zeros(2))
         results.append((_params(run.policy.model), metrics["loss/ratio_max"]))
     (a, ratio_a), (b, ratio_b) = results
     assert all(torch.allclose(a[n], b[n], atol=1e-6) for n in a)
