@@ -364,12 +364,12 @@ def rl_step(run: Run, step: int) -> dict[str, float]:
     if cfg.loss.mu > 1 and has_dropout(run.policy.model):
         # off-policy passes need the rollout policy's log-probs (eval mode: no dropout). At μ = 1 they equal the
         # current ones; without dropout the first pass computes them (train_step keeps them for the later passes)
-        batch.old_logps_BT = batch_logprobs(run.policy.model, batch, cfg.micro_batch_seqs, cfg.rollout.temperature)
+        batch.old_logps_BT = batch_logprobs(run.policy.model, batch, run.micro_batch_seqs, cfg.rollout.temperature)
         dist.reshard(run.policy.model)
     t3 = time.perf_counter()
     if cfg.kl_enabled:
         with reference(run.policy) as ref_model:
-            batch.ref_logps_BT = batch_logprobs(ref_model, batch, cfg.micro_batch_seqs, cfg.rollout.temperature)
+            batch.ref_logps_BT = batch_logprobs(ref_model, batch, run.micro_batch_seqs, cfg.rollout.temperature)
             dist.reshard(ref_model)
     t4 = time.perf_counter()
 
@@ -411,7 +411,8 @@ def train_update(run: Run, batch: TrainBatch, betas_N: torch.Tensor) -> dict[str
 
 
 def update_with_oom_retry(run: Run, batch: TrainBatch, betas_N: torch.Tensor) -> dict[str, float]:
-    """The μ update passes; on CUDA out-of-memory, report and retry once with half the micro-batch size."""
+    """The μ update passes; on CUDA out-of-memory, report and retry once with half the micro-batch size, which then
+    stays the run's size (`run.micro_batch_seqs`) for every later pass: old log-probs, reference and training."""
     try:
         return {**train_update(run, batch, betas_N), "health/oom_retries": 0.0}
     except torch.OutOfMemoryError as e:

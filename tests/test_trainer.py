@@ -222,6 +222,39 @@ def test_oom_retries_with_half_micro_batch(tmp_path, monkeypatch):
     assert metrics["health/oom_retries"] == 1.0 and math.isfinite(metrics["loss/total"])
 
 
+def test_after_an_oom_retry_every_pass_uses_the_halved_micro_batch(tmp_path, monkeypatch):
+    """Regression: after an OOM retry only the training pass used the halved micro-batch; the reference (and
+    old-log-prob) passes of the next steps kept the size that had run out of memory."""
+    import grpo.update as U
+
+    run = G.setup(fast_config(tmp_path, "loss.mu=2"))
+    assert run.cfg.kl_enabled and run.micro_batch_seqs == 8
+    real_forward, real_pass = U.completion_logprobs, G.batch_logprobs
+    oom = {"left": 1}
+    sizes: list[tuple[str, int]] = []
+
+    def flaky(model, ids, *a, **k):
+        if oom["left"] and model.training:
+            oom["left"] -= 1
+            raise torch.OutOfMemoryError("CUDA out of memory (simulated)")
+        if model.training:
+            sizes.append(("train", ids.shape[0]))
+        return real_forward(model, ids, *a, **k)
+
+    def no_grad_pass(model, batch, micro_batch_seqs, temperature):
+        sizes.append(("ref" if model is not run.policy.model else "old", micro_batch_seqs))
+        return real_pass(model, batch, micro_batch_seqs, temperature)
+
+    monkeypatch.setattr(U, "completion_logprobs", flaky)
+    monkeypatch.setattr(G, "batch_logprobs", no_grad_pass)
+    monkeypatch.setattr(G, "has_dropout", lambda model: True)  # the old-log-prob pass runs too
+    assert G.rl_step(run, 1)["health/oom_retries"] == 1.0
+    assert sizes[:2] == [("old", 8), ("ref", 8)] and {n for kind, n in sizes[2:]} == {4}
+    sizes.clear()
+    assert G.rl_step(run, 2)["health/oom_retries"] == 0.0
+    assert sizes[:2] == [("old", 4), ("ref", 4)] and {n for kind, n in sizes[2:]} == {4}
+
+
 def test_nan_loss_is_skipped_and_training_stops_after_k_bad_steps(tmp_path, monkeypatch):
     """An injected NaN loss is caught (the step is skipped, weights untouched); K bad steps in a row stop the run
     with a message that names what to change."""
