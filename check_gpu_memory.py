@@ -143,6 +143,7 @@ def main(argv: list[str]) -> int:
     import argparse
 
     from config import ConfigError, load_config, split_argv
+    from grpo.config_check import check_config
 
     overrides, rest = split_argv(argv)
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -159,7 +160,7 @@ def main(argv: list[str]) -> int:
         print(report_live())
         return 0
     try:
-        cfg = load_config(args.preset, overrides)
+        cfg = check_config(load_config(args.preset, overrides))
         report = estimate_report(cfg, args.gpu, args.gpu_mem)
     except (ConfigError, ValueError) as err:  # ConfigError is a ValueError; both name the field and the fix
         print(f"check_gpu_memory: {err}", file=sys.stderr)

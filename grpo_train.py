@@ -28,10 +28,11 @@ from grpo import checkpoint as ckpt
 from grpo.advantages import group_advantages
 from grpo.batch import batch_logprobs, build_train_batch
 from grpo.batching import TaskBalancedSampler
+from grpo.config_check import check_config
 from grpo.distributed import Dist, make_dist, rank_rng_state
 from grpo.evaluate import evaluate
 from grpo.health import WeightGuard
-from grpo.kl_control import make_controller
+from grpo.kl_control import controller_from_config
 from grpo.logprobs import shared_prompt_blocker, shares_by_size
 from grpo.modeling import Policy, has_dropout, rebase_reference, reference, save_pretrained
 from grpo.records import Rollout, Sample, Scored, TrainBatch
@@ -98,8 +99,10 @@ def setup(cfg: C.Config) -> Run:
     """Build the model, data, optimizer, controllers and trackers of a run; write its resolved config.
 
     Under `accelerate launch` (several processes) every rank builds the same run (same seed, same weights, same
-    prompt order); rank 0 alone logs, evaluates and saves.
+    prompt order); rank 0 alone logs, evaluates and saves. The config is checked against the registries first
+    (grpo/config_check.py), before anything is loaded.
     """
+    check_config(cfg)
     seed_everything(cfg.train.seed)
     from transformers.utils import logging as hf_logging
 
@@ -122,7 +125,7 @@ def setup(cfg: C.Config) -> Run:
     tasks = sorted(train)
     params = policy.trainable_parameters()
     optimizer, scheduler = build_optimizer(cfg.train, params)
-    controllers = {t: make_controller(**_controller_args(cfg.kl_for(t))) for t in tasks}
+    controllers = {t: controller_from_config(cfg.kl_for(t)) for t in tasks}
     run = Run(cfg=cfg, run_dir=run_dir, device=device, policy=policy, tasks=tasks, train=train, heldout=heldout,
               sampler=TaskBalancedSampler(train, seed=cfg.train.seed, mix=parse_task_mix(cfg.data.task_mix)),
               optimizer=optimizer, scheduler=scheduler,
@@ -239,15 +242,6 @@ def split_by_task(samples: list[Sample], data: C.DataConfig) -> tuple[dict, dict
         if len(heldout.setdefault(s.task, [])) < data.eval_size:
             heldout[s.task].append(s)
     return train, heldout
-
-
-def _controller_args(k: C.TaskKLConfig) -> dict[str, Any]:
-    if k.controller == "fixed":
-        return {"kind": "fixed", "beta": k.beta}
-    if k.controller == "adaptive":
-        return {"kind": "adaptive", "beta": k.beta, "target": k.target, "horizon": k.horizon}
-    return {"kind": "band", "beta": k.beta, "low": k.band_low, "high": k.band_high, "window": k.window,
-            "up": k.up, "down": k.down, "beta_min": k.beta_min, "beta_max": k.beta_max}
 
 
 def score(run: Run, rollouts: list[Rollout]) -> list[Scored]:
@@ -686,7 +680,7 @@ def cli(argv: list[str]) -> int:
         parser.add_argument("--preset", default="demo", help=f"one of {sorted(C.PRESETS)} (default: demo)")
         parser.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
         args = parser.parse_args(rest)
-        cfg = C.load_config(args.preset, overrides)
+        cfg = check_config(C.load_config(args.preset, overrides))
     except C.ConfigError as e:
         print(f"config error: {e}", file=sys.stderr)
         return 2

@@ -24,6 +24,7 @@ from typing import Sequence
 import torch
 
 ADV_SCALES = ("group", "batch", "none")
+"""The advantage scalings (loss.adv_scale; grpo/config_check.py checks the config against this list)."""
 
 REWARD_TIE_ATOL = 1e-8
 """Rewards within 1e-8 of each other are ties: float rewards that differ only by rounding (0.1 + 0.2 vs 0.3) must not

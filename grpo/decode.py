@@ -51,9 +51,9 @@ not apply. A model that sets one of them decodes with `generate` under `rollout.
 (see `fields_generate_would_add`)."""
 
 ENGINES = ("auto", "hf", "lean")
-"""How rollouts are decoded: "hf" = transformers' `generate`; "lean" = `decode` here; "auto" = lean wherever it
-applies (`lean_blocker` says None), else hf. config.py keeps its own copy (it imports no torch); a test keeps them
-equal."""
+"""How rollouts are decoded (rollout.engine): "hf" = transformers' `generate`; "lean" = `decode` here; "auto" = lean
+wherever it applies (`lean_blocker` says None), else hf. The one list of these names (grpo/config_check.py checks
+the config against it)."""
 
 Processor = Callable[[torch.LongTensor, torch.Tensor], torch.Tensor]
 

@@ -14,7 +14,9 @@ from __future__ import annotations
 import inspect
 import math
 import statistics
-from typing import Any
+from typing import Any, Callable
+
+from config import TaskKLConfig
 
 ADAPTIVE_ERROR_CLIP = 0.2
 """Ziegler et al. clip the proportional error to ±0.2 so one noisy KL estimate moves β by at most 20%·n/horizon."""
@@ -25,18 +27,61 @@ BAND_BETA_MAX = 10.0
 """Default ceiling for BandKL: past ~10 the KL term swamps any reward signal of order 1."""
 
 
-def _check_positive(where: str, **values: float) -> None:
-    for name, v in values.items():
-        if not (isinstance(v, (int, float)) and math.isfinite(v) and v > 0):
-            raise ValueError(f"{where}: {name}={v!r} must be a finite number > 0")
+Rule = tuple[str, Callable[[dict[str, Any]], bool], str]
+"""(argument, predicate over all the arguments, what a valid value looks like)."""
+
+
+def _finite(v: Any) -> bool:
+    return isinstance(v, (int, float)) and math.isfinite(v)
+
+
+def _positive(name: str) -> Rule:
+    return name, lambda a: _finite(a[name]) and a[name] > 0, "must be a finite number > 0"
+
+
+RULES: dict[str, tuple[Rule, ...]] = {
+    "fixed": (("beta", lambda a: _finite(a["beta"]) and a["beta"] >= 0,
+               "must be a finite number ≥ 0 (0 disables the KL term)"),),
+    "adaptive": (_positive("beta"), _positive("target"), _positive("horizon"), _positive("n_steps")),
+    "band": (_positive("beta"), _positive("high"), _positive("beta_min"), _positive("beta_max"), _positive("window"),
+             ("low", lambda a: _finite(a["low"]) and 0 <= a["low"] <= a["high"],
+              "needs 0 ≤ low ≤ high (the band's lower edge)"),
+             ("up", lambda a: _finite(a["up"]) and a["up"] > 1, "must be > 1 (β grows when the KL is above the band)"),
+             ("down", lambda a: _finite(a["down"]) and 0 < a["down"] < 1,
+              "must lie in (0, 1) (β shrinks when the KL is below the band)"),
+             ("beta_min", lambda a: a["beta_min"] <= a["beta_max"], "must be ≤ beta_max"),
+             ("beta", lambda a: a["beta_min"] <= a["beta"] <= a["beta_max"],
+              "lies outside [beta_min, beta_max]: pick a starting beta inside the bounds or widen them"),
+             ("window", lambda a: int(a["window"]) == a["window"], "must be a whole number of updates")),
+}
+"""Every rule on each controller's arguments, checked in order; the one home of these rules: the constructors
+raise on the first broken one, and the config check (grpo/validation.py) reports it under the config field."""
+
+
+def controller_problem(kind: str, **kwargs: Any) -> tuple[str, str] | None:
+    """(argument, what is wrong) for the first rule of controller `kind` that `kwargs` break (defaults filled in),
+    or None when all hold. `kind` must be one of KL_CONTROLLERS and `kwargs` its arguments."""
+    bound = inspect.signature(KL_CONTROLLERS[kind]).bind(**kwargs)
+    bound.apply_defaults()
+    args = dict(bound.arguments)
+    for argument, holds, fix in RULES[kind]:
+        if not holds(args):
+            return argument, fix
+    return None
+
+
+def _check(cls: type, **kwargs: Any) -> None:
+    problem = controller_problem(CONTROLLER_KINDS[cls], **kwargs)
+    if problem is not None:
+        argument, fix = problem
+        raise ValueError(f"{cls.__name__}: {argument}={kwargs[argument]!r} {fix}")
 
 
 class FixedKL:
     """β constant; `update` only records NaNs so all controllers report the same fields."""
 
     def __init__(self, beta: float) -> None:
-        if not (isinstance(beta, (int, float)) and math.isfinite(beta) and beta >= 0):
-            raise ValueError(f"FixedKL: beta={beta!r} must be a finite number ≥ 0 (0 disables the KL term)")
+        _check(FixedKL, beta=beta)
         self.value = float(beta)
         self.num_nan_ignored = 0
 
@@ -60,7 +105,7 @@ class AdaptiveKL:
     """
 
     def __init__(self, beta: float, target: float, horizon: float, n_steps: int = 1) -> None:
-        _check_positive("AdaptiveKL", beta=beta, target=target, horizon=horizon, n_steps=n_steps)
+        _check(AdaptiveKL, beta=beta, target=target, horizon=horizon, n_steps=n_steps)
         self.value = float(beta)
         self.target = float(target)
         self.horizon = float(horizon)
@@ -95,16 +140,8 @@ class BandKL:
 
     def __init__(self, beta: float, low: float, high: float, window: int = 20, up: float = 1.15,
                  down: float = 0.85, beta_min: float = BAND_BETA_MIN, beta_max: float = BAND_BETA_MAX) -> None:
-        _check_positive("BandKL", beta=beta, high=high, beta_min=beta_min, beta_max=beta_max, window=window)
-        if not (isinstance(low, (int, float)) and 0 <= low <= high):
-            raise ValueError(f"BandKL: need 0 ≤ low ≤ high, got low={low!r}, high={high!r}")
-        if not up > 1.0 or not 0.0 < down < 1.0:
-            raise ValueError(f"BandKL: need up > 1 and 0 < down < 1, got up={up!r}, down={down!r}")
-        if not beta_min <= beta <= beta_max:
-            raise ValueError(f"BandKL: beta={beta!r} lies outside [beta_min, beta_max] = [{beta_min}, {beta_max}]; "
-                             "pick a starting beta inside the bounds or widen them")
-        if int(window) != window:
-            raise ValueError(f"BandKL: window={window!r} must be a whole number of updates")
+        _check(BandKL, beta=beta, low=low, high=high, window=window, up=up, down=down, beta_min=beta_min,
+               beta_max=beta_max)
         self.value = float(beta)
         self.low, self.high = float(low), float(high)
         self.window, self.up, self.down = int(window), float(up), float(down)
@@ -143,9 +180,28 @@ class BandKL:
 
 
 KL_CONTROLLERS: dict[str, type] = {"fixed": FixedKL, "adaptive": AdaptiveKL, "band": BandKL}
+"""The controllers by name: the one list of the names kl.<task>.controller accepts."""
+CONTROLLER_KINDS = {cls: kind for kind, cls in KL_CONTROLLERS.items()}
+Controller = FixedKL | AdaptiveKL | BandKL
+
+CONFIG_FIELDS = {"low": "band_low", "high": "band_high"}
+"""Controller argument -> TaskKLConfig field, where the names differ."""
 
 
-def make_controller(kind: str, **kwargs: Any) -> FixedKL | AdaptiveKL | BandKL:
+def controller_args(section: TaskKLConfig) -> tuple[str, dict[str, Any]]:
+    """(kind, keyword arguments) of the controller a kl.<task> section describes: only the fields its kind uses."""
+    kind = section.controller
+    names = [p for p in inspect.signature(KL_CONTROLLERS[kind]).parameters if p != "n_steps"]
+    return kind, {name: getattr(section, CONFIG_FIELDS.get(name, name)) for name in names}
+
+
+def controller_from_config(section: TaskKLConfig) -> Controller:
+    """The β controller of one task's kl section."""
+    kind, kwargs = controller_args(section)
+    return make_controller(kind, **kwargs)
+
+
+def make_controller(kind: str, **kwargs: Any) -> Controller:
     """Build a controller by name ("fixed", "adaptive", "band") from keyword arguments.
 
     Raises ValueError naming the kind and its accepted arguments for an unknown kind, missing or unknown arguments,

@@ -20,6 +20,8 @@ from typing import Any, Iterable, Iterator
 import torch
 from torch import nn
 
+from config import ModelConfig  # load_policy's LoRA defaults are the config's (one source of truth)
+
 TINY_NAME = "builtin:tiny"
 """`load_policy` name that builds the tiny model and tokenizer in code (tests and CPU smoke runs)."""
 PAD, BOS, SYSTEM, USER, ASSISTANT, END = "<|pad|>", "<|bos|>", "<|system|>", "<|user|>", "<|assistant|>", "<|end|>"
@@ -288,7 +290,8 @@ def enable_checkpointing(model: nn.Module) -> None:
 
 
 def load_policy(name: str, *, dtype: str | torch.dtype = "float32", attn_implementation: str = "eager",
-                lora: bool = False, lora_r: int = 16, lora_alpha: int = 32, lora_dropout: float = 0.0,
+                lora: bool = False, lora_r: int = ModelConfig.lora_r, lora_alpha: int = ModelConfig.lora_alpha,
+                lora_dropout: float = ModelConfig.lora_dropout,
                 lora_target_modules: list[str] | str | None = None, load_in_4bit: bool = False,
                 gradient_checkpointing: bool = False, trust_remote_code: bool = False, seed: int = 0,
                 tiny_corpus: Iterable[str] | None = None, tiny_sizes: dict | None = None) -> Policy:

@@ -39,6 +39,7 @@ CAGRAD_TOL = 1e-12
 SQRT_EPS = 1e-18
 """Keeps √(w·Gw) differentiable at g_w = 0 on the normalised Gram matrix (entries ≤ 1)."""
 METHODS = ("sum", "pcgrad", "cagrad")
+"""How per-task gradients combine (multi.combine; grpo/config_check.py checks the config against this list)."""
 
 
 def task_labels(n_tasks: int, names: Sequence[str] | None) -> list[str]:

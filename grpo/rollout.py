@@ -37,8 +37,9 @@ NEGINF_LOGIT = -1e4
 make softmax NaN. Like NAN_LOGIT it carries zero probability next to any ordinary logit."""
 
 CACHE_IMPLEMENTATIONS = ("dynamic", "static")
-"""KV caches `generate` may use: dynamic grows per step; static is allocated once at prompt + max_new_tokens columns,
-which lets transformers compile the decoding step on CUDA (`_valid_auto_compile_criteria`)."""
+"""KV caches `generate` may use (rollout.cache_implementation; grpo/config_check.py checks against this list):
+dynamic grows per step; static is allocated once at prompt + max_new_tokens columns, which lets transformers
+compile the decoding step on CUDA (`_valid_auto_compile_criteria`)."""
 STATIC_PROMPT_BUCKET = 64
 """With the static cache, prompts are left-padded to a multiple of this many columns, so the cache (and the compiled
 decoding step) takes one of a few shapes instead of a new one, and a recompile, whenever the longest prompt changes.

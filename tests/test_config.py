@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 import config as C
+from grpo.config_check import check_config
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -52,14 +53,14 @@ def test_argv_forms():
     ("rollout.top_p=0", "rollout.top_p"),
     ("train.lr=abc", "train.lr"),
     ("model.load_in_4bit=true", "model.lora=true"),
-    ("kl.fairness.band_low=0.5", "kl.fairness.band_low"),
+    ("kl.default.band_low=0.7", "kl.default.band_low"),
     ("multi.combine=mgda", "multi.combine"),
     ("judge.base_url=localhost:8000", "judge.base_url"),
     ("nosection.x=1", "nosection"),
 ])
 def test_bad_values_are_rejected_with_the_field_named(override, needle):
     with pytest.raises(C.ConfigError) as err:
-        C.load_config("demo", [override])
+        check_config(C.load_config("demo", [override]))
     assert needle in str(err.value)
 
 
@@ -89,3 +90,37 @@ def test_cli_help_print_config_and_errors():
     assert out.returncode == 0 and '"k": 8' in out.stdout and "Meta-Llama-3-8B-Instruct" in out.stdout
     out = _cli("--rollout.temperature", "-1", "--print-config")
     assert out.returncode == 2 and "rollout.temperature" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_a_band_controller_with_up_1_is_refused_at_the_command_line_naming_the_field(capsys):
+    """Regression: config allowed kl.<task>.up >= 1 while BandKL demands up > 1, so `up=1` passed the config check
+    and failed later in grpo/kl_control.py with a bare ValueError. The rule now lives once, in the controller."""
+    import grpo_train
+
+    assert grpo_train.cli(["--set", "kl.default.up=1", "--print-config"]) == 2  # demo: band controller
+    err = capsys.readouterr().err
+    assert "kl.default.up" in err and "> 1" in err and "Traceback" not in err
+
+
+def test_every_registry_name_is_accepted_and_nothing_else():
+    """The config accepts exactly the names each registry holds (grpo/config_check.py REGISTRY_FIELDS)."""
+    import dataclasses
+
+    from grpo.config_check import REGISTRY_FIELDS
+    from grpo.kl_control import KL_CONTROLLERS, controller_from_config
+
+    for dotted, names in REGISTRY_FIELDS.items():
+        section, name = dotted.split(".")
+        for value in names:
+            if dotted == "rollout.engine" and value == "lean":
+                continue  # valid with the default dynamic cache; checked below with it
+            cfg = C.Config(**{section: type(getattr(C.Config(), section))(**{name: value})})
+            assert check_config(cfg) is cfg
+        with pytest.raises(C.ConfigError) as err:
+            check_config(C.Config(**{section: type(getattr(C.Config(), section))(**{name: "no-such-name"})}))
+        assert err.value.field == dotted and all(repr(v) in str(err.value) for v in sorted(names))
+    check_config(C.Config(rollout=C.RolloutConfig(engine="lean")))
+    for kind in KL_CONTROLLERS:  # every controller the config accepts can be built from a config section
+        section = dataclasses.replace(C.TaskKLConfig(), controller=kind)
+        check_config(C.Config(kl={"default": section}))
+        assert type(controller_from_config(section)) is KL_CONTROLLERS[kind]

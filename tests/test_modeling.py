@@ -176,3 +176,16 @@ def test_qlora_without_cuda_or_bitsandbytes_names_the_fix(tmp_path):
         load_policy(str(tmp_path), lora=True, load_in_4bit=True)
     with pytest.raises(ValueError, match="lora=True"):
         load_policy(str(tmp_path), lora=False, load_in_4bit=True)
+
+
+def test_load_policy_lora_defaults_are_the_configs():
+    """Regression: load_policy defaulted LoRA r / alpha / dropout to 16 / 32 / 0.0 while the config said 8 / 16 /
+    0.05, so a caller relying on either got the other's numbers. The defaults are now read from ModelConfig."""
+    import inspect
+
+    import config as C
+
+    params = inspect.signature(load_policy).parameters
+    model = C.ModelConfig()
+    assert {n: params[n].default for n in ("lora_r", "lora_alpha", "lora_dropout")} == \
+        {"lora_r": model.lora_r, "lora_alpha": model.lora_alpha, "lora_dropout": model.lora_dropout}

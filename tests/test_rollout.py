@@ -245,8 +245,11 @@ def test_cache_implementation_reaches_the_generation_config(model, tok, samples,
     assert not seen  # evaluation keeps the dynamic cache, so engine=auto decodes it with the lean loop
     greedy_complete(model, tok, samples, RolloutConfig(max_new_tokens=3, cache_implementation="static", engine="hf"))
     assert seen["generation_config"].cache_implementation is None
+    from config import Config
+    from grpo.config_check import check_config
+
     with pytest.raises(ConfigError, match="rollout.cache_implementation"):
-        RolloutConfig(cache_implementation="paged")
+        check_config(Config(rollout=RolloutConfig(cache_implementation="paged")))
 
 
 def test_static_cache_and_bucket_padding_sample_the_same_ids(model, tok, samples):
