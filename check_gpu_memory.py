@@ -142,7 +142,8 @@ def estimate_report(cfg: Any, gpu: str | None, gpu_mem: float | None) -> str:
 def main(argv: list[str]) -> int:
     import argparse
 
-    from config import ConfigError, load_config, split_argv
+    from command_line import split_argv
+    from config import ConfigError, load_config
     from grpo.config_check import check_config
 
     overrides, rest = split_argv(argv)

@@ -1,8 +1,11 @@
 """The one typed configuration of grpo-dual: small section dataclasses, a docstring under every field.
 
-Standard library only. Validation happens in `__post_init__`; every error names the field, the bad value and the fix.
-Overrides from the command line use dotted names: `--rollout.k 8`, `--rollout.k=8` or `--set rollout.k=8`;
-per-task sections use the task name: `--set kl.fairness.beta=0.2`, `--set rewards.fairness=bbq_rule:1,format:0.2`.
+Standard library only, the bottom layer: grpo modules may import it, it imports nothing of theirs. Validation happens
+in `__post_init__`; every error names the field, the bad value and the fix. Names that a registry implements (loss
+names, controllers, engines, ...) are checked against that registry by grpo/config_check.py, which the entry points
+run right after `load_config`. Overrides use dotted names, `load_config("demo", ["rollout.k=8",
+"kl.fairness.beta=0.2", "rewards.fairness=bbq_rule:1,format:0.2"])`; the presets are presets.py's, the command line
+(`--rollout.k 8`, `--set rollout.k=8`, --help) is command_line.py's.
 Only the entry point sees the whole Config; each module receives its section or plain values.
 """
 
@@ -15,6 +18,8 @@ import types
 import typing
 from dataclasses import dataclass, field
 from typing import Any
+
+from presets import DEMO_KL, PRESETS
 
 
 class ConfigError(ValueError):
@@ -478,56 +483,6 @@ class Config:
         return self.kl.get(task, self.kl["default"])
 
 
-# ----------------------------------------------------------------------------------------------------- presets
-DEMO_KL = {"default": TaskKLConfig(controller="band", beta=0.02, band_low=0.0, band_high=0.5, window=5,
-                                   beta_min=0.001, beta_max=0.5)}
-
-PRESETS: dict[str, dict[str, Any]] = {
-    # Embedded offline demo: tiny model built in code, synthetic fairness + hallucination tasks, CPU, a few minutes.
-    # SFT on 24 demonstrations teaches the reply format (not the rule); RL on every prompt learns the rule:
-    # held-out reward after RL >= after SFT + 0.3 on both tasks (seeds 0/1/2), ~2 min on 2 CPU cores.
-    "demo": {
-        "model": {"tiny_hidden": 128, "tiny_layers": 2},
-        "data": {"eval_size": 64},
-        "rollout": {"k": 6, "max_new_tokens": 4},
-        "train": {"max_steps": 120, "lr": 5e-4, "prompts_per_micro_step": 16},
-        "sft": {"steps": 35, "lr": 1e-3, "batch_size": 8, "max_examples": 24},
-    },
-    # The reference A100 setup: Llama-3-8B-Instruct + LoRA, two objectives with their own KL bands.
-    "llama3-8b-dual": {
-        "model": {"name": "meta-llama/Meta-Llama-3-8B-Instruct", "dtype": "bfloat16", "lora": True,
-                  "lora_r": 8, "lora_alpha": 16, "lora_dropout": 0.05, "gradient_checkpointing": True},
-        "data": {"source": "dual", "bbq_per_category": 200, "halueval_per_subset": 500},
-        "rollout": {"k": 4, "max_new_tokens": 96, "temperature": 0.5, "top_k": 30, "top_p": 0.85},
-        "train": {"prompts_per_micro_step": 2, "grad_accum": 2, "max_steps": 500, "lr": 1e-5, "eval_every": 50},
-        "checkpoint": {"every": 50},
-        "sft": {"steps": 100, "lr": 2e-5, "batch_size": 8},
-        "kl": {"default": {"controller": "band", "beta": 0.1, "band_low": 0.02, "band_high": 0.06},
-               "fairness": {"controller": "band", "beta": 0.10, "band_low": 0.02, "band_high": 0.06,
-                            "window": 20, "up": 1.15, "down": 0.85, "beta_min": 0.01, "beta_max": 1.0},
-               "hallucination": {"controller": "band", "beta": 0.30, "band_low": 0.08, "band_high": 0.15,
-                                 "window": 20, "up": 1.15, "down": 0.85, "beta_min": 0.01, "beta_max": 1.0}},
-        "rewards": {"fairness": "bbq_rule:1.0,format:0.2", "hallucination": "halueval_rule:1.0,format:0.2"},
-    },
-    # BBQ + HaluEval on whatever model is named (builtin:tiny by default) with the rule graders.
-    "dual-bbq-halueval": {
-        "data": {"source": "dual", "bbq_per_category": 20, "halueval_per_subset": 40},
-        "rollout": {"k": 4, "max_new_tokens": 48},
-        "train": {"prompts_per_micro_step": 2, "grad_accum": 2, "max_steps": 20},
-        "sft": {"steps": 10, "batch_size": 8},
-        "kl": {"default": {"controller": "band", "beta": 0.05},
-               "fairness": {"controller": "band", "beta": 0.10, "band_low": 0.02, "band_high": 0.06},
-               "hallucination": {"controller": "band", "beta": 0.30, "band_low": 0.08, "band_high": 0.15}},
-        "rewards": {"fairness": "bbq_rule:1.0,format:0.2", "hallucination": "halueval_rule:1.0,format:0.2"},
-    },
-}
-
-# Short command-line flags users know, mapped to dotted fields.
-ALIASES = {"model": "model.name", "data-dir": "data.data_dir", "max-steps": "train.max_steps",
-           "seed": "train.seed", "output-dir": "train.output_dir", "run-name": "train.run_name",
-           "resume": "checkpoint.resume", "device": "train.device"}
-
-
 # ----------------------------------------------------------------------------------------------------- building
 def _sections() -> dict[str, type]:
     return {f.name: f.type for f in dataclasses.fields(Config)}
@@ -552,12 +507,12 @@ def parse_value(text: str, annotation: Any, name: str) -> Any:
             return True
         if low in ("0", "false", "no", "off"):
             return False
-        raise ConfigError(f"config field `{name}` = {text!r} is invalid: use true or false")
+        raise field_error(name, text, "use true or false")
     if annotation in (int, float):
         try:
             return annotation(text)
         except ValueError:
-            raise ConfigError(f"config field `{name}` = {text!r} is invalid: expected {annotation.__name__}") from None
+            raise field_error(name, text, f"expected {annotation.__name__}") from None
     if origin is list:
         return [s.strip() for s in text.split(",") if s.strip()]
     return text
@@ -623,7 +578,7 @@ def _override_tree(overrides: list[str]) -> dict[str, Any]:
         if "=" not in item:
             raise ConfigError(f"override {item!r} is malformed: write section.field=value, e.g. rollout.k=8")
         key, value = item.split("=", 1)
-        key = ALIASES.get(key.strip(), key.strip()).replace("-", "_")
+        key = key.strip().replace("-", "_")
         parts = key.split(".")
         if len(parts) < 2:
             raise ConfigError(f"override {item!r}: `{key}` is not a field; write section.field=value "
@@ -641,85 +596,13 @@ def load_config(preset: str | None = None, overrides: list[str] | None = None) -
     if name not in PRESETS:
         raise ConfigError(f"unknown preset {name!r}: choose one of {sorted(PRESETS)}")
     base = to_dict(Config())
-    base["kl"] = {t: asdict_section(c) for t, c in DEMO_KL.items()}
+    base["kl"] = copy.deepcopy(DEMO_KL)
     merged = _merge(base, PRESETS[name])
     if "kl" in PRESETS[name]:  # a preset's KL table replaces the demo's, it does not extend it
         merged["kl"] = copy.deepcopy(PRESETS[name]["kl"])
     merged["preset"] = name
     merged = _merge(merged, _override_tree(overrides or []))
     return from_dict(merged)
-
-
-def split_argv(argv: list[str]) -> tuple[list[str], list[str]]:
-    """Turn `--section.field value`, `--section.field=value`, `--set k=v` and aliases into k=v overrides.
-
-    Returns (overrides, rest) where rest holds the flags the entry point handles itself.
-    """
-    overrides, rest = [], []
-    i = 0
-    while i < len(argv):
-        arg = argv[i]
-        if arg == "--set":
-            if i + 1 >= len(argv):
-                raise ConfigError("--set needs section.field=value")
-            overrides.append(argv[i + 1])
-            i += 2
-            continue
-        if arg.startswith("--") and len(arg) > 2:
-            body = arg[2:]
-            key = body.split("=", 1)[0]
-            if "." in key or key in ALIASES:
-                if "=" in body:
-                    overrides.append(body)
-                    i += 1
-                else:
-                    if i + 1 >= len(argv):
-                        raise ConfigError(f"{arg} needs a value")
-                    overrides.append(f"{key}={argv[i + 1]}")
-                    i += 2
-                continue
-        rest.append(arg)
-        i += 1
-    return overrides, rest
-
-
-def describe_fields() -> str:
-    """Every field with its type, default and docstring, for --help."""
-    import ast
-    import inspect
-
-    lines = []
-    tree = ast.parse(inspect.getsource(inspect.getmodule(Config)))
-    docs: dict[str, dict[str, str]] = {}
-    for node in tree.body:
-        if isinstance(node, ast.ClassDef):
-            body = node.body
-            for a, b in zip(body, body[1:]):
-                if isinstance(a, ast.AnnAssign) and isinstance(b, ast.Expr) and isinstance(b.value, ast.Constant):
-                    docs.setdefault(node.name, {})[a.target.id] = " ".join(str(b.value.value).split())
-    defaults = Config()
-    for sname, cls in _sections().items():
-        if sname in ("preset",):
-            continue
-        if sname in ("kl", "rewards"):
-            cls_name = "TaskKLConfig" if sname == "kl" else None
-            lines.append(f"\n[{sname}.<task>]  {docs['Config'].get(sname, '')}")
-            if cls_name:
-                for fname, ftype in _field_types(TaskKLConfig).items():
-                    default = getattr(TaskKLConfig(), fname)
-                    lines.append(f"  --{sname}.<task>.{fname} ({_tname(ftype)}, default {default!r}): "
-                                 f"{docs[cls_name].get(fname, '')}")
-            continue
-        section = getattr(defaults, sname)
-        lines.append(f"\n[{sname}]")
-        for fname, ftype in _field_types(type(section)).items():
-            lines.append(f"  --{sname}.{fname} ({_tname(ftype)}, default {getattr(section, fname)!r}): "
-                         f"{docs.get(type(section).__name__, {}).get(fname, '')}")
-    return "\n".join(lines)
-
-
-def _tname(t: Any) -> str:
-    return getattr(t, "__name__", None) or str(t).replace("typing.", "")
 
 
 def dumps(cfg: Config) -> str:

@@ -24,6 +24,7 @@ import numpy as np
 import torch
 
 import config as C
+from command_line import parse_trainer_argv
 from grpo import checkpoint as ckpt
 from grpo.advantages import group_advantages
 from grpo.batch import batch_logprobs, build_train_batch
@@ -667,20 +668,10 @@ def banner(run: Run) -> str:
 
 
 def cli(argv: list[str]) -> int:
-    """Parse argv into a Config and run. Returns the exit status."""
-    import argparse
-
+    """Parse argv into a Config (command_line.py) and run. Exit status: 0 done, 2 config error, 1 run failure."""
     try:
-        overrides, rest = C.split_argv(argv)
-        parser = argparse.ArgumentParser(
-            prog="grpo_train.py", formatter_class=argparse.RawDescriptionHelpFormatter,
-            description=__doc__, epilog="Config fields (override with --section.field VALUE or --set "
-                                        "section.field=VALUE; shortcuts: " + ", ".join(f"--{k}" for k in C.ALIASES)
-                                        + "):" + C.describe_fields())
-        parser.add_argument("--preset", default="demo", help=f"one of {sorted(C.PRESETS)} (default: demo)")
-        parser.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
-        args = parser.parse_args(rest)
-        cfg = check_config(C.load_config(args.preset, overrides))
+        cfg, args = parse_trainer_argv(argv, prog="grpo_train.py", description=__doc__)
+        check_config(cfg)
     except C.ConfigError as e:
         print(f"config error: {e}", file=sys.stderr)
         return 2

@@ -9,6 +9,8 @@ from pathlib import Path
 import pytest
 
 import config as C
+from command_line import split_argv
+from presets import PRESETS
 from grpo.config_check import check_config
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -24,7 +26,7 @@ def test_presets_load_and_derive():
     assert cfg.seqs_per_step == 2 * 4 * 2 and cfg.micro_batch_seqs == 8 and cfg.prompts_per_step == 4
     assert cfg.kl_for("fairness").beta == 0.10 and cfg.kl_for("hallucination").beta == 0.30
     assert (cfg.kl_for("hallucination").band_low, cfg.kl_for("hallucination").band_high) == (0.08, 0.15)
-    for name in C.PRESETS:
+    for name in PRESETS:
         C.load_config(name)
 
 
@@ -37,12 +39,12 @@ def test_overrides_parse_types():
 
 
 def test_argv_forms():
-    overrides, rest = C.split_argv(["--rollout.k", "8", "--set", "loss.mu=2", "--model", "x",
-                                    "--judge.base-url=http://h/v1", "--print-config"])
-    assert overrides == ["rollout.k=8", "loss.mu=2", "model=x", "judge.base-url=http://h/v1"]
+    overrides, rest = split_argv(["--rollout.k", "8", "--set", "loss.mu=2", "--model", "x",
+                                  "--judge.base-url=http://h/v1", "--set", "seed=3", "--print-config"])
+    assert overrides == ["rollout.k=8", "loss.mu=2", "model.name=x", "judge.base-url=http://h/v1", "train.seed=3"]
     assert rest == ["--print-config"]
     cfg = C.load_config("demo", overrides)
-    assert cfg.model.name == "x" and cfg.judge.base_url == "http://h/v1" and cfg.loss.mu == 2
+    assert cfg.model.name == "x" and cfg.judge.base_url == "http://h/v1" and cfg.loss.mu == 2 and cfg.train.seed == 3
 
 
 @pytest.mark.parametrize("override,needle", [

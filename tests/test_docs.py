@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 import config as C
+from command_line import split_argv
 
 ROOT = Path(__file__).resolve().parents[1]
 DOC_NAMES = ["README.md", "QUICK_START.md", "BUG_FIXES_SUMMARY.md", "docs/DESIGN.md", "docs/SCALING.md"]
@@ -202,7 +203,7 @@ def test_every_documented_trainer_command_builds_a_valid_config():
     assert len(commands) >= 5
     for doc, line in commands:
         argv = shlex.split(line)[2:]
-        overrides, rest = C.split_argv(argv)
+        overrides, rest = split_argv(argv)
         preset = "demo"
         if "--preset" in rest:
             preset = rest[rest.index("--preset") + 1]

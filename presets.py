@@ -1,0 +1,54 @@
+"""The named starting points of a config (`--preset NAME`): plain nested dicts of `section.field` values, applied by
+config.load_config over the dataclass defaults and DEMO_KL, then the overrides. Standard library only, no imports:
+data, not code.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+DEMO_KL: dict[str, dict[str, Any]] = {
+    "default": {"controller": "band", "beta": 0.02, "band_low": 0.0, "band_high": 0.5, "window": 5,
+                "beta_min": 0.001, "beta_max": 0.5},
+}
+"""The KL table every preset starts from; a preset's own `kl` table replaces it (it does not extend it)."""
+
+PRESETS: dict[str, dict[str, Any]] = {
+    # Embedded offline demo: tiny model built in code, synthetic fairness + hallucination tasks, CPU, a few minutes.
+    # SFT on 24 demonstrations teaches the reply format (not the rule); RL on every prompt learns the rule:
+    # held-out reward after RL >= after SFT + 0.3 on both tasks (seeds 0/1/2), ~2 min on 2 CPU cores.
+    "demo": {
+        "model": {"tiny_hidden": 128, "tiny_layers": 2},
+        "data": {"eval_size": 64},
+        "rollout": {"k": 6, "max_new_tokens": 4},
+        "train": {"max_steps": 120, "lr": 5e-4, "prompts_per_micro_step": 16},
+        "sft": {"steps": 35, "lr": 1e-3, "batch_size": 8, "max_examples": 24},
+    },
+    # The reference A100 setup: Llama-3-8B-Instruct + LoRA, two objectives with their own KL bands.
+    "llama3-8b-dual": {
+        "model": {"name": "meta-llama/Meta-Llama-3-8B-Instruct", "dtype": "bfloat16", "lora": True,
+                  "lora_r": 8, "lora_alpha": 16, "lora_dropout": 0.05, "gradient_checkpointing": True},
+        "data": {"source": "dual", "bbq_per_category": 200, "halueval_per_subset": 500},
+        "rollout": {"k": 4, "max_new_tokens": 96, "temperature": 0.5, "top_k": 30, "top_p": 0.85},
+        "train": {"prompts_per_micro_step": 2, "grad_accum": 2, "max_steps": 500, "lr": 1e-5, "eval_every": 50},
+        "checkpoint": {"every": 50},
+        "sft": {"steps": 100, "lr": 2e-5, "batch_size": 8},
+        "kl": {"default": {"controller": "band", "beta": 0.1, "band_low": 0.02, "band_high": 0.06},
+               "fairness": {"controller": "band", "beta": 0.10, "band_low": 0.02, "band_high": 0.06,
+                            "window": 20, "up": 1.15, "down": 0.85, "beta_min": 0.01, "beta_max": 1.0},
+               "hallucination": {"controller": "band", "beta": 0.30, "band_low": 0.08, "band_high": 0.15,
+                                 "window": 20, "up": 1.15, "down": 0.85, "beta_min": 0.01, "beta_max": 1.0}},
+        "rewards": {"fairness": "bbq_rule:1.0,format:0.2", "hallucination": "halueval_rule:1.0,format:0.2"},
+    },
+    # BBQ + HaluEval on whatever model is named (builtin:tiny by default) with the rule graders.
+    "dual-bbq-halueval": {
+        "data": {"source": "dual", "bbq_per_category": 20, "halueval_per_subset": 40},
+        "rollout": {"k": 4, "max_new_tokens": 48},
+        "train": {"prompts_per_micro_step": 2, "grad_accum": 2, "max_steps": 20},
+        "sft": {"steps": 10, "batch_size": 8},
+        "kl": {"default": {"controller": "band", "beta": 0.05},
+               "fairness": {"controller": "band", "beta": 0.10, "band_low": 0.02, "band_high": 0.06},
+               "hallucination": {"controller": "band", "beta": 0.30, "band_low": 0.08, "band_high": 0.15}},
+        "rewards": {"fairness": "bbq_rule:1.0,format:0.2", "hallucination": "halueval_rule:1.0,format:0.2"},
+    },
+}
