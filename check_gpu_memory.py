@@ -98,7 +98,7 @@ def _shares_prompts(cfg: Any, shape: ModelShape) -> bool:
 def inputs_from_config(cfg: Any, compute_capability: tuple[int, int] = (8, 0)) -> EstimateInputs:
     """EstimateInputs for `cfg` (a config.Config or any object with the same fields) on a GPU of that capability."""
     from grpo.hardware import choose_precision
-    from grpo.logprobs import DEFAULT_LOGPROB_CHUNK_ROWS
+    from grpo.kernels import DEFAULT_LOGPROB_CHUNK_ROWS
 
     m = cfg.model
     dtype, _scaler, _why = choose_precision(m.dtype, True, tuple(compute_capability) >= (8, 0),

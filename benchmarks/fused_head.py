@@ -1,5 +1,5 @@
 """Peak memory and time of one training micro-batch (forward + backward of `completion_logprobs`), with the LM head
-fused into the log-prob computation (`grpo/logprobs.head_logprobs`) and without (the model builds the logits).
+fused into the log-prob computation (`grpo/kernels.head_logprobs`) and without (the model builds the logits).
 
     python benchmarks/fused_head.py                       # CPU, the tiny shape
     python benchmarks/fused_head.py --device cuda --shape qwen2.5-0.5b

@@ -31,7 +31,7 @@ from typing import Callable, Sequence
 
 import torch
 
-from grpo.logprobs import accepts_logits_to_keep
+from grpo.model_calls import accepts_logits_to_keep, position_ids_from_mask
 from grpo.modeling import base_model
 from grpo.steppers import make_steps
 
@@ -159,7 +159,7 @@ def decode(model: torch.nn.Module, ids_BP: torch.LongTensor, mask_BP: torch.Tens
     # `generate` drops an all-ones mask (the attention then takes its causal fast path); so does this loop, so the
     # logits are bit-identical to its own
     prefill_mask = None if bool(mask_BP.all()) else mask_BP.long()
-    pos_BP = (mask_BP.long().cumsum(-1) - 1).masked_fill(mask_BP == 0, 0)
+    pos_BP = position_ids_from_mask(mask_BP)
     next_pos_R1 = pos_BP[:, -1:] + 1
     extra = {"logits_to_keep": 1} if accepts_logits_to_keep(model) else {}
     out = model(input_ids=ids_BP, attention_mask=prefill_mask, position_ids=pos_BP,

@@ -7,11 +7,11 @@ Formulas (one line each, with the source):
 - log p(y_t) = z_t[y_t]/τ − logsumexp(z_t/τ)                    (softmax with temperature τ, as sampled by `generate`)
 - position_ids = cumsum(attention_mask) − 1, 0 on padding          (transformers `_prepare_position_ids_for_generation`)
 
-Memory: a (B, T, V) fp32 log-softmax is never built. The target logit is gathered and logsumexp is computed in fp32
-chunks of rows (a custom autograd function recomputes the softmax per chunk in backward and writes the gradient in
-place), so the largest fp32 temporary is chunk_size × V, and bf16 logits lose no precision. With the fused head
-(`head_logprobs`, Llama-like models) the logits themselves exist one chunk at a time: the LM head is applied to the
-final hidden states inside the log-prob computation and recomputed in backward.
+Memory: a (B, T, V) fp32 log-softmax is never built. The chunked kernels of grpo/kernels.py gather the target logit
+and compute logsumexp in fp32 chunks of rows (recomputing the softmax per chunk in backward), so the largest fp32
+temporary is chunk_size × V, and bf16 logits lose no precision. With the fused head (`head_logprobs`, Llama-like
+models) the logits themselves exist one chunk at a time: the LM head is applied to the final hidden states inside
+the log-prob computation and recomputed in backward.
 
 Why position_ids are passed: transformers 5.x `LlamaModel.forward` uses `arange(L)` when position_ids is None (it does
 not look at the attention mask), while `generate` derives them from the mask. Passing the mask-derived ids makes the
@@ -27,155 +27,9 @@ from typing import Any
 
 import torch
 
-from grpo.losses import accumulation_dtype, entropy_from_logits, row_chunks, scaled_chunk
+from grpo.kernels import DEFAULT_LOGPROB_CHUNK_ROWS, entropy_from_logits, head_logprobs, token_logprobs
+from grpo.model_calls import accepts_logits_to_keep, position_ids_from_mask
 from grpo.modeling import base_model, has_sliding_window
-
-DEFAULT_LOGPROB_CHUNK_ROWS = 512
-"""Rows (tokens) per logsumexp chunk: 512 rows × 152k vocabulary (Qwen) × 4 bytes ≈ 310 MB of fp32 temporaries,
-small next to the bf16 logits themselves yet large enough that the Python loop costs nothing."""
-
-
-class _ChunkedTokenLogProb(torch.autograd.Function):
-    """log p(y) = z_y/τ − logsumexp(z/τ) in fp32 row chunks. Backward writes d/dz = (onehot(y) − softmax(z/τ))·g/τ
-    chunk by chunk straight into one gradient tensor of the logits' dtype; the softmax is recomputed, not saved."""
-
-    @staticmethod
-    def forward(ctx, logits_BTV: torch.Tensor, target_ids_BT: torch.Tensor, temperature: float,
-                chunk_rows: int) -> torch.Tensor:
-        B, T, _ = logits_BTV.shape
-        acc = accumulation_dtype(logits_BTV.dtype)
-        target_BT1 = target_ids_BT.long().unsqueeze(-1)
-        lse_BT = logits_BTV.new_empty((B, T), dtype=acc)
-        for bs, ts in row_chunks((B, T), chunk_rows):
-            lse_BT[bs, ts] = torch.logsumexp(scaled_chunk(logits_BTV[bs, ts], acc, temperature), dim=-1)
-        target_logit_BT = logits_BTV.gather(-1, target_BT1).squeeze(-1).to(acc) / temperature
-        ctx.save_for_backward(logits_BTV, target_BT1, lse_BT)
-        ctx.temperature, ctx.chunk_rows = temperature, chunk_rows
-        return target_logit_BT - lse_BT
-
-    @staticmethod
-    @torch.autograd.function.once_differentiable
-    def backward(ctx, grad_BT: torch.Tensor):
-        logits_BTV, target_BT1, lse_BT = ctx.saved_tensors
-        grad_BTV = torch.empty_like(logits_BTV)
-        acc, tau = lse_BT.dtype, ctx.temperature
-        for bs, ts in row_chunks(tuple(lse_BT.shape), ctx.chunk_rows):
-            g_bt1 = grad_BT[bs, ts].to(acc).unsqueeze(-1) / tau
-            p = scaled_chunk(logits_BTV[bs, ts], acc, tau).sub_(lse_BT[bs, ts].unsqueeze(-1)).exp_()
-            grad_BTV[bs, ts] = p.mul_(-g_bt1).scatter_add_(-1, target_BT1[bs, ts], g_bt1)
-        return grad_BTV, None, None, None
-
-
-class _FusedHeadLogProb(torch.autograd.Function):
-    """Log-probs (and entropies) of targets straight from the final hidden states and the LM-head weight, in row
-    chunks: z = h·Wᵀ (in the weights' dtype, as the model's own head computes it), then fp32 softmax statistics.
-    The (N, V) logits exist one chunk at a time, in forward and in backward (recomputed), never whole.
-
-        d/dz = g_lp·(onehot(y) − p)/τ − g_H·p·(log p + H)/τ          dh = d/dz · W        dW = Σ_chunks (d/dz)ᵀ · h
-    """
-
-    @staticmethod
-    def forward(ctx, hidden_NH: torch.Tensor, weight_VH: torch.Tensor, target_N: torch.Tensor, temperature: float,
-                chunk_rows: int, with_entropy: bool):
-        acc = accumulation_dtype(hidden_NH.dtype)
-        N = hidden_NH.shape[0]
-        logp_N = hidden_NH.new_empty(N, dtype=acc)
-        entropy_N = hidden_NH.new_zeros(N, dtype=acc)
-        for s in range(0, N, chunk_rows):
-            z = scaled_chunk(hidden_NH[s:s + chunk_rows] @ weight_VH.T, acc, temperature)
-            lse = torch.logsumexp(z, dim=-1)
-            logp_N[s:s + chunk_rows] = z.gather(-1, target_N[s:s + chunk_rows, None]).squeeze(-1) - lse
-            if with_entropy:
-                logp_all = z.sub_(lse[:, None])  # log softmax, in place (z is not needed after this)
-                entropy_N[s:s + chunk_rows] = -(logp_all.exp() * logp_all).sum(-1)
-        ctx.save_for_backward(hidden_NH, weight_VH, target_N)
-        ctx.temperature, ctx.chunk_rows, ctx.with_entropy = temperature, chunk_rows, with_entropy
-        # an output the loss does not use (the metric-only entropy at entropy_coef = 0) gets None, not zeros: its
-        # term is skipped in backward instead of adding three vocabulary-wide products of 0 per chunk
-        ctx.set_materialize_grads(False)
-        return logp_N, entropy_N
-
-    @staticmethod
-    @torch.autograd.function.once_differentiable
-    def backward(ctx, grad_logp_N: torch.Tensor, grad_entropy_N: torch.Tensor):
-        hidden_NH, weight_VH, target_N = ctx.saved_tensors
-        acc, tau = accumulation_dtype(hidden_NH.dtype), ctx.temperature
-        want_h, want_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
-        grad_h = torch.empty_like(hidden_NH) if want_h else None
-        grad_w = torch.zeros(weight_VH.shape, dtype=acc, device=weight_VH.device) if want_w else None
-        use_entropy = ctx.with_entropy and grad_entropy_N is not None
-        use_logp = grad_logp_N is not None
-        for s in range(0, hidden_NH.shape[0], ctx.chunk_rows):
-            h = hidden_NH[s:s + ctx.chunk_rows]
-            z = scaled_chunk(h @ weight_VH.T, acc, tau)
-            logp = z.sub_(torch.logsumexp(z, dim=-1, keepdim=True))  # log softmax, in place
-            p = logp.exp()
-            if use_logp:
-                g_lp = grad_logp_N[s:s + ctx.chunk_rows].to(acc)[:, None]
-                dz = p * -g_lp
-            else:
-                dz = torch.zeros_like(p)
-            if use_entropy:
-                H = -(p * logp).sum(-1, keepdim=True)
-                dz -= grad_entropy_N[s:s + ctx.chunk_rows].to(acc)[:, None] * p * (logp + H)
-            if use_logp:
-                dz.scatter_add_(-1, target_N[s:s + ctx.chunk_rows, None], g_lp)
-            dz.div_(tau)
-            dz = dz.to(hidden_NH.dtype)
-            if want_h:
-                grad_h[s:s + ctx.chunk_rows] = dz @ weight_VH
-            if want_w:
-                grad_w += (dz.T @ h).to(acc)
-        return grad_h, None if grad_w is None else grad_w.to(weight_VH.dtype), None, None, None, None
-
-
-def head_logprobs(hidden_BTH: torch.Tensor, weight_VH: torch.Tensor, target_ids_BT: torch.Tensor,
-                  temperature: float = 1.0, with_entropy: bool = False,
-                  chunk_size: int = DEFAULT_LOGPROB_CHUNK_ROWS) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """(log p(target), entropy or None), each (B, T) fp32, from final hidden states and a bias-free LM head weight;
-    differentiable in both. Peak extra memory: one chunk_size × V logits chunk (fp32 and the weights' dtype)."""
-    B, T, H = hidden_BTH.shape
-    if weight_VH.dim() != 2 or weight_VH.shape[1] != H or target_ids_BT.shape != (B, T):
-        raise ValueError(f"head_logprobs: hidden {tuple(hidden_BTH.shape)}, weight {tuple(weight_VH.shape)} and "
-                         f"targets {tuple(target_ids_BT.shape)} do not fit (B, T, H), (V, H), (B, T)")
-    if temperature <= 0:
-        raise ValueError(f"head_logprobs: temperature={temperature} must be > 0 (the sampling temperature)")
-    logp_N, entropy_N = _FusedHeadLogProb.apply(hidden_BTH.reshape(B * T, H), weight_VH,
-                                                 target_ids_BT.reshape(-1).long(), float(temperature),
-                                                 int(chunk_size), bool(with_entropy))
-    return logp_N.view(B, T), entropy_N.view(B, T) if with_entropy else None
-
-
-def token_logprobs(logits_BTV: torch.Tensor, target_ids_BT: torch.Tensor, temperature: float = 1.0,
-                   chunk_size: int = DEFAULT_LOGPROB_CHUNK_ROWS) -> torch.Tensor:
-    """log softmax(logits/temperature)[target] per position, shape (B, T), differentiable; fp32 (fp64 for fp64 logits).
-
-    `logits_BTV` may be a non-contiguous view (e.g. `logits[:, :-1]`): it is never flattened or copied. Extra memory:
-    one chunk_size × V fp32 temporary in forward; in backward, that plus the logits' gradient (one tensor).
-    """
-    if logits_BTV.dim() != 3 or target_ids_BT.shape != logits_BTV.shape[:2]:
-        raise ValueError(f"token_logprobs: need logits (B, T, V) and targets (B, T); got "
-                         f"{tuple(logits_BTV.shape)} and {tuple(target_ids_BT.shape)}")
-    if temperature <= 0:
-        raise ValueError(f"token_logprobs: temperature={temperature} must be > 0 (the sampling temperature)")
-    return _ChunkedTokenLogProb.apply(logits_BTV, target_ids_BT, float(temperature), int(chunk_size))
-
-
-def position_ids_from_mask(attention_mask_BL: torch.Tensor) -> torch.Tensor:
-    """Positions counted over attended tokens only (0 on padding), exactly as `generate` computes them."""
-    mask = attention_mask_BL.long()
-    return (mask.cumsum(-1) - 1).masked_fill(mask == 0, 0)
-
-
-def accepts_logits_to_keep(model: torch.nn.Module) -> bool:
-    """Whether model.forward (or, under PEFT, the base model's forward) takes `logits_to_keep`. A DDP / FSDP
-    wrapper's forward takes (*args, **kwargs): the wrapped module (`.module`) is inspected instead."""
-    model = getattr(model, "module", model)
-    for candidate in (model, getattr(model, "get_base_model", lambda: None)()):
-        if candidate is not None and "logits_to_keep" in inspect.signature(candidate.forward).parameters:
-            return True
-    return False
-
 
 FUSABLE_MODEL_TYPES = frozenset({"llama", "mistral", "qwen2", "qwen3", "phi3", "olmo2"})
 """Model types whose logits are exactly final_hidden · lm_headᵀ (no soft-capping, logit scale or bias), so the

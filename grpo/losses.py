@@ -1,4 +1,5 @@
-"""Policy losses, loss aggregation, KL estimators and entropy: pure functions of tensors and masks.
+"""Policy losses, loss aggregation and KL estimators: pure functions of tensors and masks (the chunked log-prob and
+entropy kernels are grpo/kernels.py's).
 
 Shapes: B = sequences, T = completion tokens, V = vocabulary. Every `mask_BT` is 1.0 on trained tokens, 0.0 on padding.
 
@@ -14,7 +15,6 @@ Formulas (one line each, with the source):
 - seq-mean-token-sum-norm:   Σ_i [Σ_t m·ℓ / C] / N_seqs(step), C = max completion length   (Dr.GRPO arXiv 2503.20783)
 - KL k1 = logp − ref;  k2 = ½(logp − ref)²;  k3 = exp(ref − logp) − (ref − logp) − 1       (Schulman, "Approximating KL divergence", 2020)
 - KL k3+ = k2 + sg[k3 − k2]  (value of k3, gradient of k2)                                 (verl `low_var_kl+` / straight-through)
-- entropy H = logsumexp(z) − Σ_v softmax(z)_v · z_v                                       (definition; verl `entropy_from_logits`)
 
 Metric values are 0-dim detached tensors (no host sync here); the loop converts them with `float()`.
 """
@@ -29,8 +29,6 @@ LOG_RATIO_CLAMP = 20.0
 """Log-ratios are clamped to ±20 before exp(): exp() overflows fp32 past ~88 and bf16/fp16 much earlier, and a
 ratio of e^20 ≈ 5e8 is already far outside any clip range, so the clamp changes no clipped loss."""
 
-DEFAULT_ENTROPY_CHUNK_ROWS = 512
-"""Rows (tokens) per chunk when computing entropy: 512 rows × 152k vocabulary × 4 bytes ≈ 310 MB of fp32 temporaries."""
 
 
 # ----------------------------------------------------------------------------------------------------------- helpers
@@ -263,82 +261,3 @@ def kl_penalty(logps_BT: torch.Tensor, ref_logps_BT: torch.Tensor, estimator: st
         raise ValueError(f"kl_penalty: logps_BT {tuple(logps_BT.shape)} and ref_logps_BT "
                          f"{tuple(ref_logps_BT.shape)} differ")
     return KL_ESTIMATORS[estimator](logps_BT, ref_logps_BT.detach())
-
-
-# ---------------------------------------------------------------------------------------------------------- entropy
-def row_chunks(shape_BT: tuple[int, int], chunk_rows: int):
-    """(batch slice, time slice) pairs covering a (B, T) grid with at most ~`chunk_rows` cells each.
-
-    Works on views (e.g. `logits[:, :-1]`) without flattening, so no copy of the (B, T, V) tensor is made.
-    """
-    if chunk_rows < 1:
-        raise ValueError(f"chunk_size={chunk_rows} must be ≥ 1 (rows of logits processed at once)")
-    B, T = shape_BT
-    if T == 0 or B == 0:
-        return
-    if T >= chunk_rows:
-        for b in range(B):
-            for t0 in range(0, T, chunk_rows):
-                yield slice(b, b + 1), slice(t0, t0 + chunk_rows)
-    else:
-        per = chunk_rows // T
-        for b0 in range(0, B, per):
-            yield slice(b0, b0 + per), slice(0, T)
-
-
-def accumulation_dtype(dtype: torch.dtype) -> torch.dtype:
-    """fp32 for bf16/fp16/fp32 inputs, fp64 for fp64 inputs: chunked reductions never accumulate below fp32."""
-    return torch.promote_types(dtype, torch.float32)
-
-
-def scaled_chunk(chunk: torch.Tensor, dtype: torch.dtype, temperature: float) -> torch.Tensor:
-    """A fresh `dtype` copy of `chunk` divided by `temperature` in place: one temporary per chunk, never two."""
-    z = chunk.to(dtype, copy=True)
-    return z if temperature == 1.0 else z.div_(temperature)
-
-
-class _ChunkedEntropy(torch.autograd.Function):
-    """H = logsumexp(z/τ) − Σ p·z/τ in fp32 chunks; backward dH/dz = −p·(z/τ − E_p[z/τ])/τ, recomputed per chunk,
-    so only the input logits (already alive) and two (B, T) vectors are kept for backward."""
-
-    @staticmethod
-    def forward(ctx, logits_BTV: torch.Tensor, temperature: float, chunk_rows: int) -> torch.Tensor:
-        B, T, _ = logits_BTV.shape
-        acc = accumulation_dtype(logits_BTV.dtype)
-        lse_BT = logits_BTV.new_empty((B, T), dtype=acc)
-        mean_BT = logits_BTV.new_empty((B, T), dtype=acc)
-        for bs, ts in row_chunks((B, T), chunk_rows):
-            z = scaled_chunk(logits_BTV[bs, ts], acc, temperature)
-            lse = torch.logsumexp(z, dim=-1)
-            lse_BT[bs, ts] = lse
-            mean_BT[bs, ts] = (torch.exp(z - lse.unsqueeze(-1)) * z).sum(-1)
-        ctx.save_for_backward(logits_BTV, lse_BT, mean_BT)
-        ctx.temperature, ctx.chunk_rows = temperature, chunk_rows
-        return lse_BT - mean_BT
-
-    @staticmethod
-    @torch.autograd.function.once_differentiable
-    def backward(ctx, grad_BT: torch.Tensor):
-        logits_BTV, lse_BT, mean_BT = ctx.saved_tensors
-        grad_BTV = torch.empty_like(logits_BTV)
-        acc = lse_BT.dtype
-        for bs, ts in row_chunks(tuple(lse_BT.shape), ctx.chunk_rows):
-            z = scaled_chunk(logits_BTV[bs, ts], acc, ctx.temperature)
-            p = torch.exp(z - lse_BT[bs, ts].unsqueeze(-1))
-            g = -p * (z - mean_BT[bs, ts].unsqueeze(-1)) * (grad_BT[bs, ts].to(acc).unsqueeze(-1) / ctx.temperature)
-            grad_BTV[bs, ts] = g.to(grad_BTV.dtype)
-        return grad_BTV, None, None
-
-
-def entropy_from_logits(logits_BTV: torch.Tensor, chunk_size: int = DEFAULT_ENTROPY_CHUNK_ROWS,
-                        temperature: float = 1.0) -> torch.Tensor:
-    """Entropy (nats) of softmax(logits/temperature) per position, shape (B, T), fp32 (fp64 for fp64 logits).
-
-    Computed in chunks of `chunk_size` rows with fp32 accumulation; never materialises a (B, T, V) fp32 tensor,
-    in forward or backward (gradients are supported for an entropy bonus).
-    """
-    if logits_BTV.dim() != 3:
-        raise ValueError(f"entropy_from_logits: logits must be (B, T, V), got shape {tuple(logits_BTV.shape)}")
-    if temperature <= 0:
-        raise ValueError(f"entropy_from_logits: temperature={temperature} must be > 0")
-    return _ChunkedEntropy.apply(logits_BTV, float(temperature), int(chunk_size))

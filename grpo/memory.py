@@ -48,7 +48,7 @@ ADAPTER_BYTES = 4
 NORM_INPUT_BYTES = 4
 """HF LlamaRMSNorm computes in fp32: `pow(2)` keeps an fp32 copy of its input for backward, whatever the model dtype."""
 SOFTMAX_TEMPS = 2
-"""fp32 temporaries alive at once per chunk in grpo/logprobs.py (the upcast and the /τ or exp() result)."""
+"""fp32 temporaries alive at once per chunk in grpo/kernels.py (the upcast and the /τ or exp() result)."""
 TRAIN_LOGITS_COPIES = 2
 """Training holds the saved logits plus one full-size grad at a time in backward (measured: MEMORY_OPTIMIZATION.md)."""
 DEFAULT_CUDA_OVERHEAD_GB = 0.75

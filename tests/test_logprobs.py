@@ -9,8 +9,9 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
 
-from grpo.logprobs import (accepts_logits_to_keep, completion_logprobs, fused_head_parts, head_logprobs,
-                           position_ids_from_mask, token_logprobs)
+from grpo.kernels import head_logprobs, token_logprobs
+from grpo.logprobs import completion_logprobs, fused_head_parts
+from grpo.model_calls import accepts_logits_to_keep, position_ids_from_mask
 
 
 def naive_f64(logits, targets, temperature=1.0):
