@@ -322,8 +322,8 @@ class TrainConfig:
         _check(self.lr > 0, "train.lr", self.lr, "use a learning rate > 0, e.g. 1e-5")
         _check(self.max_grad_norm > 0, "train.max_grad_norm", self.max_grad_norm, "use a value > 0, e.g. 1.0")
         _check(self.skip_grad_norm > 0, "train.skip_grad_norm", self.skip_grad_norm, "use a value > 0")
-        _check(self.eval_every >= 0 and self.sample_every >= 0 and self.warmup_steps >= 0, "train.eval_every",
-               self.eval_every, "use integers >= 0")
+        for f in ("warmup_steps", "eval_every", "sample_every"):
+            _check(getattr(self, f) >= 0, f"train.{f}", getattr(self, f), "use an integer >= 0 (0 = off)")
         _check(self.device == "auto" or self.device == "cpu" or self.device.startswith("cuda"), "train.device",
                self.device, "use auto, cpu, cuda or cuda:N")
         _one_of("train.sharding", self.sharding, ("auto", "none", "fsdp"))
@@ -344,8 +344,8 @@ class SFTConfig:
     def __post_init__(self) -> None:
         _check(self.steps >= 0, "sft.steps", self.steps, "use an integer >= 0")
         _check(self.max_examples >= 0, "sft.max_examples", self.max_examples, "use 0 (all) or a positive count")
-        _check(self.lr > 0 and self.batch_size >= 1, "sft.lr", (self.lr, self.batch_size),
-               "use lr > 0 and batch_size >= 1")
+        _check(self.lr > 0, "sft.lr", self.lr, "use a learning rate > 0, e.g. 1e-4")
+        _check(self.batch_size >= 1, "sft.batch_size", self.batch_size, "use a positive integer")
 
 
 @dataclass
@@ -378,10 +378,10 @@ class JudgeConfig:
     """SQLite cache of real judge answers; empty = <run folder>/judge_cache.sqlite."""
 
     def __post_init__(self) -> None:
-        _check(self.timeout_s > 0 and self.rate_limit_per_s > 0, "judge.timeout_s", self.timeout_s,
-               "use positive timeout_s and rate_limit_per_s")
-        _check(self.max_retries >= 0 and self.num_workers >= 1, "judge.num_workers", self.num_workers,
-               "use max_retries >= 0 and num_workers >= 1")
+        for f in ("timeout_s", "rate_limit_per_s"):
+            _check(getattr(self, f) > 0, f"judge.{f}", getattr(self, f), "use a value > 0")
+        _check(self.max_retries >= 0, "judge.max_retries", self.max_retries, "use an integer >= 0 (0 = no retry)")
+        _check(self.num_workers >= 1, "judge.num_workers", self.num_workers, "use a positive integer")
         for name in ("base_url", "fallback_base_url"):
             url = getattr(self, name)
             _check(not url or url.startswith(("http://", "https://")), f"judge.{name}", url,
@@ -411,8 +411,8 @@ class MultiConfig:
     def __post_init__(self) -> None:
         _one_of("multi.switch", self.switch, ("always", "auto"))
         _check(0 <= self.cagrad_c < 1, "multi.cagrad_c", self.cagrad_c, "use a value in [0, 1)")
-        _check(self.patience >= 1 and self.release >= 1 and self.pareto_cap >= 1, "multi.patience",
-               (self.patience, self.release, self.pareto_cap), "use positive integers")
+        for f in ("patience", "release", "pareto_cap"):
+            _check(getattr(self, f) >= 1, f"multi.{f}", getattr(self, f), "use a positive integer")
 
 
 @dataclass
@@ -425,8 +425,8 @@ class CheckpointConfig:
     """"" = fresh run | auto = newest complete checkpoint of the run folder | a checkpoint path."""
 
     def __post_init__(self) -> None:
-        _check(self.every >= 0 and self.keep_last >= 1, "checkpoint.every", (self.every, self.keep_last),
-               "use every >= 0 and keep_last >= 1")
+        _check(self.every >= 0, "checkpoint.every", self.every, "use an integer >= 0 (0 = only at the end)")
+        _check(self.keep_last >= 1, "checkpoint.keep_last", self.keep_last, "use a positive integer")
 
 
 @dataclass

@@ -138,7 +138,7 @@ def setup(cfg: C.Config) -> Run:
     if policy.grad_scaler is not None and cfg.multi.combine != "sum":
         raise C.ConfigError(f"multi.combine={cfg.multi.combine!r} needs bf16 or fp32 weights: the per-task gradients "
                             "are not loss-scaled, so fp16 (this GPU has no bf16) would under- or overflow; use "
-                            "multi.combine=sum or model.dtype=float32")
+                            "multi.combine=sum or model.dtype=float32", field="multi.combine")
     run.surgery = build_surgery(cfg, params, tasks)
     run.train_model, run.optimizer = dist.prepare(policy.model, optimizer)
     run.share_prompts = shares_prompts(cfg, run.train_model, dist)
@@ -162,7 +162,7 @@ def shares_prompts(cfg: C.Config, train_model: torch.nn.Module, dist: Dist) -> b
     if why is not None:
         if mode == "on":
             raise C.ConfigError(f"model.shared_prompt_forward=on cannot apply here: {why}. Use auto (it turns "
-                                "itself off) or off")
+                                "itself off) or off", field="model.shared_prompt_forward")
         if dist.is_main:
             print(f"model.shared_prompt_forward=auto: off for this run ({why}); every row encodes its own prompt")
         return False
@@ -179,7 +179,7 @@ def check_sharding(cfg: C.Config, policy: Policy, dist: Dist) -> None:
         (cfg.sft.steps > 0 and cfg.sft.batch_size % dist.world != 0,
          f"an SFT batch that does not split evenly over {dist.world} processes (sft.batch_size)")] if bad]
     if problems:
-        raise C.ConfigError("train.sharding=fsdp does not support " + "; ".join(problems))
+        raise C.ConfigError("train.sharding=fsdp does not support " + "; ".join(problems), field="train.sharding")
 
 
 def per_completion_sampling(rollout: C.RolloutConfig, dist: Dist) -> bool:

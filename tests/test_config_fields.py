@@ -1,0 +1,199 @@
+"""Every config check names the field at fault: one bad value per check, and meta-tests that every check in the code
+(config.py's `_check` / `_one_of` call sites, the registry fields of grpo/config_check.py, every rule of the KL
+controllers) has its row here. A new check without a row fails `test_every_*`."""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import config as C
+from grpo.config_check import REGISTRY_FIELDS, check_config
+from grpo.kl_control import CONFIG_FIELDS, RULES, controller_args, controller_problem
+
+ROOT = Path(__file__).resolve().parents[1]
+BAND, ADAPTIVE, FIXED = ({"kl.default.controller": kind} for kind in ("band", "adaptive", "fixed"))
+
+BAD: list[tuple[str, Any, dict[str, Any]]] = [
+    # (dotted field, a bad value, other overrides it needs) -- on top of the demo preset
+    ("model.dtype", "float8", {}),
+    ("model.attn_implementation", "flash3", {}),
+    ("model.lora_r", 0, {}),
+    ("model.shared_prompt_forward", "yes", {}),
+    ("model.lora_dropout", 1.0, {}),
+    ("model.load_in_4bit", True, {}),
+    ("model.lora_target_modules", [], {"model.lora": True}),
+    ("model.tiny_hidden", 0, {}),
+    ("model.tiny_hidden", 130, {}),  # not divisible by tiny_heads
+    ("model.tiny_layers", 0, {}),
+    ("model.tiny_heads", 0, {}),
+    ("model.tiny_vocab", 0, {}),
+    ("data.task_mix", "fairness=1", {}),
+    ("data.heldout_fraction", 1.0, {}),
+    ("data.bbq_per_category", 0, {}),
+    ("data.halueval_per_subset", 0, {}),
+    ("data.demo_size", 0, {}),
+    ("data.eval_size", 0, {}),
+    ("data.max_prompt_tokens", 0, {}),
+    ("rollout.k", 1, {}),
+    ("rollout.max_new_tokens", 0, {}),
+    ("rollout.min_new_tokens", 200, {}),
+    ("rollout.temperature", 0.0, {}),
+    ("rollout.top_k", -1, {}),
+    ("rollout.top_p", 0.0, {}),
+    ("rollout.min_p", 1.0, {}),
+    ("rollout.repetition_penalty", 0.0, {}),
+    ("rollout.sampling_rng", "thread", {}),
+    ("rollout.engine", "lean", {"rollout.cache_implementation": "static"}),
+    ("rollout.engine", "vllm", {}),
+    ("rollout.cache_implementation", "paged", {}),
+    ("loss.policy_loss", "ppo", {}),
+    ("loss.agg_mode", "mean", {}),
+    ("loss.kl_estimator", "k4", {}),
+    ("loss.adv_scale", "z", {}),
+    ("loss.clip_low", 0.0, {}),
+    ("loss.clip_high", 0.0, {}),
+    ("loss.dual_clip", 1.0, {}),
+    ("loss.mu", 0, {}),
+    ("loss.entropy_coef", -0.1, {}),
+    ("train.max_steps", 0, {}),
+    ("train.prompts_per_micro_step", 0, {}),
+    ("train.grad_accum", 0, {}),
+    ("train.max_consecutive_bad", 0, {}),
+    ("train.log_every", 0, {}),
+    ("train.lr", 0.0, {}),
+    ("train.lr", "abc", {}),  # not a number
+    ("train.max_grad_norm", 0.0, {}),
+    ("train.skip_grad_norm", 0.0, {}),
+    ("train.warmup_steps", -1, {}),
+    ("train.eval_every", -1, {}),
+    ("train.sample_every", -1, {}),
+    ("train.device", "tpu", {}),
+    ("train.sharding", "zero3", {}),
+    ("train.tensorboard", "maybe", {}),  # not a boolean
+    ("sft.steps", -1, {}),
+    ("sft.max_examples", -1, {}),
+    ("sft.lr", 0.0, {}),
+    ("sft.batch_size", 0, {}),
+    ("judge.timeout_s", 0.0, {}),
+    ("judge.rate_limit_per_s", 0.0, {}),
+    ("judge.max_retries", -1, {}),
+    ("judge.num_workers", 0, {}),
+    ("judge.base_url", "localhost:8000", {}),
+    ("judge.fallback_base_url", "ftp://host", {}),
+    ("judge.kind", "gemini", {}),
+    ("multi.combine", "mgda", {}),
+    ("multi.switch", "never", {}),
+    ("multi.cagrad_c", 1.0, {}),
+    ("multi.patience", 0, {}),
+    ("multi.release", 0, {}),
+    ("multi.pareto_cap", 0, {}),
+    ("checkpoint.every", -1, {}),
+    ("checkpoint.keep_last", 0, {}),
+    ("kl", {"fairness": C.TaskKLConfig()}, {}),  # no `default` entry
+    ("rewards.fairness", "  ", {}),
+    ("kl.default.controller", "pid", {}),
+    # the KL controllers' rules (grpo/kl_control.py RULES), under the controller that has them
+    ("kl.default.beta", 0.0, BAND),
+    ("kl.default.band_high", 0.0, BAND),
+    ("kl.default.beta_min", 0.0, BAND),
+    ("kl.default.beta_max", 0.0, BAND),
+    ("kl.default.window", 0, BAND),
+    ("kl.default.band_low", -0.1, BAND),
+    ("kl.default.up", 1.0, BAND),
+    ("kl.default.down", 1.0, BAND),
+    ("kl.default.beta_min", 0.6, BAND),  # above beta_max = 0.5
+    ("kl.default.beta", 0.9, BAND),  # outside [beta_min, beta_max]
+    ("kl.default.window", 2.5, BAND),  # not a whole number of updates
+    ("kl.default.beta", 0.0, ADAPTIVE),
+    ("kl.default.target", 0.0, ADAPTIVE),
+    ("kl.default.horizon", 0, ADAPTIVE),
+    ("kl.default.beta", -1.0, FIXED),
+]
+NOT_CONFIG_ARGUMENTS = {"n_steps"}
+"""Controller arguments no config field sets (AdaptiveKL.n_steps keeps its default)."""
+
+
+def build(dotted: str, value: Any, extra: dict[str, Any]) -> C.Config:
+    """The demo config with `extra` and then `dotted = value`, checked as an entry point checks it."""
+    if "." not in dotted:  # a whole Config field (the kl table): the dataclass itself
+        return check_config(dataclasses.replace(C.load_config("demo"), **{dotted: value}))
+    d = C.to_dict(C.load_config("demo", [f"{k}={v}" for k, v in extra.items()]))
+    *path, last = dotted.split(".")
+    node = d
+    for part in path:
+        node = node.setdefault(part, {})
+    node[last] = value
+    return check_config(C.from_dict(d))
+
+
+@pytest.mark.parametrize("dotted,value,extra", BAD, ids=[f"{f}={v!r}" for f, v, _ in BAD])
+def test_a_bad_value_is_reported_under_its_own_field(dotted, value, extra):
+    with pytest.raises(C.ConfigError) as err:
+        build(dotted, value, extra)
+    assert err.value.field == dotted, str(err.value)
+    assert str(err.value).startswith(f"config field `{dotted}` = "), str(err.value)
+
+
+def test_every_check_in_config_py_has_a_row(monkeypatch):
+    """Every `_check` / `_one_of` call site of config.py runs while the rows are built, and every field name a
+    check reports has a row."""
+    tree = ast.parse((ROOT / "config.py").read_text())
+    inner = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "_one_of")
+    sites = {n.lineno for n in ast.walk(tree) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)
+             and n.func.id in ("_check", "_one_of")} - {n.lineno for n in ast.walk(inner) if isinstance(n, ast.Call)}
+    assert len(sites) > 40
+    seen: dict[int, set[str]] = {}
+    real = C._check
+
+    def recording(ok, name, value, fix):
+        caller = sys._getframe(1)
+        if caller.f_code.co_name == "_one_of":
+            caller = caller.f_back
+        seen.setdefault(caller.f_lineno, set()).add(name)
+        return real(ok, name, value, fix)
+
+    monkeypatch.setattr(C, "_check", recording)
+    for dotted, value, extra in BAD:
+        try:
+            build(dotted, value, extra)
+        except C.ConfigError:
+            pass
+    assert not sites - set(seen), f"config.py checks at lines {sorted(sites - set(seen))} never ran: add rows"
+    fields = {f for f, _, _ in BAD}
+    unlisted = {name for names in seen.values() for name in names} - fields
+    assert not unlisted, f"fields checked in config.py without a row: {sorted(unlisted)}"
+
+
+def test_every_registry_field_has_a_row():
+    fields = {f for f, _, _ in BAD}
+    assert set(REGISTRY_FIELDS) | {"kl.default.controller"} <= fields
+
+
+def test_every_controller_rule_has_a_row():
+    """Each rule of each KL controller on an argument the config sets is the one a row breaks."""
+    broken = set()
+    for dotted, value, extra in BAD:
+        if dotted.startswith("kl.default.") and dotted != "kl.default.controller":
+            section = dataclasses.replace(C.TaskKLConfig(), **C.to_dict(C.load_config("demo"))["kl"]["default"])
+            section = dataclasses.replace(section, controller=extra["kl.default.controller"],
+                                          **{dotted.split(".")[-1]: value})
+            kind, kwargs = controller_args(section)
+            argument, fix = controller_problem(kind, **kwargs)
+            broken.add((kind, argument, fix))
+    every = {(kind, argument, fix) for kind, rules in RULES.items() for argument, _, fix in rules
+             if argument not in NOT_CONFIG_ARGUMENTS}
+    assert not every - broken, f"controller rules without a row: {sorted(every - broken)}"
+    assert set(CONFIG_FIELDS.values()) <= {f.name for f in dataclasses.fields(C.TaskKLConfig)}
+
+
+def test_the_rows_start_from_a_valid_config():
+    """The meta-tests are not vacuous: without the bad value every row's config passes every check."""
+    for _, _, extra in BAD:
+        if "rollout.cache_implementation" not in extra:  # that row's extra is only valid with its engine value
+            check_config(C.load_config("demo", [f"{k}={v}" for k, v in extra.items()]))
