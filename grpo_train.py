@@ -11,6 +11,7 @@ In Jupyter, call the same functions cell by cell: `run = setup(cfg)`, `sft_phase
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import random
@@ -30,60 +31,88 @@ from grpo.advantages import group_advantages
 from grpo.batch import batch_logprobs, build_train_batch
 from grpo.batching import TaskBalancedSampler
 from grpo.config_check import check_config
-from grpo.distributed import Dist, make_dist, rank_rng_state
+from grpo.data import split_samples
+from grpo.distributed import Dist, make_dist, rank_rng_state, relaunch_on_cpu, requested_cpu_processes
 from grpo.evaluate import evaluate
-from grpo.health import WeightGuard
-from grpo.kl_control import controller_from_config
+from grpo.health import TrainingUnstable, WeightGuard
+from grpo.judge import Judge
+from grpo.kl_control import Controller, controller_from_config
 from grpo.logprobs import shared_prompt_blocker, shares_by_size
+from grpo.memory import estimate
+from grpo.memory_inputs import inputs_from_config
 from grpo.modeling import Policy, has_dropout, rebase_reference, reference, save_pretrained
+from grpo.multi import ConflictMonitor
+from grpo.pareto import ParetoFrontier
+from grpo.plot import plot_run
 from grpo.records import Rollout, Sample, Scored, TrainBatch
+from grpo.report import build_report, format_report
 from grpo.rollout import generate_rollouts, rollout_metrics
 from grpo.sampling import row_keys
+from grpo.scoring import RewardSpec, score_rollouts
 from grpo.setup_parts import (build_judge, build_trackers, choose_device, load_samples, policy_from_config,
                               reward_specs, stop_token_ids)
 from grpo.sft import run_sft, sft_examples
 from grpo.signals import StopRequest
-from grpo.scoring import score_rollouts
-from grpo.tracking import NullTracker, format_step_line, progress
-from grpo.update import train_step
+from grpo.tracking import NullTracker, Tracker, format_step_line, progress
+from grpo.update import TaskGradientSurgery, train_step
 
 
 @dataclass
 class Run:
-    """Everything a training run holds. Built by `setup`, advanced by `sft_phase` and `rl_step`."""
+    """Everything a training run holds. Built by `setup` (the fields after `heldout` are filled in there, from the
+    config and the policy), advanced by `sft_phase` and `rl_step`."""
 
     cfg: C.Config
     run_dir: Path
+    """output_dir/run_name: metrics, samples, evaluations, checkpoints, the final model."""
     device: torch.device
-    policy: Policy
-    tasks: list[str]
-    train: dict[str, list[Sample]]
-    heldout: dict[str, list[Sample]]
-    sampler: TaskBalancedSampler
-    optimizer: torch.optim.Optimizer
-    scheduler: torch.optim.lr_scheduler.LambdaLR
-    controllers: dict[str, Any]
-    specs: dict[str, Any]
-    judge: Any
-    tracker: Any
-    stop_ids: tuple[int, ...]
-    """Token ids that end a completion: the end-of-turn / EOS token and rollout.stop_strings, resolved once."""
-    micro_batch_seqs: int
-    """Sequences per forward of the update (cfg.micro_batch_seqs; halved after a CUDA out-of-memory retry)."""
-    guard: WeightGuard
-    dist: Dist = field(default_factory=Dist)
+    dist: Dist
     """The processes of the run (grpo/distributed.py); one process unless started by `accelerate launch`."""
-    train_model: Any = None
+    policy: Policy
+    train: dict[str, list[Sample]]
+    """Training samples per task."""
+    heldout: dict[str, list[Sample]]
+    """Held-out samples per task (at most data.eval_size each)."""
+    sampler: TaskBalancedSampler = field(init=False)
+    controllers: dict[str, Controller] = field(init=False)
+    """The β controller of each task (kl.<task>, else kl.default)."""
+    specs: dict[str, RewardSpec] = field(init=False)
+    """The reward terms of each task (rewards.<task>, else the source's defaults)."""
+    judge: Judge | None = field(init=False)
+    """The LLM judge (judge.base_url), or None for rule graders only."""
+    tracker: Tracker = field(init=False)
+    """Where metrics go: metrics.jsonl / csv, TensorBoard, W&B on rank 0; nowhere on the other ranks."""
+    stop_ids: tuple[int, ...] = field(init=False)
+    """Token ids that end a completion: the end-of-turn / EOS token and rollout.stop_strings, resolved once."""
+    micro_batch_seqs: int = field(init=False)
+    """Sequences per forward of every pass (old log-probs, reference, training): cfg.micro_batch_seqs, halved
+    after a CUDA out-of-memory retry (`update_with_oom_retry`)."""
+    optimizer: torch.optim.Optimizer = field(init=False)
+    scheduler: torch.optim.lr_scheduler.LambdaLR = field(init=False)
+    guard: WeightGuard = field(init=False)
+    """Skipped / restored steps; replaces non-finite weights by the last good copy."""
+    surgery: TaskGradientSurgery | None = field(init=False)
+    """Per-task gradient combination (PCGrad / CAGrad), or None for the plain summed loss."""
+    train_model: torch.nn.Module = field(init=False)
+    """The model the update runs through: the policy's model, or accelerate's DDP / FSDP wrapper of it."""
+    frontier: ParetoFrontier = field(init=False)
+    """Pareto frontier of per-task held-out scores, with a saved adapter/model per point."""
     share_prompts: bool = False
     """Forward passes encode each prompt once for its K completions (see `shares_prompts`)."""
-    """The model the update runs through: the policy's model, or accelerate's DDP / FSDP wrapper of it."""
-    surgery: Any = None
-    """Per-task gradient combination (PCGrad / CAGrad), or None for the plain summed loss."""
-    frontier: Any = None
-    """Pareto frontier of per-task held-out scores, with a saved adapter/model per point."""
     step: int = 0
+    """The last finished RL step."""
     evals: dict[str, dict[str, float]] = field(default_factory=dict)
+    """Held-out reward per task under each evaluation tag (before_sft, after_sft, step_N, after_rl)."""
     counters: dict[str, float] = field(default_factory=dict)
+    """Running totals the step metrics are differences of (judge counters), and the guard's restore flag."""
+
+    def __post_init__(self) -> None:
+        self.micro_batch_seqs = self.cfg.micro_batch_seqs
+
+    @property
+    def tasks(self) -> list[str]:
+        """Task names, sorted: the order of task indices in batches, β vectors and metrics."""
+        return sorted(self.train)
 
     @property
     def tokenizer(self):
@@ -105,6 +134,7 @@ def setup(cfg: C.Config) -> Run:
     """
     check_config(cfg)
     seed_everything(cfg.train.seed)
+    # transformers is imported when the first model is built, not when this module is (--help stays fast)
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()  # one progress display per phase is ours; HF's save bars are noise
@@ -118,32 +148,23 @@ def setup(cfg: C.Config) -> Run:
     # (right after the assistant marker, no leading space)
     corpus = [s.messages[-1]["content"] for s in samples] + [s.target for s in samples if s.target]
     policy = policy_from_config(cfg.model, device, corpus, seed=cfg.train.seed)
-    if dist.sharded:  # FSDP2: the parameters become shards in place; the optimizer is built on them below
-        check_sharding(cfg, policy, dist)
-        dist.shard(policy.model)
-        dist.shard(policy.ref_model)
-    train, heldout = split_by_task(samples, cfg.data)
-    tasks = sorted(train)
-    params = policy.trainable_parameters()
-    optimizer, scheduler = build_optimizer(cfg.train, params)
-    controllers = {t: controller_from_config(cfg.kl_for(t)) for t in tasks}
-    run = Run(cfg=cfg, run_dir=run_dir, device=device, policy=policy, tasks=tasks, train=train, heldout=heldout,
-              sampler=TaskBalancedSampler(train, seed=cfg.train.seed, mix=parse_task_mix(cfg.data.task_mix)),
-              optimizer=optimizer, scheduler=scheduler,
-              controllers=controllers, specs=reward_specs(cfg.data.source, cfg.rewards, tasks), judge=build_judge(cfg.judge, run_dir),
-              tracker=build_trackers(cfg.train, run_dir) if dist.is_main else NullTracker(),
-              stop_ids=stop_token_ids(cfg.rollout, policy.tokenizer),
-              micro_batch_seqs=cfg.micro_batch_seqs, guard=WeightGuard(dist.local(params), max_consecutive=cfg.train.max_consecutive_bad),
-              dist=dist)
     if policy.grad_scaler is not None and cfg.multi.combine != "sum":
         raise C.ConfigError(f"multi.combine={cfg.multi.combine!r} needs bf16 or fp32 weights: the per-task gradients "
                             "are not loss-scaled, so fp16 (this GPU has no bf16) would under- or overflow; use "
                             "multi.combine=sum or model.dtype=float32", field="multi.combine")
-    run.surgery = build_surgery(cfg, params, tasks)
-    run.train_model, run.optimizer = dist.prepare(policy.model, optimizer)
+    if dist.sharded:  # FSDP2: the parameters become shards in place; the optimizer is built on them below
+        check_sharding(cfg, policy, dist)
+        dist.shard(policy.model)
+        dist.shard(policy.ref_model)
+    run = Run(cfg, run_dir, device, dist, policy, *split_by_task(samples, cfg.data))
+    run.sampler = TaskBalancedSampler(run.train, seed=cfg.train.seed, mix=parse_task_mix(cfg.data.task_mix))
+    run.controllers = {t: controller_from_config(cfg.kl_for(t)) for t in run.tasks}
+    run.specs = reward_specs(cfg.data.source, cfg.rewards, run.tasks)
+    run.judge = build_judge(cfg.judge, run_dir)
+    run.tracker = build_trackers(cfg.train, run_dir) if dist.is_main else NullTracker()
+    run.stop_ids = stop_token_ids(cfg.rollout, policy.tokenizer)
+    fresh_optimizer(run)
     run.share_prompts = shares_prompts(cfg, run.train_model, dist)
-    from grpo.pareto import ParetoFrontier
-
     run.frontier = ParetoFrontier(cfg.multi.pareto_cap, run_dir / "pareto")
     if dist.is_main:
         (run_dir / "config.json").write_text(C.dumps(cfg))
@@ -202,9 +223,6 @@ def build_surgery(cfg: C.Config, params: list[torch.nn.Parameter], tasks: list[s
     """PCGrad / CAGrad over per-task gradients when multi.combine asks for it (and there are several tasks)."""
     if cfg.multi.combine == "sum" or len(tasks) < 2:
         return None
-    from grpo.multi import ConflictMonitor
-    from grpo.update import TaskGradientSurgery
-
     monitor = ConflictMonitor(mode=cfg.multi.switch, threshold=cfg.multi.threshold, patience=cfg.multi.patience,
                               release=cfg.multi.release)
     return TaskGradientSurgery(params, tasks, cfg.multi.combine, cfg.multi.cagrad_c, monitor,
@@ -232,8 +250,6 @@ def build_optimizer(train: C.TrainConfig, params: list[torch.nn.Parameter]):
 
 def split_by_task(samples: list[Sample], data: C.DataConfig) -> tuple[dict, dict]:
     """Hash split into train / held-out per task; held-out capped at data.eval_size per task."""
-    from grpo.data import split_samples
-
     train_list, held_list = split_samples(samples, data.heldout_fraction)
     train: dict[str, list[Sample]] = {}
     heldout: dict[str, list[Sample]] = {}
@@ -480,9 +496,6 @@ def write_samples(run: Run, scored: list[Scored], step: int) -> None:
 
 def finish(run: Run) -> dict[str, Any]:
     """Save the final model, print the before/after table, write report.json and plot.png (rank 0)."""
-    from grpo.plot import plot_run
-    from grpo.report import build_report, format_report
-
     run.tracker.close()
     state = run.dist.full_state(run.policy.model) if run.dist.sharded else None  # a collective when sharded
     if not run.dist.is_main:
@@ -615,8 +628,6 @@ def resume(run: Run, where: str) -> None:
 
 def config_defaults(cfg: C.Config) -> dict[str, Any]:
     """Flat "section.field" -> dataclass default, for fields a checkpoint may predate (per-task KL included)."""
-    import dataclasses
-
     flat: dict[str, Any] = {}
     for name, section in C.to_dict(C.Config()).items():
         if isinstance(section, dict) and name != "kl":
@@ -654,9 +665,6 @@ def banner(run: Run) -> str:
                                    + (f" [{cfg.kl_for(t).band_low:g}, {cfg.kl_for(t).band_high:g}]"
                                       if cfg.kl_for(t).controller == "band" else "") + ")" for t in run.tasks)]
     if run.device.type == "cuda":  # what the estimator predicts for this config, next to what the card has
-        from check_gpu_memory import inputs_from_config
-        from grpo.memory import estimate
-
         try:
             peak = estimate(inputs_from_config(cfg)).peak_bytes / 2**30
             total = torch.cuda.get_device_properties(run.device).total_memory / 2**30
@@ -678,8 +686,6 @@ def cli(argv: list[str]) -> int:
     if args.print_config:
         print(C.dumps(cfg))
         return 0
-    from grpo.health import TrainingUnstable
-
     try:
         main(cfg)
     except (ckpt.CheckpointError, TrainingUnstable, FileNotFoundError, ValueError, KeyError) as e:
@@ -690,8 +696,6 @@ def cli(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    from grpo.distributed import relaunch_on_cpu, requested_cpu_processes
-
     n_processes = requested_cpu_processes()  # reads the launcher's command line once
     if n_processes > 1:  # `accelerate launch --cpu --num_processes N` started only this one
         relaunch_on_cpu(n_processes, sys.argv[0], sys.argv[1:])

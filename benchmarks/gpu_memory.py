@@ -164,7 +164,7 @@ class PhaseMeter:
 
 def estimate_for(cfg: Any, prompt_len: int, cc: tuple[int, int]) -> dict[str, Any]:
     """The estimator's prediction for `cfg` at the measured prompt length (random:<shape> → the shape's name)."""
-    from check_gpu_memory import inputs_from_config
+    from grpo.memory_inputs import inputs_from_config
     from grpo.memory import estimate, format_table
 
     shape_cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, name=cfg.model.name[len("random:"):]))

@@ -33,7 +33,7 @@ def test_reference_is_the_post_sft_policy(tmp_path, lora):
 
 def test_nothing_happens_at_import(tmp_path):
     """Importing every module creates no file, parses no argv and loads no model."""
-    modules = ["config", "grpo_train", "check_gpu_memory"] + [
+    modules = ["config", "presets", "command_line", "grpo_train", "check_gpu_memory"] + [
         f"grpo.{p.stem}" for p in (ROOT / "grpo").glob("*.py") if p.stem != "__init__"]
     code = ("import sys, importlib; sys.argv = ['x', '--definitely-not-a-flag']\n"
             f"sys.path.insert(0, {str(ROOT)!r})\n"

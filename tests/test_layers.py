@@ -64,3 +64,9 @@ def test_the_chunked_autograd_kernels_have_one_home():
     assert homes and set(homes.values()) == {"kernels.py"}, homes
     assert "grpo.kernels" in imports("grpo.logprobs")
 
+
+def test_no_entry_point_imports_another():
+    for name in ENTRY_POINTS:
+        assert not imports(name, top_level_only=False) & (ENTRY_POINTS - {name}), name
+    assert not any(imports(m.stem if m.parent == ROOT else f"grpo.{m.stem}", top_level_only=False) & ENTRY_POINTS
+                   for m in [*(ROOT / "grpo").glob("*.py"), ROOT / "config.py"])

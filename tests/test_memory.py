@@ -266,7 +266,7 @@ def _cfg_stand_in(**model_kw):
 
 
 def test_inputs_from_config_stand_in():
-    from check_gpu_memory import inputs_from_config
+    from grpo.memory_inputs import inputs_from_config
 
     x = inputs_from_config(_cfg_stand_in())
     assert (x.micro_batch_seqs, x.gen_batch_seqs, x.prompt_len, x.new_tokens) == (8, 16, 512, 96)
@@ -281,7 +281,7 @@ def test_inputs_from_config_stand_in():
 
 
 def test_shape_from_local_folder(tmp_path):
-    from check_gpu_memory import resolve_shape
+    from grpo.memory_inputs import resolve_shape
 
     (tmp_path / "config.json").write_text('{"hidden_size": 8, "num_hidden_layers": 2, "num_attention_heads": 2, '
                                           '"num_key_value_heads": 1, "intermediate_size": 16, "vocab_size": 10}')
