@@ -55,7 +55,7 @@ RULES: dict[str, tuple[Rule, ...]] = {
              ("window", lambda a: int(a["window"]) == a["window"], "must be a whole number of updates")),
 }
 """Every rule on each controller's arguments, checked in order; the one home of these rules: the constructors
-raise on the first broken one, and the config check (grpo/validation.py) reports it under the config field."""
+raise on the first broken one, and the config check (grpo/config_check.py) reports it under the config field."""
 
 
 def controller_problem(kind: str, **kwargs: Any) -> tuple[str, str] | None:
@@ -186,12 +186,14 @@ Controller = FixedKL | AdaptiveKL | BandKL
 
 CONFIG_FIELDS = {"low": "band_low", "high": "band_high"}
 """Controller argument -> TaskKLConfig field, where the names differ."""
+NOT_CONFIGURED = frozenset({"n_steps"})
+"""Controller arguments no config field sets: AdaptiveKL.n_steps stays 1 (one observation per RL step)."""
 
 
 def controller_args(section: TaskKLConfig) -> tuple[str, dict[str, Any]]:
     """(kind, keyword arguments) of the controller a kl.<task> section describes: only the fields its kind uses."""
     kind = section.controller
-    names = [p for p in inspect.signature(KL_CONTROLLERS[kind]).parameters if p != "n_steps"]
+    names = [p for p in inspect.signature(KL_CONTROLLERS[kind]).parameters if p not in NOT_CONFIGURED]
     return kind, {name: getattr(section, CONFIG_FIELDS.get(name, name)) for name in names}
 
 
