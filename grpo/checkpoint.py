@@ -53,6 +53,7 @@ TRUST_HINT = ("if you wrote it yourself (a trusted source), allow it with checkp
 # Fields that may differ between the saved run and the resumed one (they do not change what is computed).
 RESUMABLE_CHANGES = ("checkpoint.", "train.max_steps", "train.log_every", "train.eval_every", "train.sample_every",
                      "train.tensorboard", "train.wandb_project", "train.output_dir", "train.run_name", "train.device",
+                     "train.overwrite",
                      "judge.num_workers", "judge.timeout_s", "judge.cache_path", "preset")
 
 
