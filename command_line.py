@@ -107,6 +107,8 @@ def trainer_parser(prog: str, description: str) -> argparse.ArgumentParser:
                + ", ".join(f"--{k}" for k in ALIASES) + "):" + describe_fields())
     parser.add_argument("--preset", default="demo", help=f"one of {sorted(PRESETS)} (default: demo)")
     parser.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="delete the contents of an existing run folder first (train.overwrite=true)")
     return parser
 
 
@@ -115,4 +117,4 @@ def parse_trainer_argv(argv: list[str], prog: str, description: str) -> tuple[C.
     --help prints and exits as argparse does."""
     overrides, rest = split_argv(argv)
     args = trainer_parser(prog, description).parse_args(rest)
-    return C.load_config(args.preset, overrides), args
+    return C.load_config(args.preset, overrides + (["train.overwrite=true"] if args.overwrite else [])), args

@@ -315,6 +315,8 @@ class TrainConfig:
     """Write TensorBoard scalars to the run folder."""
     wandb_project: str = ""
     """Log to Weights & Biases under this project (needs `pip install wandb`). Empty = off."""
+    overwrite: bool = False
+    """A fresh run into a run folder that is not empty deletes its contents first (else it stops); --overwrite."""
 
     def __post_init__(self) -> None:
         for f in ("max_steps", "prompts_per_micro_step", "grad_accum", "max_consecutive_bad", "log_every"):
@@ -422,7 +424,10 @@ class CheckpointConfig:
     keep_last: int = 2
     """Checkpoints kept per run (older ones are deleted)."""
     resume: str = ""
-    """"" = fresh run | auto = newest complete checkpoint of the run folder | a checkpoint path."""
+    """"" = fresh run | auto = newest complete checkpoint of the run folder | a checkpoint or run folder path."""
+    trust_pickle: bool = False
+    """Load checkpoints of the old format (state.pt, reference.pt: Python pickles, which can run code when
+    loaded). Only for checkpoints you wrote yourself; the next checkpoint is written in the safe format."""
 
     def __post_init__(self) -> None:
         _check(self.every >= 0, "checkpoint.every", self.every, "use an integer >= 0 (0 = only at the end)")

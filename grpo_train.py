@@ -42,15 +42,16 @@ from grpo.memory import estimate
 from grpo.memory_inputs import inputs_from_config
 from grpo.modeling import Policy, has_dropout, rebase_reference, reference, save_pretrained
 from grpo.multi import ConflictMonitor
-from grpo.pareto import ParetoFrontier
+from grpo.pareto import ParetoFrontier, require_heldout_rows
 from grpo.plot import plot_run
 from grpo.records import Rollout, Sample, Scored, TrainBatch
 from grpo.report import build_report, format_report
+from grpo.run_folder import prepare_run_dir
 from grpo.rollout import generate_rollouts, rollout_metrics
 from grpo.sampling import row_keys
 from grpo.scoring import RewardSpec, score_rollouts
-from grpo.setup_parts import (build_judge, build_trackers, choose_device, load_samples, policy_from_config,
-                              reward_specs, stop_token_ids)
+from grpo.setup_parts import (build_trackers, choose_device, load_samples, policy_from_config, reward_specs,
+                              stop_token_ids)
 from grpo.sft import run_sft, sft_examples
 from grpo.signals import StopRequest
 from grpo.tracking import NullTracker, Tracker, format_step_line, progress
@@ -101,6 +102,8 @@ class Run:
     """Forward passes encode each prompt once for its K completions (see `shares_prompts`)."""
     step: int = 0
     """The last finished RL step."""
+    finished: bool = False
+    """The final evaluation (after_rl) of this run's last step is done; the final checkpoint records it."""
     evals: dict[str, dict[str, float]] = field(default_factory=dict)
     """Held-out reward per task under each evaluation tag (before_sft, after_sft, step_N, after_rl)."""
     counters: dict[str, float] = field(default_factory=dict)
@@ -142,8 +145,12 @@ def setup(cfg: C.Config) -> Run:
     device = dist_device or choose_device(cfg.train.device)
     name = dist.broadcast(cfg.train.run_name or f"{cfg.preset}-{time.strftime('%Y%m%d-%H%M%S')}")
     run_dir = Path(cfg.train.output_dir) / name
-    run_dir.mkdir(parents=True, exist_ok=True)
+    if dist.is_main:  # before any expensive work: one run folder, one run
+        prepare_run_dir(run_dir, cfg.checkpoint.resume, cfg.train.overwrite)
+    dist.barrier()
     samples = load_samples(cfg.data, cfg.train.seed)
+    train, heldout = split_by_task(samples, cfg.data)
+    require_heldout_rows(train, heldout, cfg.data.heldout_fraction)  # every task is evaluated: stop now if not
     # the builtin tokenizer learns from prompts and, separately, from completions exactly as they are generated
     # (right after the assistant marker, no leading space)
     corpus = [s.messages[-1]["content"] for s in samples] + [s.target for s in samples if s.target]
@@ -156,11 +163,11 @@ def setup(cfg: C.Config) -> Run:
         check_sharding(cfg, policy, dist)
         dist.shard(policy.model)
         dist.shard(policy.ref_model)
-    run = Run(cfg, run_dir, device, dist, policy, *split_by_task(samples, cfg.data))
+    run = Run(cfg, run_dir, device, dist, policy, train, heldout)
     run.sampler = TaskBalancedSampler(run.train, seed=cfg.train.seed, mix=parse_task_mix(cfg.data.task_mix))
     run.controllers = {t: controller_from_config(cfg.kl_for(t)) for t in run.tasks}
     run.specs = reward_specs(cfg.data.source, cfg.rewards, run.tasks)
-    run.judge = build_judge(cfg.judge, run_dir)
+    run.judge = Judge.from_config(cfg.judge, run_dir)
     run.tracker = build_trackers(cfg.train, run_dir) if dist.is_main else NullTracker()
     run.stop_ids = stop_token_ids(cfg.rollout, policy.tokenizer)
     fresh_optimizer(run)
@@ -551,8 +558,10 @@ def main(cfg: C.Config) -> Run:
                 return run
             if cfg.checkpoint.every and step % cfg.checkpoint.every == 0:
                 save_checkpoint(run)
-    evaluate_phase(run, "after_rl")
-    save_checkpoint(run)
+    if not run.finished:  # else resumed from the final checkpoint: evaluated and saved already
+        evaluate_phase(run, "after_rl")
+        run.finished = True
+        save_checkpoint(run)
     finish(run)
     return run
 
@@ -568,7 +577,7 @@ def checkpoint_state(run: Run, rng_ranks: list[dict[str, Any]] | None = None,
             "sampler": run.sampler.state_dict(), "guard": run.guard.state_dict(), "evals": run.evals,
             "surgery": run.surgery.state_dict() if run.surgery is not None else None,
             "frontier": run.frontier.state_dict(), "counters": dict(run.counters), "rng": rng_ranks[0],
-            "rng_ranks": rng_ranks}
+            "rng_ranks": rng_ranks, "metrics_rows": run.tracker.rows_logged, "finished": run.finished}
 
 
 def save_checkpoint(run: Run) -> Path:
@@ -586,16 +595,14 @@ def save_checkpoint(run: Run) -> Path:
 
 def resume(run: Run, where: str) -> None:
     """Load the checkpoint `where` ("auto" = newest complete one of the run folder) into `run`."""
-    folder = ckpt.find_resumable(run.run_dir) if where == "auto" else Path(where)
-    if folder is None:
-        raise ckpt.CheckpointError(f"--resume auto: no complete checkpoint under {run.run_dir / ckpt.CKPT_DIR}; "
-                                   "check --run-name / --output-dir, or start without --resume")
-    state, saved_cfg = ckpt.load(folder)
+    folder = ckpt.resolve_resume(run.run_dir, where)
+    trust = run.cfg.checkpoint.trust_pickle
+    state, saved_cfg = ckpt.load(folder, trust_pickle=trust)
     diffs = ckpt.config_differences(saved_cfg, C.to_dict(run.cfg), config_defaults(run.cfg))
     if diffs:
         raise ckpt.CheckpointError(f"checkpoint {folder} was written with a different config:\n  "
                                    + "\n  ".join(diffs) + "\nresume with the same settings, or start a new run")
-    ref = ckpt.load_reference(run.run_dir)
+    ref = ckpt.load_reference(folder.parent.parent, trust_pickle=trust)  # the run the checkpoint belongs to
     if ref is not None:  # the run had an SFT warm-up: restore its reference (and, under LoRA, the merged base)
         run.dist.load_full_state(run.policy.model if run.policy.is_lora else run.policy.ref_model, ref)
         fresh_optimizer(run)
@@ -619,9 +626,10 @@ def resume(run: Run, where: str) -> None:
     run.guard.snapshot()
     run.evals = state["evals"]
     run.step = state["step"]
+    run.finished = bool(state.get("finished")) and run.step >= run.cfg.train.max_steps  # not when extended
     ckpt.set_rng_state(rank_rng_state(state, run.dist))
     if run.dist.is_main:
-        truncate_metrics(run.run_dir, run.step)
+        run.tracker.resume_at(run.step, state.get("metrics_rows"))  # metrics.jsonl, csv, samples, TensorBoard
         print(f"resumed from {folder} at step {run.step}")
     run.dist.barrier()
 
@@ -635,14 +643,6 @@ def config_defaults(cfg: C.Config) -> dict[str, Any]:
     for task in cfg.kl:
         flat.update({f"kl.{task}.{k}": v for k, v in dataclasses.asdict(C.TaskKLConfig()).items()})
     return flat
-
-
-def truncate_metrics(run_dir: Path, step: int) -> None:
-    """Drop metric lines written after `step` by the interrupted run: the resumed run writes them again."""
-    path = run_dir / "metrics.jsonl"
-    if path.exists():
-        keep = [line for line in path.read_text().splitlines() if line.strip() and json.loads(line).get("step", 0) <= step]
-        path.write_text("".join(line + "\n" for line in keep))
 
 
 def banner(run: Run) -> str:

@@ -1,10 +1,21 @@
-"""Crash-safe checkpoints: written to a temporary folder, fsynced, checksummed, then renamed into place.
+"""Crash-safe checkpoints that cannot run code: written to a temporary folder, fsynced, checksummed, renamed.
 
-A checkpoint folder `checkpoints/step_000123/` holds `state.pt` (trainable weights, optimizer, scheduler, KL
-controllers, sampler position, guard and monitor state, RNG states, counters), `config.json` and `manifest.json`
-(format version, step, sha256 and size of every file). The manifest is written last, and the folder only gets its
-final name by an atomic rename, so a crash mid-save leaves a `.tmp-*` folder that is never taken for a checkpoint.
-A folder whose files do not match its manifest is reported by name and skipped in favour of the previous one.
+A checkpoint folder `checkpoints/step_000123/` holds
+  * `tensors.safetensors`: every tensor of the state (trainable weights, optimizer moments, RNG states, ...);
+  * `state.json`: the rest of the state (scheduler, KL controllers, sampler position, guard and monitor state,
+    counters, python / numpy RNG states) with each tensor replaced by its name in the tensor file
+    (the tree codec of grpo/treecodec.py: JSON node kinds only, nothing is imported or called on load);
+  * `config.json` and `manifest.json` (format version, step, sha256 and size of every other file).
+The manifest is written last, and the folder only gets its final name by an atomic rename, so a crash mid-save
+leaves a `.tmp-*` folder that is never taken for a checkpoint. A folder whose files do not match its manifest is
+reported by name and skipped in favour of the previous one. The manifest detects corruption, not tampering (the
+same writer writes it); tampering cannot run code because no file is unpickled: safetensors and JSON only.
+
+The post-SFT reference (`checkpoints/reference/`: `weights.safetensors` + `manifest.json`) is written the same way.
+
+Format 1 (before): one pickle `state.pt` per step and a bare `checkpoints/reference.pt`. A pickle can run any code
+when loaded, so those load only with `trust_pickle=True` (the config switch `checkpoint.trust_pickle`), for files
+you wrote yourself; a legacy reference.pt is rewritten in the checksummed format when it is loaded that way.
 """
 
 from __future__ import annotations
@@ -20,15 +31,29 @@ from typing import Any
 
 import numpy as np
 import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save_file
 
-FORMAT_VERSION = 1
+from grpo.treecodec import TreeCodecError, decode, encode
+
+FORMAT_VERSION = 2
+LEGACY_VERSION = 1
+"""state.pt pickles: read only behind trust_pickle."""
 CKPT_DIR = "checkpoints"
 PREFIX = "step_"
 MANIFEST = "manifest.json"
-STATE = "state.pt"
+TENSORS = "tensors.safetensors"
+STATE_JSON = "state.json"
+LEGACY_STATE = "state.pt"
+REFERENCE_DIR = "reference"
+REFERENCE_WEIGHTS = "weights.safetensors"
+LEGACY_REFERENCE = "reference.pt"
+TRUST_HINT = ("if you wrote it yourself (a trusted source), allow it with checkpoint.trust_pickle=true; the next "
+              "checkpoint is written in the safe format")
 # Fields that may differ between the saved run and the resumed one (they do not change what is computed).
 RESUMABLE_CHANGES = ("checkpoint.", "train.max_steps", "train.log_every", "train.eval_every", "train.sample_every",
                      "train.tensorboard", "train.wandb_project", "train.output_dir", "train.run_name", "train.device",
+                     "train.overwrite",
                      "judge.num_workers", "judge.timeout_s", "judge.cache_path", "preset")
 
 
@@ -72,8 +97,34 @@ def set_rng_state(state: dict[str, Any]) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
+def _write_folder(tmp: Path, final: Path, files: dict[str, bytes | None], meta: dict[str, Any]) -> None:
+    """Fill `tmp` (already holding the files named with None), checksum every file into the manifest, fsync,
+    and rename it to `final` (replacing an older folder of that name)."""
+    for name, data in files.items():
+        if data is not None:
+            (tmp / name).write_bytes(data)
+    listed = {}
+    for name in files:
+        _fsync_file(tmp / name)
+        listed[name] = {"sha256": _sha256(tmp / name), "bytes": (tmp / name).stat().st_size}
+    (tmp / MANIFEST).write_text(json.dumps({"format_version": FORMAT_VERSION, **meta, "files": listed}, indent=2))
+    _fsync_file(tmp / MANIFEST)
+    _fsync_dir(tmp)
+    if final.exists():  # re-saving the same step (e.g. interrupted right after a periodic save)
+        shutil.rmtree(final)
+    os.replace(tmp, final)
+    _fsync_dir(final.parent)
+
+
 def save(run_dir: Path, step: int, state: dict[str, Any], config: dict[str, Any], keep_last: int) -> Path:
-    """Write checkpoint `step` atomically and keep the newest `keep_last`. Returns its folder."""
+    """Write checkpoint `step` atomically and keep the newest `keep_last`. Returns its folder.
+
+    `state` is a tree of tensors, numpy arrays, numbers, strings, None, lists, tuples and dicts (grpo/treecodec.py);
+    anything else raises CheckpointError naming its key before a file is written."""
+    try:
+        tree_json, tensors = encode(state)
+    except TreeCodecError as e:
+        raise CheckpointError(f"checkpoint step {step} cannot be saved: {e}") from None
     root = Path(run_dir) / CKPT_DIR
     root.mkdir(parents=True, exist_ok=True)
     final = root / f"{PREFIX}{step:06d}"
@@ -81,20 +132,9 @@ def save(run_dir: Path, step: int, state: dict[str, Any], config: dict[str, Any]
         shutil.rmtree(stale, ignore_errors=True)
     tmp = root / f".tmp-{PREFIX}{step:06d}-{os.getpid()}"
     tmp.mkdir()
-    torch.save(state, tmp / STATE)
-    (tmp / "config.json").write_text(json.dumps(config, indent=2))
-    files = {}
-    for name in (STATE, "config.json"):
-        _fsync_file(tmp / name)
-        files[name] = {"sha256": _sha256(tmp / name), "bytes": (tmp / name).stat().st_size}
-    manifest = {"format_version": FORMAT_VERSION, "step": step, "files": files}
-    (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2))
-    _fsync_file(tmp / MANIFEST)
-    _fsync_dir(tmp)
-    if final.exists():  # re-saving the same step (e.g. interrupted right after a periodic save)
-        shutil.rmtree(final)
-    os.replace(tmp, final)
-    _fsync_dir(root)
+    save_file(tensors, str(tmp / TENSORS))
+    _write_folder(tmp, final, {TENSORS: None, STATE_JSON: tree_json.encode(),
+                               "config.json": json.dumps(config, indent=2).encode()}, {"step": step})
     for old in list_complete(run_dir)[:-keep_last]:
         shutil.rmtree(old, ignore_errors=True)
     return final
@@ -103,21 +143,28 @@ def save(run_dir: Path, step: int, state: dict[str, Any], config: dict[str, Any]
 def verify(folder: Path) -> dict[str, Any]:
     """The manifest of `folder` after checking version and every file's size and checksum."""
     folder = Path(folder)
+    if not folder.is_dir():
+        raise CheckpointError(f"no checkpoint at {folder}")
     manifest_path = folder / MANIFEST
     if not manifest_path.exists():
         raise CheckpointError(f"checkpoint {folder} is incomplete: no {MANIFEST} (a save was interrupted)")
     try:
         manifest = json.loads(manifest_path.read_text())
-    except json.JSONDecodeError as e:
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise CheckpointError(f"checkpoint {folder}: {MANIFEST} is not valid JSON ({e})") from None
-    if manifest.get("format_version") != FORMAT_VERSION:
+    if not isinstance(manifest, dict) or not isinstance(manifest.get("files"), dict):
+        raise CheckpointError(f"checkpoint {folder}: {MANIFEST} has no \"files\" table")
+    if manifest.get("format_version") not in (LEGACY_VERSION, FORMAT_VERSION):
         raise CheckpointError(f"checkpoint {folder} has format version {manifest.get('format_version')!r}; this "
-                              f"code reads version {FORMAT_VERSION}")
-    for name, meta in manifest.get("files", {}).items():
+                              f"code reads version {FORMAT_VERSION} (and {LEGACY_VERSION}, behind "
+                              "checkpoint.trust_pickle)")
+    for name, meta in manifest["files"].items():
         path = folder / name
+        if Path(name).name != name:
+            raise CheckpointError(f"checkpoint {folder}: {MANIFEST} names {name!r}, which is not a file of the folder")
         if not path.exists():
             raise CheckpointError(f"checkpoint {folder}: file {name} is missing")
-        if path.stat().st_size != meta["bytes"] or _sha256(path) != meta["sha256"]:
+        if path.stat().st_size != meta.get("bytes") or _sha256(path) != meta.get("sha256"):
             raise CheckpointError(f"checkpoint {folder}: file {name} is corrupt (size or sha256 differs from the "
                                   "manifest)")
     return manifest
@@ -145,12 +192,60 @@ def find_resumable(run_dir: Path) -> Path | None:
     return None
 
 
-def load(folder: Path) -> tuple[dict[str, Any], dict[str, Any]]:
-    """(state, config dict) of a verified checkpoint."""
-    verify(folder)
-    state = torch.load(Path(folder) / STATE, map_location="cpu", weights_only=False)
-    config = json.loads((Path(folder) / "config.json").read_text())
+def resolve_resume(run_dir: Path, where: str) -> Path:
+    """The checkpoint folder that `--resume WHERE` names, or CheckpointError saying why there is none.
+
+    "auto": the newest complete checkpoint of `run_dir`. A checkpoint folder (holding manifest.json): itself. A run
+    folder (holding checkpoints/) or its checkpoints/ folder: the newest complete checkpoint in it."""
+    if where == "auto":
+        folder = find_resumable(run_dir)
+        if folder is None:
+            raise CheckpointError(f"--resume auto: no complete checkpoint under {Path(run_dir) / CKPT_DIR}; check "
+                                  "--run-name / --output-dir, or start without --resume")
+        return folder
+    path = Path(where)
+    if not path.exists():
+        raise CheckpointError(f"--resume {where}: no checkpoint at {path} (give a checkpoint folder such as "
+                              f"RUN/{CKPT_DIR}/{PREFIX}000050, a run folder, or auto)")
+    if not path.is_dir():
+        raise CheckpointError(f"--resume {where}: {path} is a file; give its checkpoint folder (the one holding "
+                              f"{MANIFEST}) or the run folder")
+    if (path / MANIFEST).exists() or path.name.startswith(PREFIX):
+        return path  # verified (and a missing manifest reported) by `load`
+    run = path.parent if path.name == CKPT_DIR else path
+    if (run / CKPT_DIR).is_dir():
+        folder = find_resumable(run)
+        if folder is None:
+            raise CheckpointError(f"--resume {where}: the run folder {run} holds no complete checkpoint")
+        return folder
+    raise CheckpointError(f"--resume {where}: {path} is neither a checkpoint folder (no {MANIFEST}) nor a run "
+                          f"folder (no {CKPT_DIR}/)")
+
+
+def load(folder: Path, *, trust_pickle: bool = False) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(state, config dict) of a verified checkpoint. Nothing is unpickled unless `trust_pickle` and the folder is
+    in the legacy format (state.pt)."""
+    folder = Path(folder)
+    manifest = verify(folder)
+    config = _read_json(folder / "config.json", folder)
+    if manifest["format_version"] == LEGACY_VERSION:
+        if not trust_pickle:
+            raise CheckpointError(f"checkpoint {folder} is in the old format: {LEGACY_STATE} is a Python pickle, and "
+                                  "loading a pickle runs whatever code it names, so it is refused; " + TRUST_HINT)
+        return torch.load(folder / LEGACY_STATE, map_location="cpu", weights_only=False), config
+    try:
+        tensors = load_file(str(folder / TENSORS))
+        state = decode((folder / STATE_JSON).read_text(), tensors)
+    except (SafetensorError, TreeCodecError, OSError, UnicodeDecodeError) as e:
+        raise CheckpointError(f"checkpoint {folder}: cannot read its state ({e})") from None
     return state, config
+
+
+def _read_json(path: Path, folder: Path) -> Any:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise CheckpointError(f"checkpoint {folder}: cannot read {path.name} ({e})") from None
 
 
 def _flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -202,26 +297,50 @@ def load_trainable_state(model: torch.nn.Module, weights: dict[str, torch.Tensor
         p.copy_(weights[name].to(p.device, p.dtype))
 
 
-REFERENCE_FILE = "reference.pt"
-
-
 def save_reference(run_dir: Path, weights: dict[str, torch.Tensor]) -> Path:
-    """Write the post-SFT model once (the KL reference that checkpoints rely on), atomically."""
-    path = Path(run_dir) / CKPT_DIR / REFERENCE_FILE
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(f".tmp-{os.getpid()}")
-    torch.save(weights, tmp)
-    _fsync_file(tmp)
-    os.replace(tmp, path)
-    _fsync_dir(path.parent)
-    return path
-
-
-def load_reference(run_dir: Path) -> dict[str, torch.Tensor] | None:
-    path = Path(run_dir) / CKPT_DIR / REFERENCE_FILE
-    if not path.exists():
-        return None
+    """Write the post-SFT model once (the KL reference that checkpoints rely on) as checkpoints/reference/:
+    weights.safetensors under a manifest, atomically. Returns the folder."""
+    root = Path(run_dir) / CKPT_DIR
+    root.mkdir(parents=True, exist_ok=True)
+    for stale in root.glob(f".tmp-{REFERENCE_DIR}*"):
+        shutil.rmtree(stale, ignore_errors=True)
+    tmp = root / f".tmp-{REFERENCE_DIR}-{os.getpid()}"
+    tmp.mkdir()
     try:
-        return torch.load(path, map_location="cpu", weights_only=True)
-    except (RuntimeError, EOFError, OSError) as e:
-        raise CheckpointError(f"{path} (the post-SFT reference model) cannot be read: {e}") from None
+        tree_json, tensors = encode(dict(weights))
+    except TreeCodecError as e:
+        raise CheckpointError(f"the reference model cannot be saved: {e}") from None
+    save_file(tensors, str(tmp / REFERENCE_WEIGHTS))
+    _write_folder(tmp, root / REFERENCE_DIR, {REFERENCE_WEIGHTS: None, STATE_JSON: tree_json.encode()},
+                  {"kind": "reference"})
+    return root / REFERENCE_DIR
+
+
+def load_reference(run_dir: Path, *, trust_pickle: bool = False) -> dict[str, torch.Tensor] | None:
+    """The post-SFT reference weights of the run, verified against their manifest; None when the run had none.
+
+    A legacy bare `checkpoints/reference.pt` (no checksum) is read only with `trust_pickle` (with torch's
+    weights-only unpickler), then rewritten as checkpoints/reference/ so the next resume verifies it."""
+    root = Path(run_dir) / CKPT_DIR
+    folder, legacy = root / REFERENCE_DIR, root / LEGACY_REFERENCE
+    if folder.exists():
+        verify(folder)
+        try:
+            weights = decode((folder / STATE_JSON).read_text(), load_file(str(folder / REFERENCE_WEIGHTS)))
+        except (SafetensorError, TreeCodecError, OSError, UnicodeDecodeError) as e:
+            raise CheckpointError(f"checkpoint {folder} (the post-SFT reference model) cannot be read: {e}") from None
+        return weights
+    if not legacy.exists():
+        return None
+    if not trust_pickle:
+        raise CheckpointError(f"{legacy} (the post-SFT reference model) is in the old format: a pickle under no "
+                              "checksum, so neither its origin nor its integrity can be checked, and it is refused; "
+                              + TRUST_HINT)
+    try:
+        weights = torch.load(legacy, map_location="cpu", weights_only=True)
+    except (RuntimeError, EOFError, OSError, ValueError) as e:
+        raise CheckpointError(f"{legacy} (the post-SFT reference model) cannot be read: {e}") from None
+    save_reference(run_dir, weights)
+    legacy.unlink()
+    print(f"note: {legacy} was rewritten as {folder} (safetensors under a manifest)", file=sys.stderr)
+    return weights

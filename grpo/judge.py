@@ -4,6 +4,9 @@ limit, a SQLite cache and counters. A failed item returns score None (counted); 
   calibrated score = clip(a·s + b, 0, 1), s = parsed judge score in [0, 1]      (linear calibration)
   backoff(k) = max(Retry-After, U[0.5, 1)·min(backoff_max_s, backoff_base_s·2^k))   (exponential, "equal jitter")
   cache key = sha256(json([model, rubric version, task, prompt, response]))
+Re-sent (up to judge.max_retries, counted in judge/retries): timeouts, connection errors, HTTP 408/409/425/429/5xx,
+a body that is not JSON and a reply without choices (an overloaded proxy or server). Not re-sent: a reply whose text
+holds no usable score (at temperature 0 the same prompt gets the same text); the next provider is tried instead.
 API keys: a provider names the environment variable holding its key (`api_key_env`); the key is read when the
 client is built, handed only to the SDK client, and never stored on any object of this module, logged or cached.
 Nothing happens at import: SDKs are imported when a Judge is built.
@@ -24,9 +27,12 @@ from collections import Counter, deque
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from grpo.rubrics import JudgeReplyError, Rubric, load_rubric, parse_score
+
+if TYPE_CHECKING:  # config.py is standard-library only; the judge reads its section, it keeps no copy
+    from config import JudgeConfig
 
 log = logging.getLogger(__name__)
 
@@ -34,6 +40,8 @@ RETRY_AFTER_CAP_S = 60.0  # a server asking for longer than this is treated as d
 LATENCY_WINDOW = 2048  # recent calls kept for p50 / p95: enough for stable quantiles, bounded memory
 NO_KEY = "unused"  # what the SDK gets when api_key_env is empty (local servers that need no key)
 RETRIABLE_STATUS = frozenset({408, 409, 425, 429}) | frozenset(range(500, 600))
+CACHE_FILE = "judge_cache.sqlite"
+"""The cache in the run folder when judge.cache_path is empty."""
 
 
 @dataclass(frozen=True)
@@ -51,43 +59,18 @@ class JudgeProvider:
     """"openai" (any OpenAI-compatible server) or "anthropic" (needs the anthropic SDK)."""
 
 
-@dataclass(frozen=True)
-class JudgeSettings:
-    """Everything a Judge needs; plain values, safe to log (holds no secret). Maps 1:1 onto a config section."""
-
-    providers: tuple[JudgeProvider, ...]
-    rubric_dir: str | None = None
-    """Folder of <task>.txt rubrics; None = grpo/rubrics."""
-    score_scale: float = 10.0
-    """The rubric's score range 0..score_scale (a bare number n in a reply means n / score_scale)."""
-    calibration_a: float = 1.0
-    calibration_b: float = 0.0
-    timeout_s: float = 30.0
-    """Per HTTP call."""
-    max_retries: int = 3
-    """Re-sends per provider after a timeout, connection error, 429, 408/409/425 or 5xx."""
-    backoff_base_s: float = 0.5
-    backoff_max_s: float = 20.0
-    max_workers: int = 8
-    requests_per_s: float = 0.0
-    """Global rate limit over all threads and providers (0 = none)."""
-    cache_path: str | None = None
-    """SQLite file for real judge answers; None = no cache."""
-    temperature: float = 0.0
-    max_tokens: int = 256
-
-    def __post_init__(self) -> None:
-        if not self.providers:
-            raise ValueError("JudgeSettings.providers is empty: give at least one JudgeProvider(name, model, ...)")
-        for p in self.providers:
-            if p.kind not in ("openai", "anthropic"):
-                raise ValueError(f"JudgeProvider {p.name!r}: kind={p.kind!r}; use 'openai' or 'anthropic'")
-        if self.max_workers < 1 or self.max_retries < 0 or self.timeout_s <= 0 or self.requests_per_s < 0:
-            raise ValueError(
-                f"JudgeSettings: need max_workers >= 1 (got {self.max_workers}), max_retries >= 0 "
-                f"(got {self.max_retries}), timeout_s > 0 (got {self.timeout_s}), requests_per_s >= 0 "
-                f"(got {self.requests_per_s})"
-            )
+def providers_of(cfg: JudgeConfig) -> tuple[JudgeProvider, ...]:
+    """The provider chain a judge config names: judge.base_url, then judge.fallback_base_url when set."""
+    if not cfg.base_url:
+        raise ValueError("config field `judge.base_url` = '' is invalid for a Judge: set it to an OpenAI-compatible "
+                         "endpoint, e.g. http://127.0.0.1:8000/v1 (or build no Judge)")
+    chain = [JudgeProvider(name=cfg.model, model=cfg.model, base_url=cfg.base_url, api_key_env=cfg.api_key_env,
+                           kind=cfg.kind)]
+    if cfg.fallback_base_url:
+        model = cfg.fallback_model or cfg.model
+        chain.append(JudgeProvider(name=model, model=model, base_url=cfg.fallback_base_url,
+                                   api_key_env=cfg.api_key_env, kind=cfg.kind))
+    return tuple(chain)
 
 
 @dataclass(frozen=True)
@@ -188,8 +171,9 @@ def _retry_after(err: Exception) -> float | None:
 class _Client:
     """A provider's SDK client; `complete` returns the reply text or raises _CallError."""
 
-    def __init__(self, provider: JudgeProvider, settings: JudgeSettings) -> None:
-        self.provider, self.settings = provider, settings
+    def __init__(self, provider: JudgeProvider, timeout_s: float, temperature: float, max_tokens: int) -> None:
+        self.provider = provider
+        self.timeout_s, self.temperature, self.max_tokens = timeout_s, temperature, max_tokens
         key = os.environ.get(provider.api_key_env) if provider.api_key_env else NO_KEY
         if not key:
             raise RuntimeError(
@@ -215,7 +199,7 @@ class _Client:
         return f"_Client({self.provider!r})"  # never the SDK client: it holds the key
 
     def complete(self, text: str) -> str:
-        s, sdk = self.settings, self._sdk
+        s, sdk = self, self._sdk
         try:
             if self.provider.kind == "anthropic":
                 reply = self._client.messages.create(
@@ -233,22 +217,35 @@ class _Client:
             status = int(err.status_code)
             raise _CallError(f"http_{status}", f"HTTP {status}: {err}", status in RETRIABLE_STATUS,
                              _retry_after(err)) from err
-        except ValueError as err:  # the SDK could not decode the body (not JSON)
-            raise _CallError("bad_body", f"reply body is not JSON ({err})", False) from err
+        except ValueError as err:  # the SDK could not decode the body (not JSON): a proxy's error page, a cut body
+            raise _CallError("bad_body", f"reply body is not JSON ({err})", True) from err
         choices = getattr(reply, "choices", None)
         if not choices or getattr(choices[0], "message", None) is None:
-            raise _CallError("bad_body", 'reply JSON has no "choices[0].message"', False)
+            # An overloaded or filtering server answers 200 with no choice; a re-send is usually answered.
+            raise _CallError("no_choices", 'reply JSON has no "choices[0].message"', True)
         return choices[0].message.content or ""
 
 
 class Judge:
-    """Scores (task, prompt, response, gold) items with an LLM through the provider chain, in a thread pool."""
+    """Scores (task, prompt, response, gold) items with an LLM through the provider chain, in a thread pool.
 
-    def __init__(self, settings: JudgeSettings) -> None:
-        self.settings = settings
-        self._clients = [_Client(p, settings) for p in settings.providers]
-        self._limiter = RateLimiter(settings.requests_per_s)
-        self._cache = JudgeCache(settings.cache_path) if settings.cache_path else None
+    Reads its config section (config.JudgeConfig: endpoints, model names, key variable, timeout, retries, rate limit,
+    workers, calibration, cache path) directly; what is not a config field is a keyword argument."""
+
+    def __init__(self, cfg: JudgeConfig, run_dir: str | Path | None = None, *, rubric_dir: str | None = None,
+                 score_scale: float = 10.0, backoff_base_s: float = 0.5, backoff_max_s: float = 20.0,
+                 temperature: float = 0.0, max_tokens: int = 256) -> None:
+        """`run_dir`: where the cache goes when judge.cache_path is empty (None: no cache then).
+        `rubric_dir`: folder of <task>.txt rubrics (None = grpo/rubrics). `score_scale`: the rubric's range
+        0..score_scale (a bare number n in a reply means n / score_scale). Backoff: see the module docstring."""
+        self.cfg = cfg
+        self.rubric_dir, self.score_scale = rubric_dir, score_scale
+        self.backoff_base_s, self.backoff_max_s = backoff_base_s, backoff_max_s
+        self.providers = providers_of(cfg)
+        self._clients = [_Client(p, cfg.timeout_s, temperature, max_tokens) for p in self.providers]
+        self._limiter = RateLimiter(cfg.rate_limit_per_s)
+        cache_path = cfg.cache_path or (str(Path(run_dir) / CACHE_FILE) if run_dir is not None else None)
+        self._cache = JudgeCache(cache_path) if cache_path else None
         self._rubrics: dict[str, Rubric] = {}
         self._pool: ThreadPoolExecutor | None = None
         self._lock = threading.Lock()
@@ -256,13 +253,18 @@ class Judge:
         self._latencies: deque[float] = deque(maxlen=LATENCY_WINDOW)
         self._warned: set[str] = set()
 
+    @classmethod
+    def from_config(cls, cfg: JudgeConfig, run_dir: str | Path | None, **options: Any) -> "Judge | None":
+        """The run's judge: None when judge.base_url is empty (rule graders only), else a Judge (see __init__)."""
+        return cls(cfg, run_dir, **options) if cfg.base_url else None
+
     def __repr__(self) -> str:
-        return f"Judge({self.settings!r})"
+        return f"Judge({self.cfg!r})"  # the config names the key's variable, never the key
 
     def rubric(self, task: str) -> Rubric:
         with self._lock:
             if task not in self._rubrics:
-                self._rubrics[task] = load_rubric(task, self.settings.rubric_dir)
+                self._rubrics[task] = load_rubric(task, self.rubric_dir)
             return self._rubrics[task]
 
     def score_batch(self, items: list[JudgeItem]) -> list[JudgeResult]:
@@ -273,7 +275,7 @@ class Judge:
             self.rubric(task)  # load (and validate) every rubric once, before the threads start
         with self._lock:
             if self._pool is None:
-                self._pool = ThreadPoolExecutor(self.settings.max_workers, thread_name_prefix="judge")
+                self._pool = ThreadPoolExecutor(self.cfg.num_workers, thread_name_prefix="judge")
             pool = self._pool
         return list(pool.map(self.score_one, items))
 
@@ -304,13 +306,13 @@ class Judge:
         return JudgeResult(None, "failed", error)
 
     def _call_with_retries(self, client: _Client, text: str) -> float:
-        s = self.settings
-        for attempt in range(s.max_retries + 1):
+        max_retries = self.cfg.max_retries
+        for attempt in range(max_retries + 1):
             self._limiter.wait()
             start = time.monotonic()
             try:
                 reply = client.complete(text)
-                return parse_score(reply, s.score_scale)
+                return parse_score(reply, self.score_scale)
             except JudgeReplyError as err:
                 # The judge answered but not usefully: with temperature 0 a re-send repeats it; next provider.
                 failure = _CallError(err.kind, str(err), retriable=False)
@@ -321,7 +323,7 @@ class Judge:
                     self._latencies.append(time.monotonic() - start)
                     self._counts["calls"] += 1
             self._note_error(client.provider.name, failure)
-            if not failure.retriable or attempt == s.max_retries:
+            if not failure.retriable or attempt == max_retries:
                 raise failure
             if failure.retry_after is not None and failure.retry_after > RETRY_AFTER_CAP_S:
                 raise failure
@@ -330,12 +332,11 @@ class Judge:
         raise AssertionError("unreachable: the loop returns or raises")
 
     def _backoff(self, attempt: int, retry_after: float | None) -> float:
-        s = self.settings
-        delay = random.uniform(0.5, 1.0) * min(s.backoff_max_s, s.backoff_base_s * 2**attempt)
+        delay = random.uniform(0.5, 1.0) * min(self.backoff_max_s, self.backoff_base_s * 2**attempt)
         return max(delay, retry_after or 0.0)
 
     def _calibrate(self, raw: float) -> float:
-        return min(1.0, max(0.0, self.settings.calibration_a * raw + self.settings.calibration_b))
+        return min(1.0, max(0.0, self.cfg.calibration_a * raw + self.cfg.calibration_b))
 
     def _count(self, *names: str) -> None:
         with self._lock:

@@ -62,6 +62,8 @@ def scalarize_scores(scores: Mapping[str, float], how: Scalarize = "mean") -> fl
                 f"pareto: scalarisation weights miss keys {sorted(missing)}; give a weight for every score"
             )
         return sum(float(how[k]) * v for k, v in scores.items())
+    if not scores:
+        raise ValueError("pareto: no scores to scalarise (no task was evaluated: does every task have held-out rows?)")
     if how == "mean":
         return sum(scores.values()) / len(scores)
     if how == "min":
@@ -84,6 +86,25 @@ def crowding_distances(points: Sequence[Mapping[str, float]]) -> list[float]:
             gap = points[order[rank + 1]][key] - points[order[rank - 1]][key]
             dist[order[rank]] += gap / (hi - lo)
     return dist
+
+
+def require_heldout_rows(train: Mapping[str, Sequence[object]], heldout: Mapping[str, Sequence[object]],
+                         heldout_fraction: float) -> None:
+    """Every task needs training rows and held-out rows: evaluations, the report and the frontier compare held-out
+    scores per task. Raises ValueError naming each task that lacks either, before any training starts."""
+    problems = []
+    for task in sorted(set(train) | set(heldout)):
+        n_train, n_held = len(train.get(task, ())), len(heldout.get(task, ()))
+        if n_held == 0:
+            problems.append(f"task {task!r} has {n_train} rows and none held out for evaluation (data.heldout_fraction"
+                            f"={heldout_fraction:g} of the rows, picked by a hash of each row's id): give it more "
+                            f"rows (about {math.ceil(1 / heldout_fraction)} per held-out row) or raise "
+                            "data.heldout_fraction")
+        elif n_train == 0:
+            problems.append(f"task {task!r} has all its {n_held} rows held out and none to train on: give it more "
+                            "rows or lower data.heldout_fraction")
+    if problems:
+        raise ValueError("; ".join(problems))
 
 
 class ParetoFrontier:
@@ -114,10 +135,14 @@ class ParetoFrontier:
 
         On acceptance: `save_fn(root_dir/"step_{step:06d}")` writes the checkpoint into that (existing, empty)
         folder, dominated points and the capped point lose their folders, and `pareto.json` is rewritten.
+        Empty `scores` raise ValueError (a frontier over no task means nothing was evaluated).
         Rejected (no save): a NaN/inf score, a dominated or duplicate point, a step already kept, or a new point
         that the cap would drop at once. `last_reason` says which.
         """
         scores = {k: float(v) for k, v in scores.items()}
+        if not scores:
+            raise ValueError(f"ParetoFrontier.offer: step {step} has no scores: no task had held-out rows to evaluate "
+                             "(data.heldout_fraction / data.eval_size; see require_heldout_rows)")
         bad = sorted(k for k, v in scores.items() if not math.isfinite(v))
         if bad:
             return self._reject(f"step {step}: non-finite score for {bad}; not offered")

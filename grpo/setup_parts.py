@@ -137,27 +137,6 @@ def reward_specs(source: str, rewards: dict[str, str], tasks: list[str]) -> dict
     return specs
 
 
-def build_judge(judge_cfg, run_dir: Path):
-    """The LLM judge when judge.base_url is set, else None (rule graders only)."""
-    if not judge_cfg.base_url:
-        return None
-    from grpo.judge import Judge, JudgeProvider, JudgeSettings
-
-    providers = [JudgeProvider(name=judge_cfg.model, model=judge_cfg.model, base_url=judge_cfg.base_url,
-                               api_key_env=judge_cfg.api_key_env, kind=judge_cfg.kind)]
-    if judge_cfg.fallback_base_url:
-        providers.append(JudgeProvider(name=judge_cfg.fallback_model or judge_cfg.model,
-                                       model=judge_cfg.fallback_model or judge_cfg.model,
-                                       base_url=judge_cfg.fallback_base_url, api_key_env=judge_cfg.api_key_env,
-                                       kind=judge_cfg.kind))
-    settings = JudgeSettings(providers=tuple(providers), timeout_s=judge_cfg.timeout_s,
-                             max_retries=judge_cfg.max_retries, max_workers=judge_cfg.num_workers,
-                             requests_per_s=judge_cfg.rate_limit_per_s, calibration_a=judge_cfg.calibration_a,
-                             calibration_b=judge_cfg.calibration_b,
-                             cache_path=judge_cfg.cache_path or str(run_dir / "judge_cache.sqlite"))
-    return Judge(settings)
-
-
 def build_trackers(train_cfg, run_dir: Path):
     from grpo.tracking import make_trackers
 

@@ -9,6 +9,11 @@ The loop calls `tracker.log(metrics, step)` with the namespaced dicts the step f
   * `WandbTracker`: only when asked for, and only if `wandb` is installed.
 Scalar backends skip non-numeric values (e.g. "phase"). NaN/inf are written as they are (JSON `NaN`/`Infinity`,
 which Python's json reads back) so that `health.check` can see them.
+
+Resume: `tracker.resume_at(step, rows)` forgets what the interrupted run logged after its checkpoint (rows of
+metrics.jsonl beyond the first `rows`, or with a step above `step`), rewrites metrics.jsonl, metrics.csv and
+samples.jsonl from what is kept, and makes TensorBoard discard the replayed steps (SummaryWriter's `purge_step`,
+then the kept rows of the purged steps written again), so every derived file equals the uninterrupted run's.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ import csv
 import html
 import json
 import math
+import os
 import sys
 import time
 from pathlib import Path
@@ -54,16 +60,30 @@ def read_metrics(run_dir: str | Path) -> list[dict[str, Any]]:
     path = Path(run_dir) / METRICS_FILE
     if not path.is_file():
         raise FileNotFoundError(f"{path} not found: is {run_dir} a run folder written by grpo_train.py?")
+    return _read_jsonl(path, torn_tail_ok=False)
+
+
+def _read_jsonl(path: Path, torn_tail_ok: bool) -> list[dict[str, Any]]:
+    """The JSON rows of `path`. `torn_tail_ok`: a last line without its newline that does not parse (a write cut
+    by a kill) is dropped instead of raising; the rows a resume keeps are all before it anyway."""
+    text = path.read_text()
+    lines = text.split("\n")
     rows = []
-    with path.open() as fh:
-        for lineno, line in enumerate(fh, 1):
-            if line.strip():
-                try:
-                    rows.append(json.loads(line))
-                except json.JSONDecodeError as err:
-                    # a run killed mid-write leaves a partial last line; anything else is corruption
-                    raise ValueError(f"{path}:{lineno}: not a JSON object ({err}); delete or fix that line") from err
+    for lineno, line in enumerate(lines, 1):
+        if line.strip():
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError as err:
+                if torn_tail_ok and lineno == len(lines):  # the last piece, not ended by a newline
+                    break
+                raise ValueError(f"{path}:{lineno}: not a JSON object ({err}); delete or fix that line") from err
     return rows
+
+
+def _write_jsonl_atomically(path: Path, rows: Sequence[Mapping[str, Any]]) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    os.replace(tmp, path)
 
 
 class NullTracker:
@@ -76,6 +96,11 @@ class NullTracker:
         pass
 
     def close(self) -> None:
+        pass
+
+    rows_logged = 0
+
+    def resume_at(self, step: int, rows: int | None = None) -> None:
         pass
 
 
@@ -91,14 +116,48 @@ class JsonlTracker:
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         jsonl = self.run_dir / METRICS_FILE
-        self._rows: list[dict[str, Any]] = read_metrics(self.run_dir) if jsonl.is_file() else []
+        self._rows: list[dict[str, Any]] = _read_jsonl(jsonl, torn_tail_ok=True) if jsonl.is_file() else []
         self._columns: list[str] = []
         for row in self._rows:
             self._add_columns(row)
+        if jsonl.is_file() and not jsonl.read_text().endswith("\n") and jsonl.stat().st_size:
+            _write_jsonl_atomically(jsonl, self._rows)  # the last line was torn by a kill: drop it from the file
+        self.texts: list[dict[str, Any]] = []
+        """The rows of samples.jsonl kept by the last `trim`."""
         self._jsonl = jsonl.open("a")
         self._samples = (self.run_dir / SAMPLES_FILE).open("a")
         self._csv: TextIO | None = None
         self._rewrite_csv()
+
+    @property
+    def rows_logged(self) -> int:
+        """Rows in metrics.jsonl; a checkpoint records it so that `resume_at` keeps exactly the rows before it."""
+        return len(self._rows)
+
+    def trim(self, step: int, rows: int | None = None) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+        """Keep the first `rows` rows (all when None) whose step is <= `step`; rewrite metrics.jsonl, metrics.csv
+        and samples.jsonl (texts of steps <= `step`) from them. Returns (kept rows, dropped rows)."""
+        limit = len(self._rows) if rows is None else rows
+        kept = [r for i, r in enumerate(self._rows) if i < limit and int(r.get("step", 0)) <= step]
+        dropped = [r for i, r in enumerate(self._rows) if not (i < limit and int(r.get("step", 0)) <= step)]
+        self.close()
+        _write_jsonl_atomically(self.run_dir / METRICS_FILE, kept)
+        samples_path = self.run_dir / SAMPLES_FILE
+        texts = _read_jsonl(samples_path, torn_tail_ok=True) if samples_path.is_file() else []
+        self.texts = [t for t in texts if int(t.get("step", 0)) <= step]
+        _write_jsonl_atomically(samples_path, self.texts)
+        self._rows, self._columns = kept, []
+        for row in kept:
+            self._add_columns(row)
+        self._jsonl = (self.run_dir / METRICS_FILE).open("a")
+        self._samples = samples_path.open("a")
+        self._csv = None
+        self._rewrite_csv()
+        return kept, dropped
+
+    def resume_at(self, step: int, rows: int | None = None) -> None:
+        """See `trim` (the files are rewritten; the rows are not returned)."""
+        self.trim(step, rows)
 
     def _add_columns(self, row: Mapping[str, Any]) -> bool:
         new = [k for k in row if k not in self._columns]
@@ -143,7 +202,21 @@ class TensorBoardTracker:
     def __init__(self, log_dir: str | Path) -> None:
         from torch.utils.tensorboard import SummaryWriter  # slow import; only when asked for
 
-        self.writer = SummaryWriter(log_dir=str(log_dir))
+        self.log_dir = str(log_dir)
+        self.writer = SummaryWriter(log_dir=self.log_dir)
+
+    def rewind(self, purge_step: int, rows: Sequence[Mapping[str, Any]] = (),
+               texts: Sequence[Mapping[str, Any]] = ()) -> None:
+        """Discard every event at step >= `purge_step` (those the interrupted run wrote are hidden by TensorBoard's
+        purge), then write `rows` / `texts` (the kept ones at step >= `purge_step`) again."""
+        from torch.utils.tensorboard import SummaryWriter
+
+        self.writer.close()
+        self.writer = SummaryWriter(log_dir=self.log_dir, purge_step=int(purge_step))
+        for row in rows:
+            self.log(row, int(row["step"]))
+        for text in texts:
+            self.log_text(str(text["key"]), str(text["text"]), int(text["step"]))
 
     def log(self, metrics: Mapping[str, Any], step: int) -> None:
         for key, value in scalars(metrics).items():
@@ -200,6 +273,25 @@ class MultiTracker:
     def close(self) -> None:
         for t in self.trackers:
             t.close()
+
+    @property
+    def rows_logged(self) -> int:
+        """Rows of metrics.jsonl so far (0 without a JSONL backend): store it in the checkpoint for `resume_at`."""
+        return sum(t.rows_logged for t in self.trackers if isinstance(t, JsonlTracker))
+
+    def resume_at(self, step: int, rows: int | None = None) -> None:
+        """Forget what was logged after the checkpoint of `step` (which had logged `rows` rows, if known): the JSONL
+        backend trims its files; TensorBoard purges from the first dropped step (at most step + 1) and writes the
+        kept rows of the purged steps again. W&B starts a new run on every launch and needs nothing."""
+        source = next((t for t in self.trackers if isinstance(t, JsonlTracker)), None)
+        if source is None:
+            return
+        kept, dropped = source.trim(step, rows)
+        purge = min([step + 1] + [int(r.get("step", 0)) for r in dropped])
+        for t in self.trackers:
+            if isinstance(t, TensorBoardTracker):
+                t.rewind(purge, [r for r in kept if int(r.get("step", 0)) >= purge],
+                         [x for x in source.texts if int(x.get("step", 0)) >= purge])
 
 
 def make_trackers(run_dir: str | Path, tensorboard: bool = True, wandb_project: str | None = None,

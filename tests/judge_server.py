@@ -1,8 +1,7 @@
 """A tiny fake OpenAI-compatible judge: POST /v1/chat/completions on 127.0.0.1, in a background thread.
 
     with JudgeServer(reply=lambda req, n: Reply(content='{"score": 8}')) as server:
-        judge = Judge(JudgeSettings(providers=(JudgeProvider(name="fake", model="m", base_url=server.url,
-                                                             api_key_env=""),)))
+        judge = Judge(JudgeConfig(base_url=server.url, model="m", api_key_env=""))
 Run standalone (serves a fixed score until Ctrl-C):  python tests/judge_server.py --port 8001 --score 8
 """
 
@@ -29,6 +28,18 @@ class Reply:
     """Sleep before answering (to provoke client timeouts)."""
     raw: bytes | None = None
     """A raw body sent instead of a chat-completion JSON (malformed replies)."""
+
+    @classmethod
+    def garbage(cls) -> "Reply":
+        """A 200 whose body is not JSON (what a proxy's error page looks like)."""
+        return cls(raw=b"<html><body>502 Bad Gateway</body></html>")
+
+    @classmethod
+    def empty_choices(cls) -> "Reply":
+        """A well-formed chat.completion with `"choices": []` (an overloaded or filtering server)."""
+        body = chat_body("")
+        body["choices"] = []
+        return cls(raw=json.dumps(body).encode())
 
 
 def chat_body(content: str, model: str = "fake-judge") -> dict[str, Any]:

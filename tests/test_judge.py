@@ -14,7 +14,8 @@ import time
 
 import pytest
 
-from grpo.judge import Judge, JudgeItem, JudgeProvider, JudgeSettings, RateLimiter
+from config import JudgeConfig
+from grpo.judge import Judge, JudgeItem, RateLimiter
 from grpo.records import Rollout, Sample
 from grpo.rubrics import JudgeReplyError, load_rubric, parse_score
 from grpo.scoring import RewardSpec, score_rollouts
@@ -22,7 +23,8 @@ from judge_server import JudgeServer, Reply
 
 SECRET = "sk-test-SECRET-5d1f0a9e"  # recognisable, so a leak is found by grepping bytes
 KEY_ENV = "GRPO_TEST_JUDGE_KEY"
-FAST = dict(timeout_s=0.3, backoff_base_s=0.01, backoff_max_s=0.05)  # keep the whole file well under 30 s
+FAST = dict(timeout_s=0.3, rate_limit_per_s=1000.0)  # keep the whole file well under 30 s
+BACKOFF = dict(backoff_base_s=0.01, backoff_max_s=0.05)
 
 
 @pytest.fixture(autouse=True)
@@ -31,9 +33,11 @@ def api_key(monkeypatch):
 
 
 def make_judge(*servers: JudgeServer, **overrides) -> Judge:
-    providers = tuple(JudgeProvider(name=f"p{i}", model=f"model-{i}", base_url=s.url, api_key_env=KEY_ENV)
-                      for i, s in enumerate(servers))
-    return Judge(JudgeSettings(providers=providers, **{**FAST, **overrides}))
+    """A Judge on judge.base_url = servers[0] (model "model-0") and, if given, judge.fallback_base_url = servers[1]
+    ("model-1"); `overrides` are judge config fields."""
+    fallback = dict(fallback_base_url=servers[1].url, fallback_model="model-1") if len(servers) > 1 else {}
+    cfg = JudgeConfig(base_url=servers[0].url, model="model-0", api_key_env=KEY_ENV, **fallback, **{**FAST, **overrides})
+    return Judge(cfg, **BACKOFF)
 
 
 def item(response: str, task: str = "fairness") -> JudgeItem:
@@ -77,7 +81,7 @@ def test_normal_answers_in_every_format_with_calibration():
         with make_judge(server) as judge:
             results = judge.score_batch([item(name) for name in replies])
             assert [r.score for r in results] == pytest.approx([0.8, 0.6, 0.3, 0.7, 0.4])
-            assert {r.provider for r in results} == {"judge:p0"}
+            assert {r.provider for r in results} == {"judge:model-0"}
             assert "- label_letter: B" in server.seen[0].body["messages"][0]["content"]  # the judge sees the gold
             assert server.seen[0].headers["authorization"] == f"Bearer {SECRET}"  # the key was really used
         with make_judge(server, calibration_a=0.5, calibration_b=0.25) as judge:
@@ -92,10 +96,10 @@ def test_slow_primary_times_out_retries_then_secondary_answers():
         with make_judge(slow, fast, max_retries=1) as judge:
             result = judge.score_batch([item("x")])[0]
             metrics = judge.metrics()
-        assert (result.score, result.provider) == (0.8, "judge:p1")
+        assert (result.score, result.provider) == (0.8, "judge:model-1")
         assert slow.count == 2 and fast.count == 1  # 1 call + 1 retry on the slow one
         assert metrics["judge/retries"] == 1.0 and metrics["judge/errors/timeout"] == 2.0
-        assert metrics["judge/calls"] == 3.0 and metrics["judge/share/p1"] == 1.0
+        assert metrics["judge/calls"] == 3.0 and metrics["judge/share/model-1"] == 1.0
 
 
 def test_429_retry_after_is_honoured():
@@ -124,20 +128,60 @@ def test_500s_are_retried_then_give_up_as_none():
     assert server.count == 2 and metrics["judge/failures"] == 1.0 and metrics["judge/share/failed"] == 1.0
 
 
-def test_malformed_replies_fail_without_retry_and_log_once_per_kind(caplog):
-    replies = {"html": Reply(raw=b"<html>oops</html>"), "nochoices": Reply(raw=b'{"foo": 1}'),
+def test_malformed_replies_fail_and_log_once_per_kind(caplog):
+    replies = {"html": Reply.garbage(), "nochoices": Reply.empty_choices(), "nomessage": Reply(raw=b'{"foo": 1}'),
                "prose": Reply(content="I think it is fine."), "prose2": Reply(content="Also fine.")}
-    with JudgeServer(lambda body, n: replies[response_of(body)]) as server, make_judge(server) as judge:
+    with JudgeServer(lambda body, n: replies[response_of(body)]) as server, make_judge(server, max_retries=0) as judge:
         with caplog.at_level(logging.WARNING, logger="grpo.judge"):
             results = judge.score_batch([item(k) for k in replies])
         metrics = judge.metrics()
-    assert [r.score for r in results] == [None] * 4
-    assert server.count == 4 and metrics["judge/retries"] == 0.0 and metrics["judge/failures"] == 4.0
-    assert metrics["judge/errors/bad_body"] == 2.0 and metrics["judge/errors/no_json"] == 2.0
+    assert [r.score for r in results] == [None] * 5
+    assert server.count == 5 and metrics["judge/retries"] == 0.0 and metrics["judge/failures"] == 5.0
+    assert metrics["judge/errors/bad_body"] == 1.0 and metrics["judge/errors/no_choices"] == 2.0
+    assert metrics["judge/errors/no_json"] == 2.0
     warned = [r.getMessage() for r in caplog.records]
-    # One line per kind (bad_body: HTML and JSON without choices; no_json: two prose replies), not per call.
-    assert len(warned) == 2
+    # One line per kind (bad_body; no_choices: empty choices and no choices at all; no_json: two prose replies).
+    assert len(warned) == 3
     assert sum("no JSON object" in m for m in warned) == 1 and sum("bad_body" in m for m in warned) == 1
+
+
+def test_garbage_bodies_and_empty_choices_are_retried_and_counted():
+    """A proxy's error page or a 200 without choices is transient: re-sent like a 5xx (it was a failure at once)."""
+    replies = [Reply.garbage(), Reply.empty_choices(), Reply()]
+    with JudgeServer(lambda body, n: replies[min(n, 2)]) as server, make_judge(server, max_retries=3) as judge:
+        result = judge.score_batch([item("x")])[0]
+        metrics = judge.metrics()
+    assert (result.score, result.provider) == (0.8, "judge:model-0") and server.count == 3
+    assert metrics["judge/retries"] == 2.0 and metrics["judge/failures"] == 0.0
+    assert metrics["judge/errors/bad_body"] == 1.0 and metrics["judge/errors/no_choices"] == 1.0
+    with JudgeServer(lambda body, n: Reply.garbage()) as server, make_judge(server, max_retries=2) as judge:
+        result = judge.score_batch([item("x")])[0]
+        metrics = judge.metrics()
+    assert result.score is None and "not JSON" in result.error
+    assert server.count == 3 and metrics["judge/retries"] == 2.0 and metrics["judge/failures"] == 1.0
+
+
+def test_prose_replies_are_not_resent_but_the_fallback_is_asked():
+    with JudgeServer(lambda body, n: Reply(content="no score here")) as primary, JudgeServer() as fallback:
+        with make_judge(primary, fallback, max_retries=3) as judge:
+            result = judge.score_batch([item("x")])[0]
+            metrics = judge.metrics()
+    assert (result.score, result.provider) == (0.8, "judge:model-1")
+    assert primary.count == 1 and metrics["judge/retries"] == 0.0
+
+
+def test_the_judge_reads_its_config_section_with_the_configs_defaults(tmp_path):
+    assert Judge.from_config(JudgeConfig(), tmp_path) is None  # no base_url: rule graders only
+    cfg = JudgeConfig(base_url="http://127.0.0.1:9/v1", api_key_env=KEY_ENV, fallback_base_url="http://127.0.0.1:8/v1")
+    with Judge.from_config(cfg, tmp_path) as judge:
+        # one home per setting: the defaults are config.py's (timeout 20 s, 8 requests/s), no second record's
+        assert judge._clients[0].timeout_s == JudgeConfig().timeout_s == 20.0
+        assert judge._limiter._interval == pytest.approx(1 / JudgeConfig().rate_limit_per_s)
+        assert [(p.name, p.base_url) for p in judge.providers] == [
+            ("gpt-4o-mini", "http://127.0.0.1:9/v1"), ("gpt-4o-mini", "http://127.0.0.1:8/v1")]
+    assert (tmp_path / "judge_cache.sqlite").is_file()  # judge.cache_path empty: the run folder's cache
+    with pytest.raises(ValueError, match="judge.base_url"):
+        Judge(JudgeConfig())
 
 
 def test_64_concurrent_items_keep_order_and_respect_the_rate_limit():
@@ -146,7 +190,7 @@ def test_64_concurrent_items_keep_order_and_respect_the_rate_limit():
     def reply(body, n):
         return Reply(content=json.dumps({"score": int(response_of(body)) % 11}), delay_s=random.uniform(0, 0.05))
 
-    with JudgeServer(reply) as server, make_judge(server, max_workers=16, requests_per_s=rate) as judge:
+    with JudgeServer(reply) as server, make_judge(server, num_workers=16, rate_limit_per_s=rate) as judge:
         released: list[float] = []  # when the limiter let each request go (client side)
         wait = judge._limiter.wait
 
@@ -186,11 +230,11 @@ def test_cache_hits_on_repeat_and_persists(tmp_path):
             again = judge.score_batch([item("a"), item("b")])
             metrics = judge.metrics()
         assert server.count == 2
-        assert [r.provider for r in first] == ["judge:p0"] * 2 and [r.provider for r in again] == ["cache:p0"] * 2
+        assert [r.provider for r in first] == ["judge:model-0"] * 2 and [r.provider for r in again] == ["cache:model-0"] * 2
         assert [r.score for r in again] == [0.8, 0.8] and metrics["judge/cache_hits"] == 2.0
         with make_judge(server, cache_path=str(db)) as judge:  # a new Judge reads the same file
-            assert judge.score_batch([item("a")])[0].provider == "cache:p0"
-            assert judge.score_batch([item("a", task="hallucination")])[0].provider == "judge:p0"  # other rubric
+            assert judge.score_batch([item("a")])[0].provider == "cache:model-0"
+            assert judge.score_batch([item("a", task="hallucination")])[0].provider == "judge:model-0"  # other rubric
         assert server.count == 3
 
 
@@ -202,7 +246,7 @@ def test_failures_are_not_cached(tmp_path):
             assert judge.score_batch([item("a")])[0].score is None
             assert sqlite3.connect(db).execute("SELECT COUNT(*) FROM scores").fetchone()[0] == 0
             healthy["on"] = True
-            assert judge.score_batch([item("a")])[0].provider == "judge:p0"  # asked again, not a cached failure
+            assert judge.score_batch([item("a")])[0].provider == "judge:model-0"  # asked again, not a cached failure
     assert server.count == 2
 
 
@@ -218,7 +262,7 @@ def test_api_key_never_written_anywhere(tmp_path):
         with JudgeServer(lambda body, n: replies[min(n, 2)]) as server:
             with make_judge(server, cache_path=str(tmp_path / "cache.sqlite")) as judge:
                 judge.score_batch([item("a"), item("b")])
-                (tmp_path / "settings.json").write_text(json.dumps(dataclasses.asdict(judge.settings)))
+                (tmp_path / "settings.json").write_text(json.dumps(dataclasses.asdict(judge.cfg)))
                 (tmp_path / "repr.txt").write_text(repr(judge) + repr(judge.metrics()))
     finally:
         root.removeHandler(handler)
@@ -233,12 +277,12 @@ def test_api_key_never_written_anywhere(tmp_path):
 def test_missing_key_env_and_missing_sdk_are_clear(monkeypatch):
     monkeypatch.delenv(KEY_ENV)
     with pytest.raises(RuntimeError, match=f"environment variable '{KEY_ENV}' is not set"):
-        Judge(JudgeSettings(providers=(JudgeProvider("p", "m", "http://127.0.0.1:9/v1", KEY_ENV),)))
+        Judge(JudgeConfig(base_url="http://127.0.0.1:9/v1", api_key_env=KEY_ENV))
     try:
         import anthropic  # noqa: F401
     except ImportError:
         with pytest.raises(ImportError, match="pip install anthropic"):
-            Judge(JudgeSettings(providers=(JudgeProvider("a", "claude", None, "", kind="anthropic"),)))
+            Judge(JudgeConfig(base_url="http://127.0.0.1:9/v1", model="claude", api_key_env="", kind="anthropic"))
 
 
 def rollout(text: str, task: str, gold: dict) -> Rollout:
@@ -259,7 +303,7 @@ def test_score_rollouts_judge_terms_fallback_and_none():
         scored, metrics = score_rollouts(rollouts, specs, judge)
     # fairness: (2·0.8 + 1·0.5) / 3 = 0.7 ; strict: 0.8 ; rules: (1·1 + 0.5·0.5) / 1.5 = 0.8333…
     assert [s.reward for s in scored] == pytest.approx([0.7, 0.8, 1.25 / 1.5])
-    assert [s.provider for s in scored] == ["judge:p0", "judge:p0", "rule"]
+    assert [s.provider for s in scored] == ["judge:model-0", "judge:model-0", "rule"]
     assert scored[0].parts == {"llm_judge": 0.8, "format": 0.5}
     assert metrics["scoring/fairness/failed"] == 0.0 and metrics["judge/calls"] == 2.0
     down = JudgeServer(lambda body, n: Reply(status=500, raw=b"{}"))

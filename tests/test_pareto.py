@@ -151,3 +151,25 @@ def test_failed_save_leaves_nothing(tmp_path):
     with pytest.raises(RuntimeError, match="wrote nothing"):
         fr.offer(2, {"a": 1.0}, lambda path: None)
     assert on_disk(tmp_path) == []
+
+
+def test_empty_scores_are_refused_with_a_clear_error(tmp_path):
+    """A task with no held-out rows evaluates to {}: it used to be accepted, then best() divided by zero."""
+    fr = ParetoFrontier(cap=3, root_dir=tmp_path)
+    with pytest.raises(ValueError, match="step 3 has no scores: no task had held-out rows"):
+        fr.offer(3, {}, saver(3))
+    assert fr.points == [] and on_disk(tmp_path) == [] and fr.best() is None
+    with pytest.raises(ValueError, match="no scores to scalarise"):
+        scalarize_scores({}, "mean")
+
+
+def test_every_task_needs_training_and_heldout_rows():
+    from grpo.pareto import require_heldout_rows
+
+    require_heldout_rows({"a": [1, 2, 3], "b": [1]}, {"a": [4], "b": [2]}, 0.2)  # fine: no error
+    with pytest.raises(ValueError) as err:
+        require_heldout_rows({"qa": [1, 2, 3], "b": [1]}, {"b": [2], "c": [1, 2]}, 0.2)
+    message = str(err.value)
+    assert "task 'qa' has 3 rows and none held out" in message and "data.heldout_fraction=0.2" in message
+    assert "about 5 per held-out row" in message
+    assert "task 'c' has all its 2 rows held out and none to train on" in message and "'b'" not in message

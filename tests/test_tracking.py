@@ -5,6 +5,7 @@ import io
 import json
 import math
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -151,3 +152,117 @@ def test_progress_disabled_is_silent_and_tty_uses_one_tqdm_bar():
 
     assert isinstance(bar, tqdm) and list(bar) == [1, 2, 3]
     assert "train" in tty.getvalue()
+
+
+# ------------------------------------------------------------------------------------------------------ resume
+def _scalars_of(tb_dir):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(tb_dir))
+    acc.Reload()
+    return {tag: [(e.step, e.value) for e in acc.Scalars(tag)] for tag in sorted(acc.Tags()["scalars"])}
+
+
+def _interrupted_and_uninterrupted(tmp_path, rows=None):
+    """Run A logs steps 1..6 at once. Run B logs 1..5, then 'crashes' (its checkpoint was at step 3), a new process
+    builds its trackers on the same folder, resumes at 3 and logs 4..6. Returns (run A folder, run B folder)."""
+    def log_step(tracker, step, value):
+        tracker.log({"loss/total": value, "phase": "rl"}, step)
+        tracker.log_text("samples", f"text {step} {value}", step)
+
+    a = make_trackers(tmp_path / "a", tensorboard=True)
+    for step in range(1, 7):
+        log_step(a, step, float(step))
+    a.close()
+    b = make_trackers(tmp_path / "b", tensorboard=True)
+    for step in range(1, 6):
+        log_step(b, step, float(step) if step <= 3 else -1.0)  # what the interrupted run logged after step 3 differs
+    b.close()
+    b = make_trackers(tmp_path / "b", tensorboard=True)
+    b.resume_at(3, rows)
+    for step in range(4, 7):
+        log_step(b, step, float(step))
+    b.close()
+    return tmp_path / "a", tmp_path / "b"
+
+
+def test_resume_at_rewrites_jsonl_csv_samples_and_tensorboard_like_an_uninterrupted_run(tmp_path):
+    a, b = _interrupted_and_uninterrupted(tmp_path)
+    assert read_metrics(b) == read_metrics(a) and [r["step"] for r in read_metrics(b)] == [1, 2, 3, 4, 5, 6]
+    assert read_csv(b / "metrics.csv") == read_csv(a / "metrics.csv")  # step 4 and 5 once each, not twice
+    assert (b / "samples.jsonl").read_text() == (a / "samples.jsonl").read_text()
+    assert _scalars_of(b / "tb") == _scalars_of(a / "tb") == {
+        "loss/total": [(s, float(s)) for s in range(1, 7)]}
+
+
+def test_resume_at_with_a_row_count_drops_rows_of_the_checkpoint_step_logged_after_it(tmp_path):
+    """The final evaluation logs eval/* at the last step after that step's checkpoint; a kill before the final
+    save replays it: the row count stored in the checkpoint drops it, and TensorBoard replays the kept rows."""
+    t = make_trackers(tmp_path, tensorboard=True)
+    t.log({"loss/total": 1.0}, 4)
+    rows = t.rows_logged  # what the checkpoint of step 4 records
+    t.log({"eval/fairness/reward": 0.1}, 4)  # the evaluation that the kill interrupted
+    t.close()
+    t = make_trackers(tmp_path, tensorboard=True)
+    t.resume_at(4, rows)
+    t.log({"eval/fairness/reward": 0.5}, 4)
+    t.close()
+    assert read_metrics(tmp_path) == [{"step": 4, "loss/total": 1.0}, {"step": 4, "eval/fairness/reward": 0.5}]
+    assert _scalars_of(tmp_path / "tb") == {"eval/fairness/reward": [(4, 0.5)], "loss/total": [(4, 1.0)]}
+
+
+def test_a_torn_last_line_is_dropped_on_resume(tmp_path):
+    (tmp_path / "metrics.jsonl").write_text('{"step": 1, "a": 1.0}\n{"step": 2, "a"')  # killed mid-write
+    t = JsonlTracker(tmp_path)
+    t.log({"a": 2.0}, 2)
+    t.close()
+    assert read_metrics(tmp_path) == [{"step": 1, "a": 1.0}, {"step": 2, "a": 2.0}]
+    (tmp_path / "metrics.jsonl").write_text('{"step": 1, "a"\n{"step": 2}\n')  # not the tail: corruption
+    with pytest.raises(ValueError, match=r"metrics.jsonl:1"):
+        JsonlTracker(tmp_path)
+
+
+# ------------------------------------------------------------------------------------------------- run folder
+def test_a_fresh_run_into_a_used_run_folder_stops_with_both_ways_out(tmp_path):
+    from grpo.run_folder import RunFolderError, prepare_run_dir
+
+    run = tmp_path / "runs" / "r"
+    assert prepare_run_dir(run, resume="", overwrite=False) == run and run.is_dir()  # created
+    (run / "metrics.jsonl").write_text('{"step": 1}\n')
+    (run / "checkpoints").mkdir()
+    with pytest.raises(RunFolderError) as err:
+        prepare_run_dir(run, resume="", overwrite=False)
+    assert str(run) in str(err.value) and "--resume auto" in str(err.value) and "--overwrite" in str(err.value)
+    assert prepare_run_dir(run, resume="auto", overwrite=False) == run and (run / "metrics.jsonl").exists()
+    assert prepare_run_dir(run, resume="", overwrite=True) == run and list(run.iterdir()) == []
+    other = tmp_path / "home"
+    (other / "notes").mkdir(parents=True)
+    with pytest.raises(RunFolderError, match="does not look like a run folder"):
+        prepare_run_dir(other, resume="", overwrite=True)
+    assert (other / "notes").is_dir()
+
+
+def test_an_output_dir_that_is_a_file_or_read_only_gives_a_clear_error(tmp_path):
+    import os
+
+    from grpo.run_folder import RunFolderError, prepare_run_dir
+
+    afile = tmp_path / "file.txt"
+    afile.write_text("x")
+    with pytest.raises(RunFolderError, match=f"{afile} is a file, but a parent of the run folder"):
+        prepare_run_dir(afile / "r", resume="", overwrite=False)
+    with pytest.raises(RunFolderError, match=f"{afile} is a file, but the run folder"):
+        prepare_run_dir(afile, resume="", overwrite=False)
+    if os.geteuid() == 0:  # root ignores permission bits: use a file system that refuses everyone (sysfs)
+        read_only = Path("/sys")
+        try:
+            (read_only / "grpo-probe").mkdir()
+            (read_only / "grpo-probe").rmdir()
+            pytest.skip("running as root and /sys is writable: no read-only folder to try")
+        except OSError:
+            pass
+    else:
+        read_only = tmp_path / "ro"
+        read_only.mkdir(mode=0o500)
+    with pytest.raises(RunFolderError, match="cannot be created or written .* writable --output-dir"):
+        prepare_run_dir(read_only / "runs" / "r", resume="", overwrite=False)

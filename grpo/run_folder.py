@@ -1,0 +1,64 @@
+"""One run folder, one run: the run folder is checked (and made ready) before any expensive work starts.
+
+`prepare_run_dir(path, resume, overwrite)`:
+  * a path whose folder or a parent of it is a file, or a folder that cannot be created or written -> RunFolderError
+    naming the path and the setting to change (train.output_dir / train.run_name), not an OSError traceback;
+  * a fresh run (no resume) into a folder that already holds files -> RunFolderError naming the folder and the two
+    ways out: `--resume auto` (continue it) or `--overwrite` (delete its contents first); a fresh run never appends
+    to another run's metrics or competes with its checkpoints;
+  * `overwrite` deletes the contents only of a folder that looks like a run folder (config.json, metrics.jsonl or
+    checkpoints/ in it), so a mistyped --output-dir cannot wipe an unrelated folder.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from pathlib import Path
+
+RUN_MARKERS = ("config.json", "metrics.jsonl", "checkpoints")
+"""Entries that only a grpo-dual run writes: a folder holding one of them may be overwritten."""
+SHOWN_ENTRIES = 5  # enough names to recognise the folder in the message
+
+
+class RunFolderError(ValueError):
+    """The run folder cannot be used; the message names it and the fix."""
+
+
+def _check_writable(path: Path) -> None:
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=path, prefix=".write-test-"):
+            pass
+    except OSError as e:
+        raise RunFolderError(f"run folder {path} cannot be created or written ({e.strerror or e}); choose a "
+                             "writable --output-dir (train.output_dir)") from None
+
+
+def prepare_run_dir(path: str | Path, resume: str, overwrite: bool) -> Path:
+    """The run folder `path`, existing and writable, empty for a fresh run. See the module docstring."""
+    path = Path(path)
+    for p in [path, *path.parents]:
+        if p.exists() and not p.is_dir():
+            what = ("the run folder (train.output_dir/train.run_name)" if p == path
+                    else "a parent of the run folder (train.output_dir)")
+            raise RunFolderError(f"{p} is a file, but {what} must be a folder; choose another --output-dir or "
+                                 "--run-name")
+    _check_writable(path)
+    entries = sorted(p.name for p in path.iterdir())
+    if resume or not entries:
+        return path
+    if not overwrite:
+        shown = ", ".join(entries[:SHOWN_ENTRIES]) + (", ..." if len(entries) > SHOWN_ENTRIES else "")
+        raise RunFolderError(f"run folder {path} is not empty ({shown}): a fresh run there would mix with the run "
+                             "it holds. Continue that run with --resume auto, start over with --overwrite (deletes "
+                             "its contents), or choose another --run-name")
+    if not any((path / m).exists() for m in RUN_MARKERS):
+        raise RunFolderError(f"refusing to --overwrite {path}: it does not look like a run folder (none of "
+                             f"{list(RUN_MARKERS)} in it); choose another --output-dir / --run-name")
+    for entry in path.iterdir():
+        if entry.is_dir() and not entry.is_symlink():
+            shutil.rmtree(entry)
+        else:
+            entry.unlink()
+    return path

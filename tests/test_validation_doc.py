@@ -1,0 +1,364 @@
+"""docs/VALIDATION.md matches the code: every row of its table is tried.
+
+Each row names an input; `TRIALS` holds, per row, a function that provokes that input through the command line
+(`grpo_train.cli`, in-process) or the function the row's second column names, and returns what came out (the
+message and, for the command line, the exit status). The test checks every example message of the row (`...` = any
+text) and the exit status the row documents. A row without a trial, or a trial without a row, fails the test.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import re
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+import config as C
+from command_line import split_argv
+import grpo_train as G
+from grpo import checkpoint as ckpt
+
+ROOT = Path(__file__).resolve().parents[1]
+DOC = ROOT / "docs" / "VALIDATION.md"
+TINY = ["--model.tiny_hidden", "32", "--model.tiny_layers", "1", "--model.tiny_heads", "2", "--data.demo_size", "24",
+        "--data.eval_size", "2", "--rollout.max_new_tokens", "4", "--rollout.k", "2", "--sft.steps", "0",
+        "--train.eval_every", "0", "--train.sample_every", "0", "--train.tensorboard", "false",
+        "--train.prompts_per_micro_step", "2", "--train.lr", "1e-2", "--run-name", "r"]
+
+
+@dataclass
+class Outcome:
+    text: str
+    """Everything the trial printed or raised."""
+    code: int | None = None
+    """The command line's exit status; None when a function was called."""
+
+
+def table_rows() -> list[dict[str, str]]:
+    rows = []
+    for line in DOC.read_text().splitlines():
+        if not line.startswith("| ") or line.startswith("| input ") or set(line) <= set("|- "):
+            continue
+        cells = [c.strip() for c in re.split(r"(?<!\\)\|", line.strip().strip("|"))]
+        assert len(cells) == 4, f"a row of {DOC.name} needs 4 cells: {line}"
+        rows.append(dict(zip(("input", "where", "happens", "example"), cells)))
+    return rows
+
+
+def examples(cell: str) -> list[str]:
+    """The ``...`` spans of the example cell (Markdown drops one space inside each end)."""
+    return [m.strip() for m in re.findall(r"``(.+?)``", cell)]
+
+
+def matches(example: str, text: str) -> bool:
+    pattern = ".*?".join(re.escape(part.strip()) for part in example.split("..."))
+    return re.search(pattern, " ".join(text.split()), re.S) is not None
+
+
+def cli(argv: list[str]) -> Outcome:
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = G.cli(argv)
+    return Outcome(err.getvalue() + out.getvalue(), code)
+
+
+def raised(fn, *args, **kwargs) -> Outcome:
+    """The message of the exception `fn` raises (the trial fails if it raises none)."""
+    try:
+        fn(*args, **kwargs)
+    except Exception as e:  # noqa: BLE001 - any exception: its message is what the row documents
+        return Outcome(f"{type(e).__name__}: {e}")
+    raise AssertionError(f"{fn.__name__} raised nothing")
+
+
+def config_error(*argv: str):
+    return lambda tmp, mp: cli([*argv, "--output-dir", str(tmp), "--print-config"])
+
+
+def data_rows(tmp, mp):
+    from grpo.tasks.halueval import load_halueval
+
+    path = tmp / "qa_data.json"
+    good = {"knowledge": "k", "question": "q", "right_answer": "a", "hallucinated_answer": "b"}
+    path.write_text(json.dumps(good) + "\n" + json.dumps({"knowledge": "k", "question": "q"}) + "\n{oops\n")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        result = load_halueval(str(path), subset="qa")
+    assert len(result.samples) == 1 and result.skipped == 2
+    return Outcome(" ".join(str(w.message) for w in caught))
+
+
+def no_heldout(tmp, mp):
+    from grpo.pareto import require_heldout_rows
+
+    return raised(require_heldout_rows, {"qa": [1, 2, 3]}, {}, 0.2)
+
+
+def empty_scores(tmp, mp):
+    from grpo.pareto import ParetoFrontier
+
+    return raised(ParetoFrontier(3, tmp / "pareto").offer, 3, {}, lambda path: None)
+
+
+def unusable_replies(tmp, mp):
+    from grpo.rubrics import parse_score
+
+    return Outcome(raised(parse_score, '{"score": 11}').text + " " + raised(parse_score, "I think it is good").text)
+
+
+def garbage_replies(tmp, mp):
+    from grpo.judge import Judge, JudgeItem
+    from judge_server import JudgeServer, Reply
+
+    with JudgeServer(lambda body, n: Reply.garbage() if n % 2 == 0 else Reply.empty_choices()) as server:
+        cfg = C.JudgeConfig(base_url=server.url, api_key_env="", max_retries=2, rate_limit_per_s=1000.0)
+        with Judge(cfg, backoff_base_s=0.01, backoff_max_s=0.02) as judge:
+            result = judge.score_batch([JudgeItem("fairness", "Q?", "A")])[0]
+            metrics = judge.metrics()
+    assert result.score is None and server.count == 3 and metrics["judge/retries"] == 2.0
+    assert metrics["judge/errors/bad_body"] == 2.0 and metrics["judge/errors/no_choices"] == 1.0
+    return Outcome(result.error or "")
+
+
+def run_folder_used(tmp, mp):
+    from grpo.run_folder import prepare_run_dir
+
+    (tmp / "r").mkdir()
+    (tmp / "r" / "metrics.jsonl").write_text("{}\n")
+    return raised(prepare_run_dir, tmp / "r", "", False)
+
+
+def output_dir_file(tmp, mp):
+    from grpo.run_folder import prepare_run_dir
+
+    (tmp / "file.txt").write_text("x")
+    return raised(prepare_run_dir, tmp / "file.txt" / "r", "", False)
+
+
+def output_dir_read_only(tmp, mp):
+    import os
+
+    from grpo.run_folder import prepare_run_dir
+
+    if os.geteuid() == 0:  # root ignores permission bits: sysfs refuses everyone
+        base = Path("/sys")
+    else:
+        base = tmp / "read-only"
+        base.mkdir(mode=0o500)
+    return raised(prepare_run_dir, base / "r", "", False)
+
+
+def resume_missing(tmp, mp):
+    return raised(ckpt.resolve_resume, tmp, str(tmp / "nowhere"))
+
+
+def ckpt_incomplete(tmp, mp):
+    (tmp / "checkpoints" / "step_000008").mkdir(parents=True)
+    return raised(ckpt.verify, tmp / "checkpoints" / "step_000008")
+
+
+def ckpt_corrupt(tmp, mp):
+    folder = ckpt.save(tmp, 4, {"w": torch.ones(4)}, {}, keep_last=1)
+    (folder / ckpt.TENSORS).write_bytes((folder / ckpt.TENSORS).read_bytes()[:-3])
+    return raised(ckpt.verify, folder)
+
+
+def reference_corrupt(tmp, mp):
+    folder = ckpt.save_reference(tmp, {"w": torch.ones(4)})
+    data = bytearray((folder / ckpt.REFERENCE_WEIGHTS).read_bytes())
+    data[-1] ^= 0xFF
+    (folder / ckpt.REFERENCE_WEIGHTS).write_bytes(bytes(data))
+    return raised(ckpt.load_reference, tmp)
+
+
+def ckpt_legacy(tmp, mp):
+    folder = ckpt.save(tmp, 4, {"step": 4}, {}, keep_last=1)
+    torch.save({"step": 4}, folder / ckpt.LEGACY_STATE)
+    manifest = json.loads((folder / ckpt.MANIFEST).read_text())
+    manifest["format_version"] = 1
+    manifest["files"] = {n: manifest["files"][n] for n in ("config.json",)}
+    (folder / ckpt.MANIFEST).write_text(json.dumps(manifest))
+    return raised(ckpt.load, folder)
+
+
+def ckpt_unstorable(tmp, mp):
+    return raised(ckpt.save, tmp, 3, {"counters": {"bad": {1, 2}}}, {}, keep_last=1)
+
+
+def ckpt_version(tmp, mp):
+    folder = ckpt.save(tmp, 1, {"step": 1}, {}, keep_last=1)
+    manifest = json.loads((folder / ckpt.MANIFEST).read_text())
+    (folder / ckpt.MANIFEST).write_text(json.dumps({**manifest, "format_version": 0}))
+    return raised(ckpt.verify, folder)
+
+
+def ckpt_other_model(tmp, mp):
+    return raised(ckpt.load_trainable_state, torch.nn.Linear(2, 2), {"weight": torch.ones(2, 2)}, tmp)
+
+
+def ckpt_config_mismatch(tmp, mp):
+    argv = [*TINY, "--output-dir", str(tmp), "--max-steps", "2", "--resume", "auto"]
+    saved = C.load_config("demo", split_argv(argv)[0])  # the run that wrote the checkpoint: lr 1e-2
+    ckpt.save(tmp / "r", 1, {"step": 1}, C.to_dict(saved), keep_last=1)  # the check comes before the state is used
+    return cli([*argv, "--train.lr", "2e-2"])
+
+
+def torn_metrics(tmp, mp):
+    from grpo.tracking import JsonlTracker
+
+    (tmp / "metrics.jsonl").write_text('{"step": 1, "a"\n{"step": 2}\n')
+    return raised(JsonlTracker, tmp)
+
+
+def numerics(tmp, mp):
+    from grpo.health import WeightGuard
+
+    guard = WeightGuard([torch.nn.Parameter(torch.ones(2))], max_consecutive=5)
+
+    def five_bad_steps():
+        for _ in range(5):
+            guard.record(skipped=True, reason="non-finite or exploding gradient norm")
+
+    return raised(five_bad_steps)
+
+
+def deepspeed(tmp, mp):
+    from grpo.distributed import check_strategy
+
+    return raised(check_strategy, "DEEPSPEED")
+
+
+def fsdp_unsupported(tmp, mp):
+    cfg = C.load_config("demo", ["model.lora=true", "multi.combine=pcgrad"])
+    return raised(G.check_sharding, cfg, SimpleNamespace(grad_scaler=None), SimpleNamespace(world=2))
+
+
+def fsdp_one_process(tmp, mp):
+    return cli(["--train.sharding", "fsdp", "--output-dir", str(tmp)])
+
+
+def cpu_relaunch(tmp, mp):
+    import grpo.distributed as D
+
+    class Exec(Exception):
+        pass
+
+    def fake_execve(path, argv, env):
+        raise Exec(" ".join(argv))
+
+    mp.setattr(D.os, "execve", fake_execve)
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err), pytest.raises(Exec) as started:
+        D.relaunch_on_cpu(2, "grpo_train.py", ["--max-steps", "1"])
+    assert "--nproc_per_node=2 grpo_train.py --max-steps 1" in str(started.value)
+    return Outcome(err.getvalue())
+
+
+def other_process_count(tmp, mp):
+    from grpo.distributed import Dist, rank_rng_state
+
+    rng = ckpt.rng_state()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert rank_rng_state({"rng_ranks": [rng, rng], "rng": rng, "step": 3}, Dist()) is rng
+    return Outcome(" ".join(str(w.message) for w in caught))
+
+
+def cuda_oom(tmp, mp):
+    from tests.trainer_helpers import fast_config
+
+    run = G.setup(fast_config(tmp, "train.prompts_per_micro_step=2", "rollout.k=4"))
+    calls = []
+
+    def train_step(*args, **kwargs):
+        calls.append(run.micro_batch_seqs)
+        if len(calls) == 1:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+        return {"loss/total": 0.0}
+
+    mp.setattr(G, "train_step", train_step)
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):
+        stats = G.update_with_oom_retry(run, batch=None, betas_N=None)
+    assert calls == [8, 4] and stats["health/oom_retries"] == 1.0
+    return Outcome(err.getvalue())
+
+
+TRIALS = {
+    "config value (type, range, choice)": config_error("--rollout.k", "1"),
+    "config value of the wrong type": config_error("--train.lr", "abc"),
+    "unknown name (loss, estimator, controller, engine, combine, grader)": config_error("--loss.policy_loss", "ppo"),
+    "unknown field": config_error("--rollout.kk", "3"),
+    "cross-field rules": config_error("--model.load_in_4bit", "true"),
+    "per-task KL band": config_error("--preset", "llama3-8b-dual", "--kl.fairness.band_low", "0.9"),
+    "data rows": data_rows,
+    "a task without held-out rows (e.g. a JSONL task of 3 rows)": no_heldout,
+    "Pareto scores of no task": empty_scores,
+    "judge replies without a usable score": unusable_replies,
+    "judge replies that are not JSON, or have no choices": garbage_replies,
+    "run folder not empty on a fresh run": run_folder_used,
+    "`--output-dir` that is a file": output_dir_file,
+    "`--output-dir` that cannot be written": output_dir_read_only,
+    "`--resume` a path that does not exist": resume_missing,
+    "checkpoints: incomplete": ckpt_incomplete,
+    "checkpoints: corrupt": ckpt_corrupt,
+    "checkpoints: the post-SFT reference corrupt": reference_corrupt,
+    "checkpoints: old format (`state.pt`, a pickle)": ckpt_legacy,
+    "checkpoints: a state value that cannot be stored": ckpt_unstorable,
+    "checkpoints: format version": ckpt_version,
+    "checkpoints: other model / LoRA setting": ckpt_other_model,
+    "checkpoints: config mismatch on resume": ckpt_config_mismatch,
+    "metrics.jsonl with a line torn by a kill": torn_metrics,
+    "numerics during training": numerics,
+    "several processes: a strategy not supported (DeepSpeed)": deepspeed,
+    "FSDP with what it does not support": fsdp_unsupported,
+    "`train.sharding=fsdp` in one process": fsdp_one_process,
+    "`accelerate launch --cpu --num_processes N` (accelerate starts one process)": cpu_relaunch,
+    "a checkpoint from another process count": other_process_count,
+    "CUDA out of memory in the update": cuda_oom,
+}
+ROWS = table_rows()
+
+
+def test_every_row_has_a_trial_and_every_trial_a_row():
+    assert [r["input"] for r in ROWS] == list(TRIALS)
+
+
+def test_the_functions_the_table_names_exist():
+    import importlib
+
+    for row in ROWS:
+        for name in re.findall(r"`([a-z_]+(?:\.[A-Za-z_]+)+)`", row["where"]):
+            module, _, attr = name.rpartition(".")
+            while module:
+                try:
+                    obj = importlib.import_module(module)
+                    break
+                except ImportError:
+                    module, _, outer = module.rpartition(".")
+                    attr = f"{outer}.{attr}"
+            else:
+                raise AssertionError(f"{name}: no module")
+            for part in attr.split("."):
+                obj = getattr(obj, part)
+
+
+@pytest.mark.parametrize("row", ROWS, ids=[r["input"] for r in ROWS])
+def test_row(row, tmp_path, monkeypatch):
+    outcome = TRIALS[row["input"]](tmp_path, monkeypatch)
+    shown = examples(row["example"])
+    assert shown, f"row {row['input']!r} gives no example message"
+    for example in shown:
+        assert matches(example, outcome.text), f"{example!r} not in:\n{outcome.text}"
+    documented = re.search(r"exits? (\d)", row["happens"])
+    if outcome.code is not None:
+        assert documented, f"row {row['input']!r}: the command line exited {outcome.code}; say so in the row"
+        assert outcome.code == int(documented.group(1)), outcome.text
+    assert "Traceback" not in outcome.text
