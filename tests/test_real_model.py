@@ -51,7 +51,11 @@ def converted() -> Path:
     with pytest.MonkeyPatch.context() as mp, tempfile.TemporaryDirectory(prefix="grpo-dual-cache-") as tmp:
         if not os.environ.get(P.CACHE_ENV):
             mp.setenv(P.CACHE_ENV, tmp)  # removed at the end of the session (0.5 GB)
-        yield Path(P.resolve_model_name(NAME))
+        try:
+            folder = Path(P.resolve_model_name(NAME))
+        except P.ModelPackageMissing as e:  # the package is there, but not gguf to convert it
+            pytest.skip(f"real-model tests skipped: {e}")
+        yield folder
 
 
 @pytest.fixture(scope="module")
