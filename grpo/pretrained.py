@@ -132,29 +132,42 @@ def locate_source(name: str, entry: PackagedGGUF) -> tuple[Path, str | None]:
     return path, digest
 
 
-def check_model_name(name: str) -> None:
-    """Fail fast, before data or model loading, when model.name names a catalog model whose package is missing
-    (ModelPackageMissing). Cheap: package metadata only. Other names pass unchecked."""
+def _cache_folder(name: str, entry: PackagedGGUF, root: Path | None) -> tuple[Path, str, Path]:
+    """(source GGUF, its sha256, the folder its conversion lives in)."""
+    source, recorded = locate_source(name, entry)
+    sha = recorded or _sha256(source)
+    return source, sha, (root or cache_root()) / f"{name.strip().lower()}-{sha[:HASH_PREFIX_CHARS]}"
+
+
+def _require_converter(name: str, entry: PackagedGGUF) -> None:
+    if importlib.util.find_spec(CONVERTER_MODULE) is None:
+        raise _missing(name, entry, f"the package {CONVERTER_MODULE} (it reads the GGUF file once, to convert it)")
+
+
+def check_model_name(name: str, root: Path | None = None) -> None:
+    """Fail fast, before data or model loading, when model.name names a catalog model that cannot be loaded: its
+    package is missing, or it is not converted yet and `gguf` is missing (ModelPackageMissing, one line). Cheap:
+    package metadata and a file test. Other names pass unchecked."""
     entry = catalog_entry(name)
     if entry is not None:
-        locate_source(name, entry)
+        folder = _cache_folder(name, entry, root)[2]
+        if not (folder / CHECKSUMS).is_file():
+            _require_converter(name, entry)
 
 
 def resolve_model_name(name: str, root: Path | None = None, convert: Converter | None = None) -> str:
     """The local folder to load for model.name `name`: a catalog name is converted on first use (see the module
-    docstring) and its cache folder returned; any other name comes back unchanged."""
+    docstring) and its cache folder returned; any other name comes back unchanged. `root`: the cache folder
+    (default `cache_root()`); `convert`: the converter (default `convert_gguf`)."""
     entry = catalog_entry(name)
     if entry is None:
         return name
-    source, recorded = locate_source(name, entry)
-    convert = convert or convert_gguf
-    sha = recorded or _sha256(source)
-    folder = (root or cache_root()) / f"{name.strip().lower()}-{sha[:HASH_PREFIX_CHARS]}"
+    source, sha, folder = _cache_folder(name, entry, root)
     if verify_folder(folder, sha) is None:
         return str(folder)
-    if convert is convert_gguf and importlib.util.find_spec(CONVERTER_MODULE) is None:
-        raise _missing(name, entry, f"the package {CONVERTER_MODULE} (it reads the GGUF file once, to convert it)")
-    return str(ensure_converted(folder, source, sha, convert))
+    if convert is None:
+        _require_converter(name, entry)
+    return str(ensure_converted(folder, source, sha, convert or convert_gguf))
 
 
 # ------------------------------------------------------------------------------------------------------ the cache
@@ -209,7 +222,7 @@ def ensure_converted(folder: Path, source: Path, source_sha: str, convert: Conve
             print(f"waiting for another process converting {folder.name} (lock {lock.lock_file}) ...", flush=True)
             lock.acquire()
     except OSError as e:
-        raise ModelCacheError(f"model cache {root} is not writable ({e}); set {CACHE_ENV} to a writable folder")
+        raise ModelCacheError(f"model cache {root} is not writable ({e}); set {CACHE_ENV} to a writable folder") from e
     try:
         problem = verify_folder(folder, source_sha)
         if problem is None:  # another process finished it while we waited
@@ -271,7 +284,9 @@ def end_of_turn_token(tokenizer) -> str:
     text = tokenizer.apply_chat_template([{"role": "user", "content": "hi"}, {"role": "assistant", "content": reply}],
                                          tokenize=False)
     after = text[text.rindex(reply) + len(reply):]
-    for token in sorted(tokenizer.all_special_tokens, key=len, reverse=True):
+    specials = set(tokenizer.all_special_tokens) | {t.content for t in tokenizer.added_tokens_decoder.values()
+                                                    if t.special}  # e.g. Llama-3's <|eot_id|> is not its eos
+    for token in sorted(specials, key=len, reverse=True):
         if token and after.startswith(token):
             return token
     raise ModelCacheError(f"the chat template closes an assistant turn with {after[:20]!r}, which does not start "

@@ -394,7 +394,23 @@ def test_a_missing_package_is_one_line_with_the_pip_command_before_any_loading(m
     monkeypatch.syspath_prepend(str(site))
     monkeypatch.setitem(P.CATALOG, FAKE, P.PackagedGGUF("grpo-dual-fake-model", "fake_model/model.gguf", "pip x"))
     monkeypatch.setattr(P, "CONVERTER_MODULE", "grpo_dual_no_such_module")
-    with pytest.raises(P.ModelPackageMissing, match="needs the package grpo_dual_no_such_module.*run `pip x`"):
-        P.resolve_model_name(FAKE, root=tmp_path / "cache")
+    for call in (P.check_model_name, P.resolve_model_name):
+        with pytest.raises(P.ModelPackageMissing, match="needs the package grpo_dual_no_such_module.*run `pip x`"):
+            call(FAKE, root=tmp_path / "cache")
     assert not (tmp_path / "cache").exists()  # refused before anything was written
+    P.resolve_model_name(FAKE, root=tmp_path / "cache", convert=fake_convert)
+    P.check_model_name(FAKE, root=tmp_path / "cache")  # converted: the reader is no longer needed
     assert P.resolve_model_name("builtin:tiny") == "builtin:tiny" and P.resolve_model_name("./a/b") == "./a/b"
+
+
+def test_the_end_of_turn_token_is_read_from_the_chat_template():
+    """What the conversion makes eos: the special token right after an assistant reply in the rendered template."""
+    from grpo.modeling import build_tiny_tokenizer
+
+    tok = build_tiny_tokenizer()
+    assert P.end_of_turn_token(tok) == "<|end|>"
+    tok.chat_template = "{% for m in messages %}{{ m['content'] }}<|pad|>\n{% endfor %}"
+    assert P.end_of_turn_token(tok) == "<|pad|>"  # whatever the template closes a turn with, not the named eos
+    tok.chat_template = "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
+    with pytest.raises(P.ModelCacheError, match=r"closes an assistant turn with '\\n'"):
+        P.end_of_turn_token(tok)
