@@ -224,3 +224,31 @@ def test_split_is_stable_order_free_and_close_to_fraction(all_bbq):
 def test_template_naming_an_absent_field_is_a_config_error_not_a_skipped_row():
     with pytest.raises(ValueError, match=r"uses \{passage\}, but rows only have the fields"):
         load_halueval(FIXTURES / "halueval" / "qa.jsonl", template="{passage} {question}")
+
+
+@needs_bbq
+def test_halueval_file_that_is_not_json_stops_the_run_naming_the_file(tmp_path):
+    """Issue #19: a non-JSON HaluEval file gave one warning per line, then the whole task was gone from the run."""
+    from types import SimpleNamespace
+
+    from grpo.setup_parts import load_samples
+    from grpo.tasks.jsonio import DataFileError
+
+    bad = tmp_path / "halueval" / "qa_data.json"
+    bad.parent.mkdir()
+    bad.write_text("knowledge,question,right_answer\nParis is in France.,Where is Paris?,France\n")
+    with pytest.raises(DataFileError, match=rf"{bad}: not a JSON data file: none of its 2 rows is a JSON object "
+                                            r"\(first: 1: skipped bad row: invalid JSON"):
+        load_halueval(bad, subset="qa")
+    # The way source=dual reaches it: the subset is named, so no detection error hid the problem.
+    (tmp_path / "bbq").mkdir()
+    (tmp_path / "bbq" / "Religion.jsonl").write_text((BBQ_DIR / "Religion.jsonl").read_text())
+    data = SimpleNamespace(source="dual", data_dir=str(tmp_path), bbq_categories=[], bbq_per_category=4,
+                           halueval_subsets=["qa"], halueval_per_subset=10, max_document_chars=100, system_prompt="")
+    with pytest.raises(DataFileError, match=str(bad)):
+        load_samples(data, seed=0)
+    # JSON, but not one row of the subset: also an error, not an empty subset.
+    bad.write_text('{"question": "Where is Paris?"}\n')
+    with pytest.raises(DataFileError, match=rf"{bad}: no usable HaluEval qa row \(first: {bad}:1: skipped bad "
+                                            r"row: missing qa fields"):
+        load_halueval(bad, subset="qa")

@@ -6,7 +6,8 @@ Accepted layouts (all seen in the wild for the same datasets):
   - concatenated objects (pretty-printed, back to back), read with `json.JSONDecoder.raw_decode`.
 A row that does not parse, or is not an object, or lacks a required field, is reported as
 `<file>:<line>: <reason>` through `warnings.warn` (the first few per file, then one summary with the count),
-skipped, and counted in `RecordsRead.skipped`; it is never dropped silently.
+skipped, and counted in `RecordsRead.skipped`; it is never dropped silently. A file in which no row parses as a
+JSON object is not a data file at all: `DataFileError`, naming the file, stops the run before anything is built.
 
 Split rule: u = int(sha256(salt + ":" + id)[:16 hex], 16) / 2**64; the row is held out iff u < fraction
 (a stable uniform hash; Python's hash() is salted per process, so it is not used).
@@ -26,6 +27,10 @@ HASH_HEX_DIGITS = 16  # 64 bits of the digest: split fractions are exact to ~1e-
 _HASH_SPACE = float(16**HASH_HEX_DIGITS)
 
 T = TypeVar("T")
+
+
+class DataFileError(ValueError):
+    """A data file that cannot be used at all (not JSON, no usable row). The message names the file."""
 
 
 @dataclass
@@ -120,6 +125,12 @@ def read_records(path: str | Path) -> RecordsRead:
         _read_array(text, read)
     else:
         _read_stream(text, read)
+    if read.problems and not read.rows:
+        raise DataFileError(
+            f"{p}: not a JSON data file: none of its {read.skipped} rows is a JSON object (first: "
+            f"{read.problems[0].removeprefix(f'{p}:')}); expected JSON lines, one JSON array of objects, or "
+            "concatenated objects"
+        )
     return read
 
 
