@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from conftest import SHARED_DATA
-from grpo.data import DataSpec, load_bbq, load_halueval, load_jsonl_tasks, load_task, split_samples
+from grpo.data import DataSpec, load_bbq, load_halueval, load_task, split_samples
 from grpo.tasks.jsonio import read_records
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
@@ -182,21 +182,22 @@ def test_read_records_array_with_non_objects(tmp_path):
         read_records(path)
 
 
-def test_generic_jsonl_and_hf_adapter():
-    with pytest.warns(UserWarning, match=r"generic.jsonl:3: skipped bad row: ValueError: no 'task' field"):
-        result = load_jsonl_tasks(FIXTURES / "generic.jsonl")
-    first, second = result.samples
-    assert (first.task, first.id, first.gold, first.messages) == (
-        "math", "m1", {"answer": "5"}, ({"role": "user", "content": "What is 2 + 3?"},))
-    assert second.gold == {"answer": "16"} and second.target == "16"
+def test_generic_jsonl_rows_name_their_task_and_the_hf_kind_reads_the_same_file():
+    path = FIXTURES / "generic.jsonl"
+    with pytest.warns(UserWarning, match=rf"{path}:3: skipped bad row: no task name: column 'task' is empty"):
+        samples, metrics = load_task(DataSpec(kind="jsonl", path=str(path)))
+    first, second = samples
+    assert (first.task, first.id, first.gold, first.messages, first.conversational) == (
+        "math", "m1", {"answer": "5"}, ({"role": "user", "content": "What is 2 + 3?"},), False)
+    assert second.gold == {"answer": "16"} and second.target == "16" and second.conversational
     assert second.id == hashlib.sha256("What is 4 * 4?".encode()).hexdigest()[:16]
-    samples, metrics = load_task(DataSpec(kind="jsonl", path=str(FIXTURES / "generic.jsonl"), task="math"))
+    assert (first.meta, second.meta) == ({"source": str(path), "line": 1}, {"source": str(path), "line": 2})
+    assert metrics == {"data/math/rows": 2.0, "data/all/skipped": 1.0}
+    samples, metrics = load_task(DataSpec(kind="jsonl", path=str(path), task="math"))  # the default task
     assert len(samples) == 3 and metrics == {"data/math/rows": 3.0, "data/math/skipped": 0.0}
-    try:
-        import datasets  # noqa: F401
-    except ImportError:
-        with pytest.raises(ImportError, match="pip install datasets"):
-            load_task(DataSpec(kind="hf", path=str(FIXTURES / "generic.jsonl"), task="math"))
+    through_datasets, _ = load_task(DataSpec(kind="hf", path=str(path), task="math"))
+    assert [(s.task, s.id, s.messages, s.gold) for s in through_datasets] == [
+        (s.task, s.id, s.messages, s.gold) for s in samples]
 
 
 def _by_hand(sample_id: str, salt: str, fraction: float) -> bool:

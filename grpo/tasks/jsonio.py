@@ -42,11 +42,18 @@ class RecordsRead:
     skipped: int = 0
     problems: list[str] = field(default_factory=list)
     """Every `<file>:<line>: <reason>` message, in file order."""
+    unit: str = "line"
+    """What the row numbers count: "line" (JSON files: the line a row starts on) or "row" (1-based data rows of a
+    table read through `datasets`; a CSV file's row n is on line n + 1)."""
+
+    def where(self, number: int) -> str:
+        """`<file>:<line>` or `<file> row <n>`: how messages point at one row."""
+        return f"{self.path}:{number}" if self.unit == "line" else f"{self.path} row {number}"
 
     def reject(self, line: int, reason: str) -> None:
         """Skip one row: count it and remember the message (warned about in `finish`)."""
         self.skipped += 1
-        self.problems.append(f"{self.path}:{line}: skipped bad row: {reason}")
+        self.problems.append(f"{self.where(line)}: skipped bad row: {reason}")
 
     def finish(self) -> "RecordsRead":
         """Emit the warnings for the skipped rows: the first few in full, then one summary with the count."""
