@@ -213,3 +213,29 @@ def test_unreadable_sources_and_bad_settings_are_named(tmp_path, monkeypatch):
             TaskSource(**{"task": "t", "path": "x.jsonl", **bad})
     with pytest.raises(ValueError, match=r"`tasks.<task>.task` = '' is invalid: name the task, or set task_field"):
         TaskSource(path="x.jsonl")
+
+
+def test_the_custom_tasks_doc_example_loads_and_its_reward_agrees_with_its_targets():
+    """docs/CUSTOM_TASKS.md's Python example runs as written, on the example's two 60-row tasks."""
+    import re
+    from pathlib import Path
+
+    from grpo.records import Rollout
+
+    root = Path(__file__).resolve().parents[1]
+    block = re.findall(r"```python\n(.*?)```", (root / "docs" / "CUSTOM_TASKS.md").read_text(), re.S)[-1]
+    namespace: dict = {}
+    with pytest.MonkeyPatch.context() as patch:
+        patch.chdir(root)  # the doc's paths are relative to the repository
+        exec(compile(block, "docs/CUSTOM_TASKS.md", "exec"), namespace)
+    loaded, graders = namespace["loaded"], namespace["graders"]
+    for task in ("reviews", "colors"):
+        assert loaded.metrics[f"data/{task}/rows"] + loaded.metrics[f"data/{task}/heldout"] == 60
+    (grader,) = graders.values()
+    samples = loaded.train + loaded.heldout
+    rollouts = [Rollout(sample=s, prompt_ids=(), completion_ids=(), text=s.target, stopped=True, truncated=False)
+                for s in samples]
+    assert grader.grade(rollouts) == [1.0] * 120  # every target earns the full reward
+    wrong = [Rollout(sample=s, prompt_ids=(), completion_ids=(), text="Answer: purple", stopped=True,
+                     truncated=False) for s in samples]
+    assert grader.grade(wrong) == [0.0] * 120
