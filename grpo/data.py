@@ -89,7 +89,7 @@ def load_task(spec: DataSpec) -> tuple[list[Sample], dict[str, float]]:
                                max_doc_chars=spec.max_doc_chars, system_prompt=spec.system_prompt,
                                template=spec.template)
     else:
-        return load_source_samples(_as_source(spec, task), spec.system_prompt or "")
+        return load_source_samples(task or "", _as_source(spec), spec.system_prompt or "")
     names = sorted({s.task for s in result.samples}) or [str(task)]
     metrics: dict[str, float] = {}
     for name in names:
@@ -98,9 +98,9 @@ def load_task(spec: DataSpec) -> tuple[list[Sample], dict[str, float]]:
     return result.samples, metrics
 
 
-def _as_source(spec: DataSpec, task: str | None) -> TaskSource:
+def _as_source(spec: DataSpec) -> TaskSource:
     """The TaskSource a "jsonl" / "hf" DataSpec stands for (a row's own "task" column names its task)."""
-    common = {"task": task or "", "template": spec.template or "", "limit": spec.limit or 0, "task_field": "task"}
+    common = {"template": spec.template or "", "limit": spec.limit or 0, "task_field": "task"}
     if spec.kind == "jsonl":
         return TaskSource(path=spec.path, **common)
     files = [p.strip() for p in spec.path.split(",") if p.strip()]

@@ -235,12 +235,12 @@ def resolve_grader(name: str, callables: Mapping[str, Callable[..., Any]] | None
         if name in GRADERS:
             return Grader(name=name, kind="rule", fn=GRADERS[name], bounds=RULE_BOUNDS)
         if (reward_models and name in reward_models) or Path(name).expanduser().is_dir():
-            from grpo.reward_models import RewardModelSpec, load_reward_model
+            from grpo.reward_models import BOUNDED, RewardModelSpec, load_reward_model
 
             spec = reward_models[name] if reward_models and name in reward_models else RewardModelSpec(path=name)
             where = f"reward_models.{name}" if reward_models and name in reward_models else "reward model"
             model = load_reward_model(spec, device, where)
-            return Grader(name=name, kind="reward_model", fn=model.scores, bounds=spec.bounds)
+            return Grader(name=name, kind="reward_model", fn=model.scores, bounds=BOUNDED.get(spec.normalize))
         if ":" not in name:
             known = sorted(GRADERS) + sorted(reward_models or {}) + sorted(callables or {})
             raise GraderError(f"not a known grader: use a built-in ({', '.join(known)}), {JUDGE_TERM!r}, a reward "

@@ -49,6 +49,7 @@ NORMALIZERS: dict[str, Callable[[torch.Tensor, int, float, float], torch.Tensor]
 }
 """How a reward model's logits become a score; see the module docstring for the formulas."""
 BOUNDED = {"sigmoid": (0.0, 1.0), "softmax": (0.0, 1.0)}
+"""The range every score lies in, for the normalisations that bound it."""
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -103,11 +104,6 @@ class RewardModelSpec:
         _check(math.isfinite(self.scale) and self.scale > 0, f"{where}.scale", self.scale, "use a number > 0")
         _check(self.dtype == "auto" or self.dtype in DTYPES, f"{where}.dtype", self.dtype,
                f"use auto or one of {sorted(DTYPES)}")
-
-    @property
-    def bounds(self) -> tuple[float, float] | None:
-        """The range every score lies in, when the normalisation bounds it."""
-        return BOUNDED.get(self.normalize)
 
 
 class RewardModel:

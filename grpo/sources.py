@@ -1,7 +1,9 @@
 """Task sources: one `TaskSource` per task (the `tasks.<task>` config section) -> train and held-out Samples.
 
-    load_sources(sources, heldout_fraction, system_prompt, salt) -> Loaded(train, heldout, metrics)
-    load_source_samples(source, system_prompt) -> (samples, metrics)          no split: for callers that split
+    load_sources({task: source}, heldout_fraction, system_prompt, salt) -> Loaded(train, heldout, metrics)
+    load_source_samples(task, source, system_prompt) -> (samples, metrics)     no split: for callers that split
+
+The task's name is the key (as for `kl.<task>` and `rewards.<task>`), never a field copied into the section.
 
 Every form a source may take (a JSON / JSONL / CSV / Parquet file, a folder of them, a datasets builder over local
 files, a save_to_disk folder, a Hub id) is read by grpo/tasks/tables.py; every row then goes through the one
@@ -20,7 +22,7 @@ import string
 import warnings
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 from grpo.records import Sample
 from grpo.tasks.generic import RowError, row_to_sample
@@ -31,7 +33,7 @@ __all__ = ["DataSourceError", "Loaded", "TaskSource", "load_source_samples", "lo
 
 
 def _check(ok: bool, name: str, value: Any, fix: str) -> None:
-    # The message format of config.py's _check: the lead moves TaskSource there as the `tasks.<task>` section.
+    # The message format of config.py's _check: TaskSource is meant to become config's `tasks.<task>` section.
     if not ok:
         raise ValueError(f"config field `{name}` = {value!r} is invalid: {fix}")
 
@@ -40,8 +42,6 @@ def _check(ok: bool, name: str, value: Any, fix: str) -> None:
 class TaskSource:
     """Where one task's rows come from and how its columns map onto a Sample. The `tasks.<task>` config section."""
 
-    task: str = ""
-    """Task name given to every row (the key of tasks.<task>); "" only with `task_field`, rows then name their own."""
     path: str = ""
     """A .jsonl / .json / .csv / .tsv / .parquet / .arrow file, a folder of such files, a folder written by
     save_to_disk, or a Hugging Face Hub dataset id ("owner/name", read only when the Hub can be reached)."""
@@ -66,7 +66,8 @@ class TaskSource:
     id_field: str = "id"
     """Column holding a stable row id; rows without one get a sha256 of their prompt."""
     task_field: str = ""
-    """Column naming each row's task (several tasks in one file); "" = every row belongs to `task`."""
+    """Column naming each row's task (several tasks in one file; rows without one get the source's task name);
+    "" = every row belongs to the source's task."""
     gold_fields: list[str] = field(default_factory=list)
     """Columns the graders get as gold; empty = a `gold` column holding a dict, else every other column."""
     template: str = ""
@@ -76,12 +77,10 @@ class TaskSource:
     """Keep the first `limit` usable training rows (0 = all)."""
 
     def __post_init__(self) -> None:
-        self.validate(f"tasks.{self.task}" if self.task else "tasks.<task>")
+        self.validate("tasks.<task>")
 
     def validate(self, where: str) -> None:
         """Every field, messages naming `<where>.<field>`, the bad value and the fix."""
-        _check(bool(self.task or self.task_field), f"{where}.task", self.task,
-               "name the task, or set task_field to the column that names each row's task")
         _check(bool(self.path or (self.builder and self.data_files)), f"{where}.path", self.path,
                "give a file, a folder or a Hub id (or a builder with data_files)")
         _check(not self.data_files or bool(self.builder), f"{where}.data_files", self.data_files,
@@ -112,7 +111,7 @@ def _columns(tables: Sequence[RecordsRead]) -> set[str]:
     return {key for read in tables for _, row in read.rows for key in row}
 
 
-def _check_columns(source: TaskSource, tables: Sequence[RecordsRead], where: str) -> None:
+def _check_columns(task: str, source: TaskSource, tables: Sequence[RecordsRead], where: str) -> None:
     """Mapping fields that name no column of any row: a configuration error, not a bad row per row."""
     columns = _columns(tables)
     if not columns:
@@ -125,27 +124,27 @@ def _check_columns(source: TaskSource, tables: Sequence[RecordsRead], where: str
                               "messages_field or template")
     # Optional columns are checked only when renamed (a default name absent from the rows is normal); the task
     # column only when no task name stands in for it.
-    defaults = {f.name: f.default for f in fields(TaskSource)}
+    defaults = {f.name: f.default for f in fields(type(source))}  # TaskSource, or the config section copying it
     named = [(f"{where}.gold_fields", g) for g in source.gold_fields] + [
         (f"{where}.{name}", getattr(source, name)) for name in ("target_field", "id_field")
         if getattr(source, name) != defaults[name]]
-    if source.task_field and not source.task:
+    if source.task_field and not task:
         named.append((f"{where}.task_field", source.task_field))
     for field_name, column in named:
         if column not in columns:
             raise DataSourceError(f"{field_name}: no column {column!r}; {have}")
 
 
-def _samples(tables: list[RecordsRead], source: TaskSource, system_prompt: str, where: str,
+def _samples(tables: list[RecordsRead], task: str, source: TaskSource, system_prompt: str, where: str,
              limit: int) -> LoadResult:
-    _check_columns(source, tables, where)
+    _check_columns(task, source, tables, where)
     result = LoadResult()
     for read in tables:
         for number, row in read.rows:
             if limit and len(result.samples) >= limit:
                 break
             try:
-                sample = row_to_sample(row, source, system_prompt)
+                sample = row_to_sample(row, source, task, system_prompt)
             except TemplateFieldError as err:
                 raise DataSourceError(f"{where}.template: {read.where(number)}: {err}") from None
             except RowError as err:
@@ -173,16 +172,18 @@ def _metrics(samples: list[Sample], key: str) -> dict[str, float]:
     return out
 
 
-def _name(source: TaskSource) -> str:
-    return f"tasks.{source.task}" if source.task else f"tasks.<{source.path}>"
+def _name(task: str, source: TaskSource) -> str:
+    return f"tasks.{task}" if task else f"tasks.<{source.path}>"
 
 
-def load_source_samples(source: TaskSource, system_prompt: str = "") -> tuple[list[Sample], dict[str, float]]:
-    """Every training row of one source as Samples (no split), and its `data/<task>/rows` / `skipped` counts."""
-    where = _name(source)
-    result = _samples(_read(source, where, source.path, source.split), source, system_prompt, where, source.limit)
+def load_source_samples(task: str, source: TaskSource, system_prompt: str = "") -> tuple[list[Sample], dict[str, float]]:
+    """Every training row of one source as Samples (no split), and its `data/<task>/rows` / `skipped` counts.
+    `task` names every row ("" only with `source.task_field`: then each row must name its own)."""
+    where = _name(task, source)
+    result = _samples(_read(source, where, source.path, source.split), task, source, system_prompt, where,
+                      source.limit)
     metrics = _metrics(result.samples, "rows")
-    metrics[f"data/{source.task or 'all'}/skipped"] = float(result.skipped)
+    metrics[f"data/{task or 'all'}/skipped"] = float(result.skipped)
     return result.samples, metrics
 
 
@@ -201,22 +202,22 @@ def _heldout_location(source: TaskSource, where: str) -> tuple[str, str]:
     return source.path, given
 
 
-def load_sources(sources: Sequence[TaskSource], heldout_fraction: float, system_prompt: str = "",
+def load_sources(sources: Mapping[str, TaskSource], heldout_fraction: float, system_prompt: str = "",
                  salt: str = "") -> Loaded:
     """Train and held-out Samples of every source, in source order, and their counts (`data/<task>/rows`,
     `data/<task>/heldout`, `data/<task>/skipped`). A source with `heldout` uses those rows as its held-out set
     (a training row with a held-out id is warned about: the evaluation would score memorised rows)."""
     loaded = Loaded()
-    for source in sources:
-        samples, metrics = load_source_samples(source, system_prompt)
+    for task, source in sources.items():
+        samples, metrics = load_source_samples(task, source, system_prompt)
         loaded.metrics.update({k: v for k, v in metrics.items() if k.endswith("/skipped")})
         if not source.heldout:
             train, heldout = split_by_id(samples, [s.id for s in samples], heldout_fraction, salt)
         else:
-            where = _name(source)
+            where = _name(task, source)
             path, split = _heldout_location(source, where)
             train = samples
-            heldout = _samples(_read(source, f"{where}.heldout", path, split), source, system_prompt,
+            heldout = _samples(_read(source, f"{where}.heldout", path, split), task, source, system_prompt,
                                f"{where}.heldout", 0).samples
             leaked = {s.id for s in heldout} & {s.id for s in train}
             if leaked:

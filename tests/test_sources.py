@@ -59,14 +59,14 @@ def test_every_form_gives_the_same_samples(tmp_path):
     datasets.Dataset.from_list(ROWS[4:]).to_parquet(str(folder / "c.parquet"))
     (folder / ".hidden.jsonl").write_text("not data\n")  # hidden files are not data files
     forms = {
-        "jsonl": TaskSource(task="echo", path=str(jsonl)),
-        "csv": TaskSource(task="echo", path=str(write_csv(tmp_path / "t.csv", ROWS))),
-        "parquet": TaskSource(task="echo", path=str(tmp_path / "t.parquet")),
-        "save_to_disk": TaskSource(task="echo", path=str(tmp_path / "saved")),
-        "folder": TaskSource(task="echo", path=str(folder)),
-        "builder": TaskSource(task="echo", builder="json", data_files=[str(jsonl)]),
+        "jsonl": TaskSource(path=str(jsonl)),
+        "csv": TaskSource(path=str(write_csv(tmp_path / "t.csv", ROWS))),
+        "parquet": TaskSource(path=str(tmp_path / "t.parquet")),
+        "save_to_disk": TaskSource(path=str(tmp_path / "saved")),
+        "folder": TaskSource(path=str(folder)),
+        "builder": TaskSource(builder="json", data_files=[str(jsonl)]),
     }
-    got = {form: load_source_samples(source)[0] for form, source in forms.items()}
+    got = {form: load_source_samples("echo", source)[0] for form, source in forms.items()}
     expected = [("echo", r["id"], ({"role": "user", "content": r["prompt"]},), {"answer": r["answer"],
                  "target": r["target"]}, r["target"], False) for r in ROWS]
     for form, samples in got.items():
@@ -81,16 +81,16 @@ def test_column_mapping_template_and_messages(tmp_path):
     rows = [{"uid": "q1", "question": "2+3", "solution": "5", "level": "easy", "note": None},
             {"uid": "q2", "question": "4*4", "solution": "16", "level": "hard", "note": "x"}]
     path = write_jsonl(tmp_path / "math.jsonl", rows)
-    mapped = TaskSource(task="math", path=str(path), prompt_field="question", target_field="solution",
+    mapped = TaskSource(path=str(path), prompt_field="question", target_field="solution",
                         id_field="uid", gold_fields=["solution", "level"])
-    samples, metrics = load_source_samples(mapped, system_prompt="Be brief.")
+    samples, metrics = load_source_samples("math", mapped, system_prompt="Be brief.")
     assert content(samples) == [
         ("math", "q1", ({"role": "system", "content": "Be brief."}, {"role": "user", "content": "2+3"}),
          {"solution": "5", "level": "easy"}, "5", False),
         ("math", "q2", ({"role": "system", "content": "Be brief."}, {"role": "user", "content": "4*4"}),
          {"solution": "16", "level": "hard"}, "16", False)]
     assert metrics == {"data/math/rows": 2.0, "data/math/skipped": 0.0}
-    templated, _ = load_source_samples(TaskSource(task="math", path=str(path), template="Compute {question} ({level})."))
+    templated, _ = load_source_samples("math", TaskSource(path=str(path), template="Compute {question} ({level})."))
     assert templated[1].messages == ({"role": "user", "content": "Compute 4*4 (hard)."},)
     assert templated[0].gold == {"uid": "q1", "question": "2+3", "solution": "5", "level": "easy"}  # None left out
     # Messages: a list in JSON and Parquet, JSON text in a CSV cell, or (TRL's conversational datasets) a list
@@ -104,15 +104,15 @@ def test_column_mapping_template_and_messages(tmp_path):
     datasets.Dataset.from_list(conv_rows).to_parquet(str(tmp_path / "c.parquet"))
     forms.append(tmp_path / "c.parquet")
     for path in forms:
-        (sample,), _ = load_source_samples(TaskSource(task="count", path=str(path)))
+        (sample,), _ = load_source_samples("count", TaskSource(path=str(path)))
         assert (sample.messages, sample.gold, sample.conversational) == (tuple(chat), {"answer": "3"}, True), path
 
 
 def test_several_sources_with_their_task_names_and_the_hash_split(tmp_path):
     add = [{"id": f"a{i}", "prompt": f"{i}+1", "answer": str(i + 1)} for i in range(40)]
     copy = [{"id": f"c{i}", "prompt": f"copy {i}", "answer": str(i)} for i in range(40)]
-    sources = [TaskSource(task="add", path=str(write_jsonl(tmp_path / "add.jsonl", add))),
-               TaskSource(task="copy", path=str(write_csv(tmp_path / "copy.csv", copy)))]
+    sources = {"add": TaskSource(path=str(write_jsonl(tmp_path / "add.jsonl", add))),
+               "copy": TaskSource(path=str(write_csv(tmp_path / "copy.csv", copy)))}
     loaded = load_sources(sources, heldout_fraction=0.25, salt="s")
     held = {r["id"] for r in add + copy if stable_hash01(r["id"], "s") < 0.25}  # the rule, by hand
     assert {s.id for s in loaded.heldout} == held and {s.id for s in loaded.train} == {
@@ -127,29 +127,29 @@ def test_several_sources_with_their_task_names_and_the_hash_split(tmp_path):
     # One file, the rows naming their task: the same split (a row's side depends only on its id).
     mixed = write_jsonl(tmp_path / "mixed.jsonl", [{**r, "kind": "add"} for r in add] + [
         {**r, "kind": "copy"} for r in copy])
-    one = load_sources([TaskSource(task_field="kind", path=str(mixed))], heldout_fraction=0.25, salt="s")
+    one = load_sources({"": TaskSource(task_field="kind", path=str(mixed))}, heldout_fraction=0.25, salt="s")
     assert content(one.heldout) == content(loaded.heldout) and content(one.train) == content(loaded.train)
 
 
 def test_a_held_out_split_given_by_the_user(tmp_path):
     train = write_jsonl(tmp_path / "train.jsonl", ROWS[:4])
     test = write_csv(tmp_path / "test.csv", ROWS[4:])
-    loaded = load_sources([TaskSource(task="echo", path=str(train), heldout=str(test))], heldout_fraction=0.5)
+    loaded = load_sources({"echo": TaskSource(path=str(train), heldout=str(test))}, heldout_fraction=0.5)
     assert [s.id for s in loaded.train] == ["r0", "r1", "r2", "r3"] and [s.id for s in loaded.heldout] == ["r4", "r5"]
     assert loaded.heldout[0].meta == {"source": str(test), "row": 1}
     # A split name of a save_to_disk DatasetDict.
     datasets.DatasetDict({"train": datasets.Dataset.from_list(ROWS[:4]),
                           "test": datasets.Dataset.from_list(ROWS[4:])}).save_to_disk(str(tmp_path / "dd"))
-    by_split = load_sources([TaskSource(task="echo", path=str(tmp_path / "dd"), heldout="test")], 0.5)
+    by_split = load_sources({"echo": TaskSource(path=str(tmp_path / "dd"), heldout="test")}, 0.5)
     assert content(by_split.train) == content(loaded.train) and content(by_split.heldout) == content(loaded.heldout)
     with pytest.raises(DataSourceError, match=r"tasks.echo.heldout: 'test' is not an existing file or folder, and "
                                               r".*train.jsonl' has no named splits"):
-        load_sources([TaskSource(task="echo", path=str(train), heldout="test")], 0.5)
+        load_sources({"echo": TaskSource(path=str(train), heldout="test")}, 0.5)
     with pytest.raises(DataSourceError, match=r"tasks.echo: .*dd has splits \['test', 'train'\], not 'dev'"):
-        load_sources([TaskSource(task="echo", path=str(tmp_path / "dd"), split="dev")], 0.5)
+        load_sources({"echo": TaskSource(path=str(tmp_path / "dd"), split="dev")}, 0.5)
     with pytest.warns(UserWarning, match=r"tasks.echo: 1 held-out row ids also appear in the training rows"):
-        load_sources([TaskSource(task="echo", path=str(train), heldout=str(write_jsonl(
-            tmp_path / "leak.jsonl", ROWS[3:])))], 0.5)
+        load_sources({"echo": TaskSource(path=str(train), heldout=str(write_jsonl(
+            tmp_path / "leak.jsonl", ROWS[3:])))}, 0.5)
 
 
 def test_bad_rows_and_missing_columns_name_the_file_row_and_field(tmp_path):
@@ -158,7 +158,7 @@ def test_bad_rows_and_missing_columns_name_the_file_row_and_field(tmp_path):
                     '"messages": [{"role": "assistant", "content": "the answer"}]}\nnot json\n')
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        samples, metrics = load_source_samples(TaskSource(task="t", path=str(path)))
+        samples, metrics = load_source_samples("t", TaskSource(path=str(path)))
     messages = [str(w.message) for w in caught]
     assert len(samples) == 1 and metrics["data/t/skipped"] == 3.0
     assert f"{path}:3: skipped bad row: neither column 'messages' nor 'prompt' holds a prompt" in messages[1]
@@ -168,31 +168,31 @@ def test_bad_rows_and_missing_columns_name_the_file_row_and_field(tmp_path):
     with pytest.raises(DataSourceError, match=rf"tasks.t.prompt_field: no column 'prompt' \(nor 'messages'\) to "
                                               rf"take prompts from; the columns of {table} are \['answer', "
                                               r"'question'\]: set prompt_field"):
-        load_source_samples(TaskSource(task="t", path=str(table)))
+        load_source_samples("t", TaskSource(path=str(table)))
     with pytest.warns(UserWarning, match=rf"{table} row 2: skipped bad row: neither column 'messages' nor "
                                          "'question' holds a prompt"):
-        load_source_samples(TaskSource(task="t", path=str(table), prompt_field="question"))
+        load_source_samples("t", TaskSource(path=str(table), prompt_field="question"))
     with pytest.raises(DataSourceError, match=r"tasks.t.gold_fields: no column 'solution'"):
-        load_source_samples(TaskSource(task="t", path=str(table), prompt_field="question", gold_fields=["solution"]))
+        load_source_samples("t", TaskSource(path=str(table), prompt_field="question", gold_fields=["solution"]))
     with pytest.raises(DataSourceError, match=rf"tasks.t.template: {table} row 1: .*uses \{{q\}}, but rows only "
                                               r"have the fields \['answer', 'question'\]"):
-        load_source_samples(TaskSource(task="t", path=str(table), template="{q}"))
+        load_source_samples("t", TaskSource(path=str(table), template="{q}"))
     with pytest.raises(DataSourceError, match=rf"tasks.t: no usable row in {table}; first problem: {table} row 1"):
-        load_source_samples(TaskSource(task="t", path=str(table), messages_field="answer"))
+        load_source_samples("t", TaskSource(path=str(table), messages_field="answer"))
 
 
 def test_unreadable_sources_and_bad_settings_are_named(tmp_path, monkeypatch):
     with pytest.raises(DataSourceError, match=r"tasks.t: 'nope.jsonl' does not exist"):
-        load_source_samples(TaskSource(task="t", path="nope.jsonl"))
+        load_source_samples("t", TaskSource(path="nope.jsonl"))
     (tmp_path / "notes.txt").write_text("hello")
     with pytest.raises(DataSourceError, match=r"holds no data files \(.jsonl, .json, .csv"):
-        load_source_samples(TaskSource(task="t", path=str(tmp_path)))
+        load_source_samples("t", TaskSource(path=str(tmp_path)))
     with pytest.raises(DataSourceError, match=r"notes.txt has suffix '.txt'; data files are"):
-        load_source_samples(TaskSource(task="t", builder="", path=str(tmp_path / "notes.txt")))
+        load_source_samples("t", TaskSource(builder="", path=str(tmp_path / "notes.txt")))
     broken = tmp_path / "broken.parquet"
     broken.write_bytes(b"PAR1 not really")
     with pytest.raises(DataSourceError, match=rf"tasks.t: {broken} cannot be read as 'parquet'"):
-        load_source_samples(TaskSource(task="t", path=str(broken)))
+        load_source_samples("t", TaskSource(path=str(broken)))
     # A Hub id with no network: an error at once that says what to do, not ~25 s of retries.
     for name in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"):
         monkeypatch.delenv(name, raising=False)
@@ -201,7 +201,7 @@ def test_unreadable_sources_and_bad_settings_are_named(tmp_path, monkeypatch):
     with pytest.raises(DataSourceError, match=r"tasks.t: 'someone/tiny-set' is not a local file or folder, and the "
                                               r"Hugging Face Hub \(http://127.0.0.1:9\) cannot be reached.*"
                                               r"save_to_disk\(folder\)"):
-        load_source_samples(TaskSource(task="t", path="someone/tiny-set"))
+        load_source_samples("t", TaskSource(path="someone/tiny-set"))
     assert time.monotonic() - start < HUB_PROBE_TIMEOUT_S
     for bad, match in [({"limit": -1}, r"`tasks.t.limit` = -1 is invalid: use 0"),
                        ({"template": "{}"}, r"`tasks.t.template` = '\{\}' is invalid: name every placeholder"),
@@ -209,10 +209,13 @@ def test_unreadable_sources_and_bad_settings_are_named(tmp_path, monkeypatch):
                        ({"data_files": ["a.csv"]}, r"`tasks.t.data_files` = \['a.csv'\] is invalid: data_files are "
                                                    r"read by a builder"),
                        ({"path": ""}, r"`tasks.t.path` = '' is invalid: give a file, a folder or a Hub id")]:
+        source = TaskSource(path="x.jsonl")
+        for name, value in bad.items():
+            setattr(source, name, value)
         with pytest.raises(ValueError, match=match):
-            TaskSource(**{"task": "t", "path": "x.jsonl", **bad})
-    with pytest.raises(ValueError, match=r"`tasks.<task>.task` = '' is invalid: name the task, or set task_field"):
-        TaskSource(path="x.jsonl")
+            source.validate("tasks.t")  # as the config does for each tasks.<task> entry
+    with pytest.raises(ValueError, match=r"`tasks.<task>.limit` = -1 is invalid"):
+        TaskSource(path="x.jsonl", limit=-1)  # built by hand: checked at once
 
 
 def test_the_custom_tasks_doc_example_loads_and_its_reward_agrees_with_its_targets():

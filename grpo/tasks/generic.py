@@ -7,7 +7,7 @@ Row contract (`row_to_sample`), every column name set by the mapping:
               such a list (as TRL's conversational datasets do) counts as messages.
   target      optional reference completion (SFT warm-up; also a gold field).
   id          optional row id; missing = a sha256 of the prompt text (stable across machines).
-  task        with `task_field` set, the row's own task name (rows without one get the mapping's `task`).
+  task        with `task_field` set, the row's own task name (rows without one get the source's task).
   gold        the columns the graders see: `gold_fields` when given, else a `gold` column holding a dict, else
               every column with a value that is not the prompt, messages, id, task or meta column.
 A row that breaks the contract raises RowError naming the column; the loader skips it, naming file and line.
@@ -32,7 +32,6 @@ class RowError(ValueError):
 class ColumnMap(Protocol):
     """What `row_to_sample` reads of a source's spec (grpo.sources.TaskSource has these fields)."""
 
-    task: str
     task_field: str
     prompt_field: str
     messages_field: str
@@ -72,11 +71,12 @@ def _gold(row: dict[str, Any], cols: ColumnMap) -> dict[str, Any]:
     return {k: v for k, v in row.items() if k not in structural and v is not None}
 
 
-def row_to_sample(row: dict[str, Any], cols: ColumnMap, system_prompt: str = "") -> Sample:
-    """One row as a Sample. Raises RowError naming the column at fault (TemplateFieldError for a template that
-    names an absent column: a configuration error, not a bad row)."""
-    task = row.get(cols.task_field) if cols.task_field else None
-    task = str(task) if task not in (None, "") else cols.task
+def row_to_sample(row: dict[str, Any], cols: ColumnMap, task: str, system_prompt: str = "") -> Sample:
+    """One row of task `task` as a Sample (a row's own `task_field` column, when set, names its task instead).
+    Raises RowError naming the column at fault (TemplateFieldError for a template that names an absent column: a
+    configuration error, not a bad row)."""
+    own = row.get(cols.task_field) if cols.task_field else None
+    task = str(own) if own not in (None, "") else task
     if not task:
         raise RowError(f"no task name: column {cols.task_field!r} is empty and the source names no task")
     messages: list[dict[str, str]] = [{"role": "system", "content": system_prompt}] if system_prompt else []
