@@ -27,7 +27,7 @@ from typing import Any, Mapping, Sequence
 from grpo.records import Sample
 from grpo.tasks.generic import RowError, row_to_sample
 from grpo.tasks.jsonio import LoadResult, RecordsRead, TemplateFieldError, split_by_id
-from grpo.tasks.tables import DATA_SUFFIXES, DataSourceError, is_saved_dataset, looks_like_hub_id, read_tables
+from grpo.tasks.tables import DATA_SUFFIXES, DataSourceError, looks_like_hub_id, read_tables
 
 __all__ = ["DataSourceError", "Loaded", "TaskSource", "load_source_samples", "load_sources"]
 
@@ -193,8 +193,7 @@ def _heldout_location(source: TaskSource, where: str) -> tuple[str, str]:
     if Path(given).expanduser().exists() or given.lower().endswith(DATA_SUFFIXES):
         return given, "train"
     local = Path(source.path).expanduser()
-    splits = (local.is_dir() and is_saved_dataset(local) and (local / "dataset_dict.json").is_file()) or (
-        not local.exists() and looks_like_hub_id(source.path))
+    splits = (local / "dataset_dict.json").is_file() or (not local.exists() and looks_like_hub_id(source.path))
     if not splits:
         raise DataSourceError(f"{where}.heldout: {given!r} is not an existing file or folder, and "
                               f"{source.path!r} has no named splits (only a Hub dataset or a save_to_disk "
