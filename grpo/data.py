@@ -4,8 +4,10 @@
     split_samples(samples, heldout_fraction, salt) -> (train, heldout)
 
 Split rule: held out iff int(sha256(salt:id)[:16 hex], 16) / 2**64 < heldout_fraction (stable on every machine).
-Loaders live in grpo/tasks/ (bbq.py, halueval.py, generic.py); their prompt templates are module constants
-(BBQ_TEMPLATE, HALUEVAL_TEMPLATES) and can be replaced per spec with `template`.
+Loaders live in grpo/tasks/ (bbq.py, halueval.py); their prompt templates are module constants (BBQ_TEMPLATE,
+HALUEVAL_TEMPLATES) and can be replaced per spec with `template`. Generic rows in any form (JSONL, CSV, Parquet,
+folders, save_to_disk, datasets builders, the Hub) are read by grpo/sources.py; the "jsonl" and "hf" kinds below
+are kept for the callers of `DataSpec` and go through it.
 """
 
 from __future__ import annotations
@@ -14,15 +16,16 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from grpo.records import Sample
+from grpo.sources import DataSourceError, TaskSource, load_source_samples, load_sources
 from grpo.tasks.bbq import BBQ_CATEGORIES, BBQ_TEMPLATE, load_bbq
-from grpo.tasks.generic import load_hf_dataset, load_jsonl_tasks, row_to_sample
+from grpo.tasks.generic import row_to_sample
 from grpo.tasks.halueval import DEFAULT_MAX_DOC_CHARS, HALUEVAL_TEMPLATES, load_halueval
-from grpo.tasks.jsonio import LoadResult, read_records, split_by_id, stable_hash01
+from grpo.tasks.jsonio import DataFileError, LoadResult, read_records, split_by_id, stable_hash01
 
 __all__ = [
-    "BBQ_CATEGORIES", "BBQ_TEMPLATE", "HALUEVAL_TEMPLATES", "DataSpec", "LoadResult", "load_bbq", "load_halueval",
-    "load_hf_dataset", "load_jsonl_tasks", "load_task", "read_records", "row_to_sample", "split_samples",
-    "stable_hash01",
+    "BBQ_CATEGORIES", "BBQ_TEMPLATE", "HALUEVAL_TEMPLATES", "DataFileError", "DataSourceError", "DataSpec",
+    "LoadResult", "TaskSource", "load_bbq", "load_halueval", "load_source_samples", "load_sources", "load_task",
+    "read_records", "row_to_sample", "split_samples", "stable_hash01",
 ]
 
 KINDS = ("bbq", "halueval", "jsonl", "hf")
@@ -85,20 +88,24 @@ def load_task(spec: DataSpec) -> tuple[list[Sample], dict[str, float]]:
         result = load_halueval(spec.path, subset=spec.subset, task=task or "hallucination", limit=spec.limit,
                                max_doc_chars=spec.max_doc_chars, system_prompt=spec.system_prompt,
                                template=spec.template)
-    elif spec.kind == "jsonl":
-        result = load_jsonl_tasks(spec.path, default_task=task, system_prompt=spec.system_prompt,
-                                  template=spec.template, limit=spec.limit)
     else:
-        files = [p.strip() for p in spec.path.split(",") if p.strip()]
-        result = load_hf_dataset(spec.hf_builder, files, task=str(task), split=spec.hf_split,
-                                 template=spec.template, system_prompt=spec.system_prompt, limit=spec.limit,
-                                 prompt_field=spec.hf_prompt_field, id_field=spec.hf_id_field)
+        return load_source_samples(task or "", _as_source(spec), spec.system_prompt or "")
     names = sorted({s.task for s in result.samples}) or [str(task)]
     metrics: dict[str, float] = {}
     for name in names:
         metrics[f"data/{name}/rows"] = float(sum(s.task == name for s in result.samples))
     metrics[f"data/{names[0] if len(names) == 1 else 'all'}/skipped"] = float(result.skipped)
     return result.samples, metrics
+
+
+def _as_source(spec: DataSpec) -> TaskSource:
+    """The TaskSource a "jsonl" / "hf" DataSpec stands for (a row's own "task" column names its task)."""
+    common = {"template": spec.template or "", "limit": spec.limit or 0, "task_field": "task"}
+    if spec.kind == "jsonl":
+        return TaskSource(path=spec.path, **common)
+    files = [p.strip() for p in spec.path.split(",") if p.strip()]
+    return TaskSource(builder=spec.hf_builder, data_files=files, split=spec.hf_split,
+                      prompt_field=spec.hf_prompt_field, id_field=spec.hf_id_field, **common)
 
 
 def split_samples(

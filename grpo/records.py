@@ -31,6 +31,9 @@ class Sample:
     """Anything else worth keeping (category, context condition, source file and line)."""
     target: str | None = None
     """A reference completion for SFT warm-up, when the task has one."""
+    conversational: bool = False
+    """The row gave its prompt as a list of messages (TRL's conversational format): TRL-style reward functions then
+    get prompts and completions as message lists, otherwise as strings (grpo/graders.py)."""
 
 
 @dataclass(frozen=True)

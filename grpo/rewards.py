@@ -10,12 +10,12 @@ Formulas:
   halueval_general_rule (weak, no reference answer) = F1(answer, chatgpt_response) if hallucination == "no"
                        else 0.5·(1 − share of hallucinated-span tokens reproduced) + 0.5·hedged
   format_reward = share of the layout's labelled lines ("Answer:", "Evidence:", ...) present with content
-Custom graders: `resolve_grader("package.module:function")` imports any function with the signature above.
+These are the built-in graders (`GRADERS`, the names a reward term may use). Custom graders of every kind (per-row
+and TRL-style batched functions, by module or file path; reward models) are resolved in grpo/graders.py.
 """
 
 from __future__ import annotations
 
-import importlib
 import re
 import string
 from collections import Counter
@@ -208,7 +208,7 @@ def format_reward(completion: str, gold: dict[str, Any]) -> float:
     return found / len(labels)
 
 
-GRADERS: dict[str, Grader] = {
+GRADERS: dict[str, Grader] = {  # each returns a value in [0, 1] or None (checked when scoring)
     "bbq_rule": bbq_rule,
     "halueval_rule": halueval_rule,
     "halueval_general_rule": halueval_general_rule,
@@ -217,25 +217,3 @@ GRADERS: dict[str, Grader] = {
 }
 """Built-in rule graders by name. "llm_judge" is not here: scoring sends it to the Judge."""
 
-
-def resolve_grader(name_or_path: str) -> Grader:
-    """A grader by registry name, or by import path "package.module:function".
-
-    The function must have the signature `fn(completion: str, gold: dict) -> float | None` with values in [0, 1].
-    """
-    if name_or_path in GRADERS:
-        return GRADERS[name_or_path]
-    module_name, sep, attr = name_or_path.partition(":")
-    if not sep or not module_name or not attr:
-        raise ValueError(
-            f"unknown grader {name_or_path!r}: use a built-in name ({', '.join(sorted(GRADERS))}) "
-            "or an import path 'package.module:function'"
-        )
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as err:
-        raise ValueError(f"grader {name_or_path!r}: cannot import module {module_name!r} ({err})") from err
-    fn = getattr(module, attr, None)
-    if not callable(fn):
-        raise ValueError(f"grader {name_or_path!r}: module {module_name!r} has no callable {attr!r}")
-    return fn

@@ -1,10 +1,15 @@
-"""Reward composition per task: rule graders and the LLM judge, weighted into one reward in [0, 1].
+"""Reward composition per task: graders of every kind and the LLM judge, weighted into one reward.
 
-  reward = Σ_i w_i·s_i / Σ_i w_i   over the task's terms (weights > 0, each s_i in [0, 1], so reward in [0, 1])
-The "llm_judge" term of every rollout of the batch goes to the Judge as ONE batch (its thread pool). A judge
-failure uses the spec's fallback grader in its place (provider "fallback:<name>"); with no fallback the reward is
-None — excluded from the group statistics and counted in `scoring/<task>/failed`, never turned into 0. A rule
-grader that returns None also makes the reward None.
+  reward = Σ_i w_i·s_i / Σ_i w_i   over the task's terms (weights > 0)
+Each term is a grader (grpo/graders.py: a built-in rule grader in [0, 1], a per-row or TRL-style batched function
+returning any finite float, a reward model) or "llm_judge" (in [0, 1]). So a task whose terms all lie in [0, 1] has a
+reward in [0, 1]; with custom terms the reward is the same weighted mean of their values, unbounded. (TRL sums its
+weighted rewards instead; the two differ by the factor Σ w_i, which group-scaled advantages cancel.)
+Every grader is called ONCE per task per batch, on all of the task's rollouts; the "llm_judge" term of every rollout
+of the batch goes to the Judge as ONE batch (its thread pool). A judge failure uses the spec's fallback grader in
+its place (provider "fallback:<name>"); with no fallback the reward is None — excluded from the group statistics and
+counted in `scoring/<task>/failed`, never turned into 0. A grader that returns None also makes the reward None.
+A grader that raises, or returns a wrong value, stops the step with a GraderError naming the task and the grader.
 """
 
 from __future__ import annotations
@@ -12,13 +17,13 @@ from __future__ import annotations
 import math
 from collections import Counter
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Mapping
 
+from grpo.graders import JUDGE_TERM, Grader, GraderError, resolve_graders
 from grpo.judge import Judge, JudgeItem, JudgeResult
 from grpo.records import Rollout, Scored
-from grpo.rewards import Grader, resolve_grader
 
-JUDGE_TERM = "llm_judge"
+__all__ = ["JUDGE_TERM", "RewardSpec", "score_rollouts"]
 
 
 @dataclass(frozen=True)
@@ -27,9 +32,9 @@ class RewardSpec:
 
     task: str
     terms: tuple[tuple[str, float], ...]
-    """(grader, weight) pairs; grader = a GRADERS name, "module:function", or "llm_judge"."""
+    """(grader, weight) pairs; grader = any name grpo.graders.resolve_grader takes, or "llm_judge"."""
     fallback: str | None = None
-    """Rule grader used in place of a failed judge score; None = the reward becomes None."""
+    """Grader used in place of a failed judge score; None = the reward becomes None."""
 
     def __post_init__(self) -> None:
         if not self.terms:
@@ -43,21 +48,6 @@ class RewardSpec:
     @property
     def uses_judge(self) -> bool:
         return any(name == JUDGE_TERM for name, _ in self.terms)
-
-
-def _checked(value: float | None, grader: str) -> float | None:
-    if value is None:
-        return None
-    value = float(value)
-    if not (math.isfinite(value) and 0.0 <= value <= 1.0):
-        raise ValueError(f"grader {grader!r} returned {value!r}; graders must return a value in [0, 1] or None")
-    return value
-
-
-def _resolve_all(specs: dict[str, RewardSpec]) -> dict[str, Grader]:
-    names = {n for s in specs.values() for n, _ in s.terms if n != JUDGE_TERM}
-    names |= {s.fallback for s in specs.values() if s.fallback}
-    return {name: resolve_grader(name) for name in sorted(names)}
 
 
 def _judge_all(rollouts: list[Rollout], specs: dict[str, RewardSpec], judge: Judge | None) -> dict[int, JudgeResult]:
@@ -77,24 +67,48 @@ def _prompt_text(rollout: Rollout) -> str:
     return "\n\n".join(m["content"] for m in rollout.sample.messages)
 
 
-def _score_one(rollout: Rollout, spec: RewardSpec, graders: dict[str, Grader], verdict: JudgeResult | None) -> Scored:
-    text, gold = rollout.text, rollout.sample.gold
-    parts: dict[str, float | None] = {}
+def _grade(grader: Grader, task: str, rollouts: list[Rollout]) -> list[float | None]:
+    try:
+        return grader.grade(rollouts)
+    except GraderError as err:
+        raise GraderError(f"task {task!r}, grader {grader.name!r}: {err}") from err
+    except Exception as err:  # a user's grader failing mid-run: stop the step, naming who failed and how
+        raise GraderError(f"task {task!r}, grader {grader.name!r} raised {type(err).__name__}: {err}") from err
+
+
+def _term_values(rollouts: list[Rollout], specs: Mapping[str, RewardSpec], graders: Mapping[str, Grader],
+                 verdicts: dict[int, JudgeResult]) -> list[dict[str, float | None]]:
+    """Per rollout, the raw value of every term ("llm_judge" and, where the judge failed, "fallback:<name>")."""
+    values: list[dict[str, float | None]] = [{} for _ in rollouts]
+    by_task: dict[str, list[int]] = {}
+    for i, r in enumerate(rollouts):
+        by_task.setdefault(r.sample.task, []).append(i)
+    for task, index in by_task.items():
+        spec = specs[task]
+        for name in dict.fromkeys(n for n, _ in spec.terms if n != JUDGE_TERM):
+            for i, value in zip(index, _grade(graders[name], task, [rollouts[i] for i in index])):
+                values[i][name] = value
+        if spec.uses_judge:
+            for i in index:
+                values[i][JUDGE_TERM] = verdicts[i].score
+            failed = [i for i in index if verdicts[i].score is None]
+            if spec.fallback and failed:
+                for i, value in zip(failed, _grade(graders[spec.fallback], task, [rollouts[i] for i in failed])):
+                    values[i][f"fallback:{spec.fallback}"] = value
+    return values
+
+
+def _combine(rollout: Rollout, spec: RewardSpec, parts: dict[str, float | None], verdict: JudgeResult | None) -> Scored:
     provider = "rule"
     total, weights = 0.0, 0.0
     failed = False
     for name, weight in spec.terms:
+        value = parts[name]
         if name == JUDGE_TERM:
             assert verdict is not None  # _judge_all scored every rollout whose spec uses the judge
-            value, provider = verdict.score, verdict.provider
-            parts[JUDGE_TERM] = value
+            provider = verdict.provider
             if value is None and spec.fallback:
-                value = _checked(graders[spec.fallback](text, gold), spec.fallback)
-                parts[f"fallback:{spec.fallback}"] = value
-                provider = f"fallback:{spec.fallback}"
-        else:
-            value = _checked(graders[name](text, gold), name)
-            parts[name] = value
+                value, provider = parts[f"fallback:{spec.fallback}"], f"fallback:{spec.fallback}"
         if value is None:
             failed = True
         else:
@@ -103,16 +117,22 @@ def _score_one(rollout: Rollout, spec: RewardSpec, graders: dict[str, Grader], v
 
 
 def score_rollouts(
-    rollouts: list[Rollout], specs: dict[str, RewardSpec], judge: Judge | None = None
+    rollouts: list[Rollout], specs: Mapping[str, RewardSpec], judge: Judge | None = None,
+    graders: Mapping[str, Grader] | None = None,
 ) -> tuple[list[Scored], dict[str, float]]:
     """One Scored per rollout (input order) and the metrics `scoring/<task>/failed`, `scoring/<task>/fallback`
-    (counts in this batch) plus the judge's cumulative `judge/*` counters when a judge was used."""
+    (counts in this batch) plus the judge's cumulative `judge/*` counters when a judge was used.
+
+    graders: the resolved graders by name, from `grpo.graders.preflight` (built once per run: a reward model is
+    loaded there); None = resolve the specs' names here (no reward-model names then: each call would load it)."""
     missing = sorted({r.sample.task for r in rollouts} - set(specs))
     if missing:
         raise KeyError(f"no RewardSpec for tasks {missing}; specs exist for {sorted(specs)}")
-    graders = _resolve_all(specs)
+    if graders is None:
+        graders = resolve_graders(specs)
     verdicts = _judge_all(rollouts, specs, judge)
-    scored = [_score_one(r, specs[r.sample.task], graders, verdicts.get(i)) for i, r in enumerate(rollouts)]
+    values = _term_values(rollouts, specs, graders, verdicts)
+    scored = [_combine(r, specs[r.sample.task], values[i], verdicts.get(i)) for i, r in enumerate(rollouts)]
     failed: Counter[str] = Counter()
     fallback: Counter[str] = Counter()
     for s in scored:

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from conftest import SHARED_DATA
-from grpo.data import DataSpec, load_bbq, load_halueval, load_jsonl_tasks, load_task, split_samples
+from grpo.data import DataSpec, load_bbq, load_halueval, load_task, split_samples
 from grpo.tasks.jsonio import read_records
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
@@ -182,21 +182,22 @@ def test_read_records_array_with_non_objects(tmp_path):
         read_records(path)
 
 
-def test_generic_jsonl_and_hf_adapter():
-    with pytest.warns(UserWarning, match=r"generic.jsonl:3: skipped bad row: ValueError: no 'task' field"):
-        result = load_jsonl_tasks(FIXTURES / "generic.jsonl")
-    first, second = result.samples
-    assert (first.task, first.id, first.gold, first.messages) == (
-        "math", "m1", {"answer": "5"}, ({"role": "user", "content": "What is 2 + 3?"},))
-    assert second.gold == {"answer": "16"} and second.target == "16"
+def test_generic_jsonl_rows_name_their_task_and_the_hf_kind_reads_the_same_file():
+    path = FIXTURES / "generic.jsonl"
+    with pytest.warns(UserWarning, match=rf"{path}:3: skipped bad row: no task name: column 'task' is empty"):
+        samples, metrics = load_task(DataSpec(kind="jsonl", path=str(path)))
+    first, second = samples
+    assert (first.task, first.id, first.gold, first.messages, first.conversational) == (
+        "math", "m1", {"answer": "5"}, ({"role": "user", "content": "What is 2 + 3?"},), False)
+    assert second.gold == {"answer": "16"} and second.target == "16" and second.conversational
     assert second.id == hashlib.sha256("What is 4 * 4?".encode()).hexdigest()[:16]
-    samples, metrics = load_task(DataSpec(kind="jsonl", path=str(FIXTURES / "generic.jsonl"), task="math"))
+    assert (first.meta, second.meta) == ({"source": str(path), "line": 1}, {"source": str(path), "line": 2})
+    assert metrics == {"data/math/rows": 2.0, "data/all/skipped": 1.0}
+    samples, metrics = load_task(DataSpec(kind="jsonl", path=str(path), task="math"))  # the default task
     assert len(samples) == 3 and metrics == {"data/math/rows": 3.0, "data/math/skipped": 0.0}
-    try:
-        import datasets  # noqa: F401
-    except ImportError:
-        with pytest.raises(ImportError, match="pip install datasets"):
-            load_task(DataSpec(kind="hf", path=str(FIXTURES / "generic.jsonl"), task="math"))
+    through_datasets, _ = load_task(DataSpec(kind="hf", path=str(path), task="math"))
+    assert [(s.task, s.id, s.messages, s.gold) for s in through_datasets] == [
+        (s.task, s.id, s.messages, s.gold) for s in samples]
 
 
 def _by_hand(sample_id: str, salt: str, fraction: float) -> bool:
@@ -224,3 +225,31 @@ def test_split_is_stable_order_free_and_close_to_fraction(all_bbq):
 def test_template_naming_an_absent_field_is_a_config_error_not_a_skipped_row():
     with pytest.raises(ValueError, match=r"uses \{passage\}, but rows only have the fields"):
         load_halueval(FIXTURES / "halueval" / "qa.jsonl", template="{passage} {question}")
+
+
+@needs_bbq
+def test_halueval_file_that_is_not_json_stops_the_run_naming_the_file(tmp_path):
+    """Issue #19: a non-JSON HaluEval file gave one warning per line, then the whole task was gone from the run."""
+    from types import SimpleNamespace
+
+    from grpo.setup_parts import load_samples
+    from grpo.tasks.jsonio import DataFileError
+
+    bad = tmp_path / "halueval" / "qa_data.json"
+    bad.parent.mkdir()
+    bad.write_text("knowledge,question,right_answer\nParis is in France.,Where is Paris?,France\n")
+    with pytest.raises(DataFileError, match=rf"{bad}: not a JSON data file: none of its 2 rows is a JSON object "
+                                            r"\(first: 1: skipped bad row: invalid JSON"):
+        load_halueval(bad, subset="qa")
+    # The way source=dual reaches it: the subset is named, so no detection error hid the problem.
+    (tmp_path / "bbq").mkdir()
+    (tmp_path / "bbq" / "Religion.jsonl").write_text((BBQ_DIR / "Religion.jsonl").read_text())
+    data = SimpleNamespace(source="dual", data_dir=str(tmp_path), bbq_categories=[], bbq_per_category=4,
+                           halueval_subsets=["qa"], halueval_per_subset=10, max_document_chars=100, system_prompt="")
+    with pytest.raises(DataFileError, match=str(bad)):
+        load_samples(data, seed=0)
+    # JSON, but not one row of the subset: also an error, not an empty subset.
+    bad.write_text('{"question": "Where is Paris?"}\n')
+    with pytest.raises(DataFileError, match=rf"{bad}: no usable HaluEval qa row \(first: {bad}:1: skipped bad "
+                                            r"row: missing qa fields"):
+        load_halueval(bad, subset="qa")

@@ -120,11 +120,12 @@ def test_the_end_of_turn_token_stops_a_rollout_and_is_trained_on_though_it_is_al
 
     from grpo.batch import build_train_batch
     from grpo.records import Scored
-    from grpo.rollout import SamplingSettings, generate_rollouts
+    from config import RolloutConfig
+    from grpo.rollout import greedy_complete
 
-    settings = SamplingSettings(max_new_tokens=16, do_sample=False)  # no stop ids: the tokenizer's end of turn
-    (rollout,), _ = generate_rollouts(policy.model, policy.tokenizer,
-                                      [user("What is the capital of France? Reply with one word.")], 1, settings)
+    rollout_cfg = RolloutConfig(max_new_tokens=16)  # no stop ids given: the tokenizer's end of turn
+    (rollout,), _ = greedy_complete(policy.model, policy.tokenizer,
+                                    [user("What is the capital of France? Reply with one word.")], rollout_cfg)
     assert rollout.stopped and not rollout.truncated and rollout.completion_ids[-1] == IM_END
     assert "Paris" in rollout.text and "<|im_end|>" not in rollout.text
     batch = build_train_batch([Scored(rollout, 1.0)], torch.zeros(1), ["fairness"], IM_END,
@@ -139,7 +140,8 @@ def test_the_end_of_turn_token_stops_a_rollout_and_is_trained_on_though_it_is_al
 @pytest.mark.parametrize("do_sample", [False, True], ids=["greedy", "sampled"])
 def test_the_lean_loop_with_fast_steps_decodes_what_generate_decodes(policy, do_sample, monkeypatch):
     import grpo.decode
-    from grpo.rollout import SamplingSettings, generate_rollouts
+    from config import RolloutConfig
+    from grpo.rollout import generate_rollouts, greedy_complete
 
     made: list[str] = []
     shipped = grpo.decode.make_steps
@@ -148,8 +150,12 @@ def test_the_lean_loop_with_fast_steps_decodes_what_generate_decodes(policy, do_
     samples = [user("Is the sky blue? Answer yes or no.", 0), user("Say hi.", 1)]
     out = {}
     for engine in ("hf", "lean"):
-        settings = SamplingSettings(max_new_tokens=8, do_sample=do_sample, temperature=1.0, engine=engine)
-        rollouts, _ = generate_rollouts(policy.model, policy.tokenizer, samples, 2, settings, generator_seed=7)
+        rollout_cfg = RolloutConfig(k=2, max_new_tokens=8, temperature=1.0, engine=engine)
+        if do_sample:
+            rollouts, _ = generate_rollouts(policy.model, policy.tokenizer, samples, rollout_cfg, generator_seed=7)
+        else:  # greedy: one completion per prompt, each prompt twice so rows still leave the batch midway
+            rollouts, _ = greedy_complete(policy.model, policy.tokenizer, [s for s in samples for _ in range(2)],
+                                          rollout_cfg)
         out[engine] = [(r.completion_ids, r.stopped) for r in rollouts]
     assert out["lean"] == out["hf"]
     assert made == ["FastSteps"]
@@ -240,7 +246,7 @@ def test_lora_finds_its_default_targets_and_one_rl_step_moves_only_the_adapter(l
         wrapped = {n.rsplit(".", 1)[-1] for n, m in layer.named_modules() if hasattr(m, "lora_A")}
         assert wrapped == set(C.LLAMA_LORA_TARGETS), f"layer {i}: {sorted(wrapped)}"
     assert run.share_prompts and metrics["rollout/num"] == 4.0
-    assert run.sampling.stop_token_ids == [IM_END]  # the trainer's stop: the template's end of turn
+    assert run.stop_ids == (IM_END,)  # the trainer's stop: the template's end of turn
     after = dict(run.policy.model.named_parameters())
     trainable = {n for n, p in after.items() if p.requires_grad}
     assert trainable and all(".lora_" in n for n in trainable)

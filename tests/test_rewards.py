@@ -9,8 +9,8 @@ import pytest
 
 from conftest import SHARED_DATA
 from grpo.rewards import (
-    GRADERS, bbq_parse, bbq_rule, bbq_rule_detail, extract_field, format_reward, halueval_general_rule,
-    halueval_rule, resolve_grader, token_f1,
+    bbq_parse, bbq_rule, bbq_rule_detail, extract_field, format_reward, halueval_general_rule, halueval_rule,
+    token_f1,
 )
 from grpo.tasks.bbq import bbq_sample
 from grpo.tasks.halueval import load_halueval
@@ -154,14 +154,3 @@ def test_extract_field():
     assert extract_field("Answer: Delhi\nEvidence: quote here", "evidence") == "quote here"
     assert extract_field("no labels", "Answer") is None
 
-
-def test_resolve_grader_names_paths_and_errors():
-    assert set(GRADERS) >= {"bbq_rule", "halueval_rule", "format"}
-    assert resolve_grader("format") is format_reward
-    assert resolve_grader("grpo.rewards:token_f1") is token_f1
-    with pytest.raises(ValueError, match="built-in name"):
-        resolve_grader("nope")
-    with pytest.raises(ValueError, match="cannot import module 'no_such_pkg.mod'"):
-        resolve_grader("no_such_pkg.mod:f")
-    with pytest.raises(ValueError, match="has no callable 'missing'"):
-        resolve_grader("grpo.rewards:missing")

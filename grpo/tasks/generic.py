@@ -1,118 +1,104 @@
-"""Generic task rows: a JSONL file of {task, prompt | messages, id?, target?, gold? | ...gold fields}, and a thin
-adapter over `datasets.load_dataset` for local files (csv, json, parquet, ...).
+"""Generic task rows -> Samples, through a column mapping (`grpo.sources.TaskSource` is the one that is used).
 
-Row contract (`row_to_sample`): `messages` (a list of {"role", "content"} without the answer) or `prompt` (a
-string, optionally formatted through `template` with the row's fields); `gold` (a dict) if present, else every
-field that is not task / id / prompt / messages / target / meta becomes a gold field; `id` if present, else a
-sha256 of the prompt (stable across machines).
+Row contract (`row_to_sample`), every column name set by the mapping:
+  prompt      the user message (a string), or `template` formatted with the row's columns; or
+  messages    a list of {"role", "content"} without the answer (TRL's conversational format; in a CSV cell, the
+              list written as JSON). Used when present; the prompt column otherwise. A prompt column that holds
+              such a list (as TRL's conversational datasets do) counts as messages.
+  target      optional reference completion (SFT warm-up; also a gold field).
+  id          optional row id; missing = a sha256 of the prompt text (stable across machines).
+  task        with `task_field` set, the row's own task name (rows without one get the source's task).
+  gold        the columns the graders see: `gold_fields` when given, else a `gold` column holding a dict, else
+              every column with a value that is not the prompt, messages, id, task or meta column.
+A row that breaks the contract raises RowError naming the column; the loader skips it, naming file and line.
 """
 
 from __future__ import annotations
 
-import warnings
-from dataclasses import replace
-from pathlib import Path
-from typing import Any
+import json
+from typing import Any, Protocol, Sequence
 
 from grpo.records import Sample
-from grpo.tasks.jsonio import (
-    MAX_WARNINGS_PER_FILE, LoadResult, TemplateFieldError, content_id, fill_template, read_records,
-)
+from grpo.tasks.jsonio import content_id, fill_template
 
-RESERVED = ("task", "id", "prompt", "messages", "target", "meta", "gold")
-
-
-def row_to_sample(
-    row: dict[str, Any], *, default_task: str | None, system_prompt: str | None = None, template: str | None = None,
-    id_field: str = "id", prompt_field: str = "prompt",
-) -> Sample:
-    """One generic row as a Sample. Raises ValueError naming what is missing."""
-    task = row.get("task", default_task)
-    if not task:
-        raise ValueError("no 'task' field and no default task given")
-    messages: list[dict[str, str]] = []
-    if system_prompt:
-        messages.append({"role": "system", "content": system_prompt})
-    if row.get("messages") is not None:
-        given = row["messages"]
-        well_formed = isinstance(given, list) and all(
-            isinstance(m, dict) and {"role", "content"} <= m.keys() for m in given
-        )
-        if not well_formed:
-            raise ValueError("'messages' must be a list of {'role', 'content'} objects")
-        messages.extend({"role": str(m["role"]), "content": str(m["content"])} for m in given)
-    elif row.get(prompt_field) is not None or template is not None:
-        text = fill_template(template, row, "generic rows") if template is not None else str(row[prompt_field])
-        messages.append({"role": "user", "content": text})
-    else:
-        raise ValueError(f"neither 'messages' nor {prompt_field!r} (and no template)")
-    if isinstance(row.get("gold"), dict):
-        gold = dict(row["gold"])
-    else:
-        gold = {k: v for k, v in row.items() if k not in RESERVED and k not in (id_field, prompt_field)}
-    raw_id = row.get(id_field)
-    sample_id = str(raw_id) if raw_id is not None else content_id(*(m["content"] for m in messages))
-    target = row.get("target")
-    return Sample(task=str(task), id=sample_id, messages=tuple(messages), gold=gold,
-                  meta=dict(row.get("meta") or {}), target=None if target is None else str(target))
+GOLD_COLUMN = "gold"  # a column holding the whole gold dict (the original JSONL row format)
+META_COLUMN = "meta"  # a column holding a dict kept as Sample.meta
 
 
-def load_jsonl_tasks(
-    path: str | Path, default_task: str | None = None, system_prompt: str | None = None, template: str | None = None,
-    limit: int | None = None,
-) -> LoadResult:
-    """Samples from a generic JSON-lines (or array / concatenated) file; bad rows warned, counted and skipped."""
-    read = read_records(path)
-    result = LoadResult()
-    for line, row in read.rows:
-        if limit is not None and len(result.samples) >= limit:
-            break
+class RowError(ValueError):
+    """One row breaks the row contract; the message names the column."""
+
+
+class ColumnMap(Protocol):
+    """What `row_to_sample` reads of a source's spec (grpo.sources.TaskSource has these fields)."""
+
+    task_field: str
+    prompt_field: str
+    messages_field: str
+    target_field: str
+    id_field: str
+    gold_fields: Sequence[str]
+    template: str
+
+
+def _messages(value: Any, column: str) -> list[dict[str, str]]:
+    if isinstance(value, str):  # CSV cells hold the list as JSON text
         try:
-            sample = row_to_sample(row, default_task=default_task, system_prompt=system_prompt, template=template)
-        except TemplateFieldError:
-            raise
-        except (ValueError, KeyError, TypeError, IndexError) as err:
-            read.reject(line, f"{type(err).__name__}: {err}")
-            continue
-        result.samples.append(replace(sample, meta={**sample.meta, "source": read.path, "line": line}))
-    read.finish()
-    result.skipped = read.skipped
-    return result
+            value = json.loads(value)
+        except json.JSONDecodeError as err:
+            raise RowError(f"column {column!r} is text but not a JSON list of messages ({err.msg})") from err
+    if not (isinstance(value, list) and value and all(
+            isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
+            for m in value)):
+        raise RowError(f"column {column!r} must be a non-empty list of {{'role': str, 'content': str}} objects")
+    if value[-1]["role"] == "assistant":
+        raise RowError(f"column {column!r} ends with an assistant turn: the prompt must not hold the answer "
+                       "(put it in the target column)")
+    return [{"role": m["role"], "content": m["content"]} for m in value]
 
 
-def load_hf_dataset(
-    builder: str, data_files: str | list[str] | dict[str, Any], *, task: str, split: str = "train",
-    template: str | None = None, prompt_field: str = "prompt", id_field: str = "id",
-    system_prompt: str | None = None, limit: int | None = None,
-) -> LoadResult:
-    """Samples from local files read by `datasets.load_dataset(builder, data_files=..., split=...)`.
-
-    builder: "json", "csv", "parquet", ... Each row goes through `row_to_sample` (template formats the prompt
-    from the row's fields). Needs the optional `datasets` package.
-    """
-    try:
-        import datasets  # lazy: optional dependency, heavy import
-    except ImportError as err:
-        raise ImportError("load_hf_dataset needs the 'datasets' package: pip install datasets") from err
-    files = [data_files] if isinstance(data_files, str) else data_files
-    if isinstance(files, list):
-        absent = [f for f in files if not Path(f).exists()]
+def _gold(row: dict[str, Any], cols: ColumnMap) -> dict[str, Any]:
+    if cols.gold_fields:
+        absent = [f for f in cols.gold_fields if f not in row]
         if absent:
-            raise FileNotFoundError(f"load_hf_dataset: data files not found: {absent}")
-    table = datasets.load_dataset(builder, data_files=data_files, split=split)
-    result = LoadResult()
-    for index, row in enumerate(table):
-        if limit is not None and len(result.samples) >= limit:
-            break
-        try:
-            result.samples.append(row_to_sample(dict(row), default_task=task, system_prompt=system_prompt,
-                                                template=template, id_field=id_field, prompt_field=prompt_field))
-        except TemplateFieldError:
-            raise
-        except (ValueError, KeyError, TypeError, IndexError) as err:
-            result.skipped += 1
-            if result.skipped <= MAX_WARNINGS_PER_FILE:
-                warnings.warn(f"{builder}:{data_files} row {index}: skipped bad row: {err}", stacklevel=2)
-    if result.skipped > MAX_WARNINGS_PER_FILE:
-        warnings.warn(f"{builder}:{data_files}: {result.skipped} bad rows skipped in all", stacklevel=2)
-    return result
+            raise RowError(f"gold_fields {absent} are not columns of the row (columns: {sorted(row)})")
+        return {f: row[f] for f in cols.gold_fields}
+    if isinstance(row.get(GOLD_COLUMN), dict):
+        return dict(row[GOLD_COLUMN])
+    structural = {cols.prompt_field, cols.messages_field, cols.id_field, cols.task_field, META_COLUMN}
+    # A table read through datasets has every column in every row (None where a row has no value); leaving None
+    # out makes a row's gold the same whichever form it was stored in.
+    return {k: v for k, v in row.items() if k not in structural and v is not None}
+
+
+def row_to_sample(row: dict[str, Any], cols: ColumnMap, task: str, system_prompt: str = "") -> Sample:
+    """One row of task `task` as a Sample (a row's own `task_field` column, when set, names its task instead).
+    Raises RowError naming the column at fault (TemplateFieldError for a template that names an absent column: a
+    configuration error, not a bad row)."""
+    own = row.get(cols.task_field) if cols.task_field else None
+    task = str(own) if own not in (None, "") else task
+    if not task:
+        raise RowError(f"no task name: column {cols.task_field!r} is empty and the source names no task")
+    messages: list[dict[str, str]] = [{"role": "system", "content": system_prompt}] if system_prompt else []
+    # TRL's conversational datasets keep the message list in the prompt column itself.
+    if row.get(cols.messages_field) is not None:
+        column = cols.messages_field
+    else:
+        column = cols.prompt_field if isinstance(row.get(cols.prompt_field), list) else ""
+    conversational = bool(column)
+    if conversational:
+        messages += _messages(row[column], column)
+    elif cols.template:
+        messages.append({"role": "user", "content": fill_template(cols.template, row, "the prompt template")})
+    elif row.get(cols.prompt_field) not in (None, ""):
+        messages.append({"role": "user", "content": str(row[cols.prompt_field])})
+    else:
+        raise RowError(f"neither column {cols.messages_field!r} nor {cols.prompt_field!r} holds a prompt (and no "
+                       "template is set)")
+    raw_id = row.get(cols.id_field)
+    sample_id = str(raw_id) if raw_id not in (None, "") else content_id(*(m["content"] for m in messages))
+    target = row.get(cols.target_field)
+    meta = row.get(META_COLUMN)
+    return Sample(task=task, id=sample_id, messages=tuple(messages), gold=_gold(row, cols),
+                  meta=dict(meta) if isinstance(meta, dict) else {},
+                  target=None if target in (None, "") else str(target), conversational=conversational)

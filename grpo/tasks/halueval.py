@@ -17,7 +17,9 @@ from typing import Any
 
 from grpo.records import Sample
 from grpo.rewards import token_f1
-from grpo.tasks.jsonio import LoadResult, TemplateFieldError, content_id, fill_template, missing_fields, read_records
+from grpo.tasks.jsonio import (
+    DataFileError, LoadResult, TemplateFieldError, content_id, fill_template, missing_fields, read_records,
+)
 
 SUBSET_FIELDS: dict[str, tuple[str, ...]] = {
     "qa": ("knowledge", "question", "right_answer", "hallucinated_answer"),
@@ -137,7 +139,8 @@ def load_halueval(
     """Samples from one HaluEval file (JSON lines, a JSON array, or concatenated objects).
 
     subset: "qa" | "dialogue" | "summarization" | "general"; None = detected from the first good row's fields.
-    limit: keep the first `limit` good rows (file order). A row lacking its subset's fields is warned and skipped.
+    limit: keep the first `limit` good rows (file order). A row lacking its subset's fields is warned and skipped;
+    a file with no usable row at all (not JSON, or no row with the subset's fields) raises DataFileError.
     """
     if subset is not None and subset not in SUBSET_FIELDS:
         raise ValueError(f"HaluEval subset={subset!r}: use one of {sorted(SUBSET_FIELDS)} or None to detect it")
@@ -169,5 +172,10 @@ def load_halueval(
         seen_ids.add(new_id)
         result.samples.append(replace(sample, id=new_id, meta={**sample.meta, "source": read.path, "line": line}))
     read.finish()
+    if not result.samples:
+        # A file that gives no sample would silently drop its whole subset (or task) from the run.
+        first = f" (first: {read.problems[0]})" if read.problems else ""
+        raise DataFileError(f"{read.path}: no usable HaluEval {subset} row{first}; fix the file or remove it from "
+                            "the configured subsets")
     result.skipped = read.skipped
     return result

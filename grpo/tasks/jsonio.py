@@ -6,7 +6,8 @@ Accepted layouts (all seen in the wild for the same datasets):
   - concatenated objects (pretty-printed, back to back), read with `json.JSONDecoder.raw_decode`.
 A row that does not parse, or is not an object, or lacks a required field, is reported as
 `<file>:<line>: <reason>` through `warnings.warn` (the first few per file, then one summary with the count),
-skipped, and counted in `RecordsRead.skipped`; it is never dropped silently.
+skipped, and counted in `RecordsRead.skipped`; it is never dropped silently. A file in which no row parses as a
+JSON object is not a data file at all: `DataFileError`, naming the file, stops the run before anything is built.
 
 Split rule: u = int(sha256(salt + ":" + id)[:16 hex], 16) / 2**64; the row is held out iff u < fraction
 (a stable uniform hash; Python's hash() is salted per process, so it is not used).
@@ -28,6 +29,10 @@ _HASH_SPACE = float(16**HASH_HEX_DIGITS)
 T = TypeVar("T")
 
 
+class DataFileError(ValueError):
+    """A data file that cannot be used at all (not JSON, no usable row). The message names the file."""
+
+
 @dataclass
 class RecordsRead:
     """The good rows of one file with their 1-based start line, and how many rows were skipped."""
@@ -37,11 +42,18 @@ class RecordsRead:
     skipped: int = 0
     problems: list[str] = field(default_factory=list)
     """Every `<file>:<line>: <reason>` message, in file order."""
+    unit: str = "line"
+    """What the row numbers count: "line" (JSON files: the line a row starts on) or "row" (1-based data rows of a
+    table read through `datasets`; a CSV file's row n is on line n + 1)."""
+
+    def where(self, number: int) -> str:
+        """`<file>:<line>` or `<file> row <n>`: how messages point at one row."""
+        return f"{self.path}:{number}" if self.unit == "line" else f"{self.path} row {number}"
 
     def reject(self, line: int, reason: str) -> None:
         """Skip one row: count it and remember the message (warned about in `finish`)."""
         self.skipped += 1
-        self.problems.append(f"{self.path}:{line}: skipped bad row: {reason}")
+        self.problems.append(f"{self.where(line)}: skipped bad row: {reason}")
 
     def finish(self) -> "RecordsRead":
         """Emit the warnings for the skipped rows: the first few in full, then one summary with the count."""
@@ -120,6 +132,12 @@ def read_records(path: str | Path) -> RecordsRead:
         _read_array(text, read)
     else:
         _read_stream(text, read)
+    if read.problems and not read.rows:
+        raise DataFileError(
+            f"{p}: not a JSON data file: none of its {read.skipped} rows is a JSON object (first: "
+            f"{read.problems[0].removeprefix(f'{p}:')}); expected JSON lines, one JSON array of objects, or "
+            "concatenated objects"
+        )
     return read
 
 
