@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from grpo.report import kl_bands
-from grpo.health import HealthThresholds, series, tasks_in
+from grpo.doctor import HealthThresholds, series, tasks_in
 from grpo.tracking import read_metrics
 
 PLOT_FILE = "plot.png"
