@@ -64,3 +64,64 @@ def test_missing_phases_and_missing_eval(run_dir):
     (run_dir / "eval.json").unlink()
     report = build_report(run_dir)
     assert report["tasks"] == {} and report["reasons"][-1].startswith("no eval.json")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Verdicts of real runs (trimmed by tests/fixtures/make_run_fixture.py; each folder's SOURCE.md gives the command)
+# ---------------------------------------------------------------------------------------------------------------
+
+FIXTURES = FIXTURE.parent
+
+
+def real_run(tmp_path, name):
+    dst = tmp_path / name
+    shutil.copytree(FIXTURES / name, dst, ignore=shutil.ignore_patterns("report.json", "*.md"))
+    return build_report(dst)
+
+
+def test_demo_seed0_is_green(tmp_path):
+    report = real_run(tmp_path, "run_seed0")
+    assert report["verdict"] == "green" and report["findings"] == []
+    assert format_report(report).splitlines()[1] == "Verdict: GREEN"
+
+
+def test_lora_run_with_zero_reward_at_every_step_is_red(tmp_path):
+    report = real_run(tmp_path, "run_lora_zero")
+    assert report["verdict"] == "red"
+    found = {(f["code"], f["task"]) for f in report["findings"]}
+    assert {("no_learning_signal", ""), ("reward_stuck", "fairness"), ("reward_stuck", "hallucination")} <= found
+    signal = next(f for f in report["findings"] if f["code"] == "no_learning_signal")
+    assert "120 steps in a row (steps 1-120)" in signal["message"]
+    assert signal["suggestion"].startswith("try `model.lora=false`: the warm-up ended at loss 3.96 nats per token")
+
+
+def test_notebook_three_steps_are_too_short_to_judge(tmp_path):
+    report = real_run(tmp_path, "run_notebook")
+    assert report["verdict"] == "too_short"
+    assert report["reasons"][0].startswith("too short to judge: 3 RL step(s)")
+    assert format_report(report).splitlines()[1].startswith("Verdict: TOO SHORT TO JUDGE (too short to judge: 3 RL")
+
+
+def zero_reward(completion: str, gold: dict) -> float:
+    """A reward no completion can raise: every group of K is all zeros."""
+    return 0.0
+
+
+@pytest.mark.usefixtures("one_thread")
+def test_a_real_run_that_cannot_learn_is_red(tmp_path):
+    """Through grpo_train's own functions: a tiny model whose reward is 0 for every completion trains 6 steps; the
+    report of its run folder says RED (no learning signal), not too short and not yellow. (The steps take ~2 s; the
+    first import of transformers, when no other test did it, most of the rest.)"""
+    import grpo_train as G
+    from tests.trainer_helpers import fast_config
+
+    zero = "tests.test_report:zero_reward:1.0"
+    run = G.setup(fast_config(tmp_path, "train.max_steps=6", f"rewards.fairness={zero}", f"rewards.hallucination={zero}",
+                              "rollout.k=2", "rollout.max_new_tokens=2", "train.prompts_per_micro_step=1"))
+    for step in range(1, 7):
+        G.rl_step(run, step)
+    run.tracker.close()
+    report = build_report(run.run_dir)
+    assert report["verdict"] == "red", report["reasons"]
+    (signal,) = [f for f in report["findings"] if f["code"] == "no_learning_signal"]
+    assert "6 steps in a row (steps 1-6)" in signal["message"] and "every group had zero reward std" in signal["message"]
