@@ -119,7 +119,7 @@ def format_report(report: Mapping[str, Any]) -> str:
              f"{s['time_total_s'] / 60:.1f} min of steps, {s['skipped_steps']} skipped, "
              f"{s['restored_steps']} restored",
              f"Verdict: {VERDICT_TEXT.get(report['verdict'], report['verdict'].upper())}"
-             + (f" ({report['reasons'][0]})" if report["verdict"] == "too_short" else ""), ""]
+             + (f": {report['reasons'][0].split(': ', 1)[-1]}" if report["verdict"] == "too_short" else ""), ""]
     header = ["task", "before_sft", "after_sft", "after_rl", "Δ sft", "Δ rl", "Δ total"]
     rows = [[task, _cell(r["before_sft"]), _cell(r["after_sft"]), _cell(r["after_rl"]),
              _cell(r["delta_sft"], True), _cell(r["delta_rl"], True), _cell(r["delta"], True)]

@@ -99,7 +99,7 @@ def test_notebook_three_steps_are_too_short_to_judge(tmp_path):
     report = real_run(tmp_path, "run_notebook")
     assert report["verdict"] == "too_short"
     assert report["reasons"][0].startswith("too short to judge: 3 RL step(s)")
-    assert format_report(report).splitlines()[1].startswith("Verdict: TOO SHORT TO JUDGE (too short to judge: 3 RL")
+    assert format_report(report).splitlines()[1].startswith("Verdict: TOO SHORT TO JUDGE: 3 RL step(s), at least 20")
 
 
 def zero_reward(completion: str, gold: dict) -> float:
