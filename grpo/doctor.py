@@ -103,7 +103,7 @@ class Doctor:
         self.dead = _Streak()
         self.kl_out: dict[str, _Streak] = {}
         self.kl_high: dict[str, _Streak] = {}
-        self.active: dict[tuple[str, str], tuple[int, Finding]] = {}
+        self.active: dict[tuple[str, str, str], tuple[int, Finding]] = {}
         self.cleared: list[Alarm] = []
         self.last_step = 0
         self._prev_step = 0
@@ -194,7 +194,7 @@ class Doctor:
         return out
 
     def _transition(self, now: list[Finding], step: int) -> list[Finding]:
-        keyed = {(f.code, f.task): f for f in now}
+        keyed = {(f.code, f.task, f.level): f for f in now}  # a yellow that turns red fires again
         for key, (first, finding) in list(self.active.items()):
             if key not in keyed:
                 self.cleared.append(Alarm(finding.code, finding.task, finding.level, first, self._prev_step, finding.message))
@@ -212,7 +212,7 @@ class Doctor:
     def metrics(self) -> dict[str, float]:
         """doctor/<code> = 1.0 while a finding with that code is active (any task), else 0.0, for every code; and
         doctor/red = how many red findings are active. Scalars, so TensorBoard draws them."""
-        codes = {code for code, _ in self.active}
+        codes = {code for code, _, _ in self.active}
         out = {f"doctor/{code}": float(code in codes) for code in ONLINE_CODES}
         out["doctor/red"] = float(sum(f.level == "red" for _, f in self.active.values()))
         return out

@@ -7,7 +7,8 @@ findings out; no I/O, no torch.
 
 Window checks (rows = the last `recent_window` RL steps; "start" = the first window; "best" = the best window so far):
   red     no_learning_signal  `no_signal_steps` steps in a row with every group zero-std (adv/frac_zero_std = 1), or
-                              loss and grad norm both 0, while some task is below `solved_reward`
+                              loss and grad norm both 0, while some task is below `solved_reward` (yellow before
+                              that, while no step of the run had a signal)
   red     reward_stuck        a task's mean reward never rose more than `stuck_tolerance` above its start and is
                               still there, with more than `zero_std_max` of its groups zero-std
   red     answer_collapse     one answer class (rollout/<task>/top_answer, grpo/answers.py) is the top answer in most
@@ -209,7 +210,10 @@ def dead_step(row: Mapping[str, Any], th: HealthThresholds) -> bool:
 
 
 def _no_learning_signal(d: Doctor, _found: list[Finding]) -> list[Finding]:
-    if d.dead.length < d.th.no_signal_steps:
+    """Red after `no_signal_steps` dead steps in a row; yellow before that while every step of the run was dead (a
+    run that starts without signal says so at once, e.g. a notebook's few steps)."""
+    early = 0 < d.dead.length == d.steps
+    if d.dead.length < d.th.no_signal_steps and not early:
         return []
     row = d.window[-1]
     how = ("every group had zero reward std" if (number(row.get("adv/frac_zero_std")) or 0) >= ALL_GROUPS
@@ -220,6 +224,10 @@ def _no_learning_signal(d: Doctor, _found: list[Finding]) -> list[Finding]:
     fix = (_format_fix(d) if never else
            _try("rollout.k", _scaled(d.config, "rollout.k", 2, int), "twice the samples per prompt give groups whose "
                 "rewards differ"))
+    if d.dead.length < d.th.no_signal_steps:
+        return [Finding("yellow", "no_learning_signal",
+                        f"no learning signal in any of the {d.steps} step(s) so far: {how}; mean reward "
+                        f"{rewards or 'not logged'} (red at {d.th.no_signal_steps} steps in a row)", fix)]
     return [Finding("red", "no_learning_signal",
                     f"no learning signal for {d.dead.length} steps in a row (steps {d.dead.start}-{d.last_step}): "
                     f"{how}; mean reward {rewards or 'not logged'}", fix)]

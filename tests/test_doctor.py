@@ -87,6 +87,21 @@ def test_no_learning_signal_after_five_dead_steps_not_four():
     assert found(rows, "no_learning_signal") == []
 
 
+def test_a_run_dead_from_its_first_step_is_yellow_until_five_steps_then_red():
+    rows = set_last(healthy(4), "adv/frac_zero_std", 1.0, 4)
+    (f,) = found(rows, "no_learning_signal")
+    assert f.level == "yellow" and "in any of the 4 step(s) so far" in f.message and "red at 5 steps" in f.message
+    assert verdict(check(rows, TH, BANDS), rl_steps(rows), TH)[0] == "too_short"
+    doctor, fired = Doctor(TH, BANDS, CONFIG), []
+    for row in set_last(healthy(6), "adv/frac_zero_std", 1.0, 6):
+        fired += [(row["step"], f.level) for f in doctor.update(row) if f.code == "no_learning_signal"]
+    assert fired == [(1, "yellow"), (5, "red")]  # the escalation fires again, so the loop can act on the red
+    assert [a.level for a in doctor.cleared if a.code == "no_learning_signal"] == ["yellow"]
+    # one step with a signal first: a later dead stretch is judged only by its length
+    rows = set_last(healthy(4), "adv/frac_zero_std", 1.0, 3)
+    assert found(rows, "no_learning_signal") == []
+
+
 def test_reward_stuck_at_its_start_with_mostly_zero_std_groups():
     # start window (steps 1-10) 0.25; last window 0.30: +0.05 <= tolerance 0.05 -> flat; 60% zero-std > 50%
     rows = healthy()

@@ -99,6 +99,8 @@ def test_notebook_three_steps_are_too_short_to_judge(tmp_path):
     report = real_run(tmp_path, "run_notebook")
     assert report["verdict"] == "too_short"
     assert report["reasons"][0].startswith("too short to judge: 3 RL step(s)")
+    (signal,) = [f for f in report["findings"] if f["code"] == "no_learning_signal"]  # its 3 steps had loss 0, gnorm 0
+    assert signal["level"] == "yellow" and "in any of the 3 step(s) so far" in signal["message"]
     assert format_report(report).splitlines()[1].startswith("Verdict: TOO SHORT TO JUDGE: 3 RL step(s), at least 20")
 
 
