@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Iterable, Mapping, Sequence
 
 from grpo.symptoms import (ONLINE_CODES, WINDOW_CHECKS, Finding, HealthThresholds, Level, dead_step, heldout_gains,
@@ -206,8 +206,8 @@ class Doctor:
         return fired
 
     def findings(self) -> list[Finding]:
-        """The findings active now, in check order."""
-        return [f for _, f in self.active.values()]
+        """The findings active now, in check order, each with the step it fired at (`since`)."""
+        return [replace(f, since=first) for first, f in self.active.values()]
 
     def metrics(self) -> dict[str, float]:
         """doctor/<code> = 1.0 while a finding with that code is active (any task), else 0.0, for every code; and

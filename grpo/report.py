@@ -75,11 +75,11 @@ def build_report(run_dir: str | Path, thresholds: HealthThresholds | None = None
     """Build the report of a run folder, write it to RUN_DIR/report.json, and return it.
 
     Keys: run_dir, summary {rows, last_step, time_total_s, skipped_steps, restored_steps}, tasks {task: {before_sft,
-    after_sft, after_rl, delta, delta_sft, delta_rl}}, findings [{level, code, message, suggestion, task}] (active at
-    the end of the run), suggestions [str], verdict "green"|"yellow"|"too_short"|"red" (grpo/doctor.verdict), reasons
-    [str], cleared [{code, task, level, first_step, last_step, message}] (alarms that fired during the run and
-    stopped). A run without eval.json still gets its health findings; a run without metrics.jsonl raises
-    FileNotFoundError naming the path.
+    after_sft, after_rl, delta, delta_sft, delta_rl}}, findings [{level, code, message, suggestion, task, since}]
+    (active at the end of the run; `since` = the step a window finding fired at), suggestions [str], verdict
+    "green"|"yellow"|"too_short"|"red" (grpo/doctor.verdict), reasons [str], cleared [{code, task, level, first_step,
+    last_step, message}] (alarms that fired during the run and stopped). A run without eval.json still gets its
+    health findings; a run without metrics.jsonl raises FileNotFoundError naming the path.
     """
     run_dir = Path(run_dir)
     history = read_metrics(run_dir)
@@ -133,7 +133,8 @@ def format_report(report: Mapping[str, Any]) -> str:
     if report["findings"]:
         lines.append("Findings:")
         for f in report["findings"]:
-            lines.append(f"  [{f['level']}] {f['code']}: {f['message']}")
+            since = f" (since step {f['since']})" if f.get("since") is not None else ""
+            lines.append(f"  [{f['level']}] {f['code']}{since}: {f['message']}")
             lines.append(f"      -> {f['suggestion']}")
     else:
         lines.append("Findings: none; all health checks passed")

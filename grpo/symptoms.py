@@ -13,9 +13,11 @@ Window checks (rows = the last `recent_window` RL steps; "start" = the first win
                               still there, with more than `zero_std_max` of its groups zero-std
   red     answer_collapse     one answer class (rollout/<task>/top_answer, grpo/answers.py) is the top answer in most
                               window steps and holds ≥ `collapse_share` of the task's samples on average, while the
-                              task's reward is more than `collapse_reward_gap` below its best window
+                              task's reward is more than `collapse_reward_gap` below its best window or below
+                              `solved_reward` (one answer that is not right for every prompt)
   red     entropy_collapse    entropy below `entropy_floor` (or fallen by more than `entropy_drop_max` from the start)
-                              while the latest held-out reward is more than `heldout_drop` below its best
+                              while the latest held-out reward is more than `heldout_drop` below its best, or has
+                              stalled below `solved_reward` over the last STALL_EVALS evaluations
   yellow  entropy_drop        the same entropy fall with no held-out reward after RL started, and the training reward
                               more than `collapse_reward_gap` below its best window
   red     kl_runaway          KL above `kl_runaway_factor` × the band's top (or `kl_runaway_nats` without a band) for
@@ -58,6 +60,9 @@ SFT_UNTAUGHT_LOSS = 1.0
 """SFT loss (nats per target token) at the end of the warm-up above which it did not teach the reply format: below
 it each target token gets probability above e^-1 ≈ 0.37 on average. Measured on the demo: full fine-tuning ends at
 0.38-0.42, LoRA on the randomly initialised tiny model at 3.96 (and then no sample ever scores)."""
+STALL_EVALS = 3
+"""Held-out evaluations since RL started that, all within `heldout_drop` of each other and below `solved_reward`,
+make a stalled run (60 steps at the demo's eval_every 20)."""
 COLLAPSE_DOMINANCE = 0.5
 """The collapsed answer must be the step's top answer in at least this fraction of the window steps: a high average
 top share made of different answers is a policy that is sure of itself per batch, not one stuck on one answer."""
@@ -127,6 +132,8 @@ class Finding:
     suggestion: str
     task: str = ""
     """The task it is about, "" for the whole run."""
+    since: int | None = None
+    """For a window finding: the step it fired at and has held since (set by Doctor.findings)."""
 
 
 ONLINE_CODES = ("no_learning_signal", "reward_stuck", "answer_collapse", "entropy_collapse", "entropy_drop",
@@ -289,13 +296,15 @@ def _answer_collapse(d: Doctor, _found: list[Finding]) -> list[Finding]:
         now, best = d.wmean(f"reward/{task}/mean"), d.best.get(f"reward/{task}/mean")
         if best is None or not (math.isfinite(share) and math.isfinite(now)):
             continue
-        if share >= th.collapse_share and count >= COLLAPSE_DOMINANCE * len(rows) and now < best.value - th.collapse_reward_gap:
+        fallen = now < best.value - th.collapse_reward_gap
+        if share >= th.collapse_share and count >= COLLAPSE_DOMINANCE * len(rows) and (fallen or now < th.solved_reward):
             beta = number(d.window[-1].get(f"beta/{task}"))
+            why = (f"against its best {best.value:.3f} (steps {best.first_step}-{best.last_step})" if fallen else
+                   f"below the solved level {th.solved_reward:g}: one answer is not right for every prompt")
             out.append(Finding(
                 "red", "answer_collapse",
                 f"{task}: collapse onto `{answer}`: it is the top answer in {count} of {len(rows)} steps and "
-                f"{100 * share:.0f}% of the task's samples in {d.span()}; reward {now:.3f} against its best "
-                f"{best.value:.3f} (steps {best.first_step}-{best.last_step})",
+                f"{100 * share:.0f}% of the task's samples in {d.span()}; reward {now:.3f} {why}",
                 _try(f"kl.{task}.beta", round(2 * beta, 6) if beta else "<2× now>",
                      "a stronger pull to the SFT reference keeps its mix of answers"),
                 task))
@@ -317,10 +326,19 @@ def _entropy(d: Doctor, _found: list[Finding]) -> list[Finding]:
         coef = _setting(d.config, "loss.entropy_coef")
         fix = _try("loss.entropy_coef", 2 * coef if coef else 0.01, "an entropy bonus keeps sampling varied")
         _, best_heldout, after = d.heldout_after_start(task)
+        recent = [v for _, v in after[-STALL_EVALS:]]
+        stalled = (len(recent) == STALL_EVALS and max(recent) - min(recent) <= th.heldout_drop
+                   and recent[-1] < th.solved_reward)
         if after and best_heldout is not None and after[-1][1] < best_heldout - th.heldout_drop:
             out.append(Finding("red", "entropy_collapse",
                                f"{task}: {what}, while its held-out reward fell to {after[-1][1]:.3f} (step "
                                f"{after[-1][0]}) from its best {best_heldout:.3f}", fix, task))
+        elif stalled:
+            out.append(Finding("red", "entropy_collapse",
+                               f"{task}: {what}, while its held-out reward stays at {recent[-1]:.3f}, below the solved "
+                               f"level {th.solved_reward:g}, over its last {STALL_EVALS} evaluations (steps "
+                               f"{after[-STALL_EVALS][0]}-{after[-1][0]}): it stopped exploring before it learned",
+                               fix, task))
         elif not after:
             best = d.best.get(f"reward/{task}/mean")
             reward = d.wmean(f"reward/{task}/mean")

@@ -148,12 +148,12 @@ def test_reward_stuck_needs_min_steps():
     assert "read samples/" in found(rows, "reward_stuck")[0].suggestion
 
 
-def collapsed(share: float = 0.77, top_in: int = 10, last: float = 0.7) -> list[dict]:
-    """Reward 0.8 for steps 1-20 (the best window), `last` in steps 21-30; `unknown` the top answer with `share` in the
-    last `top_in` steps of the window."""
+def collapsed(share: float = 0.77, top_in: int = 10, last: float = 0.7, best: float = 0.8) -> list[dict]:
+    """Reward `best` for steps 1-20 (the best window), `last` in steps 21-30; `unknown` the top answer with `share` in
+    the last `top_in` steps of the window."""
     rows = healthy()
     for row in rl(rows):
-        row["reward/fairness/mean"] = 0.8 if row["step"] <= 20 else last
+        row["reward/fairness/mean"] = best if row["step"] <= 20 else last
     for row in rl(rows)[-10:]:
         row["rollout/fairness/top_share"] = share
     for row in rl(rows)[-top_in:]:
@@ -161,7 +161,7 @@ def collapsed(share: float = 0.77, top_in: int = 10, last: float = 0.7) -> list[
     return rows
 
 
-def test_answer_collapse_edges_share_dominance_and_reward_gap():
+def test_answer_collapse_edges_share_dominance_and_reward():
     (f,) = found(collapsed(), "answer_collapse")
     assert f.level == "red" and f.message.startswith("fairness: collapse onto `unknown`: it is the top answer in 10 of "
                                                      "10 steps and 77% of the task's samples in steps 21-30")
@@ -171,14 +171,19 @@ def test_answer_collapse_edges_share_dominance_and_reward_gap():
     assert not found(collapsed(share=0.59), "answer_collapse")
     assert found(collapsed(top_in=5), "answer_collapse")  # top answer in 5 of 10 steps >= half
     assert not found(collapsed(top_in=4), "answer_collapse")
-    assert found(collapsed(last=0.74), "answer_collapse")  # 0.74 < 0.8 - 0.05
-    assert not found(collapsed(last=0.75), "answer_collapse")  # at the best minus the gap: not below it
-    assert not found(collapsed(last=0.9), "answer_collapse")  # a dominant answer at the best reward is the rule learned
+    # reward fallen from its best by more than 0.05, though above the solved level 0.9: 0.92 < 0.98 - 0.05
+    assert "against its best 0.980" in found(collapsed(best=0.98, last=0.92), "answer_collapse")[0].message
+    assert not found(collapsed(best=0.98, last=0.93), "answer_collapse")  # not below best - gap, and solved
+    # at its best but below the solved level: one answer that is not right for every prompt
+    (f,) = found(collapsed(best=0.8, last=0.8), "answer_collapse")
+    assert "reward 0.800 below the solved level 0.9" in f.message
+    assert not found(collapsed(best=0.9, last=0.9), "answer_collapse")  # a dominant answer that is right: learned
 
 
 def test_entropy_collapse_is_red_only_with_a_falling_heldout_reward():
     rows = set_last(healthy(), "entropy/fairness", 0.04, 10)  # the whole last window below the 0.05 floor
     assert codes(check(rows, TH, BANDS)) == {}  # held-out still rising: converged, not collapsed
+    next(r for r in rows if r["step"] == 10 and "eval/fairness/reward" in r)["eval/fairness/reward"] = 0.45  # moving
     rows[-1]["eval/fairness/reward"] = 0.54  # best 0.6 at step 20: 0.54 < 0.6 - 0.05 is falling
     got = codes(check(rows, TH, BANDS))
     assert got["entropy_collapse"] == "red"
@@ -192,6 +197,26 @@ def test_entropy_collapse_is_red_only_with_a_falling_heldout_reward():
     assert found(rows, "entropy_collapse")
     rows = set_last(healthy(), "entropy/fairness", 0.21, 20)
     rows[-1]["eval/fairness/reward"] = 0.5
+    assert found(rows, "entropy_collapse") == []
+
+
+def test_entropy_collapse_with_a_heldout_reward_stalled_below_solved():
+    rows = set_last(healthy(), "entropy/fairness", 0.04, 10)
+    for row in rows:
+        if "eval/fairness/reward" in row and row["step"] > 0:
+            row["eval/fairness/reward"] = 0.6875  # steps 10, 20, 30: the same, below 0.9
+    (f,) = found(rows, "entropy_collapse")
+    assert "stays at 0.688, below the solved level 0.9, over its last 3 evaluations (steps 10-30)" in f.message
+    rows[-1]["eval/fairness/reward"] = 0.74  # 0.74 - 0.6875 > 0.05: it moved
+    assert found(rows, "entropy_collapse") == []
+    for row in rows:
+        if "eval/fairness/reward" in row and row["step"] > 0:
+            row["eval/fairness/reward"] = 0.95  # flat, but solved
+    assert found(rows, "entropy_collapse") == []
+    del rows[-1]  # two evaluations since RL started are not three
+    for row in rows:
+        if "eval/fairness/reward" in row and row["step"] > 0:
+            row["eval/fairness/reward"] = 0.6875
     assert found(rows, "entropy_collapse") == []
 
 

@@ -127,3 +127,32 @@ def test_a_real_run_that_cannot_learn_is_red(tmp_path):
     assert report["verdict"] == "red", report["reasons"]
     (signal,) = [f for f in report["findings"] if f["code"] == "no_learning_signal"]
     assert "6 steps in a row (steps 1-6)" in signal["message"] and "every group had zero reward std" in signal["message"]
+
+
+def test_reported_seed1_history_is_red_with_collapse_onto_unknown(tmp_path):
+    """Issue 17's seed-1 run, rebuilt from its reported figures (tests/fixtures/run_seed1_reported/SOURCE.md)."""
+    report = real_run(tmp_path, "run_seed1_reported")
+    assert report["verdict"] == "red"
+    (collapse,) = [f for f in report["findings"] if f["code"] == "answer_collapse"]
+    assert collapse["task"] == "hallucination" and "collapse onto `unknown`" in collapse["message"]
+    assert "77% of the task's samples" in collapse["message"] and collapse["since"] == 45  # 6 collapsed steps of 10
+    # in the window 36-45: top answer in 6 of 10 steps (>= half), mean share (4 x 0.4 + 6 x ~0.77) / 10 >= 0.6
+    assert "[red] answer_collapse (since step 45): hallucination: collapse onto `unknown`" in format_report(report)
+
+
+def test_real_seed1_run_that_stalls_is_red(tmp_path):
+    """Seed 1 at lr 1e-3, a real run: held-out stuck at 0.703 / 0.688 from step 20, `yes` answers lost."""
+    report = real_run(tmp_path, "run_seed1_lr1e-3")
+    assert report["verdict"] == "red"
+    found = {(f["code"], f["task"]) for f in report["findings"]}
+    assert {("entropy_collapse", "fairness"), ("entropy_collapse", "hallucination"), ("answer_collapse", "fairness")} <= found
+    stalled = next(f for f in report["findings"] if f["code"] == "entropy_collapse" and f["task"] == "hallucination")
+    assert "stays at 0.688, below the solved level 0.9, over its last 3 evaluations" in stalled["message"]
+    assert any(a["code"] == "answer_collapse" and "collapse onto `unknown`" in a["message"] for a in report["cleared"])
+
+
+def test_real_seed1_run_at_the_preset_lr_recovers_and_is_green(tmp_path):
+    """The same seed at the preset's learning rate on this machine: the same lost `yes` between steps 40 and 80, then
+    1.000 on both tasks; no alarm is active at the end."""
+    report = real_run(tmp_path, "run_seed1")
+    assert report["verdict"] == "green" and report["findings"] == []
