@@ -1,252 +1,25 @@
-"""Training health: a pure post-hoc `check` over the metric history, and the step-level guard the loop calls.
+"""Training health inside the step: the guard the loop calls around every optimizer step.
 
-Two layers:
-  * `check(history, thresholds, kl_bands, evals)` reads the namespaced metric rows the trainer logged
-    (`kl/<task>`, `entropy/<task>`, `rollout/<task>/truncated`, `adv/frac_zero_std`, `judge/*`, `health/*`,
-    `eval/<task>/reward`) and returns `Finding`s; `verdict(findings)` folds them into green / yellow / red.
-    Pure: no I/O, no tensors; the report and the notebook call it on a finished or running run.
-  * `grad_norm_ok` and `WeightGuard` run inside the step: skip an optimizer step whose gradient norm is not finite
-    or absurdly large, restore the last good weights when a step leaves a non-finite parameter, and stop with
-    `TrainingUnstable` after `max_consecutive` bad steps in a row, saying what to change.
+`grad_norm_ok` and `WeightGuard` skip an optimizer step whose gradient norm is not finite or absurdly large, restore
+the last good weights when a step leaves a non-finite parameter, and stop with `TrainingUnstable` after
+`max_consecutive` bad steps in a row, saying what to change. Formula: grad norm = ||g||_2 over all trainable
+parameters, as returned by torch.nn.utils.clip_grad_norm_.
 
-Formulas (one line each, with their source):
-  * judge failure rate = Σ judge/failures / Σ judge/calls over the recent window (per-step counts; DESIGN.md rule 8).
-  * entropy drop = 1 - mean(entropy, last window) / mean(entropy, first window) (entropy collapse, DAPO §3.1).
-  * gain = eval reward after RL - eval reward before RL (after SFT when present, else before SFT).
-  * grad norm = ||g||_2 over all trainable parameters, as returned by torch.nn.utils.clip_grad_norm_.
+The checks over the metric history (findings, verdict, the online `Doctor`) live in grpo/doctor.py; the names below
+are re-exported from there for the callers that import them from here.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Iterable, Literal, Mapping, Sequence
+from typing import TYPE_CHECKING, Iterable, Mapping
+
+from grpo.doctor import Finding, HealthThresholds, check, series, tasks_in, verdict  # noqa: F401  (re-exported)
 
 if TYPE_CHECKING:
     import torch
 
-# torch is imported inside WeightGuard only: the pure checks serve `python -m grpo.plot` / `grpo.report`, which
-# should not pay the ~5 s torch import to read a jsonl file.
-
-Level = Literal["yellow", "red"]
-
-LEVEL_ORDER = {"green": 0, "yellow": 1, "red": 2}
-
-
-@dataclass(frozen=True)
-class HealthThresholds:
-    """When a metric series is unhealthy. Rates are fractions in [0, 1]; windows and patience count steps."""
-
-    kl_band_patience: int = 20
-    """Consecutive steps `kl/<task>` may sit outside its band before it is flagged. An adaptive β controller needs
-    a few tens of steps to pull KL back, so a short excursion is normal."""
-    recent_window: int = 10
-    """Steps averaged for "recent" rates (truncation, zero-std groups, judge failures, entropy at the end)."""
-    entropy_floor: float = 0.05
-    """Mean token entropy (nats) below which the policy is treated as collapsed (red): it samples nearly the same
-    completion K times, so every group has zero std and there is no learning signal left."""
-    entropy_drop_max: float = 0.8
-    """Relative fall of mean entropy from the first to the last window that is flagged (yellow)."""
-    truncation_max: float = 0.2
-    """Fraction of completions hitting max_new_tokens that is flagged: truncated answers are graded unfinished."""
-    zero_std_max: float = 0.5
-    """Fraction of groups whose K rewards are all equal (advantage 0 everywhere) that is flagged."""
-    judge_failure_max: float = 0.05
-    """Fraction of failed judge calls that is flagged; failures are excluded from groups, so they shrink batches."""
-    skipped_max: float = 0.1
-    """Fraction of optimizer steps skipped or restored that is flagged red; any restore at all is yellow."""
-    reward_regression_red: float = 0.05
-    """A held-out reward drop (after RL vs before RL) larger than this is red; a gain ≤ 0 is yellow."""
-
-
-@dataclass(frozen=True)
-class Finding:
-    """One health problem: how bad, a stable code to test and grep for, what was seen, and what to try."""
-
-    level: Level
-    code: str
-    message: str
-    suggestion: str
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# Post-hoc checks over the metric history (pure)
-# ---------------------------------------------------------------------------------------------------------------
-
-
-def tasks_in(history: Sequence[Mapping[str, Any]], prefix: str, suffix: str = "") -> list[str]:
-    """Task names `t` for which some row has key `prefix + t + suffix`, in order of first appearance."""
-    seen: dict[str, None] = {}
-    for row in history:
-        for key in row:
-            if key.startswith(prefix) and key.endswith(suffix):
-                task = key[len(prefix) : len(key) - len(suffix)]
-                if task and "/" not in task:
-                    seen.setdefault(task, None)
-    return list(seen)
-
-
-def series(history: Sequence[Mapping[str, Any]], key: str) -> list[tuple[int, float]]:
-    """(step, value) for every row holding a numeric `key`; non-finite values are kept (the caller decides)."""
-    out = []
-    for i, row in enumerate(history):
-        value = row.get(key)
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            out.append((int(row.get("step", i)), float(value)))
-    return out
-
-
-def _mean(values: Iterable[float]) -> float:
-    vals = [v for v in values if math.isfinite(v)]
-    return sum(vals) / len(vals) if vals else math.nan
-
-
-def _recent(history: Sequence[Mapping[str, Any]], key: str, window: int) -> float:
-    return _mean(v for _, v in series(history, key)[-window:])
-
-
-def _check_non_finite(history: Sequence[Mapping[str, Any]]) -> list[Finding]:
-    bad: dict[str, int] = {}
-    for i, row in enumerate(history):
-        for key, value in row.items():
-            if isinstance(value, float) and not math.isfinite(value):
-                bad.setdefault(key, int(row.get("step", i)))
-    if not bad:
-        return []
-    first = ", ".join(f"{k} (step {s})" for k, s in list(bad.items())[:5])
-    return [Finding("red", "non_finite", f"non-finite metric values: {first}",
-                    "look at the first step listed; lower the learning rate or max_grad_norm, check rewards for NaN")]
-
-
-def _longest_outside(points: list[tuple[int, float]], low: float, high: float) -> tuple[int, str, int]:
-    """Longest run of consecutive points outside [low, high]: (length, "above"|"below", first step of the run)."""
-    best, best_side, best_start = 0, "", -1
-    run, side, start = 0, "", -1
-    for step, value in points:
-        now = "above" if value > high else "below" if value < low else ""
-        if now and now == side:
-            run += 1
-        elif now:
-            run, side, start = 1, now, step
-        else:
-            run, side = 0, ""
-        if run > best:
-            best, best_side, best_start = run, side, start
-    return best, best_side, best_start
-
-
-def _check_kl(history, th: HealthThresholds, kl_bands) -> list[Finding]:
-    out = []
-    for task, (low, high) in (kl_bands or {}).items():
-        length, side, start = _longest_outside(series(history, f"kl/{task}"), low, high)
-        if length < th.kl_band_patience:
-            continue
-        fix = ("β is not pulling KL back: raise its initial value or adaptation rate, or lower the learning rate"
-               if side == "above" else "lower β or raise the learning rate; the policy is barely moving")
-        out.append(Finding("yellow", "kl_out_of_band",
-                           f"kl/{task} stayed {side} its band [{low:g}, {high:g}] for {length} steps from step {start}",
-                           fix))
-    return out
-
-
-def _check_entropy(history, th: HealthThresholds) -> list[Finding]:
-    out = []
-    for task in tasks_in(history, "entropy/"):
-        points = [v for _, v in series(history, f"entropy/{task}")]
-        if not points:
-            continue
-        first, last = _mean(points[: th.recent_window]), _mean(points[-th.recent_window :])
-        if last < th.entropy_floor:
-            out.append(Finding("red", "entropy_collapse",
-                               f"entropy/{task} fell to {last:.3g} nats (floor {th.entropy_floor:g})",
-                               "raise the sampling temperature, raise β, or use clip-higher (eps_high > eps_low)"))
-        elif first > 0 and 1.0 - last / first > th.entropy_drop_max:
-            out.append(Finding("yellow", "entropy_drop",
-                               f"entropy/{task} fell by {100 * (1 - last / first):.0f}% ({first:.3g} -> {last:.3g})",
-                               "watch for collapse; consider clip-higher, a higher temperature or a larger β"))
-    return out
-
-
-def _check_rates(history, th: HealthThresholds) -> list[Finding]:
-    out, w = [], th.recent_window
-    for task in tasks_in(history, "rollout/", "/truncated"):
-        rate = _recent(history, f"rollout/{task}/truncated", w)
-        if rate > th.truncation_max:
-            out.append(Finding("yellow", "truncation",
-                               f"{100 * rate:.0f}% of {task} completions hit max_new_tokens (max {100 * th.truncation_max:.0f}%)",
-                               "raise rollout.max_new_tokens or add a length penalty / format reward"))
-    zero = _recent(history, "adv/frac_zero_std", w)
-    rewards = [_recent(history, f"reward/{t}/mean", w) for t in tasks_in(history, "reward/", "/mean")]
-    solved = bool(rewards) and all(r >= SOLVED_REWARD for r in rewards)  # equal rewards because all are right
-    if zero > th.zero_std_max and not solved:
-        out.append(Finding("yellow", "zero_std_groups",
-                           f"{100 * zero:.0f}% of groups have zero reward std (max {100 * th.zero_std_max:.0f}%)",
-                           "raise K (samples per prompt) or the temperature, or filter prompts that are too easy/hard"))
-    calls = sum(v for _, v in series(history, "judge/calls")[-w:] if math.isfinite(v))
-    fails = sum(v for _, v in series(history, "judge/failures")[-w:] if math.isfinite(v))
-    if calls > 0 and fails / calls > th.judge_failure_max:
-        out.append(Finding("yellow", "judge_failures",
-                           f"{100 * fails / calls:.1f}% of recent judge calls failed (max {100 * th.judge_failure_max:.0f}%)",
-                           "check the judge endpoint, its rate limit and timeout; failed calls shrink the groups"))
-    return out
-
-
-def _check_guard(history, th: HealthThresholds) -> list[Finding]:
-    steps = len(series(history, "health/skipped")) or len(history)
-    skipped = sum(v for _, v in series(history, "health/skipped") if v > 0)
-    restored = sum(v for _, v in series(history, "health/restored") if v > 0)
-    out = []
-    if steps and (skipped + restored) / steps > th.skipped_max:
-        out.append(Finding("red", "skipped_steps",
-                           f"{int(skipped)} skipped + {int(restored)} restored of {steps} steps",
-                           "lower the learning rate or max_grad_norm; raise β"))
-    elif restored > 0:
-        out.append(Finding("yellow", "restored_weights", f"weights were restored {int(restored)} time(s)",
-                           "a step produced non-finite weights; lower the learning rate"))
-    return out
-
-
-def _check_reward(history, th: HealthThresholds, evals) -> list[Finding]:
-    gains: dict[str, float] = {}
-    if evals and "after_rl" in evals:
-        before = evals.get("after_sft") or evals.get("before_sft") or {}
-        gains = {t: r - before[t] for t, r in evals["after_rl"].items() if t in before}
-    else:
-        for task in tasks_in(history, "eval/", "/reward"):
-            points = series(history, f"eval/{task}/reward")
-            if len(points) >= 2:
-                gains[task] = points[-1][1] - points[0][1]
-    out = []
-    for task, gain in gains.items():
-        if gain < -th.reward_regression_red:
-            out.append(Finding("red", "reward_regressed", f"held-out {task} reward fell by {-gain:.3f} during RL",
-                               "lower the learning rate, raise β, check the reward for hacking (read samples)"))
-        elif gain <= 0:
-            out.append(Finding("yellow", "reward_flat", f"held-out {task} reward did not improve ({gain:+.3f})",
-                               "train longer, raise the learning rate, or check that rewards vary within groups"))
-    return out
-
-
-def check(history: Sequence[Mapping[str, Any]], thresholds: HealthThresholds | None = None,
-          kl_bands: Mapping[str, tuple[float, float]] | None = None,
-          evals: Mapping[str, Mapping[str, float]] | None = None) -> list[Finding]:
-    """All health findings for a metric history (rows as logged to metrics.jsonl, in step order).
-
-    `kl_bands` maps task -> (low, high); tasks without a band are not KL-checked. `evals` is eval.json
-    ({"before_sft"|"after_sft"|"after_rl": {task: reward}}); without it the first and last `eval/<task>/reward`
-    rows of the history are compared. Pure: returns findings, decides nothing.
-    """
-    th = thresholds or HealthThresholds()
-    return (_check_non_finite(history) + _check_kl(history, th, kl_bands) + _check_entropy(history, th)
-            + _check_rates(history, th) + _check_guard(history, th) + _check_reward(history, th, evals))
-
-
-def verdict(findings: Sequence[Finding]) -> tuple[str, list[str]]:
-    """("green"|"yellow"|"red", reasons): the worst level present; reasons list red findings first."""
-    if not findings:
-        return "green", ["all health checks passed"]
-    ordered = sorted(findings, key=lambda f: -LEVEL_ORDER[f.level])
-    return ordered[0].level, [f"[{f.level}] {f.code}: {f.message}" for f in ordered]
+# torch is imported inside WeightGuard only: this module is imported by tools that read a jsonl file.
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -268,7 +41,6 @@ def grad_norm_ok(norm: float | torch.Tensor, max_norm_skip: float | None) -> tup
     return True, ""
 
 
-SOLVED_REWARD = 0.9  # mean training reward above which all-equal groups mean "solved", not "no signal"
 ON_DEVICE_SNAPSHOT_BYTES = 512 * 2**20
 """Up to this size (a LoRA adapter) the last good copy stays on the GPU. A full fine-tuned model's copy goes to pinned
 CPU memory instead. Measured on an H100 with a Qwen2.5-0.5B-shaped bf16 model (0.92 GiB of weights): pinned CPU takes

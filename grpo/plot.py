@@ -3,7 +3,8 @@
 Panels, sharing x = step: held-out reward per task (eval/<task>/reward, with the before-/after-SFT levels from
 eval.json dotted), training reward per task (raw, faint, and a trailing moving average), KL per task with its band
 shaded (config["kl"][task]["band_low"/"band_high"]), β per task, completion length, truncated fraction, mean
-token entropy, gradient norm with the clip / skip limits and skipped / restored steps marked.
+token entropy, gradient norm with the clip / skip limits and skipped / restored steps marked, the share of each
+step's most common answer (with the doctor's collapse limit and its red alarms shaded), zero-std groups per task.
 
     python -m grpo.plot RUN_DIR
 
@@ -18,7 +19,7 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from grpo.report import kl_bands
-from grpo.health import HealthThresholds, series, tasks_in
+from grpo.doctor import HealthThresholds, series, tasks_in
 from grpo.tracking import read_metrics
 
 PLOT_FILE = "plot.png"
@@ -116,6 +117,19 @@ def _panel_truncation(ax, history, tasks, colors) -> None:
     ax.set_ylim(0, min(1.0, max(TRUNCATION_AXIS_MIN, 1.5 * top)))
 
 
+def _panel_answers(ax, history, tasks, colors) -> None:
+    """Share of each step's most common answer class per task (grpo/answers.py), and the doctor's collapse limit; the
+    steps where the doctor had a red alarm (doctor/red > 0) shaded."""
+    _panel_per_task(ax, history, tasks, colors, "rollout/{task}/top_share", "Top answer share (collapse -> 1); "
+                    "red alarms shaded", "fraction")
+    limit = HealthThresholds().collapse_share
+    ax.axhline(limit, color="tab:red", linestyle=":", linewidth=1, alpha=0.7, label=f"collapse limit {limit:g}")
+    ax.set_ylim(0, 1.05)
+    for step, value in series(history, "doctor/red"):
+        if value > 0:
+            ax.axvspan(step - 0.5, step + 0.5, color="tab:red", alpha=0.15, linewidth=0)
+
+
 def _find_key(tree: Any, key: str) -> Any:
     """The first value under `key` anywhere in a nested config dict (section names may change), else None."""
     if isinstance(tree, dict):
@@ -179,7 +193,7 @@ def plot_run(run_dir: str | Path) -> Path:
     colors = {t: palette[i % len(palette)] for i, t in enumerate(tasks)}
     bands = kl_bands(config, tasks)
 
-    fig, axes = plt.subplots(4, 2, figsize=(14, 14), sharex=True)
+    fig, axes = plt.subplots(5, 2, figsize=(14, 17), sharex=True)
     _panel_eval(axes[0, 0], history, tasks, colors, evals)
     _panel_reward(axes[0, 1], history, tasks, colors)
     _panel_kl(axes[1, 0], history, tasks, colors, bands)
@@ -188,6 +202,9 @@ def plot_run(run_dir: str | Path) -> Path:
     _panel_truncation(axes[2, 1], history, tasks, colors)
     _panel_per_task(axes[3, 0], history, tasks, colors, "entropy/{task}", "Mean token entropy (collapse -> 0)", "nats")
     _panel_grad(axes[3, 1], history, config)
+    _panel_answers(axes[4, 0], history, tasks, colors)
+    _panel_per_task(axes[4, 1], history, tasks, colors, "adv/{task}/frac_zero_std", "Zero-std groups (no signal)",
+                    "fraction")
     for ax in axes.flat:
         ax.grid(True, alpha=0.3)
         if ax.get_legend_handles_labels()[0]:

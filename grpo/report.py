@@ -16,7 +16,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from grpo.health import HealthThresholds, check, series, tasks_in, verdict
+from grpo.doctor import VERDICT_TEXT, HealthThresholds, check, replayed, rl_steps, series, tasks_in, verdict
 from grpo.tracking import read_metrics
 
 REPORT_FILE = "report.json"
@@ -75,16 +75,20 @@ def build_report(run_dir: str | Path, thresholds: HealthThresholds | None = None
     """Build the report of a run folder, write it to RUN_DIR/report.json, and return it.
 
     Keys: run_dir, summary {rows, last_step, time_total_s, skipped_steps, restored_steps}, tasks {task: {before_sft,
-    after_sft, after_rl, delta, delta_sft, delta_rl}}, findings [{level, code, message, suggestion}],
-    suggestions [str], verdict "green"|"yellow"|"red", reasons [str]. A run without eval.json still gets its
+    after_sft, after_rl, delta, delta_sft, delta_rl}}, findings [{level, code, message, suggestion, task, since}]
+    (active at the end of the run; `since` = the step a window finding fired at), suggestions [str], verdict
+    "green"|"yellow"|"too_short"|"red" (grpo/doctor.verdict), reasons [str], cleared [{code, task, level, first_step,
+    last_step, message}] (alarms that fired during the run and stopped). A run without eval.json still gets its
     health findings; a run without metrics.jsonl raises FileNotFoundError naming the path.
     """
     run_dir = Path(run_dir)
     history = read_metrics(run_dir)
     evals = _load_json(run_dir / "eval.json")
     config = _load_json(run_dir / "config.json")
-    findings = check(history, thresholds, kl_bands(config, tasks_in(history, "kl/")), evals or None)
-    level, reasons = verdict(findings)
+    bands = kl_bands(config, tasks_in(history, "kl/"))
+    findings = check(history, thresholds, bands, evals or None, config)
+    level, reasons = verdict(findings, rl_steps(history), thresholds)
+    cleared = replayed(history, thresholds, bands, evals or None, config).cleared
     suggestions = list(dict.fromkeys(f.suggestion for f in findings))
     if not evals:
         reasons.append("no eval.json: the before/after table is empty")
@@ -96,6 +100,7 @@ def build_report(run_dir: str | Path, thresholds: HealthThresholds | None = None
         "suggestions": suggestions,
         "verdict": level,
         "reasons": reasons,
+        "cleared": [asdict(a) for a in cleared],
     }
     (run_dir / REPORT_FILE).write_text(json.dumps(report, indent=2) + "\n")
     return report
@@ -113,7 +118,8 @@ def format_report(report: Mapping[str, Any]) -> str:
     lines = [f"Run {report['run_dir']}: {s['rows']} logged steps (last {s['last_step']}), "
              f"{s['time_total_s'] / 60:.1f} min of steps, {s['skipped_steps']} skipped, "
              f"{s['restored_steps']} restored",
-             f"Verdict: {report['verdict'].upper()}", ""]
+             f"Verdict: {VERDICT_TEXT.get(report['verdict'], report['verdict'].upper())}"
+             + (f": {report['reasons'][0].split(': ', 1)[-1]}" if report["verdict"] == "too_short" else ""), ""]
     header = ["task", "before_sft", "after_sft", "after_rl", "Δ sft", "Δ rl", "Δ total"]
     rows = [[task, _cell(r["before_sft"]), _cell(r["after_sft"]), _cell(r["after_rl"]),
              _cell(r["delta_sft"], True), _cell(r["delta_rl"], True), _cell(r["delta"], True)]
@@ -127,10 +133,13 @@ def format_report(report: Mapping[str, Any]) -> str:
     if report["findings"]:
         lines.append("Findings:")
         for f in report["findings"]:
-            lines.append(f"  [{f['level']}] {f['code']}: {f['message']}")
+            since = f" (since step {f['since']})" if f.get("since") is not None else ""
+            lines.append(f"  [{f['level']}] {f['code']}{since}: {f['message']}")
             lines.append(f"      -> {f['suggestion']}")
     else:
         lines.append("Findings: none; all health checks passed")
+    for a in report.get("cleared", []):
+        lines.append(f"  (cleared) [{a['level']}] {a['code']} steps {a['first_step']}-{a['last_step']}: {a['message']}")
     return "\n".join(lines)
 
 

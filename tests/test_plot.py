@@ -14,7 +14,7 @@ from grpo.plot import plot_run
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURE = ROOT / "tests" / "fixtures" / "run_demo"
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
-MIN_PNG_BYTES = 20_000  # eight panels with lines and text; an empty figure of this size is still ~15 kB
+MIN_PNG_BYTES = 20_000  # ten panels with lines and text; an empty figure of this size is still ~15 kB
 
 
 @pytest.fixture

@@ -64,3 +64,95 @@ def test_missing_phases_and_missing_eval(run_dir):
     (run_dir / "eval.json").unlink()
     report = build_report(run_dir)
     assert report["tasks"] == {} and report["reasons"][-1].startswith("no eval.json")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Verdicts of real runs (trimmed by tests/fixtures/make_run_fixture.py; each folder's SOURCE.md gives the command)
+# ---------------------------------------------------------------------------------------------------------------
+
+FIXTURES = FIXTURE.parent
+
+
+def real_run(tmp_path, name):
+    dst = tmp_path / name
+    shutil.copytree(FIXTURES / name, dst, ignore=shutil.ignore_patterns("report.json", "*.md"))
+    return build_report(dst)
+
+
+def test_demo_seed0_is_green(tmp_path):
+    report = real_run(tmp_path, "run_seed0")
+    assert report["verdict"] == "green" and report["findings"] == []
+    assert format_report(report).splitlines()[1] == "Verdict: GREEN"
+
+
+def test_lora_run_with_zero_reward_at_every_step_is_red(tmp_path):
+    report = real_run(tmp_path, "run_lora_zero")
+    assert report["verdict"] == "red"
+    found = {(f["code"], f["task"]) for f in report["findings"]}
+    assert {("no_learning_signal", ""), ("reward_stuck", "fairness"), ("reward_stuck", "hallucination")} <= found
+    signal = next(f for f in report["findings"] if f["code"] == "no_learning_signal")
+    assert "120 steps in a row (steps 1-120)" in signal["message"]
+    assert signal["suggestion"].startswith("try `model.lora=false`: the warm-up ended at loss 3.96 nats per token")
+
+
+def test_notebook_three_steps_are_too_short_to_judge(tmp_path):
+    report = real_run(tmp_path, "run_notebook")
+    assert report["verdict"] == "too_short"
+    assert report["reasons"][0].startswith("too short to judge: 3 RL step(s)")
+    (signal,) = [f for f in report["findings"] if f["code"] == "no_learning_signal"]  # its 3 steps had loss 0, gnorm 0
+    assert signal["level"] == "yellow" and "in any of the 3 step(s) so far" in signal["message"]
+    assert format_report(report).splitlines()[1].startswith("Verdict: TOO SHORT TO JUDGE: 3 RL step(s), at least 20")
+
+
+def zero_reward(completion: str, gold: dict) -> float:
+    """A reward no completion can raise: every group of K is all zeros."""
+    return 0.0
+
+
+@pytest.mark.usefixtures("one_thread")
+def test_a_real_run_that_cannot_learn_is_red(tmp_path):
+    """Through grpo_train's own functions: a tiny model whose reward is 0 for every completion trains 6 steps; the
+    report of its run folder says RED (no learning signal), not too short and not yellow. (The steps take ~2 s; the
+    first import of transformers, when no other test did it, most of the rest.)"""
+    import grpo_train as G
+    from tests.trainer_helpers import fast_config
+
+    zero = "tests.test_report:zero_reward:1.0"
+    run = G.setup(fast_config(tmp_path, "train.max_steps=6", f"rewards.fairness={zero}", f"rewards.hallucination={zero}",
+                              "rollout.k=2", "rollout.max_new_tokens=2", "train.prompts_per_micro_step=1"))
+    for step in range(1, 7):
+        G.rl_step(run, step)
+    run.tracker.close()
+    report = build_report(run.run_dir)
+    assert report["verdict"] == "red", report["reasons"]
+    (signal,) = [f for f in report["findings"] if f["code"] == "no_learning_signal"]
+    assert "6 steps in a row (steps 1-6)" in signal["message"] and "every group had zero reward std" in signal["message"]
+
+
+def test_reported_seed1_history_is_red_with_collapse_onto_unknown(tmp_path):
+    """Issue 17's seed-1 run, rebuilt from its reported figures (tests/fixtures/run_seed1_reported/SOURCE.md)."""
+    report = real_run(tmp_path, "run_seed1_reported")
+    assert report["verdict"] == "red"
+    (collapse,) = [f for f in report["findings"] if f["code"] == "answer_collapse"]
+    assert collapse["task"] == "hallucination" and "collapse onto `unknown`" in collapse["message"]
+    assert "77% of the task's samples" in collapse["message"] and collapse["since"] == 45  # 6 collapsed steps of 10
+    # in the window 36-45: top answer in 6 of 10 steps (>= half), mean share (4 x 0.4 + 6 x ~0.77) / 10 >= 0.6
+    assert "[red] answer_collapse (since step 45): hallucination: collapse onto `unknown`" in format_report(report)
+
+
+def test_real_seed1_run_that_stalls_is_red(tmp_path):
+    """Seed 1 at lr 1e-3, a real run: held-out stuck at 0.703 / 0.688 from step 20, `yes` answers lost."""
+    report = real_run(tmp_path, "run_seed1_lr1e-3")
+    assert report["verdict"] == "red"
+    found = {(f["code"], f["task"]) for f in report["findings"]}
+    assert {("entropy_collapse", "fairness"), ("entropy_collapse", "hallucination"), ("answer_collapse", "fairness")} <= found
+    stalled = next(f for f in report["findings"] if f["code"] == "entropy_collapse" and f["task"] == "hallucination")
+    assert "stays at 0.688, below the solved level 0.9, over its last 3 evaluations" in stalled["message"]
+    assert any(a["code"] == "answer_collapse" and "collapse onto `unknown`" in a["message"] for a in report["cleared"])
+
+
+def test_real_seed1_run_at_the_preset_lr_recovers_and_is_green(tmp_path):
+    """The same seed at the preset's learning rate on this machine: the same lost `yes` between steps 40 and 80, then
+    1.000 on both tasks; no alarm is active at the end."""
+    report = real_run(tmp_path, "run_seed1")
+    assert report["verdict"] == "green" and report["findings"] == []

@@ -1,0 +1,116 @@
+"""The README's demo results table, from real runs: run the demo for seeds 0-2 (or read run folders) and print it.
+
+    python scripts/results_table.py                       # runs `python grpo_train.py --seed N` for N = 0, 1, 2
+    python scripts/results_table.py --write               # ... and replaces the table in README.md
+    python scripts/results_table.py --runs DIR0 DIR1 DIR2 # reads finished run folders instead (seed from config.json)
+    python scripts/results_table.py --seeds 0 1 2 3 4 --out /tmp/demo_runs
+
+Columns, per seed and task, from the run's eval.json (greedy held-out reward, rule graders): before SFT, after SFT,
+after RL, RL gain = after RL − after SFT; the wall time of the whole run (from config.json, written at start-up, to
+report.json, written at the end), on the seed's first row. The rewards are deterministic for a given machine and
+thread count (the demo pins every RNG); the wall time is not, so `tests/test_results_table.py` compares the reward
+columns exactly and only the time column's format. Runs use OMP_NUM_THREADS=2 unless it is set (the README's
+"2 CPU cores").
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+README = ROOT / "README.md"
+SEEDS = (0, 1, 2)
+HEADER = "| seed | task | before SFT | after SFT | after RL | RL gain | wall time (2 CPU cores) |"
+RULE = "|---|---|---|---|---|---|---|"
+TIME_CELL = re.compile(r"^(\d+ s)?$")
+"""A time cell: whole seconds on a seed's first row, empty on its other rows."""
+
+
+def table_rows(run_dir: Path) -> list[str]:
+    """The table rows of one finished demo run folder (eval.json, config.json, report.json), tasks in sorted order."""
+    evals = json.loads((run_dir / "eval.json").read_text())
+    seed = json.loads((run_dir / "config.json").read_text())["train"]["seed"]
+    missing = [p for p in ("before_sft", "after_sft", "after_rl") if p not in evals]
+    if missing:
+        raise ValueError(f"{run_dir / 'eval.json'} has no {missing} phase(s): is the run finished, with an SFT warm-up?")
+    seconds = (run_dir / "report.json").stat().st_mtime - (run_dir / "config.json").stat().st_mtime
+    rows = []
+    for i, task in enumerate(sorted(evals["after_rl"])):
+        before, sft, rl = evals["before_sft"][task], evals["after_sft"][task], evals["after_rl"][task]
+        time_cell = f" {seconds:.0f} s |" if i == 0 else " |"  # the README writes an empty cell as "| |"
+        rows.append(f"| {seed} | {task} | {before:.3f} | {sft:.3f} | {rl:.3f} | {rl - sft:+.3f} |{time_cell}")
+    return rows
+
+
+def table(run_dirs: list[Path]) -> str:
+    """The whole table: header, rule, and every run's rows in the order given."""
+    return "\n".join([HEADER, RULE] + [row for d in run_dirs for row in table_rows(d)])
+
+
+def run_demo(seed: int, out: Path) -> Path:
+    """`python grpo_train.py --seed SEED` into OUT/seedSEED; returns the run folder. Raises on a failed run."""
+    name = f"seed{seed}"
+    env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "2")}
+    done = subprocess.run([sys.executable, str(ROOT / "grpo_train.py"), "--seed", str(seed), "--output-dir", str(out),
+                           "--run-name", name], cwd=ROOT, env=env, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise RuntimeError(f"demo seed {seed} failed (exit {done.returncode}):\n{done.stdout[-2000:]}{done.stderr[-2000:]}")
+    return out / name
+
+
+def readme_table(text: str) -> str:
+    """The results table in README text: the HEADER line and the table lines right after it."""
+    lines = text.splitlines()
+    if HEADER not in lines:
+        raise ValueError(f"README.md has no results table: no line equal to {HEADER!r}")
+    start = lines.index(HEADER)
+    end = start + 1
+    while end < len(lines) and lines[end].startswith("|"):
+        end += 1
+    return "\n".join(lines[start:end])
+
+
+def replace_table(text: str, new_table: str) -> str:
+    """README text with its results table replaced by `new_table` (everything else unchanged)."""
+    old = readme_table(text)
+    return text.replace(old, new_table, 1)
+
+
+def rewards_only(table_text: str) -> list[list[str]]:
+    """The cells of every table row without the time column (what must match between two runs of the same code)."""
+    return [[c.strip() for c in line.strip("|").split("|")][:-1] for line in table_text.splitlines()[2:]]
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--runs", nargs="+", type=Path, help="finished run folders to read instead of running")
+    parser.add_argument("--seeds", nargs="+", type=int, default=list(SEEDS), help="seeds to run (default 0 1 2)")
+    parser.add_argument("--out", type=Path, default=None, help="where the runs go (default: a temporary folder)")
+    parser.add_argument("--write", action="store_true", help="replace the table in README.md with the new one")
+    args = parser.parse_args(argv)
+    try:
+        if args.runs:
+            dirs = args.runs
+        else:
+            out = args.out or Path(tempfile.mkdtemp(prefix="results_table_"))
+            dirs = [run_demo(seed, out) for seed in args.seeds]
+        text = table(dirs)
+    except (OSError, ValueError, KeyError, RuntimeError) as err:
+        print(f"results_table: {err}", file=sys.stderr)
+        return 1
+    print(text)
+    if args.write:
+        README.write_text(replace_table(README.read_text(), text))
+        print(f"wrote the table into {README}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,79 @@
+"""scripts/results_table.py: the README's demo results table comes from real runs.
+
+The fast tests check the script's rows against a run folder worked out by hand and that the README's table has the
+script's format. The slow one runs the demo for seeds 0-2 (about a minute each on 2 CPU cores) and checks that the
+committed README table holds exactly the rewards the committed code produces; the wall-time column differs from run
+to run and is only checked for its format. Regenerate the table with `python scripts/results_table.py --write`.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import sys
+
+import pytest
+
+from conftest import ROOT
+
+
+def load_script():
+    spec = importlib.util.spec_from_file_location("results_table", ROOT / "scripts" / "results_table.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+RT = load_script()
+
+
+def fake_run(folder, seed, evals, seconds):
+    folder.mkdir(parents=True)
+    (folder / "eval.json").write_text(json.dumps(evals))
+    (folder / "config.json").write_text(json.dumps({"train": {"seed": seed}}))
+    (folder / "report.json").write_text("{}")
+    os.utime(folder / "config.json", (1_000, 1_000))
+    os.utime(folder / "report.json", (1_000 + seconds, 1_000 + seconds))
+    return folder
+
+
+def test_rows_from_a_run_folder(tmp_path):
+    evals = {"before_sft": {"halu": 0.0, "fair": 0.25}, "after_sft": {"halu": 0.5, "fair": 0.515625},
+             "step_20": {"halu": 0.75, "fair": 0.5}, "after_rl": {"halu": 1.0, "fair": 0.46875}}
+    rows = RT.table_rows(fake_run(tmp_path / "r", 7, evals, 48.4))
+    # tasks sorted; gain = after RL - after SFT; the time (report.json - config.json mtime) on the first row only
+    assert rows == ["| 7 | fair | 0.250 | 0.516 | 0.469 | -0.047 | 48 s |",
+                    "| 7 | halu | 0.000 | 0.500 | 1.000 | +0.500 | |"]
+    with pytest.raises(ValueError, match=r"no \['after_rl'\] phase"):
+        RT.table_rows(fake_run(tmp_path / "unfinished", 7, {"before_sft": {}, "after_sft": {}}, 1))
+
+
+def test_readme_table_has_the_scripts_format():
+    text = RT.readme_table((ROOT / "README.md").read_text())
+    lines = text.splitlines()
+    assert lines[:2] == [RT.HEADER, RT.RULE]
+    assert [row[:2] for row in RT.rewards_only(text)] == [[str(s), t] for s in RT.SEEDS
+                                                          for t in ("fairness", "hallucination")]
+    for line in lines[2:]:
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        before, sft, rl, gain = (float(c) for c in cells[2:6])
+        assert abs(gain - (rl - sft)) <= 0.0011  # after RL - after SFT (each cell rounded on its own)
+        assert RT.TIME_CELL.match(cells[6]), f"time cell {cells[6]!r}"
+
+
+def test_write_replaces_only_the_table():
+    text = "intro\n\n" + RT.HEADER + "\n" + RT.RULE + "\n| 0 | a | 0.000 | 0.100 | 0.200 | +0.100 | 5 s |\n\nafter\n"
+    new = RT.HEADER + "\n" + RT.RULE + "\n| 0 | a | 0.000 | 0.100 | 0.900 | +0.800 | 6 s |"
+    assert RT.replace_table(text, new) == "intro\n\n" + new + "\n\nafter\n"
+
+
+@pytest.mark.slow
+def test_readme_table_is_what_the_committed_code_produces(tmp_path):
+    """Runs `python grpo_train.py --seed N` for N = 0, 1, 2 (the script's own runner) and compares every reward cell."""
+    runs = [RT.run_demo(seed, tmp_path) for seed in RT.SEEDS]
+    produced = RT.table(runs)
+    committed = RT.readme_table((ROOT / "README.md").read_text())
+    assert RT.rewards_only(produced) == RT.rewards_only(committed), (
+        "README.md's results table is not what the code produces; regenerate it with "
+        f"`{sys.executable} scripts/results_table.py --write`. Produced:\n{produced}")
