@@ -34,9 +34,10 @@ def figures(*sets: str, gpu: str = "a100-40", **changes) -> dict:
     `changes` set inputs the command line cannot (logits_to_keep, the k-bit fp32 upcast)."""
     from config import load_config
     from grpo.memory import GIB, estimate
+    from grpo.memory_inputs import inputs_from_config
 
     gpu_gib, capability = check_gpu_memory.GPUS[gpu]
-    x = check_gpu_memory.inputs_from_config(load_config("llama3-8b-dual", list(sets)), capability)
+    x = inputs_from_config(load_config("llama3-8b-dual", list(sets)), capability)
     est = estimate(dataclasses.replace(x, **changes))
     parts = {("persistent", k): v / GIB for k, v in est.persistent.items()}
     parts |= {(p, k): v / GIB for p, ps in est.phases.items() for k, v in ps.items()}
