@@ -52,7 +52,7 @@ class_ids() { local row; for row in "${CLASSES[@]}"; do echo "${row%%|*}"; done;
 
 if [ -n "$ONLY" ]; then
   for wanted in ${ONLY//,/ }; do
-    if ! class_ids | grep -qx -- "$wanted"; then
+    if ! class_ids | grep -x -- "$wanted" >/dev/null; then  # not -q: an early exit would SIGPIPE class_ids, and pipefail would call a known class unknown
       echo "force_update.sh: unknown bug class '$wanted'; known: $(class_ids | tr '\n' ' ')" >&2
       exit 2
     fi
@@ -130,7 +130,7 @@ passed=0; failed=0; LOG="$(mktemp)"; trap 'rm -f "$LOG"' EXIT
 echo "checks: running the regression tests of each bug class with $PY"
 for row in "${CLASSES[@]}"; do
   IFS='|' read -r id what tests <<<"$row"
-  if [ -n "$ONLY" ] && ! echo ",$ONLY," | grep -q ",$id,"; then continue; fi
+  if [ -n "$ONLY" ] && [[ ",$ONLY," != *",$id,"* ]]; then continue; fi
   # shellcheck disable=SC2086  # the node ids are space separated on purpose
   missing="$(missing_tests $tests | tr '\n' ' ')"
   if [ -n "$missing" ]; then
