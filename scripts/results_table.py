@@ -83,6 +83,22 @@ def replace_table(text: str, new_table: str) -> str:
     return text.replace(old, new_table, 1)
 
 
+REWARD_TOLERANCE = 2 / 64
+"""How far a committed reward cell may be from a fresh run's: two of the 64 held-out prompts. The demo pins every RNG,
+so on this machine the cells come out identical run after run (1 or 2 threads); a CPU with other float kernels can
+flip a greedy answer or two. A stale table (another preset, other code) is off by far more (e.g. after SFT 0.516 ->
+0.750 when the warm-up went from 35 to 50 steps)."""
+
+
+def rewards_differ(produced: str, committed: str, tolerance: float = REWARD_TOLERANCE) -> list[str]:
+    """The rows whose seed / task differ or whose reward cells differ by more than `tolerance` (empty = they match)."""
+    a, b = rewards_only(produced), rewards_only(committed)
+    if [r[:2] for r in a] != [r[:2] for r in b]:
+        return [f"rows differ: {[r[:2] for r in a]} vs {[r[:2] for r in b]}"]
+    return [f"seed {x[0]} {x[1]}: {x[2:]} vs {y[2:]}" for x, y in zip(a, b)
+            if any(abs(float(u) - float(v)) > tolerance for u, v in zip(x[2:], y[2:]))]
+
+
 def rewards_only(table_text: str) -> list[list[str]]:
     """The cells of every table row without the time column (what must match between two runs of the same code)."""
     return [[c.strip() for c in line.strip("|").split("|")][:-1] for line in table_text.splitlines()[2:]]

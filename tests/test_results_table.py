@@ -2,7 +2,8 @@
 
 The fast tests check the script's rows against a run folder worked out by hand and that the README's table has the
 script's format. The slow one runs the demo for seeds 0-2 (about a minute each on 2 CPU cores) and checks that the
-committed README table holds exactly the rewards the committed code produces; the wall-time column differs from run
+committed README table holds the rewards the committed code produces (within two held-out prompts: other CPUs'
+float kernels may flip a greedy answer); the wall-time column differs from run
 to run and is only checked for its format. Regenerate the table with `python scripts/results_table.py --write`.
 """
 
@@ -62,6 +63,14 @@ def test_readme_table_has_the_scripts_format():
         assert RT.TIME_CELL.match(cells[6]), f"time cell {cells[6]!r}"
 
 
+def test_rewards_differ_allows_two_prompts_and_no_more():
+    row = "| 0 | a | 0.000 | {} | 1.000 | +0.500 | 5 s |"
+    table = lambda cell: RT.HEADER + "\n" + RT.RULE + "\n" + row.format(cell)  # noqa: E731
+    assert RT.rewards_differ(table("0.500"), table("0.531")) == []  # 2/64 = 0.03125
+    assert RT.rewards_differ(table("0.500"), table("0.547")) == ["seed 0 a: ['0.000', '0.500', '1.000', '+0.500'] vs "
+                                                                 "['0.000', '0.547', '1.000', '+0.500']"]
+
+
 def test_write_replaces_only_the_table():
     text = "intro\n\n" + RT.HEADER + "\n" + RT.RULE + "\n| 0 | a | 0.000 | 0.100 | 0.200 | +0.100 | 5 s |\n\nafter\n"
     new = RT.HEADER + "\n" + RT.RULE + "\n| 0 | a | 0.000 | 0.100 | 0.900 | +0.800 | 6 s |"
@@ -74,6 +83,6 @@ def test_readme_table_is_what_the_committed_code_produces(tmp_path):
     runs = [RT.run_demo(seed, tmp_path) for seed in RT.SEEDS]
     produced = RT.table(runs)
     committed = RT.readme_table((ROOT / "README.md").read_text())
-    assert RT.rewards_only(produced) == RT.rewards_only(committed), (
+    assert not RT.rewards_differ(produced, committed), (
         "README.md's results table is not what the code produces; regenerate it with "
         f"`{sys.executable} scripts/results_table.py --write`. Produced:\n{produced}")
