@@ -31,33 +31,54 @@ def _dotted(item: str) -> str:
     return f"{ALIASES.get(key.strip(), key.strip())}{eq}{value}" if eq else item
 
 
+def looks_like_flag(arg: str) -> bool:
+    """`--name...`: what the next flag looks like. A value that starts so (`--rollout.k --max-steps 5` took
+    `--max-steps` as k's value) must be given as `--field=value`."""
+    return arg.startswith("--") and arg[2:3].isalpha()
+
+
+def _value_after(argv: list[str], i: int, field: str | None) -> str:
+    """The value of the flag argv[i], which sets `field` (None: --set); a ConfigError naming the field when the
+    flag has no value: it ends the command line, or the next flag follows it."""
+    flag = argv[i]
+    if i + 1 < len(argv) and not looks_like_flag(argv[i + 1]):
+        return argv[i + 1]
+    what = f"config field `{field}` has no value" if field else f"{flag} has no section.field=value"
+    after = f"{flag} is followed by the flag {argv[i + 1]}" if i + 1 < len(argv) else f"{flag} ends the command line"
+    how = (f"write {flag} VALUE (a value that starts with -- as {flag}=VALUE)" if field
+           else f"write {flag} section.field=value")
+    raise C.ConfigError(f"{what}: {after}; {how}", field=field)
+
+
 def split_argv(argv: list[str]) -> tuple[list[str], list[str]]:
     """Turn `--section.field value`, `--section.field=value`, `--set k=v` and the ALIASES shortcuts into
     `section.field=value` overrides (for config.load_config).
 
-    Returns (overrides, rest) where rest holds the flags the entry point handles itself.
+    Returns (overrides, rest) where rest holds the flags the entry point handles itself. A flag that sets a field
+    and is followed by another flag instead of its value, or a bare `--section`, is a ConfigError naming the field.
     """
+    sections = {f.name for f in dataclasses.fields(C.Config)} - {"preset"}
     overrides, rest = [], []
     i = 0
     while i < len(argv):
         arg = argv[i]
         if arg == "--set":
-            if i + 1 >= len(argv):
-                raise C.ConfigError("--set needs section.field=value")
-            overrides.append(_dotted(argv[i + 1]))
+            overrides.append(_dotted(_value_after(argv, i, None)))
             i += 2
             continue
         if arg.startswith("--") and len(arg) > 2:
             body = arg[2:]
             key = body.split("=", 1)[0]
+            if key in sections and key not in ALIASES:  # `--rollout 8`: a section has no value of its own
+                raise C.ConfigError(f"`{key}` is a config section, not a field: write --{key}.<field> VALUE "
+                                    f"(python grpo_train.py --help lists the fields)", field=key)
             if "." in key or key in ALIASES:
                 if "=" in body:
                     overrides.append(_dotted(body))
                     i += 1
                 else:
-                    if i + 1 >= len(argv):
-                        raise C.ConfigError(f"{arg} needs a value")
-                    overrides.append(_dotted(f"{key}={argv[i + 1]}"))
+                    field = ALIASES.get(key, key)
+                    overrides.append(_dotted(f"{key}={_value_after(argv, i, field)}"))
                     i += 2
                 continue
         rest.append(arg)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import json
+import math
 import types
 import typing
 from dataclasses import dataclass, field
@@ -500,8 +501,13 @@ def _field_types(cls: type) -> dict[str, Any]:
     return typing.get_type_hints(cls)
 
 
+MAX_FLOAT_INT = 2**1024
+"""Integers from here up have no float (float(2**1024) raises OverflowError): such a number is infinite to a float
+field."""
+
+
 def parse_value(text: str, annotation: Any, name: str) -> Any:
-    """Parse a command-line string into the field's declared type."""
+    """Parse a command-line string into the field's declared type (numbers through `_finite`)."""
     origin = typing.get_origin(annotation)
     args = typing.get_args(annotation)
     if origin in (typing.Union, types.UnionType):
@@ -518,25 +524,78 @@ def parse_value(text: str, annotation: Any, name: str) -> Any:
         raise field_error(name, text, "use true or false")
     if annotation in (int, float):
         try:
-            return annotation(text)
+            number = annotation(text)
         except ValueError:
             raise field_error(name, text, f"expected {annotation.__name__}") from None
+        return _finite(number, name)
     if origin is list:
         return [s.strip() for s in text.split(",") if s.strip()]
     return text
 
 
+def _finite(value: int | float, name: str) -> int | float:
+    """The one rule on numbers, whichever way they come in (command line, config.json, a preset, Python): inf and
+    nan are refused. No field means anything by them: a non-finite learning rate, timeout or KL bound only turns
+    into NaN weights or a hung run later, far from the setting that caused it."""
+    _check(not isinstance(value, float) or math.isfinite(value), name, value,
+           "use a finite number (inf and nan are not accepted)")
+    return value
+
+
+def coerce_value(value: Any, annotation: Any, name: str) -> Any:
+    """A field's value from a command-line string (`parse_value`) or a JSON / Python value, checked against the
+    field's declared type; raises ConfigError naming the field. JSON numbers may be ints where a float is expected."""
+    if isinstance(value, str) and annotation is not str:
+        return parse_value(value, annotation, name)
+    origin = typing.get_origin(annotation)
+    if origin in (typing.Union, types.UnionType):
+        if value is None:
+            return None
+        annotation = next(a for a in typing.get_args(annotation) if a is not type(None))
+        origin = typing.get_origin(annotation)
+    if annotation is float and isinstance(value, (int, float)) and not isinstance(value, bool):
+        too_big = isinstance(value, int) and abs(value) >= MAX_FLOAT_INT  # float(10**400) would overflow
+        return _finite(math.inf if too_big else float(value), name)
+    if annotation is int and isinstance(value, int) and not isinstance(value, bool):
+        return value
+    if annotation in (bool, str) and isinstance(value, annotation):
+        return value
+    if origin is list and isinstance(value, list) and all(isinstance(v, str) for v in value):
+        return list(value)
+    expected = "a list of strings" if origin is list else getattr(annotation, "__name__", str(annotation))
+    raise field_error(name, value, f"expected {expected}")
+
+
+def _leaves(tree: dict, prefix: str) -> list[str]:
+    """The dotted names of the values in a nested dict: what an override like `rollout.k.x=3` asked to set."""
+    out = []
+    for key, value in tree.items():
+        out += _leaves(value, f"{prefix}.{key}") if isinstance(value, dict) and value else [f"{prefix}.{key}"]
+    return out
+
+
+def _table(values: Any, where: str, how: str) -> dict:
+    """`values` when it is a table (dict), else a ConfigError naming `where` (e.g. `--kl.fairness 3`) that says `how`
+    to set what it holds."""
+    if not isinstance(values, dict):
+        raise ConfigError(f"config field `{where}` = {values!r} is invalid: `{where}` is a section, not a value; "
+                          f"write {how}", field=where)
+    return values
+
+
 def _coerce_section(cls: type, values: dict[str, Any], where: str) -> Any:
     hints = _field_types(cls)
+    values = _table(values, where, f"{where}.<field>=value (fields: {sorted(hints)})")
     unknown = sorted(set(values) - set(hints))
     if unknown:
         raise ConfigError(f"unknown config field(s) {[f'{where}.{u}' for u in unknown]}: valid fields of "
                           f"`{where}` are {sorted(hints)}")
     out = {}
     for key, value in values.items():
-        if isinstance(value, str) and hints[key] is not str:
-            value = parse_value(value, hints[key], f"{where}.{key}")
-        out[key] = value
+        if isinstance(value, dict):  # `rollout.k.x=3`: a field used as if it were a section
+            raise ConfigError(f"unknown config field(s) {_leaves(value, f'{where}.{key}')}: `{where}.{key}` is a "
+                              f"field, not a section; set it with {where}.{key}=value", field=f"{where}.{key}")
+        out[key] = coerce_value(value, hints[key], f"{where}.{key}")
     return cls(**out)
 
 
@@ -553,6 +612,8 @@ def _merge(base: dict, extra: dict) -> dict:
 def from_dict(d: dict[str, Any]) -> Config:
     """Build and validate a Config from a nested dict (as written to config.json or given by a preset)."""
     sections = _sections()
+    if not isinstance(d, dict):
+        raise ConfigError(f"a config is a table of sections {sorted(sections)}, not a {type(d).__name__}")
     unknown = sorted(set(d) - set(sections))
     if unknown:
         raise ConfigError(f"unknown config section(s) {unknown}: valid sections are {sorted(sections)}")
@@ -560,16 +621,27 @@ def from_dict(d: dict[str, Any]) -> Config:
     for name, value in d.items():
         if name == "kl":
             kl = {"default": asdict_section(TaskKLConfig())}
-            kl = _merge(kl, value)
+            kl = _merge(kl, _table(value, "kl", "kl.<task>.<field>=value"))
             kwargs["kl"] = {t: _coerce_section(TaskKLConfig, v, f"kl.{t}") for t, v in kl.items()}
         elif name == "rewards":
-            kwargs["rewards"] = {str(t): str(v) for t, v in value.items()}
+            kwargs["rewards"] = {str(t): _reward_spec(v, f"rewards.{t}")
+                                 for t, v in _table(value, "rewards", 'rewards.<task>="grader:weight,..."').items()}
         elif name == "preset":
             kwargs["preset"] = str(value)
         else:
             cls = typing.get_type_hints(Config)[name]
             kwargs[name] = _coerce_section(cls, value, name)
     return Config(**kwargs)
+
+
+def _reward_spec(value: Any, where: str) -> str:
+    """A rewards.<task> entry: a "grader:weight,..." string (`rewards.qa.x=1` or a number is refused, by name)."""
+    if isinstance(value, dict):
+        raise ConfigError(f"unknown config field(s) {_leaves(value, where)}: `{where}` is a reward spec, not a "
+                          f'section; write {where}="grader:weight,grader:weight"', field=where)
+    if not isinstance(value, str):
+        raise field_error(where, value, 'write "grader:weight,grader:weight", e.g. "bbq_rule:1,format:0.2"')
+    return value
 
 
 def asdict_section(section: Any) -> dict[str, Any]:
@@ -592,8 +664,14 @@ def _override_tree(overrides: list[str]) -> dict[str, Any]:
             raise ConfigError(f"override {item!r}: `{key}` is not a field; write section.field=value "
                               f"(sections: {sorted(_sections())})")
         node = tree
-        for p in parts[:-1]:
+        for depth, p in enumerate(parts[:-1]):
             node = node.setdefault(p, {})
+            if not isinstance(node, dict):  # `rollout.k=3` and then `rollout.k.x=4`
+                raise ConfigError(f"override {item!r}: `{key}` treats `{'.'.join(parts[:depth + 1])}` as a "
+                                  "section, but it was given a value; it is a field: drop one of the two", field=key)
+        if isinstance(node.get(parts[-1]), dict):  # `rollout.k.x=4` and then `rollout.k=3`
+            raise ConfigError(f"override {item!r}: `{key}` was also used as a section ({key}.<field>=...); it is "
+                              "one or the other: drop one of the two", field=key)
         node[parts[-1]] = value
     return tree
 

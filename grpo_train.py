@@ -34,7 +34,7 @@ from grpo.config_check import check_config
 from grpo.data import split_samples
 from grpo.distributed import Dist, make_dist, rank_rng_state, relaunch_on_cpu, requested_cpu_processes
 from grpo.evaluate import evaluate
-from grpo.health import TrainingUnstable, WeightGuard
+from grpo.health import TrainingUnstable, WeightGuard, bad_step_reason
 from grpo.judge import Judge
 from grpo.kl_control import Controller, controller_from_config
 from grpo.logprobs import shared_prompt_blocker, shares_by_size
@@ -399,8 +399,9 @@ def rl_step(run: Run, step: int) -> dict[str, float]:
         metrics[f"beta/{t}"] = run.controllers[t].value  # the β this step trained with
         if f"kl/{t}" in stats:
             run.controllers[t].update(stats[f"kl/{t}"])
-    metrics.update(run.guard.record(skipped=bool(stats["health/skipped"]), restored=run.counters.pop("restored_now", 0) > 0,
-                                    reason="non-finite or exploding gradient norm"))
+    skipped, restored = bool(stats["health/skipped"]), run.counters.pop("restored_now", 0) > 0
+    metrics.update(run.guard.record(skipped=skipped, restored=restored, reason=bad_step_reason(
+        skipped, restored, stats["health/grad_norm_max"], cfg.train.skip_grad_norm)))
     t5 = time.perf_counter()
     metrics.update({"step": step, "time/generate": t1 - t0, "time/reward": t2 - t1, "time/old_logps": t3 - t2,
                     "time/ref_logps": t4 - t3, "time/train": t5 - t4, "time/step": t5 - t0,

@@ -32,13 +32,28 @@ class TrainingUnstable(RuntimeError):
 
 
 def grad_norm_ok(norm: float | torch.Tensor, max_norm_skip: float | None) -> tuple[bool, str]:
-    """(ok, reason): not ok when the pre-clip gradient norm is NaN/inf or above `max_norm_skip` (None = no cap)."""
+    """(ok, reason): not ok when the pre-clip gradient norm is NaN/inf or above `max_norm_skip` (None = no cap;
+    the trainer passes train.skip_grad_norm)."""
     value = float(norm)
     if not math.isfinite(value):
         return False, f"gradient norm is {value}; skipping the optimizer step"
     if max_norm_skip is not None and value > max_norm_skip:
-        return False, f"gradient norm {value:.4g} > max_norm_skip {max_norm_skip:g}; skipping the optimizer step"
+        return False, (f"gradient norm {value:.4g} > train.skip_grad_norm {max_norm_skip:g}; skipping the optimizer "
+                       "step")
     return True, ""
+
+
+def bad_step_reason(skipped: bool, restored: bool, grad_norm_max: float, skip_grad_norm: float) -> str:
+    """What made an RL step bad, for `WeightGuard.record`: a skipped optimizer step (its largest pre-clip gradient
+    norm `grad_norm_max` was non-finite or above `skip_grad_norm`, train.skip_grad_norm) and / or weights that went
+    non-finite after a step and were restored. "" for a good step."""
+    reasons = []
+    if skipped:
+        reasons.append(f"non-finite gradient norm ({grad_norm_max})" if not math.isfinite(grad_norm_max) else
+                       f"gradient norm {grad_norm_max:.4g} above train.skip_grad_norm={skip_grad_norm:g} (skipped)")
+    if restored:
+        reasons.append("non-finite weights (restored)")
+    return "; ".join(reasons)
 
 
 ON_DEVICE_SNAPSHOT_BYTES = 512 * 2**20
@@ -132,9 +147,10 @@ class WeightGuard:
         if self.consecutive_bad >= self.max_consecutive:
             raise TrainingUnstable(
                 f"{self.consecutive_bad} consecutive bad optimizer steps (last: {reason or 'unknown'}); "
-                f"{self.skipped_total} skipped and {self.restored_total} restored in total. Fix: lower the "
-                "learning rate, lower max_grad_norm (or max_norm_skip), or raise the KL coefficient β; "
-                "check the rewards and log-probs for NaN.")
+                f"{self.skipped_total} skipped and {self.restored_total} restored in total "
+                f"(train.max_consecutive_bad={self.max_consecutive}). Fix: lower the learning rate (train.lr), lower "
+                "train.max_grad_norm (or train.skip_grad_norm for norms it calls exploding), or raise the KL "
+                "coefficient β (kl.<task>.beta); check the rewards and log-probs for NaN.")
         return {
             "health/skipped": float(skipped),
             "health/restored": float(restored),

@@ -20,7 +20,7 @@ from typing import Any, Iterable, Iterator
 import torch
 from torch import nn
 
-from config import ModelConfig  # load_policy's LoRA defaults are the config's (one source of truth)
+from config import ModelConfig, field_error  # load_policy's LoRA defaults are the config's (one source of truth)
 
 TINY_NAME = "builtin:tiny"
 """`load_policy` name that builds the tiny model and tokenizer in code (tests and CPU smoke runs)."""
@@ -135,13 +135,15 @@ def resolve_dtype(dtype: str | torch.dtype) -> torch.dtype | str:
     return DTYPES[dtype]
 
 
-def _check_4bit_available() -> None:
+def check_4bit_available() -> None:
+    """4-bit weights (QLoRA) need bitsandbytes and a CUDA GPU: a ConfigError naming `model.load_in_4bit` when this
+    machine lacks either. Decided before any model loads (grpo_train.cli runs it right after the config checks)."""
     if importlib.util.find_spec("bitsandbytes") is None:
-        raise RuntimeError("load_in_4bit=True (QLoRA) needs bitsandbytes: `pip install bitsandbytes` on a CUDA "
-                           "machine, or set load_in_4bit=False")
+        raise field_error("model.load_in_4bit", True, "4-bit weights (QLoRA) need bitsandbytes: `pip install "
+                          "bitsandbytes` on a CUDA machine, or set model.load_in_4bit=false")
     if not torch.cuda.is_available():
-        raise RuntimeError("load_in_4bit=True (QLoRA) needs a CUDA GPU and none is visible; "
-                           "set load_in_4bit=False to train in full precision on this machine")
+        raise field_error("model.load_in_4bit", True, "4-bit weights (QLoRA) need a CUDA GPU and none is visible; "
+                          "set model.load_in_4bit=false to train in full precision on this machine")
 
 
 RANDOM_PREFIX = "random:"
@@ -219,7 +221,7 @@ def _load_random(name: str, *, dtype, attn_implementation: str, load_in_4bit: bo
         model = build_random_model(name, tokenizer, seed=seed, dtype=dt, attn_implementation=attn_implementation,
                                    device=device)
         return model, tokenizer
-    _check_4bit_available()
+    check_4bit_available()
     compute = torch.bfloat16 if dt == "auto" else dt
     slug = re.sub(r"[^A-Za-z0-9._-]+", "_", name[len(RANDOM_PREFIX):]) + f"-seed{seed}"
     folder = Path(tempfile.gettempdir()) / RANDOM_CHECKPOINTS / slug
@@ -268,7 +270,7 @@ def _load_base(name: str, *, dtype, attn_implementation: str, load_in_4bit: bool
     kwargs: dict[str, Any] = {"dtype": resolve_dtype(dtype), "attn_implementation": attn_implementation,
                               "trust_remote_code": trust_remote_code}
     if load_in_4bit:
-        _check_4bit_available()
+        check_4bit_available()
         from transformers import BitsAndBytesConfig
 
         compute = resolve_dtype(dtype)

@@ -5,8 +5,9 @@ Properties:
     message naming the field at fault (one override) or one of the fields given (several) — never a traceback;
   * every JSONL file gives samples (each pointing back at its file and line), skipped rows warned as `<file>:<line>:`,
     or an error naming the file — never another exception.
-Inputs known to break a property live in KNOWN_FAILURES as strict xfails (so a fix shows up as XPASS, and the
-entry goes): they are in files this test does not own (config.py, grpo/tasks/), and the generators leave them out.
+Inputs the fuzzers found breaking a property (issue #19) are kept as ordinary cases in FOUND, each with its fix
+named, and the generators now produce their kinds too (a field used as a section, a value that is a flag, rows
+nested past the decoder's limit, a byte-order mark).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import re
 import string
 import typing
 import warnings
@@ -66,7 +68,10 @@ values = st.one_of(st.sampled_from(VALUES), st.integers(-10**6, 10**6).map(str),
                    st.text(st.characters(blacklist_categories=("Cs",)), max_size=8))
 typo_fields = st.builds(lambda s, f: f"{s}.{f}", st.sampled_from(SECTIONS),
                         st.text(string.ascii_lowercase + "_", min_size=1, max_size=6))
-overrides = st.lists(st.tuples(st.one_of(st.sampled_from(FIELDS), typo_fields), values), min_size=1, max_size=3)
+deeper_fields = st.builds(lambda f, x: f"{f}.{x}", st.sampled_from(FIELDS), st.sampled_from(["x", "beta", "k"]))
+"""A field used as if it were a section (`rollout.k.x`), or a task-less kl entry (`kl.fairness` + `.beta`)."""
+overrides = st.lists(st.tuples(st.one_of(st.sampled_from(FIELDS), typo_fields, deeper_fields), values),
+                     min_size=1, max_size=3)
 
 
 def run_cli(argv: list[str]) -> tuple[int, str]:
@@ -116,12 +121,15 @@ messages = st.lists(st.fixed_dictionaries({"role": st.sampled_from(["user", "sys
                                            "content": st.text(max_size=10)}), max_size=2)
 rows = (st.dictionaries(row_keys, st.one_of(json_values, messages), max_size=5)
         .map(json.dumps))
-lines = st.lists(st.one_of(rows, rows, json_values.map(json.dumps), st.text(st.characters(
+deep_rows = st.integers(60, 1200).map(lambda n: '{"task": "t", "prompt": "x", "g": ' + "[" * n + "]" * n + "}")
+"""Rows nested around the reader's MAX_DEPTH and past the decoder's recursion limit (~1000)."""
+lines = st.lists(st.one_of(rows, rows, json_values.map(json.dumps), deep_rows, st.text(st.characters(
     blacklist_categories=("Cs", "Zl", "Zp", "Cc")), max_size=20)), min_size=1, max_size=6)
+BOM = "\ufeff"
 
 
-def assert_samples_or_named_error(path, texts: list[str]) -> None:
-    path.write_text("\n".join(texts) + "\n", encoding="utf-8")
+def assert_samples_or_named_error(path, texts: list[str], bom: bool = False) -> None:
+    path.write_text((BOM if bom else "") + "\n".join(texts) + "\n", encoding="utf-8")
     try:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
@@ -139,34 +147,90 @@ def assert_samples_or_named_error(path, texts: list[str]) -> None:
 
 
 @FUZZ
-@given(lines)
-def test_jsonl_rows_give_samples_or_errors_naming_file_and_line(tmp_path_factory, texts):
-    assert_samples_or_named_error(tmp_path_factory.mktemp("rows") / "task.jsonl", texts)
+@given(lines, st.booleans())
+def test_jsonl_rows_give_samples_or_errors_naming_file_and_line(tmp_path_factory, texts, bom):
+    assert_samples_or_named_error(tmp_path_factory.mktemp("rows") / "task.jsonl", texts, bom)
 
 
-# -------------------------------------------------------------------------- known failures (files owned elsewhere)
+# ----------------------------------------------------------------- what the fuzzers found (issue #19), now fixed
 def _bom(tmp):
-    """A UTF-8 byte-order mark (what Windows editors write) makes the first row invalid JSON: skipped."""
+    """A UTF-8 byte-order mark (what Windows editors write) made the first row invalid JSON: it was skipped. The
+    reader now drops the mark (utf-8-sig)."""
     path = tmp / "bom.jsonl"
-    path.write_bytes('\ufeff{"task": "t", "prompt": "x"}\n'.encode("utf-8"))
+    path.write_bytes('\ufeff{"task": "t", "prompt": "x"}\n{"task": "t", "prompt": "y"}\n'.encode("utf-8"))
     with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        assert len(load_jsonl_tasks(path).samples) == 1
+        warnings.simplefilter("error")  # no row skipped: no warning
+        samples = load_jsonl_tasks(path).samples
+    assert [s.messages[-1]["content"] for s in samples] == ["x", "y"]
 
 
-KNOWN_FAILURES = [
+def _deep(tmp):
+    """A row nested 1000 deep raised RecursionError out of the decoder: it is now a skipped row naming file and
+    line, and the rows around it load."""
+    path = tmp / "deep.jsonl"
+    rows = ['{"task": "t", "prompt": "a"}', '{"task": "t", "prompt": "x", "g": ' + "[" * 1000 + "]" * 1000 + "}",
+            '{"task": "t", "prompt": "b"}']
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        samples = load_jsonl_tasks(path.write_text("\n".join(rows)) and path).samples
+    assert [s.meta["line"] for s in samples] == [1, 3]
+    assert [str(w.message) for w in caught] == [f"{path}:2: skipped bad row: nested too deeply to parse (more than "
+                                                "Python's recursion limit, near character 29)"]
+
+
+def _not_utf8(tmp):
+    """A file in another encoding raised a bare UnicodeDecodeError naming no file: now an error naming file and
+    line."""
+    path = tmp / "latin1.jsonl"
+    path.write_bytes('{"task": "t", "prompt": "a"}\n{"task": "t", "prompt": "caf\u00e9"}\n'.encode("latin-1"))
+    with pytest.raises(ValueError, match=rf"^{re.escape(str(path))}:2: not UTF-8 text \(byte 0xe9"):
+        load_jsonl_tasks(path)
+
+
+def _from_dict_types(tmp):
+    """config.json values of the wrong JSON type went into the dataclasses unchecked (rollout.k = 2.5 accepted, a
+    list for an int a TypeError): each is now an error naming its field."""
+    for section, field, value in (("rollout", "k", 2.5), ("rollout", "k", [3]), ("train", "lr", float("inf")),
+                                  ("train", "tensorboard", 1), ("model", "lora_target_modules", "q_proj"),
+                                  ("rollout", "k", {"x": 3})):
+        if isinstance(value, str):  # a string is parsed as on the command line: a one-item list is fine
+            assert C.from_dict({section: {field: value}}).model.lora_target_modules == ["q_proj"]
+            continue
+        with pytest.raises(C.ConfigError) as err:
+            C.from_dict({section: {field: value}})
+        assert f"`{section}.{field}`" in str(err.value), err.value
+
+
+def assert_refused(argv: list[str], field: str, says: str) -> None:
+    """`argv` exits 2 with a message naming `field` in backticks and saying `says`."""
+    code, err = run_cli(argv + ["--print-config"])
+    assert code == 2 and f"`{field}`" in err and says in err and "Traceback" not in err, (code, err)
+
+
+FOUND = [
     pytest.param(lambda tmp: assert_config_or_named_error([("rollout.k.x", "3")]),
-                 id="rollout.k.x=3 (TypeError traceback in config.from_dict)"),
+                 id="rollout.k.x=3 (was a TypeError traceback in config.from_dict)"),
     pytest.param(lambda tmp: assert_argv_config_or_named_error(["--rollout.k", "--max-steps", "5"], ["rollout.k"]),
-                 id="--rollout.k --max-steps 5 (argparse: unrecognized arguments: 5)"),
+                 id="--rollout.k --max-steps 5 (was argparse: unrecognized arguments: 5)"),
+    pytest.param(lambda tmp: assert_argv_config_or_named_error(["--rollout.k", "3", "--rollout.k.x", "4"],
+                                                               ["rollout.k.x"]),
+                 id="rollout.k=3 then rollout.k.x=4 (was an AttributeError in config._override_tree)"),
+    pytest.param(lambda tmp: assert_argv_config_or_named_error(["--rollout", "3"], ["rollout"]),
+                 id="--rollout 3 (was argparse: unrecognized arguments)"),
+    pytest.param(lambda tmp: assert_refused(["--kl.fairness", "3"], "kl.fairness", "is a section, not a value"),
+                 id="--kl.fairness 3 (was 'unknown config field kl.fairness.3')"),
+    pytest.param(lambda tmp: assert_refused(["--rewards.qa.x", "1"], "rewards.qa", "['rewards.qa.x']"),
+                 id="--rewards.qa.x 1 (was accepted as the reward spec \"{'x': '1'}\")"),
     pytest.param(lambda tmp: assert_samples_or_named_error(tmp / "deep.jsonl", ['{"task": "t", "prompt": "x", "g": '
                                                                                + "[" * 1000 + "]" * 1000 + "}"]),
-                 id="a row nested 1000 deep (RecursionError from grpo/tasks/jsonio.py)"),
-    pytest.param(_bom, id="a UTF-8 BOM costs the first row (grpo/tasks/jsonio.py reads without utf-8-sig)"),
+                 id="a row nested 1000 deep, alone (was a RecursionError from grpo/tasks/jsonio.py)"),
+    pytest.param(_deep, id="a row nested 1000 deep between good rows"),
+    pytest.param(_bom, id="a UTF-8 BOM (cost the first row)"),
+    pytest.param(_not_utf8, id="a file that is not UTF-8 (was a bare UnicodeDecodeError)"),
+    pytest.param(_from_dict_types, id="config.json values of the wrong type"),
 ]
 
 
-@pytest.mark.xfail(strict=True, reason="issue #19 / #20 findings in files this helper does not own; see the id")
-@pytest.mark.parametrize("case", KNOWN_FAILURES)
-def test_known_failures_found_by_the_fuzzers(case, tmp_path):
+@pytest.mark.parametrize("case", FOUND)
+def test_inputs_the_fuzzers_found(case, tmp_path):
     case(tmp_path)

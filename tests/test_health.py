@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from grpo.health import TrainingUnstable, WeightGuard, grad_norm_ok
+from grpo.health import TrainingUnstable, WeightGuard, bad_step_reason, grad_norm_ok
 
 
 def test_grad_norm_ok():
@@ -13,7 +13,7 @@ def test_grad_norm_ok():
     ok, reason = grad_norm_ok(float("nan"), None)
     assert ok is False and "nan" in reason
     ok, reason = grad_norm_ok(5.0, 2.0)
-    assert ok is False and "max_norm_skip" in reason
+    assert ok is False and reason == "gradient norm 5 > train.skip_grad_norm 2; skipping the optimizer step"
     assert grad_norm_ok(torch.tensor(1.5), 2.0) == (True, "")
     assert grad_norm_ok(1e6, None) == (True, "")
 
@@ -60,7 +60,9 @@ def test_weight_guard_raises_after_k_consecutive_bad_steps_and_good_step_resets(
     guard.record(restored=True)
     with pytest.raises(TrainingUnstable, match="3 consecutive bad optimizer steps") as err:
         guard.record(skipped=True, reason="gradient norm is nan")
-    assert "learning rate" in str(err.value) and "max_grad_norm" in str(err.value) and "β" in str(err.value)
+    message = str(err.value)
+    assert "(train.max_consecutive_bad=3)" in message and "lower the learning rate (train.lr)" in message
+    assert "train.max_grad_norm (or train.skip_grad_norm" in message and "β (kl.<task>.beta)" in message
     assert guard.state_dict() == {"skipped_total": 4, "restored_total": 1, "consecutive_bad": 3}
 
 
@@ -91,3 +93,32 @@ def test_weight_guard_restores_from_a_cpu_snapshot_in_place():
         model.bias[0] = math.inf
     assert guard.restore_if_bad() is True
     assert all(torch.equal(p, g) for p, g in zip(model.parameters(), good)) and model.weight.data_ptr() == ptr
+
+
+def test_bad_step_reason_says_what_happened_and_names_the_field():
+    """Regression (issue #19): every bad step was reported as "non-finite or exploding gradient norm", also a step
+    whose norm was 0 and whose weights went non-finite (train.lr = inf), and the field was called max_norm_skip."""
+    assert bad_step_reason(False, False, 0.5, 1000.0) == ""
+    assert bad_step_reason(True, False, math.nan, 1000.0) == "non-finite gradient norm (nan)"
+    assert bad_step_reason(True, False, math.inf, 1000.0) == "non-finite gradient norm (inf)"
+    assert bad_step_reason(True, False, 1234.5, 1000.0) == "gradient norm 1234 above train.skip_grad_norm=1000 (skipped)"
+    assert bad_step_reason(False, True, 0.0, 1000.0) == "non-finite weights (restored)"
+    assert bad_step_reason(True, True, 2e3, 1e3) == ("gradient norm 2000 above train.skip_grad_norm=1000 (skipped); "
+                                                      "non-finite weights (restored)")
+
+
+def test_a_step_that_leaves_non_finite_weights_is_reported_as_such(tmp_path):
+    """The issue's run: an infinite learning rate (now refused by the config, so set on the optimizer here) gives a
+    finite gradient norm and NaN weights; the guard restores them and the stop message says so."""
+    import grpo_train as G
+    from tests.trainer_helpers import fast_config
+
+    run = G.setup(fast_config(tmp_path, "train.max_consecutive_bad=1"))
+    run.scheduler.base_lrs = [math.inf for _ in run.scheduler.base_lrs]
+    for group in run.optimizer.param_groups:
+        group["lr"] = math.inf
+    good = [p.detach().clone() for p in run.policy.trainable_parameters()]
+    with pytest.raises(TrainingUnstable, match=r"^1 consecutive bad optimizer steps \(last: non-finite weights "
+                                               r"\(restored\)\); 0 skipped and 1 restored in total"):
+        G.rl_step(run, 1)
+    assert all(torch.equal(p, g) for p, g in zip(run.policy.trainable_parameters(), good))

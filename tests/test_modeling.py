@@ -3,6 +3,7 @@
 import pytest
 import torch
 
+from config import ConfigError
 from grpo.modeling import (
     TINY_NAME,
     build_tiny_model,
@@ -172,7 +173,7 @@ def test_qlora_without_cuda_or_bitsandbytes_names_the_fix(tmp_path):
     save_pretrained(policy, tmp_path)
     if torch.cuda.is_available():
         pytest.skip("a CUDA GPU is present; the missing-CUDA error cannot be provoked")
-    with pytest.raises(RuntimeError, match="load_in_4bit=False"):
+    with pytest.raises(ConfigError, match="set model.load_in_4bit=false"):
         load_policy(str(tmp_path), lora=True, load_in_4bit=True)
     with pytest.raises(ValueError, match="lora=True"):
         load_policy(str(tmp_path), lora=False, load_in_4bit=True)

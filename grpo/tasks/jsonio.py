@@ -6,8 +6,10 @@ Accepted layouts (all seen in the wild for the same datasets):
   - concatenated objects (pretty-printed, back to back), read with `json.JSONDecoder.raw_decode`.
 A row that does not parse, or is not an object, or lacks a required field, is reported as
 `<file>:<line>: <reason>` through `warnings.warn` (the first few per file, then one summary with the count),
-skipped, and counted in `RecordsRead.skipped`; it is never dropped silently. A file in which no row parses as a
-JSON object is not a data file at all: `DataFileError`, naming the file, stops the run before anything is built.
+skipped, and counted in `RecordsRead.skipped`; it is never dropped silently; so is a row nested more than MAX_DEPTH
+levels deep (Python's decoder would raise RecursionError on it). A file in which no row parses as a JSON object, or
+that is not UTF-8, is not a data file at all: `DataFileError`, naming the file, stops the run before anything is
+built. A UTF-8 byte-order mark at the start of the file is dropped.
 
 Split rule: u = int(sha256(salt + ":" + id)[:16 hex], 16) / 2**64; the row is held out iff u < fraction
 (a stable uniform hash; Python's hash() is salted per process, so it is not used).
@@ -23,6 +25,9 @@ from pathlib import Path
 from typing import Any, Iterable, Sequence, TypeVar
 
 MAX_WARNINGS_PER_FILE = 5  # enough to see the pattern of a broken file without flooding the log
+MAX_DEPTH = 64
+"""Deepest nesting of lists / objects a row may have. Real rows nest a few levels; a row nested ~1000 deep makes
+Python's JSON decoder (and every later recursive walk: copying, json.dumps of the samples) raise RecursionError."""
 HASH_HEX_DIGITS = 16  # 64 bits of the digest: split fractions are exact to ~1e-19
 _HASH_SPACE = float(16**HASH_HEX_DIGITS)
 
@@ -77,22 +82,51 @@ class LoadResult:
     skipped: int = 0
 
 
+def nesting_depth(value: Any) -> int:
+    """How deeply lists and objects nest in `value` (a scalar: 0, [] or {}: 1), walked without recursion."""
+    depth, stack = 0, [(value, 1)]
+    while stack:
+        item, level = stack.pop()
+        children = item.values() if isinstance(item, dict) else item if isinstance(item, list) else None
+        if children is not None:
+            depth = max(depth, level)
+            stack.extend((child, level + 1) for child in children)
+    return depth
+
+
+def _row_problem(value: Any) -> str | None:
+    """Why a parsed value cannot be a row (not an object, nested too deeply), or None."""
+    if not isinstance(value, dict):
+        return f"a {type(value).__name__}, not an object"
+    if nesting_depth(value) > MAX_DEPTH:
+        return f"nested more than {MAX_DEPTH} levels deep"
+    return None
+
+
+def _too_deep(pos: int) -> str:
+    return f"nested too deeply to parse (more than Python's recursion limit, near character {pos})"
+
+
 def _read_array(text: str, read: RecordsRead) -> None:
     try:
         items = json.loads(text)
     except json.JSONDecodeError as err:
-        raise ValueError(
+        raise DataFileError(
             f"{read.path}:{err.lineno}: the file starts with '[' but is not a valid JSON array ({err.msg}); "
             "fix the file or convert it to JSON lines so bad rows can be skipped one by one"
         ) from err
+    except RecursionError:
+        raise DataFileError(f"{read.path}: the JSON array is {_too_deep(0)}; convert it to JSON lines so a bad row "
+                            "can be skipped alone") from None
     if not isinstance(items, list):
-        raise ValueError(f"{read.path}: expected a JSON array of objects, got {type(items).__name__}")
+        raise DataFileError(f"{read.path}: expected a JSON array of objects, got {type(items).__name__}")
     for index, item in enumerate(items):
         # An array has no per-row line number; the 1-based element index stands in for it.
-        if isinstance(item, dict):
+        problem = _row_problem(item)
+        if problem is None:
             read.rows.append((index + 1, item))
         else:
-            read.reject(index + 1, f"array element {index} is a {type(item).__name__}, not an object")
+            read.reject(index + 1, f"array element {index} is {problem}")
 
 
 def _read_stream(text: str, read: RecordsRead) -> None:
@@ -107,15 +141,16 @@ def _read_stream(text: str, read: RecordsRead) -> None:
         line, line_pos = line + text.count("\n", line_pos, pos), pos
         try:
             value, pos = decoder.raw_decode(text, pos)
-        except json.JSONDecodeError as err:
-            read.reject(line, f"invalid JSON ({err.msg})")
+        except (json.JSONDecodeError, RecursionError) as err:
+            read.reject(line, f"invalid JSON ({err.msg})" if isinstance(err, json.JSONDecodeError) else _too_deep(pos))
             nxt = text.find("\n", pos)  # resynchronise at the next line: JSON lines is the common layout
             pos = end if nxt < 0 else nxt + 1
             continue
-        if isinstance(value, dict):
+        problem = _row_problem(value)
+        if problem is None:
             read.rows.append((line, value))
         else:
-            read.reject(line, f"a {type(value).__name__}, not an object")
+            read.reject(line, problem)
 
 
 def read_records(path: str | Path) -> RecordsRead:
@@ -126,7 +161,12 @@ def read_records(path: str | Path) -> RecordsRead:
     p = Path(path)
     if not p.is_file():
         raise FileNotFoundError(f"data file not found: {p} (check the data path in the config)")
-    text = p.read_text(encoding="utf-8")
+    try:  # utf-8-sig: a byte-order mark (what some Windows editors write first) is not part of the first row
+        text = p.read_text(encoding="utf-8-sig")
+    except UnicodeDecodeError as err:
+        line = p.read_bytes()[:err.start].count(b"\n") + 1
+        raise DataFileError(f"{p}:{line}: not UTF-8 text (byte {err.object[err.start]:#04x} at offset {err.start}); "
+                            "save the file as UTF-8") from None
     read = RecordsRead(path=str(p))
     if text.lstrip().startswith("["):
         _read_array(text, read)
