@@ -86,8 +86,15 @@ def split_argv(argv: list[str]) -> tuple[list[str], list[str]]:
     return overrides, rest
 
 
-def describe_fields() -> str:
-    """Every field with its type, default and docstring (read from config.py's source), for --help."""
+DEFAULT_PRESET = "demo"
+"""The preset of a command line without --preset (config.load_config's default)."""
+
+
+def describe_fields(preset: str = DEFAULT_PRESET) -> str:
+    """Every field with its type, its value under `preset` (what a run gets without an override; "set by preset X"
+    where the preset changes the dataclass default) and its docstring (read from config.py's source), for --help.
+    Per-task sections: the generic `kl.<task>` fields with the preset's kl.default values, then the preset's own
+    `kl.<task>` and `rewards.<task>` entries. Raises ConfigError for an unknown preset."""
     docs: dict[str, dict[str, str]] = {}
     for node in ast.parse(inspect.getsource(C)).body:
         if isinstance(node, ast.ClassDef):
@@ -96,22 +103,33 @@ def describe_fields() -> str:
                 if isinstance(a, ast.AnnAssign) and isinstance(b, ast.Expr) and isinstance(b.value, ast.Constant):
                     docs.setdefault(node.name, {})[a.target.id] = " ".join(str(b.value.value).split())
     lines = []
-    defaults = C.Config()
+    cfg, plain = C.load_config(preset), C.Config()
+
+    def value(now: Any, dataclass_default: Any) -> str:
+        return f"default {now!r}" + (f", set by preset {preset}" if now != dataclass_default else "")
+
     for sname in (f.name for f in dataclasses.fields(C.Config)):
         if sname == "preset":
             continue
         if sname in ("kl", "rewards"):
             lines.append(f"\n[{sname}.<task>]  {docs['Config'].get(sname, '')}")
-            if sname == "kl":
+            if sname == "kl":  # a task without its own entry gets kl.default
                 for fname, ftype in typing.get_type_hints(C.TaskKLConfig).items():
-                    default = getattr(C.TaskKLConfig(), fname)
-                    lines.append(f"  --{sname}.<task>.{fname} ({_tname(ftype)}, default {default!r}): "
+                    lines.append(f"  --{sname}.<task>.{fname} ({_tname(ftype)}, "
+                                 f"{value(getattr(cfg.kl['default'], fname), getattr(C.TaskKLConfig(), fname))}): "
                                  f"{docs['TaskKLConfig'].get(fname, '')}")
+                for task, section in cfg.kl.items():
+                    changed = [f"{f.name}={getattr(section, f.name)!r}" for f in dataclasses.fields(section)
+                               if getattr(section, f.name) != getattr(C.TaskKLConfig(), f.name)]
+                    lines.append(f"  preset {preset} sets kl.{task}: {', '.join(changed) or 'the defaults above'}")
+            else:
+                lines += [f"  preset {preset} sets rewards.{task} = {spec!r}" for task, spec in cfg.rewards.items()]
             continue
-        section = getattr(defaults, sname)
+        section = getattr(cfg, sname)
         lines.append(f"\n[{sname}]")
         for fname, ftype in typing.get_type_hints(type(section)).items():
-            lines.append(f"  --{sname}.{fname} ({_tname(ftype)}, default {getattr(section, fname)!r}): "
+            lines.append(f"  --{sname}.{fname} ({_tname(ftype)}, "
+                         f"{value(getattr(section, fname), getattr(getattr(plain, sname), fname))}): "
                          f"{docs.get(type(section).__name__, {}).get(fname, '')}")
     return "\n".join(lines)
 
@@ -120,13 +138,22 @@ def _tname(t: Any) -> str:
     return getattr(t, "__name__", None) or str(t).replace("typing.", "")
 
 
-def trainer_parser(prog: str, description: str) -> argparse.ArgumentParser:
-    """grpo_train.py's own flags (--preset, --print-config), with every config field described in the epilog."""
+def preset_in(argv: list[str]) -> str:
+    """The --preset NAME (or --preset=NAME) of a command line, else DEFAULT_PRESET: --help describes that preset."""
+    finder = argparse.ArgumentParser(add_help=False)
+    finder.add_argument("--preset", default=DEFAULT_PRESET)
+    return finder.parse_known_args(argv)[0].preset
+
+
+def trainer_parser(prog: str, description: str, preset: str = DEFAULT_PRESET) -> argparse.ArgumentParser:
+    """grpo_train.py's own flags (--preset, --print-config), with every config field and its value under `preset`
+    described in the epilog."""
     parser = argparse.ArgumentParser(
         prog=prog, formatter_class=argparse.RawDescriptionHelpFormatter, description=description,
-        epilog="Config fields (override with --section.field VALUE or --set section.field=VALUE; shortcuts: "
-               + ", ".join(f"--{k}" for k in ALIASES) + "):" + describe_fields())
-    parser.add_argument("--preset", default="demo", help=f"one of {sorted(PRESETS)} (default: demo)")
+        epilog=f"Config fields with their values under --preset {preset} (`--preset NAME --help` shows another "
+               "preset's; override any with --section.field VALUE or --set section.field=VALUE; shortcuts: "
+               + ", ".join(f"--{k}" for k in ALIASES) + "):" + describe_fields(preset))
+    parser.add_argument("--preset", default=DEFAULT_PRESET, help=f"one of {sorted(PRESETS)} (default: {DEFAULT_PRESET})")
     parser.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
     parser.add_argument("--overwrite", action="store_true",
                         help="delete the contents of an existing run folder first (train.overwrite=true)")
@@ -137,5 +164,5 @@ def parse_trainer_argv(argv: list[str], prog: str, description: str) -> tuple[C.
     """(the Config the command line asks for, the trainer's own flags). Raises ConfigError naming the field;
     --help prints and exits as argparse does."""
     overrides, rest = split_argv(argv)
-    args = trainer_parser(prog, description).parse_args(rest)
+    args = trainer_parser(prog, description, preset_in(rest)).parse_args(rest)
     return C.load_config(args.preset, overrides + (["train.overwrite=true"] if args.overwrite else [])), args

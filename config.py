@@ -311,6 +311,12 @@ class TrainConfig:
     """Console line every N steps (metrics.jsonl always gets every step)."""
     sample_every: int = 10
     """Write sampled completions to samples/ every N steps."""
+    doctor: str = "warn"
+    """What the run doctor (grpo/doctor.py: health checks over a moving window of the step metrics) does when a red
+    finding is active after an RL step. It always prints each finding when it fires and logs doctor/<code> every step.
+    warn = go on | stop = end RL after that step (then the after-RL evaluation, final checkpoint and report as usual) |
+    restore = the same, after loading the weights of the best Pareto point so far (best mean held-out score over the
+    evaluations every train.eval_every steps, which it needs; before the first one the weights stay)."""
     output_dir: str = "runs"
     """Runs are written to output_dir/run_name."""
     run_name: str = ""
@@ -333,6 +339,10 @@ class TrainConfig:
         _check(self.device == "auto" or self.device == "cpu" or self.device.startswith("cuda"), "train.device",
                self.device, "use auto, cpu, cuda or cuda:N")
         _one_of("train.sharding", self.sharding, ("auto", "none", "fsdp"))
+        _one_of("train.doctor", self.doctor, ("warn", "stop", "restore"))
+        _check(not (self.doctor == "restore" and self.eval_every == 0), "train.doctor", self.doctor,
+               "restore loads the best Pareto point, and points are the held-out evaluations during RL, which "
+               "train.eval_every=0 turns off: set train.eval_every (e.g. 20) or use train.doctor=stop")
 
 
 @dataclass

@@ -28,11 +28,13 @@ import config as C
 from command_line import parse_trainer_argv
 from grpo import checkpoint as ckpt
 from grpo.advantages import group_advantages
+from grpo.answers import step_answer_metrics
 from grpo.batch import batch_logprobs, build_train_batch
 from grpo.batching import TaskBalancedSampler
 from grpo.config_check import check_config
 from grpo.data import split_samples
 from grpo.distributed import Dist, make_dist, rank_rng_state, relaunch_on_cpu, requested_cpu_processes
+from grpo.doctor import Doctor, Finding
 from grpo.evaluate import evaluate
 from grpo.health import TrainingUnstable, WeightGuard, bad_step_reason
 from grpo.judge import Judge
@@ -46,7 +48,7 @@ from grpo.pareto import ParetoFrontier, require_heldout_rows
 from grpo.pretrained import ModelPackageMissing, check_model_name
 from grpo.plot import plot_run
 from grpo.records import Rollout, Sample, Scored, TrainBatch
-from grpo.report import build_report, format_report
+from grpo.report import build_report, format_report, kl_bands
 from grpo.run_folder import prepare_run_dir
 from grpo.rollout import generate_rollouts, rollout_metrics
 from grpo.sampling import row_keys
@@ -55,7 +57,7 @@ from grpo.setup_parts import (build_trackers, choose_device, load_samples, polic
                               stop_token_ids)
 from grpo.sft import run_sft, sft_examples
 from grpo.signals import StopRequest
-from grpo.tracking import NullTracker, Tracker, format_step_line, progress
+from grpo.tracking import METRICS_FILE, NullTracker, Tracker, format_step_line, progress, read_metrics
 from grpo.update import TaskGradientSurgery, train_step
 
 
@@ -109,6 +111,11 @@ class Run:
     """Held-out reward per task under each evaluation tag (before_sft, after_sft, step_N, after_rl)."""
     counters: dict[str, float] = field(default_factory=dict)
     """Running totals the step metrics are differences of (judge counters), and the guard's restore flag."""
+    doctor: Doctor | None = None
+    """The run doctor on rank 0 (grpo/doctor.py): the health checks over a moving window of the RL step metrics,
+    started by `start_doctor` (by the first `rl_step` when `main` did not, e.g. in a notebook); None on other ranks."""
+    alarms: list[Finding] = field(default_factory=list)
+    """The doctor's findings that fired at the last RL step (rank 0); `main` prints them."""
 
     def __post_init__(self) -> None:
         self.micro_batch_seqs = self.cfg.micro_batch_seqs
@@ -375,6 +382,8 @@ def rl_step(run: Run, step: int) -> dict[str, float]:
                                                  clip=cfg.loss.adv_clip)
     metrics.update(adv_metrics)
     metrics.update(reward_metrics(scored, run.tasks))
+    metrics.update(step_answer_metrics([s.rollout.sample.task for s in scored], [s.rollout.text for s in scored],
+                                       [s.reward for s in scored], cfg.rollout.k))  # what the doctor reads
     t2 = time.perf_counter()
 
     rows = slice(mine.start * cfg.rollout.k, mine.stop * cfg.rollout.k)
@@ -408,6 +417,7 @@ def rl_step(run: Run, step: int) -> dict[str, float]:
                     "lr": run.scheduler.get_last_lr()[0]})
     run.step = step
     metrics = {k: v if isinstance(v, (str, int)) else float(v) for k, v in metrics.items()}
+    metrics.update(consult_doctor(run, metrics))
     run.tracker.log(metrics, step)
     if cfg.train.sample_every and step % cfg.train.sample_every == 0 and dist.is_main:
         write_samples(run, scored, step)
@@ -538,6 +548,9 @@ def main(cfg: C.Config) -> Run:
         if cfg.sft.steps:
             sft_phase(run)
             say("evaluating after SFT ...", evaluate_phase(run, "after_sft"))
+    start_doctor(run)
+    for f in run.doctor.findings() if run.doctor is not None else []:  # after a resume: active at the checkpoint
+        say(doctor_line(f, f"active since step {f.since}, before the resume"), flush=True)
     stop = StopRequest()
     with stop.installed():
         bar = progress(range(run.step + 1, cfg.train.max_steps + 1), "RL", enabled=run.dist.is_main)
@@ -551,6 +564,10 @@ def main(cfg: C.Config) -> Run:
                 say(format_step_line(metrics, run.tasks), flush=True)
             if cfg.train.eval_every and step % cfg.train.eval_every == 0 and step < cfg.train.max_steps:
                 evaluate_phase(run, f"step_{step}")
+            for f in run.alarms:
+                say(doctor_line(f, f"step {step}"), flush=True)
+            if doctor_stops(run):  # train.doctor=stop | restore and a red finding is active: on to the end of the run
+                break
             if run.dist.any(stop.requested):  # every rank stops after the same step
                 folder = save_checkpoint(run)
                 say(f"\ninterrupted: checkpoint {folder} written. Resume with:\n  python grpo_train.py "
@@ -566,6 +583,106 @@ def main(cfg: C.Config) -> Run:
         save_checkpoint(run)
     finish(run)
     return run
+
+
+def start_doctor(run: Run) -> None:
+    """Start the run doctor on rank 0 and feed it what metrics.jsonl holds so far: the evaluations and the SFT loss
+    before RL and, after a resume, the RL steps already run, so its windows and streaks go on where they were."""
+    if not run.dist.is_main:
+        return
+    settings = C.to_dict(run.cfg)
+    run.doctor = Doctor(kl_bands=kl_bands(settings, run.tasks), config=settings)
+    if (run.run_dir / METRICS_FILE).is_file():
+        run.doctor.replay(read_metrics(run.run_dir))
+
+
+def consult_doctor(run: Run, metrics: dict[str, Any]) -> dict[str, float]:
+    """Feed one RL step's metrics (and the held-out evaluations so far) to the doctor on rank 0; the findings that
+    fired go to `run.alarms`. Returns doctor/<code> (1.0 while active) and doctor/red for the step's row; {} elsewhere."""
+    if not run.dist.is_main:
+        return {}
+    if run.doctor is None:
+        start_doctor(run)
+    run.alarms = run.doctor.update(metrics, run.evals)
+    return run.doctor.metrics()
+
+
+def doctor_line(f: Finding, when: str) -> str:
+    """A finding as the console shows it: level, code, when, what was seen, then the one next step."""
+    return f"doctor: [{f.level}] {f.code} ({when}): {f.message}\n  -> {f.suggestion}"
+
+
+def doctor_stops(run: Run) -> bool:
+    """Whether RL ends after this step: train.doctor is stop or restore and a red finding is active. Rank 0 decides
+    (it alone holds the doctor), every rank gets the same answer; under restore every rank first loads the best
+    Pareto point's weights (`restore_best`)."""
+    action = run.cfg.train.doctor
+    if action == "warn":
+        return False
+    red = [f for f in run.doctor.findings() if f.level == "red"] if run.doctor is not None else []
+    if not run.dist.any(bool(red)):
+        return False
+    say = print if run.dist.is_main else (lambda *a, **k: None)
+    say(f"doctor: RL stopped after step {run.step} (train.doctor={action}): "
+        + ", ".join(sorted({f.code for f in red})), flush=True)
+    if action == "restore":
+        folder = restore_best(run)
+        say(f"doctor: weights restored from the best Pareto point {folder}" if folder is not None else
+            "doctor: no Pareto point yet (no evaluation since RL started): the weights stay as they are", flush=True)
+    return True
+
+
+def restore_best(run: Run) -> Path | None:
+    """Load the weights of the best Pareto point (best mean held-out score) into the policy in place, on every rank;
+    returns its folder, or None when the frontier is empty (the weights stay). Rank 0 holds the frontier and names the
+    folder; every rank reads it (the same file, as on resume). The weight guard's last good copy becomes these."""
+    best = run.frontier.best() if run.dist.is_main else None
+    where = run.dist.broadcast(None if best is None else str(best.path))
+    if where is None:
+        return None
+    folder = Path(where)
+    model = run.policy.model
+    if run.policy.is_lora:  # the point is the adapter (save_pretrained of a PEFT model)
+        from peft import set_peft_model_state_dict
+
+        state = saved_weights(folder, "adapter_model")
+        result = set_peft_model_state_dict(model, state)
+        trainable = sum(p.requires_grad for p in model.parameters())
+        if result.unexpected_keys or len(state) != trainable:
+            raise ckpt.CheckpointError(f"Pareto point {folder} does not fit this adapter: {len(state)} tensors for "
+                                       f"{trainable} trainable ones, unexpected {list(result.unexpected_keys)[:5]}")
+    else:
+        state = saved_weights(folder, "model")
+        names = set(model.state_dict())
+        missing, unexpected = names - set(state) - tied_names(model), set(state) - names
+        if missing or unexpected:  # a tied output embedding is saved once, under the input embedding's name
+            raise ckpt.CheckpointError(f"Pareto point {folder} does not fit this model: missing {sorted(missing)[:5]}, "
+                                       f"unexpected {sorted(unexpected)[:5]}")
+        run.dist.load_full_state(model, state, strict=False)
+    run.guard.snapshot()
+    return folder
+
+
+def saved_weights(folder: Path, stem: str) -> dict[str, torch.Tensor]:
+    """The tensors save_pretrained wrote into `folder` as STEM.safetensors, or as its shards (STEM.safetensors.index.json)."""
+    from safetensors.torch import load_file
+
+    index = folder / f"{stem}.safetensors.index.json"
+    files = (sorted(set(json.loads(index.read_text())["weight_map"].values())) if index.is_file()
+             else [f"{stem}.safetensors"])
+    if not all((folder / name).is_file() for name in files):
+        raise ckpt.CheckpointError(f"Pareto point {folder} has no {stem}.safetensors (or its shards): was it "
+                                   "written by save_pretrained of this run?")
+    return {k: v for name in files for k, v in load_file(str(folder / name)).items()}
+
+
+def tied_names(model: torch.nn.Module) -> set[str]:
+    """Parameter names that share their tensor with another name (tied input / output embeddings): every member of
+    such a group, since save_pretrained keeps one of them."""
+    groups: dict[int, list[str]] = {}
+    for name, p in model.named_parameters(remove_duplicate=False):
+        groups.setdefault(id(p), []).append(name)
+    return {name for names in groups.values() if len(names) > 1 for name in names}
 
 
 def checkpoint_state(run: Run, rng_ranks: list[dict[str, Any]] | None = None,

@@ -164,7 +164,8 @@ class Doctor:
 
     def _window_keys(self) -> list[str]:
         keys = {k for row in self.window for k in row}
-        return sorted(k for k in keys if (k.startswith("reward/") and k.endswith("/mean")) or k.startswith("entropy/"))
+        return sorted(k for k in keys if (k.startswith("reward/") and k.endswith("/mean")) or k.startswith("entropy/")
+                      or (k.startswith("rollout/") and k.endswith("/top_share")))
 
     # ----- reading the window -----
     def wmean(self, key: str) -> float:

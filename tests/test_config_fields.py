@@ -77,6 +77,8 @@ BAD: list[tuple[str, Any, dict[str, Any]]] = [
     ("train.sample_every", -1, {}),
     ("train.device", "tpu", {}),
     ("train.sharding", "zero3", {}),
+    ("train.doctor", "panic", {}),
+    ("train.doctor", "restore", {"train.eval_every": 0}),  # no Pareto point to restore during RL
     ("train.tensorboard", "maybe", {}),  # not a boolean
     ("sft.steps", -1, {}),
     ("sft.max_examples", -1, {}),

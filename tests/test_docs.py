@@ -17,7 +17,8 @@ from pathlib import Path
 import pytest
 
 import config as C
-from command_line import split_argv
+from command_line import describe_fields, preset_in, split_argv
+from presets import PRESETS
 
 ROOT = Path(__file__).resolve().parents[1]
 DOC_NAMES = ["README.md", "QUICK_START.md", "BUG_FIXES_SUMMARY.md", "docs/DESIGN.md", "docs/SCALING.md"]
@@ -227,6 +228,47 @@ def test_help_exits_zero_and_lists_every_field():
         missing += [prefix + f for f in sorted(fields) if prefix + f + " " not in out.stdout]
     assert not missing, f"--help does not list: {missing}"
     assert "--preset" in out.stdout and "llama3-8b-dual" in out.stdout
+    assert "Config fields with their values under --preset demo" in out.stdout  # the preset of a bare command line
+    assert "--train.max_steps (int, default 120, set by preset demo): " in out.stdout
+
+
+HELP_LINE = re.compile(r"^  --([a-z_]+)\.([a-z_0-9<>]+)(?:\.([a-z_0-9]+))? \([^,]+, default (.*?)(, set by preset [\w-]+)?\): ",
+                       re.M)
+
+
+@pytest.mark.parametrize("preset", sorted(PRESETS))
+def test_help_shows_every_fields_value_under_the_preset(preset):
+    """describe_fields(preset): each field's shown value is the one `--preset NAME` gives (kl.<task>: kl.default's),
+    marked "set by preset NAME" exactly where it differs from the dataclass default."""
+    cfg, plain = C.load_config(preset), C.Config()
+    text = describe_fields(preset)
+    shown = HELP_LINE.findall(text)
+    assert len(shown) == sum(len(dataclasses.fields(cls)) for name, cls in SECTIONS.items() if cls is not None) + len(
+        TASK_KL_FIELDS)
+    for section, name, kl_field, value, marked in shown:
+        if section == "kl":
+            now, default = getattr(cfg.kl["default"], kl_field), getattr(C.TaskKLConfig(), kl_field)
+        else:
+            now, default = getattr(getattr(cfg, section), name), getattr(getattr(plain, section), name)
+        assert value == repr(now), f"--help for preset {preset}: {section}.{name} shows {value}, config gives {now!r}"
+        assert bool(marked) == (now != default), f"{section}.{name}: 'set by preset' mark is wrong"
+    for task, spec in cfg.rewards.items():
+        assert f"  preset {preset} sets rewards.{task} = {spec!r}" in text
+
+
+def test_help_with_a_preset_shows_that_presets_values():
+    out = subprocess.run([sys.executable, "grpo_train.py", "--preset", "llama3-8b-dual", "--help"], cwd=ROOT,
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "Config fields with their values under --preset llama3-8b-dual" in out.stdout
+    assert ("--model.name (str, default 'meta-llama/Meta-Llama-3-8B-Instruct', set by preset llama3-8b-dual): "
+            in out.stdout)
+    assert "--train.max_steps (int, default 500, set by preset llama3-8b-dual): " in out.stdout
+    assert "--model.lora_r (int, default 8): " in out.stdout  # the preset's value, equal to the dataclass default
+    assert ("preset llama3-8b-dual sets kl.hallucination: controller='band', beta=0.3, band_low=0.08, band_high=0.15"
+            in out.stdout)
+    assert preset_in(["--max-steps", "3", "--preset=dual-bbq-halueval", "--help"]) == "dual-bbq-halueval"
+    assert preset_in(["--help"]) == "demo"
 
 
 # ------------------------------------------------------------------------------------------------------- pointers

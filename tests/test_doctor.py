@@ -180,6 +180,29 @@ def test_answer_collapse_edges_share_dominance_and_reward():
     assert not found(collapsed(best=0.9, last=0.9), "answer_collapse")  # a dominant answer that is right: learned
 
 
+def test_answer_collapse_needs_the_share_to_have_risen_from_the_first_window():
+    """The first window's top share is 0.45 in the base history; 0.6 in the last window is +0.15 >= 0.1: a collapse.
+    A first window at 0.5 is +0.1 (fires, at the edge); at 0.51 it is +0.09 (does not): a share that was high from the
+    start is the task's reply format, e.g. free-form replies that all begin alike."""
+    (f,) = found(collapsed(share=0.6), "answer_collapse")
+    assert "60% of the task's samples in steps 21-30 (45% in the first window); reward 0.700" in f.message
+
+    def first_window(share: float) -> list[dict]:
+        rows = collapsed(share=0.6)
+        for row in rl(rows)[:10]:
+            row["rollout/fairness/top_share"] = share
+        return rows
+
+    assert found(first_window(0.5), "answer_collapse")
+    assert not found(first_window(0.51), "answer_collapse")
+    # free-form replies that open alike from step 1 ("based on the context ..."), reward 0.5 throughout: the format
+    rows = healthy()
+    for row in rl(rows):
+        row["rollout/fairness/top_answer"], row["rollout/fairness/top_share"] = "based on the context", 0.95
+        row["reward/fairness/mean"] = 0.5
+    assert found(rows, "answer_collapse") == []
+
+
 def test_entropy_collapse_is_red_only_with_a_falling_heldout_reward():
     rows = set_last(healthy(), "entropy/fairness", 0.04, 10)  # the whole last window below the 0.05 floor
     assert codes(check(rows, TH, BANDS)) == {}  # held-out still rising: converged, not collapsed

@@ -1,0 +1,181 @@
+"""Figures the docs quote in prose that the code produces cheaply: preset values, the doctor's thresholds, code
+constants, the demo model's size. (Tables of preset values and `field` (default X) are tests/test_docs.py's; the
+estimator's figures tests/test_memory_doc.py's; the README results table tests/test_results_table.py's.)
+
+Each claim is a piece of a doc with its figures in braces, e.g. "watches the last {10} RL steps", and one source per
+figure (a function of the code); the doc must hold the piece with the braces removed (whitespace as in the doc is
+collapsed to single spaces), and each figure must be its source's value written the doc's way. When a value changes,
+the test names the doc, the stale figure and the new value.
+"""
+
+from __future__ import annotations
+
+import re
+from functools import cache
+
+import pytest
+
+import config as C
+from conftest import ROOT
+from grpo import symptoms
+from grpo.doctor import HealthThresholds
+from grpo.kernels import DEFAULT_LOGPROB_CHUNK_ROWS
+from grpo.memory import DEFAULT_ALLOCATOR_SLACK, DEFAULT_CUDA_OVERHEAD_GB
+
+TH = HealthThresholds()
+DOCS = {name: " ".join((ROOT / name).read_text().split())
+        for name in ("README.md", "QUICK_START.md", "MEMORY_OPTIMIZATION.md", "docs/SCALING.md")}
+DTYPE_WORDS = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}
+
+
+@cache
+def preset(name: str) -> C.Config:
+    return C.load_config(name)
+
+
+DEMO, LLAMA = (lambda: preset("demo")), (lambda: preset("llama3-8b-dual"))
+
+
+def pct(fraction: float) -> float:
+    return 100 * fraction
+
+
+@cache
+def demo_parameters() -> int:
+    """Parameters of the demo's model as `python grpo_train.py` builds it (its tokenizer is trained on the demo data,
+    so the vocabulary, and with it the embedding size, comes from the data)."""
+    import tempfile
+
+    import grpo_train
+
+    with tempfile.TemporaryDirectory() as tmp:
+        run = grpo_train.setup(C.load_config("demo", [f"train.output_dir={tmp}", "train.run_name=size",
+                                                       "train.tensorboard=false"]))
+        run.tracker.close()
+        return sum(p.numel() for p in run.policy.model.parameters())
+
+
+LLAMA_SHAPE = ("(Llama-3-8B shape, LoRA r {8}, {bf16}, {gradient checkpointing}, {2} prompts × K {4} × GA {2}, {96} new "
+               "tokens)")
+LLAMA_SOURCES = [lambda: LLAMA().model.lora_r, lambda: DTYPE_WORDS[LLAMA().model.dtype],
+                 lambda: "gradient checkpointing" if LLAMA().model.gradient_checkpointing else "no checkpointing",
+                 lambda: LLAMA().train.prompts_per_micro_step, lambda: LLAMA().rollout.k,
+                 lambda: LLAMA().train.grad_accum, lambda: LLAMA().rollout.max_new_tokens]
+
+CLAIMS = [
+    # README: the demo
+    ("README.md", "builds a tiny Llama-style model ({395}k parameters)", [lambda: Rounded(demo_parameters() / 1000)]),
+    ("README.md", "runs a short SFT warm-up on {24} demonstrations", [lambda: DEMO().sft.max_examples]),
+    ("README.md", "then {120} GRPO steps, evaluating greedy completions of {64} held-out prompts per task",
+     [lambda: DEMO().train.max_steps, lambda: DEMO().data.eval_size]),
+    ("README.md", LLAMA_SHAPE, LLAMA_SOURCES),
+    # QUICK_START: the demo's output, healthy metrics, the doctor and the verdict
+    ("QUICK_START.md", "(`data.eval_size` ({64} in the demo preset)", [lambda: DEMO().data.eval_size]),
+    ("QUICK_START.md", "with `sft.steps` > 0 ({35} in the demo: {24} demonstrations teach",
+     [lambda: DEMO().sft.steps, lambda: DEMO().sft.max_examples]),
+    ("QUICK_START.md", "| `adv/frac_zero_std`, `adv/<task>/frac_zero_std` | well below {0.5}:", [lambda: TH.zero_std_max]),
+    ("QUICK_START.md", "| `rollout/<task>/truncated` | below {0.2}:", [lambda: TH.truncation_max]),
+    ("QUICK_START.md", "its first {40} characters) and that answer: below {0.6} for a task",
+     [lambda: symptoms_answer_chars(), lambda: TH.collapse_share]),
+    ("QUICK_START.md", "truncation high (`rollout/<task>/truncated` > {0.2}; doctor: `truncation`)",
+     [lambda: TH.truncation_max]),
+    ("QUICK_START.md", "watches the last {10} RL steps after every step", [lambda: TH.recent_window]),
+    ("QUICK_START.md", "no red finding, but fewer than {20} RL steps: the checks compare the first {10} steps with the "
+                       "last {10}", [lambda: TH.min_steps, lambda: TH.recent_window, lambda: TH.recent_window]),
+    ("QUICK_START.md", "(or sits at the solved level, {0.9} for 0..1 rewards)", [lambda: TH.solved_reward]),
+    ("QUICK_START.md", "| `no_learning_signal` | red after {5} steps in a row", [lambda: TH.no_signal_steps]),
+    ("QUICK_START.md", "when the warm-up loss stayed above {1} nat per token", [lambda: symptoms.SFT_UNTAUGHT_LOSS]),
+    ("QUICK_START.md", "never rose more than {0.05} above its first {10} steps (after at least {20} steps), with more "
+                       "than {0.5} of its groups zero-std",
+     [lambda: TH.stuck_tolerance, lambda: TH.recent_window, lambda: TH.min_steps, lambda: TH.zero_std_max]),
+    ("QUICK_START.md", "the top answer in at least {50}% of the last {10} steps and holds at least {0.6} of the task's "
+                       "samples, {0.1} more than in the first {10} steps, while the reward is {0.05} below its best",
+     [lambda: pct(symptoms.COLLAPSE_DOMINANCE), lambda: TH.recent_window, lambda: TH.collapse_share,
+      lambda: TH.collapse_rise, lambda: TH.recent_window, lambda: TH.collapse_reward_gap]),
+    ("QUICK_START.md", "entropy below {0.05} nats or down more than {80}% from the first {10} steps, while the held-out "
+                       "reward fell {0.05} below its best or stalled below the solved level over {3} evaluations",
+     [lambda: TH.entropy_floor, lambda: pct(TH.entropy_drop_max), lambda: TH.recent_window, lambda: TH.heldout_drop,
+      lambda: symptoms.STALL_EVALS]),
+    ("QUICK_START.md", "KL above {3}× its band's top ({1} nat without a band) for {20} steps in a row",
+     [lambda: TH.kl_runaway_factor, lambda: TH.kl_runaway_nats, lambda: TH.kl_band_patience]),
+    ("QUICK_START.md", "KL outside its band for {20} steps in a row", [lambda: TH.kl_band_patience]),
+    ("QUICK_START.md", "| yellow above {5}%, red above {25}% | the share of failed judge calls over the last {10} steps",
+     [lambda: pct(TH.judge_failure_max), lambda: pct(TH.judge_failure_red), lambda: TH.recent_window]),
+    ("QUICK_START.md", "more than {0.2} of a task's completions hit `rollout.max_new_tokens`", [lambda: TH.truncation_max]),
+    ("QUICK_START.md", "(the zero-std share minus the mean reward above {0.5})", [lambda: TH.zero_std_max]),
+    ("QUICK_START.md", "| red above {10}% of the steps, else yellow for any restore", [lambda: pct(TH.skipped_max)]),
+    ("QUICK_START.md", "red for a held-out fall of more than {0.05}, yellow for no gain",
+     [lambda: TH.reward_regression_red]),
+    # MEMORY_OPTIMIZATION: the seed config in prose, and the estimator's constants
+    ("MEMORY_OPTIMIZATION.md", "LoRA r={8} on the {7} linears, {bf16}, {gradient checkpointing}, K={4}, {2} prompts per "
+                               "micro-step, grad_accum {2}, prompts ≤{512} + {96} new tokens",
+     [lambda: LLAMA().model.lora_r, lambda: len(LLAMA().model.lora_target_modules),
+      lambda: DTYPE_WORDS[LLAMA().model.dtype], LLAMA_SOURCES[2], lambda: LLAMA().rollout.k,
+      lambda: LLAMA().train.prompts_per_micro_step, lambda: LLAMA().train.grad_accum,
+      lambda: LLAMA().data.max_prompt_tokens, lambda: LLAMA().rollout.max_new_tokens]),
+    ("MEMORY_OPTIMIZATION.md", "Persistent parts: CUDA context (~{0.75} GiB)", [lambda: DEFAULT_CUDA_OVERHEAD_GB]),
+    ("MEMORY_OPTIMIZATION.md", "A {5}% allocator slack stands for fragmentation", [lambda: pct(DEFAULT_ALLOCATOR_SLACK)]),
+    ("MEMORY_OPTIMIZATION.md", "| chunked log-softmax (`grpo/kernels.py`, {512} rows) | never builds a (B, T, V) fp32 "
+                               "tensor: {512} rows", [lambda: DEFAULT_LOGPROB_CHUNK_ROWS] * 2),
+    # SCALING
+    ("docs/SCALING.md", "(`model.lora_dropout`, {0.05} in the Llama preset)", [lambda: LLAMA().model.lora_dropout]),
+]
+
+
+def symptoms_answer_chars() -> int:
+    from grpo.answers import ANSWER_CLASS_CHARS
+
+    return ANSWER_CLASS_CHARS
+
+
+class Rounded(float):
+    """A value the doc rounds (a measured size): compared to the figure's decimals, not exactly."""
+
+
+def written(value, figure: str) -> str:
+    """`value` as the doc should write it where it writes `figure`: a word as it is; a Rounded number to the figure's
+    decimals; any other number exactly (the figure itself when they are equal, else the value)."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, Rounded):
+        decimals = len(figure.split(".")[1]) if "." in figure else 0
+        return f"{value:.{decimals}f}"
+    try:
+        same = float(figure) == pytest.approx(value, rel=1e-12)
+    except ValueError:
+        same = False
+    return figure if same else f"{value:g}"
+
+
+@pytest.mark.parametrize("doc,claim,sources", CLAIMS, ids=[f"{d}:{c[:40]}" for d, c, _ in CLAIMS])
+def test_doc_figure_equals_the_code(doc, claim, sources):
+    quoted = re.findall(r"\{([^}]+)\}", claim)
+    assert len(quoted) == len(sources), "one source per figure in braces"
+    assert claim.replace("{", "").replace("}", "") in DOCS[doc], f"{doc} no longer says {claim!r}"
+    for figure, source in zip(quoted, sources):
+        value = written(source(), figure)
+        assert value == figure, f"{doc} says {figure} in {claim!r}; the code gives {value}"
+
+
+def finding_codes() -> set[str]:
+    """Every finding code grpo/symptoms.py can raise (the window checks and the end-of-run ones)."""
+    source = (ROOT / "grpo" / "symptoms.py").read_text()
+    return set(re.findall(r'Finding\(\s*(?:"(?:red|yellow)"|level),\s*"(\w+)"', source))
+
+
+def test_every_finding_has_a_row_in_quick_starts_doctor_table():
+    codes = finding_codes()
+    assert set(symptoms.ONLINE_CODES) <= codes and {"skipped_steps", "reward_regressed", "no_heldout"} <= codes
+    table = DOCS["QUICK_START.md"].split("| finding | level |", 1)[1]
+    rows = set(re.findall(r"\| ((?:`\w+`(?:, )?)+) \|", table))
+    documented = {code for row in rows for code in re.findall(r"`(\w+)`", row)}
+    assert codes <= documented, f"QUICK_START.md's doctor table has no row for {sorted(codes - documented)}"
+
+
+def test_a_changed_figure_is_caught():
+    """The check is not vacuous: a figure that is not the code's value comes back as the code's value."""
+    assert written(TH.recent_window, "10") == "10" and written(TH.recent_window, "12") == "10"
+    assert written(0.05, "0.05") == "0.05" and written(0.05, "0.1") == "0.05"  # thresholds: exactly
+    assert written(pct(0.8), "80") == "80" and written(pct(0.8), "80.5") == "80"
+    assert written(Rounded(394.624), "395") == "395" and written(Rounded(394.624), "394") == "395"  # sizes: rounded
+    assert written("bf16", "fp16") == "bf16"
