@@ -79,13 +79,22 @@ def describe_fields() -> str:
     for sname in (f.name for f in dataclasses.fields(C.Config)):
         if sname == "preset":
             continue
-        if sname in ("kl", "rewards"):
-            lines.append(f"\n[{sname}.<task>]  {docs['Config'].get(sname, '')}")
-            if sname == "kl":
-                for fname, ftype in typing.get_type_hints(C.TaskKLConfig).items():
-                    default = getattr(C.TaskKLConfig(), fname)
-                    lines.append(f"  --{sname}.<task>.{fname} ({_tname(ftype)}, default {default!r}): "
-                                 f"{docs['TaskKLConfig'].get(fname, '')}")
+        if sname in ("kl", "rewards", *C.DICT_SECTIONS):
+            key = "<name>" if sname == "reward_models" else "<task>"
+            lines.append(f"\n[{sname}.{key}]  {docs['Config'].get(sname, '')}")
+            cls = C.TaskKLConfig if sname == "kl" else C.DICT_SECTIONS.get(sname)
+            if cls is not None:
+                for fname, ftype in typing.get_type_hints(cls).items():
+                    default = getattr(cls(), fname)
+                    lines.append(f"  --{sname}.{key}.{fname} ({_tname(ftype)}, default {default!r}): "
+                                 f"{docs[cls.__name__].get(fname, '')}")
+            if sname == "rewards":
+                # imported here, not at module level: the command line imports no grpo module (docs/DESIGN.md)
+                from grpo.graders import builtin_graders
+
+                lines.append("  built-in graders (or a reward_models name, package.module:function, "
+                             "path/to/file.py:function; docs/CUSTOM_TASKS.md):")
+                lines += [f"    {name}: {doc}" for name, doc in builtin_graders().items()]
             continue
         section = getattr(defaults, sname)
         lines.append(f"\n[{sname}]")
