@@ -123,7 +123,9 @@ class ModelConfig:
 @dataclass
 class DataConfig:
     source: str = "demo"
-    """demo (synthetic tasks built in code) | dual (BBQ + HaluEval from data_dir) | path to a JSONL task file."""
+    """demo (synthetic tasks built in code) | dual (BBQ + HaluEval from data_dir) | none (only your tasks.<task>
+    sources) | a file, folder or Hub id read like tasks.<task>.path whose rows name their task in a `task` column.
+    tasks.<task> sources are trained beside the built-in ones (docs/CUSTOM_TASKS.md)."""
     data_dir: str = "../shared/data"
     """Folder holding bbq/<Category>.jsonl and halueval/<subset>_data.json (used by source=dual)."""
     bbq_categories: list[str] = field(default_factory=list)
@@ -448,6 +450,106 @@ class CheckpointConfig:
         _check(self.keep_last >= 1, "checkpoint.keep_last", self.keep_last, "use a positive integer")
 
 
+BUILTIN_SOURCES = ("demo", "dual", "none")
+"""data.source values that name no file: the demo, BBQ + HaluEval, or no built-in rows (tasks.<task> only)."""
+
+
+@dataclass
+class TaskSourceConfig:
+    """Where one task's rows come from and how their columns map onto a prompt (grpo/sources.py reads it;
+    docs/CUSTOM_TASKS.md). The task's name is the key: --tasks.<task>.path FILE. Checked by `validate`, which names
+    `tasks.<task>.<field>` (Config runs it for every entry; grpo/sources.py for sources built in Python)."""
+
+    path: str = ""
+    """A .jsonl / .json / .csv / .tsv / .parquet / .arrow file, a folder of such files, a folder written by
+    save_to_disk, or a Hugging Face Hub dataset id ("owner/name", read only when the Hub can be reached)."""
+    builder: str = ""
+    """A datasets builder ("json", "csv", "parquet", "text", ...) that reads `data_files` (or `path`); "" = the form
+    is chosen from the path."""
+    data_files: list[str] = field(default_factory=list)
+    """The local files `builder` reads (files or folders); empty = `path`."""
+    config_name: str = ""
+    """The Hub dataset's configuration (datasets' `name`); "" = its default."""
+    split: str = "train"
+    """The split trained on, for a Hub dataset or a save_to_disk DatasetDict folder."""
+    heldout: str = ""
+    """Held-out rows: "" = a stable hash of each row's id holds out data.heldout_fraction of them; the name of
+    another split (Hub, save_to_disk DatasetDict); or the path of a second file or folder, read like `path`."""
+    prompt_field: str = "prompt"
+    """Column holding the prompt text (or, as in TRL's conversational datasets, a list of messages)."""
+    messages_field: str = "messages"
+    """Column holding the prompt as a list of {"role", "content"} messages; used instead of the prompt when set."""
+    target_field: str = "target"
+    """Column holding a reference completion (SFT warm-up, and a gold field); optional in the rows."""
+    id_field: str = "id"
+    """Column holding a stable row id; rows without one get a sha256 of their prompt."""
+    task_field: str = ""
+    """Column naming each row's task (several tasks in one file; rows without one get this task's name);
+    "" = every row belongs to this task."""
+    gold_fields: list[str] = field(default_factory=list)
+    """Columns the graders get as gold; empty = a `gold` column holding a dict, else every other column."""
+    template: str = ""
+    """str.format template building the prompt from the row's columns, e.g. "Add {a} and {b}."; "" = the prompt
+    column as it is."""
+    limit: int = 0
+    """Keep the first `limit` usable training rows (0 = all)."""
+
+    def validate(self, where: str) -> None:
+        """Every field; messages name `<where>.<field>` (e.g. tasks.qa.limit), the bad value and the fix."""
+        import string
+
+        _check(bool(self.path or (self.builder and self.data_files)), f"{where}.path", self.path,
+               "give a file, a folder or a Hub id (or a builder with data_files)")
+        _check(not self.data_files or bool(self.builder), f"{where}.data_files", self.data_files,
+               "data_files are read by a builder: set builder too (json, csv, parquet, ...)")
+        for name in ("split", "prompt_field", "messages_field", "target_field", "id_field"):
+            _check(bool(getattr(self, name).strip()), f"{where}.{name}", getattr(self, name), "give a name")
+        _check(isinstance(self.limit, int) and self.limit >= 0, f"{where}.limit", self.limit,
+               "use 0 (all rows) or a positive number of rows")
+        try:
+            names = [name for _, name, _, _ in string.Formatter().parse(self.template) if name is not None]
+        except ValueError as err:
+            raise ConfigError(f"config field `{where}.template` = {self.template!r} is invalid: {err}; double "
+                              "literal braces", field=f"{where}.template") from None
+        _check(all(names), f"{where}.template", self.template,
+               "name every placeholder after a column, e.g. {question}; positional {} has no column")
+
+
+@dataclass
+class RewardModelConfig:
+    """A reward model that reward terms name as <name>:weight (grpo/reward_models.py reads it;
+    docs/CUSTOM_TASKS.md): --reward_models.<name>.path DIR. Checked by `validate` (ranges, naming
+    `reward_models.<name>.<field>`) and grpo/config_check.py (`normalize` and `dtype` against their registries)."""
+
+    path: str = ""
+    """Folder of a transformers AutoModelForSequenceClassification and its tokenizer (save_pretrained)."""
+    max_length: int = 1024
+    """Longest input in tokens (prompt + completion); longer inputs lose their start, never the completion."""
+    batch_size: int = 16
+    """Completions scored per forward pass."""
+    normalize: str = "none"
+    """none | affine | sigmoid | softmax: how logits become a score (grpo/reward_models.py NORMALIZERS)."""
+    label: int = 0
+    """The logit column read (0 for a one-output reward model; a class index for a classifier)."""
+    shift: float = 0.0
+    """affine / sigmoid: subtracted from the logit first."""
+    scale: float = 1.0
+    """affine / sigmoid: the logit minus shift is divided by this (> 0)."""
+    dtype: str = "auto"
+    """auto (the checkpoint's dtype on a GPU, float32 on CPU) | float32 | bfloat16 | float16."""
+
+    def validate(self, where: str) -> None:
+        """The ranges of every field; messages name `<where>.<field>`, the bad value and the fix."""
+        import math
+
+        _check(bool(self.path), f"{where}.path", self.path, "give the reward model's folder")
+        _check(self.max_length >= 1, f"{where}.max_length", self.max_length, "use a positive number of tokens")
+        _check(self.batch_size >= 1, f"{where}.batch_size", self.batch_size, "use a positive number")
+        _check(self.label >= 0, f"{where}.label", self.label, "use a logit column index >= 0")
+        _check(math.isfinite(self.shift), f"{where}.shift", self.shift, "use a finite number")
+        _check(math.isfinite(self.scale) and self.scale > 0, f"{where}.scale", self.scale, "use a number > 0")
+
+
 @dataclass
 class Config:
     preset: str = "demo"
@@ -459,7 +561,12 @@ class Config:
     kl: dict[str, TaskKLConfig] = field(default_factory=lambda: {"default": TaskKLConfig()})
     """Per-task KL control, keyed by task name; "default" applies to tasks without an entry."""
     rewards: dict[str, str] = field(default_factory=dict)
-    """Per-task reward terms "grader:weight,grader:weight[|fallback]"; graders by name or module:function."""
+    """Per-task reward terms "grader:weight,grader:weight[|fallback]"; a grader is a built-in name, llm_judge, a
+    reward_models name or folder, "package.module:function" or "path/to/file.py:function" (docs/CUSTOM_TASKS.md)."""
+    tasks: dict[str, TaskSourceConfig] = field(default_factory=dict)
+    """Your own tasks by name: where each task's rows come from and how their columns map (docs/CUSTOM_TASKS.md)."""
+    reward_models: dict[str, RewardModelConfig] = field(default_factory=dict)
+    """Reward models by name, for the reward terms that name them."""
     train: TrainConfig = field(default_factory=TrainConfig)
     sft: SFTConfig = field(default_factory=SFTConfig)
     judge: JudgeConfig = field(default_factory=JudgeConfig)
@@ -470,6 +577,10 @@ class Config:
         _check("default" in self.kl, "kl", sorted(self.kl), "keep a `default` entry for tasks without their own")
         for task, spec in self.rewards.items():
             _check(bool(spec.strip()), f"rewards.{task}", spec, "give at least one grader:weight term")
+        for task, source in self.tasks.items():
+            source.validate(f"tasks.{task}")
+        for name, model in self.reward_models.items():
+            model.validate(f"reward_models.{name}")
 
     # ----- derived values: computed here, in one place -----
     @property
@@ -503,6 +614,10 @@ class Config:
 
 
 # ----------------------------------------------------------------------------------------------------- building
+DICT_SECTIONS: dict[str, type] = {"tasks": TaskSourceConfig, "reward_models": RewardModelConfig}
+"""Config fields holding one section per user-chosen key (besides kl.<task>): the key's section class."""
+
+
 def _sections() -> dict[str, type]:
     return {f.name: f.type for f in dataclasses.fields(Config)}
 
@@ -609,6 +724,17 @@ def _coerce_section(cls: type, values: dict[str, Any], where: str) -> Any:
     return cls(**out)
 
 
+def _keyed_section(name: str, key: str, value: Any) -> Any:
+    """The section of `name.key` (tasks.qa, reward_models.rm) from a dict of its fields, or the section itself."""
+    cls = DICT_SECTIONS[name]
+    if isinstance(value, cls):
+        return value
+    if not isinstance(value, dict):
+        raise ConfigError(f"config field `{name}.{key}` = {value!r} is invalid: it is a section; set its fields, e.g. "
+                          f"{name}.{key}.path=...  (fields: {sorted(_field_types(cls))})", field=f"{name}.{key}")
+    return _coerce_section(cls, value, f"{name}.{key}")
+
+
 def _merge(base: dict, extra: dict) -> dict:
     merged = copy.deepcopy(base)
     for key, value in extra.items():
@@ -636,6 +762,9 @@ def from_dict(d: dict[str, Any]) -> Config:
         elif name == "rewards":
             kwargs["rewards"] = {str(t): _reward_spec(v, f"rewards.{t}")
                                  for t, v in _table(value, "rewards", 'rewards.<task>="grader:weight,..."').items()}
+        elif name in DICT_SECTIONS:  # tasks.<task>, reward_models.<name>: one section per key
+            kwargs[name] = {str(k): _keyed_section(name, str(k), v)
+                            for k, v in _table(value, name, f"{name}.<key>.path=...").items()}
         elif name == "preset":
             kwargs["preset"] = str(value)
         else:
@@ -688,6 +817,12 @@ def _override_tree(overrides: list[str]) -> dict[str, Any]:
 
 def load_config(preset: str | None = None, overrides: list[str] | None = None) -> Config:
     """The preset (default "demo") with `section.field=value` overrides applied, validated."""
+    return from_dict(config_tree(preset, overrides))
+
+
+def config_tree(preset: str | None = None, overrides: list[str] | None = None) -> dict[str, Any]:
+    """What `load_config` validates: the preset over the defaults, then the overrides, as a nested dict (for callers
+    that add to it before the one validation, e.g. grpo_train.train)."""
     name = preset or "demo"
     if name not in PRESETS:
         raise ConfigError(f"unknown preset {name!r}: choose one of {sorted(PRESETS)}")
@@ -697,8 +832,7 @@ def load_config(preset: str | None = None, overrides: list[str] | None = None) -
     if "kl" in PRESETS[name]:  # a preset's KL table replaces the demo's, it does not extend it
         merged["kl"] = copy.deepcopy(PRESETS[name]["kl"])
     merged["preset"] = name
-    merged = _merge(merged, _override_tree(overrides or []))
-    return from_dict(merged)
+    return _merge(merged, _override_tree(overrides or []))
 
 
 def dumps(cfg: Config) -> str:

@@ -15,11 +15,12 @@ import dataclasses
 import json
 import math
 import random
+import re
 import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 import torch
@@ -32,10 +33,10 @@ from grpo.answers import step_answer_metrics
 from grpo.batch import batch_logprobs, build_train_batch
 from grpo.batching import TaskBalancedSampler
 from grpo.config_check import check_config
-from grpo.data import split_samples
 from grpo.distributed import Dist, make_dist, rank_rng_state, relaunch_on_cpu, requested_cpu_processes
 from grpo.doctor import Doctor, Finding
 from grpo.evaluate import evaluate
+from grpo.graders import Grader, GraderError, preflight
 from grpo.health import TrainingUnstable, WeightGuard, bad_step_reason
 from grpo.judge import Judge
 from grpo.kl_control import Controller, controller_from_config
@@ -57,6 +58,7 @@ from grpo.setup_parts import (build_trackers, choose_device, load_samples, polic
                               stop_token_ids)
 from grpo.sft import run_sft, sft_examples
 from grpo.signals import StopRequest
+from grpo.tasks.jsonio import DataFileError
 from grpo.tracking import METRICS_FILE, NullTracker, Tracker, format_step_line, progress, read_metrics
 from grpo.update import TaskGradientSurgery, train_step
 
@@ -82,6 +84,9 @@ class Run:
     """The β controller of each task (kl.<task>, else kl.default)."""
     specs: dict[str, RewardSpec] = field(init=False)
     """The reward terms of each task (rewards.<task>, else the source's defaults)."""
+    graders: dict[str, Grader] = field(init=False)
+    """Every reward term's grader by name, resolved and tried on a real row by `grpo.graders.preflight` before the
+    model loaded (a reward model is loaded there, once)."""
     judge: Judge | None = field(init=False)
     """The LLM judge (judge.base_url), or None for rule graders only."""
     tracker: Tracker = field(init=False)
@@ -116,6 +121,8 @@ class Run:
     started by `start_doctor` (by the first `rl_step` when `main` did not, e.g. in a notebook); None on other ranks."""
     alarms: list[Finding] = field(default_factory=list)
     """The doctor's findings that fired at the last RL step (rank 0); `main` prints them."""
+    report: dict[str, Any] = field(default_factory=dict)
+    """The before/after report (report.json) once `finish` ran; `train(...)` fills it in."""
 
     def __post_init__(self) -> None:
         self.micro_batch_seqs = self.cfg.micro_batch_seqs
@@ -136,12 +143,18 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def setup(cfg: C.Config) -> Run:
+def setup(cfg: C.Config, *, callables: Mapping[str, Callable[..., Any]] | None = None,
+          model: tuple[Any, Any] | None = None) -> Run:
     """Build the model, data, optimizer, controllers and trackers of a run; write its resolved config.
 
+    Order: the config is checked against the registries (grpo/config_check.py); the data are loaded and every
+    grader of every task is resolved and tried on a real row (grpo.graders.preflight): a bad source or grader
+    stops the run with DataFileError / GraderError before the run folder is touched or the model loads. Then the
+    run folder, the policy, the rest. `callables`: reward functions by the names rewards.<task> gives them (the
+    Python entry point, `train`); `model`: an already-loaded (model, tokenizer) to train instead of model.name.
+
     Under `accelerate launch` (several processes) every rank builds the same run (same seed, same weights, same
-    prompt order); rank 0 alone logs, evaluates and saves. The config is checked against the registries first
-    (grpo/config_check.py), before anything is loaded.
+    prompt order); rank 0 alone logs, evaluates and saves.
     """
     check_config(cfg)
     seed_everything(cfg.train.seed)
@@ -153,16 +166,23 @@ def setup(cfg: C.Config) -> Run:
     device = dist_device or choose_device(cfg.train.device)
     name = dist.broadcast(cfg.train.run_name or f"{cfg.preset}-{time.strftime('%Y%m%d-%H%M%S')}")
     run_dir = Path(cfg.train.output_dir) / name
+    rows = load_samples(cfg.data, cfg.train.seed, cfg.tasks)
+    train, heldout = split_by_task(rows.train, rows.heldout, cfg.data)
+    require_heldout_rows(train, heldout, cfg.data.heldout_fraction)  # every task is evaluated: stop now if not
+    specs = reward_specs(cfg.data.source, cfg.rewards, sorted(train), custom=cfg.tasks)
+    # the judge's rubrics are tried without its cache, which lives in the run folder
+    graders = preflight(specs, train, judge=Judge.from_config(dataclasses.replace(cfg.judge, cache_path=""), None),
+                        callables=callables, reward_models=cfg.reward_models, device=device)
+    note = preset_note(cfg)
+    if note and dist.is_main:
+        print(note)
     if dist.is_main:  # before any expensive work: one run folder, one run
         prepare_run_dir(run_dir, cfg.checkpoint.resume, cfg.train.overwrite)
     dist.barrier()
-    samples = load_samples(cfg.data, cfg.train.seed)
-    train, heldout = split_by_task(samples, cfg.data)
-    require_heldout_rows(train, heldout, cfg.data.heldout_fraction)  # every task is evaluated: stop now if not
     # the builtin tokenizer learns from prompts and, separately, from completions exactly as they are generated
     # (right after the assistant marker, no leading space)
-    corpus = [s.messages[-1]["content"] for s in samples] + [s.target for s in samples if s.target]
-    policy = policy_from_config(cfg.model, device, corpus, seed=cfg.train.seed)
+    corpus = [s.messages[-1]["content"] for s in rows.every] + [s.target for s in rows.every if s.target]
+    policy = policy_from_config(cfg.model, device, corpus, seed=cfg.train.seed, loaded=model)
     if policy.grad_scaler is not None and cfg.multi.combine != "sum":
         raise C.ConfigError(f"multi.combine={cfg.multi.combine!r} needs bf16 or fp32 weights: the per-task gradients "
                             "are not loss-scaled, so fp16 (this GPU has no bf16) would under- or overflow; use "
@@ -174,7 +194,7 @@ def setup(cfg: C.Config) -> Run:
     run = Run(cfg, run_dir, device, dist, policy, train, heldout)
     run.sampler = TaskBalancedSampler(run.train, seed=cfg.train.seed, mix=parse_task_mix(cfg.data.task_mix))
     run.controllers = {t: controller_from_config(cfg.kl_for(t)) for t in run.tasks}
-    run.specs = reward_specs(cfg.data.source, cfg.rewards, run.tasks)
+    run.specs, run.graders = specs, graders
     run.judge = Judge.from_config(cfg.judge, run_dir)
     run.tracker = build_trackers(cfg.train, run_dir) if dist.is_main else NullTracker()
     run.stop_ids = stop_token_ids(cfg.rollout, policy.tokenizer)
@@ -186,6 +206,22 @@ def setup(cfg: C.Config) -> Run:
     if dist.active and not per_completion_sampling(cfg.rollout, dist):
         torch.manual_seed(cfg.train.seed + 1_000_003 * dist.rank)  # ranks must not draw the same samples
     return run
+
+
+CUSTOM_PRESET = "custom"
+"""The preset made for tasks.<task> sources (presets.py); `train(tasks=...)` starts from it."""
+
+
+def preset_note(cfg: C.Config) -> str | None:
+    """For a run with tasks.<task> sources: which preset's settings they train with, and how to change them (else a
+    custom task silently inherits settings chosen for another preset's tasks, e.g. the demo's 4-token answers)."""
+    if not cfg.tasks:
+        return None
+    change = ("override any of them, e.g. --rollout.max_new_tokens 64" if cfg.preset == CUSTOM_PRESET else
+              f"--preset {CUSTOM_PRESET} starts from settings made for your own tasks")
+    return (f"tasks {', '.join(sorted(cfg.tasks))}: the settings of preset {cfg.preset!r} apply: K {cfg.rollout.k}, "
+            f"max_new_tokens {cfg.rollout.max_new_tokens}, lr {cfg.train.lr:g}, {cfg.train.max_steps} RL steps, SFT "
+            f"{cfg.sft.steps} steps; {change} (docs/CUSTOM_TASKS.md)")
 
 
 def shares_prompts(cfg: C.Config, train_model: torch.nn.Module, dist: Dist) -> bool:
@@ -263,9 +299,9 @@ def build_optimizer(train: C.TrainConfig, params: list[torch.nn.Parameter]):
     return optimizer, scheduler
 
 
-def split_by_task(samples: list[Sample], data: C.DataConfig) -> tuple[dict, dict]:
-    """Hash split into train / held-out per task; held-out capped at data.eval_size per task."""
-    train_list, held_list = split_samples(samples, data.heldout_fraction)
+def split_by_task(train_list: list[Sample], held_list: list[Sample], data: C.DataConfig) -> tuple[dict, dict]:
+    """Train and held-out samples by task (grpo/setup_parts.load_samples split them); held-out capped at
+    data.eval_size per task."""
     train: dict[str, list[Sample]] = {}
     heldout: dict[str, list[Sample]] = {}
     for s in train_list:
@@ -277,7 +313,7 @@ def split_by_task(samples: list[Sample], data: C.DataConfig) -> tuple[dict, dict
 
 
 def score(run: Run, rollouts: list[Rollout]) -> list[Scored]:
-    scored, _ = score_rollouts(rollouts, run.specs, run.judge)
+    scored, _ = score_rollouts(rollouts, run.specs, run.judge, run.graders)
     return scored
 
 
@@ -369,7 +405,7 @@ def rl_step(run: Run, step: int) -> dict[str, float]:
                                           row_keys=keys, synced_gpus=dist.sharded)
     dist.reshard(run.policy.model)  # after every no-grad pass of a sharded model (see Dist.reshard)
     t1 = time.perf_counter()
-    scored_mine, score_metrics = score_rollouts(rollouts, run.specs, run.judge)
+    scored_mine, score_metrics = score_rollouts(rollouts, run.specs, run.judge, run.graders)
     scored = scored_mine
     if dist.active:  # metrics and group advantages over the global batch (groups never straddle ranks)
         scored = [s for part in dist.gather(scored_mine) for s in part]
@@ -537,8 +573,10 @@ def finish(run: Run) -> dict[str, Any]:
     return report
 
 
-def main(cfg: C.Config) -> Run:
-    run = setup(cfg)
+def main(cfg: C.Config, run: Run | None = None) -> Run:
+    """The whole run: `setup` (unless `run` is one already set up, as `train` hands it in), evaluations, SFT, the
+    RL loop with its evaluations and checkpoints, `finish`."""
+    run = run if run is not None else setup(cfg)
     say = print if run.dist.is_main else (lambda *a, **k: None)  # one voice: rank 0
     say(banner(run))
     if cfg.checkpoint.resume:
@@ -794,8 +832,102 @@ def banner(run: Run) -> str:
     return "\n".join(lines)
 
 
+def train(config: C.Config | str | Sequence[str] | None = None, *,
+          tasks: Mapping[str, C.TaskSourceConfig | Mapping[str, Any] | str | Path] | None = None,
+          rewards: Mapping[str, Any] | None = None, model: str | tuple[Any, Any] | None = None,
+          **sections: Mapping[str, Any]) -> Run:
+    """The command line's run from Python (a notebook, a script): returns the finished Run, its `report` filled in.
+
+        run = train(tasks={"qa": "qa.csv"}, rewards={"qa": [my_reward]}, train={"max_steps": 40})
+
+    config:   a Config; a preset name ("demo", "custom", ...); or dotted overrides ["rollout.k=8", ...] on the
+              preset; None = preset "custom" when `tasks` are given, else "demo".
+    tasks:    {task: a tasks.<task> section as a TaskSourceConfig, a dict of its fields, or a path}.
+    rewards:  {task: terms}; terms = "grader:weight,..." as in rewards.<task>, or a list of graders, each a
+              function (per-row or TRL-style, no import path needed), a grader name, or a (grader, weight) pair.
+    model:    a model name (model.name) or an already-loaded (model, tokenizer), trained in place.
+    sections: a section's fields as a dict, e.g. train={"max_steps": 40}, rollout={"k": 8}.
+
+    Errors are the command line's, raised instead of printed: ConfigError (config), DataFileError (data),
+    GraderError (the reward preflight, before the model loads), ModelPackageMissing. For the phases one by one,
+    call `setup`, `evaluate_phase`, `sft_phase`, `rl_step`, `finish` (notebooks/quickstart.ipynb)."""
+    cfg, callables = python_config(config, tasks, rewards, model, sections)
+    loaded = model if isinstance(model, tuple) else None
+    if loaded is None:
+        check_model_name(cfg.model.name)
+    run = main(cfg, setup(cfg, callables=callables, model=loaded))
+    report = run.run_dir / "report.json"
+    if report.is_file():
+        run.report = json.loads(report.read_text())
+    return run
+
+
+def python_config(config: C.Config | str | Sequence[str] | None, tasks: Mapping[str, Any] | None,
+                  rewards: Mapping[str, Any] | None, model: str | tuple[Any, Any] | None,
+                  sections: Mapping[str, Mapping[str, Any]]) -> tuple[C.Config, dict[str, Callable[..., Any]]]:
+    """`train`'s arguments as one checked Config and the reward functions by the names its rewards.<task> give
+    them."""
+    if isinstance(config, C.Config):
+        tree = C.to_dict(config)
+    else:
+        preset = config if isinstance(config, str) else (CUSTOM_PRESET if tasks else "demo")
+        overrides = list(config) if config is not None and not isinstance(config, str) else []
+        tree = C.config_tree(preset, overrides)
+    for name, fields in sections.items():
+        if not isinstance(fields, Mapping):
+            raise C.ConfigError(f"train(..., {name}=...) must be a dict of the section's fields, e.g. "
+                                f"train(rollout={{'k': 8}}); got {fields!r}", field=name)
+        tree[name] = {**tree.get(name, {}), **fields} if isinstance(tree.get(name), dict) else fields
+    for task, source in (tasks or {}).items():
+        tree["tasks"][task] = ({"path": str(source)} if isinstance(source, (str, Path)) else
+                               dataclasses.asdict(source) if dataclasses.is_dataclass(source) else dict(source))
+    callables: dict[str, Callable[..., Any]] = {}
+    for task, terms in (rewards or {}).items():
+        tree["rewards"][task] = reward_terms(task, terms, callables, set(tree.get("reward_models", {})))
+    if isinstance(model, str):
+        tree["model"]["name"] = model
+    elif model is not None and not (isinstance(model, tuple) and len(model) == 2):
+        raise C.ConfigError(f"train(model=...) takes a model name or a (model, tokenizer) pair; got "
+                            f"{type(model).__name__}", field="model.name")
+    elif model is not None:
+        tree["model"]["name"] = getattr(model[0], "name_or_path", "") or f"python:{type(model[0]).__name__}"
+    return check_config(C.from_dict(tree)), callables
+
+
+def reward_terms(task: str, terms: Any, callables: dict[str, Callable[..., Any]], taken: set[str]) -> str:
+    """A rewards.<task> entry from `train`'s rewards[task]: a spec string as it is, or a list of functions, grader
+    names and (grader, weight) pairs; each function is entered in `callables` under a name of its own (its
+    __name__, made unique, never a built-in grader's or a reward model's)."""
+    from grpo.graders import JUDGE_TERM
+    from grpo.rewards import GRADERS
+
+    if isinstance(terms, str):
+        return terms
+    out = []
+    for item in [terms] if callable(terms) or isinstance(terms, tuple) else list(terms):
+        grader, weight = item if isinstance(item, tuple) else (item, None)
+        if callable(grader):
+            base = re.sub(r"[^\w.-]", "_", getattr(grader, "__name__", type(grader).__name__)) or "reward"
+            name, n = base, 1
+            while (name in GRADERS or name == JUDGE_TERM or name in taken
+                   or (name in callables and callables[name] is not grader)):
+                n += 1
+                name = f"{base}_{n}"
+            callables[name] = grader
+        elif isinstance(grader, str):
+            name = grader
+        else:
+            raise C.ConfigError(f"train(rewards={{{task!r}: ...}}): {grader!r} is neither a function nor a grader "
+                                "name", field=f"rewards.{task}")
+        out.append(name if weight is None else f"{name}:{float(weight)!r}")
+    if not out:
+        raise C.ConfigError(f"train(rewards={{{task!r}: []}}): give at least one grader", field=f"rewards.{task}")
+    return ",".join(out)
+
+
 def cli(argv: list[str]) -> int:
-    """Parse argv into a Config (command_line.py) and run. Exit status: 0 done, 2 config error, 1 run failure."""
+    """Parse argv into a Config (command_line.py) and run. Exit status: 0 done; 2 a config, data or grader error
+    (found before the model loads); 1 a run failure."""
     try:
         cfg, args = parse_trainer_argv(argv, prog="grpo_train.py", description=__doc__)
         check_config(cfg)
@@ -812,6 +944,9 @@ def cli(argv: list[str]) -> int:
         return 2
     try:
         main(cfg)
+    except (C.ConfigError, GraderError, DataFileError) as e:  # config, data, graders: found before the model loads
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     except (ckpt.CheckpointError, TrainingUnstable, FileNotFoundError, ValueError, KeyError) as e:
         # known failure modes get their message, not a traceback; the last checkpoint (if any) is intact
         print(f"error: {type(e).__name__}: {e}", file=sys.stderr)

@@ -204,7 +204,8 @@ def trl_dataset(spec: BenchSpec, model_dir: str, out_dir: str):
     from grpo_train import split_by_task
 
     cfg = _our_config(spec, model_dir, out_dir)
-    train, _ = split_by_task(load_samples(cfg.data, cfg.train.seed), cfg.data)
+    rows = load_samples(cfg.data, cfg.train.seed, cfg.tasks)
+    train, _ = split_by_task(rows.train, rows.heldout, cfg.data)
     rows = [{"prompt": [dict(m) for m in s.messages], "task": s.task, "gold": json.dumps(s.gold)}
             for task in sorted(train) for s in train[task]]
     return Dataset.from_list(rows)

@@ -18,6 +18,7 @@ from grpo.decode import ENGINES
 from grpo.kl_control import CONFIG_FIELDS, KL_CONTROLLERS, controller_args, controller_problem
 from grpo.losses import AGG_MODES, KL_ESTIMATORS, POLICY_LOSSES
 from grpo.multi import METHODS as COMBINE_METHODS
+from grpo.reward_models import check_spec as check_reward_model
 from grpo.rollout import CACHE_IMPLEMENTATIONS
 
 REGISTRY_FIELDS: dict[str, Collection[str]] = {
@@ -58,4 +59,9 @@ def check_config(cfg: Config) -> Config:
     check_names(cfg)
     for task, section in cfg.kl.items():
         check_kl_section(f"kl.{task}", section)
+    if cfg.data.source == "none" and not cfg.tasks:  # checked here, not in config.py: `--preset custom --help` works
+        raise field_error("data.source", "none", "none trains only your own tasks: add one, --tasks.<task>.path FILE "
+                          "(or use demo / dual)")
+    for name, section in cfg.reward_models.items():  # normalize and dtype against grpo/reward_models.py's names
+        check_reward_model(section, f"reward_models.{name}")
     return cfg

@@ -326,7 +326,7 @@ def _judge_problem(task: str, judge: Any, rollout: Rollout) -> list[str]:
 
 
 def builtin_graders() -> dict[str, str]:
-    """Name -> first docstring line of every built-in grader, "llm_judge" included (for --help)."""
-    out = {name: (fn.__doc__ or "").strip().splitlines()[0] for name, fn in sorted(GRADERS.items())}
+    """Name -> first docstring paragraph of every built-in grader, "llm_judge" included (for --help)."""
+    out = {name: " ".join((fn.__doc__ or "").strip().split("\n\n")[0].split()) for name, fn in sorted(GRADERS.items())}
     out[JUDGE_TERM] = "the LLM judge (judge.* settings; rubric grpo/rubrics/<task>.txt), score in [0, 1]"
     return out

@@ -278,12 +278,18 @@ def _load_base(name: str, *, dtype, attn_implementation: str, load_in_4bit: bool
             load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,
             bnb_4bit_compute_dtype=torch.bfloat16 if compute == "auto" else compute)
     model = AutoModelForCausalLM.from_pretrained(name, **kwargs)
-    if tokenizer.pad_token_id is None:  # many base models ship without one; pad positions are masked anyway
+    ready_for_batches(model, tokenizer)
+    return model, tokenizer
+
+
+def ready_for_batches(model: nn.Module, tokenizer) -> None:
+    """A pad token (the EOS token when the tokenizer has none: pad positions are masked anyway) and left padding,
+    which batched generation needs."""
+    if tokenizer.pad_token_id is None:  # many base models ship without one
         tokenizer.pad_token = tokenizer.eos_token
     tokenizer.padding_side = "left"
-    if model.generation_config.pad_token_id is None:
+    if getattr(model, "generation_config", None) is not None and model.generation_config.pad_token_id is None:
         model.generation_config.pad_token_id = tokenizer.pad_token_id
-    return model, tokenizer
 
 
 def enable_checkpointing(model: nn.Module) -> None:
@@ -312,6 +318,18 @@ def load_policy(name: str, *, dtype: str | torch.dtype = "float32", attn_impleme
     model, tokenizer = _load_base(name, dtype=dtype, attn_implementation=attn_implementation,
                                   load_in_4bit=load_in_4bit, trust_remote_code=trust_remote_code, seed=seed,
                                   tiny_corpus=tiny_corpus, tiny_sizes=tiny_sizes)
+    return policy_from_model(model, tokenizer, name, lora=lora, lora_r=lora_r, lora_alpha=lora_alpha,
+                             lora_dropout=lora_dropout, lora_target_modules=lora_target_modules,
+                             load_in_4bit=load_in_4bit, gradient_checkpointing=gradient_checkpointing, seed=seed)
+
+
+def policy_from_model(model: nn.Module, tokenizer, name: str, *, lora: bool = False,
+                      lora_r: int = ModelConfig.lora_r, lora_alpha: int = ModelConfig.lora_alpha,
+                      lora_dropout: float = ModelConfig.lora_dropout,
+                      lora_target_modules: list[str] | str | None = None, load_in_4bit: bool = False,
+                      gradient_checkpointing: bool = False, seed: int = 0) -> Policy:
+    """A loaded (model, tokenizer) ready to train, as `load_policy` makes it (also for a model handed in from
+    Python, which is trained in place): the frozen reference copy, or the LoRA adapter; checkpointing."""
     if not lora:
         if gradient_checkpointing:
             enable_checkpointing(model)

@@ -16,13 +16,12 @@ Scores, from the logits (B, C) of a batch and the class column `label` (`normali
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
 import torch
 
+from config import RewardModelConfig, field_error
 from grpo.records import Rollout
 
 PROMPT_JOIN = "\n\n"  # between message contents when the reward model's tokenizer has no chat template
@@ -64,46 +63,19 @@ def normalize_scores(logits_BC: torch.Tensor, normalize: str, label: int = 0, sh
     return NORMALIZERS[normalize](logits_BC.float(), label, shift, scale)
 
 
-def _check(ok: bool, name: str, value: Any, fix: str) -> None:
-    # The message format of config.py's _check: the lead moves RewardModelSpec there as `reward_models.<name>`.
-    if not ok:
-        raise ValueError(f"config field `{name}` = {value!r} is invalid: {fix}")
+RewardModelSpec = RewardModelConfig
+"""One reward model and how its scores are read: the `reward_models.<name>` config section itself (config.py);
+a reward term names it as `<name>`, or gives a folder path, which uses the section's defaults."""
 
 
-@dataclass
-class RewardModelSpec:
-    """One reward model and how its scores are read. The `reward_models.<name>` config section; a reward term names
-    it as `<name>` (or gives a folder path, which uses these defaults)."""
-
-    path: str = ""
-    """Folder of a transformers AutoModelForSequenceClassification and its tokenizer (save_pretrained)."""
-    max_length: int = 1024
-    """Longest input in tokens (prompt + completion); longer inputs lose their start, never the completion."""
-    batch_size: int = 16
-    """Completions scored per forward pass."""
-    normalize: str = "none"
-    """none | affine | sigmoid | softmax: how logits become a score (grpo/reward_models.py)."""
-    label: int = 0
-    """The logit column read (0 for a one-output reward model; a class index for a classifier)."""
-    shift: float = 0.0
-    """affine / sigmoid: subtracted from the logit first."""
-    scale: float = 1.0
-    """affine / sigmoid: the logit minus shift is divided by this (> 0)."""
-    dtype: str = "auto"
-    """auto (the checkpoint's dtype on a GPU, float32 on CPU) | float32 | bfloat16 | float16."""
-
-    def validate(self, where: str) -> None:
-        """Every field; messages name `<where>.<field>`, the bad value and the fix."""
-        _check(bool(self.path), f"{where}.path", self.path, "give the reward model's folder")
-        _check(self.max_length >= 1, f"{where}.max_length", self.max_length, "use a positive number of tokens")
-        _check(self.batch_size >= 1, f"{where}.batch_size", self.batch_size, "use a positive number")
-        _check(self.normalize in NORMALIZERS, f"{where}.normalize", self.normalize,
-               f"use one of {sorted(NORMALIZERS)}")
-        _check(self.label >= 0, f"{where}.label", self.label, "use a logit column index >= 0")
-        _check(math.isfinite(self.shift), f"{where}.shift", self.shift, "use a finite number")
-        _check(math.isfinite(self.scale) and self.scale > 0, f"{where}.scale", self.scale, "use a number > 0")
-        _check(self.dtype == "auto" or self.dtype in DTYPES, f"{where}.dtype", self.dtype,
-               f"use auto or one of {sorted(DTYPES)}")
+def check_spec(spec: RewardModelSpec, where: str) -> None:
+    """The section's ranges (its `validate`) and its names against the registries above; ConfigError naming
+    `<where>.<field>`, the bad value and the fix. grpo/config_check.py runs it on every reward_models entry."""
+    spec.validate(where)
+    if spec.normalize not in NORMALIZERS:
+        raise field_error(f"{where}.normalize", spec.normalize, f"use one of {sorted(NORMALIZERS)}")
+    if spec.dtype != "auto" and spec.dtype not in DTYPES:
+        raise field_error(f"{where}.dtype", spec.dtype, f"use auto or one of {sorted(DTYPES)}")
 
 
 class RewardModel:
@@ -139,7 +111,7 @@ def load_reward_model(spec: RewardModelSpec, device: torch.device | str, where: 
     `where` when the folder does not hold a sequence classifier with its trained score head."""
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
-    spec.validate(where)
+    check_spec(spec, where)
     folder = Path(spec.path).expanduser()
     if not (folder / "config.json").is_file():
         raise ValueError(f"{where}: {folder} holds no config.json: give a folder written by save_pretrained")

@@ -7,11 +7,13 @@ from __future__ import annotations
 
 import os
 import sys
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Iterable, Mapping
 
 import torch
 
+from config import ConfigError
 from grpo.records import Sample
 
 
@@ -23,41 +25,72 @@ def choose_device(requested: str) -> torch.device:
     return torch.device(requested)
 
 
-def load_samples(data, seed: int) -> list[Sample]:
-    """All samples of the configured source (`data` is the DataConfig section)."""
+@dataclass(frozen=True)
+class RunSamples:
+    """A run's rows: every row in load order (the built-in tokenizer's corpus), and the train / held-out split."""
+
+    every: list[Sample]
+    train: list[Sample]
+    heldout: list[Sample]
+
+
+def load_samples(data, seed: int, tasks: Mapping[str, Any] | None = None) -> RunSamples:
+    """The rows of the built-in source `data.source` (demo | dual | none | a file, folder or Hub id whose rows name
+    their task), split by the stable hash of their ids, plus each `tasks.<task>` source (grpo/sources.py: its own
+    held-out rows, or the same hash split). `data` is the DataConfig section, `tasks` Config.tasks.
+
+    A task name given by both (tasks.fairness beside data.source=demo) is a ConfigError naming tasks.<task>."""
+    from grpo.data import split_samples
+    from grpo.sources import TaskSource, load_source_samples, load_sources
+
+    tasks = dict(tasks or {})
+    if data.source in ("demo", "dual"):
+        builtin = _builtin_samples(data, seed)
+    elif data.source == "none":
+        builtin = []
+    else:  # one source whose rows name their tasks: the `task` column (the original JSONL task file)
+        builtin, _ = load_source_samples("", TaskSource(path=data.source, task_field="task"), data.system_prompt)
+    train, heldout = split_samples(builtin, data.heldout_fraction)
+    clash = sorted({s.task for s in builtin} & set(tasks))
+    if clash:
+        raise ConfigError(f"config field `tasks.{clash[0]}` names a task that data.source={data.source!r} already "
+                          f"has: give your task another name, or set data.source=none to train only yours",
+                          field=f"tasks.{clash[0]}")
+    every = list(builtin)
+    if tasks:
+        loaded = load_sources(tasks, data.heldout_fraction, system_prompt=data.system_prompt)
+        train, heldout = train + loaded.train, heldout + loaded.heldout
+        every += loaded.train + loaded.heldout
+    if not train:
+        raise ValueError(f"data.source={data.source!r} and tasks {sorted(tasks)} gave no training rows")
+    return RunSamples(every=every, train=train, heldout=heldout)
+
+
+def _builtin_samples(data, seed: int) -> list[Sample]:
+    """The demo's synthetic rows, or BBQ + HaluEval from data.data_dir."""
     from grpo.data import DataSpec, load_task
 
     if data.source == "demo":
         from grpo.demo_tasks import make_demo_samples
 
         return _with_system(make_demo_samples(data.demo_size, seed=seed), data.system_prompt)
-    specs: list[DataSpec] = []
     system = data.system_prompt or None
-    if data.source == "dual":
-        root = Path(data.data_dir)
-        if not (root / "bbq").is_dir() and not (root / "halueval").is_dir():
-            raise FileNotFoundError(f"data.data_dir={str(root)!r} holds neither bbq/ nor halueval/: point it at the "
-                                    "folder with bbq/<Category>.jsonl and halueval/<subset>_data.json")
-        specs.append(DataSpec(kind="bbq", path=str(root / "bbq"), categories=tuple(data.bbq_categories),
-                              n_per_category=data.bbq_per_category, seed=seed, system_prompt=system))
-        for subset in data.halueval_subsets:
-            path = root / "halueval" / f"{subset}_data.json"
-            if not path.exists():
-                print(f"note: HaluEval subset {subset!r} skipped: {path} does not exist", file=sys.stderr)
-                continue
-            specs.append(DataSpec(kind="halueval", path=str(path), subset=subset, limit=data.halueval_per_subset,
-                                  max_doc_chars=data.max_document_chars, system_prompt=system))
-    else:
-        path = Path(data.source)
+    root = Path(data.data_dir)
+    if not (root / "bbq").is_dir() and not (root / "halueval").is_dir():
+        raise FileNotFoundError(f"data.data_dir={str(root)!r} holds neither bbq/ nor halueval/: point it at the "
+                                "folder with bbq/<Category>.jsonl and halueval/<subset>_data.json")
+    specs = [DataSpec(kind="bbq", path=str(root / "bbq"), categories=tuple(data.bbq_categories),
+                      n_per_category=data.bbq_per_category, seed=seed, system_prompt=system)]
+    for subset in data.halueval_subsets:
+        path = root / "halueval" / f"{subset}_data.json"
         if not path.exists():
-            raise FileNotFoundError(f"data.source={data.source!r} is neither 'demo', 'dual' nor an existing file")
-        specs.append(DataSpec(kind="jsonl", path=str(path), system_prompt=system))
+            print(f"note: HaluEval subset {subset!r} skipped: {path} does not exist", file=sys.stderr)
+            continue
+        specs.append(DataSpec(kind="halueval", path=str(path), subset=subset, limit=data.halueval_per_subset,
+                              max_doc_chars=data.max_document_chars, system_prompt=system))
     samples: list[Sample] = []
     for spec in specs:
-        loaded, counts = load_task(spec)
-        samples += loaded
-    if not samples:
-        raise ValueError(f"data.source={data.source!r} produced no samples")
+        samples += load_task(spec)[0]
     return samples
 
 
@@ -70,27 +103,38 @@ def _with_system(samples: list[Sample], system_prompt: str) -> list[Sample]:
             for s in samples]
 
 
-def policy_from_config(model_cfg, device: torch.device, corpus: Iterable[str], seed: int):
-    """Load the policy named by the model section, with precision and attention chosen for this machine."""
+def policy_from_config(model_cfg, device: torch.device, corpus: Iterable[str], seed: int,
+                       loaded: tuple[Any, Any] | None = None):
+    """Load the policy named by the model section, with precision and attention chosen for this machine; or, with
+    `loaded` = (model, tokenizer) handed in from Python, train that model (in place, in its own dtype and attention)
+    with the section's LoRA, checkpointing and compile settings."""
     from grpo.hardware import choose_attention, choose_precision, detect_capabilities
-    from grpo.modeling import load_policy
+    from grpo.modeling import load_policy, policy_from_model, ready_for_batches
 
-    caps = detect_capabilities()
     on_cuda = device.type == "cuda"
-    dtype, use_scaler, dtype_why = choose_precision(model_cfg.dtype, on_cuda, bool(caps.get("bf16_supported")) and on_cuda,
-                                                 full_finetune=not model_cfg.lora)
-    attn, attn_why = choose_attention(model_cfg.attn_implementation, bool(caps.get("flash_attn_importable")),
-                                      caps.get("compute_capability") if on_cuda else None, dtype)
-    if os.environ.get("RANK", "0") == "0":  # one line per run, not per data-parallel process
-        print(f"precision: {dtype} ({dtype_why}); attention: {attn} ({attn_why})")
-    tiny = {"hidden": model_cfg.tiny_hidden, "layers": model_cfg.tiny_layers, "heads": model_cfg.tiny_heads,
-            "kv_heads": max(1, model_cfg.tiny_heads // 2), "vocab_size": model_cfg.tiny_vocab}
-    policy = load_policy(model_cfg.name, dtype=dtype, attn_implementation=attn, lora=model_cfg.lora,
-                         lora_r=model_cfg.lora_r, lora_alpha=model_cfg.lora_alpha,
-                         lora_dropout=model_cfg.lora_dropout, lora_target_modules=model_cfg.lora_target_modules,
-                         load_in_4bit=model_cfg.load_in_4bit, gradient_checkpointing=model_cfg.gradient_checkpointing,
-                         trust_remote_code=model_cfg.trust_remote_code, seed=seed, tiny_corpus=list(corpus),
-                         tiny_sizes=tiny)
+    lora = {"lora": model_cfg.lora, "lora_r": model_cfg.lora_r, "lora_alpha": model_cfg.lora_alpha,
+            "lora_dropout": model_cfg.lora_dropout, "lora_target_modules": model_cfg.lora_target_modules,
+            "load_in_4bit": model_cfg.load_in_4bit, "gradient_checkpointing": model_cfg.gradient_checkpointing}
+    if loaded is not None:
+        model, tokenizer = loaded
+        ready_for_batches(model, tokenizer)
+        dtype = next(model.parameters()).dtype
+        use_scaler = dtype == torch.float16  # as choose_precision decides for fp16 weights: loss scaling
+        policy = policy_from_model(model, tokenizer, model_cfg.name, seed=seed, **lora)
+    else:
+        caps = detect_capabilities()
+        dtype, use_scaler, dtype_why = choose_precision(model_cfg.dtype, on_cuda,
+                                                        bool(caps.get("bf16_supported")) and on_cuda,
+                                                        full_finetune=not model_cfg.lora)
+        attn, attn_why = choose_attention(model_cfg.attn_implementation, bool(caps.get("flash_attn_importable")),
+                                          caps.get("compute_capability") if on_cuda else None, dtype)
+        if os.environ.get("RANK", "0") == "0":  # one line per run, not per data-parallel process
+            print(f"precision: {dtype} ({dtype_why}); attention: {attn} ({attn_why})")
+        tiny = {"hidden": model_cfg.tiny_hidden, "layers": model_cfg.tiny_layers, "heads": model_cfg.tiny_heads,
+                "kv_heads": max(1, model_cfg.tiny_heads // 2), "vocab_size": model_cfg.tiny_vocab}
+        policy = load_policy(model_cfg.name, dtype=dtype, attn_implementation=attn, seed=seed,
+                             trust_remote_code=model_cfg.trust_remote_code, tiny_corpus=list(corpus),
+                             tiny_sizes=tiny, **lora)
     policy.grad_scaler = torch.amp.GradScaler("cuda") if use_scaler and on_cuda else None
     if model_cfg.compile:
         # In place (parameter names unchanged, so checkpoints stay compatible); dynamic shapes because every
@@ -115,25 +159,35 @@ def parse_reward_spec(task: str, text: str) -> tuple[list[tuple[str, float]], st
         except ValueError:
             terms.append((part, 1.0))
     if not terms:
-        raise ValueError(f"rewards.{task}={text!r}: give grader:weight terms, e.g. bbq_rule:1.0,format:0.2")
+        raise ConfigError(f"config field `rewards.{task}` = {text!r} is invalid: give grader:weight terms, e.g. "
+                          "bbq_rule:1.0,format:0.2", field=f"rewards.{task}")
     return terms, (fallback.strip() or None)
 
 
-def reward_specs(source: str, rewards: dict[str, str], tasks: list[str]) -> dict[str, Any]:
-    """A RewardSpec per task: config entries first, then the source's defaults."""
+def reward_specs(source: str, rewards: Mapping[str, str], tasks: list[str],
+                 custom: Iterable[str] = ()) -> dict[str, Any]:
+    """A RewardSpec per task: its rewards.<task> entry, else the built-in source's default terms (the demo's
+    graders; BBQ's and HaluEval's for tasks named fairness / hallucination). `custom`: the tasks.<task> names,
+    which have no default: a custom task without rewards.<task> is a ConfigError naming that field."""
     from grpo.demo_tasks import DEMO_REWARDS
     from grpo.scoring import RewardSpec
 
     defaults = DEMO_REWARDS if source == "demo" else {"fairness": "bbq_rule:1.0,format:0.2",
                                                       "hallucination": "halueval_rule:1.0,format:0.2"}
+    custom = set(custom)
     specs = {}
     for task in tasks:
-        text = rewards.get(task) or defaults.get(task)
+        text = rewards.get(task) or (None if task in custom else defaults.get(task))
         if text is None:
-            raise ValueError(f"task {task!r} has no reward terms: add rewards.{task}=grader:weight "
-                             f"(e.g. --set rewards.{task}=my_module:my_grader:1.0)")
+            raise ConfigError(f"task {task!r} has no reward terms: add rewards.{task}=grader:weight, e.g. "
+                              f"--set rewards.{task}=path/to/rewards.py:my_reward:1.0 (docs/CUSTOM_TASKS.md; "
+                              f"built-in graders: python grpo_train.py --help)", field=f"rewards.{task}")
         terms, fallback = parse_reward_spec(task, text)
-        specs[task] = RewardSpec(task=task, terms=terms, fallback=fallback)
+        try:
+            specs[task] = RewardSpec(task=task, terms=tuple(terms), fallback=fallback)
+        except ValueError as err:  # a weight <= 0, the judge as its own fallback
+            raise ConfigError(f"config field `rewards.{task}` = {text!r} is invalid: {err}",
+                              field=f"rewards.{task}") from None
     return specs
 
 

@@ -18,12 +18,12 @@ about as `<file>:<line>` (JSON) or `<file> row <n>` (tables read through dataset
 
 from __future__ import annotations
 
-import string
 import warnings
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Mapping, Sequence
 
+from config import TaskSourceConfig
 from grpo.records import Sample
 from grpo.tasks.generic import RowError, row_to_sample
 from grpo.tasks.jsonio import LoadResult, RecordsRead, TemplateFieldError, split_by_id
@@ -32,70 +32,9 @@ from grpo.tasks.tables import DATA_SUFFIXES, DataSourceError, looks_like_hub_id,
 __all__ = ["DataSourceError", "Loaded", "TaskSource", "load_source_samples", "load_sources"]
 
 
-def _check(ok: bool, name: str, value: Any, fix: str) -> None:
-    # The message format of config.py's _check: TaskSource is meant to become config's `tasks.<task>` section.
-    if not ok:
-        raise ValueError(f"config field `{name}` = {value!r} is invalid: {fix}")
-
-
-@dataclass
-class TaskSource:
-    """Where one task's rows come from and how its columns map onto a Sample. The `tasks.<task>` config section."""
-
-    path: str = ""
-    """A .jsonl / .json / .csv / .tsv / .parquet / .arrow file, a folder of such files, a folder written by
-    save_to_disk, or a Hugging Face Hub dataset id ("owner/name", read only when the Hub can be reached)."""
-    builder: str = ""
-    """A datasets builder ("json", "csv", "parquet", "text", ...) that reads `data_files` (or `path`); "" = the form
-    is chosen from the path."""
-    data_files: list[str] = field(default_factory=list)
-    """The local files `builder` reads (files or folders); empty = `path`."""
-    config_name: str = ""
-    """The Hub dataset's configuration (datasets' `name`); "" = its default."""
-    split: str = "train"
-    """The split trained on, for a Hub dataset or a save_to_disk DatasetDict folder."""
-    heldout: str = ""
-    """Held-out rows: "" = a stable hash of each row's id holds out data.heldout_fraction of them; the name of
-    another split (Hub, save_to_disk DatasetDict); or the path of a second file or folder, read like `path`."""
-    prompt_field: str = "prompt"
-    """Column holding the prompt text (or, as in TRL's conversational datasets, a list of messages)."""
-    messages_field: str = "messages"
-    """Column holding the prompt as a list of {"role", "content"} messages; used instead of the prompt when set."""
-    target_field: str = "target"
-    """Column holding a reference completion (SFT warm-up, and a gold field); optional in the rows."""
-    id_field: str = "id"
-    """Column holding a stable row id; rows without one get a sha256 of their prompt."""
-    task_field: str = ""
-    """Column naming each row's task (several tasks in one file; rows without one get the source's task name);
-    "" = every row belongs to the source's task."""
-    gold_fields: list[str] = field(default_factory=list)
-    """Columns the graders get as gold; empty = a `gold` column holding a dict, else every other column."""
-    template: str = ""
-    """str.format template building the prompt from the row's columns, e.g. "Add {a} and {b}."; "" = the prompt
-    column as it is."""
-    limit: int = 0
-    """Keep the first `limit` usable training rows (0 = all)."""
-
-    def __post_init__(self) -> None:
-        self.validate("tasks.<task>")
-
-    def validate(self, where: str) -> None:
-        """Every field, messages naming `<where>.<field>`, the bad value and the fix."""
-        _check(bool(self.path or (self.builder and self.data_files)), f"{where}.path", self.path,
-               "give a file, a folder or a Hub id (or a builder with data_files)")
-        _check(not self.data_files or bool(self.builder), f"{where}.data_files", self.data_files,
-               "data_files are read by a builder: set builder too (json, csv, parquet, ...)")
-        for name in ("split", "prompt_field", "messages_field", "target_field", "id_field"):
-            _check(bool(getattr(self, name).strip()), f"{where}.{name}", getattr(self, name), "give a name")
-        _check(isinstance(self.limit, int) and self.limit >= 0, f"{where}.limit", self.limit,
-               "use 0 (all rows) or a positive number of rows")
-        try:
-            fields = [name for _, name, _, _ in string.Formatter().parse(self.template) if name is not None]
-        except ValueError as err:
-            raise ValueError(f"config field `{where}.template` = {self.template!r} is invalid: {err}; double "
-                             "literal braces") from None
-        _check(all(fields), f"{where}.template", self.template,
-               "name every placeholder after a column, e.g. {question}; positional {} has no column")
+TaskSource = TaskSourceConfig
+"""A task's source is its `tasks.<task>` config section itself (config.py: fields, docstrings, `validate`): one
+home for the settings, whether they come from the command line, a config file or Python."""
 
 
 @dataclass
@@ -124,7 +63,7 @@ def _check_columns(task: str, source: TaskSource, tables: Sequence[RecordsRead],
                               "messages_field or template")
     # Optional columns are checked only when renamed (a default name absent from the rows is normal); the task
     # column only when no task name stands in for it.
-    defaults = {f.name: f.default for f in fields(type(source))}  # TaskSource, or the config section copying it
+    defaults = {f.name: f.default for f in fields(type(source))}
     named = [(f"{where}.gold_fields", g) for g in source.gold_fields] + [
         (f"{where}.{name}", getattr(source, name)) for name in ("target_field", "id_field")
         if getattr(source, name) != defaults[name]]
@@ -173,13 +112,15 @@ def _metrics(samples: list[Sample], key: str) -> dict[str, float]:
 
 
 def _name(task: str, source: TaskSource) -> str:
-    return f"tasks.{task}" if task else f"tasks.<{source.path}>"
+    """How messages name the source: its config section, or data.source for a file whose rows name their tasks."""
+    return f"tasks.{task}" if task else "data.source"
 
 
 def load_source_samples(task: str, source: TaskSource, system_prompt: str = "") -> tuple[list[Sample], dict[str, float]]:
     """Every training row of one source as Samples (no split), and its `data/<task>/rows` / `skipped` counts.
     `task` names every row ("" only with `source.task_field`: then each row must name its own)."""
     where = _name(task, source)
+    source.validate(where)  # a source built in Python is checked here, before anything is read
     result = _samples(_read(source, where, source.path, source.split), task, source, system_prompt, where,
                       source.limit)
     metrics = _metrics(result.samples, "rows")

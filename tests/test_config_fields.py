@@ -101,6 +101,26 @@ BAD: list[tuple[str, Any, dict[str, Any]]] = [
     ("checkpoint.keep_last", 0, {}),
     ("kl", {"fairness": C.TaskKLConfig()}, {}),  # no `default` entry
     ("rewards.fairness", "  ", {}),
+    # your own tasks (tasks.<task>) and reward models (reward_models.<name>), checked under their own names
+    ("data.source", "none", {}),  # and no tasks.<task>: nothing to train
+    ("tasks.qa.path", "", {"tasks.qa.path": "a.csv"}),
+    ("tasks.qa.data_files", ["a.csv"], {"tasks.qa.path": "a.csv"}),
+    ("tasks.qa.split", " ", {"tasks.qa.path": "a.csv"}),
+    ("tasks.qa.prompt_field", "", {"tasks.qa.path": "a.csv"}),
+    ("tasks.qa.messages_field", "", {"tasks.qa.path": "a.csv"}),
+    ("tasks.qa.target_field", "", {"tasks.qa.path": "a.csv"}),
+    ("tasks.qa.id_field", "", {"tasks.qa.path": "a.csv"}),
+    ("tasks.qa.limit", -1, {"tasks.qa.path": "a.csv"}),
+    ("tasks.qa.template", "{}", {"tasks.qa.path": "a.csv"}),
+    ("tasks.qa.template", "{a", {"tasks.qa.path": "a.csv"}),
+    ("reward_models.rm.path", "", {"reward_models.rm.path": "rm"}),
+    ("reward_models.rm.max_length", 0, {"reward_models.rm.path": "rm"}),
+    ("reward_models.rm.batch_size", 0, {"reward_models.rm.path": "rm"}),
+    ("reward_models.rm.label", -1, {"reward_models.rm.path": "rm"}),
+    ("reward_models.rm.shift", float("inf"), {"reward_models.rm.path": "rm"}),
+    ("reward_models.rm.scale", 0.0, {"reward_models.rm.path": "rm"}),
+    ("reward_models.rm.normalize", "tanh", {"reward_models.rm.path": "rm"}),
+    ("reward_models.rm.dtype", "int8", {"reward_models.rm.path": "rm"}),
     ("kl.default.controller", "pid", {}),
     # the KL controllers' rules (grpo/kl_control.py RULES), under the controller that has them
     ("kl.default.beta", 0.0, BAND),

@@ -52,13 +52,15 @@ def config_fields() -> list[str]:
             out += [f"kl.{task}.{f}" for task in ("fairness", "default") for f in C._field_types(C.TaskKLConfig)]
         elif section == "rewards":
             out += ["rewards.fairness", "rewards.qa"]
+        elif section in C.DICT_SECTIONS:  # tasks.<task>, reward_models.<name>
+            out += [f"{section}.qa.{f}" for f in C._field_types(C.DICT_SECTIONS[section])]
         else:
             out += [f"{section}.{f}" for f in C._field_types(cls)]
     return out
 
 
 FIELDS = config_fields()
-SECTIONS = sorted(s for s in typing.get_type_hints(C.Config) if s not in ("preset", "kl", "rewards"))
+SECTIONS = sorted(s for s in typing.get_type_hints(C.Config) if s not in ("preset", "kl", "rewards", *C.DICT_SECTIONS))
 VALUES = ["0", "1", "-1", "2", "8", "0.5", "1e-5", "-0", "1_000", "1e309", "inf", "-inf", "nan", "99999999999999999999",
           "true", "false", "yes", "", " ", "none", "abc", "a,b", "demo", "dual", "cpu", "cuda:0", "auto", "fsdp",
           "/nonexistent", "http://127.0.0.1:9/v1", "bbq_rule:1.0", "x:y:z", "fairness:1,hallucination:2", "k3+",
@@ -97,7 +99,10 @@ def assert_argv_config_or_named_error(argv: list[str], fields: list[str]) -> Non
     if code == 0:
         return
     assert code == 2, f"{argv}: exit {code}: {err}"
-    if len(fields) == 1:
+    keyed = [".".join(f.split(".")[:2]) + "." for f in fields if f.split(".")[0] in C.DICT_SECTIONS]
+    if keyed:  # a field of a new tasks.<task> / reward_models.<name> section: the section's own missing field
+        named = any(f"`{k}" in err for k in keyed) or any(f in err for f in fields)  # (its path) may be at fault
+    elif len(fields) == 1:
         named = f"`{fields[0]}`" in err or f"'{fields[0]}'" in err
     else:
         named = any(f in err for f in fields)

@@ -214,8 +214,8 @@ def test_unreadable_sources_and_bad_settings_are_named(tmp_path, monkeypatch):
             setattr(source, name, value)
         with pytest.raises(ValueError, match=match):
             source.validate("tasks.t")  # as the config does for each tasks.<task> entry
-    with pytest.raises(ValueError, match=r"`tasks.<task>.limit` = -1 is invalid"):
-        TaskSource(path="x.jsonl", limit=-1)  # built by hand: checked at once
+    with pytest.raises(ValueError, match=r"`tasks.t.limit` = -1 is invalid"):
+        load_source_samples("t", TaskSource(path="x.jsonl", limit=-1))  # built by hand: checked before any read
 
 
 def test_the_custom_tasks_doc_example_loads_and_its_reward_agrees_with_its_targets():
