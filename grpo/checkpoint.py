@@ -97,6 +97,16 @@ def set_rng_state(state: dict[str, Any]) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
+def remove_folder(folder: Path) -> None:
+    """Delete a checkpoint folder so that a kill at any moment leaves it whole or gone: renamed first (atomic) to a
+    `.tmp-` name that the next save sweeps away, then deleted. A plain rmtree killed midway left a folder with its
+    manifest but not its tensors, which resume then had to skip as corrupt (scripts/kill_resume_soak.py found two
+    in 20 kills)."""
+    doomed = folder.parent / f".tmp-{folder.name}-removing-{os.getpid()}"
+    os.replace(folder, doomed)
+    shutil.rmtree(doomed, ignore_errors=True)
+
+
 def _write_folder(tmp: Path, final: Path, files: dict[str, bytes | None], meta: dict[str, Any]) -> None:
     """Fill `tmp` (already holding the files named with None), checksum every file into the manifest, fsync,
     and rename it to `final` (replacing an older folder of that name)."""
@@ -111,7 +121,7 @@ def _write_folder(tmp: Path, final: Path, files: dict[str, bytes | None], meta: 
     _fsync_file(tmp / MANIFEST)
     _fsync_dir(tmp)
     if final.exists():  # re-saving the same step (e.g. interrupted right after a periodic save)
-        shutil.rmtree(final)
+        remove_folder(final)
     os.replace(tmp, final)
     _fsync_dir(final.parent)
 
@@ -136,7 +146,7 @@ def save(run_dir: Path, step: int, state: dict[str, Any], config: dict[str, Any]
     _write_folder(tmp, final, {TENSORS: None, STATE_JSON: tree_json.encode(),
                                "config.json": json.dumps(config, indent=2).encode()}, {"step": step})
     for old in list_complete(run_dir)[:-keep_last]:
-        shutil.rmtree(old, ignore_errors=True)
+        remove_folder(old)
     return final
 
 

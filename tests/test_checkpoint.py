@@ -289,3 +289,27 @@ def test_resume_target_resolution(tmp_path):
         ckpt.resolve_resume(run, str(tmp_path))
     with pytest.raises(ckpt.CheckpointError, match="no checkpoint at"):
         ckpt.verify(tmp_path / "missing")
+
+
+def test_a_kill_while_old_checkpoints_are_pruned_leaves_no_half_deleted_checkpoint(tmp_path, monkeypatch):
+    """keep_last pruning killed midway (scripts/kill_resume_soak.py found it twice in 20 kills): the folder being
+    deleted had lost tensors.safetensors but kept its manifest, so it looked complete and failed verification.
+    Deleting goes through a rename now: whatever the moment of the kill, every folder that looks complete verifies."""
+    run = tmp_path / "run"
+    ckpt.save(run, 1, {"step": 1, "w": torch.ones(3)}, {}, keep_last=1)
+    real_rmtree = ckpt.shutil.rmtree
+
+    def killed_midway(path, ignore_errors=False):  # deletes the tensors, then the process dies
+        (Path(path) / ckpt.TENSORS).unlink()
+        raise KeyboardInterrupt("killed")
+
+    monkeypatch.setattr(ckpt.shutil, "rmtree", killed_midway)
+    with pytest.raises(KeyboardInterrupt):
+        ckpt.save(run, 2, {"step": 2, "w": torch.zeros(3)}, {}, keep_last=1)
+    monkeypatch.setattr(ckpt.shutil, "rmtree", real_rmtree)
+    complete = ckpt.list_complete(run)
+    assert [p.name for p in complete] == ["step_000002"]
+    for folder in complete:
+        ckpt.verify(folder)
+    ckpt.save(run, 3, {"step": 3, "w": torch.ones(3)}, {}, keep_last=1)  # the next save sweeps the leftover away
+    assert sorted(p.name for p in (run / ckpt.CKPT_DIR).iterdir()) == ["step_000003"]

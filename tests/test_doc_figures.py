@@ -66,12 +66,13 @@ CLAIMS = [
     # README: the demo
     ("README.md", "builds a tiny Llama-style model ({395}k parameters)", [lambda: Rounded(demo_parameters() / 1000)]),
     ("README.md", "runs a short SFT warm-up on {24} demonstrations", [lambda: DEMO().sft.max_examples]),
-    ("README.md", "then {120} GRPO steps, evaluating greedy completions of {64} held-out prompts per task",
+    ("README.md", "then {120} GRPO steps that learn the rest of the rule, evaluating greedy completions of {64} held-out "
+     "prompts per task",
      [lambda: DEMO().train.max_steps, lambda: DEMO().data.eval_size]),
     ("README.md", LLAMA_SHAPE, LLAMA_SOURCES),
     # QUICK_START: the demo's output, healthy metrics, the doctor and the verdict
     ("QUICK_START.md", "(`data.eval_size` ({64} in the demo preset)", [lambda: DEMO().data.eval_size]),
-    ("QUICK_START.md", "with `sft.steps` > 0 ({35} in the demo: {24} demonstrations teach",
+    ("QUICK_START.md", "with `sft.steps` > 0 ({50} in the demo: {24} demonstrations, trained until",
      [lambda: DEMO().sft.steps, lambda: DEMO().sft.max_examples]),
     ("QUICK_START.md", "| `adv/frac_zero_std`, `adv/<task>/frac_zero_std` | well below {0.5}:", [lambda: TH.zero_std_max]),
     ("QUICK_START.md", "| `rollout/<task>/truncated` | below {0.2}:", [lambda: TH.truncation_max]),

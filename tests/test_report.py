@@ -129,6 +129,48 @@ def test_a_real_run_that_cannot_learn_is_red(tmp_path):
     assert "6 steps in a row (steps 1-6)" in signal["message"] and "every group had zero reward std" in signal["message"]
 
 
+def demo_run(tmp_path, *overrides: str):
+    """`python grpo_train.py` (the demo preset) with `overrides`, through grpo_train.main; returns the run folder."""
+    import config as C
+    import grpo_train as G
+
+    cfg = C.load_config("demo", [f"train.output_dir={tmp_path}", "train.run_name=r", "train.tensorboard=false",
+                                 *overrides])
+    return G.main(cfg).run_dir
+
+
+@pytest.mark.usefixtures("one_thread")
+def test_the_lora_demo_run_learns_nothing_and_is_red(tmp_path):
+    """`python grpo_train.py --model.lora true`, shortened to 6 RL steps and 8 held-out prompts per task: the adapter
+    cannot fit the SFT demonstrations on the randomly initialised model, so every sampled completion scores 0 and
+    every group is zero-std at every step; the report is RED (the fixture run_lora_zero is the full 120 steps)."""
+    run_dir = demo_run(tmp_path, "model.lora=true", "train.max_steps=6", "data.eval_size=8")
+    rows = [r for r in read_rows(run_dir) if "loss/total" in r]
+    assert [r["step"] for r in rows] == [1, 2, 3, 4, 5, 6]
+    assert all(r["reward/fairness/mean"] == r["reward/hallucination/mean"] == 0.0 for r in rows)
+    assert all(r["adv/frac_zero_std"] == 1.0 and r["loss/total"] == 0.0 for r in rows)
+    report = json.loads((run_dir / "report.json").read_text())
+    assert report["verdict"] == "red"
+    (signal,) = [f for f in report["findings"] if f["code"] == "no_learning_signal"]
+    assert signal["level"] == "red" and "6 steps in a row (steps 1-6)" in signal["message"]
+    assert signal["suggestion"].startswith("try `model.lora=false`: the warm-up ended at loss")
+
+
+@pytest.mark.usefixtures("one_thread")
+def test_the_notebooks_three_steps_are_too_short_to_judge(tmp_path):
+    """The notebook's run (notebooks/quickstart.ipynb: 3 RL steps, 5 SFT steps, 8 held-out prompts per task) through
+    the trainer: no red finding in 3 steps, so TOO SHORT TO JUDGE, not a colour."""
+    run_dir = demo_run(tmp_path, "train.max_steps=3", "sft.steps=5", "data.eval_size=8")
+    report = json.loads((run_dir / "report.json").read_text())
+    assert report["verdict"] == "too_short", report["reasons"]
+    assert report["reasons"][0].startswith("too short to judge: 3 RL step(s), at least 20 are needed")
+    assert format_report(report).splitlines()[1].startswith("Verdict: TOO SHORT TO JUDGE: 3 RL step(s)")
+
+
+def read_rows(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+
+
 def test_reported_seed1_history_is_red_with_collapse_onto_unknown(tmp_path):
     """Issue 17's seed-1 run, rebuilt from its reported figures (tests/fixtures/run_seed1_reported/SOURCE.md)."""
     report = real_run(tmp_path, "run_seed1_reported")
