@@ -1,7 +1,9 @@
 """A lean decoding loop: Hugging Face `generate`'s sampling without its per-step bookkeeping, and with stopped rows
 dropped from the model's batch.
 
-    prefill    logits_B = model(prompt_BP, mask_BP, pos_BP = cumsum(mask) − 1 (0 on padding), logits_to_keep=1)
+    prefill    logits_U = model(prompt_UP, mask_UP, pos_UP = cumsum(mask) − 1 (0 on padding), logits_to_keep=1) over
+               the U distinct prompt rows (an RL batch repeats each prompt K times: U = B / K); the KV cache and
+               logits are then gathered back to the B rows (row b takes distinct row src_B[b])
     step t     scores_BV = processors(seq_BL, logits_BV)       (HF's order: repetition penalty, min-new-tokens mask,
                                                                 the caller's processors, then the sampling warpers
                                                                 temperature, top-k, top-p, min-p)
@@ -16,6 +18,11 @@ dropped from the model's batch.
 The one-token steps are grpo/steppers.py's: for the Llama family (Llama, Mistral, Qwen2, Qwen3) the layers are
 called one by one over KV buffers written in place (`FastSteps`); any other model runs its whole forward per step
 (`HFSteps`). Both give the forward's logits bit for bit.
+
+The shared prefill: the prompt forward is most of a rollout's compute when completions are short (SmolLM2-135M,
+4 prompts × K 8 × ~60 prompt tokens, one CPU thread: 2.3 s for the 4 distinct prompts against 17 s for the 32 rows;
+benchmarks/NOTES.md). A row's logits and keys / values do not depend on the other rows of the batch, so computing
+each distinct prompt once gives the same cache and logits (bit for bit on the CPU: tests/test_decode.py).
 
 On the CPU the output equals `model.generate`'s, token for token under the same seed, compaction included
 (tests/test_decode.py: every group of settings, sdpa and eager attention, both kinds of step), which is what lets
@@ -131,6 +138,24 @@ def sampling_processors(*, do_sample: bool, temperature: float, top_k: int, top_
     return processors
 
 
+def distinct_rows(ids_BP: torch.Tensor, mask_BP: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """(first_U, src_B) for a batch whose rows repeat: first_U[u] is the first row of the u-th distinct row (same
+    ids and same mask), src_B[b] the distinct row that row b repeats, so ids_BP == ids_BP[first_U][src_B]. None when
+    every row is distinct (nothing to share). One host read of the prompt ids."""
+    seen: dict[tuple[int, ...], int] = {}
+    first: list[int] = []
+    src: list[int] = []
+    for b, row in enumerate(torch.cat([ids_BP, mask_BP.to(ids_BP.dtype)], dim=1).tolist()):
+        u = seen.setdefault(tuple(row), len(first))
+        if u == len(first):
+            first.append(b)
+        src.append(u)
+    if len(first) == len(src):
+        return None
+    device = ids_BP.device
+    return torch.tensor(first, device=device), torch.tensor(src, device=device)
+
+
 def _sync_every(device: torch.device) -> int:
     """Decoding steps between host reads of "how many rows still run". On the CPU a read is free; on an accelerator
     it stalls the launch queue, so it is read every 8 steps (at most 7 extra steps after the last row stopped, which
@@ -141,7 +166,7 @@ def _sync_every(device: torch.device) -> int:
 @torch.no_grad()
 def decode(model: torch.nn.Module, ids_BP: torch.LongTensor, mask_BP: torch.Tensor, processors: Sequence[Processor],
            *, max_new_tokens: int, stop_ids: Sequence[int], pad_id: int, do_sample: bool,
-           compact: bool = True, fast_steps: bool = True) -> torch.LongTensor:
+           compact: bool = True, fast_steps: bool = True, share_prefill: bool = True) -> torch.LongTensor:
     """(B, P + n) prompt + completion ids, n ≤ max_new_tokens; rows that stopped are padded with `pad_id` after their
     stop token, as `generate` pads them. The model must already be in eval mode with its KV cache on
     (`grpo.modeling.generation_mode`); the torch RNG (seed it around the call) drives the sampler.
@@ -162,11 +187,17 @@ def decode(model: torch.nn.Module, ids_BP: torch.LongTensor, mask_BP: torch.Tens
     pos_BP = position_ids_from_mask(mask_BP)
     next_pos_R1 = pos_BP[:, -1:] + 1
     extra = {"logits_to_keep": 1} if accepts_logits_to_keep(model) else {}
-    out = model(input_ids=ids_BP, attention_mask=prefill_mask, position_ids=pos_BP,
+    shared = distinct_rows(ids_BP, mask_BP) if share_prefill else None
+    first_U, src_B = shared if shared is not None else (None, None)
+    out = model(input_ids=ids_BP if first_U is None else ids_BP[first_U],
+                attention_mask=prefill_mask if prefill_mask is None or first_U is None else prefill_mask[first_U],
+                position_ids=pos_BP if first_U is None else pos_BP[first_U],
                 past_key_values=DynamicCache(config=model.config), use_cache=True, **extra)
-    # FastSteps copies the prefill's cache into its own buffers; `out` is dropped below, and the copy with it
-    steps = make_steps(model, out.past_key_values, mask_BP, out.logits.dtype, max_new_tokens - 1, fast=fast_steps)
-    logits_RV = out.logits[:, -1]
+    # FastSteps copies the prefill's cache (row b from row src_B[b]) into its own buffers; `out` is dropped below,
+    # and the copy with it
+    steps = make_steps(model, out.past_key_values, mask_BP, out.logits.dtype, max_new_tokens - 1, fast=fast_steps,
+                       rows_B=src_B)
+    logits_RV = out.logits[:, -1] if src_B is None else out.logits[src_B, -1]
     del out
     sync_every = _sync_every(device)
     rows_R: torch.Tensor | None = None  # the batch rows the model computes; None = all B

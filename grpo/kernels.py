@@ -26,6 +26,14 @@ DEFAULT_ENTROPY_CHUNK_ROWS = 512
 """Rows (tokens) per chunk when computing entropy: 512 rows × 152k vocabulary × 4 bytes ≈ 310 MB of fp32 temporaries."""
 
 
+KEEP_LOG_SOFTMAX_BYTES = 512 * 2**20
+"""The fused head keeps its forward's fp32 log-softmax chunks for backward, instead of recomputing them from the
+hidden states, when they total at most this many bytes and live in host memory. Recomputing costs a head product
+as large as the forward's (0.4–0.9 s per training micro-batch for SmolLM2's 49,152 × 576 head at 384 rows on one
+CPU thread), while host memory is plentiful: 512 MiB holds 2,700 rows at a 49k vocabulary, 880 at Qwen's 152k. On
+an accelerator the fused head exists to save memory, so it always recomputes there."""
+
+
 def row_chunks(shape_BT: tuple[int, int], chunk_rows: int):
     """(batch slice, time slice) pairs covering a (B, T) grid with at most ~`chunk_rows` cells each.
 
@@ -51,9 +59,10 @@ def accumulation_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.promote_types(dtype, torch.float32)
 
 
-def scaled_chunk(chunk: torch.Tensor, dtype: torch.dtype, temperature: float) -> torch.Tensor:
-    """A fresh `dtype` copy of `chunk` divided by `temperature` in place: one temporary per chunk, never two."""
-    z = chunk.to(dtype, copy=True)
+def scaled_chunk(chunk: torch.Tensor, dtype: torch.dtype, temperature: float, fresh: bool = False) -> torch.Tensor:
+    """A fresh `dtype` copy of `chunk` divided by `temperature` in place: one temporary per chunk, never two.
+    `fresh`: `chunk` is a temporary of its own (a head product), used in place when it already has `dtype`."""
+    z = chunk.to(dtype, copy=not fresh)
     return z if temperature == 1.0 else z.div_(temperature)
 
 
@@ -91,26 +100,33 @@ class _ChunkedTokenLogProb(torch.autograd.Function):
 class _FusedHeadLogProb(torch.autograd.Function):
     """Log-probs (and entropies) of targets straight from the final hidden states and the LM-head weight, in row
     chunks: z = h·Wᵀ (in the weights' dtype, as the model's own head computes it), then fp32 softmax statistics.
-    The (N, V) logits exist one chunk at a time, in forward and in backward (recomputed), never whole.
+    The (N, V) logits exist one chunk at a time, in forward and in backward (recomputed), never whole; on the CPU,
+    up to KEEP_LOG_SOFTMAX_BYTES, the forward's log-softmax chunks are kept for backward instead (the same values,
+    without a second head product).
 
         d/dz = g_lp·(onehot(y) − p)/τ − g_H·p·(log p + H)/τ          dh = d/dz · W        dW = Σ_chunks (d/dz)ᵀ · h
     """
 
     @staticmethod
     def forward(ctx, hidden_NH: torch.Tensor, weight_VH: torch.Tensor, target_N: torch.Tensor, temperature: float,
-                chunk_rows: int, with_entropy: bool):
+                chunk_rows: int, with_entropy: bool, keep: bool):
         acc = accumulation_dtype(hidden_NH.dtype)
         N = hidden_NH.shape[0]
         logp_N = hidden_NH.new_empty(N, dtype=acc)
         entropy_N = hidden_NH.new_zeros(N, dtype=acc)
+        kept: list[torch.Tensor] = []
         for s in range(0, N, chunk_rows):
-            z = scaled_chunk(hidden_NH[s:s + chunk_rows] @ weight_VH.T, acc, temperature)
+            z = scaled_chunk(hidden_NH[s:s + chunk_rows] @ weight_VH.T, acc, temperature, fresh=True)
             lse = torch.logsumexp(z, dim=-1)
             logp_N[s:s + chunk_rows] = z.gather(-1, target_N[s:s + chunk_rows, None]).squeeze(-1) - lse
-            if with_entropy:
+            if with_entropy or keep:
                 logp_all = z.sub_(lse[:, None])  # log softmax, in place (z is not needed after this)
-                entropy_N[s:s + chunk_rows] = -(logp_all.exp() * logp_all).sum(-1)
+                if with_entropy:
+                    entropy_N[s:s + chunk_rows] = -(logp_all.exp() * logp_all).sum(-1)
+                if keep:
+                    kept.append(logp_all)
         ctx.save_for_backward(hidden_NH, weight_VH, target_N)
+        ctx.kept = kept  # empty: backward recomputes each chunk
         ctx.temperature, ctx.chunk_rows, ctx.with_entropy = temperature, chunk_rows, with_entropy
         # an output the loss does not use (the metric-only entropy at entropy_coef = 0) gets None, not zeros: its
         # term is skipped in backward instead of adding three vocabulary-wide products of 0 per chunk
@@ -127,10 +143,13 @@ class _FusedHeadLogProb(torch.autograd.Function):
         grad_w = torch.zeros(weight_VH.shape, dtype=acc, device=weight_VH.device) if want_w else None
         use_entropy = ctx.with_entropy and grad_entropy_N is not None
         use_logp = grad_logp_N is not None
-        for s in range(0, hidden_NH.shape[0], ctx.chunk_rows):
+        for i, s in enumerate(range(0, hidden_NH.shape[0], ctx.chunk_rows)):
             h = hidden_NH[s:s + ctx.chunk_rows]
-            z = scaled_chunk(h @ weight_VH.T, acc, tau)
-            logp = z.sub_(torch.logsumexp(z, dim=-1, keepdim=True))  # log softmax, in place
+            if ctx.kept:
+                logp = ctx.kept[i]
+            else:
+                z = scaled_chunk(h @ weight_VH.T, acc, tau, fresh=True)
+                logp = z.sub_(torch.logsumexp(z, dim=-1, keepdim=True))  # log softmax, in place
             p = logp.exp()
             if use_logp:
                 g_lp = grad_logp_N[s:s + ctx.chunk_rows].to(acc)[:, None]
@@ -148,23 +167,29 @@ class _FusedHeadLogProb(torch.autograd.Function):
                 grad_h[s:s + ctx.chunk_rows] = dz @ weight_VH
             if want_w:
                 grad_w += (dz.T @ h).to(acc)
-        return grad_h, None if grad_w is None else grad_w.to(weight_VH.dtype), None, None, None, None
+        ctx.kept = []
+        return grad_h, None if grad_w is None else grad_w.to(weight_VH.dtype), None, None, None, None, None
 
 
 def head_logprobs(hidden_BTH: torch.Tensor, weight_VH: torch.Tensor, target_ids_BT: torch.Tensor,
                   temperature: float = 1.0, with_entropy: bool = False,
                   chunk_size: int = DEFAULT_LOGPROB_CHUNK_ROWS) -> tuple[torch.Tensor, torch.Tensor | None]:
     """(log p(target), entropy or None), each (B, T) fp32, from final hidden states and a bias-free LM head weight;
-    differentiable in both. Peak extra memory: one chunk_size × V logits chunk (fp32 and the weights' dtype)."""
+    differentiable in both. Peak extra memory: one chunk_size × V logits chunk (fp32 and the weights' dtype); on
+    the CPU, when a backward will follow, up to KEEP_LOG_SOFTMAX_BYTES of kept log-softmax chunks."""
     B, T, H = hidden_BTH.shape
     if weight_VH.dim() != 2 or weight_VH.shape[1] != H or target_ids_BT.shape != (B, T):
         raise ValueError(f"head_logprobs: hidden {tuple(hidden_BTH.shape)}, weight {tuple(weight_VH.shape)} and "
                          f"targets {tuple(target_ids_BT.shape)} do not fit (B, T, H), (V, H), (B, T)")
     if temperature <= 0:
         raise ValueError(f"head_logprobs: temperature={temperature} must be > 0 (the sampling temperature)")
+    keep = (torch.is_grad_enabled() and (hidden_BTH.requires_grad or weight_VH.requires_grad)
+            and hidden_BTH.device.type == "cpu"
+            and B * T * weight_VH.shape[0] * torch.finfo(accumulation_dtype(hidden_BTH.dtype)).bits // 8
+            <= KEEP_LOG_SOFTMAX_BYTES)
     logp_N, entropy_N = _FusedHeadLogProb.apply(hidden_BTH.reshape(B * T, H), weight_VH,
                                                  target_ids_BT.reshape(-1).long(), float(temperature),
-                                                 int(chunk_size), bool(with_entropy))
+                                                 int(chunk_size), bool(with_entropy), keep)
     return logp_N.view(B, T), entropy_N.view(B, T) if with_entropy else None
 
 

@@ -36,6 +36,16 @@ FUSABLE_MODEL_TYPES = frozenset({"llama", "mistral", "qwen2", "qwen3", "phi3", "
 fused head path computes what the model would. Others take the logits path."""
 
 
+def no_logits(like: torch.Tensor) -> torch.Tensor:
+    """`logits_to_keep` that keeps no position, for forwards whose logits the fused head computes itself from the
+    hooked hidden states. transformers slices `hidden_states[:, logits_to_keep, :]`, and a 1-D index tensor is taken
+    as the positions to keep (an int 0 would keep them all), so an empty one gives (B, 0, V) logits for free. Even
+    one kept position costs a full head product per row, and through a strided slice transformers' linear runs it
+    as B matrix-vector products that each read the whole head: 0.8 s per forward at 32 rows × SmolLM2's 49,152 ×
+    576 head on one CPU thread, more than the fused head's own forward (benchmarks/NOTES.md)."""
+    return torch.empty(0, dtype=torch.long, device=like.device)
+
+
 def fused_head_parts(model: torch.nn.Module) -> tuple[torch.nn.Module, torch.nn.Linear] | None:
     """(decoder, lm_head) when the fused head path applies to `model` (DDP / PEFT wrappers looked through), else
     None: an unknown model type, a head with a bias or a LoRA layer, or sharded (FSDP) head weights."""
@@ -157,7 +167,7 @@ def _shared_prompt_logprobs(model: torch.nn.Module, input_ids_BL: torch.Tensor, 
             # 1. the G prompts: their KV cache, and the hidden state / logits of the last prompt column (→ token 0)
             first = inner(input_ids=prompt_GP, attention_mask=prompt_mask_GP,
                           position_ids=position_ids_from_mask(prompt_mask_GP), past_key_values=cache, use_cache=False,
-                          **({"logits_to_keep": 1} if keep else {}))
+                          **({"logits_to_keep": 1 if parts is None else no_logits(prompt_GP)} if keep else {}))
             rest = None
             if T > 1:
                 # 2. the completions (all but their last column, which predicts nothing we score) attend to
@@ -166,7 +176,7 @@ def _shared_prompt_logprobs(model: torch.nn.Module, input_ids_BL: torch.Tensor, 
                 rest = model(input_ids=input_ids_BL[:, P:L - 1], attention_mask=mask_BL1,
                              position_ids=position_ids_from_mask(mask_BL1)[:, P:], past_key_values=cache,
                              use_cache=False,
-                             **({"logits_to_keep": 1 if parts is not None else T - 1} if keep else {}))
+                             **({"logits_to_keep": T - 1 if parts is None else no_logits(prompt_GP)} if keep else {}))
     finally:
         if hook is not None:
             hook.remove()
@@ -193,7 +203,7 @@ def completion_logprobs(model: torch.nn.Module, input_ids_BL: torch.Tensor, atte
     logits when the model supports `logits_to_keep`. Gradients flow when grad is enabled; the caller owns
     train()/eval() mode and no_grad. Entropy (fp32, nats, at `temperature`) is differentiable too.
 
-    `fused_head` (when `fused_head_parts` allows it): the model computes the logits of one position only; the
+    `fused_head` (when `fused_head_parts` allows it): the model computes no logits (`no_logits`); the
     decoder's final hidden states are caught by a forward hook and `head_logprobs` applies the LM head chunk by
     chunk, so neither the (B, T, V) logits nor their gradient is ever held (1.2 GiB each at 32 × 128 × 152k bf16).
 
@@ -226,7 +236,7 @@ def completion_logprobs(model: torch.nn.Module, input_ids_BL: torch.Tensor, atte
         hook = decoder.register_forward_hook(
             lambda module, args, out: caught.append(out[0] if isinstance(out, tuple) else out.last_hidden_state))
         try:
-            model(**kwargs, logits_to_keep=1)  # through every wrapper (DDP syncs, PEFT adapters); one logits row
+            model(**kwargs, logits_to_keep=no_logits(input_ids_BL))  # through every wrapper (DDP, PEFT adapters)
         finally:
             hook.remove()
         return head_logprobs(caught[-1][:, -(T + 1):-1], head.weight, targets_BT, temperature, with_entropy,

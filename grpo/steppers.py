@@ -69,7 +69,11 @@ class HFSteps:
     the 2D mask as `generate` gives it, and transformers builds theirs. No mask at all when nothing is padding
     (`generate` then drops it too)."""
 
-    def __init__(self, model: torch.nn.Module, cache: Any, mask_BP: torch.Tensor, dtype: torch.dtype):
+    def __init__(self, model: torch.nn.Module, cache: Any, mask_BP: torch.Tensor, dtype: torch.dtype,
+                 rows_B: torch.Tensor | None = None):
+        if rows_B is not None:  # a prefill of distinct rows: row b of the batch is the cache's row rows_B[b]
+            for layer in cache.layers:
+                layer.batch_select_indices(rows_B)
         self.model, self.cache = model, cache
         attn_implementation = getattr(model.config, "_attn_implementation", None)
         plain = attn_implementation in FAST_STEP_ATTENTION and not has_sliding_window(model.config)
@@ -107,9 +111,11 @@ class FastSteps:
     """The Llama-family decoding step, layer by layer over in-place KV buffers (see the module docstring).
 
     Built from the prefill's DynamicCache, which it empties: its keys / values are moved into buffers of P + `steps`
-    columns, layer by layer, and every later step writes its column in place."""
+    columns, layer by layer (row b from the cache's row `rows_B[b]` when given), and every later step writes its
+    column in place."""
 
-    def __init__(self, model: torch.nn.Module, cache: Any, mask_BP: torch.Tensor, dtype: torch.dtype, steps: int):
+    def __init__(self, model: torch.nn.Module, cache: Any, mask_BP: torch.Tensor, dtype: torch.dtype, steps: int,
+                 rows_B: torch.Tensor | None = None):
         from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
         base = base_model(model)
@@ -126,7 +132,7 @@ class FastSteps:
             keys, values = layer.keys, layer.values  # (B, KVH, P, D)
             K = keys.new_empty(B, keys.shape[1], P + steps, keys.shape[-1])
             V = values.new_empty(B, values.shape[1], P + steps, values.shape[-1])
-            K[:, :, :P], V[:, :, :P] = keys, values
+            K[:, :, :P], V[:, :, :P] = (keys, values) if rows_B is None else (keys[rows_B], values[rows_B])
             self.K.append(K)
             self.V.append(V)
             # the prefill cache is emptied as it is copied, so the copy holds one layer's prompt keys and values at
@@ -176,9 +182,10 @@ class FastSteps:
 
 
 def make_steps(model: torch.nn.Module, cache: Any, mask_BP: torch.Tensor, dtype: torch.dtype, steps: int,
-               fast: bool = True) -> HFSteps | FastSteps:
+               fast: bool = True, rows_B: torch.Tensor | None = None) -> HFSteps | FastSteps:
     """FastSteps where `fast_steps_blocker` allows it and `fast` is on, else HFSteps. `cache` is the prefill's
-    DynamicCache, `steps` the most decoding steps that will follow."""
+    DynamicCache, `steps` the most decoding steps that will follow; `rows_B`: the cache holds distinct rows only,
+    batch row b is its row rows_B[b] (grpo/decode.distinct_rows)."""
     if fast and fast_steps_blocker(model) is None:
-        return FastSteps(model, cache, mask_BP, dtype, steps)
-    return HFSteps(model, cache, mask_BP, dtype)
+        return FastSteps(model, cache, mask_BP, dtype, steps, rows_B)
+    return HFSteps(model, cache, mask_BP, dtype, rows_B)

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from config import Config, ConfigError, RolloutConfig
-from grpo.decode import lean_blocker, sampling_processors
+from grpo.decode import distinct_rows, lean_blocker, sampling_processors
 from grpo.modeling import build_tiny_model, build_tiny_tokenizer
 from grpo.records import Sample
 from grpo.rollout import (
@@ -87,7 +87,7 @@ SETTINGS = {
 def test_lean_loop_samples_what_generate_samples(model, tok, stops, greedy_stops, name, steps, monkeypatch):
     """Same seed, same settings: the lean loop and transformers' generate give the same tokens, row for row, also
     after rows stopped and were dropped from the model's batch (here as soon as any row stops, so every setting
-    runs through several compactions). Both kinds of decoding step: the Llama family's FastSteps, and the model's
+    runs through several compactions), with the prefill computed once per distinct prompt. Both kinds of decoding step: the Llama family's FastSteps, and the model's
     whole forward (HFSteps, what every other model gets)."""
     import grpo.decode
     import grpo.steppers
@@ -119,14 +119,27 @@ def test_lean_loop_samples_what_generate_samples(model, tok, stops, greedy_stops
             assert out["lean"][0] == out["hf"][0], (name, seed)
             lean_sizes = out["lean"][1]
             rows = len(SAMPLES) * (1 if name == "greedy" else K)
-            assert lean_sizes == sorted(lean_sizes, reverse=True)
-            shrank |= min(lean_sizes) < rows
+            # the prefill computes each distinct prompt once (the K repeats share it), every step the running rows
+            assert lean_sizes[0] == len(SAMPLES)
+            assert lean_sizes[1] == rows and lean_sizes[1:] == sorted(lean_sizes[1:], reverse=True)
+            shrank |= min(lean_sizes[1:]) < rows
             lengths |= {len(c) for c, _ in out["lean"][0]}
             assert set(out["hf"][1]) == {rows}  # generate computes every row to the end
     finally:
         handle.remove()
     assert len(lengths) > 2 and shrank  # rows ended at different lengths, and the lean loop dropped stopped rows
     assert set(made) == {steps}
+
+
+def test_distinct_rows_maps_every_row_to_the_first_row_like_it():
+    """Rows are alike when ids AND mask are: row 3 has row 0's ids, but its first column is a real token (a pad id
+    inside a prompt, as with SmolLM2, whose pad is its end-of-turn token), not padding."""
+    ids = torch.tensor([[0, 5, 6], [0, 5, 6], [7, 8, 9], [0, 5, 6], [0, 5, 6]])
+    mask = torch.tensor([[0, 1, 1], [0, 1, 1], [1, 1, 1], [1, 1, 1], [0, 1, 1]])
+    first_U, src_B = distinct_rows(ids, mask)
+    assert first_U.tolist() == [0, 2, 3] and src_B.tolist() == [0, 0, 1, 2, 0]
+    assert torch.equal(ids[first_U][src_B], ids) and torch.equal(mask[first_U][src_B], mask)
+    assert distinct_rows(ids[1:4], mask[1:4]) is None  # every row distinct: nothing to share
 
 
 def test_lean_loop_with_per_completion_keys_equals_generate(model, tok, stops):

@@ -295,8 +295,12 @@ def test_fused_head_applies_only_where_logits_are_hidden_times_head():
     assert fused_head_parts(tiny_gpt2()) is None  # not in the list: the logits path
 
 
-def test_fused_head_never_holds_the_logits():
-    """Peak live bytes of one training forward + backward: the fused path stays far below B·T·V."""
+def test_fused_head_never_holds_the_logits(monkeypatch):
+    """Peak live bytes of one training forward + backward: the fused path stays far below B·T·V (when it recomputes
+    the log-softmax in backward, as it always does off the CPU)."""
+    import grpo.kernels
+
+    monkeypatch.setattr(grpo.kernels, "KEEP_LOG_SOFTMAX_BYTES", 0)
     torch.manual_seed(0)
     V, B, L = 8_000, 2, 200
     model = LlamaForCausalLM(LlamaConfig(vocab_size=V, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
@@ -313,3 +317,68 @@ def test_fused_head_never_holds_the_logits():
     logits_bytes = B * (L - 8) * V * 4
     assert peaks[False] >= 2 * logits_bytes  # the logits and their gradient
     assert peaks[True] < logits_bytes / 2, peaks
+
+
+class CountHeadProducts(TorchDispatchMode):
+    """Counts matrix products whose output has `width` columns (the head's vocabulary)."""
+
+    def __init__(self, width: int):
+        super().__init__()
+        self.width, self.count = width, 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if func in (torch.ops.aten.mm.default, torch.ops.aten.addmm.default) and out.shape[-1] == self.width:
+            self.count += 1
+        return out
+
+
+@pytest.mark.parametrize("with_entropy", [False, True])
+def test_kept_log_softmax_gives_the_recomputed_gradients_bit_for_bit_with_one_head_product_fewer(monkeypatch,
+                                                                                                  with_entropy):
+    """On the CPU the fused head keeps its forward's log-softmax chunks for backward (up to KEEP_LOG_SOFTMAX_BYTES)
+    instead of recomputing them: the same values, so the same gradients bit for bit, with one head product (h·Wᵀ)
+    per chunk fewer. 3 chunks of 4 rows here: forward 3 products, backward 3 (recompute) or 0, and never more."""
+    import grpo.kernels
+
+    g = torch.Generator().manual_seed(0)
+    V, H = 37, 8
+    hidden = torch.randn(2, 6, H, generator=g)
+    weight = torch.randn(V, H, generator=g)
+    targets = torch.randint(0, V, (2, 6), generator=g)
+    results = {}
+    for budget in (0, grpo.kernels.KEEP_LOG_SOFTMAX_BYTES):
+        monkeypatch.setattr(grpo.kernels, "KEEP_LOG_SOFTMAX_BYTES", budget)
+        h, w = hidden.clone().requires_grad_(), weight.clone().requires_grad_()
+        with CountHeadProducts(V) as counter:
+            lp, ent = head_logprobs(h, w, targets, 0.7, with_entropy=with_entropy, chunk_size=4)
+            forward = counter.count
+            (lp.sum() + (ent.sum() if with_entropy else 0)).backward()
+        results[budget] = (lp, h.grad, w.grad, forward, counter.count - forward)
+    recomputed, kept = results[0], results[grpo.kernels.KEEP_LOG_SOFTMAX_BYTES]
+    for a, b in zip(recomputed[:3], kept[:3]):
+        assert torch.equal(a, b)
+    assert (recomputed[3], recomputed[4]) == (3, 3) and (kept[3], kept[4]) == (3, 0)
+    # the no-grad passes (old / reference log-probs) keep nothing and give the same values
+    with torch.no_grad():
+        lp_nograd, _ = head_logprobs(hidden, weight, targets, 0.7, chunk_size=4)
+    assert torch.equal(lp_nograd, kept[0].detach())
+
+
+@pytest.mark.parametrize("group_size", [1, 2])
+def test_the_fused_forwards_compute_no_logits(group_size):
+    """With the fused head the model's own LM head sees no position at all (`no_logits`), per row and with shared
+    prompts: its logits are never used, and even one kept position per row is a full head product (0.8 s a forward
+    on SmolLM2 at 32 rows). The log-probs are the logits path's."""
+    model = tiny_llama().train()
+    ids = torch.tensor([[0, 5, 6, 7, 8, 9], [0, 5, 6, 7, 10, 11], [3, 4, 6, 2, 12, 13], [3, 4, 6, 2, 14, 9]])
+    mask = torch.tensor([[0, 1, 1, 1, 1, 1], [0, 1, 1, 1, 1, 1], [1] * 6, [1] * 6])
+    positions: list[int] = []
+    handle = model.lm_head.register_forward_pre_hook(lambda module, args: positions.append(args[0].shape[1]))
+    try:
+        fused, _ = completion_logprobs(model, ids, mask, 4, fused_head=True, group_size=group_size)
+    finally:
+        handle.remove()
+    assert positions == [0] * group_size  # one forward per row, or the prompts' and the completions' forwards
+    plain, _ = completion_logprobs(model, ids, mask, 4, fused_head=False, group_size=group_size)
+    torch.testing.assert_close(fused, plain, rtol=1e-5, atol=1e-6)

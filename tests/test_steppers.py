@@ -50,18 +50,22 @@ def prompt(padded: bool, B: int = 5, P: int = 9, seed: int = 1) -> tuple[torch.T
     return ids_BP, mask_BP
 
 
-def run_steps(model, ids_BP, mask_BP, kind: type, n: int = 6, drop_after: int = 2) -> list[torch.Tensor]:
-    """Prefill, then n steps fed the same tokens; after step `drop_after` rows 1 and 3 leave the batch."""
+def run_steps(model, ids_BP, mask_BP, kind: type, n: int = 6, drop_after: int = 2,
+              rows_B: torch.Tensor | None = None) -> list[torch.Tensor]:
+    """Prefill, then n steps fed the same tokens; after step `drop_after` rows 1 and 3 leave the batch. `rows_B`: the
+    prefill runs on the given (distinct) rows, and the batch is their rows rows_B (as grpo/decode.py shares it)."""
     pos_BP = (mask_BP.cumsum(-1) - 1).clamp(min=0)
     with torch.no_grad():
         out = model(input_ids=ids_BP, attention_mask=None if bool(mask_BP.all()) else mask_BP, position_ids=pos_BP,
                     past_key_values=DynamicCache(config=model.config), use_cache=True, logits_to_keep=1)
-        steps = (FastSteps(model, out.past_key_values, mask_BP, out.logits.dtype, n) if kind is FastSteps
-                 else HFSteps(model, out.past_key_values, mask_BP, out.logits.dtype))
-        g = torch.Generator().manual_seed(2)
-        next_R1 = torch.randint(1, V, (ids_BP.shape[0], 1), generator=g)
-        pos_R1 = pos_BP[:, -1:] + 1
         logits = [out.logits[:, -1]]
+        if rows_B is not None:
+            mask_BP, pos_BP, logits = mask_BP[rows_B], pos_BP[rows_B], [logits[0][rows_B]]
+        steps = (FastSteps(model, out.past_key_values, mask_BP, out.logits.dtype, n, rows_B) if kind is FastSteps
+                 else HFSteps(model, out.past_key_values, mask_BP, out.logits.dtype, rows_B))
+        g = torch.Generator().manual_seed(2)
+        next_R1 = torch.randint(1, V, (mask_BP.shape[0], 1), generator=g)
+        pos_R1 = pos_BP[:, -1:] + 1
         for t in range(n):
             if t == drop_after:
                 keep_R = torch.tensor([0, 2, 4])
@@ -85,6 +89,21 @@ def test_fast_steps_give_the_forwards_logits_bit_for_bit(arch, attn, padded):
     assert [x.shape for x in fast] == [x.shape for x in whole]
     for t, (a, b) in enumerate(zip(fast, whole)):
         assert torch.equal(a, b), (arch, attn, padded, t, (a - b).abs().max().item())
+
+
+@pytest.mark.parametrize("kind", [FastSteps, HFSteps])
+def test_a_prefill_of_the_distinct_rows_gives_the_whole_batchs_logits_bit_for_bit(kind):
+    """The lean loop prefills each distinct prompt once and gathers the cache back to the batch's rows (an RL batch
+    holds every prompt K times): every step's logits are those of the prefill over all rows, bit for bit, also
+    after rows left the batch."""
+    model = build("llama", "sdpa")
+    ids_UP, mask_UP = prompt(True, B=3)
+    rows_B = torch.tensor([0, 0, 1, 2, 2])
+    whole = run_steps(model, ids_UP[rows_B], mask_UP[rows_B], kind)
+    shared = run_steps(model, ids_UP, mask_UP, kind, rows_B=rows_B)
+    assert [x.shape[0] for x in shared] == [5, 5, 5, 5, 3, 3, 3]
+    for t, (a, b) in enumerate(zip(shared, whole)):
+        assert torch.equal(a, b), (t, (a - b).abs().max().item())
 
 
 def test_fast_steps_run_lora_adapters():
