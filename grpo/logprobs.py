@@ -39,10 +39,9 @@ fused head path computes what the model would. Others take the logits path."""
 def no_logits(like: torch.Tensor) -> torch.Tensor:
     """`logits_to_keep` that keeps no position, for forwards whose logits the fused head computes itself from the
     hooked hidden states. transformers slices `hidden_states[:, logits_to_keep, :]`, and a 1-D index tensor is taken
-    as the positions to keep (an int 0 would keep them all), so an empty one gives (B, 0, V) logits for free. Even
-    one kept position costs a full head product per row, and through a strided slice transformers' linear runs it
-    as B matrix-vector products that each read the whole head: 0.8 s per forward at 32 rows × SmolLM2's 49,152 ×
-    576 head on one CPU thread, more than the fused head's own forward (benchmarks/NOTES.md)."""
+    as the positions to keep (an int 0 would keep them all), so an empty one gives (B, 0, V) logits for free. One
+    kept position costs a head product per row (B matrix-vector products through a strided slice): 2 % of a
+    32-row × 72-token SmolLM2 forward on one CPU thread, within noise (`python benchmarks/real_model_parts.py`)."""
     return torch.empty(0, dtype=torch.long, device=like.device)
 
 

