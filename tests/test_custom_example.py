@@ -112,6 +112,29 @@ def test_the_docs_python_example_runs_and_builds_the_commands_config(tmp_path, m
     assert run.cfg.rewards == {"reviews": "answer_matches", "colors": "answer_matches"}
 
 
+def quoted_errors() -> list[tuple[list[str], str]]:
+    """The doc's indented examples of a failing command: (its arguments, the error text it quotes)."""
+    examples = []
+    for block in re.findall(r"((?:^    .*\n)+)", doc_text(), re.M):
+        lines = [line[4:] for line in block.splitlines()]
+        if lines[0].startswith("$ python grpo_train.py"):
+            command = " ".join(lines).split("error:")[0]
+            quoted = " ".join(line.strip() for line in lines if not line.startswith(("$", "    --")))
+            examples.append((shlex.split(command.replace("\\", " "))[3:], quoted))
+    return examples
+
+
+def test_the_docs_error_examples_are_what_the_trainer_prints(tmp_path):
+    examples = quoted_errors()
+    assert len(examples) == 2, examples
+    for argv, quoted in examples:
+        done = subprocess.run([sys.executable, "grpo_train.py", *argv, "--output-dir", str(tmp_path)], cwd=ROOT,
+                              capture_output=True, text=True, timeout=120)
+        assert done.returncode == 2, done.stdout[-2000:] + done.stderr[-2000:]  # before the model loads
+        assert " ".join(done.stderr.split()) == quoted, (done.stderr, quoted)
+        assert not any(tmp_path.iterdir())  # nothing was written: the run folder is made after the checks
+
+
 @pytest.mark.slow
 def test_the_docs_command_trains_the_example_and_the_heldout_reward_rises(tmp_path):
     argv = example_argv() + ["--output-dir", str(tmp_path), "--run-name", "doc", "--train.tensorboard", "false"]
