@@ -44,11 +44,15 @@ PRESETS: dict[str, dict[str, Any]] = {
     },
     # Your own tasks (tasks.<task>, docs/CUSTOM_TASKS.md) and nothing else, from settings that suit short answers
     # graded by your functions: the demo's are tuned to its 4-token answers (grpo_train prints which preset applies).
+    # SFT on 8 demonstrations for 50 steps teaches the reply format (after 20 steps the tiny model still wrote noise:
+    # loss 3.5 nats, every group's reward 0, nothing to learn from); RL on every prompt learns the rest. The docs'
+    # example (examples/custom_task/, 2 x 60 rows), seeds 0-3, 1 thread: held-out 0.6-0.8 after SFT -> 1.0 after RL.
     "custom": {
+        "model": {"tiny_hidden": 128},
         "data": {"source": "none"},
         "rollout": {"k": 8, "max_new_tokens": 16},
         "train": {"max_steps": 60, "lr": 5e-4, "prompts_per_micro_step": 8, "eval_every": 10},
-        "sft": {"steps": 20, "lr": 1e-3, "batch_size": 8, "max_examples": 8},
+        "sft": {"steps": 50, "lr": 1e-3, "batch_size": 8, "max_examples": 8},
     },
     # BBQ + HaluEval on whatever model is named (builtin:tiny by default) with the rule graders.
     "dual-bbq-halueval": {

@@ -245,11 +245,34 @@ def resolve_grader(name: str, callables: Mapping[str, Callable[..., Any]] | None
             known = sorted(GRADERS) + sorted(reward_models or {}) + sorted(callables or {})
             raise GraderError(f"not a known grader: use a built-in ({', '.join(known)}), {JUDGE_TERM!r}, a reward "
                               "model folder, 'package.module:function' or 'path/to/file.py:function'")
-        return wrap(name, import_callable(name))
+        try:
+            return wrap(name, import_callable(name))
+        except GraderError:
+            misread = _misread_weight(name, callables, reward_models)
+            if misread is None:
+                raise
+            grader, weight = misread
+            raise GraderError(f"{weight!r} is not a number: a reward term is grader:weight, e.g. '{grader}:1.0' "
+                              "(the weight is optional)") from None
     except GraderError as err:
         raise GraderError(f"grader {name!r}: {err}") from err.__cause__
     except ValueError as err:  # a reward model that does not load
         raise GraderError(f"grader {name!r}: {err}") from err
+
+
+def _misread_weight(name: str, callables: Mapping[str, Callable[..., Any]] | None,
+                    reward_models: Mapping[str, Any] | None) -> tuple[str, str] | None:
+    """(grader, weight) when `name` is a term whose weight is no number ('format:high', 'rewards.py:fn:x'): the
+    spec parser keeps such a term whole, and it would read as a module or file that does not exist. Asked only
+    once the import has failed, so a real 'module:function' (or a Windows drive letter) is never misread."""
+    grader, sep, weight = name.rpartition(":")
+    if not sep or not grader:
+        return None
+    known = set(GRADERS) | {JUDGE_TERM} | set(reward_models or {}) | set(callables or {})
+    head, sep, function = grader.rpartition(":")  # 'file.py:fn' or 'package.module:fn' before the weight
+    if grader in known or (sep and head and function.isidentifier()):
+        return grader, weight
+    return None
 
 
 def term_names(specs: Mapping[str, Any]) -> dict[str, list[str]]:

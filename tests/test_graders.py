@@ -342,3 +342,22 @@ def test_values_are_checked_when_scoring_and_failures_name_task_and_grader():
     out_of_range["format"] = out_of_range["format"].__class__("format", "rule", lambda c, g: 1.5, (0.0, 1.0))
     with pytest.raises(GraderError, match=r"task 't', grader 'format': it returned 1.5, outside its range \[0.0, 1.0\]"):
         score_rollouts([rollout(s, "x")], specs, graders=out_of_range)
+
+
+def test_a_weight_that_is_no_number_is_named_as_such_not_as_a_missing_file(tmp_path):
+    """parse_reward_spec keeps 'file.py:fn:abc' whole (abc is no weight); it read as the file 'file.py:fn', not
+    found, or the module 'format', not importable. The message now names the weight."""
+    path = write(tmp_path / "rewards.py", '''
+        def fine(completion, gold):
+            return 1.0
+    ''')
+    with pytest.raises(GraderError, match=rf"grader '{path}:fine:abc': 'abc' is not a number: a reward term is "
+                                          rf"grader:weight, e.g. '{path}:fine:1.0'"):
+        resolve_grader(f"{path}:fine:abc")
+    with pytest.raises(GraderError, match=r"grader 'format:high': 'high' is not a number.* e.g. 'format:1.0'"):
+        resolve_grader("format:high")
+    with pytest.raises(GraderError, match=r"'x' is not a number.* e.g. 'grpo.rewards:token_f1:1.0'"):
+        resolve_grader("grpo.rewards:token_f1:x")
+    with pytest.raises(GraderError, match=r"file .*nope.py not found"):  # a missing file is still named
+        resolve_grader(f"{tmp_path / 'nope.py'}:fine")
+    assert resolve_grader(f"{path}:fine").kind == "row"
