@@ -175,13 +175,19 @@ def reward_specs(source: str, rewards: Mapping[str, str], tasks: list[str],
     defaults = DEMO_REWARDS if source == "demo" else {"fairness": "bbq_rule:1.0,format:0.2",
                                                       "hallucination": "halueval_rule:1.0,format:0.2"}
     custom = set(custom)
+    # a misspelt task name would otherwise leave that task on its defaults, silently; the built-in tasks' entries
+    # that presets carry (fairness, hallucination) may stay when the run trains only your own tasks
+    unknown = sorted(set(rewards) - set(tasks) - set(DEMO_REWARDS) - {"fairness", "hallucination"})
+    if unknown:
+        raise ConfigError(f"config field `rewards.{unknown[0]}` names no task of this run (its tasks: "
+                          f"{', '.join(tasks)}): fix the task's name or drop the entry", field=f"rewards.{unknown[0]}")
     specs = {}
     for task in tasks:
         text = rewards.get(task) or (None if task in custom else defaults.get(task))
         if text is None:
             raise ConfigError(f"task {task!r} has no reward terms: add rewards.{task}=grader:weight, e.g. "
-                              f"--set rewards.{task}=path/to/rewards.py:my_reward:1.0 (docs/CUSTOM_TASKS.md; "
-                              f"built-in graders: python grpo_train.py --help)", field=f"rewards.{task}")
+                              f"--set rewards.{task}=path/to/rewards.py:my_reward:1.0 (docs/CUSTOM_TASKS.md "
+                              f"lists the built-in graders)", field=f"rewards.{task}")
         terms, fallback = parse_reward_spec(task, text)
         try:
             specs[task] = RewardSpec(task=task, terms=tuple(terms), fallback=fallback)

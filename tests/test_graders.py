@@ -361,3 +361,17 @@ def test_a_weight_that_is_no_number_is_named_as_such_not_as_a_missing_file(tmp_p
     with pytest.raises(GraderError, match=r"file .*nope.py not found"):  # a missing file is still named
         resolve_grader(f"{tmp_path / 'nope.py'}:fine")
     assert resolve_grader(f"{path}:fine").kind == "row"
+
+
+def test_a_rewards_entry_for_no_task_of_the_run_is_an_error_naming_it():
+    """rewards.<task> with a misspelt task: the task it meant would train on its defaults while the entry is ignored;
+    the entries presets carry for the built-in tasks may stay in a run of your own tasks."""
+    import config as C
+    from grpo.setup_parts import reward_specs
+
+    with pytest.raises(C.ConfigError, match=r"config field `rewards.reveiws` names no task of this run \(its tasks: "
+                                            r"reviews\)") as err:
+        reward_specs("none", {"reveiws": "format:1.0", "reviews": "format:1.0"}, ["reviews"], custom=["reviews"])
+    assert err.value.field == "rewards.reveiws"
+    specs = reward_specs("none", {"fairness": "bbq_rule:1.0", "reviews": "format:1.0"}, ["reviews"], custom=["reviews"])
+    assert list(specs) == ["reviews"]
