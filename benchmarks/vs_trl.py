@@ -4,9 +4,12 @@
     python benchmarks/vs_trl.py                                          # "small" model on CPU, more repeats
     python benchmarks/vs_trl.py --device cuda --shape qwen2.5-0.5b       # random Qwen2.5-0.5B shape, bf16
     python benchmarks/vs_trl.py --quick --out bench.json --scenarios grpo
+    python benchmarks/vs_trl.py --model smollm2-135m-instruct --prompts long   # the real model, BBQ-length prompts
 
-One model + tokenizer is built from a config (fixed seed) and saved once; every run loads that folder, so both
-trainers start from identical weights. Each run is its own subprocess (peak RSS / GPU memory never mix), runs
+One model + tokenizer is built from a config (fixed seed) and saved once, or `--model NAME` names a packaged real
+model (grpo/pretrained.py; converted once into its cache folder); every run loads that folder, so both trainers
+start from identical weights. `--prompts long` puts BBQ-length contexts in front of every prompt (a system message of
+real BBQ contexts, LONG_CONTEXT_TOKENS tokens or so) on both sides. Each run is its own subprocess (peak RSS / GPU memory never mix), runs
 alternate (ours, TRL, ours, TRL ...), and warm-up rollout cycles are dropped. Generation is forced to full length
 (ours: rollout.min_new_tokens = max_new_tokens; TRL: generation_kwargs={"min_new_tokens": N}), so both sides
 generate and train on exactly the same number of tokens; the workers check it from what each run produced.
@@ -22,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 import tempfile
 import time
@@ -76,6 +80,9 @@ class BenchSpec:
     seed: int = 0
     demo_size: int = 200
     """Demo prompts generated per task (the prompt pool both sides draw from)."""
+    system_prompt: str = ""
+    """A system message in front of every prompt on both sides (data.system_prompt): "" for the short workload, BBQ
+    contexts for `--prompts long`."""
     ours_cache: str = ""
     """Our `rollout.cache_implementation` ("static": static KV cache, decoding compiled by transformers on CUDA);
     "" = the config default (dynamic). TRL always decodes with its dynamic cache."""
@@ -122,7 +129,7 @@ def build_configs(spec: BenchSpec, model_dir: str, out_dir: str) -> tuple[list[s
         f"train.max_steps={spec.cycles}", f"train.lr={spec.lr}", "train.weight_decay=0.0", "train.warmup_steps=0",
         "train.max_grad_norm=1.0", f"train.seed={spec.seed}", f"train.device={spec.device}", "train.eval_every=0",
         "train.sample_every=0", "train.tensorboard=false", f"train.output_dir={out_dir}", "train.run_name=ours",
-        "sft.steps=0",
+        "sft.steps=0", f"data.system_prompt={spec.system_prompt}",
     ] + ([f"rollout.cache_implementation={spec.ours_cache}"] if spec.ours_cache else [])
     trl = {
         "output_dir": str(Path(out_dir) / "trl"),
@@ -333,12 +340,44 @@ PRESETS: dict[str, dict[str, Any]] = {
 }
 
 
+LONG_CONTEXT_TOKENS = 300
+"""About how long `--prompts long` makes every prompt's context: BBQ prompts run ~100-400 tokens."""
+
+
+def long_context(data_dir: Path, tokens: int = LONG_CONTEXT_TOKENS) -> str:
+    """Real BBQ contexts (the first rows of the first category file, sorted) joined until about `tokens` words-ish
+    tokens (4 characters a token): the same text on both sides, without commas or '=' (it travels as an override)."""
+    files = sorted((data_dir / "bbq").glob("*.jsonl"))
+    if not files:
+        raise SystemExit(f"--prompts long needs BBQ data in {data_dir}/bbq (../shared/data)")
+    parts: list[str] = []
+    with open(files[0]) as f:
+        for line in f:
+            parts.append(json.loads(line)["context"].replace(",", ";").replace("=", "-"))
+            if sum(map(len, parts)) >= 4 * tokens:
+                break
+    return "Background: " + " ".join(parts)
+
+
 def orchestrate(specs: list[BenchSpec], shape_name: str, repeats: int, work: Path,
-                threads: int | None) -> dict[str, Any]:
-    """Save the model once, then run ours and TRL alternately `repeats` times per spec; check the work matched."""
-    model_dir = work / "model"
-    model_info = common.build_and_save_model(common.SHAPES[shape_name], model_dir, seed=specs[0].seed,
-                                             dtype_name=specs[0].dtype)
+                threads: int | None, model_name: str = "") -> dict[str, Any]:
+    """Save the model once (or resolve the packaged `model_name`), then run ours and TRL alternately `repeats` times
+    per spec; check the work matched."""
+    if model_name:
+        from safetensors import safe_open
+        from transformers import AutoConfig
+
+        from grpo.pretrained import resolve_model_name
+
+        model_dir = Path(resolve_model_name(model_name))
+        with safe_open(str(next(model_dir.glob("*.safetensors"))), "pt") as f:
+            n = sum(math.prod(f.get_slice(k).get_shape()) for k in f.keys())
+        model_info = {"name": model_name, "parameters": n,
+                      "model_type": AutoConfig.from_pretrained(model_dir).model_type}
+    else:
+        model_dir = work / "model"
+        model_info = common.build_and_save_model(common.SHAPES[shape_name], model_dir, seed=specs[0].seed,
+                                                 dtype_name=specs[0].dtype)
     results = []
     for spec in specs:
         runs = []
@@ -350,7 +389,7 @@ def orchestrate(specs: list[BenchSpec], shape_name: str, repeats: int, work: Pat
                       f"({time.perf_counter() - t0:.0f} s with start-up)", flush=True)
         check_same_work(spec, runs)
         results.append({"spec": asdict(spec), "runs": runs, **common.summarise(runs, TRAINERS, spec.warmup_cycles)})
-    return {"date": time.strftime("%Y-%m-%d %H:%M"), "shape": shape_name, "model": model_info,
+    return {"date": time.strftime("%Y-%m-%d %H:%M"), "shape": model_name or shape_name, "model": model_info,
             "machine": common.machine_info(threads, ("torch", "transformers", "trl")), "repeats": repeats,
             "results": results}
 
@@ -361,6 +400,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--quick", action="store_true", help="tiny model, 2 repeats, < 5 min on 2 CPU cores")
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     p.add_argument("--shape", choices=sorted(common.SHAPES), default=None, help="model shape (default per preset)")
+    p.add_argument("--model", default="", help="a packaged real model (grpo/pretrained.py), e.g. "
+                   "smollm2-135m-instruct, instead of a random --shape")
+    p.add_argument("--prompts", choices=("short", "long"), default="short",
+                   help="short: the demo's prompts; long: BBQ contexts in front of each (~300 more tokens)")
     p.add_argument("--scenarios", default="grpo,gspo", help="comma list of grpo (μ=1) and gspo (μ=2)")
     p.add_argument("--repeats", type=int, default=None, help="runs per trainer per scenario")
     p.add_argument("--cycles", type=int, default=None, help="rollout cycles per run (warm-up included)")
@@ -390,6 +433,8 @@ def specs_from_args(args: argparse.Namespace) -> tuple[list[BenchSpec], str, int
     if base["cycles"] <= base["warmup_cycles"]:
         raise SystemExit(f"--cycles {base['cycles']} must exceed --warmup {base['warmup_cycles']}")
     base["ours_cache"] = args.ours_cache
+    if args.prompts == "long":
+        base["system_prompt"] = long_context(ROOT.parent / "shared" / "data")
     specs = [scenario(s.strip(), base) for s in args.scenarios.split(",") if s.strip()]
     return specs, args.shape or preset["shape"], args.repeats or preset["repeats"]
 
@@ -407,10 +452,11 @@ def main(argv: list[str]) -> int:
         work.mkdir(parents=True, exist_ok=True)
         t0 = time.perf_counter()
         threads = (CPU_THREADS if args.device == "cpu" else None) if args.threads is None else (args.threads or None)
-        report = orchestrate(specs, shape, repeats, work, threads)
+        report = orchestrate(specs, shape, repeats, work, threads, model_name=args.model)
         report["wall_s"] = time.perf_counter() - t0
     m = report["machine"]
-    print(f"\nvs TRL {m['trl']} | shape {shape} ({report['model']['parameters']:,} parameters) | {specs[0].device} "
+    print(f"\nvs TRL {m['trl']} | {report['shape']} ({report['model']['parameters']:,} parameters) | "
+          f"{args.prompts} prompts | {specs[0].device} "
           f"{specs[0].dtype} | threads {m['threads'] or 'default'} | {repeats} repeats | "
           f"{report['wall_s']:.0f} s wall\n")
     ours_label = f"ours ({args.ours_cache} cache)" if args.ours_cache else "ours"

@@ -82,8 +82,7 @@ def test_check_same_work_rejects_a_short_completion():
         vs_trl.check_same_work(spec, [{**good, "min_completion_len": 15, "completion_tokens": 383}])
 
 
-@pytest.mark.skipif(not HAS_TRL, reason="trl/datasets not installed (pip install -r requirements-bench.txt); "
-                                        "CI installs only requirements-dev.txt")
+@pytest.mark.skipif(not HAS_TRL, reason="trl/datasets not installed (pip install -r requirements-dev.txt)")
 def test_trl_config_derives_the_same_generation_batch(tmp_path):
     from trl import GRPOConfig
 
@@ -93,8 +92,7 @@ def test_trl_config_derives_the_same_generation_batch(tmp_path):
     assert args.steps_per_generation == 2 and args.num_iterations == 2
 
 
-@pytest.mark.skipif(not HAS_TRL, reason="trl/datasets not installed (pip install -r requirements-bench.txt); "
-                                        "CI installs only requirements-dev.txt")
+@pytest.mark.skipif(not HAS_TRL, reason="trl/datasets not installed (pip install -r requirements-dev.txt)")
 @pytest.mark.slow
 def test_real_runs_do_the_same_work(tmp_path):
     # 1 prompt × K 2 × GA 2 = 4 completions of 8 tokens = 32 tokens; 1 cycle at μ = 2 = 2 optimizer steps
@@ -109,3 +107,19 @@ def test_real_runs_do_the_same_work(tmp_path):
         assert r["min_completion_len"] == r["max_completion_len"] == 8, name
         assert len(r["cycle_times_s"]) == 1, name
     vs_trl.check_same_work(spec, [{**ours, "trainer": "ours"}, {**trl, "trainer": "trl"}])
+
+
+@pytest.mark.skipif(not HAS_TRL, reason="trl/datasets not installed (pip install -r requirements-dev.txt)")
+def test_the_long_workload_gives_both_sides_the_same_bbq_contexts(tmp_path):
+    """--prompts long: every prompt both trainers see starts with the same system message of real BBQ contexts
+    (~LONG_CONTEXT_TOKENS tokens), carried through our config (data.system_prompt) into TRL's rows."""
+    args = vs_trl.parse_args(["--prompts", "long", "--scenarios", "grpo"])
+    (spec,), _, _ = vs_trl.specs_from_args(args)
+    assert len(spec.system_prompt) >= 4 * vs_trl.LONG_CONTEXT_TOKENS and spec.system_prompt.startswith("Background:")
+    ours, _ = vs_trl.build_configs(spec, "builtin:tiny", str(tmp_path))
+    assert C.load_config("demo", ours).data.system_prompt == spec.system_prompt
+    rows = vs_trl.trl_dataset(spec, "builtin:tiny", str(tmp_path))
+    assert len(rows) > 0 and all(r["prompt"][0] == {"role": "system", "content": spec.system_prompt} for r in rows)
+    short = vs_trl.specs_from_args(vs_trl.parse_args(["--scenarios", "grpo"]))[0][0]
+    assert short.system_prompt == "" and all(r["prompt"][0]["role"] == "user"
+                                             for r in vs_trl.trl_dataset(short, "builtin:tiny", str(tmp_path)))
