@@ -54,8 +54,8 @@ from grpo.run_folder import prepare_run_dir
 from grpo.rollout import generate_rollouts, rollout_metrics
 from grpo.sampling import row_keys
 from grpo.scoring import RewardSpec, score_rollouts
-from grpo.setup_parts import (build_trackers, choose_device, load_samples, policy_from_config, reward_specs,
-                              stop_token_ids)
+from grpo.setup_parts import (build_trackers, check_task_entries, choose_device, load_samples, policy_from_config,
+                              reward_specs, stop_token_ids)
 from grpo.sft import run_sft, sft_examples
 from grpo.signals import StopRequest
 from grpo.tasks.jsonio import DataFileError
@@ -170,6 +170,7 @@ def setup(cfg: C.Config, *, callables: Mapping[str, Callable[..., Any]] | None =
     train, heldout = split_by_task(rows.train, rows.heldout, cfg.data)
     require_heldout_rows(train, heldout, cfg.data.heldout_fraction)  # every task is evaluated: stop now if not
     specs = reward_specs(cfg.data.source, cfg.rewards, sorted(train), custom=cfg.tasks)
+    check_task_entries(cfg.kl, sorted(train))
     # the judge's rubrics are tried without its cache, which lives in the run folder
     graders = preflight(specs, train, judge=Judge.from_config(dataclasses.replace(cfg.judge, cache_path=""), None),
                         callables=callables, reward_models=cfg.reward_models, device=device)

@@ -164,6 +164,20 @@ def parse_reward_spec(task: str, text: str) -> tuple[list[tuple[str, float]], st
     return terms, (fallback.strip() or None)
 
 
+BUILTIN_TASKS = ("fairness", "hallucination")
+"""The built-in sources' task names (demo, dual), whose kl.<task> / rewards.<task> entries presets carry: they may
+stay in a run that trains only your own tasks."""
+
+
+def check_task_entries(kl_tasks: Iterable[str], tasks: list[str]) -> None:
+    """A kl.<task> entry naming no task of the run (besides kl.default and the built-in tasks) is a ConfigError
+    naming it: a misspelt task (kl.fairnes) would leave the real task on kl.default, silently."""
+    unknown = sorted(set(kl_tasks) - {"default", *BUILTIN_TASKS} - set(tasks))
+    if unknown:
+        raise ConfigError(f"config field `kl.{unknown[0]}` names no task of this run (its tasks: {', '.join(tasks)}): "
+                          "fix the task's name or drop the entry", field=f"kl.{unknown[0]}")
+
+
 def reward_specs(source: str, rewards: Mapping[str, str], tasks: list[str],
                  custom: Iterable[str] = ()) -> dict[str, Any]:
     """A RewardSpec per task: its rewards.<task> entry, else the built-in source's default terms (the demo's
@@ -177,7 +191,7 @@ def reward_specs(source: str, rewards: Mapping[str, str], tasks: list[str],
     custom = set(custom)
     # a misspelt task name would otherwise leave that task on its defaults, silently; the built-in tasks' entries
     # that presets carry (fairness, hallucination) may stay when the run trains only your own tasks
-    unknown = sorted(set(rewards) - set(tasks) - set(DEMO_REWARDS) - {"fairness", "hallucination"})
+    unknown = sorted(set(rewards) - set(tasks) - set(DEMO_REWARDS) - set(BUILTIN_TASKS))
     if unknown:
         raise ConfigError(f"config field `rewards.{unknown[0]}` names no task of this run (its tasks: "
                           f"{', '.join(tasks)}): fix the task's name or drop the entry", field=f"rewards.{unknown[0]}")

@@ -375,3 +375,16 @@ def test_a_rewards_entry_for_no_task_of_the_run_is_an_error_naming_it():
     assert err.value.field == "rewards.reveiws"
     specs = reward_specs("none", {"fairness": "bbq_rule:1.0", "reviews": "format:1.0"}, ["reviews"], custom=["reviews"])
     assert list(specs) == ["reviews"]
+
+
+def test_a_kl_entry_for_no_task_of_the_run_is_an_error_naming_it():
+    """kl.fairnes.beta=0.5 (issue 19): the misspelt entry was ignored and fairness trained on kl.default."""
+    import config as C
+    from grpo.setup_parts import check_task_entries
+
+    with pytest.raises(C.ConfigError, match=r"config field `kl.fairnes` names no task of this run \(its tasks: "
+                                            r"fairness, hallucination\)") as err:
+        check_task_entries(["default", "fairnes"], ["fairness", "hallucination"])
+    assert err.value.field == "kl.fairnes"
+    check_task_entries(["default", "fairness", "hallucination"], ["reviews"])  # presets' entries for built-in tasks
+    check_task_entries(["default", "reviews"], ["reviews"])

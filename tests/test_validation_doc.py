@@ -82,6 +82,12 @@ def config_error(*argv: str):
     return lambda tmp, mp: cli([*argv, "--output-dir", str(tmp), "--print-config"])
 
 
+def task_name_typo(tmp, mp):
+    out = cli([*TINY, "--kl.fairnes.beta", "0.5", "--output-dir", str(tmp)])
+    assert not (tmp / "r").exists()  # stopped before the run folder (and the model)
+    return out
+
+
 def data_rows(tmp, mp):
     from grpo.tasks.halueval import load_halueval
 
@@ -298,6 +304,7 @@ TRIALS = {
     "unknown field": config_error("--rollout.kk", "3"),
     "cross-field rules": config_error("--model.load_in_4bit", "true"),
     "per-task KL band": config_error("--preset", "llama3-8b-dual", "--kl.fairness.band_low", "0.9"),
+    "a `kl.<task>` or `rewards.<task>` entry naming no task of the run (a typo)": task_name_typo,
     "data rows": data_rows,
     "a task without held-out rows (e.g. a JSONL task of 3 rows)": no_heldout,
     "Pareto scores of no task": empty_scores,
