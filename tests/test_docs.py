@@ -99,10 +99,10 @@ def same_value(text: str, ref: str, actual) -> bool:
 
 
 def bash_lines(text: str) -> list[str]:
-    """The lines of ```bash blocks, comments removed."""
+    """The lines of ```bash blocks, comments removed, a command continued with a trailing backslash joined."""
     lines = []
     for block in re.findall(r"```bash\n(.*?)```", text, re.S):
-        for line in block.splitlines():
+        for line in re.sub(r"\\\n\s*", " ", block).splitlines():
             line = line.strip()
             if line and not line.startswith("#"):
                 lines.append(line)
