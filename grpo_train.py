@@ -43,7 +43,7 @@ from grpo.kl_control import Controller, controller_from_config
 from grpo.logprobs import shared_prompt_blocker, shares_by_size
 from grpo.memory import estimate
 from grpo.memory_inputs import inputs_from_config
-from grpo.modeling import Policy, has_dropout, rebase_reference, reference, save_pretrained
+from grpo.modeling import Policy, check_4bit_available, has_dropout, rebase_reference, reference, save_pretrained
 from grpo.multi import ConflictMonitor
 from grpo.pareto import ParetoFrontier, require_heldout_rows
 from grpo.pretrained import ModelPackageMissing, check_model_name
@@ -856,6 +856,8 @@ def train(config: C.Config | str | Sequence[str] | None = None, *,
     loaded = model if isinstance(model, tuple) else None
     if loaded is None:
         check_model_name(cfg.model.name)
+        if cfg.model.load_in_4bit:
+            check_4bit_available()
     run = main(cfg, setup(cfg, callables=callables, model=loaded))
     report = run.run_dir / "report.json"
     if report.is_file():
@@ -940,7 +942,9 @@ def cli(argv: list[str]) -> int:
         return 0
     try:
         check_model_name(cfg.model.name)  # a packaged model whose package is missing: one line, before any work
-    except ModelPackageMissing as e:
+        if cfg.model.load_in_4bit:
+            check_4bit_available()  # no bitsandbytes or no CUDA GPU: before the data, the run folder, the model
+    except (ModelPackageMissing, C.ConfigError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     try:

@@ -179,6 +179,20 @@ def test_qlora_without_cuda_or_bitsandbytes_names_the_fix(tmp_path):
         load_policy(str(tmp_path), lora=False, load_in_4bit=True)
 
 
+def test_qlora_on_a_machine_without_it_exits_2_before_any_work(tmp_path, capsys):
+    """Issue 19: 4-bit on CPU gave the right message under a full traceback, after the data loaded and the run folder
+    was made. The command line now checks it right after the config: exit 2, one line, no run folder."""
+    import grpo_train as G
+
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA GPU is present; the missing-CUDA error cannot be provoked")
+    code = G.cli(["--model.lora", "true", "--model.load_in_4bit", "true", "--output-dir", str(tmp_path / "out"),
+                  "--run-name", "r"])
+    err = capsys.readouterr().err
+    assert code == 2 and "config field `model.load_in_4bit` = True is invalid" in err and "Traceback" not in err
+    assert not (tmp_path / "out").exists()
+
+
 def test_load_policy_lora_defaults_are_the_configs():
     """Regression: load_policy defaulted LoRA r / alpha / dropout to 16 / 32 / 0.0 while the config said 8 / 16 /
     0.05, so a caller relying on either got the other's numbers. The defaults are now read from ModelConfig."""
