@@ -125,9 +125,9 @@ def describe_fields(preset: str = DEFAULT_PRESET) -> str:
                     lines.append(f"  preset {preset} sets kl.{task}: {', '.join(changed) or 'the defaults above'}")
             elif sname == "rewards":
                 lines += [f"  preset {preset} sets rewards.{task} = {spec!r}" for task, spec in cfg.rewards.items()]
-                # the command line imports no grpo module (docs/DESIGN.md): the graders' list is in the docs
-                lines.append("  a grader is a built-in name (docs/CUSTOM_TASKS.md lists them), llm_judge, a reward_models "
-                             "name, package.module:function or path/to/file.py:function")
+                # the command line imports no grpo module (docs/DESIGN.md): grpo_train adds the built-in graders
+                lines.append("  a grader is a built-in name (listed at the end of grpo_train.py --help), llm_judge, a "
+                             "reward_models name, package.module:function or path/to/file.py:function")
             else:
                 cls = C.DICT_SECTIONS[sname]
                 for fname, ftype in typing.get_type_hints(cls).items():
@@ -155,14 +155,15 @@ def preset_in(argv: list[str]) -> str:
     return finder.parse_known_args(argv)[0].preset
 
 
-def trainer_parser(prog: str, description: str, preset: str = DEFAULT_PRESET) -> argparse.ArgumentParser:
+def trainer_parser(prog: str, description: str, preset: str = DEFAULT_PRESET,
+                   more_help: str = "") -> argparse.ArgumentParser:
     """grpo_train.py's own flags (--preset, --print-config), with every config field and its value under `preset`
-    described in the epilog."""
+    described in the epilog, then `more_help` (what the entry point adds: the built-in graders)."""
     parser = argparse.ArgumentParser(
         prog=prog, formatter_class=argparse.RawDescriptionHelpFormatter, description=description,
         epilog=f"Config fields with their values under --preset {preset} (`--preset NAME --help` shows another "
                "preset's; override any with --section.field VALUE or --set section.field=VALUE; shortcuts: "
-               + ", ".join(f"--{k}" for k in ALIASES) + "):" + describe_fields(preset))
+               + ", ".join(f"--{k}" for k in ALIASES) + "):" + describe_fields(preset) + more_help)
     parser.add_argument("--preset", default=DEFAULT_PRESET, help=f"one of {sorted(PRESETS)} (default: {DEFAULT_PRESET})")
     parser.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
     parser.add_argument("--overwrite", action="store_true",
@@ -170,9 +171,10 @@ def trainer_parser(prog: str, description: str, preset: str = DEFAULT_PRESET) ->
     return parser
 
 
-def parse_trainer_argv(argv: list[str], prog: str, description: str) -> tuple[C.Config, argparse.Namespace]:
+def parse_trainer_argv(argv: list[str], prog: str, description: str,
+                       more_help: str = "") -> tuple[C.Config, argparse.Namespace]:
     """(the Config the command line asks for, the trainer's own flags). Raises ConfigError naming the field;
-    --help prints and exits as argparse does."""
+    --help prints and exits as argparse does (`more_help` at the end of it)."""
     overrides, rest = split_argv(argv)
-    args = trainer_parser(prog, description, preset_in(rest)).parse_args(rest)
+    args = trainer_parser(prog, description, preset_in(rest), more_help).parse_args(rest)
     return C.load_config(args.preset, overrides + (["train.overwrite=true"] if args.overwrite else [])), args

@@ -928,11 +928,20 @@ def reward_terms(task: str, terms: Any, callables: dict[str, Callable[..., Any]]
     return ",".join(out)
 
 
+def graders_help() -> str:
+    """The end of --help: the built-in graders a rewards.<task> term may name (grpo/graders.py owns the list)."""
+    from grpo.graders import builtin_graders
+
+    return ("\n\nBuilt-in graders for rewards.<task> (besides llm_judge, a reward_models name, package.module:function "
+            "and path/to/file.py:function; docs/CUSTOM_TASKS.md):\n"
+            + "\n".join(f"  {name}: {doc}" for name, doc in builtin_graders().items()))
+
+
 def cli(argv: list[str]) -> int:
     """Parse argv into a Config (command_line.py) and run. Exit status: 0 done; 2 a config, data or grader error
     (found before the model loads); 1 a run failure."""
     try:
-        cfg, args = parse_trainer_argv(argv, prog="grpo_train.py", description=__doc__)
+        cfg, args = parse_trainer_argv(argv, prog="grpo_train.py", description=__doc__, more_help=graders_help())
         check_config(cfg)
     except C.ConfigError as e:
         print(f"config error: {e}", file=sys.stderr)

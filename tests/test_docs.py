@@ -230,6 +230,10 @@ def test_help_exits_zero_and_lists_every_field():
     assert "--preset" in out.stdout and "llama3-8b-dual" in out.stdout
     assert "Config fields with their values under --preset demo" in out.stdout  # the preset of a bare command line
     assert "--train.max_steps (int, default 120, set by preset demo): " in out.stdout
+    from grpo.graders import builtin_graders  # issue 18: --help lists the built-in graders
+
+    graders = out.stdout.split("Built-in graders for rewards.<task>", 1)[1]
+    assert [line.split(":")[0].strip() for line in graders.strip().splitlines()[1:]] == list(builtin_graders())
 
 
 HELP_LINE = re.compile(r"^  --([a-z_]+)\.([a-z_0-9<>]+)(?:\.([a-z_0-9]+))? \([^,]+, default (.*?)(, set by preset [\w-]+)?\): ",
