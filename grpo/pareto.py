@@ -28,6 +28,8 @@ from typing import Callable, Mapping, Sequence
 MARKER = ".pareto_point"
 """File written into each point's folder; only folders holding it are ever deleted."""
 STEP_DIR = re.compile(r"step_\d+")
+REMOVING = ".removing-"
+"""Prefix of a point folder being deleted (`_remove_dir`); such folders are the frontier's by construction."""
 INDEX_FILE = "pareto.json"
 Scalarize = str | Mapping[str, float]
 
@@ -217,7 +219,11 @@ class ParetoFrontier:
             raise ValueError(
                 f"ParetoFrontier: refusing to delete {resolved}: it has no {MARKER} marker, so it is not ours"
             )
-        shutil.rmtree(resolved)
+        # renamed first (atomic), then deleted: a kill inside rmtree leaves a REMOVING folder that `remove_orphans`
+        # sweeps, never a step folder without its marker that no later run may delete
+        doomed = self.root_dir / f"{REMOVING}{resolved.name}-{os.getpid()}"
+        os.replace(resolved, doomed)
+        shutil.rmtree(doomed, ignore_errors=True)
 
     def remove_orphans(self) -> list[Path]:
         """Delete marked step folders in root_dir that the frontier does not list (left by a crash); call on resume."""
@@ -232,6 +238,9 @@ class ParetoFrontier:
         ]
         for d in orphans:
             self._remove_dir(d)
+        for d in self.root_dir.glob(f"{REMOVING}step_*"):  # deletions a kill interrupted
+            if d.is_dir() and not d.is_symlink():
+                shutil.rmtree(d, ignore_errors=True)
         return orphans
 
     def _write_index(self) -> None:

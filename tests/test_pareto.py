@@ -2,6 +2,7 @@
 
 import json
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -173,3 +174,27 @@ def test_every_task_needs_training_and_heldout_rows():
     assert "task 'qa' has 3 rows and none held out" in message and "data.heldout_fraction=0.2" in message
     assert "about 5 per held-out row" in message
     assert "task 'c' has all its 2 rows held out and none to train on" in message and "'b'" not in message
+
+
+def test_a_kill_while_a_dominated_point_is_deleted_leaves_nothing_behind(tmp_path, monkeypatch):
+    """A kill inside the deletion of a dominated point: rmtree had removed the marker but not the weights, so the
+    step folder was no longer the frontier's and stayed forever. Deleting goes through a rename now, and the resumed
+    frontier's `remove_orphans` sweeps what the kill left."""
+    import grpo.pareto as P
+
+    fr = ParetoFrontier(cap=4, root_dir=tmp_path)
+    fr.offer(1, {"a": 0.0, "b": 0.0}, saver(1))
+    real_rmtree = P.shutil.rmtree
+
+    def killed_midway(path, ignore_errors=False):  # the marker goes first, then the process dies
+        (Path(path) / ".pareto_point").unlink()
+        raise KeyboardInterrupt("killed")
+
+    monkeypatch.setattr(P.shutil, "rmtree", killed_midway)
+    with pytest.raises(KeyboardInterrupt):
+        fr.offer(2, {"a": 1.0, "b": 1.0}, saver(2))  # dominates step 1, whose deletion is killed
+    monkeypatch.setattr(P.shutil, "rmtree", real_rmtree)
+    assert on_disk(tmp_path) == ["step_000002"]  # no marker-less step_000001 left looking like a foreign folder
+    again = ParetoFrontier.load(cap=4, root_dir=tmp_path)  # the index of before the kill: step 1 only
+    again.remove_orphans()
+    assert not [p.name for p in tmp_path.iterdir() if p.name.startswith(".removing-")]
