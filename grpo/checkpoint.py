@@ -20,7 +20,6 @@ you wrote yourself; a legacy reference.pt is rewritten in the checksummed format
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import random
@@ -34,6 +33,8 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
+from grpo.files import fsync as _fsync
+from grpo.files import sha256 as _sha256
 from grpo.treecodec import TreeCodecError, decode, encode
 
 FORMAT_VERSION = 2
@@ -59,27 +60,6 @@ RESUMABLE_CHANGES = ("checkpoint.", "train.max_steps", "train.log_every", "train
 
 class CheckpointError(RuntimeError):
     """A checkpoint cannot be used; the message names the folder and what is wrong."""
-
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
-def _fsync_file(path: Path) -> None:
-    with open(path, "rb") as f:
-        os.fsync(f.fileno())
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def rng_state() -> dict[str, Any]:
@@ -115,15 +95,15 @@ def _write_folder(tmp: Path, final: Path, files: dict[str, bytes | None], meta: 
             (tmp / name).write_bytes(data)
     listed = {}
     for name in files:
-        _fsync_file(tmp / name)
+        _fsync(tmp / name)
         listed[name] = {"sha256": _sha256(tmp / name), "bytes": (tmp / name).stat().st_size}
     (tmp / MANIFEST).write_text(json.dumps({"format_version": FORMAT_VERSION, **meta, "files": listed}, indent=2))
-    _fsync_file(tmp / MANIFEST)
-    _fsync_dir(tmp)
+    _fsync(tmp / MANIFEST)
+    _fsync(tmp)
     if final.exists():  # re-saving the same step (e.g. interrupted right after a periodic save)
         remove_folder(final)
     os.replace(tmp, final)
-    _fsync_dir(final.parent)
+    _fsync(final.parent)
 
 
 def save(run_dir: Path, step: int, state: dict[str, Any], config: dict[str, Any], keep_last: int) -> Path:

@@ -20,7 +20,6 @@ from __future__ import annotations
 import base64
 import contextlib
 import functools
-import hashlib
 import importlib.metadata
 import importlib.util
 import json
@@ -32,6 +31,9 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator
+
+from grpo.files import fsync as _fsync
+from grpo.files import sha256 as _sha256
 
 
 @dataclass(frozen=True)
@@ -77,24 +79,6 @@ class ModelPackageMissing(ValueError):
 
 class ModelCacheError(ValueError):
     """The cache folder cannot be written or read, or the installed GGUF does not match its package record."""
-
-
-# The file helpers of grpo/checkpoint.py, without its torch import: `check_model_name` runs before anything heavy
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
-def _fsync(path: Path) -> None:
-    """Flush a file's or a folder's data and entries to disk."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 # ------------------------------------------------------------------------------------------------------ catalog
