@@ -358,10 +358,16 @@ class SFTConfig:
     max_examples: int = 0
     """Use only N training samples with a reference completion for SFT (0 = all), chosen round-robin over
     (task, answer) classes: a few demonstrations teach the format, RL with rewards on every prompt does the rest."""
+    max_target_tokens: int = 0
+    """Cut each reference completion to its first N tokens (0 = whole); a cut one ends without the end-of-turn token,
+    as a rollout that reaches rollout.max_new_tokens does. HaluEval general's references (ChatGPT answers, median
+    ~500 characters) would otherwise cost minutes per SFT step on a CPU and teach lengths RL never samples."""
 
     def __post_init__(self) -> None:
         _check(self.steps >= 0, "sft.steps", self.steps, "use an integer >= 0")
         _check(self.max_examples >= 0, "sft.max_examples", self.max_examples, "use 0 (all) or a positive count")
+        _check(self.max_target_tokens >= 0, "sft.max_target_tokens", self.max_target_tokens,
+               "use 0 (whole targets) or a positive token count")
         _check(self.lr > 0, "sft.lr", self.lr, "use a learning rate > 0, e.g. 1e-4")
         _check(self.batch_size >= 1, "sft.batch_size", self.batch_size, "use a positive integer")
 

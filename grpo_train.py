@@ -29,13 +29,13 @@ import config as C
 from command_line import parse_trainer_argv
 from grpo import checkpoint as ckpt
 from grpo.advantages import group_advantages
-from grpo.answers import step_answer_metrics
+from grpo.answers import answer_class, step_answer_metrics
 from grpo.batch import batch_logprobs, build_train_batch
 from grpo.batching import TaskBalancedSampler
 from grpo.config_check import check_config
 from grpo.distributed import Dist, make_dist, rank_rng_state, relaunch_on_cpu, requested_cpu_processes
 from grpo.doctor import Doctor, Finding
-from grpo.evaluate import evaluate
+from grpo.evaluate import evaluate, part_means
 from grpo.graders import Grader, GraderError, preflight
 from grpo.health import TrainingUnstable, WeightGuard, bad_step_reason
 from grpo.judge import Judge
@@ -323,7 +323,7 @@ def sft_phase(run: Run) -> list[float]:
     s = run.cfg.sft
     if s.steps == 0:
         return []
-    examples = sft_examples(run.tokenizer, [x for t in run.tasks for x in run.train[t]], None)
+    examples = sft_examples(run.tokenizer, [x for t in run.tasks for x in run.train[t]], None, s.max_target_tokens)
     if s.max_examples:
         examples = stratified([x for t in run.tasks for x in run.train[t] if x.target], examples, s.max_examples)
     losses = run_sft(run.policy.model, examples, steps=s.steps, lr=s.lr, batch_size=s.batch_size,
@@ -342,12 +342,22 @@ def sft_phase(run: Run) -> list[float]:
     return losses
 
 
+FREE_FORM_CLASSES = 16
+"""A task whose SFT targets fall into more answer classes than this answers in free form (HaluEval general's ChatGPT
+replies, each its own class): `stratified` counts all its targets as one class."""
+
+
 def stratified(samples: list[Sample], examples: list, n: int) -> list:
-    """`n` of `examples` (parallel to `samples`), round-robin over (task, target) classes so that every answer of
-    every task is demonstrated before any is repeated."""
+    """`n` of `examples` (parallel to `samples`), round-robin over (task, answer class) so that every answer of every
+    task is demonstrated before any is repeated; the class is grpo.answers.answer_class of the target. A free-form
+    task (more than FREE_FORM_CLASSES classes) is one class: else its answers, every one its own class, took every
+    demonstration from the tasks with a few answers."""
+    classes = {(s.task, answer_class(s.target or "")) for s in samples}
+    free_form = {t for t in {task for task, _ in classes} if sum(task == t for task, _ in classes) > FREE_FORM_CLASSES}
     groups: dict[tuple[str, str], list] = {}
     for sample, example in zip(samples, examples):
-        groups.setdefault((sample.task, sample.target or ""), []).append(example)
+        key = (sample.task, "" if sample.task in free_form else answer_class(sample.target or ""))
+        groups.setdefault(key, []).append(example)
     keys, picked, i = sorted(groups), [], 0
     while len(picked) < min(n, len(examples)):
         for key in keys:
@@ -381,7 +391,9 @@ def evaluate_phase(run: Run, tag: str) -> dict[str, float]:
         return {}
     run.evals[tag] = results
     (run.run_dir / "eval.json").write_text(json.dumps(run.evals, indent=2))
-    run.tracker.log({f"eval/{t}/reward": r for t, r in results.items()}, run.step)
+    write_scored(run.run_dir / "evals" / f"{tag}.jsonl", scored)  # the greedy completions and every grader's score
+    parts = {f"eval_part/{t}/{name}": v for t, means in part_means(scored).items() for name, v in means.items()}
+    run.tracker.log({**{f"eval/{t}/reward": r for t, r in results.items()}, **parts}, run.step)
     if offered:
         run.frontier.offer(run.step, results, save_fn=lambda path: save_pretrained(run.policy, path, state))
     dist.barrier()
@@ -538,14 +550,19 @@ def reward_metrics(scored: list[Scored], tasks: list[str]) -> dict[str, float]:
     return out
 
 
-def write_samples(run: Run, scored: list[Scored], step: int) -> None:
-    folder = run.run_dir / "samples"
-    folder.mkdir(exist_ok=True)
-    with open(folder / f"step_{step:06d}.jsonl", "w") as f:
+def write_scored(path: Path, scored: list[Scored]) -> None:
+    """One JSON line per completion: task, id, prompt, completion, reward, its parts (per grader), provider."""
+    path.parent.mkdir(exist_ok=True)
+    with open(path, "w") as f:
         for s in scored:
             f.write(json.dumps({"task": s.rollout.sample.task, "id": s.rollout.sample.id,
                                 "prompt": s.rollout.sample.messages[-1]["content"], "completion": s.rollout.text,
-                                "reward": s.reward, "provider": s.provider, "truncated": s.rollout.truncated}) + "\n")
+                                "reward": s.reward, "parts": s.parts, "provider": s.provider,
+                                "truncated": s.rollout.truncated}) + "\n")
+
+
+def write_samples(run: Run, scored: list[Scored], step: int) -> None:
+    write_scored(run.run_dir / "samples" / f"step_{step:06d}.jsonl", scored)
     run.tracker.log_text("samples", "\n\n".join(f"[{s.rollout.sample.task}] {s.rollout.text!r} -> {s.reward}"
                                                  for s in scored[:8]), step)
 

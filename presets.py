@@ -38,6 +38,19 @@ PRESETS: dict[str, dict[str, Any]] = {
         "sft": {"steps": 60, "lr": 2e-4, "batch_size": 8, "max_examples": 48},
         "kl": {"default": {"controller": "fixed", "beta": 0.04}},
     },
+    # The dual objective on a real instruct model on the CPU: SmolLM2-135M-Instruct with LoRA on BBQ and HaluEval
+    # general from data.data_dir (the shared copy holds general only; its rule grader is weak: F1 to ChatGPT's reply
+    # judged faithful, or not repeating the hallucinated spans + hedging where ChatGPT's reply hallucinated).
+    "smollm2-dual": {
+        "model": {"name": "smollm2-135m-instruct", "lora": True, "lora_r": 16, "lora_alpha": 32, "lora_dropout": 0.0},
+        "data": {"source": "dual", "halueval_subsets": ["general"], "bbq_per_category": 40,
+                 "halueval_per_subset": 300, "eval_size": 32},
+        "rollout": {"k": 8, "max_new_tokens": 16, "temperature": 0.7},
+        "train": {"max_steps": 40, "lr": 5e-5, "prompts_per_micro_step": 4, "eval_every": 20},
+        "sft": {"steps": 40, "lr": 2e-4, "batch_size": 8, "max_examples": 48, "max_target_tokens": 16},
+        "kl": {"default": {"controller": "fixed", "beta": 0.04}},
+        "rewards": {"fairness": "bbq_rule:1.0,format:0.2", "hallucination": "halueval_rule:1.0,format:0.2"},
+    },
     # The reference A100 setup: Llama-3-8B-Instruct + LoRA, two objectives with their own KL bands.
     "llama3-8b-dual": {
         "model": {"name": "meta-llama/Meta-Llama-3-8B-Instruct", "dtype": "bfloat16", "lora": True,

@@ -29,3 +29,14 @@ def evaluate(model, tokenizer, samples_by_task: dict[str, Sequence[Sample]], rol
         results[task] = sum(valid) / len(valid) if valid else float("nan")
         all_scored += scored
     return results, all_scored
+
+
+def part_means(scored: Sequence[Scored]) -> dict[str, dict[str, float]]:
+    """Mean of each grader's own score (Scored.parts, before weights) per task; a None or NaN part is left out.
+    Tells a reward that rose through its format term from one that rose through its answer term."""
+    sums: dict[str, dict[str, list[float]]] = {}
+    for s in scored:
+        for name, value in s.parts.items():
+            if value is not None and not math.isnan(value):
+                sums.setdefault(s.rollout.sample.task, {}).setdefault(name, []).append(value)
+    return {task: {name: sum(v) / len(v) for name, v in parts.items()} for task, parts in sums.items()}

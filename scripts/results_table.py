@@ -4,6 +4,7 @@
     python scripts/results_table.py --write               # ... and replaces the table in README.md
     python scripts/results_table.py --runs DIR0 DIR1 DIR2 # reads finished run folders instead (seed from config.json)
     python scripts/results_table.py --seeds 0 1 2 3 4 --out /tmp/demo_runs
+    python scripts/results_table.py --preset smollm2-dual --out runs/smollm2-dual   # another preset's table
 
 Columns, per seed and task, from the run's eval.json (greedy held-out reward, rule graders): before SFT, after SFT,
 after RL, RL gain = after RL − after SFT; the wall time of the whole run (from config.json, written at start-up, to
@@ -49,19 +50,36 @@ def table_rows(run_dir: Path) -> list[str]:
     return rows
 
 
+def part_rows(run_dir: Path) -> list[str]:
+    """Each grader's own held-out mean per phase (evals/<phase>.jsonl, written by every evaluation): tells a reward
+    that rose through its format term from one that rose through its answer term."""
+    seed = json.loads((run_dir / "config.json").read_text())["train"]["seed"]
+    phases = [p for p in ("before_sft", "after_sft", "after_rl") if (run_dir / "evals" / f"{p}.jsonl").is_file()]
+    means: dict[tuple[str, str], dict[str, float]] = {}
+    for phase in phases:
+        kept = [json.loads(x) for x in (run_dir / "evals" / f"{phase}.jsonl").read_text().splitlines() if x]
+        for task in sorted({r["task"] for r in kept}):
+            for name in sorted({n for r in kept if r["task"] == task for n in r["parts"]}):
+                values = [r["parts"][name] for r in kept if r["task"] == task and r["parts"].get(name) is not None]
+                means.setdefault((task, name), {})[phase] = sum(values) / len(values) if values else float("nan")
+    return [f"| {seed} | {task} | {name} | " + " | ".join(f"{by.get(p, float('nan')):.3f}" for p in phases) + " |"
+            for (task, name), by in sorted(means.items())]
+
+
 def table(run_dirs: list[Path]) -> str:
     """The whole table: header, rule, and every run's rows in the order given."""
     return "\n".join([HEADER, RULE] + [row for d in run_dirs for row in table_rows(d)])
 
 
-def run_demo(seed: int, out: Path) -> Path:
-    """`python grpo_train.py --seed SEED` into OUT/seedSEED; returns the run folder. Raises on a failed run."""
+def run_demo(seed: int, out: Path, preset: str = "demo") -> Path:
+    """`python grpo_train.py --preset PRESET --seed SEED` into OUT/seedSEED; returns the run folder. Raises on a
+    failed run."""
     name = f"seed{seed}"
     env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "2")}
-    done = subprocess.run([sys.executable, str(ROOT / "grpo_train.py"), "--seed", str(seed), "--output-dir", str(out),
+    done = subprocess.run([sys.executable, str(ROOT / "grpo_train.py"), "--preset", preset, "--seed", str(seed), "--output-dir", str(out),
                            "--run-name", name], cwd=ROOT, env=env, capture_output=True, text=True)
     if done.returncode != 0:
-        raise RuntimeError(f"demo seed {seed} failed (exit {done.returncode}):\n{done.stdout[-2000:]}{done.stderr[-2000:]}")
+        raise RuntimeError(f"{preset} seed {seed} failed (exit {done.returncode}):\n{done.stdout[-2000:]}{done.stderr[-2000:]}")
     return out / name
 
 
@@ -109,19 +127,27 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--runs", nargs="+", type=Path, help="finished run folders to read instead of running")
     parser.add_argument("--seeds", nargs="+", type=int, default=list(SEEDS), help="seeds to run (default 0 1 2)")
     parser.add_argument("--out", type=Path, default=None, help="where the runs go (default: a temporary folder)")
+    parser.add_argument("--parts", action="store_true",
+                        help="also print each grader's own held-out mean per phase (from evals/<phase>.jsonl)")
+    parser.add_argument("--preset", default="demo", help="the preset run for each seed (default demo)")
     parser.add_argument("--write", action="store_true", help="replace the table in README.md with the new one")
     args = parser.parse_args(argv)
+    if args.write and args.preset != "demo":
+        parser.error("--write replaces the README's demo table; print another preset's table without it")
     try:
         if args.runs:
             dirs = args.runs
         else:
             out = args.out or Path(tempfile.mkdtemp(prefix="results_table_"))
-            dirs = [run_demo(seed, out) for seed in args.seeds]
+            dirs = [run_demo(seed, out, args.preset) for seed in args.seeds]
         text = table(dirs)
     except (OSError, ValueError, KeyError, RuntimeError) as err:
         print(f"results_table: {err}", file=sys.stderr)
         return 1
     print(text)
+    if args.parts:
+        print("\n| seed | task | grader | before SFT | after SFT | after RL |\n|---|---|---|---|---|---|")
+        print("\n".join(row for d in dirs for row in part_rows(d)))
     if args.write:
         README.write_text(replace_table(README.read_text(), text))
         print(f"wrote the table into {README}", file=sys.stderr)

@@ -58,3 +58,34 @@ def test_sft_demonstrations_are_stratified_by_task_and_answer():
     picked = stratified(samples, [s.id for s in samples], 6)
     targets = Cnt(next(s.target for s in samples if s.id == p) for p in picked)
     assert targets == {"Answer: A": 2, "Answer: B": 2, "Answer: yes": 2}
+
+
+def test_sft_demonstrations_of_free_form_answers_do_not_crowd_out_the_other_task():
+    """HaluEval general's targets are ChatGPT answers, each its own answer class: the round-robin over (task, answer)
+    classes took one of every free-form answer first, and BBQ's three letters got 3 of 48 demonstrations."""
+    from grpo_train import FREE_FORM_CLASSES, stratified
+
+    samples = ([Sample("fairness", f"f{i}", (), target=f"Answer: {'ABC'[i % 3]}\nJustification: x{i}")
+                for i in range(30)]
+               + [Sample("hallucination", f"h{i}", (), target=f"Answer: reply number {i} ...") for i in range(100)])
+    assert 100 > FREE_FORM_CLASSES
+    picked = stratified(samples, [s.id for s in samples], 48)
+    letters = [samples[int(p[1:])].target[8] for p in picked if p.startswith("f")]
+    assert len(letters) == 30 and {x: letters.count(x) for x in "ABC"} == {"A": 10, "B": 10, "C": 10}
+    assert sum(p.startswith("h") for p in picked) == 18  # one class: a share each round, the rest after BBQ ran out
+
+
+def test_sft_targets_longer_than_the_cap_keep_their_first_tokens_and_no_end_of_turn():
+    from grpo.modeling import build_tiny_tokenizer
+    from grpo.sft import sft_examples
+
+    tok = build_tiny_tokenizer()
+    long_target = "Answer: " + " ".join(["word"] * 40)
+    samples = [Sample("h", "long", ({"role": "user", "content": "q"},), target=long_target),
+               Sample("h", "short", ({"role": "user", "content": "q"},), target="Answer: no")]
+    whole = sft_examples(tok, samples, None)
+    cut = sft_examples(tok, samples, None, max_target_tokens=6)
+    assert whole[0][1][-1] == tok.eos_token_id and len(whole[0][1]) > 7
+    assert cut[0][1] == whole[0][1][:6] and tok.eos_token_id not in cut[0][1]
+    assert cut[0][0] == whole[0][0]  # the prompt is untouched
+    assert cut[1] == whole[1] and cut[1][1][-1] == tok.eos_token_id  # a short target keeps its EOS

@@ -82,6 +82,7 @@ BAD: list[tuple[str, Any, dict[str, Any]]] = [
     ("train.tensorboard", "maybe", {}),  # not a boolean
     ("sft.steps", -1, {}),
     ("sft.max_examples", -1, {}),
+    ("sft.max_target_tokens", -1, {}),
     ("sft.lr", 0.0, {}),
     ("sft.batch_size", 0, {}),
     ("judge.timeout_s", 0.0, {}),

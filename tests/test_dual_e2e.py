@@ -33,6 +33,17 @@ def test_dual_preset_with_rule_graders(tmp_path):
         for key in (f"reward/{t}/mean", f"kl/{t}", f"beta/{t}", f"rollout/{t}/length", f"rollout/{t}/truncated"):
             assert key in step, key
     assert step["beta/fairness"] == 0.10 and step["beta/hallucination"] == 0.30
+    # every evaluation keeps its greedy completions with each grader's score; the reward is their weighted mean
+    evals = json.loads((run.run_dir / "eval.json").read_text())
+    assert sorted(p.stem for p in (run.run_dir / "evals").glob("*.jsonl")) == sorted(evals)
+    kept = [json.loads(x) for x in (run.run_dir / "evals" / "after_rl.jsonl").read_text().splitlines()]
+    for t, weights in (("fairness", {"bbq_rule": 1.0, "format": 0.2}),
+                       ("hallucination", {"halueval_rule": 1.0, "format": 0.2})):
+        mine = [r for r in kept if r["task"] == t]
+        assert mine and all(set(r["parts"]) == set(weights) for r in mine)
+        mean = sum(sum(w * r["parts"][g] for g, w in weights.items()) / 1.2 for r in mine) / len(mine)
+        assert abs(mean - evals["after_rl"][t]) < 1e-9
+        assert f"eval_part/{t}/format" in [k for r in rows for k in r]
 
 
 def test_dual_preset_through_the_llm_judge(tmp_path, monkeypatch):

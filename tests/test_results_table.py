@@ -86,3 +86,15 @@ def test_readme_table_is_what_the_committed_code_produces(tmp_path):
     assert not RT.rewards_differ(produced, committed), (
         "README.md's results table is not what the code produces; regenerate it with "
         f"`{sys.executable} scripts/results_table.py --write`. Produced:\n{produced}")
+
+
+def test_part_rows_average_each_grader_per_phase(tmp_path):
+    folder = fake_run(tmp_path / "r", 3, {}, 1)
+    (folder / "evals").mkdir()
+    rows = {"before_sft": [("fair", {"bbq_rule": 0.0, "format": 0.0}), ("fair", {"bbq_rule": 1.0, "format": 0.0})],
+            "after_sft": [("fair", {"bbq_rule": 1.0, "format": 0.5}), ("fair", {"bbq_rule": None, "format": 1.0})]}
+    for phase, kept in rows.items():
+        (folder / "evals" / f"{phase}.jsonl").write_text(
+            "".join(json.dumps({"task": t, "parts": parts}) + "\n" for t, parts in kept))
+    # phases present only; a None part is left out of its mean (bbq_rule after SFT: 1.0 from one row)
+    assert RT.part_rows(folder) == ["| 3 | fair | bbq_rule | 0.500 | 1.000 |", "| 3 | fair | format | 0.000 | 0.750 |"]
