@@ -41,6 +41,9 @@ PRESETS: dict[str, dict[str, Any]] = {
     # The dual objective on a real instruct model on the CPU: SmolLM2-135M-Instruct with LoRA on BBQ and HaluEval
     # general from data.data_dir (the shared copy holds general only; its rule grader is weak: F1 to ChatGPT's reply
     # judged faithful, or not repeating the hallucinated spans + hedging where ChatGPT's reply hallucinated).
+    # 16 new tokens (the BBQ letter comes first; 32 would double the step) and references cut to 16 tokens keep a run
+    # at 18-23 min on 2 cores. Seeds 0-2: both tasks +0.17 to +0.43 over the start, nearly all of it from the warm-up;
+    # RL moves fairness by +0.03 / +0.05 / -0.08 by raising one letter across prompts (README).
     "smollm2-dual": {
         "model": {"name": "smollm2-135m-instruct", "lora": True, "lora_r": 16, "lora_alpha": 32, "lora_dropout": 0.0},
         "data": {"source": "dual", "halueval_subsets": ["general"], "bbq_per_category": 40,

@@ -61,18 +61,20 @@ def test_sft_demonstrations_are_stratified_by_task_and_answer():
 
 
 def test_sft_demonstrations_of_free_form_answers_do_not_crowd_out_the_other_task():
-    """HaluEval general's targets are ChatGPT answers, each its own answer class: the round-robin over (task, answer)
-    classes took one of every free-form answer first, and BBQ's three letters got 3 of 48 demonstrations."""
+    """BBQ's disambiguated targets quote their own context and HaluEval general's are ChatGPT replies: with the whole
+    target as the class, every row was its own class, the sorted classes put BBQ's first, and all 48 demonstrations
+    of the smollm2-dual warm-up were BBQ rows. The class is now the answer ("Answer: B ..." -> "b"), and a task with
+    more than FREE_FORM_CLASSES answers counts as one class."""
     from grpo_train import FREE_FORM_CLASSES, stratified
 
-    samples = ([Sample("fairness", f"f{i}", (), target=f"Answer: {'ABC'[i % 3]}\nJustification: x{i}")
-                for i in range(30)]
+    samples = ([Sample("fairness", f"f{i}", (), target=f"Answer: {'ABC'[i % 3]}\nJustification: quote {i}")
+                for i in range(60)]
                + [Sample("hallucination", f"h{i}", (), target=f"Answer: reply number {i} ...") for i in range(100)])
     assert 100 > FREE_FORM_CLASSES
     picked = stratified(samples, [s.id for s in samples], 48)
     letters = [samples[int(p[1:])].target[8] for p in picked if p.startswith("f")]
-    assert len(letters) == 30 and {x: letters.count(x) for x in "ABC"} == {"A": 10, "B": 10, "C": 10}
-    assert sum(p.startswith("h") for p in picked) == 18  # one class: a share each round, the rest after BBQ ran out
+    assert {x: letters.count(x) for x in "ABC"} == {"A": 12, "B": 12, "C": 12}
+    assert sum(p.startswith("h") for p in picked) == 12  # the free-form task: one class beside the three letters
 
 
 def test_sft_targets_longer_than_the_cap_keep_their_first_tokens_and_no_end_of_turn():

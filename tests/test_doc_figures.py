@@ -34,6 +34,7 @@ def preset(name: str) -> C.Config:
 
 
 DEMO, LLAMA = (lambda: preset("demo")), (lambda: preset("llama3-8b-dual"))
+DUAL = lambda: preset("smollm2-dual")  # noqa: E731
 
 
 def pct(fraction: float) -> float:
@@ -70,6 +71,17 @@ CLAIMS = [
      "prompts per task",
      [lambda: DEMO().train.max_steps, lambda: DEMO().data.eval_size]),
     ("README.md", LLAMA_SHAPE, LLAMA_SOURCES),
+    # README: the real model on BBQ + HaluEval
+    ("README.md", "BBQ (6 categories × {40} rows) and HaluEval general (its first {300} rows; the shared copy holds no "
+                  "other subset), LoRA r {16}, {40} SFT steps on {48} demonstrations ({36} BBQ, its three letters in "
+                  "turn, and {12} HaluEval; references cut to their first {16} tokens, `sft.max_target_tokens`), then "
+                  "{40} RL steps of {4} prompts × K {8} with {16} new tokens at temperature {0.7}, β {0.04}. Greedy "
+                  "held-out reward on {32} prompts per task",
+     [lambda: DUAL().data.bbq_per_category, lambda: DUAL().data.halueval_per_subset, lambda: DUAL().model.lora_r,
+      lambda: DUAL().sft.steps, lambda: DUAL().sft.max_examples, lambda: DUAL().sft.max_examples * 3 // 4,
+      lambda: DUAL().sft.max_examples // 4, lambda: DUAL().sft.max_target_tokens, lambda: DUAL().train.max_steps,
+      lambda: DUAL().train.prompts_per_micro_step, lambda: DUAL().rollout.k, lambda: DUAL().rollout.max_new_tokens,
+      lambda: DUAL().rollout.temperature, lambda: DUAL().kl_for("fairness").beta, lambda: DUAL().data.eval_size]),
     # QUICK_START: the demo's output, healthy metrics, the doctor and the verdict
     ("QUICK_START.md", "(`data.eval_size` ({64} in the demo preset)", [lambda: DEMO().data.eval_size]),
     ("QUICK_START.md", "with `sft.steps` > 0 ({50} in the demo: {24} demonstrations, trained until",
