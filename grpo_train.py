@@ -18,6 +18,7 @@ import random
 import re
 import sys
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
@@ -352,8 +353,8 @@ def stratified(samples: list[Sample], examples: list, n: int) -> list:
     task is demonstrated before any is repeated; the class is grpo.answers.answer_class of the target. A free-form
     task (more than FREE_FORM_CLASSES classes) is one class: else its answers, every one its own class, took every
     demonstration from the tasks with a few answers."""
-    classes = {(s.task, answer_class(s.target or "")) for s in samples}
-    free_form = {t for t in {task for task, _ in classes} if sum(task == t for task, _ in classes) > FREE_FORM_CLASSES}
+    classes_per_task = Counter(task for task, _ in {(s.task, answer_class(s.target or "")) for s in samples})
+    free_form = {task for task, n in classes_per_task.items() if n > FREE_FORM_CLASSES}
     groups: dict[tuple[str, str], list] = {}
     for sample, example in zip(samples, examples):
         key = (sample.task, "" if sample.task in free_form else answer_class(sample.target or ""))
@@ -392,7 +393,7 @@ def evaluate_phase(run: Run, tag: str) -> dict[str, float]:
     run.evals[tag] = results
     (run.run_dir / "eval.json").write_text(json.dumps(run.evals, indent=2))
     write_scored(run.run_dir / "evals" / f"{tag}.jsonl", scored)  # the greedy completions and every grader's score
-    parts = {f"eval_part/{t}/{name}": v for t, means in part_means(scored).items() for name, v in means.items()}
+    parts = {f"eval_part/{t}/{name}": v for t, means in part_means((s.rollout.sample.task, s.parts) for s in scored).items() for name, v in means.items()}
     run.tracker.log({**{f"eval/{t}/reward": r for t, r in results.items()}, **parts}, run.step)
     if offered:
         run.frontier.offer(run.step, results, save_fn=lambda path: save_pretrained(run.policy, path, state))

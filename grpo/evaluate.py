@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from typing import Callable, Sequence
+from typing import Callable, Iterable, Mapping, Sequence
 
 from config import RolloutConfig
 from grpo.records import Rollout, Sample, Scored
@@ -31,12 +31,13 @@ def evaluate(model, tokenizer, samples_by_task: dict[str, Sequence[Sample]], rol
     return results, all_scored
 
 
-def part_means(scored: Sequence[Scored]) -> dict[str, dict[str, float]]:
-    """Mean of each grader's own score (Scored.parts, before weights) per task; a None or NaN part is left out.
-    Tells a reward that rose through its format term from one that rose through its answer term."""
+def part_means(rows: Iterable[tuple[str, Mapping[str, float | None]]]) -> dict[str, dict[str, float]]:
+    """Mean of each grader's own score per task over (task, parts) pairs (Scored.parts: raw scores before weights, or
+    the "parts" of an evals/<phase>.jsonl line); a None or NaN part is left out. Tells a reward that rose through its
+    format term from one that rose through its answer term."""
     sums: dict[str, dict[str, list[float]]] = {}
-    for s in scored:
-        for name, value in s.parts.items():
+    for task, parts in rows:
+        for name, value in parts.items():
             if value is not None and not math.isnan(value):
-                sums.setdefault(s.rollout.sample.task, {}).setdefault(name, []).append(value)
-    return {task: {name: sum(v) / len(v) for name, v in parts.items()} for task, parts in sums.items()}
+                sums.setdefault(task, {}).setdefault(name, []).append(value)
+    return {task: {name: sum(v) / len(v) for name, v in by_name.items()} for task, by_name in sums.items()}

@@ -26,6 +26,8 @@ import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:  # `python scripts/results_table.py`: the project's modules (grpo.evaluate for --parts)
+    sys.path.insert(0, str(ROOT))
 README = ROOT / "README.md"
 SEEDS = (0, 1, 2)
 HEADER = "| seed | task | before SFT | after SFT | after RL | RL gain | wall time (2 CPU cores) |"
@@ -51,17 +53,18 @@ def table_rows(run_dir: Path) -> list[str]:
 
 
 def part_rows(run_dir: Path) -> list[str]:
-    """Each grader's own held-out mean per phase (evals/<phase>.jsonl, written by every evaluation): tells a reward
-    that rose through its format term from one that rose through its answer term."""
+    """Each grader's own held-out mean per phase (evals/<phase>.jsonl, written by every evaluation; averaged by
+    grpo.evaluate.part_means, as the run's eval_part/<task>/<grader> metrics are)."""
+    from grpo.evaluate import part_means  # imports torch: only when --parts asks for it
+
     seed = json.loads((run_dir / "config.json").read_text())["train"]["seed"]
     phases = [p for p in ("before_sft", "after_sft", "after_rl") if (run_dir / "evals" / f"{p}.jsonl").is_file()]
     means: dict[tuple[str, str], dict[str, float]] = {}
     for phase in phases:
         kept = [json.loads(x) for x in (run_dir / "evals" / f"{phase}.jsonl").read_text().splitlines() if x]
-        for task in sorted({r["task"] for r in kept}):
-            for name in sorted({n for r in kept if r["task"] == task for n in r["parts"]}):
-                values = [r["parts"][name] for r in kept if r["task"] == task and r["parts"].get(name) is not None]
-                means.setdefault((task, name), {})[phase] = sum(values) / len(values) if values else float("nan")
+        for task, by_name in part_means((r["task"], r["parts"]) for r in kept).items():
+            for name, mean in by_name.items():
+                means.setdefault((task, name), {})[phase] = mean
     return [f"| {seed} | {task} | {name} | " + " | ".join(f"{by.get(p, float('nan')):.3f}" for p in phases) + " |"
             for (task, name), by in sorted(means.items())]
 
@@ -76,10 +79,12 @@ def run_demo(seed: int, out: Path, preset: str = "demo") -> Path:
     failed run."""
     name = f"seed{seed}"
     env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "2")}
-    done = subprocess.run([sys.executable, str(ROOT / "grpo_train.py"), "--preset", preset, "--seed", str(seed), "--output-dir", str(out),
-                           "--run-name", name], cwd=ROOT, env=env, capture_output=True, text=True)
+    done = subprocess.run([sys.executable, str(ROOT / "grpo_train.py"), "--preset", preset, "--seed", str(seed),
+                           "--output-dir", str(out), "--run-name", name], cwd=ROOT, env=env, capture_output=True,
+                          text=True)
     if done.returncode != 0:
-        raise RuntimeError(f"{preset} seed {seed} failed (exit {done.returncode}):\n{done.stdout[-2000:]}{done.stderr[-2000:]}")
+        raise RuntimeError(f"{preset} seed {seed} failed (exit {done.returncode}):\n"
+                           f"{done.stdout[-2000:]}{done.stderr[-2000:]}")
     return out / name
 
 
