@@ -318,3 +318,17 @@ def test_files_and_functions_the_docs_point_at_exist(doc):
         if name not in FILE_SUFFIXES and not re.search(rf"^(?:def|class) {name}\b", trainer, re.M):
             wrong.append(f"grpo_train.{name}")
     assert not wrong, f"{doc} points at things that do not exist: {wrong}"
+
+
+def test_files_the_docs_point_at_are_not_ignored_by_git():
+    """A file the docs cite must reach a clean clone: `.gitignore`'s `runs/` once kept docs/runs/ out of the repo,
+    so the docs' links passed here and failed in CI."""
+    if not (ROOT / ".git").exists():
+        pytest.skip("not a git checkout")
+    cited = set()
+    for text in DOCS.values():
+        cited.update(re.findall(r"(?<![\w/])((?:grpo|tests|docs|notebooks|benchmarks|scripts)/[\w/.-]*\w)", text))
+    cited = sorted(path for path in cited if (ROOT / path).exists())
+    result = subprocess.run(["git", "check-ignore", "--no-index", *cited], cwd=ROOT, capture_output=True, text=True)
+    ignored = result.stdout.split()
+    assert not ignored, f"the docs cite files that .gitignore keeps out of the repository: {ignored}"
