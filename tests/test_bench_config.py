@@ -14,6 +14,7 @@ import pytest
 
 import config as C
 from benchmarks import common, vs_trl
+from conftest import SHARED_DATA
 
 HAS_TRL = importlib.util.find_spec("trl") is not None and importlib.util.find_spec("datasets") is not None
 BASE = {"prompts_per_micro_step": 3, "grad_accum": 2, "k": 4, "max_new_tokens": 16, "cycles": 5}
@@ -110,6 +111,7 @@ def test_real_runs_do_the_same_work(tmp_path):
 
 
 @pytest.mark.skipif(not HAS_TRL, reason="trl/datasets not installed (pip install -r requirements-dev.txt)")
+@pytest.mark.skipif(not (SHARED_DATA / "bbq").is_dir(), reason=f"shared BBQ data not found at {SHARED_DATA / 'bbq'}")
 def test_the_long_workload_gives_both_sides_the_same_bbq_contexts(tmp_path):
     """--prompts long: every prompt both trainers see starts with the same system message of real BBQ contexts
     (~LONG_CONTEXT_TOKENS tokens), carried through our config (data.system_prompt) into TRL's rows."""
