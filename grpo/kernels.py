@@ -141,7 +141,7 @@ class _FusedHeadLogProb(torch.autograd.Function):
         acc, tau = accumulation_dtype(hidden_NH.dtype), ctx.temperature
         want_h, want_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
         grad_h = torch.empty_like(hidden_NH) if want_h else None
-        grad_w = torch.zeros(weight_VH.shape, dtype=acc, device=weight_VH.device) if want_w else None
+        grad_w = None  # the first chunk's product, then each later chunk added in place (no zeros, no temporary)
         use_entropy = ctx.with_entropy and grad_entropy_N is not None
         use_logp = grad_logp_N is not None
         for i, s in enumerate(range(0, hidden_NH.shape[0], ctx.chunk_rows)):
@@ -167,7 +167,12 @@ class _FusedHeadLogProb(torch.autograd.Function):
             if want_h:
                 grad_h[s:s + ctx.chunk_rows] = dz @ weight_VH
             if want_w:
-                grad_w += (dz.T @ h).to(acc)
+                if grad_w is None:
+                    grad_w = (dz.T @ h).to(acc)
+                elif dz.dtype == acc:
+                    grad_w.addmm_(dz.T, h)
+                else:
+                    grad_w += (dz.T @ h).to(acc)
         ctx.kept = []
         return grad_h, None if grad_w is None else grad_w.to(weight_VH.dtype), None, None, None, None, None
 

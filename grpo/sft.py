@@ -14,6 +14,7 @@ import torch
 from grpo.logprobs import completion_logprobs
 from grpo.records import Sample
 from grpo.tokens import collate, sft_example
+from grpo.update import adamw
 
 
 def sft_examples(tokenizer, samples: Sequence[Sample], system_prompt: str | None,
@@ -57,7 +58,7 @@ def run_sft(model: torch.nn.Module, examples: Sequence[tuple[list[int], list[int
     if not examples:
         raise ValueError("SFT warm-up has no examples: the training samples carry no `target` completions "
                          "(set sft.steps=0 to skip the warm-up)")
-    optimizer = torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
+    optimizer = adamw(params, lr=lr, weight_decay=0.0)
     rng = random.Random(seed)
     order: list[int] = []
     losses = []

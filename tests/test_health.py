@@ -35,6 +35,21 @@ def test_weight_guard_restores_after_nan_in_place():
                        "health/restored_total": 1.0, "health/consecutive_bad": 1.0}
 
 
+def test_weight_guard_all_finite_is_exact_where_a_sum_overflows_or_infinities_cancel():
+    w = torch.nn.Parameter(torch.tensor([3e38, 3e38, -1.0]))  # finite, but the fp32 sum overflows to inf
+    h = torch.nn.Parameter(torch.tensor([1.0, 2.0], dtype=torch.float16))
+    guard = WeightGuard([w, h], max_consecutive=3)
+    assert guard.all_finite() is True
+    for bad in ([math.inf, -math.inf, 0.0], [math.nan, 0.0, 0.0], [-math.inf, 1.0, 1.0]):
+        with torch.no_grad():
+            w.copy_(torch.tensor(bad))
+        assert guard.all_finite() is False, bad
+    with torch.no_grad():
+        w.copy_(torch.tensor([1.0, 1.0, 1.0]))
+        h[1] = math.inf
+    assert guard.all_finite() is False
+
+
 def test_weight_guard_snapshot_follows_good_steps():
     model = torch.nn.Linear(2, 1, bias=False)
     opt = torch.optim.SGD(model.parameters(), lr=0.5)
