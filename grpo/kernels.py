@@ -102,8 +102,8 @@ class _FusedHeadLogProb(torch.autograd.Function):
     """Log-probs (and entropies) of targets straight from the final hidden states and the LM-head weight, in row
     chunks: z = h·Wᵀ (in the weights' dtype, as the model's own head computes it), then fp32 softmax statistics.
     The (N, V) logits exist one chunk at a time, in forward and in backward (recomputed), never whole; on the CPU,
-    up to KEEP_LOG_SOFTMAX_BYTES, the forward's log-softmax chunks are kept for backward instead (the same values,
-    without a second head product).
+    up to KEEP_LOG_SOFTMAX_BYTES, the forward's log-softmax chunks (and their softmax, when the entropy was computed)
+    are kept for backward instead (the same values, without a second head product or exp).
 
         d/dz = g_lp·(onehot(y) − p)/τ − g_H·p·(log p + H)/τ          dh = d/dz · W        dW = Σ_chunks (d/dz)ᵀ · h
     """
@@ -122,10 +122,11 @@ class _FusedHeadLogProb(torch.autograd.Function):
             logp_N[s:s + chunk_rows] = z.gather(-1, target_N[s:s + chunk_rows, None]).squeeze(-1) - lse
             if with_entropy or keep:
                 logp_all = z.sub_(lse[:, None])  # log softmax, in place (z is not needed after this)
+                p_all = logp_all.exp() if with_entropy else None
                 if with_entropy:
-                    entropy_N[s:s + chunk_rows] = -(logp_all.exp() * logp_all).sum(-1)
-                if keep:
-                    kept.append(logp_all)
+                    entropy_N[s:s + chunk_rows] = -(p_all * logp_all).sum(-1)
+                if keep:  # with the softmax when the entropy made it: backward then needs no exp of its own
+                    kept.append((logp_all, p_all))
         ctx.save_for_backward(hidden_NH, weight_VH, target_N)
         ctx.kept = kept  # empty: backward recomputes each chunk
         ctx.temperature, ctx.chunk_rows, ctx.with_entropy = temperature, chunk_rows, with_entropy
@@ -146,12 +147,14 @@ class _FusedHeadLogProb(torch.autograd.Function):
         use_logp = grad_logp_N is not None
         for i, s in enumerate(range(0, hidden_NH.shape[0], ctx.chunk_rows)):
             h = hidden_NH[s:s + ctx.chunk_rows]
+            p = None
             if ctx.kept:
-                logp = ctx.kept[i]
+                logp, p = ctx.kept[i]
             else:
                 z = scaled_chunk(h @ weight_VH.T, acc, tau, fresh=True)
                 logp = z.sub_(torch.logsumexp(z, dim=-1, keepdim=True))  # log softmax, in place
-            p = logp.exp()
+            if p is None:
+                p = logp.exp()
             if use_logp:
                 g_lp = grad_logp_N[s:s + ctx.chunk_rows].to(acc)[:, None]
                 dz = p * -g_lp
@@ -189,10 +192,11 @@ def head_logprobs(hidden_BTH: torch.Tensor, weight_VH: torch.Tensor, target_ids_
                          f"targets {tuple(target_ids_BT.shape)} do not fit (B, T, H), (V, H), (B, T)")
     if temperature <= 0:
         raise ValueError(f"head_logprobs: temperature={temperature} must be > 0 (the sampling temperature)")
+    kept_tensors = 2 if with_entropy else 1  # the log-softmax, and the softmax the entropy computes anyway
     keep = (torch.is_grad_enabled() and (hidden_BTH.requires_grad or weight_VH.requires_grad)
             and hidden_BTH.device.type == "cpu"
-            and B * T * weight_VH.shape[0] * torch.finfo(accumulation_dtype(hidden_BTH.dtype)).bits // 8
-            <= KEEP_LOG_SOFTMAX_BYTES)
+            and kept_tensors * B * T * weight_VH.shape[0] * torch.finfo(accumulation_dtype(hidden_BTH.dtype)).bits
+            // 8 <= KEEP_LOG_SOFTMAX_BYTES)
     logp_N, entropy_N = _FusedHeadLogProb.apply(hidden_BTH.reshape(B * T, H), weight_VH,
                                                  target_ids_BT.reshape(-1).long(), float(temperature),
                                                  int(chunk_size), bool(with_entropy), keep)
