@@ -393,7 +393,8 @@ def evaluate_phase(run: Run, tag: str) -> dict[str, float]:
     run.evals[tag] = results
     (run.run_dir / "eval.json").write_text(json.dumps(run.evals, indent=2))
     write_scored(run.run_dir / "evals" / f"{tag}.jsonl", scored)  # the greedy completions and every grader's score
-    parts = {f"eval_part/{t}/{name}": v for t, means in part_means((s.rollout.sample.task, s.parts) for s in scored).items() for name, v in means.items()}
+    means = part_means((s.rollout.sample.task, s.parts) for s in scored)
+    parts = {f"eval_part/{t}/{name}": v for t, by_name in means.items() for name, v in by_name.items()}
     run.tracker.log({**{f"eval/{t}/reward": r for t, r in results.items()}, **parts}, run.step)
     if offered:
         run.frontier.offer(run.step, results, save_fn=lambda path: save_pretrained(run.policy, path, state))
