@@ -39,7 +39,7 @@ from typing import Callable, Sequence
 
 import torch
 
-from grpo.model_calls import accepts_logits_to_keep, position_ids_from_mask
+from grpo.model_calls import accepts_logits_to_keep, cache_kwarg, position_ids_from_mask, returned_cache
 from grpo.modeling import base_model
 from grpo.steppers import make_steps
 
@@ -193,10 +193,10 @@ def decode(model: torch.nn.Module, ids_BP: torch.LongTensor, mask_BP: torch.Tens
     out = model(input_ids=ids_BP if first_U is None else ids_BP[first_U],
                 attention_mask=prefill_mask if prefill_mask is None or first_U is None else prefill_mask[first_U],
                 position_ids=pos_BP if first_U is None else pos_BP[first_U],
-                past_key_values=DynamicCache(config=model.config), use_cache=True, **extra)
+                **{cache_kwarg(model) or "past_key_values": DynamicCache(config=model.config)}, use_cache=True, **extra)
     # FastSteps copies the prefill's cache (row b from row src_B[b]) into its own buffers; `out` is dropped below,
     # and the copy with it
-    steps = make_steps(model, out.past_key_values, mask_BP, out.logits.dtype, max_new_tokens - 1, fast=fast_steps,
+    steps = make_steps(model, returned_cache(out), mask_BP, out.logits.dtype, max_new_tokens - 1, fast=fast_steps,
                        rows_B=src_B)
     logits_RV = out.logits[:, -1] if src_B is None else out.logits[src_B, -1]
     del out

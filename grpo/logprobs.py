@@ -22,13 +22,12 @@ left-padded row equal the same row alone. For RoPE models the shift cancels in q
 from __future__ import annotations
 
 import contextlib
-import inspect
 from typing import Any
 
 import torch
 
 from grpo.kernels import DEFAULT_LOGPROB_CHUNK_ROWS, entropy_from_logits, head_logprobs, token_logprobs
-from grpo.model_calls import accepts_logits_to_keep, position_ids_from_mask
+from grpo.model_calls import accepts_logits_to_keep, cache_kwarg, position_ids_from_mask
 from grpo.modeling import base_model, has_sliding_window
 
 FUSABLE_MODEL_TYPES = frozenset({"llama", "mistral", "qwen2", "qwen3", "phi3", "olmo2"})
@@ -78,8 +77,8 @@ def shared_prompt_blocker(model: torch.nn.Module, training: bool) -> str | None:
     config = getattr(base, "config", None)
     if config is None or getattr(config, "is_encoder_decoder", False):
         return "not a decoder-only transformers model"
-    if "past_key_values" not in inspect.signature(base.forward).parameters:
-        return f"{type(base).__name__}.forward takes no past_key_values"
+    if cache_kwarg(base) is None:
+        return f"{type(base).__name__}.forward takes no KV cache (neither `cache` nor `past_key_values`)"
     if has_sliding_window(config):
         return "sliding-window attention layers"
     if any(hasattr(p, "to_local") for p in base.parameters()):
@@ -156,6 +155,7 @@ def _shared_prompt_logprobs(model: torch.nn.Module, input_ids_BL: torch.Tensor, 
     # gradient hooks fire once per parameter with both forwards' contributions added (tests/test_distributed.py)
     inner, base = getattr(model, "module", model), base_model(model)
     cache = _prompt_cache(base.config, K)
+    cache_arg = {cache_kwarg(base): cache}
     keep = accepts_logits_to_keep(model)
     parts = fused_head_parts(model) if fused_head and keep else None
     caught: list[torch.Tensor] = []
@@ -165,7 +165,7 @@ def _shared_prompt_logprobs(model: torch.nn.Module, input_ids_BL: torch.Tensor, 
         with _cache_through_checkpointing(base):
             # 1. the G prompts: their KV cache, and the hidden state / logits of the last prompt column (→ token 0)
             first = inner(input_ids=prompt_GP, attention_mask=prompt_mask_GP,
-                          position_ids=position_ids_from_mask(prompt_mask_GP), past_key_values=cache, use_cache=False,
+                          position_ids=position_ids_from_mask(prompt_mask_GP), **cache_arg, use_cache=False,
                           **({"logits_to_keep": 1 if parts is None else no_logits(prompt_GP)} if keep else {}))
             rest = None
             if T > 1:
@@ -173,7 +173,7 @@ def _shared_prompt_logprobs(model: torch.nn.Module, input_ids_BL: torch.Tensor, 
                 #    their group's cached prompt, repeated K times (the K copies' gradients add up in the prompt's)
                 mask_BL1 = attention_mask_BL[:, :L - 1]
                 rest = model(input_ids=input_ids_BL[:, P:L - 1], attention_mask=mask_BL1,
-                             position_ids=position_ids_from_mask(mask_BL1)[:, P:], past_key_values=cache,
+                             position_ids=position_ids_from_mask(mask_BL1)[:, P:], **cache_arg,
                              use_cache=False,
                              **({"logits_to_keep": T - 1 if parts is None else no_logits(prompt_GP)} if keep else {}))
     finally:

@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import inspect
+from typing import Any
 
 import torch
 
@@ -25,3 +26,23 @@ def accepts_logits_to_keep(model: torch.nn.Module) -> bool:
         if candidate is not None and "logits_to_keep" in inspect.signature(candidate.forward).parameters:
             return True
     return False
+
+
+def cache_kwarg(model: torch.nn.Module) -> str | None:
+    """The keyword under which model.forward (the base model's, under DDP / PEFT wrappers) takes a KV cache:
+    `cache` from transformers 5.24, `past_key_values` before it (5.24 still accepts that name, with a deprecation
+    warning, until 5.40); None when it takes neither."""
+    model = getattr(model, "module", model)
+    for candidate in (getattr(model, "get_base_model", lambda: None)(), model):
+        if candidate is not None:
+            params = inspect.signature(candidate.forward).parameters
+            for name in ("cache", "past_key_values"):
+                if name in params:
+                    return name
+    return None
+
+
+def returned_cache(out: Any) -> Any:
+    """The KV cache a forward returned: `out.cache` from transformers 5.24, `out.past_key_values` before it."""
+    cache = getattr(out, "cache", None)
+    return cache if cache is not None else out.past_key_values

@@ -25,6 +25,7 @@ from typing import Any
 
 import torch
 
+from grpo.model_calls import cache_kwarg, returned_cache
 from grpo.modeling import base_model, has_sliding_window
 
 FAST_STEP_ARCHITECTURES = frozenset({"LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM",
@@ -74,7 +75,7 @@ class HFSteps:
         if rows_B is not None:  # a prefill of distinct rows: row b of the batch is the cache's row rows_B[b]
             for layer in cache.layers:
                 layer.batch_select_indices(rows_B)
-        self.model, self.cache = model, cache
+        self.model, self.cache, self.cache_arg = model, cache, cache_kwarg(model) or "past_key_values"
         attn_implementation = getattr(model.config, "_attn_implementation", None)
         plain = attn_implementation in FAST_STEP_ATTENTION and not has_sliding_window(model.config)
         self.kind = attn_implementation if plain else "2d"
@@ -95,8 +96,8 @@ class HFSteps:
             attend = True if self.kind == "sdpa" else 0.0 if self.kind == "eager" else 1
             self.mask = torch.cat([self.mask, self.mask.new_full((*self.mask.shape[:-1], 1), attend)], dim=-1)
         out = self.model(input_ids=next_R1, attention_mask=self.mask, position_ids=pos_R1,
-                         past_key_values=self.cache, use_cache=True)
-        self.cache = out.past_key_values
+                         **{self.cache_arg: self.cache}, use_cache=True)
+        self.cache = returned_cache(out)
         return out.logits[:, -1]
 
     def select(self, keep_R: torch.Tensor) -> None:
