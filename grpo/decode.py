@@ -193,7 +193,8 @@ def decode(model: torch.nn.Module, ids_BP: torch.LongTensor, mask_BP: torch.Tens
     out = model(input_ids=ids_BP if first_U is None else ids_BP[first_U],
                 attention_mask=prefill_mask if prefill_mask is None or first_U is None else prefill_mask[first_U],
                 position_ids=pos_BP if first_U is None else pos_BP[first_U],
-                **{cache_kwarg(model) or "past_key_values": DynamicCache(config=model.config)}, use_cache=True, **extra)
+                **{cache_kwarg(model) or "past_key_values": DynamicCache(config=model.config)}, use_cache=True,
+                **extra)
     # FastSteps copies the prefill's cache (row b from row src_B[b]) into its own buffers; `out` is dropped below,
     # and the copy with it
     steps = make_steps(model, returned_cache(out), mask_BP, out.logits.dtype, max_new_tokens - 1, fast=fast_steps,

@@ -21,25 +21,23 @@ def position_ids_from_mask(attention_mask_BL: torch.Tensor) -> torch.Tensor:
 def accepts_logits_to_keep(model: torch.nn.Module) -> bool:
     """Whether model.forward (or, under PEFT, the base model's forward) takes `logits_to_keep`. A DDP / FSDP
     wrapper's forward takes (*args, **kwargs): the wrapped module (`.module`) is inspected instead."""
+    return any("logits_to_keep" in params for params in _forward_parameters(model))
+
+
+def _forward_parameters(model: torch.nn.Module) -> list[Any]:
+    """The parameter names of the base model's forward (under PEFT, `get_base_model()`) and of the model's own, the
+    DDP / FSDP wrapper (`.module`) looked through: wrappers take (*args, **kwargs) and name nothing."""
     model = getattr(model, "module", model)
-    for candidate in (model, getattr(model, "get_base_model", lambda: None)()):
-        if candidate is not None and "logits_to_keep" in inspect.signature(candidate.forward).parameters:
-            return True
-    return False
+    candidates = (getattr(model, "get_base_model", lambda: None)(), model)
+    return [inspect.signature(c.forward).parameters for c in candidates if c is not None]
 
 
 def cache_kwarg(model: torch.nn.Module) -> str | None:
     """The keyword under which model.forward (the base model's, under DDP / PEFT wrappers) takes a KV cache:
     `cache` from transformers 5.24, `past_key_values` before it (5.24 still accepts that name, with a deprecation
     warning, until 5.40); None when it takes neither."""
-    model = getattr(model, "module", model)
-    for candidate in (getattr(model, "get_base_model", lambda: None)(), model):
-        if candidate is not None:
-            params = inspect.signature(candidate.forward).parameters
-            for name in ("cache", "past_key_values"):
-                if name in params:
-                    return name
-    return None
+    return next((name for params in _forward_parameters(model) for name in ("cache", "past_key_values")
+                 if name in params), None)
 
 
 def returned_cache(out: Any) -> Any:
