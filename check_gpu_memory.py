@@ -5,7 +5,7 @@
     python check_gpu_memory.py --estimate --preset llama3-8b-dual --gpu-mem 24 --set model.load_in_4bit=true
 
 Inside a training process call `report_live()` (it never creates a CUDA context of its own).
-The estimate comes from grpo/memory.py (pure arithmetic; see its docstring for every formula and the phase model).
+The estimate comes from grpo/core/memory.py (pure arithmetic; see its docstring for every formula and the phase model).
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-from grpo.memory import GIB, cheapest_fixes, estimate, format_table
+from grpo.core.memory import GIB, cheapest_fixes, estimate, format_table
 
 NO_GPU_LINE = "No CUDA GPU visible (torch.cuda.is_available() is False); nothing to report."
 GPUS: dict[str, tuple[float, tuple[int, int]]] = {
@@ -30,7 +30,7 @@ def report_live() -> str:
     """The live report: NVML view of all GPUs and processes + this process's torch allocator, or NO_GPU_LINE."""
     import torch
 
-    from grpo.hardware import live_gpu_report, nvml_report
+    from grpo.models.hardware import live_gpu_report, nvml_report
 
     if torch.cuda.is_available():
         return live_gpu_report()
@@ -43,7 +43,7 @@ def report_live() -> str:
 
 def estimate_report(cfg: Any, gpu: str | None, gpu_mem: float | None) -> str:
     """The estimate table for `cfg` on the named card (or `gpu_mem` GiB) and, if it does not fit, the 3 cheapest fixes."""
-    from grpo.memory_inputs import inputs_from_config  # imports torch: not for --help or the live report
+    from grpo.run.memory_inputs import inputs_from_config  # imports torch: not for --help or the live report
 
     gpu_gb, cc = (gpu_mem, (8, 0)) if gpu_mem else GPUS[gpu or "a100-40"]
     x = inputs_from_config(cfg, cc)
@@ -66,9 +66,9 @@ def estimate_report(cfg: Any, gpu: str | None, gpu_mem: float | None) -> str:
 def main(argv: list[str]) -> int:
     import argparse
 
-    from command_line import split_argv
-    from config import ConfigError, load_config
-    from grpo.config_check import check_config
+    from grpo.config.command_line import split_argv
+    from grpo.config.settings import ConfigError, load_config
+    from grpo.run.config_check import check_config
 
     overrides, rest = split_argv(argv)
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,

@@ -26,42 +26,42 @@ from typing import Any, Callable, Mapping, Sequence
 import numpy as np
 import torch
 
-import config as C
-from command_line import parse_trainer_argv
-from grpo import checkpoint as ckpt
-from grpo.advantages import group_advantages
-from grpo.answers import answer_class, step_answer_metrics
-from grpo.batch import batch_logprobs, build_train_batch
-from grpo.batching import TaskBalancedSampler
-from grpo.config_check import check_config
-from grpo.distributed import Dist, make_dist, rank_rng_state, relaunch_on_cpu, requested_cpu_processes
-from grpo.doctor import Doctor, Finding
-from grpo.evaluate import evaluate, part_means
-from grpo.graders import Grader, GraderError, preflight
-from grpo.health import TrainingUnstable, WeightGuard, bad_step_reason
-from grpo.judge import Judge
-from grpo.kl_control import Controller, controller_from_config
-from grpo.logprobs import shared_prompt_blocker, shares_by_size
-from grpo.memory import estimate
-from grpo.memory_inputs import inputs_from_config
-from grpo.modeling import Policy, check_4bit_available, has_dropout, rebase_reference, reference, save_pretrained
-from grpo.multi import ConflictMonitor
-from grpo.pareto import ParetoFrontier, require_heldout_rows
-from grpo.pretrained import ModelPackageMissing, check_model_name
-from grpo.plot import plot_run
-from grpo.records import Rollout, Sample, Scored, TrainBatch
-from grpo.report import build_report, format_report, kl_bands
-from grpo.run_folder import prepare_run_dir
-from grpo.rollout import generate_rollouts, rollout_metrics
-from grpo.sampling import row_keys
-from grpo.scoring import RewardSpec, score_rollouts
-from grpo.setup_parts import (build_trackers, check_task_entries, choose_device, load_samples, policy_from_config,
+from grpo.config import settings as C
+from grpo.config.command_line import parse_trainer_argv
+from grpo.run import checkpoint as ckpt
+from grpo.core.advantages import group_advantages
+from grpo.core.answers import answer_class, step_answer_metrics
+from grpo.phases.batch import batch_logprobs, build_train_batch
+from grpo.data.batching import TaskBalancedSampler
+from grpo.run.config_check import check_config
+from grpo.models.distributed import Dist, make_dist, rank_rng_state, relaunch_on_cpu, requested_cpu_processes
+from grpo.core.doctor import Doctor, Finding
+from grpo.phases.evaluate import evaluate, part_means
+from grpo.grading.graders import Grader, GraderError, preflight
+from grpo.core.health import TrainingUnstable, WeightGuard, bad_step_reason
+from grpo.grading.judge import Judge
+from grpo.core.kl_control import Controller, controller_from_config
+from grpo.models.logprobs import shared_prompt_blocker, shares_by_size
+from grpo.core.memory import estimate
+from grpo.run.memory_inputs import inputs_from_config
+from grpo.models.modeling import Policy, check_4bit_available, has_dropout, rebase_reference, reference, save_pretrained
+from grpo.core.multi import ConflictMonitor
+from grpo.run.pareto import ParetoFrontier, require_heldout_rows
+from grpo.models.pretrained import ModelPackageMissing, check_model_name
+from grpo.run.plot import plot_run
+from grpo.core.records import Rollout, Sample, Scored, TrainBatch
+from grpo.run.report import build_report, format_report, kl_bands
+from grpo.run.run_folder import prepare_run_dir
+from grpo.phases.rollout import generate_rollouts, rollout_metrics
+from grpo.models.sampling import row_keys
+from grpo.grading.scoring import RewardSpec, score_rollouts
+from grpo.run.setup_parts import (build_trackers, check_task_entries, choose_device, load_samples, policy_from_config,
                               reward_specs, stop_token_ids)
-from grpo.sft import run_sft, sft_examples
-from grpo.signals import StopRequest
-from grpo.tasks.jsonio import DataFileError
-from grpo.tracking import METRICS_FILE, NullTracker, Tracker, format_step_line, progress, read_metrics
-from grpo.update import TaskGradientSurgery, adamw, train_step
+from grpo.phases.sft import run_sft, sft_examples
+from grpo.run.signals import StopRequest
+from grpo.data.jsonio import DataFileError
+from grpo.run.tracking import METRICS_FILE, NullTracker, Tracker, format_step_line, progress, read_metrics
+from grpo.phases.update import TaskGradientSurgery, adamw, train_step
 
 
 @dataclass
@@ -74,7 +74,7 @@ class Run:
     """output_dir/run_name: metrics, samples, evaluations, checkpoints, the final model."""
     device: torch.device
     dist: Dist
-    """The processes of the run (grpo/distributed.py); one process unless started by `accelerate launch`."""
+    """The processes of the run (grpo/models/distributed.py); one process unless started by `accelerate launch`."""
     policy: Policy
     train: dict[str, list[Sample]]
     """Training samples per task."""
@@ -86,7 +86,7 @@ class Run:
     specs: dict[str, RewardSpec] = field(init=False)
     """The reward terms of each task (rewards.<task>, else the source's defaults)."""
     graders: dict[str, Grader] = field(init=False)
-    """Every reward term's grader by name, resolved and tried on a real row by `grpo.graders.preflight` before the
+    """Every reward term's grader by name, resolved and tried on a real row by `grpo.grading.graders.preflight` before the
     model loaded (a reward model is loaded there, once)."""
     judge: Judge | None = field(init=False)
     """The LLM judge (judge.base_url), or None for rule graders only."""
@@ -118,7 +118,7 @@ class Run:
     counters: dict[str, float] = field(default_factory=dict)
     """Running totals the step metrics are differences of (judge counters), and the guard's restore flag."""
     doctor: Doctor | None = None
-    """The run doctor on rank 0 (grpo/doctor.py): the health checks over a moving window of the RL step metrics,
+    """The run doctor on rank 0 (grpo/core/doctor.py): the health checks over a moving window of the RL step metrics,
     started by `start_doctor` (by the first `rl_step` when `main` did not, e.g. in a notebook); None on other ranks."""
     alarms: list[Finding] = field(default_factory=list)
     """The doctor's findings that fired at the last RL step (rank 0); `main` prints them."""
@@ -148,8 +148,8 @@ def setup(cfg: C.Config, *, callables: Mapping[str, Callable[..., Any]] | None =
           model: tuple[Any, Any] | None = None) -> Run:
     """Build the model, data, optimizer, controllers and trackers of a run; write its resolved config.
 
-    Order: the config is checked against the registries (grpo/config_check.py); the data are loaded and every
-    grader of every task is resolved and tried on a real row (grpo.graders.preflight): a bad source or grader
+    Order: the config is checked against the registries (grpo/run/config_check.py); the data are loaded and every
+    grader of every task is resolved and tried on a real row (grpo.grading.graders.preflight): a bad source or grader
     stops the run with DataFileError / GraderError before the run folder is touched or the model loads. Then the
     run folder, the policy, the rest. `callables`: reward functions by the names rewards.<task> gives them (the
     Python entry point, `train`); `model`: an already-loaded (model, tokenizer) to train instead of model.name.
@@ -211,7 +211,7 @@ def setup(cfg: C.Config, *, callables: Mapping[str, Callable[..., Any]] | None =
 
 
 CUSTOM_PRESET = "custom"
-"""The preset made for tasks.<task> sources (presets.py); `train(tasks=...)` starts from it."""
+"""The preset made for tasks.<task> sources (grpo/config/presets.py); `train(tasks=...)` starts from it."""
 
 
 def preset_note(cfg: C.Config) -> str | None:
@@ -228,7 +228,7 @@ def preset_note(cfg: C.Config) -> str | None:
 
 def shares_prompts(cfg: C.Config, train_model: torch.nn.Module, dist: Dist) -> bool:
     """Whether the forward passes encode each prompt once for its K completions (model.shared_prompt_forward),
-    decided once: what blocks it (grpo/logprobs.shared_prompt_blocker) does not change during a run."""
+    decided once: what blocks it (grpo/models/logprobs.shared_prompt_blocker) does not change during a run."""
     mode = cfg.model.shared_prompt_forward
     if mode == "off":
         return False
@@ -302,7 +302,7 @@ def build_optimizer(train: C.TrainConfig, params: list[torch.nn.Parameter]):
 
 
 def split_by_task(train_list: list[Sample], held_list: list[Sample], data: C.DataConfig) -> tuple[dict, dict]:
-    """Train and held-out samples by task (grpo/setup_parts.load_samples split them); held-out capped at
+    """Train and held-out samples by task (grpo/run/setup_parts.load_samples split them); held-out capped at
     data.eval_size per task."""
     train: dict[str, list[Sample]] = {}
     heldout: dict[str, list[Sample]] = {}
@@ -350,7 +350,7 @@ replies, each its own class): `stratified` counts all its targets as one class."
 
 def stratified(samples: list[Sample], examples: list, n: int) -> list:
     """`n` of `examples` (parallel to `samples`), round-robin over (task, answer class) so that every answer of every
-    task is demonstrated before any is repeated; the class is grpo.answers.answer_class of the target. A free-form
+    task is demonstrated before any is repeated; the class is grpo.core.answers.answer_class of the target. A free-form
     task (more than FREE_FORM_CLASSES classes) is one class: else its answers, every one its own class, took every
     demonstration from the tasks with a few answers."""
     classes_per_task = Counter(task for task, _ in {(s.task, answer_class(s.target or "")) for s in samples})
@@ -480,7 +480,7 @@ OOM_KNOBS = ("train.prompts_per_micro_step (smaller micro-batches, more grad_acc
 
 
 def train_update(run: Run, batch: TrainBatch, betas_N: torch.Tensor) -> dict[str, float]:
-    """The μ update passes of one step (grpo/update.train_step) with the run's settings: the loss section, the
+    """The μ update passes of one step (grpo/phases/update.train_step) with the run's settings: the loss section, the
     rollout temperature and length, the train section's gradient-norm limits, the run's micro-batch size."""
     cfg = run.cfg
     return train_step(run.train_model or run.policy.model, run.optimizer, batch, betas_N, cfg.loss, run.tasks,
@@ -920,8 +920,8 @@ def reward_terms(task: str, terms: Any, callables: dict[str, Callable[..., Any]]
     """A rewards.<task> entry from `train`'s rewards[task]: a spec string as it is, or a list of functions, grader
     names and (grader, weight) pairs; each function is entered in `callables` under a name of its own (its
     __name__, made unique, never a built-in grader's or a reward model's)."""
-    from grpo.graders import JUDGE_TERM
-    from grpo.rewards import GRADERS
+    from grpo.grading.graders import JUDGE_TERM
+    from grpo.core.rewards import GRADERS
 
     if isinstance(terms, str):
         return terms
@@ -948,8 +948,8 @@ def reward_terms(task: str, terms: Any, callables: dict[str, Callable[..., Any]]
 
 
 def graders_help() -> str:
-    """The end of --help: the built-in graders a rewards.<task> term may name (grpo/graders.py owns the list)."""
-    from grpo.graders import builtin_graders
+    """The end of --help: the built-in graders a rewards.<task> term may name (grpo/grading/graders.py owns the list)."""
+    from grpo.grading.graders import builtin_graders
 
     return ("\n\nBuilt-in graders for rewards.<task> (besides llm_judge, a reward_models name, package.module:function "
             "and path/to/file.py:function; docs/CUSTOM_TASKS.md):\n"
@@ -957,7 +957,7 @@ def graders_help() -> str:
 
 
 def cli(argv: list[str]) -> int:
-    """Parse argv into a Config (command_line.py) and run. Exit status: 0 done; 2 a config, data or grader error
+    """Parse argv into a Config (grpo/config/command_line.py) and run. Exit status: 0 done; 2 a config, data or grader error
     (found before the model loads); 1 a run failure."""
     try:
         cfg, args = parse_trainer_argv(argv, prog="grpo_train.py", description=__doc__, more_help=graders_help())

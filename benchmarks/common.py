@@ -60,8 +60,8 @@ def build_and_save_model(shape: Shape, out_dir: Path, seed: int, dtype_name: str
     import torch
     from transformers import AutoModelForCausalLM
 
-    from grpo.demo_tasks import demo_corpus
-    from grpo.modeling import DTYPES, build_tiny_tokenizer, tiny_model_config
+    from grpo.data.demo_tasks import demo_corpus
+    from grpo.models.modeling import DTYPES, build_tiny_tokenizer, tiny_model_config
 
     tokenizer = build_tiny_tokenizer(demo_corpus(), vocab_size=384)
     vocab = max(shape.vocab or 0, len(tokenizer))

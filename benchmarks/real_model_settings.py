@@ -3,7 +3,7 @@
 
     python benchmarks/real_model_settings.py [--repeats 3] [--prompts 4] [--k 8] [--prompt-tokens 60]
 
-1. the reference pass under LoRA: the policy with its adapter disabled (grpo/modeling.reference, what the trainer
+1. the reference pass under LoRA: the policy with its adapter disabled (grpo/models/modeling.reference, what the trainer
    does) against a separate frozen copy of the base model (what full fine-tuning has to keep): one no-grad log-prob
    pass over all rows each way, and the memory the copy would take; and a rollout with the adapter against the
    base alone (what the adapter's extra products cost while decoding);
@@ -82,11 +82,11 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
 
-    from config import LLAMA_LORA_TARGETS
-    from grpo.decode import decode, sampling_processors
-    from grpo.logprobs import completion_logprobs
-    from grpo.modeling import load_policy, reference
-    from grpo.pretrained import resolve_model_name
+    from grpo.config.settings import LLAMA_LORA_TARGETS
+    from grpo.models.decode import decode, sampling_processors
+    from grpo.models.logprobs import completion_logprobs
+    from grpo.models.modeling import load_policy, reference
+    from grpo.models.pretrained import resolve_model_name
 
     cores = os.cpu_count() or 1
     torch.set_num_threads(1)

@@ -7,7 +7,7 @@
     python benchmarks/vs_trl.py --model smollm2-135m-instruct --prompts long   # the real model, BBQ-length prompts
 
 One model + tokenizer is built from a config (fixed seed) and saved once, or `--model NAME` names a packaged real
-model (grpo/pretrained.py; converted once into its cache folder); every run loads that folder, so both trainers
+model (grpo/models/pretrained.py; converted once into its cache folder); every run loads that folder, so both trainers
 start from identical weights. `--prompts long` puts BBQ-length contexts in front of every prompt (a system message of
 real BBQ contexts, LONG_CONTEXT_TOKENS tokens or so) on both sides. Each run is its own subprocess (peak RSS / GPU memory never mix), runs
 alternate (ours, TRL, ours, TRL ...), and warm-up rollout cycles are dropped. Generation is forced to full length
@@ -162,7 +162,7 @@ def build_configs(spec: BenchSpec, model_dir: str, out_dir: str) -> tuple[list[s
 
 # ------------------------------------------------------------------------------------------------------- workers
 def _our_config(spec: BenchSpec, model_dir: str, out_dir: str):
-    import config as C
+    from grpo.config import settings as C
 
     overrides, _ = build_configs(spec, model_dir, out_dir)
     return C.load_config("demo", overrides)
@@ -207,7 +207,7 @@ def trl_dataset(spec: BenchSpec, model_dir: str, out_dir: str):
     """The same training prompt pool our run draws from (same demo samples, same held-out split), as TRL rows."""
     from datasets import Dataset
 
-    from grpo.setup_parts import load_samples
+    from grpo.run.setup_parts import load_samples
     from grpo_train import split_by_task
 
     cfg = _our_config(spec, model_dir, out_dir)
@@ -220,7 +220,7 @@ def trl_dataset(spec: BenchSpec, model_dir: str, out_dir: str):
 
 def _demo_reward(lengths: list[int]):
     """TRL reward function: the demo rule graders; also records the token length of every completion."""
-    from grpo.demo_tasks import fairness_grader, hallucination_grader
+    from grpo.data.demo_tasks import fairness_grader, hallucination_grader
 
     graders = {"fairness": fairness_grader, "hallucination": hallucination_grader}
 
@@ -258,7 +258,7 @@ def run_trl(spec: BenchSpec, model_dir: str, out_dir: str) -> dict[str, Any]:
     from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
-    from grpo.modeling import DTYPES
+    from grpo.models.modeling import DTYPES
 
     rss_imports = common.peak_rss_mib()
     _, kwargs = build_configs(spec, model_dir, out_dir)
@@ -367,7 +367,7 @@ def orchestrate(specs: list[BenchSpec], shape_name: str, repeats: int, work: Pat
         from safetensors import safe_open
         from transformers import AutoConfig
 
-        from grpo.pretrained import resolve_model_name
+        from grpo.models.pretrained import resolve_model_name
 
         model_dir = Path(resolve_model_name(model_name))
         with safe_open(str(next(model_dir.glob("*.safetensors"))), "pt") as f:
@@ -400,7 +400,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--quick", action="store_true", help="tiny model, 2 repeats, < 5 min on 2 CPU cores")
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     p.add_argument("--shape", choices=sorted(common.SHAPES), default=None, help="model shape (default per preset)")
-    p.add_argument("--model", default="", help="a packaged real model (grpo/pretrained.py), e.g. "
+    p.add_argument("--model", default="", help="a packaged real model (grpo/models/pretrained.py), e.g. "
                    "smollm2-135m-instruct, instead of a random --shape")
     p.add_argument("--prompts", choices=("short", "long"), default="short",
                    help="short: the demo's prompts; long: BBQ contexts in front of each (~300 more tokens)")

@@ -1,4 +1,4 @@
-"""GPU check of batch-invariant sampling (grpo/sampling.py): the hashed uniforms are bit-identical on CPU and CUDA,
+"""GPU check of batch-invariant sampling (grpo/models/sampling.py): the hashed uniforms are bit-identical on CPU and CUDA,
 and the per-step cost of the inverse-CDF draw at a Qwen-sized vocabulary. Prints figures; needs a CUDA GPU.
 
     python scripts/gpu_sampling_check.py
@@ -14,7 +14,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from grpo.sampling import inverse_cdf_choice, row_keys, uniforms  # noqa: E402
+from grpo.models.sampling import inverse_cdf_choice, row_keys, uniforms  # noqa: E402
 
 
 def main() -> int:

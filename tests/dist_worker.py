@@ -15,7 +15,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import config as C  # noqa: E402
+from grpo.config import settings as C  # noqa: E402
 from tests.trainer_helpers import fast_config  # noqa: E402
 
 SCENARIOS: dict[str, list[str]] = {
@@ -107,7 +107,7 @@ def main(out: str, scenarios: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    from grpo.distributed import relaunch_on_cpu, requested_cpu_processes
+    from grpo.models.distributed import relaunch_on_cpu, requested_cpu_processes
 
     n_processes = requested_cpu_processes()  # reads the launcher's command line once
     if n_processes > 1:

@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from grpo.advantages import group_advantages
+from grpo.core.advantages import group_advantages
 
 NAN = float("nan")
 # Group 1: [1, 0, 1, 0]  mean 0.5, unbiased std sqrt(1/3) → ±0.5·sqrt(3) = ±0.8660254.

@@ -1,10 +1,10 @@
-"""grpo.answers: answer classes of completions, their shares per step, and per-task zero-std groups."""
+"""grpo.core.answers: answer classes of completions, their shares per step, and per-task zero-std groups."""
 
 import math
 
 import pytest
 
-from grpo.answers import (ANSWER_CLASS_CHARS, EMPTY_ANSWER, AnswerShares, answer_class, answer_shares,
+from grpo.core.answers import (ANSWER_CLASS_CHARS, EMPTY_ANSWER, AnswerShares, answer_class, answer_shares,
                           step_answer_metrics, zero_std_fraction)
 
 

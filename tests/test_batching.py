@@ -6,8 +6,8 @@ from collections import Counter
 
 import pytest
 
-from grpo.batching import TaskBalancedSampler
-from grpo.records import Sample
+from grpo.data.batching import TaskBalancedSampler
+from grpo.core.records import Sample
 
 
 def _samples(task: str, n: int) -> list[Sample]:
@@ -78,8 +78,8 @@ def test_sft_demonstrations_of_free_form_answers_do_not_crowd_out_the_other_task
 
 
 def test_sft_targets_longer_than_the_cap_keep_their_first_tokens_and_no_end_of_turn():
-    from grpo.modeling import build_tiny_tokenizer
-    from grpo.sft import sft_examples
+    from grpo.models.modeling import build_tiny_tokenizer
+    from grpo.phases.sft import sft_examples
 
     tok = build_tiny_tokenizer()
     long_target = "Answer: " + " ".join(["word"] * 40)

@@ -12,7 +12,7 @@ from dataclasses import replace
 
 import pytest
 
-import config as C
+from grpo.config import settings as C
 from benchmarks import common, vs_trl
 from conftest import SHARED_DATA
 

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-import config as C
-from command_line import split_argv
-from presets import PRESETS
-from grpo.config_check import check_config
+from grpo.config import settings as C
+from grpo.config.command_line import split_argv
+from grpo.config.presets import PRESETS
+from grpo.run.config_check import check_config
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -96,7 +96,7 @@ def test_cli_help_print_config_and_errors():
 
 def test_a_band_controller_with_up_1_is_refused_at_the_command_line_naming_the_field(capsys):
     """Regression: config allowed kl.<task>.up >= 1 while BandKL demands up > 1, so `up=1` passed the config check
-    and failed later in grpo/kl_control.py with a bare ValueError. The rule now lives once, in the controller."""
+    and failed later in grpo/core/kl_control.py with a bare ValueError. The rule now lives once, in the controller."""
     import grpo_train
 
     assert grpo_train.cli(["--set", "kl.default.up=1", "--print-config"]) == 2  # demo: band controller
@@ -105,11 +105,11 @@ def test_a_band_controller_with_up_1_is_refused_at_the_command_line_naming_the_f
 
 
 def test_every_registry_name_is_accepted_and_nothing_else():
-    """The config accepts exactly the names each registry holds (grpo/config_check.py REGISTRY_FIELDS)."""
+    """The config accepts exactly the names each registry holds (grpo/run/config_check.py REGISTRY_FIELDS)."""
     import dataclasses
 
-    from grpo.config_check import REGISTRY_FIELDS
-    from grpo.kl_control import KL_CONTROLLERS, controller_from_config
+    from grpo.run.config_check import REGISTRY_FIELDS
+    from grpo.core.kl_control import KL_CONTROLLERS, controller_from_config
 
     for dotted, names in REGISTRY_FIELDS.items():
         section, name = dotted.split(".")

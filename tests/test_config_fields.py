@@ -1,5 +1,5 @@
 """Every config check names the field at fault: one bad value per check, and meta-tests that every check in the code
-(config.py's `_check` / `_one_of` call sites, the registry fields of grpo/config_check.py, every rule of the KL
+(grpo/config/settings.py's `_check` / `_one_of` call sites, the registry fields of grpo/run/config_check.py, every rule of the KL
 controllers) has its row here. A new check without a row fails `test_every_*`."""
 
 from __future__ import annotations
@@ -14,9 +14,9 @@ from typing import Any
 
 import pytest
 
-import config as C
-from grpo.config_check import REGISTRY_FIELDS, check_config
-from grpo.kl_control import CONFIG_FIELDS, NOT_CONFIGURED, RULES, controller_args, controller_problem
+from grpo.config import settings as C
+from grpo.run.config_check import REGISTRY_FIELDS, check_config
+from grpo.core.kl_control import CONFIG_FIELDS, NOT_CONFIGURED, RULES, controller_args, controller_problem
 
 ROOT = Path(__file__).resolve().parents[1]
 BAND, ADAPTIVE, FIXED = ({"kl.default.controller": kind} for kind in ("band", "adaptive", "fixed"))
@@ -123,7 +123,7 @@ BAD: list[tuple[str, Any, dict[str, Any]]] = [
     ("reward_models.rm.normalize", "tanh", {"reward_models.rm.path": "rm"}),
     ("reward_models.rm.dtype", "int8", {"reward_models.rm.path": "rm"}),
     ("kl.default.controller", "pid", {}),
-    # the KL controllers' rules (grpo/kl_control.py RULES), under the controller that has them
+    # the KL controllers' rules (grpo/core/kl_control.py RULES), under the controller that has them
     ("kl.default.beta", 0.0, BAND),
     ("kl.default.band_high", 0.0, BAND),
     ("kl.default.beta_min", 0.0, BAND),
@@ -181,9 +181,9 @@ def test_a_bad_value_is_reported_under_its_own_field(dotted, value, extra):
 
 
 def test_every_check_in_config_py_has_a_row(monkeypatch):
-    """Every `_check` / `_one_of` call site of config.py runs while the rows are built, and every field name a
+    """Every `_check` / `_one_of` call site of grpo/config/settings.py runs while the rows are built, and every field name a
     check reports has a row."""
-    tree = ast.parse((ROOT / "config.py").read_text())
+    tree = ast.parse((ROOT / "grpo/config/settings.py").read_text())
     inner = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "_one_of")
     sites = {n.lineno for n in ast.walk(tree) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)
              and n.func.id in ("_check", "_one_of")} - {n.lineno for n in ast.walk(inner) if isinstance(n, ast.Call)}
@@ -204,10 +204,10 @@ def test_every_check_in_config_py_has_a_row(monkeypatch):
             build(dotted, value, extra)
         except C.ConfigError:
             pass
-    assert not sites - set(seen), f"config.py checks at lines {sorted(sites - set(seen))} never ran: add rows"
+    assert not sites - set(seen), f"grpo/config/settings.py checks at lines {sorted(sites - set(seen))} never ran: add rows"
     fields = {f for f, _, _ in BAD}
     unlisted = {name for names in seen.values() for name in names} - fields
-    assert not unlisted, f"fields checked in config.py without a row: {sorted(unlisted)}"
+    assert not unlisted, f"fields checked in grpo/config/settings.py without a row: {sorted(unlisted)}"
 
 
 def test_every_registry_field_has_a_row():

@@ -16,8 +16,8 @@ import sys
 
 import pytest
 
-import config as C
-from command_line import parse_trainer_argv
+from grpo.config import settings as C
+from grpo.config.command_line import parse_trainer_argv
 from conftest import ROOT
 
 DOC = ROOT / "docs" / "CUSTOM_TASKS.md"

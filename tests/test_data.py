@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from conftest import SHARED_DATA
-from grpo.data import DataSpec, load_bbq, load_halueval, load_task, split_samples
-from grpo.tasks.jsonio import read_records
+from grpo.data.loading import DataSpec, load_bbq, load_halueval, load_task, split_samples
+from grpo.data.jsonio import read_records
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 BBQ_DIR = SHARED_DATA / "bbq"
@@ -232,8 +232,8 @@ def test_halueval_file_that_is_not_json_stops_the_run_naming_the_file(tmp_path):
     """Issue #19: a non-JSON HaluEval file gave one warning per line, then the whole task was gone from the run."""
     from types import SimpleNamespace
 
-    from grpo.setup_parts import load_samples
-    from grpo.tasks.jsonio import DataFileError
+    from grpo.run.setup_parts import load_samples
+    from grpo.data.jsonio import DataFileError
 
     bad = tmp_path / "halueval" / "qa_data.json"
     bad.parent.mkdir()

@@ -1,21 +1,21 @@
-"""The lean decoding loop (grpo/decode.py): transformers' generate token for token, stopped rows dropped from the
+"""The lean decoding loop (grpo/models/decode.py): transformers' generate token for token, stopped rows dropped from the
 batch, dropout off, and the choice between the two engines."""
 
 import pytest
 import torch
 
-from config import Config, ConfigError, RolloutConfig
-from grpo.decode import distinct_rows, lean_blocker, sampling_processors
-from grpo.modeling import build_tiny_model, build_tiny_tokenizer
-from grpo.records import Sample
-from grpo.rollout import (
+from grpo.config.settings import Config, ConfigError, RolloutConfig
+from grpo.models.decode import distinct_rows, lean_blocker, sampling_processors
+from grpo.models.modeling import build_tiny_model, build_tiny_tokenizer
+from grpo.core.records import Sample
+from grpo.phases.rollout import (
     CompletionPenaltyProcessor,
     SanitizeLogitsProcessor,
     choose_engine,
     generate_rollouts,
     greedy_complete,
 )
-from grpo.sampling import row_keys
+from grpo.models.sampling import row_keys
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 CORPUS = ["the answer is yes", "the answer is no", "who was more likely to forget the keys?"] * 5
@@ -89,20 +89,20 @@ def test_lean_loop_samples_what_generate_samples(model, tok, stops, greedy_stops
     after rows stopped and were dropped from the model's batch (here as soon as any row stops, so every setting
     runs through several compactions), with the prefill computed once per distinct prompt. Both kinds of decoding step: the Llama family's FastSteps, and the model's
     whole forward (HFSteps, what every other model gets)."""
-    import grpo.decode
-    import grpo.steppers
+    import grpo.models.decode
+    import grpo.models.steppers
 
-    monkeypatch.setattr(grpo.decode, "COMPACT_FRACTION", 0.99)
+    monkeypatch.setattr(grpo.models.decode, "COMPACT_FRACTION", 0.99)
     if steps == "HFSteps":
-        monkeypatch.setattr(grpo.steppers, "FAST_STEP_ARCHITECTURES", frozenset())
+        monkeypatch.setattr(grpo.models.steppers, "FAST_STEP_ARCHITECTURES", frozenset())
     made: list[str] = []
-    shipped = grpo.decode.make_steps
+    shipped = grpo.models.decode.make_steps
 
     def spy(*args, **kwargs):
         made.append(type(stepper := shipped(*args, **kwargs)).__name__)
         return stepper
 
-    monkeypatch.setattr(grpo.decode, "make_steps", spy)
+    monkeypatch.setattr(grpo.models.decode, "make_steps", spy)
     sizes, handle = rows_per_forward(model)
     lengths, shrank = set(), False
     try:
@@ -143,7 +143,7 @@ def test_distinct_rows_maps_every_row_to_the_first_row_like_it():
 
 
 def test_lean_loop_with_per_completion_keys_equals_generate(model, tok, stops):
-    """The per-completion sampler (grpo/sampling.py) is one of the caller's processors: same tokens on both."""
+    """The per-completion sampler (grpo/models/sampling.py) is one of the caller's processors: same tokens on both."""
     keys = row_keys(0, 1, range(len(SAMPLES)), K)
     out = {engine: generate_rollouts(model, tok, SAMPLES, RolloutConfig(k=K, max_new_tokens=NEW, top_p=0.95,
                                                                          engine=engine), stops, row_keys=keys)[0]
@@ -154,11 +154,11 @@ def test_lean_loop_with_per_completion_keys_equals_generate(model, tok, stops):
 def test_deferred_stop_checks_change_nothing(model, tok, stops, monkeypatch):
     """On an accelerator the loop reads "rows still running" every 8 steps (no host sync per step); the extra steps
     after the last stop only append padding, so the rollouts are the same."""
-    import grpo.decode
+    import grpo.models.decode
 
     rollout = RolloutConfig(k=K, max_new_tokens=NEW, engine="lean")
     every_step = generate_rollouts(model, tok, SAMPLES, rollout, stops, generator_seed=1)[0]
-    monkeypatch.setattr(grpo.decode, "_sync_every", lambda device: 3)
+    monkeypatch.setattr(grpo.models.decode, "_sync_every", lambda device: 3)
     deferred = generate_rollouts(model, tok, SAMPLES, rollout, stops, generator_seed=1)[0]
     assert [(r.completion_ids, r.stopped) for r in deferred] == [(r.completion_ids, r.stopped) for r in every_step]
 
@@ -191,16 +191,16 @@ def test_the_lean_processors_carry_every_setting(model, tok, monkeypatch):
         TopPLogitsWarper,
     )
 
-    import grpo.rollout
+    import grpo.phases.rollout
 
     seen = {}
-    original = grpo.rollout.decode
+    original = grpo.phases.rollout.decode
 
     def spy(model, ids, mask, processors, **kw):
         seen.update(processors=list(processors), **kw)
         return original(model, ids, mask, processors, **kw)
 
-    monkeypatch.setattr(grpo.rollout, "decode", spy)
+    monkeypatch.setattr(grpo.phases.rollout, "decode", spy)
     rollout = RolloutConfig(k=2, temperature=0.7, top_k=5, top_p=0.9, min_p=0.05, repetition_penalty=1.3,
                             presence_penalty=0.2, max_new_tokens=6, min_new_tokens=2)
     generate_rollouts(model, tok, SAMPLES, rollout, [4, 5])
@@ -244,7 +244,7 @@ def test_the_engine_is_chosen_by_what_applies(model, tok):
 
 
 def test_config_refuses_an_engine_that_cannot_apply():
-    from grpo.config_check import check_config
+    from grpo.run.config_check import check_config
 
     with pytest.raises(ConfigError, match="rollout.engine"):
         RolloutConfig(engine="lean", cache_implementation="static")
@@ -258,7 +258,7 @@ def test_sliding_window_models_decode_like_generate(tok):
     at the window, so the lean loop leaves the step masks to transformers; the tokens are generate's."""
     from transformers import AutoModelForCausalLM, MistralConfig
 
-    from grpo.modeling import has_sliding_window
+    from grpo.models.modeling import has_sliding_window
 
     config = MistralConfig(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                            num_attention_heads=4, num_key_value_heads=2, sliding_window=4,

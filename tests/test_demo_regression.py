@@ -40,7 +40,7 @@ TIMING_PREFIXES = ("time/",)
 
 def run_short_demo(out_dir: Path) -> dict:
     """Run the short demo into `out_dir`; return its metric lines, evaluations and per-tensor weight statistics."""
-    import config as C
+    from grpo.config import settings as C
     import grpo_train
 
     threads = torch.get_num_threads()

@@ -11,9 +11,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-import config as C
+from grpo.config import settings as C
 import grpo_train as G
-from grpo.tokens import encode_prompt
+from grpo.models.tokens import encode_prompt
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

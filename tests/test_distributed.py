@@ -1,4 +1,4 @@
-"""Data parallelism (grpo/distributed.py): a run on 2 CPU processes equals the 1-process run with the same global
+"""Data parallelism (grpo/models/distributed.py): a run on 2 CPU processes equals the 1-process run with the same global
 batch. The 2-process side is `accelerate launch --num_processes 2 --cpu tests/dist_worker.py`, started once."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from grpo.distributed import Dist, check_strategy, num_processes_from_launch
+from grpo.models.distributed import Dist, check_strategy, num_processes_from_launch
 from tests.dist_worker import SCENARIOS, one_step
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -97,7 +97,7 @@ def test_resume_from_a_two_process_checkpoint_is_exact(two_process, scenario):
     weights = torch.load(two_process / f"{scenario}.pt")
     assert max_diff(weights["straight"], weights["resumed"]) == 0.0
     folder = two_process / "cut" / scenario / "checkpoints"
-    from grpo import checkpoint as ckpt
+    from grpo.run import checkpoint as ckpt
 
     state, _ = ckpt.load(next(folder.glob("step_*")))
     assert len(state["rng_ranks"]) == 2  # every rank's RNG state
@@ -151,7 +151,7 @@ def test_deepspeed_is_refused_by_name():
 
 
 def test_fsdp_refuses_what_it_does_not_support(tmp_path):
-    import config as C
+    from grpo.config import settings as C
     import grpo_train as T
     from tests.trainer_helpers import fast_config
 
@@ -182,7 +182,7 @@ def test_sigterm_stops_every_rank_after_the_same_step_and_the_run_resumes(tmp_pa
     import signal
     import time
 
-    from grpo import checkpoint as ckpt
+    from grpo.run import checkpoint as ckpt
 
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     args = ["grpo_train.py", "--preset", "demo", "--device", "cpu", "--output-dir", str(tmp_path), "--run-name", "r",

@@ -15,12 +15,12 @@ from functools import cache
 
 import pytest
 
-import config as C
+from grpo.config import settings as C
 from conftest import ROOT
-from grpo import symptoms
-from grpo.doctor import HealthThresholds
-from grpo.kernels import DEFAULT_LOGPROB_CHUNK_ROWS
-from grpo.memory import DEFAULT_ALLOCATOR_SLACK, DEFAULT_CUDA_OVERHEAD_GB
+from grpo.core import symptoms
+from grpo.core.doctor import HealthThresholds
+from grpo.core.kernels import DEFAULT_LOGPROB_CHUNK_ROWS
+from grpo.core.memory import DEFAULT_ALLOCATOR_SLACK, DEFAULT_CUDA_OVERHEAD_GB
 
 TH = HealthThresholds()
 DOCS = {name: " ".join((ROOT / name).read_text().split())
@@ -128,7 +128,7 @@ CLAIMS = [
       lambda: LLAMA().data.max_prompt_tokens, lambda: LLAMA().rollout.max_new_tokens]),
     ("MEMORY_OPTIMIZATION.md", "Persistent parts: CUDA context (~{0.75} GiB)", [lambda: DEFAULT_CUDA_OVERHEAD_GB]),
     ("MEMORY_OPTIMIZATION.md", "A {5}% allocator slack stands for fragmentation", [lambda: pct(DEFAULT_ALLOCATOR_SLACK)]),
-    ("MEMORY_OPTIMIZATION.md", "| chunked log-softmax (`grpo/kernels.py`, {512} rows) | never builds a (B, T, V) fp32 "
+    ("MEMORY_OPTIMIZATION.md", "| chunked log-softmax (`grpo/core/kernels.py`, {512} rows) | never builds a (B, T, V) fp32 "
                                "tensor: {512} rows", [lambda: DEFAULT_LOGPROB_CHUNK_ROWS] * 2),
     # SCALING
     ("docs/SCALING.md", "(`model.lora_dropout`, {0.05} in the Llama preset)", [lambda: LLAMA().model.lora_dropout]),
@@ -136,7 +136,7 @@ CLAIMS = [
 
 
 def symptoms_answer_chars() -> int:
-    from grpo.answers import ANSWER_CLASS_CHARS
+    from grpo.core.answers import ANSWER_CLASS_CHARS
 
     return ANSWER_CLASS_CHARS
 
@@ -171,8 +171,8 @@ def test_doc_figure_equals_the_code(doc, claim, sources):
 
 
 def finding_codes() -> set[str]:
-    """Every finding code grpo/symptoms.py can raise (the window checks and the end-of-run ones)."""
-    source = (ROOT / "grpo" / "symptoms.py").read_text()
+    """Every finding code grpo/core/symptoms.py can raise (the window checks and the end-of-run ones)."""
+    source = (ROOT / "grpo" / "core" / "symptoms.py").read_text()
     return set(re.findall(r'Finding\(\s*(?:"(?:red|yellow)"|level),\s*"(\w+)"', source))
 
 

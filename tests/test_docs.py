@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 
-import config as C
-from command_line import describe_fields, preset_in, split_argv
-from presets import PRESETS
+from grpo.config import settings as C
+from grpo.config.command_line import describe_fields, preset_in, split_argv
+from grpo.config.presets import PRESETS
 
 ROOT = Path(__file__).resolve().parents[1]
 DOC_NAMES = ["README.md", "QUICK_START.md", "BUG_FIXES_SUMMARY.md", "docs/DESIGN.md", "docs/SCALING.md"]
@@ -156,7 +156,7 @@ def test_every_config_field_named_in_the_docs_exists(doc):
 
 def test_field_check_catches_a_wrong_name():
     """The check above is not vacuous: it finds fields in real text and rejects wrong ones."""
-    refs = field_refs("use `rollout.k`, --train.max_steps 5, --set kl.fairness.beta=0.2, grpo/judge.py, loss.backward()")
+    refs = field_refs("use `rollout.k`, --train.max_steps 5, --set kl.fairness.beta=0.2, grpo/grading/judge.py, loss.backward()")
     assert refs == {"rollout.k", "train.max_steps", "kl.fairness.beta"}
     assert all(field_error(r) is None for r in refs)
     assert field_error("rollout.kk") and field_error("kl.fairness.betta") and field_error("nosection.x")
@@ -169,7 +169,7 @@ def test_quoted_defaults_match_config(doc):
     wrong = []
     for ref, text in re.findall(r"`(?:--)?([a-z_]+\.[a-z_0-9.]+)`\s*\(default ([^)]*)\)", DOCS[doc]):
         if field_error(ref) is None and not same_value(text, ref, value_of(cfg, ref)):
-            wrong.append(f"{ref}: doc says default {text!r}, config.py has {value_of(cfg, ref)!r}")
+            wrong.append(f"{ref}: doc says default {text!r}, grpo/config/settings.py has {value_of(cfg, ref)!r}")
     assert not wrong, f"{doc}:\n" + "\n".join(wrong)
 
 
@@ -190,7 +190,7 @@ def test_preset_tables_match_the_presets():
         for ref, text in rows:
             assert field_error(ref) is None, field_error(ref)
             if not same_value(text, ref, value_of(cfg, ref)):
-                wrong.append(f"{preset}: {ref} documented {text!r}, config.py gives {value_of(cfg, ref)!r}")
+                wrong.append(f"{preset}: {ref} documented {text!r}, grpo/config/settings.py gives {value_of(cfg, ref)!r}")
     assert not wrong, "\n".join(wrong)
 
 
@@ -230,7 +230,7 @@ def test_help_exits_zero_and_lists_every_field():
     assert "--preset" in out.stdout and "llama3-8b-dual" in out.stdout
     assert "Config fields with their values under --preset demo" in out.stdout  # the preset of a bare command line
     assert "--train.max_steps (int, default 120, set by preset demo): " in out.stdout
-    from grpo.graders import builtin_graders  # issue 18: --help lists the built-in graders
+    from grpo.grading.graders import builtin_graders  # issue 18: --help lists the built-in graders
 
     graders = out.stdout.split("Built-in graders for rewards.<task>", 1)[1]
     assert [line.split(":")[0].strip() for line in graders.strip().splitlines()[1:]] == list(builtin_graders())

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-import config as C
+from grpo.config import settings as C
 import grpo_train as G
 from tests.conftest import SHARED_DATA
 from tests.judge_server import JudgeServer

@@ -1,11 +1,11 @@
-"""Held-out evaluation records: each grader's own mean per task (grpo.evaluate.part_means)."""
+"""Held-out evaluation records: each grader's own mean per task (grpo.phases.evaluate.part_means)."""
 
 from __future__ import annotations
 
 import math
 
-from grpo.evaluate import part_means
-from grpo.records import Rollout, Sample, Scored
+from grpo.phases.evaluate import part_means
+from grpo.core.records import Rollout, Sample, Scored
 
 
 def _scored(task: str, reward: float | None, parts: dict) -> Scored:

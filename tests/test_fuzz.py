@@ -26,16 +26,16 @@ from hypothesis import strategies as st
 
 from types import SimpleNamespace
 
-import config as C
+from grpo.config import settings as C
 import grpo_train as G
-from grpo.sources import TaskSource, load_source_samples
+from grpo.data.sources import TaskSource, load_source_samples
 
 RESERVED = ("task", "id", "prompt", "messages", "target", "meta", "gold")
-"""The column names the generic row format gives a meaning (grpo/tasks/generic.py, grpo/sources.TaskSource)."""
+"""The column names the generic row format gives a meaning (grpo/data/generic.py, grpo/data/sources.TaskSource)."""
 
 
 def load_jsonl_tasks(path):
-    """A JSONL file whose rows name their own task, through the one loader of custom data (grpo/sources.py)."""
+    """A JSONL file whose rows name their own task, through the one loader of custom data (grpo/data/sources.py)."""
     samples, metrics = load_source_samples("", TaskSource(path=str(path), task_field="task"))
     return SimpleNamespace(samples=samples, skipped=int(metrics.get("data/all/skipped", 0)))
 
@@ -228,7 +228,7 @@ FOUND = [
                  id="--rewards.qa.x 1 (was accepted as the reward spec \"{'x': '1'}\")"),
     pytest.param(lambda tmp: assert_samples_or_named_error(tmp / "deep.jsonl", ['{"task": "t", "prompt": "x", "g": '
                                                                                + "[" * 1000 + "]" * 1000 + "}"]),
-                 id="a row nested 1000 deep, alone (was a RecursionError from grpo/tasks/jsonio.py)"),
+                 id="a row nested 1000 deep, alone (was a RecursionError from grpo/data/jsonio.py)"),
     pytest.param(_deep, id="a row nested 1000 deep between good rows"),
     pytest.param(_bom, id="a UTF-8 BOM (cost the first row)"),
     pytest.param(_not_utf8, id="a file that is not UTF-8 (was a bare UnicodeDecodeError)"),

@@ -1,4 +1,4 @@
-"""benchmarks/gpu_memory.py on CPU (--tiny) and the random:<shape> models it measures (grpo/modeling.py).
+"""benchmarks/gpu_memory.py on CPU (--tiny) and the random:<shape> models it measures (grpo/models/modeling.py).
 
 Parameter counts are worked out by hand from the shapes (or are the models' published counts), never read back from
 the code under test.
@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from conftest import ROOT
-from grpo.modeling import RANDOM_PREFIX, build_tiny_tokenizer, load_policy, random_model_config
+from grpo.models.modeling import RANDOM_PREFIX, build_tiny_tokenizer, load_policy, random_model_config
 
 TINY = {"model_type": "llama", "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
         "num_key_value_heads": 2, "intermediate_size": 128, "vocab_size": 1024, "tie_word_embeddings": False}

@@ -10,13 +10,13 @@ import textwrap
 import pytest
 import torch
 
-from grpo.advantages import group_advantages
-from grpo.graders import (FILE_MODULE_PREFIX, GraderError, builtin_graders, grader_kind, preflight, resolve_grader,
+from grpo.core.advantages import group_advantages
+from grpo.grading.graders import (FILE_MODULE_PREFIX, GraderError, builtin_graders, grader_kind, preflight, resolve_grader,
                           resolve_graders, trl_inputs)
-from grpo.records import Rollout, Sample
-from grpo.reward_models import RewardModelSpec, normalize_scores
-from grpo.rewards import GRADERS, bbq_rule, format_reward, token_f1
-from grpo.scoring import RewardSpec, score_rollouts
+from grpo.core.records import Rollout, Sample
+from grpo.grading.reward_models import RewardModelSpec, normalize_scores
+from grpo.core.rewards import GRADERS, bbq_rule, format_reward, token_f1
+from grpo.grading.scoring import RewardSpec, score_rollouts
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -156,7 +156,7 @@ def test_batched_functions_get_exactly_what_trl_passes():
 def test_a_reward_model_built_in_code_scores_a_batch_and_its_scores_reach_the_advantages(tmp_path):
     from transformers import LlamaForCausalLM, LlamaForSequenceClassification
 
-    from grpo.modeling import build_tiny_tokenizer, tiny_model_config
+    from grpo.models.modeling import build_tiny_tokenizer, tiny_model_config
 
     tok = build_tiny_tokenizer(["The sky is blue.", "Answer: 4", "What is 2+2?"], vocab_size=300)
     config = tiny_model_config(len(tok), hidden=32, layers=1, heads=2, kv_heads=1)
@@ -251,13 +251,13 @@ def test_a_grader_loads_from_a_file_path_without_touching_sys_path(tmp_path):
 def test_resolve_grader_by_name_module_path_and_errors():
     assert set(GRADERS) >= {"bbq_rule", "halueval_rule", "format"}
     assert resolve_grader("format").fn is format_reward and resolve_grader("format").bounds == (0.0, 1.0)
-    assert resolve_grader("grpo.rewards:token_f1").fn is token_f1
+    assert resolve_grader("grpo.core.rewards:token_f1").fn is token_f1
     with pytest.raises(GraderError, match="grader 'nope': not a known grader: use a built-in"):
         resolve_grader("nope")
     with pytest.raises(GraderError, match=r"cannot import module 'no_such_pkg.mod'.*give a file path"):
         resolve_grader("no_such_pkg.mod:f")
     with pytest.raises(GraderError, match="has no callable 'missing'"):
-        resolve_grader("grpo.rewards:missing")
+        resolve_grader("grpo.core.rewards:missing")
     assert set(builtin_graders()) == set(GRADERS) | {"llm_judge"} and all(builtin_graders().values())
 
 
@@ -356,8 +356,8 @@ def test_a_weight_that_is_no_number_is_named_as_such_not_as_a_missing_file(tmp_p
         resolve_grader(f"{path}:fine:abc")
     with pytest.raises(GraderError, match=r"grader 'format:high': 'high' is not a number.* e.g. 'format:1.0'"):
         resolve_grader("format:high")
-    with pytest.raises(GraderError, match=r"'x' is not a number.* e.g. 'grpo.rewards:token_f1:1.0'"):
-        resolve_grader("grpo.rewards:token_f1:x")
+    with pytest.raises(GraderError, match=r"'x' is not a number.* e.g. 'grpo.core.rewards:token_f1:1.0'"):
+        resolve_grader("grpo.core.rewards:token_f1:x")
     with pytest.raises(GraderError, match=r"file .*nope.py not found"):  # a missing file is still named
         resolve_grader(f"{tmp_path / 'nope.py'}:fine")
     assert resolve_grader(f"{path}:fine").kind == "row"
@@ -366,8 +366,8 @@ def test_a_weight_that_is_no_number_is_named_as_such_not_as_a_missing_file(tmp_p
 def test_a_rewards_entry_for_no_task_of_the_run_is_an_error_naming_it():
     """rewards.<task> with a misspelt task: the task it meant would train on its defaults while the entry is ignored;
     the entries presets carry for the built-in tasks may stay in a run of your own tasks."""
-    import config as C
-    from grpo.setup_parts import reward_specs
+    from grpo.config import settings as C
+    from grpo.run.setup_parts import reward_specs
 
     with pytest.raises(C.ConfigError, match=r"config field `rewards.reveiws` names no task of this run \(its tasks: "
                                             r"reviews\)") as err:
@@ -379,8 +379,8 @@ def test_a_rewards_entry_for_no_task_of_the_run_is_an_error_naming_it():
 
 def test_a_kl_entry_for_no_task_of_the_run_is_an_error_naming_it():
     """kl.fairnes.beta=0.5 (issue 19): the misspelt entry was ignored and fairness trained on kl.default."""
-    import config as C
-    from grpo.setup_parts import check_task_entries
+    from grpo.config import settings as C
+    from grpo.run.setup_parts import check_task_entries
 
     with pytest.raises(C.ConfigError, match=r"config field `kl.fairnes` names no task of this run \(its tasks: "
                                             r"fairness, hallucination\)") as err:

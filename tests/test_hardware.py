@@ -6,7 +6,7 @@ import types
 
 import pytest
 
-from grpo.hardware import (choose_attention, choose_precision, detect_capabilities, nvml_report,
+from grpo.models.hardware import (choose_attention, choose_precision, detect_capabilities, nvml_report,
                            torch_allocator_report)
 
 

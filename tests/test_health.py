@@ -1,11 +1,11 @@
-"""grpo.health: the step guard (grad_norm_ok, WeightGuard). The checks over the metric history are in test_doctor.py."""
+"""grpo.core.health: the step guard (grad_norm_ok, WeightGuard). The checks over the metric history are in test_doctor.py."""
 
 import math
 
 import pytest
 import torch
 
-from grpo.health import TrainingUnstable, WeightGuard, bad_step_reason, grad_norm_ok
+from grpo.core.health import TrainingUnstable, WeightGuard, bad_step_reason, grad_norm_ok
 
 
 def test_grad_norm_ok():
@@ -87,7 +87,7 @@ def test_weight_guard_rejects_no_trainable_params():
 
 
 def test_weight_guard_auto_keeps_a_full_model_copy_off_the_gpu():
-    from grpo.health import ON_DEVICE_SNAPSHOT_BYTES, snapshot_device
+    from grpo.core.health import ON_DEVICE_SNAPSHOT_BYTES, snapshot_device
 
     gpu = torch.device("cuda", 0)
     assert snapshot_device(ON_DEVICE_SNAPSHOT_BYTES, gpu) == gpu  # a LoRA adapter stays on the GPU

@@ -10,8 +10,8 @@ import pytest
 import torch
 
 import grpo_train as G
-from grpo.batch import batch_logprobs
-from grpo.modeling import reference
+from grpo.phases.batch import batch_logprobs
+from grpo.models.modeling import reference
 from tests.trainer_helpers import fast_config, rollout_batch
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -33,8 +33,8 @@ def test_reference_is_the_post_sft_policy(tmp_path, lora):
 
 def test_nothing_happens_at_import(tmp_path):
     """Importing every module creates no file, parses no argv and loads no model."""
-    modules = ["config", "presets", "command_line", "grpo_train", "check_gpu_memory"] + [
-        f"grpo.{p.stem}" for p in (ROOT / "grpo").glob("*.py") if p.stem != "__init__"]
+    modules = ["config", "grpo_train", "check_gpu_memory"] + [
+        ".".join(p.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__") for p in sorted((ROOT / "grpo").rglob("*.py"))]
     code = ("import sys, importlib; sys.argv = ['x', '--definitely-not-a-flag']\n"
             f"sys.path.insert(0, {str(ROOT)!r})\n"
             f"for m in {modules!r}: importlib.import_module(m)\n"

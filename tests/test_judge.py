@@ -14,11 +14,11 @@ import time
 
 import pytest
 
-from config import JudgeConfig
-from grpo.judge import Judge, JudgeItem, RateLimiter
-from grpo.records import Rollout, Sample
-from grpo.rubrics import JudgeReplyError, load_rubric, parse_score
-from grpo.scoring import RewardSpec, score_rollouts
+from grpo.config.settings import JudgeConfig
+from grpo.grading.judge import Judge, JudgeItem, RateLimiter
+from grpo.core.records import Rollout, Sample
+from grpo.grading.rubrics import JudgeReplyError, load_rubric, parse_score
+from grpo.grading.scoring import RewardSpec, score_rollouts
 from judge_server import JudgeServer, Reply
 
 SECRET = "sk-test-SECRET-5d1f0a9e"  # recognisable, so a leak is found by grepping bytes
@@ -132,7 +132,7 @@ def test_malformed_replies_fail_and_log_once_per_kind(caplog):
     replies = {"html": Reply.garbage(), "nochoices": Reply.empty_choices(), "nomessage": Reply(raw=b'{"foo": 1}'),
                "prose": Reply(content="I think it is fine."), "prose2": Reply(content="Also fine.")}
     with JudgeServer(lambda body, n: replies[response_of(body)]) as server, make_judge(server, max_retries=0) as judge:
-        with caplog.at_level(logging.WARNING, logger="grpo.judge"):
+        with caplog.at_level(logging.WARNING, logger="grpo.grading.judge"):
             results = judge.score_batch([item(k) for k in replies])
         metrics = judge.metrics()
     assert [r.score for r in results] == [None] * 5
@@ -174,7 +174,7 @@ def test_the_judge_reads_its_config_section_with_the_configs_defaults(tmp_path):
     assert Judge.from_config(JudgeConfig(), tmp_path) is None  # no base_url: rule graders only
     cfg = JudgeConfig(base_url="http://127.0.0.1:9/v1", api_key_env=KEY_ENV, fallback_base_url="http://127.0.0.1:8/v1")
     with Judge.from_config(cfg, tmp_path) as judge:
-        # one home per setting: the defaults are config.py's (timeout 20 s, 8 requests/s), no second record's
+        # one home per setting: the defaults are grpo/config/settings.py's (timeout 20 s, 8 requests/s), no second record's
         assert judge._clients[0].timeout_s == JudgeConfig().timeout_s == 20.0
         assert judge._limiter._interval == pytest.approx(1 / JudgeConfig().rate_limit_per_s)
         assert [(p.name, p.base_url) for p in judge.providers] == [
@@ -321,7 +321,7 @@ def test_score_rollouts_judge_terms_fallback_and_none():
 
 
 def _fill_cache(path: str, prefix: str, n: int) -> None:
-    from grpo.judge import JudgeCache
+    from grpo.grading.judge import JudgeCache
 
     cache = JudgeCache(path)
     for i in range(n):
@@ -334,7 +334,7 @@ def test_cache_is_shared_safely_by_concurrent_processes(tmp_path):
     """The ranks of a data-parallel run write one cache file at once: no 'database is locked', nothing lost."""
     import multiprocessing as mp
 
-    from grpo.judge import JudgeCache
+    from grpo.grading.judge import JudgeCache
 
     path = str(tmp_path / "cache.sqlite")
     ctx = mp.get_context("spawn")

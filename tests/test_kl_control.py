@@ -5,7 +5,7 @@ import math
 
 import pytest
 
-from grpo.kl_control import AdaptiveKL, BandKL, FixedKL, make_controller
+from grpo.core.kl_control import AdaptiveKL, BandKL, FixedKL, make_controller
 
 
 def test_fixed_never_moves_and_counts_nan():

@@ -1,72 +1,215 @@
-"""The layering of docs/DESIGN.md, read from the source (module-level imports, no import is executed): config.py
-is the bottom layer, the chunked kernels have one home, decoding does not reach the training forward, and no entry
-point imports another."""
+"""The layering of docs/DESIGN.md, read from the source (no import is executed): grpo's sub-packages form a stack and
+every import points down it or stays inside its own layer, no modules import each other in a cycle, the config layer
+is standard library only, the chunked kernels have one home, decoding does not reach the training forward, and no
+entry point imports another.
+
+Every import counts, also one inside a function or under `if TYPE_CHECKING:`: a late import is still a dependency.
+"""
 
 from __future__ import annotations
 
 import ast
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
+LAYERS = ("config", "core", "data", "models", "grading", "phases", "run")
+"""grpo's sub-packages from the bottom up (docs/DESIGN.md): a module may import its own layer and the ones before it."""
 ENTRY_POINTS = {"grpo_train", "check_gpu_memory"}
 
 
-def module_path(name: str) -> Path:
-    return ROOT / (name.replace(".", "/") + ".py")
+def package_modules(root: Path, package: str = "grpo") -> dict[str, Path]:
+    """Dotted name -> file of every module of `package` under `root` (a package is named by its __init__.py)."""
+    out = {}
+    for path in sorted((root / package).rglob("*.py")):
+        parts = path.relative_to(root).with_suffix("").parts
+        out[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return out
 
 
-def imports(name: str, top_level_only: bool = True) -> set[str]:
-    """Project modules `name` imports (module level only unless told otherwise; function-local imports run late)."""
-    tree = ast.parse(module_path(name).read_text())
-    nodes = tree.body if top_level_only else list(ast.walk(tree))
+def imported(path: Path, known: set[str], package_of: str) -> set[str]:
+    """The modules of `known` that the file at `path` imports anywhere in it (`package_of`: its own package, for
+    relative imports). `from a.b import c` names a.b.c when that is a module, else a.b."""
     found = set()
-    for node in nodes:
-        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            found.add(node.module)
-            found.update(f"{node.module}.{a.name}" for a in node.names)
-        elif isinstance(node, ast.Import):
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
             found.update(a.name for a in node.names)
-    return {m for m in found if module_path(m).is_file()}
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package_of.split(".")[: len(package_of.split(".")) - node.level + 1]
+                base = ".".join(anchor + ([base] if base else []))
+            found.update(f"{base}.{a.name}" if f"{base}.{a.name}" in known else base for a in node.names)
+    return {m for m in found if m in known}
+
+
+def import_graph(root: Path, package: str = "grpo") -> dict[str, set[str]]:
+    """Module -> the package's modules it imports (its own parent packages left out: importing a.b.c runs a/__init__
+    and a/b/__init__ first, which is no dependency of c's own)."""
+    modules = package_modules(root, package)
+    graph = {}
+    for name, path in modules.items():
+        own = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        parents = {".".join(name.split(".")[:i]) for i in range(1, name.count(".") + 1)}
+        graph[name] = imported(path, set(modules), own) - parents - {name}
+    return graph
+
+
+def layer_of(module: str) -> str | None:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 and parts[1] in LAYERS else None
+
+
+def upward_imports(graph: dict[str, set[str]]) -> list[str]:
+    """"importer -> imported" for every import of a layer above the importer's, and for every module outside the
+    layers (the package's own __init__ aside)."""
+    bad = []
+    for module, deps in sorted(graph.items()):
+        if module == "grpo":
+            continue
+        here = layer_of(module)
+        if here is None:
+            bad.append(f"{module}: not in a layer {LAYERS}")
+            continue
+        for dep in sorted(deps):
+            there = layer_of(dep)
+            if there is not None and LAYERS.index(there) > LAYERS.index(here):
+                bad.append(f"{module} ({here}) -> {dep} ({there})")
+    return bad
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan), each sorted."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in graph.get(v, ()):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+# ----------------------------------------------------------------------------------------------- the real tree
+GRAPH = import_graph(ROOT)
+
+
+def test_every_import_points_down_the_layers():
+    assert not upward_imports(GRAPH), upward_imports(GRAPH)
+
+
+def test_no_modules_import_each_other_in_a_cycle():
+    assert not cycles(GRAPH), cycles(GRAPH)
+
+
+def test_every_module_lives_in_a_layer_and_every_layer_is_a_package():
+    assert {layer_of(m) for m in GRAPH if m != "grpo"} == set(LAYERS)
+    assert all((ROOT / "grpo" / layer / "__init__.py").is_file() for layer in LAYERS)
+    assert [p.name for p in (ROOT / "grpo").glob("*.py")] == ["__init__.py"]
+
+
+def test_config_is_the_bottom_layer():
+    """The config layer (the Config, presets, the command line) imports no other grpo layer and no torch."""
+    for name, path in package_modules(ROOT).items():
+        if layer_of(name) != "config":
+            continue
+        tree = ast.parse(path.read_text())
+        names = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module} | \
+            {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+        outside = {n for n in names if n.split(".")[0] in ("torch", "transformers") or
+                   (n.startswith("grpo.") and not n.startswith("grpo.config"))}
+        assert not outside, (name, outside)
 
 
 def reachable(name: str) -> set[str]:
-    """Every project module `name` pulls in at import time, transitively."""
     seen, todo = set(), [name]
     while todo:
-        for dep in imports(todo.pop()) - seen:
+        for dep in GRAPH.get(todo.pop(), set()) - seen:
             seen.add(dep)
             todo.append(dep)
     return seen
 
 
-def test_config_is_the_bottom_layer():
-    """config.py (and the presets / command-line modules beside it) import no grpo module and no torch."""
-    for name in ("config", "presets", "command_line"):
-        tree = ast.parse(module_path(name).read_text())
-        names = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module} | \
-            {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
-        assert not {n for n in names if n.split(".")[0] in ("grpo", "torch", "transformers")}, (name, names)
-
-
 def test_decoding_does_not_import_the_training_forward():
-    assert "grpo.logprobs" not in reachable("grpo.decode") | reachable("grpo.steppers")
-    assert "grpo.model_calls" in reachable("grpo.decode")  # what both share lives below them
+    assert "grpo.models.logprobs" not in reachable("grpo.models.decode") | reachable("grpo.models.steppers")
+    assert "grpo.models.model_calls" in reachable("grpo.models.decode")  # what both share lives below them
 
 
 def test_the_chunked_autograd_kernels_have_one_home():
-    """Every torch.autograd.Function of the package is in grpo/kernels.py; the losses and the training forward use
-    them from there."""
+    """Every torch.autograd.Function of the package is in grpo/core/kernels.py; the losses and the training forward
+    use them from there."""
     homes = {}
-    for path in sorted((ROOT / "grpo").glob("*.py")):
+    for path in sorted((ROOT / "grpo").rglob("*.py")):
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.ClassDef) and any(ast.unparse(b).endswith("autograd.Function") for b in node.bases):
-                homes[node.name] = path.name
-    assert homes and set(homes.values()) == {"kernels.py"}, homes
-    assert "grpo.kernels" in imports("grpo.logprobs")
+                homes[node.name] = str(path.relative_to(ROOT))
+    assert homes and set(homes.values()) == {"grpo/core/kernels.py"}, homes
+    assert "grpo.core.kernels" in GRAPH["grpo.models.logprobs"]
 
 
 def test_no_entry_point_imports_another():
-    for name in ENTRY_POINTS:
-        assert not imports(name, top_level_only=False) & (ENTRY_POINTS - {name}), name
-    assert not any(imports(m.stem if m.parent == ROOT else f"grpo.{m.stem}", top_level_only=False) & ENTRY_POINTS
-                   for m in [*(ROOT / "grpo").glob("*.py"), ROOT / "config.py"])
+    tops = {name: ROOT / f"{name}.py" for name in ENTRY_POINTS}
+    for name, path in tops.items():
+        assert not imported(path, ENTRY_POINTS, "") - {name}, name
+    for name, path in package_modules(ROOT).items():
+        assert not imported(path, ENTRY_POINTS, name), f"{name} imports an entry point"
+
+
+# ------------------------------------------------------------------------------- the checks catch what they should
+def write_tree(root: Path, files: dict[str, str]) -> None:
+    for rel, text in files.items():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_text(text)
+
+
+BASE = {"grpo/__init__.py": "", **{f"grpo/{layer}/__init__.py": "" for layer in LAYERS},
+        "grpo/core/losses.py": "import math\n", "grpo/phases/update.py": "from grpo.core.losses import x\n"}
+
+
+@pytest.mark.parametrize("bad", [
+    {"grpo/core/losses.py": "from grpo.phases.update import train_step\n"},
+    {"grpo/core/losses.py": "def f():\n    from grpo.phases import update\n"},
+    {"grpo/core/losses.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import grpo.phases.update\n"},
+])
+def test_an_upward_import_is_caught_wherever_it_stands(tmp_path, bad):
+    write_tree(tmp_path, BASE)
+    assert upward_imports(import_graph(tmp_path)) == []
+    write_tree(tmp_path, bad)
+    assert upward_imports(import_graph(tmp_path)) == ["grpo.core.losses (core) -> grpo.phases.update (phases)"]
+
+
+def test_a_cycle_inside_one_layer_is_caught(tmp_path):
+    write_tree(tmp_path, {**BASE, "grpo/core/doctor.py": "from grpo.core.symptoms import check\n",
+                          "grpo/core/symptoms.py": "from grpo.core import losses\n"})
+    assert cycles(import_graph(tmp_path)) == []
+    write_tree(tmp_path, {"grpo/core/losses.py": "from . import doctor\n"})
+    assert cycles(import_graph(tmp_path)) == [["grpo.core.doctor", "grpo.core.losses", "grpo.core.symptoms"]]
+
+
+def test_a_module_outside_the_layers_is_caught(tmp_path):
+    write_tree(tmp_path, {**BASE, "grpo/utils.py": "import os\n"})
+    assert upward_imports(import_graph(tmp_path)) == ["grpo.utils: not in a layer " + str(LAYERS)]

@@ -9,9 +9,9 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
 
-from grpo.kernels import head_logprobs, token_logprobs
-from grpo.logprobs import completion_logprobs, fused_head_parts
-from grpo.model_calls import accepts_logits_to_keep, position_ids_from_mask
+from grpo.core.kernels import head_logprobs, token_logprobs
+from grpo.models.logprobs import completion_logprobs, fused_head_parts
+from grpo.models.model_calls import accepts_logits_to_keep, position_ids_from_mask
 
 
 def naive_f64(logits, targets, temperature=1.0):
@@ -298,9 +298,9 @@ def test_fused_head_applies_only_where_logits_are_hidden_times_head():
 def test_fused_head_never_holds_the_logits(monkeypatch):
     """Peak live bytes of one training forward + backward: the fused path stays far below B·T·V (when it recomputes
     the log-softmax in backward, as it always does off the CPU)."""
-    import grpo.kernels
+    import grpo.core.kernels
 
-    monkeypatch.setattr(grpo.kernels, "KEEP_LOG_SOFTMAX_BYTES", 0)
+    monkeypatch.setattr(grpo.core.kernels, "KEEP_LOG_SOFTMAX_BYTES", 0)
     torch.manual_seed(0)
     V, B, L = 8_000, 2, 200
     model = LlamaForCausalLM(LlamaConfig(vocab_size=V, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
@@ -339,7 +339,7 @@ def test_kept_log_softmax_gives_the_recomputed_gradients_bit_for_bit_with_one_he
     """On the CPU the fused head keeps its forward's log-softmax chunks for backward (up to KEEP_LOG_SOFTMAX_BYTES)
     instead of recomputing them: the same values, so the same gradients bit for bit, with one head product (h·Wᵀ)
     per chunk fewer. 3 chunks of 4 rows here: forward 3 products, backward 3 (recompute) or 0, and never more."""
-    import grpo.kernels
+    import grpo.core.kernels
 
     g = torch.Generator().manual_seed(0)
     V, H = 37, 8
@@ -347,15 +347,15 @@ def test_kept_log_softmax_gives_the_recomputed_gradients_bit_for_bit_with_one_he
     weight = torch.randn(V, H, generator=g)
     targets = torch.randint(0, V, (2, 6), generator=g)
     results = {}
-    for budget in (0, grpo.kernels.KEEP_LOG_SOFTMAX_BYTES):
-        monkeypatch.setattr(grpo.kernels, "KEEP_LOG_SOFTMAX_BYTES", budget)
+    for budget in (0, grpo.core.kernels.KEEP_LOG_SOFTMAX_BYTES):
+        monkeypatch.setattr(grpo.core.kernels, "KEEP_LOG_SOFTMAX_BYTES", budget)
         h, w = hidden.clone().requires_grad_(), weight.clone().requires_grad_()
         with CountHeadProducts(V) as counter:
             lp, ent = head_logprobs(h, w, targets, 0.7, with_entropy=with_entropy, chunk_size=4)
             forward = counter.count
             (lp.sum() + (ent.sum() if with_entropy else 0)).backward()
         results[budget] = (lp, h.grad, w.grad, forward, counter.count - forward)
-    recomputed, kept = results[0], results[grpo.kernels.KEEP_LOG_SOFTMAX_BYTES]
+    recomputed, kept = results[0], results[grpo.core.kernels.KEEP_LOG_SOFTMAX_BYTES]
     for a, b in zip(recomputed[:3], kept[:3]):
         assert torch.equal(a, b)
     assert (recomputed[3], recomputed[4]) == (3, 3) and (kept[3], kept[4]) == (3, 0)

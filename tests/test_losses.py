@@ -7,8 +7,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from grpo.kernels import entropy_from_logits
-from grpo.losses import (AGG_MODES, KL_ESTIMATORS, LOG_RATIO_CLAMP, POLICY_LOSSES, aggregate, kl_penalty, masked_mean,
+from grpo.core.kernels import entropy_from_logits
+from grpo.core.losses import (AGG_MODES, KL_ESTIMATORS, LOG_RATIO_CLAMP, POLICY_LOSSES, aggregate, kl_penalty, masked_mean,
                          policy_loss)
 
 F64 = torch.float64

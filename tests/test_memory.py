@@ -1,4 +1,4 @@
-"""grpo/memory.py arithmetic on hand-worked shapes, the phase model, the fixes, and check_gpu_memory.py's CLI."""
+"""grpo/core/memory.py arithmetic on hand-worked shapes, the phase model, the fixes, and check_gpu_memory.py's CLI."""
 
 import os
 import re
@@ -11,7 +11,7 @@ import pytest
 
 from conftest import ROOT
 
-from grpo.memory import (GIB, KNOWN_SHAPES, LLAMA_TARGETS, EstimateInputs, ModelShape, cheapest_fixes, estimate, fits,
+from grpo.core.memory import (GIB, KNOWN_SHAPES, LLAMA_TARGETS, EstimateInputs, ModelShape, cheapest_fixes, estimate, fits,
                          format_table, logit_bytes, lookup_known_shape, lora_param_count, param_counts, pass_tokens,
                          shape_from_hf_config)
 
@@ -266,7 +266,7 @@ def _cfg_stand_in(**model_kw):
 
 
 def test_inputs_from_config_stand_in():
-    from grpo.memory_inputs import inputs_from_config
+    from grpo.run.memory_inputs import inputs_from_config
 
     x = inputs_from_config(_cfg_stand_in())
     assert (x.micro_batch_seqs, x.gen_batch_seqs, x.prompt_len, x.new_tokens) == (8, 16, 512, 96)
@@ -281,7 +281,7 @@ def test_inputs_from_config_stand_in():
 
 
 def test_shape_from_local_folder(tmp_path):
-    from grpo.memory_inputs import resolve_shape
+    from grpo.run.memory_inputs import resolve_shape
 
     (tmp_path / "config.json").write_text('{"hidden_size": 8, "num_hidden_layers": 2, "num_attention_heads": 2, '
                                           '"num_key_value_heads": 1, "intermediate_size": 16, "vocab_size": 10}')
@@ -296,8 +296,8 @@ def _run(*args):
 
 
 def test_cli_estimate_for_the_seed_preset():
-    if not (ROOT / "config.py").exists():
-        pytest.skip("config.py (the integrator's Config) is not there yet")
+    if not (ROOT / "grpo/config/settings.py").exists():
+        pytest.skip("grpo/config/settings.py (the integrator's Config) is not there yet")
     out = _run("--estimate", "--preset", "llama3-8b-dual", "--gpu", "a100-40",
                "--set", "model.gradient_checkpointing=false", "--set", "model.shared_prompt_forward=off")
     assert out.returncode == 0, out.stderr

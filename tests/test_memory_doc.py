@@ -32,9 +32,9 @@ def figures(*sets: str, gpu: str = "a100-40", **changes) -> dict:
     """The tool's estimate for `--preset llama3-8b-dual --gpu GPU --set ...` in GiB, unrounded (the doc rounds them
     once, as the tool's own lines do): peak, peak phase, phase totals, parts by (phase, name), headroom on the card.
     `changes` set inputs the command line cannot (logits_to_keep, the k-bit fp32 upcast)."""
-    from config import load_config
-    from grpo.memory import GIB, estimate
-    from grpo.memory_inputs import inputs_from_config
+    from grpo.config.settings import load_config
+    from grpo.core.memory import GIB, estimate
+    from grpo.run.memory_inputs import inputs_from_config
 
     gpu_gib, capability = check_gpu_memory.GPUS[gpu]
     x = inputs_from_config(load_config("llama3-8b-dual", list(sets)), capability)

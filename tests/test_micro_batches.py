@@ -5,13 +5,13 @@ import copy
 
 import torch
 
-from config import LossConfig
-from grpo.batch import batch_logprobs
-from grpo.logprobs import completion_logprobs
-from grpo.modeling import build_tiny_model, build_tiny_tokenizer
-from grpo.records import TrainBatch
-from grpo.tokens import collate
-from grpo.update import train_step
+from grpo.config.settings import LossConfig
+from grpo.phases.batch import batch_logprobs
+from grpo.models.logprobs import completion_logprobs
+from grpo.models.modeling import build_tiny_model, build_tiny_tokenizer
+from grpo.core.records import TrainBatch
+from grpo.models.tokens import collate
+from grpo.phases.update import train_step
 
 CORPUS = ["the answer is yes", "the answer is no", "who was more likely to forget the keys?"] * 5
 PAD = 0

@@ -1,4 +1,4 @@
-"""grpo/model_calls: the KV cache keyword and the returned cache across transformers versions (5.24 renamed
+"""grpo/models/model_calls: the KV cache keyword and the returned cache across transformers versions (5.24 renamed
 `past_key_values` to `cache` in forward's arguments and outputs; with the old name only, every model looked like it
 took no cache and shared prompts turned themselves off)."""
 
@@ -6,7 +6,7 @@ from types import SimpleNamespace
 
 import torch
 
-from grpo.model_calls import cache_kwarg, returned_cache
+from grpo.models.model_calls import cache_kwarg, returned_cache
 
 
 class NewStyle(torch.nn.Module):
@@ -66,7 +66,7 @@ def test_a_transformers_model_names_a_cache_keyword_it_takes():
     """Whatever the installed transformers calls it, a Llama model takes a KV cache (so shared prompts apply)."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from grpo.logprobs import shared_prompt_blocker
+    from grpo.models.logprobs import shared_prompt_blocker
 
     model = LlamaForCausalLM(LlamaConfig(vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
                                          num_attention_heads=2, num_key_value_heads=1))

@@ -3,8 +3,8 @@
 import pytest
 import torch
 
-from config import ConfigError
-from grpo.modeling import (
+from grpo.config.settings import ConfigError
+from grpo.models.modeling import (
     TINY_NAME,
     build_tiny_model,
     build_tiny_tokenizer,
@@ -14,7 +14,7 @@ from grpo.modeling import (
     reference,
     save_pretrained,
 )
-from grpo.tokens import encode_prompt
+from grpo.models.tokens import encode_prompt
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 CORPUS = ["the answer is yes", "the answer is no", "who was more likely to forget the keys?"] * 5
@@ -198,7 +198,7 @@ def test_load_policy_lora_defaults_are_the_configs():
     0.05, so a caller relying on either got the other's numbers. The defaults are now read from ModelConfig."""
     import inspect
 
-    import config as C
+    from grpo.config import settings as C
 
     params = inspect.signature(load_policy).parameters
     model = C.ModelConfig()

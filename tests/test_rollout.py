@@ -3,10 +3,10 @@
 import pytest
 import torch
 
-from config import ConfigError, RolloutConfig
-from grpo.modeling import build_tiny_model, build_tiny_tokenizer
-from grpo.records import Rollout, Sample
-from grpo.rollout import (
+from grpo.config.settings import ConfigError, RolloutConfig
+from grpo.models.modeling import build_tiny_model, build_tiny_tokenizer
+from grpo.core.records import Rollout, Sample
+from grpo.phases.rollout import (
     NAN_LOGIT,
     NEGINF_LOGIT,
     POSINF_LOGIT,
@@ -18,7 +18,7 @@ from grpo.rollout import (
     greedy_complete,
     rollout_metrics,
 )
-from grpo.tokens import encode_prompt, sft_example
+from grpo.models.tokens import encode_prompt, sft_example
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 CORPUS = ["the answer is yes", "the answer is no", "who was more likely to forget the keys?"] * 5
@@ -222,7 +222,7 @@ def test_an_ignored_setting_is_reported(monkeypatch):
 
 
 def test_lora_policy_with_checkpointing_generates_and_gets_its_state_back(samples):
-    from grpo.modeling import TINY_NAME, load_policy
+    from grpo.models.modeling import TINY_NAME, load_policy
 
     policy = load_policy(TINY_NAME, tiny_corpus=CORPUS, lora=True, lora_r=4, lora_target_modules=["q_proj"],
                          gradient_checkpointing=True, tiny_sizes={"hidden": 32, "layers": 1, "heads": 2, "kv_heads": 1})
@@ -245,8 +245,8 @@ def test_cache_implementation_reaches_the_generation_config(model, tok, samples,
     assert not seen  # evaluation keeps the dynamic cache, so engine=auto decodes it with the lean loop
     greedy_complete(model, tok, samples, RolloutConfig(max_new_tokens=3, cache_implementation="static", engine="hf"))
     assert seen["generation_config"].cache_implementation is None
-    from config import Config
-    from grpo.config_check import check_config
+    from grpo.config.settings import Config
+    from grpo.run.config_check import check_config
 
     with pytest.raises(ConfigError, match="rollout.cache_implementation"):
         check_config(Config(rollout=RolloutConfig(cache_implementation="paged")))
@@ -256,8 +256,8 @@ def test_static_cache_and_bucket_padding_sample_the_same_ids(model, tok, samples
     """The static cache left-pads prompts to STATIC_PROMPT_BUCKET columns: masked, with mask-derived positions, so
     greedy and seeded sampled completions are those of the dynamic cache, and each completion's log-probs under the
     padded prompt equal those under the unpadded one."""
-    from grpo.logprobs import completion_logprobs
-    from grpo.tokens import left_pad
+    from grpo.models.logprobs import completion_logprobs
+    from grpo.models.tokens import left_pad
 
     # top_k = 1: greedy decoding through the sampling path, which is the one that uses the static cache
     assert completions(sample(model, tok, samples, seed=0, top_k=1, cache_implementation="static")) == \
@@ -312,8 +312,8 @@ def test_every_rollout_setting_is_read_by_the_code_it_configures(model, tok, sam
     import dataclasses
 
     import grpo_train
-    from grpo.distributed import Dist
-    from grpo.setup_parts import stop_token_ids
+    from grpo.models.distributed import Dist
+    from grpo.run.setup_parts import stop_token_ids
 
     read: set[str] = set()
 

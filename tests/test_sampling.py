@@ -1,4 +1,4 @@
-"""Batch-invariant sampling (grpo/sampling.py): the hash, the inverse-CDF draw, and generate's output per row."""
+"""Batch-invariant sampling (grpo/models/sampling.py): the hash, the inverse-CDF draw, and generate's output per row."""
 
 from __future__ import annotations
 
@@ -7,11 +7,11 @@ import math
 import pytest
 import torch
 
-from config import RolloutConfig
-from grpo.modeling import build_tiny_model, build_tiny_tokenizer
-from grpo.records import Sample
-from grpo.rollout import generate_rollouts, greedy_complete
-from grpo.sampling import inverse_cdf_choice, row_keys, splitmix64, splitmix64_int, uniforms
+from grpo.config.settings import RolloutConfig
+from grpo.models.modeling import build_tiny_model, build_tiny_tokenizer
+from grpo.core.records import Sample
+from grpo.phases.rollout import generate_rollouts, greedy_complete
+from grpo.models.sampling import inverse_cdf_choice, row_keys, splitmix64, splitmix64_int, uniforms
 
 
 def test_splitmix64_matches_the_published_sequence():
@@ -98,7 +98,7 @@ def test_seeded_sampling_honours_the_warpers(model, tok):
 
 def test_seeded_token_frequencies_follow_the_model(model, tok):
     """First-token frequencies over 600 keyed draws against the model's own next-token distribution."""
-    from grpo.tokens import encode_prompt
+    from grpo.models.tokens import encode_prompt
 
     prompt = encode_prompt(tok, SAMPLES[0].messages, None)
     with torch.no_grad():

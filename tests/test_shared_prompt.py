@@ -9,12 +9,12 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-import config as C
-from grpo.logprobs import completion_logprobs, groups_share_prompts, shared_prompt_blocker
-from grpo.modeling import build_tiny_model, build_tiny_tokenizer, enable_checkpointing
-from grpo.records import TrainBatch
-from grpo.tokens import collate
-from grpo.update import train_step
+from grpo.config import settings as C
+from grpo.models.logprobs import completion_logprobs, groups_share_prompts, shared_prompt_blocker
+from grpo.models.modeling import build_tiny_model, build_tiny_tokenizer, enable_checkpointing
+from grpo.core.records import TrainBatch
+from grpo.models.tokens import collate
+from grpo.phases.update import train_step
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 CORPUS = ["the answer is yes", "the answer is no", "who was more likely to forget the keys?"] * 5
@@ -208,15 +208,15 @@ def test_shared_prompts_apply_only_where_the_kv_cache_survives(model):
 
 
 def test_the_entry_point_decides_by_mode_size_and_blockers_and_refuses_what_cannot_apply(model, monkeypatch):
-    import grpo.logprobs
+    import grpo.models.logprobs
     import grpo_train
 
     dist = SimpleNamespace(is_main=True)
     cfg = C.load_config("demo", [])
     assert cfg.model.shared_prompt_forward == "auto"
     small = sum(p.numel() for p in model.parameters())
-    assert small < grpo.logprobs.SHARED_PROMPT_MIN_PARAMS and not grpo_train.shares_prompts(cfg, model, dist)
-    monkeypatch.setattr(grpo.logprobs, "SHARED_PROMPT_MIN_PARAMS", small)
+    assert small < grpo.models.logprobs.SHARED_PROMPT_MIN_PARAMS and not grpo_train.shares_prompts(cfg, model, dist)
+    monkeypatch.setattr(grpo.models.logprobs, "SHARED_PROMPT_MIN_PARAMS", small)
     assert grpo_train.shares_prompts(cfg, model, dist)
     assert grpo_train.shares_prompts(C.load_config("demo", ["model.shared_prompt_forward=on"]), model, dist)
     assert not grpo_train.shares_prompts(C.load_config("demo", ["model.shared_prompt_forward=off"]), model, dist)

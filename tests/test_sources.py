@@ -12,9 +12,9 @@ import pytest
 
 datasets = pytest.importorskip("datasets")
 
-from grpo.sources import DataSourceError, TaskSource, load_source_samples, load_sources  # noqa: E402
-from grpo.tasks.jsonio import stable_hash01  # noqa: E402
-from grpo.tasks.tables import HUB_PROBE_TIMEOUT_S  # noqa: E402
+from grpo.data.sources import DataSourceError, TaskSource, load_source_samples, load_sources  # noqa: E402
+from grpo.data.jsonio import stable_hash01  # noqa: E402
+from grpo.data.tables import HUB_PROBE_TIMEOUT_S  # noqa: E402
 
 ROWS = [
     {"id": f"r{i}", "prompt": f"Repeat the word {w}.", "answer": w, "target": f"Answer: {w}"}
@@ -223,7 +223,7 @@ def test_the_custom_tasks_doc_example_loads_and_its_reward_agrees_with_its_targe
     import re
     from pathlib import Path
 
-    from grpo.records import Rollout
+    from grpo.core.records import Rollout
 
     root = Path(__file__).resolve().parents[1]
     block = re.findall(r"```python\n(.*?)```", (root / "docs" / "CUSTOM_TASKS.md").read_text(), re.S)[-1]

@@ -3,8 +3,8 @@
 import pytest
 import torch
 
-from grpo.modeling import build_tiny_tokenizer
-from grpo.tokens import collate, encode_prompt, left_pad, right_pad, sft_example, show_mask
+from grpo.models.modeling import build_tiny_tokenizer
+from grpo.models.tokens import collate, encode_prompt, left_pad, right_pad, sft_example, show_mask
 
 CORPUS = ["the answer is yes", "the answer is no", "who was more likely to forget the keys?"] * 5
 

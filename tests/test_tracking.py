@@ -1,4 +1,4 @@
-"""grpo.tracking: JSONL + CSV contents, TensorBoard event files, fan-out, console line and progress."""
+"""grpo.run.tracking: JSONL + CSV contents, TensorBoard event files, fan-out, console line and progress."""
 
 import csv
 import io
@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from grpo.health import check
-from grpo.tracking import (JsonlTracker, MultiTracker, NullTracker, TensorBoardTracker, WandbTracker,
+from grpo.core.doctor import check
+from grpo.run.tracking import (JsonlTracker, MultiTracker, NullTracker, TensorBoardTracker, WandbTracker,
                            format_step_line, make_trackers, progress, read_metrics, scalars)
 
 
@@ -224,7 +224,7 @@ def test_a_torn_last_line_is_dropped_on_resume(tmp_path):
 
 # ------------------------------------------------------------------------------------------------- run folder
 def test_a_fresh_run_into_a_used_run_folder_stops_with_both_ways_out(tmp_path):
-    from grpo.run_folder import RunFolderError, prepare_run_dir
+    from grpo.run.run_folder import RunFolderError, prepare_run_dir
 
     run = tmp_path / "runs" / "r"
     assert prepare_run_dir(run, resume="", overwrite=False) == run and run.is_dir()  # created
@@ -245,7 +245,7 @@ def test_a_fresh_run_into_a_used_run_folder_stops_with_both_ways_out(tmp_path):
 def test_an_output_dir_that_is_a_file_or_read_only_gives_a_clear_error(tmp_path):
     import os
 
-    from grpo.run_folder import RunFolderError, prepare_run_dir
+    from grpo.run.run_folder import RunFolderError, prepare_run_dir
 
     afile = tmp_path / "file.txt"
     afile.write_text("x")

@@ -10,13 +10,13 @@ from dataclasses import replace
 import pytest
 import torch
 
-import config as C
+from grpo.config import settings as C
 import grpo_train as G
-from grpo.batch import batch_logprobs, build_train_batch
-from grpo.logprobs import completion_logprobs
-from grpo.rollout import generate_rollouts
-from grpo.scoring import score_rollouts
-from grpo.update import train_step
+from grpo.phases.batch import batch_logprobs, build_train_batch
+from grpo.models.logprobs import completion_logprobs
+from grpo.phases.rollout import generate_rollouts
+from grpo.grading.scoring import score_rollouts
+from grpo.phases.update import train_step
 from tests.trainer_helpers import fast_config, rollout_batch
 
 
@@ -204,7 +204,7 @@ def test_cagrad_trains_end_to_end(tmp_path):
 
 def test_oom_retries_with_half_micro_batch(tmp_path, monkeypatch):
     """A CUDA OOM in the update is reported and the step retried once with half the micro-batch."""
-    import grpo.update as U
+    import grpo.phases.update as U
 
     run = G.setup(fast_config(tmp_path))
     real = U.completion_logprobs
@@ -225,7 +225,7 @@ def test_oom_retries_with_half_micro_batch(tmp_path, monkeypatch):
 def test_after_an_oom_retry_every_pass_uses_the_halved_micro_batch(tmp_path, monkeypatch):
     """Regression: after an OOM retry only the training pass used the halved micro-batch; the reference (and
     old-log-prob) passes of the next steps kept the size that had run out of memory."""
-    import grpo.update as U
+    import grpo.phases.update as U
 
     run = G.setup(fast_config(tmp_path, "loss.mu=2"))
     assert run.cfg.kl_enabled and run.micro_batch_seqs == 8
@@ -258,8 +258,8 @@ def test_after_an_oom_retry_every_pass_uses_the_halved_micro_batch(tmp_path, mon
 def test_nan_loss_is_skipped_and_training_stops_after_k_bad_steps(tmp_path, monkeypatch):
     """An injected NaN loss is caught (the step is skipped, weights untouched); K bad steps in a row stop the run
     with a message that names what to change."""
-    import grpo.update as U
-    from grpo.health import TrainingUnstable
+    import grpo.phases.update as U
+    from grpo.core.health import TrainingUnstable
 
     run = G.setup(fast_config(tmp_path, "train.max_consecutive_bad=2"))
     real = U.policy_loss
@@ -280,7 +280,7 @@ def test_nan_loss_is_skipped_and_training_stops_after_k_bad_steps(tmp_path, monk
 
 def test_fused_lm_head_setting_reaches_the_training_pass(tmp_path, monkeypatch):
     """model.fused_lm_head decides whether the training micro-batches go through head_logprobs."""
-    import grpo.logprobs as L
+    import grpo.models.logprobs as L
 
     calls = []
     real = L.head_logprobs
@@ -297,7 +297,7 @@ def test_fused_lm_head_setting_reaches_the_training_pass(tmp_path, monkeypatch):
 
 def test_mu_passes_reuse_the_first_pass_log_probs_when_there_is_no_dropout(tmp_path, monkeypatch):
     """μ = 2 without dropout: no separate old-log-prob forward, and the update equals the one with that forward."""
-    from grpo.modeling import has_dropout
+    from grpo.models.modeling import has_dropout
 
     run = G.setup(fast_config(tmp_path / "a", "loss.mu=2", "loss.policy_loss=gspo"))
     assert not has_dropout(run.policy.model)
@@ -324,7 +324,7 @@ def test_mu_passes_reuse_the_first_pass_log_probs_when_there_is_no_dropout(tmp_p
 def test_dropout_is_detected_where_train_mode_differs():
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from grpo.modeling import TINY_NAME, has_dropout, load_policy
+    from grpo.models.modeling import TINY_NAME, has_dropout, load_policy
 
     assert not has_dropout(LlamaForCausalLM(LlamaConfig(vocab_size=32, hidden_size=16, intermediate_size=32,
                                                         num_hidden_layers=1, num_attention_heads=2)))

@@ -1,10 +1,10 @@
-"""grpo/update.adamw: the fused AdamW kernel where it applies, the same update as torch's per-tensor loop."""
+"""grpo/phases/update.adamw: the fused AdamW kernel where it applies, the same update as torch's per-tensor loop."""
 
 from __future__ import annotations
 
 import torch
 
-from grpo.update import adamw
+from grpo.phases.update import adamw
 
 
 def _params(seed: int) -> list[torch.nn.Parameter]:

@@ -20,10 +20,10 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-import config as C
-from command_line import split_argv
+from grpo.config import settings as C
+from grpo.config.command_line import split_argv
 import grpo_train as G
-from grpo import checkpoint as ckpt
+from grpo.run import checkpoint as ckpt
 
 ROOT = Path(__file__).resolve().parents[1]
 DOC = ROOT / "docs" / "VALIDATION.md"
@@ -89,7 +89,7 @@ def task_name_typo(tmp, mp):
 
 
 def data_rows(tmp, mp):
-    from grpo.tasks.halueval import load_halueval
+    from grpo.data.halueval import load_halueval
 
     path = tmp / "qa_data.json"
     good = {"knowledge": "k", "question": "q", "right_answer": "a", "hallucinated_answer": "b"}
@@ -102,25 +102,25 @@ def data_rows(tmp, mp):
 
 
 def no_heldout(tmp, mp):
-    from grpo.pareto import require_heldout_rows
+    from grpo.run.pareto import require_heldout_rows
 
     return raised(require_heldout_rows, {"qa": [1, 2, 3]}, {}, 0.2)
 
 
 def empty_scores(tmp, mp):
-    from grpo.pareto import ParetoFrontier
+    from grpo.run.pareto import ParetoFrontier
 
     return raised(ParetoFrontier(3, tmp / "pareto").offer, 3, {}, lambda path: None)
 
 
 def unusable_replies(tmp, mp):
-    from grpo.rubrics import parse_score
+    from grpo.grading.rubrics import parse_score
 
     return Outcome(raised(parse_score, '{"score": 11}').text + " " + raised(parse_score, "I think it is good").text)
 
 
 def garbage_replies(tmp, mp):
-    from grpo.judge import Judge, JudgeItem
+    from grpo.grading.judge import Judge, JudgeItem
     from judge_server import JudgeServer, Reply
 
     with JudgeServer(lambda body, n: Reply.garbage() if n % 2 == 0 else Reply.empty_choices()) as server:
@@ -134,7 +134,7 @@ def garbage_replies(tmp, mp):
 
 
 def run_folder_used(tmp, mp):
-    from grpo.run_folder import prepare_run_dir
+    from grpo.run.run_folder import prepare_run_dir
 
     (tmp / "r").mkdir()
     (tmp / "r" / "metrics.jsonl").write_text("{}\n")
@@ -142,7 +142,7 @@ def run_folder_used(tmp, mp):
 
 
 def output_dir_file(tmp, mp):
-    from grpo.run_folder import prepare_run_dir
+    from grpo.run.run_folder import prepare_run_dir
 
     (tmp / "file.txt").write_text("x")
     return raised(prepare_run_dir, tmp / "file.txt" / "r", "", False)
@@ -151,7 +151,7 @@ def output_dir_file(tmp, mp):
 def output_dir_read_only(tmp, mp):
     import os
 
-    from grpo.run_folder import prepare_run_dir
+    from grpo.run.run_folder import prepare_run_dir
 
     if os.geteuid() == 0:  # root ignores permission bits: sysfs refuses everyone
         base = Path("/sys")
@@ -217,14 +217,14 @@ def ckpt_config_mismatch(tmp, mp):
 
 
 def torn_metrics(tmp, mp):
-    from grpo.tracking import JsonlTracker
+    from grpo.run.tracking import JsonlTracker
 
     (tmp / "metrics.jsonl").write_text('{"step": 1, "a"\n{"step": 2}\n')
     return raised(JsonlTracker, tmp)
 
 
 def numerics(tmp, mp):
-    from grpo.health import WeightGuard
+    from grpo.core.health import WeightGuard
 
     guard = WeightGuard([torch.nn.Parameter(torch.ones(2))], max_consecutive=5)
 
@@ -236,7 +236,7 @@ def numerics(tmp, mp):
 
 
 def deepspeed(tmp, mp):
-    from grpo.distributed import check_strategy
+    from grpo.models.distributed import check_strategy
 
     return raised(check_strategy, "DEEPSPEED")
 
@@ -251,7 +251,7 @@ def fsdp_one_process(tmp, mp):
 
 
 def cpu_relaunch(tmp, mp):
-    import grpo.distributed as D
+    import grpo.models.distributed as D
 
     class Exec(Exception):
         pass
@@ -268,7 +268,7 @@ def cpu_relaunch(tmp, mp):
 
 
 def other_process_count(tmp, mp):
-    from grpo.distributed import Dist, rank_rng_state
+    from grpo.models.distributed import Dist, rank_rng_state
 
     rng = ckpt.rng_state()
     with warnings.catch_warnings(record=True) as caught:

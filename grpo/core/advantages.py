@@ -1,0 +1,100 @@
+"""Group-relative advantages: one scalar per sequence, from the rewards of the K completions of its prompt.
+
+Groups are consecutive runs of `group_size` rewards (rollouts of one prompt are contiguous). Formulas:
+- scale="group":  A_i = (r_i − mean_g) / (std_g + eps)                 (GRPO, DeepSeekMath arXiv 2402.03300, §4.1.2)
+- scale="batch":  A_i = (r_i − mean_g) / (std_batch + eps)             (Lite-PPO, arXiv 2508.08221: group mean, batch std)
+- scale="none":   A_i = r_i − mean_g                                   (Dr.GRPO, arXiv 2503.20783, §3.1)
+- clip:           A_i ← clamp(A_i, −clip, clip)
+
+Which std: the unbiased (Bessel, n − 1) sample std, the `torch.std` default used by DeepSeekMath's formula as
+implemented in TRL and verl. Matching them keeps advantage magnitudes (and so the tuned learning rates and clip
+ranges) comparable with published runs; the factor sqrt(K/(K−1)) it adds is a constant per group size anyway.
+
+Failed rewards (NaN, or None in a list) are left out of their group's mean and std, get advantage 0 and are counted.
+A group with fewer than two valid rewards, or whose valid rewards are all equal, carries no signal: every member
+gets 0 and the group is counted in `adv/frac_zero_std`.
+
+Metric values are 0-dim detached tensors; the loop converts them with `float()`.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+
+ADV_SCALES = ("group", "batch", "none")
+"""The advantage scalings (loss.adv_scale; grpo/run/config_check.py checks the config against this list)."""
+
+REWARD_TIE_ATOL = 1e-8
+"""Rewards within 1e-8 of each other are ties: float rewards that differ only by rounding (0.1 + 0.2 vs 0.3) must not
+be blown up into ±1 advantages by dividing noise by a noise-sized std."""
+
+
+def _as_rewards(rewards_B: torch.Tensor | Sequence[float | None]) -> torch.Tensor:
+    if isinstance(rewards_B, torch.Tensor):
+        return rewards_B.detach().to(torch.float32 if not rewards_B.is_floating_point() else rewards_B.dtype)
+    return torch.tensor([float("nan") if r is None else float(r) for r in rewards_B], dtype=torch.float32)
+
+
+def _unbiased_std(x_GK: torch.Tensor, valid_GK: torch.Tensor, mean_G: torch.Tensor) -> torch.Tensor:
+    """Bessel-corrected std over the valid entries of each row (0 where fewer than two are valid)."""
+    count_G = valid_GK.sum(-1)
+    dev_GK = torch.where(valid_GK, x_GK - mean_G.unsqueeze(-1), torch.zeros_like(x_GK))
+    var_G = dev_GK.square().sum(-1) / (count_G - 1).clamp(min=1)
+    return torch.where(count_G >= 2, var_G.sqrt(), torch.zeros_like(var_G))
+
+
+def group_advantages(rewards_B: torch.Tensor | Sequence[float | None], group_size: int, scale: str = "group",
+                     eps: float = 1e-6, clip: float | None = None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """Advantages (B,) and `adv/*` metrics for rewards (B,) laid out as B/group_size groups of group_size.
+
+    Metrics: adv/frac_zero_std (groups with < 2 valid or all-equal rewards), adv/num_failed (NaN rewards),
+    adv/mean, adv/std, adv/abs_max (over the advantages of valid rewards).
+    """
+    if scale not in ADV_SCALES:
+        raise ValueError(f"group_advantages: unknown scale {scale!r}; valid: {list(ADV_SCALES)}")
+    if clip is not None and not clip > 0:
+        raise ValueError(f"group_advantages: clip={clip!r} must be > 0, or None for no clipping")
+    rewards = _as_rewards(rewards_B)
+    if rewards.dim() != 1:
+        raise ValueError(f"group_advantages: rewards_B must be 1-D, got shape {tuple(rewards.shape)}")
+    if group_size < 1 or rewards.numel() % group_size:
+        raise ValueError(f"group_advantages: {rewards.numel()} rewards do not split into groups of "
+                         f"group_size={group_size}; pass the K rollouts of every prompt, contiguously")
+    r_GK = rewards.view(-1, group_size)
+    valid_GK = ~torch.isnan(r_GK)
+    zeros_GK = torch.zeros_like(r_GK)
+    count_G = valid_GK.sum(-1)
+    mean_G = torch.where(valid_GK, r_GK, zeros_GK).sum(-1) / count_G.clamp(min=1)
+    r_max_G = torch.where(valid_GK, r_GK, torch.full_like(r_GK, float("-inf"))).amax(-1)
+    r_min_G = torch.where(valid_GK, r_GK, torch.full_like(r_GK, float("inf"))).amin(-1)
+    degenerate_G = (count_G < 2) | (r_max_G - r_min_G <= REWARD_TIE_ATOL)
+
+    centered_GK = torch.where(valid_GK, r_GK - mean_G.unsqueeze(-1), zeros_GK)
+    if scale == "group":
+        adv_GK = centered_GK / (_unbiased_std(r_GK, valid_GK, mean_G).unsqueeze(-1) + eps)
+    elif scale == "batch":
+        flat_valid = valid_GK.reshape(1, -1)
+        flat = r_GK.reshape(1, -1)
+        batch_mean = torch.where(flat_valid, flat, torch.zeros_like(flat)).sum(-1) / flat_valid.sum().clamp(min=1)
+        adv_GK = centered_GK / (_unbiased_std(flat, flat_valid, batch_mean).squeeze() + eps)
+    else:
+        adv_GK = centered_GK
+    adv_GK = torch.where(degenerate_G.unsqueeze(-1) | ~valid_GK, zeros_GK, adv_GK)
+    if clip is not None:
+        adv_GK = adv_GK.clamp(-clip, clip)
+    advantages_B = adv_GK.reshape(-1)
+
+    valid_B = valid_GK.reshape(-1)
+    valid_adv = advantages_B[valid_B]
+    empty = valid_adv.numel() == 0
+    zero = torch.zeros((), dtype=advantages_B.dtype)
+    metrics = {
+        "adv/frac_zero_std": degenerate_G.to(torch.float32).mean(),
+        "adv/num_failed": (~valid_B).sum().to(torch.float32),
+        "adv/mean": zero if empty else valid_adv.mean(),
+        "adv/std": zero if empty else valid_adv.std(unbiased=False),
+        "adv/abs_max": zero if empty else valid_adv.abs().max(),
+    }
+    return advantages_B, metrics

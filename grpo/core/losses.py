@@ -1,0 +1,263 @@
+"""Policy losses, loss aggregation and KL estimators: pure functions of tensors and masks (the chunked log-prob and
+entropy kernels are grpo/core/kernels.py's).
+
+Shapes: B = sequences, T = completion tokens, V = vocabulary. Every `mask_BT` is 1.0 on trained tokens, 0.0 on padding.
+
+Formulas (one line each, with the source):
+- ratio, GRPO:        r_i,t = exp(logp_i,t − old_i,t)                                   (DeepSeekMath arXiv 2402.03300, eq. 3)
+- ratio, GSPO:        s_i = exp( Σ_t m_i,t (logp_i,t − old_i,t) / Σ_t m_i,t ), broadcast over t   (GSPO arXiv 2507.18071, eq. 7)
+- ratio, GSPO-token:  s_i,t = sg[s_i] · exp(logp_i,t − sg[logp_i,t])   (same value as s_i, per-token gradient path; GSPO eq. 13)
+- clipped loss:       ℓ = max(−A·r, −A·clip(r, 1 − ε_low, 1 + ε_high))                  (PPO arXiv 1707.06347; clip-higher: DAPO arXiv 2503.14476)
+- dual clip (A < 0):  ℓ = min(ℓ, −c·A), c > 1                                             (Dual-clip PPO arXiv 1912.09729; verl `clip_ratio_c`)
+- token-mean:                Σ_i,t m·ℓ / N_tokens(step)                                   (DAPO; verl `agg_loss`)
+- seq-mean-token-mean:       Σ_i [Σ_t m·ℓ / Σ_t m] / N_seqs(step)                         (GRPO as in DeepSeekMath eq. 3)
+- seq-mean-token-sum:        Σ_i [Σ_t m·ℓ] / N_seqs(step)                                 (verl `agg_loss`)
+- seq-mean-token-sum-norm:   Σ_i [Σ_t m·ℓ / C] / N_seqs(step), C = max completion length   (Dr.GRPO arXiv 2503.20783)
+- KL k1 = logp − ref;  k2 = ½(logp − ref)²;  k3 = exp(ref − logp) − (ref − logp) − 1       (Schulman, "Approximating KL divergence", 2020)
+- KL k3+ = k2 + sg[k3 − k2]  (value of k3, gradient of k2)                                 (verl `low_var_kl+` / straight-through)
+
+Metric values are 0-dim detached tensors (no host sync here); the loop converts them with `float()`.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+
+LOG_RATIO_CLAMP = 20.0
+"""Log-ratios are clamped to ±20 before exp(): exp() overflows fp32 past ~88 and bf16/fp16 much earlier, and a
+ratio of e^20 ≈ 5e8 is already far outside any clip range, so the clamp changes no clipped loss."""
+
+
+
+# ----------------------------------------------------------------------------------------------------------- helpers
+def masked_mean(x: torch.Tensor, mask: torch.Tensor, dim: int | None = None) -> torch.Tensor:
+    """Mean of `x` where `mask` is nonzero, over `dim` (all elements when None). Empty → 0, never NaN."""
+    mask = mask.to(x.dtype)
+    if dim is None:
+        return (x * mask).sum() / mask.sum().clamp(min=1.0)
+    return (x * mask).sum(dim) / mask.sum(dim).clamp(min=1.0)
+
+
+def _check_shapes(where: str, ref_BT: torch.Tensor, **named: torch.Tensor) -> None:
+    for name, t in named.items():
+        if t.shape != ref_BT.shape:
+            raise ValueError(f"{where}: {name} has shape {tuple(t.shape)} but logps_BT has {tuple(ref_BT.shape)}; "
+                             "pass tensors of one (B, T) shape (completion columns only)")
+
+
+def _masked_extrema(x_BT: torch.Tensor, valid_BT: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(min, max) of x over valid entries; (1, 1) when nothing is valid (a ratio of 1 means "no change")."""
+    one = torch.ones((), dtype=x_BT.dtype, device=x_BT.device)
+    lo = torch.where(valid_BT, x_BT, torch.full_like(x_BT, float("inf"))).amin() if x_BT.numel() else one
+    hi = torch.where(valid_BT, x_BT, torch.full_like(x_BT, float("-inf"))).amax() if x_BT.numel() else one
+    any_valid = valid_BT.any()
+    return torch.where(any_valid, lo, one), torch.where(any_valid, hi, one)
+
+
+# ------------------------------------------------------------------------------------------------ importance ratios
+def _token_log_ratio(logps_BT: torch.Tensor, old_logps_BT: torch.Tensor, mask_BT: torch.Tensor) -> torch.Tensor:
+    """GRPO: one log-ratio per token (0 on padding, so padding has ratio 1)."""
+    return torch.where(mask_BT > 0, logps_BT - old_logps_BT, torch.zeros_like(logps_BT))
+
+
+def _sequence_log_ratio(logps_BT: torch.Tensor, old_logps_BT: torch.Tensor, mask_BT: torch.Tensor) -> torch.Tensor:
+    """GSPO: log s_i = masked mean over tokens of (logp − old), broadcast to every token of the row."""
+    log_s_B = masked_mean(_token_log_ratio(logps_BT, old_logps_BT, mask_BT), mask_BT, dim=-1)
+    return log_s_B.unsqueeze(-1).expand_as(logps_BT)
+
+
+def _sequence_token_log_ratio(logps_BT: torch.Tensor, old_logps_BT: torch.Tensor,
+                              mask_BT: torch.Tensor) -> torch.Tensor:
+    """GSPO-token: log s_i,t = sg[log s_i] + logp_i,t − sg[logp_i,t]: the value of GSPO, a per-token gradient path."""
+    log_s_BT = _sequence_log_ratio(logps_BT, old_logps_BT, mask_BT).detach()
+    return log_s_BT + logps_BT - logps_BT.detach()
+
+
+LOG_RATIOS: dict[str, Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]] = {
+    "grpo": _token_log_ratio,
+    "gspo": _sequence_log_ratio,
+    "gspo_token": _sequence_token_log_ratio,
+}
+"""The only thing that differs between the policy losses: how the importance log-ratio is formed."""
+
+
+def _clipped_policy_loss(log_ratio_BT: torch.Tensor, logps_BT: torch.Tensor, old_logps_BT: torch.Tensor,
+                         advantages_B: torch.Tensor, mask_BT: torch.Tensor, clip_low: float, clip_high: float,
+                         dual_clip: float | None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """The PPO clipped surrogate shared by every ratio. Returns the per-token loss (0 on padding) and metrics."""
+    if not 0.0 <= clip_low < 1.0:
+        raise ValueError(f"policy_loss: clip_low={clip_low} must lie in [0, 1) (the lower bound is 1 − clip_low > 0)")
+    if clip_high < 0.0:
+        raise ValueError(f"policy_loss: clip_high={clip_high} must be ≥ 0")
+    if dual_clip is not None and dual_clip <= 1.0:
+        raise ValueError(f"policy_loss: dual_clip={dual_clip} must be > 1 (verl uses 3.0), or None to disable it")
+    adv_BT = advantages_B.unsqueeze(-1) if advantages_B.dim() == 1 else advantages_B
+    adv_BT = adv_BT.to(logps_BT.dtype).expand_as(logps_BT)
+    ratio_BT = torch.exp(log_ratio_BT.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))
+    unclipped_BT = -adv_BT * ratio_BT
+    clipped_BT = -adv_BT * ratio_BT.clamp(1.0 - clip_low, 1.0 + clip_high)
+    loss_BT = torch.maximum(unclipped_BT, clipped_BT)
+    valid_BT = mask_BT > 0
+    metrics: dict[str, torch.Tensor] = {}
+    if dual_clip is not None:
+        capped_BT = torch.minimum(loss_BT, -dual_clip * adv_BT)
+        dual_BT = (adv_BT < 0) & (capped_BT < loss_BT)
+        loss_BT = torch.where(adv_BT < 0, capped_BT, loss_BT)
+        metrics["loss/dual_clip_frac"] = masked_mean(dual_BT.to(logps_BT.dtype), mask_BT).detach()
+    loss_BT = torch.where(valid_BT, loss_BT, torch.zeros_like(loss_BT))
+    with torch.no_grad():
+        r = ratio_BT.detach()
+        low_BT = ((r < 1.0 - clip_low) & (adv_BT < 0)).to(r.dtype)  # clipping binds from below (TRL's definition)
+        high_BT = ((r > 1.0 + clip_high) & (adv_BT > 0)).to(r.dtype)
+        r_min, r_max = _masked_extrema(r, valid_BT)
+        metrics.update({
+            "loss/clip_frac_low": masked_mean(low_BT, mask_BT),
+            "loss/clip_frac_high": masked_mean(high_BT, mask_BT),
+            "loss/ratio_mean": masked_mean(r, mask_BT),
+            "loss/ratio_min": r_min,
+            "loss/ratio_max": r_max,
+            "loss/approx_kl_old": masked_mean(kl_penalty(logps_BT.detach(), old_logps_BT, "k3"), mask_BT),
+        })
+    return loss_BT, metrics
+
+
+def _make_policy_loss(name: str) -> Callable[..., tuple[torch.Tensor, dict[str, torch.Tensor]]]:
+    log_ratio_fn = LOG_RATIOS[name]
+
+    def loss_fn(logps_BT: torch.Tensor, old_logps_BT: torch.Tensor, advantages_B: torch.Tensor,
+                mask_BT: torch.Tensor, clip_low: float = 0.2, clip_high: float = 0.28,
+                dual_clip: float | None = None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        log_ratio_BT = log_ratio_fn(logps_BT, old_logps_BT.detach(), mask_BT)
+        return _clipped_policy_loss(log_ratio_BT, logps_BT, old_logps_BT.detach(), advantages_B, mask_BT,
+                                    clip_low, clip_high, dual_clip)
+
+    loss_fn.__name__ = f"{name}_loss"
+    loss_fn.__doc__ = f"Clipped surrogate with the `{name}` importance ratio; see `policy_loss`."
+    return loss_fn
+
+
+POLICY_LOSSES: dict[str, Callable[..., tuple[torch.Tensor, dict[str, torch.Tensor]]]] = {
+    name: _make_policy_loss(name) for name in LOG_RATIOS
+}
+
+
+def policy_loss(name: str, logps_BT: torch.Tensor, old_logps_BT: torch.Tensor, advantages_B: torch.Tensor,
+                mask_BT: torch.Tensor, clip_low: float = 0.2, clip_high: float = 0.28,
+                dual_clip: float | None = None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """Per-token clipped policy loss `loss_BT` (0 where mask is 0) and `loss/*` metrics.
+
+    name: "grpo" (token ratio), "gspo" (sequence ratio, whole sequence clipped) or "gspo_token".
+    old_logps_BT: log-probs under the rollout policy (always detached here); on-policy, pass `logps_BT.detach()`.
+    advantages_B: one advantage per sequence, shape (B,) (a (B, T) per-token tensor is accepted too).
+    clip_low / clip_high: ratio bounds [1 − clip_low, 1 + clip_high]; GSPO wants ~3e-4 / 4e-4 (the caller passes them).
+    dual_clip: c > 1 caps the loss of negative-advantage tokens at −c·A; None disables it.
+    Metrics: loss/clip_frac_low, loss/clip_frac_high, loss/ratio_mean, loss/ratio_min, loss/ratio_max,
+    loss/approx_kl_old (k3, masked mean), plus loss/dual_clip_frac when dual_clip is set; 0-dim detached tensors.
+    """
+    if name not in POLICY_LOSSES:
+        raise ValueError(f"policy_loss: unknown loss {name!r}; valid names: {sorted(POLICY_LOSSES)}")
+    _check_shapes("policy_loss", logps_BT, old_logps_BT=old_logps_BT, mask_BT=mask_BT)
+    if advantages_B.shape not in (logps_BT.shape[:1], logps_BT.shape):
+        raise ValueError(f"policy_loss: advantages_B has shape {tuple(advantages_B.shape)}; expected "
+                         f"({logps_BT.shape[0]},) (one per sequence) or {tuple(logps_BT.shape)}")
+    return POLICY_LOSSES[name](logps_BT, old_logps_BT, advantages_B, mask_BT,
+                               clip_low=clip_low, clip_high=clip_high, dual_clip=dual_clip)
+
+
+# ------------------------------------------------------------------------------------------------------ aggregation
+def _num(value: int | float | torch.Tensor | None, default: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:
+    if value is None:
+        value = default
+    return torch.as_tensor(value, dtype=ref.dtype, device=ref.device).clamp(min=1.0)
+
+
+def _token_mean(loss_BT, mask_BT, num_tokens, num_seqs, constant):
+    return (loss_BT * mask_BT).sum() / _num(num_tokens, mask_BT.sum(), loss_BT)
+
+
+def _seq_mean_token_mean(loss_BT, mask_BT, num_tokens, num_seqs, constant):
+    per_seq_B = (loss_BT * mask_BT).sum(-1) / mask_BT.sum(-1).clamp(min=1.0)
+    return per_seq_B.sum() / _num(num_seqs, torch.tensor(loss_BT.shape[0]), loss_BT)
+
+
+def _seq_mean_token_sum(loss_BT, mask_BT, num_tokens, num_seqs, constant):
+    per_seq_B = (loss_BT * mask_BT).sum(-1)
+    return per_seq_B.sum() / _num(num_seqs, torch.tensor(loss_BT.shape[0]), loss_BT)
+
+
+def _seq_mean_token_sum_norm(loss_BT, mask_BT, num_tokens, num_seqs, constant):
+    if constant is None or constant <= 0:
+        raise ValueError(f"aggregate: mode 'seq-mean-token-sum-norm' needs constant > 0 (got {constant!r}); "
+                         "pass the maximum completion length (max_new_tokens), as Dr.GRPO does")
+    per_seq_B = (loss_BT * mask_BT).sum(-1) / constant
+    return per_seq_B.sum() / _num(num_seqs, torch.tensor(loss_BT.shape[0]), loss_BT)
+
+
+AGG_MODES: dict[str, Callable[..., torch.Tensor]] = {
+    "token-mean": _token_mean,
+    "seq-mean-token-mean": _seq_mean_token_mean,
+    "seq-mean-token-sum": _seq_mean_token_sum,
+    "seq-mean-token-sum-norm": _seq_mean_token_sum_norm,
+}
+
+
+def aggregate(loss_BT: torch.Tensor, mask_BT: torch.Tensor, mode: str, num_tokens: int | torch.Tensor | None = None,
+              num_seqs: int | torch.Tensor | None = None, constant: float | None = None) -> torch.Tensor:
+    """Reduce a per-token loss to a scalar.
+
+    num_tokens / num_seqs: the token / sequence count of the WHOLE optimizer step. Passing them makes the sum of
+    micro-batch losses equal the full-batch loss exactly, so gradient accumulation changes nothing. When None, this
+    batch's own counts are used (correct only when the batch is the whole step).
+    constant: the Dr.GRPO normaliser for `seq-mean-token-sum-norm` (the maximum completion length).
+    """
+    if mode not in AGG_MODES:
+        raise ValueError(f"aggregate: unknown mode {mode!r}; valid modes: {sorted(AGG_MODES)}")
+    if loss_BT.shape != mask_BT.shape:
+        raise ValueError(f"aggregate: loss_BT {tuple(loss_BT.shape)} and mask_BT {tuple(mask_BT.shape)} differ")
+    return AGG_MODES[mode](loss_BT, mask_BT.to(loss_BT.dtype), num_tokens, num_seqs, constant)
+
+
+# ----------------------------------------------------------------------------------------------------- KL estimators
+def _k1(logps_BT: torch.Tensor, ref_logps_BT: torch.Tensor) -> torch.Tensor:
+    return logps_BT - ref_logps_BT
+
+
+def _k2(logps_BT: torch.Tensor, ref_logps_BT: torch.Tensor) -> torch.Tensor:
+    return 0.5 * (logps_BT - ref_logps_BT).square()
+
+
+def _k3(logps_BT: torch.Tensor, ref_logps_BT: torch.Tensor) -> torch.Tensor:
+    # expm1(x) − x is ≥ 0 for every float x (expm1 is accurate near 0, where exp(x) − 1 − x cancels to noise).
+    log_ratio_BT = (ref_logps_BT - logps_BT).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+    return torch.expm1(log_ratio_BT) - log_ratio_BT
+
+
+def _k3_plus(logps_BT: torch.Tensor, ref_logps_BT: torch.Tensor) -> torch.Tensor:
+    k2_BT = _k2(logps_BT, ref_logps_BT)
+    return k2_BT + (_k3(logps_BT, ref_logps_BT) - k2_BT).detach()
+
+
+KL_ESTIMATORS: dict[str, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = {
+    "k1": _k1,
+    "k2": _k2,
+    "k3": _k3,
+    "low_var_kl": _k3,  # verl's name for k3
+    "k3+": _k3_plus,
+    "low_var_kl+": _k3_plus,  # verl's name for k3+
+}
+
+
+def kl_penalty(logps_BT: torch.Tensor, ref_logps_BT: torch.Tensor, estimator: str = "k3") -> torch.Tensor:
+    """Per-token KL(π‖π_ref) estimate from samples of π. Not masked: multiply by the mask (or aggregate) yourself.
+
+    The reference log-probs are detached. k3 is ≥ 0 and finite for any finite inputs (log-ratio clamped to
+    ±LOG_RATIO_CLAMP; beyond the clamp the gradient is 0).
+    """
+    if estimator not in KL_ESTIMATORS:
+        raise ValueError(f"kl_penalty: unknown estimator {estimator!r}; valid: {sorted(KL_ESTIMATORS)}")
+    if logps_BT.shape != ref_logps_BT.shape:
+        raise ValueError(f"kl_penalty: logps_BT {tuple(logps_BT.shape)} and ref_logps_BT "
+                         f"{tuple(ref_logps_BT.shape)} differ")
+    return KL_ESTIMATORS[estimator](logps_BT, ref_logps_BT.detach())

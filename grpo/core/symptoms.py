@@ -1,0 +1,554 @@
+"""What the run doctor looks for: the thresholds, the findings, and the checks over a window of step metrics.
+
+`grpo/core/doctor.py` holds the window (a `Doctor`) and calls every check in WINDOW_CHECKS at each RL step; a check reads
+the window through the Doctor (its rows, window means, first and best windows, streaks, held-out series) and returns
+`Finding`s. The end-of-run checks (`whole_run`, `heldout_gains`) read the whole history. Pure: metric rows in,
+findings out; no I/O, no torch.
+
+Window checks (rows = the last `recent_window` RL steps; "start" = the first window; "best" = the best window so far):
+  red     no_learning_signal  `no_signal_steps` steps in a row with every group zero-std (adv/frac_zero_std = 1), or
+                              loss and grad norm both 0, while some task is below `solved_reward` (yellow before
+                              that, while no step of the run had a signal)
+  red     reward_stuck        a task's mean reward never rose more than `stuck_tolerance` above its start and is
+                              still there, with more than `zero_std_max` of its groups zero-std
+  red     answer_collapse     one answer class (rollout/<task>/top_answer, grpo/core/answers.py) is the top answer in most
+                              window steps and holds ≥ `collapse_share` of the task's samples on average, at least
+                              `collapse_rise` more than the top share of the first window, while the task's reward is
+                              more than `collapse_reward_gap` below its best window or below `solved_reward` (one
+                              answer that is not right for every prompt)
+  red     entropy_collapse    entropy below `entropy_floor` (or fallen by more than `entropy_drop_max` from the start)
+                              while the latest held-out reward is more than `heldout_drop` below its best, or has
+                              stalled below `solved_reward` over the last STALL_EVALS evaluations
+  yellow  entropy_drop        the same entropy fall with no held-out reward after RL started, and the training reward
+                              more than `collapse_reward_gap` below its best window
+  red     kl_runaway          KL above `kl_runaway_factor` × the band's top (or `kl_runaway_nats` without a band) for
+                              `kl_band_patience` steps in a row
+  yellow  kl_out_of_band      KL outside its band for `kl_band_patience` steps in a row
+  red     judge_failures      more than `judge_failure_red` of the window's judge calls failed (yellow above
+                              `judge_failure_max`)
+  yellow  truncation          more than `truncation_max` of a task's completions hit max_new_tokens
+  yellow  zero_std_groups     z − r > `zero_std_max` for a task (z its zero-std fraction, r its mean reward: at most r
+                              of the groups can be all-right), and no red finding on the same evidence
+  red     non_finite          a NaN / inf metric
+End of run (grpo/core/doctor.check only): red skipped_steps / yellow restored_weights (the weight guard's counts), red
+reward_regressed / yellow reward_flat (held-out after RL vs before RL), yellow no_heldout (a trained task never
+evaluated).
+
+Formulas (one line each): window mean = mean of the finite values of a key over the window rows; judge failure rate
+= Σ judge/failures / Σ judge/calls (per-step counts; DESIGN.md rule 8); entropy drop = 1 − mean(last window) /
+mean(first window) (entropy collapse, DAPO §3.1); held-out gain = eval after RL − eval before RL (after SFT when
+present, else before SFT).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from dataclasses import dataclass
+from typing import Any, Iterable, Literal, Mapping, Protocol, Sequence
+
+Level = Literal["yellow", "red"]
+
+ZERO_SIGNAL = 1e-10
+"""|loss| and grad norm at or below this are "no update": an all-zero-advantage step with the policy still equal to
+its reference gives exactly 0 in fp32; any real gradient is many orders above it."""
+ALL_GROUPS = 1.0 - 1e-9
+"""adv/frac_zero_std at or above this means every group is zero-std (it is a ratio of small integers)."""
+SFT_UNTAUGHT_LOSS = 1.0
+"""SFT loss (nats per target token) at the end of the warm-up above which it did not teach the reply format: below
+it each target token gets probability above e^-1 ≈ 0.37 on average. Measured on the demo: full fine-tuning ends at
+0.38-0.42, LoRA on the randomly initialised tiny model at 3.96 (and then no sample ever scores)."""
+STALL_EVALS = 3
+"""Held-out evaluations since RL started that, all within `heldout_drop` of each other and below `solved_reward`,
+make a stalled run (60 steps at the demo's eval_every 20)."""
+COLLAPSE_DOMINANCE = 0.5
+"""The collapsed answer must be the step's top answer in at least this fraction of the window steps: a high average
+top share made of different answers is a policy that is sure of itself per batch, not one stuck on one answer."""
+
+
+@dataclass(frozen=True)
+class HealthThresholds:
+    """When a metric series is unhealthy. Rates are fractions in [0, 1]; windows and patience count RL steps."""
+
+    recent_window: int = 10
+    """RL steps in the moving window. Ten steps average out one step's batch noise (8 prompts per task in the demo)
+    and still react within a tenth of a 100-step run."""
+    min_steps: int = 20
+    """RL steps below which a run without a red alarm is "too short to judge": the checks compare the last window with
+    the first, so two whole windows are needed."""
+    no_signal_steps: int = 5
+    """Steps in a row without learning signal that are red. A group is zero-std by chance with probability q < 1; all
+    of 16 groups for 5 steps running at q = 0.5 is 2^-80: no chance, the run is dead."""
+    stuck_tolerance: float = 0.05
+    """A task's window-mean reward within this of its start (and never above start + this) is "flat": one right answer
+    in 20 samples, below what a learning policy adds in a window."""
+    zero_std_max: float = 0.5
+    """Fraction of a task's groups that are zero-std (advantage 0 everywhere) above which they are "most" (reward_stuck);
+    and the fraction of zero-std groups not explained by solved prompts (z − r, see `_zero_std`) that is a warning."""
+    solved_reward: float = 0.9
+    """Mean reward at or above which equal rewards in a group mean "solved", not "no signal" (rule graders score 0..1)."""
+    collapse_share: float = 0.6
+    """Window-mean share of the top answer class that is flagged. The demo's tasks have three balanced answers, 8
+    prompts of a task per step: measured over 10-step windows, a policy that answers right stays at or below 0.50
+    (seeds 0 and 1), and seed 1's plateau of mixed "no" / "unknown" answers (held-out 0.69) peaked at 0.60."""
+    collapse_rise: float = 0.1
+    """How much the window's top-answer share must have risen above the first window's for a dominant answer to be a
+    collapse: a reply opening most samples share from the start is the task's format (free-form replies that all begin
+    "Based on the context"), not a collapse RL caused. Measured with the Doctor on the demo fixtures: the collapses
+    fired at 0.40 -> 0.62 (seed 1 as reported) and 0.30 -> 0.61 (seed 1 at lr 1e-3); 0.1 is half the smaller rise and
+    about five times the noise of a 10-step mean over the demo's 48 samples per task and step. An entropy fall would
+    not tell them apart: healthy seeds 0 and 1 lose 75-85% of their first window's entropy, more than the reported
+    collapse had lost (38%) when it fired, and free-form replies lose entropy during RL too."""
+    collapse_reward_gap: float = 0.05
+    """How far below its best window a task's reward must be for a dominant answer to count as collapse (and for an
+    entropy fall to be a warning): a collapse onto the right answer of an easy task is not a failure."""
+    entropy_floor: float = 0.05
+    """Mean token entropy (nats) below which the policy samples nearly the same completion K times."""
+    entropy_drop_max: float = 0.8
+    """Relative fall of mean entropy from the first window to the last that counts as an entropy collapse."""
+    heldout_drop: float = 0.05
+    """A held-out reward more than this below its best is "falling" (about 3 of the demo's 64 held-out prompts)."""
+    kl_band_patience: int = 20
+    """Consecutive steps `kl/<task>` may sit outside its band before it is flagged. A band controller needs a few
+    tens of steps to pull KL back, so a short excursion is normal."""
+    kl_runaway_factor: float = 3.0
+    """KL above this multiple of its band's top for `kl_band_patience` steps is a runaway (red): β is not catching up."""
+    kl_runaway_nats: float = 1.0
+    """Per-token KL (nats) that is a runaway for a task without a band: the policy's tokens are e times less likely
+    under the reference on average."""
+    truncation_max: float = 0.2
+    """Fraction of completions hitting max_new_tokens that is flagged: truncated answers are graded unfinished."""
+    judge_failure_max: float = 0.05
+    """Fraction of failed judge calls that is flagged; failures are excluded from groups, so they shrink batches."""
+    judge_failure_red: float = 0.25
+    """Fraction of failed judge calls that is red: a quarter of the reward signal is missing."""
+    skipped_max: float = 0.1
+    """Fraction of optimizer steps skipped or restored that is flagged red; any restore at all is yellow."""
+    reward_regression_red: float = 0.05
+    """A held-out reward drop (after RL vs before RL) larger than this is red; a gain ≤ 0 is yellow."""
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One health problem: how bad, a stable code to test and grep for, what was seen, and what to try."""
+
+    level: Level
+    code: str
+    message: str
+    suggestion: str
+    task: str = ""
+    """The task it is about, "" for the whole run."""
+    since: int | None = None
+    """For a window finding: the step it fired at and has held since (set by Doctor.findings)."""
+
+
+ONLINE_CODES = ("no_learning_signal", "reward_stuck", "answer_collapse", "entropy_collapse", "entropy_drop",
+                "kl_runaway", "kl_out_of_band", "judge_failures", "truncation", "zero_std_groups", "non_finite")
+"""Codes the window checks can raise; `Doctor.metrics` logs each as doctor/<code> (1 when active) every step."""
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Reading metric rows
+# ---------------------------------------------------------------------------------------------------------------
+
+
+class Window(Protocol):
+    """What a window check reads of the run doctor (grpo.core.doctor.Doctor is one). Declared here, where the checks
+    are, so that they need not import the doctor that calls them: the two modules import one way."""
+
+    th: HealthThresholds
+    config: dict[str, Any]
+    kl_bands: dict[str, tuple[float, float]]
+    window: Sequence[dict[str, Any]]
+    """The last th.recent_window RL step rows."""
+    steps: int
+    start: dict[str, float]
+    """Each windowed key's mean over the first full window."""
+    best: dict[str, Any]
+    """reward/<task>/mean -> its best window (.value, .first_step, .last_step)."""
+    dead: Any
+    """The streak of dead steps (.length, .start)."""
+    kl_out: dict[str, Any]
+    kl_high: dict[str, Any]
+    last_step: int
+    sft_loss_last: float | None
+
+    def wmean(self, key: str) -> float: ...
+
+    def span(self) -> str: ...
+
+    def tasks(self) -> list[str]: ...
+
+    def heldout_after_start(self, task: str) -> tuple[float | None, float | None, list[tuple[int, float]]]: ...
+
+
+def tasks_in(history: Iterable[Mapping[str, Any]], prefix: str, suffix: str = "") -> list[str]:
+    """Task names `t` for which some row has key `prefix + t + suffix`, in order of first appearance."""
+    seen: dict[str, None] = {}
+    for row in history:
+        for key in row:
+            if key.startswith(prefix) and key.endswith(suffix):
+                task = key[len(prefix) : len(key) - len(suffix)]
+                if task and "/" not in task:
+                    seen.setdefault(task, None)
+    return list(seen)
+
+
+def number(value: Any) -> float | None:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+def series(history: Sequence[Mapping[str, Any]], key: str) -> list[tuple[int, float]]:
+    """(step, value) for every row holding a numeric `key`; non-finite values are kept (the caller decides)."""
+    out = []
+    for i, row in enumerate(history):
+        value = number(row.get(key))
+        if value is not None:
+            out.append((int(row.get("step", i)), value))
+    return out
+
+
+def mean(values: Iterable[float]) -> float:
+    vals = [v for v in values if math.isfinite(v)]
+    return math.fsum(vals) / len(vals) if vals else math.nan  # fsum: ten steps at 0.6 average to 0.6, not 0.6 - 1ulp
+
+
+def is_rl_row(row: Mapping[str, Any]) -> bool:
+    """A row logged by an RL step (rewards, advantages or a loss), not an eval or SFT row."""
+    return "adv/frac_zero_std" in row or "loss/total" in row or any(
+        k.startswith("reward/") and k.endswith("/mean") for k in row)
+
+
+def _setting(config: Mapping[str, Any], dotted: str) -> Any:
+    """config["section"]["field"] of a config.json dict, or None."""
+    node: Any = config
+    for part in dotted.split("."):
+        if not isinstance(node, Mapping) or part not in node:
+            return None
+        node = node[part]
+    return node
+
+
+def _try(field_: str, value: Any, why: str) -> str:
+    """The one next step of a finding: `field=value` (or the field and a direction when the value is unknown)."""
+    shown = f"{value:g}" if isinstance(value, float) else value
+    return f"try `{field_}={shown}`: {why}"
+
+
+def _scaled(config: Mapping[str, Any], dotted: str, factor: float, cast=float) -> Any:
+    value = _setting(config, dotted)
+    return cast(value * factor) if isinstance(value, (int, float)) and not isinstance(value, bool) else f"<{factor:g}× now>"
+
+
+def dead_step(row: Mapping[str, Any], th: HealthThresholds) -> bool:
+    """No learning signal in this step: every group zero-std, or loss and grad norm both 0; unless every task is
+    solved (equal rewards because all are right)."""
+    rewards = [v for k, v in row.items() if k.startswith("reward/") and k.endswith("/mean") and number(v) is not None]
+    if rewards and all(math.isfinite(r) and r >= th.solved_reward for r in rewards):
+        return False
+    zero_std = number(row.get("adv/frac_zero_std"))
+    loss, norm = number(row.get("loss/total")), number(row.get("health/grad_norm"))
+    return ((zero_std is not None and zero_std >= ALL_GROUPS)
+            or (loss is not None and norm is not None and abs(loss) <= ZERO_SIGNAL and abs(norm) <= ZERO_SIGNAL))
+
+
+def _no_learning_signal(d: Window, _found: list[Finding]) -> list[Finding]:
+    """Red after `no_signal_steps` dead steps in a row; yellow before that while every step of the run was dead (a
+    run that starts without signal says so at once, e.g. a notebook's few steps)."""
+    early = 0 < d.dead.length == d.steps
+    if d.dead.length < d.th.no_signal_steps and not early:
+        return []
+    row = d.window[-1]
+    how = ("every group had zero reward std" if (number(row.get("adv/frac_zero_std")) or 0) >= ALL_GROUPS
+           else "loss and grad norm were 0")
+    means = {t: d.wmean(f"reward/{t}/mean") for t in d.tasks()}
+    rewards = ", ".join(f"{t} {r:.3f}" for t, r in means.items())
+    never = bool(means) and all(r <= d.th.stuck_tolerance for r in means.values())
+    fix = (_format_fix(d) if never else
+           _try("rollout.k", _scaled(d.config, "rollout.k", 2, int), "twice the samples per prompt give groups whose "
+                "rewards differ"))
+    if d.dead.length < d.th.no_signal_steps:
+        return [Finding("yellow", "no_learning_signal",
+                        f"no learning signal in any of the {d.steps} step(s) so far: {how}; mean reward "
+                        f"{rewards or 'not logged'} (red at {d.th.no_signal_steps} steps in a row)", fix)]
+    return [Finding("red", "no_learning_signal",
+                    f"no learning signal for {d.dead.length} steps in a row (steps {d.dead.start}-{d.last_step}): "
+                    f"{how}; mean reward {rewards or 'not logged'}", fix)]
+
+
+def _format_fix(d: Window) -> str:
+    """The next step for a policy whose samples (nearly) never score: the SFT warm-up that should teach the format."""
+    loss, steps = d.sft_loss_last, _setting(d.config, "sft.steps")
+    if loss is not None and loss > SFT_UNTAUGHT_LOSS and _setting(d.config, "model.lora"):
+        return _try("model.lora", "false", f"the warm-up ended at loss {loss:.2f} nats per token (above "
+                    f"{SFT_UNTAUGHT_LOSS:g}): the adapter could not fit the demonstrations, the whole model can (on the "
+                    "demo's randomly initialised model, full fine-tuning ends the same warm-up at 0.38; a 10× SFT "
+                    "learning rate left LoRA at 3.85)")
+    if loss is not None and loss > SFT_UNTAUGHT_LOSS:
+        return _try("sft.steps", 2 * steps if steps else 20, f"the warm-up ended at loss {loss:.2f} nats per token "
+                    f"(above {SFT_UNTAUGHT_LOSS:g}): it did not teach the reply format")
+    return _try("sft.steps", 2 * steps if steps else 20, "a longer warm-up teaches the reply format, so some samples "
+                "of a group score; read samples/ to see what the policy says and check the reward on them")
+
+
+def _task_zero_std(d: Window, task: str) -> float:
+    own = d.wmean(f"adv/{task}/frac_zero_std")
+    return own if math.isfinite(own) else d.wmean("adv/frac_zero_std")
+
+
+def _reward_stuck(d: Window, _found: list[Finding]) -> list[Finding]:
+    th, out = d.th, []
+    if d.steps < th.min_steps or len(d.window) < th.recent_window:
+        return out
+    for task in d.tasks():
+        key = f"reward/{task}/mean"
+        now, start, best = d.wmean(key), d.start.get(key), d.best.get(key)
+        zero = _task_zero_std(d, task)
+        if start is None or best is None or not math.isfinite(now) or not math.isfinite(zero):
+            continue
+        if (best.value - start <= th.stuck_tolerance and now - start <= th.stuck_tolerance
+                and now < th.solved_reward and zero > th.zero_std_max):
+            out.append(Finding(
+                "red", "reward_stuck",
+                f"{task}: reward never left its start in {d.steps} steps: {now:.3f} in {d.span()}, {start:.3f} in the "
+                f"first window, best window {best.value:.3f}; {100 * zero:.0f}% of its groups have zero reward std",
+                _format_fix(d) if now <= th.stuck_tolerance else
+                _try("rollout.k", _scaled(d.config, "rollout.k", 2, int), "more samples per prompt make groups whose "
+                     "rewards differ"),
+                task))
+    return out
+
+
+def _answer_collapse(d: Window, _found: list[Finding]) -> list[Finding]:
+    th, out = d.th, []
+    if len(d.window) < th.recent_window:
+        return out
+    for task in d.tasks():
+        rows = [r for r in d.window if isinstance(r.get(f"rollout/{task}/top_answer"), str)]
+        if len(rows) < th.recent_window * COLLAPSE_DOMINANCE:
+            continue
+        answer, count = Counter(r[f"rollout/{task}/top_answer"] for r in rows).most_common(1)[0]
+        share = mean(number(r.get(f"rollout/{task}/top_share")) or math.nan for r in rows)
+        now, best = d.wmean(f"reward/{task}/mean"), d.best.get(f"reward/{task}/mean")
+        first = d.start.get(f"rollout/{task}/top_share")
+        if best is None or first is None or not (math.isfinite(share) and math.isfinite(now)):
+            continue
+        fallen = now < best.value - th.collapse_reward_gap
+        risen = share >= first + th.collapse_rise  # not the task's own format, shared from the start
+        if (share >= th.collapse_share and risen and count >= COLLAPSE_DOMINANCE * len(rows)
+                and (fallen or now < th.solved_reward)):
+            beta = number(d.window[-1].get(f"beta/{task}"))
+            why = (f"against its best {best.value:.3f} (steps {best.first_step}-{best.last_step})" if fallen else
+                   f"below the solved level {th.solved_reward:g}: one answer is not right for every prompt")
+            out.append(Finding(
+                "red", "answer_collapse",
+                f"{task}: collapse onto `{answer}`: it is the top answer in {count} of {len(rows)} steps and "
+                f"{100 * share:.0f}% of the task's samples in {d.span()} ({100 * first:.0f}% in the first window); "
+                f"reward {now:.3f} {why}",
+                _try(f"kl.{task}.beta", round(2 * beta, 6) if beta else "<2× now>",
+                     "a stronger pull to the SFT reference keeps its mix of answers"),
+                task))
+    return out
+
+
+def _entropy(d: Window, _found: list[Finding]) -> list[Finding]:
+    th, out = d.th, []
+    if len(d.window) < th.recent_window:
+        return out
+    for task in tasks_in(d.window, "entropy/"):
+        now, first = d.wmean(f"entropy/{task}"), d.start.get(f"entropy/{task}")
+        if not math.isfinite(now) or first is None:
+            continue
+        drop = 1.0 - now / first if first > 0 else 0.0
+        if not (now < th.entropy_floor or drop > th.entropy_drop_max):
+            continue
+        what = f"entropy/{task} {first:.3g} -> {now:.3g} nats ({100 * drop:.0f}% down) in {d.span()}"
+        coef = _setting(d.config, "loss.entropy_coef")
+        fix = _try("loss.entropy_coef", 2 * coef if coef else 0.01, "an entropy bonus keeps sampling varied")
+        _, best_heldout, after = d.heldout_after_start(task)
+        recent = [v for _, v in after[-STALL_EVALS:]]
+        stalled = (len(recent) == STALL_EVALS and max(recent) - min(recent) <= th.heldout_drop
+                   and recent[-1] < th.solved_reward)
+        if after and best_heldout is not None and after[-1][1] < best_heldout - th.heldout_drop:
+            out.append(Finding("red", "entropy_collapse",
+                               f"{task}: {what}, while its held-out reward fell to {after[-1][1]:.3f} (step "
+                               f"{after[-1][0]}) from its best {best_heldout:.3f}", fix, task))
+        elif stalled:
+            out.append(Finding("red", "entropy_collapse",
+                               f"{task}: {what}, while its held-out reward stays at {recent[-1]:.3f}, below the solved "
+                               f"level {th.solved_reward:g}, over its last {STALL_EVALS} evaluations (steps "
+                               f"{after[-STALL_EVALS][0]}-{after[-1][0]}): it stopped exploring before it learned",
+                               fix, task))
+        elif not after:
+            best = d.best.get(f"reward/{task}/mean")
+            reward = d.wmean(f"reward/{task}/mean")
+            if best is not None and math.isfinite(reward) and reward < best.value - th.collapse_reward_gap:
+                out.append(Finding("yellow", "entropy_drop",
+                                   f"{task}: {what}; no held-out reward since RL started, and the training reward "
+                                   f"{reward:.3f} is below its best {best.value:.3f}", fix, task))
+    return out
+
+
+def _kl(d: Window, _found: list[Finding]) -> list[Finding]:
+    th, out = d.th, []
+    for task, streak in d.kl_high.items():
+        band = d.kl_bands.get(task)
+        if streak.length >= th.kl_band_patience:
+            limit = f"{th.kl_runaway_factor:g}× its band's top {band[1]:g}" if band else f"{th.kl_runaway_nats:g} nats"
+            out.append(Finding("red", "kl_runaway",
+                               f"kl/{task} above {limit} for {streak.length} steps (steps {streak.start}-{d.last_step}), "
+                               f"{d.wmean(f'kl/{task}'):.3g} on average in {d.span()}",
+                               _try("train.lr", _scaled(d.config, "train.lr", 0.5),
+                                    "half the step size lets β hold the policy near the reference"), task))
+            continue
+        out_streak = d.kl_out.get(task)
+        if band and out_streak and out_streak.length >= th.kl_band_patience:
+            beta = number(d.window[-1].get(f"beta/{task}"))
+            factor = 2.0 if out_streak.tag == "above" else 0.5
+            why = ("β is not pulling KL back into the band" if out_streak.tag == "above"
+                   else "the policy barely moves from the reference")
+            out.append(Finding("yellow", "kl_out_of_band",
+                               f"kl/{task} stayed {out_streak.tag} its band [{band[0]:g}, {band[1]:g}] for "
+                               f"{out_streak.length} steps from step {out_streak.start}",
+                               _try(f"kl.{task}.beta", round(factor * beta, 6) if beta else f"<{factor:g}× now>", why),
+                               task))
+    return out
+
+
+def _full(d: Window) -> bool:
+    """Rates are judged over a whole window: one step's batch is too small a sample to call a trend."""
+    return len(d.window) >= d.th.recent_window
+
+
+def _judge(d: Window, _found: list[Finding]) -> list[Finding]:
+    if not _full(d):
+        return []
+    calls = sum(v for r in d.window if (v := number(r.get("judge/calls"))) is not None and math.isfinite(v))
+    fails = sum(v for r in d.window if (v := number(r.get("judge/failures"))) is not None and math.isfinite(v))
+    if calls <= 0 or fails / calls <= d.th.judge_failure_max:
+        return []
+    level: Level = "red" if fails / calls > d.th.judge_failure_red else "yellow"
+    return [Finding(level, "judge_failures",
+                    f"{100 * fails / calls:.1f}% of the judge calls in {d.span()} failed ({int(fails)} of {int(calls)}; "
+                    f"yellow above {100 * d.th.judge_failure_max:.0f}%, red above {100 * d.th.judge_failure_red:.0f}%)",
+                    _try("judge.timeout_s", _scaled(d.config, "judge.timeout_s", 2),
+                         "failed calls are left out of their groups; check the endpoint and its rate limit too"))]
+
+
+def _truncation(d: Window, _found: list[Finding]) -> list[Finding]:
+    out: list[Finding] = []
+    if not _full(d):
+        return out
+    for task in tasks_in(d.window, "rollout/", "/truncated"):
+        rate = d.wmean(f"rollout/{task}/truncated")
+        if rate > d.th.truncation_max:
+            out.append(Finding("yellow", "truncation",
+                               f"{100 * rate:.0f}% of {task} completions hit max_new_tokens in {d.span()} "
+                               f"(max {100 * d.th.truncation_max:.0f}%)",
+                               _try("rollout.max_new_tokens", _scaled(d.config, "rollout.max_new_tokens", 2, int),
+                                    "truncated answers are graded unfinished"), task))
+    return out
+
+
+def _zero_std(d: Window, found: list[Finding]) -> list[Finding]:
+    """Zero-std groups that success does not explain: with rewards in [0, 1] at most a fraction r (the mean reward) of
+    the groups can be all-right, so at least z − r of them (z = zero-std fraction) are all-wrong or stuck."""
+    out: list[Finding] = []
+    if not _full(d):
+        return out
+    red = {f.task for f in found if f.code == "reward_stuck"} | ({t for t in d.tasks()} if any(
+        f.code == "no_learning_signal" for f in found) else set())  # the same evidence already has a red finding
+    for task in d.tasks():
+        zero, reward = _task_zero_std(d, task), d.wmean(f"reward/{task}/mean")
+        if task in red or not (math.isfinite(zero) and math.isfinite(reward)) or zero - reward <= d.th.zero_std_max:
+            continue
+        out.append(Finding("yellow", "zero_std_groups",
+                           f"{task}: {100 * zero:.0f}% of its groups had zero reward std in {d.span()} with a mean "
+                           f"reward of {reward:.3f}: at least {100 * (zero - reward):.0f}% of the groups gave no "
+                           f"signal without being solved (max {100 * d.th.zero_std_max:.0f}%)",
+                           _try("rollout.k", _scaled(d.config, "rollout.k", 2, int),
+                                "more samples per prompt make groups whose rewards differ"), task))
+    return out
+
+
+def _non_finite(d: Window, _found: list[Finding]) -> list[Finding]:
+    row = d.window[-1]
+    bad = [k for k, v in row.items() if isinstance(v, float) and not math.isfinite(v)]
+    if not bad:
+        return []
+    return [_non_finite_finding(", ".join(f"{k} (step {d.last_step})" for k in bad[:5]), d.config)]
+
+
+def _non_finite_finding(where: str, config: Mapping[str, Any]) -> Finding:
+    return Finding("red", "non_finite", f"non-finite metric values: {where}",
+                   _try("train.lr", _scaled(config, "train.lr", 0.5),
+                        "look at the first step listed; check the rewards for NaN too"))
+
+
+WINDOW_CHECKS = (_no_learning_signal, _reward_stuck, _answer_collapse, _entropy, _kl, _judge, _truncation, _zero_std,
+                 _non_finite)
+"""In this order: a check sees the findings of the ones before it (zero_std_groups stays quiet under a red on the same
+evidence)."""
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# End of run: the window checks replayed, plus whole-run counts and the held-out gains
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def whole_run(history: Sequence[Mapping[str, Any]], th: HealthThresholds, config: Mapping[str, Any],
+               active: set[str]) -> list[Finding]:
+    out = []
+    if "non_finite" not in active:
+        bad: dict[str, int] = {}
+        for i, row in enumerate(history):
+            for key, value in row.items():
+                if isinstance(value, float) and not math.isfinite(value):
+                    bad.setdefault(key, int(row.get("step", i)))
+        if bad:
+            out.append(_non_finite_finding(", ".join(f"{k} (step {s})" for k, s in list(bad.items())[:5]), config))
+    steps = len(series(history, "health/skipped")) or sum(is_rl_row(r) for r in history)
+    skipped = sum(v for _, v in series(history, "health/skipped") if v > 0)
+    restored = sum(v for _, v in series(history, "health/restored") if v > 0)
+    lower_lr = _try("train.lr", _scaled(config, "train.lr", 0.5), "smaller steps keep the gradient and weights finite")
+    if steps and (skipped + restored) / steps > th.skipped_max:
+        out.append(Finding("red", "skipped_steps", f"{int(skipped)} skipped + {int(restored)} restored of {steps} "
+                           f"steps (max {100 * th.skipped_max:.0f}%)", lower_lr))
+    elif restored > 0:
+        out.append(Finding("yellow", "restored_weights", f"weights were restored {int(restored)} time(s)", lower_lr))
+    return out
+
+
+def heldout_gains(history: Sequence[Mapping[str, Any]], th: HealthThresholds, evals, config) -> list[Finding]:
+    """Held-out reward after RL against before RL, per trained task (eval.json when given, else the eval rows)."""
+    points: dict[str, tuple[float, float]] = {}
+    if evals and "after_rl" in evals:
+        before = evals.get("after_sft") or evals.get("before_sft") or {}
+        points = {t: (before[t], r) for t, r in evals["after_rl"].items() if t in before}
+    else:
+        for task in tasks_in(history, "eval/", "/reward"):
+            s = series(history, f"eval/{task}/reward")
+            if len(s) >= 2:
+                points[task] = (s[0][1], s[-1][1])
+    out = []
+    for task, (before, after) in points.items():
+        gain = after - before
+        if gain < -th.reward_regression_red:
+            out.append(Finding("red", "reward_regressed", f"held-out {task} reward fell during RL: {before:.3f} -> "
+                               f"{after:.3f} ({gain:+.3f})",
+                               _try("train.lr", _scaled(config, "train.lr", 0.5),
+                                    "then read samples/ for reward hacking"), task))
+        elif gain <= 0 and not (after >= th.solved_reward and gain == 0):  # a solved task cannot rise
+            out.append(Finding("yellow", "reward_flat", f"held-out {task} reward did not rise during RL: {before:.3f} "
+                               f"-> {after:.3f} ({gain:+.3f})",
+                               _try("train.max_steps", _scaled(config, "train.max_steps", 2, int),
+                                    "train longer, once the window checks show a learning signal"), task))
+    trained = tasks_in(history, "reward/", "/mean")
+    seen = set(points) | {t for phase in (evals or {}).values() for t in phase} | set(tasks_in(history, "eval/", "/reward"))
+    for task in trained:
+        if task not in seen:
+            out.append(Finding("yellow", "no_heldout", f"{task} was trained but never evaluated on held-out prompts: "
+                               "whether it learned is unknown",
+                               _try("train.eval_every", 20, "held-out rewards during the run show learning"), task))
+    return out
+

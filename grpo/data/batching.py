@@ -1,0 +1,71 @@
+"""Task-balanced prompt batches, sampled without replacement per epoch, with a resumable position.
+
+Each task keeps its own shuffled order (a permutation drawn from `seed` and the task's epoch number, so the state
+is just counters). Tasks share the prompts of a step by smooth weighted round-robin: each slot goes to the task
+with the most accumulated credit, so a mix of {a: 1, b: 1} gives a, b, a, b ... and odd batch sizes alternate.
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+from grpo.core.records import Sample
+
+
+class TaskBalancedSampler:
+    def __init__(self, samples_by_task: dict[str, list[Sample]], seed: int, mix: dict[str, float] | None = None):
+        empty = [t for t, s in samples_by_task.items() if not s]
+        if empty:
+            raise ValueError(f"task(s) {empty} have no training samples: check the data source and split")
+        self.samples = samples_by_task
+        self.tasks = sorted(samples_by_task)
+        weights = mix or {t: 1.0 for t in self.tasks}
+        missing = [t for t in self.tasks if t not in weights]
+        if missing or any(w <= 0 for w in weights.values()):
+            raise ValueError(f"task mix {weights} must give a positive weight to every task {self.tasks}")
+        total = sum(weights[t] for t in self.tasks)
+        self.weights = {t: weights[t] / total for t in self.tasks}
+        self.seed = seed
+        self.epoch = {t: 0 for t in self.tasks}
+        self.pos = {t: 0 for t in self.tasks}
+        self.credit = {t: 0.0 for t in self.tasks}
+        self._orders: dict[str, list[int]] = {}
+
+    def _order(self, task: str) -> list[int]:
+        key = f"{task}:{self.epoch[task]}"
+        if key not in self._orders:
+            order = list(range(len(self.samples[task])))
+            random.Random(f"{self.seed}:{key}").shuffle(order)
+            self._orders = {k: v for k, v in self._orders.items() if not k.startswith(f"{task}:")}
+            self._orders[key] = order
+        return self._orders[key]
+
+    def _draw(self, task: str) -> Sample:
+        if self.pos[task] >= len(self.samples[task]):
+            self.epoch[task] += 1
+            self.pos[task] = 0
+        sample = self.samples[task][self._order(task)[self.pos[task]]]
+        self.pos[task] += 1
+        return sample
+
+    def next_batch(self, n_prompts: int) -> list[Sample]:
+        """`n_prompts` samples, tasks mixed by weight."""
+        out = []
+        for _ in range(n_prompts):
+            for t in self.tasks:
+                self.credit[t] += self.weights[t]
+            task = max(self.tasks, key=lambda t: (self.credit[t], -self.tasks.index(t)))
+            self.credit[task] -= 1.0
+            out.append(self._draw(task))
+        return out
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"epoch": dict(self.epoch), "pos": dict(self.pos), "credit": dict(self.credit), "seed": self.seed}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if set(state["epoch"]) != set(self.tasks):
+            raise ValueError(f"sampler state has tasks {sorted(state['epoch'])}, this run has {self.tasks}")
+        self.epoch, self.pos = dict(state["epoch"]), dict(state["pos"])
+        self.credit, self.seed = dict(state["credit"]), state["seed"]
+        self._orders = {}

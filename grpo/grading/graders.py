@@ -1,0 +1,355 @@
+"""Graders of every kind: resolved once by name, called on a batch of rollouts, checked before the model loads.
+
+A reward term names its grader (`rewards.<task> = "name:weight,..."`); `resolve_grader` tries, in order:
+  a callable handed in by name      (the Python entry point: rewards={task: [fn, ...]})
+  a built-in name of GRADERS        rule graders fn(completion, gold) -> [0, 1] | None   (grpo/core/rewards.py)
+  a reward_models.<name> entry      a sequence-classifier reward model (grpo/grading/reward_models.py)
+  an existing folder                a reward model folder with the default RewardModelSpec settings
+  "package.module:function"         imported as a module
+  "path/to/file.py:function"        the file imported under a private module name; sys.path is not touched
+"llm_judge" is no Grader: scoring sends it to the Judge. A function's kind comes from its signature:
+  per row   fn(completion: str, gold: dict) -> float | None
+  batched   fn(prompts, completions, completion_ids, **columns) -> list[float | None], TRL's reward functions: any
+            function naming prompts / completions / completion_ids, or taking only **kwargs. It gets what TRL's
+            GRPOTrainer passes: prompts and completions as strings, or, for rows given as messages (TRL's
+            conversational format), as message lists; the completion token ids; and the row's columns (its gold
+            fields, and `task`) as keyword lists. `async def` functions are awaited. A function without **kwargs
+            gets only the arguments it names.
+Values (the range contract): None = "cannot grade this completion" (the reward becomes None: left out of its group,
+counted, never 0); otherwise a finite real number. Built-in graders and bounded reward-model normalisations must
+lie in their range [0, 1] (checked: a value outside is a bug); custom graders may return any finite number, e.g.
+TRL's negative length penalties. NaN, inf, a wrong type or a wrong number of values is an error naming the task
+and the grader. The task reward is the weighted mean of its terms (grpo/grading/scoring.py).
+
+`preflight` resolves every grader of every task and calls it on a real row of the task (the row's target and a
+fixed text as completions) before the policy is loaded; every problem found is reported in one GraderError.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import importlib
+import importlib.util
+import inspect
+import math
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from numbers import Real
+from pathlib import Path
+from typing import Any, Callable, Mapping, Sequence
+
+from grpo.core.records import Rollout, Sample
+from grpo.core.rewards import GRADERS
+
+JUDGE_TERM = "llm_judge"
+RULE_BOUNDS = (0.0, 1.0)
+TRL_ARGS = ("prompts", "completions", "completion_ids")
+TRL_ONLY_ARGS = {  # what TRL's GRPOTrainer also passes, and why a grader here cannot get it
+    "trainer_state": "TRL's TrainerState (this trainer has none; read the step from your own counter)",
+    "log_extra": "TRL's completion-table logger", "log_metric": "TRL's metric logger",
+    "environments": "TRL's per-completion environments",
+    "completions_ids": "nothing: TRL passes `completion_ids` (its docs' Example 1 spells it `completions_ids`, "
+                       "which TRL itself never passes); rename the parameter",
+}
+PREFLIGHT_TEXT = "I am not sure."  # an arbitrary reply: a grader must cope with whatever the policy writes
+FILE_MODULE_PREFIX = "_grpo_grader_"  # private module names for graders imported from a file path
+
+
+class GraderError(ValueError):
+    """A grader cannot be resolved, or returned something unusable. The message names the grader (and the task
+    when known) and what went wrong."""
+
+
+def grader_kind(fn: Callable[..., Any]) -> str:
+    """"batched" (TRL-style) or "row" (fn(completion, gold)), from the signature; GraderError when it fits neither."""
+    try:
+        sig = inspect.signature(fn)
+    except (TypeError, ValueError):  # some builtins have no signature: only the per-row call can be tried
+        return "row"
+    params = list(sig.parameters.values())
+    positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    required = [p for p in positional if p.default is p.empty]
+    if {p.name for p in params} & set(TRL_ARGS):
+        return "batched"
+    two = len(positional) >= 2 or any(p.kind is p.VAR_POSITIONAL for p in params)
+    if two and len(required) <= 2:
+        return "row"
+    if any(p.kind is p.VAR_KEYWORD for p in params):  # fn(**kwargs), fn(ground_truth, **kwargs): TRL-style
+        return "batched"
+    raise GraderError(f"its signature {sig} fits neither a per-row grader fn(completion, gold) nor a TRL-style "
+                      "reward function fn(prompts, completions, completion_ids, **kwargs)")
+
+
+def trl_inputs(rollouts: Sequence[Rollout], conversational: bool) -> dict[str, list[Any]]:
+    """The keyword arguments TRL's GRPOTrainer gives a reward function for these rollouts: prompts, completions,
+    completion_ids, and one list per column (the rows' gold fields and `task`; None where a row lacks a field)."""
+    samples = [r.sample for r in rollouts]
+    if conversational:
+        prompts: list[Any] = [[dict(m) for m in s.messages] for s in samples]
+        completions: list[Any] = [[{"role": "assistant", "content": r.text}] for r in rollouts]
+    else:
+        prompts = [s.messages[-1]["content"] for s in samples]
+        completions = [r.text for r in rollouts]
+    columns = list(dict.fromkeys(k for s in samples for k in s.gold if k not in TRL_ARGS))
+    kwargs: dict[str, list[Any]] = {"prompts": prompts, "completions": completions,
+                                    "completion_ids": [list(r.completion_ids) for r in rollouts]}
+    kwargs.update({c: [s.gold.get(c) for s in samples] for c in columns})
+    kwargs.setdefault("task", [s.task for s in samples])
+    return kwargs
+
+
+def _run(fn: Callable[..., Any], kwargs: dict[str, Any]) -> Any:
+    if inspect.iscoroutinefunction(fn):
+        # A thread of its own with its own loop: asyncio.run fails inside a running loop (Jupyter).
+        with ThreadPoolExecutor(max_workers=1) as pool:
+            return pool.submit(asyncio.run, fn(**kwargs)).result()
+    return fn(**kwargs)
+
+
+def _call_batched(fn: Callable[..., Any], rollouts: Sequence[Rollout]) -> list[Any]:
+    sig = inspect.signature(fn)
+    takes_all = any(p.kind is p.VAR_KEYWORD for p in sig.parameters.values())
+    out: list[Any] = [None] * len(rollouts)
+    for conversational in (False, True):  # TRL's format is per dataset; here per row, so call each format apart
+        index = [i for i, r in enumerate(rollouts) if r.sample.conversational == conversational]
+        if not index:
+            continue
+        kwargs = trl_inputs([rollouts[i] for i in index], conversational)
+        missing = [p.name for p in sig.parameters.values() if p.default is p.empty and p.name not in kwargs
+                   and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+        if missing:
+            why = "; ".join(f"{m}: {TRL_ONLY_ARGS[m]}" for m in missing if m in TRL_ONLY_ARGS)
+            raise GraderError(f"it needs argument(s) {missing} that are not passed ({why or 'not a column'}); it "
+                              f"gets {sorted(kwargs)}")
+        if not takes_all:
+            kwargs = {k: v for k, v in kwargs.items() if k in sig.parameters}
+        values = _run(fn, kwargs)
+        if not isinstance(values, (list, tuple)) or len(values) != len(index):
+            got = f"{len(values)} values" if isinstance(values, (list, tuple)) else f"a {type(values).__name__}"
+            raise GraderError(f"it returned {got} for {len(index)} completions; a TRL-style reward function returns "
+                              "a list with one float (or None) per completion")
+        for i, value in zip(index, values):
+            out[i] = value
+    return out
+
+
+def checked(value: Any, bounds: tuple[float, float] | None) -> float | None:
+    """A grader's value as float or None; GraderError for a wrong type, a non-finite value or one out of bounds."""
+    if value is None:
+        return None
+    if hasattr(value, "item") and getattr(value, "ndim", 0) == 0:  # numpy / torch scalars
+        value = value.item()
+    if not isinstance(value, Real):
+        raise GraderError(f"it returned {value!r} ({type(value).__name__}); return a float, or None when it "
+                          "cannot grade")
+    number = float(value)
+    if not math.isfinite(number):
+        raise GraderError(f"it returned {number!r}; return a finite float, or None when it cannot grade")
+    if bounds is not None and not bounds[0] <= number <= bounds[1]:
+        raise GraderError(f"it returned {number!r}, outside its range [{bounds[0]}, {bounds[1]}]")
+    return number
+
+
+@dataclass(frozen=True)
+class Grader:
+    """One resolved grader. `grade(rollouts)` returns one checked value per rollout."""
+
+    name: str
+    """The name the reward term gives."""
+    kind: str
+    """rule | row | batched | reward_model."""
+    fn: Callable[..., Any] = field(repr=False)
+    """rule / row: fn(completion, gold); batched: the TRL-style function; reward_model: RewardModel.scores."""
+    bounds: tuple[float, float] | None = None
+    """The range every value must lie in; None = any finite number."""
+
+    def grade(self, rollouts: Sequence[Rollout]) -> list[float | None]:
+        if not rollouts:
+            return []
+        if self.kind in ("rule", "row"):
+            raw = [self.fn(r.text, r.sample.gold) for r in rollouts]
+        elif self.kind == "batched":
+            raw = _call_batched(self.fn, rollouts)
+        else:
+            raw = self.fn(rollouts)
+        return [checked(v, self.bounds) for v in raw]
+
+
+def _file_module(path: Path) -> Any:
+    """The module of a .py file under a private name (`FILE_MODULE_PREFIX` + stem + hash of the path), imported
+    once per process; sys.path stays as it is, so the file cannot shadow any other import."""
+    name = f"{FILE_MODULE_PREFIX}{path.stem}_{hashlib.sha256(str(path).encode()).hexdigest()[:8]}"
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or spec.loader is None:
+        raise GraderError(f"{path} cannot be imported as Python source")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # dataclasses and pickle look a class's module up here while the file runs
+    try:
+        spec.loader.exec_module(module)
+    except Exception as err:  # whatever the file raises at import is the user's error to see, named
+        del sys.modules[name]
+        raise GraderError(f"importing {path} raised {type(err).__name__}: {err}") from err
+    return module
+
+
+def import_callable(ref: str) -> Callable[..., Any]:
+    """The function of "package.module:function" or "path/to/file.py:function"."""
+    source, sep, attr = ref.rpartition(":")
+    if not sep or not source or not attr:
+        raise GraderError("write a module path 'package.module:function' or a file path 'path/to/file.py:function'")
+    if source.endswith(".py") or "/" in source or "\\" in source:
+        path = Path(source).expanduser().resolve()
+        if not path.is_file():
+            raise GraderError(f"file {path} not found")
+        module = _file_module(path)
+    else:
+        try:
+            module = importlib.import_module(source)
+        except ImportError as err:
+            raise GraderError(f"cannot import module {source!r} ({err}); give a file path 'path/to/file.py:{attr}' "
+                              "to import a file that is not on the Python path") from err
+        except Exception as err:  # the module itself failed while importing
+            raise GraderError(f"importing module {source!r} raised {type(err).__name__}: {err}") from err
+    fn = getattr(module, attr, None)
+    if not callable(fn):
+        raise GraderError(f"{source!r} has no callable {attr!r}")
+    return fn
+
+
+def wrap(name: str, fn: Callable[..., Any]) -> Grader:
+    """A user function as a Grader, its kind read from its signature."""
+    return Grader(name=name, kind=grader_kind(fn), fn=fn)
+
+
+def resolve_grader(name: str, callables: Mapping[str, Callable[..., Any]] | None = None,
+                   reward_models: Mapping[str, Any] | None = None, device: Any = "cpu") -> Grader:
+    """The grader a reward term names (see the module docstring for the order). `reward_models` maps names to
+    RewardModelSpec; a reward model is loaded here, on `device`. GraderError names the grader."""
+    try:
+        if callables and name in callables:
+            return wrap(name, callables[name])
+        if name in GRADERS:
+            return Grader(name=name, kind="rule", fn=GRADERS[name], bounds=RULE_BOUNDS)
+        if (reward_models and name in reward_models) or Path(name).expanduser().is_dir():
+            from grpo.grading.reward_models import BOUNDED, RewardModelSpec, load_reward_model
+
+            spec = reward_models[name] if reward_models and name in reward_models else RewardModelSpec(path=name)
+            where = f"reward_models.{name}" if reward_models and name in reward_models else "reward model"
+            model = load_reward_model(spec, device, where)
+            return Grader(name=name, kind="reward_model", fn=model.scores, bounds=BOUNDED.get(spec.normalize))
+        if ":" not in name:
+            known = sorted(GRADERS) + sorted(reward_models or {}) + sorted(callables or {})
+            raise GraderError(f"not a known grader: use a built-in ({', '.join(known)}), {JUDGE_TERM!r}, a reward "
+                              "model folder, 'package.module:function' or 'path/to/file.py:function'")
+        try:
+            return wrap(name, import_callable(name))
+        except GraderError:
+            misread = _misread_weight(name, callables, reward_models)
+            if misread is None:
+                raise
+            grader, weight = misread
+            raise GraderError(f"{weight!r} is not a number: a reward term is grader:weight, e.g. '{grader}:1.0' "
+                              "(the weight is optional)") from None
+    except GraderError as err:
+        raise GraderError(f"grader {name!r}: {err}") from err.__cause__
+    except ValueError as err:  # a reward model that does not load
+        raise GraderError(f"grader {name!r}: {err}") from err
+
+
+def _misread_weight(name: str, callables: Mapping[str, Callable[..., Any]] | None,
+                    reward_models: Mapping[str, Any] | None) -> tuple[str, str] | None:
+    """(grader, weight) when `name` is a term whose weight is no number ('format:high', 'rewards.py:fn:x'): the
+    spec parser keeps such a term whole, and it would read as a module or file that does not exist. Asked only
+    once the import has failed, so a real 'module:function' (or a Windows drive letter) is never misread."""
+    grader, sep, weight = name.rpartition(":")
+    if not sep or not grader:
+        return None
+    known = set(GRADERS) | {JUDGE_TERM} | set(reward_models or {}) | set(callables or {})
+    head, sep, function = grader.rpartition(":")  # 'file.py:fn' or 'package.module:fn' before the weight
+    if grader in known or (sep and head and function.isidentifier()):
+        return grader, weight
+    return None
+
+
+def term_names(specs: Mapping[str, Any]) -> dict[str, list[str]]:
+    """Every grader name the specs use (judge excluded; fallbacks included) -> the tasks that use it."""
+    users: dict[str, list[str]] = {}
+    for task, spec in specs.items():
+        for name in [n for n, _ in spec.terms] + ([spec.fallback] if spec.fallback else []):
+            if name != JUDGE_TERM and task not in users.setdefault(name, []):
+                users[name].append(task)
+    return users
+
+
+def resolve_graders(specs: Mapping[str, Any], callables: Mapping[str, Callable[..., Any]] | None = None,
+                    reward_models: Mapping[str, Any] | None = None, device: Any = "cpu") -> dict[str, Grader]:
+    """Every grader the specs name, resolved once (a reward model is loaded once however many tasks use it)."""
+    return {name: resolve_grader(name, callables, reward_models, device) for name in sorted(term_names(specs))}
+
+
+def _preflight_rollouts(sample: Sample, encode: Callable[[str], Sequence[int]]) -> list[Rollout]:
+    texts = [sample.target, PREFLIGHT_TEXT] if sample.target else [PREFLIGHT_TEXT]
+    return [Rollout(sample=sample, prompt_ids=(), completion_ids=tuple(encode(t)), text=t, stopped=True,
+                    truncated=False) for t in texts]
+
+
+def _utf8(text: str) -> list[int]:
+    return list(text.encode("utf-8"))
+
+
+def preflight(specs: Mapping[str, Any], samples_by_task: Mapping[str, Sequence[Sample]], *, judge: Any = None,
+              callables: Mapping[str, Callable[..., Any]] | None = None, reward_models: Mapping[str, Any] | None = None,
+              device: Any = "cpu", encode: Callable[[str], Sequence[int]] | None = None) -> dict[str, Grader]:
+    """Resolve every grader of every task and call it once on the task's first row; return the graders by name
+    (keep them: a reward model is loaded here, once). Completions tried: the row's target and `PREFLIGHT_TEXT`;
+    their ids come from `encode` (the policy tokenizer's, when it is loaded; UTF-8 bytes otherwise). A task using
+    "llm_judge" needs `judge`, whose rubric for the task is loaded and filled with the row (no call is made).
+
+    Raises GraderError listing every broken (task, grader) with what went wrong."""
+    problems: list[str] = []
+    graders: dict[str, Grader] = {}
+    for name, tasks in term_names(specs).items():
+        try:
+            graders[name] = resolve_grader(name, callables, reward_models, device)
+        except GraderError as err:
+            problems.append(f"task {', '.join(map(repr, tasks))}, {err}")
+    for task, spec in specs.items():
+        rows = samples_by_task.get(task) or []
+        if not rows:
+            problems.append(f"task {task!r}: no rows to try its graders on (is the task name right?)")
+            continue
+        rollouts = _preflight_rollouts(rows[0], encode or _utf8)
+        for name in dict.fromkeys([n for n, _ in spec.terms] + ([spec.fallback] if spec.fallback else [])):
+            if name == JUDGE_TERM:
+                problems += _judge_problem(task, judge, rollouts[0])
+            elif name in graders:
+                try:
+                    graders[name].grade(rollouts)
+                except Exception as err:  # anything a user's grader raises is reported, named, with the rest
+                    detail = str(err) if isinstance(err, GraderError) else f"raised {type(err).__name__}: {err}"
+                    problems.append(f"task {task!r}, grader {name!r} on row {rows[0].id!r}: {detail}")
+    if problems:
+        raise GraderError("reward preflight failed (nothing was trained):\n  - " + "\n  - ".join(problems))
+    return graders
+
+
+def _judge_problem(task: str, judge: Any, rollout: Rollout) -> list[str]:
+    if judge is None:
+        return [f"task {task!r}, grader {JUDGE_TERM!r}: no judge is configured (set judge.base_url)"]
+    try:
+        prompt = "\n\n".join(m["content"] for m in rollout.sample.messages)
+        judge.rubric(task).render(prompt, rollout.text, rollout.sample.gold)
+    except Exception as err:  # a rubric file that does not load or format
+        return [f"task {task!r}, grader {JUDGE_TERM!r}: its rubric fails: {type(err).__name__}: {err}"]
+    return []
+
+
+def builtin_graders() -> dict[str, str]:
+    """Name -> first docstring paragraph of every built-in grader, "llm_judge" included (for --help)."""
+    out = {name: " ".join((fn.__doc__ or "").strip().split("\n\n")[0].split()) for name, fn in sorted(GRADERS.items())}
+    out[JUDGE_TERM] = "the LLM judge (judge.* settings; rubric grpo/grading/rubrics/<task>.txt), score in [0, 1]"
+    return out

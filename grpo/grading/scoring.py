@@ -1,0 +1,147 @@
+"""Reward composition per task: graders of every kind and the LLM judge, weighted into one reward.
+
+  reward = Σ_i w_i·s_i / Σ_i w_i   over the task's terms (weights > 0)
+Each term is a grader (grpo/grading/graders.py: a built-in rule grader in [0, 1], a per-row or TRL-style batched function
+returning any finite float, a reward model) or "llm_judge" (in [0, 1]). So a task whose terms all lie in [0, 1] has a
+reward in [0, 1]; with custom terms the reward is the same weighted mean of their values, unbounded. (TRL sums its
+weighted rewards instead; the two differ by the factor Σ w_i, which group-scaled advantages cancel.)
+Every grader is called ONCE per task per batch, on all of the task's rollouts; the "llm_judge" term of every rollout
+of the batch goes to the Judge as ONE batch (its thread pool). A judge failure uses the spec's fallback grader in
+its place (provider "fallback:<name>"); with no fallback the reward is None — excluded from the group statistics and
+counted in `scoring/<task>/failed`, never turned into 0. A grader that returns None also makes the reward None.
+A grader that raises, or returns a wrong value, stops the step with a GraderError naming the task and the grader.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+from grpo.grading.graders import JUDGE_TERM, Grader, GraderError, resolve_graders
+from grpo.grading.judge import Judge, JudgeItem, JudgeResult
+from grpo.core.records import Rollout, Scored
+
+__all__ = ["JUDGE_TERM", "RewardSpec", "score_rollouts"]
+
+
+@dataclass(frozen=True)
+class RewardSpec:
+    """How one task's reward is made. Maps 1:1 onto a config section."""
+
+    task: str
+    terms: tuple[tuple[str, float], ...]
+    """(grader, weight) pairs; grader = any name grpo.grading.graders.resolve_grader takes, or "llm_judge"."""
+    fallback: str | None = None
+    """Grader used in place of a failed judge score; None = the reward becomes None."""
+
+    def __post_init__(self) -> None:
+        if not self.terms:
+            raise ValueError(f"RewardSpec({self.task!r}).terms is empty: give at least one (grader, weight)")
+        for name, weight in self.terms:
+            if not (isinstance(weight, (int, float)) and math.isfinite(weight) and weight > 0):
+                raise ValueError(f"RewardSpec({self.task!r}): weight of {name!r} is {weight!r}; use a number > 0")
+        if self.fallback == JUDGE_TERM:
+            raise ValueError(f"RewardSpec({self.task!r}).fallback cannot be {JUDGE_TERM!r}; name a rule grader")
+
+    @property
+    def uses_judge(self) -> bool:
+        return any(name == JUDGE_TERM for name, _ in self.terms)
+
+
+def _judge_all(rollouts: list[Rollout], specs: dict[str, RewardSpec], judge: Judge | None) -> dict[int, JudgeResult]:
+    wanted = [i for i, r in enumerate(rollouts) if specs[r.sample.task].uses_judge]
+    if not wanted:
+        return {}
+    if judge is None:
+        tasks = sorted({rollouts[i].sample.task for i in wanted})
+        raise ValueError(f"tasks {tasks} have an {JUDGE_TERM!r} reward term but no Judge was given; configure one")
+    items = [JudgeItem(task=rollouts[i].sample.task, prompt=_prompt_text(rollouts[i]), response=rollouts[i].text,
+                       gold=rollouts[i].sample.gold) for i in wanted]
+    return dict(zip(wanted, judge.score_batch(items), strict=True))
+
+
+def _prompt_text(rollout: Rollout) -> str:
+    """The prompt as the judge sees it: the messages' contents, system message first."""
+    return "\n\n".join(m["content"] for m in rollout.sample.messages)
+
+
+def _grade(grader: Grader, task: str, rollouts: list[Rollout]) -> list[float | None]:
+    try:
+        return grader.grade(rollouts)
+    except GraderError as err:
+        raise GraderError(f"task {task!r}, grader {grader.name!r}: {err}") from err
+    except Exception as err:  # a user's grader failing mid-run: stop the step, naming who failed and how
+        raise GraderError(f"task {task!r}, grader {grader.name!r} raised {type(err).__name__}: {err}") from err
+
+
+def _term_values(rollouts: list[Rollout], specs: Mapping[str, RewardSpec], graders: Mapping[str, Grader],
+                 verdicts: dict[int, JudgeResult]) -> list[dict[str, float | None]]:
+    """Per rollout, the raw value of every term ("llm_judge" and, where the judge failed, "fallback:<name>")."""
+    values: list[dict[str, float | None]] = [{} for _ in rollouts]
+    by_task: dict[str, list[int]] = {}
+    for i, r in enumerate(rollouts):
+        by_task.setdefault(r.sample.task, []).append(i)
+    for task, index in by_task.items():
+        spec = specs[task]
+        for name in dict.fromkeys(n for n, _ in spec.terms if n != JUDGE_TERM):
+            for i, value in zip(index, _grade(graders[name], task, [rollouts[i] for i in index])):
+                values[i][name] = value
+        if spec.uses_judge:
+            for i in index:
+                values[i][JUDGE_TERM] = verdicts[i].score
+            failed = [i for i in index if verdicts[i].score is None]
+            if spec.fallback and failed:
+                for i, value in zip(failed, _grade(graders[spec.fallback], task, [rollouts[i] for i in failed])):
+                    values[i][f"fallback:{spec.fallback}"] = value
+    return values
+
+
+def _combine(rollout: Rollout, spec: RewardSpec, parts: dict[str, float | None], verdict: JudgeResult | None) -> Scored:
+    provider = "rule"
+    total, weights = 0.0, 0.0
+    failed = False
+    for name, weight in spec.terms:
+        value = parts[name]
+        if name == JUDGE_TERM:
+            assert verdict is not None  # _judge_all scored every rollout whose spec uses the judge
+            provider = verdict.provider
+            if value is None and spec.fallback:
+                value, provider = parts[f"fallback:{spec.fallback}"], f"fallback:{spec.fallback}"
+        if value is None:
+            failed = True
+        else:
+            total, weights = total + weight * value, weights + weight
+    return Scored(rollout=rollout, reward=None if failed else total / weights, parts=parts, provider=provider)
+
+
+def score_rollouts(
+    rollouts: list[Rollout], specs: Mapping[str, RewardSpec], judge: Judge | None = None,
+    graders: Mapping[str, Grader] | None = None,
+) -> tuple[list[Scored], dict[str, float]]:
+    """One Scored per rollout (input order) and the metrics `scoring/<task>/failed`, `scoring/<task>/fallback`
+    (counts in this batch) plus the judge's cumulative `judge/*` counters when a judge was used.
+
+    graders: the resolved graders by name, from `grpo.grading.graders.preflight` (built once per run: a reward model is
+    loaded there); None = resolve the specs' names here (no reward-model names then: each call would load it)."""
+    missing = sorted({r.sample.task for r in rollouts} - set(specs))
+    if missing:
+        raise KeyError(f"no RewardSpec for tasks {missing}; specs exist for {sorted(specs)}")
+    if graders is None:
+        graders = resolve_graders(specs)
+    verdicts = _judge_all(rollouts, specs, judge)
+    values = _term_values(rollouts, specs, graders, verdicts)
+    scored = [_combine(r, specs[r.sample.task], values[i], verdicts.get(i)) for i, r in enumerate(rollouts)]
+    failed: Counter[str] = Counter()
+    fallback: Counter[str] = Counter()
+    for s in scored:
+        failed[s.rollout.sample.task] += s.reward is None
+        fallback[s.rollout.sample.task] += s.provider.startswith("fallback:")
+    metrics: dict[str, Any] = {}
+    for task in sorted({r.sample.task for r in rollouts}):
+        metrics[f"scoring/{task}/failed"] = float(failed[task])
+        metrics[f"scoring/{task}/fallback"] = float(fallback[task])
+    if verdicts and judge is not None:
+        metrics.update(judge.metrics())
+    return scored, metrics

@@ -1,0 +1,238 @@
+"""A lean decoding loop: Hugging Face `generate`'s sampling without its per-step bookkeeping, and with stopped rows
+dropped from the model's batch.
+
+    prefill    logits_U = model(prompt_UP, mask_UP, pos_UP = cumsum(mask) − 1 (0 on padding), logits_to_keep=1) over
+               the U distinct prompt rows (an RL batch repeats each prompt K times: U = B / K); the KV cache and
+               logits are then gathered back to the B rows (row b takes distinct row src_B[b])
+    step t     scores_BV = processors(seq_BL, logits_BV)       (HF's order: repetition penalty, min-new-tokens mask,
+                                                                the caller's processors, then the sampling warpers
+                                                                temperature, top-k, top-p, min-p)
+               next_B = multinomial(softmax(scores_BV))  when sampling, argmax(scores_BV) otherwise
+               next_B = pad_id on rows that already stopped;  a row stops when next ∈ stop_ids
+               done when every row stopped, or after max_new_tokens tokens
+    compaction when the rows still running fall to ≤ COMPACT_FRACTION of the rows the model computes, the KV cache
+               keeps only the running rows. The processors and the sampler still see all B rows (a stopped row's
+               logits are zeros), so every row draws what it would draw without compaction: the sampler takes its
+               random numbers per row whatever the row holds, and the stopped row's draw is replaced by pad_id.
+
+The one-token steps are grpo/models/steppers.py's: for the Llama family (Llama, Mistral, Qwen2, Qwen3) the layers are
+called one by one over KV buffers written in place (`FastSteps`); any other model runs its whole forward per step
+(`HFSteps`). Both give the forward's logits bit for bit.
+
+The shared prefill: the prompt forward is most of a rollout's compute when completions are short (SmolLM2-135M,
+4 prompts × K 8: `python benchmarks/real_model_parts.py` times it). A row's logits and keys / values do not depend
+on the other rows of the batch, so computing each distinct prompt once gives the same cache and logits up to float
+rounding (a matmul over fewer rows may round differently: ~1e-7 in tests/test_steppers.py; the sampled tokens equal
+`generate`'s in tests/test_decode.py).
+
+On the CPU the output equals `model.generate`'s, token for token under the same seed, compaction included
+(tests/test_decode.py: every group of settings, sdpa and eager attention, both kinds of step), which is what lets
+`rollout.engine=auto` use it. What it saves: `generate`'s per-step Python (model-input preparation, processor
+signature inspection, stopping criteria, a 4D attention mask rebuilt on every forward), the forward's own
+bookkeeping and cache concatenation (FastSteps), and the compute of rows that already stopped, which RL rollouts
+have many of (K samples of one prompt end at very different lengths). A GPU run of it has not been measured yet.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Sequence
+
+import torch
+
+from grpo.models.model_calls import accepts_logits_to_keep, cache_kwarg, position_ids_from_mask, returned_cache
+from grpo.models.modeling import base_model
+from grpo.models.steppers import make_steps
+
+COMPACT_FRACTION = 0.75
+"""Drop the stopped rows from the KV cache once the running rows are at most this fraction of the rows the model
+computes. A copy of the cache per compaction, so a geometric threshold bounds the copies by log_{4/3}(B) (15 at B=64)
+while the model never computes more than 4/3 of the running rows."""
+
+GENERATION_FIELDS_NOT_REPLAYED = (
+    "min_length", "no_repeat_ngram_size", "encoder_no_repeat_ngram_size", "encoder_repetition_penalty",
+    "bad_words_ids", "suppress_tokens", "begin_suppress_tokens", "forced_bos_token_id", "forced_eos_token_id",
+    "sequence_bias", "guidance_scale", "typical_p", "epsilon_cutoff", "eta_cutoff", "top_h",
+    "exponential_decay_length_penalty", "renormalize_logits", "remove_invalid_values", "watermarking_config",
+)
+"""GenerationConfig fields that `generate` would take from a model's generation_config.json and that this loop does
+not apply. A model that sets one of them decodes with `generate` under `rollout.engine=auto`
+(see `fields_generate_would_add`)."""
+
+ENGINES = ("auto", "hf", "lean")
+"""How rollouts are decoded (rollout.engine): "hf" = transformers' `generate`; "lean" = `decode` here; "auto" = lean
+wherever it applies (`lean_blocker` says None), else hf. The one list of these names (grpo/run/config_check.py checks
+the config against it)."""
+
+Processor = Callable[[torch.LongTensor, torch.Tensor], torch.Tensor]
+
+
+def fields_generate_would_add(model: torch.nn.Module) -> list[str]:
+    """Names of GENERATION_FIELDS_NOT_REPLAYED that the model's own generation config sets to a non-default value
+    (`generate` merges those into every call; this loop would not)."""
+    from transformers import GenerationConfig
+
+    own = getattr(model, "generation_config", None)
+    if own is None:
+        return []
+    default = GenerationConfig()
+    return [name for name in GENERATION_FIELDS_NOT_REPLAYED
+            if getattr(own, name, None) is not None and getattr(own, name, None) != getattr(default, name, None)]
+
+
+def lean_blocker(model: torch.nn.Module, cache_implementation: str, synced_gpus: bool) -> str | None:
+    """Why `decode` cannot stand in for `generate` here (None = it can)."""
+    if cache_implementation != "dynamic":
+        return (f"rollout.cache_implementation={cache_implementation} (the lean loop keeps a dynamic cache; the static "
+                "cache is for generate's compiled decoding)")
+    if synced_gpus:
+        return "FSDP sharding (every forward is a collective, and generate keeps the processes in step)"
+    from transformers import GenerationMixin
+
+    base = base_model(model)
+    if getattr(base.config, "is_encoder_decoder", False):
+        return "an encoder-decoder model"
+    if type(base).prepare_inputs_for_generation is not GenerationMixin.prepare_inputs_for_generation:
+        return (f"{type(base).__name__} prepares its own generation inputs (prepare_inputs_for_generation), which "
+                "the lean loop would skip")
+    fields = fields_generate_would_add(model)
+    if fields:
+        return f"the model's generation_config sets {fields}, which generate applies and the lean loop does not"
+    return None
+
+
+def sampling_processors(*, do_sample: bool, temperature: float, top_k: int, top_p: float, min_p: float,
+                        repetition_penalty: float, min_new_tokens: int, prompt_len: int, mask_BP: torch.Tensor,
+                        stop_ids: Sequence[int], extra: Sequence[Processor] = ()) -> list[Processor]:
+    """The processors `generate` builds for these settings, in its order (`_get_logits_processor`), with `extra`
+    (the caller's own processors) where `generate` puts a user's `logits_processor` list: after its processors and
+    before the sampling warpers. Neutral values add nothing, as in `generate`."""
+    from transformers import (
+        MinNewTokensLengthLogitsProcessor,
+        MinPLogitsWarper,
+        RepetitionPenaltyLogitsProcessor,
+        TemperatureLogitsWarper,
+        TopKLogitsWarper,
+        TopPLogitsWarper,
+    )
+
+    processors: list[Processor] = []
+    if repetition_penalty != 1.0:
+        padding_lengths_B = (mask_BP != 0).int().argmax(dim=1)  # left padding: the first real column of each row
+        try:
+            processors.append(RepetitionPenaltyLogitsProcessor(repetition_penalty,
+                                                               prompt_ignore_length=padding_lengths_B))
+        except TypeError:  # transformers before `prompt_ignore_length`: its generate does not pass it either
+            processors.append(RepetitionPenaltyLogitsProcessor(repetition_penalty))
+    if min_new_tokens > 0:
+        processors.append(MinNewTokensLengthLogitsProcessor(prompt_len, min_new_tokens, list(stop_ids),
+                                                            device=mask_BP.device))
+    processors.extend(extra)
+    if do_sample:
+        if temperature != 1.0:
+            processors.append(TemperatureLogitsWarper(temperature))
+        if top_k != 0:
+            processors.append(TopKLogitsWarper(top_k=top_k, min_tokens_to_keep=1))
+        if top_p < 1.0:
+            processors.append(TopPLogitsWarper(top_p=top_p, min_tokens_to_keep=1))
+        if min_p > 0:
+            processors.append(MinPLogitsWarper(min_p=min_p, min_tokens_to_keep=1))
+    return processors
+
+
+def distinct_rows(ids_BP: torch.Tensor, mask_BP: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """(first_U, src_B) for a batch whose rows repeat: first_U[u] is the first row of the u-th distinct row (same
+    ids and same mask), src_B[b] the distinct row that row b repeats, so ids_BP == ids_BP[first_U][src_B]. None when
+    every row is distinct (nothing to share). One host read of the prompt ids."""
+    seen: dict[tuple[int, ...], int] = {}
+    first: list[int] = []
+    src: list[int] = []
+    for b, row in enumerate(torch.cat([ids_BP, mask_BP.to(ids_BP.dtype)], dim=1).tolist()):
+        u = seen.setdefault(tuple(row), len(first))
+        if u == len(first):
+            first.append(b)
+        src.append(u)
+    if len(first) == len(src):
+        return None
+    device = ids_BP.device
+    return torch.tensor(first, device=device), torch.tensor(src, device=device)
+
+
+def _sync_every(device: torch.device) -> int:
+    """Decoding steps between host reads of "how many rows still run". On the CPU a read is free; on an accelerator
+    it stalls the launch queue, so it is read every 8 steps (at most 7 extra steps after the last row stopped, which
+    only append padding)."""
+    return 1 if device.type == "cpu" else 8
+
+
+@torch.no_grad()
+def decode(model: torch.nn.Module, ids_BP: torch.LongTensor, mask_BP: torch.Tensor, processors: Sequence[Processor],
+           *, max_new_tokens: int, stop_ids: Sequence[int], pad_id: int, do_sample: bool,
+           compact: bool = True, fast_steps: bool = True, share_prefill: bool = True) -> torch.LongTensor:
+    """(B, P + n) prompt + completion ids, n ≤ max_new_tokens; rows that stopped are padded with `pad_id` after their
+    stop token, as `generate` pads them. The model must already be in eval mode with its KV cache on
+    (`grpo.models.modeling.generation_mode`); the torch RNG (seed it around the call) drives the sampler.
+
+    On the CPU the result is `generate`'s, token for token. On an accelerator the loop may run up to 7 steps past the
+    last stop (see `_sync_every`), which adds padding columns and draws more random numbers, nothing else."""
+    from transformers import DynamicCache
+
+    if max_new_tokens < 1:
+        raise ValueError(f"decode: max_new_tokens={max_new_tokens}; use at least 1")
+    device = ids_BP.device
+    B = ids_BP.shape[0]
+    stops = torch.tensor([int(i) for i in stop_ids], device=device)
+    pad = torch.tensor(int(pad_id), device=device)
+    # `generate` drops an all-ones mask (the attention then takes its causal fast path); so does this loop, so the
+    # logits are bit-identical to its own
+    prefill_mask = None if bool(mask_BP.all()) else mask_BP.long()
+    pos_BP = position_ids_from_mask(mask_BP)
+    next_pos_R1 = pos_BP[:, -1:] + 1
+    extra = {"logits_to_keep": 1} if accepts_logits_to_keep(model) else {}
+    shared = distinct_rows(ids_BP, mask_BP) if share_prefill else None
+    first_U, src_B = shared if shared is not None else (None, None)
+    out = model(input_ids=ids_BP if first_U is None else ids_BP[first_U],
+                attention_mask=prefill_mask if prefill_mask is None or first_U is None else prefill_mask[first_U],
+                position_ids=pos_BP if first_U is None else pos_BP[first_U],
+                **{cache_kwarg(model) or "past_key_values": DynamicCache(config=model.config)}, use_cache=True,
+                **extra)
+    # FastSteps copies the prefill's cache (row b from row src_B[b]) into its own buffers; `out` is dropped below,
+    # and the copy with it
+    steps = make_steps(model, returned_cache(out), mask_BP, out.logits.dtype, max_new_tokens - 1, fast=fast_steps,
+                       rows_B=src_B)
+    logits_RV = out.logits[:, -1] if src_B is None else out.logits[src_B, -1]
+    del out
+    sync_every = _sync_every(device)
+    rows_R: torch.Tensor | None = None  # the batch rows the model computes; None = all B
+    running_B = torch.ones(B, dtype=torch.bool, device=device)
+    seq_BL = ids_BP
+    for t in range(max_new_tokens):
+        logits_RV = logits_RV.to(dtype=torch.float32, copy=True)
+        if rows_R is None:
+            logits_BV = logits_RV
+        else:
+            logits_BV = logits_RV.new_zeros(B, logits_RV.shape[-1])
+            logits_BV[rows_R] = logits_RV
+        for processor in processors:
+            logits_BV = processor(seq_BL, logits_BV)
+        if do_sample:
+            next_B = torch.multinomial(torch.softmax(logits_BV, dim=-1), num_samples=1).squeeze(1)
+        else:
+            next_B = torch.argmax(logits_BV, dim=-1)
+        next_B = torch.where(running_B, next_B, pad)
+        seq_BL = torch.cat([seq_BL, next_B[:, None]], dim=-1)
+        running_B = running_B & ~torch.isin(next_B, stops)
+        if t == max_new_tokens - 1:
+            break
+        if (t + 1) % sync_every == 0:
+            n_running = int(running_B.sum())  # a host sync
+            if n_running == 0:
+                break
+            computed = B if rows_R is None else int(rows_R.numel())
+            if compact and n_running <= COMPACT_FRACTION * computed:
+                keep_R = (running_B if rows_R is None else running_B[rows_R]).nonzero().squeeze(1)
+                steps.select(keep_R)
+                next_pos_R1 = next_pos_R1[keep_R]
+                rows_R = running_B.nonzero().squeeze(1)
+        logits_RV = steps((next_B if rows_R is None else next_B[rows_R])[:, None], next_pos_R1)
+        next_pos_R1 = next_pos_R1 + 1
+    return seq_BL

@@ -1,0 +1,45 @@
+"""Collation of scored rollouts into a TrainBatch, and the no-grad old / reference log-prob passes.
+
+The batch holds the exact sampled ids (never re-tokenised text), in the layout [left-padded prompt | completion],
+so the log-prob pass scores exactly the tokens the sampler produced, with the same template and padding side.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+
+from grpo.models.logprobs import completion_logprobs
+from grpo.core.records import Scored, TrainBatch
+from grpo.models.tokens import collate
+
+
+def build_train_batch(scored: Sequence[Scored], advantages_B: torch.Tensor, tasks: Sequence[str], pad_id: int,
+                      device: torch.device, group_size: int = 1) -> TrainBatch:
+    """Collate the rollouts (order kept) with their advantages; nothing here carries a graph. `group_size` K > 1:
+    the rollouts come as K consecutive completions per prompt, and the forward passes may encode each prompt once
+    (TrainBatch.group_size)."""
+    input_ids, attention, completion_mask, prompt_len = collate(
+        [list(s.rollout.prompt_ids) for s in scored], [list(s.rollout.completion_ids) for s in scored], pad_id)
+    task_ids = torch.tensor([tasks.index(s.rollout.sample.task) for s in scored], dtype=torch.long)
+    return TrainBatch(input_ids_BL=input_ids.to(device), attention_mask_BL=attention.to(device),
+                      completion_mask_BT=completion_mask.to(device=device, dtype=torch.float32),
+                      prompt_len=prompt_len, task_ids_B=task_ids.to(device),
+                      advantages_B=advantages_B.detach().to(device=device, dtype=torch.float32),
+                      group_size=group_size)
+
+
+@torch.no_grad()
+def batch_logprobs(model: torch.nn.Module, batch: TrainBatch, micro_batch_seqs: int, temperature: float,
+                   ) -> torch.Tensor:
+    """Per-token log-probs of the batch's completions under `model`, in eval mode (dropout off), no graph."""
+    was_training = model.training
+    model.eval()
+    try:
+        parts = [completion_logprobs(model, mb.input_ids_BL, mb.attention_mask_BL, mb.prompt_len,
+                                     temperature=temperature, group_size=mb.group_size)[0].float()
+                 for mb in batch.micro_batches(micro_batch_seqs)]
+    finally:
+        model.train(was_training)
+    return batch.from_micro_batches(parts, micro_batch_seqs) * batch.completion_mask_BT

@@ -1,0 +1,274 @@
+"""Rollouts: one batched decode for all prompts × K, cut at the first stop token, as typed `Rollout` records.
+
+The decode is transformers' `generate` or the lean loop of grpo/models/decode.py (`rollout.engine`), which samples
+the same tokens with the same processors and random numbers, with less Python per step and without computing rows
+that already stopped.
+
+    rollouts[i*K:(i+1)*K] are the K completions of samples[i]
+    frequency / presence penalty: logit_j -= c_j · frequency + 1[c_j > 0] · presence, c_j = count of j in the
+        completion so far (prompt excluded)                                   (OpenAI API reference, "Parameter details")
+    sanitiser: NaN → NAN_LOGIT, +Inf → POSINF_LOGIT, -Inf → NEGINF_LOGIT, so the sampler never sees a non-finite value
+    temperature / top-k / top-p / min-p / repetition penalty: Hugging Face's own warpers via GenerationConfig
+        (note: HF's repetition penalty, unlike the two penalties above, also counts prompt tokens)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import warnings
+from collections import defaultdict
+from typing import Any, Iterator, Sequence
+
+import torch
+
+from grpo.config.settings import RolloutConfig
+from grpo.models.decode import decode, lean_blocker, sampling_processors
+from grpo.models.modeling import generation_mode
+from grpo.core.records import Rollout, Sample
+from grpo.models.tokens import encode_prompt, left_pad, stop_token_id
+
+NAN_LOGIT = -1e4
+"""NaN logits become this: exp(-1e4 - max) is 0 in fp32, so a NaN token is never picked unless all are NaN, and it
+stays finite after division by any temperature ≥ 1e-30 in fp32 (|x| < 3e38)."""
+POSINF_LOGIT = 1e4
+"""+Inf logits become this: finite, but beats every ordinary logit (|logit| < ~100 in practice)."""
+NEGINF_LOGIT = -1e4
+"""-Inf logits (masks from min_new_tokens, or an overflowing model) become this; a row of all -Inf would otherwise
+make softmax NaN. Like NAN_LOGIT it carries zero probability next to any ordinary logit."""
+
+CACHE_IMPLEMENTATIONS = ("dynamic", "static")
+"""KV caches `generate` may use (rollout.cache_implementation; grpo/run/config_check.py checks against this list):
+dynamic grows per step; static is allocated once at prompt + max_new_tokens columns, which lets transformers
+compile the decoding step on CUDA (`_valid_auto_compile_criteria`)."""
+STATIC_PROMPT_BUCKET = 64
+"""With the static cache, prompts are left-padded to a multiple of this many columns, so the cache (and the compiled
+decoding step) takes one of a few shapes instead of a new one, and a recompile, whenever the longest prompt changes.
+Padding is masked and position ids come from the mask, so the sampled ids and their log-probs stay the same."""
+
+_WARNED: set[str] = set()
+
+
+def _warn_once(message: str) -> None:
+    if message not in _WARNED:
+        _WARNED.add(message)
+        warnings.warn(message, RuntimeWarning, stacklevel=3)
+
+
+class CompletionPenaltyProcessor:
+    """Presence and frequency penalties over the COMPLETION tokens only (columns ≥ prompt_len of the left-padded
+    batch), so a token that only appears in the prompt is not penalised."""
+
+    def __init__(self, prompt_len: int, presence: float, frequency: float):
+        self.prompt_len, self.presence, self.frequency = prompt_len, presence, frequency
+
+    def __call__(self, input_ids: torch.LongTensor, scores_BV: torch.Tensor) -> torch.Tensor:
+        completion_BN = input_ids[:, self.prompt_len:]
+        counts_BV = torch.zeros_like(scores_BV)
+        counts_BV.scatter_add_(1, completion_BN, torch.ones_like(completion_BN, dtype=scores_BV.dtype))
+        return scores_BV - self.frequency * counts_BV - self.presence * (counts_BV > 0).to(scores_BV.dtype)
+
+
+class SanitizeLogitsProcessor:
+    """Replaces NaN/±Inf logits by finite values; counts the rows it had to fix (without a device sync)."""
+
+    def __init__(self) -> None:
+        self.rows_fixed: torch.Tensor | int = 0
+
+    def __call__(self, input_ids: torch.LongTensor, scores_BV: torch.Tensor) -> torch.Tensor:
+        # One reduction finds the bad rows: a NaN or +Inf anywhere makes the row sum NaN or +Inf. A -Inf alone
+        # (a token masked by min_new_tokens or a bad-words list) is legitimate and left alone. Only when a row is
+        # bad is the whole tensor rewritten, so the common case costs one pass, not two plus a copy.
+        sum_B = scores_BV.sum(dim=-1)
+        bad_B = torch.isnan(sum_B) | (sum_B == float("inf"))
+        self.rows_fixed = self.rows_fixed + bad_B.sum()
+        if scores_BV.device.type != "cpu":
+            # On an accelerator `bool(bad_B.any())` would be a host sync per decoding step, stalling the launch
+            # queue; rewriting the bad rows with a select costs one cheap elementwise pass instead.
+            fixed_BV = torch.nan_to_num(scores_BV, nan=NAN_LOGIT, posinf=POSINF_LOGIT, neginf=NEGINF_LOGIT)
+            return torch.where(bad_B.unsqueeze(-1), fixed_BV, scores_BV)
+        if not bool(bad_B.any()):
+            return scores_BV
+        return torch.nan_to_num(scores_BV, nan=NAN_LOGIT, posinf=POSINF_LOGIT, neginf=NEGINF_LOGIT)
+
+
+def build_generation_config(rollout: RolloutConfig, pad_id: int, stop_ids: Sequence[int], *, do_sample: bool = True,
+                            cache_implementation: str = "dynamic"):
+    """A GenerationConfig carrying every setting of `rollout` (sampling ones only when `do_sample`); warns (once) if
+    the installed transformers does not know or does not keep one of them, or judges the combination invalid,
+    instead of letting it be dropped silently. Neutral values are passed explicitly, so a model's
+    generation_config.json default (e.g. top_k=20) never sneaks in."""
+    from transformers import GenerationConfig
+
+    wanted: dict[str, Any] = {"do_sample": do_sample, "max_new_tokens": rollout.max_new_tokens,
+                              "min_new_tokens": rollout.min_new_tokens,
+                              "repetition_penalty": rollout.repetition_penalty,
+                              "eos_token_id": [int(i) for i in stop_ids], "pad_token_id": int(pad_id)}
+    if do_sample:
+        wanted.update(temperature=rollout.temperature, top_k=rollout.top_k, top_p=rollout.top_p)
+        if rollout.min_p > 0:  # min_p=0.0 would still add a full-vocabulary softmax per step in transformers
+            wanted["min_p"] = rollout.min_p
+    if cache_implementation != "dynamic":  # None = transformers' default, the dynamic cache
+        wanted["cache_implementation"] = cache_implementation
+    known = GenerationConfig()
+    config = GenerationConfig(**wanted)
+    for key, value in wanted.items():
+        if not hasattr(known, key) or getattr(config, key, None) != value:
+            _warn_once(f"generation setting {key}={value!r} is not supported by the installed transformers and "
+                       "would be ignored; upgrade transformers (pip install -U transformers) or leave it at its "
+                       "neutral value")
+    try:
+        config.validate(strict=True)
+    except ValueError as err:
+        _warn_once(f"transformers flags the generation settings as partly ignored: {err}")
+    return config
+
+
+@contextlib.contextmanager
+def _seeded(seed: int | None, device: torch.device) -> Iterator[None]:
+    """Seed the torch RNG for the block and restore the outer RNG state afterwards; no-op for seed=None."""
+    if seed is None:
+        yield
+        return
+    devices = [device.index or 0] if device.type == "cuda" else []
+    with torch.random.fork_rng(devices=devices):
+        torch.manual_seed(seed)
+        yield
+
+
+def cut_completion(ids: Sequence[int], stop_ids: Sequence[int]) -> tuple[list[int], bool]:
+    """(ids up to and including the first stop id, stopped). Without a stop id all ids are kept: they were sampled
+    (even one that equals the pad id), because generation pads only rows that already stopped."""
+    stops = set(stop_ids)
+    for t, tok in enumerate(ids):
+        if tok in stops:
+            return list(ids[:t + 1]), True
+    return list(ids), False
+
+
+def rollout_metrics(rollouts: Sequence[Rollout]) -> dict[str, float]:
+    """`rollout/<task>/{length,stopped,truncated}` means per task, `rollout/num`, `rollout/tokens`."""
+    by_task: dict[str, list[Rollout]] = defaultdict(list)
+    for r in rollouts:
+        by_task[r.sample.task].append(r)
+    metrics: dict[str, float] = {"rollout/num": float(len(rollouts)),
+                                 "rollout/tokens": float(sum(len(r.completion_ids) for r in rollouts))}
+    for task, rs in sorted(by_task.items()):
+        n = len(rs)
+        metrics[f"rollout/{task}/length"] = sum(len(r.completion_ids) for r in rs) / n
+        metrics[f"rollout/{task}/stopped"] = sum(r.stopped for r in rs) / n
+        metrics[f"rollout/{task}/truncated"] = sum(r.truncated for r in rs) / n
+    return metrics
+
+
+def choose_engine(model, engine: str, cache_implementation: str, synced_gpus: bool) -> str:
+    """"lean" or "hf" for this call (`engine` is rollout.engine); an explicit "lean" that cannot apply is an error
+    naming why, never a silent switch."""
+    if engine == "hf":
+        return "hf"
+    blocker = lean_blocker(model, cache_implementation, synced_gpus)
+    if blocker is None:
+        return "lean"
+    if engine == "lean":
+        raise ValueError(f"rollout.engine=lean cannot decode here: {blocker}. Use rollout.engine=auto (it picks "
+                         "transformers' generate in this case) or rollout.engine=hf")
+    return "hf"
+
+
+def generate_rollouts(model, tokenizer, samples: Sequence[Sample], rollout: RolloutConfig,
+                      stop_ids: Sequence[int] | None = None, *, system_prompt: str | None = None,
+                      generator_seed: int | None = None, row_keys: Sequence[int] | None = None,
+                      synced_gpus: bool = False) -> tuple[list[Rollout], dict[str, float]]:
+    """`rollout.k` sampled completions per sample from ONE batched decode (left padding, model in generation mode,
+    no grad), by `generate` or the lean loop (see `choose_engine`). `stop_ids`: the ids that end a completion (kept
+    as its last id; `grpo.run.setup_parts.stop_token_ids` resolves rollout.stop_strings); None = the tokenizer's
+    end-of-turn / EOS token.
+
+    Returns the rollouts (samples[i]'s K rollouts at [i*K, (i+1)*K)) and metrics (see `rollout_metrics`, plus
+    `rollout/nonfinite_logit_rows`: sampler steps × rows whose logits the sanitiser had to fix). With
+    `generator_seed` the sampling RNG is seeded for this call only; otherwise the global torch RNG is used.
+    With `row_keys` (one per completion, see grpo/models/sampling.py) every completion is drawn from its own random stream,
+    so it does not depend on the other prompts of the batch (data-parallel runs shard prompts over processes).
+    `synced_gpus`: keep decoding until every process is done (FSDP: each forward is a collective).
+    """
+    return _complete(model, tokenizer, samples, rollout, stop_ids, k=rollout.k, greedy=False,
+                     system_prompt=system_prompt, generator_seed=generator_seed, row_keys=row_keys,
+                     synced_gpus=synced_gpus)
+
+
+def greedy_complete(model, tokenizer, samples: Sequence[Sample], rollout: RolloutConfig,
+                    stop_ids: Sequence[int] | None = None, *, system_prompt: str | None = None,
+                    synced_gpus: bool = False) -> tuple[list[Rollout], dict[str, float]]:
+    """One greedy (top-1) completion per sample (evaluation), with `rollout`'s length limits, repetition and
+    presence / frequency penalties and engine; its sampling settings do not apply.
+
+    Always with the dynamic cache: evaluation batches vary in size, and every new shape would recompile the static
+    cache's compiled decoding step."""
+    return _complete(model, tokenizer, samples, rollout, stop_ids, k=1, greedy=True, system_prompt=system_prompt,
+                     synced_gpus=synced_gpus)
+
+
+def _complete(model, tokenizer, samples: Sequence[Sample], rollout: RolloutConfig, stop_ids: Sequence[int] | None, *,
+              k: int, greedy: bool, system_prompt: str | None = None, generator_seed: int | None = None,
+              row_keys: Sequence[int] | None = None,
+              synced_gpus: bool = False) -> tuple[list[Rollout], dict[str, float]]:
+    """`generate_rollouts` (greedy=False) and `greedy_complete` (greedy=True, k=1, dynamic cache)."""
+    if k < 1:
+        raise ValueError(f"generate_rollouts: k={k}; use k ≥ 1 completions per sample")
+    if not samples:
+        raise ValueError("generate_rollouts: no samples given")
+    do_sample = not greedy
+    cache_implementation = "dynamic" if greedy else rollout.cache_implementation
+    stop_ids = [int(i) for i in stop_ids or ()] or [stop_token_id(tokenizer)]
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else stop_ids[0]
+    prompts = [encode_prompt(tokenizer, s.messages, system_prompt) for s in samples]
+    repeated = [p for p in prompts for _ in range(k)]
+    bucket = STATIC_PROMPT_BUCKET if cache_implementation == "static" else 1
+    ids_BP, mask_BP = left_pad(repeated, pad_id, multiple_of=bucket)
+    prompt_len = int(ids_BP.shape[1])
+
+    processors: list[Any] = []
+    if rollout.presence_penalty or rollout.frequency_penalty:
+        processors.append(CompletionPenaltyProcessor(prompt_len, rollout.presence_penalty, rollout.frequency_penalty))
+    sanitizer = SanitizeLogitsProcessor()
+    processors.append(sanitizer)  # last of ours; HF's warpers run after it and keep finite logits finite
+    from transformers import LogitsProcessorList
+
+    if row_keys is not None and do_sample:
+        from grpo.models.sampling import SeededSampler
+
+        if len(row_keys) != len(repeated):
+            raise ValueError(f"generate_rollouts: {len(row_keys)} row keys for {len(repeated)} completions")
+        # our sampler draws the token (warpers included); generate then only takes its one-hot argmax
+        processors.append(SeededSampler(row_keys, prompt_len, rollout.temperature, rollout.top_k, rollout.top_p,
+                                        rollout.min_p))
+        do_sample = False
+    config = build_generation_config(rollout, pad_id, stop_ids, do_sample=do_sample,
+                                     cache_implementation=cache_implementation)
+    device = next(model.parameters()).device
+    engine = choose_engine(model, rollout.engine, cache_implementation, synced_gpus)
+    with generation_mode(model), torch.no_grad(), _seeded(generator_seed, device):
+        ids_BP, mask_BP = ids_BP.to(device), mask_BP.to(device)
+        if engine == "lean":
+            steps = sampling_processors(do_sample=do_sample, temperature=rollout.temperature,
+                                        top_k=rollout.top_k, top_p=rollout.top_p, min_p=rollout.min_p,
+                                        repetition_penalty=rollout.repetition_penalty,
+                                        min_new_tokens=rollout.min_new_tokens, prompt_len=prompt_len,
+                                        mask_BP=mask_BP, stop_ids=stop_ids, extra=processors)
+            sequences = decode(model, ids_BP, mask_BP, steps, max_new_tokens=rollout.max_new_tokens,
+                               stop_ids=stop_ids, pad_id=pad_id, do_sample=do_sample)
+        else:
+            out = model.generate(input_ids=ids_BP, attention_mask=mask_BP, generation_config=config,
+                                 logits_processor=LogitsProcessorList(processors),
+                                 **({"synced_gpus": True} if synced_gpus else {}))
+            sequences = out if isinstance(out, torch.Tensor) else out.sequences
+    completions = sequences[:, prompt_len:].tolist()
+
+    rollouts = []
+    for row, (prompt, raw) in enumerate(zip(repeated, completions)):
+        ids, stopped = cut_completion(raw, stop_ids)
+        rollouts.append(Rollout(sample=samples[row // k], prompt_ids=tuple(prompt), completion_ids=tuple(ids),
+                                text=tokenizer.decode(ids, skip_special_tokens=True), stopped=stopped,
+                                truncated=not stopped))
+    metrics = rollout_metrics(rollouts)
+    metrics["rollout/nonfinite_logit_rows"] = float(sanitizer.rows_fixed)
+    return rollouts, metrics

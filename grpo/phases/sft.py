@@ -1,0 +1,91 @@
+"""SFT warm-up: completion-only cross-entropy on reference completions, same chat template and EOS as RL.
+
+loss = − Σ_t mask_t · log π(y_t | prompt, y_<t) / Σ_t mask_t over the step's completion tokens (token mean).
+The prompt tokens are never trained on; the end-of-turn token that RL uses as its stop token is.
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Any, Callable, Iterable, Sequence
+
+import torch
+
+from grpo.models.logprobs import completion_logprobs
+from grpo.core.records import Sample
+from grpo.models.tokens import collate, sft_example
+from grpo.phases.update import adamw
+
+
+def sft_examples(tokenizer, samples: Sequence[Sample], system_prompt: str | None,
+                 max_target_tokens: int = 0) -> list[tuple[list[int], list[int]]]:
+    """(prompt_ids, completion_ids) for every sample that has a target; the completion ends with EOS.
+
+    max_target_tokens > 0: a target longer than that keeps its first max_target_tokens tokens and no EOS, as a
+    rollout that reaches rollout.max_new_tokens does (sft.max_target_tokens)."""
+    out = []
+    for s in samples:
+        if s.target:
+            prompt_ids, completion_ids = sft_example(tokenizer, list(s.messages), s.target,
+                                                     system_prompt=system_prompt)
+            if 0 < max_target_tokens < len(completion_ids) - 1:  # the last id is the EOS
+                completion_ids = completion_ids[:max_target_tokens]
+            out.append((list(prompt_ids), list(completion_ids)))
+    return out
+
+
+def sft_loss(model: torch.nn.Module, examples: Sequence[tuple[list[int], list[int]]], pad_id: int,
+             device: torch.device, num_tokens: int | None = None) -> torch.Tensor:
+    """Token-mean negative log-likelihood of the completions (prompt positions carry no loss). `num_tokens`: the
+    denominator when `examples` are one share of a larger batch (data parallelism); default their own count."""
+    input_ids, attention, mask, prompt_len = collate([p for p, _ in examples], [c for _, c in examples], pad_id)
+    logps_BT, _ = completion_logprobs(model, input_ids.to(device), attention.to(device), prompt_len)
+    mask_BT = mask.to(device=device, dtype=logps_BT.dtype)
+    denominator = mask_BT.sum().clamp(min=1) if num_tokens is None else max(num_tokens, 1)
+    return -(logps_BT * mask_BT).sum() / denominator
+
+
+def run_sft(model: torch.nn.Module, examples: Sequence[tuple[list[int], list[int]]], *, steps: int, lr: float,
+            batch_size: int, params: Sequence[torch.nn.Parameter], pad_id: int, device: torch.device, seed: int,
+            max_grad_norm: float = 1.0, progress: Callable[[range], Iterable[int]] = iter,
+            dist: Any = None) -> list[float]:
+    """`steps` AdamW steps on shuffled batches of `examples` (without replacement per epoch). Returns the losses.
+
+    With `dist` (data parallelism) every rank draws the same batch and trains on rows rank, rank + world, …; the
+    loss is divided by the whole batch's token count and the gradients are summed over ranks before clipping, so
+    the step equals the one-process step.
+    """
+    if not examples:
+        raise ValueError("SFT warm-up has no examples: the training samples carry no `target` completions "
+                         "(set sft.steps=0 to skip the warm-up)")
+    optimizer = adamw(params, lr=lr, weight_decay=0.0)
+    rng = random.Random(seed)
+    order: list[int] = []
+    losses = []
+    model.train()
+    for _ in progress(range(steps)):
+        if len(order) < batch_size:
+            fresh = list(range(len(examples)))
+            rng.shuffle(fresh)
+            order += fresh
+        batch = [examples[i] for i in order[:batch_size]]
+        del order[:batch_size]
+        optimizer.zero_grad(set_to_none=True)
+        if dist is not None and dist.active:
+            mine = batch[dist.rank::dist.world]
+            tokens = sum(len(c) for _, c in batch)
+            loss = sft_loss(model, mine, pad_id, device, tokens) if mine else torch.zeros((), device=device)
+            if dist.sharded:  # FSDP reduce-scatters the MEAN over ranks in backward: scale to get the sum
+                (loss * dist.world).backward()
+            else:
+                if mine:
+                    loss.backward()
+                dist.sum_grads(params)
+            loss = dist.sum(loss.detach().reshape(1).clone())[0]
+        else:
+            loss = sft_loss(model, batch, pad_id, device)
+            loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, max_grad_norm)
+        optimizer.step()
+        losses.append(loss.item())
+    return losses

@@ -1,0 +1,303 @@
+"""The policy update of one RL step: μ passes over a collated rollout batch, each one optimizer step.
+
+    for pass in range(μ):                      # each pass builds its own graphs
+        zero_grad()                            # once, before the accumulation
+        for micro_batch in batch:              # gradients ADD across micro-batches
+            loss = policy_loss + β_task · KL − c_ent · entropy, aggregated with the step's token count
+            loss.backward()
+        clip_grad_norm_(); skip if non-finite or huge; step()     # once, after the accumulation
+
+Everything in the TrainBatch (old / ref log-probs, advantages) was computed before this loop without a graph,
+so no pass can backpropagate through another pass's graph. With μ = 1 the update is exactly on-policy and the
+old log-probs are the current ones, detached (no extra forward). `token-mean` divides by the completion-token count
+of the whole batch, counted once up front, so micro-batching does not change the gradient.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from typing import Any, Callable, Sequence
+
+import torch
+
+from grpo.config.settings import LossConfig
+from grpo.models.distributed import as_float
+from grpo.models.logprobs import completion_logprobs
+from grpo.core.losses import aggregate, kl_penalty, policy_loss
+from grpo.core.records import TrainBatch
+
+KL_METRIC_ESTIMATOR = "k3"  # reported KL: k3 is unbiased for KL(π‖π_ref) and never negative
+PER_PASS_PREFIXES = ("loss/clip_frac", "loss/ratio", "loss/approx_kl_old", "loss/dual_clip_frac")
+"""Off-policy metrics: at μ > 1 they are aggregated over ALL passes (the first pass is on-policy, ratio = 1)."""
+
+
+FUSED_ADAMW_DEVICES = ("cpu", "cuda", "mps", "xpu")
+"""Devices where torch.optim.AdamW(fused=True) has a kernel."""
+
+
+def adamw(params: list[torch.nn.Parameter], lr: float, weight_decay: float) -> torch.optim.AdamW:
+    """AdamW for the SFT warm-up and the RL phase: the fused kernel (one pass over every parameter per step, as
+    transformers' default `adamw_torch_fused`, so TRL's, uses) wherever it applies, else torch's default. On the CPU
+    torch's default is the per-tensor loop: on SmolLM2's 134.5M parameters, one thread, a step takes 0.63 s looped
+    and 0.11 s fused (`python benchmarks/real_model_parts.py`). The update is the same up to float rounding
+    (tests/test_update_optimizer.py). Sharded parameters (FSDP2's DTensors) keep torch's default."""
+    plain = all(type(p.data) is torch.Tensor and p.device.type in FUSED_ADAMW_DEVICES and p.is_floating_point()
+                for p in params)
+    return torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay, fused=True if plain and params else None)
+
+
+def micro_batch_terms(model: torch.nn.Module, mb: TrainBatch, betas_N: torch.Tensor, loss: LossConfig,
+                      temperature: float, fused_head: bool,
+                      ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
+    """Per-token loss terms of one micro-batch: (policy_BT, regulariser_BT = β_task·KL − c·entropy, mask_BT, parts).
+
+    betas_N: the KL coefficient per task index; each sequence uses its own task's β. `temperature`: the sampling
+    temperature (rollout.temperature), so the log-probs are those of the distribution the rollouts came from.
+    `fused_head` (model.fused_lm_head): apply the LM head inside the log-prob computation (grpo/core/kernels.py).
+    """
+    betas_B = betas_N.to(mb.advantages_B.device)[mb.task_ids_B]
+    logps_BT, entropy_BT = completion_logprobs(model, mb.input_ids_BL, mb.attention_mask_BL, mb.prompt_len,
+                                               temperature=temperature, with_entropy=True, fused_head=fused_head,
+                                               group_size=mb.group_size)
+    mask_BT = mb.completion_mask_BT.to(logps_BT.dtype)
+    old_BT = logps_BT.detach() if mb.old_logps_BT is None else mb.old_logps_BT
+    pg_BT, pg_metrics = policy_loss(loss.policy_loss, logps_BT, old_BT, mb.advantages_B, mask_BT,
+                                    clip_low=loss.clip_low, clip_high=loss.clip_high, dual_clip=loss.dual_clip)
+    reg_BT = torch.zeros_like(pg_BT)
+    kl_value_BT = torch.zeros_like(logps_BT)
+    if mb.ref_logps_BT is not None:
+        kl_BT = kl_penalty(logps_BT, mb.ref_logps_BT, loss.kl_estimator)
+        reg_BT = reg_BT + betas_B.to(kl_BT.dtype)[:, None] * kl_BT
+        kl_value_BT = kl_penalty(logps_BT.detach(), mb.ref_logps_BT, KL_METRIC_ESTIMATOR)
+    if loss.entropy_coef > 0:
+        reg_BT = reg_BT - loss.entropy_coef * entropy_BT
+    parts = {"pg_BT": pg_BT.detach(), "kl_BT": kl_value_BT, "entropy_BT": entropy_BT.detach(),
+             "logps_BT": logps_BT.detach(),
+             "mask_BT": mask_BT.detach(), **{k: torch.as_tensor(v).detach() for k, v in pg_metrics.items()}}
+    return pg_BT, reg_BT, mask_BT, parts
+
+
+Terms = Callable[[TrainBatch], tuple[torch.Tensor, torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]]
+"""One micro-batch -> (policy_BT, regulariser_BT, mask_BT, parts): `micro_batch_terms` with the step's settings."""
+Aggregate = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+"""(loss_BT, mask_BT) -> the scalar share of the optimizer step's loss (`aggregate` with the step's counts)."""
+
+
+class _StepStats:
+    """Accumulates detached per-task sums on the device; converted to floats once, at the end (one host sync)."""
+
+    def __init__(self, n_tasks: int, device: torch.device):
+        self.kl = torch.zeros(n_tasks, device=device)
+        self.entropy = torch.zeros(n_tasks, device=device)
+        self.tokens = torch.zeros(n_tasks, device=device)
+        self.pg = torch.zeros((), device=device)
+        self.loss = torch.zeros((), device=device)
+        self.scalars: dict[str, list[torch.Tensor]] = {}
+        self.logps: list[torch.Tensor] = []
+        """Each micro-batch's detached log-probs, in micro-batch order (the old log-probs of later μ passes, put back
+        in batch order by `TrainBatch.from_micro_batches`)."""
+
+    def add(self, loss: torch.Tensor, parts: dict[str, torch.Tensor], task_ids_B: torch.Tensor) -> None:
+        mask = parts["mask_BT"]
+        onehot_BN = torch.nn.functional.one_hot(task_ids_B, self.kl.numel()).to(mask.dtype)
+        self.kl += onehot_BN.T @ (parts["kl_BT"] * mask).sum(1)
+        self.entropy += onehot_BN.T @ (parts["entropy_BT"] * mask).sum(1)
+        self.tokens += onehot_BN.T @ mask.sum(1)
+        self.pg += (parts["pg_BT"] * mask).sum()
+        self.loss += loss.detach()
+        self.logps.append(parts["logps_BT"])
+        for k, v in parts.items():
+            if not k.endswith("_BT"):
+                self.scalars.setdefault(k, []).append(v.float())
+
+    def finish(self, tasks: Sequence[str], dist: Any = None) -> dict[str, float]:
+        """Per-task means over the step; with `dist` the sums (and max / min) are taken over every rank first."""
+        if dist is not None and dist.active:
+            sums = dist.sum(torch.cat([self.kl, self.entropy, self.tokens, self.pg[None], self.loss[None]]))
+            n = self.kl.numel()
+            self.kl, self.entropy, self.tokens = sums[:n], sums[n:2 * n], sums[2 * n:3 * n]
+            self.pg, self.loss = sums[3 * n], sums[3 * n + 1]
+            for k, vs in self.scalars.items():
+                op = "max" if k.endswith("_max") else "min" if k.endswith("_min") else "sum"
+                value = torch.stack(vs).max() if op == "max" else torch.stack(vs).min() if op == "min" \
+                    else torch.stack(vs).mean() / dist.world
+                self.scalars[k] = [dist.reduce(value.reshape(1).clone(), op)[0]]
+        tok = self.tokens.clamp(min=1)
+        kl, ent = (self.kl / tok).tolist(), (self.entropy / tok).tolist()
+        out = {"loss/total": self.loss.item(), "loss/policy_token_mean": (self.pg / tok.sum()).item()}
+        for i, t in enumerate(tasks):
+            if self.tokens[i] > 0:
+                out[f"kl/{t}"] = kl[i]
+                out[f"entropy/{t}"] = ent[i]
+        for k, vs in self.scalars.items():
+            stacked = torch.stack(vs)
+            out[k] = (stacked.max() if k.endswith("_max") else stacked.min() if k.endswith("_min")
+                      else stacked.mean()).item()
+        return out
+
+
+def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batch: TrainBatch,
+               betas_N: torch.Tensor, loss: LossConfig, tasks: Sequence[str],
+               params: Sequence[torch.nn.Parameter], *, micro_batch_seqs: int, temperature: float,
+               max_grad_norm: float, skip_grad_norm: float, agg_constant: float | None = None,
+               fused_head: bool = True, on_step: Callable[[], None] | None = None,
+               grad_combiner: Callable[..., dict[str, float]] | None = None,
+               scaler: "torch.amp.GradScaler | None" = None, dist: Any = None) -> dict[str, float]:
+    """loss.mu optimizer steps over `batch` (the loss section: policy loss, clipping, aggregation, KL estimator,
+    entropy bonus, μ). betas_N: β per task index. Returns metrics + health.
+
+    Plain values from other sections: `micro_batch_seqs` (sequences per forward; the run's current size, see
+    grpo_train.update_with_oom_retry), `temperature` (rollout.temperature), `max_grad_norm` / `skip_grad_norm`
+    (train section: clip the norm; skip the step when it is non-finite or above), `agg_constant` (the Dr.GRPO
+    normaliser of seq-mean-token-sum-norm: rollout.max_new_tokens), `fused_head` (model.fused_lm_head).
+
+    Loss, per-task KL and entropy are the first pass's (measured on the rollout policy, which is what the KL
+    controllers steer); the ratio / clip metrics (PER_PASS_PREFIXES) cover all μ passes: mean of the means, max of
+    the maxima, min of the minima. `health/grad_norm` is the first pass's, `health/grad_norm_max` the largest.
+
+    `on_step` runs after each successful optimizer step (the LR scheduler, the weight guard).
+    `grad_combiner`, when given, replaces the plain accumulation (per-task gradient surgery, see grpo/core/multi.py):
+    called as grad_combiner(micro_batches, terms, agg, stats, dist=dist) (see `Terms`, `Aggregate`).
+    `scaler`: a GradScaler for fp16 weights (loss scaling; gradients are unscaled before clipping).
+    With μ > 1 and `batch.old_logps_BT` None, the first pass's own log-probs (detached) become the old log-probs of
+    the later passes: the caller skips the separate old-log-prob forward when train mode has no dropout, because
+    the first pass then computes exactly those values.
+    `dist` (grpo/models/distributed.py): data parallelism. `batch` is this rank's share; token and sequence counts are
+    summed over ranks, and gradients are summed once per optimizer step (DDP on the last micro-batch, `no_sync` on
+    the others; the loss is multiplied by the world size because DDP averages).
+    """
+    num_tokens, num_seqs = batch.num_tokens, batch.size  # counted ONCE for the whole optimizer step
+    world = 1
+    if dist is not None and dist.active:
+        num_tokens, num_seqs = (int(v) for v in dist.sum_numbers([num_tokens, num_seqs]))
+        world = dist.world
+    if num_tokens == 0:
+        raise ValueError("the rollout batch has no completion tokens to train on (every completion is empty)")
+    metrics: dict[str, float] = {}
+    passes: list[dict[str, float]] = []
+    norms: list[float] = []
+    skipped = 0
+
+    def terms(mb: TrainBatch):
+        return micro_batch_terms(model, mb, betas_N, loss, temperature, fused_head)
+
+    def agg(loss_BT: torch.Tensor, mask_BT: torch.Tensor) -> torch.Tensor:
+        return aggregate(loss_BT, mask_BT, loss.agg_mode, num_tokens=num_tokens, num_seqs=num_seqs,
+                         constant=agg_constant)
+
+    model.train()
+    for pass_index in range(loss.mu):
+        optimizer.zero_grad(set_to_none=True)
+        stats = _StepStats(len(tasks), batch.advantages_B.device)
+        micro = list(batch.micro_batches(micro_batch_seqs))
+        if grad_combiner is not None:
+            with dist.no_sync(model) if dist is not None else contextlib.nullcontext():  # it sums per-task grads
+                metrics.update(grad_combiner(micro, terms, agg, stats, dist=dist))
+        else:
+            for i, mb in enumerate(micro):
+                last = i == len(micro) - 1  # DDP all-reduces on this backward only
+                with dist.no_sync(model) if dist is not None and not last else contextlib.nullcontext():
+                    pg_BT, reg_BT, mask_BT, parts = terms(mb)
+                    mb_loss = agg(pg_BT + reg_BT, mask_BT)  # scaled so the micro-batches sum to the step's loss
+                    scaled = (scaler.scale(mb_loss) if scaler is not None else mb_loss) * world
+                    scaled.backward()  # gradients ADD across micro-batches
+                stats.add(mb_loss, parts, mb.task_ids_B)
+        if scaler is not None:
+            scaler.unscale_(optimizer)
+        grad_norm = as_float(torch.nn.utils.clip_grad_norm_(params, max_grad_norm))  # a DTensor when sharded
+        if not (grad_norm == grad_norm and grad_norm <= skip_grad_norm):  # NaN, Inf or exploding
+            optimizer.zero_grad(set_to_none=True)
+            if scaler is not None:
+                scaler.update()  # an fp16 overflow lowers the loss scale
+            skipped += 1
+        else:
+            if scaler is not None:
+                scaler.step(optimizer)
+                scaler.update()
+            else:
+                optimizer.step()
+            optimizer.zero_grad(set_to_none=True)  # free the gradients now: they would sit through generation
+            if on_step is not None:
+                on_step()
+        if pass_index == 0 and loss.mu > 1 and batch.old_logps_BT is None:
+            logps_BT = batch.from_micro_batches([lp.float() for lp in stats.logps], micro_batch_seqs)
+            batch.old_logps_BT = logps_BT * batch.completion_mask_BT
+        passes.append(stats.finish(tasks, dist))
+        norms.append(grad_norm)
+    metrics.update(passes[0])
+    for key in [k for k in passes[0] if k.startswith(PER_PASS_PREFIXES)]:
+        values = [p[key] for p in passes if key in p]
+        metrics[key] = max(values) if key.endswith("_max") else min(values) if key.endswith("_min") \
+            else sum(values) / len(values)
+    metrics["health/grad_norm"] = norms[0]
+    metrics["health/grad_norm_max"] = max(norms, key=lambda n: n if n == n else math.inf)  # NaN counts as largest
+    metrics["health/skipped"] = float(skipped > 0)
+    metrics["health/skipped_passes"] = float(skipped)
+    return metrics
+
+
+
+class TaskGradientSurgery:
+    """Per-task gradients, accumulated over the micro-batches of one optimizer step, combined once (grpo/core/multi.py).
+
+    Per micro-batch: one forward, then one backward per task present (its policy loss, normalised by the whole
+    step's token count) and one for the KL/entropy terms, which are added after the surgery when `policy_only`.
+    Memory: one flat fp32 vector per task of the trainable-parameter count (small under LoRA; 2 x 32 GB for full
+    fine-tuning of an 8B model). The surgery runs when the monitor says so; otherwise the tasks' sum is used.
+    """
+
+    def __init__(self, params: Sequence[torch.nn.Parameter], tasks: Sequence[str], method: str, c: float,
+                 monitor, policy_only: bool, seed: int):
+        from grpo.core.multi import TaskGradAccumulator
+
+        self.params, self.tasks, self.method, self.c = list(params), list(tasks), method, c
+        self.monitor, self.policy_only = monitor, policy_only
+        self.acc = TaskGradAccumulator(self.params, len(self.tasks))
+        self.generator = torch.Generator().manual_seed(seed)
+
+    def __call__(self, micro_batches: Sequence[TrainBatch], terms: Terms, agg: Aggregate, stats: "_StepStats",
+                 dist: Any = None) -> dict[str, float]:
+        from grpo.core.multi import assign_flat_grad, combine, flat_grad, gradient_stats
+
+        extra = None
+        for mb in micro_batches:
+            pg_BT, reg_BT, mask_BT, parts = terms(mb)
+            reg_separate = self.policy_only and reg_BT.requires_grad
+            present = sorted(set(mb.task_ids_B.tolist()))
+            total = torch.zeros((), device=pg_BT.device)
+            for n, t in enumerate(present):
+                rows_B1 = (mb.task_ids_B == t).to(pg_BT.dtype)[:, None]
+                term_BT = pg_BT if self.policy_only else pg_BT + reg_BT
+                loss_t = agg(term_BT * rows_B1, mask_BT)
+                loss_t.backward(retain_graph=reg_separate or n < len(present) - 1)
+                self.acc.capture(t)
+                total += loss_t.detach()
+            if reg_separate:
+                loss_r = agg(reg_BT, mask_BT)
+                loss_r.backward()
+                g = flat_grad(self.params)
+                extra = g if extra is None else extra + g
+                for p in self.params:
+                    p.grad = None
+                total += loss_r.detach()
+            stats.add(total, parts, mb.task_ids_B)
+        grads_ND = self.acc.stack()
+        if dist is not None and dist.active:  # every rank combines the same global per-task gradients
+            grads_ND = dist.sum(grads_ND.contiguous())
+            if extra is not None:  # present on every rank or on none: it depends on the config only
+                extra = dist.sum(extra)
+        metrics = gradient_stats(grads_ND, self.tasks)
+        active = self.monitor.update(metrics.get("multi/cos_min", float("nan")))
+        combined_D, m = combine(grads_ND, self.method if active else "sum", c=self.c, generator=self.generator,
+                                names=self.tasks, extra=extra)
+        assign_flat_grad(self.params, combined_D)
+        self.acc.reset()
+        return {**{k: float(v) for k, v in {**metrics, **m, **self.monitor.metrics()}.items()}}
+
+    def state_dict(self) -> dict:
+        return {"monitor": self.monitor.state_dict(), "generator": self.generator.get_state()}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.monitor.load_state_dict(state["monitor"])
+        self.generator.set_state(state["generator"])

@@ -1,0 +1,67 @@
+"""The config checks that need the code: names against the registries that own them, and the KL controllers' rules.
+
+grpo/config/settings.py is standard library only, so its dataclasses check what needs no code (ranges, types, combinations of
+fields) in `__post_init__`. A name such as `loss.policy_loss` is valid when the registry that implements it holds it
+(grpo/core/losses.py POLICY_LOSSES, ...), and a kl.<task> section is valid when its controller accepts its arguments
+(grpo/core/kl_control.py RULES): those checks live here, next to the registries, and each entry point runs
+`check_config` right after building the Config, before any model or data is loaded (grpo_train.setup / cli,
+check_gpu_memory.py). Every error is a ConfigError naming the field, the bad value and the fix.
+"""
+
+from __future__ import annotations
+
+from typing import Collection
+
+from grpo.config.settings import Config, TaskKLConfig, field_error
+from grpo.core.advantages import ADV_SCALES
+from grpo.models.decode import ENGINES
+from grpo.core.kl_control import CONFIG_FIELDS, KL_CONTROLLERS, controller_args, controller_problem
+from grpo.core.losses import AGG_MODES, KL_ESTIMATORS, POLICY_LOSSES
+from grpo.core.multi import METHODS as COMBINE_METHODS
+from grpo.grading.reward_models import check_spec as check_reward_model
+from grpo.phases.rollout import CACHE_IMPLEMENTATIONS
+
+REGISTRY_FIELDS: dict[str, Collection[str]] = {
+    "rollout.cache_implementation": CACHE_IMPLEMENTATIONS,
+    "rollout.engine": ENGINES,
+    "loss.policy_loss": POLICY_LOSSES,
+    "loss.agg_mode": AGG_MODES,
+    "loss.kl_estimator": KL_ESTIMATORS,
+    "loss.adv_scale": ADV_SCALES,
+    "multi.combine": COMBINE_METHODS,
+}
+"""Dotted config field -> the registry whose names it must be one of (kl.<task>.controller: KL_CONTROLLERS)."""
+
+
+def check_names(cfg: Config) -> None:
+    """Every registry-named field holds a name its registry knows."""
+    for dotted, names in REGISTRY_FIELDS.items():
+        section, name = dotted.split(".")
+        value = getattr(getattr(cfg, section), name)
+        if value not in names:
+            raise field_error(dotted, value, f"use one of {sorted(names)}")
+
+
+def check_kl_section(where: str, section: TaskKLConfig) -> None:
+    """A kl.<task> section: a known controller, and arguments that controller accepts (its rules, not a copy)."""
+    if section.controller not in KL_CONTROLLERS:
+        raise field_error(f"{where}.controller", section.controller, f"use one of {sorted(KL_CONTROLLERS)}")
+    kind, kwargs = controller_args(section)
+    problem = controller_problem(kind, **kwargs)
+    if problem is not None:
+        argument, fix = problem
+        raise field_error(f"{where}.{CONFIG_FIELDS.get(argument, argument)}", kwargs[argument],
+                          f"the {kind} controller's {argument} {fix}")
+
+
+def check_config(cfg: Config) -> Config:
+    """The checks above over the whole config; returns it unchanged, or raises ConfigError naming the field."""
+    check_names(cfg)
+    for task, section in cfg.kl.items():
+        check_kl_section(f"kl.{task}", section)
+    if cfg.data.source == "none" and not cfg.tasks:  # checked here, not in grpo/config/settings.py: `--preset custom --help` works
+        raise field_error("data.source", "none", "none trains only your own tasks: add one, --tasks.<task>.path FILE "
+                          "(or use demo / dual)")
+    for name, section in cfg.reward_models.items():  # normalize and dtype against grpo/grading/reward_models.py's names
+        check_reward_model(section, f"reward_models.{name}")
+    return cfg

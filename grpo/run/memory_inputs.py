@@ -1,0 +1,74 @@
+"""What the memory estimator (grpo/core/memory.py, pure arithmetic) needs to know about a config: the model's shape and
+the run's batch, precision and features. Used by check_gpu_memory.py and by the trainer's banner on a GPU.
+
+`cfg` is a config.Config or any object with the same fields (benchmarks pass stand-ins).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from grpo.models.hardware import choose_precision
+from grpo.core.kernels import DEFAULT_LOGPROB_CHUNK_ROWS
+from grpo.models.logprobs import shares_by_size
+from grpo.models.modeling import tiny_model_config
+from grpo.core.memory import KNOWN_SHAPES, EstimateInputs, ModelShape, lookup_known_shape, param_counts, \
+    shape_from_hf_config
+
+def resolve_shape(model_cfg: Any) -> ModelShape:
+    """The model's shape: a local folder's config.json, builtin:tiny, or KNOWN_SHAPES; a clear error otherwise."""
+    name = model_cfg.name
+    if name == "builtin:tiny":
+        return _tiny_shape(model_cfg)
+    folder = Path(name).expanduser()
+    if folder.is_dir():
+        config_file = folder / "config.json"
+        if not config_file.is_file():
+            raise ValueError(f"model.name={name!r} is a folder without config.json: point it at a Hugging Face "
+                             "model folder (the one holding config.json and the weights)")
+        d = json.loads(config_file.read_text())
+        return shape_from_hf_config(d.get("text_config", d), name=name)
+    shape = lookup_known_shape(name)
+    if shape is None:
+        known = "\n  ".join(sorted(KNOWN_SHAPES))
+        raise ValueError(f"model.name={name!r}: its shape is not bundled and it is not a local folder. Known names:\n  "
+                         f"{known}\nor pass a local path holding config.json (`--set model.name=/path/to/model`).")
+    return shape
+
+
+def _tiny_shape(model_cfg: Any) -> ModelShape:
+    """builtin:tiny's shape, from the config grpo/models/modeling.py builds it with."""
+    config = tiny_model_config(model_cfg.tiny_vocab, hidden=model_cfg.tiny_hidden, layers=model_cfg.tiny_layers,
+                               heads=model_cfg.tiny_heads)
+    return shape_from_hf_config(config.to_dict(), name="builtin:tiny")
+
+
+def _shares_prompts(cfg: Any, shape: ModelShape) -> bool:
+    """What grpo_train.shares_prompts will decide, from the config alone: not under FSDP; `auto` only from
+    SHARED_PROMPT_MIN_PARAMS parameters."""
+    if getattr(cfg.train, "sharding", "none") == "fsdp":
+        return False
+    return shares_by_size(getattr(cfg.model, "shared_prompt_forward", "off"), param_counts(shape)["total"])
+
+
+def inputs_from_config(cfg: Any, compute_capability: tuple[int, int] = (8, 0)) -> EstimateInputs:
+    """EstimateInputs for `cfg` (a config.Config or any object with the same fields) on a GPU of that capability."""
+    m = cfg.model
+    dtype, _scaler, _why = choose_precision(m.dtype, True, tuple(compute_capability) >= (8, 0),
+                                            full_finetune=not m.lora)
+    k = cfg.rollout.k
+    shape = resolve_shape(m)
+    return EstimateInputs(
+        shape=shape,
+        micro_batch_seqs=cfg.train.prompts_per_micro_step * k,
+        gen_batch_seqs=cfg.train.prompts_per_micro_step * cfg.train.grad_accum * k,
+        prompt_len=cfg.data.max_prompt_tokens, new_tokens=cfg.rollout.max_new_tokens,
+        weight_dtype=dtype, load_in_4bit=m.load_in_4bit, lora=m.lora, lora_r=m.lora_r,
+        lora_targets=tuple(m.lora_target_modules), lora_dropout=getattr(m, "lora_dropout", 0.0),
+        grad_checkpointing=m.gradient_checkpointing, k=k, mu=cfg.loss.mu, ref_pass=bool(cfg.kl_enabled),
+        logits_to_keep=True, logsoftmax_chunk_rows=DEFAULT_LOGPROB_CHUNK_ROWS,
+        fused_head=bool(getattr(m, "fused_lm_head", True)), shared_prompt=_shares_prompts(cfg, shape),
+        attention="eager" if getattr(m, "attn_implementation", "auto") == "eager" else "sdpa",
+    )

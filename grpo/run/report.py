@@ -1,0 +1,157 @@
+"""End-of-run report: before/after table per task, health findings with suggestions, and a green/yellow/red verdict.
+
+Reads RUN_DIR/metrics.jsonl, RUN_DIR/eval.json ({"before_sft"|"after_sft"|"after_rl": {task: reward}}, phases may
+be missing) and RUN_DIR/config.json (KL bands at config["kl"][task]["band_low"/"band_high"]); writes
+RUN_DIR/report.json. `python -m grpo.run.report RUN_DIR` prints it.
+
+Formulas (one line each): delta = after_rl - before_sft (whole pipeline); delta_sft = after_sft - before_sft;
+delta_rl = after_rl - after_sft (what RL added; source: the eval phases of grpo_train.py).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+from grpo.core.doctor import VERDICT_TEXT, HealthThresholds, check, replayed, rl_steps, series, tasks_in, verdict
+from grpo.run.tracking import read_metrics
+
+REPORT_FILE = "report.json"
+PHASES = ("before_sft", "after_sft", "after_rl")
+
+
+def _load_json(path: Path) -> dict[str, Any]:
+    return json.loads(path.read_text()) if path.is_file() else {}
+
+
+def _diff(a: float | None, b: float | None) -> float | None:
+    return None if a is None or b is None else a - b
+
+
+def task_table(evals: Mapping[str, Mapping[str, float]]) -> dict[str, dict[str, float | None]]:
+    """Per task: the three phase rewards (None when that phase was not evaluated) and the deltas between them."""
+    tasks: dict[str, None] = {}
+    for phase in PHASES:
+        for task in evals.get(phase, {}):
+            tasks.setdefault(task, None)
+    table = {}
+    for task in tasks:
+        row: dict[str, float | None] = {p: evals.get(p, {}).get(task) for p in PHASES}
+        row["delta"] = _diff(row["after_rl"], row["before_sft"])
+        row["delta_sft"] = _diff(row["after_sft"], row["before_sft"])
+        row["delta_rl"] = _diff(row["after_rl"], row["after_sft"])
+        table[task] = row
+    return table
+
+
+def kl_bands(config: Mapping[str, Any], tasks: Sequence[str]) -> dict[str, tuple[float, float]]:
+    """task -> (band_low, band_high) for the tasks whose KL controller is a band (config["kl"][task], else the
+    "default" entry, as the trainer resolves it); other controllers have no band to draw or check."""
+    sections = config.get("kl") or {}
+    bands = {}
+    for task in tasks:
+        section = sections.get(task, sections.get("default"))
+        if (isinstance(section, Mapping) and section.get("controller", "band") == "band"
+                and section.get("band_low") is not None and section.get("band_high") is not None):
+            bands[task] = (float(section["band_low"]), float(section["band_high"]))
+    return bands
+
+
+def _summary(history: list[dict[str, Any]]) -> dict[str, Any]:
+    times = [v for _, v in series(history, "time/step") if math.isfinite(v)]
+    return {
+        "rows": len(history),
+        "last_step": history[-1].get("step") if history else None,
+        "time_total_s": sum(times),
+        "skipped_steps": int(sum(v for _, v in series(history, "health/skipped") if v > 0)),
+        "restored_steps": int(sum(v for _, v in series(history, "health/restored") if v > 0)),
+    }
+
+
+def build_report(run_dir: str | Path, thresholds: HealthThresholds | None = None) -> dict[str, Any]:
+    """Build the report of a run folder, write it to RUN_DIR/report.json, and return it.
+
+    Keys: run_dir, summary {rows, last_step, time_total_s, skipped_steps, restored_steps}, tasks {task: {before_sft,
+    after_sft, after_rl, delta, delta_sft, delta_rl}}, findings [{level, code, message, suggestion, task, since}]
+    (active at the end of the run; `since` = the step a window finding fired at), suggestions [str], verdict
+    "green"|"yellow"|"too_short"|"red" (grpo/core/doctor.verdict), reasons [str], cleared [{code, task, level, first_step,
+    last_step, message}] (alarms that fired during the run and stopped). A run without eval.json still gets its
+    health findings; a run without metrics.jsonl raises FileNotFoundError naming the path.
+    """
+    run_dir = Path(run_dir)
+    history = read_metrics(run_dir)
+    evals = _load_json(run_dir / "eval.json")
+    config = _load_json(run_dir / "config.json")
+    bands = kl_bands(config, tasks_in(history, "kl/"))
+    findings = check(history, thresholds, bands, evals or None, config)
+    level, reasons = verdict(findings, rl_steps(history), thresholds)
+    cleared = replayed(history, thresholds, bands, evals or None, config).cleared
+    suggestions = list(dict.fromkeys(f.suggestion for f in findings))
+    if not evals:
+        reasons.append("no eval.json: the before/after table is empty")
+    report = {
+        "run_dir": str(run_dir),
+        "summary": _summary(history),
+        "tasks": task_table(evals),
+        "findings": [asdict(f) for f in findings],
+        "suggestions": suggestions,
+        "verdict": level,
+        "reasons": reasons,
+        "cleared": [asdict(a) for a in cleared],
+    }
+    (run_dir / REPORT_FILE).write_text(json.dumps(report, indent=2) + "\n")
+    return report
+
+
+def _cell(value: float | None, signed: bool = False) -> str:
+    if value is None:
+        return "-"
+    return f"{value:+.3f}" if signed else f"{value:.3f}"
+
+
+def format_report(report: Mapping[str, Any]) -> str:
+    """A printable summary: header line, an aligned before/after table, then findings with their suggestions."""
+    s = report["summary"]
+    lines = [f"Run {report['run_dir']}: {s['rows']} logged steps (last {s['last_step']}), "
+             f"{s['time_total_s'] / 60:.1f} min of steps, {s['skipped_steps']} skipped, "
+             f"{s['restored_steps']} restored",
+             f"Verdict: {VERDICT_TEXT.get(report['verdict'], report['verdict'].upper())}"
+             + (f": {report['reasons'][0].split(': ', 1)[-1]}" if report["verdict"] == "too_short" else ""), ""]
+    header = ["task", "before_sft", "after_sft", "after_rl", "Δ sft", "Δ rl", "Δ total"]
+    rows = [[task, _cell(r["before_sft"]), _cell(r["after_sft"]), _cell(r["after_rl"]),
+             _cell(r["delta_sft"], True), _cell(r["delta_rl"], True), _cell(r["delta"], True)]
+            for task, r in report["tasks"].items()]
+    if rows:
+        widths = [max(len(str(row[i])) for row in [header, *rows]) for i in range(len(header))]
+        fmt = "  ".join(["{:<%d}" % widths[0]] + ["{:>%d}" % w for w in widths[1:]])
+        lines += [fmt.format(*header), fmt.format(*("-" * w for w in widths))]
+        lines += [fmt.format(*row) for row in rows]
+        lines.append("")
+    if report["findings"]:
+        lines.append("Findings:")
+        for f in report["findings"]:
+            since = f" (since step {f['since']})" if f.get("since") is not None else ""
+            lines.append(f"  [{f['level']}] {f['code']}{since}: {f['message']}")
+            lines.append(f"      -> {f['suggestion']}")
+    else:
+        lines.append("Findings: none; all health checks passed")
+    for a in report.get("cleared", []):
+        lines.append(f"  (cleared) [{a['level']}] {a['code']} steps {a['first_step']}-{a['last_step']}: {a['message']}")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    import argparse
+    import sys
+
+    parser = argparse.ArgumentParser(description="Write RUN_DIR/report.json and print the summary.")
+    parser.add_argument("run_dir", help="folder holding metrics.jsonl (and optionally config.json, eval.json)")
+    args = parser.parse_args()
+    try:
+        print(format_report(build_report(args.run_dir)))
+    except (FileNotFoundError, ValueError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        sys.exit(2)

@@ -1,0 +1,235 @@
+"""Building a run's parts from config sections: device, data, policy, rewards, judge, trackers, stop tokens.
+
+The entry point hands each function one config section (or plain values); nothing here reads a global.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterable, Mapping
+
+import torch
+
+from grpo.config.settings import ConfigError
+from grpo.core.records import Sample
+
+
+def choose_device(requested: str) -> torch.device:
+    if requested == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if requested.startswith("cuda") and not torch.cuda.is_available():
+        raise ValueError(f"train.device={requested!r} but no CUDA GPU is visible: use train.device=cpu or auto")
+    return torch.device(requested)
+
+
+@dataclass(frozen=True)
+class RunSamples:
+    """A run's rows: every row in load order (the built-in tokenizer's corpus), and the train / held-out split."""
+
+    every: list[Sample]
+    train: list[Sample]
+    heldout: list[Sample]
+
+
+def load_samples(data, seed: int, tasks: Mapping[str, Any] | None = None) -> RunSamples:
+    """The rows of the built-in source `data.source` (demo | dual | none | a file, folder or Hub id whose rows name
+    their task), split by the stable hash of their ids, plus each `tasks.<task>` source (grpo/data/sources.py: its own
+    held-out rows, or the same hash split). `data` is the DataConfig section, `tasks` Config.tasks.
+
+    A task name given by both (tasks.fairness beside data.source=demo) is a ConfigError naming tasks.<task>."""
+    from grpo.data.loading import split_samples
+    from grpo.data.sources import TaskSource, load_source_samples, load_sources
+
+    tasks = dict(tasks or {})
+    if data.source in ("demo", "dual"):
+        builtin = _builtin_samples(data, seed)
+    elif data.source == "none":
+        builtin = []
+    else:  # one source whose rows name their tasks: the `task` column (the original JSONL task file)
+        builtin, _ = load_source_samples("", TaskSource(path=data.source, task_field="task"), data.system_prompt)
+    train, heldout = split_samples(builtin, data.heldout_fraction)
+    clash = sorted({s.task for s in builtin} & set(tasks))
+    if clash:
+        raise ConfigError(f"config field `tasks.{clash[0]}` names a task that data.source={data.source!r} already "
+                          f"has: give your task another name, or set data.source=none to train only yours",
+                          field=f"tasks.{clash[0]}")
+    every = list(builtin)
+    if tasks:
+        loaded = load_sources(tasks, data.heldout_fraction, system_prompt=data.system_prompt)
+        train, heldout = train + loaded.train, heldout + loaded.heldout
+        every += loaded.train + loaded.heldout
+    if not train:
+        raise ValueError(f"data.source={data.source!r} and tasks {sorted(tasks)} gave no training rows")
+    return RunSamples(every=every, train=train, heldout=heldout)
+
+
+def _builtin_samples(data, seed: int) -> list[Sample]:
+    """The demo's synthetic rows, or BBQ + HaluEval from data.data_dir."""
+    from grpo.data.loading import DataSpec, load_task
+
+    if data.source == "demo":
+        from grpo.data.demo_tasks import make_demo_samples
+
+        return _with_system(make_demo_samples(data.demo_size, seed=seed), data.system_prompt)
+    system = data.system_prompt or None
+    root = Path(data.data_dir)
+    if not (root / "bbq").is_dir() and not (root / "halueval").is_dir():
+        raise FileNotFoundError(f"data.data_dir={str(root)!r} holds neither bbq/ nor halueval/: point it at the "
+                                "folder with bbq/<Category>.jsonl and halueval/<subset>_data.json")
+    specs = [DataSpec(kind="bbq", path=str(root / "bbq"), categories=tuple(data.bbq_categories),
+                      n_per_category=data.bbq_per_category, seed=seed, system_prompt=system)]
+    for subset in data.halueval_subsets:
+        path = root / "halueval" / f"{subset}_data.json"
+        if not path.exists():
+            print(f"note: HaluEval subset {subset!r} skipped: {path} does not exist", file=sys.stderr)
+            continue
+        specs.append(DataSpec(kind="halueval", path=str(path), subset=subset, limit=data.halueval_per_subset,
+                              max_doc_chars=data.max_document_chars, system_prompt=system))
+    samples: list[Sample] = []
+    for spec in specs:
+        samples += load_task(spec)[0]
+    return samples
+
+
+def _with_system(samples: list[Sample], system_prompt: str) -> list[Sample]:
+    if not system_prompt:
+        return samples
+    from dataclasses import replace
+
+    return [replace(s, messages=({"role": "system", "content": system_prompt},) + tuple(s.messages))
+            for s in samples]
+
+
+def policy_from_config(model_cfg, device: torch.device, corpus: Iterable[str], seed: int,
+                       loaded: tuple[Any, Any] | None = None):
+    """Load the policy named by the model section, with precision and attention chosen for this machine; or, with
+    `loaded` = (model, tokenizer) handed in from Python, train that model (in place, in its own dtype and attention)
+    with the section's LoRA, checkpointing and compile settings."""
+    from grpo.models.hardware import choose_attention, choose_precision, detect_capabilities
+    from grpo.models.modeling import load_policy, policy_from_model, ready_for_batches
+
+    on_cuda = device.type == "cuda"
+    lora = {"lora": model_cfg.lora, "lora_r": model_cfg.lora_r, "lora_alpha": model_cfg.lora_alpha,
+            "lora_dropout": model_cfg.lora_dropout, "lora_target_modules": model_cfg.lora_target_modules,
+            "load_in_4bit": model_cfg.load_in_4bit, "gradient_checkpointing": model_cfg.gradient_checkpointing}
+    if loaded is not None:
+        model, tokenizer = loaded
+        ready_for_batches(model, tokenizer)
+        dtype = next(model.parameters()).dtype
+        use_scaler = dtype == torch.float16  # as choose_precision decides for fp16 weights: loss scaling
+        policy = policy_from_model(model, tokenizer, model_cfg.name, seed=seed, **lora)
+    else:
+        caps = detect_capabilities()
+        dtype, use_scaler, dtype_why = choose_precision(model_cfg.dtype, on_cuda,
+                                                        bool(caps.get("bf16_supported")) and on_cuda,
+                                                        full_finetune=not model_cfg.lora)
+        attn, attn_why = choose_attention(model_cfg.attn_implementation, bool(caps.get("flash_attn_importable")),
+                                          caps.get("compute_capability") if on_cuda else None, dtype)
+        if os.environ.get("RANK", "0") == "0":  # one line per run, not per data-parallel process
+            print(f"precision: {dtype} ({dtype_why}); attention: {attn} ({attn_why})")
+        tiny = {"hidden": model_cfg.tiny_hidden, "layers": model_cfg.tiny_layers, "heads": model_cfg.tiny_heads,
+                "kv_heads": max(1, model_cfg.tiny_heads // 2), "vocab_size": model_cfg.tiny_vocab}
+        policy = load_policy(model_cfg.name, dtype=dtype, attn_implementation=attn, seed=seed,
+                             trust_remote_code=model_cfg.trust_remote_code, tiny_corpus=list(corpus),
+                             tiny_sizes=tiny, **lora)
+    policy.grad_scaler = torch.amp.GradScaler("cuda") if use_scaler and on_cuda else None
+    if model_cfg.compile:
+        # In place (parameter names unchanged, so checkpoints stay compatible); dynamic shapes because every
+        # step has other prompt and completion lengths. Off by default: not yet measured to pay.
+        policy.model.compile(dynamic=True)
+        print("model.compile: the model forward is compiled with torch.compile(dynamic=True)")
+    if not model_cfg.load_in_4bit:
+        policy.model.to(device)
+        if policy.ref_model is not None:
+            policy.ref_model.to(device)
+    return policy
+
+
+def parse_reward_spec(task: str, text: str) -> tuple[list[tuple[str, float]], str | None]:
+    """"grader:w,module:fn:w|fallback" -> ([(grader, w), ...], fallback). A term without :w has weight 1."""
+    body, _, fallback = text.partition("|")
+    terms = []
+    for part in (p.strip() for p in body.split(",") if p.strip()):
+        name, _, weight = part.rpartition(":")
+        try:
+            terms.append((name, float(weight)) if name else (part, 1.0))
+        except ValueError:
+            terms.append((part, 1.0))
+    if not terms:
+        raise ConfigError(f"config field `rewards.{task}` = {text!r} is invalid: give grader:weight terms, e.g. "
+                          "bbq_rule:1.0,format:0.2", field=f"rewards.{task}")
+    return terms, (fallback.strip() or None)
+
+
+BUILTIN_TASKS = ("fairness", "hallucination")
+"""The built-in sources' task names (demo, dual), whose kl.<task> / rewards.<task> entries presets carry: they may
+stay in a run that trains only your own tasks."""
+
+
+def check_task_entries(kl_tasks: Iterable[str], tasks: list[str]) -> None:
+    """A kl.<task> entry naming no task of the run (besides kl.default and the built-in tasks) is a ConfigError
+    naming it: a misspelt task (kl.fairnes) would leave the real task on kl.default, silently."""
+    unknown = sorted(set(kl_tasks) - {"default", *BUILTIN_TASKS} - set(tasks))
+    if unknown:
+        raise ConfigError(f"config field `kl.{unknown[0]}` names no task of this run (its tasks: {', '.join(tasks)}): "
+                          "fix the task's name or drop the entry", field=f"kl.{unknown[0]}")
+
+
+def reward_specs(source: str, rewards: Mapping[str, str], tasks: list[str],
+                 custom: Iterable[str] = ()) -> dict[str, Any]:
+    """A RewardSpec per task: its rewards.<task> entry, else the built-in source's default terms (the demo's
+    graders; BBQ's and HaluEval's for tasks named fairness / hallucination). `custom`: the tasks.<task> names,
+    which have no default: a custom task without rewards.<task> is a ConfigError naming that field."""
+    from grpo.data.demo_tasks import DEMO_REWARDS
+    from grpo.grading.scoring import RewardSpec
+
+    defaults = DEMO_REWARDS if source == "demo" else {"fairness": "bbq_rule:1.0,format:0.2",
+                                                      "hallucination": "halueval_rule:1.0,format:0.2"}
+    custom = set(custom)
+    # a misspelt task name would otherwise leave that task on its defaults, silently; the built-in tasks' entries
+    # that presets carry (fairness, hallucination) may stay when the run trains only your own tasks
+    unknown = sorted(set(rewards) - set(tasks) - set(DEMO_REWARDS) - set(BUILTIN_TASKS))
+    if unknown:
+        raise ConfigError(f"config field `rewards.{unknown[0]}` names no task of this run (its tasks: "
+                          f"{', '.join(tasks)}): fix the task's name or drop the entry", field=f"rewards.{unknown[0]}")
+    specs = {}
+    for task in tasks:
+        text = rewards.get(task) or (None if task in custom else defaults.get(task))
+        if text is None:
+            raise ConfigError(f"task {task!r} has no reward terms: add rewards.{task}=grader:weight, e.g. "
+                              f"--set rewards.{task}=path/to/rewards.py:my_reward:1.0 (docs/CUSTOM_TASKS.md "
+                              f"lists the built-in graders)", field=f"rewards.{task}")
+        terms, fallback = parse_reward_spec(task, text)
+        try:
+            specs[task] = RewardSpec(task=task, terms=tuple(terms), fallback=fallback)
+        except ValueError as err:  # a weight <= 0, the judge as its own fallback
+            raise ConfigError(f"config field `rewards.{task}` = {text!r} is invalid: {err}",
+                              field=f"rewards.{task}") from None
+    return specs
+
+
+def build_trackers(train_cfg, run_dir: Path):
+    from grpo.run.tracking import make_trackers
+
+    return make_trackers(run_dir, tensorboard=train_cfg.tensorboard, wandb_project=train_cfg.wandb_project or None)
+
+
+def stop_token_ids(rollout_cfg, tokenizer) -> tuple[int, ...]:
+    """The ids that end a rollout: the tokenizer's end-of-turn / EOS token, then each of rollout.stop_strings
+    (each must be one token of the tokenizer), without repeats."""
+    from grpo.models.tokens import stop_token_id
+
+    stops = [stop_token_id(tokenizer)]
+    for text in rollout_cfg.stop_strings:
+        ids = tokenizer.convert_tokens_to_ids(text)
+        if ids is None or ids == tokenizer.unk_token_id:
+            encoded = tokenizer.encode(text, add_special_tokens=False)
+            if len(encoded) != 1:
+                raise ValueError(f"rollout.stop_strings entry {text!r} is {len(encoded)} tokens; each stop must be "
+                                 "exactly one token of the tokenizer")
+            ids = encoded[0]
+        stops.append(int(ids))
+    return tuple(dict.fromkeys(stops))
