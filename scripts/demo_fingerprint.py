@@ -8,6 +8,12 @@
 Covers every value of metrics.jsonl except the wall-clock ones (TIMING_KEYS), eval.json, the sampled completions
 (samples/*.jsonl) and the sha256 of every final/*.safetensors file. The last line is one sha256 over all of it.
 Exact equality (repr of every float): meant for the same machine and the same torch build.
+
+A refactor that moves a module a grader lives in renames that grader (its spec `package.module:function` is its name in
+metric keys and in the samples), and nothing else; `--rename NEW=OLD` (repeatable) writes NEW as OLD everywhere
+before the fingerprint is taken, so the two fingerprints compare what the run computed:
+
+    python scripts/demo_fingerprint.py /tmp/runs/after --rename grpo.data.demo_tasks=grpo.demo_tasks
 """
 
 from __future__ import annotations
@@ -25,14 +31,23 @@ def is_timing(key: str) -> bool:
     return key.startswith(TIMING_PREFIXES)
 
 
-def fingerprint(run_dir: Path) -> dict:
-    """Everything deterministic a run wrote, as one JSON-able dict."""
+def renamed(text: str, renames: dict[str, str]) -> str:
+    for new, old in renames.items():
+        text = text.replace(new, old)
+    return text
+
+
+def fingerprint(run_dir: Path, renames: dict[str, str] | None = None) -> dict:
+    """Everything deterministic a run wrote, as one JSON-able dict (`renames`: NEW -> OLD, applied to the metric
+    names and the samples' text first)."""
+    renames = renames or {}
     metrics = []
-    for line in (run_dir / "metrics.jsonl").read_text().splitlines():
+    for line in renamed((run_dir / "metrics.jsonl").read_text(), renames).splitlines():
         if line.strip():
             row = json.loads(line)
             metrics.append({k: v for k, v in row.items() if not is_timing(k)})
-    samples = {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted((run_dir / "samples").glob("*.jsonl"))}
+    samples = {p.name: hashlib.sha256(renamed(p.read_text(), renames).encode()).hexdigest()
+               for p in sorted((run_dir / "samples").glob("*.jsonl"))}
     weights = {p.name: hashlib.sha256(p.read_bytes()).hexdigest()
                for p in sorted((run_dir / "final").glob("*.safetensors"))}
     if not weights:
@@ -42,10 +57,15 @@ def fingerprint(run_dir: Path) -> dict:
 
 
 def main(argv: list[str]) -> int:
+    renames: dict[str, str] = {}
+    while len(argv) >= 3 and argv[-2] == "--rename" and "=" in argv[-1]:
+        new, old = argv[-1].split("=", 1)
+        renames[new] = old
+        argv = argv[:-2]
     if len(argv) != 1:
         print(__doc__, file=sys.stderr)
         return 2
-    fp = fingerprint(Path(argv[0]))
+    fp = fingerprint(Path(argv[0]), renames)
     text = json.dumps(fp, indent=1, sort_keys=True)
     print(text)
     print(f"fingerprint sha256 {hashlib.sha256(text.encode()).hexdigest()}")

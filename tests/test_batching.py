@@ -50,7 +50,7 @@ def test_bad_mix_and_empty_task_are_rejected():
 def test_sft_demonstrations_are_stratified_by_task_and_answer():
     from collections import Counter as Cnt
 
-    from grpo_train import stratified
+    from grpo.phases.sft import stratified
 
     samples = ([Sample("a", f"a{i}", (), target="Answer: A") for i in range(10)]
                + [Sample("a", f"b{i}", (), target="Answer: B") for i in range(2)]
@@ -65,7 +65,7 @@ def test_sft_demonstrations_of_free_form_answers_do_not_crowd_out_the_other_task
     target as the class, every row was its own class, the sorted classes put BBQ's first, and all 48 demonstrations
     of the smollm2-dual warm-up were BBQ rows. The class is now the answer ("Answer: B ..." -> "b"), and a task with
     more than FREE_FORM_CLASSES answers counts as one class."""
-    from grpo_train import FREE_FORM_CLASSES, stratified
+    from grpo.phases.sft import FREE_FORM_CLASSES, stratified
 
     samples = ([Sample("fairness", f"f{i}", (), target=f"Answer: {'ABC'[i % 3]}\nJustification: quote {i}")
                 for i in range(60)]

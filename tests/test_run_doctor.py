@@ -19,6 +19,7 @@ import pytest
 import torch
 
 from grpo.core.doctor import ONLINE_CODES
+from grpo.run.checkpointing import saved_weights
 from tests.trainer_helpers import fast_config
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -114,12 +115,12 @@ def test_restore_loads_the_best_pareto_points_weights(tmp_path, monkeypatch, cap
     point = run.run_dir / "pareto" / "step_000001"
     assert f"doctor: weights restored from the best Pareto point {point}" in out
     assert run.frontier.best().path == point
-    saved = G.saved_weights(point, "model")
+    saved = saved_weights(point, "model")
     now = dict(run.policy.model.named_parameters())
     assert saved.keys() == now.keys()
     assert all(torch.equal(now[n].detach(), saved[n]) for n in saved)  # exactly the point's weights
     assert any(not torch.equal(before_restore[n], saved[n]) for n in saved)  # which step 5's were not
-    final = G.saved_weights(run.run_dir / "final", "model")  # the final model is the restored one
+    final = saved_weights(run.run_dir / "final", "model")  # the final model is the restored one
     assert all(torch.equal(final[n], saved[n]) for n in saved)
 
 
@@ -172,7 +173,5 @@ def test_two_processes_stop_together_and_restore_on_every_rank(tmp_path):
     point = tmp_path / "r" / "pareto" / "step_000001"
     assert f"weights restored from the best Pareto point {point}" in proc.stdout
     assert [r["step"] for r in rl_rows(tmp_path / "r")] == [1, 2, 3, 4, 5]
-    import grpo_train as G
-
-    saved, final = G.saved_weights(point, "model"), G.saved_weights(tmp_path / "r" / "final", "model")
+    saved, final = saved_weights(point, "model"), saved_weights(tmp_path / "r" / "final", "model")
     assert saved.keys() == final.keys() and all(torch.equal(final[n], saved[n]) for n in saved)

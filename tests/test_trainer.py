@@ -16,7 +16,7 @@ from grpo.phases.batch import batch_logprobs, build_train_batch
 from grpo.models.logprobs import completion_logprobs
 from grpo.phases.rollout import generate_rollouts
 from grpo.grading.scoring import score_rollouts
-from grpo.phases.update import train_step
+from grpo.phases.update import Learner, StepSettings, train_step
 from tests.trainer_helpers import fast_config, rollout_batch
 
 
@@ -103,8 +103,9 @@ def test_grad_accumulation_equivalence(tmp_path, agg):
         model = copy.deepcopy(run.policy.model)
         params = [p for p in model.parameters() if p.requires_grad]
         opt = torch.optim.SGD(params, lr=1.0)  # SGD: the update IS the gradient, so any difference shows
-        train_step(model, opt, batch, torch.tensor([0.1, 0.3]), C.LossConfig(agg_mode=agg), run.tasks, params,
-                   micro_batch_seqs=micro, temperature=1.0, max_grad_norm=1e9, skip_grad_norm=1e9, agg_constant=6.0)
+        train_step(Learner(model, opt, params), batch, torch.tensor([0.1, 0.3]), C.LossConfig(agg_mode=agg),
+                   run.tasks, StepSettings(micro_batch_seqs=micro, temperature=1.0, max_grad_norm=1e9,
+                                           skip_grad_norm=1e9, agg_constant=6.0))
         results.append(params)
     for a, b in zip(*results):
         torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
@@ -188,7 +189,9 @@ def test_per_task_beta_moves_in_opposite_directions(tmp_path):
     assert f_end > 0.1 and h_end < 0.1
     assert f_end <= 0.3 + 1e-12 and h_end >= 0.02 - 1e-12
     assert betas[0] == (0.1, 0.1)  # a step trains with the β its controller held before the step
-    state = G.checkpoint_state(run)["controllers"]
+    from grpo.run.checkpointing import checkpoint_state
+
+    state = checkpoint_state(run)["controllers"]
     assert state["fairness"] != state["hallucination"]
 
 

@@ -94,3 +94,7 @@ PRESETS: dict[str, dict[str, Any]] = {
         "rewards": {"fairness": "bbq_rule:1.0,format:0.2", "hallucination": "halueval_rule:1.0,format:0.2"},
     },
 }
+
+
+CUSTOM_PRESET = "custom"
+"""The preset made for tasks.<task> sources (grpo/config/presets.py); `train(tasks=...)` starts from it."""

@@ -353,3 +353,10 @@ def builtin_graders() -> dict[str, str]:
     out = {name: " ".join((fn.__doc__ or "").strip().split("\n\n")[0].split()) for name, fn in sorted(GRADERS.items())}
     out[JUDGE_TERM] = "the LLM judge (judge.* settings; rubric grpo/grading/rubrics/<task>.txt), score in [0, 1]"
     return out
+
+
+def graders_help() -> str:
+    """The end of --help: the built-in graders a rewards.<task> term may name."""
+    return ("\n\nBuilt-in graders for rewards.<task> (besides llm_judge, a reward_models name, package.module:function "
+            "and path/to/file.py:function; docs/CUSTOM_TASKS.md):\n"
+            + "\n".join(f"  {name}: {doc}" for name, doc in builtin_graders().items()))

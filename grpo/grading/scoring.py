@@ -19,9 +19,11 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Any, Mapping
 
+import torch
+
+from grpo.core.records import Rollout, Scored
 from grpo.grading.graders import JUDGE_TERM, Grader, GraderError, resolve_graders
 from grpo.grading.judge import Judge, JudgeItem, JudgeResult
-from grpo.core.records import Rollout, Scored
 
 __all__ = ["JUDGE_TERM", "RewardSpec", "score_rollouts"]
 
@@ -145,3 +147,32 @@ def score_rollouts(
     if verdicts and judge is not None:
         metrics.update(judge.metrics())
     return scored, metrics
+
+
+JUDGE_COUNTERS = ("judge/calls", "judge/failures", "judge/cache_hits", "judge/retries", "judge/items")
+
+
+def per_step_counts(metrics: dict[str, float], totals: dict[str, float]) -> dict[str, float]:
+    """The judge keeps running totals; the step metrics report this step's share (health checks rate them).
+    `totals`: the totals at the last step, updated in place (a run's counters)."""
+    out = dict(metrics)
+    for key in JUDGE_COUNTERS:
+        if key in metrics:
+            total = float(metrics[key])
+            out[key] = total - totals.get(key, 0.0)
+            out[key + "_total"] = total
+            totals[key] = total
+    return out
+
+
+def reward_metrics(scored: list[Scored], tasks: list[str]) -> dict[str, float]:
+    """reward/<task>/mean and /std over the valid rewards of a step, /failed the count of failed ones (None, NaN)."""
+    out: dict[str, float] = {}
+    for t in tasks:
+        rs = [s.reward for s in scored if s.rollout.sample.task == t]
+        valid = torch.tensor([r for r in rs if r is not None and not math.isnan(r)], dtype=torch.float64)
+        if rs:
+            out[f"reward/{t}/mean"] = valid.mean().item() if len(valid) else math.nan
+            out[f"reward/{t}/std"] = valid.std(unbiased=False).item() if len(valid) else math.nan
+            out[f"reward/{t}/failed"] = float(len(rs) - len(valid))
+    return out

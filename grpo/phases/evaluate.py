@@ -41,3 +41,8 @@ def part_means(rows: Iterable[tuple[str, Mapping[str, float | None]]]) -> dict[s
             if value is not None and not math.isnan(value):
                 sums.setdefault(task, {}).setdefault(name, []).append(value)
     return {task: {name: sum(v) / len(v) for name, v in by_name.items()} for task, by_name in sums.items()}
+
+
+def unscored(rollouts: list[Rollout]) -> list[Scored]:
+    """The scorer of the ranks that only help generate (sharded evaluation): no reward, no judge call."""
+    return [Scored(rollout=r, reward=None) for r in rollouts]

@@ -7,12 +7,14 @@ The prompt tokens are never trained on; the end-of-turn token that RL uses as it
 from __future__ import annotations
 
 import random
+from collections import Counter
 from typing import Any, Callable, Iterable, Sequence
 
 import torch
 
-from grpo.models.logprobs import completion_logprobs
+from grpo.core.answers import answer_class
 from grpo.core.records import Sample
+from grpo.models.logprobs import completion_logprobs
 from grpo.models.tokens import collate, sft_example
 from grpo.phases.update import adamw
 
@@ -89,3 +91,28 @@ def run_sft(model: torch.nn.Module, examples: Sequence[tuple[list[int], list[int
         optimizer.step()
         losses.append(loss.item())
     return losses
+
+
+FREE_FORM_CLASSES = 16
+"""A task whose SFT targets fall into more answer classes than this answers in free form (HaluEval general's ChatGPT
+replies, each its own class): `stratified` counts all its targets as one class."""
+
+
+def stratified(samples: list[Sample], examples: list, n: int) -> list:
+    """`n` of `examples` (parallel to `samples`), round-robin over (task, answer class) so that every answer of every
+    task is demonstrated before any is repeated; the class is grpo.core.answers.answer_class of the target. A free-form
+    task (more than FREE_FORM_CLASSES classes) is one class: else its answers, every one its own class, took every
+    demonstration from the tasks with a few answers."""
+    classes_per_task = Counter(task for task, _ in {(s.task, answer_class(s.target or "")) for s in samples})
+    free_form = {task for task, n in classes_per_task.items() if n > FREE_FORM_CLASSES}
+    groups: dict[tuple[str, str], list] = {}
+    for sample, example in zip(samples, examples):
+        key = (sample.task, "" if sample.task in free_form else answer_class(sample.target or ""))
+        groups.setdefault(key, []).append(example)
+    keys, picked, i = sorted(groups), [], 0
+    while len(picked) < min(n, len(examples)):
+        for key in keys:
+            if i < len(groups[key]) and len(picked) < n:
+                picked.append(groups[key][i])
+        i += 1
+    return picked

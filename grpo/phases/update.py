@@ -17,15 +17,16 @@ from __future__ import annotations
 
 import contextlib
 import math
+from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 import torch
 
 from grpo.config.settings import LossConfig
-from grpo.models.distributed import as_float
-from grpo.models.logprobs import completion_logprobs
 from grpo.core.losses import aggregate, kl_penalty, policy_loss
 from grpo.core.records import TrainBatch
+from grpo.models.distributed import as_float
+from grpo.models.logprobs import completion_logprobs
 
 KL_METRIC_ESTIMATOR = "k3"  # reported KL: k3 is unbiased for KL(π‖π_ref) and never negative
 PER_PASS_PREFIXES = ("loss/clip_frac", "loss/ratio", "loss/approx_kl_old", "loss/dual_clip_frac")
@@ -137,36 +138,60 @@ class _StepStats:
         return out
 
 
-def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batch: TrainBatch,
-               betas_N: torch.Tensor, loss: LossConfig, tasks: Sequence[str],
-               params: Sequence[torch.nn.Parameter], *, micro_batch_seqs: int, temperature: float,
-               max_grad_norm: float, skip_grad_norm: float, agg_constant: float | None = None,
-               fused_head: bool = True, on_step: Callable[[], None] | None = None,
-               grad_combiner: Callable[..., dict[str, float]] | None = None,
-               scaler: "torch.amp.GradScaler | None" = None, dist: Any = None) -> dict[str, float]:
-    """loss.mu optimizer steps over `batch` (the loss section: policy loss, clipping, aggregation, KL estimator,
-    entropy bonus, μ). betas_N: β per task index. Returns metrics + health.
+@dataclass
+class Learner:
+    """What an update changes and how its optimizer steps."""
 
-    Plain values from other sections: `micro_batch_seqs` (sequences per forward; the run's current size, see
-    grpo_train.update_with_oom_retry), `temperature` (rollout.temperature), `max_grad_norm` / `skip_grad_norm`
-    (train section: clip the norm; skip the step when it is non-finite or above), `agg_constant` (the Dr.GRPO
-    normaliser of seq-mean-token-sum-norm: rollout.max_new_tokens), `fused_head` (model.fused_lm_head).
+    model: torch.nn.Module
+    """The model the passes run through: the policy's model, or accelerate's DDP / FSDP wrapper of it."""
+    optimizer: torch.optim.Optimizer
+    params: Sequence[torch.nn.Parameter]
+    """The trainable parameters: their gradient norm is clipped (and checked) together."""
+    on_step: Callable[[], None] | None = None
+    """Runs after each optimizer step that was taken (the LR scheduler, the weight guard)."""
+    grad_combiner: Callable[..., dict[str, float]] | None = None
+    """Replaces the plain accumulation (per-task gradient surgery, `TaskGradientSurgery`); None = summed loss."""
+    scaler: "torch.amp.GradScaler | None" = None
+    """A GradScaler for fp16 weights (loss scaling; gradients are unscaled before clipping)."""
+    dist: Any = None
+    """grpo/models/distributed.Dist for data parallelism, or None for one process."""
+
+
+@dataclass(frozen=True)
+class StepSettings:
+    """The plain values of other config sections one update reads, gathered at the call, never stored: the run's
+    current micro-batch size (halved after a CUDA out-of-memory retry), rollout.temperature, train.max_grad_norm /
+    train.skip_grad_norm (clip the norm; skip the step when it is non-finite or above), the Dr.GRPO normaliser of
+    seq-mean-token-sum-norm (rollout.max_new_tokens) and model.fused_lm_head."""
+
+    micro_batch_seqs: int
+    temperature: float
+    max_grad_norm: float
+    skip_grad_norm: float
+    agg_constant: float | None = None
+    fused_head: bool = True
+
+
+def train_step(learner: Learner, batch: TrainBatch, betas_N: torch.Tensor, loss: LossConfig, tasks: Sequence[str],
+               settings: StepSettings) -> dict[str, float]:
+    """loss.mu optimizer steps of `learner` over `batch` (the loss section: policy loss, clipping, aggregation, KL
+    estimator, entropy bonus, μ). betas_N: β per task index. Returns metrics + health.
 
     Loss, per-task KL and entropy are the first pass's (measured on the rollout policy, which is what the KL
     controllers steer); the ratio / clip metrics (PER_PASS_PREFIXES) cover all μ passes: mean of the means, max of
     the maxima, min of the minima. `health/grad_norm` is the first pass's, `health/grad_norm_max` the largest.
 
-    `on_step` runs after each successful optimizer step (the LR scheduler, the weight guard).
-    `grad_combiner`, when given, replaces the plain accumulation (per-task gradient surgery, see grpo/core/multi.py):
-    called as grad_combiner(micro_batches, terms, agg, stats, dist=dist) (see `Terms`, `Aggregate`).
-    `scaler`: a GradScaler for fp16 weights (loss scaling; gradients are unscaled before clipping).
-    With μ > 1 and `batch.old_logps_BT` None, the first pass's own log-probs (detached) become the old log-probs of
-    the later passes: the caller skips the separate old-log-prob forward when train mode has no dropout, because
-    the first pass then computes exactly those values.
-    `dist` (grpo/models/distributed.py): data parallelism. `batch` is this rank's share; token and sequence counts are
-    summed over ranks, and gradients are summed once per optimizer step (DDP on the last micro-batch, `no_sync` on
-    the others; the loss is multiplied by the world size because DDP averages).
+    A grad combiner is called as grad_combiner(micro_batches, terms, agg, stats, dist=dist) (see `Terms`,
+    `Aggregate`). With μ > 1 and `batch.old_logps_BT` None, the first pass's own log-probs (detached) become the old
+    log-probs of the later passes: the caller skips the separate old-log-prob forward when train mode has no dropout,
+    because the first pass then computes exactly those values.
+    With `learner.dist`, `batch` is this rank's share; token and sequence counts are summed over ranks, and gradients
+    are summed once per optimizer step (DDP on the last micro-batch, `no_sync` on the others; the loss is multiplied
+    by the world size because DDP averages).
     """
+    model, optimizer, params, dist = learner.model, learner.optimizer, learner.params, learner.dist
+    scaler, grad_combiner = learner.scaler, learner.grad_combiner
+    micro_batch_seqs = settings.micro_batch_seqs
     num_tokens, num_seqs = batch.num_tokens, batch.size  # counted ONCE for the whole optimizer step
     world = 1
     if dist is not None and dist.active:
@@ -180,11 +205,11 @@ def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batch: 
     skipped = 0
 
     def terms(mb: TrainBatch):
-        return micro_batch_terms(model, mb, betas_N, loss, temperature, fused_head)
+        return micro_batch_terms(model, mb, betas_N, loss, settings.temperature, settings.fused_head)
 
     def agg(loss_BT: torch.Tensor, mask_BT: torch.Tensor) -> torch.Tensor:
         return aggregate(loss_BT, mask_BT, loss.agg_mode, num_tokens=num_tokens, num_seqs=num_seqs,
-                         constant=agg_constant)
+                         constant=settings.agg_constant)
 
     model.train()
     for pass_index in range(loss.mu):
@@ -205,8 +230,8 @@ def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batch: 
                 stats.add(mb_loss, parts, mb.task_ids_B)
         if scaler is not None:
             scaler.unscale_(optimizer)
-        grad_norm = as_float(torch.nn.utils.clip_grad_norm_(params, max_grad_norm))  # a DTensor when sharded
-        if not (grad_norm == grad_norm and grad_norm <= skip_grad_norm):  # NaN, Inf or exploding
+        grad_norm = as_float(torch.nn.utils.clip_grad_norm_(params, settings.max_grad_norm))  # a DTensor when sharded
+        if not (grad_norm == grad_norm and grad_norm <= settings.skip_grad_norm):  # NaN, Inf or exploding
             optimizer.zero_grad(set_to_none=True)
             if scaler is not None:
                 scaler.update()  # an fp16 overflow lowers the loss scale
@@ -218,8 +243,8 @@ def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batch: 
             else:
                 optimizer.step()
             optimizer.zero_grad(set_to_none=True)  # free the gradients now: they would sit through generation
-            if on_step is not None:
-                on_step()
+            if learner.on_step is not None:
+                learner.on_step()
         if pass_index == 0 and loss.mu > 1 and batch.old_logps_BT is None:
             logps_BT = batch.from_micro_batches([lp.float() for lp in stats.logps], micro_batch_seqs)
             batch.old_logps_BT = logps_BT * batch.completion_mask_BT

@@ -1,4 +1,5 @@
-"""Building a run's parts from config sections: device, data, policy, rewards, judge, trackers, stop tokens.
+"""Building a run's parts from config sections: device, data, policy, rewards, judge, trackers, stop tokens, the
+optimizer and its companions, and the run-wide decisions taken once (prompt sharing, sampling streams, sharding).
 
 The entry point hands each function one config section (or plain values); nothing here reads a global.
 """
@@ -6,15 +7,25 @@ The entry point hands each function one config section (or plain values); nothin
 from __future__ import annotations
 
 import os
+import random
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
+import numpy as np
 import torch
 
+from grpo.config import settings as C
 from grpo.config.settings import ConfigError
+from grpo.core.health import WeightGuard
+from grpo.core.multi import ConflictMonitor
 from grpo.core.records import Sample
+from grpo.models.distributed import Dist
+from grpo.models.logprobs import shared_prompt_blocker, shares_by_size
+from grpo.models.modeling import Policy
+from grpo.phases.update import TaskGradientSurgery, adamw
+from grpo.run.state import Run
 
 
 def choose_device(requested: str) -> torch.device:
@@ -233,3 +244,97 @@ def stop_token_ids(rollout_cfg, tokenizer) -> tuple[int, ...]:
             ids = encoded[0]
         stops.append(int(ids))
     return tuple(dict.fromkeys(stops))
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def shares_prompts(cfg: C.Config, train_model: torch.nn.Module, dist: Dist) -> bool:
+    """Whether the forward passes encode each prompt once for its K completions (model.shared_prompt_forward),
+    decided once: what blocks it (grpo/models/logprobs.shared_prompt_blocker) does not change during a run."""
+    mode = cfg.model.shared_prompt_forward
+    if mode == "off":
+        return False
+    why = shared_prompt_blocker(train_model, training=True)
+    if why is not None:
+        if mode == "on":
+            raise C.ConfigError(f"model.shared_prompt_forward=on cannot apply here: {why}. Use auto (it turns "
+                                "itself off) or off", field="model.shared_prompt_forward")
+        if dist.is_main:
+            print(f"model.shared_prompt_forward=auto: off for this run ({why}); every row encodes its own prompt")
+        return False
+    return shares_by_size(mode, sum(p.numel() for p in train_model.parameters()))
+
+
+def check_sharding(cfg: C.Config, policy: Policy, dist: Dist) -> None:
+    """What FSDP sharding supports today: full fine-tuning in bf16 / fp32 with the summed loss."""
+    problems = [why for bad, why in [
+        (cfg.model.lora or cfg.model.load_in_4bit, "LoRA / QLoRA (model.lora=false: sharding is for full fine-tuning; "
+                                                   "an adapter fits every process, use train.sharding=none)"),
+        (cfg.multi.combine != "sum", "per-task gradient surgery (multi.combine=sum)"),
+        (policy.grad_scaler is not None, "fp16 loss scaling (model.dtype=bfloat16 or float32)"),
+        (cfg.sft.steps > 0 and cfg.sft.batch_size % dist.world != 0,
+         f"an SFT batch that does not split evenly over {dist.world} processes (sft.batch_size)")] if bad]
+    if problems:
+        raise C.ConfigError("train.sharding=fsdp does not support " + "; ".join(problems), field="train.sharding")
+
+
+def per_completion_sampling(rollout: C.RolloutConfig, dist: Dist) -> bool:
+    """Whether rollouts draw from per-completion streams (rollout.sampling_rng; auto = when several processes)."""
+    mode = rollout.sampling_rng
+    return mode == "per_completion" or (mode == "auto" and dist.active)
+
+
+def fresh_optimizer(run: Run) -> None:
+    """Optimizer, scheduler, weight guard and gradient surgery for the policy's current trainable parameters
+    (after SFT or a reference restore they are new objects under LoRA), prepared for the run's processes."""
+    params = run.policy.trainable_parameters()
+    optimizer, run.scheduler = build_optimizer(run.cfg.train, params)
+    run.guard = WeightGuard(run.dist.local(params), max_consecutive=run.cfg.train.max_consecutive_bad)
+    run.surgery = build_surgery(run.cfg, params, run.tasks)
+    run.train_model, run.optimizer = run.dist.prepare(run.policy.model, optimizer)
+
+
+def build_surgery(cfg: C.Config, params: list[torch.nn.Parameter], tasks: list[str]):
+    """PCGrad / CAGrad over per-task gradients when multi.combine asks for it (and there are several tasks)."""
+    if cfg.multi.combine == "sum" or len(tasks) < 2:
+        return None
+    monitor = ConflictMonitor(mode=cfg.multi.switch, threshold=cfg.multi.threshold, patience=cfg.multi.patience,
+                              release=cfg.multi.release)
+    return TaskGradientSurgery(params, tasks, cfg.multi.combine, cfg.multi.cagrad_c, monitor,
+                               policy_only=cfg.multi.policy_only, seed=cfg.train.seed)
+
+
+def parse_task_mix(text: str) -> dict[str, float] | None:
+    """"a:1,b:2" -> {"a": 1.0, "b": 2.0}; empty -> None (equal shares)."""
+    if not text:
+        return None
+    pairs = (p.split(":") for p in text.split(","))
+    try:
+        return {task.strip(): float(w) for task, w in pairs}
+    except ValueError:
+        raise C.ConfigError(f"config field `data.task_mix` = {text!r} is invalid: weights must be numbers") from None
+
+
+def build_optimizer(train: C.TrainConfig, params: list[torch.nn.Parameter]):
+    """AdamW over the trainable parameters, with a linear warm-up."""
+    optimizer = adamw(params, lr=train.lr, weight_decay=train.weight_decay)
+    warmup = train.warmup_steps
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda n: min(1.0, (n + 1) / warmup) if warmup else 1.0)
+    return optimizer, scheduler
+
+
+def split_by_task(train_list: list[Sample], held_list: list[Sample], data: C.DataConfig) -> tuple[dict, dict]:
+    """Train and held-out samples by task (grpo/run/setup_parts.load_samples split them); held-out capped at
+    data.eval_size per task."""
+    train: dict[str, list[Sample]] = {}
+    heldout: dict[str, list[Sample]] = {}
+    for s in train_list:
+        train.setdefault(s.task, []).append(s)
+    for s in held_list:
+        if len(heldout.setdefault(s.task, [])) < data.eval_size:
+            heldout[s.task].append(s)
+    return train, heldout

@@ -26,7 +26,10 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import Any, Iterable, Iterator, Mapping, Protocol, Sequence, TextIO
+from typing import TYPE_CHECKING, Any, Iterable, Iterator, Mapping, Protocol, Sequence, TextIO
+
+if TYPE_CHECKING:
+    from grpo.core.records import Scored
 
 METRICS_FILE = "metrics.jsonl"
 CSV_FILE = "metrics.csv"
@@ -373,3 +376,21 @@ def progress(iterable_or_total: Iterable[Any] | int, desc: str, enabled: bool = 
 
         return tqdm(items, desc=desc, total=total, file=out, dynamic_ncols=True)
     return _plain_progress(items, total, desc, out)
+
+
+def write_scored(path: Path, scored: list[Scored]) -> None:
+    """One JSON line per completion: task, id, prompt, completion, reward, its parts (per grader), provider."""
+    path.parent.mkdir(exist_ok=True)
+    with open(path, "w") as f:
+        for s in scored:
+            f.write(json.dumps({"task": s.rollout.sample.task, "id": s.rollout.sample.id,
+                                "prompt": s.rollout.sample.messages[-1]["content"], "completion": s.rollout.text,
+                                "reward": s.reward, "parts": s.parts, "provider": s.provider,
+                                "truncated": s.rollout.truncated}) + "\n")
+
+
+def write_samples(run_dir: Path, tracker: Tracker, scored: list[Scored], step: int) -> None:
+    """A step's scored completions into samples/step_N.jsonl, the first 8 to the trackers as text."""
+    write_scored(run_dir / "samples" / f"step_{step:06d}.jsonl", scored)
+    tracker.log_text("samples", "\n\n".join(f"[{s.rollout.sample.task}] {s.rollout.text!r} -> {s.reward}"
+                                             for s in scored[:8]), step)

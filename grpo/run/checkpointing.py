@@ -1,0 +1,157 @@
+"""A run's checkpoints: what one holds (everything needed to continue bit for bit), saving it from every process,
+resuming from it, the post-SFT reference's weights, and loading a Pareto point's weights back (`train.doctor=restore`).
+The files themselves (temporary folder, manifest of sha256, atomic rename, verification) are grpo/run/checkpoint.py's.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from grpo.config import settings as C
+from grpo.models.distributed import Dist, rank_rng_state
+from grpo.models.modeling import Policy
+from grpo.run import checkpoint as ckpt
+from grpo.run.setup_parts import fresh_optimizer
+from grpo.run.state import Run
+
+
+def reference_weights(policy: Policy, dist: Dist) -> dict[str, torch.Tensor]:
+    """The weights that define the KL reference: the frozen copy (full FT) or the whole merged model (LoRA)."""
+    return dist.full_state(policy.model if policy.is_lora else policy.ref_model)
+
+
+def restore_best(run: Run) -> Path | None:
+    """Load the weights of the best Pareto point (best mean held-out score) into the policy in place, on every rank;
+    returns its folder, or None when the frontier is empty (the weights stay). Rank 0 holds the frontier and names the
+    folder; every rank reads it (the same file, as on resume). The weight guard's last good copy becomes these."""
+    best = run.frontier.best() if run.dist.is_main else None
+    where = run.dist.broadcast(None if best is None else str(best.path))
+    if where is None:
+        return None
+    folder = Path(where)
+    model = run.policy.model
+    if run.policy.is_lora:  # the point is the adapter (save_pretrained of a PEFT model)
+        from peft import set_peft_model_state_dict
+
+        state = saved_weights(folder, "adapter_model")
+        result = set_peft_model_state_dict(model, state)
+        trainable = sum(p.requires_grad for p in model.parameters())
+        if result.unexpected_keys or len(state) != trainable:
+            raise ckpt.CheckpointError(f"Pareto point {folder} does not fit this adapter: {len(state)} tensors for "
+                                       f"{trainable} trainable ones, unexpected {list(result.unexpected_keys)[:5]}")
+    else:
+        state = saved_weights(folder, "model")
+        names = set(model.state_dict())
+        missing, unexpected = names - set(state) - tied_names(model), set(state) - names
+        if missing or unexpected:  # a tied output embedding is saved once, under the input embedding's name
+            raise ckpt.CheckpointError(f"Pareto point {folder} does not fit this model: missing {sorted(missing)[:5]}, "
+                                       f"unexpected {sorted(unexpected)[:5]}")
+        run.dist.load_full_state(model, state, strict=False)
+    run.guard.snapshot()
+    return folder
+
+
+def saved_weights(folder: Path, stem: str) -> dict[str, torch.Tensor]:
+    """The tensors save_pretrained wrote into `folder` as STEM.safetensors, or as its shards (STEM.safetensors.index.json)."""
+    from safetensors.torch import load_file
+
+    index = folder / f"{stem}.safetensors.index.json"
+    files = (sorted(set(json.loads(index.read_text())["weight_map"].values())) if index.is_file()
+             else [f"{stem}.safetensors"])
+    if not all((folder / name).is_file() for name in files):
+        raise ckpt.CheckpointError(f"Pareto point {folder} has no {stem}.safetensors (or its shards): was it "
+                                   "written by save_pretrained of this run?")
+    return {k: v for name in files for k, v in load_file(str(folder / name)).items()}
+
+
+def tied_names(model: torch.nn.Module) -> set[str]:
+    """Parameter names that share their tensor with another name (tied input / output embeddings): every member of
+    such a group, since save_pretrained keeps one of them."""
+    groups: dict[int, list[str]] = {}
+    for name, p in model.named_parameters(remove_duplicate=False):
+        groups.setdefault(id(p), []).append(name)
+    return {name for names in groups.values() if len(names) > 1 for name in names}
+
+
+def checkpoint_state(run: Run, rng_ranks: list[dict[str, Any]] | None = None,
+                     gathered: tuple[dict, dict] | None = None) -> dict[str, Any]:
+    """Everything needed to continue the run bit-for-bit. `rng_ranks`: every rank's RNG state (rank order);
+    `gathered`: (weights, optimizer state) gathered from the shards when sharded."""
+    rng_ranks = rng_ranks or [ckpt.rng_state()]
+    weights, optimizer = gathered or (ckpt.trainable_state(run.policy.model), run.optimizer.state_dict())
+    return {"step": run.step, "weights": weights, "optimizer": optimizer, "scheduler": run.scheduler.state_dict(),
+            "controllers": {t: c.state_dict() for t, c in run.controllers.items()},
+            "sampler": run.sampler.state_dict(), "guard": run.guard.state_dict(), "evals": run.evals,
+            "surgery": run.surgery.state_dict() if run.surgery is not None else None,
+            "frontier": run.frontier.state_dict(), "counters": dict(run.counters), "rng": rng_ranks[0],
+            "rng_ranks": rng_ranks, "metrics_rows": run.tracker.rows_logged, "finished": run.finished}
+
+
+def save_checkpoint(run: Run) -> Path:
+    """Rank 0 writes the checkpoint (weights are the same on every rank) with every rank's RNG state."""
+    rng_ranks = run.dist.gather(ckpt.rng_state())
+    gathered = None
+    if run.dist.sharded:  # collectives: every rank takes part, rank 0 receives the whole state
+        gathered = (run.dist.full_state(run.policy.model), run.dist.optimizer_state(run.policy.model, run.optimizer))
+    folder = None
+    if run.dist.is_main:
+        folder = ckpt.save(run.run_dir, run.step, checkpoint_state(run, rng_ranks, gathered), C.to_dict(run.cfg),
+                           run.cfg.checkpoint.keep_last)
+    return run.dist.broadcast(folder)  # also a barrier: no rank goes on before the checkpoint is complete
+
+
+def resume(run: Run, where: str) -> None:
+    """Load the checkpoint `where` ("auto" = newest complete one of the run folder) into `run`."""
+    folder = ckpt.resolve_resume(run.run_dir, where)
+    trust = run.cfg.checkpoint.trust_pickle
+    state, saved_cfg = ckpt.load(folder, trust_pickle=trust)
+    diffs = ckpt.config_differences(saved_cfg, C.to_dict(run.cfg), config_defaults(run.cfg))
+    if diffs:
+        raise ckpt.CheckpointError(f"checkpoint {folder} was written with a different config:\n  "
+                                   + "\n  ".join(diffs) + "\nresume with the same settings, or start a new run")
+    ref = ckpt.load_reference(folder.parent.parent, trust_pickle=trust)  # the run the checkpoint belongs to
+    if ref is not None:  # the run had an SFT warm-up: restore its reference (and, under LoRA, the merged base)
+        run.dist.load_full_state(run.policy.model if run.policy.is_lora else run.policy.ref_model, ref)
+        fresh_optimizer(run)
+    if run.dist.sharded:
+        run.dist.load_full_state(run.policy.model, state["weights"])
+        run.dist.load_optimizer_state(run.policy.model, run.optimizer, state["optimizer"])
+    else:
+        ckpt.load_trainable_state(run.policy.model, state["weights"], folder)
+        run.optimizer.load_state_dict(state["optimizer"])
+    run.scheduler.load_state_dict(state["scheduler"])
+    for t, c in run.controllers.items():
+        c.load_state_dict(state["controllers"][t])
+    run.sampler.load_state_dict(state["sampler"])
+    run.guard.load_state_dict(state["guard"])
+    if run.surgery is not None and state.get("surgery") is not None:
+        run.surgery.load_state_dict(state["surgery"])
+    run.frontier.load_state_dict(state["frontier"])
+    if run.dist.is_main:
+        run.frontier.remove_orphans()  # points saved after this checkpoint belong to the lost part of the run
+    run.counters = dict(state.get("counters", {}))
+    run.guard.snapshot()
+    run.evals = state["evals"]
+    run.step = state["step"]
+    run.finished = bool(state.get("finished")) and run.step >= run.cfg.train.max_steps  # not when extended
+    ckpt.set_rng_state(rank_rng_state(state, run.dist))
+    if run.dist.is_main:
+        run.tracker.resume_at(run.step, state.get("metrics_rows"))  # metrics.jsonl, csv, samples, TensorBoard
+        print(f"resumed from {folder} at step {run.step}")
+    run.dist.barrier()
+
+
+def config_defaults(cfg: C.Config) -> dict[str, Any]:
+    """Flat "section.field" -> dataclass default, for fields a checkpoint may predate (per-task KL included)."""
+    flat: dict[str, Any] = {}
+    for name, section in C.to_dict(C.Config()).items():
+        if isinstance(section, dict) and name != "kl":
+            flat.update({f"{name}.{k}": v for k, v in section.items()})
+    for task in cfg.kl:
+        flat.update({f"kl.{task}.{k}": v for k, v in dataclasses.asdict(C.TaskKLConfig()).items()})
+    return flat

@@ -1,0 +1,54 @@
+"""What a run says on the console before it starts: the banner (model, batch arithmetic, loss, tasks, the GPU memory
+estimate) and, for a run of your own tasks, which preset's settings they train with."""
+
+from __future__ import annotations
+
+import torch
+
+from grpo.config import settings as C
+from grpo.config.presets import CUSTOM_PRESET
+from grpo.core.memory import estimate
+from grpo.run.memory_inputs import inputs_from_config
+from grpo.run.state import Run
+
+
+def preset_note(cfg: C.Config) -> str | None:
+    """For a run with tasks.<task> sources: which preset's settings they train with, and how to change them (else a
+    custom task silently inherits settings chosen for another preset's tasks, e.g. the demo's 4-token answers)."""
+    if not cfg.tasks:
+        return None
+    change = ("override any of them, e.g. --rollout.max_new_tokens 64" if cfg.preset == CUSTOM_PRESET else
+              f"--preset {CUSTOM_PRESET} starts from settings made for your own tasks")
+    return (f"tasks {', '.join(sorted(cfg.tasks))}: the settings of preset {cfg.preset!r} apply: K {cfg.rollout.k}, "
+            f"max_new_tokens {cfg.rollout.max_new_tokens}, lr {cfg.train.lr:g}, {cfg.train.max_steps} RL steps, SFT "
+            f"{cfg.sft.steps} steps; {change} (docs/CUSTOM_TASKS.md)")
+
+
+def banner(run: Run) -> str:
+    cfg, p = run.cfg, run.policy
+    n_train = sum(x.numel() for x in p.trainable_parameters())
+    n_all = sum(x.numel() for x in p.model.parameters())
+    lines = [f"grpo-dual | preset {cfg.preset} | run folder {run.run_dir}",
+             f"model {cfg.model.name} on {run.device} ({next(p.model.parameters()).dtype}), "
+             f"{'LoRA r=%d' % cfg.model.lora_r if cfg.model.lora else 'full fine-tuning'}, "
+             f"trainable {n_train:,} of {n_all:,} parameters",
+             f"batch: {cfg.train.prompts_per_micro_step} prompts x K {cfg.rollout.k} x GA {cfg.train.grad_accum} "
+             + (f"x {run.dist.world} processes{' (FSDP full shard)' if run.dist.sharded else ''} "
+                if run.dist.active else "")
+             + f"= {cfg.seqs_per_step * run.dist.world} completions per step, {cfg.rollout.max_new_tokens} new "
+             "tokens max",
+             f"loss {cfg.loss.policy_loss}, agg {cfg.loss.agg_mode}, KL {cfg.loss.kl_estimator}, mu {cfg.loss.mu}, "
+             f"clip [{1 - cfg.loss.clip_low:g}, {1 + cfg.loss.clip_high:g}]",
+             "tasks: " + ", ".join(f"{t} ({len(run.train[t])} train / {len(run.heldout.get(t, []))} held out, "
+                                   f"beta {cfg.kl_for(t).beta:g}, {cfg.kl_for(t).controller} controller"
+                                   + (f" [{cfg.kl_for(t).band_low:g}, {cfg.kl_for(t).band_high:g}]"
+                                      if cfg.kl_for(t).controller == "band" else "") + ")" for t in run.tasks)]
+    if run.device.type == "cuda":  # what the estimator predicts for this config, next to what the card has
+        try:
+            peak = estimate(inputs_from_config(cfg)).peak_bytes / 2**30
+            total = torch.cuda.get_device_properties(run.device).total_memory / 2**30
+            lines.append(f"GPU {torch.cuda.get_device_name(run.device)}: {total:.0f} GiB; estimated peak {peak:.1f} GiB "
+                         "(python check_gpu_memory.py --estimate for the breakdown)")
+        except (ValueError, KeyError) as e:  # a model the estimator has no shape for
+            lines.append(f"GPU memory estimate unavailable: {e}")
+    return "\n".join(lines)
