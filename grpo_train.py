@@ -4,6 +4,7 @@
     python grpo_train.py --preset llama3-8b-dual           # Llama-3-8B-Instruct + LoRA on BBQ + HaluEval
     python grpo_train.py --rollout.k 8 --set loss.mu=2     # any config field, dotted
     python grpo_train.py --help | --print-config
+    grpo-dual ...                                          # the same, after `pip install .` (from any folder)
 
 In Jupyter, call the same functions cell by cell: `run = setup(cfg)`, `sft_phase(run)`, `rl_step(run, step)`,
 `evaluate_phase(run, "after_rl")`, `finish(run)`. Only this file sees the whole Config; modules get plain values.
@@ -436,8 +437,13 @@ def cli(argv: list[str]) -> int:
     return 0
 
 
-if __name__ == "__main__":
+def command() -> int:
+    """`python grpo_train.py ...` and the installed `grpo-dual ...` command: the command line of this process."""
     n_processes = requested_cpu_processes()  # reads the launcher's command line once
     if n_processes > 1:  # `accelerate launch --cpu --num_processes N` started only this one
         relaunch_on_cpu(n_processes, sys.argv[0], sys.argv[1:])
-    sys.exit(cli(sys.argv[1:]))
+    return cli(sys.argv[1:])
+
+
+if __name__ == "__main__":
+    sys.exit(command())
