@@ -128,11 +128,17 @@ def setup(cfg: C.Config, *, callables: Mapping[str, Callable[..., Any]] | None =
 
 
 def sft_phase(run: Run) -> list[float]:
-    """Completion-only SFT warm-up on the tasks' reference completions (skipped when sft.steps = 0)."""
+    """Completion-only SFT warm-up on the tasks' reference completions (skipped when sft.steps = 0, and with one line
+    saying so when no training row has a target: TRL-style prompt-only data)."""
     s = run.cfg.sft
     if s.steps == 0:
         return []
     examples = sft_examples(run.tokenizer, [x for t in run.tasks for x in run.train[t]], None, s.max_target_tokens)
+    if not examples:
+        if run.dist.is_main:
+            print(f"SFT warm-up skipped: no training row of {', '.join(run.tasks)} has a target (the column "
+                  "tasks.<task>.target_field names); sft.steps=0 says so up front")
+        return []
     if s.max_examples:
         examples = stratified([x for t in run.tasks for x in run.train[t] if x.target], examples, s.max_examples)
     losses = run_sft(run.policy.model, examples, steps=s.steps, lr=s.lr, batch_size=s.batch_size,
@@ -334,8 +340,7 @@ def main(cfg: C.Config, run: Run | None = None) -> Run:
         resume(run, cfg.checkpoint.resume)
     else:
         say("evaluating before SFT ...", evaluate_phase(run, "before_sft"))
-        if cfg.sft.steps:
-            sft_phase(run)
+        if cfg.sft.steps and sft_phase(run):
             say("evaluating after SFT ...", evaluate_phase(run, "after_sft"))
     start_doctor(run)
     for f in run.doctor.findings() if run.doctor is not None else []:  # after a resume: active at the checkpoint
@@ -375,25 +380,39 @@ def main(cfg: C.Config, run: Run | None = None) -> Run:
 
 
 def train(config: C.Config | str | Sequence[str] | None = None, *,
-          tasks: Mapping[str, C.TaskSourceConfig | Mapping[str, Any] | str | Path] | None = None,
-          rewards: Mapping[str, Any] | None = None, model: str | tuple[Any, Any] | None = None,
+          tasks: Mapping[str, Any] | None = None, rewards: Mapping[str, Any] | None = None,
+          model: Any = None, processing_class: Any = None, peft_config: Any = None,
           **sections: Mapping[str, Any]) -> Run:
     """The command line's run from Python (a notebook, a script): returns the finished Run, its `report` filled in.
 
         run = train(tasks={"qa": "qa.csv"}, rewards={"qa": [my_reward]}, train={"max_steps": 40})
+        run = train(tasks={"caps": Dataset.from_list(rows)}, rewards={"caps": [reward_len]},
+                    model=model, processing_class=tokenizer, peft_config=LoraConfig(r=16, target_modules=[...]))
 
     config:   a Config; a preset name ("demo", "custom", ...); or dotted overrides ["rollout.k=8", ...] on the
               preset; None = preset "custom" when `tasks` are given, else "demo".
-    tasks:    {task: a tasks.<task> section as a TaskSourceConfig, a dict of its fields, or a path}.
+    tasks:    {task: a path; a TaskSourceConfig or a dict of its fields; or rows in memory: a datasets Dataset, a
+              DatasetDict ("train", held-out from "test" / "validation" / "eval"), a pandas DataFrame or a list of
+              dicts, in TRL's standard (prompt) or conversational (list of messages) form}.
     rewards:  {task: terms}; terms = "grader:weight,..." as in rewards.<task>, or a list of graders, each a
               function (per-row or TRL-style, no import path needed), a grader name, or a (grader, weight) pair.
-    model:    a model name (model.name) or an already-loaded (model, tokenizer), trained in place.
+    model:    a model name (model.name); an already-loaded model with `processing_class` its tokenizer; or a
+              (model, tokenizer) pair. A loaded model is trained in place.
+    peft_config: a peft LoraConfig: its r, lora_alpha, lora_dropout and target_modules become model.lora_*.
     sections: a section's fields as a dict, e.g. train={"max_steps": 40}, rollout={"k": 8}.
 
     Errors are the command line's, raised instead of printed: ConfigError (config), DataFileError (data),
     GraderError (the reward preflight, before the model loads), ModelPackageMissing. For the phases one by one,
     call `setup`, `evaluate_phase`, `sft_phase`, `rl_step`, `finish` (notebooks/quickstart.ipynb)."""
-    cfg, callables = python_config(config, tasks, rewards, model, sections)
+    if processing_class is not None:
+        if model is None or isinstance(model, (str, tuple)):
+            raise C.ConfigError("train(processing_class=...) goes with a loaded model: model=<the model>",
+                                field="model.name")
+        model = (model, processing_class)
+    elif model is not None and not isinstance(model, (str, tuple)):
+        raise C.ConfigError(f"train(model=<a loaded {type(model).__name__}>) needs its tokenizer: pass "
+                            "processing_class=tokenizer (or model=(model, tokenizer))", field="model.name")
+    cfg, callables = python_config(config, tasks, rewards, model, sections, peft_config)
     loaded = model if isinstance(model, tuple) else None
     if loaded is None:
         check_model_name(cfg.model.name)

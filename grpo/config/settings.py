@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import difflib
 import json
 import math
 import types
@@ -714,13 +715,21 @@ def _table(values: Any, where: str, how: str) -> dict:
     return values
 
 
+def did_you_mean(unknown: typing.Iterable[str], valid: typing.Iterable[str], where: str = "") -> str:
+    """" (did you mean `rollout.k`?)" for the unknown names that are close to a valid one (a typo), else ""."""
+    prefix = f"{where}." if where else ""
+    guesses = [f"`{prefix}{match[0]}`" for name in unknown
+               if (match := difflib.get_close_matches(name, sorted(valid), n=1, cutoff=0.6))]
+    return f" (did you mean {', '.join(guesses)}?)" if guesses else ""
+
+
 def _coerce_section(cls: type, values: dict[str, Any], where: str) -> Any:
     hints = _field_types(cls)
     values = _table(values, where, f"{where}.<field>=value (fields: {sorted(hints)})")
     unknown = sorted(set(values) - set(hints))
     if unknown:
-        raise ConfigError(f"unknown config field(s) {[f'{where}.{u}' for u in unknown]}: valid fields of "
-                          f"`{where}` are {sorted(hints)}")
+        raise ConfigError(f"unknown config field(s) {[f'{where}.{u}' for u in unknown]}{did_you_mean(unknown, hints, where)}"
+                          f": valid fields of `{where}` are {sorted(hints)}", field=f"{where}.{unknown[0]}")
     out = {}
     for key, value in values.items():
         if isinstance(value, dict):  # `rollout.k.x=3`: a field used as if it were a section
@@ -758,7 +767,8 @@ def from_dict(d: dict[str, Any]) -> Config:
         raise ConfigError(f"a config is a table of sections {sorted(sections)}, not a {type(d).__name__}")
     unknown = sorted(set(d) - set(sections))
     if unknown:
-        raise ConfigError(f"unknown config section(s) {unknown}: valid sections are {sorted(sections)}")
+        raise ConfigError(f"unknown config section(s) {unknown}{did_you_mean(unknown, sections)}: valid sections are "
+                          f"{sorted(sections)}", field=unknown[0])
     kwargs: dict[str, Any] = {}
     for name, value in d.items():
         if name == "kl":

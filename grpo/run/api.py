@@ -1,21 +1,35 @@
 """`grpo_train.train(...)`'s arguments as one checked Config: a Config, a preset or dotted overrides; tasks as
-tasks.<task> sections; reward functions entered under names of their own; a model by name or already loaded."""
+tasks.<task> sections, files, or rows in memory (a datasets Dataset / DatasetDict, a pandas DataFrame, a list of
+dicts); reward functions entered under names of their own; a model by name or already loaded; a peft LoraConfig.
+
+Rows in memory are written once, as JSON lines, into a folder named by their sha256 under
+$GRPO_DUAL_CACHE/datasets (else ~/.cache/grpo-dual/datasets): the run's config.json then names a file that holds
+exactly those rows, so the run can be resumed and repeated like one from a file.
+"""
 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import json
+import os
 import re
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 from grpo.config import settings as C
 from grpo.config.presets import CUSTOM_PRESET
+from grpo.models.pretrained import CACHE_ENV, DEFAULT_CACHE
 from grpo.run.config_check import check_config
+
+HELDOUT_SPLITS = ("test", "validation", "eval")
+"""The split of a DatasetDict that becomes the held-out rows (the first present), as TRL's eval_dataset."""
 
 
 def python_config(config: C.Config | str | Sequence[str] | None, tasks: Mapping[str, Any] | None,
                   rewards: Mapping[str, Any] | None, model: str | tuple[Any, Any] | None,
-                  sections: Mapping[str, Mapping[str, Any]]) -> tuple[C.Config, dict[str, Callable[..., Any]]]:
+                  sections: Mapping[str, Mapping[str, Any]],
+                  peft_config: Any = None) -> tuple[C.Config, dict[str, Callable[..., Any]]]:
     """`train`'s arguments as one checked Config and the reward functions by the names its rewards.<task> give
     them."""
     if isinstance(config, C.Config):
@@ -30,19 +44,126 @@ def python_config(config: C.Config | str | Sequence[str] | None, tasks: Mapping[
                                 f"train(rollout={{'k': 8}}); got {fields!r}", field=name)
         tree[name] = {**tree.get(name, {}), **fields} if isinstance(tree.get(name), dict) else fields
     for task, source in (tasks or {}).items():
-        tree["tasks"][task] = ({"path": str(source)} if isinstance(source, (str, Path)) else
-                               dataclasses.asdict(source) if dataclasses.is_dataclass(source) else dict(source))
+        tree["tasks"][task] = task_section(task, source)
     callables: dict[str, Callable[..., Any]] = {}
     for task, terms in (rewards or {}).items():
         tree["rewards"][task] = reward_terms(task, terms, callables, set(tree.get("reward_models", {})))
     if isinstance(model, str):
         tree["model"]["name"] = model
     elif model is not None and not (isinstance(model, tuple) and len(model) == 2):
-        raise C.ConfigError(f"train(model=...) takes a model name or a (model, tokenizer) pair; got "
-                            f"{type(model).__name__}", field="model.name")
+        raise C.ConfigError(f"train(model=...) takes a model name, a loaded model (with processing_class=its "
+                            f"tokenizer) or a (model, tokenizer) pair; got {type(model).__name__}", field="model.name")
     elif model is not None:
         tree["model"]["name"] = getattr(model[0], "name_or_path", "") or f"python:{type(model[0]).__name__}"
+    if peft_config is not None:
+        tree["model"].update(lora_fields(peft_config))
     return check_config(C.from_dict(tree)), callables
+
+
+def task_section(task: str, source: Any) -> dict[str, Any]:
+    """The tasks.<task> fields for one `train(tasks=...)` entry: a path; a TaskSourceConfig or a dict of its fields
+    (whose `path` may itself be rows in memory); or rows in memory (Dataset, DatasetDict, DataFrame, list of dicts)."""
+    if isinstance(source, (str, Path)):
+        return {"path": str(source)}
+    if dataclasses.is_dataclass(source) and not isinstance(source, type):
+        return dataclasses.asdict(source)
+    if isinstance(source, Mapping) and not is_dataset_dict(source):
+        fields = dict(source)
+        if fields.get("path") is not None and not isinstance(fields["path"], (str, Path)):
+            fields.update(task_section(task, fields["path"]))
+        return fields
+    train_rows, heldout_rows = rows_in_memory(task, source)
+    folder = write_rows(train_rows, heldout_rows)
+    return {"path": str(folder / "train.jsonl"),
+            **({"heldout": str(folder / "heldout.jsonl")} if heldout_rows is not None else {})}
+
+
+def is_dataset_dict(value: Any) -> bool:
+    """A datasets DatasetDict (a dict of splits) rather than a dict of tasks.<task> fields."""
+    return isinstance(value, Mapping) and bool(value) and all(hasattr(v, "column_names") for v in value.values())
+
+
+def rows_in_memory(task: str, data: Any) -> tuple[list[dict[str, Any]], list[dict[str, Any]] | None]:
+    """(train rows, held-out rows or None) of a Dataset, a DatasetDict ("train", and "test" / "validation" / "eval"
+    as held-out), a pandas DataFrame or a list of dicts. Anything else is a ConfigError naming tasks.<task>."""
+    where = f"tasks.{task}"
+    if is_dataset_dict(data):
+        if "train" not in data:
+            raise C.ConfigError(f"train(tasks={{{task!r}: DatasetDict}}) has the splits {sorted(data)}; it needs a "
+                                "'train' split (and optionally one of " + ", ".join(HELDOUT_SPLITS) + ")", field=where)
+        held = next((data[name] for name in HELDOUT_SPLITS if name in data), None)
+        return rows_in_memory(task, data["train"])[0], (None if held is None else rows_in_memory(task, held)[0])
+    if hasattr(data, "column_names") and hasattr(data, "to_list"):  # datasets.Dataset
+        rows = data.to_list()
+    elif hasattr(data, "to_dict") and hasattr(data, "columns"):  # pandas.DataFrame
+        rows = data.to_dict(orient="records")
+    elif isinstance(data, (list, tuple)) and all(isinstance(r, Mapping) for r in data):
+        rows = [dict(r) for r in data]
+    else:
+        raise C.ConfigError(f"train(tasks={{{task!r}: ...}}) takes a path, a dict of tasks.<task> fields, a "
+                            f"TaskSourceConfig, a datasets Dataset / DatasetDict, a pandas DataFrame or a list of "
+                            f"dicts; got {type(data).__name__}", field=where)
+    if not rows:
+        raise C.ConfigError(f"train(tasks={{{task!r}: ...}}): the rows given are empty", field=where)
+    return rows, None
+
+
+def _jsonable(value: Any) -> Any:
+    """numpy scalars and arrays (as pandas and datasets hand them out) as plain JSON values."""
+    if hasattr(value, "tolist"):
+        return value.tolist()
+    if hasattr(value, "isoformat"):
+        return value.isoformat()
+    raise TypeError(f"a value of type {type(value).__name__} cannot be written as JSON")
+
+
+def write_rows(train_rows: list[dict[str, Any]], heldout_rows: list[dict[str, Any]] | None) -> Path:
+    """Write the rows once into a folder named by their sha256 (train.jsonl, heldout.jsonl); returns the folder."""
+    try:
+        texts = {name: "".join(json.dumps(r, default=_jsonable, sort_keys=True) + "\n" for r in rows)
+                 for name, rows in (("train.jsonl", train_rows), ("heldout.jsonl", heldout_rows)) if rows is not None}
+    except TypeError as err:
+        raise C.ConfigError(f"train(tasks=...): a row holds a value that is not JSON: {err}", field="tasks") from None
+    digest = hashlib.sha256("\0".join(f"{k}\0{v}" for k, v in sorted(texts.items())).encode()).hexdigest()[:24]
+    folder = Path(os.environ.get(CACHE_ENV) or DEFAULT_CACHE).expanduser() / "datasets" / digest
+    folder.mkdir(parents=True, exist_ok=True)
+    for name, text in texts.items():
+        path = folder / name
+        if not path.is_file() or path.read_text() != text:
+            tmp = path.with_suffix(f".tmp{os.getpid()}")
+            tmp.write_text(text)
+            tmp.replace(path)  # atomic: a concurrent run sees the old file or the new, never a half
+    return folder
+
+
+LORA_FIELDS = {"r": "lora_r", "lora_alpha": "lora_alpha", "lora_dropout": "lora_dropout",
+               "target_modules": "lora_target_modules"}
+"""peft LoraConfig field -> model.<field>; every other field must keep LoraConfig's default."""
+
+
+def lora_fields(peft_config: Any) -> dict[str, Any]:
+    """model.* fields from a peft LoraConfig (TRL's `peft_config`): r, lora_alpha, lora_dropout, target_modules; a
+    field set to anything but LoraConfig's default that has no equivalent here is a ConfigError naming it."""
+    if not dataclasses.is_dataclass(peft_config) or not hasattr(peft_config, "target_modules"):
+        raise C.ConfigError(f"train(peft_config=...) takes a peft LoraConfig; got {type(peft_config).__name__}",
+                            field="model.lora")
+    defaults = type(peft_config)()
+    untranslated = sorted(f.name for f in dataclasses.fields(peft_config)
+                          if f.name not in LORA_FIELDS and f.name not in ("task_type", "peft_type")
+                          and getattr(peft_config, f.name) != getattr(defaults, f.name))
+    task_type = str(getattr(peft_config.task_type, "value", peft_config.task_type))
+    if peft_config.task_type is not None and task_type != "CAUSAL_LM":
+        untranslated.insert(0, f"task_type={task_type}")
+    if untranslated:
+        raise C.ConfigError(f"train(peft_config=...) sets {untranslated}, which grpo-dual does not translate (it "
+                            f"takes {sorted(LORA_FIELDS)} as model.lora_*; leave the others at LoraConfig's "
+                            "defaults)", field="model.lora")
+    targets = peft_config.target_modules
+    if targets is None or isinstance(targets, str):
+        raise C.ConfigError(f"train(peft_config=...): target_modules={targets!r}; give the module names as a list, "
+                            "e.g. ['q_proj', 'v_proj'] (model.lora_target_modules)", field="model.lora_target_modules")
+    return {"lora": True, "lora_r": int(peft_config.r), "lora_alpha": peft_config.lora_alpha,
+            "lora_dropout": float(peft_config.lora_dropout), "lora_target_modules": sorted(targets)}
 
 
 def reward_terms(task: str, terms: Any, callables: dict[str, Callable[..., Any]], taken: set[str]) -> str:

@@ -1,0 +1,134 @@
+"""A TRL user at home (issue #28): `train(...)` takes rows in memory (a datasets Dataset or DatasetDict, a pandas
+DataFrame, a list of dicts, in TRL's standard or conversational form), a peft LoraConfig and a loaded model with its
+tokenizer; prompt-only rows skip the warm-up with one line; a misspelt field gets a "did you mean"."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from grpo.config import settings as C
+from grpo.run.api import lora_fields, python_config, rows_in_memory, task_section
+
+datasets = pytest.importorskip("datasets")
+
+ROWS = [{"prompt": f"Write the word number {i} in capitals.", "word": f"w{i}"} for i in range(24)]
+SHORT = {"train": {"max_steps": 2, "prompts_per_micro_step": 2, "eval_every": 0, "tensorboard": False,
+                   "sample_every": 0},
+         "rollout": {"k": 2, "max_new_tokens": 4}, "data": {"eval_size": 4}}
+
+
+def reward_len(completions, **kwargs):
+    """TRL's documented example reward: prefer completions near 20 characters."""
+    return [-abs(20 - len(c)) for c in completions]
+
+
+@pytest.fixture(autouse=True)
+def cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("GRPO_DUAL_CACHE", str(tmp_path / "cache"))
+
+
+def rows_written(cfg: C.Config, task: str, name: str = "path") -> list[dict]:
+    path = getattr(cfg.tasks[task], name)
+    return [json.loads(line) for line in open(path)]
+
+
+@pytest.mark.parametrize("form", ["dataset", "dataframe", "list"])
+def test_rows_in_memory_become_a_file_with_exactly_those_rows(tmp_path, form):
+    data = {"dataset": lambda: datasets.Dataset.from_list(ROWS),
+            "dataframe": lambda: datasets.Dataset.from_list(ROWS).to_pandas(),
+            "list": lambda: list(ROWS)}[form]()
+    cfg, _ = python_config(None, {"caps": data}, {"caps": [reward_len]}, None, {})
+    assert rows_written(cfg, "caps") == ROWS
+    assert cfg.preset == "custom" and cfg.tasks["caps"].heldout == ""
+    again, _ = python_config(None, {"caps": data}, {"caps": [reward_len]}, None, {})
+    assert again.tasks["caps"].path == cfg.tasks["caps"].path  # named by content: a rerun finds the same file
+
+
+def test_a_dataset_dict_gives_train_and_heldout_rows_and_the_mapping_fields_stay():
+    dd = datasets.DatasetDict({"train": datasets.Dataset.from_list(ROWS[:20]),
+                               "test": datasets.Dataset.from_list(ROWS[20:])})
+    cfg, _ = python_config(None, {"caps": dd}, None, None, {})
+    assert rows_written(cfg, "caps") == ROWS[:20] and rows_written(cfg, "caps", "heldout") == ROWS[20:]
+    renamed = [{"question": r["prompt"]} for r in ROWS]
+    cfg, _ = python_config(None, {"caps": {"path": renamed, "prompt_field": "question"}}, None, None, {})
+    assert cfg.tasks["caps"].prompt_field == "question" and rows_written(cfg, "caps") == renamed
+
+
+def test_what_cannot_be_rows_is_named():
+    with pytest.raises(C.ConfigError, match="needs a 'train' split") as err:
+        python_config(None, {"caps": datasets.DatasetDict({"test": datasets.Dataset.from_list(ROWS)})}, None, None,
+                      {})
+    assert err.value.field == "tasks.caps"
+    with pytest.raises(C.ConfigError, match="got int") as err:
+        rows_in_memory("caps", 3)
+    assert err.value.field == "tasks.caps"
+    with pytest.raises(C.ConfigError, match="empty"):
+        task_section("caps", [])
+    with pytest.raises(C.ConfigError, match="not JSON"):
+        task_section("caps", [{"prompt": "x", "bad": object()}])
+
+
+def test_a_lora_config_becomes_the_model_section_and_untranslatable_fields_are_named():
+    peft = pytest.importorskip("peft")
+    fields = lora_fields(peft.LoraConfig(r=16, lora_alpha=32, lora_dropout=0.1, target_modules=["v_proj", "q_proj"],
+                                         task_type="CAUSAL_LM"))
+    assert fields == {"lora": True, "lora_r": 16, "lora_alpha": 32, "lora_dropout": 0.1,
+                      "lora_target_modules": ["q_proj", "v_proj"]}
+    cfg, _ = python_config("demo", None, None, None, {}, peft.LoraConfig(r=4, target_modules=["q_proj"]))
+    assert cfg.model.lora and cfg.model.lora_r == 4 and cfg.model.lora_target_modules == ["q_proj"]
+    with pytest.raises(C.ConfigError, match=r"\['use_dora'\]"):
+        lora_fields(peft.LoraConfig(target_modules=["q_proj"], use_dora=True))
+    with pytest.raises(C.ConfigError, match="task_type=SEQ_CLS"):
+        lora_fields(peft.LoraConfig(target_modules=["q_proj"], task_type="SEQ_CLS"))
+    with pytest.raises(C.ConfigError, match="as a list") as err:
+        lora_fields(peft.LoraConfig(target_modules="all-linear"))
+    assert err.value.field == "model.lora_target_modules"
+
+
+@pytest.mark.parametrize("conversational", [False, True], ids=["standard", "conversational"])
+def test_a_trl_dataset_trains_with_trl_reward_functions_and_skips_the_warm_up(tmp_path, capsys, conversational):
+    import grpo_train
+
+    rows = [{"prompt": [{"role": "user", "content": r["prompt"]}]} if conversational else {"prompt": r["prompt"]}
+            for r in ROWS]
+    seen = []
+
+    def reward_words(completions, prompts, **kwargs):
+        seen.append((len(completions), type(prompts[0]).__name__))
+        texts = [c[0]["content"] if isinstance(c, list) else c for c in completions]  # TRL: messages for chat data
+        return [float(len(t.split())) for t in texts]
+
+    run = grpo_train.train(tasks={"caps": datasets.Dataset.from_list(rows)},
+                           rewards={"caps": [reward_len, (reward_words, 0.5)]},
+                           **{**SHORT, "train": {**SHORT["train"], "output_dir": str(tmp_path), "run_name": "r"}})
+    out = capsys.readouterr().out
+    assert "SFT warm-up skipped: no training row of caps has a target" in out
+    assert run.step == 2 and "after_sft" not in run.evals and set(run.evals) == {"before_sft", "after_rl"}
+    assert seen and seen[0][1] == ("list" if conversational else "str")  # TRL passes messages for chat data
+
+
+def test_a_loaded_model_with_its_processing_class_trains_in_place(tmp_path):
+    import grpo_train
+    from grpo.models.modeling import build_tiny_model, build_tiny_tokenizer
+
+    tokenizer = build_tiny_tokenizer([r["prompt"] for r in ROWS])
+    model = build_tiny_model(tokenizer, seed=0)
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    run = grpo_train.train(tasks={"caps": ROWS}, rewards={"caps": [reward_len]}, model=model,
+                           processing_class=tokenizer,
+                           **{**SHORT, "train": {**SHORT["train"], "output_dir": str(tmp_path), "run_name": "m"}})
+    assert run.policy.model is model  # trained in place
+    assert any(not (p.detach() == before[n]).all() for n, p in model.named_parameters())
+    with pytest.raises(C.ConfigError, match="processing_class"):
+        grpo_train.train(tasks={"caps": ROWS}, model=model)
+
+
+@pytest.mark.parametrize("flag, guess", [("--rollout.kk", "`rollout.k`"), ("--train.max_step", "`train.max_steps`"),
+                                         ("--rolout.k", "`rollout`")])
+def test_a_misspelt_field_gets_a_did_you_mean(capsys, flag, guess):
+    import grpo_train
+
+    assert grpo_train.cli([flag, "3"]) == 2
+    assert f"did you mean {guess}?" in capsys.readouterr().err
