@@ -58,6 +58,7 @@ from grpo.run.setup_parts import (build_trackers, check_sharding, check_task_ent
                                   reward_specs, seed_everything, shares_prompts, split_by_task, stop_token_ids)
 from grpo.run.signals import StopRequest
 from grpo.run.state import Run
+from grpo.run.trl_config import read_config_file
 from grpo.run.tracking import NullTracker, format_step_line, progress, write_samples, write_scored
 
 
@@ -381,7 +382,7 @@ def main(cfg: C.Config, run: Run | None = None) -> Run:
 
 def train(config: C.Config | str | Sequence[str] | None = None, *,
           tasks: Mapping[str, Any] | None = None, rewards: Mapping[str, Any] | None = None,
-          model: Any = None, processing_class: Any = None, peft_config: Any = None,
+          model: Any = None, processing_class: Any = None, peft_config: Any = None, args: Any = None,
           **sections: Mapping[str, Any]) -> Run:
     """The command line's run from Python (a notebook, a script): returns the finished Run, its `report` filled in.
 
@@ -399,6 +400,9 @@ def train(config: C.Config | str | Sequence[str] | None = None, *,
     model:    a model name (model.name); an already-loaded model with `processing_class` its tokenizer; or a
               (model, tokenizer) pair. A loaded model is trained in place.
     peft_config: a peft LoraConfig: its r, lora_alpha, lora_dropout and target_modules become model.lora_*.
+    args:     a TRL GRPOConfig (or a dict of its fields): every field it sets is translated (learning_rate ->
+              train.lr, num_generations -> rollout.k, ...) or named in an error; reward_weights weigh each
+              task's list of reward functions (grpo/run/trl_config.py).
     sections: a section's fields as a dict, e.g. train={"max_steps": 40}, rollout={"k": 8}.
 
     Errors are the command line's, raised instead of printed: ConfigError (config), DataFileError (data),
@@ -412,7 +416,7 @@ def train(config: C.Config | str | Sequence[str] | None = None, *,
     elif model is not None and not isinstance(model, (str, tuple)):
         raise C.ConfigError(f"train(model=<a loaded {type(model).__name__}>) needs its tokenizer: pass "
                             "processing_class=tokenizer (or model=(model, tokenizer))", field="model.name")
-    cfg, callables = python_config(config, tasks, rewards, model, sections, peft_config)
+    cfg, callables = python_config(config, tasks, rewards, model, sections, peft_config, trl_args=args)
     loaded = model if isinstance(model, tuple) else None
     if loaded is None:
         check_model_name(cfg.model.name)
@@ -429,7 +433,8 @@ def cli(argv: list[str]) -> int:
     """Parse argv into a Config (grpo/config/command_line.py) and run. Exit status: 0 done; 2 a config, data or grader error
     (found before the model loads); 1 a run failure."""
     try:
-        cfg, args = parse_trainer_argv(argv, prog="grpo_train.py", description=__doc__, more_help=graders_help())
+        cfg, args = parse_trainer_argv(argv, prog="grpo_train.py", description=__doc__, more_help=graders_help(),
+                                       read_file=read_config_file)
         check_config(cfg)
     except C.ConfigError as e:
         print(f"config error: {e}", file=sys.stderr)

@@ -132,3 +132,72 @@ def test_a_misspelt_field_gets_a_did_you_mean(capsys, flag, guess):
 
     assert grpo_train.cli([flag, "3"]) == 2
     assert f"did you mean {guess}?" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------------------------------ TRL's GRPOConfig
+def test_a_grpo_config_is_translated_field_by_field_and_untranslatable_fields_are_named():
+    trl = pytest.importorskip("trl")
+    from grpo.run.trl_config import from_trl
+
+    args = trl.GRPOConfig(output_dir="out", use_cpu=True, bf16=False, learning_rate=1e-4, num_generations=4,
+                          per_device_train_batch_size=16, gradient_accumulation_steps=2, beta=0.02, epsilon=0.25,
+                          loss_type="dr_grpo", importance_sampling_level="sequence", max_completion_length=32,
+                          temperature=0.7, num_iterations=2, scale_rewards="batch", max_steps=7, seed=3)
+    tree, weights = from_trl(args)
+    cfg = C.from_dict(C.config_tree("custom", [], tree))
+    assert (cfg.train.lr, cfg.rollout.k, cfg.train.prompts_per_micro_step, cfg.train.grad_accum) == (1e-4, 4, 4, 2)
+    assert cfg.kl["default"].controller == "fixed" and cfg.kl["default"].beta == 0.02
+    assert (cfg.loss.clip_low, cfg.loss.clip_high) == (0.25, 0.25)  # TRL: epsilon_high defaults to epsilon
+    assert (cfg.loss.agg_mode, cfg.loss.policy_loss, cfg.loss.mu, cfg.loss.adv_scale) == \
+        ("seq-mean-token-sum-norm", "gspo", 2, "batch")
+    assert (cfg.rollout.max_new_tokens, cfg.rollout.temperature, cfg.train.max_steps, cfg.train.seed) == (32, 0.7, 7, 3)
+    assert (cfg.train.device, cfg.train.output_dir) == ("cpu", "out")
+    assert from_trl({"report_to": "none"})[0] == {"train": {"tensorboard": False}}
+    assert weights is None
+    untouched, _ = from_trl(trl.GRPOConfig(output_dir="out", use_cpu=True, bf16=False))
+    assert untouched == {"train": {"output_dir": "out", "device": "cpu"}}  # TRL's defaults translate to nothing
+    with pytest.raises(C.ConfigError, match=r"\['delta', 'use_vllm'\]") as err:
+        from_trl(trl.GRPOConfig(output_dir="out", use_cpu=True, bf16=False, use_vllm=True, delta=2.0))
+    assert err.value.field == "delta"
+    with pytest.raises(C.ConfigError, match="multiple of num_generations"):
+        from_trl({"num_generations": 3, "per_device_train_batch_size": 8})
+
+
+def test_reward_weights_weigh_each_tasks_reward_functions_in_order():
+    def a(completions, **kw):
+        return [0.0] * len(completions)
+
+    def b(completions, **kw):
+        return [1.0] * len(completions)
+
+    cfg, callables = python_config(None, {"caps": ROWS}, {"caps": [a, b]}, None, {},
+                                   trl_args={"reward_weights": [2.0, 0.5]})
+    assert cfg.rewards["caps"] == "a:2.0,b:0.5" and callables == {"a": a, "b": b}
+    with pytest.raises(C.ConfigError, match="2 weights") as err:
+        python_config(None, {"caps": ROWS}, {"caps": [a]}, None, {}, trl_args={"reward_weights": [2.0, 0.5]})
+    assert err.value.field == "rewards.caps"
+
+
+def test_config_files_hold_our_sections_or_trls_fields_and_flags_override_them(tmp_path, capsys):
+    import grpo_train
+
+    ours = tmp_path / "run.yaml"
+    ours.write_text("preset: demo\nrollout:\n  k: 3\ntrain:\n  lr: 0.001\n")
+    assert grpo_train.cli(["--config", str(ours), "--train.lr", "0.002", "--print-config"]) == 0
+    printed = json.loads(capsys.readouterr().out)
+    assert (printed["preset"], printed["rollout"]["k"], printed["train"]["lr"]) == ("demo", 3, 0.002)
+    trl_file = tmp_path / "grpo.json"
+    trl_file.write_text(json.dumps({"learning_rate": 0.0005, "num_generations": 4, "loss_type": "grpo", "beta": 0.0}))
+    assert grpo_train.cli(["--config", str(trl_file), "--print-config"]) == 0
+    printed = json.loads(capsys.readouterr().out)
+    assert (printed["train"]["lr"], printed["rollout"]["k"], printed["loss"]["agg_mode"]) == \
+        (0.0005, 4, "seq-mean-token-mean")
+    assert printed["kl"]["default"]["beta"] == 0.0 and printed["kl"]["default"]["controller"] == "fixed"
+    for text, message in [('{"use_vllm": true}', "['use_vllm']"), ("rollout: [1", "not valid YAML"),
+                          ('{"reward_weights": [1, 2]}', "reward_weights need the reward functions")]:
+        bad = tmp_path / ("bad.json" if text.startswith("{") else "bad.yaml")
+        bad.write_text(text)
+        assert grpo_train.cli(["--config", str(bad)]) == 2
+        assert message in capsys.readouterr().err
+    assert grpo_train.cli(["--config", str(tmp_path / "missing.yaml")]) == 2
+    assert "no such file" in capsys.readouterr().err

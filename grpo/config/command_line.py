@@ -14,7 +14,7 @@ import ast
 import dataclasses
 import inspect
 import typing
-from typing import Any
+from typing import Any, Callable
 
 from grpo.config import settings as C
 from grpo.config.presets import PRESETS
@@ -165,16 +165,30 @@ def trainer_parser(prog: str, description: str, preset: str = DEFAULT_PRESET,
                "preset's; override any with --section.field VALUE or --set section.field=VALUE; shortcuts: "
                + ", ".join(f"--{k}" for k in ALIASES) + "):" + describe_fields(preset) + more_help)
     parser.add_argument("--preset", default=DEFAULT_PRESET, help=f"one of {sorted(PRESETS)} (default: {DEFAULT_PRESET})")
+    parser.add_argument("--config", metavar="FILE", default="",
+                        help="a YAML or JSON config file: grpo-dual's sections, or TRL's GRPOConfig fields (translated "
+                             "field by field; one without an equivalent is an error); --preset and the field flags "
+                             "override it")
     parser.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
     parser.add_argument("--overwrite", action="store_true",
                         help="delete the contents of an existing run folder first (train.overwrite=true)")
     return parser
 
 
-def parse_trainer_argv(argv: list[str], prog: str, description: str,
-                       more_help: str = "") -> tuple[C.Config, argparse.Namespace]:
+def parse_trainer_argv(argv: list[str], prog: str, description: str, more_help: str = "",
+                       read_file: Callable[[str], dict[str, Any]] | None = None) -> tuple[C.Config, argparse.Namespace]:
     """(the Config the command line asks for, the trainer's own flags). Raises ConfigError naming the field;
-    --help prints and exits as argparse does (`more_help` at the end of it)."""
+    --help prints and exits as argparse does (`more_help` at the end of it). `read_file` reads `--config FILE` into a
+    config tree (the entry point's: TRL's fields are translated above this layer); its "preset" applies unless
+    --preset is given."""
     overrides, rest = split_argv(argv)
     args = trainer_parser(prog, description, preset_in(rest), more_help).parse_args(rest)
-    return C.load_config(args.preset, overrides + (["train.overwrite=true"] if args.overwrite else [])), args
+    tree: dict[str, Any] = {}
+    if args.config:
+        if read_file is None:
+            raise C.ConfigError(f"--config {args.config}: this entry point reads no config files", field="config")
+        tree = read_file(args.config)
+    given = any(a == "--preset" or a.startswith("--preset=") for a in rest)
+    preset = args.preset if given or "preset" not in tree else str(tree["preset"])
+    args.preset = preset
+    return C.load_config(preset, overrides + (["train.overwrite=true"] if args.overwrite else []), tree), args

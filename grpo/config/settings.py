@@ -831,14 +831,18 @@ def _override_tree(overrides: list[str]) -> dict[str, Any]:
     return tree
 
 
-def load_config(preset: str | None = None, overrides: list[str] | None = None) -> Config:
-    """The preset (default "demo") with `section.field=value` overrides applied, validated."""
-    return from_dict(config_tree(preset, overrides))
+def load_config(preset: str | None = None, overrides: list[str] | None = None,
+                file_tree: dict[str, Any] | None = None) -> Config:
+    """The preset (default "demo") with a config file's tree and then `section.field=value` overrides applied,
+    validated."""
+    return from_dict(config_tree(preset, overrides, file_tree))
 
 
-def config_tree(preset: str | None = None, overrides: list[str] | None = None) -> dict[str, Any]:
-    """What `load_config` validates: the preset over the defaults, then the overrides, as a nested dict (for callers
-    that add to it before the one validation, e.g. grpo_train.train)."""
+def config_tree(preset: str | None = None, overrides: list[str] | None = None,
+                file_tree: dict[str, Any] | None = None) -> dict[str, Any]:
+    """What `load_config` validates: the preset over the defaults, then a config file's sections (`--config FILE`),
+    then the overrides, as a nested dict (for callers that add to it before the one validation, e.g.
+    grpo_train.train)."""
     name = preset or "demo"
     if name not in PRESETS:
         raise ConfigError(f"unknown preset {name!r}: choose one of {sorted(PRESETS)}")
@@ -848,6 +852,9 @@ def config_tree(preset: str | None = None, overrides: list[str] | None = None) -
     if "kl" in PRESETS[name]:  # a preset's KL table replaces the demo's, it does not extend it
         merged["kl"] = copy.deepcopy(PRESETS[name]["kl"])
     merged["preset"] = name
+    if file_tree:
+        merged = _merge(merged, _table({k: v for k, v in file_tree.items() if k != "preset"}, "config file",
+                                       "a table of sections"))
     return _merge(merged, _override_tree(overrides or []))
 
 

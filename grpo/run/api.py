@@ -21,6 +21,7 @@ from grpo.config import settings as C
 from grpo.config.presets import CUSTOM_PRESET
 from grpo.models.pretrained import CACHE_ENV, DEFAULT_CACHE
 from grpo.run.config_check import check_config
+from grpo.run.trl_config import from_trl
 
 HELDOUT_SPLITS = ("test", "validation", "eval")
 """The split of a DatasetDict that becomes the held-out rows (the first present), as TRL's eval_dataset."""
@@ -28,16 +29,20 @@ HELDOUT_SPLITS = ("test", "validation", "eval")
 
 def python_config(config: C.Config | str | Sequence[str] | None, tasks: Mapping[str, Any] | None,
                   rewards: Mapping[str, Any] | None, model: str | tuple[Any, Any] | None,
-                  sections: Mapping[str, Mapping[str, Any]],
-                  peft_config: Any = None) -> tuple[C.Config, dict[str, Callable[..., Any]]]:
+                  sections: Mapping[str, Mapping[str, Any]], peft_config: Any = None,
+                  trl_args: Any = None) -> tuple[C.Config, dict[str, Callable[..., Any]]]:
     """`train`'s arguments as one checked Config and the reward functions by the names its rewards.<task> give
-    them."""
+    them. `trl_args`: a GRPOConfig (or its dict), translated (grpo/run/trl_config.py) over the preset, under
+    `config`'s overrides and the sections."""
+    trl_tree, weights = from_trl(trl_args) if trl_args is not None else ({}, None)
     if isinstance(config, C.Config):
-        tree = C.to_dict(config)
+        tree = deep_merge(C.to_dict(config), trl_tree)
     else:
         preset = config if isinstance(config, str) else (CUSTOM_PRESET if tasks else "demo")
         overrides = list(config) if config is not None and not isinstance(config, str) else []
-        tree = C.config_tree(preset, overrides)
+        tree = C.config_tree(preset, overrides, trl_tree)
+    if weights is not None:
+        rewards = weighted(rewards, weights)
     for name, fields in sections.items():
         if not isinstance(fields, Mapping):
             raise C.ConfigError(f"train(..., {name}=...) must be a dict of the section's fields, e.g. "
@@ -58,6 +63,31 @@ def python_config(config: C.Config | str | Sequence[str] | None, tasks: Mapping[
     if peft_config is not None:
         tree["model"].update(lora_fields(peft_config))
     return check_config(C.from_dict(tree)), callables
+
+
+def deep_merge(base: dict[str, Any], extra: Mapping[str, Any]) -> dict[str, Any]:
+    """`base` with `extra`'s values put in, table by table."""
+    out = dict(base)
+    for key, value in extra.items():
+        out[key] = deep_merge(out[key], value) if isinstance(value, Mapping) and isinstance(out.get(key), dict) \
+            else value
+    return out
+
+
+def weighted(rewards: Mapping[str, Any] | None, weights: list[float]) -> dict[str, Any]:
+    """TRL's reward_weights applied to each task's list of reward functions (or grader names), in order."""
+    out = {}
+    for task, terms in (rewards or {}).items():
+        items = [terms] if callable(terms) or isinstance(terms, (str, tuple)) else list(terms)
+        if isinstance(terms, str) or len(items) != len(weights) or any(isinstance(i, tuple) for i in items):
+            raise C.ConfigError(f"GRPOConfig.reward_weights has {len(weights)} weights: rewards[{task!r}] must be a "
+                                f"list of as many reward functions (without weights of their own)",
+                                field=f"rewards.{task}")
+        out[task] = list(zip(items, weights))
+    if not out:
+        raise C.ConfigError("GRPOConfig.reward_weights needs train(rewards={task: [functions]}) to weigh",
+                            field="reward_weights")
+    return out
 
 
 def task_section(task: str, source: Any) -> dict[str, Any]:
