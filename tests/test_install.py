@@ -1,6 +1,7 @@
 """grpo-dual installs as a package: `pip install .` and `pip install -e .` of a clean copy of the checkout into a fresh
 virtualenv, then, from another folder, the `grpo-dual` command runs the demo for a few steps and a script imports
-the Python API and trains the built-in model for a few steps. Only `grpo` and `grpo_train` are installed at the top
+the Python API and trains the built-in model for a few steps on a datasets.Dataset built in memory, with TRL's
+documented reward functions and a peft LoraConfig. Only `grpo` and `grpo_train` are installed at the top
 level: nothing generic (`config`, `presets`, `command_line`) lands in site-packages.
 
 The fresh virtualenv borrows this interpreter's packages (torch, transformers, ...) through a .pth file, so pip finds
@@ -30,15 +31,32 @@ SHORT = ["--train.max_steps", "2", "--sft.steps", "2", "--data.demo_size", "48",
 
 API_SCRIPT = """
 import importlib.util, json, sys
+from datasets import Dataset
+from peft import LoraConfig
 from grpo_train import train
 
-run = train(train={"max_steps": 2, "eval_every": 0, "tensorboard": False, "output_dir": "out", "run_name": "api"},
-            sft={"steps": 2}, data={"demo_size": 48, "eval_size": 4})
+
+def reward_len(completions, **kwargs):  # TRL's documented example reward function
+    return [-abs(20 - len(completion)) for completion in completions]
+
+
+def reward_num_unique_letters(completions, **kwargs):  # TRL's other documented example
+    return [float(len(set(completion))) for completion in completions]
+
+
+rows = Dataset.from_list([{"prompt": f"Tell me about the number {i}."} for i in range(24)])
+run = train(tasks={"numbers": rows}, rewards={"numbers": [reward_len, reward_num_unique_letters]},
+            peft_config=LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM"),
+            train={"max_steps": 2, "prompts_per_micro_step": 2, "eval_every": 0, "tensorboard": False,
+                   "output_dir": "out", "run_name": "api"},
+            rollout={"k": 2, "max_new_tokens": 4}, data={"eval_size": 4})
 import grpo, grpo_train
-print(json.dumps({"steps": run.step, "verdict": run.report.get("verdict"), "grpo": grpo.__file__,
-                  "grpo_train": grpo_train.__file__,
+print(json.dumps({"steps": run.step, "verdict": run.report.get("verdict"), "lora": run.policy.is_lora,
+                  "grpo": grpo.__file__, "grpo_train": grpo_train.__file__,
                   "generic": [m for m in ("config", "presets", "command_line") if importlib.util.find_spec(m)]}))
 """
+"""The issue's newcomer: a Dataset built in memory, TRL's documented reward functions, a LoraConfig, the built-in
+model, a few steps."""
 
 
 def tracked_copy(dest: Path) -> Path:
@@ -95,7 +113,7 @@ def test_the_installed_command_and_api_train_from_another_folder(tmp_path, edita
 
     (elsewhere / "use_api.py").write_text(API_SCRIPT)
     result = json.loads(run_ok([str(python), "use_api.py"], cwd=elsewhere).stdout.strip().splitlines()[-1])
-    assert result["steps"] == 2 and result["verdict"]
+    assert result["steps"] == 2 and result["verdict"] and result["lora"]
     home = source if editable else purelib
     assert Path(result["grpo"]).is_relative_to(home) and Path(result["grpo_train"]).is_relative_to(home)
     assert result["generic"] == []
