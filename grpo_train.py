@@ -88,7 +88,8 @@ def setup(cfg: C.Config, *, callables: Mapping[str, Callable[..., Any]] | None =
     rows = load_samples(cfg.data, cfg.train.seed, cfg.tasks)
     train, heldout = split_by_task(rows.train, rows.heldout, cfg.data)
     require_heldout_rows(train, heldout, cfg.data.heldout_fraction)  # every task is evaluated: stop now if not
-    specs = reward_specs(cfg.data.source, cfg.rewards, sorted(train), custom=cfg.tasks)
+    specs = reward_specs(cfg.data.source, cfg.rewards, sorted(train), custom=cfg.tasks,
+                         aggregation=cfg.loss.reward_aggregation)
     check_task_entries(cfg.kl, sorted(train))
     # the judge's rubrics are tried without its cache, which lives in the run folder
     graders = preflight(specs, train, judge=Judge.from_config(dataclasses.replace(cfg.judge, cache_path=""), None),

@@ -58,6 +58,7 @@ BAD: list[tuple[str, Any, dict[str, Any]]] = [
     ("loss.agg_mode", "mean", {}),
     ("loss.kl_estimator", "k4", {}),
     ("loss.adv_scale", "z", {}),
+    ("loss.reward_aggregation", "max", {}),
     ("loss.clip_low", 0.0, {}),
     ("loss.clip_high", 0.0, {}),
     ("loss.dual_clip", 1.0, {}),

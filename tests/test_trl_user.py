@@ -201,3 +201,59 @@ def test_config_files_hold_our_sections_or_trls_fields_and_flags_override_them(t
         assert message in capsys.readouterr().err
     assert grpo_train.cli(["--config", str(tmp_path / "missing.yaml")]) == 2
     assert "no such file" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------------------------------ TRL's reward semantics
+def test_rewards_equal_trls_on_the_same_functions_and_rows_and_each_term_is_logged(monkeypatch):
+    """TRL 1.16's GRPOTrainer._calculate_rewards gives rewards_per_func (None -> NaN); its sum_then_normalize sums
+    the weighted columns with nansum and marks a row whose every column is NaN as NaN (trl/trainer/grpo_trainer.py,
+    `_generate_and_score_completions`: unscorable_mask, `(rewards_per_func * reward_weights).nansum(dim=1)`). Ours
+    under loss.reward_aggregation=sum: the same numbers, NaN as None."""
+    import math
+    from types import SimpleNamespace
+
+    import torch
+
+    trl_grpo = pytest.importorskip("trl.trainer.grpo_trainer")
+    monkeypatch.setattr(trl_grpo, "logger", SimpleNamespace(warning=lambda *a, **k: None))  # needs accelerate's state
+    from grpo.grading.graders import preflight
+    from grpo.grading.scoring import RewardSpec, reward_metrics, score_rollouts
+    from tests.test_graders import rollout, sample
+
+    texts = ["short", "a much longer answer", "skip", "skip both"]
+
+    def length(completions, **kwargs):
+        return [None if c.startswith("skip both") else float(len(c)) for c in completions]
+
+    def words(completions, **kwargs):
+        return [None if c.startswith("skip") else float(len(c.split())) for c in completions]
+
+    weights = [2.0, 0.5]
+    row = {"prompt": "Say something.", "task": "t"}
+    fake = SimpleNamespace(accelerator=SimpleNamespace(device="cpu", is_main_process=True),
+                           reward_funcs=[length, words], reward_processing_classes=[None, None],
+                           reward_func_names=["length", "words"], state=SimpleNamespace(global_step=0),
+                           args=SimpleNamespace(report_to=[]), _log_completion_extra=None, _log_metric=None,
+                           environments=None)
+    per_func = trl_grpo.GRPOTrainer._calculate_rewards(fake, [row] * 4, [row["prompt"]] * 4, texts,
+                                                       [[1]] * 4)
+    theirs = (per_func * torch.tensor(weights).unsqueeze(0)).nansum(dim=1)
+    theirs[torch.isnan(per_func).all(dim=1)] = torch.nan
+
+    s = sample("t", row["prompt"])
+    spec = RewardSpec("t", (("length", 2.0), ("words", 0.5)), aggregation="sum")
+    graders = preflight({"t": spec}, {"t": [s]}, callables={"length": length, "words": words})
+    scored, metrics = score_rollouts([rollout(s, t) for t in texts], {"t": spec}, graders=graders)
+    ours = [math.nan if x.reward is None else x.reward for x in scored]
+    torch.testing.assert_close(torch.tensor(ours), theirs.float(), equal_nan=True)
+    assert [x.reward for x in scored] == [2 * 5 + 0.5 * 1, 2 * 20 + 0.5 * 4, 2 * 4, None]  # by hand
+    assert metrics["scoring/t/failed"] == 1.0
+
+    mean_spec = RewardSpec("t", (("length", 2.0), ("words", 0.5)), aggregation="mean")
+    meaned, _ = score_rollouts([rollout(s, t) for t in texts], {"t": mean_spec}, graders=graders)
+    assert [x.reward for x in meaned] == [(10 + 0.5) / 2.5, (40 + 2) / 2.5, None, None]  # any None voids it
+
+    logged = reward_metrics(scored, ["t"])
+    assert logged["rewards/t/length/mean"] == pytest.approx((5 + 20 + 4) / 3)  # over the rows it applied to
+    assert logged["rewards/t/words/mean"] == pytest.approx(2.5) and logged["rewards/t/words/std"] == pytest.approx(1.5)
+    assert logged["reward/t/mean"] == pytest.approx((10.5 + 42 + 8) / 3) and logged["reward/t/failed"] == 1.0

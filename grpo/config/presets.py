@@ -53,6 +53,7 @@ PRESETS: dict[str, dict[str, Any]] = {
         "sft": {"steps": 40, "lr": 2e-4, "batch_size": 8, "max_examples": 48, "max_target_tokens": 16},
         "kl": {"default": {"controller": "fixed", "beta": 0.04}},
         "rewards": {"fairness": "bbq_rule:1.0,format:0.2", "hallucination": "halueval_rule:1.0,format:0.2"},
+        "loss": {"reward_aggregation": "mean"},  # the rule graders' weighted mean stays in [0, 1]
     },
     # The reference A100 setup: Llama-3-8B-Instruct + LoRA, two objectives with their own KL bands.
     "llama3-8b-dual": {
@@ -69,6 +70,7 @@ PRESETS: dict[str, dict[str, Any]] = {
                "hallucination": {"controller": "band", "beta": 0.30, "band_low": 0.08, "band_high": 0.15,
                                  "window": 20, "up": 1.15, "down": 0.85, "beta_min": 0.01, "beta_max": 1.0}},
         "rewards": {"fairness": "bbq_rule:1.0,format:0.2", "hallucination": "halueval_rule:1.0,format:0.2"},
+        "loss": {"reward_aggregation": "mean"},  # the rule graders' weighted mean stays in [0, 1]
     },
     # Your own tasks (tasks.<task>, docs/CUSTOM_TASKS.md) and nothing else, from settings that suit short answers
     # graded by your functions: the demo's are tuned to its 4-token answers (grpo_train prints which preset applies).
@@ -92,6 +94,7 @@ PRESETS: dict[str, dict[str, Any]] = {
                "fairness": {"controller": "band", "beta": 0.10, "band_low": 0.02, "band_high": 0.06},
                "hallucination": {"controller": "band", "beta": 0.30, "band_low": 0.08, "band_high": 0.15}},
         "rewards": {"fairness": "bbq_rule:1.0,format:0.2", "hallucination": "halueval_rule:1.0,format:0.2"},
+        "loss": {"reward_aggregation": "mean"},  # the rule graders' weighted mean stays in [0, 1]
     },
 }
 

@@ -241,6 +241,11 @@ class LossConfig:
     """group: (r - mean)/(std + eps) | batch: divide by the batch std | none: r - mean (Dr.GRPO)."""
     adv_clip: float | None = None
     """Clamp advantages to [-c, c]. None = off."""
+    reward_aggregation: str = "sum"
+    """How a task's reward terms (rewards.<task>) make its reward: sum = TRL's weighted sum Σ w_i·s_i, a term whose
+    function returns None left out for that completion (all None: the completion is excluded); mean = the weighted
+    mean Σ w_i·s_i / Σ w_i, any None voiding the reward (rule graders in [0, 1] give a reward in [0, 1]: the built-in
+    presets use it). A failed judge call voids the reward either way (or takes its fallback)."""
 
     def __post_init__(self) -> None:
         _check(0 < self.clip_low < 1, "loss.clip_low", self.clip_low, "use a value in (0, 1), e.g. 0.2")

@@ -1,14 +1,15 @@
 """Reward composition per task: graders of every kind and the LLM judge, weighted into one reward.
 
-  reward = Σ_i w_i·s_i / Σ_i w_i   over the task's terms (weights > 0)
-Each term is a grader (grpo/grading/graders.py: a built-in rule grader in [0, 1], a per-row or TRL-style batched function
-returning any finite float, a reward model) or "llm_judge" (in [0, 1]). So a task whose terms all lie in [0, 1] has a
-reward in [0, 1]; with custom terms the reward is the same weighted mean of their values, unbounded. (TRL sums its
-weighted rewards instead; the two differ by the factor Σ w_i, which group-scaled advantages cancel.)
+  sum  (loss.reward_aggregation, the default, TRL's):  reward = Σ_i w_i·s_i over the terms whose value is not None
+  mean (the built-in presets'):                         reward = Σ_i w_i·s_i / Σ_i w_i, any None voiding it
+Each term is a grader (grpo/grading/graders.py: a built-in rule grader in [0, 1], a per-row or TRL-style batched
+function returning any finite float or None, a reward model) or "llm_judge" (in [0, 1]). Under `sum` a function's
+None means "not applicable to this completion", as in TRL: that term is left out, the others count; a completion
+every term left out has reward None. Under `mean` a task whose terms all lie in [0, 1] has a reward in [0, 1].
 Every grader is called ONCE per task per batch, on all of the task's rollouts; the "llm_judge" term of every rollout
 of the batch goes to the Judge as ONE batch (its thread pool). A judge failure uses the spec's fallback grader in
 its place (provider "fallback:<name>"); with no fallback the reward is None — excluded from the group statistics and
-counted in `scoring/<task>/failed`, never turned into 0. A grader that returns None also makes the reward None.
+counted in `scoring/<task>/failed`, never turned into 0, under either aggregation.
 A grader that raises, or returns a wrong value, stops the step with a GraderError naming the task and the grader.
 """
 
@@ -28,6 +29,10 @@ from grpo.grading.judge import Judge, JudgeItem, JudgeResult
 __all__ = ["JUDGE_TERM", "RewardSpec", "score_rollouts"]
 
 
+REWARD_AGGREGATIONS = ("sum", "mean")
+"""How a task's reward terms make its reward (loss.reward_aggregation); see the module docstring."""
+
+
 @dataclass(frozen=True)
 class RewardSpec:
     """How one task's reward is made. Maps 1:1 onto a config section."""
@@ -37,6 +42,8 @@ class RewardSpec:
     """(grader, weight) pairs; grader = any name grpo.grading.graders.resolve_grader takes, or "llm_judge"."""
     fallback: str | None = None
     """Grader used in place of a failed judge score; None = the reward becomes None."""
+    aggregation: str = "mean"
+    """How the terms make the reward: one of REWARD_AGGREGATIONS (loss.reward_aggregation)."""
 
     def __post_init__(self) -> None:
         if not self.terms:
@@ -44,6 +51,9 @@ class RewardSpec:
         for name, weight in self.terms:
             if not (isinstance(weight, (int, float)) and math.isfinite(weight) and weight > 0):
                 raise ValueError(f"RewardSpec({self.task!r}): weight of {name!r} is {weight!r}; use a number > 0")
+        if self.aggregation not in REWARD_AGGREGATIONS:
+            raise ValueError(f"RewardSpec({self.task!r}).aggregation={self.aggregation!r}: use one of "
+                             f"{list(REWARD_AGGREGATIONS)}")
         if self.fallback == JUDGE_TERM:
             raise ValueError(f"RewardSpec({self.task!r}).fallback cannot be {JUDGE_TERM!r}; name a rule grader")
 
@@ -112,10 +122,14 @@ def _combine(rollout: Rollout, spec: RewardSpec, parts: dict[str, float | None],
             if value is None and spec.fallback:
                 value, provider = parts[f"fallback:{spec.fallback}"], f"fallback:{spec.fallback}"
         if value is None:
-            failed = True
+            # under `sum` a function's None is "not applicable" (TRL); a failed judge call voids the reward anyway
+            failed = failed or spec.aggregation == "mean" or name == JUDGE_TERM
         else:
             total, weights = total + weight * value, weights + weight
-    return Scored(rollout=rollout, reward=None if failed else total / weights, parts=parts, provider=provider)
+    if failed or weights == 0:  # weights == 0: every term left out
+        return Scored(rollout=rollout, reward=None, parts=parts, provider=provider)
+    return Scored(rollout=rollout, reward=total if spec.aggregation == "sum" else total / weights, parts=parts,
+                  provider=provider)
 
 
 def score_rollouts(
@@ -165,14 +179,26 @@ def per_step_counts(metrics: dict[str, float], totals: dict[str, float]) -> dict
     return out
 
 
+def _mean_std(values: list[float | None]) -> tuple[float, float, int]:
+    """(mean, population std, count) of the finite values (NaN, NaN, 0 when there are none)."""
+    valid = torch.tensor([v for v in values if v is not None and math.isfinite(v)], dtype=torch.float64)
+    if not len(valid):
+        return math.nan, math.nan, 0
+    return valid.mean().item(), valid.std(unbiased=False).item(), len(valid)
+
+
 def reward_metrics(scored: list[Scored], tasks: list[str]) -> dict[str, float]:
-    """reward/<task>/mean and /std over the valid rewards of a step, /failed the count of failed ones (None, NaN)."""
+    """reward/<task>/mean and /std over the valid rewards of a step, /failed the count of failed ones (None, NaN);
+    rewards/<task>/<term>/mean and /std for each reward term (as TRL's rewards/<function>/mean, over the completions
+    it scored: None left out)."""
     out: dict[str, float] = {}
     for t in tasks:
-        rs = [s.reward for s in scored if s.rollout.sample.task == t]
-        valid = torch.tensor([r for r in rs if r is not None and not math.isnan(r)], dtype=torch.float64)
-        if rs:
-            out[f"reward/{t}/mean"] = valid.mean().item() if len(valid) else math.nan
-            out[f"reward/{t}/std"] = valid.std(unbiased=False).item() if len(valid) else math.nan
-            out[f"reward/{t}/failed"] = float(len(rs) - len(valid))
+        mine = [s for s in scored if s.rollout.sample.task == t]
+        if not mine:
+            continue
+        out[f"reward/{t}/mean"], out[f"reward/{t}/std"], n = _mean_std([s.reward for s in mine])
+        out[f"reward/{t}/failed"] = float(len(mine) - n)
+        for term in dict.fromkeys(k for s in mine for k in s.parts if not k.startswith("fallback:")):
+            mean, std, _ = _mean_std([s.parts.get(term) for s in mine])
+            out[f"rewards/{t}/{term}/mean"], out[f"rewards/{t}/{term}/std"] = mean, std
     return out

@@ -19,6 +19,7 @@ from grpo.core.kl_control import CONFIG_FIELDS, KL_CONTROLLERS, controller_args,
 from grpo.core.losses import AGG_MODES, KL_ESTIMATORS, POLICY_LOSSES
 from grpo.core.multi import METHODS as COMBINE_METHODS
 from grpo.grading.reward_models import check_spec as check_reward_model
+from grpo.grading.scoring import REWARD_AGGREGATIONS
 from grpo.phases.rollout import CACHE_IMPLEMENTATIONS
 
 REGISTRY_FIELDS: dict[str, Collection[str]] = {
@@ -28,6 +29,7 @@ REGISTRY_FIELDS: dict[str, Collection[str]] = {
     "loss.agg_mode": AGG_MODES,
     "loss.kl_estimator": KL_ESTIMATORS,
     "loss.adv_scale": ADV_SCALES,
+    "loss.reward_aggregation": REWARD_AGGREGATIONS,
     "multi.combine": COMBINE_METHODS,
 }
 """Dotted config field -> the registry whose names it must be one of (kl.<task>.controller: KL_CONTROLLERS)."""

@@ -190,10 +190,11 @@ def check_task_entries(kl_tasks: Iterable[str], tasks: list[str]) -> None:
 
 
 def reward_specs(source: str, rewards: Mapping[str, str], tasks: list[str],
-                 custom: Iterable[str] = ()) -> dict[str, Any]:
+                 custom: Iterable[str] = (), aggregation: str = "mean") -> dict[str, Any]:
     """A RewardSpec per task: its rewards.<task> entry, else the built-in source's default terms (the demo's
     graders; BBQ's and HaluEval's for tasks named fairness / hallucination). `custom`: the tasks.<task> names,
-    which have no default: a custom task without rewards.<task> is a ConfigError naming that field."""
+    which have no default: a custom task without rewards.<task> is a ConfigError naming that field.
+    `aggregation`: loss.reward_aggregation, how each task's terms make its reward."""
     from grpo.data.demo_tasks import DEMO_REWARDS
     from grpo.grading.scoring import RewardSpec
 
@@ -215,7 +216,7 @@ def reward_specs(source: str, rewards: Mapping[str, str], tasks: list[str],
                               f"lists the built-in graders)", field=f"rewards.{task}")
         terms, fallback = parse_reward_spec(task, text)
         try:
-            specs[task] = RewardSpec(task=task, terms=tuple(terms), fallback=fallback)
+            specs[task] = RewardSpec(task=task, terms=tuple(terms), fallback=fallback, aggregation=aggregation)
         except ValueError as err:  # a weight <= 0, the judge as its own fallback
             raise ConfigError(f"config field `rewards.{task}` = {text!r} is invalid: {err}",
                               field=f"rewards.{task}") from None
