@@ -140,6 +140,7 @@ def sft_phase(run: Run) -> list[float]:
         if run.dist.is_main:
             print(f"SFT warm-up skipped: no training row of {', '.join(run.tasks)} has a target (the column "
                   "tasks.<task>.target_field names); sft.steps=0 says so up front")
+        run.tracker.log({"sft/skipped": 1.0}, 0)  # the doctor then advises no warm-up
         return []
     if s.max_examples:
         examples = stratified([x for t in run.tasks for x in run.train[t] if x.target], examples, s.max_examples)

@@ -360,3 +360,50 @@ def test_doctor_reads_heldout_from_eval_json_phases():
 def test_thresholds_must_be_positive():
     with pytest.raises(ValueError, match="recent_window=0"):
         Doctor(HealthThresholds(recent_window=0))
+
+
+# ------------------------------------------------------------------------------------ any reward scale (issue #28)
+def test_a_length_reward_around_minus_one_is_read_on_its_own_scale():
+    """The newcomer's length reward: mean -1.04, every group with signal. Before, the zero-std check read the mean as
+    a share of solved groups and reported "at least 104% of the groups gave no signal"."""
+    rows = healthy()
+    for row in rl(rows):  # rising by 0.02 a step from -1.04: learning, not stuck
+        row["reward/fairness/mean"], row["reward/fairness/std"] = -1.04 + 0.02 * row["step"], 0.3
+        row["adv/frac_zero_std"] = row["adv/fairness/frac_zero_std"] = 0.0
+    assert found(rows, "zero_std_groups") == []
+    for row in rl(rows)[-10:]:  # 60% of the groups without signal: seen as such, not explained by "solved" ones
+        row["adv/frac_zero_std"] = row["adv/fairness/frac_zero_std"] = 0.6
+    (f,) = found(rows, "zero_std_groups")
+    assert "60% of its groups" in f.message and "they gave no signal" in f.message
+
+
+def test_reward_stuck_tolerance_is_a_share_of_the_rewards_spread():
+    """stuck_tolerance 0.05 is of the unit scale; a reward with within-step std 5 (spread 10) is stuck only within
+    0.5 of its start: +0.3 over the run is stuck, +1.0 is not."""
+    for rise, stuck in ((0.3, True), (1.0, False)):
+        rows = healthy()
+        for row in rl(rows):
+            row["reward/fairness/mean"] = -20.0 + (rise if row["step"] > 10 else 0.0)
+            row["reward/fairness/std"], row["adv/fairness/frac_zero_std"] = 5.0, 0.9
+        hits = found(rows, "reward_stuck")
+        assert bool(hits) is stuck
+        if stuck:  # not a [0, 1] score near 0: no warm-up advice, more samples per prompt
+            assert hits[0].suggestion.startswith("try `rollout.k=12`")
+
+
+def test_no_warm_up_is_advised_when_the_warm_up_was_skipped_for_want_of_targets():
+    rows = healthy(20)
+    for row in rl(rows):
+        row["reward/fairness/mean"], row["adv/fairness/frac_zero_std"] = 0.0, 1.0
+    assert found(rows, "reward_stuck")[0].suggestion.startswith("try `sft.steps=70`")
+    rows.insert(1, {"step": 0, "sft/skipped": 1.0})  # grpo_train.sft_phase logs it when no row has a target
+    (f,) = found(rows, "reward_stuck")
+    assert f.suggestion.startswith("try `rollout.k=12`") and "skipped" in f.suggestion
+
+
+def test_a_smoke_test_of_a_few_steps_is_too_short_unless_something_broke():
+    regressed = Finding("red", "reward_regressed", "held-out fairness fell", "try ...", "fairness")
+    assert verdict([regressed], 5, TH)[0] == "too_short"
+    assert verdict([regressed], 20, TH)[0] == "red"
+    for code in ("non_finite", "no_learning_signal", "judge_failures", "kl_runaway"):
+        assert verdict([regressed, Finding("red", code, "m", "s")], 5, TH)[0] == "red", code

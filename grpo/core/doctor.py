@@ -108,6 +108,7 @@ class Doctor:
         self.last_step = 0
         self._prev_step = 0
         self.sft_loss_last: float | None = None
+        self.sft_skipped = False
 
     # ----- feeding -----
     def update(self, metrics: Mapping[str, Any], evals: Mapping[str, Mapping[str, float]] | None = None) -> list[Finding]:
@@ -115,6 +116,7 @@ class Doctor:
         step = int(metrics.get("step", self.last_step + 1))
         if number(metrics.get("sft/loss_last")) is not None:
             self.sft_loss_last = float(metrics["sft/loss_last"])
+        self.sft_skipped = self.sft_skipped or bool(number(metrics.get("sft/skipped")))
         for key, value in metrics.items():
             if key.startswith("eval/") and key.endswith("/reward") and number(value) is not None:
                 self.heldout.setdefault(key[len("eval/"):-len("/reward")], []).append((step, float(value)))
@@ -270,19 +272,28 @@ def rl_steps(history: Iterable[Mapping[str, Any]]) -> int:
     return sum(is_rl_row(r) for r in history)
 
 
+LEARNING_CODES = frozenset({"reward_stuck", "reward_regressed"})
+"""Findings that compare rewards over time: a run shorter than min_steps (a smoke test) is too short for them to
+decide the verdict (a held-out score a few steps after the start moves by noise). The others make it red at once:
+non-finite values, skipped steps, judge failures, KL runaway, and no learning signal (steps in a row in which every
+group's rewards were equal: nothing could be learned, however short the run)."""
+
+
 def verdict(findings: Sequence[Finding], steps: int | None = None,
             thresholds: HealthThresholds | None = None) -> tuple[str, list[str]]:
-    """("green"|"yellow"|"too_short"|"red", reasons). Red when any finding is red; else "too_short" when `steps` (RL
-    steps of the run, None = not known) is below thresholds.min_steps; else the worst level present; green needs no
-    finding at all. Reasons list red findings first."""
+    """("green"|"yellow"|"too_short"|"red", reasons). Red when any finding is red, except a LEARNING_CODES finding
+    in a run shorter than thresholds.min_steps (`steps`: RL steps of the run, None = not known), which is then
+    "too_short" as a run without a red finding is; else the worst level present; green needs no finding at all.
+    Reasons list red findings first."""
     th = thresholds or HealthThresholds()
     ordered = sorted(findings, key=lambda f: -LEVEL_ORDER[f.level])
     reasons = [f"[{f.level}] {f.code}: {f.message}" for f in ordered]
-    if ordered and ordered[0].level == "red":
+    short = steps is not None and steps < th.min_steps
+    if any(f.level == "red" and not (short and f.code in LEARNING_CODES) for f in ordered):
         return "red", reasons
-    if steps is not None and steps < th.min_steps:
+    if short:
         return "too_short", [f"too short to judge: {steps} RL step(s), at least {th.min_steps} are needed to compare "
-                             "the start of training with its end (no red alarm so far)"] + reasons
+                             "the start of training with its end (no red alarm of a broken run)"] + reasons
     if ordered:
         return ordered[0].level, reasons
     return "green", ["every task's held-out reward rose (or is solved) and no health check fired"]

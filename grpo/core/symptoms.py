@@ -172,6 +172,8 @@ class Window(Protocol):
     kl_high: dict[str, Any]
     last_step: int
     sft_loss_last: float | None
+    sft_skipped: bool
+    """The SFT warm-up was asked for and skipped: no training row has a target (metric sft/skipped)."""
 
     def wmean(self, key: str) -> float: ...
 
@@ -277,8 +279,14 @@ def _no_learning_signal(d: Window, _found: list[Finding]) -> list[Finding]:
 
 
 def _format_fix(d: Window) -> str:
-    """The next step for a policy whose samples (nearly) never score: the SFT warm-up that should teach the format."""
+    """The next step for a policy whose samples (nearly) never score: the SFT warm-up that should teach the format;
+    when the warm-up was asked for and never ran (no row has a target), more samples per prompt and a look at the
+    reward function instead: a warm-up cannot be advised that the data cannot support."""
     loss, steps = d.sft_loss_last, _setting(d.config, "sft.steps")
+    if d.sft_skipped:
+        return _try("rollout.k", _scaled(d.config, "rollout.k", 2, int), "the SFT warm-up was skipped (no row has a "
+                    "target), so the format is the base model's: more samples per prompt give groups whose rewards "
+                    "differ; read samples/ and check the reward function on them")
     if loss is not None and loss > SFT_UNTAUGHT_LOSS and _setting(d.config, "model.lora"):
         return _try("model.lora", "false", f"the warm-up ended at loss {loss:.2f} nats per token (above "
                     f"{SFT_UNTAUGHT_LOSS:g}): the adapter could not fit the demonstrations, the whole model can (on the "
@@ -296,6 +304,23 @@ def _task_zero_std(d: Window, task: str) -> float:
     return own if math.isfinite(own) else d.wmean("adv/frac_zero_std")
 
 
+def _unit_scale(d: Window, task: str) -> bool:
+    """Whether the task's rewards read as rule-grader scores in [0, 1] (every step's mean reward in the window and
+    the first window there): only then do "solved" (solved_reward) and "explained by solved groups" mean anything."""
+    values = [v for row in d.window if (v := number(row.get(f"reward/{task}/mean"))) is not None]
+    start = d.start.get(f"reward/{task}/mean")
+    return bool(values) and all(0.0 <= v <= 1.0 for v in values) and (start is None or 0.0 <= start <= 1.0)
+
+
+def reward_spread(d: Window, task: str) -> float:
+    """The reward scale the stuck tolerance is a share of: 1 for rewards in [0, 1]; otherwise twice the window's mean
+    within-step reward std (a 0 / 1 reward at p = 0.5 has std 0.5: twice that is the unit scale's 1)."""
+    if _unit_scale(d, task):
+        return 1.0
+    spread = 2 * d.wmean(f"reward/{task}/std")
+    return spread if math.isfinite(spread) and spread > 0 else 1.0
+
+
 def _reward_stuck(d: Window, _found: list[Finding]) -> list[Finding]:
     th, out = d.th, []
     if d.steps < th.min_steps or len(d.window) < th.recent_window:
@@ -306,13 +331,14 @@ def _reward_stuck(d: Window, _found: list[Finding]) -> list[Finding]:
         zero = _task_zero_std(d, task)
         if start is None or best is None or not math.isfinite(now) or not math.isfinite(zero):
             continue
-        if (best.value - start <= th.stuck_tolerance and now - start <= th.stuck_tolerance
-                and now < th.solved_reward and zero > th.zero_std_max):
+        tolerance, unit = th.stuck_tolerance * reward_spread(d, task), _unit_scale(d, task)
+        if (best.value - start <= tolerance and now - start <= tolerance
+                and not (unit and now >= th.solved_reward) and zero > th.zero_std_max):
             out.append(Finding(
                 "red", "reward_stuck",
                 f"{task}: reward never left its start in {d.steps} steps: {now:.3f} in {d.span()}, {start:.3f} in the "
                 f"first window, best window {best.value:.3f}; {100 * zero:.0f}% of its groups have zero reward std",
-                _format_fix(d) if now <= th.stuck_tolerance else
+                _format_fix(d) if unit and now <= th.stuck_tolerance else
                 _try("rollout.k", _scaled(d.config, "rollout.k", 2, int), "more samples per prompt make groups whose "
                      "rewards differ"),
                 task))
@@ -452,7 +478,8 @@ def _truncation(d: Window, _found: list[Finding]) -> list[Finding]:
 
 def _zero_std(d: Window, found: list[Finding]) -> list[Finding]:
     """Zero-std groups that success does not explain: with rewards in [0, 1] at most a fraction r (the mean reward) of
-    the groups can be all-right, so at least z − r of them (z = zero-std fraction) are all-wrong or stuck."""
+    the groups can be all-right, so at least z − r of them (z = zero-std fraction) are all-wrong or stuck. On any
+    other scale (a length penalty, a reward model) the mean says nothing about solved groups: z itself is read."""
     out: list[Finding] = []
     if not _full(d):
         return out
@@ -460,12 +487,16 @@ def _zero_std(d: Window, found: list[Finding]) -> list[Finding]:
         f.code == "no_learning_signal" for f in found) else set())  # the same evidence already has a red finding
     for task in d.tasks():
         zero, reward = _task_zero_std(d, task), d.wmean(f"reward/{task}/mean")
-        if task in red or not (math.isfinite(zero) and math.isfinite(reward)) or zero - reward <= d.th.zero_std_max:
+        if task in red or not (math.isfinite(zero) and math.isfinite(reward)):
             continue
+        solved = reward if _unit_scale(d, task) else 0.0
+        if zero - solved <= d.th.zero_std_max:
+            continue
+        why = (f"at least {100 * (zero - solved):.0f}% of the groups gave no signal without being solved" if solved
+               else "they gave no signal")
         out.append(Finding("yellow", "zero_std_groups",
                            f"{task}: {100 * zero:.0f}% of its groups had zero reward std in {d.span()} with a mean "
-                           f"reward of {reward:.3f}: at least {100 * (zero - reward):.0f}% of the groups gave no "
-                           f"signal without being solved (max {100 * d.th.zero_std_max:.0f}%)",
+                           f"reward of {reward:.3f}: {why} (max {100 * d.th.zero_std_max:.0f}%)",
                            _try("rollout.k", _scaled(d.config, "rollout.k", 2, int),
                                 "more samples per prompt make groups whose rewards differ"), task))
     return out
