@@ -24,7 +24,7 @@ from grpo.core.memory import DEFAULT_ALLOCATOR_SLACK, DEFAULT_CUDA_OVERHEAD_GB
 
 TH = HealthThresholds()
 DOCS = {name: " ".join((ROOT / name).read_text().split())
-        for name in ("README.md", "QUICK_START.md", "MEMORY_OPTIMIZATION.md", "docs/SCALING.md")}
+        for name in ("README.md", "QUICK_START.md", "MEMORY_OPTIMIZATION.md", "docs/SCALING.md", "docs/RESULTS.md")}
 DTYPE_WORDS = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}
 
 
@@ -70,9 +70,9 @@ CLAIMS = [
     ("README.md", "then {120} GRPO steps that learn the rest of the rule, evaluating greedy completions of {64} held-out "
      "prompts per task",
      [lambda: DEMO().train.max_steps, lambda: DEMO().data.eval_size]),
-    ("README.md", LLAMA_SHAPE, LLAMA_SOURCES),
-    # README: the real model on BBQ + HaluEval
-    ("README.md", "BBQ (6 categories × {40} rows) and HaluEval general (its first {300} rows; the shared copy holds no "
+    ("docs/RESULTS.md", LLAMA_SHAPE, LLAMA_SOURCES),
+    # docs/RESULTS.md: the real model on BBQ + HaluEval
+    ("docs/RESULTS.md", "BBQ (6 categories × {40} rows) and HaluEval general (its first {300} rows; the shared copy holds no "
                   "other subset), LoRA r {16}, {40} SFT steps on {48} demonstrations ({36} BBQ, its three letters in "
                   "turn, and {12} HaluEval; references cut to their first {16} tokens, `sft.max_target_tokens`), then "
                   "{40} RL steps of {4} prompts × K {8} with {16} new tokens at temperature {0.7}, β {0.04}. Greedy "

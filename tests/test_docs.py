@@ -1,7 +1,8 @@
 """The docs say only true things that are easy to check: commands, config fields, defaults, preset values, test
 names, files and functions they point at, and `--help`.
 
-Checked documents: README.md, QUICK_START.md, BUG_FIXES_SUMMARY.md, docs/DESIGN.md, docs/SCALING.md (those present).
+Checked documents: README.md, QUICK_START.md, BUG_FIXES_SUMMARY.md, docs/DESIGN.md, docs/SCALING.md, docs/RESULTS.md
+(those present).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from grpo.config.command_line import describe_fields, preset_in, split_argv
 from grpo.config.presets import PRESETS
 
 ROOT = Path(__file__).resolve().parents[1]
-DOC_NAMES = ["README.md", "QUICK_START.md", "BUG_FIXES_SUMMARY.md", "docs/DESIGN.md", "docs/SCALING.md"]
+DOC_NAMES = ["README.md", "QUICK_START.md", "BUG_FIXES_SUMMARY.md", "docs/DESIGN.md", "docs/SCALING.md", "docs/RESULTS.md"]
 DOCS = {name: (ROOT / name).read_text() for name in DOC_NAMES if (ROOT / name).exists()}
 FILE_SUFFIXES = {"py", "md", "txt", "json", "jsonl", "sh", "png", "csv", "pt", "sqlite", "ipynb", "toml", "jinja"}
 ENTRY_FLAGS = {"--preset", "--print-config", "--help", "-h"}  # handled by grpo_train.cli itself, not config fields
