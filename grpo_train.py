@@ -53,10 +53,11 @@ from grpo.run.pareto import ParetoFrontier, require_heldout_rows
 from grpo.run.plot import plot_run
 from grpo.run.report import build_report, format_report
 from grpo.run.run_folder import prepare_run_dir
+from grpo.run.exits import USER_ERRORS, interrupted, user_error
 from grpo.run.setup_parts import (build_trackers, check_sharding, check_task_entries, choose_device, fresh_optimizer,
                                   load_samples, parse_task_mix, per_completion_sampling, policy_from_config,
                                   reward_specs, seed_everything, shares_prompts, split_by_task, stop_token_ids)
-from grpo.run.signals import StopRequest
+from grpo.run.signals import Interrupted, StopRequest, signals_raise
 from grpo.run.state import Run
 from grpo.run.tracking import NullTracker, format_step_line, progress, write_samples, write_scored
 
@@ -359,6 +360,7 @@ def main(cfg: C.Config, run: Run | None = None) -> Run:
                 break
             if run.dist.any(stop.requested):  # every rank stops after the same step
                 folder = save_checkpoint(run)
+                run.stopped_by = stop.signum
                 say(f"\ninterrupted: checkpoint {folder} written. Resume with:\n  python grpo_train.py "
                       f"--preset {cfg.preset} --run-name {run.run_dir.name} --output-dir {cfg.train.output_dir} "
                       f"--resume auto [your other overrides]")
@@ -425,16 +427,20 @@ def cli(argv: list[str]) -> int:
     except (ModelPackageMissing, C.ConfigError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    try:
-        main(cfg)
-    except (C.ConfigError, GraderError, DataFileError) as e:  # config, data, graders: found before the model loads
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    except (ckpt.CheckpointError, TrainingUnstable, FileNotFoundError, ValueError, KeyError) as e:
-        # known failure modes get their message, not a traceback; the last checkpoint (if any) is intact
-        print(f"error: {type(e).__name__}: {e}", file=sys.stderr)
-        return 1
-    return 0
+    with signals_raise():  # Ctrl-C / SIGTERM before or after the RL loop: a message and 130 / 143
+        try:
+            run = setup(cfg)  # data, graders, judge, run folder, model: what fails here is the user's input
+        except USER_ERRORS as e:
+            return user_error(e, 2)
+        except (Interrupted, KeyboardInterrupt) as e:
+            return interrupted(e, "during set-up")
+        try:
+            main(cfg, run)
+        except (*USER_ERRORS, ckpt.CheckpointError, TrainingUnstable) as e:
+            return user_error(e, 1)  # known failure modes get their message; the last checkpoint (if any) is intact
+        except (Interrupted, KeyboardInterrupt) as e:
+            return interrupted(e, f"in {run.run_dir}")
+    return 128 + run.stopped_by if run.stopped_by else 0
 
 
 def command() -> int:

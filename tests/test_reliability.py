@@ -1,0 +1,204 @@
+"""Reliability, third pass (#27): what a user can get wrong ends in one line naming the culprit, the documented exit
+status, and nothing left behind that blocks running the same command again. In-process `grpo_train.cli` runs of
+the tiny model (tests/test_validation_doc.py's settings)."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+import grpo_train as G
+from grpo.core.records import Sample
+from grpo.run.setup_parts import duplicate_report, load_samples
+from grpo.config import settings as C
+
+ROOT = Path(__file__).resolve().parents[1]
+SHARED = ROOT.parent / "shared" / "data"
+TINY = ["--model.tiny_hidden", "32", "--model.tiny_layers", "1", "--model.tiny_heads", "2", "--data.demo_size", "24",
+        "--data.eval_size", "2", "--rollout.max_new_tokens", "4", "--rollout.k", "2", "--sft.steps", "0",
+        "--train.eval_every", "0", "--train.sample_every", "0", "--train.tensorboard", "false",
+        "--train.prompts_per_micro_step", "2", "--train.lr", "1e-2", "--train.max_steps", "1"]
+
+
+def run_cli(out: Path, *argv: str, name: str = "r") -> tuple[int, str]:
+    """(exit status, stderr + stdout) of `grpo_train.py TINY argv` writing run folder out/name."""
+    err, std = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(std):
+        code = G.cli([*TINY, "--train.output_dir", str(out), "--run-name", name, *argv])
+    return code, err.getvalue() + std.getvalue()
+
+
+def assert_retry_not_blocked(out: Path, name: str = "r") -> None:
+    """No folder that blocks a fresh start: none at all, or one marked restartable."""
+    from grpo.run.run_folder import blocks_fresh_start
+
+    folder = out / name
+    assert not folder.exists() or not blocks_fresh_start(folder), sorted(p.name for p in folder.iterdir())
+
+
+# ------------------------------------------------------------------------------------- every named task has rows
+def _dual_dir(tmp_path: Path, halueval: list[str] | None) -> Path:
+    root = tmp_path / "data"
+    (root / "bbq").mkdir(parents=True)
+    shutil.copy(SHARED / "bbq" / "Religion.jsonl", root / "bbq" / "Religion.jsonl")
+    if halueval is not None:
+        (root / "halueval").mkdir()
+        for subset in halueval:
+            shutil.copy(SHARED / "halueval" / "general_data.json", root / "halueval" / f"{subset}_data.json")
+    return root
+
+
+@pytest.mark.parametrize("halueval,subsets,culprit", [
+    (None, [], "halueval does not exist"),  # the folder is missing
+    ([], ["qa", "dialogue"], "qa_data.json"),  # the folder is there, every subset named is absent
+    (["general"], ["qa"], "qa_data.json"),
+], ids=["no-halueval-folder", "no-subset-file", "only-absent-subsets"])
+def test_a_task_the_preset_names_without_rows_stops_before_the_model(tmp_path, halueval, subsets, culprit):
+    root = _dual_dir(tmp_path, halueval)
+    extra = ["--data.halueval_subsets", ",".join(subsets)] if subsets else []
+    code, text = run_cli(tmp_path / "runs", "--preset", "dual-bbq-halueval", "--data.data_dir", str(root), *extra)
+    assert code == 2, text
+    assert culprit in text and "Traceback" not in text, text
+    assert_retry_not_blocked(tmp_path / "runs")
+
+
+def test_a_present_subset_beside_absent_ones_is_a_note_not_an_error(tmp_path):
+    root = _dual_dir(tmp_path, ["general"])
+    data = C.load_config("dual-bbq-halueval", [f"data.data_dir={root}", "data.halueval_subsets=general,qa",
+                                                "data.halueval_per_subset=5", "data.bbq_per_category=8"]).data
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):
+        rows = load_samples(data, seed=0)
+    assert {s.task for s in rows.every} == {"fairness", "hallucination"}
+    assert "subset 'qa' skipped" in err.getvalue()
+
+
+def test_no_bbq_folder_is_an_error_naming_it(tmp_path):
+    root = tmp_path / "data"
+    (root / "halueval").mkdir(parents=True)
+    code, text = run_cli(tmp_path / "runs", "--preset", "dual-bbq-halueval", "--data.data_dir", str(root))
+    assert code == 2 and str(root / "bbq") in text, text
+    assert_retry_not_blocked(tmp_path / "runs")
+
+
+# ------------------------------------------------------------------------------------- duplicate rows and ids
+def _sample(i: str, text: str = "q", task: str = "qa") -> Sample:
+    return Sample(task=task, id=i, messages=({"role": "user", "content": text},))
+
+
+def test_duplicate_report_counts_and_names_the_first_offenders():
+    rows = [_sample("a"), _sample("a"), _sample("b", "x"), _sample("b", "y"), _sample("c"), _sample("d", task="z")]
+    (line,) = duplicate_report(rows)
+    assert line == ("task 'qa': 2 id(s) used by more than one row, 1 of its 5 rows exact duplicates of an earlier "
+                    "row (first: 'a' x2, 'b' x2)")
+    assert duplicate_report([_sample("a"), _sample("b")]) == []
+
+
+def _jsonl(path: Path, rows: list[dict]) -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+@pytest.mark.parametrize("kind", ["every-row-twice", "ids-used-twice"])
+def test_duplicate_rows_and_ids_are_warned_with_counts(tmp_path, kind):
+    rows = [{"task": "qa", "id": f"r{i}", "prompt": f"question {i}?"} for i in range(40)]
+    rows = rows + rows if kind == "every-row-twice" else rows + [dict(r, prompt=r["prompt"] + "!") for r in rows[:30]]
+    data = C.load_config("demo", [f"data.source={_jsonl(tmp_path / 'rows.jsonl', rows)}"]).data
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):
+        load_samples(data, seed=0)
+    copies = 40 if kind == "every-row-twice" else 0
+    shared = 40 if kind == "every-row-twice" else 30
+    assert (f"warning: task 'qa': {shared} id(s) used by more than one row, {copies} of its {40 + shared} rows exact "
+            "duplicates of an earlier row (first: 'r0' x2, 'r1' x2, 'r2' x2)") in err.getvalue()
+
+
+def test_all_rows_sharing_one_id_names_the_id_in_the_error(tmp_path):
+    rows = [{"task": "qa", "id": "same", "prompt": f"question {i}?"} for i in range(20)]
+    path = _jsonl(tmp_path / "rows.jsonl", rows)
+    from grpo.data.jsonio import stable_hash01
+
+    frac = 0.5 if stable_hash01("same") < 0.5 else 0.99  # the one id lands on the held-out side
+    assert stable_hash01("same") < frac
+    data = C.load_config("demo", [f"data.source={path}", f"data.heldout_fraction={frac}"]).data
+    with contextlib.redirect_stderr(io.StringIO()), pytest.raises(ValueError) as err:
+        load_samples(data, seed=0)
+    assert "gave no training rows" in str(err.value) and "'same' x20" in str(err.value), str(err.value)
+
+
+# ------------------------------------------------------------------------------------- a failed run can be re-run
+def test_a_run_that_fails_before_its_first_checkpoint_reruns_with_the_same_command(tmp_path, monkeypatch):
+    real = G.evaluate_phase
+
+    def broken(run, label):
+        raise ValueError("evaluation broke")
+
+    monkeypatch.setattr(G, "evaluate_phase", broken)  # a failure after the run folder was made
+    code, text = run_cli(tmp_path)
+    assert code == 1 and "evaluation broke" in text and "Traceback" not in text, text
+    assert (tmp_path / "r" / "config.json").is_file()
+    assert_retry_not_blocked(tmp_path)
+    monkeypatch.setattr(G, "evaluate_phase", real)
+    code, text = run_cli(tmp_path)
+    assert code == 0, text
+    assert "stopped before its first checkpoint" in text
+    from grpo.run.run_folder import blocks_fresh_start
+
+    assert blocks_fresh_start(tmp_path / "r")  # a finished run is protected again
+    code, text = run_cli(tmp_path)
+    assert code == 2 and "is not empty" in text, text
+
+
+# ------------------------------------------------------------------------------------- Ctrl-C / SIGTERM anywhere
+@pytest.mark.parametrize("sig,code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)], ids=["SIGINT", "SIGTERM"])
+def test_a_signal_during_sft_stops_with_a_message_and_the_shell_exit_status(tmp_path, sig, code):
+    cmd = [sys.executable, "grpo_train.py", *TINY, "--output-dir", str(tmp_path), "--run-name", "s",
+           "--sft.steps", "100000", "--sft.batch_size", "2"]
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.time() + 120
+    while time.time() < deadline and not (tmp_path / "s" / "eval.json").exists():  # the first evaluation is done
+        time.sleep(0.2)
+    time.sleep(1.0)
+    assert proc.poll() is None, proc.stdout.read()
+    proc.send_signal(sig)
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == code, out
+    assert f"interrupted by {signal.Signals(sig).name}" in out and "Traceback" not in out, out
+    assert_retry_not_blocked(tmp_path, "s")
+
+
+# ------------------------------------------------------------------------------------- inputs that gave tracebacks
+def _pickle_file(tmp_path: Path) -> str:
+    import pickle
+
+    path = tmp_path / "model.pkl"
+    path.write_bytes(pickle.dumps({"weights": [1, 2, 3]}))
+    return str(path)
+
+
+def _empty_folder(tmp_path: Path) -> str:
+    (tmp_path / "empty_model").mkdir()
+    return str(tmp_path / "empty_model")
+
+
+@pytest.mark.parametrize("make,culprit", [
+    (lambda tmp: "/nonexistent/path", "/nonexistent/path does not exist"),
+    (_pickle_file, "is a file, not a model folder"),
+    (_empty_folder, "empty_model"),
+], ids=["missing-path", "pickle-file", "empty-folder"])
+def test_a_model_name_that_does_not_load_is_one_line_naming_it(tmp_path, make, culprit):
+    name = make(tmp_path)
+    code, text = run_cli(tmp_path / "runs", "--model.name", name)
+    assert code == 2, text
+    assert f"config field `model.name` = {name!r} cannot be loaded" in text and culprit in text, text
+    assert "Traceback" not in text
+    assert_retry_not_blocked(tmp_path / "runs")
