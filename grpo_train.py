@@ -54,9 +54,10 @@ from grpo.run.plot import plot_run
 from grpo.run.report import build_report, format_report
 from grpo.run.run_folder import prepare_run_dir
 from grpo.run.exits import USER_ERRORS, interrupted, user_error
-from grpo.run.setup_parts import (build_trackers, check_sharding, check_task_entries, choose_device, fresh_optimizer,
-                                  load_samples, parse_task_mix, per_completion_sampling, policy_from_config,
-                                  reward_specs, seed_everything, shares_prompts, split_by_task, stop_token_ids)
+from grpo.run.setup_parts import (build_trackers, check_sharding, check_task_entries, choose_device, fit_prompts,
+                                  fresh_optimizer, load_samples, parse_task_mix, per_completion_sampling,
+                                  policy_from_config, reward_specs, seed_everything, shares_prompts, split_by_task,
+                                  stop_token_ids)
 from grpo.run.signals import Interrupted, StopRequest, signals_raise
 from grpo.run.state import Run
 from grpo.run.tracking import NullTracker, format_step_line, progress, write_samples, write_scored
@@ -103,6 +104,7 @@ def setup(cfg: C.Config, *, callables: Mapping[str, Callable[..., Any]] | None =
     # (right after the assistant marker, no leading space)
     corpus = [s.messages[-1]["content"] for s in rows.every] + [s.target for s in rows.every if s.target]
     policy = policy_from_config(cfg.model, device, corpus, seed=cfg.train.seed, loaded=model)
+    train, heldout = fit_prompts(train, heldout, policy, cfg.data, cfg.rollout)  # data.max_prompt_tokens
     if policy.grad_scaler is not None and cfg.multi.combine != "sum":
         raise C.ConfigError(f"multi.combine={cfg.multi.combine!r} needs bf16 or fp32 weights: the per-task gradients "
                             "are not loss-scaled, so fp16 (this GPU has no bf16) would under- or overflow; use "
@@ -409,8 +411,9 @@ def train(config: C.Config | str | Sequence[str] | None = None, *,
 
 
 def cli(argv: list[str]) -> int:
-    """Parse argv into a Config (grpo/config/command_line.py) and run. Exit status: 0 done; 2 a config, data or grader error
-    (found before the model loads); 1 a run failure."""
+    """Parse argv into a Config (grpo/config/command_line.py) and run. Exit status: 0 done; 2 an error of the input
+    found while setting up (config, data, graders, judge, run folder, model.name); 1 a run failure; 130 / 143 stopped
+    by SIGINT / SIGTERM (grpo/run/exits.py)."""
     try:
         cfg, args = parse_trainer_argv(argv, prog="grpo_train.py", description=__doc__, more_help=graders_help())
         check_config(cfg)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import re
 import shutil
 import signal
 import subprocess
@@ -202,3 +203,59 @@ def test_a_model_name_that_does_not_load_is_one_line_naming_it(tmp_path, make, c
     assert f"config field `model.name` = {name!r} cannot be loaded" in text and culprit in text, text
     assert "Traceback" not in text
     assert_retry_not_blocked(tmp_path / "runs")
+
+
+# ------------------------------------------------------------------------------------- data.max_prompt_tokens
+def _long_rows(tmp_path: Path) -> Path:
+    rows = [{"task": "qa", "id": f"s{i}", "prompt": f"short question {i}?"} for i in range(30)]
+    rows += [{"task": "qa", "id": f"l{i}", "prompt": "word " * 300 + f"question {i}?"} for i in range(10)]
+    return _jsonl(tmp_path / "rows.jsonl", rows)
+
+
+def test_prompts_over_max_prompt_tokens_are_dropped_with_a_count(tmp_path):
+    path = _long_rows(tmp_path)
+    code, text = run_cli(tmp_path / "runs", "--data.source", str(path), "--data.max_prompt_tokens", "64",
+                         "--rewards.qa", "tests.trainer_helpers:length_reward:1.0", "--data.eval_size", "4")
+    assert code == 0, text
+    # a count line per side (training, held-out): the 10 long rows, less those beyond data.eval_size held out
+    counts = [int(n) for n in re.findall(r"data.max_prompt_tokens: (\d+) of \d+ \w+(?:-\w+)? prompts of task 'qa' "
+                                         r"are longer than 64 tokens and are dropped", text)]
+    assert counts and 0 < sum(counts) <= 10, text
+
+
+def test_drop_long_prompts_keeps_exactly_the_prompts_that_fit():
+    from grpo.models.modeling import build_tiny_tokenizer
+    from grpo.models.tokens import encode_prompt
+    from grpo.run.setup_parts import drop_long_prompts
+
+    tok = build_tiny_tokenizer()
+    rows = {"qa": [_sample(str(i), "word " * i) for i in range(0, 60, 5)]}
+    lengths = [len(encode_prompt(tok, s.messages)) for s in rows["qa"]]
+    limit = sorted(lengths)[len(lengths) // 2]
+    err = io.StringIO()
+    with contextlib.redirect_stdout(err):
+        kept = drop_long_prompts(rows, tok, limit, "training")
+    assert [s.id for s in kept["qa"]] == [s.id for s, n in zip(rows["qa"], lengths) if n <= limit]
+    n_dropped = sum(n > limit for n in lengths)
+    assert f"{n_dropped} of {len(lengths)} training prompts of task 'qa' are longer than {limit} tokens" in err.getvalue()
+    with pytest.raises(C.ConfigError) as e:
+        drop_long_prompts(rows, tok, min(lengths) - 1, "training")
+    assert e.value.field == "data.max_prompt_tokens"
+
+
+@pytest.mark.parametrize("prompt,new,positions,expected", [
+    (512, 96, 2048, (512, "")),  # fits: unchanged
+    (512, 96, None, (512, "")),  # no limit known
+    (512, 96, 512, (416, "data.max_prompt_tokens=512 lowered to 416: the model's 512 positions hold the prompt and "
+                         "rollout.max_new_tokens=96")),
+])
+def test_prompt_token_limit_fits_the_model_positions(prompt, new, positions, expected):
+    from grpo.run.setup_parts import prompt_token_limit
+
+    assert prompt_token_limit(prompt, new, positions) == expected
+
+
+def test_completions_longer_than_the_model_positions_are_refused_before_training(tmp_path):
+    code, text = run_cli(tmp_path, "--rollout.max_new_tokens", "600")  # the tiny model has 512 positions
+    assert code == 2 and "config field `rollout.max_new_tokens` = 600" in text and "512 positions" in text, text
+    assert_retry_not_blocked(tmp_path)

@@ -169,7 +169,9 @@ class DataConfig:
     system_prompt: str = ""
     """Optional system message for every prompt (SFT, rollouts and log-prob passes alike)."""
     max_prompt_tokens: int = 512
-    """Prompts longer than this (after the chat template) are dropped with a count."""
+    """Prompts longer than this (after the chat template) are dropped with a count per task, once the model is loaded
+    (grpo/run/setup_parts.fit_prompts); lowered, with a message, where the model's positions
+    (config.max_position_embeddings) cannot hold it plus rollout.max_new_tokens."""
     task_mix: str = ""
     """Share of each task in every RL batch, "fairness:1,hallucination:2"; empty = equal shares."""
 

@@ -378,6 +378,52 @@ def build_optimizer(train: C.TrainConfig, params: list[torch.nn.Parameter]):
     return optimizer, scheduler
 
 
+def prompt_token_limit(max_prompt_tokens: int, max_new_tokens: int, positions: int | None) -> tuple[int, str]:
+    """(the longest prompt kept, why when it is below data.max_prompt_tokens): a prompt and its completion must fit
+    the model's positions (config.max_position_embeddings; None = no limit known). A completion alone that does not
+    fit is a ConfigError naming rollout.max_new_tokens."""
+    if not positions or max_prompt_tokens + max_new_tokens <= positions:
+        return max_prompt_tokens, ""
+    if max_new_tokens >= positions:
+        raise ConfigError(f"config field `rollout.max_new_tokens` = {max_new_tokens} is invalid: the model has "
+                          f"{positions} positions (config.max_position_embeddings), which must hold the prompt and "
+                          "the completion; use fewer new tokens", field="rollout.max_new_tokens")
+    limit = positions - max_new_tokens
+    return limit, (f"data.max_prompt_tokens={max_prompt_tokens} lowered to {limit}: the model's {positions} "
+                   f"positions hold the prompt and rollout.max_new_tokens={max_new_tokens}")
+
+
+def drop_long_prompts(rows: Mapping[str, list[Sample]], tokenizer, limit: int, what: str,
+                      why: str = "") -> dict[str, list[Sample]]:
+    """`rows` by task without the prompts longer than `limit` tokens after the chat template (the way rollouts
+    encode them: grpo/models/tokens.encode_prompt); one line per task that lost rows, with the count."""
+    from grpo.models.tokens import encode_prompt
+
+    kept: dict[str, list[Sample]] = {}
+    for task, samples in rows.items():
+        kept[task] = [s for s in samples if len(encode_prompt(tokenizer, s.messages)) <= limit]
+        dropped = len(samples) - len(kept[task])
+        if dropped:
+            print(f"data.max_prompt_tokens: {dropped} of {len(samples)} {what} prompts of task {task!r} are longer "
+                  f"than {limit} tokens and are dropped" + (f" ({why})" if why else ""))
+        if samples and not kept[task]:
+            raise ConfigError(f"config field `data.max_prompt_tokens` = {limit} is invalid: every {what} prompt of "
+                              f"task {task!r} is longer{f' ({why})' if why else ''}; raise it (a longest prompt: "
+                              f"{max(len(encode_prompt(tokenizer, s.messages)) for s in samples)} tokens) or "
+                              "shorten the prompts", field="data.max_prompt_tokens")
+    return kept
+
+
+def fit_prompts(train: Mapping[str, list[Sample]], heldout: Mapping[str, list[Sample]], policy: Policy,
+                data: C.DataConfig, rollout: C.RolloutConfig) -> tuple[dict, dict]:
+    """Train and held-out rows without the prompts over data.max_prompt_tokens (lowered, with a message, where the
+    model's positions cannot hold it plus rollout.max_new_tokens)."""
+    positions = getattr(policy.model.config, "max_position_embeddings", None)
+    limit, why = prompt_token_limit(data.max_prompt_tokens, rollout.max_new_tokens, positions)
+    return (drop_long_prompts(train, policy.tokenizer, limit, "training", why),
+            drop_long_prompts(heldout, policy.tokenizer, limit, "held-out", why))
+
+
 def split_by_task(train_list: list[Sample], held_list: list[Sample], data: C.DataConfig) -> tuple[dict, dict]:
     """Train and held-out samples by task (grpo/run/setup_parts.load_samples split them); held-out capped at
     data.eval_size per task."""
