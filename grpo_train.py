@@ -33,7 +33,8 @@ from grpo.data.batching import TaskBalancedSampler
 from grpo.data.jsonio import DataFileError
 from grpo.grading.graders import GraderError, graders_help, preflight
 from grpo.grading.judge import Judge
-from grpo.grading.scoring import per_step_counts, reward_metrics, score_rollouts
+from grpo.grading.scoring import (check_fallback_share, fallback_shares, per_step_counts, reward_metrics,
+                                  score_rollouts)
 from grpo.models.distributed import make_dist, relaunch_on_cpu, requested_cpu_processes
 from grpo.models.modeling import check_4bit_available, has_dropout, rebase_reference, reference, save_pretrained
 from grpo.models.pretrained import ModelPackageMissing, check_model_name
@@ -210,6 +211,7 @@ def rl_step(run: Run, step: int) -> dict[str, float]:
                                                  clip=cfg.loss.adv_clip)
     metrics.update(adv_metrics)
     metrics.update(reward_metrics(scored, run.tasks))
+    metrics.update(fallback_shares(scored, run.specs))  # tasks whose judge has a fallback grader
     metrics.update(step_answer_metrics([s.rollout.sample.task for s in scored], [s.rollout.text for s in scored],
                                        [s.reward for s in scored], cfg.rollout.k))  # what the doctor reads
     t2 = time.perf_counter()
@@ -247,6 +249,7 @@ def rl_step(run: Run, step: int) -> dict[str, float]:
     metrics = {k: v if isinstance(v, (str, int)) else float(v) for k, v in metrics.items()}
     metrics.update(consult_doctor(run, metrics))
     run.tracker.log(metrics, step)
+    check_fallback_share(metrics, cfg.judge.max_fallback_share, step)  # after the step is logged
     if cfg.train.sample_every and step % cfg.train.sample_every == 0 and dist.is_main:
         write_samples(run.run_dir, run.tracker, scored, step)
     return metrics

@@ -259,3 +259,96 @@ def test_completions_longer_than_the_model_positions_are_refused_before_training
     code, text = run_cli(tmp_path, "--rollout.max_new_tokens", "600")  # the tiny model has 512 positions
     assert code == 2 and "config field `rollout.max_new_tokens` = 600" in text and "512 positions" in text, text
     assert_retry_not_blocked(tmp_path)
+
+
+# ------------------------------------------------------------------------------------- the judge: tried before the model
+JUDGE = ["--judge.api_key_env", "", "--judge.max_retries", "0", "--judge.timeout_s", "5", "--train.max_steps", "2"]
+REFUSED = "http://127.0.0.1:9/v1"  # nothing listens on port 9
+
+
+def _metrics(folder: Path) -> list[dict]:
+    return [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines() if '"time/step"' in line]
+
+
+@pytest.mark.parametrize("status", [None, 500, 401], ids=["refused", "http-500", "http-401"])
+def test_a_failing_judge_without_fallback_stops_before_the_model(tmp_path, status):
+    from tests.judge_server import JudgeServer, Reply
+
+    with JudgeServer(reply=lambda body, n: Reply(status=status or 200)) as server:
+        url = REFUSED if status is None else server.url
+        code, text = run_cli(tmp_path, *JUDGE, "--judge.base_url", url, "--rewards.fairness", "llm_judge:1.0")
+    assert code == 2, text
+    assert "task 'fairness', grader 'llm_judge': the judge at judge.base_url=" in text and url in text, text
+    assert "failed its trial call" in text and "Traceback" not in text
+    assert not (tmp_path / "r").exists()  # nothing made: before the run folder and the model
+
+
+def test_a_failing_judge_with_a_fallback_logs_its_share_and_stops_past_the_limit(tmp_path):
+    argv = [*JUDGE, "--judge.base_url", REFUSED, "--rewards.fairness", "llm_judge:1.0|format"]
+    code, text = run_cli(tmp_path, *argv, "--judge.max_fallback_share", "1")  # allowed: trains on the fallback
+    assert code == 0, text
+    assert "failed its trial call" in text and "rewards will come from the fallback 'format'" in text
+    rows = _metrics(tmp_path / "r")
+    assert [r["reward/fairness/fallback_share"] for r in rows] == [1.0, 1.0]
+    assert all("reward/hallucination/fallback_share" not in r for r in rows)  # no fallback there: no share
+    code, text = run_cli(tmp_path, *argv, name="s")  # default judge.max_fallback_share = 0.5
+    assert code == 1, text
+    assert ("step 1: 100% of task 'fairness''s rewards came from its fallback grader, above "
+            "judge.max_fallback_share=0.5") in text and "Traceback" not in text
+    assert _metrics(tmp_path / "s")[0]["reward/fairness/fallback_share"] == 1.0  # the step is logged first
+    assert_retry_not_blocked(tmp_path, "s")
+
+
+def test_a_working_judge_is_called_once_per_judged_task_before_the_model(tmp_path):
+    from tests.judge_server import JudgeServer
+
+    with JudgeServer() as server:
+        code, text = run_cli(tmp_path, *JUDGE, "--judge.base_url", server.url, "--rewards.fairness", "llm_judge:1.0",
+                             "--rewards.hallucination", "llm_judge:1.0", "--train.max_steps", "1",
+                             "--data.eval_size", "1", "--train.sample_every", "0", "--judge.cache_path",
+                             str(tmp_path / "cache.sqlite"), "--model.name", "/nonexistent/model")
+        assert code == 2 and "model.name" in text, text  # stopped at the model: after the judge's trial calls
+        assert server.count == 2
+
+
+def test_fallback_shares_count_the_fallback_providers():
+    from grpo.core.records import Rollout
+    from grpo.core.records import Scored
+    from grpo.grading.scoring import RewardSpec, check_fallback_share, fallback_shares
+
+    def scored(task, provider):
+        sample = _sample("1", task=task)
+        rollout = Rollout(sample=sample, prompt_ids=(1,), completion_ids=(2,), text="x", stopped=True, truncated=False)
+        return Scored(rollout=rollout, reward=0.5, parts={}, provider=provider)
+
+    specs = {"a": RewardSpec("a", (("llm_judge", 1.0),), fallback="format"), "b": RewardSpec("b", (("format", 1.0),))}
+    rows = [scored("a", "fallback:format"), scored("a", "judge:m"), scored("a", "cache:m"),
+            scored("a", "fallback:format"), scored("b", "rule")]
+    shares = fallback_shares(rows, specs)
+    assert shares == {"reward/a/fallback_share": 0.5}
+    check_fallback_share(shares, 0.5, step=3)  # at the limit: goes on
+    with pytest.raises(ValueError, match=r"step 3: 50% of task 'a''s rewards .* judge.max_fallback_share=0.4"):
+        check_fallback_share(shares, 0.4, step=3)
+
+
+# ------------------------------------------------------------------------------------- judge settings: one line, exit 2
+@pytest.mark.parametrize("argv,culprit", [
+    (["--judge.api_key_env", "GRPO_NO_SUCH_KEY_VAR"], "environment variable 'GRPO_NO_SUCH_KEY_VAR' is not set"),
+    (["--judge.kind", "anthropic", "--judge.api_key_env", ""], "pip install anthropic"),
+    (["--judge.api_key_env", "sk-proj-Abc123SECRETvalue0987654321xyz"], "config field `judge.api_key_env`"),
+], ids=["no-key-in-env", "anthropic-without-sdk", "key-pasted-into-env-field"])
+def test_judge_settings_a_user_gets_wrong_end_in_one_line(tmp_path, argv, culprit, monkeypatch):
+    monkeypatch.delenv("GRPO_NO_SUCH_KEY_VAR", raising=False)
+    if "anthropic" in argv and _has("anthropic"):
+        pytest.skip("the anthropic SDK is installed here")
+    code, text = run_cli(tmp_path, "--judge.base_url", REFUSED, "--rewards.fairness", "llm_judge:1.0", *argv)
+    assert code == 2, text
+    assert culprit in text and "Traceback" not in text, text
+    assert "SECRET" not in text
+    assert not (tmp_path / "r").exists()
+
+
+def _has(module: str) -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec(module) is not None
