@@ -352,3 +352,43 @@ def _has(module: str) -> bool:
     import importlib.util
 
     return importlib.util.find_spec(module) is not None
+
+
+# ------------------------------------------------------------------------------------- --resume auto and crafted folders
+def _manifest(folder: Path, version: int, names: list[str]) -> None:
+    import hashlib
+
+    files = {n: {"sha256": hashlib.sha256((folder / n).read_bytes()).hexdigest(), "bytes": (folder / n).stat().st_size}
+             for n in names}
+    (folder / "manifest.json").write_text(json.dumps({"format_version": version, "step": 9, "files": files}))
+
+
+def _craft(root: Path, kind: str) -> Path:
+    folder = root / "checkpoints" / "step_000009"
+    folder.mkdir(parents=True)
+    (folder / "config.json").write_text("{}")
+    if kind == "legacy-pickle":
+        (folder / "state.pt").write_bytes(b"not loaded")
+        _manifest(folder, 1, ["state.pt", "config.json"])
+    elif kind == "manifest-lists-nothing":
+        _manifest(folder, 2, [])
+    elif kind == "no-manifest":
+        pass
+    elif kind == "unknown-version":
+        _manifest(folder, 7, ["config.json"])
+    return folder
+
+
+@pytest.mark.parametrize("kind", ["legacy-pickle", "manifest-lists-nothing", "no-manifest", "unknown-version"])
+def test_resume_auto_skips_a_newer_unusable_folder_and_says_so(tmp_path, kind, capsys):
+    import torch
+
+    from grpo.run import checkpoint as ckpt
+
+    good = ckpt.save(tmp_path, 3, {"step": 3, "weights": {"w": torch.arange(3.0)}}, {"a": 1}, keep_last=3)
+    crafted = _craft(tmp_path, kind)
+    assert ckpt.resolve_resume(tmp_path, "auto") == good
+    err = capsys.readouterr().err
+    assert str(crafted) in err and "skipped, trying the previous checkpoint" in err, err
+    if kind == "legacy-pickle":  # with the switch the legacy folder is the newest usable one
+        assert ckpt.resolve_resume(tmp_path, "auto", trust_pickle=True) == crafted

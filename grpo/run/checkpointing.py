@@ -109,8 +109,8 @@ def save_checkpoint(run: Run) -> Path:
 
 def resume(run: Run, where: str) -> None:
     """Load the checkpoint `where` ("auto" = newest complete one of the run folder) into `run`."""
-    folder = ckpt.resolve_resume(run.run_dir, where)
     trust = run.cfg.checkpoint.trust_pickle
+    folder = ckpt.resolve_resume(run.run_dir, where, trust)
     state, saved_cfg = ckpt.load(folder, trust_pickle=trust)
     diffs = ckpt.config_differences(saved_cfg, C.to_dict(run.cfg), config_defaults(run.cfg))
     if diffs:
