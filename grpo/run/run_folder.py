@@ -56,7 +56,7 @@ def prepare_run_dir(path: str | Path, resume: str, overwrite: bool) -> Path:
     if not entries:
         (path / RESTARTABLE).write_text("no checkpoint yet: a fresh start may reuse this folder\n")
         return path
-    if RESTARTABLE in entries:  # a run that stopped before its first checkpoint: nothing to keep
+    if RESTARTABLE in entries and not any((path / "checkpoints").glob("step_*")):  # stopped before a checkpoint
         print(f"note: {path} holds a run that stopped before its first checkpoint; starting it again")
         overwrite = True
     if not overwrite:
@@ -82,7 +82,7 @@ def blocks_fresh_start(path: str | Path) -> bool:
     if not path.is_dir():
         return False
     entries = {p.name for p in path.iterdir()}
-    return bool(entries) and RESTARTABLE not in entries
+    return bool(entries) and (RESTARTABLE not in entries or any((path / "checkpoints").glob("step_*")))
 
 
 def run_started(path: str | Path) -> None:
