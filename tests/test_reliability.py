@@ -413,3 +413,25 @@ def test_the_doctor_does_not_advise_a_learning_rate_for_broken_rewards(value):
     rl(rows)[6]["loss/total"] = float("nan")  # not a reward: the step size is still the advice
     (bad,) = [f for f in check(rows, TH, BANDS, config=CONFIG) if f.code == "non_finite"]
     assert "train.lr=" in bad.suggestion
+
+
+# ------------------------------------------------------------------------------------- settings that were accepted
+@pytest.mark.parametrize("argv,field", [
+    (["--train.seed", "-1"], "train.seed"),
+    (["--train.weight_decay", "-5"], "train.weight_decay"),
+    (["--loss.adv_clip", "0"], "loss.adv_clip"),
+    (["--loss.adv_clip", "-2"], "loss.adv_clip"),
+    (["--model.lora_alpha", "-16"], "model.lora_alpha"),
+    (["--model.tiny_vocab", "1"], "model.tiny_vocab"),
+    (["--run-name", "../escape"], "train.run_name"),
+    (["--run-name", "/tmp/elsewhere"], "train.run_name"),
+], ids=lambda v: "_".join(v) if isinstance(v, list) else v)
+def test_a_bad_setting_stops_before_anything_naming_its_field(tmp_path, argv, field):
+    out = tmp_path / "runs"
+    err, std = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(std):
+        code = G.cli([*TINY, "--train.output_dir", str(out), *argv])
+    text = err.getvalue() + std.getvalue()
+    assert code == 2, text
+    assert f"config field `{field}` = " in text and "Traceback" not in text, text
+    assert not out.exists() and not (tmp_path / "escape").exists()
