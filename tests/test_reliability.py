@@ -435,3 +435,13 @@ def test_a_bad_setting_stops_before_anything_naming_its_field(tmp_path, argv, fi
     assert code == 2, text
     assert f"config field `{field}` = " in text and "Traceback" not in text, text
     assert not out.exists() and not (tmp_path / "escape").exists()
+
+
+@pytest.mark.parametrize("resume", ["auto", "/nonexistent/checkpoint"])
+def test_a_resume_with_nothing_to_resume_leaves_a_folder_a_fresh_start_may_use(tmp_path, resume):
+    code, text = run_cli(tmp_path, "--resume", resume)
+    assert code == 1 and ("no complete checkpoint" in text or "no checkpoint at /nonexistent" in text), text
+    assert "Traceback" not in text
+    assert_retry_not_blocked(tmp_path)
+    code, text = run_cli(tmp_path)  # the same command without --resume
+    assert code == 0, text

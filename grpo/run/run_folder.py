@@ -51,9 +51,9 @@ def prepare_run_dir(path: str | Path, resume: str, overwrite: bool) -> Path:
                                  "--run-name")
     _check_writable(path)
     entries = sorted(p.name for p in path.iterdir())
-    if resume:
+    if resume and entries:
         return path
-    if not entries:
+    if not entries:  # also a --resume into nothing: a retry without --resume may use the folder
         (path / RESTARTABLE).write_text("no checkpoint yet: a fresh start may reuse this folder\n")
         return path
     if RESTARTABLE in entries and not any((path / "checkpoints").glob("step_*")):  # stopped before a checkpoint
