@@ -30,8 +30,7 @@ from grpo.core.health import TrainingUnstable, bad_step_reason
 from grpo.core.kl_control import controller_from_config
 from grpo.core.records import TrainBatch
 from grpo.data.batching import TaskBalancedSampler
-from grpo.data.jsonio import DataFileError
-from grpo.grading.graders import GraderError, graders_help, preflight
+from grpo.grading.graders import graders_help, preflight
 from grpo.grading.judge import Judge
 from grpo.grading.scoring import (check_fallback_share, fallback_shares, per_step_counts, reward_metrics,
                                   score_rollouts)
