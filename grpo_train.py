@@ -30,10 +30,10 @@ from grpo.core.health import TrainingUnstable, bad_step_reason
 from grpo.core.kl_control import controller_from_config
 from grpo.core.records import TrainBatch
 from grpo.data.batching import TaskBalancedSampler
-from grpo.data.jsonio import DataFileError
-from grpo.grading.graders import GraderError, graders_help, preflight
+from grpo.grading.graders import graders_help, preflight
 from grpo.grading.judge import Judge
-from grpo.grading.scoring import per_step_counts, reward_metrics, score_rollouts
+from grpo.grading.scoring import (check_fallback_share, fallback_shares, per_step_counts, reward_metrics,
+                                  score_rollouts)
 from grpo.models.distributed import make_dist, relaunch_on_cpu, requested_cpu_processes
 from grpo.models.modeling import check_4bit_available, has_dropout, rebase_reference, reference, save_pretrained
 from grpo.models.pretrained import ModelPackageMissing, check_model_name
@@ -53,10 +53,12 @@ from grpo.run.pareto import ParetoFrontier, require_heldout_rows
 from grpo.run.plot import plot_run
 from grpo.run.report import build_report, format_report
 from grpo.run.run_folder import prepare_run_dir
-from grpo.run.setup_parts import (build_trackers, check_sharding, check_task_entries, choose_device, fresh_optimizer,
-                                  load_samples, parse_task_mix, per_completion_sampling, policy_from_config,
-                                  reward_specs, seed_everything, shares_prompts, split_by_task, stop_token_ids)
-from grpo.run.signals import StopRequest
+from grpo.run.exits import USER_ERRORS, interrupted, user_error
+from grpo.run.setup_parts import (build_trackers, check_sharding, check_task_entries, choose_device, fit_prompts,
+                                  fresh_optimizer, load_samples, parse_task_mix, per_completion_sampling,
+                                  policy_from_config, reward_specs, seed_everything, shares_prompts, split_by_task,
+                                  stop_token_ids)
+from grpo.run.signals import Interrupted, StopRequest, signals_raise
 from grpo.run.state import Run
 from grpo.run.trl_config import read_config_file
 from grpo.run.tracking import NullTracker, format_step_line, progress, write_samples, write_scored
@@ -104,6 +106,7 @@ def setup(cfg: C.Config, *, callables: Mapping[str, Callable[..., Any]] | None =
     # (right after the assistant marker, no leading space)
     corpus = [s.messages[-1]["content"] for s in rows.every] + [s.target for s in rows.every if s.target]
     policy = policy_from_config(cfg.model, device, corpus, seed=cfg.train.seed, loaded=model)
+    train, heldout = fit_prompts(train, heldout, policy, cfg.data, cfg.rollout)  # data.max_prompt_tokens
     if policy.grad_scaler is not None and cfg.multi.combine != "sum":
         raise C.ConfigError(f"multi.combine={cfg.multi.combine!r} needs bf16 or fp32 weights: the per-task gradients "
                             "are not loss-scaled, so fp16 (this GPU has no bf16) would under- or overflow; use "
@@ -216,6 +219,7 @@ def rl_step(run: Run, step: int) -> dict[str, float]:
                                                  clip=cfg.loss.adv_clip)
     metrics.update(adv_metrics)
     metrics.update(reward_metrics(scored, run.tasks))
+    metrics.update(fallback_shares(scored, run.specs))  # tasks whose judge has a fallback grader
     metrics.update(step_answer_metrics([s.rollout.sample.task for s in scored], [s.rollout.text for s in scored],
                                        [s.reward for s in scored], cfg.rollout.k))  # what the doctor reads
     t2 = time.perf_counter()
@@ -253,6 +257,7 @@ def rl_step(run: Run, step: int) -> dict[str, float]:
     metrics = {k: v if isinstance(v, (str, int)) else float(v) for k, v in metrics.items()}
     metrics.update(consult_doctor(run, metrics))
     run.tracker.log(metrics, step)
+    check_fallback_share(metrics, cfg.judge.max_fallback_share, step)  # after the step is logged
     if cfg.train.sample_every and step % cfg.train.sample_every == 0 and dist.is_main:
         write_samples(run.run_dir, run.tracker, scored, step)
     return metrics
@@ -367,6 +372,7 @@ def main(cfg: C.Config, run: Run | None = None) -> Run:
                 break
             if run.dist.any(stop.requested):  # every rank stops after the same step
                 folder = save_checkpoint(run)
+                run.stopped_by = stop.signum
                 say(f"\ninterrupted: checkpoint {folder} written. Resume with:\n  python grpo_train.py "
                       f"--preset {cfg.preset} --run-name {run.run_dir.name} --output-dir {cfg.train.output_dir} "
                       f"--resume auto [your other overrides]")
@@ -432,8 +438,9 @@ def train(config: C.Config | str | Sequence[str] | None = None, *,
 
 
 def cli(argv: list[str]) -> int:
-    """Parse argv into a Config (grpo/config/command_line.py) and run. Exit status: 0 done; 2 a config, data or grader error
-    (found before the model loads); 1 a run failure."""
+    """Parse argv into a Config (grpo/config/command_line.py) and run. Exit status: 0 done; 2 an error of the input
+    found while setting up (config, data, graders, judge, run folder, model.name); 1 a run failure; 130 / 143 stopped
+    by SIGINT / SIGTERM (grpo/run/exits.py)."""
     try:
         cfg, args = parse_trainer_argv(argv, prog="grpo_train.py", description=__doc__, more_help=graders_help(),
                                        read_file=read_config_file)
@@ -451,16 +458,20 @@ def cli(argv: list[str]) -> int:
     except (ModelPackageMissing, C.ConfigError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    try:
-        main(cfg)
-    except (C.ConfigError, GraderError, DataFileError) as e:  # config, data, graders: found before the model loads
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    except (ckpt.CheckpointError, TrainingUnstable, FileNotFoundError, ValueError, KeyError) as e:
-        # known failure modes get their message, not a traceback; the last checkpoint (if any) is intact
-        print(f"error: {type(e).__name__}: {e}", file=sys.stderr)
-        return 1
-    return 0
+    with signals_raise():  # Ctrl-C / SIGTERM before or after the RL loop: a message and 130 / 143
+        try:
+            run = setup(cfg)  # data, graders, judge, run folder, model: what fails here is the user's input
+        except USER_ERRORS as e:
+            return user_error(e, 2)
+        except (Interrupted, KeyboardInterrupt) as e:
+            return interrupted(e, "during set-up")
+        try:
+            main(cfg, run)
+        except (*USER_ERRORS, ckpt.CheckpointError, TrainingUnstable) as e:
+            return user_error(e, 1)  # known failure modes get their message; the last checkpoint (if any) is intact
+        except (Interrupted, KeyboardInterrupt) as e:
+            return interrupted(e, f"in {run.run_dir}")
+    return 128 + run.stopped_by if run.stopped_by else 0
 
 
 def command() -> int:

@@ -21,6 +21,9 @@ from grpo.core.kl_control import CONFIG_FIELDS, NOT_CONFIGURED, RULES, controlle
 ROOT = Path(__file__).resolve().parents[1]
 BAND, ADAPTIVE, FIXED = ({"kl.default.controller": kind} for kind in ("band", "adaptive", "fixed"))
 
+SECRET = "sk-proj-Abc123SECRETvalue0987654321xyz"
+"""What a pasted API key looks like (not a real one)."""
+
 BAD: list[tuple[str, Any, dict[str, Any]]] = [
     # (dotted field, a bad value, other overrides it needs) -- on top of the demo preset
     ("model.dtype", "float8", {}),
@@ -35,6 +38,10 @@ BAD: list[tuple[str, Any, dict[str, Any]]] = [
     ("model.tiny_layers", 0, {}),
     ("model.tiny_heads", 0, {}),
     ("model.tiny_vocab", 0, {}),
+    ("model.tiny_vocab", 1, {}),  # below the tokenizer's 256 bytes + 6 specials
+    ("model.tiny_vocab", C.TINY_MIN_VOCAB - 1, {}),
+    ("model.lora_alpha", -16, {}),
+    ("model.lora_alpha", 0, {}),
     ("data.task_mix", "fairness=1", {}),
     ("data.heldout_fraction", 1.0, {}),
     ("data.bbq_per_category", 0, {}),
@@ -64,12 +71,21 @@ BAD: list[tuple[str, Any, dict[str, Any]]] = [
     ("loss.dual_clip", 1.0, {}),
     ("loss.mu", 0, {}),
     ("loss.entropy_coef", -0.1, {}),
+    ("loss.adv_clip", 0.0, {}),
+    ("loss.adv_clip", -1.0, {}),
     ("train.max_steps", 0, {}),
     ("train.prompts_per_micro_step", 0, {}),
     ("train.grad_accum", 0, {}),
     ("train.max_consecutive_bad", 0, {}),
     ("train.log_every", 0, {}),
     ("train.lr", 0.0, {}),
+    ("train.weight_decay", -5.0, {}),
+    ("train.seed", -1, {}),
+    ("train.run_name", "../escape", {}),
+    ("train.run_name", "a/b", {}),
+    ("train.run_name", "/tmp/abs", {}),
+    ("train.run_name", "..", {}),
+    ("train.run_name", "a\\b", {}),
     ("train.lr", "abc", {}),  # not a number
     ("train.max_grad_norm", 0.0, {}),
     ("train.skip_grad_norm", 0.0, {}),
@@ -93,6 +109,9 @@ BAD: list[tuple[str, Any, dict[str, Any]]] = [
     ("judge.base_url", "localhost:8000", {}),
     ("judge.fallback_base_url", "ftp://host", {}),
     ("judge.kind", "gemini", {}),
+    ("judge.api_key_env", SECRET, {}),
+    ("judge.max_fallback_share", 1.5, {}),
+    ("judge.max_fallback_share", -0.1, {}),
     ("multi.combine", "mgda", {}),
     ("multi.switch", "never", {}),
     ("multi.cagrad_c", 1.0, {}),
@@ -240,3 +259,32 @@ def test_the_rows_start_from_a_valid_config():
     for _, _, extra in BAD:
         if "rollout.cache_implementation" not in extra:  # that row's extra is only valid with its engine value
             check_config(C.load_config("demo", [f"{k}={v}" for k, v in extra.items()]))
+
+
+def test_tiny_min_vocab_is_what_the_builtin_tokenizer_needs():
+    """C.TINY_MIN_VOCAB (stdlib-only settings cannot import the tokenizer) is the size the tokenizer takes when asked
+    for fewer tokens, and exactly that size is accepted."""
+    from grpo.models.modeling import build_tiny_tokenizer
+
+    assert len(build_tiny_tokenizer(vocab_size=1)) == C.TINY_MIN_VOCAB
+    assert C.load_config("demo", [f"model.tiny_vocab={C.TINY_MIN_VOCAB}"]).model.tiny_vocab == C.TINY_MIN_VOCAB
+
+
+
+@pytest.mark.parametrize("value", [SECRET, "sk_live_abcdef", "AIzaSyD3xAmPlEkEy0000111122223333444",
+                                   "my key", "Bearer abc.def"])
+def test_a_key_pasted_into_api_key_env_is_refused_without_being_printed(value):
+    with pytest.raises(C.ConfigError) as err:
+        C.load_config("demo", [f"judge.api_key_env={value}"])
+    assert err.value.field == "judge.api_key_env"
+    assert value not in str(err.value) and "sk-" not in str(err.value), str(err.value)
+
+
+@pytest.mark.parametrize("value", ["", "OPENAI_API_KEY", "GRPO_TEST_JUDGE_KEY", "my_judge_key"])
+def test_variable_names_are_accepted_in_api_key_env(value):
+    assert C.load_config("demo", [f"judge.api_key_env={value}"]).judge.api_key_env == value
+
+
+@pytest.mark.parametrize("name", ["run-1", "demo-20260101", "a.b", "..x"])
+def test_plain_run_names_are_accepted(name):
+    assert C.load_config("demo", [f"train.run_name={name}"]).train.run_name == name

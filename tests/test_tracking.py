@@ -229,12 +229,13 @@ def test_a_fresh_run_into_a_used_run_folder_stops_with_both_ways_out(tmp_path):
     run = tmp_path / "runs" / "r"
     assert prepare_run_dir(run, resume="", overwrite=False) == run and run.is_dir()  # created
     (run / "metrics.jsonl").write_text('{"step": 1}\n')
-    (run / "checkpoints").mkdir()
+    (run / "checkpoints" / "step_000001").mkdir(parents=True)  # a checkpoint: the folder is no longer restartable
     with pytest.raises(RunFolderError) as err:
         prepare_run_dir(run, resume="", overwrite=False)
     assert str(run) in str(err.value) and "--resume auto" in str(err.value) and "--overwrite" in str(err.value)
     assert prepare_run_dir(run, resume="auto", overwrite=False) == run and (run / "metrics.jsonl").exists()
-    assert prepare_run_dir(run, resume="", overwrite=True) == run and list(run.iterdir()) == []
+    assert prepare_run_dir(run, resume="", overwrite=True) == run
+    assert [p.name for p in run.iterdir()] == [".restartable"]  # a fresh start, restartable until its checkpoint
     other = tmp_path / "home"
     (other / "notes").mkdir(parents=True)
     with pytest.raises(RunFolderError, match="does not look like a run folder"):

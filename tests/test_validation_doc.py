@@ -44,6 +44,8 @@ class Outcome:
 def table_rows() -> list[dict[str, str]]:
     rows = []
     for line in DOC.read_text().splitlines():
+        if line.startswith("## "):  # the table of inputs is the doc's first; later sections have their own tables
+            break
         if not line.startswith("| ") or line.startswith("| input ") or set(line) <= set("|- "):
             continue
         cells = [c.strip() for c in re.split(r"(?<!\\)\|", line.strip().strip("|"))]
@@ -297,6 +299,63 @@ def cuda_oom(tmp, mp):
     return Outcome(err.getvalue())
 
 
+def dual_missing_task(tmp, mp):
+    import shutil
+
+    root = tmp / "data"
+    (root / "bbq").mkdir(parents=True)
+    shutil.copy(ROOT.parent / "shared" / "data" / "bbq" / "Religion.jsonl", root / "bbq" / "Religion.jsonl")
+    out = cli([*TINY, "--preset", "dual-bbq-halueval", "--data.data_dir", str(root), "--output-dir", str(tmp / "runs")])
+    assert not (tmp / "runs").exists()
+    return out
+
+
+def duplicate_rows(tmp, mp):
+    from grpo.core.records import Sample
+    from grpo.run.setup_parts import duplicate_report
+
+    rows = [Sample(task="qa", id=i, messages=({"role": "user", "content": "q"},)) for i in "abcabc"]
+    return Outcome("\n".join(f"warning: {line}" for line in duplicate_report(rows)))
+
+
+def long_prompts(tmp, mp):
+    rows = [{"task": "qa", "id": f"s{i}", "prompt": f"short question {i}?"} for i in range(30)]
+    rows += [{"task": "qa", "id": f"l{i}", "prompt": "word " * 300} for i in range(10)]
+    path = tmp / "rows.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    out = cli([*TINY, "--train.max_steps", "1", "--data.source", str(path), "--data.max_prompt_tokens", "64",
+               "--rewards.qa", "tests.trainer_helpers:length_reward:1.0", "--data.eval_size", "4",
+               "--output-dir", str(tmp)])
+    assert out.code == 0, out.text
+    return Outcome(out.text)
+
+
+def model_not_loading(tmp, mp):
+    return cli([*TINY, "--model.name", "/nonexistent/path", "--output-dir", str(tmp)])
+
+
+def judge_trial_call(tmp, mp):
+    return cli([*TINY, "--judge.base_url", "http://127.0.0.1:9/v1", "--judge.api_key_env", "",
+                "--judge.max_retries", "0", "--rewards.fairness", "llm_judge:1.0", "--output-dir", str(tmp)])
+
+
+def judge_settings(tmp, mp):
+    mp.delenv("GRPO_NO_SUCH_KEY_VAR", raising=False)
+    return cli([*TINY, "--judge.base_url", "http://127.0.0.1:9/v1", "--judge.api_key_env", "GRPO_NO_SUCH_KEY_VAR",
+                "--rewards.fairness", "llm_judge:1.0", "--output-dir", str(tmp)])
+
+
+def ckpt_crafted_newer(tmp, mp):
+    good = ckpt.save(tmp, 3, {"step": 3, "weights": {"w": torch.arange(3.0)}}, {"a": 1}, keep_last=3)
+    crafted = tmp / "checkpoints" / "step_000009"
+    crafted.mkdir()
+    (crafted / "manifest.json").write_text(json.dumps({"format_version": 2, "step": 9, "files": {}}))
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):
+        assert ckpt.resolve_resume(tmp, "auto") == good
+    return Outcome(err.getvalue())
+
+
 TRIALS = {
     "config value (type, range, choice)": config_error("--rollout.k", "1"),
     "config value of the wrong type": config_error("--train.lr", "abc"),
@@ -330,6 +389,14 @@ TRIALS = {
     "`accelerate launch --cpu --num_processes N` (accelerate starts one process)": cpu_relaunch,
     "a checkpoint from another process count": other_process_count,
     "CUDA out of memory in the update": cuda_oom,
+    "a task the preset names without rows (`halueval/` missing, or only absent HaluEval subsets)": dual_missing_task,
+    "duplicate rows or ids in task data": duplicate_rows,
+    "prompts longer than `data.max_prompt_tokens`": long_prompts,
+    "`model.name` that does not load (a missing path, a pickle file, a folder without a model)": model_not_loading,
+    "a judge that fails its trial call (refused, HTTP error, no score), no fallback grader": judge_trial_call,
+    "a judge setting a user gets wrong (no key in the variable, `judge.kind=anthropic` without its SDK, a key pasted "
+    "into `judge.api_key_env`)": judge_settings,
+    "checkpoints: a crafted or legacy folder newer than the good ones": ckpt_crafted_newer,
 }
 ROWS = table_rows()
 

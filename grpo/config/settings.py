@@ -16,6 +16,7 @@ import dataclasses
 import difflib
 import json
 import math
+import re
 import types
 import typing
 from dataclasses import dataclass, field
@@ -38,6 +39,18 @@ def field_error(name: str, value: Any, fix: str) -> ConfigError:
     return ConfigError(f"config field `{name}` = {value!r} is invalid: {fix}", field=name)
 
 
+def _inside_folder(name: str) -> bool:
+    """True when `name` is one plain folder name: no separator, not absolute, not `.` or `..`."""
+    return "/" not in name and "\\" not in name and name not in (".", "..") and not name.startswith("~") \
+        and ":" not in name[:2]
+
+
+def _env_name(value: str) -> bool:
+    """True when `value` reads as an environment variable's name, not as a pasted secret."""
+    long_mixed = len(value) >= 32 and not value.isupper()  # e.g. a 39-character mixed-case key
+    return bool(ENV_NAME.fullmatch(value)) and not value.startswith(KEY_PREFIXES) and not long_mixed
+
+
 def _check(ok: bool, name: str, value: Any, fix: str) -> None:
     if not ok:
         raise field_error(name, value, fix)
@@ -52,6 +65,12 @@ def _one_of(name: str, value: Any, allowed: typing.Iterable[str]) -> None:
 # combine methods, decoding engines, cache implementations) are checked against that registry by
 # grpo/run/config_check.py, which every entry point runs right after building the Config: grpo/config/settings.py imports no torch.
 SHARED_PROMPT_MODES = ("auto", "on", "off")
+TINY_MIN_VOCAB = 256 + 6
+"""The smallest builtin:tiny vocabulary: the byte-level BPE's 256-byte alphabet plus its 6 special tokens
+(grpo/models/modeling.py SPECIAL_TOKENS; tests/test_config_fields.py checks the two agree)."""
+ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,63}")
+"""What an environment variable's name looks like; judge.api_key_env must be one (or empty)."""
+KEY_PREFIXES = ("sk-", "sk_", "sk-ant-", "key-", "Bearer ")
 LLAMA_LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
 
@@ -110,6 +129,7 @@ class ModelConfig:
         _one_of("model.attn_implementation", self.attn_implementation, ("auto", "flash_attention_2", "sdpa", "eager"))
         _check(self.lora_r >= 1, "model.lora_r", self.lora_r, "use a rank >= 1 (8 or 16 are common)")
         _one_of("model.shared_prompt_forward", self.shared_prompt_forward, SHARED_PROMPT_MODES)
+        _check(self.lora_alpha > 0, "model.lora_alpha", self.lora_alpha, "use a scaling numerator > 0 (16 is common)")
         _check(0.0 <= self.lora_dropout < 1.0, "model.lora_dropout", self.lora_dropout, "use a value in [0, 1)")
         _check(not self.load_in_4bit or self.lora, "model.load_in_4bit", self.load_in_4bit,
                "4-bit weights cannot be trained directly: also set model.lora=true (QLoRA)")
@@ -117,6 +137,8 @@ class ModelConfig:
                self.lora_target_modules, "name at least one module, e.g. q_proj,v_proj")
         for f in ("tiny_hidden", "tiny_layers", "tiny_heads", "tiny_vocab"):
             _check(getattr(self, f) >= 1, f"model.{f}", getattr(self, f), "use a positive integer")
+        _check(self.tiny_vocab >= TINY_MIN_VOCAB, "model.tiny_vocab", self.tiny_vocab,
+               f"the built-in tokenizer needs at least {TINY_MIN_VOCAB} tokens (256 bytes + 6 special tokens)")
         _check(self.tiny_hidden % self.tiny_heads == 0, "model.tiny_hidden", self.tiny_hidden,
                f"must be divisible by model.tiny_heads={self.tiny_heads}")
 
@@ -148,7 +170,9 @@ class DataConfig:
     system_prompt: str = ""
     """Optional system message for every prompt (SFT, rollouts and log-prob passes alike)."""
     max_prompt_tokens: int = 512
-    """Prompts longer than this (after the chat template) are dropped with a count."""
+    """Prompts longer than this (after the chat template) are dropped with a count per task, once the model is loaded
+    (grpo/run/setup_parts.fit_prompts); lowered, with a message, where the model's positions
+    (config.max_position_embeddings) cannot hold it plus rollout.max_new_tokens."""
     task_mix: str = ""
     """Share of each task in every RL batch, "fairness:1,hallucination:2"; empty = equal shares."""
 
@@ -254,6 +278,8 @@ class LossConfig:
                "use None or a value > 1 (verl uses 3)")
         _check(self.mu >= 1, "loss.mu", self.mu, "use mu >= 1")
         _check(self.entropy_coef >= 0, "loss.entropy_coef", self.entropy_coef, "use a value >= 0")
+        _check(self.adv_clip is None or self.adv_clip > 0, "loss.adv_clip", self.adv_clip,
+               "use None (off) or a clamp > 0, e.g. 5")
 
 
 @dataclass
@@ -340,6 +366,11 @@ class TrainConfig:
         for f in ("max_steps", "prompts_per_micro_step", "grad_accum", "max_consecutive_bad", "log_every"):
             _check(getattr(self, f) >= 1, f"train.{f}", getattr(self, f), "use a positive integer")
         _check(self.lr > 0, "train.lr", self.lr, "use a learning rate > 0, e.g. 1e-5")
+        _check(self.weight_decay >= 0, "train.weight_decay", self.weight_decay, "use a value >= 0 (0 = off)")
+        _check(self.seed >= 0, "train.seed", self.seed, "use an integer >= 0")
+        _check(not self.run_name or _inside_folder(self.run_name), "train.run_name", self.run_name,
+               "use a plain folder name (no path separators, no '..', not absolute): runs stay inside "
+               "train.output_dir")
         _check(self.max_grad_norm > 0, "train.max_grad_norm", self.max_grad_norm, "use a value > 0, e.g. 1.0")
         _check(self.skip_grad_norm > 0, "train.skip_grad_norm", self.skip_grad_norm, "use a value > 0")
         for f in ("warmup_steps", "eval_every", "sample_every"):
@@ -406,6 +437,10 @@ class JudgeConfig:
     """Judge calls in flight at once (thread pool)."""
     cache_path: str = ""
     """SQLite cache of real judge answers; empty = <run folder>/judge_cache.sqlite."""
+    max_fallback_share: float = 0.5
+    """With a fallback grader (`llm_judge:1.0|bbq_rule`): the run stops (exit 1) when more than this share of a
+    step's rewards of one task came from the fallback; reward/<task>/fallback_share logs the share every step.
+    1 = never stop."""
 
     def __post_init__(self) -> None:
         for f in ("timeout_s", "rate_limit_per_s"):
@@ -417,6 +452,12 @@ class JudgeConfig:
             _check(not url or url.startswith(("http://", "https://")), f"judge.{name}", url,
                    "use an http(s) URL such as http://127.0.0.1:8000/v1")
         _one_of("judge.kind", self.kind, ("openai", "anthropic"))
+        _check(not self.api_key_env or _env_name(self.api_key_env), "judge.api_key_env",
+               "<hidden: it looks like a key, not a variable name>",
+               "give the NAME of the environment variable that holds the key (e.g. OPENAI_API_KEY), never the "
+               "key itself; the value is not printed")
+        _check(0.0 <= self.max_fallback_share <= 1.0, "judge.max_fallback_share", self.max_fallback_share,
+               "use a share in [0, 1] (1 = never stop)")
 
 
 @dataclass

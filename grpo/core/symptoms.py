@@ -507,10 +507,19 @@ def _non_finite(d: Window, _found: list[Finding]) -> list[Finding]:
     bad = [k for k, v in row.items() if isinstance(v, float) and not math.isfinite(v)]
     if not bad:
         return []
-    return [_non_finite_finding(", ".join(f"{k} (step {d.last_step})" for k in bad[:5]), d.config)]
+    return [_non_finite_finding(", ".join(f"{k} (step {d.last_step})" for k in bad[:5]), d.config, bad)]
 
 
-def _non_finite_finding(where: str, config: Mapping[str, Any]) -> Finding:
+def _non_finite_finding(where: str, config: Mapping[str, Any], keys: Sequence[str] = ()) -> Finding:
+    """Non-finite metrics. When a reward is among them (every reward of a task None, or a grader returning inf /
+    NaN), the cause is the grader, not the step size: the advice names the task's reward spec, not train.lr."""
+    rewards = [k for k in keys if k.startswith(("reward/", "eval/"))]
+    if rewards:
+        task = rewards[0].split("/")[1]
+        fix = (f"fix the rewards of task {task!r} (rewards.{task}): its graders gave no finite reward (every reward "
+               "None: the judge or a grader failed, see judge/failures and reward/<task>/failed; or a grader "
+               "returned inf / NaN); a smaller train.lr cannot help")
+        return Finding("red", "non_finite", f"non-finite metric values: {where}", fix, task)
     return Finding("red", "non_finite", f"non-finite metric values: {where}",
                    _try("train.lr", _scaled(config, "train.lr", 0.5),
                         "look at the first step listed; check the rewards for NaN too"))
@@ -537,7 +546,8 @@ def whole_run(history: Sequence[Mapping[str, Any]], th: HealthThresholds, config
                 if isinstance(value, float) and not math.isfinite(value):
                     bad.setdefault(key, int(row.get("step", i)))
         if bad:
-            out.append(_non_finite_finding(", ".join(f"{k} (step {s})" for k, s in list(bad.items())[:5]), config))
+            out.append(_non_finite_finding(", ".join(f"{k} (step {s})" for k, s in list(bad.items())[:5]), config,
+                                           list(bad)))
     steps = len(series(history, "health/skipped")) or sum(is_rl_row(r) for r in history)
     skipped = sum(v for _, v in series(history, "health/skipped") if v > 0)
     restored = sum(v for _, v in series(history, "health/restored") if v > 0)

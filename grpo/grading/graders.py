@@ -307,7 +307,9 @@ def preflight(specs: Mapping[str, Any], samples_by_task: Mapping[str, Sequence[S
     """Resolve every grader of every task and call it once on the task's first row; return the graders by name
     (keep them: a reward model is loaded here, once). Completions tried: the row's target and `PREFLIGHT_TEXT`;
     their ids come from `encode` (the policy tokenizer's, when it is loaded; UTF-8 bytes otherwise). A task using
-    "llm_judge" needs `judge`, whose rubric for the task is loaded and filled with the row (no call is made).
+    "llm_judge" needs `judge`, whose rubric for the task is loaded and filled with the row, and which is called
+    once on it: a judge that fails (refused, unreachable, no score in its reply) is a problem unless the task's spec
+    has a fallback grader (`llm_judge:1.0|bbq_rule`), which is then named in a warning.
 
     Raises GraderError listing every broken (task, grader) with what went wrong."""
     problems: list[str] = []
@@ -325,7 +327,7 @@ def preflight(specs: Mapping[str, Any], samples_by_task: Mapping[str, Sequence[S
         rollouts = _preflight_rollouts(rows[0], encode or _utf8)
         for name in dict.fromkeys([n for n, _ in spec.terms] + ([spec.fallback] if spec.fallback else [])):
             if name == JUDGE_TERM:
-                problems += _judge_problem(task, judge, rollouts[0])
+                problems += _judge_problem(task, judge, rollouts[0], getattr(spec, "fallback", None))
             elif name in graders:
                 try:
                     graders[name].grade(rollouts)
@@ -337,15 +339,28 @@ def preflight(specs: Mapping[str, Any], samples_by_task: Mapping[str, Sequence[S
     return graders
 
 
-def _judge_problem(task: str, judge: Any, rollout: Rollout) -> list[str]:
+def _judge_problem(task: str, judge: Any, rollout: Rollout, fallback: str | None = None) -> list[str]:
+    """[] when the judge scores the task's first row; else the problem, or (with a fallback) a warning and []."""
+    from grpo.grading.judge import JudgeItem
+
     if judge is None:
         return [f"task {task!r}, grader {JUDGE_TERM!r}: no judge is configured (set judge.base_url)"]
+    prompt = "\n\n".join(m["content"] for m in rollout.sample.messages)
     try:
-        prompt = "\n\n".join(m["content"] for m in rollout.sample.messages)
         judge.rubric(task).render(prompt, rollout.text, rollout.sample.gold)
     except Exception as err:  # a rubric file that does not load or format
         return [f"task {task!r}, grader {JUDGE_TERM!r}: its rubric fails: {type(err).__name__}: {err}"]
-    return []
+    result = judge.score_one(JudgeItem(task, prompt, rollout.text, dict(rollout.sample.gold)))
+    if result.score is not None:
+        return []
+    where = f"the judge at judge.base_url={judge.cfg.base_url!r} (judge.model={judge.cfg.model!r})"
+    if fallback:
+        print(f"warning: task {task!r}: {where} failed its trial call ({result.error}); its rewards will come from "
+              f"the fallback {fallback!r}, the run stops when more than judge.max_fallback_share="
+              f"{judge.cfg.max_fallback_share:g} of a step's rewards do", file=sys.stderr)
+        return []
+    return [f"task {task!r}, grader {JUDGE_TERM!r}: {where} failed its trial call: {result.error}; fix the judge "
+            f"settings, or give the task a fallback grader (rewards.{task}=\"llm_judge:1.0|<rule grader>\")"]
 
 
 def builtin_graders() -> dict[str, str]:

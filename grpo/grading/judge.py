@@ -168,6 +168,11 @@ def _retry_after(err: Exception) -> float | None:
     return None
 
 
+class JudgeSetupError(RuntimeError, ValueError):
+    """The judge cannot be built from its settings (no key in the named variable): the message names the setting.
+    A ValueError too, so the entry points report it in one line like every other bad setting."""
+
+
 class _Client:
     """A provider's SDK client; `complete` returns the reply text or raises _CallError."""
 
@@ -176,16 +181,17 @@ class _Client:
         self.timeout_s, self.temperature, self.max_tokens = timeout_s, temperature, max_tokens
         key = os.environ.get(provider.api_key_env) if provider.api_key_env else NO_KEY
         if not key:
-            raise RuntimeError(
-                f"judge provider {provider.name!r}: environment variable {provider.api_key_env!r} is not set; "
-                "export it, or set api_key_env='' for a server that needs no key"
+            raise JudgeSetupError(
+                f"judge provider {provider.name!r}: environment variable {provider.api_key_env!r} is not set "
+                "(judge.api_key_env); export it, or set judge.api_key_env='' for a server that needs no key"
             )
         if provider.kind == "anthropic":
             try:
                 import anthropic as sdk  # lazy: optional dependency
             except ImportError as err:
                 raise ImportError(
-                    f"judge provider {provider.name!r} needs the Anthropic SDK: pip install anthropic"
+                    f"judge provider {provider.name!r} (judge.kind=anthropic) needs the Anthropic SDK: "
+                    "pip install anthropic"
                 ) from err
             self._client: Any = sdk.Anthropic(api_key=key, base_url=provider.base_url, max_retries=0)
         else:

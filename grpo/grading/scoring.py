@@ -202,3 +202,31 @@ def reward_metrics(scored: list[Scored], tasks: list[str]) -> dict[str, float]:
             mean, std, _ = _mean_std([s.parts.get(term) for s in mine])
             out[f"rewards/{t}/{term}/mean"], out[f"rewards/{t}/{term}/std"] = mean, std
     return out
+
+
+class FallbackShareExceeded(ValueError):
+    """More of a step's rewards of one task came from the fallback grader than judge.max_fallback_share allows."""
+
+
+def fallback_shares(scored: list[Scored], specs: Mapping[str, RewardSpec]) -> dict[str, float]:
+    """reward/<task>/fallback_share: the share of the step's rewards of each task WITH a fallback grader that came
+    from it (provider "fallback:<name>": the judge failed on those). Tasks without a fallback get no entry."""
+    out: dict[str, float] = {}
+    for task in sorted({s.rollout.sample.task for s in scored}):
+        if specs[task].fallback:
+            providers = [s.provider for s in scored if s.rollout.sample.task == task]
+            out[f"reward/{task}/fallback_share"] = sum(p.startswith("fallback:") for p in providers) / len(providers)
+    return out
+
+
+def check_fallback_share(metrics: Mapping[str, Any], max_share: float, step: int) -> None:
+    """Raise FallbackShareExceeded naming the task and judge.max_fallback_share when a step's fallback share of a
+    task is above `max_share` (the judge has stopped answering; training on the fallback alone is not this run)."""
+    for key, share in metrics.items():
+        if key.endswith("/fallback_share") and share > max_share:
+            task = key.split("/")[1]
+            raise FallbackShareExceeded(
+                f"step {step}: {share:.0%} of task {task!r}'s rewards came from its fallback grader, above "
+                f"judge.max_fallback_share={max_share:g}: the judge is failing (judge/failures in metrics.jsonl); "
+                "fix the judge and run again (--resume auto continues from the last checkpoint, if any), or raise "
+                "judge.max_fallback_share (1 = never stop)")

@@ -168,27 +168,45 @@ def list_complete(run_dir: Path) -> list[Path]:
     return sorted(p for p in root.iterdir() if p.is_dir() and p.name.startswith(PREFIX) and (p / MANIFEST).exists())
 
 
-def find_resumable(run_dir: Path) -> Path | None:
-    """The newest checkpoint of `run_dir` that verifies; broken ones are reported by name and skipped."""
+def unusable(folder: Path, manifest: dict[str, Any], trust_pickle: bool = False) -> str | None:
+    """Why a checkpoint whose manifest verifies still cannot be resumed here (None = it can): a legacy pickle
+    without checkpoint.trust_pickle, or a manifest that does not list the files a checkpoint holds (a crafted or
+    hand-made folder)."""
+    if manifest.get("format_version") == LEGACY_VERSION:
+        if not trust_pickle:
+            return f"checkpoint {folder} is in the old pickle format ({LEGACY_STATE}), refused without " \
+                   "checkpoint.trust_pickle"
+        needed = {LEGACY_STATE, "config.json"}
+    else:
+        needed = {TENSORS, STATE_JSON, "config.json"}
+    missing = sorted(needed - set(manifest["files"]))
+    return f"checkpoint {folder}: its {MANIFEST} does not list {missing}" if missing else None
+
+
+def find_resumable(run_dir: Path, trust_pickle: bool = False) -> Path | None:
+    """The newest checkpoint of `run_dir` that verifies and can be loaded here; broken, crafted or (without
+    `trust_pickle`) legacy ones are reported by name and skipped."""
     root = Path(run_dir) / CKPT_DIR
     candidates = sorted((p for p in root.iterdir() if p.is_dir() and p.name.startswith(PREFIX)),
                         reverse=True) if root.is_dir() else []
     for folder in candidates:
         try:
-            verify(folder)
-            return folder
+            why = unusable(folder, verify(folder), trust_pickle)
         except CheckpointError as e:
-            print(f"warning: {e}; trying the previous checkpoint", file=sys.stderr)
+            why = str(e)
+        if why is None:
+            return folder
+        print(f"warning: {why}; skipped, trying the previous checkpoint", file=sys.stderr)
     return None
 
 
-def resolve_resume(run_dir: Path, where: str) -> Path:
+def resolve_resume(run_dir: Path, where: str, trust_pickle: bool = False) -> Path:
     """The checkpoint folder that `--resume WHERE` names, or CheckpointError saying why there is none.
 
     "auto": the newest complete checkpoint of `run_dir`. A checkpoint folder (holding manifest.json): itself. A run
     folder (holding checkpoints/) or its checkpoints/ folder: the newest complete checkpoint in it."""
     if where == "auto":
-        folder = find_resumable(run_dir)
+        folder = find_resumable(run_dir, trust_pickle)
         if folder is None:
             raise CheckpointError(f"--resume auto: no complete checkpoint under {Path(run_dir) / CKPT_DIR}; check "
                                   "--run-name / --output-dir, or start without --resume")
@@ -204,7 +222,7 @@ def resolve_resume(run_dir: Path, where: str) -> Path:
         return path  # verified (and a missing manifest reported) by `load`
     run = path.parent if path.name == CKPT_DIR else path
     if (run / CKPT_DIR).is_dir():
-        folder = find_resumable(run)
+        folder = find_resumable(run, trust_pickle)
         if folder is None:
             raise CheckpointError(f"--resume {where}: the run folder {run} holds no complete checkpoint")
         return folder

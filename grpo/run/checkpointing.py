@@ -16,6 +16,7 @@ from grpo.config import settings as C
 from grpo.models.distributed import Dist, rank_rng_state
 from grpo.models.modeling import Policy
 from grpo.run import checkpoint as ckpt
+from grpo.run.run_folder import run_started
 from grpo.run.setup_parts import fresh_optimizer
 from grpo.run.state import Run
 
@@ -102,13 +103,14 @@ def save_checkpoint(run: Run) -> Path:
     if run.dist.is_main:
         folder = ckpt.save(run.run_dir, run.step, checkpoint_state(run, rng_ranks, gathered), C.to_dict(run.cfg),
                            run.cfg.checkpoint.keep_last)
+        run_started(run.run_dir)  # a checkpoint to resume from: the folder is no longer restartable
     return run.dist.broadcast(folder)  # also a barrier: no rank goes on before the checkpoint is complete
 
 
 def resume(run: Run, where: str) -> None:
     """Load the checkpoint `where` ("auto" = newest complete one of the run folder) into `run`."""
-    folder = ckpt.resolve_resume(run.run_dir, where)
     trust = run.cfg.checkpoint.trust_pickle
+    folder = ckpt.resolve_resume(run.run_dir, where, trust)
     state, saved_cfg = ckpt.load(folder, trust_pickle=trust)
     diffs = ckpt.config_differences(saved_cfg, C.to_dict(run.cfg), config_defaults(run.cfg))
     if diffs:

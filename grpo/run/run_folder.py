@@ -7,7 +7,10 @@
     ways out: `--resume auto` (continue it) or `--overwrite` (delete its contents first); a fresh run never appends
     to another run's metrics or competes with its checkpoints;
   * `overwrite` deletes the contents only of a folder that looks like a run folder (config.json, metrics.jsonl or
-    checkpoints/ in it), so a mistyped --output-dir cannot wipe an unrelated folder.
+    checkpoints/ in it), so a mistyped --output-dir cannot wipe an unrelated folder;
+  * a fresh run marks its folder restartable (RESTARTABLE, written here) until its first checkpoint or its end
+    (`run_started`): a run that failed or was stopped before that left nothing worth keeping, so the same command
+    run again reuses the folder (its contents deleted) instead of asking for --resume auto or --overwrite.
 """
 
 from __future__ import annotations
@@ -18,6 +21,8 @@ from pathlib import Path
 
 RUN_MARKERS = ("config.json", "metrics.jsonl", "checkpoints")
 """Entries that only a grpo-dual run writes: a folder holding one of them may be overwritten."""
+RESTARTABLE = ".restartable"
+"""Marker of a run folder whose run has not written a checkpoint yet: a fresh start may reuse it."""
 SHOWN_ENTRIES = 5  # enough names to recognise the folder in the message
 
 
@@ -46,8 +51,14 @@ def prepare_run_dir(path: str | Path, resume: str, overwrite: bool) -> Path:
                                  "--run-name")
     _check_writable(path)
     entries = sorted(p.name for p in path.iterdir())
-    if resume or not entries:
+    if resume and entries:
         return path
+    if not entries:  # also a --resume into nothing: a retry without --resume may use the folder
+        (path / RESTARTABLE).write_text("no checkpoint yet: a fresh start may reuse this folder\n")
+        return path
+    if RESTARTABLE in entries and not any((path / "checkpoints").glob("step_*")):  # stopped before a checkpoint
+        print(f"note: {path} holds a run that stopped before its first checkpoint; starting it again")
+        overwrite = True
     if not overwrite:
         shown = ", ".join(entries[:SHOWN_ENTRIES]) + (", ..." if len(entries) > SHOWN_ENTRIES else "")
         raise RunFolderError(f"run folder {path} is not empty ({shown}): a fresh run there would mix with the run "
@@ -61,4 +72,19 @@ def prepare_run_dir(path: str | Path, resume: str, overwrite: bool) -> Path:
             shutil.rmtree(entry)
         else:
             entry.unlink()
+    (path / RESTARTABLE).write_text("no checkpoint yet: a fresh start may reuse this folder\n")
     return path
+
+
+def blocks_fresh_start(path: str | Path) -> bool:
+    """True when a fresh run into `path` would stop (a folder with contents, not marked restartable)."""
+    path = Path(path)
+    if not path.is_dir():
+        return False
+    entries = {p.name for p in path.iterdir()}
+    return bool(entries) and (RESTARTABLE not in entries or any((path / "checkpoints").glob("step_*")))
+
+
+def run_started(path: str | Path) -> None:
+    """The run in `path` wrote a checkpoint (or finished): from now on only --resume or --overwrite reuse it."""
+    (Path(path) / RESTARTABLE).unlink(missing_ok=True)

@@ -7,6 +7,7 @@ The entry point hands each function one config section (or plain values); nothin
 from __future__ import annotations
 
 import os
+import pickle
 import random
 import sys
 from dataclasses import dataclass
@@ -72,9 +73,32 @@ def load_samples(data, seed: int, tasks: Mapping[str, Any] | None = None) -> Run
         loaded = load_sources(tasks, data.heldout_fraction, system_prompt=data.system_prompt)
         train, heldout = train + loaded.train, heldout + loaded.heldout
         every += loaded.train + loaded.heldout
+    repeats = duplicate_report(every)
+    for line in repeats:
+        print(f"warning: {line}", file=sys.stderr)
     if not train:
-        raise ValueError(f"data.source={data.source!r} and tasks {sorted(tasks)} gave no training rows")
+        why = f" ({'; '.join(repeats)}: the split hashes ids, so rows sharing an id land on one side)" if repeats else ""
+        raise ValueError(f"data.source={data.source!r} and tasks {sorted(tasks)} gave no training rows{why}")
     return RunSamples(every=every, train=train, heldout=heldout)
+
+
+def duplicate_report(samples: Iterable[Sample], show: int = 3) -> list[str]:
+    """One line per task whose rows repeat: how many rows copy an earlier row exactly (same id, prompt and gold), how
+    many ids more than one row uses, and the first `show` offenders with their counts. [] when nothing repeats."""
+    by_task: dict[str, dict[str, list[Sample]]] = {}
+    for s in samples:
+        by_task.setdefault(s.task, {}).setdefault(s.id, []).append(s)
+    lines = []
+    for task, ids in sorted(by_task.items()):
+        shared = {i: rows for i, rows in ids.items() if len(rows) > 1}
+        if not shared:
+            continue
+        copies = sum(len(rows) - len({repr((r.messages, r.gold, r.target)) for r in rows}) for rows in shared.values())
+        first = ", ".join(f"{i!r} x{len(rows)}" for i, rows in list(shared.items())[:show])
+        n_rows = sum(map(len, ids.values()))
+        lines.append(f"task {task!r}: {len(shared)} id(s) used by more than one row, {copies} of its {n_rows} rows "
+                     f"exact duplicates of an earlier row (first: {first})")
+    return lines
 
 
 def _builtin_samples(data, seed: int) -> list[Sample]:
@@ -85,16 +109,28 @@ def _builtin_samples(data, seed: int) -> list[Sample]:
         from grpo.data.demo_tasks import make_demo_samples
 
         return _with_system(make_demo_samples(data.demo_size, seed=seed), data.system_prompt)
+    from grpo.data.jsonio import DataFileError
+
     system = data.system_prompt or None
     root = Path(data.data_dir)
-    if not (root / "bbq").is_dir() and not (root / "halueval").is_dir():
-        raise FileNotFoundError(f"data.data_dir={str(root)!r} holds neither bbq/ nor halueval/: point it at the "
-                                "folder with bbq/<Category>.jsonl and halueval/<subset>_data.json")
+    if not (root / "bbq").is_dir():  # every task data.source=dual names must have rows
+        raise DataFileError(f"data.source=dual: {root / 'bbq'} does not exist (data.data_dir={str(root)!r}): point "
+                            "data.data_dir at the folder with bbq/<Category>.jsonl and halueval/<subset>_data.json")
     specs = [DataSpec(kind="bbq", path=str(root / "bbq"), categories=tuple(data.bbq_categories),
                       n_per_category=data.bbq_per_category, seed=seed, system_prompt=system)]
+    if data.halueval_subsets and not (root / "halueval").is_dir():
+        raise DataFileError(f"data.source=dual: {root / 'halueval'} does not exist, so the hallucination task has no "
+                            f"rows (data.halueval_subsets={data.halueval_subsets}); add the folder, or set "
+                            "data.halueval_subsets= (empty) to train fairness alone")
+    missing = [root / "halueval" / f"{subset}_data.json" for subset in data.halueval_subsets]
+    missing = [path for path in missing if not path.exists()]
+    if data.halueval_subsets and len(missing) == len(data.halueval_subsets):
+        raise DataFileError(f"data.source=dual: none of data.halueval_subsets={data.halueval_subsets} is present: "
+                            f"{', '.join(map(str, missing))} do not exist; name a subset whose file is there, or set "
+                            "data.halueval_subsets= (empty) to train fairness alone")
     for subset in data.halueval_subsets:
         path = root / "halueval" / f"{subset}_data.json"
-        if not path.exists():
+        if path in missing:
             print(f"note: HaluEval subset {subset!r} skipped: {path} does not exist", file=sys.stderr)
             continue
         specs.append(DataSpec(kind="halueval", path=str(path), subset=subset, limit=data.halueval_per_subset,
@@ -112,6 +148,18 @@ def _with_system(samples: list[Sample], system_prompt: str) -> list[Sample]:
 
     return [replace(s, messages=({"role": "system", "content": system_prompt},) + tuple(s.messages))
             for s in samples]
+
+
+def model_load_error(name: str, error: BaseException) -> ConfigError:
+    """The ConfigError for a model.name that does not load (a missing path, a file that is no model folder, a hub id
+    with no network, a pickle): the name and the loader's first line, no traceback."""
+    first = (str(error).strip().splitlines() or [type(error).__name__])[0][:300]
+    path = Path(name).expanduser()
+    why = (f"{path} does not exist" if name.startswith(("/", ".", "~")) and not path.exists()
+           else f"{path} is a file, not a model folder (config.json, weights as safetensors)" if path.is_file()
+           else f"{type(error).__name__}: {first}")
+    return ConfigError(f"config field `model.name` = {name!r} cannot be loaded: {why}; give builtin:tiny, a packaged "
+                       "model name, a local model folder or a hub id", field="model.name")
 
 
 def policy_from_config(model_cfg, device: torch.device, corpus: Iterable[str], seed: int,
@@ -143,9 +191,12 @@ def policy_from_config(model_cfg, device: torch.device, corpus: Iterable[str], s
             print(f"precision: {dtype} ({dtype_why}); attention: {attn} ({attn_why})")
         tiny = {"hidden": model_cfg.tiny_hidden, "layers": model_cfg.tiny_layers, "heads": model_cfg.tiny_heads,
                 "kv_heads": max(1, model_cfg.tiny_heads // 2), "vocab_size": model_cfg.tiny_vocab}
-        policy = load_policy(model_cfg.name, dtype=dtype, attn_implementation=attn, seed=seed,
-                             trust_remote_code=model_cfg.trust_remote_code, tiny_corpus=list(corpus),
-                             tiny_sizes=tiny, **lora)
+        try:
+            policy = load_policy(model_cfg.name, dtype=dtype, attn_implementation=attn, seed=seed,
+                                 trust_remote_code=model_cfg.trust_remote_code, tiny_corpus=list(corpus),
+                                 tiny_sizes=tiny, **lora)
+        except (OSError, ValueError, ImportError, pickle.UnpicklingError, EOFError) as e:
+            raise model_load_error(model_cfg.name, e) from None
     policy.grad_scaler = torch.amp.GradScaler("cuda") if use_scaler and on_cuda else None
     if model_cfg.compile:
         # In place (parameter names unchanged, so checkpoints stay compatible); dynamic shapes because every
@@ -326,6 +377,52 @@ def build_optimizer(train: C.TrainConfig, params: list[torch.nn.Parameter]):
     warmup = train.warmup_steps
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda n: min(1.0, (n + 1) / warmup) if warmup else 1.0)
     return optimizer, scheduler
+
+
+def prompt_token_limit(max_prompt_tokens: int, max_new_tokens: int, positions: int | None) -> tuple[int, str]:
+    """(the longest prompt kept, why when it is below data.max_prompt_tokens): a prompt and its completion must fit
+    the model's positions (config.max_position_embeddings; None = no limit known). A completion alone that does not
+    fit is a ConfigError naming rollout.max_new_tokens."""
+    if not positions or max_prompt_tokens + max_new_tokens <= positions:
+        return max_prompt_tokens, ""
+    if max_new_tokens >= positions:
+        raise ConfigError(f"config field `rollout.max_new_tokens` = {max_new_tokens} is invalid: the model has "
+                          f"{positions} positions (config.max_position_embeddings), which must hold the prompt and "
+                          "the completion; use fewer new tokens", field="rollout.max_new_tokens")
+    limit = positions - max_new_tokens
+    return limit, (f"data.max_prompt_tokens={max_prompt_tokens} lowered to {limit}: the model's {positions} "
+                   f"positions hold the prompt and rollout.max_new_tokens={max_new_tokens}")
+
+
+def drop_long_prompts(rows: Mapping[str, list[Sample]], tokenizer, limit: int, what: str,
+                      why: str = "") -> dict[str, list[Sample]]:
+    """`rows` by task without the prompts longer than `limit` tokens after the chat template (the way rollouts
+    encode them: grpo/models/tokens.encode_prompt); one line per task that lost rows, with the count."""
+    from grpo.models.tokens import encode_prompt
+
+    kept: dict[str, list[Sample]] = {}
+    for task, samples in rows.items():
+        kept[task] = [s for s in samples if len(encode_prompt(tokenizer, s.messages)) <= limit]
+        dropped = len(samples) - len(kept[task])
+        if dropped:
+            print(f"data.max_prompt_tokens: {dropped} of {len(samples)} {what} prompts of task {task!r} are longer "
+                  f"than {limit} tokens and are dropped" + (f" ({why})" if why else ""))
+        if samples and not kept[task]:
+            raise ConfigError(f"config field `data.max_prompt_tokens` = {limit} is invalid: every {what} prompt of "
+                              f"task {task!r} is longer{f' ({why})' if why else ''}; raise it (a longest prompt: "
+                              f"{max(len(encode_prompt(tokenizer, s.messages)) for s in samples)} tokens) or "
+                              "shorten the prompts", field="data.max_prompt_tokens")
+    return kept
+
+
+def fit_prompts(train: Mapping[str, list[Sample]], heldout: Mapping[str, list[Sample]], policy: Policy,
+                data: C.DataConfig, rollout: C.RolloutConfig) -> tuple[dict, dict]:
+    """Train and held-out rows without the prompts over data.max_prompt_tokens (lowered, with a message, where the
+    model's positions cannot hold it plus rollout.max_new_tokens)."""
+    positions = getattr(policy.model.config, "max_position_embeddings", None)
+    limit, why = prompt_token_limit(data.max_prompt_tokens, rollout.max_new_tokens, positions)
+    return (drop_long_prompts(train, policy.tokenizer, limit, "training", why),
+            drop_long_prompts(heldout, policy.tokenizer, limit, "held-out", why))
 
 
 def split_by_task(train_list: list[Sample], held_list: list[Sample], data: C.DataConfig) -> tuple[dict, dict]:

@@ -78,6 +78,9 @@ class Run:
     """The last finished RL step."""
     finished: bool = False
     """The final evaluation (after_rl) of this run's last step is done; the final checkpoint records it."""
+    stopped_by: int = 0
+    """The signal (SIGINT / SIGTERM) that stopped the RL loop after a checkpoint; 0 = not stopped. The command
+    line exits 128 + it, as shells expect of an interrupted program."""
     evals: dict[str, dict[str, float]] = field(default_factory=dict)
     """Held-out reward per task under each evaluation tag (before_sft, after_sft, step_N, after_rl)."""
     counters: dict[str, float] = field(default_factory=dict)

@@ -1,0 +1,42 @@
+"""How the command line ends on an error a user can cause: one line naming the culprit, no traceback.
+
+`USER_ERRORS` are the exception classes bad input produces (a config value, a data file, a grader, a model path, a
+missing SDK, an unreadable or full disk, a pickle given as a model); `user_error` prints one line and returns the exit
+status the caller chose (2 before the model loads, 1 after). `interrupted`: Ctrl-C / SIGTERM outside the RL loop.
+"""
+
+from __future__ import annotations
+
+import pickle
+import signal
+import sys
+
+from grpo.config.settings import ConfigError
+from grpo.data.jsonio import DataFileError
+from grpo.grading.graders import GraderError
+from grpo.run.signals import Interrupted
+
+USER_ERRORS: tuple[type[BaseException], ...] = (ValueError, KeyError, OSError, ImportError, pickle.UnpicklingError,
+                                                EOFError)
+"""ValueError covers ConfigError, DataFileError, GraderError, RunFolderError, CheckpointError's and transformers'
+validation errors; OSError covers missing files, full disks, permission errors (their message names the path)."""
+
+
+def user_error(error: BaseException, code: int) -> int:
+    """Print `error` as the entry point's one message and return `code`. Errors that name their field or file
+    (config, data, grader) print as they are; others after their class name; a KeyError without its quotes, an
+    OSError with its path when the message lacks it."""
+    text = str(error.args[0]) if isinstance(error, KeyError) and error.args else str(error)
+    if isinstance(error, OSError) and error.filename and str(error.filename) not in text:
+        text = f"{text} ({error.filename})"
+    named = isinstance(error, (ConfigError, DataFileError, GraderError))
+    print(f"error: {text}" if named else f"error: {type(error).__name__}: {text}", file=sys.stderr)
+    return code
+
+
+def interrupted(error: BaseException, where: str) -> int:
+    """Ctrl-C (KeyboardInterrupt or Interrupted(SIGINT)) -> 130, SIGTERM -> 143, with one line saying where."""
+    signum = error.signum if isinstance(error, Interrupted) else signal.SIGINT
+    print(f"\ninterrupted by {signal.Signals(signum).name} {where}: no checkpoint written since the last one; a run "
+          "without a checkpoint can be started again with the same command", file=sys.stderr)
+    return 128 + int(signum)
