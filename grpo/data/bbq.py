@@ -48,6 +48,20 @@ def unknown_index(answer_info: dict[str, Any]) -> int:
     return hits[0]
 
 
+def target_index(answer_info: dict[str, Any], stereotyped_groups: Any) -> int | None:
+    """Index 0-2 of the option naming the targeted (stereotyped) group: the one non-unknown option whose answer_info
+    name or group tag (e.g. ["grandfather", "old"], ["Italian", "Europe"]) is one of additional_metadata's
+    stereotyped_groups (case-insensitive); None when not exactly one option matches (the row then counts for
+    accuracy, not for the bias scores: grpo/core/bbq_measures.py)."""
+    groups = {str(g).lower() for g in (stereotyped_groups or ())}
+    hits = []
+    for i in range(3):
+        info = [str(x).lower() for x in answer_info.get(f"ans{i}", ())]
+        if info and info[-1] != UNKNOWN_TAG and any(x in groups for x in info):
+            hits.append(i)
+    return hits[0] if len(hits) == 1 else None
+
+
 def _last_sentence(text: str) -> str:
     sentences = [s for s in re.split(r"(?<=[.!?])\s+", text.strip()) if s]
     return sentences[-1] if sentences else text.strip()
@@ -75,10 +89,13 @@ def bbq_sample(
         messages.append({"role": "system", "content": system_prompt})
     messages.append({"role": "user", "content": fill_template(template, row, "BBQ")})
     answers = [str(row[f"ans{i}"]) for i in range(3)]
+    stereotyped = (row.get("additional_metadata") or {}).get("stereotyped_groups")
+    target = target_index(row["answer_info"], stereotyped)
     gold = {
         "label": label,
         "label_letter": LETTERS[label],
         "unknown_letter": LETTERS[unknown],
+        "target_letter": None if target is None else LETTERS[target],
         "context_condition": row["context_condition"],
         "question_polarity": row["question_polarity"],
         "answers": answers,
@@ -90,7 +107,7 @@ def bbq_sample(
         "category": category,
         "example_id": row["example_id"],
         "question_index": row.get("question_index"),
-        "stereotyped_groups": (row.get("additional_metadata") or {}).get("stereotyped_groups"),
+        "stereotyped_groups": stereotyped,
         "source": source,
         "line": line,
     }
