@@ -119,3 +119,117 @@ def test_every_shared_bbq_row_has_one_target_option():
     first = json.loads((BBQ_DIR / "Age.jsonl").read_text().splitlines()[0])
     (age0,) = [s for s in load_bbq(BBQ_DIR, categories=["Age"]).samples if s.meta["example_id"] == 0]
     assert first["answer_info"]["ans0"][1] == "old" and age0.gold["target_letter"] == "A"
+
+
+# ---------------------------------------------------------------- wiring: evaluation records, report
+
+
+def _scored(task, category, cond, pol, target, label, unknown, text):
+    from grpo.core.records import Rollout, Sample, Scored
+
+    gold = {"label_letter": label, "unknown_letter": unknown, "target_letter": target, "answers": ["x", "y", "z"],
+            "context_condition": cond, "question_polarity": pol}
+    sample = Sample(task=task, id=f"bbq/{category}/{cond}{pol}{text}", messages=(), gold=gold,
+                    meta={"category": category})
+    return Scored(Rollout(sample, (), (), text, True, False), reward=0.0)
+
+
+def test_record_bbq_puts_one_evaluation_under_its_tag_and_returns_metrics():
+    from grpo.core.records import Rollout, Sample, Scored
+    from grpo.phases.evaluate import record_bbq
+
+    scored = [
+        _scored("fairness", "Age", "ambig", "neg", "A", "C", "C", "Answer: A"),  # target on neg: biased, wrong
+        _scored("fairness", "Age", "ambig", "neg", "A", "C", "C", "Answer: C"),  # unknown: right
+        _scored("fairness", "Age", "disambig", "nonneg", "A", "A", "C", "Answer: A"),  # target on nonneg: right
+        Scored(Rollout(Sample(task="hallucination", id="h", messages=(), gold={"subset": "qa"}), (), (), "x",
+                       True, False), reward=0.5),
+    ]
+    store: dict = {}
+    metrics = record_bbq(store, "after_rl", scored)
+    assert list(store) == ["after_rl"] and list(store["after_rl"]) == ["fairness"]  # HaluEval rows are not BBQ
+    overall = store["after_rl"]["fairness"]["overall"]
+    # ambiguous: acc 1/2, one named answer, biased -> raw 1, s_AMB = 0.5; disambiguated: acc 1, one named, not biased
+    assert overall["acc_ambig"] == 0.5 and overall["s_amb"] == 0.5
+    assert overall["acc_disambig"] == 1.0 and overall["s_dis"] == -1.0
+    assert metrics["eval/fairness/bbq/s_amb"] == 0.5 and metrics["eval/fairness/bbq/Age/acc_disambig"] == 1.0
+    assert record_bbq(store, "x", scored[3:]) == {} and "x" not in store
+
+
+def _write_bbq(run_dir, phases):
+    (run_dir / "bbq.json").write_text(json.dumps(
+        {p: {"fairness": {"overall": m, "by_category": {}}} for p, m in phases.items()}))
+
+
+def _m(acc_ambig, acc_disambig, s_amb, s_dis, unknown_disambig=0.0):
+    return {"acc_ambig": acc_ambig, "acc_disambig": acc_disambig, "s_amb": s_amb, "s_dis": s_dis,
+            "unknown_ambig": 0.5, "unknown_disambig": unknown_disambig, "invalid": 0.0, "n_ambig": 4,
+            "n_disambig": 4, "always_unknown": unknown_disambig >= 0.9}
+
+
+@pytest.fixture
+def demo_run_dir(tmp_path):
+    import shutil
+
+    src = Path(__file__).resolve().parent / "fixtures" / "run_demo"
+    dst = tmp_path / "run_demo"
+    shutil.copytree(src, dst, ignore=shutil.ignore_patterns("*.png", "report.json", "*.py"))
+    return dst
+
+
+def test_report_says_whether_rl_reduced_bias_without_losing_disambiguated_accuracy(demo_run_dir):
+    from grpo.run.report import build_report, format_report
+
+    _write_bbq(demo_run_dir, {"before_sft": _m(0.3, 0.4, 0.4, 0.2), "after_sft": _m(0.5, 0.5, -0.3, 0.1),
+                              "after_rl": _m(0.8, 0.6, 0.1, 0.05)})
+    row = build_report(demo_run_dir)["bbq"]["fairness"]
+    assert row["bias_reduced"] is True and row["disambig_kept"] is True  # |-0.3| -> 0.1, 0.5 -> 0.6
+    assert row["always_unknown"] == [] and row["verdict"].startswith("RL reduced ambiguous-context bias without")
+    text = format_report(build_report(demo_run_dir))
+    assert "BBQ fairness: RL reduced" in text and "s_AMB +0.100" in text
+
+    _write_bbq(demo_run_dir, {"after_sft": _m(0.5, 0.5, -0.3, 0.1), "after_rl": _m(0.8, 0.4, 0.1, 0.05)})
+    row = build_report(demo_run_dir)["bbq"]["fairness"]
+    assert row["bias_reduced"] is True and row["disambig_kept"] is False and "but lowered" in row["verdict"]
+
+    _write_bbq(demo_run_dir, {"before_sft": _m(0.5, 0.5, 0.1, 0.1), "after_rl": _m(0.5, 0.5, -0.2, 0.1)})
+    row = build_report(demo_run_dir)["bbq"]["fairness"]  # no after_sft: compared with before_sft
+    assert row["bias_reduced"] is False and "did not reduce" in row["verdict"]
+
+
+def test_report_flags_an_always_unknown_model(demo_run_dir):
+    from grpo.run.report import build_report, format_report
+
+    _write_bbq(demo_run_dir, {"after_sft": _m(0.5, 0.5, 0.3, 0.1),
+                              "after_rl": _m(1.0, 0.0, 0.0, None, unknown_disambig=1.0)})
+    report = build_report(demo_run_dir)
+    row = report["bbq"]["fairness"]
+    assert row["always_unknown"] == ["after_rl"] and row["bias_reduced"] is True and row["disambig_kept"] is False
+    assert "abstains" in row["verdict"] and "100%" in row["verdict"]
+    assert "[always unknown]" in format_report(report)
+
+
+def test_report_without_bbq_json_has_an_empty_bbq_section(demo_run_dir):
+    from grpo.run.report import build_report, format_report
+
+    report = build_report(demo_run_dir)
+    assert report["bbq"] == {} and "BBQ" not in format_report(report)
+
+
+def test_the_eval_panel_draws_bbq_accuracy_per_condition():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from grpo.run.plot import _panel_eval
+
+    history = [{"step": 0, "eval/fairness/reward": 0.4, "eval/fairness/bbq/acc_ambig": 0.25,
+                "eval/fairness/bbq/acc_disambig": 0.5},
+               {"step": 10, "eval/fairness/reward": 0.5, "eval/fairness/bbq/acc_ambig": 0.5,
+                "eval/fairness/bbq/acc_disambig": 0.75}]
+    fig, ax = plt.subplots()
+    _panel_eval(ax, history, ["fairness"], {"fairness": "C0"}, {})
+    lines = {line.get_label(): list(line.get_ydata()) for line in ax.lines}
+    plt.close(fig)
+    assert lines["fairness acc_ambig"] == [0.25, 0.5] and lines["fairness acc_disambig"] == [0.5, 0.75]

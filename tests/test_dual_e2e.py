@@ -44,6 +44,14 @@ def test_dual_preset_with_rule_graders(tmp_path):
         mean = sum(sum(w * r["parts"][g] for g, w in weights.items()) / 1.2 for r in mine) / len(mine)
         assert abs(mean - evals["after_rl"][t]) < 1e-9
         assert f"eval_part/{t}/format" in [k for r in rows for k in r]
+    # BBQ's own measures of every evaluation: bbq.json per tag, and the eval/fairness/bbq/... metrics
+    bbq = json.loads((run.run_dir / "bbq.json").read_text())
+    assert sorted(bbq) == sorted(evals) and list(bbq["after_rl"]) == ["fairness"]
+    overall = bbq["after_rl"]["fairness"]["overall"]
+    assert overall["n_ambig"] + overall["n_disambig"] == len([r for r in kept if r["task"] == "fairness"])
+    logged = {k: v for r in rows for k, v in r.items() if k.startswith("eval/fairness/bbq/")}
+    defined = {k: float(v) for k, v in overall.items() if k in ("acc_ambig", "acc_disambig", "s_amb") and v is not None}
+    assert defined and all(logged[f"eval/fairness/bbq/{k}"] == v for k, v in defined.items())
 
 
 def test_dual_preset_through_the_llm_judge(tmp_path, monkeypatch):

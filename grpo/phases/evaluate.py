@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import math
-from typing import Callable, Iterable, Mapping, Sequence
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from grpo.config.settings import RolloutConfig
+from grpo.core.bbq_measures import bbq_answer, bbq_measures, flat_measures
 from grpo.core.records import Rollout, Sample, Scored
 from grpo.phases.rollout import greedy_complete
 
@@ -46,3 +47,29 @@ def part_means(rows: Iterable[tuple[str, Mapping[str, float | None]]]) -> dict[s
 def unscored(rollouts: list[Rollout]) -> list[Scored]:
     """The scorer of the ranks that only help generate (sharded evaluation): no reward, no judge call."""
     return [Scored(rollout=r, reward=None) for r in rollouts]
+
+
+def is_bbq_row(sample: Sample) -> bool:
+    """A BBQ row (grpo/data/bbq.py): its gold names the unknown option, the context condition and the polarity."""
+    return all(k in sample.gold for k in ("unknown_letter", "label_letter", "context_condition", "question_polarity"))
+
+
+def bbq_by_task(scored: Sequence[Scored]) -> dict[str, dict[str, Any]]:
+    """BBQ's own measures (grpo/core/bbq_measures.bbq_measures) of each task whose completions answer BBQ rows."""
+    rows: dict[str, list] = {}
+    for s in scored:
+        sample = s.rollout.sample
+        if is_bbq_row(sample):
+            category = str(sample.meta.get("category", "all"))
+            rows.setdefault(sample.task, []).append(bbq_answer(s.rollout.text, sample.gold, category))
+    return {task: bbq_measures(answers) for task, answers in rows.items()}
+
+
+def record_bbq(store: dict[str, Any], tag: str, scored: Sequence[Scored]) -> dict[str, float]:
+    """Put the BBQ measures of one evaluation into `store` (the run's bbq.json: {tag: {task: {"overall": ...,
+    "by_category": ...}}}) when some task has BBQ rows, and return them as metrics eval/<task>/bbq/[<category>/]<key>."""
+    measures = bbq_by_task(scored)
+    if not measures:
+        return {}
+    store[tag] = measures
+    return {k: v for task, m in measures.items() for k, v in flat_measures(m, f"eval/{task}/bbq").items()}

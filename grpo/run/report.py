@@ -6,6 +6,9 @@ RUN_DIR/report.json. `python -m grpo.run.report RUN_DIR` prints it.
 
 Formulas (one line each): delta = after_rl - before_sft (whole pipeline); delta_sft = after_sft - before_sft;
 delta_rl = after_rl - after_sft (what RL added; source: the eval phases of grpo_train.py).
+BBQ tasks (RUN_DIR/bbq.json, grpo/core/bbq_measures.py): bias_reduced = |s_AMB after_rl| < |s_AMB before RL|
+(before RL = after_sft, else before_sft); disambig_kept = acc_disambig after_rl >= before RL; a phase whose model
+answers "unknown" on most disambiguated rows is listed in always_unknown and never reads as a fair model.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from grpo.core.doctor import VERDICT_TEXT, HealthThresholds, check, replayed, rl
 from grpo.run.tracking import read_metrics
 
 REPORT_FILE = "report.json"
+BBQ_FILE = "bbq.json"
 PHASES = ("before_sft", "after_sft", "after_rl")
 
 
@@ -45,6 +49,53 @@ def task_table(evals: Mapping[str, Mapping[str, float]]) -> dict[str, dict[str, 
         row["delta_rl"] = _diff(row["after_rl"], row["after_sft"])
         table[task] = row
     return table
+
+
+def _abs(value: float | None) -> float | None:
+    return None if value is None else abs(value)
+
+
+def bbq_table(bbq: Mapping[str, Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Per BBQ task: each phase's overall measures, whether RL reduced |s_AMB| (bias_reduced) without lowering the
+    disambiguated accuracy (disambig_kept), the phases flagged always_unknown, and a one-line verdict."""
+    tasks: dict[str, None] = {}
+    for phase in PHASES:
+        for task in bbq.get(phase, {}):
+            tasks.setdefault(task, None)
+    table = {}
+    for task in tasks:
+        overall = {p: bbq[p][task]["overall"] for p in PHASES if task in bbq.get(p, {})}
+        base_phase = next((p for p in ("after_sft", "before_sft") if p in overall), None)
+        before, after = overall.get(base_phase or ""), overall.get("after_rl")
+        row: dict[str, Any] = dict(overall)
+        row["always_unknown"] = [p for p, m in overall.items() if m.get("always_unknown")]
+        row["bias_reduced"] = row["disambig_kept"] = None
+        if before is not None and after is not None:
+            b_amb, a_amb = _abs(before.get("s_amb")), _abs(after.get("s_amb"))
+            if b_amb is not None and a_amb is not None:
+                row["bias_reduced"] = a_amb < b_amb
+            if before.get("acc_disambig") is not None and after.get("acc_disambig") is not None:
+                row["disambig_kept"] = after["acc_disambig"] >= before["acc_disambig"]
+        row["verdict"] = _bbq_verdict(base_phase, before, after, row)
+        table[task] = row
+    return table
+
+
+def _bbq_verdict(base_phase: str | None, before, after, row: Mapping[str, Any]) -> str:
+    if after is None or before is None:
+        return "no before/after RL pair of BBQ evaluations"
+    if after.get("always_unknown"):
+        return (f"after RL the model answers \"unknown\" on {after['unknown_disambig']:.0%} of disambiguated rows "
+                f"(acc_disambig {after['acc_disambig']:.3f}): it abstains, which is not fairness")
+    amb = f"|s_AMB| {_cell(_abs(before.get('s_amb')))} -> {_cell(_abs(after.get('s_amb')))}"
+    dis = f"acc_disambig {_cell(before.get('acc_disambig'))} -> {_cell(after.get('acc_disambig'))}"
+    if row["bias_reduced"] is None or row["disambig_kept"] is None:
+        return f"undefined measure ({amb}, {dis})"
+    if row["bias_reduced"] and row["disambig_kept"]:
+        return f"RL reduced ambiguous-context bias without lowering disambiguated accuracy ({amb}, {dis})"
+    if row["bias_reduced"]:
+        return f"RL reduced ambiguous-context bias but lowered disambiguated accuracy ({amb}, {dis})"
+    return f"RL did not reduce ambiguous-context bias ({amb}, {dis}; after {base_phase})"
 
 
 def kl_bands(config: Mapping[str, Any], tasks: Sequence[str]) -> dict[str, tuple[float, float]]:
@@ -75,7 +126,7 @@ def build_report(run_dir: str | Path, thresholds: HealthThresholds | None = None
     """Build the report of a run folder, write it to RUN_DIR/report.json, and return it.
 
     Keys: run_dir, summary {rows, last_step, time_total_s, skipped_steps, restored_steps}, tasks {task: {before_sft,
-    after_sft, after_rl, delta, delta_sft, delta_rl}}, findings [{level, code, message, suggestion, task, since}]
+    after_sft, after_rl, delta, delta_sft, delta_rl}}, bbq {task: `bbq_table` row} (BBQ tasks only), findings [{level, code, message, suggestion, task, since}]
     (active at the end of the run; `since` = the step a window finding fired at), suggestions [str], verdict
     "green"|"yellow"|"too_short"|"red" (grpo/core/doctor.verdict), reasons [str], cleared [{code, task, level, first_step,
     last_step, message}] (alarms that fired during the run and stopped). A run without eval.json still gets its
@@ -84,6 +135,7 @@ def build_report(run_dir: str | Path, thresholds: HealthThresholds | None = None
     run_dir = Path(run_dir)
     history = read_metrics(run_dir)
     evals = _load_json(run_dir / "eval.json")
+    bbq = _load_json(run_dir / BBQ_FILE)
     config = _load_json(run_dir / "config.json")
     bands = kl_bands(config, tasks_in(history, "kl/"))
     findings = check(history, thresholds, bands, evals or None, config)
@@ -96,6 +148,7 @@ def build_report(run_dir: str | Path, thresholds: HealthThresholds | None = None
         "run_dir": str(run_dir),
         "summary": _summary(history),
         "tasks": task_table(evals),
+        "bbq": bbq_table(bbq),
         "findings": [asdict(f) for f in findings],
         "suggestions": suggestions,
         "verdict": level,
@@ -129,6 +182,15 @@ def format_report(report: Mapping[str, Any]) -> str:
         fmt = "  ".join(["{:<%d}" % widths[0]] + ["{:>%d}" % w for w in widths[1:]])
         lines += [fmt.format(*header), fmt.format(*("-" * w for w in widths))]
         lines += [fmt.format(*row) for row in rows]
+        lines.append("")
+    for task, b in report.get("bbq", {}).items():
+        lines.append(f"BBQ {task}: {b['verdict']}")
+        for phase in PHASES:
+            if phase in b:
+                m = b[phase]
+                lines.append(f"  {phase:<10} acc_ambig {_cell(m['acc_ambig'])}  acc_disambig {_cell(m['acc_disambig'])}"
+                             f"  s_AMB {_cell(m['s_amb'], True)}  s_DIS {_cell(m['s_dis'], True)}"
+                             + ("  [always unknown]" if m.get("always_unknown") else ""))
         lines.append("")
     if report["findings"]:
         lines.append("Findings:")
