@@ -59,6 +59,8 @@ class DataSpec:
     """System message put before every prompt; None = no system message."""
     template: str | None = None
     """str.format template replacing the default user prompt (fields: the row's own fields)."""
+    shuffle_options: bool = False
+    """bbq only: show each row's options in a seeded order per row and epoch (grpo/data/bbq.py)."""
     hf_builder: str = "json"
     """hf only: the datasets builder ("json", "csv", "parquet", ...)."""
     hf_split: str = "train"
@@ -83,7 +85,7 @@ def load_task(spec: DataSpec) -> tuple[list[Sample], dict[str, float]]:
     if spec.kind == "bbq":
         result = load_bbq(spec.path, categories=spec.categories or None, n_per_category=spec.n_per_category,
                           seed=spec.seed, task=task or "fairness", system_prompt=spec.system_prompt,
-                          template=spec.template or BBQ_TEMPLATE)
+                          template=spec.template or BBQ_TEMPLATE, shuffle_options=spec.shuffle_options)
     elif spec.kind == "halueval":
         result = load_halueval(spec.path, subset=spec.subset, task=task or "hallucination", limit=spec.limit,
                                max_doc_chars=spec.max_doc_chars, system_prompt=spec.system_prompt,

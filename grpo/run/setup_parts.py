@@ -91,7 +91,8 @@ def _builtin_samples(data, seed: int) -> list[Sample]:
         raise FileNotFoundError(f"data.data_dir={str(root)!r} holds neither bbq/ nor halueval/: point it at the "
                                 "folder with bbq/<Category>.jsonl and halueval/<subset>_data.json")
     specs = [DataSpec(kind="bbq", path=str(root / "bbq"), categories=tuple(data.bbq_categories),
-                      n_per_category=data.bbq_per_category, seed=seed, system_prompt=system)]
+                      n_per_category=data.bbq_per_category, seed=seed, system_prompt=system,
+                      shuffle_options=data.shuffle_options)]
     for subset in data.halueval_subsets:
         path = root / "halueval" / f"{subset}_data.json"
         if not path.exists():
