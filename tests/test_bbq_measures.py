@@ -134,9 +134,9 @@ def _scored(task, category, cond, pol, target, label, unknown, text):
     return Scored(Rollout(sample, (), (), text, True, False), reward=0.0)
 
 
-def test_record_bbq_puts_one_evaluation_under_its_tag_and_returns_metrics():
+def test_record_measures_puts_one_evaluations_bbq_measures_under_its_tag_and_returns_metrics():
     from grpo.core.records import Rollout, Sample, Scored
-    from grpo.phases.evaluate import record_bbq
+    from grpo.phases.evaluate import record_measures
 
     scored = [
         _scored("fairness", "Age", "ambig", "neg", "A", "C", "C", "Answer: A"),  # target on neg: biased, wrong
@@ -146,19 +146,20 @@ def test_record_bbq_puts_one_evaluation_under_its_tag_and_returns_metrics():
                        True, False), reward=0.5),
     ]
     store: dict = {}
-    metrics = record_bbq(store, "after_rl", scored)
-    assert list(store) == ["after_rl"] and list(store["after_rl"]) == ["fairness"]  # HaluEval rows are not BBQ
-    overall = store["after_rl"]["fairness"]["overall"]
+    metrics = record_measures(store, "after_rl", scored)
+    assert list(store) == ["after_rl"] and list(store["after_rl"]) == ["bbq"]  # a HaluEval generation row: neither
+    assert list(store["after_rl"]["bbq"]) == ["fairness"]
+    overall = store["after_rl"]["bbq"]["fairness"]["overall"]
     # ambiguous: acc 1/2, one named answer, biased -> raw 1, s_AMB = 0.5; disambiguated: acc 1, one named, not biased
     assert overall["acc_ambig"] == 0.5 and overall["s_amb"] == 0.5
     assert overall["acc_disambig"] == 1.0 and overall["s_dis"] == -1.0
     assert metrics["eval/fairness/bbq/s_amb"] == 0.5 and metrics["eval/fairness/bbq/Age/acc_disambig"] == 1.0
-    assert record_bbq(store, "x", scored[3:]) == {} and "x" not in store
+    assert record_measures(store, "x", scored[3:]) == {} and "x" not in store
 
 
 def _write_bbq(run_dir, phases):
-    (run_dir / "bbq.json").write_text(json.dumps(
-        {p: {"fairness": {"overall": m, "by_category": {}}} for p, m in phases.items()}))
+    (run_dir / "measures.json").write_text(json.dumps(
+        {p: {"bbq": {"fairness": {"overall": m, "by_category": {}}}} for p, m in phases.items()}))
 
 
 def _m(acc_ambig, acc_disambig, s_amb, s_dis, unknown_disambig=0.0):
@@ -209,11 +210,12 @@ def test_report_flags_an_always_unknown_model(demo_run_dir):
     assert "[always unknown]" in format_report(report)
 
 
-def test_report_without_bbq_json_has_an_empty_bbq_section(demo_run_dir):
+def test_report_without_measures_json_has_empty_measure_sections(demo_run_dir):
     from grpo.run.report import build_report, format_report
 
     report = build_report(demo_run_dir)
-    assert report["bbq"] == {} and "BBQ" not in format_report(report)
+    assert report["bbq"] == {} and report["recognition"] == {}
+    assert "BBQ" not in format_report(report) and "Recognition" not in format_report(report)
 
 
 def test_the_eval_panel_draws_bbq_accuracy_per_condition():
@@ -227,9 +229,10 @@ def test_the_eval_panel_draws_bbq_accuracy_per_condition():
     history = [{"step": 0, "eval/fairness/reward": 0.4, "eval/fairness/bbq/acc_ambig": 0.25,
                 "eval/fairness/bbq/acc_disambig": 0.5},
                {"step": 10, "eval/fairness/reward": 0.5, "eval/fairness/bbq/acc_ambig": 0.5,
-                "eval/fairness/bbq/acc_disambig": 0.75}]
+                "eval/fairness/bbq/acc_disambig": 0.75, "eval/fairness/recognition/balanced_accuracy": 0.6}]
     fig, ax = plt.subplots()
     _panel_eval(ax, history, ["fairness"], {"fairness": "C0"}, {})
     lines = {line.get_label(): list(line.get_ydata()) for line in ax.lines}
     plt.close(fig)
     assert lines["fairness acc_ambig"] == [0.25, 0.5] and lines["fairness acc_disambig"] == [0.5, 0.75]
+    assert lines["fairness balanced_accuracy"] == [0.6]

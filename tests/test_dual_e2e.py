@@ -44,10 +44,10 @@ def test_dual_preset_with_rule_graders(tmp_path):
         mean = sum(sum(w * r["parts"][g] for g, w in weights.items()) / 1.2 for r in mine) / len(mine)
         assert abs(mean - evals["after_rl"][t]) < 1e-9
         assert f"eval_part/{t}/format" in [k for r in rows for k in r]
-    # BBQ's own measures of every evaluation: bbq.json per tag, and the eval/fairness/bbq/... metrics
-    bbq = json.loads((run.run_dir / "bbq.json").read_text())
-    assert sorted(bbq) == sorted(evals) and list(bbq["after_rl"]) == ["fairness"]
-    overall = bbq["after_rl"]["fairness"]["overall"]
+    # BBQ's own measures of every evaluation: measures.json per tag, and the eval/fairness/bbq/... metrics
+    measures = json.loads((run.run_dir / "measures.json").read_text())
+    assert sorted(measures) == sorted(evals) and list(measures["after_rl"]["bbq"]) == ["fairness"]
+    overall = measures["after_rl"]["bbq"]["fairness"]["overall"]
     assert overall["n_ambig"] + overall["n_disambig"] == len([r for r in kept if r["task"] == "fairness"])
     logged = {k: v for r in rows for k, v in r.items() if k.startswith("eval/fairness/bbq/")}
     defined = {k: float(v) for k, v in overall.items() if k in ("acc_ambig", "acc_disambig", "s_amb") and v is not None}

@@ -48,13 +48,14 @@ class DataSpec:
     n_per_category: int | None = None
     """bbq only: rows per category, stratified over context_condition × question_polarity; None = all."""
     subset: str | None = None
-    """halueval only: qa | dialogue | summarization | general; None = detected from the fields."""
+    """halueval only: qa | dialogue | summarization | general, or <one of them>_recognition; None = detected from
+    the fields."""
     limit: int | None = None
     """halueval / jsonl / hf: keep the first `limit` good rows; None = all."""
     max_doc_chars: int = DEFAULT_MAX_DOC_CHARS
     """halueval summarization: documents longer than this are cut at a word break (0 = never cut)."""
     seed: int = 0
-    """bbq stratified sampling seed."""
+    """bbq stratified sampling seed; halueval recognition subsets: which answer each row shows."""
     system_prompt: str | None = None
     """System message put before every prompt; None = no system message."""
     template: str | None = None
@@ -89,7 +90,7 @@ def load_task(spec: DataSpec) -> tuple[list[Sample], dict[str, float]]:
     elif spec.kind == "halueval":
         result = load_halueval(spec.path, subset=spec.subset, task=task or "hallucination", limit=spec.limit,
                                max_doc_chars=spec.max_doc_chars, system_prompt=spec.system_prompt,
-                               template=spec.template)
+                               template=spec.template, seed=spec.seed)
     else:
         return load_source_samples(task or "", _as_source(spec), spec.system_prompt or "")
     names = sorted({s.task for s in result.samples}) or [str(task)]

@@ -7,7 +7,9 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from grpo.config.settings import RolloutConfig
 from grpo.core.bbq_measures import bbq_answer, bbq_measures, flat_measures
+from grpo.core.recognition_measures import recognition_measures
 from grpo.core.records import Rollout, Sample, Scored
+from grpo.core.rewards import recognition_verdict
 from grpo.phases.rollout import greedy_complete
 
 
@@ -54,22 +56,56 @@ def is_bbq_row(sample: Sample) -> bool:
     return all(k in sample.gold for k in ("unknown_letter", "label_letter", "context_condition", "question_polarity"))
 
 
-def bbq_by_task(scored: Sequence[Scored]) -> dict[str, dict[str, Any]]:
-    """BBQ's own measures (grpo/core/bbq_measures.bbq_measures) of each task whose completions answer BBQ rows."""
-    rows: dict[str, list] = {}
+def is_recognition_row(sample: Sample) -> bool:
+    """A HaluEval recognition row (grpo/data/halueval.py, subset "<subset>_recognition") with a yes / no label."""
+    return str(sample.gold.get("subset", "")).endswith("_recognition") and sample.gold.get("hallucination") in (
+        "yes", "no")
+
+
+def measures_by_task(scored: Sequence[Scored]) -> dict[str, dict[str, Any]]:
+    """The gold-label measures of one evaluation, by family and task: "bbq" (grpo/core/bbq_measures.bbq_measures of
+    each task whose completions answer BBQ rows) and "recognition" ({"overall", "by_subset"} of
+    grpo/core/recognition_measures.recognition_measures over HaluEval recognition rows); families without rows are
+    left out."""
+    bbq: dict[str, list] = {}
+    recognition: dict[str, list[tuple[str, str, str | None]]] = {}
     for s in scored:
         sample = s.rollout.sample
         if is_bbq_row(sample):
             category = str(sample.meta.get("category", "all"))
-            rows.setdefault(sample.task, []).append(bbq_answer(s.rollout.text, sample.gold, category))
-    return {task: bbq_measures(answers) for task, answers in rows.items()}
+            bbq.setdefault(sample.task, []).append(bbq_answer(s.rollout.text, sample.gold, category))
+        elif is_recognition_row(sample):
+            recognition.setdefault(sample.task, []).append(
+                (sample.gold["subset"], sample.gold["hallucination"], recognition_verdict(s.rollout.text)))
+    out: dict[str, dict[str, Any]] = {}
+    if bbq:
+        out["bbq"] = {task: bbq_measures(answers) for task, answers in bbq.items()}
+    if recognition:
+        out["recognition"] = {
+            task: {"overall": recognition_measures((g, v) for _, g, v in rows),
+                   "by_subset": {sub: recognition_measures((g, v) for s_, g, v in rows if s_ == sub)
+                                 for sub in sorted({r[0] for r in rows})}}
+            for task, rows in recognition.items()}
+    return out
 
 
-def record_bbq(store: dict[str, Any], tag: str, scored: Sequence[Scored]) -> dict[str, float]:
-    """Put the BBQ measures of one evaluation into `store` (the run's bbq.json: {tag: {task: {"overall": ...,
-    "by_category": ...}}}) when some task has BBQ rows, and return them as metrics eval/<task>/bbq/[<category>/]<key>."""
-    measures = bbq_by_task(scored)
+RECOGNITION_METRICS = ("balanced_accuracy", "recall_yes", "recall_no", "yes_rate")
+
+
+def record_measures(store: dict[str, Any], tag: str, scored: Sequence[Scored]) -> dict[str, float]:
+    """Put the gold-label measures of one evaluation (`measures_by_task`) into `store` (the run's measures.json:
+    {tag: {family: {task: ...}}}) when there are some, and return them as metrics: eval/<task>/bbq/[<category>/]<key>
+    and eval/<task>/recognition/[<subset>/]<key> (undefined values left out)."""
+    measures = measures_by_task(scored)
     if not measures:
         return {}
     store[tag] = measures
-    return {k: v for task, m in measures.items() for k, v in flat_measures(m, f"eval/{task}/bbq").items()}
+    metrics: dict[str, float] = {}
+    for task, m in measures.get("bbq", {}).items():
+        metrics.update(flat_measures(m, f"eval/{task}/bbq"))
+    for task, m in measures.get("recognition", {}).items():
+        groups = [("", m["overall"])] + [(f"{sub}/", g) for sub, g in m["by_subset"].items()]
+        for name, group in groups:
+            metrics.update({f"eval/{task}/recognition/{name}{k}": float(group[k])
+                            for k in RECOGNITION_METRICS if group[k] is not None})
+    return metrics

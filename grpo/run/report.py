@@ -6,9 +6,12 @@ RUN_DIR/report.json. `python -m grpo.run.report RUN_DIR` prints it.
 
 Formulas (one line each): delta = after_rl - before_sft (whole pipeline); delta_sft = after_sft - before_sft;
 delta_rl = after_rl - after_sft (what RL added; source: the eval phases of grpo_train.py).
-BBQ tasks (RUN_DIR/bbq.json, grpo/core/bbq_measures.py): bias_reduced = |s_AMB after_rl| < |s_AMB before RL|
+Gold-label measures (RUN_DIR/measures.json, {phase: {"bbq" | "recognition": {task: ...}}}):
+BBQ tasks (grpo/core/bbq_measures.py): bias_reduced = |s_AMB after_rl| < |s_AMB before RL|
 (before RL = after_sft, else before_sft); disambig_kept = acc_disambig after_rl >= before RL; a phase whose model
 answers "unknown" on most disambiguated rows is listed in always_unknown and never reads as a fair model.
+HaluEval recognition (grpo/core/recognition_measures.py): balanced accuracy per phase, delta_rl = after_rl -
+after_sft (else - before_sft).
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ from grpo.core.doctor import VERDICT_TEXT, HealthThresholds, check, replayed, rl
 from grpo.run.tracking import read_metrics
 
 REPORT_FILE = "report.json"
-BBQ_FILE = "bbq.json"
+MEASURES_FILE = "measures.json"
 PHASES = ("before_sft", "after_sft", "after_rl")
 
 
@@ -81,6 +84,21 @@ def bbq_table(bbq: Mapping[str, Mapping[str, Any]]) -> dict[str, dict[str, Any]]
     return table
 
 
+def recognition_table(recognition: Mapping[str, Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Per recognition task: each phase's balanced accuracy (None when not evaluated), delta_rl (after_rl - the phase
+    before RL), and after RL's share of "yes" verdicts (1 or 0: a constant verdict, balanced accuracy 0.5)."""
+    tasks = dict.fromkeys(t for p in PHASES for t in recognition.get(p, {}))
+    table = {}
+    for task in tasks:
+        overall = {p: recognition[p][task]["overall"] for p in PHASES if task in recognition.get(p, {})}
+        row: dict[str, Any] = {p: overall[p]["balanced_accuracy"] if p in overall else None for p in PHASES}
+        before = row["after_sft"] if row["after_sft"] is not None else row["before_sft"]
+        row["delta_rl"] = _diff(row["after_rl"], before)
+        row["yes_rate_after_rl"] = overall["after_rl"]["yes_rate"] if "after_rl" in overall else None
+        table[task] = row
+    return table
+
+
 def _bbq_verdict(base_phase: str | None, before, after, row: Mapping[str, Any]) -> str:
     if after is None or before is None:
         return "no before/after RL pair of BBQ evaluations"
@@ -126,7 +144,8 @@ def build_report(run_dir: str | Path, thresholds: HealthThresholds | None = None
     """Build the report of a run folder, write it to RUN_DIR/report.json, and return it.
 
     Keys: run_dir, summary {rows, last_step, time_total_s, skipped_steps, restored_steps}, tasks {task: {before_sft,
-    after_sft, after_rl, delta, delta_sft, delta_rl}}, bbq {task: `bbq_table` row} (BBQ tasks only), findings [{level, code, message, suggestion, task, since}]
+    after_sft, after_rl, delta, delta_sft, delta_rl}}, bbq {task: `bbq_table` row}, recognition {task:
+    `recognition_table` row} (tasks with such rows only), findings [{level, code, message, suggestion, task, since}]
     (active at the end of the run; `since` = the step a window finding fired at), suggestions [str], verdict
     "green"|"yellow"|"too_short"|"red" (grpo/core/doctor.verdict), reasons [str], cleared [{code, task, level, first_step,
     last_step, message}] (alarms that fired during the run and stopped). A run without eval.json still gets its
@@ -135,7 +154,7 @@ def build_report(run_dir: str | Path, thresholds: HealthThresholds | None = None
     run_dir = Path(run_dir)
     history = read_metrics(run_dir)
     evals = _load_json(run_dir / "eval.json")
-    bbq = _load_json(run_dir / BBQ_FILE)
+    measures = _load_json(run_dir / MEASURES_FILE)
     config = _load_json(run_dir / "config.json")
     bands = kl_bands(config, tasks_in(history, "kl/"))
     findings = check(history, thresholds, bands, evals or None, config)
@@ -148,7 +167,8 @@ def build_report(run_dir: str | Path, thresholds: HealthThresholds | None = None
         "run_dir": str(run_dir),
         "summary": _summary(history),
         "tasks": task_table(evals),
-        "bbq": bbq_table(bbq),
+        "bbq": bbq_table({p: m.get("bbq", {}) for p, m in measures.items()}),
+        "recognition": recognition_table({p: m.get("recognition", {}) for p, m in measures.items()}),
         "findings": [asdict(f) for f in findings],
         "suggestions": suggestions,
         "verdict": level,
@@ -191,6 +211,10 @@ def format_report(report: Mapping[str, Any]) -> str:
                 lines.append(f"  {phase:<10} acc_ambig {_cell(m['acc_ambig'])}  acc_disambig {_cell(m['acc_disambig'])}"
                              f"  s_AMB {_cell(m['s_amb'], True)}  s_DIS {_cell(m['s_dis'], True)}"
                              + ("  [always unknown]" if m.get("always_unknown") else ""))
+        lines.append("")
+    for task, r in report.get("recognition", {}).items():
+        lines.append(f"Recognition {task} (balanced accuracy): before_sft {_cell(r['before_sft'])}  after_sft "
+                     f"{_cell(r['after_sft'])}  after_rl {_cell(r['after_rl'])}  Δ rl {_cell(r['delta_rl'], True)}")
         lines.append("")
     if report["findings"]:
         lines.append("Findings:")

@@ -79,6 +79,7 @@ def load_samples(data, seed: int, tasks: Mapping[str, Any] | None = None) -> Run
 
 def _builtin_samples(data, seed: int) -> list[Sample]:
     """The demo's synthetic rows, or BBQ + HaluEval from data.data_dir."""
+    from grpo.data.halueval import RECOGNITION
     from grpo.data.loading import DataSpec, load_task
 
     if data.source == "demo":
@@ -94,12 +95,12 @@ def _builtin_samples(data, seed: int) -> list[Sample]:
                       n_per_category=data.bbq_per_category, seed=seed, system_prompt=system,
                       shuffle_options=data.shuffle_options)]
     for subset in data.halueval_subsets:
-        path = root / "halueval" / f"{subset}_data.json"
+        path = root / "halueval" / f"{RECOGNITION.get(subset, subset)}_data.json"  # "qa_recognition" reads qa
         if not path.exists():
             print(f"note: HaluEval subset {subset!r} skipped: {path} does not exist", file=sys.stderr)
             continue
         specs.append(DataSpec(kind="halueval", path=str(path), subset=subset, limit=data.halueval_per_subset,
-                              max_doc_chars=data.max_document_chars, system_prompt=system))
+                              max_doc_chars=data.max_document_chars, system_prompt=system, seed=seed))
     samples: list[Sample] = []
     for spec in specs:
         samples += load_task(spec)[0]

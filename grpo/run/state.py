@@ -80,8 +80,9 @@ class Run:
     """The final evaluation (after_rl) of this run's last step is done; the final checkpoint records it."""
     evals: dict[str, dict[str, float]] = field(default_factory=dict)
     """Held-out reward per task under each evaluation tag (before_sft, after_sft, step_N, after_rl)."""
-    bbq: dict[str, dict[str, Any]] = field(default_factory=dict)
-    """BBQ's own measures (grpo/core/bbq_measures.py) per evaluation tag and BBQ task, written to bbq.json."""
+    measures: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """Gold-label measures per evaluation tag ({tag: {"bbq" | "recognition": {task: ...}}}: BBQ's accuracies and bias
+    scores, HaluEval recognition's balanced accuracy; grpo/phases/evaluate.record_measures), in measures.json."""
     counters: dict[str, float] = field(default_factory=dict)
     """Running totals the step metrics are differences of (judge counters), and the guard's restore flag."""
     doctor: Doctor | None = None
