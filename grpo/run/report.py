@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from grpo.core.doctor import VERDICT_TEXT, HealthThresholds, check, replayed, rl_steps, series, tasks_in, verdict
+from grpo.core.symptoms import heldout_collapse
 from grpo.run.tracking import read_metrics
 
 REPORT_FILE = "report.json"
@@ -129,6 +130,19 @@ def kl_bands(config: Mapping[str, Any], tasks: Sequence[str]) -> dict[str, tuple
     return bands
 
 
+def heldout_answers(run_dir: Path) -> dict[str, dict[str, list[str]]]:
+    """{phase: {task: greedy completions}} from RUN_DIR/evals/<phase>.jsonl (written by every evaluation)."""
+    out: dict[str, dict[str, list[str]]] = {}
+    for phase in PHASES:
+        path = run_dir / "evals" / f"{phase}.jsonl"
+        if path.is_file():
+            for line in path.read_text().splitlines():
+                if line.strip():
+                    row = json.loads(line)
+                    out.setdefault(phase, {}).setdefault(row["task"], []).append(row["completion"])
+    return out
+
+
 def _summary(history: list[dict[str, Any]]) -> dict[str, Any]:
     times = [v for _, v in series(history, "time/step") if math.isfinite(v)]
     return {
@@ -158,6 +172,7 @@ def build_report(run_dir: str | Path, thresholds: HealthThresholds | None = None
     config = _load_json(run_dir / "config.json")
     bands = kl_bands(config, tasks_in(history, "kl/"))
     findings = check(history, thresholds, bands, evals or None, config)
+    findings += heldout_collapse(heldout_answers(run_dir), evals, thresholds or HealthThresholds())
     level, reasons = verdict(findings, rl_steps(history), thresholds)
     cleared = replayed(history, thresholds, bands, evals or None, config).cleared
     suggestions = list(dict.fromkeys(f.suggestion for f in findings))
