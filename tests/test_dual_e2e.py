@@ -67,3 +67,23 @@ def test_dual_preset_through_the_llm_judge(tmp_path, monkeypatch):
     for path in run.run_dir.rglob("*"):
         if path.is_file():
             assert b"sk-test-secret-123" not in path.read_bytes(), f"API key leaked into {path}"
+
+
+def test_dual_preset_with_shuffled_options_and_recognition_records_the_gold_label_measures(tmp_path):
+    run = G.main(_cfg(tmp_path, "data.shuffle_options=true", "data.halueval_subsets=general_recognition",
+                      "data.eval_size=6", "train.max_steps=2"))
+    assert any("shuffled" in s.meta for s in run.train["fairness"])
+    assert all(s.gold["subset"] == "general_recognition" for s in run.heldout["hallucination"])
+    measures = json.loads((run.run_dir / "measures.json").read_text())
+    after = measures["after_rl"]
+    assert list(after["bbq"]) == ["fairness"] and list(after["recognition"]) == ["hallucination"]
+    rec = after["recognition"]["hallucination"]["overall"]
+    assert rec["n_yes"] + rec["n_no"] == len(run.heldout["hallucination"][:6])
+    rows = [json.loads(x) for x in (run.run_dir / "metrics.jsonl").read_text().splitlines()]
+    if rec["balanced_accuracy"] is not None:
+        logged = [r["eval/hallucination/recognition/balanced_accuracy"] for r in rows
+                  if "eval/hallucination/recognition/balanced_accuracy" in r]
+        assert logged[-1] == rec["balanced_accuracy"]
+    report = json.loads((run.run_dir / "report.json").read_text())
+    assert report["recognition"]["hallucination"]["after_rl"] == rec["balanced_accuracy"]
+    assert report["bbq"]["fairness"]["after_rl"] == after["bbq"]["fairness"]["overall"]
