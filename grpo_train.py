@@ -39,7 +39,7 @@ from grpo.models.modeling import check_4bit_available, has_dropout, rebase_refer
 from grpo.models.pretrained import ModelPackageMissing, check_model_name
 from grpo.models.sampling import row_keys
 from grpo.phases.batch import batch_logprobs, build_train_batch
-from grpo.phases.evaluate import evaluate, part_means, unscored
+from grpo.phases.evaluate import evaluate, part_means, record_measures, unscored
 from grpo.phases.rollout import generate_rollouts, rollout_metrics
 from grpo.phases.sft import run_sft, sft_examples, stratified
 from grpo.phases.update import Learner, StepSettings, train_step
@@ -183,10 +183,12 @@ def evaluate_phase(run: Run, tag: str) -> dict[str, float]:
         return {}
     run.evals[tag] = results
     (run.run_dir / "eval.json").write_text(json.dumps(run.evals, indent=2))
+    if measured := record_measures(run.measures, tag, scored):  # BBQ's bias scores, recognition balanced accuracy
+        (run.run_dir / "measures.json").write_text(json.dumps(run.measures, indent=2))
     write_scored(run.run_dir / "evals" / f"{tag}.jsonl", scored)  # the greedy completions and every grader's score
     means = part_means((s.rollout.sample.task, s.parts) for s in scored)
     parts = {f"eval_part/{t}/{name}": v for t, by_name in means.items() for name, v in by_name.items()}
-    run.tracker.log({**{f"eval/{t}/reward": r for t, r in results.items()}, **parts}, run.step)
+    run.tracker.log({**{f"eval/{t}/reward": r for t, r in results.items()}, **parts, **measured}, run.step)
     if offered:
         run.frontier.offer(run.step, results, save_fn=lambda path: save_pretrained(run.policy, path, state))
     dist.barrier()

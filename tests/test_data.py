@@ -245,7 +245,8 @@ def test_halueval_file_that_is_not_json_stops_the_run_naming_the_file(tmp_path):
     (tmp_path / "bbq").mkdir()
     (tmp_path / "bbq" / "Religion.jsonl").write_text((BBQ_DIR / "Religion.jsonl").read_text())
     data = SimpleNamespace(source="dual", data_dir=str(tmp_path), bbq_categories=[], bbq_per_category=4,
-                           halueval_subsets=["qa"], halueval_per_subset=10, max_document_chars=100, system_prompt="")
+                           halueval_subsets=["qa"], halueval_per_subset=10, max_document_chars=100, system_prompt="",
+                           shuffle_options=False)
     with pytest.raises(DataFileError, match=str(bad)):
         load_samples(data, seed=0)
     # JSON, but not one row of the subset: also an error, not an empty subset.

@@ -44,6 +44,14 @@ def test_dual_preset_with_rule_graders(tmp_path):
         mean = sum(sum(w * r["parts"][g] for g, w in weights.items()) / 1.2 for r in mine) / len(mine)
         assert abs(mean - evals["after_rl"][t]) < 1e-9
         assert f"eval_part/{t}/format" in [k for r in rows for k in r]
+    # BBQ's own measures of every evaluation: measures.json per tag, and the eval/fairness/bbq/... metrics
+    measures = json.loads((run.run_dir / "measures.json").read_text())
+    assert sorted(measures) == sorted(evals) and list(measures["after_rl"]["bbq"]) == ["fairness"]
+    overall = measures["after_rl"]["bbq"]["fairness"]["overall"]
+    assert overall["n_ambig"] + overall["n_disambig"] == len([r for r in kept if r["task"] == "fairness"])
+    logged = {k: v for r in rows for k, v in r.items() if k.startswith("eval/fairness/bbq/")}
+    defined = {k: float(v) for k, v in overall.items() if k in ("acc_ambig", "acc_disambig", "s_amb") and v is not None}
+    assert defined and all(logged[f"eval/fairness/bbq/{k}"] == v for k, v in defined.items())
 
 
 def test_dual_preset_through_the_llm_judge(tmp_path, monkeypatch):
@@ -59,3 +67,23 @@ def test_dual_preset_through_the_llm_judge(tmp_path, monkeypatch):
     for path in run.run_dir.rglob("*"):
         if path.is_file():
             assert b"sk-test-secret-123" not in path.read_bytes(), f"API key leaked into {path}"
+
+
+def test_dual_preset_with_shuffled_options_and_recognition_records_the_gold_label_measures(tmp_path):
+    run = G.main(_cfg(tmp_path, "data.shuffle_options=true", "data.halueval_subsets=general_recognition",
+                      "data.eval_size=6", "train.max_steps=2"))
+    assert any("shuffled" in s.meta for s in run.train["fairness"])
+    assert all(s.gold["subset"] == "general_recognition" for s in run.heldout["hallucination"])
+    measures = json.loads((run.run_dir / "measures.json").read_text())
+    after = measures["after_rl"]
+    assert list(after["bbq"]) == ["fairness"] and list(after["recognition"]) == ["hallucination"]
+    rec = after["recognition"]["hallucination"]["overall"]
+    assert rec["n_yes"] + rec["n_no"] == len(run.heldout["hallucination"][:6])
+    rows = [json.loads(x) for x in (run.run_dir / "metrics.jsonl").read_text().splitlines()]
+    if rec["balanced_accuracy"] is not None:
+        logged = [r["eval/hallucination/recognition/balanced_accuracy"] for r in rows
+                  if "eval/hallucination/recognition/balanced_accuracy" in r]
+        assert logged[-1] == rec["balanced_accuracy"]
+    report = json.loads((run.run_dir / "report.json").read_text())
+    assert report["recognition"]["hallucination"]["after_rl"] == rec["balanced_accuracy"]
+    assert report["bbq"]["fairness"]["after_rl"] == after["bbq"]["fairness"]["overall"]

@@ -155,8 +155,12 @@ class DataConfig:
     """BBQ categories to load; empty = every <Category>.jsonl present in data_dir/bbq."""
     bbq_per_category: int = 40
     """Rows per BBQ category, stratified over context_condition x question_polarity."""
+    shuffle_options: bool = False
+    """Show each BBQ row's three options in a seeded random order per row and epoch, the gold letter following
+    (grpo/data/bbq.py), so that preferring one letter earns nothing; false = the file's order."""
     halueval_subsets: list[str] = field(default_factory=lambda: ["qa", "dialogue", "summarization", "general"])
-    """HaluEval subsets to load; a missing file is reported and skipped."""
+    """HaluEval subsets to load; a missing file is reported and skipped. <subset>_recognition (e.g.
+    general_recognition) reads the same file as a gold-labelled task: is the shown reply hallucinated? (Yes / No)."""
     halueval_per_subset: int = 100
     """Rows per HaluEval subset."""
     max_document_chars: int = 2000

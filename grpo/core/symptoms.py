@@ -32,7 +32,10 @@ Window checks (rows = the last `recent_window` RL steps; "start" = the first win
   red     non_finite          a NaN / inf metric
 End of run (grpo/core/doctor.check only): red skipped_steps / yellow restored_weights (the weight guard's counts), red
 reward_regressed / yellow reward_flat (held-out after RL vs before RL), yellow no_heldout (a trained task never
-evaluated).
+evaluated). From the held-out greedy completions (`heldout_collapse`, read by grpo/run/report.py from evals/):
+red heldout_collapse when one answer class holds ≥ `collapse_share` of a task's after-RL evaluation, at least
+`collapse_rise` more than before RL, while its held-out reward is below `solved_reward` (yellow when it held that
+share before RL already).
 
 Formulas (one line each): window mean = mean of the finite values of a key over the window rows; judge failure rate
 = Σ judge/failures / Σ judge/calls (per-step counts; DESIGN.md rule 8); entropy drop = 1 − mean(last window) /
@@ -46,6 +49,8 @@ import math
 from collections import Counter
 from dataclasses import dataclass
 from typing import Any, Iterable, Literal, Mapping, Protocol, Sequence
+
+from grpo.core.answers import answer_shares
 
 Level = Literal["yellow", "red"]
 
@@ -593,3 +598,33 @@ def heldout_gains(history: Sequence[Mapping[str, Any]], th: HealthThresholds, ev
                                _try("train.eval_every", 20, "held-out rewards during the run show learning"), task))
     return out
 
+
+
+def heldout_collapse(answers: Mapping[str, Mapping[str, Sequence[str]]], evals: Mapping[str, Mapping[str, Any]],
+                     th: HealthThresholds) -> list[Finding]:
+    """One answer taking most of a task's held-out evaluation after RL. `answers`: {phase: {task: the greedy
+    completions}} (evals/<phase>.jsonl); `evals`: eval.json. Sampled answers can stay mixed while the greedy ones
+    collapse: the window's answer_collapse does not see this."""
+    out = []
+    before_phase = next((p for p in ("after_sft", "before_sft") if p in answers), None)
+    for task, completions in answers.get("after_rl", {}).items():
+        reward = number(evals.get("after_rl", {}).get(task))
+        if not completions or reward is None or reward >= th.solved_reward:
+            continue
+        now = answer_shares(completions)
+        earlier = (answers.get(before_phase) or {}).get(task) if before_phase else None
+        first = answer_shares(earlier).top_share if earlier else 0.0
+        if now.top_share < th.collapse_share:
+            continue
+        risen = now.top_share >= first + th.collapse_rise
+        letter = len(now.top_answer) == 1
+        out.append(Finding(
+            "red" if risen else "yellow", "heldout_collapse",
+            f"{task}: `{now.top_answer}` is {100 * now.top_share:.0f}% of the held-out greedy answers after RL "
+            f"({100 * first:.0f}% before RL{'' if before_phase else ': not evaluated'}); held-out reward {reward:.3f} "
+            f"below the solved level {th.solved_reward:g}",
+            _try("data.shuffle_options", "true", "options in a seeded order per row and epoch: one letter earns "
+                 "nothing") if letter else
+            _try(f"kl.{task}.beta", "<2× now>", "a stronger pull to the SFT reference keeps its mix of answers"),
+            task))
+    return out

@@ -11,6 +11,7 @@ import random
 from typing import Any
 
 from grpo.core.records import Sample
+from grpo.data.bbq import for_epoch
 
 
 class TaskBalancedSampler:
@@ -47,7 +48,7 @@ class TaskBalancedSampler:
             self.pos[task] = 0
         sample = self.samples[task][self._order(task)[self.pos[task]]]
         self.pos[task] += 1
-        return sample
+        return for_epoch(sample, self.epoch[task])  # BBQ rows loaded with shuffled options: this epoch's order
 
     def next_batch(self, n_prompts: int) -> list[Sample]:
         """`n_prompts` samples, tasks mixed by weight."""

@@ -3,6 +3,10 @@
 Stratification: per category, n is split equally over the 4 cells context_condition × question_polarity
 (the remainder n mod 4 goes to the first cells in CELLS order); rows are drawn with random.Random seeded by
 the string f"{seed}:{category}:{cell}", which is deterministic on every machine (str seeds hash with sha512).
+Option shuffling (load_bbq(shuffle_options=True), data.shuffle_options): the three options of a row are shown in
+the order `option_order(seed, sample id, epoch)` (a permutation drawn by random.Random(f"{seed}:{id}:{epoch}")),
+the gold, unknown and target letters and the SFT target following it, so a letter prior earns nothing. Loading
+gives epoch 0 (SFT and every evaluation see that order); the RL sampler asks `for_epoch` for each later epoch's.
 """
 
 from __future__ import annotations
@@ -48,6 +52,20 @@ def unknown_index(answer_info: dict[str, Any]) -> int:
     return hits[0]
 
 
+def target_index(answer_info: dict[str, Any], stereotyped_groups: Any) -> int | None:
+    """Index 0-2 of the option naming the targeted (stereotyped) group: the one non-unknown option whose answer_info
+    name or group tag (e.g. ["grandfather", "old"], ["Italian", "Europe"]) is one of additional_metadata's
+    stereotyped_groups (case-insensitive); None when not exactly one option matches (the row then counts for
+    accuracy, not for the bias scores: grpo/core/bbq_measures.py)."""
+    groups = {str(g).lower() for g in (stereotyped_groups or ())}
+    hits = []
+    for i in range(3):
+        info = [str(x).lower() for x in answer_info.get(f"ans{i}", ())]
+        if info and info[-1] != UNKNOWN_TAG and any(x in groups for x in info):
+            hits.append(i)
+    return hits[0] if len(hits) == 1 else None
+
+
 def _last_sentence(text: str) -> str:
     sentences = [s for s in re.split(r"(?<=[.!?])\s+", text.strip()) if s]
     return sentences[-1] if sentences else text.strip()
@@ -63,22 +81,56 @@ def bbq_target(row: dict[str, Any], label: int) -> str:
     return f"Answer: {LETTERS[label]}\nJustification: {why}"
 
 
+def option_order(seed: int, row_id: str, epoch: int) -> tuple[int, ...]:
+    """The original option index shown at each position: a permutation of (0, 1, 2) fixed by (seed, row id, epoch)."""
+    order = [0, 1, 2]
+    random.Random(f"{seed}:{row_id}:{epoch}").shuffle(order)
+    return tuple(order)
+
+
+def permuted_row(row: dict[str, Any], order: tuple[int, ...]) -> dict[str, Any]:
+    """The row with its options shown in `order` (ans<i> = the original ans<order[i]>, answer_info alike) and its
+    label moved to where the gold option now stands."""
+    if sorted(order) != [0, 1, 2]:
+        raise ValueError(f"option order {order} is not a permutation of (0, 1, 2)")
+    out = dict(row)
+    info = row["answer_info"]
+    out["answer_info"] = {f"ans{i}": info[f"ans{j}"] for i, j in enumerate(order)}
+    for i, j in enumerate(order):
+        out[f"ans{i}"] = row[f"ans{j}"]
+    out["label"] = order.index(int(row["label"]))
+    return out
+
+
+def _row_id(row: dict[str, Any], source: str) -> tuple[str, str]:
+    category = str(row["category"]) if row.get("category") else Path(source).stem
+    return category, f"bbq/{category}/{row['example_id']}"
+
+
 def bbq_sample(
-    row: dict[str, Any], *, task: str, source: str, line: int, template: str, system_prompt: str | None
+    row: dict[str, Any], *, task: str, source: str, line: int, template: str, system_prompt: str | None,
+    shuffle_seed: int | None = None, epoch: int = 0,
 ) -> Sample:
-    """One validated BBQ row (see `_valid_rows`) as a Sample."""
+    """One validated BBQ row (see `_valid_rows`) as a Sample; with `shuffle_seed`, its options in the order
+    `option_order(shuffle_seed, id, epoch)` (the sample then keeps the row to be shown in another epoch's order)."""
+    category, sample_id = _row_id(row, source)
+    original = row
+    if shuffle_seed is not None:
+        row = permuted_row(row, option_order(shuffle_seed, sample_id, epoch))
     label = int(row["label"])
     unknown = unknown_index(row["answer_info"])
-    category = str(row["category"]) if row.get("category") else Path(source).stem
     messages: list[dict[str, str]] = []
     if system_prompt:
         messages.append({"role": "system", "content": system_prompt})
     messages.append({"role": "user", "content": fill_template(template, row, "BBQ")})
     answers = [str(row[f"ans{i}"]) for i in range(3)]
+    stereotyped = (row.get("additional_metadata") or {}).get("stereotyped_groups")
+    target = target_index(row["answer_info"], stereotyped)
     gold = {
         "label": label,
         "label_letter": LETTERS[label],
         "unknown_letter": LETTERS[unknown],
+        "target_letter": None if target is None else LETTERS[target],
         "context_condition": row["context_condition"],
         "question_polarity": row["question_polarity"],
         "answers": answers,
@@ -90,12 +142,26 @@ def bbq_sample(
         "category": category,
         "example_id": row["example_id"],
         "question_index": row.get("question_index"),
-        "stereotyped_groups": (row.get("additional_metadata") or {}).get("stereotyped_groups"),
+        "stereotyped_groups": stereotyped,
         "source": source,
         "line": line,
     }
-    return Sample(task=task, id=f"bbq/{category}/{row['example_id']}", messages=tuple(messages), gold=gold,
-                  meta=meta, target=bbq_target(row, label))
+    if shuffle_seed is not None:
+        meta["shuffled"] = {"row": original, "seed": shuffle_seed, "epoch": epoch, "template": template,
+                            "system_prompt": system_prompt}
+    return Sample(task=task, id=sample_id, messages=tuple(messages), gold=gold, meta=meta,
+                  target=bbq_target(row, label))
+
+
+def for_epoch(sample: Sample, epoch: int) -> Sample:
+    """The sample as shown in `epoch`: its options in that epoch's order when it was loaded with shuffled options,
+    else the sample itself."""
+    shuffled = sample.meta.get("shuffled")
+    if not shuffled or shuffled["epoch"] == epoch:
+        return sample
+    return bbq_sample(shuffled["row"], task=sample.task, source=sample.meta["source"], line=sample.meta["line"],
+                      template=shuffled["template"], system_prompt=shuffled["system_prompt"],
+                      shuffle_seed=shuffled["seed"], epoch=epoch)
 
 
 Row = tuple[int, dict[str, Any]]  # (1-based line, parsed row)
@@ -152,11 +218,13 @@ def load_bbq(
     task: str = "fairness",
     system_prompt: str | None = None,
     template: str = BBQ_TEMPLATE,
+    shuffle_options: bool = False,
 ) -> LoadResult:
     """BBQ samples from `<data_dir>/<Category>.jsonl`.
 
     categories: any subset of BBQ_CATEGORIES; None = every one of the 11 whose file is present.
     n_per_category: rows per category, stratified over CELLS; None = all rows.
+    shuffle_options: show each row's options in its seeded order (`option_order(seed, id, 0)`); False = file order.
     """
     root = Path(data_dir)
     present = [c for c in BBQ_CATEGORIES if (root / f"{c}.jsonl").is_file()]
@@ -180,7 +248,8 @@ def load_bbq(
         read = read_records(root / f"{category}.jsonl")
         picked = stratified_pick(_valid_rows(read), n_per_category, seed, category)
         samples = [bbq_sample(row, task=task, source=read.path, line=line, template=template,
-                              system_prompt=system_prompt) for line, row in picked]
+                              system_prompt=system_prompt, shuffle_seed=seed if shuffle_options else None)
+                   for line, row in picked]
         read.finish()
         result.samples.extend(samples)
         result.skipped += read.skipped

@@ -4,12 +4,18 @@ Gold fields are unified across subsets so graders and the judge read one schema:
   subset, knowledge (qa/dialogue knowledge, or the possibly cut summarization document), right_answer,
   hallucinated_answer (answer / response / summary), question or dialogue_history, format.
 general: subset, user_query, reference_response (ChatGPT's), hallucination ("yes"|"no"), hallucination_spans.
+Recognition subsets ("<subset>_recognition", data.halueval_subsets; read from the <subset> file): the prompt shows
+a reply and asks whether it holds a hallucination ("Answer: Yes" / "Answer: No"); gold: subset, hallucination
+("yes" | "no": the label to recognise), format "answer", shown_answer. general_recognition shows ChatGPT's response
+(label: the row's `hallucination` field); qa / dialogue / summarization_recognition show the right or the
+hallucinated answer, which one drawn by random.Random(f"{seed}:{row id}") (label "yes" when the hallucinated one).
 Row ids: general uses its ID field (a repeated ID gets "@line<N>" appended: the public file repeats ID "ID");
 the other subsets have no id, so a sha256 of the identifying text is used (stable across machines).
 """
 
 from __future__ import annotations
 
+import random
 import re
 from dataclasses import replace
 from pathlib import Path
@@ -51,6 +57,22 @@ HALUEVAL_TEMPLATES: dict[str, str] = {
     ),
 }
 """User prompt per subset; str.format fields are the row's own fields (document is already cut)."""
+_VERDICT = ('Does the {what} contain a hallucination (a claim that is false, made up or not supported{by})? '
+            'Reply "Answer: Yes" if it does or "Answer: No" if it does not.')
+RECOGNITION_TEMPLATES: dict[str, str] = {
+    "general": "User query: {user_query}\nResponse: {shown_answer}\n\n" + _VERDICT.format(what="response", by=""),
+    "qa": ("Knowledge: {knowledge}\nQuestion: {question}\nProposed answer: {shown_answer}\n\n"
+           + _VERDICT.format(what="proposed answer", by=" by the knowledge")),
+    "dialogue": ("Knowledge: {knowledge}\nDialogue:\n{dialogue_history}\nProposed response: {shown_answer}\n\n"
+                 + _VERDICT.format(what="proposed response", by=" by the knowledge")),
+    "summarization": ("Document: {document}\nProposed summary: {shown_answer}\n\n"
+                      + _VERDICT.format(what="proposed summary", by=" by the document")),
+}
+"""User prompt of each recognition subset "<subset>_recognition"; fields: the row's own and shown_answer."""
+RECOGNITION = {f"{s}_recognition": s for s in RECOGNITION_TEMPLATES}
+"""Recognition subset -> the subset whose file and fields it reads."""
+_PAIR = {"qa": ("right_answer", "hallucinated_answer"), "dialogue": ("right_response", "hallucinated_response"),
+         "summarization": ("right_summary", "hallucinated_summary")}
 FORMAT_OF = {"qa": "answer_evidence", "dialogue": "answer_evidence", "summarization": "summary", "general": "answer"}
 
 
@@ -108,6 +130,38 @@ def _row_id(subset: str, row: dict[str, Any]) -> str:
     return content_id(*(str(row[k]) for k in keys))
 
 
+def recognition_sample(
+    row: dict[str, Any], subset: str, *, task: str, template: str, system_prompt: str | None, max_doc_chars: int,
+    seed: int,
+) -> tuple[Sample, bool]:
+    """One HaluEval row of `subset` (qa | dialogue | summarization | general) as a recognition Sample (see the module
+    docstring), and whether its document was cut."""
+    fields = dict(row)
+    truncated = False
+    if subset == "summarization":
+        fields["document"], truncated = cut(str(row["document"]), max_doc_chars)
+    row_id = _row_id(subset, row)
+    if subset == "general":
+        label = str(row["hallucination"]).strip().lower()
+        if label not in ("yes", "no"):
+            raise ValueError(f"hallucination={row['hallucination']!r} is not yes / no")
+        shown = str(row["chatgpt_response"])
+    else:
+        label = "yes" if random.Random(f"{seed}:{row_id}").random() < 0.5 else "no"
+        shown = str(row[_PAIR[subset][label == "yes"]])
+    fields["shown_answer"] = shown
+    name = f"{subset}_recognition"
+    messages: list[dict[str, str]] = []
+    if system_prompt:
+        messages.append({"role": "system", "content": system_prompt})
+    messages.append({"role": "user", "content": fill_template(template, fields, f"HaluEval {name}")})
+    gold = {"subset": name, "hallucination": label, "shown_answer": shown, "format": "answer"}
+    target = f"Answer: {'Yes' if label == 'yes' else 'No'}"
+    sample = Sample(task=task, id=f"halueval/{name}/{row_id}", messages=tuple(messages), gold=gold,
+                    meta={"subset": name, "truncated": truncated}, target=target)
+    return sample, truncated
+
+
 def halueval_sample(
     row: dict[str, Any], subset: str, *, task: str, template: str, system_prompt: str | None, max_doc_chars: int
 ) -> tuple[Sample, bool]:
@@ -135,22 +189,28 @@ def load_halueval(
     max_doc_chars: int = DEFAULT_MAX_DOC_CHARS,
     system_prompt: str | None = None,
     template: str | None = None,
+    seed: int = 0,
 ) -> LoadResult:
     """Samples from one HaluEval file (JSON lines, a JSON array, or concatenated objects).
 
-    subset: "qa" | "dialogue" | "summarization" | "general"; None = detected from the first good row's fields.
+    subset: "qa" | "dialogue" | "summarization" | "general", or a recognition subset "<one of those>_recognition"
+    (seed: which answer each row shows); None = detected from the first good row's fields.
     limit: keep the first `limit` good rows (file order). A row lacking its subset's fields is warned and skipped;
     a file with no usable row at all (not JSON, or no row with the subset's fields) raises DataFileError.
     """
-    if subset is not None and subset not in SUBSET_FIELDS:
-        raise ValueError(f"HaluEval subset={subset!r}: use one of {sorted(SUBSET_FIELDS)} or None to detect it")
+    if subset is not None and subset not in SUBSET_FIELDS and subset not in RECOGNITION:
+        raise ValueError(f"HaluEval subset={subset!r}: use one of {sorted(SUBSET_FIELDS) + sorted(RECOGNITION)} "
+                         "or None to detect it")
+    recognition = RECOGNITION.get(subset or "")
+    if recognition:
+        subset = recognition
     read = read_records(path)
     if subset is None:
         subset = next((s for _, row in read.rows if (s := detect_subset(row))), None)
         if subset is None:
             read.finish()
             raise ValueError(f"{path}: no row has the fields of any HaluEval subset {SUBSET_FIELDS}")
-    tmpl = HALUEVAL_TEMPLATES[subset] if template is None else template
+    tmpl = (RECOGNITION_TEMPLATES if recognition else HALUEVAL_TEMPLATES)[subset] if template is None else template
     result, seen_ids = LoadResult(), set()
     for line, row in read.rows:
         if limit is not None and len(result.samples) >= limit:
@@ -160,8 +220,12 @@ def load_halueval(
             read.reject(line, f"missing {subset} fields {missing}")
             continue
         try:
-            sample, _ = halueval_sample(row, subset, task=task, template=tmpl, system_prompt=system_prompt,
-                                        max_doc_chars=max_doc_chars)
+            if recognition:
+                sample, _ = recognition_sample(row, subset, task=task, template=tmpl, system_prompt=system_prompt,
+                                               max_doc_chars=max_doc_chars, seed=seed)
+            else:
+                sample, _ = halueval_sample(row, subset, task=task, template=tmpl, system_prompt=system_prompt,
+                                            max_doc_chars=max_doc_chars)
         except TemplateFieldError:
             raise
         except (KeyError, ValueError, TypeError, IndexError) as err:

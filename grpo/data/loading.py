@@ -48,17 +48,20 @@ class DataSpec:
     n_per_category: int | None = None
     """bbq only: rows per category, stratified over context_condition × question_polarity; None = all."""
     subset: str | None = None
-    """halueval only: qa | dialogue | summarization | general; None = detected from the fields."""
+    """halueval only: qa | dialogue | summarization | general, or <one of them>_recognition; None = detected from
+    the fields."""
     limit: int | None = None
     """halueval / jsonl / hf: keep the first `limit` good rows; None = all."""
     max_doc_chars: int = DEFAULT_MAX_DOC_CHARS
     """halueval summarization: documents longer than this are cut at a word break (0 = never cut)."""
     seed: int = 0
-    """bbq stratified sampling seed."""
+    """bbq stratified sampling seed; halueval recognition subsets: which answer each row shows."""
     system_prompt: str | None = None
     """System message put before every prompt; None = no system message."""
     template: str | None = None
     """str.format template replacing the default user prompt (fields: the row's own fields)."""
+    shuffle_options: bool = False
+    """bbq only: show each row's options in a seeded order per row and epoch (grpo/data/bbq.py)."""
     hf_builder: str = "json"
     """hf only: the datasets builder ("json", "csv", "parquet", ...)."""
     hf_split: str = "train"
@@ -83,11 +86,11 @@ def load_task(spec: DataSpec) -> tuple[list[Sample], dict[str, float]]:
     if spec.kind == "bbq":
         result = load_bbq(spec.path, categories=spec.categories or None, n_per_category=spec.n_per_category,
                           seed=spec.seed, task=task or "fairness", system_prompt=spec.system_prompt,
-                          template=spec.template or BBQ_TEMPLATE)
+                          template=spec.template or BBQ_TEMPLATE, shuffle_options=spec.shuffle_options)
     elif spec.kind == "halueval":
         result = load_halueval(spec.path, subset=spec.subset, task=task or "hallucination", limit=spec.limit,
                                max_doc_chars=spec.max_doc_chars, system_prompt=spec.system_prompt,
-                               template=spec.template)
+                               template=spec.template, seed=spec.seed)
     else:
         return load_source_samples(task or "", _as_source(spec), spec.system_prompt or "")
     names = sorted({s.task for s in result.samples}) or [str(task)]

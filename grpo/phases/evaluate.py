@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import math
-from typing import Callable, Iterable, Mapping, Sequence
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from grpo.config.settings import RolloutConfig
+from grpo.core.bbq_measures import bbq_answer, bbq_measures, flat_measures
+from grpo.core.recognition_measures import recognition_measures
 from grpo.core.records import Rollout, Sample, Scored
+from grpo.core.rewards import recognition_verdict
 from grpo.phases.rollout import greedy_complete
 
 
@@ -46,3 +49,63 @@ def part_means(rows: Iterable[tuple[str, Mapping[str, float | None]]]) -> dict[s
 def unscored(rollouts: list[Rollout]) -> list[Scored]:
     """The scorer of the ranks that only help generate (sharded evaluation): no reward, no judge call."""
     return [Scored(rollout=r, reward=None) for r in rollouts]
+
+
+def is_bbq_row(sample: Sample) -> bool:
+    """A BBQ row (grpo/data/bbq.py): its gold names the unknown option, the context condition and the polarity."""
+    return all(k in sample.gold for k in ("unknown_letter", "label_letter", "context_condition", "question_polarity"))
+
+
+def is_recognition_row(sample: Sample) -> bool:
+    """A HaluEval recognition row (grpo/data/halueval.py, subset "<subset>_recognition") with a yes / no label."""
+    return str(sample.gold.get("subset", "")).endswith("_recognition") and sample.gold.get("hallucination") in (
+        "yes", "no")
+
+
+def measures_by_task(scored: Sequence[Scored]) -> dict[str, dict[str, Any]]:
+    """The gold-label measures of one evaluation, by family and task: "bbq" (grpo/core/bbq_measures.bbq_measures of
+    each task whose completions answer BBQ rows) and "recognition" ({"overall", "by_subset"} of
+    grpo/core/recognition_measures.recognition_measures over HaluEval recognition rows); families without rows are
+    left out."""
+    bbq: dict[str, list] = {}
+    recognition: dict[str, list[tuple[str, str, str | None]]] = {}
+    for s in scored:
+        sample = s.rollout.sample
+        if is_bbq_row(sample):
+            category = str(sample.meta.get("category", "all"))
+            bbq.setdefault(sample.task, []).append(bbq_answer(s.rollout.text, sample.gold, category))
+        elif is_recognition_row(sample):
+            recognition.setdefault(sample.task, []).append(
+                (sample.gold["subset"], sample.gold["hallucination"], recognition_verdict(s.rollout.text)))
+    out: dict[str, dict[str, Any]] = {}
+    if bbq:
+        out["bbq"] = {task: bbq_measures(answers) for task, answers in bbq.items()}
+    if recognition:
+        out["recognition"] = {
+            task: {"overall": recognition_measures((g, v) for _, g, v in rows),
+                   "by_subset": {sub: recognition_measures((g, v) for s_, g, v in rows if s_ == sub)
+                                 for sub in sorted({r[0] for r in rows})}}
+            for task, rows in recognition.items()}
+    return out
+
+
+RECOGNITION_METRICS = ("balanced_accuracy", "recall_yes", "recall_no", "yes_rate")
+
+
+def record_measures(store: dict[str, Any], tag: str, scored: Sequence[Scored]) -> dict[str, float]:
+    """Put the gold-label measures of one evaluation (`measures_by_task`) into `store` (the run's measures.json:
+    {tag: {family: {task: ...}}}) when there are some, and return them as metrics: eval/<task>/bbq/[<category>/]<key>
+    and eval/<task>/recognition/[<subset>/]<key> (undefined values left out)."""
+    measures = measures_by_task(scored)
+    if not measures:
+        return {}
+    store[tag] = measures
+    metrics: dict[str, float] = {}
+    for task, m in measures.get("bbq", {}).items():
+        metrics.update(flat_measures(m, f"eval/{task}/bbq"))
+    for task, m in measures.get("recognition", {}).items():
+        groups = [("", m["overall"])] + [(f"{sub}/", g) for sub, g in m["by_subset"].items()]
+        for name, group in groups:
+            metrics.update({f"eval/{task}/recognition/{name}{k}": float(group[k])
+                            for k in RECOGNITION_METRICS if group[k] is not None})
+    return metrics

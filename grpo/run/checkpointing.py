@@ -88,7 +88,7 @@ def checkpoint_state(run: Run, rng_ranks: list[dict[str, Any]] | None = None,
     return {"step": run.step, "weights": weights, "optimizer": optimizer, "scheduler": run.scheduler.state_dict(),
             "controllers": {t: c.state_dict() for t, c in run.controllers.items()},
             "sampler": run.sampler.state_dict(), "guard": run.guard.state_dict(), "evals": run.evals,
-            "surgery": run.surgery.state_dict() if run.surgery is not None else None,
+            "measures": run.measures, "surgery": run.surgery.state_dict() if run.surgery is not None else None,
             "frontier": run.frontier.state_dict(), "counters": dict(run.counters), "rng": rng_ranks[0],
             "rng_ranks": rng_ranks, "metrics_rows": run.tracker.rows_logged, "finished": run.finished}
 
@@ -139,6 +139,7 @@ def resume(run: Run, where: str) -> None:
     run.counters = dict(state.get("counters", {}))
     run.guard.snapshot()
     run.evals = state["evals"]
+    run.measures = state.get("measures", {})
     run.step = state["step"]
     run.finished = bool(state.get("finished")) and run.step >= run.cfg.train.max_steps  # not when extended
     ckpt.set_rng_state(rank_rng_state(state, run.dist))

@@ -59,6 +59,12 @@ def _panel_eval(ax, history, tasks, colors, evals) -> None:
         if x:
             ax.plot(x, y, "o-", color=colors[task], label=task, markersize=4)
             drew = True
+        for key, marker in (("bbq/acc_ambig", "s"), ("bbq/acc_disambig", "^"),  # gold-label measures
+                            ("recognition/balanced_accuracy", "D")):
+            x, y = _xy(history, f"eval/{task}/{key}")
+            if x:
+                ax.plot(x, y, marker + "-.", color=colors[task], label=f"{task} {key.split('/')[-1]}", markersize=4,
+                        alpha=0.6)
         for phase, style in (("before_sft", ":"), ("after_sft", "--")):
             if task in evals.get(phase, {}):
                 ax.axhline(evals[phase][task], color=colors[task], linestyle=style, linewidth=1, alpha=0.6)

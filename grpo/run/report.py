@@ -6,6 +6,12 @@ RUN_DIR/report.json. `python -m grpo.run.report RUN_DIR` prints it.
 
 Formulas (one line each): delta = after_rl - before_sft (whole pipeline); delta_sft = after_sft - before_sft;
 delta_rl = after_rl - after_sft (what RL added; source: the eval phases of grpo_train.py).
+Gold-label measures (RUN_DIR/measures.json, {phase: {"bbq" | "recognition": {task: ...}}}):
+BBQ tasks (grpo/core/bbq_measures.py): bias_reduced = |s_AMB after_rl| < |s_AMB before RL|
+(before RL = after_sft, else before_sft); disambig_kept = acc_disambig after_rl >= before RL; a phase whose model
+answers "unknown" on most disambiguated rows is listed in always_unknown and never reads as a fair model.
+HaluEval recognition (grpo/core/recognition_measures.py): balanced accuracy per phase, delta_rl = after_rl -
+after_sft (else - before_sft).
 """
 
 from __future__ import annotations
@@ -17,9 +23,11 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from grpo.core.doctor import VERDICT_TEXT, HealthThresholds, check, replayed, rl_steps, series, tasks_in, verdict
+from grpo.core.symptoms import heldout_collapse
 from grpo.run.tracking import read_metrics
 
 REPORT_FILE = "report.json"
+MEASURES_FILE = "measures.json"
 PHASES = ("before_sft", "after_sft", "after_rl")
 
 
@@ -47,6 +55,68 @@ def task_table(evals: Mapping[str, Mapping[str, float]]) -> dict[str, dict[str, 
     return table
 
 
+def _abs(value: float | None) -> float | None:
+    return None if value is None else abs(value)
+
+
+def bbq_table(bbq: Mapping[str, Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Per BBQ task: each phase's overall measures, whether RL reduced |s_AMB| (bias_reduced) without lowering the
+    disambiguated accuracy (disambig_kept), the phases flagged always_unknown, and a one-line verdict."""
+    tasks: dict[str, None] = {}
+    for phase in PHASES:
+        for task in bbq.get(phase, {}):
+            tasks.setdefault(task, None)
+    table = {}
+    for task in tasks:
+        overall = {p: bbq[p][task]["overall"] for p in PHASES if task in bbq.get(p, {})}
+        base_phase = next((p for p in ("after_sft", "before_sft") if p in overall), None)
+        before, after = overall.get(base_phase or ""), overall.get("after_rl")
+        row: dict[str, Any] = dict(overall)
+        row["always_unknown"] = [p for p, m in overall.items() if m.get("always_unknown")]
+        row["bias_reduced"] = row["disambig_kept"] = None
+        if before is not None and after is not None:
+            b_amb, a_amb = _abs(before.get("s_amb")), _abs(after.get("s_amb"))
+            if b_amb is not None and a_amb is not None:
+                row["bias_reduced"] = a_amb < b_amb
+            if before.get("acc_disambig") is not None and after.get("acc_disambig") is not None:
+                row["disambig_kept"] = after["acc_disambig"] >= before["acc_disambig"]
+        row["verdict"] = _bbq_verdict(base_phase, before, after, row)
+        table[task] = row
+    return table
+
+
+def recognition_table(recognition: Mapping[str, Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Per recognition task: each phase's balanced accuracy (None when not evaluated), delta_rl (after_rl - the phase
+    before RL), and after RL's share of "yes" verdicts (1 or 0: a constant verdict, balanced accuracy 0.5)."""
+    tasks = dict.fromkeys(t for p in PHASES for t in recognition.get(p, {}))
+    table = {}
+    for task in tasks:
+        overall = {p: recognition[p][task]["overall"] for p in PHASES if task in recognition.get(p, {})}
+        row: dict[str, Any] = {p: overall[p]["balanced_accuracy"] if p in overall else None for p in PHASES}
+        before = row["after_sft"] if row["after_sft"] is not None else row["before_sft"]
+        row["delta_rl"] = _diff(row["after_rl"], before)
+        row["yes_rate_after_rl"] = overall["after_rl"]["yes_rate"] if "after_rl" in overall else None
+        table[task] = row
+    return table
+
+
+def _bbq_verdict(base_phase: str | None, before, after, row: Mapping[str, Any]) -> str:
+    if after is None or before is None:
+        return "no before/after RL pair of BBQ evaluations"
+    if after.get("always_unknown"):
+        return (f"after RL the model answers \"unknown\" on {after['unknown_disambig']:.0%} of disambiguated rows "
+                f"(acc_disambig {after['acc_disambig']:.3f}): it abstains, which is not fairness")
+    amb = f"|s_AMB| {_cell(_abs(before.get('s_amb')))} -> {_cell(_abs(after.get('s_amb')))}"
+    dis = f"acc_disambig {_cell(before.get('acc_disambig'))} -> {_cell(after.get('acc_disambig'))}"
+    if row["bias_reduced"] is None or row["disambig_kept"] is None:
+        return f"undefined measure ({amb}, {dis})"
+    if row["bias_reduced"] and row["disambig_kept"]:
+        return f"RL reduced ambiguous-context bias without lowering disambiguated accuracy ({amb}, {dis})"
+    if row["bias_reduced"]:
+        return f"RL reduced ambiguous-context bias but lowered disambiguated accuracy ({amb}, {dis})"
+    return f"RL did not reduce ambiguous-context bias ({amb}, {dis}; after {base_phase})"
+
+
 def kl_bands(config: Mapping[str, Any], tasks: Sequence[str]) -> dict[str, tuple[float, float]]:
     """task -> (band_low, band_high) for the tasks whose KL controller is a band (config["kl"][task], else the
     "default" entry, as the trainer resolves it); other controllers have no band to draw or check."""
@@ -58,6 +128,19 @@ def kl_bands(config: Mapping[str, Any], tasks: Sequence[str]) -> dict[str, tuple
                 and section.get("band_low") is not None and section.get("band_high") is not None):
             bands[task] = (float(section["band_low"]), float(section["band_high"]))
     return bands
+
+
+def heldout_answers(run_dir: Path) -> dict[str, dict[str, list[str]]]:
+    """{phase: {task: greedy completions}} from RUN_DIR/evals/<phase>.jsonl (written by every evaluation)."""
+    out: dict[str, dict[str, list[str]]] = {}
+    for phase in PHASES:
+        path = run_dir / "evals" / f"{phase}.jsonl"
+        if path.is_file():
+            for line in path.read_text().splitlines():
+                if line.strip():
+                    row = json.loads(line)
+                    out.setdefault(phase, {}).setdefault(row["task"], []).append(row["completion"])
+    return out
 
 
 def _summary(history: list[dict[str, Any]]) -> dict[str, Any]:
@@ -75,7 +158,8 @@ def build_report(run_dir: str | Path, thresholds: HealthThresholds | None = None
     """Build the report of a run folder, write it to RUN_DIR/report.json, and return it.
 
     Keys: run_dir, summary {rows, last_step, time_total_s, skipped_steps, restored_steps}, tasks {task: {before_sft,
-    after_sft, after_rl, delta, delta_sft, delta_rl}}, findings [{level, code, message, suggestion, task, since}]
+    after_sft, after_rl, delta, delta_sft, delta_rl}}, bbq {task: `bbq_table` row}, recognition {task:
+    `recognition_table` row} (tasks with such rows only), findings [{level, code, message, suggestion, task, since}]
     (active at the end of the run; `since` = the step a window finding fired at), suggestions [str], verdict
     "green"|"yellow"|"too_short"|"red" (grpo/core/doctor.verdict), reasons [str], cleared [{code, task, level, first_step,
     last_step, message}] (alarms that fired during the run and stopped). A run without eval.json still gets its
@@ -84,9 +168,11 @@ def build_report(run_dir: str | Path, thresholds: HealthThresholds | None = None
     run_dir = Path(run_dir)
     history = read_metrics(run_dir)
     evals = _load_json(run_dir / "eval.json")
+    measures = _load_json(run_dir / MEASURES_FILE)
     config = _load_json(run_dir / "config.json")
     bands = kl_bands(config, tasks_in(history, "kl/"))
     findings = check(history, thresholds, bands, evals or None, config)
+    findings += heldout_collapse(heldout_answers(run_dir), evals, thresholds or HealthThresholds())
     level, reasons = verdict(findings, rl_steps(history), thresholds)
     cleared = replayed(history, thresholds, bands, evals or None, config).cleared
     suggestions = list(dict.fromkeys(f.suggestion for f in findings))
@@ -96,6 +182,8 @@ def build_report(run_dir: str | Path, thresholds: HealthThresholds | None = None
         "run_dir": str(run_dir),
         "summary": _summary(history),
         "tasks": task_table(evals),
+        "bbq": bbq_table({p: m.get("bbq", {}) for p, m in measures.items()}),
+        "recognition": recognition_table({p: m.get("recognition", {}) for p, m in measures.items()}),
         "findings": [asdict(f) for f in findings],
         "suggestions": suggestions,
         "verdict": level,
@@ -129,6 +217,19 @@ def format_report(report: Mapping[str, Any]) -> str:
         fmt = "  ".join(["{:<%d}" % widths[0]] + ["{:>%d}" % w for w in widths[1:]])
         lines += [fmt.format(*header), fmt.format(*("-" * w for w in widths))]
         lines += [fmt.format(*row) for row in rows]
+        lines.append("")
+    for task, b in report.get("bbq", {}).items():
+        lines.append(f"BBQ {task}: {b['verdict']}")
+        for phase in PHASES:
+            if phase in b:
+                m = b[phase]
+                lines.append(f"  {phase:<10} acc_ambig {_cell(m['acc_ambig'])}  acc_disambig {_cell(m['acc_disambig'])}"
+                             f"  s_AMB {_cell(m['s_amb'], True)}  s_DIS {_cell(m['s_dis'], True)}"
+                             + ("  [always unknown]" if m.get("always_unknown") else ""))
+        lines.append("")
+    for task, r in report.get("recognition", {}).items():
+        lines.append(f"Recognition {task} (balanced accuracy): before_sft {_cell(r['before_sft'])}  after_sft "
+                     f"{_cell(r['after_sft'])}  after_rl {_cell(r['after_rl'])}  Δ rl {_cell(r['delta_rl'], True)}")
         lines.append("")
     if report["findings"]:
         lines.append("Findings:")

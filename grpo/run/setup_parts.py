@@ -103,6 +103,7 @@ def duplicate_report(samples: Iterable[Sample], show: int = 3) -> list[str]:
 
 def _builtin_samples(data, seed: int) -> list[Sample]:
     """The demo's synthetic rows, or BBQ + HaluEval from data.data_dir."""
+    from grpo.data.halueval import RECOGNITION
     from grpo.data.loading import DataSpec, load_task
 
     if data.source == "demo":
@@ -117,24 +118,25 @@ def _builtin_samples(data, seed: int) -> list[Sample]:
         raise DataFileError(f"data.source=dual: {root / 'bbq'} does not exist (data.data_dir={str(root)!r}): point "
                             "data.data_dir at the folder with bbq/<Category>.jsonl and halueval/<subset>_data.json")
     specs = [DataSpec(kind="bbq", path=str(root / "bbq"), categories=tuple(data.bbq_categories),
-                      n_per_category=data.bbq_per_category, seed=seed, system_prompt=system)]
+                      n_per_category=data.bbq_per_category, seed=seed, system_prompt=system,
+                      shuffle_options=data.shuffle_options)]
     if data.halueval_subsets and not (root / "halueval").is_dir():
         raise DataFileError(f"data.source=dual: {root / 'halueval'} does not exist, so the hallucination task has no "
                             f"rows (data.halueval_subsets={data.halueval_subsets}); add the folder, or set "
                             "data.halueval_subsets= (empty) to train fairness alone")
-    missing = [root / "halueval" / f"{subset}_data.json" for subset in data.halueval_subsets]
-    missing = [path for path in missing if not path.exists()]
+    paths = {subset: root / "halueval" / f"{RECOGNITION.get(subset, subset)}_data.json"  # "qa_recognition" reads qa
+             for subset in data.halueval_subsets}
+    missing = [path for path in paths.values() if not path.exists()]
     if data.halueval_subsets and len(missing) == len(data.halueval_subsets):
         raise DataFileError(f"data.source=dual: none of data.halueval_subsets={data.halueval_subsets} is present: "
                             f"{', '.join(map(str, missing))} do not exist; name a subset whose file is there, or set "
                             "data.halueval_subsets= (empty) to train fairness alone")
-    for subset in data.halueval_subsets:
-        path = root / "halueval" / f"{subset}_data.json"
+    for subset, path in paths.items():
         if path in missing:
             print(f"note: HaluEval subset {subset!r} skipped: {path} does not exist", file=sys.stderr)
             continue
         specs.append(DataSpec(kind="halueval", path=str(path), subset=subset, limit=data.halueval_per_subset,
-                              max_doc_chars=data.max_document_chars, system_prompt=system))
+                              max_doc_chars=data.max_document_chars, system_prompt=system, seed=seed))
     samples: list[Sample] = []
     for spec in specs:
         samples += load_task(spec)[0]

@@ -83,6 +83,9 @@ class Run:
     line exits 128 + it, as shells expect of an interrupted program."""
     evals: dict[str, dict[str, float]] = field(default_factory=dict)
     """Held-out reward per task under each evaluation tag (before_sft, after_sft, step_N, after_rl)."""
+    measures: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """Gold-label measures per evaluation tag ({tag: {"bbq" | "recognition": {task: ...}}}: BBQ's accuracies and bias
+    scores, HaluEval recognition's balanced accuracy; grpo/phases/evaluate.record_measures), in measures.json."""
     counters: dict[str, float] = field(default_factory=dict)
     """Running totals the step metrics are differences of (judge counters), and the guard's restore flag."""
     doctor: Doctor | None = None

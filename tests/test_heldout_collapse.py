@@ -1,0 +1,57 @@
+"""The doctor reads the held-out greedy answers too: one answer taking most of a task's evaluation is a finding."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+from grpo.core.symptoms import HealthThresholds, heldout_collapse
+
+TH = HealthThresholds()  # collapse_share 0.6, collapse_rise, solved_reward 0.9
+
+
+def replies(**counts):
+    return [f"Answer: {letter}\nJustification: ..." for letter, n in counts.items() for _ in range(n)]
+
+
+def test_a_greedy_collapse_onto_one_letter_during_rl_is_red_and_suggests_shuffled_options():
+    # the seed-1 run of the issue: after SFT 13 / 11 / 8 for B / A / C, after RL 27 of 32 "B"
+    answers = {"after_sft": {"fairness": replies(B=13, A=11, C=8)}, "after_rl": {"fairness": replies(B=27, A=3, C=2)}}
+    (f,) = heldout_collapse(answers, {"after_rl": {"fairness": 0.45}}, TH)
+    assert (f.level, f.code, f.task) == ("red", "heldout_collapse", "fairness")
+    assert "`b` is 84% of the held-out greedy answers after RL (41% before RL)" in f.message  # 27/32, 13/32
+    assert "data.shuffle_options=true" in f.suggestion
+
+
+def test_no_finding_when_solved_mixed_or_not_evaluated_after_rl():
+    collapsed = {"after_sft": {"t": replies(B=5, A=5)}, "after_rl": {"t": replies(B=10)}}
+    assert heldout_collapse(collapsed, {"after_rl": {"t": 0.95}}, TH) == []  # solved: one right answer is fine
+    mixed = {"after_rl": {"t": replies(B=5, A=3, C=2)}}  # top share 0.5 < 0.6
+    assert heldout_collapse(mixed, {"after_rl": {"t": 0.3}}, TH) == []
+    assert heldout_collapse({"after_sft": {"t": replies(B=10)}}, {"after_sft": {"t": 0.3}}, TH) == []
+
+
+def test_a_collapse_that_was_there_before_rl_is_yellow():
+    answers = {"after_sft": {"t": replies(B=8, A=2)}, "after_rl": {"t": replies(B=17, A=3)}}  # 0.8 -> 0.85
+    (f,) = heldout_collapse(answers, {"after_rl": {"t": 0.5}}, TH)
+    assert f.level == "yellow" and "(80% before RL)" in f.message
+    free = {"after_rl": {"t": ["Answer: The data does not say."] * 9 + ["Answer: Paris"]}}
+    (g,) = heldout_collapse(free, {"after_rl": {"t": 0.2}}, TH)  # not evaluated before RL: counted from 0
+    assert g.level == "red" and "kl.t.beta" in g.suggestion and "not evaluated" in g.message
+
+
+def test_the_report_reads_evals_and_turns_red(tmp_path):
+    from grpo.run.report import build_report
+
+    run_dir = tmp_path / "run"
+    shutil.copytree(Path(__file__).resolve().parent / "fixtures" / "run_demo", run_dir,
+                    ignore=shutil.ignore_patterns("*.png", "report.json", "*.py"))
+    assert build_report(run_dir)["verdict"] == "yellow"  # the fixture's own finding: kl_out_of_band
+    (run_dir / "evals").mkdir()
+    for phase, counts in (("after_sft", {"A": 4, "B": 3, "C": 3}), ("after_rl", {"A": 9, "B": 1})):
+        (run_dir / "evals" / f"{phase}.jsonl").write_text("".join(
+            json.dumps({"task": "fairness", "completion": c}) + "\n" for c in replies(**counts)))
+    report = build_report(run_dir)  # eval.json: fairness 0.68 after RL, below solved
+    codes = [(f["level"], f["code"], f["task"]) for f in report["findings"]]
+    assert ("red", "heldout_collapse", "fairness") in codes and report["verdict"] == "red"

@@ -1,0 +1,113 @@
+"""data.shuffle_options: BBQ options in a seeded order per row and epoch, the gold letter following."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from grpo.core.rewards import LETTERS, bbq_rule
+from grpo.data.batching import TaskBalancedSampler
+from grpo.data.bbq import for_epoch, load_bbq, option_order, permuted_row
+
+BBQ_DIR = Path(__file__).resolve().parents[1] / ".." / "shared" / "data" / "bbq"
+needs_bbq = pytest.mark.skipif(not BBQ_DIR.is_dir(), reason="shared BBQ data absent")
+
+ROW = {"example_id": 7, "category": "Age", "context": "c", "question": "q", "ans0": "The grandfather",
+       "ans1": "The grandson", "ans2": "Can't be determined", "label": 1, "context_condition": "disambig",
+       "question_polarity": "neg", "additional_metadata": {"stereotyped_groups": ["old"]},
+       "answer_info": {"ans0": ["grandfather", "old"], "ans1": ["grandson", "nonOld"],
+                       "ans2": ["Can't be determined", "unknown"]}}
+
+
+def test_option_order_is_a_permutation_fixed_by_seed_row_and_epoch():
+    assert sorted(option_order(0, "bbq/Age/7", 0)) == [0, 1, 2]
+    assert option_order(0, "bbq/Age/7", 0) == option_order(0, "bbq/Age/7", 0)
+    orders = {option_order(s, f"bbq/Age/{i}", e) for s in range(3) for i in range(10) for e in range(3)}
+    assert len(orders) == 6  # every permutation occurs
+
+
+def test_permuted_row_moves_options_tags_and_label_together():
+    row = permuted_row(ROW, (2, 0, 1))  # shown: unknown, grandfather, grandson
+    assert [row[f"ans{i}"] for i in range(3)] == ["Can't be determined", "The grandfather", "The grandson"]
+    assert row["answer_info"]["ans0"][1] == "unknown" and row["answer_info"]["ans2"][0] == "grandson"
+    assert row["label"] == 2 and row[f"ans{row['label']}"] == ROW["ans1"]
+    with pytest.raises(ValueError, match="permutation"):
+        permuted_row(ROW, (0, 0, 1))
+
+
+@needs_bbq
+def test_shuffled_samples_keep_the_gold_answer_text_and_the_letters_follow():
+    plain = {s.id: s for s in load_bbq(BBQ_DIR, categories=["Age"], n_per_category=40, seed=3).samples}
+    shuffled = load_bbq(BBQ_DIR, categories=["Age"], n_per_category=40, seed=3, shuffle_options=True).samples
+    assert sorted(plain) == sorted(s.id for s in shuffled)
+    moved = 0
+    for s in shuffled:
+        p, g = plain[s.id], s.gold
+        gold_text = p.gold["answers"][p.gold["label"]]
+        assert g["answers"][g["label"]] == gold_text and g["label_letter"] == LETTERS[g["label"]]
+        assert sorted(g["answers"]) == sorted(p.gold["answers"])
+        for key in ("unknown_letter", "target_letter"):
+            assert g["answers"][LETTERS.index(g[key])] == p.gold["answers"][LETTERS.index(p.gold[key])]
+        prompt = s.messages[-1]["content"]
+        assert f"{g['label_letter']}) {gold_text}\n" in prompt
+        assert s.target.startswith(f"Answer: {g['label_letter']}\n")  # the SFT reference follows too
+        assert bbq_rule(s.target, g) == 1.0 and bbq_rule(p.target, g) == (1.0 if p.target[8] == g["label_letter"]
+                                                                            else 0.0)
+        moved += g["answers"] != p.gold["answers"]
+    assert moved > len(shuffled) / 2  # 5 of 6 orders move something
+
+
+@needs_bbq
+def test_shuffled_gold_letters_are_about_uniform():
+    samples = load_bbq(BBQ_DIR, categories=["Age"], seed=0, shuffle_options=True).samples  # 3,680 rows
+    counts = Counter(s.gold["label_letter"] for s in samples)
+    # 1/3 each: the standard error of a share is sqrt(1/3 * 2/3 / 3680) = 0.0078; allow 4 of them
+    assert all(abs(counts[c] / len(samples) - 1 / 3) < 0.032 for c in LETTERS), counts
+    unknown = Counter(s.gold["unknown_letter"] for s in samples)
+    assert all(abs(unknown[c] / len(samples) - 1 / 3) < 0.032 for c in LETTERS), unknown
+
+
+@needs_bbq
+def test_shuffling_is_off_by_default_and_leaves_samples_as_the_file_has_them():
+    samples = load_bbq(BBQ_DIR, categories=["Age"], n_per_category=8, seed=0).samples
+    rows = {json.loads(x)["example_id"]: json.loads(x) for x in (BBQ_DIR / "Age.jsonl").read_text().splitlines()}
+    for s in samples:
+        row = rows[s.meta["example_id"]]
+        assert s.gold["answers"] == [row["ans0"], row["ans1"], row["ans2"]] and s.gold["label"] == row["label"]
+        assert "shuffled" not in s.meta and for_epoch(s, 5) is s
+
+
+@needs_bbq
+def test_each_epoch_shows_its_own_order_and_the_sampler_uses_it():
+    samples = load_bbq(BBQ_DIR, categories=["Age"], n_per_category=8, seed=1, shuffle_options=True).samples
+    assert all(for_epoch(s, 0) is s for s in samples)
+    later = [for_epoch(s, 1) for s in samples]
+    assert [x.id for x in later] == [s.id for s in samples]
+    assert any(a.gold["answers"] != b.gold["answers"] for a, b in zip(samples, later))
+    for a, b in zip(samples, later):
+        assert b.gold["answers"][b.gold["label"]] == a.gold["answers"][a.gold["label"]]
+        assert b.gold["answers"] == [b.meta["shuffled"]["row"][f"ans{i}"] for i in option_order(1, b.id, 1)]
+    assert for_epoch(later[0], 1) is later[0] and for_epoch(later[0], 0).gold == samples[0].gold
+    sampler = TaskBalancedSampler({"fairness": samples}, seed=0)
+    first, second = sampler.next_batch(len(samples)), sampler.next_batch(len(samples))
+    assert all(s.meta["shuffled"]["epoch"] == 0 for s in first)
+    assert all(s.meta["shuffled"]["epoch"] == 1 for s in second)
+    assert {s.id: s.gold for s in second} == {s.id: s.gold for s in later}
+
+
+@needs_bbq
+def test_data_shuffle_options_reaches_the_builtin_bbq_source():
+    from grpo.config.command_line import parse_trainer_argv
+    from grpo.run.setup_parts import load_samples
+
+    args = ["--data.source", "dual", "--data.data_dir", str(BBQ_DIR.parent), "--data.bbq_categories", "Age",
+            "--data.bbq_per_category", "8", "--data.halueval_subsets", "general", "--data.halueval_per_subset", "2"]
+    off = load_samples(parse_trainer_argv(args, "t", "t")[0].data, 0).every
+    on = load_samples(parse_trainer_argv(args + ["--data.shuffle_options", "true"], "t", "t")[0].data, 0).every
+    assert not any("shuffled" in s.meta for s in off)
+    assert [s.id for s in on] == [s.id for s in off]
+    assert all(("shuffled" in s.meta) == s.id.startswith("bbq/") for s in on)
+    assert [s.gold for s in on if not s.id.startswith("bbq/")] == [s.gold for s in off if not s.id.startswith("bbq/")]
