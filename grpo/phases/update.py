@@ -23,7 +23,7 @@ from typing import Any, Callable, Sequence
 import torch
 
 from grpo.config.settings import LossConfig
-from grpo.core.losses import aggregate, kl_penalty, policy_loss
+from grpo.core.losses import POLICY_LOSS_PARAMS, aggregate, kl_penalty, policy_loss
 from grpo.core.records import TrainBatch
 from grpo.models.distributed import as_float
 from grpo.models.logprobs import completion_logprobs
@@ -63,8 +63,8 @@ def micro_batch_terms(model: torch.nn.Module, mb: TrainBatch, betas_N: torch.Ten
                                                group_size=mb.group_size)
     mask_BT = mb.completion_mask_BT.to(logps_BT.dtype)
     old_BT = logps_BT.detach() if mb.old_logps_BT is None else mb.old_logps_BT
-    pg_BT, pg_metrics = policy_loss(loss.policy_loss, logps_BT, old_BT, mb.advantages_B, mask_BT,
-                                    clip_low=loss.clip_low, clip_high=loss.clip_high, dual_clip=loss.dual_clip)
+    params = {name: getattr(loss, name) for name in POLICY_LOSS_PARAMS[loss.policy_loss]}  # named as loss's fields
+    pg_BT, pg_metrics = policy_loss(loss.policy_loss, logps_BT, old_BT, mb.advantages_B, mask_BT, **params)
     reg_BT = torch.zeros_like(pg_BT)
     kl_value_BT = torch.zeros_like(logps_BT)
     if mb.ref_logps_BT is not None:
