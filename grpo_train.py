@@ -213,7 +213,8 @@ def rl_step(run: Run, step: int) -> dict[str, float]:
 
     rows = slice(mine.start * cfg.rollout.k, mine.stop * cfg.rollout.k)
     batch = build_train_batch(scored_mine, advantages_B[rows], run.tasks, run.tokenizer.pad_token_id, run.device,
-                              group_size=cfg.rollout.k if run.share_prompts else 1)
+                              group_size=cfg.rollout.k if run.share_prompts else 1,
+                              mask_truncated=cfg.loss.mask_truncated)
     if cfg.loss.mu > 1 and has_dropout(run.policy.model):
         # off-policy passes need the rollout policy's log-probs (eval mode: no dropout). At μ = 1 they equal the
         # current ones; without dropout the first pass computes them (train_step keeps them for the later passes)

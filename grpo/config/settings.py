@@ -258,6 +258,15 @@ class LossConfig:
     """group: (r - mean)/(std + eps) | batch: divide by the batch std | none: r - mean (Dr.GRPO)."""
     adv_clip: float | None = None
     """Clamp advantages to [-c, c]. None = off."""
+    mask_truncated: bool = False
+    """Completions that reached rollout.max_new_tokens without a stop token carry no loss (policy, KL, entropy) and
+    are not counted in the step's token / sequence-length denominators (TRL's mask_truncated_completions; DAPO's
+    overlong filtering). A step whose every completion is truncated takes no optimizer step."""
+    top_entropy_quantile: float = 1.0
+    """Train only the tokens whose entropy is in the top q share of the step's completion tokens (q in (0, 1];
+    1 = every token; the 80/20 paper, arXiv 2506.01939, uses 0.2; TRL's top_entropy_quantile). The entropies come from
+    one extra no-grad pass of the rollout policy before the update, so the selection is the same for every
+    micro-batch split; unselected tokens keep their place in the denominators (as in TRL) and their KL term."""
 
     def __post_init__(self) -> None:
         _check(0 < self.clip_low < 1, "loss.clip_low", self.clip_low, "use a value in (0, 1), e.g. 0.2")
@@ -268,6 +277,8 @@ class LossConfig:
         _check(self.entropy_coef >= 0, "loss.entropy_coef", self.entropy_coef, "use a value >= 0")
         _check(self.policy_loss != "luspo" or self.agg_mode == "seq-mean-token-sum", "loss.agg_mode", self.agg_mode,
                "policy_loss luspo weights each sequence by its length: use agg_mode seq-mean-token-sum")
+        _check(0 < self.top_entropy_quantile <= 1, "loss.top_entropy_quantile", self.top_entropy_quantile,
+               "use a share in (0, 1], e.g. 0.2 (1 = every token)")
         _check(self.cispo_max_ratio > 0, "loss.cispo_max_ratio", self.cispo_max_ratio, "use a value > 0, e.g. 5.0")
         _check(self.sapo_temperature_pos > 0, "loss.sapo_temperature_pos", self.sapo_temperature_pos,
                "use a value > 0, e.g. 1.0")

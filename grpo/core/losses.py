@@ -282,6 +282,22 @@ def policy_loss(name: str, logps_BT: torch.Tensor, old_logps_BT: torch.Tensor, a
     return POLICY_LOSSES[name](logps_BT, old_logps_BT, advantages_B, mask_BT, **params)
 
 
+def top_entropy_mask(entropy_BT: torch.Tensor, mask_BT: torch.Tensor, quantile: float,
+                     pool: torch.Tensor | None = None) -> torch.Tensor:
+    """1.0 on the valid tokens whose entropy is ≥ the (1 − quantile) quantile of the valid entropies, else 0.0
+    (TRL's `get_high_entropy_mask`, torch.quantile's linear interpolation). `pool`: the 1-D valid entropies the
+    threshold is taken over, when wider than this batch (every rank's); default the valid entries of `entropy_BT`.
+    quantile = 1 keeps every valid token; no valid token → all zeros."""
+    if not 0.0 < quantile <= 1.0:
+        raise ValueError(f"top_entropy_mask: quantile={quantile} must lie in (0, 1]")
+    valid_BT = mask_BT > 0
+    values = entropy_BT[valid_BT].float() if pool is None else pool.float()
+    if values.numel() == 0:
+        return torch.zeros_like(mask_BT)
+    threshold = torch.quantile(values, 1.0 - quantile)
+    return ((entropy_BT.float() >= threshold) & valid_BT).to(mask_BT.dtype)
+
+
 # ------------------------------------------------------------------------------------------------------ aggregation
 def _num(value: int | float | torch.Tensor | None, default: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:
     if value is None:

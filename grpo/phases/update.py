@@ -23,10 +23,11 @@ from typing import Any, Callable, Sequence
 import torch
 
 from grpo.config.settings import LossConfig
-from grpo.core.losses import POLICY_LOSS_PARAMS, aggregate, kl_penalty, policy_loss
+from grpo.core.losses import POLICY_LOSS_PARAMS, aggregate, kl_penalty, policy_loss, top_entropy_mask
 from grpo.core.records import TrainBatch
 from grpo.models.distributed import as_float
 from grpo.models.logprobs import completion_logprobs
+from grpo.phases.batch import batch_entropies
 
 KL_METRIC_ESTIMATOR = "k3"  # reported KL: k3 is unbiased for KL(π‖π_ref) and never negative
 PER_PASS_PREFIXES = ("loss/clip_frac", "loss/ratio", "loss/approx_kl_old", "loss/dual_clip_frac")
@@ -65,6 +66,8 @@ def micro_batch_terms(model: torch.nn.Module, mb: TrainBatch, betas_N: torch.Ten
     old_BT = logps_BT.detach() if mb.old_logps_BT is None else mb.old_logps_BT
     params = {name: getattr(loss, name) for name in POLICY_LOSS_PARAMS[loss.policy_loss]}  # named as loss's fields
     pg_BT, pg_metrics = policy_loss(loss.policy_loss, logps_BT, old_BT, mb.advantages_B, mask_BT, **params)
+    if mb.entropy_mask_BT is not None:  # top-entropy tokens only (loss.top_entropy_quantile); denominators unchanged
+        pg_BT = pg_BT * mb.entropy_mask_BT.to(pg_BT.dtype)
     reg_BT = torch.zeros_like(pg_BT)
     kl_value_BT = torch.zeros_like(logps_BT)
     if mb.ref_logps_BT is not None:
@@ -198,8 +201,13 @@ def train_step(learner: Learner, batch: TrainBatch, betas_N: torch.Tensor, loss:
         num_tokens, num_seqs = (int(v) for v in dist.sum_numbers([num_tokens, num_seqs]))
         world = dist.world
     if num_tokens == 0:
+        if loss.mask_truncated:  # every completion was truncated and masked: nothing to learn from this batch
+            return {"loss/total": 0.0, "loss/no_tokens": 1.0, "health/grad_norm": 0.0, "health/grad_norm_max": 0.0,
+                    "health/skipped": 0.0, "health/skipped_passes": 0.0}
         raise ValueError("the rollout batch has no completion tokens to train on (every completion is empty)")
     metrics: dict[str, float] = {}
+    if loss.top_entropy_quantile < 1.0:
+        metrics.update(select_top_entropy(model, batch, loss.top_entropy_quantile, settings, dist))
     passes: list[dict[str, float]] = []
     norms: list[float] = []
     skipped = 0
@@ -261,6 +269,20 @@ def train_step(learner: Learner, batch: TrainBatch, betas_N: torch.Tensor, loss:
     metrics["health/skipped_passes"] = float(skipped)
     return metrics
 
+
+def select_top_entropy(model: torch.nn.Module, batch: TrainBatch, quantile: float, settings: StepSettings,
+                       dist: Any = None) -> dict[str, float]:
+    """Set `batch.entropy_mask_BT` to the top-`quantile` share of the step's completion tokens by entropy (one no-grad
+    pass of the current = rollout policy; the threshold pools every rank's tokens), once for all μ passes and
+    micro-batches, so the split cannot change which tokens train. Returns loss/entropy_token_frac (the share kept)."""
+    entropy_BT = batch_entropies(model, batch, settings.micro_batch_seqs, settings.temperature)
+    valid_BT = batch.completion_mask_BT > 0
+    pool = entropy_BT[valid_BT]
+    if dist is not None and dist.active:
+        pool = torch.cat([p.to(pool.device) for p in dist.gather(pool.cpu())])
+    batch.entropy_mask_BT = top_entropy_mask(entropy_BT, batch.completion_mask_BT, quantile, pool=pool)
+    kept = float(batch.entropy_mask_BT.sum().item()) / max(1.0, float(valid_BT.sum().item()))
+    return {"loss/entropy_token_frac": kept}
 
 
 class TaskGradientSurgery:
