@@ -26,6 +26,7 @@ from grpo.config import settings as C
 from grpo.config.command_line import parse_trainer_argv
 from grpo.core.advantages import group_advantages
 from grpo.core.answers import step_answer_metrics
+from grpo.core.dapo import fill_informative_groups, overlong_penalty
 from grpo.core.health import TrainingUnstable, bad_step_reason
 from grpo.core.kl_control import controller_from_config
 from grpo.core.records import TrainBatch
@@ -195,6 +196,9 @@ def rl_step(run: Run, step: int) -> dict[str, float]:
     dist.reshard(run.policy.model)  # after every no-grad pass of a sharded model (see Dist.reshard)
     t1 = time.perf_counter()
     scored_mine, score_metrics = score_rollouts(rollouts, run.specs, run.judge, run.graders)
+    if cfg.train.dynamic_sampling:  # drop the groups without signal, refill them with more prompts
+        scored_mine, more = refill_groups(run, step, scored_mine, score_metrics)
+        metrics.update(more)
     scored = scored_mine
     if dist.active:  # metrics and group advantages over the global batch (groups never straddle ranks)
         scored = [s for part in dist.gather(scored_mine) for s in part]
@@ -203,6 +207,12 @@ def rl_step(run: Run, step: int) -> dict[str, float]:
         score_metrics = dict(zip(score_metrics, dist.sum_numbers(list(score_metrics.values()))))
     metrics.update(per_step_counts(score_metrics, run.counters))
     rewards_B = torch.tensor([math.nan if s.reward is None else s.reward for s in scored], dtype=torch.float32)
+    if cfg.rollout.overlong_buffer:  # DAPO's soft overlong punishment, on top of the graders' rewards
+        penalty_B = overlong_penalty(torch.tensor([len(s.rollout.completion_ids) for s in scored]),
+                                     cfg.rollout.max_new_tokens, cfg.rollout.overlong_buffer,
+                                     cfg.rollout.overlong_penalty_factor)
+        rewards_B = rewards_B + penalty_B
+        metrics["reward/overlong_penalty"] = float(penalty_B.mean())
     advantages_B, adv_metrics = group_advantages(rewards_B, cfg.rollout.k, scale=cfg.loss.adv_scale,
                                                  clip=cfg.loss.adv_clip)
     metrics.update(adv_metrics)
@@ -248,6 +258,33 @@ def rl_step(run: Run, step: int) -> dict[str, float]:
     if cfg.train.sample_every and step % cfg.train.sample_every == 0 and dist.is_main:
         write_samples(run.run_dir, run.tracker, scored, step)
     return metrics
+
+
+def refill_groups(run: Run, step: int, scored: list, score_metrics: dict[str, float]) -> tuple[list, dict]:
+    """Dynamic sampling (train.dynamic_sampling): keep the step's groups whose rewards differ, and generate and score
+    groups of fresh prompts (prompts_per_step a round, at most train.dynamic_sampling_max_rounds rounds) until the
+    step has prompts_per_step of them (grpo/core/dapo.fill_informative_groups). The extra rounds' scoring counts go
+    into `score_metrics`; the rollout/ metrics stay round 0's."""
+    cfg = run.cfg
+    if run.dist.active:
+        raise RuntimeError("train.dynamic_sampling runs on one process: the ranks would need different numbers of "
+                           "generation rounds; turn it off under several processes")
+
+    def produce(round_: int) -> list:
+        if round_ == 0:
+            return scored
+        samples = run.sampler.next_batch(cfg.prompts_per_step)
+        keys = (row_keys(cfg.train.seed, step, range(round_ * len(samples), (round_ + 1) * len(samples)),
+                         cfg.rollout.k) if per_completion_sampling(cfg.rollout, run.dist) else None)
+        rollouts, _ = generate_rollouts(run.policy.model, run.tokenizer, samples, cfg.rollout, run.stop_ids,
+                                        row_keys=keys)
+        more, counts = score_rollouts(rollouts, run.specs, run.judge, run.graders)
+        for key, value in counts.items():  # scoring/* count this batch; the judge/* counters are cumulative
+            score_metrics[key] = score_metrics.get(key, 0) + value if key.startswith("scoring/") else value
+        return more
+
+    return fill_informative_groups(produce, lambda s: s.reward, cfg.rollout.k, cfg.prompts_per_step,
+                                   cfg.train.dynamic_sampling_max_rounds)
 
 
 OOM_KNOBS = ("train.prompts_per_micro_step (smaller micro-batches, more grad_accum)", "model.gradient_checkpointing=true",

@@ -54,6 +54,8 @@ BAD: list[tuple[str, Any, dict[str, Any]]] = [
     ("rollout.engine", "lean", {"rollout.cache_implementation": "static"}),
     ("rollout.engine", "vllm", {}),
     ("rollout.cache_implementation", "paged", {}),
+    ("rollout.overlong_buffer", 5, {}),  # above the demo's max_new_tokens = 4
+    ("rollout.overlong_penalty_factor", 0.0, {}),
     ("loss.policy_loss", "ppo", {}),
     ("loss.agg_mode", "mean", {}),
     ("loss.kl_estimator", "k4", {}),
@@ -84,6 +86,7 @@ BAD: list[tuple[str, Any, dict[str, Any]]] = [
     ("train.warmup_steps", -1, {}),
     ("train.eval_every", -1, {}),
     ("train.sample_every", -1, {}),
+    ("train.dynamic_sampling_max_rounds", -1, {}),
     ("train.device", "tpu", {}),
     ("train.sharding", "zero3", {}),
     ("train.doctor", "panic", {}),

@@ -200,6 +200,12 @@ class RolloutConfig:
     (seed, step, prompt, k) (grpo/models/sampling.py), so it does not depend on the batch it was generated in: a run on N
     processes then samples exactly what the one-process run samples. auto = per_completion under several
     processes, global (torch's RNG, Hugging Face's sampler) otherwise."""
+    overlong_buffer: int = 0
+    """DAPO's soft overlong punishment (arXiv 2503.14476, eq. 13): L_cache, the last tokens before max_new_tokens
+    (= L_max) over which a completion's reward falls linearly from 0 to -overlong_penalty_factor (grpo/core/dapo.py).
+    Added to the grader reward before the advantages (reward/<task> metrics stay the graders'). 0 = off."""
+    overlong_penalty_factor: float = 1.0
+    """Scale of the soft overlong punishment (verl's overlong_buffer.penalty_factor); read when overlong_buffer > 0."""
 
     def __post_init__(self) -> None:
         _check(self.k >= 2, "rollout.k", self.k, "GRPO needs at least 2 completions per prompt; use k >= 2")
@@ -213,6 +219,10 @@ class RolloutConfig:
         _check(0.0 <= self.min_p < 1.0, "rollout.min_p", self.min_p, "use a value in [0, 1)")
         _check(self.repetition_penalty > 0, "rollout.repetition_penalty", self.repetition_penalty, "use a value > 0")
         _one_of("rollout.sampling_rng", self.sampling_rng, ("auto", "global", "per_completion"))
+        _check(0 <= self.overlong_buffer <= self.max_new_tokens, "rollout.overlong_buffer", self.overlong_buffer,
+               f"use 0 (off) or a token count in [1, max_new_tokens={self.max_new_tokens}]")
+        _check(self.overlong_penalty_factor > 0, "rollout.overlong_penalty_factor", self.overlong_penalty_factor,
+               "use a value > 0, e.g. 1.0")
         _check(self.engine != "lean" or self.cache_implementation == "dynamic", "rollout.engine", self.engine,
                "the lean loop keeps a dynamic KV cache; with rollout.cache_implementation=static use engine=auto "
                "or hf")
@@ -367,6 +377,13 @@ class TrainConfig:
     """Log to Weights & Biases under this project (needs `pip install wandb`). Empty = off."""
     overwrite: bool = False
     """A fresh run into a run folder that is not empty deletes its contents first (else it stops); --overwrite."""
+    dynamic_sampling: bool = False
+    """DAPO's dynamic sampling (arXiv 2503.14476, §3.2): groups whose K rewards are all equal (no advantage, no policy
+    gradient) are dropped and more prompts are sampled until the step has its prompts_per_step groups with signal,
+    or dynamic_sampling_max_rounds extra rounds ran (then the step trains on the groups it found; grpo/core/dapo.py).
+    One process only."""
+    dynamic_sampling_max_rounds: int = 3
+    """Dynamic sampling: the most extra generation rounds (each of prompts_per_step prompts) in one RL step."""
 
     def __post_init__(self) -> None:
         for f in ("max_steps", "prompts_per_micro_step", "grad_accum", "max_consecutive_bad", "log_every"):
@@ -374,7 +391,7 @@ class TrainConfig:
         _check(self.lr > 0, "train.lr", self.lr, "use a learning rate > 0, e.g. 1e-5")
         _check(self.max_grad_norm > 0, "train.max_grad_norm", self.max_grad_norm, "use a value > 0, e.g. 1.0")
         _check(self.skip_grad_norm > 0, "train.skip_grad_norm", self.skip_grad_norm, "use a value > 0")
-        for f in ("warmup_steps", "eval_every", "sample_every"):
+        for f in ("warmup_steps", "eval_every", "sample_every", "dynamic_sampling_max_rounds"):
             _check(getattr(self, f) >= 0, f"train.{f}", getattr(self, f), "use an integer >= 0 (0 = off)")
         _check(self.device == "auto" or self.device == "cpu" or self.device.startswith("cuda"), "train.device",
                self.device, "use auto, cpu, cuda or cuda:N")
