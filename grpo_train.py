@@ -24,7 +24,7 @@ import torch
 
 from grpo.config import settings as C
 from grpo.config.command_line import parse_trainer_argv
-from grpo.core.advantages import group_advantages
+from grpo.core.advantages import group_advantages, normalize_then_sum
 from grpo.core.answers import step_answer_metrics
 from grpo.core.dapo import fill_informative_groups, overlong_penalty
 from grpo.core.health import TrainingUnstable, bad_step_reason
@@ -34,7 +34,7 @@ from grpo.data.batching import TaskBalancedSampler
 from grpo.data.jsonio import DataFileError
 from grpo.grading.graders import GraderError, graders_help, preflight
 from grpo.grading.judge import Judge
-from grpo.grading.scoring import per_step_counts, reward_metrics, score_rollouts
+from grpo.grading.scoring import per_step_counts, reward_metrics, score_rollouts, term_matrix
 from grpo.models.distributed import make_dist, relaunch_on_cpu, requested_cpu_processes
 from grpo.models.modeling import check_4bit_available, has_dropout, rebase_reference, reference, save_pretrained
 from grpo.models.pretrained import ModelPackageMissing, check_model_name
@@ -207,6 +207,8 @@ def rl_step(run: Run, step: int) -> dict[str, float]:
         score_metrics = dict(zip(score_metrics, dist.sum_numbers(list(score_metrics.values()))))
     metrics.update(per_step_counts(score_metrics, run.counters))
     rewards_B = torch.tensor([math.nan if s.reward is None else s.reward for s in scored], dtype=torch.float32)
+    if cfg.loss.reward_aggregation == "normalize_then_sum":  # GDPO: each reward term normalised in its group first
+        rewards_B = normalize_then_sum(*term_matrix(scored, run.specs), cfg.rollout.k)
     if cfg.rollout.overlong_buffer:  # DAPO's soft overlong punishment, on top of the graders' rewards
         penalty_B = overlong_penalty(torch.tensor([len(s.rollout.completion_ids) for s in scored]),
                                      cfg.rollout.max_new_tokens, cfg.rollout.overlong_buffer,

@@ -68,6 +68,7 @@ BAD: list[tuple[str, Any, dict[str, Any]]] = [
     ("loss.agg_mode", "token-mean", {"loss.policy_loss": "luspo", "loss.agg_mode": "seq-mean-token-sum"}),  # luspo
     ("loss.cispo_max_ratio", 0.0, {}),
     ("loss.top_entropy_quantile", 0.0, {}),
+    ("loss.reward_aggregation", "gdpo", {}),
     ("loss.sapo_temperature_pos", 0.0, {}),
     ("loss.sapo_temperature_neg", -1.0, {}),
     ("loss.vespo_k_pos", -1.0, {}),

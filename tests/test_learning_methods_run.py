@@ -24,6 +24,7 @@ def _moved(run, before):
     (["loss.top_entropy_quantile=0.3"], "loss/entropy_token_frac"),
     (["loss.mask_truncated=true", "rollout.max_new_tokens=12"], "loss/total"),
     (["rollout.overlong_buffer=3"], "reward/overlong_penalty"),
+    (["loss.reward_aggregation=normalize_then_sum", "loss.adv_scale=batch"], "adv/mean"),
 ])
 def test_each_option_trains_in_a_real_step(tmp_path, extra, key):
     run = G.setup(fast_config(tmp_path, *extra))

@@ -268,6 +268,11 @@ class LossConfig:
     """group: (r - mean)/(std + eps) | batch: divide by the batch std | none: r - mean (Dr.GRPO)."""
     adv_clip: float | None = None
     """Clamp advantages to [-c, c]. None = off."""
+    reward_aggregation: str = "sum_then_normalize"
+    """How a task's reward terms (rewards.<task>) combine before the advantages (TRL's multi_objective_aggregation):
+    sum_then_normalize = their weighted mean, then group advantages | normalize_then_sum = GDPO: each term normalised
+    within its group first, then the weighted sum (grpo/core/advantages.normalize_then_sum); TRL then scales by the
+    batch std (loss.adv_scale=batch). reward/<task> metrics stay the weighted mean."""
     mask_truncated: bool = False
     """Completions that reached rollout.max_new_tokens without a stop token carry no loss (policy, KL, entropy) and
     are not counted in the step's token / sequence-length denominators (TRL's mask_truncated_completions; DAPO's
