@@ -40,6 +40,7 @@ from grpo.models.modeling import check_4bit_available, has_dropout, rebase_refer
 from grpo.models.pretrained import ModelPackageMissing, check_model_name
 from grpo.models.sampling import row_keys
 from grpo.phases.batch import batch_logprobs, build_train_batch
+from grpo.phases.coverage import pass_at_k_eval
 from grpo.phases.evaluate import evaluate, part_means, unscored
 from grpo.phases.rollout import generate_rollouts, rollout_metrics
 from grpo.phases.sft import run_sft, sft_examples, stratified
@@ -180,6 +181,21 @@ def evaluate_phase(run: Run, tag: str) -> dict[str, float]:
         run.frontier.offer(run.step, results, save_fn=lambda path: save_pretrained(run.policy, path, state))
     dist.barrier()
     return results
+
+
+def pass_at_k_phase(run: Run) -> dict[str, float]:
+    """The pass@K diagnostic on the held-out prompts (train.pass_at_k; grpo/phases/coverage.py), logged at the
+    current step and written to pass_at_k.json. One process only."""
+    cfg = run.cfg
+    if run.dist.active:
+        raise RuntimeError("train.pass_at_k runs on one process; turn it off under several processes")
+    metrics = pass_at_k_eval(run.policy.model, run.tokenizer, run.heldout, cfg.rollout, run.stop_ids,
+                             lambda rollouts: score_rollouts(rollouts, run.specs, run.judge, run.graders)[0],
+                             k=cfg.train.pass_at_k, n=cfg.train.pass_at_k_samples,
+                             threshold=cfg.train.pass_threshold, seed=cfg.train.seed)
+    (run.run_dir / "pass_at_k.json").write_text(json.dumps(metrics, indent=2))
+    run.tracker.log(metrics, run.step)
+    return metrics
 
 
 def rl_step(run: Run, step: int) -> dict[str, float]:
@@ -377,6 +393,8 @@ def main(cfg: C.Config, run: Run | None = None) -> Run:
         if cfg.sft.steps:
             sft_phase(run)
             say("evaluating after SFT ...", evaluate_phase(run, "after_sft"))
+        if cfg.train.pass_at_k:
+            say(f"pass@{cfg.train.pass_at_k} before RL ...", pass_at_k_phase(run))
     start_doctor(run)
     for f in run.doctor.findings() if run.doctor is not None else []:  # after a resume: active at the checkpoint
         say(doctor_line(f, f"active since step {f.since}, before the resume"), flush=True)

@@ -88,6 +88,8 @@ BAD: list[tuple[str, Any, dict[str, Any]]] = [
     ("train.eval_every", -1, {}),
     ("train.sample_every", -1, {}),
     ("train.dynamic_sampling_max_rounds", -1, {}),
+    ("train.pass_at_k", -1, {}),
+    ("train.pass_at_k_samples", 4, {"train.pass_at_k": 8}),
     ("train.device", "tpu", {}),
     ("train.sharding", "zero3", {}),
     ("train.doctor", "panic", {}),

@@ -389,6 +389,14 @@ class TrainConfig:
     One process only."""
     dynamic_sampling_max_rounds: int = 3
     """Dynamic sampling: the most extra generation rounds (each of prompts_per_step prompts) in one RL step."""
+    pass_at_k: int = 0
+    """Before RL (after the SFT evaluation), the pass@K diagnostic: per task, the unbiased pass@k (Chen et al. 2021)
+    of the held-out prompts from pass_at_k_samples sampled completions each, logged as eval/<task>/pass_at_k (and
+    eval/<task>/pass_at_1) and written to pass_at_k.json. 0 = off. One process only."""
+    pass_at_k_samples: int = 16
+    """pass@K diagnostic: completions sampled per held-out prompt (n >= pass_at_k)."""
+    pass_threshold: float = 1.0
+    """pass@K diagnostic: a completion is right when its reward is >= this."""
 
     def __post_init__(self) -> None:
         for f in ("max_steps", "prompts_per_micro_step", "grad_accum", "max_consecutive_bad", "log_every"):
@@ -396,8 +404,10 @@ class TrainConfig:
         _check(self.lr > 0, "train.lr", self.lr, "use a learning rate > 0, e.g. 1e-5")
         _check(self.max_grad_norm > 0, "train.max_grad_norm", self.max_grad_norm, "use a value > 0, e.g. 1.0")
         _check(self.skip_grad_norm > 0, "train.skip_grad_norm", self.skip_grad_norm, "use a value > 0")
-        for f in ("warmup_steps", "eval_every", "sample_every", "dynamic_sampling_max_rounds"):
+        for f in ("warmup_steps", "eval_every", "sample_every", "dynamic_sampling_max_rounds", "pass_at_k"):
             _check(getattr(self, f) >= 0, f"train.{f}", getattr(self, f), "use an integer >= 0 (0 = off)")
+        _check(self.pass_at_k_samples >= max(1, self.pass_at_k), "train.pass_at_k_samples", self.pass_at_k_samples,
+               f"use at least pass_at_k = {self.pass_at_k} samples per prompt")
         _check(self.device == "auto" or self.device == "cpu" or self.device.startswith("cuda"), "train.device",
                self.device, "use auto, cpu, cuda or cuda:N")
         _one_of("train.sharding", self.sharding, ("auto", "none", "fsdp"))
