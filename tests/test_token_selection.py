@@ -21,8 +21,8 @@ CORPUS = ["the answer is yes", "the answer is no", "who was more likely to forge
 
 # ------------------------------------------------------------------------------------------------- top-entropy mask
 def test_top_entropy_mask_hand_values():
-    # valid entropies 0.1, 0.5, 0.9, 0.3, 0.7 (padding 9.9 ignored). q = 0.4: threshold = 60th percentile,
-    # linear interpolation: sorted (0.1, 0.3, 0.5, 0.7, 0.9), position 0.6·4 = 2.4 → 0.5 + 0.4·0.2 = 0.58 → keeps 0.9, 0.7.
+    # valid entropies 0.1, 0.5, 0.9, 0.3, 0.7 (padding 9.9 ignored). q = 0.4: threshold = 60th percentile, linear
+    # interpolation: sorted (0.1, 0.3, 0.5, 0.7, 0.9), position 0.6·4 = 2.4 → 0.5 + 0.4·0.2 = 0.58 → keeps 0.9, 0.7.
     entropy = torch.tensor([[0.1, 0.5, 0.9], [0.3, 0.7, 9.9]])
     mask = torch.tensor([[1.0, 1.0, 1.0], [1.0, 1.0, 0.0]])
     assert torch.equal(top_entropy_mask(entropy, mask, 0.4), torch.tensor([[0.0, 0.0, 1.0], [0.0, 1.0, 0.0]]))

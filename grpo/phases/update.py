@@ -30,7 +30,8 @@ from grpo.models.logprobs import completion_logprobs
 from grpo.phases.batch import batch_entropies
 
 KL_METRIC_ESTIMATOR = "k3"  # reported KL: k3 is unbiased for KL(π‖π_ref) and never negative
-PER_PASS_PREFIXES = ("loss/clip_frac", "loss/ratio", "loss/approx_kl_old", "loss/dual_clip_frac")
+PER_PASS_PREFIXES = ("loss/clip_frac", "loss/ratio", "loss/approx_kl_old", "loss/dual_clip_frac",
+                     "loss/cispo_clip_frac", "loss/vespo_phi_mean")
 """Off-policy metrics: at μ > 1 they are aggregated over ALL passes (the first pass is on-policy, ratio = 1)."""
 
 
@@ -276,6 +277,8 @@ def select_top_entropy(model: torch.nn.Module, batch: TrainBatch, quantile: floa
     pass of the current = rollout policy; the threshold pools every rank's tokens), once for all μ passes and
     micro-batches, so the split cannot change which tokens train. Returns loss/entropy_token_frac (the share kept)."""
     entropy_BT = batch_entropies(model, batch, settings.micro_batch_seqs, settings.temperature)
+    if dist is not None:
+        dist.reshard(model)  # FSDP2 after a no-grad forward: else the root's parameters get no gradient
     valid_BT = batch.completion_mask_BT > 0
     pool = entropy_BT[valid_BT]
     if dist is not None and dist.active:
