@@ -27,6 +27,7 @@ from grpo.config.command_line import parse_trainer_argv
 from grpo.core.advantages import group_advantages, normalize_then_sum
 from grpo.core.answers import step_answer_metrics
 from grpo.core.dapo import fill_informative_groups, overlong_penalty
+from grpo.core.entropy_control import AdaptiveEntropyCoef
 from grpo.core.health import TrainingUnstable, bad_step_reason
 from grpo.core.kl_control import controller_from_config
 from grpo.core.records import TrainBatch
@@ -115,6 +116,10 @@ def setup(cfg: C.Config, *, callables: Mapping[str, Callable[..., Any]] | None =
     run = Run(cfg, run_dir, device, dist, policy, train, heldout)
     run.sampler = TaskBalancedSampler(run.train, seed=cfg.train.seed, mix=parse_task_mix(cfg.data.task_mix))
     run.controllers = {t: controller_from_config(cfg.kl_for(t)) for t in run.tasks}
+    if cfg.loss.entropy_target is not None:
+        run.entropy_control = AdaptiveEntropyCoef(cfg.loss.entropy_coef, cfg.loss.entropy_target,
+                                                  cfg.loss.entropy_coef_delta, cfg.loss.entropy_coef_min,
+                                                  cfg.loss.entropy_coef_max)
     run.specs, run.graders = specs, graders
     run.judge = Judge.from_config(cfg.judge, run_dir)
     run.tracker = build_trackers(cfg.train, run_dir) if dist.is_main else NullTracker()
@@ -258,6 +263,9 @@ def rl_step(run: Run, step: int) -> dict[str, float]:
     betas_N = torch.tensor([run.controllers[t].value for t in run.tasks], dtype=torch.float32)
     stats = update_with_oom_retry(run, batch, betas_N)
     metrics.update(stats)
+    if run.entropy_control is not None:  # adaptive entropy control: the coefficient this step used, then the update
+        metrics["loss/entropy_coef"] = run.entropy_control.value
+        run.entropy_control.update(stats.get("entropy/all", math.nan))  # absent: no token trained
     for t in run.tasks:
         metrics[f"beta/{t}"] = run.controllers[t].value  # the β this step trained with
         if f"kl/{t}" in stats:
@@ -318,7 +326,8 @@ def train_update(run: Run, batch: TrainBatch, betas_N: torch.Tensor) -> dict[str
                       scaler=run.policy.grad_scaler, dist=run.dist)
     settings = StepSettings(micro_batch_seqs=run.micro_batch_seqs, temperature=cfg.rollout.temperature,
                             max_grad_norm=cfg.train.max_grad_norm, skip_grad_norm=cfg.train.skip_grad_norm,
-                            agg_constant=float(cfg.rollout.max_new_tokens), fused_head=cfg.model.fused_lm_head)
+                            agg_constant=float(cfg.rollout.max_new_tokens), fused_head=cfg.model.fused_lm_head,
+                            entropy_coef=None if run.entropy_control is None else run.entropy_control.value)
     return train_step(learner, batch, betas_N, cfg.loss, run.tasks, settings)
 
 

@@ -69,6 +69,9 @@ BAD: list[tuple[str, Any, dict[str, Any]]] = [
     ("loss.cispo_max_ratio", 0.0, {}),
     ("loss.top_entropy_quantile", 0.0, {}),
     ("loss.reward_aggregation", "gdpo", {}),
+    ("loss.entropy_target", 0.0, {}),
+    ("loss.entropy_coef_delta", 0.0, {}),
+    ("loss.entropy_coef_min", 0.5, {"loss.entropy_target": 0.2}),  # above entropy_coef = 0
     ("loss.sapo_temperature_pos", 0.0, {}),
     ("loss.sapo_temperature_neg", -1.0, {}),
     ("loss.vespo_k_pos", -1.0, {}),

@@ -261,7 +261,17 @@ class LossConfig:
     kl_estimator: str = "k3"
     """k1 | k2 | k3 | k3+ (k3 value, k2 gradient). The KL term uses each sequence's task beta."""
     entropy_coef: float = 0.0
-    """Entropy bonus weight (0 = off)."""
+    """Entropy bonus weight (0 = off); with entropy_target set, the adaptive coefficient's start."""
+    entropy_target: float | None = None
+    """Adaptive entropy control (Skywork-OR1; TRL's use_adaptive_entropy; grpo/core/entropy_control.py): after each RL
+    step the coefficient moves by entropy_coef_delta up while the mean token entropy (nats) is at or below this
+    target, else down, and the bonus applies only while the entropy is at or below it. None = the fixed entropy_coef."""
+    entropy_coef_delta: float = 0.005
+    """Adaptive entropy control: the coefficient's change per RL step (TRL's default 0.005)."""
+    entropy_coef_min: float = 0.0
+    """Adaptive entropy control: lower bound of the coefficient."""
+    entropy_coef_max: float = 1.0
+    """Adaptive entropy control: upper bound of the coefficient."""
     mu: int = 1
     """Update passes (optimizer steps) per rollout batch. mu = 1 is exactly on-policy: no old-log-prob pass."""
     adv_scale: str = "group"
@@ -292,6 +302,12 @@ class LossConfig:
         _check(self.entropy_coef >= 0, "loss.entropy_coef", self.entropy_coef, "use a value >= 0")
         _check(self.policy_loss != "luspo" or self.agg_mode == "seq-mean-token-sum", "loss.agg_mode", self.agg_mode,
                "policy_loss luspo weights each sequence by its length: use agg_mode seq-mean-token-sum")
+        _check(self.entropy_target is None or self.entropy_target > 0, "loss.entropy_target", self.entropy_target,
+               "use None (fixed entropy_coef) or a target entropy > 0 nats, e.g. 0.2")
+        _check(self.entropy_coef_delta > 0, "loss.entropy_coef_delta", self.entropy_coef_delta, "use a value > 0")
+        _check(0 <= self.entropy_coef_min <= self.entropy_coef <= self.entropy_coef_max or self.entropy_target is None,
+               "loss.entropy_coef_min", self.entropy_coef_min,
+               "adaptive entropy control needs entropy_coef_min <= entropy_coef <= entropy_coef_max")
         _check(0 < self.top_entropy_quantile <= 1, "loss.top_entropy_quantile", self.top_entropy_quantile,
                "use a share in (0, 1], e.g. 0.2 (1 = every token)")
         _check(self.cispo_max_ratio > 0, "loss.cispo_max_ratio", self.cispo_max_ratio, "use a value > 0, e.g. 5.0")

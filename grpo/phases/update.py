@@ -51,13 +51,14 @@ def adamw(params: list[torch.nn.Parameter], lr: float, weight_decay: float) -> t
 
 
 def micro_batch_terms(model: torch.nn.Module, mb: TrainBatch, betas_N: torch.Tensor, loss: LossConfig,
-                      temperature: float, fused_head: bool,
+                      temperature: float, fused_head: bool, entropy_coef: float | None = None,
                       ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
     """Per-token loss terms of one micro-batch: (policy_BT, regulariser_BT = β_task·KL − c·entropy, mask_BT, parts).
 
     betas_N: the KL coefficient per task index; each sequence uses its own task's β. `temperature`: the sampling
     temperature (rollout.temperature), so the log-probs are those of the distribution the rollouts came from.
     `fused_head` (model.fused_lm_head): apply the LM head inside the log-prob computation (grpo/core/kernels.py).
+    `entropy_coef`: the adaptive entropy controller's coefficient for this step; None = loss.entropy_coef.
     """
     betas_B = betas_N.to(mb.advantages_B.device)[mb.task_ids_B]
     logps_BT, entropy_BT = completion_logprobs(model, mb.input_ids_BL, mb.attention_mask_BL, mb.prompt_len,
@@ -75,8 +76,9 @@ def micro_batch_terms(model: torch.nn.Module, mb: TrainBatch, betas_N: torch.Ten
         kl_BT = kl_penalty(logps_BT, mb.ref_logps_BT, loss.kl_estimator)
         reg_BT = reg_BT + betas_B.to(kl_BT.dtype)[:, None] * kl_BT
         kl_value_BT = kl_penalty(logps_BT.detach(), mb.ref_logps_BT, KL_METRIC_ESTIMATOR)
-    if loss.entropy_coef > 0:
-        reg_BT = reg_BT - loss.entropy_coef * entropy_BT
+    coef = loss.entropy_coef if entropy_coef is None else entropy_coef
+    if coef > 0:
+        reg_BT = reg_BT - coef * entropy_BT
     parts = {"pg_BT": pg_BT.detach(), "kl_BT": kl_value_BT, "entropy_BT": entropy_BT.detach(),
              "logps_BT": logps_BT.detach(),
              "mask_BT": mask_BT.detach(), **{k: torch.as_tensor(v).detach() for k, v in pg_metrics.items()}}
@@ -116,7 +118,7 @@ class _StepStats:
             if not k.endswith("_BT"):
                 self.scalars.setdefault(k, []).append(v.float())
 
-    def finish(self, tasks: Sequence[str], dist: Any = None) -> dict[str, float]:
+    def finish(self, tasks: Sequence[str], dist: Any = None, overall: bool = False) -> dict[str, float]:
         """Per-task means over the step; with `dist` the sums (and max / min) are taken over every rank first."""
         if dist is not None and dist.active:
             sums = dist.sum(torch.cat([self.kl, self.entropy, self.tokens, self.pg[None], self.loss[None]]))
@@ -131,6 +133,8 @@ class _StepStats:
         tok = self.tokens.clamp(min=1)
         kl, ent = (self.kl / tok).tolist(), (self.entropy / tok).tolist()
         out = {"loss/total": self.loss.item(), "loss/policy_token_mean": (self.pg / tok.sum()).item()}
+        if overall:  # the token-weighted mean entropy over every task (what adaptive entropy control measures)
+            out["entropy/all"] = (self.entropy.sum() / tok.sum()).item()
         for i, t in enumerate(tasks):
             if self.tokens[i] > 0:
                 out[f"kl/{t}"] = kl[i]
@@ -174,6 +178,8 @@ class StepSettings:
     skip_grad_norm: float
     agg_constant: float | None = None
     fused_head: bool = True
+    entropy_coef: float | None = None
+    """The adaptive entropy controller's current coefficient (run state, not config); None = loss.entropy_coef."""
 
 
 def train_step(learner: Learner, batch: TrainBatch, betas_N: torch.Tensor, loss: LossConfig, tasks: Sequence[str],
@@ -214,7 +220,8 @@ def train_step(learner: Learner, batch: TrainBatch, betas_N: torch.Tensor, loss:
     skipped = 0
 
     def terms(mb: TrainBatch):
-        return micro_batch_terms(model, mb, betas_N, loss, settings.temperature, settings.fused_head)
+        return micro_batch_terms(model, mb, betas_N, loss, settings.temperature, settings.fused_head,
+                                 settings.entropy_coef)
 
     def agg(loss_BT: torch.Tensor, mask_BT: torch.Tensor) -> torch.Tensor:
         return aggregate(loss_BT, mask_BT, loss.agg_mode, num_tokens=num_tokens, num_seqs=num_seqs,
@@ -257,7 +264,7 @@ def train_step(learner: Learner, batch: TrainBatch, betas_N: torch.Tensor, loss:
         if pass_index == 0 and loss.mu > 1 and batch.old_logps_BT is None:
             logps_BT = batch.from_micro_batches([lp.float() for lp in stats.logps], micro_batch_seqs)
             batch.old_logps_BT = logps_BT * batch.completion_mask_BT
-        passes.append(stats.finish(tasks, dist))
+        passes.append(stats.finish(tasks, dist, overall=settings.entropy_coef is not None))
         norms.append(grad_norm)
     metrics.update(passes[0])
     for key in [k for k in passes[0] if k.startswith(PER_PASS_PREFIXES)]:
