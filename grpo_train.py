@@ -24,8 +24,10 @@ import torch
 
 from grpo.config import settings as C
 from grpo.config.command_line import parse_trainer_argv
-from grpo.core.advantages import group_advantages
+from grpo.core.advantages import group_advantages, normalize_then_sum
 from grpo.core.answers import step_answer_metrics
+from grpo.core.dapo import fill_informative_groups, overlong_penalty
+from grpo.core.entropy_control import AdaptiveEntropyCoef
 from grpo.core.health import TrainingUnstable, bad_step_reason
 from grpo.core.kl_control import controller_from_config
 from grpo.core.records import TrainBatch
@@ -33,12 +35,13 @@ from grpo.data.batching import TaskBalancedSampler
 from grpo.grading.graders import graders_help, preflight
 from grpo.grading.judge import Judge
 from grpo.grading.scoring import (check_fallback_share, fallback_shares, per_step_counts, reward_metrics,
-                                  score_rollouts)
+                                  score_rollouts, term_matrix)
 from grpo.models.distributed import make_dist, relaunch_on_cpu, requested_cpu_processes
 from grpo.models.modeling import check_4bit_available, has_dropout, rebase_reference, reference, save_pretrained
 from grpo.models.pretrained import ModelPackageMissing, check_model_name
 from grpo.models.sampling import row_keys
 from grpo.phases.batch import batch_logprobs, build_train_batch
+from grpo.phases.coverage import pass_at_k_eval
 from grpo.phases.evaluate import evaluate, part_means, record_measures, unscored
 from grpo.phases.rollout import generate_rollouts, rollout_metrics
 from grpo.phases.sft import run_sft, sft_examples, stratified
@@ -118,6 +121,10 @@ def setup(cfg: C.Config, *, callables: Mapping[str, Callable[..., Any]] | None =
     run = Run(cfg, run_dir, device, dist, policy, train, heldout)
     run.sampler = TaskBalancedSampler(run.train, seed=cfg.train.seed, mix=parse_task_mix(cfg.data.task_mix))
     run.controllers = {t: controller_from_config(cfg.kl_for(t)) for t in run.tasks}
+    if cfg.loss.entropy_target is not None:
+        run.entropy_control = AdaptiveEntropyCoef(cfg.loss.entropy_coef, cfg.loss.entropy_target,
+                                                  cfg.loss.entropy_coef_delta, cfg.loss.entropy_coef_min,
+                                                  cfg.loss.entropy_coef_max)
     run.specs, run.graders = specs, graders
     run.judge = Judge.from_config(cfg.judge, run_dir)
     run.tracker = build_trackers(cfg.train, run_dir) if dist.is_main else NullTracker()
@@ -195,6 +202,21 @@ def evaluate_phase(run: Run, tag: str) -> dict[str, float]:
     return results
 
 
+def pass_at_k_phase(run: Run) -> dict[str, float]:
+    """The pass@K diagnostic on the held-out prompts (train.pass_at_k; grpo/phases/coverage.py), logged at the
+    current step and written to pass_at_k.json. One process only."""
+    cfg = run.cfg
+    if run.dist.active:
+        raise RuntimeError("train.pass_at_k runs on one process; turn it off under several processes")
+    metrics = pass_at_k_eval(run.policy.model, run.tokenizer, run.heldout, cfg.rollout, run.stop_ids,
+                             lambda rollouts: score_rollouts(rollouts, run.specs, run.judge, run.graders)[0],
+                             k=cfg.train.pass_at_k, n=cfg.train.pass_at_k_samples,
+                             threshold=cfg.train.pass_threshold, seed=cfg.train.seed)
+    (run.run_dir / "pass_at_k.json").write_text(json.dumps(metrics, indent=2))
+    run.tracker.log(metrics, run.step)
+    return metrics
+
+
 def rl_step(run: Run, step: int) -> dict[str, float]:
     """One RL step: rollouts → rewards → group advantages → μ update passes → per-task β update."""
     cfg, dist, t0 = run.cfg, run.dist, time.perf_counter()
@@ -209,6 +231,9 @@ def rl_step(run: Run, step: int) -> dict[str, float]:
     dist.reshard(run.policy.model)  # after every no-grad pass of a sharded model (see Dist.reshard)
     t1 = time.perf_counter()
     scored_mine, score_metrics = score_rollouts(rollouts, run.specs, run.judge, run.graders)
+    if cfg.train.dynamic_sampling:  # drop the groups without signal, refill them with more prompts
+        scored_mine, more = refill_groups(run, step, scored_mine, score_metrics)
+        metrics.update(more)
     scored = scored_mine
     if dist.active:  # metrics and group advantages over the global batch (groups never straddle ranks)
         scored = [s for part in dist.gather(scored_mine) for s in part]
@@ -217,6 +242,14 @@ def rl_step(run: Run, step: int) -> dict[str, float]:
         score_metrics = dict(zip(score_metrics, dist.sum_numbers(list(score_metrics.values()))))
     metrics.update(per_step_counts(score_metrics, run.counters))
     rewards_B = torch.tensor([math.nan if s.reward is None else s.reward for s in scored], dtype=torch.float32)
+    if cfg.loss.multi_objective_aggregation == "normalize_then_sum":  # GDPO: each term normalised in its group
+        rewards_B = normalize_then_sum(*term_matrix(scored, run.specs), cfg.rollout.k)
+    if cfg.rollout.overlong_buffer:  # DAPO's soft overlong punishment, on top of the graders' rewards
+        penalty_B = overlong_penalty(torch.tensor([len(s.rollout.completion_ids) for s in scored]),
+                                     cfg.rollout.max_new_tokens, cfg.rollout.overlong_buffer,
+                                     cfg.rollout.overlong_penalty_factor)
+        rewards_B = rewards_B + penalty_B
+        metrics["reward/overlong_penalty"] = float(penalty_B.mean())
     advantages_B, adv_metrics = group_advantages(rewards_B, cfg.rollout.k, scale=cfg.loss.adv_scale,
                                                  clip=cfg.loss.adv_clip)
     metrics.update(adv_metrics)
@@ -228,7 +261,8 @@ def rl_step(run: Run, step: int) -> dict[str, float]:
 
     rows = slice(mine.start * cfg.rollout.k, mine.stop * cfg.rollout.k)
     batch = build_train_batch(scored_mine, advantages_B[rows], run.tasks, run.tokenizer.pad_token_id, run.device,
-                              group_size=cfg.rollout.k if run.share_prompts else 1)
+                              group_size=cfg.rollout.k if run.share_prompts else 1,
+                              mask_truncated=cfg.loss.mask_truncated)
     if cfg.loss.mu > 1 and has_dropout(run.policy.model):
         # off-policy passes need the rollout policy's log-probs (eval mode: no dropout). At μ = 1 they equal the
         # current ones; without dropout the first pass computes them (train_step keeps them for the later passes)
@@ -244,6 +278,9 @@ def rl_step(run: Run, step: int) -> dict[str, float]:
     betas_N = torch.tensor([run.controllers[t].value for t in run.tasks], dtype=torch.float32)
     stats = update_with_oom_retry(run, batch, betas_N)
     metrics.update(stats)
+    if run.entropy_control is not None:  # adaptive entropy control: the coefficient this step used, then the update
+        metrics["loss/entropy_coef"] = run.entropy_control.value
+        run.entropy_control.update(stats.get("entropy/all", math.nan))  # absent: no token trained
     for t in run.tasks:
         metrics[f"beta/{t}"] = run.controllers[t].value  # the β this step trained with
         if f"kl/{t}" in stats:
@@ -265,6 +302,33 @@ def rl_step(run: Run, step: int) -> dict[str, float]:
     return metrics
 
 
+def refill_groups(run: Run, step: int, scored: list, score_metrics: dict[str, float]) -> tuple[list, dict]:
+    """Dynamic sampling (train.dynamic_sampling): keep the step's groups whose rewards differ, and generate and score
+    groups of fresh prompts (prompts_per_step a round, at most train.dynamic_sampling_max_rounds rounds) until the
+    step has prompts_per_step of them (grpo/core/dapo.fill_informative_groups). The extra rounds' scoring counts go
+    into `score_metrics`; the rollout/ metrics stay round 0's."""
+    cfg = run.cfg
+    if run.dist.active:
+        raise RuntimeError("train.dynamic_sampling runs on one process: the ranks would need different numbers of "
+                           "generation rounds; turn it off under several processes")
+
+    def produce(round_: int) -> list:
+        if round_ == 0:
+            return scored
+        samples = run.sampler.next_batch(cfg.prompts_per_step)
+        keys = (row_keys(cfg.train.seed, step, range(round_ * len(samples), (round_ + 1) * len(samples)),
+                         cfg.rollout.k) if per_completion_sampling(cfg.rollout, run.dist) else None)
+        rollouts, _ = generate_rollouts(run.policy.model, run.tokenizer, samples, cfg.rollout, run.stop_ids,
+                                        row_keys=keys)
+        more, counts = score_rollouts(rollouts, run.specs, run.judge, run.graders)
+        for key, value in counts.items():  # scoring/* count this batch; the judge/* counters are cumulative
+            score_metrics[key] = score_metrics.get(key, 0) + value if key.startswith("scoring/") else value
+        return more
+
+    return fill_informative_groups(produce, lambda s: s.reward, cfg.rollout.k, cfg.prompts_per_step,
+                                   cfg.train.dynamic_sampling_max_rounds)
+
+
 OOM_KNOBS = ("train.prompts_per_micro_step (smaller micro-batches, more grad_accum)", "model.gradient_checkpointing=true",
              "rollout.max_new_tokens", "model.load_in_4bit=true (QLoRA)", "rollout.k")
 
@@ -278,7 +342,8 @@ def train_update(run: Run, batch: TrainBatch, betas_N: torch.Tensor) -> dict[str
                       scaler=run.policy.grad_scaler, dist=run.dist)
     settings = StepSettings(micro_batch_seqs=run.micro_batch_seqs, temperature=cfg.rollout.temperature,
                             max_grad_norm=cfg.train.max_grad_norm, skip_grad_norm=cfg.train.skip_grad_norm,
-                            agg_constant=float(cfg.rollout.max_new_tokens), fused_head=cfg.model.fused_lm_head)
+                            agg_constant=float(cfg.rollout.max_new_tokens), fused_head=cfg.model.fused_lm_head,
+                            entropy_coef=None if run.entropy_control is None else run.entropy_control.value)
     return train_step(learner, batch, betas_N, cfg.loss, run.tasks, settings)
 
 
@@ -352,6 +417,8 @@ def main(cfg: C.Config, run: Run | None = None) -> Run:
         say("evaluating before SFT ...", evaluate_phase(run, "before_sft"))
         if cfg.sft.steps and sft_phase(run):
             say("evaluating after SFT ...", evaluate_phase(run, "after_sft"))
+        if cfg.train.pass_at_k:
+            say(f"pass@{cfg.train.pass_at_k} before RL ...", pass_at_k_phase(run))
     start_doctor(run)
     for f in run.doctor.findings() if run.doctor is not None else []:  # after a resume: active at the checkpoint
         say(doctor_line(f, f"active since step {f.since}, before the resume"), flush=True)

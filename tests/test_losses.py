@@ -167,7 +167,7 @@ def test_unknown_names_list_the_valid_ones():
         aggregate(t([[0.0]]), t([[1.0]]), "sum")
     with pytest.raises(ValueError, match="k3"):
         kl_penalty(t([0.0]), t([0.0]), "k4")
-    assert set(POLICY_LOSSES) == {"grpo", "gspo", "gspo_token"}
+    assert set(POLICY_LOSSES) == {"grpo", "gspo", "gspo_token", "luspo", "cispo", "sapo", "vespo"}
 
 
 # ------------------------------------------------------------------------------------------------------ aggregation

@@ -229,6 +229,12 @@ class RolloutConfig:
     (seed, step, prompt, k) (grpo/models/sampling.py), so it does not depend on the batch it was generated in: a run on N
     processes then samples exactly what the one-process run samples. auto = per_completion under several
     processes, global (torch's RNG, Hugging Face's sampler) otherwise."""
+    overlong_buffer: int = 0
+    """DAPO's soft overlong punishment (arXiv 2503.14476, eq. 13): L_cache, the last tokens before max_new_tokens
+    (= L_max) over which a completion's reward falls linearly from 0 to -overlong_penalty_factor (grpo/core/dapo.py).
+    Added to the grader reward before the advantages (reward/<task> metrics stay the graders'). 0 = off."""
+    overlong_penalty_factor: float = 1.0
+    """Scale of the soft overlong punishment (verl's overlong_buffer.penalty_factor); read when overlong_buffer > 0."""
 
     def __post_init__(self) -> None:
         _check(self.k >= 2, "rollout.k", self.k, "GRPO needs at least 2 completions per prompt; use k >= 2")
@@ -242,6 +248,10 @@ class RolloutConfig:
         _check(0.0 <= self.min_p < 1.0, "rollout.min_p", self.min_p, "use a value in [0, 1)")
         _check(self.repetition_penalty > 0, "rollout.repetition_penalty", self.repetition_penalty, "use a value > 0")
         _one_of("rollout.sampling_rng", self.sampling_rng, ("auto", "global", "per_completion"))
+        _check(0 <= self.overlong_buffer <= self.max_new_tokens, "rollout.overlong_buffer", self.overlong_buffer,
+               f"use 0 (off) or a token count in [1, max_new_tokens={self.max_new_tokens}]")
+        _check(self.overlong_penalty_factor > 0, "rollout.overlong_penalty_factor", self.overlong_penalty_factor,
+               "use a value > 0, e.g. 1.0")
         _check(self.engine != "lean" or self.cache_implementation == "dynamic", "rollout.engine", self.engine,
                "the lean loop keeps a dynamic KV cache; with rollout.cache_implementation=static use engine=auto "
                "or hf")
@@ -250,19 +260,47 @@ class RolloutConfig:
 @dataclass
 class LossConfig:
     policy_loss: str = "grpo"
-    """grpo (token ratio) | gspo (sequence ratio) | gspo_token (sequence ratio value, token gradient path)."""
+    """grpo (token ratio) | gspo (sequence ratio) | gspo_token (sequence ratio value, token gradient path) | luspo
+    (gspo weighted by length: needs agg_mode seq-mean-token-sum) | cispo (clipped, detached ratio weight) | sapo
+    (soft sigmoid gate instead of the clip) | vespo (gamma weight of the sequence ratio). See grpo/core/losses.py."""
     clip_low: float = 0.2
-    """Lower clip: ratio >= 1 - clip_low (GSPO's paper uses ~3e-4 since its ratio is a per-token geometric mean)."""
+    """Lower clip: ratio >= 1 - clip_low (GSPO's paper uses ~3e-4 since its ratio is a per-token geometric mean).
+    The clipped losses only (grpo, gspo, gspo_token, luspo)."""
     clip_high: float = 0.28
-    """Upper clip: ratio <= 1 + clip_high (DAPO clip-higher: larger than clip_low)."""
+    """Upper clip: ratio <= 1 + clip_high (DAPO clip-higher: larger than clip_low). The clipped losses only."""
     dual_clip: float | None = None
-    """Cap the loss of negative-advantage tokens at -c*A (verl uses c=3). None = off."""
+    """Cap the loss of negative-advantage tokens at -c*A (verl uses c=3). None = off. The clipped losses only."""
+    cispo_max_ratio: float = 5.0
+    """cispo: the importance weight is min(ratio, cispo_max_ratio), detached (ScaleRL's eps_max; TRL's epsilon_high
+    under loss_type cispo)."""
+    sapo_temperature_pos: float = 1.0
+    """sapo: gate temperature of tokens with a positive advantage (SAPO paper / TRL default 1.0)."""
+    sapo_temperature_neg: float = 1.05
+    """sapo: gate temperature of tokens with a non-positive advantage (SAPO paper / TRL default 1.05)."""
+    vespo_k_pos: float = 2.0
+    """vespo: power k of the gamma weight phi(w) = e^lambda w^k e^(-lambda w) where the advantage is >= 0."""
+    vespo_lambda_pos: float = 3.0
+    """vespo: decay lambda of the gamma weight where the advantage is >= 0."""
+    vespo_k_neg: float = 3.0
+    """vespo: power k of the gamma weight where the advantage is < 0."""
+    vespo_lambda_neg: float = 2.0
+    """vespo: decay lambda of the gamma weight where the advantage is < 0."""
     agg_mode: str = "token-mean"
     """token-mean | seq-mean-token-mean | seq-mean-token-sum | seq-mean-token-sum-norm (Dr.GRPO)."""
     kl_estimator: str = "k3"
     """k1 | k2 | k3 | k3+ (k3 value, k2 gradient). The KL term uses each sequence's task beta."""
     entropy_coef: float = 0.0
-    """Entropy bonus weight (0 = off)."""
+    """Entropy bonus weight (0 = off); with entropy_target set, the adaptive coefficient's start."""
+    entropy_target: float | None = None
+    """Adaptive entropy control (Skywork-OR1; TRL's use_adaptive_entropy; grpo/core/entropy_control.py): after each RL
+    step the coefficient moves by entropy_coef_delta up while the mean token entropy (nats) is at or below this
+    target, else down, and the bonus applies only while the entropy is at or below it. None = the fixed entropy_coef."""
+    entropy_coef_delta: float = 0.005
+    """Adaptive entropy control: the coefficient's change per RL step (TRL's default 0.005)."""
+    entropy_coef_min: float = 0.0
+    """Adaptive entropy control: lower bound of the coefficient."""
+    entropy_coef_max: float = 1.0
+    """Adaptive entropy control: upper bound of the coefficient."""
     mu: int = 1
     """Update passes (optimizer steps) per rollout batch. mu = 1 is exactly on-policy: no old-log-prob pass."""
     adv_scale: str = "group"
@@ -274,6 +312,20 @@ class LossConfig:
     function returns None left out for that completion (all None: the completion is excluded); mean = the weighted
     mean Σ w_i·s_i / Σ w_i, any None voiding the reward (rule graders in [0, 1] give a reward in [0, 1]: the built-in
     presets use it). A failed judge call voids the reward either way (or takes its fallback)."""
+    multi_objective_aggregation: str = "sum_then_normalize"
+    """How a task's reward terms (rewards.<task>) reach the advantages (TRL's multi_objective_aggregation):
+    sum_then_normalize = the reward (loss.reward_aggregation), then group advantages | normalize_then_sum = GDPO: each term normalised
+    within its group first, then the weighted sum (grpo/core/advantages.normalize_then_sum); TRL then scales by the
+    batch std (loss.adv_scale=batch). reward/<task> metrics stay the reward's."""
+    mask_truncated: bool = False
+    """Completions that reached rollout.max_new_tokens without a stop token carry no loss (policy, KL, entropy) and
+    are not counted in the step's token / sequence-length denominators (TRL's mask_truncated_completions; DAPO's
+    overlong filtering). A step whose every completion is truncated takes no optimizer step."""
+    top_entropy_quantile: float = 1.0
+    """Train only the tokens whose entropy is in the top q share of the step's completion tokens (q in (0, 1];
+    1 = every token; the 80/20 paper, arXiv 2506.01939, uses 0.2; TRL's top_entropy_quantile). The entropies come from
+    one extra no-grad pass of the rollout policy before the update, so the selection is the same for every
+    micro-batch split; unselected tokens keep their place in the denominators (as in TRL) and their KL term."""
 
     def __post_init__(self) -> None:
         _check(0 < self.clip_low < 1, "loss.clip_low", self.clip_low, "use a value in (0, 1), e.g. 0.2")
@@ -284,6 +336,23 @@ class LossConfig:
         _check(self.entropy_coef >= 0, "loss.entropy_coef", self.entropy_coef, "use a value >= 0")
         _check(self.adv_clip is None or self.adv_clip > 0, "loss.adv_clip", self.adv_clip,
                "use None (off) or a clamp > 0, e.g. 5")
+        _check(self.policy_loss != "luspo" or self.agg_mode == "seq-mean-token-sum", "loss.agg_mode", self.agg_mode,
+               "policy_loss luspo weights each sequence by its length: use agg_mode seq-mean-token-sum")
+        _check(self.entropy_target is None or self.entropy_target > 0, "loss.entropy_target", self.entropy_target,
+               "use None (fixed entropy_coef) or a target entropy > 0 nats, e.g. 0.2")
+        _check(self.entropy_coef_delta > 0, "loss.entropy_coef_delta", self.entropy_coef_delta, "use a value > 0")
+        _check(0 <= self.entropy_coef_min <= self.entropy_coef <= self.entropy_coef_max or self.entropy_target is None,
+               "loss.entropy_coef_min", self.entropy_coef_min,
+               "adaptive entropy control needs entropy_coef_min <= entropy_coef <= entropy_coef_max")
+        _check(0 < self.top_entropy_quantile <= 1, "loss.top_entropy_quantile", self.top_entropy_quantile,
+               "use a share in (0, 1], e.g. 0.2 (1 = every token)")
+        _check(self.cispo_max_ratio > 0, "loss.cispo_max_ratio", self.cispo_max_ratio, "use a value > 0, e.g. 5.0")
+        _check(self.sapo_temperature_pos > 0, "loss.sapo_temperature_pos", self.sapo_temperature_pos,
+               "use a value > 0, e.g. 1.0")
+        _check(self.sapo_temperature_neg > 0, "loss.sapo_temperature_neg", self.sapo_temperature_neg,
+               "use a value > 0, e.g. 1.05")
+        for name in ("vespo_k_pos", "vespo_lambda_pos", "vespo_k_neg", "vespo_lambda_neg"):
+            _check(getattr(self, name) >= 0, f"loss.{name}", getattr(self, name), "use a value >= 0")
 
 
 @dataclass
@@ -365,6 +434,21 @@ class TrainConfig:
     """Log to Weights & Biases under this project (needs `pip install wandb`). Empty = off."""
     overwrite: bool = False
     """A fresh run into a run folder that is not empty deletes its contents first (else it stops); --overwrite."""
+    dynamic_sampling: bool = False
+    """DAPO's dynamic sampling (arXiv 2503.14476, §3.2): groups whose K rewards are all equal (no advantage, no policy
+    gradient) are dropped and more prompts are sampled until the step has its prompts_per_step groups with signal,
+    or dynamic_sampling_max_rounds extra rounds ran (then the step trains on the groups it found; grpo/core/dapo.py).
+    One process only."""
+    dynamic_sampling_max_rounds: int = 3
+    """Dynamic sampling: the most extra generation rounds (each of prompts_per_step prompts) in one RL step."""
+    pass_at_k: int = 0
+    """Before RL (after the SFT evaluation), the pass@K diagnostic: per task, the unbiased pass@k (Chen et al. 2021)
+    of the held-out prompts from pass_at_k_samples sampled completions each, logged as eval/<task>/pass_at_k (and
+    eval/<task>/pass_at_1) and written to pass_at_k.json. 0 = off. One process only."""
+    pass_at_k_samples: int = 16
+    """pass@K diagnostic: completions sampled per held-out prompt (n >= pass_at_k)."""
+    pass_threshold: float = 1.0
+    """pass@K diagnostic: a completion is right when its reward is >= this."""
 
     def __post_init__(self) -> None:
         for f in ("max_steps", "prompts_per_micro_step", "grad_accum", "max_consecutive_bad", "log_every"):
@@ -377,8 +461,10 @@ class TrainConfig:
                "train.output_dir")
         _check(self.max_grad_norm > 0, "train.max_grad_norm", self.max_grad_norm, "use a value > 0, e.g. 1.0")
         _check(self.skip_grad_norm > 0, "train.skip_grad_norm", self.skip_grad_norm, "use a value > 0")
-        for f in ("warmup_steps", "eval_every", "sample_every"):
+        for f in ("warmup_steps", "eval_every", "sample_every", "dynamic_sampling_max_rounds", "pass_at_k"):
             _check(getattr(self, f) >= 0, f"train.{f}", getattr(self, f), "use an integer >= 0 (0 = off)")
+        _check(self.pass_at_k_samples >= max(1, self.pass_at_k), "train.pass_at_k_samples", self.pass_at_k_samples,
+               f"use at least pass_at_k = {self.pass_at_k} samples per prompt")
         _check(self.device == "auto" or self.device == "cpu" or self.device.startswith("cuda"), "train.device",
                self.device, "use auto, cpu, cuda or cuda:N")
         _one_of("train.sharding", self.sharding, ("auto", "none", "fsdp"))

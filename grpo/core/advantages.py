@@ -98,3 +98,44 @@ def group_advantages(rewards_B: torch.Tensor | Sequence[float | None], group_siz
         "adv/abs_max": zero if empty else valid_adv.abs().max(),
     }
     return advantages_B, metrics
+
+
+MULTI_OBJECTIVE_AGGREGATIONS = ("sum_then_normalize", "normalize_then_sum")
+"""How a task's reward terms reach the advantages (loss.multi_objective_aggregation; TRL's multi_objective_aggregation):
+sum_then_normalize = the weighted mean of the terms, then group advantages (today's) | normalize_then_sum = GDPO."""
+
+GDPO_EPS = 1e-4
+"""The std floor of GDPO's per-term normalisation (TRL's 1e-4)."""
+
+
+def normalize_then_sum(values_BM: torch.Tensor, weights_BM: torch.Tensor, group_size: int,
+                       eps: float = GDPO_EPS) -> torch.Tensor:
+    """GDPO (TRL `multi_objective_aggregation="normalize_then_sum"`): every reward term is normalised within its
+    group, (x − mean_g) / (std_g + eps) over the group's finite values (unbiased std; 0 with fewer than two), and the
+    normalised terms are summed with their weights: r_i = Σ_m w_i,m · ẑ_i,m. Returns rewards (B,).
+
+    values_BM: the raw value of term m for rollout i (NaN = failed); weights_BM: its weight for that rollout's task,
+    0 where the term is not one of the task's (several tasks' terms share the columns). A rollout with a failed term
+    of its own gets NaN (left out of the advantages, as a failed reward is), never a partial sum. Terms on different
+    scales then weigh by their weights only, not by their spread (the reason GDPO normalises first).
+    """
+    if values_BM.shape != weights_BM.shape or values_BM.dim() != 2:
+        raise ValueError(f"normalize_then_sum: values_BM {tuple(values_BM.shape)} and weights_BM "
+                         f"{tuple(weights_BM.shape)} must be one (B, M) shape")
+    B, M = values_BM.shape
+    if group_size < 1 or B % group_size:
+        raise ValueError(f"normalize_then_sum: {B} rows do not split into groups of group_size={group_size}")
+    x_GKM = values_BM.to(torch.float64).view(-1, group_size, M)
+    valid_GKM = ~torch.isnan(x_GKM)
+    zeros = torch.zeros_like(x_GKM)
+    count_GM = valid_GKM.sum(1)
+    mean_GM = torch.where(valid_GKM, x_GKM, zeros).sum(1) / count_GM.clamp(min=1)
+    dev_GKM = torch.where(valid_GKM, x_GKM - mean_GM.unsqueeze(1), zeros)
+    std_GM = (dev_GKM.square().sum(1) / (count_GM - 1).clamp(min=1)).sqrt()
+    std_GM = torch.where(count_GM >= 2, std_GM, torch.zeros_like(std_GM))
+    scale_G1M = (std_GM + eps).unsqueeze(1)
+    z_BM = torch.where(valid_GKM & (scale_G1M > 0), dev_GKM / scale_G1M.clamp(min=1e-300), zeros).reshape(B, M)
+    weights = weights_BM.to(torch.float64)
+    own_failed_B = (torch.isnan(values_BM) & (weights_BM != 0)).any(-1)
+    rewards_B = (weights * z_BM).sum(-1)
+    return torch.where(own_failed_B, torch.full_like(rewards_B, float("nan")), rewards_B).to(torch.float32)

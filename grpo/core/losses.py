@@ -9,6 +9,10 @@ Formulas (one line each, with the source):
 - ratio, GSPO-token:  s_i,t = sg[s_i] · exp(logp_i,t − sg[logp_i,t])   (same value as s_i, per-token gradient path; GSPO eq. 13)
 - clipped loss:       ℓ = max(−A·r, −A·clip(r, 1 − ε_low, 1 + ε_high))                  (PPO arXiv 1707.06347; clip-higher: DAPO arXiv 2503.14476)
 - dual clip (A < 0):  ℓ = min(ℓ, −c·A), c > 1                                             (Dual-clip PPO arXiv 1912.09729; verl `clip_ratio_c`)
+- CISPO:  ℓ = −sg[min(r, ε_max)]·A·logp: a clipped, detached ratio weight   (MiniMax-M1 arXiv 2506.13585; TRL `cispo`)
+- SAPO:   ℓ = −(4/τ)·σ(τ·(r − 1))·A, τ = τ_pos if A > 0 else τ_neg: a soft gate, no clip   (arXiv 2511.20347; TRL `sapo`)
+- LUSPO:  GSPO's clipped loss aggregated by `seq-mean-token-sum` (each sequence weighted by its length)   (TRL `luspo`)
+- VESPO:  ℓ = −sg[φ(w)]·A·logp, log w = Σ_t m·(logp − old), φ(w) = e^λ·w^k·e^(−λw), (k, λ) by sign(A)   (TRL `vespo`)
 - token-mean:                Σ_i,t m·ℓ / N_tokens(step)                                   (DAPO; verl `agg_loss`)
 - seq-mean-token-mean:       Σ_i [Σ_t m·ℓ / Σ_t m] / N_seqs(step)                         (GRPO as in DeepSeekMath eq. 3)
 - seq-mean-token-sum:        Σ_i [Σ_t m·ℓ] / N_seqs(step)                                 (verl `agg_loss`)
@@ -21,6 +25,7 @@ Metric values are 0-dim detached tensors (no host sync here); the loop converts 
 
 from __future__ import annotations
 
+import math
 from typing import Callable
 
 import torch
@@ -138,32 +143,159 @@ def _make_policy_loss(name: str) -> Callable[..., tuple[torch.Tensor, dict[str, 
     return loss_fn
 
 
+def _advantages_BT(advantages_B: torch.Tensor, logps_BT: torch.Tensor) -> torch.Tensor:
+    adv_BT = advantages_B.unsqueeze(-1) if advantages_B.dim() == 1 else advantages_B
+    return adv_BT.to(logps_BT.dtype).expand_as(logps_BT)
+
+
+def _ratio_metrics(ratio_BT: torch.Tensor, logps_BT: torch.Tensor, old_logps_BT: torch.Tensor,
+                   mask_BT: torch.Tensor) -> dict[str, torch.Tensor]:
+    """The ratio metrics every loss reports (the clipped losses add their clip fractions)."""
+    with torch.no_grad():
+        r = ratio_BT.detach()
+        r_min, r_max = _masked_extrema(r, mask_BT > 0)
+        return {"loss/ratio_mean": masked_mean(r, mask_BT), "loss/ratio_min": r_min, "loss/ratio_max": r_max,
+                "loss/approx_kl_old": masked_mean(kl_penalty(logps_BT.detach(), old_logps_BT, "k3"), mask_BT)}
+
+
+def cispo_loss(logps_BT: torch.Tensor, old_logps_BT: torch.Tensor, advantages_B: torch.Tensor, mask_BT: torch.Tensor,
+               cispo_max_ratio: float = 5.0) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """CISPO: ℓ = −sg[min(r, ε_max)]·A·logp with the token ratio r. The ratio is a detached weight, so no token
+    loses its gradient (PPO's clip drops the gradient of clipped tokens). Metric loss/cispo_clip_frac: share of
+    tokens with r > ε_max and A > 0 (TRL's `cispo_clip_ratio`)."""
+    if cispo_max_ratio <= 0:
+        raise ValueError(f"policy_loss: cispo_max_ratio={cispo_max_ratio} must be > 0 (ScaleRL and TRL use 5.0)")
+    old_logps_BT = old_logps_BT.detach()
+    adv_BT = _advantages_BT(advantages_B, logps_BT)
+    ratio_BT = torch.exp(_token_log_ratio(logps_BT, old_logps_BT, mask_BT).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))
+    weight_BT = ratio_BT.clamp(max=cispo_max_ratio).detach()
+    loss_BT = torch.where(mask_BT > 0, -weight_BT * adv_BT * logps_BT, torch.zeros_like(logps_BT))
+    metrics = _ratio_metrics(ratio_BT, logps_BT, old_logps_BT, mask_BT)
+    metrics["loss/cispo_clip_frac"] = masked_mean(((ratio_BT > cispo_max_ratio) & (adv_BT > 0)).to(
+        logps_BT.dtype), mask_BT).detach()
+    return loss_BT, metrics
+
+
+def sapo_loss(logps_BT: torch.Tensor, old_logps_BT: torch.Tensor, advantages_B: torch.Tensor, mask_BT: torch.Tensor,
+              sapo_temperature_pos: float = 1.0, sapo_temperature_neg: float = 1.05,
+              ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """SAPO: ℓ = −(4/τ)·σ(τ·(r − 1))·A with the token ratio r, τ = τ_pos where A > 0 else τ_neg. The gate's slope
+    is 1 at r = 1 (σ'(0) = 1/4), so on-policy SAPO has GRPO's gradient; far from r = 1 the gradient fades smoothly
+    instead of being cut off."""
+    if sapo_temperature_pos <= 0 or sapo_temperature_neg <= 0:
+        raise ValueError(f"policy_loss: SAPO temperatures ({sapo_temperature_pos}, {sapo_temperature_neg}) must be "
+                         "> 0 (the paper uses 1.0 for A > 0 and 1.05 otherwise)")
+    old_logps_BT = old_logps_BT.detach()
+    adv_BT = _advantages_BT(advantages_B, logps_BT)
+    ratio_BT = torch.exp(_token_log_ratio(logps_BT, old_logps_BT, mask_BT).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))
+    tau_BT = torch.where(adv_BT > 0, torch.full_like(adv_BT, sapo_temperature_pos),
+                         torch.full_like(adv_BT, sapo_temperature_neg))
+    gate_BT = torch.sigmoid(tau_BT * (ratio_BT - 1.0)) * 4.0 / tau_BT
+    loss_BT = torch.where(mask_BT > 0, -gate_BT * adv_BT, torch.zeros_like(logps_BT))
+    return loss_BT, _ratio_metrics(ratio_BT, logps_BT, old_logps_BT, mask_BT)
+
+
+VESPO_LOG_W_MIN = math.log(1e-8)
+"""VESPO's sequence log-weight is clamped to [log 1e-8, LOG_RATIO_CLAMP], as TRL's reference code does."""
+VESPO_LAMBDA_MIN = 1e-4
+"""λ is floored at 1e-4 (TRL's clamp) so φ stays a decaying weight."""
+
+
+def vespo_weights(log_ratio_BT: torch.Tensor, advantages_B: torch.Tensor, mask_BT: torch.Tensor, k_pos: float,
+                  lambda_pos: float, k_neg: float, lambda_neg: float) -> torch.Tensor:
+    """φ(w_i) per sequence, shape (B, 1), detached: log φ = λ + k·log w − λ·w with log w = Σ_t m·clamp(log-ratio)
+    (a SUM over tokens, not GSPO's mean); (k, λ) = (k_pos, λ_pos) where A ≥ 0, else the negative pair. φ(1) = 1."""
+    with torch.no_grad():
+        log_w_B1 = (log_ratio_BT.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP) * mask_BT).sum(-1, keepdim=True)
+        log_w_B1 = log_w_B1.clamp(VESPO_LOG_W_MIN, LOG_RATIO_CLAMP)
+        adv_B1 = advantages_B.reshape(advantages_B.shape[0], -1)[:, :1].to(log_w_B1.dtype)
+        nonneg = adv_B1 >= 0
+        k_B1 = torch.where(nonneg, torch.full_like(adv_B1, k_pos), torch.full_like(adv_B1, k_neg))
+        lam_B1 = torch.where(nonneg, torch.full_like(adv_B1, lambda_pos),
+                             torch.full_like(adv_B1, lambda_neg)).clamp(min=VESPO_LAMBDA_MIN)
+        log_phi_B1 = lam_B1 + k_B1 * log_w_B1 - lam_B1 * torch.exp(log_w_B1)
+        return torch.exp(log_phi_B1).nan_to_num(nan=0.0, posinf=0.0, neginf=0.0)
+
+
+def vespo_loss(logps_BT: torch.Tensor, old_logps_BT: torch.Tensor, advantages_B: torch.Tensor, mask_BT: torch.Tensor,
+               vespo_k_pos: float = 2.0, vespo_lambda_pos: float = 3.0, vespo_k_neg: float = 3.0,
+               vespo_lambda_neg: float = 2.0) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """VESPO: ℓ = −sg[φ(w_i)]·A·logp, φ the gamma weight of the sequence ratio (`vespo_weights`). Metric
+    loss/vespo_phi_mean: the mean of φ over sequences (TRL's `vespo/phi_seq_mean`, over tokens there)."""
+    old_logps_BT = old_logps_BT.detach()
+    adv_BT = _advantages_BT(advantages_B, logps_BT)
+    log_ratio_BT = _token_log_ratio(logps_BT, old_logps_BT, mask_BT)
+    phi_B1 = vespo_weights(log_ratio_BT, advantages_B, mask_BT, vespo_k_pos, vespo_lambda_pos, vespo_k_neg,
+                           vespo_lambda_neg).to(logps_BT.dtype)
+    loss_BT = torch.where(mask_BT > 0, -phi_B1 * adv_BT * logps_BT, torch.zeros_like(logps_BT))
+    ratio_BT = torch.exp(log_ratio_BT.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))
+    metrics = _ratio_metrics(ratio_BT, logps_BT, old_logps_BT, mask_BT)
+    metrics["loss/vespo_phi_mean"] = masked_mean(phi_B1.expand_as(logps_BT), mask_BT).detach()
+    return loss_BT, metrics
+
+
 POLICY_LOSSES: dict[str, Callable[..., tuple[torch.Tensor, dict[str, torch.Tensor]]]] = {
-    name: _make_policy_loss(name) for name in LOG_RATIOS
+    **{name: _make_policy_loss(name) for name in LOG_RATIOS},
+    "luspo": _make_policy_loss("gspo"),  # GSPO's per-token loss; the length weighting is the seq-mean-token-sum agg
+    "cispo": cispo_loss,
+    "sapo": sapo_loss,
+    "vespo": vespo_loss,
 }
+"""Policy losses by name. grpo / gspo / gspo_token / luspo are PPO's clipped surrogate and differ only in the ratio
+(LUSPO is GSPO aggregated with `seq-mean-token-sum`, which loss config requires); cispo, sapo and vespo replace the
+clip by a detached ratio weight or a soft gate."""
+
+CLIP_PARAMS = ("clip_low", "clip_high", "dual_clip")
+POLICY_LOSS_PARAMS: dict[str, tuple[str, ...]] = {
+    **{name: CLIP_PARAMS for name in ("grpo", "gspo", "gspo_token", "luspo")},
+    "cispo": ("cispo_max_ratio",),
+    "sapo": ("sapo_temperature_pos", "sapo_temperature_neg"),
+    "vespo": ("vespo_k_pos", "vespo_lambda_pos", "vespo_k_neg", "vespo_lambda_neg"),
+}
+"""The hyper-parameters each loss takes, named as the loss config's fields (the update passes exactly these)."""
 
 
 def policy_loss(name: str, logps_BT: torch.Tensor, old_logps_BT: torch.Tensor, advantages_B: torch.Tensor,
-                mask_BT: torch.Tensor, clip_low: float = 0.2, clip_high: float = 0.28,
-                dual_clip: float | None = None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """Per-token clipped policy loss `loss_BT` (0 where mask is 0) and `loss/*` metrics.
+                mask_BT: torch.Tensor, **params: float | None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """Per-token policy loss `loss_BT` (0 where mask is 0) and `loss/*` metrics.
 
-    name: "grpo" (token ratio), "gspo" (sequence ratio, whole sequence clipped) or "gspo_token".
+    name: a key of POLICY_LOSSES: "grpo" (token ratio), "gspo" (sequence ratio, whole sequence clipped),
+    "gspo_token", "luspo", "cispo", "sapo", "vespo".
     old_logps_BT: log-probs under the rollout policy (always detached here); on-policy, pass `logps_BT.detach()`.
     advantages_B: one advantage per sequence, shape (B,) (a (B, T) per-token tensor is accepted too).
-    clip_low / clip_high: ratio bounds [1 − clip_low, 1 + clip_high]; GSPO wants ~3e-4 / 4e-4 (the caller passes them).
-    dual_clip: c > 1 caps the loss of negative-advantage tokens at −c·A; None disables it.
-    Metrics: loss/clip_frac_low, loss/clip_frac_high, loss/ratio_mean, loss/ratio_min, loss/ratio_max,
-    loss/approx_kl_old (k3, masked mean), plus loss/dual_clip_frac when dual_clip is set; 0-dim detached tensors.
+    params: the loss's own hyper-parameters (POLICY_LOSS_PARAMS[name]); left out, each takes its default. For the
+    clipped losses: clip_low / clip_high, the ratio bounds [1 − clip_low, 1 + clip_high] (GSPO wants ~3e-4 / 4e-4),
+    and dual_clip (c > 1 caps the loss of negative-advantage tokens at −c·A; None disables it).
+    Metrics: loss/ratio_mean, loss/ratio_min, loss/ratio_max, loss/approx_kl_old (k3, masked mean); the clipped
+    losses add loss/clip_frac_low, loss/clip_frac_high (and loss/dual_clip_frac when dual_clip is set); 0-dim
+    detached tensors.
     """
     if name not in POLICY_LOSSES:
         raise ValueError(f"policy_loss: unknown loss {name!r}; valid names: {sorted(POLICY_LOSSES)}")
+    unknown = sorted(set(params) - set(POLICY_LOSS_PARAMS[name]))
+    if unknown:
+        raise ValueError(f"policy_loss: loss {name!r} takes no {unknown}; its parameters: {POLICY_LOSS_PARAMS[name]}")
     _check_shapes("policy_loss", logps_BT, old_logps_BT=old_logps_BT, mask_BT=mask_BT)
     if advantages_B.shape not in (logps_BT.shape[:1], logps_BT.shape):
         raise ValueError(f"policy_loss: advantages_B has shape {tuple(advantages_B.shape)}; expected "
                          f"({logps_BT.shape[0]},) (one per sequence) or {tuple(logps_BT.shape)}")
-    return POLICY_LOSSES[name](logps_BT, old_logps_BT, advantages_B, mask_BT,
-                               clip_low=clip_low, clip_high=clip_high, dual_clip=dual_clip)
+    return POLICY_LOSSES[name](logps_BT, old_logps_BT, advantages_B, mask_BT, **params)
+
+
+def top_entropy_mask(entropy_BT: torch.Tensor, mask_BT: torch.Tensor, quantile: float,
+                     pool: torch.Tensor | None = None) -> torch.Tensor:
+    """1.0 on the valid tokens whose entropy is ≥ the (1 − quantile) quantile of the valid entropies, else 0.0
+    (TRL's `get_high_entropy_mask`, torch.quantile's linear interpolation). `pool`: the 1-D valid entropies the
+    threshold is taken over, when wider than this batch (every rank's); default the valid entries of `entropy_BT`.
+    quantile = 1 keeps every valid token; no valid token → all zeros."""
+    if not 0.0 < quantile <= 1.0:
+        raise ValueError(f"top_entropy_mask: quantile={quantile} must lie in (0, 1]")
+    valid_BT = mask_BT > 0
+    values = entropy_BT[valid_BT].float() if pool is None else pool.float()
+    if values.numel() == 0:
+        return torch.zeros_like(mask_BT)
+    threshold = torch.quantile(values, 1.0 - quantile)
+    return ((entropy_BT.float() >= threshold) & valid_BT).to(mask_BT.dtype)
 
 
 # ------------------------------------------------------------------------------------------------------ aggregation

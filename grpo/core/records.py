@@ -82,6 +82,8 @@ class TrainBatch:
     """Log-probs under the rollout policy; None when the update is exactly on-policy (μ = 1)."""
     ref_logps_BT: torch.Tensor | None = None
     """Log-probs under the reference policy; None when no KL term is used."""
+    entropy_mask_BT: torch.Tensor | None = None
+    """1.0 on the tokens whose policy loss trains (loss.top_entropy_quantile); None = every completion token."""
     group_size: int = 1
     """K > 1: rows g·K … g·K + K − 1 are the K completions of one prompt, and the forward passes encode that prompt
     once for them (grpo/models/logprobs.completion_logprobs); micro-batches then hold whole groups. 1 = rows stand alone."""
@@ -110,6 +112,7 @@ class TrainBatch:
             advantages_B=self.advantages_B[idx],
             old_logps_BT=take(self.old_logps_BT),
             ref_logps_BT=take(self.ref_logps_BT),
+            entropy_mask_BT=take(self.entropy_mask_BT),
         )
 
     def _lengths(self) -> tuple[list[int], list[int]]:
@@ -172,6 +175,7 @@ class TrainBatch:
             prompt_len=P - lead,
             old_logps_BT=cols(self.old_logps_BT),
             ref_logps_BT=cols(self.ref_logps_BT),
+            entropy_mask_BT=cols(self.entropy_mask_BT),
         )
 
     def from_micro_batches(self, parts: list[torch.Tensor], size: int) -> torch.Tensor:

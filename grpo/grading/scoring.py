@@ -26,7 +26,7 @@ from grpo.core.records import Rollout, Scored
 from grpo.grading.graders import JUDGE_TERM, Grader, GraderError, resolve_graders
 from grpo.grading.judge import Judge, JudgeItem, JudgeResult
 
-__all__ = ["JUDGE_TERM", "RewardSpec", "score_rollouts"]
+__all__ = ["JUDGE_TERM", "RewardSpec", "score_rollouts", "term_matrix"]
 
 
 REWARD_AGGREGATIONS = ("sum", "mean")
@@ -130,6 +130,26 @@ def _combine(rollout: Rollout, spec: RewardSpec, parts: dict[str, float | None],
         return Scored(rollout=rollout, reward=None, parts=parts, provider=provider)
     return Scored(rollout=rollout, reward=total if spec.aggregation == "sum" else total / weights, parts=parts,
                   provider=provider)
+
+
+def term_matrix(scored: list[Scored], specs: Mapping[str, RewardSpec]) -> tuple[torch.Tensor, torch.Tensor]:
+    """(values_BM, weights_BM) of the rollouts' reward terms for grpo/core/advantages.normalize_then_sum (GDPO): one
+    column per term name over every task's spec, in first-seen order; a value is the term's raw score (the judge's,
+    or its fallback grader's where the judge failed, as in the weighted mean), NaN when it failed or is not a term
+    of the row's task; a weight is the term's weight in the row's task, else 0."""
+    names = list(dict.fromkeys(name for spec in specs.values() for name, _ in spec.terms))
+    values = torch.full((len(scored), len(names)), float("nan"), dtype=torch.float64)
+    weights = torch.zeros(len(scored), len(names), dtype=torch.float64)
+    for i, s in enumerate(scored):
+        spec = specs[s.rollout.sample.task]
+        for name, weight in spec.terms:
+            value = s.parts.get(name)
+            if name == JUDGE_TERM and value is None and spec.fallback:
+                value = s.parts.get(f"fallback:{spec.fallback}")
+            j = names.index(name)
+            weights[i, j] = weights[i, j] + weight
+            values[i, j] = math.nan if value is None else float(value)
+    return values, weights
 
 
 def score_rollouts(

@@ -16,18 +16,39 @@ from grpo.models.tokens import collate
 
 
 def build_train_batch(scored: Sequence[Scored], advantages_B: torch.Tensor, tasks: Sequence[str], pad_id: int,
-                      device: torch.device, group_size: int = 1) -> TrainBatch:
+                      device: torch.device, group_size: int = 1, mask_truncated: bool = False) -> TrainBatch:
     """Collate the rollouts (order kept) with their advantages; nothing here carries a graph. `group_size` K > 1:
     the rollouts come as K consecutive completions per prompt, and the forward passes may encode each prompt once
-    (TrainBatch.group_size)."""
+    (TrainBatch.group_size). `mask_truncated` (loss.mask_truncated): the completion mask of every truncated rollout
+    is zero, so it carries no loss and no count in the step's denominators (its tokens still sit in the batch)."""
     input_ids, attention, completion_mask, prompt_len = collate(
         [list(s.rollout.prompt_ids) for s in scored], [list(s.rollout.completion_ids) for s in scored], pad_id)
+    if mask_truncated:
+        kept_B = torch.tensor([not s.rollout.truncated for s in scored], dtype=completion_mask.dtype)
+        completion_mask = completion_mask * kept_B[:, None]
     task_ids = torch.tensor([tasks.index(s.rollout.sample.task) for s in scored], dtype=torch.long)
     return TrainBatch(input_ids_BL=input_ids.to(device), attention_mask_BL=attention.to(device),
                       completion_mask_BT=completion_mask.to(device=device, dtype=torch.float32),
                       prompt_len=prompt_len, task_ids_B=task_ids.to(device),
                       advantages_B=advantages_B.detach().to(device=device, dtype=torch.float32),
                       group_size=group_size)
+
+
+@torch.no_grad()
+def batch_entropies(model: torch.nn.Module, batch: TrainBatch, micro_batch_seqs: int, temperature: float,
+                    ) -> torch.Tensor:
+    """Per-token entropies (nats, at `temperature`) of the policy at the batch's completion positions, in eval mode,
+    no graph; 0 on padding. The top-entropy token selection (loss.top_entropy_quantile) reads them."""
+    was_training = model.training
+    model.eval()
+    try:
+        parts = [completion_logprobs(model, mb.input_ids_BL, mb.attention_mask_BL, mb.prompt_len,
+                                     temperature=temperature, with_entropy=True,
+                                     group_size=mb.group_size)[1].float()
+                 for mb in batch.micro_batches(micro_batch_seqs)]
+    finally:
+        model.train(was_training)
+    return batch.from_micro_batches(parts, micro_batch_seqs) * batch.completion_mask_BT
 
 
 @torch.no_grad()

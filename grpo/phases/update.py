@@ -23,13 +23,15 @@ from typing import Any, Callable, Sequence
 import torch
 
 from grpo.config.settings import LossConfig
-from grpo.core.losses import aggregate, kl_penalty, policy_loss
+from grpo.core.losses import POLICY_LOSS_PARAMS, aggregate, kl_penalty, policy_loss, top_entropy_mask
 from grpo.core.records import TrainBatch
 from grpo.models.distributed import as_float
 from grpo.models.logprobs import completion_logprobs
+from grpo.phases.batch import batch_entropies
 
 KL_METRIC_ESTIMATOR = "k3"  # reported KL: k3 is unbiased for KL(π‖π_ref) and never negative
-PER_PASS_PREFIXES = ("loss/clip_frac", "loss/ratio", "loss/approx_kl_old", "loss/dual_clip_frac")
+PER_PASS_PREFIXES = ("loss/clip_frac", "loss/ratio", "loss/approx_kl_old", "loss/dual_clip_frac",
+                     "loss/cispo_clip_frac", "loss/vespo_phi_mean")
 """Off-policy metrics: at μ > 1 they are aggregated over ALL passes (the first pass is on-policy, ratio = 1)."""
 
 
@@ -49,13 +51,14 @@ def adamw(params: list[torch.nn.Parameter], lr: float, weight_decay: float) -> t
 
 
 def micro_batch_terms(model: torch.nn.Module, mb: TrainBatch, betas_N: torch.Tensor, loss: LossConfig,
-                      temperature: float, fused_head: bool,
+                      temperature: float, fused_head: bool, entropy_coef: float | None = None,
                       ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
     """Per-token loss terms of one micro-batch: (policy_BT, regulariser_BT = β_task·KL − c·entropy, mask_BT, parts).
 
     betas_N: the KL coefficient per task index; each sequence uses its own task's β. `temperature`: the sampling
     temperature (rollout.temperature), so the log-probs are those of the distribution the rollouts came from.
     `fused_head` (model.fused_lm_head): apply the LM head inside the log-prob computation (grpo/core/kernels.py).
+    `entropy_coef`: the adaptive entropy controller's coefficient for this step; None = loss.entropy_coef.
     """
     betas_B = betas_N.to(mb.advantages_B.device)[mb.task_ids_B]
     logps_BT, entropy_BT = completion_logprobs(model, mb.input_ids_BL, mb.attention_mask_BL, mb.prompt_len,
@@ -63,16 +66,19 @@ def micro_batch_terms(model: torch.nn.Module, mb: TrainBatch, betas_N: torch.Ten
                                                group_size=mb.group_size)
     mask_BT = mb.completion_mask_BT.to(logps_BT.dtype)
     old_BT = logps_BT.detach() if mb.old_logps_BT is None else mb.old_logps_BT
-    pg_BT, pg_metrics = policy_loss(loss.policy_loss, logps_BT, old_BT, mb.advantages_B, mask_BT,
-                                    clip_low=loss.clip_low, clip_high=loss.clip_high, dual_clip=loss.dual_clip)
+    params = {name: getattr(loss, name) for name in POLICY_LOSS_PARAMS[loss.policy_loss]}  # named as loss's fields
+    pg_BT, pg_metrics = policy_loss(loss.policy_loss, logps_BT, old_BT, mb.advantages_B, mask_BT, **params)
+    if mb.entropy_mask_BT is not None:  # top-entropy tokens only (loss.top_entropy_quantile); denominators unchanged
+        pg_BT = pg_BT * mb.entropy_mask_BT.to(pg_BT.dtype)
     reg_BT = torch.zeros_like(pg_BT)
     kl_value_BT = torch.zeros_like(logps_BT)
     if mb.ref_logps_BT is not None:
         kl_BT = kl_penalty(logps_BT, mb.ref_logps_BT, loss.kl_estimator)
         reg_BT = reg_BT + betas_B.to(kl_BT.dtype)[:, None] * kl_BT
         kl_value_BT = kl_penalty(logps_BT.detach(), mb.ref_logps_BT, KL_METRIC_ESTIMATOR)
-    if loss.entropy_coef > 0:
-        reg_BT = reg_BT - loss.entropy_coef * entropy_BT
+    coef = loss.entropy_coef if entropy_coef is None else entropy_coef
+    if coef > 0:
+        reg_BT = reg_BT - coef * entropy_BT
     parts = {"pg_BT": pg_BT.detach(), "kl_BT": kl_value_BT, "entropy_BT": entropy_BT.detach(),
              "logps_BT": logps_BT.detach(),
              "mask_BT": mask_BT.detach(), **{k: torch.as_tensor(v).detach() for k, v in pg_metrics.items()}}
@@ -112,7 +118,7 @@ class _StepStats:
             if not k.endswith("_BT"):
                 self.scalars.setdefault(k, []).append(v.float())
 
-    def finish(self, tasks: Sequence[str], dist: Any = None) -> dict[str, float]:
+    def finish(self, tasks: Sequence[str], dist: Any = None, overall: bool = False) -> dict[str, float]:
         """Per-task means over the step; with `dist` the sums (and max / min) are taken over every rank first."""
         if dist is not None and dist.active:
             sums = dist.sum(torch.cat([self.kl, self.entropy, self.tokens, self.pg[None], self.loss[None]]))
@@ -127,6 +133,8 @@ class _StepStats:
         tok = self.tokens.clamp(min=1)
         kl, ent = (self.kl / tok).tolist(), (self.entropy / tok).tolist()
         out = {"loss/total": self.loss.item(), "loss/policy_token_mean": (self.pg / tok.sum()).item()}
+        if overall:  # the token-weighted mean entropy over every task (what adaptive entropy control measures)
+            out["entropy/all"] = (self.entropy.sum() / tok.sum()).item()
         for i, t in enumerate(tasks):
             if self.tokens[i] > 0:
                 out[f"kl/{t}"] = kl[i]
@@ -170,6 +178,8 @@ class StepSettings:
     skip_grad_norm: float
     agg_constant: float | None = None
     fused_head: bool = True
+    entropy_coef: float | None = None
+    """The adaptive entropy controller's current coefficient (run state, not config); None = loss.entropy_coef."""
 
 
 def train_step(learner: Learner, batch: TrainBatch, betas_N: torch.Tensor, loss: LossConfig, tasks: Sequence[str],
@@ -198,14 +208,20 @@ def train_step(learner: Learner, batch: TrainBatch, betas_N: torch.Tensor, loss:
         num_tokens, num_seqs = (int(v) for v in dist.sum_numbers([num_tokens, num_seqs]))
         world = dist.world
     if num_tokens == 0:
+        if loss.mask_truncated:  # every completion was truncated and masked: nothing to learn from this batch
+            return {"loss/total": 0.0, "loss/no_tokens": 1.0, "health/grad_norm": 0.0, "health/grad_norm_max": 0.0,
+                    "health/skipped": 0.0, "health/skipped_passes": 0.0}
         raise ValueError("the rollout batch has no completion tokens to train on (every completion is empty)")
     metrics: dict[str, float] = {}
+    if loss.top_entropy_quantile < 1.0:
+        metrics.update(select_top_entropy(model, batch, loss.top_entropy_quantile, settings, dist))
     passes: list[dict[str, float]] = []
     norms: list[float] = []
     skipped = 0
 
     def terms(mb: TrainBatch):
-        return micro_batch_terms(model, mb, betas_N, loss, settings.temperature, settings.fused_head)
+        return micro_batch_terms(model, mb, betas_N, loss, settings.temperature, settings.fused_head,
+                                 settings.entropy_coef)
 
     def agg(loss_BT: torch.Tensor, mask_BT: torch.Tensor) -> torch.Tensor:
         return aggregate(loss_BT, mask_BT, loss.agg_mode, num_tokens=num_tokens, num_seqs=num_seqs,
@@ -248,7 +264,7 @@ def train_step(learner: Learner, batch: TrainBatch, betas_N: torch.Tensor, loss:
         if pass_index == 0 and loss.mu > 1 and batch.old_logps_BT is None:
             logps_BT = batch.from_micro_batches([lp.float() for lp in stats.logps], micro_batch_seqs)
             batch.old_logps_BT = logps_BT * batch.completion_mask_BT
-        passes.append(stats.finish(tasks, dist))
+        passes.append(stats.finish(tasks, dist, overall=settings.entropy_coef is not None))
         norms.append(grad_norm)
     metrics.update(passes[0])
     for key in [k for k in passes[0] if k.startswith(PER_PASS_PREFIXES)]:
@@ -261,6 +277,22 @@ def train_step(learner: Learner, batch: TrainBatch, betas_N: torch.Tensor, loss:
     metrics["health/skipped_passes"] = float(skipped)
     return metrics
 
+
+def select_top_entropy(model: torch.nn.Module, batch: TrainBatch, quantile: float, settings: StepSettings,
+                       dist: Any = None) -> dict[str, float]:
+    """Set `batch.entropy_mask_BT` to the top-`quantile` share of the step's completion tokens by entropy (one no-grad
+    pass of the current = rollout policy; the threshold pools every rank's tokens), once for all μ passes and
+    micro-batches, so the split cannot change which tokens train. Returns loss/entropy_token_frac (the share kept)."""
+    entropy_BT = batch_entropies(model, batch, settings.micro_batch_seqs, settings.temperature)
+    if dist is not None:
+        dist.reshard(model)  # FSDP2 after a no-grad forward: else the root's parameters get no gradient
+    valid_BT = batch.completion_mask_BT > 0
+    pool = entropy_BT[valid_BT]
+    if dist is not None and dist.active:
+        pool = torch.cat([p.to(pool.device) for p in dist.gather(pool.cpu())])
+    batch.entropy_mask_BT = top_entropy_mask(entropy_BT, batch.completion_mask_BT, quantile, pool=pool)
+    kept = float(batch.entropy_mask_BT.sum().item()) / max(1.0, float(valid_BT.sum().item()))
+    return {"loss/entropy_token_frac": kept}
 
 
 class TaskGradientSurgery:

@@ -87,6 +87,7 @@ def checkpoint_state(run: Run, rng_ranks: list[dict[str, Any]] | None = None,
     weights, optimizer = gathered or (ckpt.trainable_state(run.policy.model), run.optimizer.state_dict())
     return {"step": run.step, "weights": weights, "optimizer": optimizer, "scheduler": run.scheduler.state_dict(),
             "controllers": {t: c.state_dict() for t, c in run.controllers.items()},
+            "entropy_control": run.entropy_control.state_dict() if run.entropy_control is not None else None,
             "sampler": run.sampler.state_dict(), "guard": run.guard.state_dict(), "evals": run.evals,
             "measures": run.measures, "surgery": run.surgery.state_dict() if run.surgery is not None else None,
             "frontier": run.frontier.state_dict(), "counters": dict(run.counters), "rng": rng_ranks[0],
@@ -129,6 +130,8 @@ def resume(run: Run, where: str) -> None:
     run.scheduler.load_state_dict(state["scheduler"])
     for t, c in run.controllers.items():
         c.load_state_dict(state["controllers"][t])
+    if run.entropy_control is not None and state.get("entropy_control") is not None:
+        run.entropy_control.load_state_dict(state["entropy_control"])
     run.sampler.load_state_dict(state["sampler"])
     run.guard.load_state_dict(state["guard"])
     if run.surgery is not None and state.get("surgery") is not None:

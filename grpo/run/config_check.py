@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Collection
 
 from grpo.config.settings import Config, TaskKLConfig, field_error
-from grpo.core.advantages import ADV_SCALES
+from grpo.core.advantages import ADV_SCALES, MULTI_OBJECTIVE_AGGREGATIONS
 from grpo.models.decode import ENGINES
 from grpo.core.kl_control import CONFIG_FIELDS, KL_CONTROLLERS, controller_args, controller_problem
 from grpo.core.losses import AGG_MODES, KL_ESTIMATORS, POLICY_LOSSES
@@ -30,6 +30,7 @@ REGISTRY_FIELDS: dict[str, Collection[str]] = {
     "loss.kl_estimator": KL_ESTIMATORS,
     "loss.adv_scale": ADV_SCALES,
     "loss.reward_aggregation": REWARD_AGGREGATIONS,
+    "loss.multi_objective_aggregation": MULTI_OBJECTIVE_AGGREGATIONS,
     "multi.combine": COMBINE_METHODS,
 }
 """Dotted config field -> the registry whose names it must be one of (kl.<task>.controller: KL_CONTROLLERS)."""

@@ -14,6 +14,7 @@ import torch
 
 from grpo.config import settings as C
 from grpo.core.doctor import Doctor
+from grpo.core.entropy_control import AdaptiveEntropyCoef
 from grpo.core.health import WeightGuard
 from grpo.core.kl_control import Controller
 from grpo.core.records import Sample
@@ -48,6 +49,8 @@ class Run:
     sampler: TaskBalancedSampler = field(init=False)
     controllers: dict[str, Controller] = field(init=False)
     """The β controller of each task (kl.<task>, else kl.default)."""
+    entropy_control: AdaptiveEntropyCoef | None = field(init=False, default=None)
+    """The adaptive entropy coefficient (loss.entropy_target), or None for the fixed loss.entropy_coef."""
     specs: dict[str, RewardSpec] = field(init=False)
     """The reward terms of each task (rewards.<task>, else the source's defaults)."""
     graders: dict[str, Grader] = field(init=False)

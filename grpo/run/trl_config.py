@@ -35,6 +35,12 @@ TRL_FIELDS: dict[str, str] = {
     "eval_steps": "train.eval_every", "save_steps": "checkpoint.every", "save_total_limit": "checkpoint.keep_last",
     "output_dir": "train.output_dir", "run_name": "train.run_name",
     "gradient_checkpointing": "model.gradient_checkpointing", "trust_remote_code": "model.trust_remote_code",
+    "multi_objective_aggregation": "loss.multi_objective_aggregation", "mask_truncated_completions": "loss.mask_truncated",
+    "top_entropy_quantile": "loss.top_entropy_quantile", "sapo_temperature_pos": "loss.sapo_temperature_pos",
+    "sapo_temperature_neg": "loss.sapo_temperature_neg", "vespo_k_pos": "loss.vespo_k_pos",
+    "vespo_lambda_pos": "loss.vespo_lambda_pos", "vespo_k_neg": "loss.vespo_k_neg",
+    "vespo_lambda_neg": "loss.vespo_lambda_neg", "entropy_coef_delta": "loss.entropy_coef_delta",
+    "entropy_coef_min": "loss.entropy_coef_min", "entropy_coef_max": "loss.entropy_coef_max",
 }
 """TRL field -> the grpo-dual field that means the same, value unchanged."""
 
@@ -137,12 +143,24 @@ def _report_to(value: Any, out: dict, fields: Mapping[str, Any]) -> None:
     _set(out, "train.tensorboard", bool(names & {"tensorboard", "all"}))
 
 
+def _adaptive_entropy(value: bool, out: dict, fields: Mapping[str, Any]) -> None:
+    if value:  # TRL: entropy_target (default 0.2) applies only with use_adaptive_entropy; ours: a target turns it on
+        _set(out, "loss.entropy_target", float(fields.get("entropy_target", 0.2)))
+
+
+def _entropy_target(value: float, out: dict, fields: Mapping[str, Any]) -> None:
+    if not fields.get("use_adaptive_entropy"):
+        raise C.ConfigError(f"GRPOConfig.entropy_target={value} without use_adaptive_entropy=true does nothing in TRL; "
+                            "set both, or neither", field="entropy_target")
+
+
 CONVERTERS: dict[str, Callable[[Any, dict, Mapping[str, Any]], None]] = {
     "loss_type": _loss_type, "importance_sampling_level": _is_level, "beta": _beta, "epsilon": _epsilon,
     "epsilon_high": _epsilon_high, "scale_rewards": _scale_rewards, "per_device_train_batch_size": _batch_size,
     "max_steps": _max_steps, "top_k": _zero_is_off("rollout.top_k"), "min_p": _zero_is_off("rollout.min_p"),
     "bf16": _precision("bfloat16"), "fp16": _precision("float16"), "report_to": _report_to,
     "use_cpu": lambda value, out, fields: _set(out, "train.device", "cpu") if value else None,
+    "use_adaptive_entropy": _adaptive_entropy, "entropy_target": _entropy_target,
 }
 """TRL fields whose value needs more than a copy (a different name for the same choice, a unit, a default)."""
 
