@@ -445,3 +445,26 @@ def test_a_resume_with_nothing_to_resume_leaves_a_folder_a_fresh_start_may_use(t
     assert_retry_not_blocked(tmp_path)
     code, text = run_cli(tmp_path)  # the same command without --resume
     assert code == 0, text
+
+
+# ------------------------------------------------------------------------------------------------- a full disk
+def test_a_full_disk_is_one_line_naming_the_file_and_the_same_command_runs_again(tmp_path):
+    """A file-size limit (as `ulimit -f`: every write past it fails with EFBIG, as on a full disk) in the middle of
+    the run: safetensors reported 'I/O error: File too large' in a traceback, without the path. Now one line naming
+    the file, exit 1, and the same command without the limit runs."""
+    import resource
+
+    argv = [sys.executable, str(ROOT / "grpo_train.py"), *TINY, "--sft.steps", "2", "--train.output_dir",
+            str(tmp_path / "out"), "--run-name", "full"]
+
+    def limit() -> None:  # in the child, before it starts: writes past 64 KiB fail (Python ignores SIGXFSZ)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (64 * 1024, resource.RLIM_INFINITY))
+
+    proc = subprocess.run(argv, cwd=tmp_path, capture_output=True, text=True, timeout=300, preexec_fn=limit)
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    assert "Traceback" not in proc.stderr
+    (line,) = [x for x in proc.stderr.splitlines() if x.startswith("error:")]
+    assert "could not write" in line and str(tmp_path / "out" / "full") in line and "File too large" in line
+    assert_retry_not_blocked(tmp_path / "out", "full")
+    again = subprocess.run(argv, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0, again.stderr[-2000:]

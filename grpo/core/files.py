@@ -3,9 +3,11 @@ before torch: `check_model_name` runs before anything heavy)."""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 from pathlib import Path
+from typing import Iterator
 
 
 def sha256(path: Path) -> str:
@@ -24,3 +26,20 @@ def fsync(path: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+@contextlib.contextmanager
+def writing(where: Path | str) -> Iterator[None]:
+    """Around writes under `where`: a failure the disk causes (full, a file-size limit, no permission) that a library
+    reports without the path (safetensors says only "I/O error: File too large") becomes an OSError naming `where`,
+    so the entry point's one-line message says which file could not be written."""
+    try:
+        yield
+    except OSError as err:
+        if err.filename:
+            raise
+        raise OSError(err.errno, f"could not write {where}: {err.strerror or err}") from None
+    except Exception as err:  # safetensors' SafetensorError, matched by name: this module imports nothing heavy
+        if type(err).__name__ != "SafetensorError":
+            raise
+        raise OSError(f"could not write {where}: {err}") from None

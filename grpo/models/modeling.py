@@ -21,6 +21,7 @@ import torch
 from torch import nn
 
 from grpo.config.settings import ModelConfig, field_error  # load_policy's LoRA defaults are the config's (one source of truth)
+from grpo.core.files import writing
 
 TINY_NAME = "builtin:tiny"
 """`load_policy` name that builds the tiny model and tokenizer in code (tests and CPU smoke runs)."""
@@ -415,8 +416,9 @@ def save_pretrained(policy: Policy, out_dir: str | Path, state_dict: dict | None
     """
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    policy.model.save_pretrained(str(out), **({"state_dict": state_dict} if state_dict is not None else {}))
-    policy.tokenizer.save_pretrained(str(out))
+    with writing(out):
+        policy.model.save_pretrained(str(out), **({"state_dict": state_dict} if state_dict is not None else {}))
+        policy.tokenizer.save_pretrained(str(out))
     if include_base and policy.is_lora:
         # unload() drops the LoRA layers without merging them; on a copy, so the policy keeps its adapter
         base = copy.deepcopy(policy.model).unload()

@@ -35,6 +35,7 @@ from safetensors.torch import load_file, save_file
 
 from grpo.core.files import fsync as _fsync
 from grpo.core.files import sha256 as _sha256
+from grpo.core.files import writing
 from grpo.run.treecodec import TreeCodecError, decode, encode
 
 FORMAT_VERSION = 2
@@ -122,7 +123,8 @@ def save(run_dir: Path, step: int, state: dict[str, Any], config: dict[str, Any]
         shutil.rmtree(stale, ignore_errors=True)
     tmp = root / f".tmp-{PREFIX}{step:06d}-{os.getpid()}"
     tmp.mkdir()
-    save_file(tensors, str(tmp / TENSORS))
+    with writing(tmp / TENSORS):
+        save_file(tensors, str(tmp / TENSORS))
     _write_folder(tmp, final, {TENSORS: None, STATE_JSON: tree_json.encode(),
                                "config.json": json.dumps(config, indent=2).encode()}, {"step": step})
     for old in list_complete(run_dir)[:-keep_last]:
@@ -318,7 +320,8 @@ def save_reference(run_dir: Path, weights: dict[str, torch.Tensor]) -> Path:
         tree_json, tensors = encode(dict(weights))
     except TreeCodecError as e:
         raise CheckpointError(f"the reference model cannot be saved: {e}") from None
-    save_file(tensors, str(tmp / REFERENCE_WEIGHTS))
+    with writing(tmp / REFERENCE_WEIGHTS):
+        save_file(tensors, str(tmp / REFERENCE_WEIGHTS))
     _write_folder(tmp, root / REFERENCE_DIR, {REFERENCE_WEIGHTS: None, STATE_JSON: tree_json.encode()},
                   {"kind": "reference"})
     return root / REFERENCE_DIR
