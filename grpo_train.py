@@ -91,7 +91,7 @@ def setup(cfg: C.Config, *, callables: Mapping[str, Callable[..., Any]] | None =
     name = dist.broadcast(cfg.train.run_name or f"{cfg.preset}-{time.strftime('%Y%m%d-%H%M%S')}")
     run_dir = Path(cfg.train.output_dir) / name
     rows = load_samples(cfg.data, cfg.train.seed, cfg.tasks)
-    train, heldout = split_by_task(rows.train, rows.heldout, cfg.data)
+    train, heldout = split_by_task(rows.train, rows.heldout, cfg.data, cap=False)  # capped by fit_prompts
     require_heldout_rows(train, heldout, cfg.data.heldout_fraction)  # every task is evaluated: stop now if not
     specs = reward_specs(cfg.data.source, cfg.rewards, sorted(train), custom=cfg.tasks,
                          aggregation=cfg.loss.reward_aggregation)

@@ -70,8 +70,9 @@ def test_dual_preset_through_the_llm_judge(tmp_path, monkeypatch):
 
 
 def test_dual_preset_with_shuffled_options_and_recognition_records_the_gold_label_measures(tmp_path):
+    # the tiny model holds 512 positions: 120 rows give held-out replies short enough (data.max_prompt_tokens)
     run = G.main(_cfg(tmp_path, "data.shuffle_options=true", "data.halueval_subsets=general_recognition",
-                      "data.eval_size=6", "train.max_steps=2"))
+                      "data.halueval_per_subset=120", "data.eval_size=6", "train.max_steps=2"))
     assert any("shuffled" in s.meta for s in run.train["fairness"])
     assert all(s.gold["subset"] == "general_recognition" for s in run.heldout["hallucination"])
     measures = json.loads((run.run_dir / "measures.json").read_text())

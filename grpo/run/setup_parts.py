@@ -420,21 +420,24 @@ def drop_long_prompts(rows: Mapping[str, list[Sample]], tokenizer, limit: int, w
 def fit_prompts(train: Mapping[str, list[Sample]], heldout: Mapping[str, list[Sample]], policy: Policy,
                 data: C.DataConfig, rollout: C.RolloutConfig) -> tuple[dict, dict]:
     """Train and held-out rows without the prompts over data.max_prompt_tokens (lowered, with a message, where the
-    model's positions cannot hold it plus rollout.max_new_tokens)."""
+    model's positions cannot hold it plus rollout.max_new_tokens); the held-out rows that fit are then capped at
+    data.eval_size per task (so a long prompt gives its place to the next held-out row, not an empty slot)."""
     positions = getattr(policy.model.config, "max_position_embeddings", None)
     limit, why = prompt_token_limit(data.max_prompt_tokens, rollout.max_new_tokens, positions)
+    kept = drop_long_prompts(heldout, policy.tokenizer, limit, "held-out", why)
     return (drop_long_prompts(train, policy.tokenizer, limit, "training", why),
-            drop_long_prompts(heldout, policy.tokenizer, limit, "held-out", why))
+            {task: rows[:data.eval_size] for task, rows in kept.items()})
 
 
-def split_by_task(train_list: list[Sample], held_list: list[Sample], data: C.DataConfig) -> tuple[dict, dict]:
+def split_by_task(train_list: list[Sample], held_list: list[Sample], data: C.DataConfig,
+                  cap: bool = True) -> tuple[dict, dict]:
     """Train and held-out samples by task (grpo/run/setup_parts.load_samples split them); held-out capped at
-    data.eval_size per task."""
+    data.eval_size per task unless `cap` is False (grpo_train.setup caps after `fit_prompts` dropped the long ones)."""
     train: dict[str, list[Sample]] = {}
     heldout: dict[str, list[Sample]] = {}
     for s in train_list:
         train.setdefault(s.task, []).append(s)
     for s in held_list:
-        if len(heldout.setdefault(s.task, [])) < data.eval_size:
-            heldout[s.task].append(s)
+        if not cap or len(heldout.setdefault(s.task, [])) < data.eval_size:
+            heldout.setdefault(s.task, []).append(s)
     return train, heldout
