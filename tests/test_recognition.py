@@ -170,3 +170,22 @@ def test_report_tables_recognition_balanced_accuracy(tmp_path):
     assert row["delta_rl"] == pytest.approx(0.15) and row["yes_rate_after_rl"] == 0.3
     assert "Recognition hallucination (balanced accuracy): before_sft 0.500  after_sft 0.550  after_rl 0.700  " \
            "Δ rl +0.150" in format_report(report)
+
+
+@needs_general
+def test_general_recognition_under_a_limit_is_balanced_by_label():
+    # 815 "yes" to 3,692 "no" in the file, 90 to 210 in its first 300 rows: a plain-accuracy reward on those rows
+    # paid "Answer: No" to everything 0.7. Under a limit each label gets half, in file order.
+    samples = load_halueval(GENERAL, subset="general_recognition", limit=300).samples
+    assert Counter(s.gold["hallucination"] for s in samples) == {"yes": 150, "no": 150}
+    lines = [s.meta["line"] for s in samples]
+    assert lines == sorted(lines)
+    every = load_halueval(GENERAL, subset="general_recognition").samples
+    first_no = [s.id for s in every if s.gold["hallucination"] == "no"][:150]
+    assert [s.id for s in samples if s.gold["hallucination"] == "no"] == first_no
+    # more than the file has of one label: all of that one, half the limit of the other
+    big = load_halueval(GENERAL, subset="general_recognition", limit=2000).samples
+    assert Counter(s.gold["hallucination"] for s in big) == {"yes": 815, "no": 1000}
+    # the generation subset keeps plain file order
+    plain = load_halueval(GENERAL, subset="general", limit=300).samples
+    assert Counter(s.gold["hallucination"] for s in plain) == {"yes": 90, "no": 210}

@@ -7,8 +7,9 @@ general: subset, user_query, reference_response (ChatGPT's), hallucination ("yes
 Recognition subsets ("<subset>_recognition", data.halueval_subsets; read from the <subset> file): the prompt shows
 a reply and asks whether it holds a hallucination ("Answer: Yes" / "Answer: No"); gold: subset, hallucination
 ("yes" | "no": the label to recognise), format "answer", shown_answer. general_recognition shows ChatGPT's response
-(label: the row's `hallucination` field); qa / dialogue / summarization_recognition show the right or the
-hallucinated answer, which one drawn by random.Random(f"{seed}:{row id}") (label "yes" when the hallucinated one).
+(label: the row's `hallucination` field; under a row limit, at most half the rows of each label);
+qa / dialogue / summarization_recognition show the right or the hallucinated answer, which one drawn by
+random.Random(f"{seed}:{row id}") (label "yes" when the hallucinated one).
 Row ids: general uses its ID field (a repeated ID gets "@line<N>" appended: the public file repeats ID "ID");
 the other subsets have no id, so a sha256 of the identifying text is used (stable across machines).
 """
@@ -181,6 +182,11 @@ def halueval_sample(
     return sample, truncated
 
 
+def label_quota(limit: int) -> int:
+    """The most rows of one label a balanced recognition subset keeps under `limit` (half, rounded up)."""
+    return (limit + 1) // 2
+
+
 def load_halueval(
     path: str | Path,
     subset: str | None = None,
@@ -195,7 +201,9 @@ def load_halueval(
 
     subset: "qa" | "dialogue" | "summarization" | "general", or a recognition subset "<one of those>_recognition"
     (seed: which answer each row shows); None = detected from the first good row's fields.
-    limit: keep the first `limit` good rows (file order). A row lacking its subset's fields is warned and skipped;
+    limit: keep the first `limit` good rows (file order); general_recognition takes at most label_quota(limit) of
+    each label, so its rows are balanced "yes" / "no" (fewer than `limit` when the file runs short of one label; no
+    limit: every row). A row lacking its subset's fields is warned and skipped;
     a file with no usable row at all (not JSON, or no row with the subset's fields) raises DataFileError.
     """
     if subset is not None and subset not in SUBSET_FIELDS and subset not in RECOGNITION:
@@ -212,9 +220,15 @@ def load_halueval(
             raise ValueError(f"{path}: no row has the fields of any HaluEval subset {SUBSET_FIELDS}")
     tmpl = (RECOGNITION_TEMPLATES if recognition else HALUEVAL_TEMPLATES)[subset] if template is None else template
     result, seen_ids = LoadResult(), set()
+    # general_recognition with a limit keeps its labels balanced (general is 815 "yes" to 3,692 "no": a reward for
+    # plain accuracy on the first rows would pay answering "No" to everything): half the rows of each label.
+    quota = label_quota(limit) if recognition and subset == "general" and limit is not None else None
+    taken: dict[str, int] = {"yes": 0, "no": 0}
     for line, row in read.rows:
         if limit is not None and len(result.samples) >= limit:
             break
+        if quota is not None and taken.get(str(row.get("hallucination", "")).strip().lower(), 0) >= quota:
+            continue
         missing = missing_fields(row, SUBSET_FIELDS[subset])
         if missing:
             read.reject(line, f"missing {subset} fields {missing}")
@@ -234,6 +248,8 @@ def load_halueval(
         # A repeated id keeps its row but gets the line appended: ids must stay unique for the split and logs.
         new_id = f"{sample.id}@line{line}" if sample.id in seen_ids else sample.id
         seen_ids.add(new_id)
+        if quota is not None:
+            taken[sample.gold["hallucination"]] += 1
         result.samples.append(replace(sample, id=new_id, meta={**sample.meta, "source": read.path, "line": line}))
     read.finish()
     if not result.samples:
