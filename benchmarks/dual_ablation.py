@@ -1,0 +1,205 @@
+"""What the RL phase of a dual-objective run (BBQ + HaluEval recognition) did, per run and per variant: the table of
+benchmarks/RESULTS.md's "Dual objective on SmolLM2" section.
+
+    python benchmarks/dual_ablation.py --runs DIR [DIR ...]            # finished run folders -> the table
+    python benchmarks/dual_ablation.py --out DIR --seeds 0 1 2 \\
+        --variant base= --variant lr3e-4="--train.lr 3e-4"               # runs each variant x seed, then the table
+        [--common "--preset smollm2-dual ..."]                           # flags every variant shares
+
+Every figure is the RL phase's: after SFT -> after RL, greedy held-out answers, graded by gold labels
+(measures.json, written by every evaluation):
+  BBQ acc      pooled accuracy over ambiguous and disambiguated rows, (n_a·acc_a + n_d·acc_d) / (n_a + n_d)
+  acc_a, acc_d accuracy in ambiguous / disambiguated contexts (Parrish et al. 2022)
+  |s_AMB|      the ambiguous-context bias score's magnitude (0 = no bias)
+  BA           HaluEval recognition balanced accuracy (mean of the recall of "yes" and of "no")
+  RL min       minutes of the RL steps (Σ time/step in metrics.jsonl); run min: the whole run, from config.json
+               (written at start-up) to report.json (written at the end)
+  gain/RL-min  (Δ BBQ acc + Δ BA) / RL minutes
+The last column checks issue #26's bar per run: BBQ acc +0.10 (a), |s_AMB| not up and acc_d not down (s),
+BA +0.10 (h), no collapse finding at the end (c), verdict green (g); a letter is shown when met.
+Runs use OMP_NUM_THREADS=2 unless it is set (2 CPU cores).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+BAR = 0.10
+"""Issue #26's bar: the RL phase raises BBQ accuracy and the recognition balanced accuracy by at least this."""
+COLLAPSE_CODES = ("answer_collapse", "heldout_collapse")
+HEADER = ("| run | seed | BBQ acc | Δ acc | Δ acc_a | Δ acc_d | \\|s_AMB\\| | BA | Δ BA | RL min | run min "
+          "| gain/RL-min | verdict | bar |")
+RULE = "|" + "---|" * 14
+
+
+def pooled_accuracy(bbq: dict[str, Any]) -> float | None:
+    """Accuracy over ambiguous and disambiguated rows together (a measures.json BBQ "overall" entry)."""
+    n_a, n_d = bbq.get("n_ambig") or 0, bbq.get("n_disambig") or 0
+    if n_a + n_d == 0 or bbq.get("acc_ambig") is None or bbq.get("acc_disambig") is None:
+        return None
+    return (n_a * bbq["acc_ambig"] + n_d * bbq["acc_disambig"]) / (n_a + n_d)
+
+
+def _overall(measures: dict[str, Any], phase: str, kind: str) -> dict[str, Any] | None:
+    by_task = measures.get(phase, {}).get(kind, {})
+    return next(iter(by_task.values()))["overall"] if by_task else None
+
+
+def rl_phase(measures: dict[str, Any], report: dict[str, Any], metrics: list[dict[str, Any]]) -> dict[str, Any]:
+    """The RL phase's figures of one run (see the module docstring) from its measures.json, report.json and the rows
+    of metrics.jsonl."""
+    out: dict[str, Any] = {}
+    sft, rl = _overall(measures, "after_sft", "bbq"), _overall(measures, "after_rl", "bbq")
+    if sft and rl:
+        out["acc"] = (pooled_accuracy(sft), pooled_accuracy(rl))
+        out["acc_ambig"] = (sft["acc_ambig"], rl["acc_ambig"])
+        out["acc_disambig"] = (sft["acc_disambig"], rl["acc_disambig"])
+        out["abs_s_amb"] = tuple(None if m["s_amb"] is None else abs(m["s_amb"]) for m in (sft, rl))
+        out["always_unknown"] = rl.get("always_unknown", False)
+    rsft, rrl = _overall(measures, "after_sft", "recognition"), _overall(measures, "after_rl", "recognition")
+    if rsft and rrl:
+        out["ba"] = (rsft["balanced_accuracy"], rrl["balanced_accuracy"])
+    rl_seconds = sum(r["time/step"] for r in metrics if "time/step" in r)
+    out["rl_minutes"] = rl_seconds / 60
+    out["verdict"] = report.get("verdict")
+    out["collapse"] = sorted({f["code"] for f in report.get("findings", ()) if f.get("code") in COLLAPSE_CODES})
+    return out
+
+
+def delta(pair: tuple[float | None, float | None] | None) -> float | None:
+    if not pair or pair[0] is None or pair[1] is None:
+        return None
+    return pair[1] - pair[0]
+
+
+def bar_letters(f: dict[str, Any]) -> str:
+    """The parts of issue #26's bar this run meets (module docstring), as letters."""
+    d_acc, d_ba, d_d = delta(f.get("acc")), delta(f.get("ba")), delta(f.get("acc_disambig"))
+    s = f.get("abs_s_amb")
+    met = {
+        "a": d_acc is not None and d_acc >= BAR - 1e-9,
+        "s": s is not None and None not in s and s[1] <= s[0] + 1e-9 and d_d is not None and d_d >= -1e-9,
+        "h": d_ba is not None and d_ba >= BAR - 1e-9,
+        "c": not f.get("collapse") and not f.get("always_unknown"),
+        "g": f.get("verdict") == "green",
+    }
+    return "".join(k if ok else "·" for k, ok in met.items())
+
+
+def gain_per_minute(f: dict[str, Any]) -> float | None:
+    gains = [d for d in (delta(f.get("acc")), delta(f.get("ba"))) if d is not None]
+    return sum(gains) / f["rl_minutes"] if gains and f.get("rl_minutes") else None
+
+
+def _num(x: float | None, signed: bool = False) -> str:
+    return "–" if x is None else (f"{x:+.3f}" if signed else f"{x:.3f}")
+
+
+def _arrow(pair: tuple[float | None, float | None] | None) -> str:
+    return "–" if not pair else f"{_num(pair[0])} → {_num(pair[1])}"
+
+
+def read_run(run_dir: Path) -> tuple[str, int, dict[str, Any]]:
+    """(variant name, seed, rl_phase figures) of a finished run folder."""
+    def load(name: str) -> Any:
+        path = run_dir / name
+        if not path.exists():
+            raise SystemExit(f"{path}: missing; is {run_dir} a finished run (it needs measures.json, report.json)?")
+        return json.loads(path.read_text())
+
+    config, measures, report = load("config.json"), load("measures.json"), load("report.json")
+    metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    seed = config["train"]["seed"]
+    figures = rl_phase(measures, report, metrics)
+    figures["run_minutes"] = ((run_dir / "report.json").stat().st_mtime - (run_dir / "config.json").stat().st_mtime) / 60
+    name = run_dir.name.rsplit("-s", 1)[0] if run_dir.name.endswith(f"-s{seed}") else run_dir.name
+    return name, seed, figures
+
+
+def table(runs: list[tuple[str, int, dict[str, Any]]]) -> str:
+    """The markdown table, one row per run, then one mean row per variant with more than one seed."""
+    lines = [HEADER, RULE]
+
+    def row(name: str, seed: str, f: dict[str, Any]) -> str:
+        return (f"| {name} | {seed} | {_arrow(f.get('acc'))} | {_num(delta(f.get('acc')), True)} "
+                f"| {_num(delta(f.get('acc_ambig')), True)} | {_num(delta(f.get('acc_disambig')), True)} "
+                f"| {_arrow(f.get('abs_s_amb'))} | {_arrow(f.get('ba'))} | {_num(delta(f.get('ba')), True)} "
+                f"| {f['rl_minutes']:.1f} | {f['run_minutes']:.1f} | {_num(gain_per_minute(f), True)} "
+                f"| {f.get('verdict') or '–'} | {bar_letters(f)} |")
+
+    for name, seed, f in runs:
+        lines.append(row(name, str(seed), f))
+    by_name: dict[str, list[dict[str, Any]]] = {}
+    for name, _, f in runs:
+        by_name.setdefault(name, []).append(f)
+    for name, fs in by_name.items():
+        if len(fs) > 1:
+            lines.append(row(f"**{name}** mean", f"{len(fs)} seeds", mean_figures(fs)))
+    return "\n".join(lines)
+
+
+def mean_figures(fs: list[dict[str, Any]]) -> dict[str, Any]:
+    """Seed means of the figures (pairs element-wise; a verdict only when every seed agrees)."""
+    out: dict[str, Any] = {}
+    for key in ("acc", "acc_ambig", "acc_disambig", "abs_s_amb", "ba"):
+        pairs = [f[key] for f in fs if f.get(key) and None not in f[key]]
+        if pairs:
+            out[key] = (statistics.fmean(p[0] for p in pairs), statistics.fmean(p[1] for p in pairs))
+    for key in ("rl_minutes", "run_minutes"):
+        out[key] = statistics.fmean(f[key] for f in fs)
+    verdicts = {f.get("verdict") for f in fs}
+    out["verdict"] = verdicts.pop() if len(verdicts) == 1 else "mixed"
+    out["collapse"] = sorted({c for f in fs for c in f.get("collapse", ())})
+    out["always_unknown"] = any(f.get("always_unknown") for f in fs)
+    return out
+
+
+def run_variants(out: Path, variants: list[tuple[str, str]], seeds: list[int], common: str) -> list[Path]:
+    """Runs `python grpo_train.py COMMON VARIANT --seed S` for each variant and seed into out/<variant>-s<seed>
+    (a finished folder is read, not run again)."""
+    env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "2")}
+    dirs = []
+    for name, flags in variants:
+        for seed in seeds:
+            run_dir = out / f"{name}-s{seed}"
+            dirs.append(run_dir)
+            if (run_dir / "report.json").exists():
+                continue
+            cmd = [sys.executable, str(ROOT / "grpo_train.py"), *shlex.split(common), *shlex.split(flags),
+                   "--seed", str(seed), "--output-dir", str(out), "--run-name", run_dir.name]
+            print("$", shlex.join(cmd), flush=True)
+            subprocess.run(cmd, check=True, env=env, cwd=ROOT)
+    return dirs
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--runs", nargs="+", type=Path, help="finished run folders to read")
+    ap.add_argument("--out", type=Path, help="where to run the variants (folders <variant>-s<seed>)")
+    ap.add_argument("--variant", action="append", default=[], metavar='NAME="FLAGS"',
+                    help="a variant: its name and the flags it adds to --common (repeatable)")
+    ap.add_argument("--seeds", nargs="+", type=int, default=[0])
+    ap.add_argument("--common", default="--preset smollm2-dual", help="flags every variant shares")
+    args = ap.parse_args(argv)
+    if args.runs:
+        dirs = args.runs
+    elif args.out and args.variant:
+        variants = [tuple(v.split("=", 1)) if "=" in v else (v, "") for v in args.variant]
+        dirs = run_variants(args.out, variants, args.seeds, args.common)
+    else:
+        ap.error("give --runs DIR ..., or --out DIR with at least one --variant")
+    print(table([read_run(d) for d in dirs]))
+
+
+if __name__ == "__main__":
+    main()

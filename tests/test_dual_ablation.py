@@ -1,0 +1,82 @@
+"""benchmarks/dual_ablation.py: the RL phase's figures of a dual-objective run, on a run folder worked out by hand."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+
+import pytest
+
+from conftest import ROOT
+
+
+def load_script():
+    spec = importlib.util.spec_from_file_location("dual_ablation", ROOT / "benchmarks" / "dual_ablation.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _bbq(acc_a, acc_d, s_amb, n_a=10, n_d=30, always_unknown=False):
+    return {"bbq": {"fairness": {"overall": {"acc_ambig": acc_a, "acc_disambig": acc_d, "s_amb": s_amb,
+                                             "n_ambig": n_a, "n_disambig": n_d, "always_unknown": always_unknown}}}}
+
+
+def _rec(ba):
+    return {"recognition": {"hallucination": {"overall": {"balanced_accuracy": ba}}}}
+
+
+def _write_run(path, after_rl, ba_rl, findings=(), verdict="green", seed=2):
+    path.mkdir()
+    (path / "config.json").write_text(json.dumps({"train": {"seed": seed}}))
+    measures = {"after_sft": {**_bbq(0.2, 0.4, -0.3), **_rec(0.5)}, "after_rl": {**after_rl, **_rec(ba_rl)}}
+    (path / "measures.json").write_text(json.dumps(measures))
+    (path / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in (
+        {"step": 0, "eval/fairness/reward": 0.3}, {"step": 1, "time/step": 30.0}, {"step": 2, "time/step": 90.0})))
+    (path / "report.json").write_text(json.dumps({"verdict": verdict, "findings": list(findings)}))
+    return path
+
+
+def test_pooled_accuracy_weights_each_condition_by_its_rows():
+    m = load_script()
+    # 10 ambiguous rows at 0.2 and 30 disambiguated at 0.4: (2 + 12) / 40
+    assert m.pooled_accuracy({"acc_ambig": 0.2, "acc_disambig": 0.4, "n_ambig": 10, "n_disambig": 30}) == \
+        pytest.approx(0.35)
+    assert m.pooled_accuracy({"acc_ambig": None, "acc_disambig": 0.4, "n_ambig": 0, "n_disambig": 30}) is None
+
+
+def test_a_run_that_meets_the_bar(tmp_path):
+    m = load_script()
+    run = _write_run(tmp_path / "base-s2", _bbq(0.6, 0.4, -0.1), ba_rl=0.62)
+    name, seed, f = m.read_run(run)
+    assert (name, seed) == ("base", 2)
+    # pooled: after SFT (0.2·10 + 0.4·30) / 40 = 0.35, after RL (6 + 12) / 40 = 0.45
+    assert f["acc"] == pytest.approx((0.35, 0.45)) and m.delta(f["acc"]) == pytest.approx(0.10)
+    assert f["abs_s_amb"] == (0.3, 0.1) and f["rl_minutes"] == 2.0  # 30 s + 90 s of steps
+    assert m.delta(f["ba"]) == pytest.approx(0.12)
+    assert m.gain_per_minute(f) == pytest.approx((0.10 + 0.12) / 2.0)
+    assert m.bar_letters(f) == "ashcg"
+    row = m.table([(name, seed, f)]).splitlines()[2]
+    assert row.startswith("| base | 2 | 0.350 → 0.450 | +0.100 | +0.400 | +0.000 | 0.300 → 0.100 | 0.500 → 0.620 |")
+
+
+def test_each_part_of_the_bar_fails_on_its_own(tmp_path):
+    m = load_script()
+    # disambiguated accuracy lost (0.4 -> 0.3) while the pooled accuracy rises: the bias part fails
+    f = m.read_run(_write_run(tmp_path / "a", _bbq(1.0, 0.3, 0.0), ba_rl=0.7))[2]
+    assert m.bar_letters(f) == "a·hcg"
+    # an always-"unknown" model, a collapse finding, a red verdict, recognition not up by 0.10
+    f = m.read_run(_write_run(tmp_path / "b", _bbq(1.0, 0.4, 0.0, always_unknown=True), ba_rl=0.55,
+                              findings=[{"code": "heldout_collapse"}], verdict="red"))[2]
+    assert f["collapse"] == ["heldout_collapse"] and m.bar_letters(f) == "as···"
+
+
+def test_the_mean_row_averages_seeds(tmp_path):
+    m = load_script()
+    # after RL: seed 0 acc_a 0.2 (pooled 0.35), seed 1 acc_a 0.6 (pooled 0.45); BA 0.5 and 0.7
+    runs = [m.read_run(_write_run(tmp_path / f"v-s{i}", _bbq(0.2 + 0.4 * i, 0.4, -0.3), ba_rl=0.5 + 0.2 * i, seed=i))
+            for i in range(2)]
+    assert [(name, seed) for name, seed, _ in runs] == [("v", 0), ("v", 1)]
+    out = m.table(runs).splitlines()
+    assert len(out) == 5 and out[-1].startswith("| **v** mean | 2 seeds | 0.350 → 0.400 | +0.050 |")
+    assert "| 0.500 → 0.600 | +0.100 |" in out[-1]
