@@ -38,22 +38,24 @@ PRESETS: dict[str, dict[str, Any]] = {
         "sft": {"steps": 60, "lr": 2e-4, "batch_size": 8, "max_examples": 48},
         "kl": {"default": {"controller": "fixed", "beta": 0.04}},
     },
-    # The dual objective on a real instruct model on the CPU: SmolLM2-135M-Instruct with LoRA on BBQ and HaluEval
-    # general from data.data_dir (the shared copy holds general only; its rule grader is weak: F1 to ChatGPT's reply
-    # judged faithful, or not repeating the hallucinated spans + hedging where ChatGPT's reply hallucinated).
-    # 16 new tokens (the BBQ letter comes first; 32 would double the step) and references cut to 16 tokens keep a run
-    # at 18-23 min on 2 cores. Seeds 0-2: both tasks +0.17 to +0.43 over the start, nearly all of it from the warm-up;
-    # RL moves fairness by +0.03 / +0.05 / -0.08 by raising one letter across prompts (README).
+    # The dual objective on a real instruct model on the CPU, graded by gold labels only: SmolLM2-135M-Instruct with
+    # LoRA on BBQ (options shuffled per row and epoch, so a letter prior earns nothing) and HaluEval general as
+    # hallucination recognition (does ChatGPT's reply hallucinate? balanced "yes" / "no" rows; balanced accuracy).
+    # Replies stop at their first line ("Answer: B" / "Answer: No": what the graders read) and prompts longer than 256
+    # tokens are left out (recognition prompts run to 500; every token of the prompt is a step's cost), which keeps
+    # a run under 30 min on 2 cores. What it shows on seeds 0-2 (docs/RESULTS.md, benchmarks/RESULTS.md): the warm-up
+    # teaches the reply format; the RL phase does not move the gold-label measures of a 135M model (BBQ stays at
+    # chance, recognition near it), and the run's measures say so.
     "smollm2-dual": {
         "model": {"name": "smollm2-135m-instruct", "lora": True, "lora_r": 16, "lora_alpha": 32, "lora_dropout": 0.0},
-        "data": {"source": "dual", "halueval_subsets": ["general"], "bbq_per_category": 40,
-                 "halueval_per_subset": 300, "eval_size": 32},
-        "rollout": {"k": 8, "max_new_tokens": 16, "temperature": 0.7},
-        "train": {"max_steps": 40, "lr": 5e-5, "prompts_per_micro_step": 4, "eval_every": 20},
-        "sft": {"steps": 40, "lr": 2e-4, "batch_size": 8, "max_examples": 48, "max_target_tokens": 16},
+        "data": {"source": "dual", "halueval_subsets": ["general_recognition"], "bbq_per_category": 60,
+                 "halueval_per_subset": 600, "shuffle_options": True, "max_prompt_tokens": 256, "eval_size": 64},
+        "rollout": {"k": 8, "max_new_tokens": 8, "temperature": 1.0, "stop_strings": ["\n"]},
+        "train": {"max_steps": 30, "lr": 1e-4, "prompts_per_micro_step": 8, "eval_every": 0, "dynamic_sampling": True,
+                  "pass_at_k": 4, "pass_at_k_samples": 8},
+        "sft": {"steps": 30, "lr": 2e-4, "batch_size": 8, "max_examples": 48, "max_target_tokens": 16},
         "kl": {"default": {"controller": "fixed", "beta": 0.04}},
-        "rewards": {"fairness": "bbq_rule:1.0,format:0.2", "hallucination": "halueval_rule:1.0,format:0.2"},
-        "loss": {"reward_aggregation": "mean"},  # the rule graders' weighted mean stays in [0, 1]
+        "rewards": {"fairness": "bbq_rule:1.0", "hallucination": "halueval_rule:1.0"},
     },
     # The reference A100 setup: Llama-3-8B-Instruct + LoRA, two objectives with their own KL bands.
     "llama3-8b-dual": {
