@@ -2,6 +2,8 @@
 benchmarks/RESULTS.md's "Dual objective on SmolLM2" section.
 
     python benchmarks/dual_ablation.py --runs DIR [DIR ...]            # finished run folders -> the table
+    python benchmarks/dual_ablation.py --runs DIR [DIR ...] --phases   # the README's table: each measure before SFT,
+                                                                       # after SFT, after RL (seed mean, min-max)
     python benchmarks/dual_ablation.py --out DIR --seeds 0 1 2 \\
         --variant base= --variant lr3e-4="--train.lr 3e-4"               # runs each variant x seed, then the table
         [--common "--preset smollm2-dual ..."]                           # flags every variant shares
@@ -163,6 +165,40 @@ def mean_figures(fs: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
+PHASES = ("before_sft", "after_sft", "after_rl")
+PHASE_MEASURES = (
+    ("BBQ accuracy (ambiguous + disambiguated)", "bbq", pooled_accuracy),
+    ("BBQ acc_ambig", "bbq", lambda m: m.get("acc_ambig")),
+    ("BBQ acc_disambig", "bbq", lambda m: m.get("acc_disambig")),
+    ("BBQ s_AMB (0 = no bias)", "bbq", lambda m: m.get("s_amb")),
+    ("BBQ s_DIS (0 = no bias)", "bbq", lambda m: m.get("s_dis")),
+    ("BBQ \"unknown\" share, ambiguous", "bbq", lambda m: m.get("unknown_ambig")),
+    ("BBQ \"unknown\" share, disambiguated", "bbq", lambda m: m.get("unknown_disambig")),
+    ("HaluEval recognition balanced accuracy", "recognition", lambda m: m.get("balanced_accuracy")),
+    ("HaluEval recognition \"yes\" share", "recognition", lambda m: m.get("yes_rate")),
+)
+"""The README table's rows: (label, measures.json kind, the value from that kind's "overall" entry)."""
+
+
+def phase_table(run_dirs: list[Path]) -> str:
+    """Each measure of PHASE_MEASURES before SFT / after SFT / after RL: the seeds' mean and, with several seeds,
+    their min-max."""
+    measures = [json.loads((d / "measures.json").read_text()) for d in run_dirs]
+    lines = ["| measure | before SFT | after SFT | after RL |", "|---|---|---|---|"]
+    for label, kind, value in PHASE_MEASURES:
+        cells = []
+        for phase in PHASES:
+            xs = [v for m in measures if (o := _overall(m, phase, kind)) and (v := value(o)) is not None]
+            if not xs:
+                cells.append("–")
+            elif len(xs) == 1:
+                cells.append(f"{xs[0]:.3f}")
+            else:
+                cells.append(f"{statistics.fmean(xs):.3f} ({min(xs):.3f}–{max(xs):.3f})")
+        lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def run_variants(out: Path, variants: list[tuple[str, str]], seeds: list[int], common: str) -> list[Path]:
     """Runs `python grpo_train.py COMMON VARIANT --seed S` for each variant and seed into out/<variant>-s<seed>
     (a finished folder is read, not run again)."""
@@ -190,6 +226,7 @@ def main(argv: list[str] | None = None) -> None:
                     help="a variant: its name and the flags it adds to --common (repeatable)")
     ap.add_argument("--seeds", nargs="+", type=int, default=[0])
     ap.add_argument("--common", default="--preset smollm2-dual", help="flags every variant shares")
+    ap.add_argument("--phases", action="store_true", help="print each measure before SFT / after SFT / after RL")
     args = ap.parse_args(argv)
     if args.runs:
         dirs = args.runs
@@ -198,7 +235,7 @@ def main(argv: list[str] | None = None) -> None:
         dirs = run_variants(args.out, variants, args.seeds, args.common)
     else:
         ap.error("give --runs DIR ..., or --out DIR with at least one --variant")
-    print(table([read_run(d) for d in dirs]))
+    print(phase_table(dirs) if args.phases else table([read_run(d) for d in dirs]))
 
 
 if __name__ == "__main__":

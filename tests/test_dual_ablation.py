@@ -80,3 +80,20 @@ def test_the_mean_row_averages_seeds(tmp_path):
     out = m.table(runs).splitlines()
     assert len(out) == 5 and out[-1].startswith("| **v** mean | 2 seeds | 0.350 → 0.400 | +0.050 |")
     assert "| 0.500 → 0.600 | +0.100 |" in out[-1]
+
+
+def test_phase_table_gives_each_measure_per_phase_as_the_seed_mean_and_range(tmp_path):
+    m = load_script()
+    runs = []
+    for seed, acc_a in ((0, 0.2), (1, 0.6)):
+        run = _write_run(tmp_path / f"p-s{seed}", _bbq(acc_a, 0.4, -0.1), ba_rl=0.6, seed=seed)
+        measures = json.loads((run / "measures.json").read_text())
+        measures["before_sft"] = _bbq(0.0, 0.2, 0.5)  # no recognition figures before SFT: a dash
+        (run / "measures.json").write_text(json.dumps(measures))
+        runs.append(run)
+    rows = {line.split(" | ")[0][2:]: line for line in m.phase_table(runs).splitlines()[2:]}
+    # pooled accuracy: before (0·10 + 0.2·30) / 40 = 0.15, after SFT 0.35, after RL (2 + 12) / 40 and (6 + 12) / 40
+    assert rows["BBQ accuracy (ambiguous + disambiguated)"].endswith(
+        "| 0.150 (0.150–0.150) | 0.350 (0.350–0.350) | 0.400 (0.350–0.450) |")
+    assert rows["HaluEval recognition balanced accuracy"].endswith("| – | 0.500 (0.500–0.500) | 0.600 (0.600–0.600) |")
+    assert len(rows) == len(m.PHASE_MEASURES)
