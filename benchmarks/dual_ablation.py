@@ -7,6 +7,7 @@ benchmarks/RESULTS.md's "Dual objective on SmolLM2" section.
     python benchmarks/dual_ablation.py --out DIR --seeds 0 1 2 \\
         --variant base= --variant lr3e-4="--train.lr 3e-4"               # runs each variant x seed, then the table
         [--common "--preset smollm2-dual ..."]                           # flags every variant shares
+    python benchmarks/dual_ablation.py --runs DIR ... --keep DEST      # also copy each run's records to DEST/<run>
 
 Every figure is the RL phase's: after SFT -> after RL, greedy held-out answers, graded by gold labels
 (measures.json, written by every evaluation):
@@ -15,7 +16,7 @@ Every figure is the RL phase's: after SFT -> after RL, greedy held-out answers, 
   |s_AMB|      the ambiguous-context bias score's magnitude (0 = no bias)
   BA           HaluEval recognition balanced accuracy (mean of the recall of "yes" and of "no")
   RL min       minutes of the RL steps (Σ time/step in metrics.jsonl); run min: the whole run, from config.json
-               (written at start-up) to report.json (written at the end)
+               (written at start-up) to report.json (written at the end), or a kept copy's timing.json
   gain/RL-min  (Δ BBQ acc + Δ BA) / RL minutes
 The last column checks issue #26's bar per run: BBQ acc +0.10 (a), |s_AMB| not up and acc_d not down (s),
 BA +0.10 (h), no collapse finding at the end (c), verdict green (g); a letter is shown when met.
@@ -28,6 +29,7 @@ import argparse
 import json
 import os
 import shlex
+import shutil
 import statistics
 import subprocess
 import sys
@@ -122,9 +124,34 @@ def read_run(run_dir: Path) -> tuple[str, int, dict[str, Any]]:
     metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
     seed = config["train"]["seed"]
     figures = rl_phase(measures, report, metrics)
-    figures["run_minutes"] = ((run_dir / "report.json").stat().st_mtime - (run_dir / "config.json").stat().st_mtime) / 60
+    figures["run_minutes"] = wall_seconds(run_dir) / 60
     name = run_dir.name.rsplit("-s", 1)[0] if run_dir.name.endswith(f"-s{seed}") else run_dir.name
     return name, seed, figures
+
+
+KEPT = ("config.json", "measures.json", "report.json", "eval.json", "metrics.jsonl", "pass_at_k.json", "plot.png",
+        "evals/after_sft.jsonl", "evals/after_rl.jsonl")
+"""The records `--keep` copies: enough to rebuild every table here, the curves and the greedy answers."""
+TIMING = "timing.json"
+
+
+def wall_seconds(run_dir: Path) -> float:
+    """The run's wall time: a kept copy's timing.json, else config.json (start-up) to report.json (the end)."""
+    if (run_dir / TIMING).exists():
+        return json.loads((run_dir / TIMING).read_text())["wall_s"]
+    return (run_dir / "report.json").stat().st_mtime - (run_dir / "config.json").stat().st_mtime
+
+
+def keep(run_dir: Path, dest: Path) -> Path:
+    """Copy the run's records (KEPT) to dest/<run name>, with its wall time in timing.json (a copy's file times are
+    its own)."""
+    out = dest / run_dir.name
+    for name in KEPT:
+        if (run_dir / name).exists():
+            (out / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(run_dir / name, out / name)
+    (out / TIMING).write_text(json.dumps({"wall_s": round(wall_seconds(run_dir), 1)}) + "\n")
+    return out
 
 
 def table(runs: list[tuple[str, int, dict[str, Any]]]) -> str:
@@ -227,6 +254,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--seeds", nargs="+", type=int, default=[0])
     ap.add_argument("--common", default="--preset smollm2-dual", help="flags every variant shares")
     ap.add_argument("--phases", action="store_true", help="print each measure before SFT / after SFT / after RL")
+    ap.add_argument("--keep", type=Path, help="copy each run's records (config, measures, report, metrics, curves, "
+                                              "greedy answers) to KEEP/<run>")
     args = ap.parse_args(argv)
     if args.runs:
         dirs = args.runs
@@ -235,6 +264,8 @@ def main(argv: list[str] | None = None) -> None:
         dirs = run_variants(args.out, variants, args.seeds, args.common)
     else:
         ap.error("give --runs DIR ..., or --out DIR with at least one --variant")
+    if args.keep:
+        dirs = [keep(d, args.keep) for d in dirs]
     print(phase_table(dirs) if args.phases else table([read_run(d) for d in dirs]))
 
 

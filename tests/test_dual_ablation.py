@@ -97,3 +97,15 @@ def test_phase_table_gives_each_measure_per_phase_as_the_seed_mean_and_range(tmp
         "| 0.150 (0.150–0.150) | 0.350 (0.350–0.350) | 0.400 (0.350–0.450) |")
     assert rows["HaluEval recognition balanced accuracy"].endswith("| – | 0.500 (0.500–0.500) | 0.600 (0.600–0.600) |")
     assert len(rows) == len(m.PHASE_MEASURES)
+
+
+def test_a_kept_copy_reads_as_its_run_with_the_runs_wall_time(tmp_path):
+    import os
+
+    m = load_script()
+    run = _write_run(tmp_path / "base-s2", _bbq(0.6, 0.4, -0.1), ba_rl=0.62)
+    os.utime(run / "config.json", (1000.0, 1000.0))
+    os.utime(run / "report.json", (1000.0 + 1500.0, 1000.0 + 1500.0))  # 25 min from start-up to the report
+    copy = m.keep(run, tmp_path / "kept")
+    assert copy == tmp_path / "kept" / "base-s2" and json.loads((copy / "timing.json").read_text()) == {"wall_s": 1500.0}
+    assert m.read_run(copy) == m.read_run(run) and m.read_run(copy)[2]["run_minutes"] == 25.0
