@@ -2,8 +2,8 @@
 benchmarks/RESULTS.md's "Dual objective on SmolLM2" section.
 
     python benchmarks/dual_ablation.py --runs DIR [DIR ...]            # finished run folders -> the table
-    python benchmarks/dual_ablation.py --runs DIR [DIR ...] --phases   # the README's table: each measure before SFT,
-                                                                       # after SFT, after RL (seed mean, min-max)
+    python benchmarks/dual_ablation.py --runs DIR [DIR ...] --phases   # each measure before SFT, after SFT, after RL
+                                                                       # (seed mean, min-max); --short: the README's
     python benchmarks/dual_ablation.py --out DIR --seeds 0 1 2 \\
         --variant base= --variant lr3e-4="--train.lr 3e-4"               # runs each variant x seed, then the table
         [--common "--preset smollm2-dual ..."]                           # flags every variant shares
@@ -204,15 +204,20 @@ PHASE_MEASURES = (
     ("HaluEval recognition balanced accuracy", "recognition", lambda m: m.get("balanced_accuracy")),
     ("HaluEval recognition \"yes\" share", "recognition", lambda m: m.get("yes_rate")),
 )
-"""The README table's rows: (label, measures.json kind, the value from that kind's "overall" entry)."""
+"""The --phases table's rows: (label, measures.json kind, the value from that kind's "overall" entry)."""
+SHORT = ("BBQ accuracy (ambiguous + disambiguated)", "BBQ acc_ambig", "BBQ acc_disambig", "BBQ s_AMB (0 = no bias)",
+         "HaluEval recognition balanced accuracy")
+"""The rows of the README's table (--phases --short)."""
 
 
-def phase_table(run_dirs: list[Path]) -> str:
-    """Each measure of PHASE_MEASURES before SFT / after SFT / after RL: the seeds' mean and, with several seeds,
-    their min-max."""
+def phase_table(run_dirs: list[Path], short: bool = False) -> str:
+    """Each measure of PHASE_MEASURES (SHORT's only, with `short`) before SFT / after SFT / after RL: the seeds' mean
+    and, with several seeds, their min-max."""
     measures = [json.loads((d / "measures.json").read_text()) for d in run_dirs]
     lines = ["| measure | before SFT | after SFT | after RL |", "|---|---|---|---|"]
     for label, kind, value in PHASE_MEASURES:
+        if short and label not in SHORT:
+            continue
         cells = []
         for phase in PHASES:
             xs = [v for m in measures if (o := _overall(m, phase, kind)) and (v := value(o)) is not None]
@@ -254,6 +259,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--seeds", nargs="+", type=int, default=[0])
     ap.add_argument("--common", default="--preset smollm2-dual", help="flags every variant shares")
     ap.add_argument("--phases", action="store_true", help="print each measure before SFT / after SFT / after RL")
+    ap.add_argument("--short", action="store_true", help="with --phases: the README's rows only")
     ap.add_argument("--keep", type=Path, help="copy each run's records (config, measures, report, metrics, curves, "
                                               "greedy answers) to KEEP/<run>")
     args = ap.parse_args(argv)
@@ -266,7 +272,7 @@ def main(argv: list[str] | None = None) -> None:
         ap.error("give --runs DIR ..., or --out DIR with at least one --variant")
     if args.keep:
         dirs = [keep(d, args.keep) for d in dirs]
-    print(phase_table(dirs) if args.phases else table([read_run(d) for d in dirs]))
+    print(phase_table(dirs, args.short) if args.phases else table([read_run(d) for d in dirs]))
 
 
 if __name__ == "__main__":

@@ -72,16 +72,24 @@ CLAIMS = [
      [lambda: DEMO().train.max_steps, lambda: DEMO().data.eval_size]),
     ("docs/RESULTS.md", LLAMA_SHAPE, LLAMA_SOURCES),
     # docs/RESULTS.md: the real model on BBQ + HaluEval
-    ("docs/RESULTS.md", "BBQ (6 categories × {40} rows) and HaluEval general (its first {300} rows; the shared copy holds no "
-                  "other subset), LoRA r {16}, {40} SFT steps on {48} demonstrations ({36} BBQ, its three letters in "
-                  "turn, and {12} HaluEval; references cut to their first {16} tokens, `sft.max_target_tokens`), then "
-                  "{40} RL steps of {4} prompts × K {8} with {16} new tokens at temperature {0.7}, β {0.04}. Greedy "
-                  "held-out reward on {32} prompts per task",
-     [lambda: DUAL().data.bbq_per_category, lambda: DUAL().data.halueval_per_subset, lambda: DUAL().model.lora_r,
-      lambda: DUAL().sft.steps, lambda: DUAL().sft.max_examples, lambda: DUAL().sft.max_examples * 3 // 4,
-      lambda: DUAL().sft.max_examples // 4, lambda: DUAL().sft.max_target_tokens, lambda: DUAL().train.max_steps,
-      lambda: DUAL().train.prompts_per_micro_step, lambda: DUAL().rollout.k, lambda: DUAL().rollout.max_new_tokens,
-      lambda: DUAL().rollout.temperature, lambda: DUAL().kl_for("fairness").beta, lambda: DUAL().data.eval_size]),
+    ("docs/RESULTS.md", "categories × {60} rows, {the three options in a seeded random order} per row and epoch",
+     [lambda: DUAL().data.bbq_per_category,
+      lambda: "the three options in a seeded random order" if DUAL().data.shuffle_options else "options in file order"]),
+    ("docs/RESULTS.md", "HaluEval general as {hallucination recognition}",
+     [lambda: "hallucination recognition" if DUAL().data.halueval_subsets == ["general_recognition"] else "?"]),
+    ("docs/RESULTS.md", "the first {300} rows of each label), prompts over {256} tokens left out",
+     [lambda: DUAL().data.halueval_per_subset // 2, lambda: DUAL().data.max_prompt_tokens]),
+    ("docs/RESULTS.md", "LoRA r {16}, {30} SFT steps on {48} demonstrations (BBQ's three letters and the two verdicts in "
+                        "turn, references cut to {16} tokens), then {30} RL steps of {8} prompts × K {8} at temperature "
+                        "{1.0}, {replies stopped at their first line} (at most {8} new tokens), {dynamic sampling}, lr "
+                        "{0.0001}, β {0.04}; pass@{4} before RL. Greedy held-out answers on {64} prompts per task",
+     [lambda: DUAL().model.lora_r, lambda: DUAL().sft.steps, lambda: DUAL().sft.max_examples,
+      lambda: DUAL().sft.max_target_tokens, lambda: DUAL().train.max_steps, lambda: DUAL().train.prompts_per_micro_step,
+      lambda: DUAL().rollout.k, lambda: DUAL().rollout.temperature,
+      lambda: "replies stopped at their first line" if DUAL().rollout.stop_strings == ["\n"] else "not stopped",
+      lambda: DUAL().rollout.max_new_tokens,
+      lambda: "dynamic sampling" if DUAL().train.dynamic_sampling else "no dynamic sampling", lambda: DUAL().train.lr, lambda: DUAL().kl_for("fairness").beta, lambda: DUAL().train.pass_at_k,
+      lambda: DUAL().data.eval_size]),
     # QUICK_START: the demo's output, healthy metrics, the doctor and the verdict
     ("QUICK_START.md", "(`data.eval_size` ({64} in the demo preset)", [lambda: DEMO().data.eval_size]),
     ("QUICK_START.md", "with `sft.steps` > 0 ({50} in the demo: {24} demonstrations, trained until",

@@ -109,3 +109,10 @@ def test_a_kept_copy_reads_as_its_run_with_the_runs_wall_time(tmp_path):
     copy = m.keep(run, tmp_path / "kept")
     assert copy == tmp_path / "kept" / "base-s2" and json.loads((copy / "timing.json").read_text()) == {"wall_s": 1500.0}
     assert m.read_run(copy) == m.read_run(run) and m.read_run(copy)[2]["run_minutes"] == 25.0
+
+
+def test_the_short_phase_table_keeps_the_readmes_rows(tmp_path):
+    m = load_script()
+    run = _write_run(tmp_path / "p-s0", _bbq(0.6, 0.4, -0.1), ba_rl=0.6, seed=0)
+    rows = [line.split(" | ")[0][2:] for line in m.phase_table([run], short=True).splitlines()[2:]]
+    assert rows == list(m.SHORT) and set(m.SHORT) <= {label for label, _, _ in m.PHASE_MEASURES}
