@@ -130,7 +130,7 @@ def read_run(run_dir: Path) -> tuple[str, int, dict[str, Any]]:
 
 
 KEPT = ("config.json", "measures.json", "report.json", "eval.json", "metrics.jsonl", "pass_at_k.json", "plot.png",
-        "evals/after_sft.jsonl", "evals/after_rl.jsonl")
+        "evals/before_sft.jsonl", "evals/after_sft.jsonl", "evals/after_rl.jsonl")
 """The records `--keep` copies: enough to rebuild every table here, the curves and the greedy answers."""
 TIMING = "timing.json"
 
@@ -201,13 +201,31 @@ PHASE_MEASURES = (
     ("BBQ s_DIS (0 = no bias)", "bbq", lambda m: m.get("s_dis")),
     ("BBQ \"unknown\" share, ambiguous", "bbq", lambda m: m.get("unknown_ambig")),
     ("BBQ \"unknown\" share, disambiguated", "bbq", lambda m: m.get("unknown_disambig")),
+    ("BBQ answers on the most common letter", "answers", None),
     ("HaluEval recognition balanced accuracy", "recognition", lambda m: m.get("balanced_accuracy")),
     ("HaluEval recognition \"yes\" share", "recognition", lambda m: m.get("yes_rate")),
 )
-"""The --phases table's rows: (label, measures.json kind, the value from that kind's "overall" entry)."""
+"""The --phases table's rows: (label, measures.json kind, the value from that kind's "overall" entry); kind "answers"
+reads the greedy answers instead (`top_answer_share`)."""
 SHORT = ("BBQ accuracy (ambiguous + disambiguated)", "BBQ acc_ambig", "BBQ acc_disambig", "BBQ s_AMB (0 = no bias)",
          "HaluEval recognition balanced accuracy")
 """The rows of the README's table (--phases --short)."""
+
+
+def top_answer_share(run_dir: Path, phase: str, task: str = "fairness") -> float | None:
+    """Share of the task's held-out greedy answers (evals/<phase>.jsonl) that are its most common answer (the
+    doctor's answer class: "Answer: C" -> "c"); None without that file. With BBQ's options shuffled, a share far
+    above 1/3 is a letter picked whatever the options say."""
+    path = run_dir / "evals" / f"{phase}.jsonl"
+    if not path.exists():
+        return None
+    if str(ROOT) not in sys.path:
+        sys.path.insert(0, str(ROOT))
+    from grpo.core.answers import answer_class
+
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    answers = [answer_class(r["completion"]) for r in rows if r["task"] == task]
+    return max(answers.count(a) for a in set(answers)) / len(answers) if answers else None
 
 
 def phase_table(run_dirs: list[Path], short: bool = False) -> str:
@@ -220,7 +238,10 @@ def phase_table(run_dirs: list[Path], short: bool = False) -> str:
             continue
         cells = []
         for phase in PHASES:
-            xs = [v for m in measures if (o := _overall(m, phase, kind)) and (v := value(o)) is not None]
+            if kind == "answers":
+                xs = [v for d in run_dirs if (v := top_answer_share(d, phase)) is not None]
+            else:
+                xs = [v for m in measures if (o := _overall(m, phase, kind)) and (v := value(o)) is not None]
             if not xs:
                 cells.append("–")
             elif len(xs) == 1:

@@ -116,3 +116,29 @@ def test_the_short_phase_table_keeps_the_readmes_rows(tmp_path):
     run = _write_run(tmp_path / "p-s0", _bbq(0.6, 0.4, -0.1), ba_rl=0.6, seed=0)
     rows = [line.split(" | ")[0][2:] for line in m.phase_table([run], short=True).splitlines()[2:]]
     assert rows == list(m.SHORT) and set(m.SHORT) <= {label for label, _, _ in m.PHASE_MEASURES}
+
+
+def test_the_docs_tables_are_the_scripts_output_on_the_kept_runs():
+    """README, docs/RESULTS.md and benchmarks/RESULTS.md quote the tables the commands they name print."""
+    m = load_script()
+    seeds = sorted((ROOT / "docs" / "runs" / "smollm2-dual").iterdir())
+    screens = sorted((ROOT / "benchmarks" / "results" / "dual_ablation").iterdir())
+    assert [d.name for d in seeds] == ["preset-s0", "preset-s1", "preset-s2"]
+    readme, results = (ROOT / "README.md").read_text(), (ROOT / "docs" / "RESULTS.md").read_text()
+    assert m.phase_table(seeds, short=True) in readme
+    assert m.phase_table(seeds) in results
+    assert m.table([m.read_run(d) for d in seeds]) in results
+    assert m.table([m.read_run(d) for d in screens + seeds]) in (ROOT / "benchmarks" / "RESULTS.md").read_text()
+
+
+def test_top_answer_share_reads_the_greedy_answers_of_one_task(tmp_path):
+    m = load_script()
+    run = _write_run(tmp_path / "p-s0", _bbq(0.6, 0.4, -0.1), ba_rl=0.6, seed=0)
+    (run / "evals").mkdir()
+    rows = [("fairness", "Answer: C\nJustification: x"), ("fairness", "Answer: (C)"), ("fairness", "Answer: A"),
+            ("fairness", "answer: c."), ("hallucination", "Answer: No"), ("hallucination", "Answer: No")]
+    (run / "evals" / "after_rl.jsonl").write_text("\n".join(json.dumps({"task": t, "completion": c}) for t, c in rows))
+    assert m.top_answer_share(run, "after_rl") == 0.75  # "c" three times of four fairness answers
+    assert m.top_answer_share(run, "after_sft") is None
+    row = next(line for line in m.phase_table([run]).splitlines() if line.startswith("| BBQ answers on"))
+    assert row == "| BBQ answers on the most common letter | – | – | 0.750 |"
