@@ -43,9 +43,9 @@ PRESETS: dict[str, dict[str, Any]] = {
     # hallucination recognition (does ChatGPT's reply hallucinate? balanced "yes" / "no" rows; balanced accuracy).
     # Replies stop at their first line ("Answer: B" / "Answer: No": what the graders read) and prompts longer than 256
     # tokens are left out (recognition prompts run to 500; every token of the prompt is a step's cost), which keeps
-    # a run under 30 min on 2 cores. What it shows on seeds 0-2 (docs/RESULTS.md, benchmarks/RESULTS.md): the warm-up
-    # teaches the reply format; the RL phase does not move the gold-label measures of a 135M model (BBQ stays at
-    # chance, recognition near it), and the run's measures say so.
+    # a run under 30 min on 2 cores (21.5-24 min on seeds 0-2). What it shows (docs/RESULTS.md, benchmarks/RESULTS.md):
+    # the warm-up teaches the reply format; RL does not move the gold-label measures of a 135M model (BBQ stays at
+    # chance: it picks a letter, not an option, and RL moves the letter; recognition stays near 0.5).
     "smollm2-dual": {
         "model": {"name": "smollm2-135m-instruct", "lora": True, "lora_r": 16, "lora_alpha": 32, "lora_dropout": 0.0},
         "data": {"source": "dual", "halueval_subsets": ["general_recognition"], "bbq_per_category": 60,
