@@ -17,6 +17,7 @@ import json
 import math
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
@@ -231,12 +232,16 @@ def rl_step(run: Run, step: int) -> dict[str, float]:
     dist.reshard(run.policy.model)  # after every no-grad pass of a sharded model (see Dist.reshard)
     t1 = time.perf_counter()
     scored_mine, score_metrics = score_rollouts(rollouts, run.specs, run.judge, run.graders)
+    # What the policy replied to the step's prompts: the reward and answer metrics (the doctor's evidence) describe
+    # these, also when dynamic sampling trains on a filtered batch (its kept groups have signal by construction, so a
+    # task collapsed onto one answer would vanish from them)
+    sampled = scored_mine
     if cfg.train.dynamic_sampling:  # drop the groups without signal, refill them with more prompts
         scored_mine, more = refill_groups(run, step, scored_mine, score_metrics)
         metrics.update(more)
     scored = scored_mine
     if dist.active:  # metrics and group advantages over the global batch (groups never straddle ranks)
-        scored = [s for part in dist.gather(scored_mine) for s in part]
+        scored = sampled = [s for part in dist.gather(scored_mine) for s in part]  # (dynamic sampling: one process)
         metrics = {**rollout_metrics([s.rollout for s in scored]),
                    "rollout/nonfinite_logit_rows": dist.sum_numbers([metrics["rollout/nonfinite_logit_rows"]])[0]}
         score_metrics = dict(zip(score_metrics, dist.sum_numbers(list(score_metrics.values()))))
@@ -253,10 +258,10 @@ def rl_step(run: Run, step: int) -> dict[str, float]:
     advantages_B, adv_metrics = group_advantages(rewards_B, cfg.rollout.k, scale=cfg.loss.adv_scale,
                                                  clip=cfg.loss.adv_clip)
     metrics.update(adv_metrics)
-    metrics.update(reward_metrics(scored, run.tasks))
-    metrics.update(fallback_shares(scored, run.specs))  # tasks whose judge has a fallback grader
-    metrics.update(step_answer_metrics([s.rollout.sample.task for s in scored], [s.rollout.text for s in scored],
-                                       [s.reward for s in scored], cfg.rollout.k))  # what the doctor reads
+    metrics.update(reward_metrics(sampled, run.tasks))
+    metrics.update(fallback_shares(sampled, run.specs))  # tasks whose judge has a fallback grader
+    metrics.update(step_answer_metrics([s.rollout.sample.task for s in sampled], [s.rollout.text for s in sampled],
+                                       [s.reward for s in sampled], cfg.rollout.k))  # what the doctor reads
     t2 = time.perf_counter()
 
     rows = slice(mine.start * cfg.rollout.k, mine.stop * cfg.rollout.k)
@@ -306,7 +311,9 @@ def refill_groups(run: Run, step: int, scored: list, score_metrics: dict[str, fl
     """Dynamic sampling (train.dynamic_sampling): keep the step's groups whose rewards differ, and generate and score
     groups of fresh prompts (prompts_per_step a round, at most train.dynamic_sampling_max_rounds rounds) until the
     step has prompts_per_step of them (grpo/core/dapo.fill_informative_groups). The extra rounds' scoring counts go
-    into `score_metrics`; the rollout/ metrics stay round 0's."""
+    into `score_metrics`; the rollout/ metrics stay round 0's, and rollout/<task>/dynamic_kept_groups counts each
+    task's kept groups: a task whose prompts all get one reward (collapsed onto one answer, or solved) keeps none and
+    then gets neither a policy gradient nor a KL term that step."""
     cfg = run.cfg
     if run.dist.active:
         raise RuntimeError("train.dynamic_sampling runs on one process: the ranks would need different numbers of "
@@ -325,8 +332,12 @@ def refill_groups(run: Run, step: int, scored: list, score_metrics: dict[str, fl
             score_metrics[key] = score_metrics.get(key, 0) + value if key.startswith("scoring/") else value
         return more
 
-    return fill_informative_groups(produce, lambda s: s.reward, cfg.rollout.k, cfg.prompts_per_step,
-                                   cfg.train.dynamic_sampling_max_rounds)
+    kept, metrics = fill_informative_groups(produce, lambda s: s.reward, cfg.rollout.k, cfg.prompts_per_step,
+                                            cfg.train.dynamic_sampling_max_rounds)
+    trained = Counter(s.rollout.sample.task for s in kept) if metrics["rollout/dynamic_kept_groups"] else Counter()
+    for task in run.tasks:  # 0: the task trains on nothing this step, neither its policy term nor its KL term
+        metrics[f"rollout/{task}/dynamic_kept_groups"] = float(trained[task] // cfg.rollout.k)
+    return kept, metrics
 
 
 OOM_KNOBS = ("train.prompts_per_micro_step (smaller micro-batches, more grad_accum)", "model.gradient_checkpointing=true",

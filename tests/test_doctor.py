@@ -297,6 +297,12 @@ def test_truncation_and_unexplained_zero_std_groups():
     assert f.level == "yellow" and "at least 80% of the groups gave no signal" in f.message
     rows = set_last(set_last(healthy(), "adv/fairness/frac_zero_std", 0.6, 10), "reward/fairness/mean", 0.1, 10)
     assert found(rows, "zero_std_groups") == []  # 0.6 - 0.1 = 0.5, not above it
+    # under dynamic sampling the finding says how many of the task's groups were kept (window mean 0.5 a step)
+    rows = set_last(set_last(healthy(), "adv/fairness/frac_zero_std", 0.9, 10), "reward/fairness/mean", 0.1, 10)
+    for i, row in enumerate(rl(rows)[-10:]):
+        row["rollout/fairness/dynamic_kept_groups"] = float(i % 2)
+    (f,) = found(rows, "zero_std_groups")
+    assert "dynamic sampling dropped them and trained on 0.5 fairness groups a step" in f.message
 
 
 def test_non_finite_skipped_and_restored_over_the_whole_run():

@@ -57,6 +57,35 @@ def test_dynamic_sampling_trains_only_groups_with_signal(tmp_path, monkeypatch):
             assert adv.numel() == run.cfg.prompts_per_step * run.cfg.rollout.k
 
 
+def test_dynamic_sampling_reports_what_was_sampled_and_each_tasks_kept_groups(tmp_path, monkeypatch):
+    """A task whose every group gets one reward (collapsed onto one answer) keeps no group under dynamic sampling; its
+    reward and answer metrics (what the doctor watches) must still describe the step's sampled replies, and
+    rollout/<task>/dynamic_kept_groups says it trained on nothing. Before: the metrics were computed on the kept
+    groups only, so the collapsed task vanished from them."""
+    run = G.setup(fast_config(tmp_path, "train.dynamic_sampling=true", "train.dynamic_sampling_max_rounds=2",
+                              "rewards.fairness=tests.test_learning_methods_run:coarse_reward:1.0",
+                              "rewards.hallucination=tests.test_learning_methods_run:constant_reward:1.0"))
+    tasks_trained = []
+    real = G.update_with_oom_retry
+
+    def spy(run_, batch, betas_N):
+        tasks_trained.append([run_.tasks[i] for i in batch.task_ids_B.tolist()])
+        return real(run_, batch, betas_N)
+
+    monkeypatch.setattr(G, "update_with_oom_retry", spy)
+    metrics = G.rl_step(run, 1)
+    assert metrics["reward/hallucination/mean"] == 0.25 and metrics["adv/hallucination/frac_zero_std"] == 1.0
+    assert isinstance(metrics["rollout/hallucination/top_answer"], str)
+    assert "hallucination" not in tasks_trained[-1]
+    assert metrics["rollout/hallucination/dynamic_kept_groups"] == 0.0
+    assert metrics["rollout/fairness/dynamic_kept_groups"] == metrics["rollout/dynamic_kept_groups"] > 0
+
+
+def constant_reward(completion: str, gold: dict) -> float:
+    """The same reward for every completion: every group zero-variance."""
+    return 0.25
+
+
 def coarse_reward(completion: str, gold: dict) -> float:
     """1 for a completion with an even number of characters: many groups all-equal, many with signal."""
     return float(len(completion) % 2 == 0)

@@ -438,7 +438,9 @@ class TrainConfig:
     """DAPO's dynamic sampling (arXiv 2503.14476, §3.2): groups whose K rewards are all equal (no advantage, no policy
     gradient) are dropped and more prompts are sampled until the step has its prompts_per_step groups with signal,
     or dynamic_sampling_max_rounds extra rounds ran (then the step trains on the groups it found; grpo/core/dapo.py).
-    One process only."""
+    The reward and answer metrics describe the step's own prompts (the first round); rollout/<task>/dynamic_kept_groups
+    counts what each task trained on. A task whose groups all get one reward (collapsed, or solved) keeps none: that
+    step it gets no policy gradient and no KL term (the doctor's zero_std_groups says so). One process only."""
     dynamic_sampling_max_rounds: int = 3
     """Dynamic sampling: the most extra generation rounds (each of prompts_per_step prompts) in one RL step."""
     pass_at_k: int = 0

@@ -28,7 +28,8 @@ Window checks (rows = the last `recent_window` RL steps; "start" = the first win
                               `judge_failure_max`)
   yellow  truncation          more than `truncation_max` of a task's completions hit max_new_tokens
   yellow  zero_std_groups     z − r > `zero_std_max` for a task (z its zero-std fraction, r its mean reward: at most r
-                              of the groups can be all-right), and no red finding on the same evidence
+                              of the groups can be all-right), and no red finding on the same evidence (under dynamic
+                              sampling it says how many of the task's groups a step were kept and trained on)
   red     non_finite          a NaN / inf metric
 End of run (grpo/core/doctor.check only): red skipped_steps / yellow restored_weights (the weight guard's counts), red
 reward_regressed / yellow reward_flat (held-out after RL vs before RL), yellow no_heldout (a trained task never
@@ -499,6 +500,10 @@ def _zero_std(d: Window, found: list[Finding]) -> list[Finding]:
             continue
         why = (f"at least {100 * (zero - solved):.0f}% of the groups gave no signal without being solved" if solved
                else "they gave no signal")
+        kept = d.wmean(f"rollout/{task}/dynamic_kept_groups")
+        if math.isfinite(kept):  # train.dynamic_sampling dropped those groups: nothing of them was trained on
+            why += (f"; dynamic sampling dropped them and trained on {kept:.1f} {task} groups a step, so the task got "
+                    "little policy gradient and no KL term on what was dropped")
         out.append(Finding("yellow", "zero_std_groups",
                            f"{task}: {100 * zero:.0f}% of its groups had zero reward std in {d.span()} with a mean "
                            f"reward of {reward:.3f}: {why} (max {100 * d.th.zero_std_max:.0f}%)",
