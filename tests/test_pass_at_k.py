@@ -3,12 +3,13 @@
 
 import json
 import math
+from dataclasses import replace
 
 import pytest
 import torch
 
 import grpo_train as G
-from grpo.core.pass_at_k import mean_pass_at_k, pass_at_k
+from grpo.core.pass_at_k import guess_pass_at_k, mean_pass_at_k, pass_at_k
 from grpo.core.records import Scored
 from grpo.phases.coverage import pass_at_k_eval
 from tests.trainer_helpers import fast_config
@@ -29,6 +30,28 @@ def test_pass_at_k_hand_values():
     assert math.isnan(mean_pass_at_k([], 2))
     with pytest.raises(ValueError, match="k <= n"):
         pass_at_k(3, 1, 4)
+
+
+def test_a_uniform_guess_pass_at_k_by_hand():
+    assert guess_pass_at_k(3, 4) == pytest.approx(1 - 16 / 81)  # 0.802: BBQ's three options, pass@4
+    assert guess_pass_at_k(2, 4) == pytest.approx(15 / 16)  # 0.9375: recognition's yes / no
+    assert guess_pass_at_k(3, 1) == pytest.approx(1 / 3) and guess_pass_at_k(1, 5) == 1.0
+    for m in range(1, 6):  # k = 2: both tries wrong with probability ((m - 1) / m)^2
+        assert guess_pass_at_k(m, 2) == pytest.approx(1 - (m - 1) ** 2 / m ** 2)
+    with pytest.raises(ValueError, match="choices >= 1"):
+        guess_pass_at_k(0, 2)
+
+
+def test_pass_at_k_eval_gives_a_guess_for_tasks_whose_samples_count_their_options(tmp_path):
+    run = G.setup(fast_config(tmp_path))
+    first, second = sorted(run.heldout)
+    heldout = {first: [replace(s, meta={**s.meta, "choices": c}) for s, c in zip(list(run.heldout[first])[:2], (3, 2))],
+               second: list(run.heldout[second])[:2]}  # no "choices": free answers, no guess to compare with
+    m = pass_at_k_eval(run.policy.model, run.tokenizer, heldout, run.cfg.rollout, run.stop_ids,
+                       lambda rs: [Scored(r, reward=0.0) for r in rs], k=2, n=3, threshold=1.0, seed=0)
+    assert m[f"eval/{first}/pass_at_k_guess"] == pytest.approx(((1 - 4 / 9) + (1 - 1 / 4)) / 2)
+    assert m[f"eval/{first}/pass_at_1_guess"] == pytest.approx((1 / 3 + 1 / 2) / 2)
+    assert f"eval/{second}/pass_at_k_guess" not in m and m[f"eval/{second}/pass_at_k"] == 0.0
 
 
 def test_pass_at_k_eval_counts_right_samples_per_prompt(tmp_path):

@@ -446,7 +446,9 @@ class TrainConfig:
     pass_at_k: int = 0
     """Before RL (after the SFT evaluation), the pass@K diagnostic: per task, the unbiased pass@k (Chen et al. 2021)
     of the held-out prompts from pass_at_k_samples sampled completions each, logged as eval/<task>/pass_at_k (and
-    eval/<task>/pass_at_1) and written to pass_at_k.json. 0 = off. One process only."""
+    eval/<task>/pass_at_1) and written to pass_at_k.json; for multiple-choice tasks (BBQ, HaluEval recognition) also
+    a uniform guess's figures (eval/<task>/pass_at_k_guess), and the report's sampled_at_chance finding when the
+    policy's pass@k is no higher. 0 = off. One process only."""
     pass_at_k_samples: int = 16
     """pass@K diagnostic: completions sampled per held-out prompt (n >= pass_at_k)."""
     pass_threshold: float = 1.0

@@ -36,7 +36,8 @@ reward_regressed / yellow reward_flat (held-out after RL vs before RL), yellow n
 evaluated). From the held-out greedy completions (`heldout_collapse`, read by grpo/run/report.py from evals/):
 red heldout_collapse when one answer class holds ≥ `collapse_share` of a task's after-RL evaluation, at least
 `collapse_rise` more than before RL, while its held-out reward is below `solved_reward` (yellow when it held that
-share before RL already).
+share before RL already). From the pass@K diagnostic before RL (pass_at_k.json, `sampled_at_chance`): yellow when a multiple-choice
+task's pass@k is no higher than a uniform guess's among its options.
 
 Formulas (one line each): window mean = mean of the finite values of a key over the window rows; judge failure rate
 = Σ judge/failures / Σ judge/calls (per-step counts; DESIGN.md rule 8); entropy drop = 1 − mean(last window) /
@@ -632,4 +633,31 @@ def heldout_collapse(answers: Mapping[str, Mapping[str, Sequence[str]]], evals: 
                  "nothing") if letter else
             _try(f"kl.{task}.beta", "<2× now>", "a stronger pull to the SFT reference keeps its mix of answers"),
             task))
+    return out
+
+
+def sampled_at_chance(pass_metrics: Mapping[str, Any], config: Mapping[str, Any]) -> list[Finding]:
+    """Before RL, a multiple-choice task whose pass@k (pass_at_k.json: eval/<task>/pass_at_k) is no higher than a
+    uniform guess's among its options (eval/<task>/pass_at_k_guess, grpo/core/pass_at_k.guess_pass_at_k): the policy
+    samples the right option no more often than chance, so RL has no skill to raise, only an answer prior. Yellow."""
+    out = []
+    for key in sorted(pass_metrics):
+        if not (key.startswith("eval/") and key.endswith("/pass_at_k_guess")):
+            continue
+        task = key[len("eval/"):-len("/pass_at_k_guess")]
+        guess, got = number(pass_metrics[key]), number(pass_metrics.get(f"eval/{task}/pass_at_k"))
+        if guess is None or got is None or got > guess:
+            continue
+        one, one_guess = number(pass_metrics.get(f"eval/{task}/pass_at_1")), number(
+            pass_metrics.get(f"eval/{task}/pass_at_1_guess"))
+        k = _setting(config, "train.pass_at_k")
+        at_1 = (f"; pass@1 {one:.3f} vs {one_guess:.3f}" if one is not None and one_guess is not None else "")
+        out.append(Finding(
+            "yellow", "sampled_at_chance",
+            f"{task}: before RL the right option is among {k if k is not None else 'k'} sampled replies of a held-out "
+            f"prompt {got:.3f} of the time, no more than a uniform guess among its options ({guess:.3f}){at_1}: RL "
+            "can only raise answers it samples, so it can move an answer prior here, not the skill",
+            _try("sft.max_examples", _scaled(config, "sft.max_examples", 2, int),
+                 "more demonstrations, or a larger model, so the warm-up teaches the task and not only the reply "
+                 "format"), task))
     return out

@@ -140,6 +140,7 @@ def bbq_sample(
     }
     meta = {
         "category": category,
+        "choices": len(answers),  # options to pick from: a uniform guess's yardstick (grpo/phases/coverage.py)
         "example_id": row["example_id"],
         "question_index": row.get("question_index"),
         "stereotyped_groups": stereotyped,

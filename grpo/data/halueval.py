@@ -159,7 +159,7 @@ def recognition_sample(
     gold = {"subset": name, "hallucination": label, "shown_answer": shown, "format": "answer"}
     target = f"Answer: {'Yes' if label == 'yes' else 'No'}"
     sample = Sample(task=task, id=f"halueval/{name}/{row_id}", messages=tuple(messages), gold=gold,
-                    meta={"subset": name, "truncated": truncated}, target=target)
+                    meta={"subset": name, "truncated": truncated, "choices": 2}, target=target)
     return sample, truncated
 
 

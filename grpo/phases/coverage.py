@@ -7,7 +7,7 @@ from dataclasses import replace
 from typing import Callable, Sequence
 
 from grpo.config.settings import RolloutConfig
-from grpo.core.pass_at_k import mean_pass_at_k
+from grpo.core.pass_at_k import guess_pass_at_k, mean_pass_at_k
 from grpo.core.records import Rollout, Sample, Scored
 from grpo.phases.rollout import generate_rollouts
 
@@ -17,7 +17,9 @@ def pass_at_k_eval(model, tokenizer, samples_by_task: dict[str, Sequence[Sample]
                    n: int, threshold: float, seed: int, prompts_per_batch: int = 8) -> dict[str, float]:
     """n sampled completions (rollout's sampling settings) of every held-out prompt, scored; a completion is right
     when its reward ≥ threshold (a failed score is wrong). Returns eval/<task>/pass_at_k (the unbiased pass@k over
-    the prompts) and eval/<task>/pass_at_1 (the share of right samples). Each batch of prompts is sampled from its
+    the prompts) and eval/<task>/pass_at_1 (the share of right samples); for a task whose samples all say how many
+    options they offer (meta["choices"]: BBQ 3, HaluEval recognition 2), eval/<task>/pass_at_k_guess and
+    eval/<task>/pass_at_1_guess, the same figures for a uniform guess among them. Each batch of prompts is sampled from its
     own seed (seed + batch index), so the run's global random stream is left as it was."""
     if not 1 <= k <= n:
         raise ValueError(f"pass_at_k_eval: need 1 <= k <= n, got k={k}, n={n}")
@@ -37,4 +39,8 @@ def pass_at_k_eval(model, tokenizer, samples_by_task: dict[str, Sequence[Sample]
                 counts.append((n, sum(s.reward is not None and s.reward >= threshold for s in group)))
         metrics[f"eval/{task}/pass_at_k"] = mean_pass_at_k(counts, k)
         metrics[f"eval/{task}/pass_at_1"] = mean_pass_at_k(counts, 1)
+        choices = [s.meta.get("choices") for s in samples]
+        if choices and all(isinstance(c, int) and c >= 1 for c in choices):  # multiple choice: a guess's figures
+            metrics[f"eval/{task}/pass_at_k_guess"] = sum(guess_pass_at_k(c, k) for c in choices) / len(choices)
+            metrics[f"eval/{task}/pass_at_1_guess"] = sum(1.0 / c for c in choices) / len(choices)
     return metrics

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from grpo.core.doctor import VERDICT_TEXT, HealthThresholds, check, replayed, rl_steps, series, tasks_in, verdict
-from grpo.core.symptoms import heldout_collapse
+from grpo.core.symptoms import heldout_collapse, sampled_at_chance
 from grpo.run.tracking import read_metrics
 
 REPORT_FILE = "report.json"
@@ -159,7 +159,7 @@ def build_report(run_dir: str | Path, thresholds: HealthThresholds | None = None
 
     Keys: run_dir, summary {rows, last_step, time_total_s, skipped_steps, restored_steps}, tasks {task: {before_sft,
     after_sft, after_rl, delta, delta_sft, delta_rl}}, bbq {task: `bbq_table` row}, recognition {task:
-    `recognition_table` row} (tasks with such rows only), findings [{level, code, message, suggestion, task, since}]
+    `recognition_table` row} (tasks with such rows only), pass_at_k (pass_at_k.json's figures, {} without it), findings [{level, code, message, suggestion, task, since}]
     (active at the end of the run; `since` = the step a window finding fired at), suggestions [str], verdict
     "green"|"yellow"|"too_short"|"red" (grpo/core/doctor.verdict), reasons [str], cleared [{code, task, level, first_step,
     last_step, message}] (alarms that fired during the run and stopped). A run without eval.json still gets its
@@ -173,6 +173,8 @@ def build_report(run_dir: str | Path, thresholds: HealthThresholds | None = None
     bands = kl_bands(config, tasks_in(history, "kl/"))
     findings = check(history, thresholds, bands, evals or None, config)
     findings += heldout_collapse(heldout_answers(run_dir), evals, thresholds or HealthThresholds())
+    coverage = _load_json(run_dir / "pass_at_k.json")  # train.pass_at_k: the diagnostic before RL
+    findings += sampled_at_chance(coverage, config)
     level, reasons = verdict(findings, rl_steps(history), thresholds)
     cleared = replayed(history, thresholds, bands, evals or None, config).cleared
     suggestions = list(dict.fromkeys(f.suggestion for f in findings))
@@ -184,6 +186,7 @@ def build_report(run_dir: str | Path, thresholds: HealthThresholds | None = None
         "tasks": task_table(evals),
         "bbq": bbq_table({p: m.get("bbq", {}) for p, m in measures.items()}),
         "recognition": recognition_table({p: m.get("recognition", {}) for p, m in measures.items()}),
+        "pass_at_k": coverage,
         "findings": [asdict(f) for f in findings],
         "suggestions": suggestions,
         "verdict": level,
@@ -230,6 +233,13 @@ def format_report(report: Mapping[str, Any]) -> str:
     for task, r in report.get("recognition", {}).items():
         lines.append(f"Recognition {task} (balanced accuracy): before_sft {_cell(r['before_sft'])}  after_sft "
                      f"{_cell(r['after_sft'])}  after_rl {_cell(r['after_rl'])}  Δ rl {_cell(r['delta_rl'], True)}")
+        lines.append("")
+    coverage = report.get("pass_at_k") or {}
+    for task in dict.fromkeys(k.split("/")[1] for k in coverage if k.count("/") == 2):
+        got, guess = coverage.get(f"eval/{task}/pass_at_k"), coverage.get(f"eval/{task}/pass_at_k_guess")
+        lines.append(f"pass@k before RL {task}: {_cell(got)}" + (f"  (a uniform guess: {_cell(guess)})"
+                                                               if guess is not None else ""))
+    if coverage:
         lines.append("")
     if report["findings"]:
         lines.append("Findings:")
