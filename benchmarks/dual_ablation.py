@@ -213,8 +213,9 @@ SHORT = ("BBQ accuracy (ambiguous + disambiguated)", "BBQ acc_ambig", "BBQ acc_d
 
 
 def top_answer_share(run_dir: Path, phase: str, task: str = "fairness") -> float | None:
-    """Share of the task's held-out greedy answers (evals/<phase>.jsonl) that are its most common answer (the
-    doctor's answer class: "Answer: C" -> "c"); None without that file. With BBQ's options shuffled, a share far
+    """Share of the task's held-out greedy answers (evals/<phase>.jsonl) that are its most common letter (the
+    doctor's answer class: "Answer: C" -> "c"; a reply without a letter answer counts against every letter, so free
+    text before SFT reads as the small share it is); None without that file. With BBQ's options shuffled, a share far
     above 1/3 is a letter picked whatever the options say."""
     path = run_dir / "evals" / f"{phase}.jsonl"
     if not path.exists():
@@ -225,7 +226,8 @@ def top_answer_share(run_dir: Path, phase: str, task: str = "fairness") -> float
 
     rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
     answers = [answer_class(r["completion"]) for r in rows if r["task"] == task]
-    return max(answers.count(a) for a in set(answers)) / len(answers) if answers else None
+    letters = [a for a in answers if len(a) == 1 and a.isalpha()]
+    return (max(letters.count(a) for a in set(letters)) if letters else 0) / len(answers) if answers else None
 
 
 def phase_table(run_dirs: list[Path], short: bool = False) -> str:
