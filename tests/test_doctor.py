@@ -178,6 +178,10 @@ def test_answer_collapse_edges_share_dominance_and_reward():
     (f,) = found(collapsed(best=0.8, last=0.8), "answer_collapse")
     assert "reward 0.800 below the solved level 0.9" in f.message
     assert not found(collapsed(best=0.9, last=0.9), "answer_collapse")  # a dominant answer that is right: learned
+    # rewards on another scale (a penalty in [-1, 0]): "below the solved level 0.9" means nothing there, so a dominant
+    # answer at the task's best reward is not a collapse; a fall from the best still is
+    assert not found(collapsed(best=-0.2, last=-0.2), "answer_collapse")
+    assert "against its best -0.200" in found(collapsed(best=-0.2, last=-0.3), "answer_collapse")[0].message
 
 
 def test_answer_collapse_needs_the_share_to_have_risen_from_the_first_window():

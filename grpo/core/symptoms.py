@@ -15,7 +15,8 @@ Window checks (rows = the last `recent_window` RL steps; "start" = the first win
                               window steps and holds ≥ `collapse_share` of the task's samples on average, at least
                               `collapse_rise` more than the top share of the first window, while the task's reward is
                               more than `collapse_reward_gap` below its best window or below `solved_reward` (one
-                              answer that is not right for every prompt)
+                              answer that is not right for every prompt; rewards in [0, 1] only: on another scale
+                              the fall from the best window alone)
   red     entropy_collapse    entropy below `entropy_floor` (or fallen by more than `entropy_drop_max` from the start)
                               while the latest held-out reward is more than `heldout_drop` below its best, or has
                               stalled below `solved_reward` over the last STALL_EVALS evaluations
@@ -368,8 +369,9 @@ def _answer_collapse(d: Window, _found: list[Finding]) -> list[Finding]:
             continue
         fallen = now < best.value - th.collapse_reward_gap
         risen = share >= first + th.collapse_rise  # not the task's own format, shared from the start
+        unsolved = _unit_scale(d, task) and now < th.solved_reward  # on another scale "solved" is not known
         if (share >= th.collapse_share and risen and count >= COLLAPSE_DOMINANCE * len(rows)
-                and (fallen or now < th.solved_reward)):
+                and (fallen or unsolved)):
             beta = number(d.window[-1].get(f"beta/{task}"))
             why = (f"against its best {best.value:.3f} (steps {best.first_step}-{best.last_step})" if fallen else
                    f"below the solved level {th.solved_reward:g}: one answer is not right for every prompt")
