@@ -9,8 +9,8 @@ benchmarks/RESULTS.md's "Dual objective on SmolLM2" section.
         [--common "--preset smollm2-dual ..."]                           # flags every variant shares
     python benchmarks/dual_ablation.py --runs DIR ... --keep DEST      # also copy each run's records to DEST/<run>
 
-Every figure is the RL phase's: after SFT -> after RL, greedy held-out answers, graded by gold labels
-(measures.json, written by every evaluation):
+Every figure is the RL phase's: after SFT -> after RL (before SFT -> after RL for a run without SFT, sft.steps 0),
+greedy held-out answers, graded by gold labels (measures.json, written by every evaluation):
   BBQ acc      pooled accuracy over ambiguous and disambiguated rows, (n_a·acc_a + n_d·acc_d) / (n_a + n_d)
   acc_a, acc_d accuracy in ambiguous / disambiguated contexts (Parrish et al. 2022)
   |s_AMB|      the ambiguous-context bias score's magnitude (0 = no bias)
@@ -62,14 +62,15 @@ def rl_phase(measures: dict[str, Any], report: dict[str, Any], metrics: list[dic
     """The RL phase's figures of one run (see the module docstring) from its measures.json, report.json and the rows
     of metrics.jsonl."""
     out: dict[str, Any] = {}
-    sft, rl = _overall(measures, "after_sft", "bbq"), _overall(measures, "after_rl", "bbq")
+    start = "after_sft" if "after_sft" in measures else "before_sft"  # a run without SFT: RL starts from the base
+    sft, rl = _overall(measures, start, "bbq"), _overall(measures, "after_rl", "bbq")
     if sft and rl:
         out["acc"] = (pooled_accuracy(sft), pooled_accuracy(rl))
         out["acc_ambig"] = (sft["acc_ambig"], rl["acc_ambig"])
         out["acc_disambig"] = (sft["acc_disambig"], rl["acc_disambig"])
         out["abs_s_amb"] = tuple(None if m["s_amb"] is None else abs(m["s_amb"]) for m in (sft, rl))
         out["always_unknown"] = rl.get("always_unknown", False)
-    rsft, rrl = _overall(measures, "after_sft", "recognition"), _overall(measures, "after_rl", "recognition")
+    rsft, rrl = _overall(measures, start, "recognition"), _overall(measures, "after_rl", "recognition")
     if rsft and rrl:
         out["ba"] = (rsft["balanced_accuracy"], rrl["balanced_accuracy"])
     rl_seconds = sum(r["time/step"] for r in metrics if "time/step" in r)

@@ -37,6 +37,17 @@ def _write_run(path, after_rl, ba_rl, findings=(), verdict="green", seed=2):
     return path
 
 
+def test_a_run_without_sft_is_measured_from_before_sft(tmp_path):
+    m = load_script()
+    run = _write_run(tmp_path / "nosft-s0", _bbq(0.6, 0.4, -0.1), ba_rl=0.62, seed=0)
+    measures = json.loads((run / "measures.json").read_text())
+    measures["before_sft"] = {**_bbq(0.1, 0.5, 0.2), **_rec(0.45)}
+    (run / "measures.json").write_text(json.dumps({k: measures[k] for k in ("before_sft", "after_rl")}))
+    f = m.read_run(run)[2]
+    assert f["acc"] == pytest.approx(((1 + 15) / 40, 0.45)) and f["ba"] == (0.45, 0.62)  # before SFT -> after RL
+    assert f["abs_s_amb"] == (0.2, 0.1)
+
+
 def test_pooled_accuracy_weights_each_condition_by_its_rows():
     m = load_script()
     # 10 ambiguous rows at 0.2 and 30 disambiguated at 0.4: (2 + 12) / 40
