@@ -56,7 +56,7 @@ from grpo.run.doctoring import consult_doctor, doctor_line, doctor_stops, start_
 from grpo.run.pareto import ParetoFrontier, require_heldout_rows
 from grpo.run.plot import plot_run
 from grpo.run.report import build_report, format_report
-from grpo.run.run_folder import prepare_run_dir
+from grpo.run.run_folder import discarded_if_unstarted, prepare_run_dir
 from grpo.run.exits import USER_ERRORS, interrupted, user_error
 from grpo.run.setup_parts import (build_trackers, check_sharding, check_task_entries, choose_device, fit_prompts,
                                   fresh_optimizer, load_samples, parse_task_mix, per_completion_sampling,
@@ -103,41 +103,43 @@ def setup(cfg: C.Config, *, callables: Mapping[str, Callable[..., Any]] | None =
     note = preset_note(cfg)
     if note and dist.is_main:
         print(note)
+    made_here = not run_dir.exists() and not cfg.train.run_name  # named after this start's clock: a retry gets another
     if dist.is_main:  # before any expensive work: one run folder, one run
         prepare_run_dir(run_dir, cfg.checkpoint.resume, cfg.train.overwrite)
     dist.barrier()
-    # the builtin tokenizer learns from prompts and, separately, from completions exactly as they are generated
-    # (right after the assistant marker, no leading space)
-    corpus = [s.messages[-1]["content"] for s in rows.every] + [s.target for s in rows.every if s.target]
-    policy = policy_from_config(cfg.model, device, corpus, seed=cfg.train.seed, loaded=model)
-    train, heldout = fit_prompts(train, heldout, policy, cfg.data, cfg.rollout)  # data.max_prompt_tokens
-    if policy.grad_scaler is not None and cfg.multi.combine != "sum":
-        raise C.ConfigError(f"multi.combine={cfg.multi.combine!r} needs bf16 or fp32 weights: the per-task gradients "
-                            "are not loss-scaled, so fp16 (this GPU has no bf16) would under- or overflow; use "
-                            "multi.combine=sum or model.dtype=float32", field="multi.combine")
-    if dist.sharded:  # FSDP2: the parameters become shards in place; the optimizer is built on them below
-        check_sharding(cfg, policy, dist)
-        dist.shard(policy.model)
-        dist.shard(policy.ref_model)
-    run = Run(cfg, run_dir, device, dist, policy, train, heldout)
-    run.sampler = TaskBalancedSampler(run.train, seed=cfg.train.seed, mix=parse_task_mix(cfg.data.task_mix))
-    run.controllers = {t: controller_from_config(cfg.kl_for(t)) for t in run.tasks}
-    if cfg.loss.entropy_target is not None:
-        run.entropy_control = AdaptiveEntropyCoef(cfg.loss.entropy_coef, cfg.loss.entropy_target,
-                                                  cfg.loss.entropy_coef_delta, cfg.loss.entropy_coef_min,
-                                                  cfg.loss.entropy_coef_max)
-    run.specs, run.graders = specs, graders
-    run.judge = Judge.from_config(cfg.judge, run_dir)
-    run.tracker = build_trackers(cfg.train, run_dir) if dist.is_main else NullTracker()
-    run.stop_ids = stop_token_ids(cfg.rollout, policy.tokenizer)
-    fresh_optimizer(run)
-    run.share_prompts = shares_prompts(cfg, run.train_model, dist)
-    run.frontier = ParetoFrontier(cfg.multi.pareto_cap, run_dir / "pareto")
-    if dist.is_main:
-        (run_dir / "config.json").write_text(C.dumps(cfg))
-    if dist.active and not per_completion_sampling(cfg.rollout, dist):
-        torch.manual_seed(cfg.train.seed + 1_000_003 * dist.rank)  # ranks must not draw the same samples
-    return run
+    with discarded_if_unstarted(run_dir, dist.is_main and made_here):  # a failed build leaves no empty folder
+        # the builtin tokenizer learns from prompts and, separately, from completions exactly as they are generated
+        # (right after the assistant marker, no leading space)
+        corpus = [s.messages[-1]["content"] for s in rows.every] + [s.target for s in rows.every if s.target]
+        policy = policy_from_config(cfg.model, device, corpus, seed=cfg.train.seed, loaded=model)
+        train, heldout = fit_prompts(train, heldout, policy, cfg.data, cfg.rollout)  # data.max_prompt_tokens
+        if policy.grad_scaler is not None and cfg.multi.combine != "sum":
+            raise C.ConfigError(f"multi.combine={cfg.multi.combine!r} needs bf16 or fp32 weights: the per-task "
+                                "gradients are not loss-scaled, so fp16 (this GPU has no bf16) would under- or "
+                                "overflow; use multi.combine=sum or model.dtype=float32", field="multi.combine")
+        if dist.sharded:  # FSDP2: the parameters become shards in place; the optimizer is built on them below
+            check_sharding(cfg, policy, dist)
+            dist.shard(policy.model)
+            dist.shard(policy.ref_model)
+        run = Run(cfg, run_dir, device, dist, policy, train, heldout)
+        run.sampler = TaskBalancedSampler(run.train, seed=cfg.train.seed, mix=parse_task_mix(cfg.data.task_mix))
+        run.controllers = {t: controller_from_config(cfg.kl_for(t)) for t in run.tasks}
+        if cfg.loss.entropy_target is not None:
+            run.entropy_control = AdaptiveEntropyCoef(cfg.loss.entropy_coef, cfg.loss.entropy_target,
+                                                      cfg.loss.entropy_coef_delta, cfg.loss.entropy_coef_min,
+                                                      cfg.loss.entropy_coef_max)
+        run.specs, run.graders = specs, graders
+        run.judge = Judge.from_config(cfg.judge, run_dir)
+        run.tracker = build_trackers(cfg.train, run_dir) if dist.is_main else NullTracker()
+        run.stop_ids = stop_token_ids(cfg.rollout, policy.tokenizer)
+        fresh_optimizer(run)
+        run.share_prompts = shares_prompts(cfg, run.train_model, dist)
+        run.frontier = ParetoFrontier(cfg.multi.pareto_cap, run_dir / "pareto")
+        if dist.is_main:
+            (run_dir / "config.json").write_text(C.dumps(cfg))
+        if dist.active and not per_completion_sampling(cfg.rollout, dist):
+            torch.manual_seed(cfg.train.seed + 1_000_003 * dist.rank)  # ranks must not draw the same samples
+        return run
 
 
 def sft_phase(run: Run) -> list[float]:

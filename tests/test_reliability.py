@@ -261,6 +261,18 @@ def test_completions_longer_than_the_model_positions_are_refused_before_training
     assert_retry_not_blocked(tmp_path)
 
 
+def test_a_start_that_fails_in_a_folder_named_after_its_clock_leaves_no_folder(tmp_path):
+    """Without --run-name the folder is named after the start's time, so a retry never reuses it: a start that
+    failed before writing anything must not leave it behind holding only the restart marker."""
+    err, std = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(std):
+        code = G.cli([*TINY, "--train.output_dir", str(tmp_path / "runs"), "--rollout.max_new_tokens", "600"])
+    assert code == 2 and "rollout.max_new_tokens" in err.getvalue() + std.getvalue()
+    assert sorted(p.name for p in (tmp_path / "runs").iterdir()) == []
+    code, _ = run_cli(tmp_path / "runs", "--rollout.max_new_tokens", "600", name="named")  # a name the user chose
+    assert code == 2 and [p.name for p in (tmp_path / "runs" / "named").iterdir()] == [".restartable"]
+
+
 # ------------------------------------------------------------------------------------- the judge: tried before the model
 JUDGE = ["--judge.api_key_env", "", "--judge.max_retries", "0", "--judge.timeout_s", "5", "--train.max_steps", "2"]
 REFUSED = "http://127.0.0.1:9/v1"  # nothing listens on port 9

@@ -10,14 +10,18 @@
     checkpoints/ in it), so a mistyped --output-dir cannot wipe an unrelated folder;
   * a fresh run marks its folder restartable (RESTARTABLE, written here) until its first checkpoint or its end
     (`run_started`): a run that failed or was stopped before that left nothing worth keeping, so the same command
-    run again reuses the folder (its contents deleted) instead of asking for --resume auto or --overwrite.
+    run again reuses the folder (its contents deleted) instead of asking for --resume auto or --overwrite;
+  * a start that fails while building its run, in a folder named after the start's clock (no train.run_name): the
+    retry gets another name, so `discard_unstarted` removes the folder when it holds only the restart marker.
 """
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 import tempfile
 from pathlib import Path
+from typing import Iterator
 
 RUN_MARKERS = ("config.json", "metrics.jsonl", "checkpoints")
 """Entries that only a grpo-dual run writes: a folder holding one of them may be overwritten."""
@@ -88,3 +92,26 @@ def blocks_fresh_start(path: str | Path) -> bool:
 def run_started(path: str | Path) -> None:
     """The run in `path` wrote a checkpoint (or finished): from now on only --resume or --overwrite reuse it."""
     (Path(path) / RESTARTABLE).unlink(missing_ok=True)
+
+
+def discard_unstarted(path: str | Path) -> bool:
+    """Remove the run folder `path` when it holds nothing but the RESTARTABLE marker (a start that failed before
+    writing anything); True when removed."""
+    path = Path(path)
+    if path.is_dir() and [p.name for p in path.iterdir()] == [RESTARTABLE]:
+        shutil.rmtree(path)
+        return True
+    return False
+
+
+@contextlib.contextmanager
+def discarded_if_unstarted(path: str | Path, enabled: bool) -> Iterator[None]:
+    """On an exception inside the block (when `enabled`), remove the run folder `path` if it holds nothing but the
+    RESTARTABLE marker, then re-raise: a start that failed before writing anything leaves no empty folder behind."""
+    try:
+        yield
+    except BaseException:
+        path = Path(path)
+        if enabled and path.is_dir() and [p.name for p in path.iterdir()] == [RESTARTABLE]:
+            shutil.rmtree(path)
+        raise
