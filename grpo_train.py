@@ -237,9 +237,9 @@ def rl_step(run: Run, step: int) -> dict[str, float]:
     # What the policy replied to the step's prompts: the reward and answer metrics (the doctor's evidence) describe
     # these, also when dynamic sampling trains on a filtered batch (its kept groups have signal by construction, so a
     # task collapsed onto one answer would vanish from them)
-    sampled = scored_mine
+    sampled, kl_only_rows = scored_mine, 0
     if cfg.train.dynamic_sampling:  # drop the groups without signal, refill them with more prompts
-        scored_mine, more = refill_groups(run, step, scored_mine, score_metrics)
+        scored_mine, more, kl_only_rows = refill_groups(run, step, scored_mine, score_metrics)
         metrics.update(more)
     scored = scored_mine
     if dist.active:  # metrics and group advantages over the global batch (groups never straddle ranks)
@@ -259,6 +259,8 @@ def rl_step(run: Run, step: int) -> dict[str, float]:
         metrics["reward/overlong_penalty"] = float(penalty_B.mean())
     advantages_B, adv_metrics = group_advantages(rewards_B, cfg.rollout.k, scale=cfg.loss.adv_scale,
                                                  clip=cfg.loss.adv_clip)
+    if kl_only_rows:  # train.dynamic_sampling_keep_kl: those groups carry their KL term only (an overlong penalty
+        advantages_B[-kl_only_rows:] = 0.0  # could otherwise tell their completions apart)
     metrics.update(adv_metrics)
     metrics.update(reward_metrics(sampled, run.tasks))
     metrics.update(fallback_shares(sampled, run.specs))  # tasks whose judge has a fallback grader
@@ -266,7 +268,7 @@ def rl_step(run: Run, step: int) -> dict[str, float]:
                                        [s.reward for s in sampled], cfg.rollout.k))  # what the doctor reads
     t2 = time.perf_counter()
 
-    rows = slice(mine.start * cfg.rollout.k, mine.stop * cfg.rollout.k)
+    rows = slice(mine.start * cfg.rollout.k, mine.start * cfg.rollout.k + len(scored_mine))  # this rank's groups
     batch = build_train_batch(scored_mine, advantages_B[rows], run.tasks, run.tokenizer.pad_token_id, run.device,
                               group_size=cfg.rollout.k if run.share_prompts else 1,
                               mask_truncated=cfg.loss.mask_truncated)
@@ -309,13 +311,15 @@ def rl_step(run: Run, step: int) -> dict[str, float]:
     return metrics
 
 
-def refill_groups(run: Run, step: int, scored: list, score_metrics: dict[str, float]) -> tuple[list, dict]:
+def refill_groups(run: Run, step: int, scored: list, score_metrics: dict[str, float]) -> tuple[list, dict, int]:
     """Dynamic sampling (train.dynamic_sampling): keep the step's groups whose rewards differ, and generate and score
     groups of fresh prompts (prompts_per_step a round, at most train.dynamic_sampling_max_rounds rounds) until the
     step has prompts_per_step of them (grpo/core/dapo.fill_informative_groups). The extra rounds' scoring counts go
     into `score_metrics`; the rollout/ metrics stay round 0's, and rollout/<task>/dynamic_kept_groups counts each
     task's kept groups: a task whose prompts all get one reward (collapsed onto one answer, or solved) keeps none and
-    then gets neither a policy gradient nor a KL term that step."""
+    then gets neither a policy gradient nor a KL term that step — unless train.dynamic_sampling_keep_kl, which appends
+    that task's round-0 groups for their KL term. Returns (the groups to train on, metrics, how many rows at the end
+    are KL-only: their advantages are set to 0)."""
     cfg = run.cfg
     if run.dist.active:
         raise RuntimeError("train.dynamic_sampling runs on one process: the ranks would need different numbers of "
@@ -337,9 +341,14 @@ def refill_groups(run: Run, step: int, scored: list, score_metrics: dict[str, fl
     kept, metrics = fill_informative_groups(produce, lambda s: s.reward, cfg.rollout.k, cfg.prompts_per_step,
                                             cfg.train.dynamic_sampling_max_rounds)
     trained = Counter(s.rollout.sample.task for s in kept) if metrics["rollout/dynamic_kept_groups"] else Counter()
-    for task in run.tasks:  # 0: the task trains on nothing this step, neither its policy term nor its KL term
+    for task in run.tasks:  # 0: the task trains on nothing this step (but see dynamic_sampling_keep_kl)
         metrics[f"rollout/{task}/dynamic_kept_groups"] = float(trained[task] // cfg.rollout.k)
-    return kept, metrics
+    kl_only = []
+    if cfg.train.dynamic_sampling_keep_kl and trained:  # (nothing kept at all: round 0 came back whole anyway)
+        starved = {t for t in run.tasks if not trained[t]}
+        kl_only = [s for s in scored if s.rollout.sample.task in starved]
+    metrics["rollout/dynamic_kl_only_groups"] = float(len(kl_only) // cfg.rollout.k)
+    return kept + kl_only, metrics, len(kl_only)
 
 
 OOM_KNOBS = ("train.prompts_per_micro_step (smaller micro-batches, more grad_accum)", "model.gradient_checkpointing=true",

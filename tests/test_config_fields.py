@@ -110,6 +110,7 @@ BAD: list[tuple[str, Any, dict[str, Any]]] = [
     ("train.dynamic_sampling_max_rounds", -1, {}),
     ("train.pass_at_k", -1, {}),
     ("train.pass_at_k_samples", 4, {"train.pass_at_k": 8}),
+    ("train.dynamic_sampling_keep_kl", True, {}),  # without train.dynamic_sampling
     ("train.device", "tpu", {}),
     ("train.sharding", "zero3", {}),
     ("train.doctor", "panic", {}),

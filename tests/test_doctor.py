@@ -307,6 +307,7 @@ def test_truncation_and_unexplained_zero_std_groups():
         row["rollout/fairness/dynamic_kept_groups"] = float(i % 2)
     (f,) = found(rows, "zero_std_groups")
     assert "dynamic sampling dropped them and trained on 0.5 fairness groups a step" in f.message
+    assert "no KL term on what was dropped (train.dynamic_sampling_keep_kl keeps it)" in f.message
 
 
 def test_non_finite_skipped_and_restored_over_the_whole_run():

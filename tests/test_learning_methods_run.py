@@ -81,6 +81,41 @@ def test_dynamic_sampling_reports_what_was_sampled_and_each_tasks_kept_groups(tm
     assert metrics["rollout/fairness/dynamic_kept_groups"] == metrics["rollout/dynamic_kept_groups"] > 0
 
 
+def test_dynamic_sampling_keep_kl_trains_a_starved_task_on_its_kl_term_only(tmp_path, monkeypatch):
+    """train.dynamic_sampling_keep_kl: the task that kept no group trains on its first-round groups with advantage 0,
+    so its KL term (and kl/<task>, and its controller) still acts; the other task's groups are those with signal."""
+    run = G.setup(fast_config(tmp_path, "train.dynamic_sampling=true", "train.dynamic_sampling_max_rounds=2",
+                              "train.dynamic_sampling_keep_kl=true", "rollout.overlong_buffer=3",
+                              "rewards.fairness=tests.test_learning_methods_run:coarse_reward:1.0",
+                              "rewards.hallucination=tests.test_learning_methods_run:constant_reward:1.0"))
+    seen = []
+    real = G.update_with_oom_retry
+
+    def spy(run_, batch, betas_N):
+        seen.append(([run_.tasks[i] for i in batch.task_ids_B.tolist()], batch.advantages_B.clone()))
+        return real(run_, batch, betas_N)
+
+    monkeypatch.setattr(G, "update_with_oom_retry", spy)
+    k = run.cfg.rollout.k
+    for step in (1, 2):  # step 2: the policy has moved, so the KL term is not 0
+        metrics = G.rl_step(run, step)
+        tasks, adv = seen[-1]
+        halu = [i for i, t in enumerate(tasks) if t == "hallucination"]
+        assert metrics["rollout/hallucination/dynamic_kept_groups"] == 0.0
+        assert len(halu) == k * metrics["rollout/dynamic_kl_only_groups"] > 0  # its round-0 groups, at the end
+        assert halu == list(range(len(tasks) - len(halu), len(tasks)))
+        assert (adv[halu] == 0).all()  # KL only, even where the overlong penalty would tell replies apart
+        fair = adv[:len(tasks) - len(halu)].view(-1, k)
+        assert (fair.abs().sum(-1) > 0).all()  # the fairness groups kept have signal
+        assert "kl/hallucination" in metrics
+    assert metrics["kl/hallucination"] > 0
+
+
+def test_keep_kl_without_dynamic_sampling_is_refused_naming_the_field():
+    with pytest.raises(G.C.ConfigError, match="train.dynamic_sampling_keep_kl"):
+        G.C.load_config("demo", ["train.dynamic_sampling_keep_kl=true"])
+
+
 def constant_reward(completion: str, gold: dict) -> float:
     """The same reward for every completion: every group zero-variance."""
     return 0.25

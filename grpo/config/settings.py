@@ -440,9 +440,14 @@ class TrainConfig:
     or dynamic_sampling_max_rounds extra rounds ran (then the step trains on the groups it found; grpo/core/dapo.py).
     The reward and answer metrics describe the step's own prompts (the first round); rollout/<task>/dynamic_kept_groups
     counts what each task trained on. A task whose groups all get one reward (collapsed, or solved) keeps none: that
-    step it gets no policy gradient and no KL term (the doctor's zero_std_groups says so). One process only."""
+    step it gets no policy gradient and no KL term (the doctor's zero_std_groups says so; see
+    dynamic_sampling_keep_kl). One process only."""
     dynamic_sampling_max_rounds: int = 3
     """Dynamic sampling: the most extra generation rounds (each of prompts_per_step prompts) in one RL step."""
+    dynamic_sampling_keep_kl: bool = False
+    """Dynamic sampling: a task that kept no group this step trains on its first-round groups with advantage 0, so
+    its KL term (and the KL controller, and kl/<task>) still acts while its policy term stays 0. Off: DAPO's (and
+    verl's) plain drop. Counted as rollout/dynamic_kl_only_groups."""
     pass_at_k: int = 0
     """Before RL (after the SFT evaluation), the pass@K diagnostic: per task, the unbiased pass@k (Chen et al. 2021)
     of the held-out prompts from pass_at_k_samples sampled completions each, logged as eval/<task>/pass_at_k (and
@@ -467,6 +472,9 @@ class TrainConfig:
         _check(self.skip_grad_norm > 0, "train.skip_grad_norm", self.skip_grad_norm, "use a value > 0")
         for f in ("warmup_steps", "eval_every", "sample_every", "dynamic_sampling_max_rounds", "pass_at_k"):
             _check(getattr(self, f) >= 0, f"train.{f}", getattr(self, f), "use an integer >= 0 (0 = off)")
+        _check(self.dynamic_sampling or not self.dynamic_sampling_keep_kl, "train.dynamic_sampling_keep_kl",
+               self.dynamic_sampling_keep_kl, "it applies to dynamic sampling only: set train.dynamic_sampling=true "
+               "too, or leave it off")
         _check(self.pass_at_k_samples >= max(1, self.pass_at_k), "train.pass_at_k_samples", self.pass_at_k_samples,
                f"use at least pass_at_k = {self.pass_at_k} samples per prompt")
         _check(self.device == "auto" or self.device == "cpu" or self.device.startswith("cuda"), "train.device",

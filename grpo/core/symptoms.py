@@ -505,8 +505,11 @@ def _zero_std(d: Window, found: list[Finding]) -> list[Finding]:
                else "they gave no signal")
         kept = d.wmean(f"rollout/{task}/dynamic_kept_groups")
         if math.isfinite(kept):  # train.dynamic_sampling dropped those groups: nothing of them was trained on
+            keep_kl = _setting(d.config, "train.dynamic_sampling_keep_kl") is True
             why += (f"; dynamic sampling dropped them and trained on {kept:.1f} {task} groups a step, so the task got "
-                    "little policy gradient and no KL term on what was dropped")
+                    "little policy gradient" + (" (its KL term kept: train.dynamic_sampling_keep_kl)" if keep_kl else
+                                                " and no KL term on what was dropped (train.dynamic_sampling_keep_kl "
+                                                "keeps it)"))
         out.append(Finding("yellow", "zero_std_groups",
                            f"{task}: {100 * zero:.0f}% of its groups had zero reward std in {d.span()} with a mean "
                            f"reward of {reward:.3f}: {why} (max {100 * d.th.zero_std_max:.0f}%)",
