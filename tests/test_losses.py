@@ -87,6 +87,18 @@ def test_on_policy_grpo_seq_mean_token_mean_equals_gspo_gradient():
     torch.testing.assert_close(g_grpo, expected, atol=1e-12, rtol=0)
 
 
+@pytest.mark.parametrize("name", ["cispo", "sapo", "vespo"])
+@pytest.mark.parametrize("mode", ["token-mean", "seq-mean-token-mean"])
+def test_on_policy_the_token_losses_have_grpos_gradient(name, mode):
+    """At ratio 1 (loss.mu = 1) each token's weight is 1: CISPO's min(1, ε_max), SAPO's (4/τ)·σ'(0)·τ = 1 for either
+    temperature, VESPO's φ(1) = e^λ·1^k·e^−λ = 1; so the gradient is GRPO's −A·∇logp. (benchmarks/RESULTS.md: the
+    SmolLM2 screen with loss.policy_loss=cispo at μ = 1 repeats the GRPO run's gradient norms to every digit.)"""
+    logps, _, adv, mask = _random_batch()
+    _, g_grpo = _grad("grpo", logps, None, adv, mask, mode)
+    _, g_other = _grad(name, logps, None, adv, mask, mode)
+    torch.testing.assert_close(g_other, g_grpo, atol=1e-12, rtol=0)
+
+
 # --------------------------------------------------------------------------------------------------------- clipping
 def _token_grad(name, log_ratio, adv, **kw):
     logps = t([[-1.0 + log_ratio]], grad=True)
