@@ -335,6 +335,11 @@ def test_heldout_gains_from_eval_json_and_the_solved_ceiling():
     assert check(healthy(), TH, BANDS, evals) == []
     solved = {"before_sft": {"fairness": 0.0}, "after_sft": {"fairness": 1.0}, "after_rl": {"fairness": 1.0}}
     assert check(healthy(), TH, BANDS, solved) == []  # nothing left to gain
+    judge = {"after_sft": {"fairness": 0.95}, "after_rl": {"fairness": 0.95}}  # a 0-10 judge at 0.95: not solved
+    rows = healthy()
+    for row in rl(rows):
+        row["reward/fairness/mean"] *= 10  # 4.1 .. 7.0
+    assert codes(check(rows, TH, BANDS, judge)) == {"reward_flat": "yellow"}
     no_eval = [r for r in healthy() if "loss/total" in r]
     (f,) = found(no_eval, "no_heldout")
     assert f.level == "yellow" and "`train.eval_every=20`" in f.suggestion

@@ -32,6 +32,15 @@ def test_no_finding_when_solved_mixed_or_not_evaluated_after_rl():
     assert heldout_collapse({"after_sft": {"t": replies(B=10)}}, {"after_sft": {"t": 0.3}}, TH) == []
 
 
+def test_a_reward_at_the_solved_level_excuses_one_answer_only_on_the_unit_scale():
+    collapsed = {"after_sft": {"t": replies(B=5, A=5)}, "after_rl": {"t": replies(B=10)}}
+    judge_rows = [{"step": s, "reward/t/mean": 2.0 + s} for s in range(1, 4)]  # a judge scoring 0-10
+    (f,) = heldout_collapse(collapsed, {"after_rl": {"t": 0.95}}, TH, judge_rows)
+    assert f.level == "red" and "not on the 0-1 scale" in f.message
+    unit_rows = [{"step": s, "reward/t/mean": 0.2 * s} for s in range(1, 4)]
+    assert heldout_collapse(collapsed, {"after_rl": {"t": 0.95}}, TH, unit_rows) == []
+
+
 def test_a_collapse_that_was_there_before_rl_is_yellow():
     answers = {"after_sft": {"t": replies(B=8, A=2)}, "after_rl": {"t": replies(B=17, A=3)}}  # 0.8 -> 0.85
     (f,) = heldout_collapse(answers, {"after_rl": {"t": 0.5}}, TH)

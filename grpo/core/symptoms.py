@@ -576,8 +576,19 @@ def whole_run(history: Sequence[Mapping[str, Any]], th: HealthThresholds, config
     return out
 
 
+def unit_scale_rewards(history: Sequence[Mapping[str, Any]], evals: Mapping[str, Mapping[str, Any]] | None,
+                       task: str) -> bool:
+    """Whether every reward the run logged for `task` (each step's reward/<task>/mean and each held-out evaluation in
+    eval.json) lies in [0, 1], as the rule graders' do: only then does a held-out reward at `solved_reward` mean
+    solved (a judge scoring 0-10 at 0.95 has not solved its task)."""
+    values = [v for _, v in series(history, f"reward/{task}/mean")]
+    values += [v for phase in (evals or {}).values() if (v := number(phase.get(task))) is not None]
+    return bool(values) and all(0.0 <= v <= 1.0 for v in values)
+
+
 def heldout_gains(history: Sequence[Mapping[str, Any]], th: HealthThresholds, evals, config) -> list[Finding]:
-    """Held-out reward after RL against before RL, per trained task (eval.json when given, else the eval rows)."""
+    """Held-out reward after RL against before RL, per trained task (eval.json when given, else the eval rows). A task
+    held at `solved_reward` or above with no change is not flat, on the unit scale only (`unit_scale_rewards`)."""
     points: dict[str, tuple[float, float]] = {}
     if evals and "after_rl" in evals:
         before = evals.get("after_sft") or evals.get("before_sft") or {}
@@ -595,7 +606,8 @@ def heldout_gains(history: Sequence[Mapping[str, Any]], th: HealthThresholds, ev
                                f"{after:.3f} ({gain:+.3f})",
                                _try("train.lr", _scaled(config, "train.lr", 0.5),
                                     "then read samples/ for reward hacking"), task))
-        elif gain <= 0 and not (after >= th.solved_reward and gain == 0):  # a solved task cannot rise
+        elif gain <= 0 and not (after >= th.solved_reward and gain == 0  # a solved task cannot rise
+                                and unit_scale_rewards(history, evals, task)):
             out.append(Finding("yellow", "reward_flat", f"held-out {task} reward did not rise during RL: {before:.3f} "
                                f"-> {after:.3f} ({gain:+.3f})",
                                _try("train.max_steps", _scaled(config, "train.max_steps", 2, int),
@@ -612,15 +624,18 @@ def heldout_gains(history: Sequence[Mapping[str, Any]], th: HealthThresholds, ev
 
 
 def heldout_collapse(answers: Mapping[str, Mapping[str, Sequence[str]]], evals: Mapping[str, Mapping[str, Any]],
-                     th: HealthThresholds) -> list[Finding]:
+                     th: HealthThresholds, history: Sequence[Mapping[str, Any]] = ()) -> list[Finding]:
     """One answer taking most of a task's held-out evaluation after RL. `answers`: {phase: {task: the greedy
-    completions}} (evals/<phase>.jsonl); `evals`: eval.json. Sampled answers can stay mixed while the greedy ones
-    collapse: the window's answer_collapse does not see this."""
+    completions}} (evals/<phase>.jsonl); `evals`: eval.json; `history`: metrics.jsonl's rows. Sampled answers can
+    stay mixed while the greedy ones collapse: the window's answer_collapse does not see this. A held-out reward at
+    `solved_reward` or above excuses one answer only on the unit scale (`unit_scale_rewards`)."""
     out = []
     before_phase = next((p for p in ("after_sft", "before_sft") if p in answers), None)
     for task, completions in answers.get("after_rl", {}).items():
         reward = number(evals.get("after_rl", {}).get(task))
-        if not completions or reward is None or reward >= th.solved_reward:
+        if not completions or reward is None:
+            continue
+        if reward >= th.solved_reward and unit_scale_rewards(history, evals, task):
             continue
         now = answer_shares(completions)
         earlier = (answers.get(before_phase) or {}).get(task) if before_phase else None
@@ -632,8 +647,9 @@ def heldout_collapse(answers: Mapping[str, Mapping[str, Sequence[str]]], evals: 
         out.append(Finding(
             "red" if risen else "yellow", "heldout_collapse",
             f"{task}: `{now.top_answer}` is {100 * now.top_share:.0f}% of the held-out greedy answers after RL "
-            f"({100 * first:.0f}% before RL{'' if before_phase else ': not evaluated'}); held-out reward {reward:.3f} "
-            f"below the solved level {th.solved_reward:g}",
+            f"({100 * first:.0f}% before RL{'' if before_phase else ': not evaluated'}); held-out reward {reward:.3f}"
+            + (f" below the solved level {th.solved_reward:g}" if reward < th.solved_reward else
+               " (not on the 0-1 scale, so not read as solved)"),
             _try("data.shuffle_options", "true", "options in a seeded order per row and epoch: one letter earns "
                  "nothing") if letter else
             _try(f"kl.{task}.beta", "<2× now>", "a stronger pull to the SFT reference keeps its mix of answers"),
