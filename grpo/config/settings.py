@@ -437,6 +437,8 @@ class TrainConfig:
     dynamic_sampling: bool = False
     """DAPO's dynamic sampling (arXiv 2503.14476, §3.2): groups whose K rewards are all equal (no advantage, no policy
     gradient) are dropped and more prompts are sampled until the step has its prompts_per_step groups with signal,
+    judged on the graders' rewards before rollout.overlong_buffer's penalty (DAPO's filter on accuracy, verl's
+    filter_groups.metric=acc: equal rewards with different lengths are dropped),
     or dynamic_sampling_max_rounds extra rounds ran (then the step trains on the groups it found; grpo/core/dapo.py).
     The reward and answer metrics describe the step's own prompts (the first round); rollout/<task>/dynamic_kept_groups
     counts what each task trained on. A task whose groups all get one reward (collapsed, or solved) keeps none: that
