@@ -85,6 +85,13 @@ def test_on_policy_grpo_seq_mean_token_mean_equals_gspo_gradient():
     lengths = mask.sum(-1, keepdim=True)
     expected = -(adv[:, None] / lengths) * mask / adv.numel()
     torch.testing.assert_close(g_grpo, expected, atol=1e-12, rtol=0)
+    # Under token-mean (the presets' loss.agg_mode) too: GSPO's s_i repeated on each of its |o_i| tokens gives each
+    # token −A·s_i/|o_i|·|o_i| / N = −A/N, GRPO's. The SmolLM2 screen with loss.policy_loss=gspo at μ = 1 repeats the
+    # GRPO run's gradient norms to every digit (benchmarks/RESULTS.md).
+    _, g_grpo = _grad("grpo", logps, None, adv, mask, "token-mean")
+    _, g_gspo = _grad("gspo", logps, None, adv, mask, "token-mean")
+    torch.testing.assert_close(g_gspo, g_grpo, atol=1e-12, rtol=0)
+    torch.testing.assert_close(g_grpo, -adv[:, None] * mask / mask.sum(), atol=1e-12, rtol=0)
 
 
 @pytest.mark.parametrize("name", ["cispo", "sapo", "vespo"])
