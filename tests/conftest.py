@@ -11,6 +11,19 @@ if str(ROOT) not in sys.path:
 SHARED_DATA = ROOT.parent / "shared" / "data"
 
 
+def load_script(relpath: str):
+    """A script of the repository that is not a package module (benchmarks/, scripts/), imported by its path and
+    registered in sys.modules under its file name (dataclasses resolve annotations through sys.modules)."""
+    import importlib.util
+
+    path = ROOT / relpath
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules.setdefault(path.stem, module)
+    spec.loader.exec_module(module)
+    return module
+
+
 @pytest.fixture(scope="module")
 def one_thread():
     """One torch thread for a module (`pytestmark = pytest.mark.usefixtures("one_thread")`): a 64-wide model gains

@@ -2,19 +2,13 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 
 import pytest
 
-from conftest import ROOT
+from conftest import ROOT, load_script as _load
 
 
-def load_script():
-    spec = importlib.util.spec_from_file_location("dual_ablation", ROOT / "benchmarks" / "dual_ablation.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def _bbq(acc_a, acc_d, s_amb, n_a=10, n_d=30, always_unknown=False):
@@ -38,7 +32,7 @@ def _write_run(path, after_rl, ba_rl, findings=(), verdict="green", seed=2):
 
 
 def test_a_run_without_sft_is_measured_from_before_sft(tmp_path):
-    m = load_script()
+    m = _load("benchmarks/dual_ablation.py")
     run = _write_run(tmp_path / "nosft-s0", _bbq(0.6, 0.4, -0.1), ba_rl=0.62, seed=0)
     measures = json.loads((run / "measures.json").read_text())
     measures["before_sft"] = {**_bbq(0.1, 0.5, 0.2), **_rec(0.45)}
@@ -49,7 +43,7 @@ def test_a_run_without_sft_is_measured_from_before_sft(tmp_path):
 
 
 def test_pooled_accuracy_weights_each_condition_by_its_rows():
-    m = load_script()
+    m = _load("benchmarks/dual_ablation.py")
     # 10 ambiguous rows at 0.2 and 30 disambiguated at 0.4: (2 + 12) / 40
     assert m.pooled_accuracy({"acc_ambig": 0.2, "acc_disambig": 0.4, "n_ambig": 10, "n_disambig": 30}) == \
         pytest.approx(0.35)
@@ -57,7 +51,7 @@ def test_pooled_accuracy_weights_each_condition_by_its_rows():
 
 
 def test_a_run_that_meets_the_bar(tmp_path):
-    m = load_script()
+    m = _load("benchmarks/dual_ablation.py")
     run = _write_run(tmp_path / "base-s2", _bbq(0.6, 0.4, -0.1), ba_rl=0.62)
     name, seed, f = m.read_run(run)
     assert (name, seed) == ("base", 2)
@@ -72,7 +66,7 @@ def test_a_run_that_meets_the_bar(tmp_path):
 
 
 def test_each_part_of_the_bar_fails_on_its_own(tmp_path):
-    m = load_script()
+    m = _load("benchmarks/dual_ablation.py")
     # disambiguated accuracy lost (0.4 -> 0.3) while the pooled accuracy rises: the bias part fails
     f = m.read_run(_write_run(tmp_path / "a", _bbq(1.0, 0.3, 0.0), ba_rl=0.7))[2]
     assert m.bar_letters(f) == "a·hcg"
@@ -83,7 +77,7 @@ def test_each_part_of_the_bar_fails_on_its_own(tmp_path):
 
 
 def test_the_mean_row_averages_seeds(tmp_path):
-    m = load_script()
+    m = _load("benchmarks/dual_ablation.py")
     # after RL: seed 0 acc_a 0.2 (pooled 0.35), seed 1 acc_a 0.6 (pooled 0.45); BA 0.5 and 0.7
     runs = [m.read_run(_write_run(tmp_path / f"v-s{i}", _bbq(0.2 + 0.4 * i, 0.4, -0.3), ba_rl=0.5 + 0.2 * i, seed=i))
             for i in range(2)]
@@ -94,7 +88,7 @@ def test_the_mean_row_averages_seeds(tmp_path):
 
 
 def test_phase_table_gives_each_measure_per_phase_as_the_seed_mean_and_range(tmp_path):
-    m = load_script()
+    m = _load("benchmarks/dual_ablation.py")
     runs = []
     for seed, acc_a in ((0, 0.2), (1, 0.6)):
         run = _write_run(tmp_path / f"p-s{seed}", _bbq(acc_a, 0.4, -0.1), ba_rl=0.6, seed=seed)
@@ -113,7 +107,7 @@ def test_phase_table_gives_each_measure_per_phase_as_the_seed_mean_and_range(tmp
 def test_a_kept_copy_reads_as_its_run_with_the_runs_wall_time(tmp_path):
     import os
 
-    m = load_script()
+    m = _load("benchmarks/dual_ablation.py")
     run = _write_run(tmp_path / "base-s2", _bbq(0.6, 0.4, -0.1), ba_rl=0.62)
     os.utime(run / "config.json", (1000.0, 1000.0))
     os.utime(run / "report.json", (1000.0 + 1500.0, 1000.0 + 1500.0))  # 25 min from start-up to the report
@@ -123,7 +117,7 @@ def test_a_kept_copy_reads_as_its_run_with_the_runs_wall_time(tmp_path):
 
 
 def test_the_short_phase_table_keeps_the_readmes_rows(tmp_path):
-    m = load_script()
+    m = _load("benchmarks/dual_ablation.py")
     run = _write_run(tmp_path / "p-s0", _bbq(0.6, 0.4, -0.1), ba_rl=0.6, seed=0)
     rows = [line.split(" | ")[0][2:] for line in m.phase_table([run], short=True).splitlines()[2:]]
     assert rows == list(m.SHORT) and set(m.SHORT) <= {label for label, _, _ in m.PHASE_MEASURES}
@@ -131,7 +125,7 @@ def test_the_short_phase_table_keeps_the_readmes_rows(tmp_path):
 
 def test_the_docs_tables_are_the_scripts_output_on_the_kept_runs():
     """README, docs/RESULTS.md and benchmarks/RESULTS.md quote the tables the commands they name print."""
-    m = load_script()
+    m = _load("benchmarks/dual_ablation.py")
     seeds = sorted((ROOT / "docs" / "runs" / "smollm2-dual").iterdir())
     screens = sorted((ROOT / "benchmarks" / "results" / "dual_ablation").iterdir())
     assert [d.name for d in seeds] == ["preset-s0", "preset-s1", "preset-s2"]
@@ -143,7 +137,7 @@ def test_the_docs_tables_are_the_scripts_output_on_the_kept_runs():
 
 
 def test_top_answer_share_reads_the_greedy_answers_of_one_task(tmp_path):
-    m = load_script()
+    m = _load("benchmarks/dual_ablation.py")
     run = _write_run(tmp_path / "p-s0", _bbq(0.6, 0.4, -0.1), ba_rl=0.6, seed=0)
     (run / "evals").mkdir()
     rows = [("fairness", "Answer: C\nJustification: x"), ("fairness", "Answer: (C)"), ("fairness", "Answer: A"),

@@ -4,7 +4,6 @@ Parameter counts are worked out by hand from the shapes (or are the models' publ
 the code under test.
 """
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -13,7 +12,7 @@ import sys
 import pytest
 import torch
 
-from conftest import ROOT
+from conftest import ROOT, load_script as _load
 from grpo.models.modeling import RANDOM_PREFIX, build_tiny_tokenizer, load_policy, random_model_config
 
 TINY = {"model_type": "llama", "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
@@ -25,12 +24,6 @@ TINY_PARAMS = 73_728 + 256 + 131_072 + 64
 TINY_LORA_PARAMS = 2 * 8_192
 
 
-def load_script():
-    spec = importlib.util.spec_from_file_location("gpu_memory", ROOT / "benchmarks" / "gpu_memory.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault("gpu_memory", module)  # dataclasses resolve annotations through sys.modules
-    spec.loader.exec_module(module)
-    return module
 
 
 def shape_dir(tmp_path, **changes):
@@ -107,7 +100,7 @@ def test_unknown_or_too_small_shapes_are_refused(tmp_path):
 
 
 def test_error_percentages_and_missing_numbers():
-    gm = load_script()
+    gm = _load("benchmarks/gpu_memory.py")
     r = {"case": "x", "status": "ok", "peak_allocated_gib": 9.0, "peak_reserved_gib": 9.5, "cuda_context_gib": 0.5,
          "estimate": {"peak_gib": 11.0, "peak_without_slack_gib": 10.5}}
     d = gm.derived(r)

@@ -9,24 +9,18 @@ to run and is only checked for its format. Regenerate the table with `python scr
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import sys
 
 import pytest
 
-from conftest import ROOT
+from conftest import ROOT, load_script as _load
 
 
-def load_script():
-    spec = importlib.util.spec_from_file_location("results_table", ROOT / "scripts" / "results_table.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
-RT = load_script()
+RT = _load("scripts/results_table.py")
 
 
 def fake_run(folder, seed, evals, seconds):

@@ -2,25 +2,19 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 
 import pytest
 import torch
 
-from conftest import ROOT
+from conftest import ROOT, load_script as _load
 
 DATA = ROOT.parent / "shared" / "data"
 
 
-def load_script():
-    spec = importlib.util.spec_from_file_location("signal_probe", ROOT / "benchmarks" / "signal_probe.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
-probe = load_script()
+probe = _load("benchmarks/signal_probe.py")
 
 
 def test_auc_counts_pairs_ranked_right_and_ties_as_half():
