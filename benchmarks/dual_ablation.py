@@ -3,6 +3,7 @@ benchmarks/RESULTS.md's "Dual objective on SmolLM2" section.
 
     python benchmarks/dual_ablation.py --runs DIR [DIR ...]            # finished run folders -> the table
     python benchmarks/dual_ablation.py --runs DIR [DIR ...] --phases   # each measure before SFT, after SFT, after RL
+    python benchmarks/dual_ablation.py --runs DIR [DIR ...] --against preset  # each variant minus preset, seed by seed
                                                                        # (seed mean, min-max); --short: the README's
     python benchmarks/dual_ablation.py --out DIR --seeds 0 1 2 \\
         --variant base= --variant lr3e-4="--train.lr 3e-4"               # runs each variant x seed, then the table
@@ -194,6 +195,41 @@ def mean_figures(fs: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
+PAIRED = (("Δ BBQ acc", "acc"), ("Δ acc_d", "acc_disambig"), ("Δ BA", "ba"))
+"""The --against table's measures: (label, rl_phase key); each cell is a variant's change minus the baseline's."""
+
+
+def paired_differences(runs: list[tuple[str, int, dict[str, Any]]], baseline: str) -> str:
+    """Each variant against `baseline` on the seeds both ran: per seed, the variant's RL-phase change (the table's
+    Δ) minus the baseline's, then the mean over those seeds and their min to max. A seed fixes the data split, the
+    held-out prompts and the SFT warm-up, so one seed's difference is the variant's effect on that start; a range
+    that spans 0 says the seeds disagree on its sign."""
+    base = {seed: f for name, seed, f in runs if name == baseline}
+    if not base:
+        raise SystemExit(f"--against {baseline}: no run of that variant among --runs "
+                         f"(variants: {', '.join(sorted({name for name, _, _ in runs}))})")
+    lines = ["| variant | seeds | " + " | ".join(label for label, _ in PAIRED) + " |", "|---|---|" + "---|" * len(PAIRED)]
+    variants: dict[str, dict[int, dict[str, Any]]] = {}
+    for name, seed, f in runs:
+        if name != baseline and seed in base:
+            variants.setdefault(name, {})[seed] = f
+    for name, by_seed in variants.items():
+        cells = []
+        for _, key in PAIRED:
+            diffs = [d - b for seed, f in sorted(by_seed.items())
+                     if (d := delta(f.get(key))) is not None and (b := delta(base[seed].get(key))) is not None]
+            if not diffs:
+                cells.append("–")
+            elif len(diffs) == 1:
+                cells.append(_num(diffs[0], True))
+            else:
+                cells.append(f"{_num(statistics.fmean(diffs), True)} ({_num(min(diffs), True)} to "
+                             f"{_num(max(diffs), True)})")
+        lines.append(f"| {name} − {baseline} | {', '.join(str(s) for s in sorted(by_seed))} | " + " | ".join(cells)
+                     + " |")
+    return "\n".join(lines)
+
+
 PHASES = ("before_sft", "after_sft", "after_rl")
 PHASE_MEASURES = (
     ("BBQ accuracy (ambiguous + disambiguated)", "bbq", pooled_accuracy),
@@ -289,6 +325,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--common", default="--preset smollm2-dual", help="flags every variant shares")
     ap.add_argument("--phases", action="store_true", help="print each measure before SFT / after SFT / after RL")
     ap.add_argument("--short", action="store_true", help="with --phases: the README's rows only")
+    ap.add_argument("--against", metavar="VARIANT", help="print each variant's RL-phase changes minus VARIANT's, "
+                                                         "seed by seed (paired on the seeds both ran)")
     ap.add_argument("--keep", type=Path, help="copy each run's records (config, measures, report, metrics, curves, "
                                               "greedy answers) to KEEP/<run>")
     args = ap.parse_args(argv)
@@ -301,7 +339,12 @@ def main(argv: list[str] | None = None) -> None:
         ap.error("give --runs DIR ..., or --out DIR with at least one --variant")
     if args.keep:
         dirs = [keep(d, args.keep) for d in dirs]
-    print(phase_table(dirs, args.short) if args.phases else table([read_run(d) for d in dirs]))
+    if args.phases:
+        print(phase_table(dirs, args.short))
+    elif args.against:
+        print(paired_differences([read_run(d) for d in dirs], args.against))
+    else:
+        print(table([read_run(d) for d in dirs]))
 
 
 if __name__ == "__main__":

@@ -156,3 +156,22 @@ def test_top_answer_share_reads_the_greedy_answers_of_one_task(tmp_path):
     assert m.top_answer_share(run, "after_sft") == 0.5
     row = next(line for line in m.phase_table([run]).splitlines() if line.startswith("| BBQ answers on"))
     assert row == "| BBQ answers on the most common letter | 0.250 | 0.500 | 0.750 |"
+
+
+def test_against_pairs_each_variant_with_the_baseline_seed_by_seed(tmp_path):
+    m = _load("benchmarks/dual_ablation.py")
+    # after SFT every run is at pooled 0.35, acc_d 0.4, BA 0.5 (_write_run)
+    # base: seed 0 after RL acc_a 0.2 (Δ acc 0), seed 1 acc_a 0.6 (pooled 0.45, Δ +0.10); BA 0.5, 0.6
+    # k16:  seed 0 acc_a 0.6 (Δ +0.10), seed 1 acc_a 0.2 (Δ 0), seed 2 (no baseline: left out); BA 0.7, 0.5
+    runs = [m.read_run(_write_run(tmp_path / f"base-s{i}", _bbq(0.2 + 0.4 * i, 0.4, -0.3), ba_rl=0.5 + 0.1 * i,
+                                  seed=i)) for i in range(2)]
+    runs += [m.read_run(_write_run(tmp_path / f"k16-s{i}", _bbq(0.6 - 0.4 * min(i, 1), 0.4, -0.3),
+                                   ba_rl=(0.7, 0.5, 0.9)[i], seed=i)) for i in range(3)]
+    out = m.paired_differences(runs, "base").splitlines()
+    assert out[0] == "| variant | seeds | Δ BBQ acc | Δ acc_d | Δ BA |"
+    # Δ acc: seed 0 +0.10 - 0 = +0.10, seed 1 0 - 0.10 = -0.10: mean 0; acc_d unchanged; Δ BA: +0.2 - 0, 0 - 0.1
+    assert out[2] == "| k16 − base | 0, 1 | +0.000 (-0.100 to +0.100) | +0.000 (+0.000 to +0.000) " \
+                     "| +0.050 (-0.100 to +0.200) |"
+    assert len(out) == 3
+    with pytest.raises(SystemExit, match="no run of that variant.*base, k16"):
+        m.paired_differences(runs, "preset")
