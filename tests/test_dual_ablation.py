@@ -134,6 +134,11 @@ def test_the_docs_tables_are_the_scripts_output_on_the_kept_runs():
     assert m.phase_table(seeds) in results
     assert m.table([m.read_run(d) for d in seeds]) in results
     assert m.table([m.read_run(d) for d in screens + seeds]) in (ROOT / "benchmarks" / "RESULTS.md").read_text()
+    one_flag = [ROOT / "benchmarks" / "results" / "dual_ablation" / name for name in (
+        *(f"{v}-s0" for v in ("cispo", "gspo", "k16", "nodyn", "t07", "mu2", "cispo-mu2", "sapo-mu2", "luspo", "topent")),
+        "keepkl-s1")]
+    assert m.paired_differences([m.read_run(d) for d in one_flag + seeds], "preset") in \
+        (ROOT / "benchmarks" / "RESULTS.md").read_text()
 
 
 def test_top_answer_share_reads_the_greedy_answers_of_one_task(tmp_path):
