@@ -4,6 +4,7 @@ benchmarks/RESULTS.md's "Dual objective on SmolLM2" section.
     python benchmarks/dual_ablation.py --runs DIR [DIR ...]            # finished run folders -> the table
     python benchmarks/dual_ablation.py --runs DIR [DIR ...] --phases   # each measure before SFT, after SFT, after RL
     python benchmarks/dual_ablation.py --runs DIR [DIR ...] --against preset  # each variant minus preset, seed by seed
+    python benchmarks/dual_ablation.py --runs DIR [DIR ...] --letters  # what always answering one letter scores
                                                                        # (seed mean, min-max); --short: the README's
     python benchmarks/dual_ablation.py --out DIR --seeds 0 1 2 \\
         --variant base= --variant lr3e-4="--train.lr 3e-4"               # runs each variant x seed, then the table
@@ -230,6 +231,48 @@ def paired_differences(runs: list[tuple[str, int, dict[str, Any]]], baseline: st
     return "\n".join(lines)
 
 
+def gold_letters(run_dir: Path) -> dict[str, int]:
+    """How many of the run's held-out BBQ rows (evals/after_rl.jsonl, task fairness) have their right option at
+    each letter: the row's label in the BBQ file (config data.data_dir / bbq / <category>.jsonl), moved to where
+    `option_order(seed, id, 0)` shows it when data.shuffle_options is on (evaluations show epoch 0's order). A model
+    that answers one letter whatever the options scores that letter's count over the rows."""
+    if str(ROOT) not in sys.path:
+        sys.path.insert(0, str(ROOT))
+    from grpo.data.bbq import LETTERS, option_order
+
+    config = json.loads((run_dir / "config.json").read_text())
+    data_dir = Path(config["data"]["data_dir"])
+    data_dir = data_dir if data_dir.is_absolute() else ROOT / data_dir
+    ids = [r["id"] for line in (run_dir / "evals" / "after_rl.jsonl").read_text().splitlines()
+           if line.strip() and (r := json.loads(line))["task"] == "fairness"]
+    labels: dict[str, int] = {}
+    for category in sorted({i.split("/")[1] for i in ids}):
+        path = data_dir / "bbq" / f"{category}.jsonl"
+        if not path.exists():
+            raise SystemExit(f"{run_dir}: its held-out BBQ rows come from {path}, which is missing")
+        for line in path.read_text().splitlines():
+            if line.strip():
+                row = json.loads(line)
+                labels[f"bbq/{category}/{row['example_id']}"] = int(row["label"])
+    counts = {letter.lower(): 0 for letter in LETTERS[:3]}
+    for i in ids:
+        position = (option_order(config["train"]["seed"], i, 0).index(labels[i]) if config["data"]["shuffle_options"]
+                    else labels[i])
+        counts[LETTERS[position].lower()] += 1
+    return counts
+
+
+def letter_table(run_dirs: list[Path]) -> str:
+    """Per run: its held-out BBQ rows and the accuracy of answering each letter on all of them (`gold_letters`)."""
+    lines = ["| run | seed | BBQ rows | always A | always B | always C |", "|---|---|---|---|---|---|"]
+    for run_dir in run_dirs:
+        counts = gold_letters(run_dir)
+        n = sum(counts.values())
+        seed = json.loads((run_dir / "config.json").read_text())["train"]["seed"]
+        lines.append(f"| {run_dir.name} | {seed} | {n} | " + " | ".join(f"{c / n:.3f}" for c in counts.values()) + " |")
+    return "\n".join(lines)
+
+
 PHASES = ("before_sft", "after_sft", "after_rl")
 PHASE_MEASURES = (
     ("BBQ accuracy (ambiguous + disambiguated)", "bbq", pooled_accuracy),
@@ -325,6 +368,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--common", default="--preset smollm2-dual", help="flags every variant shares")
     ap.add_argument("--phases", action="store_true", help="print each measure before SFT / after SFT / after RL")
     ap.add_argument("--short", action="store_true", help="with --phases: the README's rows only")
+    ap.add_argument("--letters", action="store_true", help="print what answering one letter to every held-out BBQ "
+                                                             "row scores, per run (needs the run's BBQ files)")
     ap.add_argument("--against", metavar="VARIANT", help="print each variant's RL-phase changes minus VARIANT's, "
                                                          "seed by seed (paired on the seeds both ran)")
     ap.add_argument("--keep", type=Path, help="copy each run's records (config, measures, report, metrics, curves, "
@@ -341,6 +386,8 @@ def main(argv: list[str] | None = None) -> None:
         dirs = [keep(d, args.keep) for d in dirs]
     if args.phases:
         print(phase_table(dirs, args.short))
+    elif args.letters:
+        print(letter_table(dirs))
     elif args.against:
         print(paired_differences([read_run(d) for d in dirs], args.against))
     else:

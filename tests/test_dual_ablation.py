@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from conftest import ROOT, load_script as _load
+from conftest import ROOT, SHARED_DATA, load_script as _load
 
 
 
@@ -180,3 +180,44 @@ def test_against_pairs_each_variant_with_the_baseline_seed_by_seed(tmp_path):
     assert len(out) == 3
     with pytest.raises(SystemExit, match="no run of that variant.*base, k16"):
         m.paired_differences(runs, "preset")
+
+
+def _letters_run(tmp_path, shuffle, labels=(0, 2, 2, 1)):
+    bbq = tmp_path / "data" / "bbq"
+    bbq.mkdir(parents=True)
+    (bbq / "Age.jsonl").write_text("\n".join(json.dumps({"example_id": i, "label": label})
+                                             for i, label in enumerate(labels)))
+    run = tmp_path / "run-s3"
+    (run / "evals").mkdir(parents=True)
+    (run / "config.json").write_text(json.dumps({"train": {"seed": 3},
+                                                 "data": {"data_dir": str(tmp_path / "data"), "shuffle_options": shuffle}}))
+    rows = [{"task": "fairness", "id": f"bbq/Age/{i}"} for i in range(len(labels))]
+    rows.append({"task": "hallucination", "id": "halueval/general/0"})
+    (run / "evals" / "after_rl.jsonl").write_text("\n".join(json.dumps(r) for r in rows))
+    return run
+
+
+def test_gold_letters_count_where_each_held_out_row_shows_its_right_option(tmp_path):
+    m = _load("benchmarks/dual_ablation.py")
+    from grpo.data.bbq import option_order, permuted_row
+
+    # file order: labels 0, 2, 2, 1 are letters A, C, C, B
+    run = _letters_run(tmp_path / "plain", shuffle=False)
+    assert m.gold_letters(run) == {"a": 1, "b": 1, "c": 2}
+    assert m.letter_table([run]).splitlines()[2] == "| run-s3 | 3 | 4 | 0.250 | 0.250 | 0.500 |"
+    # shuffled: each row's label moves where its seeded order (seed 3, epoch 0) shows it
+    run = _letters_run(tmp_path / "shuffled", shuffle=True)
+    moved = ["abc"[permuted_row({"answer_info": {f"ans{j}": [] for j in range(3)}, "label": label,
+                                 **{f"ans{j}": str(j) for j in range(3)}},
+                                option_order(3, f"bbq/Age/{i}", 0))["label"]] for i, label in enumerate((0, 2, 2, 1))]
+    assert m.gold_letters(run) == {letter: moved.count(letter) for letter in "abc"}
+    (tmp_path / "shuffled" / "data" / "bbq" / "Age.jsonl").unlink()
+    with pytest.raises(SystemExit, match="Age.jsonl, which is missing"):
+        m.gold_letters(run)
+
+
+@pytest.mark.skipif(not (SHARED_DATA / "bbq").is_dir(), reason=f"shared BBQ data not found at {SHARED_DATA}")
+def test_the_letter_table_in_the_docs_is_the_scripts_output():
+    m = _load("benchmarks/dual_ablation.py")
+    seeds = sorted((ROOT / "docs" / "runs" / "smollm2-dual").iterdir())
+    assert m.letter_table(seeds) in (ROOT / "benchmarks" / "RESULTS.md").read_text()
