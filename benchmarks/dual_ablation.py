@@ -3,9 +3,9 @@ benchmarks/RESULTS.md's "Dual objective on SmolLM2" section.
 
     python benchmarks/dual_ablation.py --runs DIR [DIR ...]            # finished run folders -> the table
     python benchmarks/dual_ablation.py --runs DIR [DIR ...] --phases   # each measure before SFT, after SFT, after RL
+                                                                       # (seed mean, min-max); --short: the README's
     python benchmarks/dual_ablation.py --runs DIR [DIR ...] --against preset  # each variant minus preset, seed by seed
     python benchmarks/dual_ablation.py --runs DIR [DIR ...] --letters  # what always answering one letter scores
-                                                                       # (seed mean, min-max); --short: the README's
     python benchmarks/dual_ablation.py --out DIR --seeds 0 1 2 \\
         --variant base= --variant lr3e-4="--train.lr 3e-4"               # runs each variant x seed, then the table
         [--common "--preset smollm2-dual ..."]                           # flags every variant shares
@@ -254,7 +254,7 @@ def gold_letters(run_dir: Path) -> dict[str, int]:
             if line.strip():
                 row = json.loads(line)
                 labels[f"bbq/{category}/{row['example_id']}"] = int(row["label"])
-    counts = {letter.lower(): 0 for letter in LETTERS[:3]}
+    counts = {letter.lower(): 0 for letter in LETTERS}
     for i in ids:
         position = (option_order(config["train"]["seed"], i, 0).index(labels[i]) if config["data"]["shuffle_options"]
                     else labels[i])
