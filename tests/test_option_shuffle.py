@@ -10,7 +10,8 @@ import pytest
 
 from grpo.core.rewards import LETTERS, bbq_rule
 from grpo.data.batching import TaskBalancedSampler
-from grpo.data.bbq import for_epoch, load_bbq, option_order, permuted_row
+from grpo.data.bbq import (balanced_heldout, balanced_positions, for_epoch, load_bbq, option_order,
+                           order_with_gold_at, permuted_row)
 
 BBQ_DIR = Path(__file__).resolve().parents[1] / ".." / "shared" / "data" / "bbq"
 needs_bbq = pytest.mark.skipif(not BBQ_DIR.is_dir(), reason="shared BBQ data absent")
@@ -111,3 +112,63 @@ def test_data_shuffle_options_reaches_the_builtin_bbq_source():
     assert [s.id for s in on] == [s.id for s in off]
     assert all(("shuffled" in s.meta) == s.id.startswith("bbq/") for s in on)
     assert [s.gold for s in on if not s.id.startswith("bbq/")] == [s.gold for s in off if not s.id.startswith("bbq/")]
+
+
+def test_balanced_positions_hold_each_letter_equally_often_within_each_condition():
+    conditions = ["ambig"] * 7 + ["disambig"] * 6 + ["ambig"] * 3  # 10 ambiguous rows, 6 disambiguated
+    positions = balanced_positions(conditions, seed=4)
+    ambig = Counter(p for p, c in zip(positions, conditions) if c == "ambig")
+    disambig = Counter(p for p, c in zip(positions, conditions) if c == "disambig")
+    assert disambig == {0: 2, 1: 2, 2: 2}
+    assert sorted(ambig.values()) == [3, 3, 4] and set(ambig) == {0, 1, 2}  # 10 = 3 + 3 + 4
+    assert positions == balanced_positions(conditions, seed=4)
+    assert any(balanced_positions(conditions, seed=s) != positions for s in range(5, 9))
+    assert balanced_positions([], seed=0) == []
+
+
+def test_order_with_gold_at_moves_the_gold_and_keeps_the_others_in_order():
+    assert order_with_gold_at((2, 0, 1), label=0, position=0) == (0, 2, 1)
+    assert order_with_gold_at((2, 0, 1), label=0, position=2) == (2, 1, 0)
+    assert order_with_gold_at((2, 0, 1), label=0, position=1) == (2, 0, 1)  # already there: unchanged
+    row = permuted_row(ROW, order_with_gold_at((2, 0, 1), label=ROW["label"], position=0))
+    assert row["label"] == 0 and row["ans0"] == ROW["ans1"]
+
+
+@needs_bbq
+def test_the_evaluated_rows_make_every_one_letter_answer_score_a_third_in_each_condition():
+    # the preset's BBQ rows: 6 categories x 60, seed 0; one letter to every row of 64 random orders scored 0.19-0.44
+    samples = load_bbq(BBQ_DIR, n_per_category=60, seed=0, shuffle_options=True).samples
+    held = samples[::5][:64]
+    shown = balanced_heldout(held)
+    assert [s.id for s in shown] == [s.id for s in held]
+    before = Counter(s.gold["label_letter"] for s in held)
+    assert max(before.values()) - min(before.values()) > 3  # independent orders: the letters are uneven
+    for condition in ("ambig", "disambig"):
+        rows = [s for s in shown if s.gold["context_condition"] == condition]
+        counts = Counter(s.gold["label_letter"] for s in rows)
+        assert set(counts) == set(LETTERS) and max(counts.values()) - min(counts.values()) <= 1, (condition, counts)
+    for a, b in zip(held, shown):  # the same question and options; the gold text and the SFT target follow
+        assert sorted(a.gold["answers"]) == sorted(b.gold["answers"])
+        assert b.gold["answers"][b.gold["label"]] == a.gold["answers"][a.gold["label"]]
+        assert f"{b.gold['label_letter']}) {b.gold['answers'][b.gold['label']]}\n" in b.messages[-1]["content"]
+        assert b.target.startswith(f"Answer: {b.gold['label_letter']}\n") and bbq_rule(b.target, b.gold) == 1.0
+        assert b.gold["answers"][LETTERS.index(b.gold["unknown_letter"])] == \
+            a.gold["answers"][LETTERS.index(a.gold["unknown_letter"])]
+    assert balanced_heldout(shown) == shown  # a second pass shows the same
+    plain = load_bbq(BBQ_DIR, categories=["Age"], n_per_category=8, seed=0).samples
+    assert balanced_heldout(plain) == plain  # the file's order (shuffle_options off) is left alone
+
+
+@needs_bbq
+def test_a_run_evaluates_the_balanced_rows():
+    from grpo.config.command_line import parse_trainer_argv
+    from grpo.run.setup_parts import load_samples, split_by_task
+
+    cfg = parse_trainer_argv(["--preset", "smollm2-dual", "--data.data_dir", str(BBQ_DIR.parent)], "t", "t")[0]
+    rows = load_samples(cfg.data, cfg.train.seed)
+    _, heldout = split_by_task(rows.train, rows.heldout, cfg.data)
+    bbq = heldout["fairness"]
+    assert len(bbq) == cfg.data.eval_size
+    for condition in ("ambig", "disambig"):
+        counts = Counter(s.gold["label_letter"] for s in bbq if s.gold["context_condition"] == condition)
+        assert max(counts.values()) - min(counts.values()) <= 1, (condition, counts)

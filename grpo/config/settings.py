@@ -157,7 +157,8 @@ class DataConfig:
     """Rows per BBQ category, stratified over context_condition x question_polarity."""
     shuffle_options: bool = False
     """Show each BBQ row's three options in a seeded random order per row and epoch, the gold letter following
-    (grpo/data/bbq.py), so that preferring one letter earns nothing; false = the file's order."""
+    (grpo/data/bbq.py), so that preferring one letter earns nothing; the held-out rows an evaluation shows have their
+    right option at A, B and C equally often within each context condition. false = the file's order."""
     halueval_subsets: list[str] = field(default_factory=lambda: ["qa", "dialogue", "summarization", "general"])
     """HaluEval subsets to load; a missing file is reported and skipped. <subset>_recognition (e.g.
     general_recognition) reads the same file as a gold-labelled task: is the shown reply hallucinated? (Yes / No)."""

@@ -6,13 +6,17 @@ the string f"{seed}:{category}:{cell}", which is deterministic on every machine 
 Option shuffling (load_bbq(shuffle_options=True), data.shuffle_options): the three options of a row are shown in
 the order `option_order(seed, sample id, epoch)` (a permutation drawn by random.Random(f"{seed}:{id}:{epoch}")),
 the gold, unknown and target letters and the SFT target following it, so a letter prior earns nothing. Loading
-gives epoch 0 (SFT and every evaluation see that order); the RL sampler asks `for_epoch` for each later epoch's.
+gives epoch 0 (SFT sees that order); the RL sampler asks `for_epoch` for each later epoch's. The rows a run evaluates
+are shown once more by `balanced_heldout`: within each context condition the right option stands at A, B and C
+equally often (± 1 row), so that answering one letter to every row scores a third, not the 0.19 or 0.44 that 64
+rows of independent random orders can give it.
 """
 
 from __future__ import annotations
 
 import random
 import re
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -88,6 +92,32 @@ def option_order(seed: int, row_id: str, epoch: int) -> tuple[int, ...]:
     return tuple(order)
 
 
+def balanced_positions(conditions: Sequence[str], seed: int) -> list[int]:
+    """Where (0-2) the right option stands in each of the rows, given each row's context condition: within each
+    condition the positions are 0, 1, 2 repeated (the n mod 3 left over distinct, drawn at random), in an order shuffled
+    by random.Random(f"{seed}:balanced:{condition}"); so each position holds n // 3 or n // 3 + 1 of a condition's n
+    rows."""
+    where: dict[str, list[int]] = {}
+    for i, condition in enumerate(conditions):
+        where.setdefault(condition, []).append(i)
+    positions = [0] * len(conditions)
+    for condition, rows in where.items():
+        rng = random.Random(f"{seed}:balanced:{condition}")
+        cycle = [0, 1, 2] * (len(rows) // 3) + rng.sample([0, 1, 2], len(rows) % 3)
+        rng.shuffle(cycle)
+        for i, position in zip(rows, cycle):
+            positions[i] = position
+    return positions
+
+
+def order_with_gold_at(order: tuple[int, ...], label: int, position: int) -> tuple[int, ...]:
+    """`order` (original option index at each position) changed so that option `label` stands at `position`, the two
+    others keeping their relative order."""
+    others = [j for j in order if j != label]
+    others.insert(position, label)
+    return tuple(others)
+
+
 def permuted_row(row: dict[str, Any], order: tuple[int, ...]) -> dict[str, Any]:
     """The row with its options shown in `order` (ans<i> = the original ans<order[i]>, answer_info alike) and its
     label moved to where the gold option now stands."""
@@ -109,14 +139,15 @@ def _row_id(row: dict[str, Any], source: str) -> tuple[str, str]:
 
 def bbq_sample(
     row: dict[str, Any], *, task: str, source: str, line: int, template: str, system_prompt: str | None,
-    shuffle_seed: int | None = None, epoch: int = 0,
+    shuffle_seed: int | None = None, epoch: int = 0, order: tuple[int, ...] | None = None,
 ) -> Sample:
     """One validated BBQ row (see `_valid_rows`) as a Sample; with `shuffle_seed`, its options in the order
-    `option_order(shuffle_seed, id, epoch)` (the sample then keeps the row to be shown in another epoch's order)."""
+    `option_order(shuffle_seed, id, epoch)`, or in `order` when given (the sample then keeps the row to be shown in
+    another epoch's order)."""
     category, sample_id = _row_id(row, source)
     original = row
     if shuffle_seed is not None:
-        row = permuted_row(row, option_order(shuffle_seed, sample_id, epoch))
+        row = permuted_row(row, order or option_order(shuffle_seed, sample_id, epoch))
     label = int(row["label"])
     unknown = unknown_index(row["answer_info"])
     messages: list[dict[str, str]] = []
@@ -163,6 +194,27 @@ def for_epoch(sample: Sample, epoch: int) -> Sample:
     return bbq_sample(shuffled["row"], task=sample.task, source=sample.meta["source"], line=sample.meta["line"],
                       template=shuffled["template"], system_prompt=shuffled["system_prompt"],
                       shuffle_seed=shuffled["seed"], epoch=epoch)
+
+
+def balanced_heldout(samples: Sequence[Sample]) -> list[Sample]:
+    """The rows a run evaluates, its BBQ rows loaded with shuffled options shown again with the right option at A, B
+    and C equally often within each context condition (`balanced_positions`, seeded by the shuffle seed; the two
+    other options keep their order from `option_order(seed, id, 0)`). Other rows, and BBQ rows in the file's order
+    (data.shuffle_options off), are returned as they are; the order of the list is kept."""
+    shuffled = [i for i, s in enumerate(samples) if s.meta.get("shuffled")]
+    if not shuffled:
+        return list(samples)
+    seed = samples[shuffled[0]].meta["shuffled"]["seed"]
+    positions = balanced_positions([samples[i].gold["context_condition"] for i in shuffled], seed)
+    out = list(samples)
+    for i, position in zip(shuffled, positions):
+        s = samples[i]
+        meta = s.meta["shuffled"]
+        row = meta["row"]
+        order = order_with_gold_at(option_order(meta["seed"], s.id, 0), int(row["label"]), position)
+        out[i] = bbq_sample(row, task=s.task, source=s.meta["source"], line=s.meta["line"], template=meta["template"],
+                            system_prompt=meta["system_prompt"], shuffle_seed=meta["seed"], order=order)
+    return out
 
 
 Row = tuple[int, dict[str, Any]]  # (1-based line, parsed row)

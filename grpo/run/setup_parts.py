@@ -421,12 +421,21 @@ def fit_prompts(train: Mapping[str, list[Sample]], heldout: Mapping[str, list[Sa
                 data: C.DataConfig, rollout: C.RolloutConfig) -> tuple[dict, dict]:
     """Train and held-out rows without the prompts over data.max_prompt_tokens (lowered, with a message, where the
     model's positions cannot hold it plus rollout.max_new_tokens); the held-out rows that fit are then capped at
-    data.eval_size per task (so a long prompt gives its place to the next held-out row, not an empty slot)."""
+    data.eval_size per task (so a long prompt gives its place to the next held-out row, not an empty slot) and shown
+    by `evaluated_rows`."""
     positions = getattr(policy.model.config, "max_position_embeddings", None)
     limit, why = prompt_token_limit(data.max_prompt_tokens, rollout.max_new_tokens, positions)
     kept = drop_long_prompts(heldout, policy.tokenizer, limit, "held-out", why)
     return (drop_long_prompts(train, policy.tokenizer, limit, "training", why),
-            {task: rows[:data.eval_size] for task, rows in kept.items()})
+            {task: evaluated_rows(rows, data) for task, rows in kept.items()})
+
+
+def evaluated_rows(rows: list[Sample], data: C.DataConfig) -> list[Sample]:
+    """A task's held-out rows as every evaluation shows them: the first data.eval_size, BBQ rows with shuffled options
+    re-shown with the right option at each letter equally often (grpo/data/bbq.balanced_heldout)."""
+    from grpo.data.bbq import balanced_heldout
+
+    return balanced_heldout(rows[:data.eval_size])
 
 
 def split_by_task(train_list: list[Sample], held_list: list[Sample], data: C.DataConfig,
@@ -438,6 +447,5 @@ def split_by_task(train_list: list[Sample], held_list: list[Sample], data: C.Dat
     for s in train_list:
         train.setdefault(s.task, []).append(s)
     for s in held_list:
-        if not cap or len(heldout.setdefault(s.task, [])) < data.eval_size:
-            heldout.setdefault(s.task, []).append(s)
-    return train, heldout
+        heldout.setdefault(s.task, []).append(s)
+    return train, ({task: evaluated_rows(rows, data) for task, rows in heldout.items()} if cap else heldout)
