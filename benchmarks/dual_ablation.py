@@ -231,34 +231,37 @@ def paired_differences(runs: list[tuple[str, int, dict[str, Any]]], baseline: st
     return "\n".join(lines)
 
 
-def gold_letters(run_dir: Path) -> dict[str, int]:
-    """How many of the run's held-out BBQ rows (evals/after_rl.jsonl, task fairness) have their right option at
-    each letter: the row's label in the BBQ file (config data.data_dir / bbq / <category>.jsonl), moved to where
-    `option_order(seed, id, 0)` shows it when data.shuffle_options is on (evaluations show epoch 0's order). A model
-    that answers one letter whatever the options scores that letter's count over the rows."""
-    if str(ROOT) not in sys.path:
-        sys.path.insert(0, str(ROOT))
-    from grpo.data.bbq import LETTERS, option_order
+OPTION_LINE = re.compile(r"^([A-C])\) (.*)$", re.MULTILINE)
+"""An option as BBQ's prompt shows it (grpo/data/bbq.BBQ_TEMPLATE): "B) The grandson"."""
 
+
+def gold_letters(run_dir: Path) -> dict[str, int]:
+    """How many of the run's held-out BBQ rows (evals/after_rl.jsonl, task fairness) showed their right option at
+    each letter: the row's label in the BBQ file (config data.data_dir / bbq / <category>.jsonl) names the right
+    option's text, and the recorded prompt shows which letter stood before it (the file's order, a seeded order per
+    row, or the balanced order of grpo/data/bbq.balanced_heldout alike). A model that answers one letter whatever the
+    options scores that letter's count over the rows."""
     config = json.loads((run_dir / "config.json").read_text())
     data_dir = Path(config["data"]["data_dir"])
     data_dir = data_dir if data_dir.is_absolute() else ROOT / data_dir
-    ids = [r["id"] for line in (run_dir / "evals" / "after_rl.jsonl").read_text().splitlines()
-           if line.strip() and (r := json.loads(line))["task"] == "fairness"]
-    labels: dict[str, int] = {}
-    for category in sorted({i.split("/")[1] for i in ids}):
+    shown = {r["id"]: r["prompt"] for line in (run_dir / "evals" / "after_rl.jsonl").read_text().splitlines()
+             if line.strip() and (r := json.loads(line))["task"] == "fairness"}
+    gold: dict[str, str] = {}
+    for category in sorted({i.split("/")[1] for i in shown}):
         path = data_dir / "bbq" / f"{category}.jsonl"
         if not path.exists():
             raise SystemExit(f"{run_dir}: its held-out BBQ rows come from {path}, which is missing")
         for line in path.read_text().splitlines():
             if line.strip():
                 row = json.loads(line)
-                labels[f"bbq/{category}/{row['example_id']}"] = int(row["label"])
-    counts = {letter.lower(): 0 for letter in LETTERS}
-    for i in ids:
-        position = (option_order(config["train"]["seed"], i, 0).index(labels[i]) if config["data"]["shuffle_options"]
-                    else labels[i])
-        counts[LETTERS[position].lower()] += 1
+                gold[f"bbq/{category}/{row['example_id']}"] = str(row[f"ans{row['label']}"])
+    counts = {letter: 0 for letter in "abc"}
+    for i, prompt in shown.items():
+        letters = [letter for letter, text in OPTION_LINE.findall(prompt) if text.strip() == gold[i].strip()]
+        if len(letters) != 1:
+            raise SystemExit(f"{run_dir}: held-out row {i}: its right option {gold[i]!r} is shown {len(letters)} times "
+                             "among the prompt's lettered options (\"A) ...\"), not once")
+        counts[letters[0].lower()] += 1
     return counts
 
 

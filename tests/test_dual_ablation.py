@@ -182,37 +182,43 @@ def test_against_pairs_each_variant_with_the_baseline_seed_by_seed(tmp_path):
         m.paired_differences(runs, "preset")
 
 
-def _letters_run(tmp_path, shuffle, labels=(0, 2, 2, 1)):
+def _letters_run(tmp_path, orders, labels=(0, 2, 2, 1)):
+    """A run whose held-out BBQ rows (options "p<i>-<j>", label `labels[i]` in the file) were shown in `orders[i]`."""
+    from grpo.data.bbq import BBQ_TEMPLATE, permuted_row
+
     bbq = tmp_path / "data" / "bbq"
     bbq.mkdir(parents=True)
-    (bbq / "Age.jsonl").write_text("\n".join(json.dumps({"example_id": i, "label": label})
-                                             for i, label in enumerate(labels)))
+    file_rows = [{"example_id": i, "label": label, "context": "c", "question": "q",
+                  "answer_info": {f"ans{j}": [] for j in range(3)}, **{f"ans{j}": f"p{i}-{j}" for j in range(3)}}
+                 for i, label in enumerate(labels)]
+    (bbq / "Age.jsonl").write_text("\n".join(json.dumps(r) for r in file_rows))
     run = tmp_path / "run-s3"
     (run / "evals").mkdir(parents=True)
-    (run / "config.json").write_text(json.dumps({"train": {"seed": 3},
-                                                 "data": {"data_dir": str(tmp_path / "data"), "shuffle_options": shuffle}}))
-    rows = [{"task": "fairness", "id": f"bbq/Age/{i}"} for i in range(len(labels))]
-    rows.append({"task": "hallucination", "id": "halueval/general/0"})
+    (run / "config.json").write_text(json.dumps({"train": {"seed": 3}, "data": {"data_dir": str(tmp_path / "data")}}))
+    rows = [{"task": "fairness", "id": f"bbq/Age/{i}", "prompt": BBQ_TEMPLATE.format(**permuted_row(r, order))}
+            for i, (r, order) in enumerate(zip(file_rows, orders))]
+    rows.append({"task": "hallucination", "id": "halueval/general/0", "prompt": "A) p0-0"})
     (run / "evals" / "after_rl.jsonl").write_text("\n".join(json.dumps(r) for r in rows))
     return run
 
 
 def test_gold_letters_count_where_each_held_out_row_shows_its_right_option(tmp_path):
     m = _load("benchmarks/dual_ablation.py")
-    from grpo.data.bbq import option_order, permuted_row
 
     # file order: labels 0, 2, 2, 1 are letters A, C, C, B
-    run = _letters_run(tmp_path / "plain", shuffle=False)
+    run = _letters_run(tmp_path / "plain", orders=[(0, 1, 2)] * 4)
     assert m.gold_letters(run) == {"a": 1, "b": 1, "c": 2}
     assert m.letter_table([run]).splitlines()[2] == "| run-s3 | 3 | 4 | 0.250 | 0.250 | 0.500 |"
-    # shuffled: each row's label moves where its seeded order (seed 3, epoch 0) shows it
-    run = _letters_run(tmp_path / "shuffled", shuffle=True)
-    moved = ["abc"[permuted_row({"answer_info": {f"ans{j}": [] for j in range(3)}, "label": label,
-                                 **{f"ans{j}": str(j) for j in range(3)}},
-                                option_order(3, f"bbq/Age/{i}", 0))["label"]] for i, label in enumerate((0, 2, 2, 1))]
-    assert m.gold_letters(run) == {letter: moved.count(letter) for letter in "abc"}
+    # shown in other orders: the gold (original 0, 2, 2, 1) stands at position order.index(label): C, A, B, B
+    run = _letters_run(tmp_path / "shuffled", orders=[(1, 2, 0), (2, 0, 1), (0, 2, 1), (0, 1, 2)])
+    assert m.gold_letters(run) == {"a": 1, "b": 2, "c": 1}
     (tmp_path / "shuffled" / "data" / "bbq" / "Age.jsonl").unlink()
     with pytest.raises(SystemExit, match="Age.jsonl, which is missing"):
+        m.gold_letters(run)
+    run = _letters_run(tmp_path / "other", orders=[(0, 1, 2)] * 4, labels=(0, 1, 2, 0))  # a prompt not showing it
+    rows = (run / "evals" / "after_rl.jsonl").read_text().replace("p3-0", "changed")
+    (run / "evals" / "after_rl.jsonl").write_text(rows)
+    with pytest.raises(SystemExit, match="bbq/Age/3: its right option 'p3-0' is shown 0 times"):
         m.gold_letters(run)
 
 
