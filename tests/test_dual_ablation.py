@@ -127,17 +127,20 @@ def test_the_docs_tables_are_the_scripts_output_on_the_kept_runs():
     """README, docs/RESULTS.md and benchmarks/RESULTS.md quote the tables the commands they name print."""
     m = _load("benchmarks/dual_ablation.py")
     seeds = sorted((ROOT / "docs" / "runs" / "smollm2-dual").iterdir())
-    screens = sorted((ROOT / "benchmarks" / "results" / "dual_ablation").iterdir())
+    kept = ROOT / "benchmarks" / "results" / "dual_ablation"
+    screens = sorted(kept.iterdir())  # with the preset's seeds of before the balanced held-out rows: their baseline
     assert [d.name for d in seeds] == ["preset-s0", "preset-s1", "preset-s2"]
     readme, results = (ROOT / "README.md").read_text(), (ROOT / "docs" / "RESULTS.md").read_text()
     assert m.phase_table(seeds, short=True) in readme
     assert m.phase_table(seeds) in results
     assert m.table([m.read_run(d) for d in seeds]) in results
-    assert m.table([m.read_run(d) for d in screens + seeds]) in (ROOT / "benchmarks" / "RESULTS.md").read_text()
-    one_flag = [ROOT / "benchmarks" / "results" / "dual_ablation" / name for name in (
+    assert m.table([m.read_run(d) for d in screens]) in (ROOT / "benchmarks" / "RESULTS.md").read_text()
+    one_flag = [kept / name for name in (
         *(f"{v}-s0" for v in ("cispo", "gspo", "k16", "nodyn", "t07", "mu2", "cispo-mu2", "sapo-mu2", "luspo", "topent")),
         "keepkl-s1")]
-    assert m.paired_differences([m.read_run(d) for d in one_flag + seeds], "preset") in \
+    old_seeds = sorted(kept.glob("preset-s*"))
+    assert [d.name for d in old_seeds] == ["preset-s0", "preset-s1", "preset-s2"]
+    assert m.paired_differences([m.read_run(d) for d in one_flag + old_seeds], "preset") in \
         (ROOT / "benchmarks" / "RESULTS.md").read_text()
 
 
@@ -225,5 +228,9 @@ def test_gold_letters_count_where_each_held_out_row_shows_its_right_option(tmp_p
 @pytest.mark.skipif(not (SHARED_DATA / "bbq").is_dir(), reason=f"shared BBQ data not found at {SHARED_DATA}")
 def test_the_letter_table_in_the_docs_is_the_scripts_output():
     m = _load("benchmarks/dual_ablation.py")
-    seeds = sorted((ROOT / "docs" / "runs" / "smollm2-dual").iterdir())
-    assert m.letter_table(seeds) in (ROOT / "benchmarks" / "RESULTS.md").read_text()
+    before = sorted((ROOT / "benchmarks" / "results" / "dual_ablation").glob("preset-s*"))  # independent orders
+    assert m.letter_table(before) in (ROOT / "benchmarks" / "RESULTS.md").read_text()
+    balanced = m.letter_table(sorted((ROOT / "docs" / "runs" / "smollm2-dual").iterdir()))
+    assert balanced in (ROOT / "docs" / "RESULTS.md").read_text()
+    for line in balanced.splitlines()[2:]:  # 64 rows, each condition ± 1 at a letter: 20 to 23 of them
+        assert all(20 <= round(float(x) * 64) <= 23 for x in line.strip("| ").split(" | ")[3:]), line
