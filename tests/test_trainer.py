@@ -338,3 +338,42 @@ def test_dropout_is_detected_where_train_mode_differs():
     lora = load_policy(TINY_NAME, tiny_corpus=["a b c"] * 5, lora=True, lora_r=4, lora_dropout=0.05,
                        lora_target_modules=["q_proj"], tiny_sizes=sizes)
     assert has_dropout(lora.model)
+
+
+def test_kl_k1_is_logged_beside_k3_and_tells_one_tail_token_from_drift():
+    """`kl/<task>` is k3's mean, `kl_k1/<task>` the mean log-ratio. One sampled token with π = π_ref / 1000 among
+    four: k3 = 1000 − ln 1000 − 1 = 992.09 on it, 248.02 per token; k1 = −ln 1000 / 4 = −1.727. A task drifted by
+    +0.05 nats on every token: k1 = 0.05, k3 = e^−0.05 + 0.05 − 1 = 0.00123."""
+    from grpo.core.losses import kl_penalty
+    from grpo.phases.update import _StepStats
+    ln1000 = math.log(1000.0)
+    logps_BT = torch.tensor([[-1.0 - ln1000, -1.0, -1.0, -1.0], [-2.0, -2.0, -2.0, -2.0]])
+    ref_BT = torch.tensor([[-1.0, -1.0, -1.0, -1.0], [-2.05, -2.05, -2.05, -2.05]])
+    mask_BT = torch.ones(2, 4)
+    parts = {"pg_BT": torch.zeros(2, 4), "kl_BT": kl_penalty(logps_BT, ref_BT, "k3"),
+             "kl_k1_BT": kl_penalty(logps_BT, ref_BT, "k1"), "entropy_BT": torch.zeros(2, 4), "logps_BT": logps_BT,
+             "mask_BT": mask_BT}
+    stats = _StepStats(2, torch.device("cpu"))
+    stats.add(torch.tensor(0.0), parts, torch.tensor([0, 1]))
+    out = stats.finish(["tail", "drift"])
+    assert out["kl/tail"] == pytest.approx((1000.0 - ln1000 - 1.0) / 4, rel=1e-5)  # 248.02
+    assert out["kl_k1/tail"] == pytest.approx(-ln1000 / 4, rel=1e-5)  # -1.727
+    assert out["kl_k1/drift"] == pytest.approx(0.05, abs=1e-6)
+    assert out["kl/drift"] == pytest.approx(math.exp(-0.05) + 0.05 - 1.0, rel=1e-4)  # 0.00123
+
+
+def test_a_training_step_logs_kl_k1_for_every_task(tmp_path):
+    """Through `train_step`: reference log-probs 0.05 nats below the policy's on every completion token give
+    kl_k1 = 0.05 and kl (k3) = e^−0.05 + 0.05 − 1 for each task (the first pass is on-policy)."""
+    run = G.setup(fast_config(tmp_path))
+    batch = _fixed_batch(run)
+    model = copy.deepcopy(run.policy.model)
+    params = [p for p in model.parameters() if p.requires_grad]
+    out = train_step(Learner(model, torch.optim.SGD(params, lr=0.0), params), batch, torch.tensor([0.1, 0.3]),
+                     C.LossConfig(), run.tasks, StepSettings(micro_batch_seqs=8, temperature=1.0, max_grad_norm=1e9,
+                                                             skip_grad_norm=1e9, agg_constant=6.0))
+    logged = [t for t in run.tasks if f"kl/{t}" in out]
+    assert logged and all(f"kl_k1/{t}" in out for t in logged)
+    for t in logged:
+        assert out[f"kl_k1/{t}"] == pytest.approx(0.05, abs=1e-4)
+        assert out[f"kl/{t}"] == pytest.approx(math.exp(-0.05) + 0.05 - 1.0, rel=2e-2)

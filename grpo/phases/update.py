@@ -30,6 +30,10 @@ from grpo.models.logprobs import completion_logprobs
 from grpo.phases.batch import batch_entropies
 
 KL_METRIC_ESTIMATOR = "k3"  # reported KL: k3 is unbiased for KL(π‖π_ref) and never negative
+KL_TAIL_ESTIMATOR = "k1"
+"""Logged beside `kl/<task>` as `kl_k1/<task>`: k1 (the mean log-ratio) is unbiased too, and a rare sampled token
+with π ≪ π_ref moves it by log(π/π_ref), not by π_ref/π as it moves k3: a k3 spike with a quiet k1 is one tail token,
+both rising together is drift."""
 PER_PASS_PREFIXES = ("loss/clip_frac", "loss/ratio", "loss/approx_kl_old", "loss/dual_clip_frac",
                      "loss/cispo_clip_frac", "loss/vespo_phi_mean")
 """Off-policy metrics: at μ > 1 they are aggregated over ALL passes (the first pass is on-policy, ratio = 1)."""
@@ -72,14 +76,16 @@ def micro_batch_terms(model: torch.nn.Module, mb: TrainBatch, betas_N: torch.Ten
         pg_BT = pg_BT * mb.entropy_mask_BT.to(pg_BT.dtype)
     reg_BT = torch.zeros_like(pg_BT)
     kl_value_BT = torch.zeros_like(logps_BT)
+    kl_k1_BT = torch.zeros_like(logps_BT)
     if mb.ref_logps_BT is not None:
         kl_BT = kl_penalty(logps_BT, mb.ref_logps_BT, loss.kl_estimator)
         reg_BT = reg_BT + betas_B.to(kl_BT.dtype)[:, None] * kl_BT
         kl_value_BT = kl_penalty(logps_BT.detach(), mb.ref_logps_BT, KL_METRIC_ESTIMATOR)
+        kl_k1_BT = kl_penalty(logps_BT.detach(), mb.ref_logps_BT, KL_TAIL_ESTIMATOR)
     coef = loss.entropy_coef if entropy_coef is None else entropy_coef
     if coef > 0:
         reg_BT = reg_BT - coef * entropy_BT
-    parts = {"pg_BT": pg_BT.detach(), "kl_BT": kl_value_BT, "entropy_BT": entropy_BT.detach(),
+    parts = {"pg_BT": pg_BT.detach(), "kl_BT": kl_value_BT, "kl_k1_BT": kl_k1_BT, "entropy_BT": entropy_BT.detach(),
              "logps_BT": logps_BT.detach(),
              "mask_BT": mask_BT.detach(), **{k: torch.as_tensor(v).detach() for k, v in pg_metrics.items()}}
     return pg_BT, reg_BT, mask_BT, parts
@@ -96,6 +102,7 @@ class _StepStats:
 
     def __init__(self, n_tasks: int, device: torch.device):
         self.kl = torch.zeros(n_tasks, device=device)
+        self.kl_k1 = torch.zeros(n_tasks, device=device)
         self.entropy = torch.zeros(n_tasks, device=device)
         self.tokens = torch.zeros(n_tasks, device=device)
         self.pg = torch.zeros((), device=device)
@@ -109,6 +116,7 @@ class _StepStats:
         mask = parts["mask_BT"]
         onehot_BN = torch.nn.functional.one_hot(task_ids_B, self.kl.numel()).to(mask.dtype)
         self.kl += onehot_BN.T @ (parts["kl_BT"] * mask).sum(1)
+        self.kl_k1 += onehot_BN.T @ (parts["kl_k1_BT"] * mask).sum(1)
         self.entropy += onehot_BN.T @ (parts["entropy_BT"] * mask).sum(1)
         self.tokens += onehot_BN.T @ mask.sum(1)
         self.pg += (parts["pg_BT"] * mask).sum()
@@ -121,23 +129,25 @@ class _StepStats:
     def finish(self, tasks: Sequence[str], dist: Any = None, overall: bool = False) -> dict[str, float]:
         """Per-task means over the step; with `dist` the sums (and max / min) are taken over every rank first."""
         if dist is not None and dist.active:
-            sums = dist.sum(torch.cat([self.kl, self.entropy, self.tokens, self.pg[None], self.loss[None]]))
+            sums = dist.sum(torch.cat([self.kl, self.entropy, self.tokens, self.kl_k1, self.pg[None],
+                                       self.loss[None]]))
             n = self.kl.numel()
             self.kl, self.entropy, self.tokens = sums[:n], sums[n:2 * n], sums[2 * n:3 * n]
-            self.pg, self.loss = sums[3 * n], sums[3 * n + 1]
+            self.kl_k1, self.pg, self.loss = sums[3 * n:4 * n], sums[4 * n], sums[4 * n + 1]
             for k, vs in self.scalars.items():
                 op = "max" if k.endswith("_max") else "min" if k.endswith("_min") else "sum"
                 value = torch.stack(vs).max() if op == "max" else torch.stack(vs).min() if op == "min" \
                     else torch.stack(vs).mean() / dist.world
                 self.scalars[k] = [dist.reduce(value.reshape(1).clone(), op)[0]]
         tok = self.tokens.clamp(min=1)
-        kl, ent = (self.kl / tok).tolist(), (self.entropy / tok).tolist()
+        kl, kl_k1, ent = (self.kl / tok).tolist(), (self.kl_k1 / tok).tolist(), (self.entropy / tok).tolist()
         out = {"loss/total": self.loss.item(), "loss/policy_token_mean": (self.pg / tok.sum()).item()}
         if overall:  # the token-weighted mean entropy over every task (what adaptive entropy control measures)
             out["entropy/all"] = (self.entropy.sum() / tok.sum()).item()
         for i, t in enumerate(tasks):
             if self.tokens[i] > 0:
                 out[f"kl/{t}"] = kl[i]
+                out[f"kl_k1/{t}"] = kl_k1[i]
                 out[f"entropy/{t}"] = ent[i]
         for k, vs in self.scalars.items():
             stacked = torch.stack(vs)
