@@ -80,7 +80,7 @@ CLAIMS = [
     ("docs/RESULTS.md", "the first {300} rows of each label), prompts over {256} tokens left out",
      [lambda: DUAL().data.halueval_per_subset // 2, lambda: DUAL().data.max_prompt_tokens]),
     ("docs/RESULTS.md", "LoRA r {16}, {30} SFT steps on {48} demonstrations (BBQ's three letters and the two verdicts in "
-                        "turn, references cut to {16} tokens), then {30} RL steps of {8} prompts × K {8} at temperature "
+                        "turn, references cut to {16} tokens), then {30} RL steps of {4} prompts × K {16} at temperature "
                         "{1.0}, {replies stopped at their first line} (at most {8} new tokens), {dynamic sampling}, lr "
                         "{0.0001}, β {0.04}; pass@{4} before RL. Greedy held-out answers on {64} prompts per task",
      [lambda: DUAL().model.lora_r, lambda: DUAL().sft.steps, lambda: DUAL().sft.max_examples,

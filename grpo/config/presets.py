@@ -42,16 +42,17 @@ PRESETS: dict[str, dict[str, Any]] = {
     # LoRA on BBQ (options shuffled per row and epoch, so a letter prior earns nothing) and HaluEval general as
     # hallucination recognition (does ChatGPT's reply hallucinate? balanced "yes" / "no" rows; balanced accuracy).
     # Replies stop at their first line ("Answer: B" / "Answer: No": what the graders read) and prompts longer than 256
-    # tokens are left out (recognition prompts run to 500; every token of the prompt is a step's cost), which keeps
-    # a run under 30 min on 2 cores (21.5-24 min on seeds 0-2). What it shows (docs/RESULTS.md, benchmarks/RESULTS.md):
-    # the warm-up teaches the reply format; RL does not move the gold-label measures of a 135M model (BBQ stays at
-    # chance: it picks a letter, not an option, and RL moves the letter; recognition stays near 0.5).
+    # tokens are left out (recognition prompts run to 500; every token of the prompt is a step's cost). 4 prompts x
+    # K 16 a step (the same 64 replies as 8 x K 8, half the RL phase's time: 16 replies share each prompt's forward
+    # pass), chosen over 8 x K 8 on three seeds each (benchmarks/RESULTS.md). What it shows (docs/RESULTS.md): the
+    # warm-up teaches the reply format; RL does not teach a 135M model to read BBQ's contexts or to recognise
+    # hallucinations (it moves its answer priors: a letter, "unknown", a verdict).
     "smollm2-dual": {
         "model": {"name": "smollm2-135m-instruct", "lora": True, "lora_r": 16, "lora_alpha": 32, "lora_dropout": 0.0},
         "data": {"source": "dual", "halueval_subsets": ["general_recognition"], "bbq_per_category": 60,
                  "halueval_per_subset": 600, "shuffle_options": True, "max_prompt_tokens": 256, "eval_size": 64},
-        "rollout": {"k": 8, "max_new_tokens": 8, "temperature": 1.0, "stop_strings": ["\n"]},
-        "train": {"max_steps": 30, "lr": 1e-4, "prompts_per_micro_step": 8, "eval_every": 0, "dynamic_sampling": True,
+        "rollout": {"k": 16, "max_new_tokens": 8, "temperature": 1.0, "stop_strings": ["\n"]},
+        "train": {"max_steps": 30, "lr": 1e-4, "prompts_per_micro_step": 4, "eval_every": 0, "dynamic_sampling": True,
                   "pass_at_k": 4, "pass_at_k_samples": 8},
         "sft": {"steps": 30, "lr": 2e-4, "batch_size": 8, "max_examples": 48, "max_target_tokens": 16},
         "kl": {"default": {"controller": "fixed", "beta": 0.04}},
