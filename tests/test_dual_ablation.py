@@ -142,6 +142,12 @@ def test_the_docs_tables_are_the_scripts_output_on_the_kept_runs():
     assert [d.name for d in old_seeds] == ["preset-s0", "preset-s1", "preset-s2"]
     assert m.paired_differences([m.read_run(d) for d in one_flag + old_seeds], "preset") in \
         (ROOT / "benchmarks" / "RESULTS.md").read_text()
+    # the comparison that chose K 16: the preset of before (8 prompts x K 8) against the preset's seeds, balanced rows
+    k8 = sorted((ROOT / "benchmarks" / "results" / "dual_ablation_balanced").iterdir())
+    assert [d.name for d in k8] == ["k8-s0", "k8-s1", "k8-s2"]
+    finalists = [m.read_run(d) for d in k8 + seeds]
+    assert m.table(finalists) in (ROOT / "benchmarks" / "RESULTS.md").read_text()
+    assert m.paired_differences(finalists, "k8") in (ROOT / "benchmarks" / "RESULTS.md").read_text()
 
 
 def test_top_answer_share_reads_the_greedy_answers_of_one_task(tmp_path):
