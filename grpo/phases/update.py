@@ -140,7 +140,7 @@ class _StepStats:
                     else torch.stack(vs).mean() / dist.world
                 self.scalars[k] = [dist.reduce(value.reshape(1).clone(), op)[0]]
         tok = self.tokens.clamp(min=1)
-        kl, kl_k1, ent = (self.kl / tok).tolist(), (self.kl_k1 / tok).tolist(), (self.entropy / tok).tolist()
+        kl, kl_k1, ent = (torch.stack([self.kl, self.kl_k1, self.entropy]) / tok).tolist()  # one host sync
         out = {"loss/total": self.loss.item(), "loss/policy_token_mean": (self.pg / tok.sum()).item()}
         if overall:  # the token-weighted mean entropy over every task (what adaptive entropy control measures)
             out["entropy/all"] = (self.entropy.sum() / tok.sum()).item()
