@@ -44,6 +44,7 @@ BAD: list[tuple[str, Any, dict[str, Any]]] = [
     ("model.lora_alpha", 0, {}),
     ("data.task_mix", "fairness=1", {}),
     ("data.heldout_fraction", 1.0, {}),
+    ("data.bbq_ambiguous_share", 1.0, {}),
     ("data.bbq_per_category", 0, {}),
     ("data.halueval_per_subset", 0, {}),
     ("data.demo_size", 0, {}),

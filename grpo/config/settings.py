@@ -159,6 +159,11 @@ class DataConfig:
     """Show each BBQ row's three options in a seeded random order per row and epoch, the gold letter following
     (grpo/data/bbq.py), so that preferring one letter earns nothing; the held-out rows an evaluation shows have their
     right option at A, B and C equally often within each context condition. false = the file's order."""
+    bbq_ambiguous_share: float = 0.0
+    """Share of ambiguous contexts among the BBQ training rows (SFT and RL; grpo/data/bbq.with_ambiguous_share drops
+    rows of one condition per category to reach it); held-out rows keep both conditions as loaded. BBQ pairs each
+    ambiguous context with a disambiguated one, so at 0.5 a model that does not read the context is paid for
+    answering "unknown" everywhere; at 1/3 (0.333) it is not. 0 = as loaded."""
     halueval_subsets: list[str] = field(default_factory=lambda: ["qa", "dialogue", "summarization", "general"])
     """HaluEval subsets to load; a missing file is reported and skipped. <subset>_recognition (e.g.
     general_recognition) reads the same file as a gold-labelled task: is the shown reply hallucinated? (Yes / No)."""
@@ -186,6 +191,8 @@ class DataConfig:
                self.task_mix, 'write task:weight pairs, e.g. "fairness:1,hallucination:2"')
         _check(0.0 < self.heldout_fraction < 1.0, "data.heldout_fraction", self.heldout_fraction,
                "use a fraction in (0, 1), e.g. 0.2")
+        _check(0.0 <= self.bbq_ambiguous_share < 1.0, "data.bbq_ambiguous_share", self.bbq_ambiguous_share,
+               "use 0 (as loaded) or a share in (0, 1), e.g. 0.333")
         for f in ("bbq_per_category", "halueval_per_subset", "demo_size", "eval_size", "max_prompt_tokens"):
             _check(getattr(self, f) >= 1, f"data.{f}", getattr(self, f), "use a positive integer")
 

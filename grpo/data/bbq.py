@@ -217,6 +217,47 @@ def balanced_heldout(samples: Sequence[Sample]) -> list[Sample]:
     return out
 
 
+def condition_counts(ambiguous: int, disambiguated: int, share: float) -> tuple[int, int]:
+    """How many of `ambiguous` and `disambiguated` rows to keep so that ambiguous rows are `share` (0 < share < 1) of
+    the kept ones, dropping rows of one condition only: as many as possible of the other. Rounded to the nearest row.
+
+    >>> condition_counts(264, 264, 1 / 3)
+    (132, 264)
+    >>> condition_counts(10, 30, 0.5)
+    (10, 10)
+    """
+    if ambiguous * (1 - share) > disambiguated * share:  # too many ambiguous rows: keep every disambiguated one
+        return min(ambiguous, round(disambiguated * share / (1 - share))), disambiguated
+    return ambiguous, min(disambiguated, round(ambiguous * (1 - share) / share))
+
+
+def with_ambiguous_share(samples: Sequence[Sample], share: float, seed: int) -> list[Sample]:
+    """The BBQ rows among `samples` (those whose gold has a context_condition) thinned, per category, so that ambiguous contexts are `share` of them
+    (`condition_counts`: rows of one condition are dropped, chosen by random.Random(f"{seed}:ambiguous_share:
+    {category}")); other rows and the order of the list are kept. share 0 returns the list as it is.
+
+    Why (data.bbq_ambiguous_share): BBQ pairs every ambiguous context with a disambiguated one, and "unknown" is right
+    on the first. A policy that does not read the context earns u / 2 + (1 - u) / 4 from answering "unknown" with
+    probability u and a person otherwise (the right one half the time), which rises with u; with a share a of
+    ambiguous rows it earns a u + (1 - a)(1 - u) / 2, flat in u at a = 1/3. So at a third, abstaining everywhere is
+    not paid; only telling the conditions apart is."""
+    if not share:
+        return list(samples)
+    by_category: dict[str, dict[str, list[int]]] = {}
+    for i, s in enumerate(samples):
+        condition = s.gold.get("context_condition") if isinstance(s.gold, dict) else None
+        if condition in ("ambig", "disambig"):
+            category = s.meta.get("category", s.task)  # the demo's BBQ-like rows have none
+            by_category.setdefault(category, {"ambig": [], "disambig": []})[condition].append(i)
+    dropped: set[int] = set()
+    for category, rows in sorted(by_category.items()):
+        keep = dict(zip(("ambig", "disambig"), condition_counts(len(rows["ambig"]), len(rows["disambig"]), share)))
+        rng = random.Random(f"{seed}:ambiguous_share:{category}")
+        for condition, indices in rows.items():
+            dropped.update(rng.sample(indices, len(indices) - keep[condition]))
+    return [s for i, s in enumerate(samples) if i not in dropped]
+
+
 Row = tuple[int, dict[str, Any]]  # (1-based line, parsed row)
 
 

@@ -63,6 +63,8 @@ def load_samples(data, seed: int, tasks: Mapping[str, Any] | None = None) -> Run
     else:  # one source whose rows name their tasks: the `task` column (the original JSONL task file)
         builtin, _ = load_source_samples("", TaskSource(path=data.source, task_field="task"), data.system_prompt)
     train, heldout = split_samples(builtin, data.heldout_fraction)
+    if data.bbq_ambiguous_share:
+        train = _thinned_bbq(train, data, seed)
     clash = sorted({s.task for s in builtin} & set(tasks))
     if clash:
         raise ConfigError(f"config field `tasks.{clash[0]}` names a task that data.source={data.source!r} already "
@@ -80,6 +82,30 @@ def load_samples(data, seed: int, tasks: Mapping[str, Any] | None = None) -> Run
         why = f" ({'; '.join(repeats)}: the split hashes ids, so rows sharing an id land on one side)" if repeats else ""
         raise ValueError(f"data.source={data.source!r} and tasks {sorted(tasks)} gave no training rows{why}")
     return RunSamples(every=every, train=train, heldout=heldout)
+
+
+def _thinned_bbq(train: list[Sample], data, seed: int) -> list[Sample]:
+    """The training rows with BBQ's thinned to data.bbq_ambiguous_share ambiguous contexts, and one line saying so;
+    a ConfigError when there are no BBQ training rows to thin."""
+    from grpo.data.bbq import with_ambiguous_share
+
+    def conditions(rows: list[Sample]) -> dict[str, int]:
+        counts = {"ambig": 0, "disambig": 0}
+        for s in rows:
+            if isinstance(s.gold, dict) and s.gold.get("context_condition") in counts:
+                counts[s.gold["context_condition"]] += 1
+        return counts
+
+    before = conditions(train)
+    if not sum(before.values()):
+        raise ConfigError(f"config field `data.bbq_ambiguous_share` = {data.bbq_ambiguous_share} is set but "
+                          f"data.source={data.source!r} has no BBQ training rows; set it with data.source=dual, or "
+                          "leave it at 0", field="data.bbq_ambiguous_share")
+    kept = with_ambiguous_share(train, data.bbq_ambiguous_share, seed)
+    after = conditions(kept)
+    print(f"data.bbq_ambiguous_share={data.bbq_ambiguous_share}: BBQ training rows {before['ambig']} ambiguous + "
+          f"{before['disambig']} disambiguated -> {after['ambig']} + {after['disambig']}")
+    return kept
 
 
 def duplicate_report(samples: Iterable[Sample], show: int = 3) -> list[str]:
