@@ -143,11 +143,16 @@ def test_the_docs_tables_are_the_scripts_output_on_the_kept_runs():
     assert m.paired_differences([m.read_run(d) for d in one_flag + old_seeds], "preset") in \
         (ROOT / "benchmarks" / "RESULTS.md").read_text()
     # the comparison that chose K 16: the preset of before (8 prompts x K 8) against the preset's seeds, balanced rows
-    k8 = sorted((ROOT / "benchmarks" / "results" / "dual_ablation_balanced").iterdir())
-    assert [d.name for d in k8] == ["k8-s0", "k8-s1", "k8-s2"]
+    balanced = ROOT / "benchmarks" / "results" / "dual_ablation_balanced"
+    assert sorted(d.name for d in balanced.iterdir()) == [f"{v}-s{i}" for v in ("amb", "k8") for i in range(3)]
+    k8 = sorted(balanced.glob("k8-s*"))
     finalists = [m.read_run(d) for d in k8 + seeds]
     assert m.table(finalists) in (ROOT / "benchmarks" / "RESULTS.md").read_text()
     assert m.paired_differences(finalists, "k8") in (ROOT / "benchmarks" / "RESULTS.md").read_text()
+    # a third of BBQ's training rows ambiguous (data.bbq_ambiguous_share 0.333) against the preset, same seeds
+    amb = [m.read_run(d) for d in sorted(balanced.glob("amb-s*")) + seeds]
+    assert m.table(amb) in (ROOT / "benchmarks" / "RESULTS.md").read_text()
+    assert m.paired_differences(amb, "preset") in (ROOT / "benchmarks" / "RESULTS.md").read_text()
 
 
 def test_top_answer_share_reads_the_greedy_answers_of_one_task(tmp_path):
