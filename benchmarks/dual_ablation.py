@@ -286,8 +286,10 @@ PHASE_MEASURES = (
     ("BBQ \"unknown\" share, ambiguous", "bbq", lambda m: m.get("unknown_ambig")),
     ("BBQ \"unknown\" share, disambiguated", "bbq", lambda m: m.get("unknown_disambig")),
     ("BBQ answers on the most common letter", "answers", None),
+    ("BBQ replies the grader cannot read", "bbq", lambda m: m.get("invalid")),
     ("HaluEval recognition balanced accuracy", "recognition", lambda m: m.get("balanced_accuracy")),
     ("HaluEval recognition \"yes\" share", "recognition", lambda m: m.get("yes_rate")),
+    ("HaluEval recognition replies with no verdict", "recognition", lambda m: m.get("invalid")),
 )
 """The --phases table's rows: (label, measures.json kind, the value from that kind's "overall" entry); kind "answers"
 reads the greedy answers instead (`top_answer_share`)."""

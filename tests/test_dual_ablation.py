@@ -104,6 +104,22 @@ def test_phase_table_gives_each_measure_per_phase_as_the_seed_mean_and_range(tmp
     assert len(rows) == len(m.PHASE_MEASURES)
 
 
+def test_phase_table_counts_the_replies_no_grader_can_read(tmp_path):
+    """The reply format, learned or not: the share of replies with no letter (BBQ) or no verdict (recognition)."""
+    m = _load("benchmarks/dual_ablation.py")
+    run = _write_run(tmp_path / "nosft-s0", _bbq(0.2, 0.4, -0.1), ba_rl=0.5)
+    measures = json.loads((run / "measures.json").read_text())
+    measures["before_sft"] = _bbq(0.0, 0.2, 0.5)
+    measures["before_sft"]["bbq"]["fairness"]["overall"]["invalid"] = 0.25
+    measures["before_sft"]["recognition"] = {"hallucination": {"overall": {"balanced_accuracy": 0.2, "invalid": 0.6}}}
+    measures["after_rl"]["bbq"]["fairness"]["overall"]["invalid"] = 0.0
+    measures["after_rl"]["recognition"]["hallucination"]["overall"]["invalid"] = 0.0
+    (run / "measures.json").write_text(json.dumps(measures))
+    rows = {line.split(" | ")[0][2:]: line for line in m.phase_table([run]).splitlines()[2:]}
+    assert rows["BBQ replies the grader cannot read"].endswith("| 0.250 | – | 0.000 |")
+    assert rows["HaluEval recognition replies with no verdict"].endswith("| 0.600 | – | 0.000 |")
+
+
 def test_a_kept_copy_reads_as_its_run_with_the_runs_wall_time(tmp_path):
     import os
 
