@@ -232,9 +232,10 @@ def condition_counts(ambiguous: int, disambiguated: int, share: float) -> tuple[
 
 
 def with_ambiguous_share(samples: Sequence[Sample], share: float, seed: int) -> list[Sample]:
-    """The BBQ rows among `samples` (those whose gold has a context_condition) thinned, per category, so that ambiguous contexts are `share` of them
-    (`condition_counts`: rows of one condition are dropped, chosen by random.Random(f"{seed}:ambiguous_share:
-    {category}")); other rows and the order of the list are kept. share 0 returns the list as it is.
+    """The BBQ rows among `samples` (those whose gold has a context_condition) thinned, per category, so that
+    ambiguous contexts are `share` of them (`condition_counts`: rows of one condition are dropped, chosen by
+    random.Random(f"{seed}:ambiguous_share:{category}")); other rows and the order of the list are kept. share 0
+    returns the list as it is.
 
     Why (data.bbq_ambiguous_share): BBQ pairs every ambiguous context with a disambiguated one, and "unknown" is right
     on the first. A policy that does not read the context earns u / 2 + (1 - u) / 4 from answering "unknown" with
