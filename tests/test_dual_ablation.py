@@ -160,7 +160,7 @@ def test_the_docs_tables_are_the_scripts_output_on_the_kept_runs():
         (ROOT / "benchmarks" / "RESULTS.md").read_text()
     # the comparison that chose K 16: the preset of before (8 prompts x K 8) against the preset's seeds, balanced rows
     balanced = ROOT / "benchmarks" / "results" / "dual_ablation_balanced"
-    assert sorted(d.name for d in balanced.iterdir()) == [f"{v}-s{i}" for v in ("amb", "k8") for i in range(3)]
+    assert sorted(d.name for d in balanced.iterdir()) == [f"{v}-s{i}" for v in ("amb", "k8", "nosft") for i in range(3)]
     k8 = sorted(balanced.glob("k8-s*"))
     finalists = [m.read_run(d) for d in k8 + seeds]
     assert m.table(finalists) in (ROOT / "benchmarks" / "RESULTS.md").read_text()
@@ -169,6 +169,10 @@ def test_the_docs_tables_are_the_scripts_output_on_the_kept_runs():
     amb = [m.read_run(d) for d in sorted(balanced.glob("amb-s*")) + seeds]
     assert m.table(amb) in (ROOT / "benchmarks" / "RESULTS.md").read_text()
     assert m.paired_differences(amb, "preset") in (ROOT / "benchmarks" / "RESULTS.md").read_text()
+    # the preset without its warm-up: RL learns the reply format
+    nosft = sorted(balanced.glob("nosft-s*"))
+    assert m.table([m.read_run(d) for d in nosft]) in (ROOT / "benchmarks" / "RESULTS.md").read_text()
+    assert m.phase_table(nosft) in (ROOT / "benchmarks" / "RESULTS.md").read_text()
 
 
 def test_top_answer_share_reads_the_greedy_answers_of_one_task(tmp_path):
