@@ -21,6 +21,15 @@ def test_answer_class_of_the_demo_replies_and_of_free_text():
     assert answer_class(long) == long.casefold()[:ANSWER_CLASS_CHARS] and len(answer_class(long)) == 40
 
 
+def test_an_option_letter_with_its_text_is_the_letter():
+    """Shuffled options put different text after the same letter on every row: the letter is the answer."""
+    assert answer_class("Answer: B) The grandfather") == answer_class("B) The older man\n") == "b"
+    assert answer_class("Answer: (C) Can't be determined") == "c"
+    assert answer_class("a) lots") == "a" and answer_class("b)") == "b"
+    assert answer_class("Answer: Bob") == "bob"  # a word is not a letter
+    assert answer_class("I think a) is right") == "i think a) is right"  # only a reply that opens with the letter
+
+
 def test_answer_shares_counts_normalised_classes():
     got = answer_shares(["Answer: unknown", "Answer: unknown", "Answer: yes", "answer: Unknown."])
     assert got == AnswerShares(top_answer="unknown", top_share=0.75, distinct=2)

@@ -10,7 +10,9 @@ Answer class of a completion (`answer_class`), in order:
   1. the text after the last "Answer:" label (case-insensitive) when there is one, else the whole completion;
   2. its first non-empty line, case-folded, whitespace collapsed to single spaces;
   3. punctuation and symbols stripped from both ends ("Answer: (B)." -> "b", "Answer: unknown" -> "unknown");
-  4. cut to ANSWER_CLASS_CHARS characters; an empty result is EMPTY_ANSWER.
+  4. an option letter followed by its text ("b) the grandfather", "(c) can't be determined") is the letter alone: on
+     multiple-choice rows whose options are shuffled, the text differs from row to row while the letter is the answer;
+  5. cut to ANSWER_CLASS_CHARS characters; an empty result is EMPTY_ANSWER.
 So the demo's "Answer: X" replies fall into their X, and free-form completions into their opening words: identical
 openings in most of a step's samples are the mode collapse the doctor looks for. Pure: strings and floats only.
 """
@@ -33,6 +35,7 @@ EMPTY_ANSWER = "<empty>"
 
 _ANSWER_LABEL = re.compile(r"answer\s*:", re.IGNORECASE)
 _EDGE_PUNCT = re.compile(r"^[\W_]+|[\W_]+$")
+_OPTION_LETTER = re.compile(r"^\(?([a-z])\)\s")
 
 
 def answer_class(completion: str) -> str:
@@ -40,7 +43,9 @@ def answer_class(completion: str) -> str:
     labels = list(_ANSWER_LABEL.finditer(completion))
     text = completion[labels[-1].end():] if labels else completion
     line = next((ln for ln in text.splitlines() if ln.strip()), "")
-    norm = _EDGE_PUNCT.sub("", " ".join(line.casefold().split()))
+    line = " ".join(line.casefold().split())
+    option = _OPTION_LETTER.match(line)
+    norm = option.group(1) if option else _EDGE_PUNCT.sub("", line)
     return norm[:ANSWER_CLASS_CHARS] or EMPTY_ANSWER
 
 
