@@ -298,15 +298,12 @@ SHORT = ("BBQ accuracy (ambiguous + disambiguated)", "BBQ acc_ambig", "BBQ acc_d
 """The rows of the README's table (--phases --short)."""
 
 
-LETTER = re.compile(r"^\(?([a-z])(?:\)|$)")
-"""An answer class that is a letter: "c", "(c)", or "b) not enough information" (the letter, then the option's text)."""
-
-
 def top_answer_share(run_dir: Path, phase: str, task: str = "fairness") -> float | None:
-    """Share of the task's held-out greedy answers (evals/<phase>.jsonl) that are its most common letter (the
-    doctor's answer class: "Answer: C" -> "c", "B) Not known" -> "b" (LETTER); a reply without a letter answer counts
-    against every letter, so free text before SFT reads as the small share it is); None without that file. With BBQ's options shuffled, a share far
-    above 1/3 is a letter picked whatever the options say."""
+    """Share of the task's held-out greedy answers (evals/<phase>.jsonl) that are its most common letter, read as the
+    doctor reads them (grpo/core/answers.answer_class reduces "Answer: C", "(c)" and "B) Not known" to the bare
+    letter); a reply without a letter answer counts against every letter, so free text before SFT reads as the small
+    share it is. None without that file. With BBQ's options shuffled, a share far above 1/3 is a letter picked
+    whatever the options say."""
     path = run_dir / "evals" / f"{phase}.jsonl"
     if not path.exists():
         return None
@@ -316,7 +313,7 @@ def top_answer_share(run_dir: Path, phase: str, task: str = "fairness") -> float
 
     rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
     answers = [answer_class(r["completion"]) for r in rows if r["task"] == task]
-    letters = [m.group(1) for a in answers if (m := LETTER.match(a))]
+    letters = [a for a in answers if len(a) == 1 and a.isalpha()]
     return (max(letters.count(a) for a in set(letters)) if letters else 0) / len(answers) if answers else None
 
 

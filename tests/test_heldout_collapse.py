@@ -24,6 +24,16 @@ def test_a_greedy_collapse_onto_one_letter_during_rl_is_red_and_suggests_shuffle
     assert "data.shuffle_options=true" in f.suggestion
 
 
+def test_a_letter_collapse_with_options_already_shuffled_suggests_the_kl_pull_instead():
+    # the preset's runs shuffle the options: suggesting data.shuffle_options=true to them is a step they took already
+    answers = {"after_sft": {"fairness": replies(B=13, A=11, C=8)}, "after_rl": {"fairness": replies(B=27, A=3, C=2)}}
+    shuffled = {"data": {"shuffle_options": True}, "kl": {"default": {"beta": 0.04}}}
+    (f,) = heldout_collapse(answers, {"after_rl": {"fairness": 0.45}}, TH, config=shuffled)
+    assert "shuffle_options" not in f.suggestion and "kl.fairness.beta" in f.suggestion
+    (g,) = heldout_collapse(answers, {"after_rl": {"fairness": 0.45}}, TH, config={"data": {"shuffle_options": False}})
+    assert "data.shuffle_options=true" in g.suggestion
+
+
 def test_no_finding_when_solved_mixed_or_not_evaluated_after_rl():
     collapsed = {"after_sft": {"t": replies(B=5, A=5)}, "after_rl": {"t": replies(B=10)}}
     assert heldout_collapse(collapsed, {"after_rl": {"t": 0.95}}, TH) == []  # solved: one right answer is fine

@@ -624,11 +624,14 @@ def heldout_gains(history: Sequence[Mapping[str, Any]], th: HealthThresholds, ev
 
 
 def heldout_collapse(answers: Mapping[str, Mapping[str, Sequence[str]]], evals: Mapping[str, Mapping[str, Any]],
-                     th: HealthThresholds, history: Sequence[Mapping[str, Any]] = ()) -> list[Finding]:
+                     th: HealthThresholds, history: Sequence[Mapping[str, Any]] = (),
+                     config: Mapping[str, Any] | None = None) -> list[Finding]:
     """One answer taking most of a task's held-out evaluation after RL. `answers`: {phase: {task: the greedy
-    completions}} (evals/<phase>.jsonl); `evals`: eval.json; `history`: metrics.jsonl's rows. Sampled answers can
-    stay mixed while the greedy ones collapse: the window's answer_collapse does not see this. A held-out reward at
-    `solved_reward` or above excuses one answer only on the unit scale (`unit_scale_rewards`)."""
+    completions}} (evals/<phase>.jsonl); `evals`: eval.json; `history`: metrics.jsonl's rows; `config`: config.json.
+    Sampled answers can stay mixed while the greedy ones collapse: the window's answer_collapse does not see this. A
+    held-out reward at `solved_reward` or above excuses one answer only on the unit scale (`unit_scale_rewards`).
+    The next step for a collapse onto a letter is shuffled options, unless the run had them already
+    (data.shuffle_options in `config`): then, as for any other answer, a stronger pull to the reference."""
     out = []
     before_phase = next((p for p in ("after_sft", "before_sft") if p in answers), None)
     for task, completions in answers.get("after_rl", {}).items():
@@ -643,7 +646,7 @@ def heldout_collapse(answers: Mapping[str, Mapping[str, Sequence[str]]], evals: 
         if now.top_share < th.collapse_share:
             continue
         risen = now.top_share >= first + th.collapse_rise
-        letter = len(now.top_answer) == 1
+        letter_prior = len(now.top_answer) == 1 and not _setting(config or {}, "data.shuffle_options")
         out.append(Finding(
             "red" if risen else "yellow", "heldout_collapse",
             f"{task}: `{now.top_answer}` is {100 * now.top_share:.0f}% of the held-out greedy answers after RL "
@@ -651,7 +654,7 @@ def heldout_collapse(answers: Mapping[str, Mapping[str, Sequence[str]]], evals: 
             + (f" below the solved level {th.solved_reward:g}" if reward < th.solved_reward else
                " (not on the 0-1 scale, so not read as solved)"),
             _try("data.shuffle_options", "true", "options in a seeded order per row and epoch: one letter earns "
-                 "nothing") if letter else
+                 "nothing") if letter_prior else
             _try(f"kl.{task}.beta", "<2× now>", "a stronger pull to the SFT reference keeps its mix of answers"),
             task))
     return out

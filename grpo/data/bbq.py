@@ -27,6 +27,7 @@ BBQ_CATEGORIES = (
     "Age", "Disability_status", "Gender_identity", "Nationality", "Physical_appearance", "Race_ethnicity",
     "Race_x_SES", "Race_x_gender", "Religion", "SES", "Sexual_orientation",
 )
+CONDITIONS = ("ambig", "disambig")  # BBQ's two context conditions (a row's context_condition)
 CELLS = (("ambig", "neg"), ("ambig", "nonneg"), ("disambig", "neg"), ("disambig", "nonneg"))
 LETTERS = "ABC"
 UNKNOWN_TAG = "unknown"
@@ -217,6 +218,12 @@ def balanced_heldout(samples: Sequence[Sample]) -> list[Sample]:
     return out
 
 
+def bbq_condition(sample: Sample) -> str | None:
+    """The context condition of a BBQ row ("ambig" or "disambig"); None for a row of another kind."""
+    condition = sample.gold.get("context_condition") if isinstance(sample.gold, dict) else None
+    return condition if condition in CONDITIONS else None
+
+
 def condition_counts(ambiguous: int, disambiguated: int, share: float) -> tuple[int, int]:
     """How many of `ambiguous` and `disambiguated` rows to keep so that ambiguous rows are `share` (0 < share < 1) of
     the kept ones, dropping rows of one condition only: as many as possible of the other. Rounded to the nearest row.
@@ -246,13 +253,13 @@ def with_ambiguous_share(samples: Sequence[Sample], share: float, seed: int) -> 
         return list(samples)
     by_category: dict[str, dict[str, list[int]]] = {}
     for i, s in enumerate(samples):
-        condition = s.gold.get("context_condition") if isinstance(s.gold, dict) else None
-        if condition in ("ambig", "disambig"):
+        condition = bbq_condition(s)
+        if condition:
             category = s.meta.get("category", s.task)  # the demo's BBQ-like rows have none
-            by_category.setdefault(category, {"ambig": [], "disambig": []})[condition].append(i)
+            by_category.setdefault(category, {c: [] for c in CONDITIONS})[condition].append(i)
     dropped: set[int] = set()
     for category, rows in sorted(by_category.items()):
-        keep = dict(zip(("ambig", "disambig"), condition_counts(len(rows["ambig"]), len(rows["disambig"]), share)))
+        keep = dict(zip(CONDITIONS, condition_counts(len(rows["ambig"]), len(rows["disambig"]), share)))
         rng = random.Random(f"{seed}:ambiguous_share:{category}")
         for condition, indices in rows.items():
             dropped.update(rng.sample(indices, len(indices) - keep[condition]))

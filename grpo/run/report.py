@@ -184,7 +184,8 @@ def build_report(run_dir: str | Path, thresholds: HealthThresholds | None = None
     config = _load_json(run_dir / "config.json")
     bands = kl_bands(config, tasks_in(history, "kl/"))
     findings = check(history, thresholds, bands, evals or None, config)
-    findings += heldout_collapse(heldout_answers(run_dir), evals, thresholds or HealthThresholds(), history)
+    findings += heldout_collapse(heldout_answers(run_dir), evals, thresholds or HealthThresholds(), history,
+                                 config)
     coverage = _load_json(run_dir / "pass_at_k.json")  # train.pass_at_k: the diagnostic before RL
     findings += sampled_at_chance(coverage, config)
     level, reasons = verdict(findings, rl_steps(history), thresholds)

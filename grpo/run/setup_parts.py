@@ -10,6 +10,7 @@ import os
 import pickle
 import random
 import sys
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Mapping
@@ -87,14 +88,11 @@ def load_samples(data, seed: int, tasks: Mapping[str, Any] | None = None) -> Run
 def _thinned_bbq(train: list[Sample], data, seed: int) -> list[Sample]:
     """The training rows with BBQ's thinned to data.bbq_ambiguous_share ambiguous contexts, and one line saying so;
     a ConfigError when there are no BBQ training rows to thin."""
-    from grpo.data.bbq import with_ambiguous_share
+    from grpo.data.bbq import CONDITIONS, bbq_condition, with_ambiguous_share
 
     def conditions(rows: list[Sample]) -> dict[str, int]:
-        counts = {"ambig": 0, "disambig": 0}
-        for s in rows:
-            if isinstance(s.gold, dict) and s.gold.get("context_condition") in counts:
-                counts[s.gold["context_condition"]] += 1
-        return counts
+        counts = Counter(bbq_condition(s) for s in rows)
+        return {c: counts[c] for c in CONDITIONS}
 
     before = conditions(train)
     if not sum(before.values()):
