@@ -6,6 +6,8 @@ benchmarks/RESULTS.md's "Dual objective on SmolLM2" section.
                                                                        # (seed mean, min-max); --short: the README's
     python benchmarks/dual_ablation.py --runs DIR [DIR ...] --against preset  # each variant minus preset, seed by seed
     python benchmarks/dual_ablation.py --runs DIR [DIR ...] --letters  # what always answering one letter scores
+    python benchmarks/dual_ablation.py --runs DIR [DIR ...] --regrade  # BBQ accuracy as recorded and as today's
+                                                                       # bbq_rule grades the same greedy replies
     python benchmarks/dual_ablation.py --out DIR --seeds 0 1 2 \\
         --variant base= --variant lr3e-4="--train.lr 3e-4"               # runs each variant x seed, then the table
         [--common "--preset smollm2-dual ..."]                           # flags every variant shares
@@ -235,16 +237,16 @@ OPTION_LINE = re.compile(r"^([A-C])\) (.*)$", re.MULTILINE)
 """An option as BBQ's prompt shows it (grpo/data/bbq.BBQ_TEMPLATE): "B) The grandson"."""
 
 
-def gold_letters(run_dir: Path) -> dict[str, int]:
-    """How many of the run's held-out BBQ rows (evals/after_rl.jsonl, task fairness) showed their right option at
-    each letter: the row's label in the BBQ file (config data.data_dir / bbq / <category>.jsonl) names the right
-    option's text, and the recorded prompt shows which letter stood before it (the file's order, a seeded order per
-    row, or the balanced order of grpo/data/bbq.balanced_heldout alike). A model that answers one letter whatever the
-    options scores that letter's count over the rows."""
+def shown_gold(run_dir: Path, phase: str = "after_rl") -> dict[str, tuple[list[str], str]]:
+    """Each held-out BBQ row of the run's evals/<phase>.jsonl (task fairness) by id: the option texts its prompt showed,
+    in their order, and the letter that stood before its right option. The row's label in the BBQ file (config
+    data.data_dir / bbq / <category>.jsonl) names the right option's text, and the recorded prompt shows which letter
+    stood before it (the file's order, a seeded order per row, or the balanced order of grpo/data/bbq.balanced_heldout
+    alike)."""
     config = json.loads((run_dir / "config.json").read_text())
     data_dir = Path(config["data"]["data_dir"])
     data_dir = data_dir if data_dir.is_absolute() else ROOT / data_dir
-    shown = {r["id"]: r["prompt"] for line in (run_dir / "evals" / "after_rl.jsonl").read_text().splitlines()
+    shown = {r["id"]: r["prompt"] for line in (run_dir / "evals" / f"{phase}.jsonl").read_text().splitlines()
              if line.strip() and (r := json.loads(line))["task"] == "fairness"}
     gold: dict[str, str] = {}
     for category in sorted({i.split("/")[1] for i in shown}):
@@ -255,14 +257,57 @@ def gold_letters(run_dir: Path) -> dict[str, int]:
             if line.strip():
                 row = json.loads(line)
                 gold[f"bbq/{category}/{row['example_id']}"] = str(row[f"ans{row['label']}"])
-    counts = {letter: 0 for letter in "abc"}
+    out = {}
     for i, prompt in shown.items():
-        letters = [letter for letter, text in OPTION_LINE.findall(prompt) if text.strip() == gold[i].strip()]
+        options = OPTION_LINE.findall(prompt)
+        letters = [letter for letter, text in options if text.strip() == gold[i].strip()]
         if len(letters) != 1:
             raise SystemExit(f"{run_dir}: held-out row {i}: its right option {gold[i]!r} is shown {len(letters)} times "
                              "among the prompt's lettered options (\"A) ...\"), not once")
-        counts[letters[0].lower()] += 1
+        out[i] = ([text for _, text in options], letters[0])
+    return out
+
+
+def gold_letters(run_dir: Path) -> dict[str, int]:
+    """How many of the run's held-out BBQ rows showed their right option at each letter (`shown_gold`). A model that
+    answers one letter whatever the options scores that letter's count over the rows."""
+    counts = {letter: 0 for letter in "abc"}
+    for _, letter in shown_gold(run_dir).values():
+        counts[letter.lower()] += 1
     return counts
+
+
+def regraded_accuracy(run_dir: Path, phase: str) -> tuple[float, float] | None:
+    """BBQ accuracy of the run's greedy held-out replies of one phase as recorded (the bbq_rule part of
+    evals/<phase>.jsonl, graded by the code of the run's day) and graded again by today's grpo.core.rewards.bbq_rule on
+    the options the prompt showed (`shown_gold`); None without that file."""
+    path = run_dir / "evals" / f"{phase}.jsonl"
+    if not path.exists():
+        return None
+    if str(ROOT) not in sys.path:
+        sys.path.insert(0, str(ROOT))
+    from grpo.core.rewards import bbq_rule
+
+    gold = shown_gold(run_dir, phase)
+    rows = [r for line in path.read_text().splitlines() if line.strip() and (r := json.loads(line))["task"] == "fairness"]
+    recorded = [r["parts"]["bbq_rule"] for r in rows]
+    today = [bbq_rule(r["completion"], {"answers": gold[r["id"]][0], "label_letter": gold[r["id"]][1]}) for r in rows]
+    return statistics.fmean(recorded), statistics.fmean(today)
+
+
+def regrade_table(run_dirs: list[Path]) -> str:
+    """Per run: BBQ accuracy of each phase's greedy held-out replies as recorded -> graded by today's bbq_rule
+    (`regraded_accuracy`), and the RL phase's change under each (from after SFT, or before SFT without a warm-up)."""
+    lines = ["| run | seed | before SFT | after SFT | after RL | Δ RL, recorded | Δ RL, today |", "|---|---|---|---|---|---|---|"]
+    for run_dir in run_dirs:
+        pairs = {phase: regraded_accuracy(run_dir, phase) for phase in PHASES}
+        start = pairs["after_sft"] or pairs["before_sft"]
+        seed = json.loads((run_dir / "config.json").read_text())["train"]["seed"]
+        cells = ["–" if p is None else f"{p[0]:.3f} → {p[1]:.3f}" for p in pairs.values()]
+        rl = pairs["after_rl"]
+        deltas = ["–"] * 2 if start is None or rl is None else [_num(rl[k] - start[k], True) for k in (0, 1)]
+        lines.append(f"| {run_dir.name} | {seed} | " + " | ".join(cells + deltas) + " |")
+    return "\n".join(lines)
 
 
 def letter_table(run_dirs: list[Path]) -> str:
@@ -372,6 +417,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--short", action="store_true", help="with --phases: the README's rows only")
     ap.add_argument("--letters", action="store_true", help="print what answering one letter to every held-out BBQ "
                                                              "row scores, per run (needs the run's BBQ files)")
+    ap.add_argument("--regrade", action="store_true", help="print each run's held-out BBQ accuracy per phase as "
+                                                             "recorded and as today's bbq_rule grades the same replies")
     ap.add_argument("--against", metavar="VARIANT", help="print each variant's RL-phase changes minus VARIANT's, "
                                                          "seed by seed (paired on the seeds both ran)")
     ap.add_argument("--keep", type=Path, help="copy each run's records (config, measures, report, metrics, curves, "
@@ -390,6 +437,8 @@ def main(argv: list[str] | None = None) -> None:
         print(phase_table(dirs, args.short))
     elif args.letters:
         print(letter_table(dirs))
+    elif args.regrade:
+        print(regrade_table(dirs))
     elif args.against:
         print(paired_differences([read_run(d) for d in dirs], args.against))
     else:

@@ -256,6 +256,27 @@ def test_gold_letters_count_where_each_held_out_row_shows_its_right_option(tmp_p
         m.gold_letters(run)
 
 
+def test_regrade_grades_the_kept_replies_again_with_todays_bbq_rule(tmp_path):
+    m = _load("benchmarks/dual_ablation.py")
+    run = _letters_run(tmp_path, orders=[(0, 1, 2)] * 4)  # file order: the right options are A, C, C, B
+    rows = [json.loads(line) for line in (run / "evals" / "after_rl.jsonl").read_text().splitlines()]
+    # recorded by a grader that read the letter alone: 1, 1, 0, 1; today a letter followed by another option's
+    # text is unparseable: 1, 0, 0, 0
+    replies = {"bbq/Age/0": ("A) p0-0", 1.0), "bbq/Age/1": ("C) p1-0", 1.0), "bbq/Age/2": ("Answer: B", 0.0),
+               "bbq/Age/3": ("B) p3-2", 1.0)}
+    for r in rows:
+        r["completion"], reward = replies.get(r["id"], ("Answer: No", 0.0))
+        r["parts"] = {"bbq_rule": reward} if r["task"] == "fairness" else {"halueval_rule": reward}
+    (run / "evals" / "after_rl.jsonl").write_text("\n".join(json.dumps(r) for r in rows))
+    before = [{**r, "completion": "p0-0", "parts": {"bbq_rule": 0.0}} for r in rows if r["task"] == "fairness"]
+    (run / "evals" / "before_sft.jsonl").write_text("\n".join(json.dumps(r) for r in before))
+    assert m.regraded_accuracy(run, "after_rl") == (0.75, 0.25)
+    assert m.regraded_accuracy(run, "before_sft") == (0.0, 0.25)  # "p0-0", the text of row 0's right option
+    assert m.regraded_accuracy(run, "after_sft") is None
+    assert m.regrade_table([run]).splitlines()[2] == \
+        "| run-s3 | 3 | 0.000 → 0.250 | – | 0.750 → 0.250 | +0.750 | +0.000 |"
+
+
 @pytest.mark.skipif(not (SHARED_DATA / "bbq").is_dir(), reason=f"shared BBQ data not found at {SHARED_DATA}")
 def test_the_letter_table_in_the_docs_is_the_scripts_output():
     m = _load("benchmarks/dual_ablation.py")
