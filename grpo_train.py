@@ -53,7 +53,7 @@ from grpo.run.checkpointing import reference_weights, resume, save_checkpoint
 from grpo.run.config_check import check_config
 from grpo.run.console import banner, preset_note
 from grpo.run.doctoring import consult_doctor, doctor_line, doctor_stops, start_doctor
-from grpo.run.pareto import ParetoFrontier, require_heldout_rows
+from grpo.run.pareto import RUN_SUBDIR as PARETO_SUBDIR, ParetoFrontier, require_heldout_rows
 from grpo.run.plot import plot_run
 from grpo.run.report import build_report, format_report
 from grpo.run.run_folder import discarded_if_unstarted, prepare_run_dir
@@ -134,7 +134,7 @@ def setup(cfg: C.Config, *, callables: Mapping[str, Callable[..., Any]] | None =
         run.stop_ids = stop_token_ids(cfg.rollout, policy.tokenizer)
         fresh_optimizer(run)
         run.share_prompts = shares_prompts(cfg, run.train_model, dist)
-        run.frontier = ParetoFrontier(cfg.multi.pareto_cap, run_dir / "pareto")
+        run.frontier = ParetoFrontier(cfg.multi.pareto_cap, run_dir / PARETO_SUBDIR)
         if dist.is_main:
             (run_dir / "config.json").write_text(C.dumps(cfg))
         if dist.active and not per_completion_sampling(cfg.rollout, dist):
@@ -410,15 +410,12 @@ def finish(run: Run) -> dict[str, Any]:
     if not run.dist.is_main:
         return {}
     save_pretrained(run.policy, run.run_dir / "final", state)
-    report = build_report(run.run_dir)
-    best = run.frontier.best()
-    if best is not None:  # the Pareto point with the best mean held-out score, and where its weights are
-        report["pareto_best"] = {"step": best.step, "scores": best.scores, "path": str(best.path)}
-        (run.run_dir / "report.json").write_text(json.dumps(report, indent=2, default=str))
+    report = build_report(run.run_dir)  # its pareto_best: the frontier's index, as run.frontier wrote it
     print(format_report(report))
+    best = report.get("pareto_best")
     if best is not None:
-        print(f"Pareto frontier: {len(run.frontier.points)} point(s); best by mean score: step {best.step} "
-              f"{ {t: round(v, 3) for t, v in best.scores.items()} } -> {best.path}")
+        print(f"Pareto frontier: {len(run.frontier.points)} point(s); best by mean score: step {best['step']} "
+              f"{ {t: round(v, 3) for t, v in best['scores'].items()} } -> {best['path']}")
     try:
         plot_run(run.run_dir)
     except (OSError, ValueError, RuntimeError) as e:  # a plot must never lose a finished run

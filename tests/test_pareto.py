@@ -66,6 +66,24 @@ def test_offer_keeps_folders_and_index_in_sync(tmp_path):
     assert not list(root.glob(".*.tmp"))  # the atomic write left no temporary file
 
 
+def test_a_report_rebuilt_from_the_run_folder_names_the_best_pareto_point(tmp_path):
+    # the report of `python -m grpo.run.report RUN` (no Run object) says which checkpoint is best, as finish() does
+    import shutil
+
+    from grpo.run.report import build_report
+
+    run_dir = tmp_path / "run"
+    shutil.copytree(Path(__file__).resolve().parent / "fixtures" / "run_demo", run_dir,
+                    ignore=shutil.ignore_patterns("*.png", "report.json", "*.py"))
+    assert "pareto_best" not in build_report(run_dir)  # no frontier: no key
+    fr = ParetoFrontier(cap=3, root_dir=run_dir / "pareto")
+    fr.offer(10, {"fair": 0.2, "hall": 0.6}, saver(10))  # mean 0.4
+    fr.offer(20, {"fair": 0.5, "hall": 0.2}, saver(20))  # mean 0.35: kept (a trade-off), not the best
+    assert build_report(run_dir)["pareto_best"] == {"step": 10, "scores": {"fair": 0.2, "hall": 0.6},
+                                                    "path": str((run_dir / "pareto" / "step_000010").resolve())}
+    assert json.loads((run_dir / "report.json").read_text())["pareto_best"]["step"] == 10
+
+
 def test_cap_drops_least_crowded_and_its_folder(tmp_path):
     fr = ParetoFrontier(cap=3, root_dir=tmp_path)
     for step, (a, b) in [(1, (0.0, 1.0)), (2, (1.0, 0.0)), (3, (0.3, 0.7))]:

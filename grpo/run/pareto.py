@@ -31,6 +31,8 @@ STEP_DIR = re.compile(r"step_\d+")
 REMOVING = ".removing-"
 """Prefix of a point folder being deleted (`_remove_dir`); such folders are the frontier's by construction."""
 INDEX_FILE = "pareto.json"
+RUN_SUBDIR = "pareto"
+"""The frontier's folder inside a run folder (grpo_train.setup; the report reads its index from there)."""
 Scalarize = str | Mapping[str, float]
 
 

@@ -26,6 +26,7 @@ from typing import Any, Mapping, Sequence
 
 from grpo.core.doctor import VERDICT_TEXT, HealthThresholds, check, replayed, rl_steps, series, tasks_in, verdict
 from grpo.core.symptoms import heldout_collapse, sampled_at_chance
+from grpo.run.pareto import RUN_SUBDIR as PARETO_SUBDIR, ParetoFrontier
 from grpo.run.tracking import read_metrics
 
 ABSTENTION_RISE = 0.1
@@ -171,11 +172,13 @@ def build_report(run_dir: str | Path, thresholds: HealthThresholds | None = None
 
     Keys: run_dir, summary {rows, last_step, time_total_s, skipped_steps, restored_steps}, tasks {task: {before_sft,
     after_sft, after_rl, delta, delta_sft, delta_rl}}, bbq {task: `bbq_table` row}, recognition {task:
-    `recognition_table` row} (tasks with such rows only), pass_at_k (pass_at_k.json's figures, {} without it), findings [{level, code, message, suggestion, task, since}]
-    (active at the end of the run; `since` = the step a window finding fired at), suggestions [str], verdict
-    "green"|"yellow"|"too_short"|"red" (grpo/core/doctor.verdict), reasons [str], cleared [{code, task, level, first_step,
-    last_step, message}] (alarms that fired during the run and stopped). A run without eval.json still gets its
-    health findings; a run without metrics.jsonl raises FileNotFoundError naming the path.
+    `recognition_table` row} (tasks with such rows only), pass_at_k (pass_at_k.json's figures, {} without it),
+    findings [{level, code, message, suggestion, task, since}] (active at the end of the run; `since` = the step a
+    window finding fired at), suggestions [str], verdict "green"|"yellow"|"too_short"|"red"
+    (grpo/core/doctor.verdict), reasons [str], cleared [{code, task, level, first_step, last_step, message}] (alarms
+    that fired during the run and stopped), pareto_best {step, scores, path} (the Pareto frontier's point with the best
+    mean held-out score, from pareto/pareto.json; absent without one). A run without eval.json still gets its health
+    findings; a run without metrics.jsonl raises FileNotFoundError naming the path.
     """
     run_dir = Path(run_dir)
     history = read_metrics(run_dir)
@@ -206,6 +209,9 @@ def build_report(run_dir: str | Path, thresholds: HealthThresholds | None = None
         "reasons": reasons,
         "cleared": [asdict(a) for a in cleared],
     }
+    best = ParetoFrontier.load(1, run_dir / PARETO_SUBDIR).best()  # the cap bounds later offers; reading needs none
+    if best is not None:  # the Pareto point with the best mean held-out score, and where its weights are
+        report["pareto_best"] = {"step": best.step, "scores": best.scores, "path": str(best.path)}
     (run_dir / REPORT_FILE).write_text(json.dumps(report, indent=2) + "\n")
     return report
 
