@@ -91,7 +91,7 @@ def setup(cfg: C.Config, *, callables: Mapping[str, Callable[..., Any]] | None =
     device = dist_device or choose_device(cfg.train.device)
     name = dist.broadcast(cfg.train.run_name or f"{cfg.preset}-{time.strftime('%Y%m%d-%H%M%S')}")
     run_dir = Path(cfg.train.output_dir) / name
-    rows = load_samples(cfg.data, cfg.train.seed, cfg.tasks)
+    rows = load_samples(cfg.data, cfg.train.seed, cfg.tasks, announce=dist.is_main)  # every rank loads, one speaks
     train, heldout = split_by_task(rows.train, rows.heldout, cfg.data, cap=False)  # capped by fit_prompts
     require_heldout_rows(train, heldout, cfg.data.heldout_fraction)  # every task is evaluated: stop now if not
     specs = reward_specs(cfg.data.source, cfg.rewards, sorted(train), custom=cfg.tasks,
@@ -112,7 +112,7 @@ def setup(cfg: C.Config, *, callables: Mapping[str, Callable[..., Any]] | None =
         # (right after the assistant marker, no leading space)
         corpus = [s.messages[-1]["content"] for s in rows.every] + [s.target for s in rows.every if s.target]
         policy = policy_from_config(cfg.model, device, corpus, seed=cfg.train.seed, loaded=model)
-        train, heldout = fit_prompts(train, heldout, policy, cfg.data, cfg.rollout)  # data.max_prompt_tokens
+        train, heldout = fit_prompts(train, heldout, policy, cfg.data, cfg.rollout, dist.is_main)  # max_prompt_tokens
         if policy.grad_scaler is not None and cfg.multi.combine != "sum":
             raise C.ConfigError(f"multi.combine={cfg.multi.combine!r} needs bf16 or fp32 weights: the per-task "
                                 "gradients are not loss-scaled, so fp16 (this GPU has no bf16) would under- or "

@@ -97,3 +97,21 @@ def test_the_share_is_checked_and_needs_bbq_rows(tmp_path):
     conditions = Counter(s.gold["context_condition"] for s in load_samples(demo.data, 0).train
                          if "context_condition" in s.gold)
     assert conditions["ambig"] / sum(conditions.values()) == pytest.approx(1 / 3, abs=0.01)
+
+
+@needs_bbq
+def test_only_the_announcing_process_prints_what_loading_did(capsys):
+    # under accelerate every rank loads the same rows; the lines are printed once, by rank 0 (announce=dist.is_main)
+    from grpo.config.command_line import parse_trainer_argv
+    from grpo.run.setup_parts import load_samples
+
+    args = ["--preset", "smollm2-dual", "--data.data_dir", str(DATA), "--data.halueval_per_subset", "20",
+            "--data.bbq_ambiguous_share", "0.333", "--data.halueval_subsets", "general_recognition,qa"]
+    data = parse_trainer_argv(args, "t", "t")[0].data  # qa_data.json is not in the shared data: a skip note
+    quiet = load_samples(data, 0, announce=False)
+    assert capsys.readouterr() == ("", "")
+    loud = load_samples(data, 0)
+    out, err = capsys.readouterr()
+    assert "data.bbq_ambiguous_share=0.333: BBQ training rows" in out
+    assert "note: HaluEval subset 'qa' skipped" in err
+    assert quiet == loud

@@ -47,25 +47,27 @@ class RunSamples:
     heldout: list[Sample]
 
 
-def load_samples(data, seed: int, tasks: Mapping[str, Any] | None = None) -> RunSamples:
+def load_samples(data, seed: int, tasks: Mapping[str, Any] | None = None, *, announce: bool = True) -> RunSamples:
     """The rows of the built-in source `data.source` (demo | dual | none | a file, folder or Hub id whose rows name
     their task), split by the stable hash of their ids, plus each `tasks.<task>` source (grpo/data/sources.py: its own
     held-out rows, or the same hash split). `data` is the DataConfig section, `tasks` Config.tasks.
 
-    A task name given by both (tasks.fairness beside data.source=demo) is a ConfigError naming tasks.<task>."""
+    A task name given by both (tasks.fairness beside data.source=demo) is a ConfigError naming tasks.<task>.
+    `announce`: print the notes and warnings on the rows (False on every process of a run but the first: each loads
+    the same rows and would print the same lines)."""
     from grpo.data.loading import split_samples
     from grpo.data.sources import TaskSource, load_source_samples, load_sources
 
     tasks = dict(tasks or {})
     if data.source in ("demo", "dual"):
-        builtin = _builtin_samples(data, seed)
+        builtin = _builtin_samples(data, seed, announce)
     elif data.source == "none":
         builtin = []
     else:  # one source whose rows name their tasks: the `task` column (the original JSONL task file)
         builtin, _ = load_source_samples("", TaskSource(path=data.source, task_field="task"), data.system_prompt)
     train, heldout = split_samples(builtin, data.heldout_fraction)
     if data.bbq_ambiguous_share:
-        train = _thinned_bbq(train, data, seed)
+        train = _thinned_bbq(train, data, seed, announce)
     clash = sorted({s.task for s in builtin} & set(tasks))
     if clash:
         raise ConfigError(f"config field `tasks.{clash[0]}` names a task that data.source={data.source!r} already "
@@ -77,7 +79,7 @@ def load_samples(data, seed: int, tasks: Mapping[str, Any] | None = None) -> Run
         train, heldout = train + loaded.train, heldout + loaded.heldout
         every += loaded.train + loaded.heldout
     repeats = duplicate_report(every)
-    for line in repeats:
+    for line in repeats if announce else ():
         print(f"warning: {line}", file=sys.stderr)
     if not train:
         why = f" ({'; '.join(repeats)}: the split hashes ids, so rows sharing an id land on one side)" if repeats else ""
@@ -85,9 +87,9 @@ def load_samples(data, seed: int, tasks: Mapping[str, Any] | None = None) -> Run
     return RunSamples(every=every, train=train, heldout=heldout)
 
 
-def _thinned_bbq(train: list[Sample], data, seed: int) -> list[Sample]:
-    """The training rows with BBQ's thinned to data.bbq_ambiguous_share ambiguous contexts, and one line saying so;
-    a ConfigError when there are no BBQ training rows to thin."""
+def _thinned_bbq(train: list[Sample], data, seed: int, announce: bool) -> list[Sample]:
+    """The training rows with BBQ's thinned to data.bbq_ambiguous_share ambiguous contexts, and one line saying so
+    (with `announce`); a ConfigError when there are no BBQ training rows to thin."""
     from grpo.data.bbq import CONDITIONS, bbq_condition, with_ambiguous_share
 
     def conditions(rows: list[Sample]) -> dict[str, int]:
@@ -101,8 +103,9 @@ def _thinned_bbq(train: list[Sample], data, seed: int) -> list[Sample]:
                           "leave it at 0", field="data.bbq_ambiguous_share")
     kept = with_ambiguous_share(train, data.bbq_ambiguous_share, seed)
     after = conditions(kept)
-    print(f"data.bbq_ambiguous_share={data.bbq_ambiguous_share}: BBQ training rows {before['ambig']} ambiguous + "
-          f"{before['disambig']} disambiguated -> {after['ambig']} + {after['disambig']}")
+    if announce:
+        print(f"data.bbq_ambiguous_share={data.bbq_ambiguous_share}: BBQ training rows {before['ambig']} ambiguous + "
+              f"{before['disambig']} disambiguated -> {after['ambig']} + {after['disambig']}")
     return kept
 
 
@@ -125,7 +128,7 @@ def duplicate_report(samples: Iterable[Sample], show: int = 3) -> list[str]:
     return lines
 
 
-def _builtin_samples(data, seed: int) -> list[Sample]:
+def _builtin_samples(data, seed: int, announce: bool = True) -> list[Sample]:
     """The demo's synthetic rows, or BBQ + HaluEval from data.data_dir."""
     from grpo.data.halueval import RECOGNITION
     from grpo.data.loading import DataSpec, load_task
@@ -157,7 +160,8 @@ def _builtin_samples(data, seed: int) -> list[Sample]:
                             "data.halueval_subsets= (empty) to train fairness alone")
     for subset, path in paths.items():
         if path in missing:
-            print(f"note: HaluEval subset {subset!r} skipped: {path} does not exist", file=sys.stderr)
+            if announce:
+                print(f"note: HaluEval subset {subset!r} skipped: {path} does not exist", file=sys.stderr)
             continue
         specs.append(DataSpec(kind="halueval", path=str(path), subset=subset, limit=data.halueval_per_subset,
                               max_doc_chars=data.max_document_chars, system_prompt=system, seed=seed))
@@ -421,16 +425,16 @@ def prompt_token_limit(max_prompt_tokens: int, max_new_tokens: int, positions: i
 
 
 def drop_long_prompts(rows: Mapping[str, list[Sample]], tokenizer, limit: int, what: str,
-                      why: str = "") -> dict[str, list[Sample]]:
+                      why: str = "", announce: bool = True) -> dict[str, list[Sample]]:
     """`rows` by task without the prompts longer than `limit` tokens after the chat template (the way rollouts
-    encode them: grpo/models/tokens.encode_prompt); one line per task that lost rows, with the count."""
+    encode them: grpo/models/tokens.encode_prompt); one line per task that lost rows, with the count (`announce`)."""
     from grpo.models.tokens import encode_prompt
 
     kept: dict[str, list[Sample]] = {}
     for task, samples in rows.items():
         kept[task] = [s for s in samples if len(encode_prompt(tokenizer, s.messages)) <= limit]
         dropped = len(samples) - len(kept[task])
-        if dropped:
+        if dropped and announce:
             print(f"data.max_prompt_tokens: {dropped} of {len(samples)} {what} prompts of task {task!r} are longer "
                   f"than {limit} tokens and are dropped" + (f" ({why})" if why else ""))
         if samples and not kept[task]:
@@ -442,15 +446,15 @@ def drop_long_prompts(rows: Mapping[str, list[Sample]], tokenizer, limit: int, w
 
 
 def fit_prompts(train: Mapping[str, list[Sample]], heldout: Mapping[str, list[Sample]], policy: Policy,
-                data: C.DataConfig, rollout: C.RolloutConfig) -> tuple[dict, dict]:
+                data: C.DataConfig, rollout: C.RolloutConfig, announce: bool = True) -> tuple[dict, dict]:
     """Train and held-out rows without the prompts over data.max_prompt_tokens (lowered, with a message, where the
     model's positions cannot hold it plus rollout.max_new_tokens); the held-out rows that fit are then capped at
     data.eval_size per task (so a long prompt gives its place to the next held-out row, not an empty slot) and shown
-    by `evaluated_rows`."""
+    by `evaluated_rows`. `announce`: print what was dropped (see `load_samples`)."""
     positions = getattr(policy.model.config, "max_position_embeddings", None)
     limit, why = prompt_token_limit(data.max_prompt_tokens, rollout.max_new_tokens, positions)
-    kept = drop_long_prompts(heldout, policy.tokenizer, limit, "held-out", why)
-    return (drop_long_prompts(train, policy.tokenizer, limit, "training", why),
+    kept = drop_long_prompts(heldout, policy.tokenizer, limit, "held-out", why, announce)
+    return (drop_long_prompts(train, policy.tokenizer, limit, "training", why, announce),
             {task: evaluated_rows(rows, data) for task, rows in kept.items()})
 
 
