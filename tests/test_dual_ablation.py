@@ -175,6 +175,32 @@ def test_the_docs_tables_are_the_scripts_output_on_the_kept_runs():
     assert m.phase_table(nosft) in (ROOT / "benchmarks" / "RESULTS.md").read_text()
 
 
+@pytest.mark.skipif(not (SHARED_DATA / "bbq").is_dir(), reason=f"shared BBQ data not found at {SHARED_DATA}")
+def test_the_tables_of_the_2026_11_26_screens_are_the_scripts_output():
+    """benchmarks/RESULTS.md's screens of 2026-11-26 and the nosft runs under the grader that refuses a letter
+    followed by another option's text, from the kept records, by the commands it names."""
+    m = _load("benchmarks/dual_ablation.py")
+    doc = (ROOT / "benchmarks" / "RESULTS.md").read_text()
+    kept = ROOT / "benchmarks" / "results" / "dual_ablation_2026-11-26"
+    screens = [kept / f"{v}-s0" for v in ("preset", "taskmix", "pps8", "steps60", "adent", "vespo-mu2", "mu2")]
+    nosft = [kept / f"nosft-s{i}" for i in range(3)]
+    assert sorted(d.name for d in kept.iterdir()) == sorted([d.name for d in screens + nosft] + ["nosft-adent-s0"])
+    assert m.table([m.read_run(d) for d in screens]) in doc
+    assert m.paired_differences([m.read_run(d) for d in screens], "preset") in doc
+    assert m.paired_differences([m.read_run(d) for d in screens[-2:]], "mu2") in doc
+    assert m.table([m.read_run(d) for d in nosft + [kept / "nosft-adent-s0"]]) in doc
+    assert m.phase_table(nosft) in doc
+    balanced = ROOT / "benchmarks" / "results" / "dual_ablation_balanced"
+    assert m.regrade_table([balanced / f"nosft-s{i}" for i in range(3)]) in doc
+    # the preset's seed 0, run again on another machine, gave the kept run's measures and greedy answers
+    before = ROOT / "docs" / "runs" / "smollm2-dual" / "preset-s0"
+    assert json.loads((kept / "preset-s0" / "measures.json").read_text()) == \
+        json.loads((before / "measures.json").read_text())
+    for phase in ("after_sft", "after_rl"):
+        assert (kept / "preset-s0" / "evals" / f"{phase}.jsonl").read_text() == \
+            (before / "evals" / f"{phase}.jsonl").read_text()
+
+
 def test_top_answer_share_reads_the_greedy_answers_of_one_task(tmp_path):
     m = _load("benchmarks/dual_ablation.py")
     run = _write_run(tmp_path / "p-s0", _bbq(0.6, 0.4, -0.1), ba_rl=0.6, seed=0)
