@@ -559,6 +559,7 @@ def cli(argv: list[str]) -> int:
             return user_error(e, 1)  # known failure modes get their message; the last checkpoint (if any) is intact
         except (Interrupted, KeyboardInterrupt) as e:
             return interrupted(e, f"in {run.run_dir}")
+        run.dist.close()  # every rank got here: they leave together (Dist.close)
     return 128 + run.stopped_by if run.stopped_by else 0
 
 

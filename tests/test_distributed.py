@@ -126,6 +126,40 @@ def test_one_process_collectives_are_the_identity():
     assert d.prepare(model, opt) == (model, opt) and d.unwrap(model) is model
 
 
+def test_a_finished_command_line_run_destroys_the_process_group_after_a_barrier(monkeypatch, tmp_path):
+    # a rank that leaves without destroy_process_group can abort at exit ("terminate called without an active
+    # exception", SIGABRT: seen once in test_two_processes_stop_together_and_restore_on_every_rank under load)
+    import grpo_train as G
+
+    calls = []
+    monkeypatch.setattr(torch.distributed, "is_initialized", lambda: True)
+    monkeypatch.setattr(torch.distributed, "barrier", lambda: calls.append("barrier"))
+    monkeypatch.setattr(torch.distributed, "destroy_process_group", lambda: calls.append("destroy"))
+    Dist().close()
+    assert calls == []  # one process: nothing to close
+    two = Dist()
+    two.world = 2
+    two.close()
+    assert calls == ["barrier", "destroy"]
+
+    class FakeRun:
+        dist, stopped_by, run_dir = two, 0, tmp_path
+
+    calls.clear()
+    monkeypatch.setattr(G, "setup", lambda cfg: FakeRun())
+    monkeypatch.setattr(G, "main", lambda cfg, run: run)
+    assert G.cli(["--output-dir", str(tmp_path)]) == 0
+    assert calls == ["barrier", "destroy"]  # after the run, on every rank
+
+    def fails(cfg, run):
+        raise G.TrainingUnstable("weights went non-finite")
+
+    calls.clear()
+    monkeypatch.setattr(G, "main", fails)
+    assert G.cli(["--output-dir", str(tmp_path)]) == 1
+    assert calls == []  # after a failure other ranks may sit in a collective: no clean-up that would hang
+
+
 def test_share_refuses_an_uneven_split():
     d = Dist()
     d.world, d.rank = 2, 1

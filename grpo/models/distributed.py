@@ -96,6 +96,15 @@ class Dist:
         if self.active:
             torch.distributed.barrier()
 
+    def close(self) -> None:
+        """The end of a run that every rank finished: wait for the others, then destroy the process group, so that no
+        gloo worker thread outlives the interpreter (a rank that exits without this can abort with "terminate called
+        without an active exception": pytorch/pytorch#190489). Only after success: after a failure some ranks may
+        be inside a collective, and a collective clean-up would hang (the launcher ends them instead)."""
+        if self.active and torch.distributed.is_initialized():
+            torch.distributed.barrier()
+            torch.distributed.destroy_process_group()
+
     def sum_grads(self, params: Sequence[torch.nn.Parameter]) -> None:
         """All-reduce SUM of the parameters' gradients as one flat buffer (a missing gradient counts as zero)."""
         if not self.active:
