@@ -48,6 +48,8 @@ def assert_retry_not_blocked(out: Path, name: str = "r") -> None:
 
 # ------------------------------------------------------------------------------------- every named task has rows
 def _dual_dir(tmp_path: Path, halueval: list[str] | None) -> Path:
+    if not (SHARED / "bbq" / "Religion.jsonl").is_file():
+        pytest.skip(f"shared BBQ data not found at {SHARED}")
     root = tmp_path / "data"
     (root / "bbq").mkdir(parents=True)
     shutil.copy(SHARED / "bbq" / "Religion.jsonl", root / "bbq" / "Religion.jsonl")
