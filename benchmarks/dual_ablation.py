@@ -42,6 +42,8 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:  # grpo (answer classes, bbq_rule) from this checkout, as the other benchmarks do
+    sys.path.insert(0, str(ROOT))
 BAR = 0.10
 """Issue #26's bar: the RL phase raises BBQ accuracy and the recognition balanced accuracy by at least this."""
 COLLAPSE_CODES = ("answer_collapse", "heldout_collapse")
@@ -284,8 +286,6 @@ def regraded_accuracy(run_dir: Path, phase: str) -> tuple[float, float] | None:
     path = run_dir / "evals" / f"{phase}.jsonl"
     if not path.exists():
         return None
-    if str(ROOT) not in sys.path:
-        sys.path.insert(0, str(ROOT))
     from grpo.core.rewards import bbq_rule
 
     gold = shown_gold(run_dir, phase)
@@ -352,8 +352,6 @@ def top_answer_share(run_dir: Path, phase: str, task: str = "fairness") -> float
     path = run_dir / "evals" / f"{phase}.jsonl"
     if not path.exists():
         return None
-    if str(ROOT) not in sys.path:
-        sys.path.insert(0, str(ROOT))
     from grpo.core.answers import answer_class
 
     rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
