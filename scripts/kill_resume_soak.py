@@ -213,8 +213,11 @@ def main() -> int:
     rng = random.Random(args.seed)
 
     print("reference run (uninterrupted) ...", flush=True)
-    subprocess.run(command(out, "reference", args.steps, args.seed, args.eval_every, False), check=True,
-                   capture_output=True)
+    reference = subprocess.run(command(out, "reference", args.steps, args.seed, args.eval_every, False),
+                               capture_output=True, text=True)
+    if reference.returncode != 0:
+        print(f"the reference run failed (exit {reference.returncode}):\n{reference.stderr[-3000:]}")
+        return 1
 
     kills, corrupt, landed = 0, 0, {m: 0 for m in MODES}
     run_dir, logs = out / "soak", out / "logs"
