@@ -243,8 +243,36 @@ class RolloutConfig:
     Added to the grader reward before the advantages (reward/<task> metrics stay the graders'). 0 = off."""
     overlong_penalty_factor: float = 1.0
     """Scale of the soft overlong punishment (verl's overlong_buffer.penalty_factor); read when overlong_buffer > 0."""
+    tools: list[str] = field(default_factory=list)
+    """Functions the model may call in multi-turn rollouts, "package.module:function" or "path/to/file.py:function"
+    (described to the model by their signature and docstring, as TRL's tools=[...]; grpo/phases/tools.py). Empty =
+    single-turn rollouts. A call is `<tool_call>{"name": ..., "arguments": {...}}</tool_call>` in the reply; its
+    result comes back as a tool message and the model replies again. Only the model's own tokens are trained."""
+    max_tool_turns: int = 4
+    """Rounds of tool calls per trajectory (TRL's max_tool_calling_iterations); a reply that calls again after the
+    last round ends the trajectory, counted in tools/cut_by_limit."""
+    tool_timeout_s: float = 10.0
+    """Seconds one tool call may take; a call that overruns becomes an error message to the model and a counted
+    failure."""
+    max_tool_result_tokens: int = 256
+    """A tool result (or error message) longer than this many tokens is cut to it, marked as cut."""
+    max_trajectory_tokens: int = 0
+    """Token budget of a trajectory's completion (replies, tool results and template text together, as TRL's
+    max_completion_length); a reply or tool result past it ends the trajectory. 0 = only the per-reply
+    max_new_tokens, max_tool_turns and max_tool_result_tokens bound it."""
 
     def __post_init__(self) -> None:
+        _check(all(isinstance(t, str) and t.strip() for t in self.tools) and len(set(self.tools)) == len(self.tools),
+               "rollout.tools", self.tools, "list each tool once as 'package.module:function' or "
+               "'path/to/file.py:function'")
+        _check(self.max_tool_turns >= 1, "rollout.max_tool_turns", self.max_tool_turns, "use a positive integer")
+        _check(self.tool_timeout_s > 0, "rollout.tool_timeout_s", self.tool_timeout_s, "use a positive number of "
+               "seconds, e.g. 10")
+        _check(self.max_tool_result_tokens >= 1, "rollout.max_tool_result_tokens", self.max_tool_result_tokens,
+               "use a positive integer")
+        _check(self.max_trajectory_tokens == 0 or self.max_trajectory_tokens >= self.max_new_tokens,
+               "rollout.max_trajectory_tokens", self.max_trajectory_tokens,
+               f"use 0 (no budget) or at least max_new_tokens={self.max_new_tokens}")
         _check(self.k >= 2, "rollout.k", self.k, "GRPO needs at least 2 completions per prompt; use k >= 2")
         _check(self.max_new_tokens >= 1, "rollout.max_new_tokens", self.max_new_tokens, "use a positive integer")
         _check(0 <= self.min_new_tokens <= self.max_new_tokens, "rollout.min_new_tokens", self.min_new_tokens,

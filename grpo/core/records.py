@@ -51,6 +51,14 @@ class Rollout:
     """A stop token ended the completion."""
     truncated: bool
     """max_new_tokens was reached without a stop token."""
+    model_mask: tuple[int, ...] | None = None
+    """Multi-turn rollouts with tools (grpo/phases/tools.py): 1 on the completion ids the model sampled, 0 on tool
+    results and the template text around them (never trained on); None = every completion id is the model's."""
+    messages: tuple[dict[str, Any], ...] | None = None
+    """Multi-turn rollouts: the completion as chat messages (assistant replies and tool results, in order); `text`
+    is then the last reply. None for a single-turn rollout."""
+    tool_use: Any = None
+    """Multi-turn rollouts: what the trajectory did with its tools (grpo.core.tool_calls.ToolUse); None otherwise."""
 
 
 @dataclass(frozen=True)
@@ -116,9 +124,13 @@ class TrainBatch:
         )
 
     def _lengths(self) -> tuple[list[int], list[int]]:
-        """(prompt length, completion length) of every row, on the host: one read of the masks."""
+        """(prompt length, completion length) of every row, on the host: one read of the masks. The completion length
+        is the column after the last trained token, which is the mask's sum when the mask has no holes; a multi-turn
+        row (tool results masked out between the model's replies) keeps every column up to its last reply."""
         prompt_B = self.attention_mask_BL[:, :self.prompt_len].sum(1)
-        completion_B = self.completion_mask_BT.sum(1)
+        T = self.completion_mask_BT.shape[1]
+        columns_T = torch.arange(1, T + 1, device=self.completion_mask_BT.device, dtype=self.completion_mask_BT.dtype)
+        completion_B = ((self.completion_mask_BT > 0) * columns_T).amax(1) if T else self.completion_mask_BT.sum(1)
         lengths = torch.stack([prompt_B.to(completion_B.dtype), completion_B]).long().tolist()
         return lengths[0], lengths[1]
 

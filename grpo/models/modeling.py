@@ -33,11 +33,13 @@ TINY_CHAT_TEMPLATE = (
     "{% for m in messages %}"
     "{% if m['role'] == 'system' %}<|system|>{% elif m['role'] == 'user' %}<|user|>"
     "{% elif m['role'] == 'assistant' %}<|assistant|>"
-    "{% else %}{{ raise_exception('unknown chat role: ' ~ m['role'] ~ ' (use system, user or assistant)') }}"
+    "{% elif m['role'] == 'tool' %}<|system|>tool: "
+    "{% else %}{{ raise_exception('unknown chat role: ' ~ m['role'] ~ ' (use system, user, assistant or tool)') }}"
     "{% endif %}{{ m['content'] }}<|end|>{% endfor %}"
     "{% if add_generation_prompt %}<|assistant|>{% endif %}"
 )
-"""Each turn is `<|role|>content<|end|>`; the generation prompt is a bare `<|assistant|>`."""
+"""Each turn is `<|role|>content<|end|>`; the generation prompt is a bare `<|assistant|>`. A tool result (multi-turn
+rollouts with rollout.tools) is `<|system|>tool: content<|end|>`: the vocabulary has no tool token of its own."""
 DEFAULT_TINY_CORPUS = (
     "The answer is yes. The answer is no. I do not know. Cannot be determined.",
     "Question: who was more likely to forget? Answer: the grandfather, the grandson, unknown.",

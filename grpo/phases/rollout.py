@@ -216,14 +216,35 @@ def _complete(model, tokenizer, samples: Sequence[Sample], rollout: RolloutConfi
         raise ValueError(f"generate_rollouts: k={k}; use k ≥ 1 completions per sample")
     if not samples:
         raise ValueError("generate_rollouts: no samples given")
-    do_sample = not greedy
-    cache_implementation = "dynamic" if greedy else rollout.cache_implementation
     stop_ids = [int(i) for i in stop_ids or ()] or [stop_token_id(tokenizer)]
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else stop_ids[0]
     prompts = [encode_prompt(tokenizer, s.messages, system_prompt) for s in samples]
     repeated = [p for p in prompts for _ in range(k)]
+    with _seeded(generator_seed, next(model.parameters()).device):
+        completions, rows_fixed = decode_rows(model, repeated, rollout, stop_ids, pad_id, greedy=greedy,
+                                              row_keys=row_keys, synced_gpus=synced_gpus)
+
+    rollouts = []
+    for row, (prompt, raw) in enumerate(zip(repeated, completions)):
+        ids, stopped = cut_completion(raw, stop_ids)
+        rollouts.append(Rollout(sample=samples[row // k], prompt_ids=tuple(prompt), completion_ids=tuple(ids),
+                                text=tokenizer.decode(ids, skip_special_tokens=True), stopped=stopped,
+                                truncated=not stopped))
+    metrics = rollout_metrics(rollouts)
+    metrics["rollout/nonfinite_logit_rows"] = float(rows_fixed)
+    return rollouts, metrics
+
+
+def decode_rows(model, rows: Sequence[Sequence[int]], rollout: RolloutConfig, stop_ids: Sequence[int], pad_id: int, *,
+                greedy: bool, row_keys: Sequence[int] | None = None,
+                synced_gpus: bool = False) -> tuple[list[list[int]], torch.Tensor | int]:
+    """One batched decode continuing each of `rows` (token ids, unpadded; left-padded here): the raw new ids of
+    every row (cut them with `cut_completion`) and the sanitiser's count of fixed logit rows. The caller seeds the
+    RNG around it. Multi-turn rollouts (grpo/phases/tools.py) call it once per turn on the exact ids so far."""
+    do_sample = not greedy
+    cache_implementation = "dynamic" if greedy else rollout.cache_implementation
     bucket = STATIC_PROMPT_BUCKET if cache_implementation == "static" else 1
-    ids_BP, mask_BP = left_pad(repeated, pad_id, multiple_of=bucket)
+    ids_BP, mask_BP = left_pad(rows, pad_id, multiple_of=bucket)
     prompt_len = int(ids_BP.shape[1])
 
     processors: list[Any] = []
@@ -236,8 +257,8 @@ def _complete(model, tokenizer, samples: Sequence[Sample], rollout: RolloutConfi
     if row_keys is not None and do_sample:
         from grpo.models.sampling import SeededSampler
 
-        if len(row_keys) != len(repeated):
-            raise ValueError(f"generate_rollouts: {len(row_keys)} row keys for {len(repeated)} completions")
+        if len(row_keys) != len(rows):
+            raise ValueError(f"generate_rollouts: {len(row_keys)} row keys for {len(rows)} completions")
         # our sampler draws the token (warpers included); generate then only takes its one-hot argmax
         processors.append(SeededSampler(row_keys, prompt_len, rollout.temperature, rollout.top_k, rollout.top_p,
                                         rollout.min_p))
@@ -246,7 +267,7 @@ def _complete(model, tokenizer, samples: Sequence[Sample], rollout: RolloutConfi
                                      cache_implementation=cache_implementation)
     device = next(model.parameters()).device
     engine = choose_engine(model, rollout.engine, cache_implementation, synced_gpus)
-    with generation_mode(model), torch.no_grad(), _seeded(generator_seed, device):
+    with generation_mode(model), torch.no_grad():
         ids_BP, mask_BP = ids_BP.to(device), mask_BP.to(device)
         if engine == "lean":
             steps = sampling_processors(do_sample=do_sample, temperature=rollout.temperature,
@@ -261,14 +282,4 @@ def _complete(model, tokenizer, samples: Sequence[Sample], rollout: RolloutConfi
                                  logits_processor=LogitsProcessorList(processors),
                                  **({"synced_gpus": True} if synced_gpus else {}))
             sequences = out if isinstance(out, torch.Tensor) else out.sequences
-    completions = sequences[:, prompt_len:].tolist()
-
-    rollouts = []
-    for row, (prompt, raw) in enumerate(zip(repeated, completions)):
-        ids, stopped = cut_completion(raw, stop_ids)
-        rollouts.append(Rollout(sample=samples[row // k], prompt_ids=tuple(prompt), completion_ids=tuple(ids),
-                                text=tokenizer.decode(ids, skip_special_tokens=True), stopped=stopped,
-                                truncated=not stopped))
-    metrics = rollout_metrics(rollouts)
-    metrics["rollout/nonfinite_logit_rows"] = float(sanitizer.rows_fixed)
-    return rollouts, metrics
+    return sequences[:, prompt_len:].tolist(), sanitizer.rows_fixed

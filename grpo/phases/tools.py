@@ -1,0 +1,313 @@
+"""Tools and multi-turn rollouts: the model replies, a tool call is parsed from its reply (grpo/core/tool_calls.py),
+the function runs, its result is appended as a tool message rendered by the chat template, and the model replies
+again, until a reply without a call, `rollout.max_tool_turns` rounds of calls, or `rollout.max_trajectory_tokens`.
+
+    trajectory ids = prompt | reply_1 | tool suffix_1 | reply_2 | ... | reply_n     (one sequence, as sampled)
+    model mask     =   -    |  1 … 1  |    0 … 0      |  1 … 1  | ... |  1 … 1
+    tool suffix    = the ids `apply_chat_template` adds for the tool message(s) after an assistant turn that ends
+                     with the end-of-turn token (TRL 1.16 `_get_tool_suffix_ids`: a dummy conversation rendered with
+                     and without the tool messages; the difference after its last EOS)
+
+Each turn continues the exact ids so far (`decode_rows` of grpo/phases/rollout.py: same engine, processors, sampler),
+so the ids that are scored in training are the ids that were sampled and rendered; nothing is re-tokenised. The K
+trajectories of a prompt stay rows i·K … i·K + K − 1, one group.
+
+Safety: tools come only from the run's code or config (`rollout.tools`, `train(tools=...)`), never from a data row; a
+call runs in a daemon thread with `rollout.tool_timeout_s` (a call that overruns is abandoned: Python cannot kill a
+thread, so a tool that may hang forever should time itself out too); an exception, a timeout, a malformed call or an
+unknown tool becomes an error message to the model and a counted failure, never a crash; a result is turned into
+text (str, else JSON) and cut to `rollout.max_tool_result_tokens` tokens; nothing a tool returns is executed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import json
+import threading
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping, Sequence
+
+import torch
+
+from grpo.config.settings import ConfigError, RolloutConfig
+from grpo.core.records import Rollout, Sample
+from grpo.core.tool_calls import ToolCall, Trajectory, parse_tool_calls, tool_instructions, tool_metrics
+from grpo.grading.graders import GraderError, import_callable
+from grpo.models.sampling import splitmix64_int
+from grpo.models.tokens import _ids_from_template, _with_system, encode_prompt, stop_token_id
+from grpo.phases.rollout import _seeded, cut_completion, decode_rows, rollout_metrics
+
+CUT_MARK = " …[cut]"
+"""Appended to a tool result cut to rollout.max_tool_result_tokens, so the model can tell a cut result from a whole one."""
+INVALID_TOOL = "invalid"
+"""The name malformed calls and calls of unknown tools are counted (and answered) under."""
+
+
+class ToolError(ValueError):
+    """A tool cannot be used: not importable, no schema (docstring / type hints), a duplicate name, a chat template
+    that cannot render a tool message. The message names the tool and the fix."""
+
+
+@dataclass(frozen=True)
+class Tool:
+    """A function the model may call, described to it by its JSON schema."""
+
+    name: str
+    fn: Callable[..., Any] = field(repr=False)
+    schema: dict[str, Any] = field(repr=False)
+    """OpenAI-style {"type": "function", "function": {"name", "description", "parameters"}}."""
+
+
+def tool_schema(fn: Callable[..., Any]) -> dict[str, Any]:
+    """The function's JSON schema from its signature and docstring: transformers' `get_json_schema`, what TRL and
+    `apply_chat_template(tools=...)` use (type hints on every argument, a Google-style docstring with an Args
+    section)."""
+    from transformers.utils import get_json_schema
+
+    try:
+        return get_json_schema(fn)
+    except Exception as err:  # transformers raises its own TypeError / DocstringParsingException subclasses
+        raise ToolError(f"tool {getattr(fn, '__name__', fn)!r}: no JSON schema from its signature and docstring "
+                        f"({err}); give every argument a type hint and write a docstring with an Args: section, as "
+                        "for TRL's tools=[...]") from err
+
+
+def resolve_tools(specs: Sequence[str | Callable[..., Any]], callables: Mapping[str, Callable[..., Any]] | None = None,
+                  field_name: str = "rollout.tools") -> list[Tool]:
+    """Tools from "package.module:function" / "path/to/file.py:function" strings (imported as reward functions are),
+    names of `callables` (functions handed to `train(tools=...)`) or functions. ConfigError names `field_name`."""
+    tools: list[Tool] = []
+    for spec in specs:
+        try:
+            if callable(spec):
+                fn = spec
+            elif callables and spec in callables:
+                fn = callables[spec]
+            elif ":" in spec:
+                fn = import_callable(spec)
+            else:
+                raise GraderError("write 'package.module:function' or 'path/to/file.py:function' (or pass the "
+                                  "function itself: train(tools=[fn]))")
+            tool = Tool(name=tool_schema(fn)["function"]["name"], fn=fn, schema=tool_schema(fn))
+        except (GraderError, ToolError) as err:
+            raise ConfigError(f"config field `{field_name}`: tool {spec!r}: {err}", field=field_name) from err
+        if any(t.name == tool.name for t in tools):
+            raise ConfigError(f"config field `{field_name}`: two tools are named {tool.name!r}; rename one",
+                              field=field_name)
+        tools.append(tool)
+    return tools
+
+
+def call_with_timeout(fn: Callable[..., Any], arguments: Mapping[str, Any], timeout_s: float) -> tuple[Any, str | None]:
+    """(value, None) or (None, what went wrong): the call runs in a daemon thread, awaited when it is a coroutine
+    function; an exception or more than `timeout_s` seconds is an error string, never raised."""
+    box: dict[str, Any] = {}
+
+    def target() -> None:
+        try:
+            value = fn(**arguments)
+            box["value"] = asyncio.run(value) if inspect.iscoroutine(value) else value
+        except Exception as err:  # whatever the tool raises is the model's error message, counted
+            box["error"] = f"raised {type(err).__name__}: {err}"
+
+    thread = threading.Thread(target=target, name=f"tool-{getattr(fn, '__name__', 'call')}", daemon=True)
+    thread.start()
+    thread.join(timeout_s)
+    if thread.is_alive():
+        return None, f"timed out after {timeout_s:g} s"
+    if "error" in box:
+        return None, box["error"]
+    if "value" not in box:
+        return None, "ended without a result"
+    return box["value"], None
+
+
+def result_text(value: Any) -> str:
+    """A tool's return value as the text of its message: a str as it is, anything else as JSON (repr when it has
+    no JSON form). Only ever turned into text: nothing a tool returns is run or imported."""
+    if isinstance(value, str):
+        return value
+    try:
+        return json.dumps(value, ensure_ascii=False, default=str)
+    except (TypeError, ValueError):
+        return repr(value)
+
+
+def cut_to_tokens(tokenizer, text: str, budget: int) -> tuple[str, bool]:
+    """(text, cut): `text` cut to its first `budget` tokens, plus CUT_MARK, when it is longer."""
+    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    if len(ids) <= budget:
+        return text, False
+    return tokenizer.decode(ids[:budget]) + CUT_MARK, True
+
+
+def tool_suffix_ids(tokenizer, tool_messages: Sequence[Mapping[str, Any]]) -> list[int]:
+    """The ids the chat template appends for `tool_messages` after an assistant turn, up to and including the next
+    assistant generation prompt (TRL 1.16 `GRPOTrainer._get_tool_suffix_ids`, the same method): a dummy
+    conversation is rendered without and with them, the first cut after its last EOS."""
+    calls = [{"type": "function", "function": {"name": tool_messages[0]["name"], "arguments": {}}}]
+    dummy = [{"role": "user", "content": "dummy"}, {"role": "assistant", "content": "", "tool_calls": calls}]
+    prefix = _ids_from_template(tokenizer.apply_chat_template(dummy, add_generation_prompt=False, tokenize=True))
+    full = _ids_from_template(tokenizer.apply_chat_template(dummy + [dict(m) for m in tool_messages],
+                                                            add_generation_prompt=True, tokenize=True))
+    eos = [i for i, t in enumerate(prefix) if t == tokenizer.eos_token_id]
+    if eos:
+        prefix = prefix[:eos[-1] + 1]
+    if full[:len(prefix)] != prefix:
+        raise ToolError(f"the chat template of {type(tokenizer).__name__} renders the turns before a tool message "
+                        "differently once it follows, so its tokens cannot be appended to a trajectory; use a "
+                        "prefix-preserving template")
+    return full[len(prefix):]
+
+
+def renders_tools(tokenizer, schemas: Sequence[Mapping[str, Any]]) -> bool:
+    """Whether the chat template shows the tools it is given (Qwen2.5, Llama 3.1, ...): then the prompt is
+    rendered with `tools=` and the model sees its own format; otherwise the tools are described in the system turn."""
+    hi = [{"role": "user", "content": "hi"}]
+    try:
+        text = tokenizer.apply_chat_template(hi, tools=list(schemas), tokenize=False, add_generation_prompt=True)
+    except Exception:  # a template that refuses `tools` renders none (jinja2 errors have no common base here)
+        return False
+    return all(s["function"]["name"] in text for s in schemas) and \
+        text != tokenizer.apply_chat_template(hi, tokenize=False, add_generation_prompt=True)
+
+
+@dataclass
+class ToolBox:
+    """The run's tools and their limits, with what the chat template needs: built once at set-up (`build_toolbox`)."""
+
+    tools: list[Tool]
+    timeout_s: float
+    max_result_tokens: int
+    native: bool = False
+    """The chat template renders the tools itself (`renders_tools`)."""
+
+    @property
+    def names(self) -> list[str]:
+        return [t.name for t in self.tools]
+
+    @property
+    def schemas(self) -> list[dict[str, Any]]:
+        return [t.schema for t in self.tools]
+
+    def encode_prompt(self, tokenizer, messages: Sequence[Mapping[str, str]], system_prompt: str | None = None,
+                      ) -> list[int]:
+        """The prompt's ids with the tools shown: by the template (`native`) or in the system turn."""
+        if self.native:
+            out = tokenizer.apply_chat_template(_with_system(messages, system_prompt), tools=self.schemas,
+                                                add_generation_prompt=True, tokenize=True)
+            return _ids_from_template(out)
+        text = tool_instructions(self.schemas)
+        return encode_prompt(tokenizer, messages, text + "\n\n" + system_prompt if system_prompt else text)
+
+    def run(self, tokenizer, call: ToolCall) -> tuple[str, str, bool]:
+        """(name it is counted under, message content, failed) for one parsed call; never raises."""
+        label = call.name if call.name in self.names else INVALID_TOOL
+        if call.error is not None:
+            content, failed = f"error: {call.error}", True
+        else:
+            tool = self.tools[self.names.index(call.name)]
+            value, error = call_with_timeout(tool.fn, call.arguments, self.timeout_s)
+            content, failed = (f"error: {tool.name} {error}", True) if error else (result_text(value), False)
+        return label, cut_to_tokens(tokenizer, content, self.max_result_tokens)[0], failed
+
+
+def build_toolbox(rollout: RolloutConfig, tokenizer, callables: Mapping[str, Callable[..., Any]] | None = None,
+            ) -> ToolBox | None:
+    """The run's ToolBox from rollout.tools (None when it names none), checked against the tokenizer: its chat
+    template must render a tool message after an assistant turn (ToolError otherwise, before any rollout)."""
+    if not rollout.tools:
+        return None
+    tools = resolve_tools(rollout.tools, callables)
+    try:
+        tool_suffix_ids(tokenizer, [{"role": "tool", "name": tools[0].name, "content": "0"}])
+    except ToolError:
+        raise
+    except Exception as err:  # the template's own error (jinja2 TemplateError, a raise_exception of the template)
+        raise ToolError(f"the chat template of {type(tokenizer).__name__} cannot render a tool message ({err}); "
+                        "rollout.tools needs a template with a `tool` role") from err
+    return ToolBox(tools, rollout.tool_timeout_s, rollout.max_tool_result_tokens,
+                   native=renders_tools(tokenizer, [t.schema for t in tools]))
+
+
+def turn_keys(keys: Sequence[int] | None, turn: int) -> list[int] | None:
+    """Per-completion sampling keys of a turn: the rollout's own keys for the first reply (so it is what a
+    single-turn rollout would sample), a key derived from (key, turn) for each later one."""
+    if keys is None:
+        return None
+    return list(keys) if turn == 0 else [splitmix64_int(int(k) ^ splitmix64_int(turn)) for k in keys]
+
+
+def tool_rollouts(model, tokenizer, samples: Sequence[Sample], rollout: RolloutConfig,
+                  stop_ids: Sequence[int] | None = None, *, tools: ToolBox, greedy: bool = False,
+                  system_prompt: str | None = None, generator_seed: int | None = None,
+                  row_keys: Sequence[int] | None = None,
+                  synced_gpus: bool = False) -> tuple[list[Rollout], dict[str, float]]:
+    """`generate_rollouts` (or, `greedy`, one greedy trajectory per sample as `greedy_complete`) with tool turns.
+    Returns Rollouts whose completion is the whole trajectory (`model_mask`, `messages`, `tool_use` set; `text` is the
+    last reply) and the rollout/ metrics plus tools/ (grpo.core.tool_calls.tool_metrics)."""
+    if synced_gpus:
+        raise ValueError("rollout.tools under FSDP sharding: the processes would decode different numbers of turns; "
+                         "use train.sharding=none")
+    if not samples:
+        raise ValueError("tool_rollouts: no samples given")
+    k = 1 if greedy else rollout.k
+    stop_ids = [int(i) for i in stop_ids or ()] or [stop_token_id(tokenizer)]
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else stop_ids[0]
+    prompts = [tools.encode_prompt(tokenizer, s.messages, system_prompt) for s in samples]
+    repeated = [p for p in prompts for _ in range(k)]
+    if row_keys is not None and len(row_keys) != len(repeated):
+        raise ValueError(f"tool_rollouts: {len(row_keys)} row keys for {len(repeated)} completions")
+    trajs = [Trajectory() for _ in repeated]
+    stopped = [False] * len(trajs)
+    last = [""] * len(trajs)
+    rows_fixed: torch.Tensor | int = 0
+    with _seeded(generator_seed, next(model.parameters()).device):
+        for turn in range(rollout.max_tool_turns + 1):
+            active = [i for i, t in enumerate(trajs) if not t.done]
+            if not active:
+                break
+            keys = turn_keys(None if row_keys is None else [row_keys[i] for i in active], turn)
+            raw, fixed = decode_rows(model, [repeated[i] + trajs[i].ids for i in active], rollout, stop_ids, pad_id,
+                                     greedy=greedy, row_keys=keys, synced_gpus=synced_gpus)
+            rows_fixed = rows_fixed + fixed
+            for i, new in zip(active, raw):
+                stopped[i], last[i] = _take_turn(trajs[i], new, turn, tokenizer, rollout, tools, stop_ids)
+    rollouts = [Rollout(sample=samples[i // k], prompt_ids=tuple(p), completion_ids=tuple(t.ids), text=last[i],
+                        stopped=stopped[i], truncated=not stopped[i], model_mask=tuple(t.model_mask),
+                        messages=tuple(t.messages), tool_use=t.use())
+                for i, (p, t) in enumerate(zip(repeated, trajs))]
+    metrics = rollout_metrics(rollouts)
+    metrics.update(tool_metrics([r.tool_use for r in rollouts], tools.names))
+    metrics["rollout/nonfinite_logit_rows"] = float(rows_fixed)
+    return rollouts, metrics
+
+
+def _take_turn(traj: Trajectory, new: Sequence[int], turn: int, tokenizer, rollout: RolloutConfig, tools: ToolBox,
+               stop_ids: Sequence[int]) -> tuple[bool, str]:
+    """Append one sampled reply to `traj`, then its tool messages when it calls tools and a limit allows; marks the
+    trajectory done when it ends. Returns (the reply stopped on a stop token, the reply's text)."""
+    ids, stopped = cut_completion(new, stop_ids)
+    budget = rollout.max_trajectory_tokens
+    if budget and len(traj.ids) + len(ids) > budget:  # the trajectory's token budget cuts this reply
+        ids, stopped, traj.cut_by_limit = ids[:budget - len(traj.ids)], False, True
+    text = tokenizer.decode(ids, skip_special_tokens=True)
+    calls = parse_tool_calls(text, tools.names) if stopped else []
+    traj.add_reply(ids, text, calls)
+    if not calls:  # a final answer, or a reply cut by max_new_tokens / the budget
+        traj.done = True
+        return stopped, text
+    if turn == rollout.max_tool_turns:  # it calls again, but no round of calls is left: counted, not run
+        traj.count((c.name if c.name in tools.names else INVALID_TOOL, None, False) for c in calls)
+        traj.cut_by_limit = traj.done = True
+        return stopped, text
+    results = [tools.run(tokenizer, c) for c in calls]
+    suffix = tool_suffix_ids(tokenizer, [{"role": "tool", "name": name, "content": content}
+                                         for name, content, _ in results])
+    if budget and len(traj.ids) + len(suffix) >= budget:  # no room for the results and a reply: end here (as TRL)
+        traj.count(results)
+        traj.cut_by_limit = traj.done = True
+        return stopped, text
+    traj.add_tool_messages(suffix, results)
+    return stopped, text
