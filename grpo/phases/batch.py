@@ -12,7 +12,7 @@ import torch
 
 from grpo.models.logprobs import completion_logprobs
 from grpo.core.records import Scored, TrainBatch
-from grpo.models.tokens import collate
+from grpo.models.tokens import collate, right_pad
 
 
 def build_train_batch(scored: Sequence[Scored], advantages_B: torch.Tensor, tasks: Sequence[str], pad_id: int,
@@ -20,9 +20,14 @@ def build_train_batch(scored: Sequence[Scored], advantages_B: torch.Tensor, task
     """Collate the rollouts (order kept) with their advantages; nothing here carries a graph. `group_size` K > 1:
     the rollouts come as K consecutive completions per prompt, and the forward passes may encode each prompt once
     (TrainBatch.group_size). `mask_truncated` (loss.mask_truncated): the completion mask of every truncated rollout
-    is zero, so it carries no loss and no count in the step's denominators (its tokens still sit in the batch)."""
+    is zero, so it carries no loss and no count in the step's denominators (its tokens still sit in the batch).
+    A multi-turn rollout (Rollout.model_mask) keeps its whole trajectory in the batch, and its completion mask is 0 on
+    the tool results and template text between its replies: the loss, KL and entropy never see them."""
     input_ids, attention, completion_mask, prompt_len = collate(
         [list(s.rollout.prompt_ids) for s in scored], [list(s.rollout.completion_ids) for s in scored], pad_id)
+    if any(s.rollout.model_mask is not None for s in scored):  # multi-turn: train on the model's own tokens only
+        model_BT = right_pad([s.rollout.model_mask or [1] * len(s.rollout.completion_ids) for s in scored], 0)[0]
+        completion_mask = completion_mask * model_BT.to(completion_mask.dtype)
     if mask_truncated:
         kept_B = torch.tensor([not s.rollout.truncated for s in scored], dtype=completion_mask.dtype)
         completion_mask = completion_mask * kept_B[:, None]
