@@ -61,7 +61,7 @@ from grpo.run.exits import USER_ERRORS, interrupted, user_error
 from grpo.run.setup_parts import (build_trackers, check_sharding, check_task_entries, choose_device, fit_prompts,
                                   fresh_optimizer, load_samples, parse_task_mix, per_completion_sampling,
                                   policy_from_config, reward_specs, seed_everything, shares_prompts, split_by_task,
-                                  stop_token_ids)
+                                  stop_token_ids, with_epochs)
 from grpo.run.signals import Interrupted, StopRequest, signals_raise
 from grpo.run.state import Run
 from grpo.run.trl_config import read_config_file
@@ -113,6 +113,7 @@ def setup(cfg: C.Config, *, callables: Mapping[str, Callable[..., Any]] | None =
         corpus = [s.messages[-1]["content"] for s in rows.every] + [s.target for s in rows.every if s.target]
         policy = policy_from_config(cfg.model, device, corpus, seed=cfg.train.seed, loaded=model)
         train, heldout = fit_prompts(train, heldout, policy, cfg.data, cfg.rollout, dist.is_main)  # max_prompt_tokens
+        cfg = with_epochs(cfg, train, dist.world, dist.is_main)  # train.num_epochs: the steps from the rows
         if policy.grad_scaler is not None and cfg.multi.combine != "sum":
             raise C.ConfigError(f"multi.combine={cfg.multi.combine!r} needs bf16 or fp32 weights: the per-task "
                                 "gradients are not loss-scaled, so fp16 (this GPU has no bf16) would under- or "
@@ -428,6 +429,7 @@ def main(cfg: C.Config, run: Run | None = None) -> Run:
     """The whole run: `setup` (unless `run` is one already set up, as `train` hands it in), evaluations, SFT, the
     RL loop with its evaluations and checkpoints, `finish`."""
     run = run if run is not None else setup(cfg)
+    cfg = run.cfg  # as set up: train.num_epochs counted into train.max_steps
     say = print if run.dist.is_main else (lambda *a, **k: None)  # one voice: rank 0
     say(banner(run))
     if cfg.checkpoint.resume:

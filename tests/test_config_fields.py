@@ -111,6 +111,11 @@ BAD: list[tuple[str, Any, dict[str, Any]]] = [
     ("train.max_grad_norm", 0.0, {}),
     ("train.skip_grad_norm", 0.0, {}),
     ("train.warmup_steps", -1, {}),
+    ("train.warmup_ratio", 1.0, {}),
+    ("train.warmup_ratio", 0.1, {"train.warmup_steps": 5}),  # both given
+    ("train.num_epochs", -1.0, {}),
+    ("train.lr_scheduler", "polynomial", {}),
+    ("train.micro_batch_size", -1, {}),
     ("train.eval_every", -1, {}),
     ("train.sample_every", -1, {}),
     ("train.dynamic_sampling_max_rounds", -1, {}),
@@ -144,7 +149,7 @@ BAD: list[tuple[str, Any, dict[str, Any]]] = [
     ("multi.release", 0, {}),
     ("multi.pareto_cap", 0, {}),
     ("checkpoint.every", -1, {}),
-    ("checkpoint.keep_last", 0, {}),
+    ("checkpoint.keep_last", -1, {}),
     ("kl", {"fairness": C.TaskKLConfig()}, {}),  # no `default` entry
     ("rewards.fairness", "  ", {}),
     # your own tasks (tasks.<task>) and reward models (reward_models.<name>), checked under their own names

@@ -142,7 +142,7 @@ def test_a_grpo_config_is_translated_field_by_field_and_untranslatable_fields_ar
     args = trl.GRPOConfig(output_dir="out", use_cpu=True, bf16=False, learning_rate=1e-4, num_generations=4,
                           per_device_train_batch_size=16, gradient_accumulation_steps=2, beta=0.02, epsilon=0.25,
                           loss_type="dr_grpo", importance_sampling_level="sequence", max_completion_length=32,
-                          temperature=0.7, num_iterations=2, scale_rewards="batch", max_steps=7, seed=3)
+                          temperature=0.7, num_iterations=2, scale_rewards="batch", max_steps=8, seed=3)
     tree, weights = from_trl(args)
     cfg = C.from_dict(C.config_tree("custom", [], tree))
     assert (cfg.train.lr, cfg.rollout.k, cfg.train.prompts_per_micro_step, cfg.train.grad_accum) == (1e-4, 4, 4, 2)
@@ -150,16 +150,20 @@ def test_a_grpo_config_is_translated_field_by_field_and_untranslatable_fields_ar
     assert (cfg.loss.clip_low, cfg.loss.clip_high) == (0.25, 0.25)  # TRL: epsilon_high defaults to epsilon
     assert (cfg.loss.agg_mode, cfg.loss.policy_loss, cfg.loss.mu, cfg.loss.adv_scale) == \
         ("seq-mean-token-sum-norm", "gspo", 2, "batch")
-    assert (cfg.rollout.max_new_tokens, cfg.rollout.temperature, cfg.train.max_steps, cfg.train.seed) == (32, 0.7, 7, 3)
-    assert (cfg.train.device, cfg.train.output_dir) == ("cpu", "out")
-    assert from_trl({"report_to": "none"})[0] == {"train": {"tensorboard": False}}
+    assert (cfg.rollout.max_new_tokens, cfg.rollout.temperature, cfg.train.seed) == (32, 0.7, 3)
+    assert (cfg.train.max_steps, cfg.total_updates) == (4, 8)  # TRL's 8 optimizer steps: 4 generations x mu 2
+    assert (cfg.train.device, cfg.train.output_dir, cfg.train.run_name) == ("cpu", ".", "out")
+    assert from_trl({"report_to": "none"})[0]["train"]["tensorboard"] is False
     assert weights is None
     untouched, _ = from_trl(trl.GRPOConfig(output_dir="out", use_cpu=True, bf16=False))
-    assert untouched == {"train": {"output_dir": "out", "device": "cpu"}}  # TRL's defaults translate to nothing
-    with pytest.raises(C.ConfigError, match=r"\['delta', 'use_vllm'\]") as err:
-        from_trl(trl.GRPOConfig(output_dir="out", use_cpu=True, bf16=False, use_vllm=True, delta=2.0))
-    assert err.value.field == "delta"
-    with pytest.raises(C.ConfigError, match="multiple of num_generations"):
+    assert untouched == from_trl({"output_dir": "out", "use_cpu": True, "bf16": False})[0]  # TRL's defaults apply
+    assert untouched["train"]["seed"] == 42 and untouched["loss"]["clip_high"] == 0.2
+    with pytest.raises(C.ConfigError, match=r"\['use_vllm'\]") as err:
+        from_trl(trl.GRPOConfig(output_dir="out", use_cpu=True, bf16=False, use_vllm=True))
+    assert err.value.field == "use_vllm"
+    with pytest.raises(C.ConfigError, match="delta"):
+        from_trl(trl.GRPOConfig(output_dir="out", use_cpu=True, bf16=False, delta=2.0))
+    with pytest.raises(C.ConfigError, match="not a multiple of num_generations"):
         from_trl({"num_generations": 3, "per_device_train_batch_size": 8})
 
 
@@ -188,7 +192,9 @@ def test_config_files_hold_our_sections_or_trls_fields_and_flags_override_them(t
     assert (printed["preset"], printed["rollout"]["k"], printed["train"]["lr"]) == ("demo", 3, 0.002)
     trl_file = tmp_path / "grpo.json"
     trl_file.write_text(json.dumps({"learning_rate": 0.0005, "num_generations": 4, "loss_type": "grpo", "beta": 0.0}))
-    assert grpo_train.cli(["--config", str(trl_file), "--print-config"]) == 0
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text("".join(json.dumps(r) + "\n" for r in ROWS))
+    assert grpo_train.cli(["--config", str(trl_file), "--tasks.caps.path", str(rows), "--print-config"]) == 0
     printed = json.loads(capsys.readouterr().out)
     assert (printed["train"]["lr"], printed["rollout"]["k"], printed["loss"]["agg_mode"]) == \
         (0.0005, 4, "seq-mean-token-mean")

@@ -420,18 +420,38 @@ class TaskKLConfig:
     # them to each kl.<task> section with the field named, so the config cannot accept what a controller refuses.
 
 
+LR_SCHEDULERS = ("constant", "linear", "cosine")
+"""train.lr_scheduler values (grpo/run/setup_parts.lr_factor computes each)."""
+
+
 @dataclass
 class TrainConfig:
     max_steps: int = 60
     """RL steps (rollout batches)."""
+    num_epochs: float = 0.0
+    """> 0: the RL phase runs this many passes over the training prompts instead of max_steps (TRL's
+    num_train_epochs): RL steps = ceil(num_epochs x (training prompts // prompts a step over every process)), counted
+    when the rows are loaded. 0 = max_steps decides."""
     lr: float = 1e-5
-    """AdamW learning rate of the RL phase."""
+    """AdamW learning rate of the RL phase (the peak of lr_scheduler)."""
+    lr_scheduler: str = "constant"
+    """constant | linear (to 0 at the last optimizer step) | cosine (half a cosine to 0), each after the warm-up
+    (warmup_steps or warmup_ratio): transformers' get_scheduler formulas (TRL's lr_scheduler_type; its
+    constant_with_warmup is constant here), over the RL phase's optimizer steps (max_steps x loss.mu)."""
     weight_decay: float = 0.0
     """AdamW weight decay."""
     warmup_steps: int = 0
-    """Linear learning-rate warm-up (optimizer steps)."""
+    """Linear learning-rate warm-up: optimizer step n (0-based) of the first warmup_steps runs at lr x n/warmup_steps
+    (transformers' formula, so TRL's; the first step at 0)."""
+    warmup_ratio: float = 0.0
+    """The warm-up as a share of the RL phase's optimizer steps: ceil(share x steps) (TRL's warmup_steps < 1).
+    Give warmup_steps or warmup_ratio, not both."""
     prompts_per_micro_step: int = 2
     """Prompts per micro-batch; a micro-batch holds prompts_per_micro_step x k sequences."""
+    micro_batch_size: int = 0
+    """Sequences per micro-batch of the update and of the log-prob passes, when a prompt's group may span
+    micro-batches (TRL's per_device_train_batch_size counts completions); the optimizer step is the same as on the
+    whole batch. 0 = prompts_per_micro_step x rollout.k."""
     grad_accum: int = 1
     """Micro-batches per optimizer step. Prompts per RL step = prompts_per_micro_step x grad_accum."""
     max_grad_norm: float = 1.0
@@ -501,6 +521,13 @@ class TrainConfig:
         for f in ("max_steps", "prompts_per_micro_step", "grad_accum", "max_consecutive_bad", "log_every"):
             _check(getattr(self, f) >= 1, f"train.{f}", getattr(self, f), "use a positive integer")
         _check(self.lr > 0, "train.lr", self.lr, "use a learning rate > 0, e.g. 1e-5")
+        _check(self.num_epochs >= 0, "train.num_epochs", self.num_epochs, "use a number of passes > 0, or 0 (off)")
+        _one_of("train.lr_scheduler", self.lr_scheduler, LR_SCHEDULERS)
+        _check(0 <= self.warmup_ratio < 1, "train.warmup_ratio", self.warmup_ratio, "use a share in [0, 1)")
+        _check(not (self.warmup_ratio and self.warmup_steps), "train.warmup_ratio", self.warmup_ratio,
+               f"train.warmup_steps={self.warmup_steps} is set too: give one of the two")
+        _check(self.micro_batch_size >= 0, "train.micro_batch_size", self.micro_batch_size,
+               "use a number of sequences >= 1, or 0 (prompts_per_micro_step x rollout.k)")
         _check(self.weight_decay >= 0, "train.weight_decay", self.weight_decay, "use a value >= 0 (0 = off)")
         _check(self.seed >= 0, "train.seed", self.seed, "use an integer >= 0")
         _check(not self.run_name or _inside_folder(self.run_name), "train.run_name", self.run_name,
@@ -631,7 +658,7 @@ class CheckpointConfig:
     every: int = 0
     """Save a checkpoint every N RL steps (0 = only at the end and on interruption)."""
     keep_last: int = 2
-    """Checkpoints kept per run (older ones are deleted)."""
+    """Checkpoints kept per run (older ones are deleted); 0 = keep every one (TRL's save_total_limit=None)."""
     resume: str = ""
     """"" = fresh run | auto = newest complete checkpoint of the run folder | a checkpoint or run folder path."""
     trust_pickle: bool = False
@@ -640,7 +667,7 @@ class CheckpointConfig:
 
     def __post_init__(self) -> None:
         _check(self.every >= 0, "checkpoint.every", self.every, "use an integer >= 0 (0 = only at the end)")
-        _check(self.keep_last >= 1, "checkpoint.keep_last", self.keep_last, "use a positive integer")
+        _check(self.keep_last >= 0, "checkpoint.keep_last", self.keep_last, "use a positive integer, or 0 (keep all)")
 
 
 BUILTIN_SOURCES = ("demo", "dual", "none")
@@ -784,8 +811,8 @@ class Config:
 
     @property
     def micro_batch_seqs(self) -> int:
-        """Sequences per micro-batch of the update."""
-        return self.train.prompts_per_micro_step * self.rollout.k
+        """Sequences per micro-batch of the update: train.micro_batch_size, else prompts_per_micro_step x k."""
+        return self.train.micro_batch_size or self.train.prompts_per_micro_step * self.rollout.k
 
     @property
     def seqs_per_step(self) -> int:

@@ -35,8 +35,9 @@ def banner(run: Run) -> str:
              f"batch: {cfg.train.prompts_per_micro_step} prompts x K {cfg.rollout.k} x GA {cfg.train.grad_accum} "
              + (f"x {run.dist.world} processes{' (FSDP full shard)' if run.dist.sharded else ''} "
                 if run.dist.active else "")
-             + f"= {cfg.seqs_per_step * run.dist.world} completions per step, {cfg.rollout.max_new_tokens} new "
-             "tokens max",
+             + f"= {cfg.seqs_per_step * run.dist.world} completions per step"
+             + (f" in micro-batches of {cfg.micro_batch_seqs}" if cfg.train.micro_batch_size else "")
+             + f", {cfg.rollout.max_new_tokens} new tokens max",
              f"loss {cfg.loss.policy_loss}, agg {cfg.loss.agg_mode}, KL {cfg.loss.kl_estimator}, mu {cfg.loss.mu}, "
              f"clip [{1 - cfg.loss.clip_low:g}, {1 + cfg.loss.clip_high:g}]",
              "tasks: " + ", ".join(f"{t} ({len(run.train[t])} train / {len(run.heldout.get(t, []))} held out, "

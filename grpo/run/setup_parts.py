@@ -6,6 +6,8 @@ The entry point hands each function one config section (or plain values); nothin
 
 from __future__ import annotations
 
+import dataclasses
+import math
 import os
 import pickle
 import random
@@ -374,7 +376,7 @@ def fresh_optimizer(run: Run) -> None:
     """Optimizer, scheduler, weight guard and gradient surgery for the policy's current trainable parameters
     (after SFT or a reference restore they are new objects under LoRA), prepared for the run's processes."""
     params = run.policy.trainable_parameters()
-    optimizer, run.scheduler = build_optimizer(run.cfg.train, params)
+    optimizer, run.scheduler = build_optimizer(run.cfg.train, params, run.cfg.total_updates)
     run.guard = WeightGuard(run.dist.local(params), max_consecutive=run.cfg.train.max_consecutive_bad)
     run.surgery = build_surgery(run.cfg, params, run.tasks)
     run.train_model, run.optimizer = run.dist.prepare(run.policy.model, optimizer)
@@ -401,12 +403,50 @@ def parse_task_mix(text: str) -> dict[str, float] | None:
         raise C.ConfigError(f"config field `data.task_mix` = {text!r} is invalid: weights must be numbers") from None
 
 
-def build_optimizer(train: C.TrainConfig, params: list[torch.nn.Parameter]):
-    """AdamW over the trainable parameters, with a linear warm-up."""
+def build_optimizer(train: C.TrainConfig, params: list[torch.nn.Parameter], total_updates: int):
+    """AdamW over the trainable parameters, with train.lr_scheduler over the RL phase's `total_updates` optimizer
+    steps after its warm-up (warmup_steps, or warmup_ratio of the steps)."""
     optimizer = adamw(params, lr=train.lr, weight_decay=train.weight_decay)
-    warmup = train.warmup_steps
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda n: min(1.0, (n + 1) / warmup) if warmup else 1.0)
+    warmup = train.warmup_steps or math.ceil(total_updates * train.warmup_ratio)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda n: lr_factor(n, train.lr_scheduler, warmup, total_updates))
     return optimizer, scheduler
+
+
+def epoch_steps(n_prompts: int, prompts_per_step: int, epochs: float) -> int:
+    """RL steps of `epochs` passes over `n_prompts` training prompts, `prompts_per_step` a step: TRL's count
+    (transformers' Trainer over GRPO's RepeatSampler, which drops the last incomplete batch of an epoch)."""
+    return math.ceil(epochs * (n_prompts // prompts_per_step))
+
+
+def with_epochs(cfg: C.Config, train: Mapping[str, list], world: int, announce: bool) -> C.Config:
+    """`cfg` with train.max_steps counted from train.num_epochs over the loaded training rows (unchanged when
+    num_epochs is 0); a ConfigError when an epoch holds no whole step."""
+    if not cfg.train.num_epochs:
+        return cfg
+    n_prompts, per_step = sum(len(rows) for rows in train.values()), cfg.prompts_per_step * world
+    steps = epoch_steps(n_prompts, per_step, cfg.train.num_epochs)
+    if steps < 1:
+        raise C.ConfigError(f"train.num_epochs={cfg.train.num_epochs}: {n_prompts} training prompts hold no whole RL "
+                            f"step of {per_step} prompts; lower the batch or give more rows", field="train.num_epochs")
+    if announce:
+        print(f"train.num_epochs {cfg.train.num_epochs:g}: {n_prompts} training prompts, {per_step} a step, "
+              f"{n_prompts // per_step} steps an epoch -> {steps} RL steps ({steps * cfg.loss.mu} optimizer steps)")
+    return dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, max_steps=steps))
+
+
+def lr_factor(n: int, schedule: str, warmup: int, total: int) -> float:
+    """The learning rate of optimizer step n (0-based) as a share of train.lr: transformers' get_scheduler formulas
+    (get_constant_schedule_with_warmup, get_linear_schedule_with_warmup, get_cosine_schedule_with_warmup with half a
+    cycle), so TRL's, under any of C.LR_SCHEDULERS."""
+    if n < warmup:
+        return n / max(1, warmup)
+    if schedule == "constant":
+        return 1.0
+    if schedule == "linear":
+        return max(0.0, (total - n) / max(1, total - warmup))
+    progress = (n - warmup) / max(1, total - warmup)
+    return max(0.0, 0.5 * (1.0 + math.cos(math.pi * progress)))
 
 
 def prompt_token_limit(max_prompt_tokens: int, max_new_tokens: int, positions: int | None) -> tuple[int, str]:

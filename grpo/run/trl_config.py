@@ -2,21 +2,23 @@
 
 A config file holds either grpo-dual's own sections (`{"rollout": {"k": 8}, "train": {"lr": 1e-5}}`, optionally
 `"preset": NAME`) or TRL's flat GRPOConfig fields (`learning_rate: 1e-6`, `num_generations: 8`, ...), recognised by
-its keys. A GRPOConfig object (`train(..., args=GRPOConfig(...))`) or its dict goes through the same translation:
-
-- every field that was set (in a file or dict: every key; in an object: every field whose value differs from the
-  dataclass default) is translated to its grpo-dual field where one exists (TRL_FIELDS, CONVERTERS), else named in
-  a ConfigError: nothing is ignored;
-- fields left at TRL's defaults translate to nothing: grpo-dual's preset values apply to them (TRL's defaults are
-  not grpo-dual's, e.g. learning_rate 1e-6, beta 0.0).
-
-`reward_weights` weigh the reward functions given to `train(rewards=...)` as lists, in order, as in TRL.
+its keys. A GRPOConfig object (`train(..., args=GRPOConfig(...))`), its dict or such a file is the whole
+configuration, as in TRL: every field of TABLE applies with its value, TRL's defaults included (a field missing from a
+file or dict has TRL 1.16's default, TABLE's `default` column), so an object and the file of the same fields give the
+same run. Each row of TABLE is a TRL field, the grpo-dual field(s) it sets and the rule; TABLE is the documentation
+(docs/TRL.md is generated from it: `python -m grpo.run.trl_config > docs/TRL.md`, checked by tests/test_trl_plan.py).
+A field outside TABLE must keep TRL's default: a value set there is a ConfigError naming it. A value a row cannot
+honour is either refused by name or, where grpo-dual does something close, applied and named in a note (printed).
+What grpo-dual adds (the SFT warm-up, per-task KL bands of a preset, the doctor, the graders, the held-out
+evaluations) keeps grpo-dual's defaults: the preset `custom` for a TRL config file, `train`'s for an object.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import math
+import sys
 import warnings
 from pathlib import Path
 from typing import Any, Callable, Mapping
@@ -25,32 +27,25 @@ from grpo.config import settings as C
 from grpo.core.advantages import ADV_SCALES
 from grpo.core.losses import POLICY_LOSSES
 
-TRL_FIELDS: dict[str, str] = {
-    "learning_rate": "train.lr", "num_generations": "rollout.k", "max_completion_length": "rollout.max_new_tokens",
-    "temperature": "rollout.temperature", "top_p": "rollout.top_p", "repetition_penalty": "rollout.repetition_penalty",
-    "cache_implementation": "rollout.cache_implementation", "num_iterations": "loss.mu",
-    "entropy_coef": "loss.entropy_coef", "seed": "train.seed", "weight_decay": "train.weight_decay",
-    "warmup_steps": "train.warmup_steps", "max_grad_norm": "train.max_grad_norm",
-    "gradient_accumulation_steps": "train.grad_accum", "logging_steps": "train.log_every",
-    "eval_steps": "train.eval_every", "save_steps": "checkpoint.every", "save_total_limit": "checkpoint.keep_last",
-    "output_dir": "train.output_dir", "run_name": "train.run_name",
-    "gradient_checkpointing": "model.gradient_checkpointing", "trust_remote_code": "model.trust_remote_code",
-    "multi_objective_aggregation": "loss.multi_objective_aggregation", "mask_truncated_completions": "loss.mask_truncated",
-    "top_entropy_quantile": "loss.top_entropy_quantile", "sapo_temperature_pos": "loss.sapo_temperature_pos",
-    "sapo_temperature_neg": "loss.sapo_temperature_neg", "vespo_k_pos": "loss.vespo_k_pos",
-    "vespo_lambda_pos": "loss.vespo_lambda_pos", "vespo_k_neg": "loss.vespo_k_neg",
-    "vespo_lambda_neg": "loss.vespo_lambda_neg", "entropy_coef_delta": "loss.entropy_coef_delta",
-    "entropy_coef_min": "loss.entropy_coef_min", "entropy_coef_max": "loss.entropy_coef_max",
-}
-"""TRL field -> the grpo-dual field that means the same, value unchanged."""
+TRL_VERSION = "1.16"
+"""The TRL release whose GRPOConfig TABLE translates (its defaults are TABLE's `default` column)."""
 
-LOSS_TYPE_AGG = {"grpo": "seq-mean-token-mean", "bnpo": "token-mean", "dapo": "token-mean",
-                 "dr_grpo": "seq-mean-token-sum-norm"}
-"""TRL's loss_type -> loss.agg_mode for the losses that differ from GRPO only in how token losses are averaged
-(bnpo's per-process token count and dapo's global one are both our token-mean: the step's token count, counted once)."""
+Converter = Callable[[Any, Mapping[str, Any], dict, list], None]
+"""(the field's value, every TRL field's value, the grpo-dual config tree being built, notes) -> None."""
 
-IS_LEVELS = {"token": "grpo", "sequence": "gspo", "sequence_token": "gspo_token"}
-"""TRL's importance_sampling_level -> loss.policy_loss."""
+
+@dataclasses.dataclass(frozen=True)
+class Row:
+    trl: str
+    """The GRPOConfig field."""
+    ours: str
+    """The grpo-dual field(s) it sets ("" when none)."""
+    default: Any
+    """TRL 1.16's default (before GRPOConfig.__post_init__ resolves it)."""
+    rule: str
+    """What the field means here: the documentation."""
+    convert: Converter | None = None
+    """None: the value is copied into `ours` unchanged."""
 
 
 def _set(out: dict[str, Any], dotted: str, value: Any) -> None:
@@ -61,114 +56,411 @@ def _set(out: dict[str, Any], dotted: str, value: Any) -> None:
     node[name] = value
 
 
-def _loss_type(value: str, out: dict, fields: Mapping[str, Any]) -> None:
-    if value in LOSS_TYPE_AGG:
-        _set(out, "loss.agg_mode", LOSS_TYPE_AGG[value])
-    elif value in POLICY_LOSSES:  # a loss of its own (cispo, sapo, ...): its ratio and its aggregation
-        _set(out, "loss.policy_loss", value)
+def _name(value: Any) -> Any:
+    """An enum's value (transformers' SchedulerType, IntervalStrategy, OptimizerNames), else the value."""
+    return getattr(value, "value", value)
+
+
+def _error(field: str, value: Any, fix: str) -> C.ConfigError:
+    return C.ConfigError(f"GRPOConfig.{field}={_name(value)!r}: {fix}", field=field)
+
+
+def _note(notes: list, field: str, value: Any, what: str) -> None:
+    notes.append(f"GRPOConfig.{field}={_name(value)!r}: {what}")
+
+
+def _only(allowed: Any, instead: str) -> Converter:
+    """A field whose other values grpo-dual cannot honour: refused, saying what grpo-dual does."""
+    def convert(value: Any, fields: Mapping[str, Any], out: dict, notes: list) -> None:
+        if _name(value) not in (allowed if isinstance(allowed, tuple) else (allowed,)):
+            raise _error(convert.field, value, f"grpo-dual cannot honour it: {instead}")
+    convert.only = allowed  # read by the docs' rule text
+    return convert
+
+
+def _noted(instead: str) -> Converter:
+    """A field grpo-dual does not apply: a value other than TRL's default is named in a note with what it does."""
+    def convert(value: Any, fields: Mapping[str, Any], out: dict, notes: list) -> None:
+        if value != convert.default:
+            _note(notes, convert.field, value, f"not applied: {instead}")
+    return convert
+
+
+def _part_of(field: str) -> Converter:
+    """Read by `field`'s row."""
+    return lambda value, fields, out, notes: None
+
+
+# ----------------------------------------------------------------------------------------- the converters
+def _batch(value: int, fields: Mapping[str, Any], out: dict, notes: list) -> None:
+    b, ga, k = int(value), int(fields["gradient_accumulation_steps"]), int(fields["num_generations"])
+    if (b * ga) % k:
+        raise _error("per_device_train_batch_size", b, f"x gradient_accumulation_steps={ga} = {b * ga} completions an "
+                     f"optimizer step, not a multiple of num_generations={k} (TRL needs whole groups too; grpo-dual "
+                     f"keeps each group on one process): use per_device_train_batch_size x gradient_accumulation_steps "
+                     f"= a multiple of {k}, e.g. per_device_train_batch_size={k}")
+    if b % k == 0:  # whole groups in every micro-batch
+        _set(out, "train.prompts_per_micro_step", b // k)
+        _set(out, "train.grad_accum", ga)
+        _set(out, "train.micro_batch_size", 0)
+    else:  # a group spans micro-batches: one generation of b*ga/k prompts, trained b completions at a time
+        _set(out, "train.prompts_per_micro_step", b * ga // k)
+        _set(out, "train.grad_accum", 1)
+        _set(out, "train.micro_batch_size", b)
+
+
+def _generation(value: Any, fields: Mapping[str, Any], out: dict, notes: list) -> None:
+    ga, b = int(fields["gradient_accumulation_steps"]), int(fields["per_device_train_batch_size"])
+    steps, size = fields["steps_per_generation"], fields["generation_batch_size"]
+    world = int(fields.get("world_size") or 1)
+    if (steps, size) not in ((None, None), (ga, b * ga * world)):  # the object holds what __post_init__ derived
+        raise _error("steps_per_generation" if steps not in (None, ga) else "generation_batch_size",
+                     steps if steps not in (None, ga) else size,
+                     "grpo-dual generates once per optimizer step (TRL's default: steps_per_generation = "
+                     "gradient_accumulation_steps); leave both unset")
+
+
+def _steps(value: int, fields: Mapping[str, Any], out: dict, notes: list) -> None:
+    m, epochs, mu = int(value), float(fields["num_train_epochs"]), int(fields["num_iterations"])
+    if m > 0:
+        if m % mu:
+            raise _error("max_steps", m, f"grpo-dual generates once per num_iterations={mu} optimizer steps; use a "
+                         f"multiple of {mu}, e.g. {m - m % mu or mu}")
+        _set(out, "train.max_steps", m // mu)
+        _set(out, "train.num_epochs", 0.0)
+    elif epochs > 0:
+        _set(out, "train.num_epochs", epochs)
     else:
-        raise C.ConfigError(f"GRPOConfig.loss_type={value!r} has no equivalent here (loss.agg_mode takes "
-                            f"{sorted(LOSS_TYPE_AGG)}, loss.policy_loss {sorted(POLICY_LOSSES)})", field="loss_type")
+        raise _error("num_train_epochs", epochs, "with max_steps <= 0 the epochs decide: use num_train_epochs > 0")
 
 
-def _is_level(value: str, out: dict, fields: Mapping[str, Any]) -> None:
-    if value not in IS_LEVELS:
-        raise C.ConfigError(f"GRPOConfig.importance_sampling_level={value!r}: use one of {sorted(IS_LEVELS)}",
-                            field="importance_sampling_level")
-    if out.get("loss", {}).get("policy_loss", "grpo") not in ("grpo", IS_LEVELS[value]):
-        raise C.ConfigError(f"GRPOConfig.importance_sampling_level={value!r} with loss_type="
-                            f"{fields.get('loss_type')!r}: grpo-dual's {out['loss']['policy_loss']} loss has its own "
-                            "ratio", field="importance_sampling_level")
-    _set(out, "loss.policy_loss", IS_LEVELS[value])
+def _rl_steps(field: str, n: float, fields: Mapping[str, Any], notes: list) -> int:
+    """TRL's interval of `n` optimizer steps in RL steps (an RL step takes num_iterations optimizer steps)."""
+    if n < 1:
+        raise _error(field, n, "a share of the run is not translated; give a whole number of steps")
+    mu = int(fields["num_iterations"])
+    if int(n) % mu:
+        _note(notes, field, n, f"every {math.ceil(n / mu)} RL steps of num_iterations={mu} optimizer steps each")
+    return math.ceil(int(n) / mu)
 
 
-def _beta(value: float, out: dict, fields: Mapping[str, Any]) -> None:
+def _scheduler(value: Any, fields: Mapping[str, Any], out: dict, notes: list) -> None:
+    name, warmup = str(_name(value)), float(fields["warmup_steps"])
+    ours = {"linear": "linear", "cosine": "cosine", "constant": "constant", "constant_with_warmup": "constant"}
+    if name not in ours:
+        raise _error("lr_scheduler_type", name, f"use one of {sorted(ours)}")
+    if fields.get("lr_scheduler_kwargs"):
+        raise _error("lr_scheduler_kwargs", fields["lr_scheduler_kwargs"], "not translated; leave it unset")
+    _set(out, "train.lr_scheduler", ours[name])
+    if name == "constant" and warmup:
+        _note(notes, "warmup_steps", fields["warmup_steps"], "TRL's constant schedule has no warm-up; neither has this run "
+              "(lr_scheduler_type=constant_with_warmup has one)")
+        warmup = 0.0
+    _set(out, "train.warmup_steps", int(warmup) if warmup >= 1 else 0)
+    _set(out, "train.warmup_ratio", warmup if warmup < 1 else 0.0)
+
+
+def _beta(value: float, fields: Mapping[str, Any], out: dict, notes: list) -> None:
     _set(out, "kl", {"default": {"controller": "fixed", "beta": float(value)}})  # TRL's β is one fixed number
+    if value and fields["use_bias_correction_kl"]:
+        _note(notes, "use_bias_correction_kl", True, f"not applied: the KL term (loss.kl_estimator k3) is not "
+              "multiplied by the importance ratio (the same value on-policy; its gradient differs by KL x "
+              "grad log-prob)")
 
 
-def _epsilon_high(value: float | None, out: dict, fields: Mapping[str, Any]) -> None:
-    if value is not None:
-        _set(out, "loss.clip_high", float(value))
-
-
-def _epsilon(value: float, out: dict, fields: Mapping[str, Any]) -> None:
+def _epsilon(value: float, fields: Mapping[str, Any], out: dict, notes: list) -> None:
+    high = fields["epsilon_high"] if fields["epsilon_high"] is not None else value  # TRL: defaults to epsilon
     _set(out, "loss.clip_low", float(value))
-    if fields.get("epsilon_high") is None:  # TRL: epsilon_high defaults to epsilon
-        _set(out, "loss.clip_high", float(value))
+    _set(out, "loss.clip_high", float(high))
+    if fields["loss_type"] == "cispo":  # TRL's cispo caps the ratio at epsilon_high
+        _set(out, "loss.cispo_max_ratio", float(high))
 
 
-def _scale_rewards(value: Any, out: dict, fields: Mapping[str, Any]) -> None:
+LOSS_TYPE_AGG = {"grpo": "seq-mean-token-mean", "bnpo": "token-mean", "dapo": "token-mean",
+                 "dr_grpo": "seq-mean-token-sum-norm", "cispo": "token-mean", "vespo": "token-mean",
+                 "sapo": "seq-mean-token-mean", "luspo": "seq-mean-token-sum"}
+"""TRL's loss_type -> loss.agg_mode: how TRL averages the token losses (bnpo's per-process token count and dapo's
+global one are both our token-mean: the step's token count, counted once)."""
+
+IS_LEVELS = {"token": "grpo", "sequence": "gspo", "sequence_token": "gspo_token"}
+"""TRL's importance_sampling_level -> loss.policy_loss (for the clipped losses)."""
+
+
+def _loss_type(value: str, fields: Mapping[str, Any], out: dict, notes: list) -> None:
+    if value not in LOSS_TYPE_AGG:
+        raise _error("loss_type", value, f"use one of {sorted(LOSS_TYPE_AGG)}")
+    _set(out, "loss.agg_mode", LOSS_TYPE_AGG[value])
+    level = fields["importance_sampling_level"]
+    if level not in IS_LEVELS:
+        raise _error("importance_sampling_level", level, f"use one of {sorted(IS_LEVELS)}")
+    own = value if value in POLICY_LOSSES and value != "grpo" else None  # a loss with its own ratio or weight
+    if own == "luspo":
+        own = "luspo" if level == "sequence" else None
+        if own is None:
+            raise _error("importance_sampling_level", level, "loss_type=luspo needs importance_sampling_level=sequence")
+    elif own is not None and level != "token":
+        raise _error("importance_sampling_level", level, f"grpo-dual's {own} loss has its own ratio: use token")
+    _set(out, "loss.policy_loss", own or IS_LEVELS[level])
+
+
+def _scale_rewards(value: Any, fields: Mapping[str, Any], out: dict, notes: list) -> None:
     scale = {True: "group", False: "none"}.get(value, value) if isinstance(value, bool) else str(value)
     if scale not in ADV_SCALES:
-        raise C.ConfigError(f"GRPOConfig.scale_rewards={value!r}: use one of {sorted(ADV_SCALES)} (or true / false)",
-                            field="scale_rewards")
+        raise _error("scale_rewards", value, f"use one of {sorted(ADV_SCALES)} (or true / false)")
     _set(out, "loss.adv_scale", scale)
 
 
-def _batch_size(value: int, out: dict, fields: Mapping[str, Any]) -> None:
-    k = int(fields.get("num_generations", 8))  # TRL counts completions per device; we count prompts
-    if value % k:
-        raise C.ConfigError(f"GRPOConfig.per_device_train_batch_size={value} is not a multiple of num_generations={k}:"
-                            " grpo-dual trains whole groups (train.prompts_per_micro_step prompts x rollout.k)",
-                            field="per_device_train_batch_size")
-    _set(out, "train.prompts_per_micro_step", value // k)
-
-
-def _max_steps(value: int, out: dict, fields: Mapping[str, Any]) -> None:
-    if int(value) <= 0:
-        raise C.ConfigError(f"GRPOConfig.max_steps={value}: grpo-dual counts RL steps, not epochs; give max_steps > 0 "
-                            "(train.max_steps)", field="max_steps")
-    _set(out, "train.max_steps", int(value))
-
-
-def _zero_is_off(dotted: str) -> Callable[[Any, dict, Mapping[str, Any]], None]:
-    def convert(value: Any, out: dict, fields: Mapping[str, Any]) -> None:
-        _set(out, dotted, 0 if value is None else value)
+def _none_is(dotted: str, off: Any) -> Converter:
+    def convert(value: Any, fields: Mapping[str, Any], out: dict, notes: list) -> None:
+        _set(out, dotted, off if value is None else value)
     return convert
 
 
-def _precision(dtype: str) -> Callable[[Any, dict, Mapping[str, Any]], None]:
-    def convert(value: Any, out: dict, fields: Mapping[str, Any]) -> None:
-        if value:
-            _set(out, "model.dtype", dtype)
-    return convert
+def on_cpu(fields: Mapping[str, Any]) -> bool:
+    """Whether the run will be on the CPU: use_cpu, or no CUDA device here."""
+    import torch
+
+    return bool(fields["use_cpu"]) or not torch.cuda.is_available()
 
 
-def _report_to(value: Any, out: dict, fields: Mapping[str, Any]) -> None:
+def _precision(value: Any, fields: Mapping[str, Any], out: dict, notes: list) -> None:
+    bf16 = (not fields["fp16"]) if value is None else bool(value)  # TRL's __post_init__: bf16 unless fp16
+    if fields["fp16"]:
+        _set(out, "model.dtype", "float16")
+    elif bf16 and on_cpu(fields):
+        _set(out, "model.dtype", "float32")
+        _note(notes, "bf16", True, "this run is on the CPU: grpo-dual trains in float32 here (model.dtype=float32); "
+              "set model.dtype=bfloat16 for bf16 weights")
+    else:
+        _set(out, "model.dtype", "bfloat16" if bf16 else "float32")
+
+
+def _device(value: bool, fields: Mapping[str, Any], out: dict, notes: list) -> None:
+    _set(out, "train.device", "cpu" if value else "auto")
+
+
+def _output_dir(value: Any, fields: Mapping[str, Any], out: dict, notes: list) -> None:
+    folder = Path(value or "trainer_output").expanduser()  # TRL writes into output_dir itself
+    if folder.name in ("", ".", ".."):
+        folder = folder.resolve()
+    _set(out, "train.output_dir", str(folder.parent))
+    _set(out, "train.run_name", folder.name)
+
+
+def _logging(value: Any, fields: Mapping[str, Any], out: dict, notes: list) -> None:
+    if str(_name(value)) != "steps":
+        raise _error("logging_strategy", value, "grpo-dual logs every logging_steps steps: use steps")
+    every = _rl_steps("logging_steps", float(fields["logging_steps"]), fields, notes)
+    _set(out, "train.log_every", every)
+    _set(out, "train.sample_every", every if fields["log_completions"] else 0)
+
+
+def _saving(value: Any, fields: Mapping[str, Any], out: dict, notes: list) -> None:
+    strategy = str(_name(value))
+    if strategy not in ("steps", "no"):
+        raise _error("save_strategy", strategy, "use steps or no")
+    _set(out, "checkpoint.every",
+         _rl_steps("save_steps", float(fields["save_steps"]), fields, notes) if strategy == "steps" else 0)
+    limit = fields["save_total_limit"]
+    _set(out, "checkpoint.keep_last", 0 if limit is None else int(limit))
+
+
+def _evaluating(value: Any, fields: Mapping[str, Any], out: dict, notes: list) -> None:
+    strategy = str(_name(value))
+    if strategy not in ("steps", "no"):
+        raise _error("eval_strategy", strategy, "use steps or no")
+    steps = fields["eval_steps"] if fields["eval_steps"] is not None else fields["logging_steps"]  # TRL's fallback
+    _set(out, "train.eval_every", _rl_steps("eval_steps", float(steps), fields, notes) if strategy == "steps" else 0)
+
+
+def _report_to(value: Any, fields: Mapping[str, Any], out: dict, notes: list) -> None:
     names = {value} if isinstance(value, str) else set(value or [])
-    unknown = names - {"tensorboard", "none", "all"}
+    unknown = names - {"tensorboard", "wandb", "none", "all"}
     if unknown:
-        raise C.ConfigError(f"GRPOConfig.report_to={value!r}: {sorted(unknown)} have no equivalent here (TensorBoard "
-                            "is train.tensorboard, W&B is train.wandb_project)", field="report_to")
+        raise _error("report_to", value, f"{sorted(unknown)} have no equivalent here (tensorboard and wandb have)")
     _set(out, "train.tensorboard", bool(names & {"tensorboard", "all"}))
+    _set(out, "train.wandb_project", str(fields["project"]) if names & {"wandb"} else "")
+    if "all" in names:
+        _note(notes, "report_to", value, "TensorBoard only (W&B: report_to=[tensorboard, wandb])")
 
 
-def _adaptive_entropy(value: bool, out: dict, fields: Mapping[str, Any]) -> None:
-    if value:  # TRL: entropy_target (default 0.2) applies only with use_adaptive_entropy; ours: a target turns it on
-        _set(out, "loss.entropy_target", float(fields.get("entropy_target", 0.2)))
+def _adaptive_entropy(value: bool, fields: Mapping[str, Any], out: dict, notes: list) -> None:
+    # TRL: entropy_target applies only with use_adaptive_entropy; ours: a target turns the control on
+    _set(out, "loss.entropy_target", float(fields["entropy_target"]) if value else None)
 
 
-def _entropy_target(value: float, out: dict, fields: Mapping[str, Any]) -> None:
-    if not fields.get("use_adaptive_entropy"):
-        raise C.ConfigError(f"GRPOConfig.entropy_target={value} without use_adaptive_entropy=true does nothing in TRL; "
-                            "set both, or neither", field="entropy_target")
+def _entropy_target(value: float, fields: Mapping[str, Any], out: dict, notes: list) -> None:
+    if not fields["use_adaptive_entropy"] and value != 0.2:
+        _note(notes, "entropy_target", value, "not applied: TRL reads it only with use_adaptive_entropy=true")
 
 
-CONVERTERS: dict[str, Callable[[Any, dict, Mapping[str, Any]], None]] = {
-    "loss_type": _loss_type, "importance_sampling_level": _is_level, "beta": _beta, "epsilon": _epsilon,
-    "epsilon_high": _epsilon_high, "scale_rewards": _scale_rewards, "per_device_train_batch_size": _batch_size,
-    "max_steps": _max_steps, "top_k": _zero_is_off("rollout.top_k"), "min_p": _zero_is_off("rollout.min_p"),
-    "bf16": _precision("bfloat16"), "fp16": _precision("float16"), "report_to": _report_to,
-    "use_cpu": lambda value, out, fields: _set(out, "train.device", "cpu") if value else None,
-    "use_adaptive_entropy": _adaptive_entropy, "entropy_target": _entropy_target,
-}
-"""TRL fields whose value needs more than a copy (a different name for the same choice, a unit, a default)."""
+R = Row
+TABLE: tuple[Row, ...] = (
+    # --- the batch and the length of the run
+    R("per_device_train_batch_size", "train.prompts_per_micro_step, train.grad_accum, train.micro_batch_size", 8,
+      "completions per micro-batch: with gradient_accumulation_steps and num_generations, one generation of "
+      "per_device_train_batch_size x gradient_accumulation_steps / num_generations prompts per optimizer step (a "
+      "multiple of num_generations, as TRL requires). A multiple of num_generations: prompts_per_micro_step = it / "
+      "num_generations, grad_accum = gradient_accumulation_steps; else a group spans micro-batches: "
+      "micro_batch_size = it, the same optimizer step as on the whole batch", _batch),
+    R("gradient_accumulation_steps", "train.grad_accum", 1, "see per_device_train_batch_size",
+      _part_of("per_device_train_batch_size")),
+    R("num_generations", "rollout.k", 8, "completions per prompt (the group)"),
+    R("steps_per_generation", "", None, "unset (= gradient_accumulation_steps: one generation per optimizer step) "
+      "only", _generation),
+    R("generation_batch_size", "", None, "unset (= the optimizer step's completions) only",
+      _part_of("steps_per_generation")),
+    R("max_steps", "train.max_steps, train.num_epochs", -1,
+      "> 0: optimizer steps, so max_steps / num_iterations RL steps (a multiple of num_iterations); <= 0: "
+      "num_train_epochs decides", _steps),
+    R("num_train_epochs", "train.num_epochs", 3.0,
+      "passes over the training prompts when max_steps <= 0: ceil(num_train_epochs x (prompts // prompts a step)) RL "
+      "steps, as TRL counts them (the last incomplete batch of an epoch dropped); the prompts' order is "
+      "grpo-dual's task-balanced sampler's", _part_of("max_steps")),
+    R("num_iterations", "loss.mu", 1, "optimizer steps per generation"),
+    R("shuffle_dataset", "", True, "true only", _only(True, "the sampler always shuffles")),
+    # --- the optimizer and its schedule
+    R("learning_rate", "train.lr", 1e-6, "the peak learning rate"),
+    R("lr_scheduler_type", "train.lr_scheduler, train.warmup_steps, train.warmup_ratio", "linear",
+      "linear, cosine, constant_with_warmup (train.lr_scheduler=constant) or constant (no warm-up, as in TRL), over "
+      "the run's optimizer steps, with transformers' formulas", _scheduler),
+    R("warmup_steps", "train.warmup_steps, train.warmup_ratio", 0,
+      ">= 1: warmup_steps (whole steps, as int() gives); in (0, 1): warmup_ratio", _part_of("lr_scheduler_type")),
+    R("lr_scheduler_kwargs", "", None, "unset only", _part_of("lr_scheduler_type")),
+    R("weight_decay", "train.weight_decay", 0.0, "AdamW's weight decay"),
+    R("max_grad_norm", "train.max_grad_norm", 1.0, "the gradient-norm clip"),
+    R("optim", "", "adamw_torch_fused", "adamw_torch_fused or adamw_torch only",
+      _only(("adamw_torch_fused", "adamw_torch"), "grpo-dual's optimizer is torch's AdamW (fused where it applies)")),
+    R("adam_beta1", "", 0.9, "0.9 only", _only(0.9, "grpo-dual's AdamW keeps torch's betas (0.9, 0.999)")),
+    R("adam_beta2", "", 0.999, "0.999 only", _only(0.999, "grpo-dual's AdamW keeps torch's betas (0.9, 0.999)")),
+    R("adam_epsilon", "", 1e-8, "1e-8 only", _only(1e-8, "grpo-dual's AdamW keeps torch's eps 1e-8")),
+    R("seed", "train.seed", 42, "seeds python, numpy and torch"),
+    # --- the loss
+    R("beta", "kl.default (controller fixed, beta)", 0.0,
+      "a fixed KL coefficient for every task without a kl.<task> entry of its own (0: no reference model pass)",
+      _beta),
+    R("use_bias_correction_kl", "", True, "named in a note when beta > 0 (not applied)", _part_of("beta")),
+    R("epsilon", "loss.clip_low, loss.clip_high", 0.2, "the lower clip; also the upper one when epsilon_high is "
+      "unset, as in TRL", _epsilon),
+    R("epsilon_high", "loss.clip_high (loss.cispo_max_ratio under cispo)", None, "the upper clip (cispo: the "
+      "ratio's cap)", _part_of("epsilon")),
+    R("loss_type", "loss.agg_mode, loss.policy_loss", "dapo",
+      "how the token losses are averaged (" + ", ".join(f"{k} -> {v}" for k, v in LOSS_TYPE_AGG.items())
+      + "); cispo, sapo, vespo and luspo are also loss.policy_loss", _loss_type),
+    R("importance_sampling_level", "loss.policy_loss", "token",
+      ", ".join(f"{k} -> {v}" for k, v in IS_LEVELS.items()) + " (the clipped losses)", _part_of("loss_type")),
+    R("scale_rewards", "loss.adv_scale", "group", "group, batch or none (true = group, false = none)",
+      _scale_rewards),
+    R("multi_objective_aggregation", "loss.multi_objective_aggregation", "sum_then_normalize", "copied"),
+    R("mask_truncated_completions", "loss.mask_truncated", False, "copied"),
+    R("top_entropy_quantile", "loss.top_entropy_quantile", 1.0, "copied"),
+    R("entropy_coef", "loss.entropy_coef", 0.0, "copied"),
+    R("use_adaptive_entropy", "loss.entropy_target", False, "true: loss.entropy_target = entropy_target; false: "
+      "none", _adaptive_entropy),
+    R("entropy_target", "loss.entropy_target", 0.2, "with use_adaptive_entropy (else TRL ignores it: a note)",
+      _entropy_target),
+    R("entropy_coef_delta", "loss.entropy_coef_delta", 0.005, "copied"),
+    R("entropy_coef_min", "loss.entropy_coef_min", 0.0, "copied"),
+    R("entropy_coef_max", "loss.entropy_coef_max", 1.0, "copied"),
+    R("sapo_temperature_pos", "loss.sapo_temperature_pos", 1.0, "copied"),
+    R("sapo_temperature_neg", "loss.sapo_temperature_neg", 1.05, "copied"),
+    R("vespo_k_pos", "loss.vespo_k_pos", 2.0, "copied"),
+    R("vespo_lambda_pos", "loss.vespo_lambda_pos", 3.0, "copied"),
+    R("vespo_k_neg", "loss.vespo_k_neg", 3.0, "copied"),
+    R("vespo_lambda_neg", "loss.vespo_lambda_neg", 2.0, "copied"),
+    R("delta", "", None, "unset only", _only(None, "two-sided clipping of the ratio is not implemented; "
+                                                 "loss.dual_clip is verl's dual clip, a different rule")),
+    R("reward_weights", "rewards.<task> weights", None, "weigh each task's list of reward functions, in order "
+      "(train(rewards=...)); a config file names no functions: rewards.<task>=name:weight", _part_of("")),
+    # --- generation
+    R("max_completion_length", "rollout.max_new_tokens", 512, "copied"),
+    R("temperature", "rollout.temperature", 1.0, "copied"),
+    R("top_p", "rollout.top_p", 1.0, "copied"),
+    R("top_k", "rollout.top_k", 0, "copied (0 and unset: off)", _none_is("rollout.top_k", 0)),
+    R("min_p", "rollout.min_p", None, "copied (unset: 0, off)", _none_is("rollout.min_p", 0.0)),
+    R("repetition_penalty", "rollout.repetition_penalty", 1.0, "copied"),
+    R("cache_implementation", "rollout.cache_implementation", None, "copied (unset: dynamic)",
+      _none_is("rollout.cache_implementation", "dynamic")),
+    R("generation_kwargs", "", None, "unset only", _only(None, "set the rollout.* fields instead")),
+    R("chat_template_kwargs", "", None, "unset only", _only(None, "the tokenizer's chat template is applied as it is")),
+    # --- the model and the machine
+    R("bf16", "model.dtype", None, "unset or true (TRL: true unless fp16): bfloat16 weights on a GPU; on the CPU "
+      "float32 and a note (grpo-dual does not switch bf16 on there); false: float32", _precision),
+    R("fp16", "model.dtype", False, "true: float16 (with a gradient scaler)", _part_of("bf16")),
+    R("use_cpu", "train.device", False, "true: cpu; false: auto", _device),
+    R("gradient_checkpointing", "model.gradient_checkpointing", True, "copied (TRL's default is on)"),
+    R("torch_compile", "model.compile", False, "copied"),
+    R("trust_remote_code", "model.trust_remote_code", False, "copied"),
+    R("model_init_kwargs", "", None, "unset only", _only(None, "set model.dtype / model.attn_implementation")),
+    R("disable_dropout", "", False, "named in a note when true",
+      _noted("grpo-dual's rollouts and log-prob passes always run without dropout; the training forward keeps the "
+             "model's (for LoRA: model.lora_dropout)")),
+    # --- where it writes, what it logs
+    R("output_dir", "train.output_dir, train.run_name", None, "the run folder itself (unset: trainer_output), as TRL "
+      "writes into it: its parent and name", _output_dir),
+    R("run_name", "", None, "named in a note when set", _noted("the W&B run is named after the run folder")),
+    R("logging_strategy", "train.log_every", "steps", "steps only", _logging),
+    R("logging_steps", "train.log_every", 10, "a console line every logging_steps optimizer steps "
+      "(metrics.jsonl gets every step)", _part_of("logging_strategy")),
+    R("log_completions", "train.sample_every", False, "true: the step's completions to samples/ every "
+      "logging_steps; false: train.sample_every=0", _part_of("logging_strategy")),
+    R("num_completions_to_print", "", None, "named in a note when set",
+      _noted("samples/ holds every completion of a logged step; none are printed")),
+    R("save_strategy", "checkpoint.every", "steps", "steps: a checkpoint every save_steps optimizer steps; no: "
+      "checkpoint.every=0 (the final checkpoint is still written)", _saving),
+    R("save_steps", "checkpoint.every", 500, "see save_strategy", _part_of("save_strategy")),
+    R("save_total_limit", "checkpoint.keep_last", None, "checkpoints kept (unset: all, keep_last=0)",
+      _part_of("save_strategy")),
+    R("eval_strategy", "train.eval_every", "no", "steps: a held-out evaluation every eval_steps optimizer steps "
+      "(unset: logging_steps); no: train.eval_every=0 (grpo-dual still evaluates before and after training)",
+      _evaluating),
+    R("eval_steps", "train.eval_every", None, "see eval_strategy", _part_of("eval_strategy")),
+    R("per_device_eval_batch_size", "", 8, "named in a note when set",
+      _noted("grpo-dual's held-out evaluation is greedy, one completion per prompt, data.eval_size prompts")),
+    R("num_generations_eval", "", None, "named in a note when set",
+      _noted("grpo-dual's held-out evaluation is greedy, one completion per prompt")),
+    R("report_to", "train.tensorboard, train.wandb_project", "none", "tensorboard and wandb (none: neither)",
+      _report_to),
+    R("project", "train.wandb_project", "huggingface", "the W&B project under report_to wandb",
+      _part_of("report_to")),
+)
+"""Every GRPOConfig field grpo-dual reads, in the order of docs/TRL.md. Any other field must keep TRL's default."""
 
+ROWS = {row.trl: row for row in TABLE}
+DEFAULTS = {row.trl: row.default for row in TABLE}
+"""TRL 1.16's defaults of TABLE's fields: what a config file or dict that leaves one out gets."""
 HANDLED_ELSEWHERE = {"reward_weights"}
 """Translated by the caller: the weights go with the reward functions (`train(rewards=...)`)."""
+for _row in TABLE:  # the rules that need their own name and default
+    if _row.convert is not None:
+        for attr, value in (("field", _row.trl), ("default", _row.default)):
+            try:
+                setattr(_row.convert, attr, value)
+            except AttributeError:
+                pass
 
 
-def _default(f: dataclasses.Field) -> Any:
+# ----------------------------------------------------------------------------------------- the translation
+@dataclasses.dataclass
+class Translation:
+    tree: dict[str, Any]
+    """The grpo-dual config tree every field of TABLE sets."""
+    weights: list[float] | None
+    """reward_weights, or None."""
+    notes: list[str]
+    """Values applied differently from TRL, each with what grpo-dual does (printed by the caller)."""
+
+
+def trl_field_names() -> set[str] | None:
+    """Every GRPOConfig field of the installed TRL, or None when TRL is not installed."""
+    try:
+        from trl import GRPOConfig
+    except ImportError:
+        return None
+    return {f.name for f in dataclasses.fields(GRPOConfig) if f.init}
+
+
+def _field_default(f: dataclasses.Field) -> Any:
     return f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
 
 
@@ -182,48 +474,62 @@ def _rebuilt(args: Any, names: set[str]) -> Any:
         return None
 
 
-def set_fields(args: Any) -> dict[str, Any]:
-    """The fields of a GRPOConfig (object or dict) that were set: a dict's every key. An object's field is set when
-    it differs from what TRL builds without it: a translatable field from a GRPOConfig of the same precision flags
-    (so that report_to "none" -> [] and the like do not count), any other field from a GRPOConfig built from the
-    translatable fields (so that what TRL derives from them, generation_batch_size from the batch size, ..., does
-    not count either)."""
+def all_fields(args: Any) -> tuple[dict[str, Any], list[str]]:
+    """(every TABLE field's value, the other fields set to something but TRL's default). An object gives its
+    values; a dict its keys over DEFAULTS. An unknown key of a dict is a ConfigError with a "did you mean"."""
     if isinstance(args, Mapping):
-        return dict(args)
+        known = trl_field_names()
+        valid = set(ROWS) | (known or set())
+        unknown = sorted(str(k) for k in args if k not in valid)
+        if unknown:
+            raise C.ConfigError(f"GRPOConfig has no field(s) {unknown}{C.did_you_mean(unknown, valid)}",
+                                field=unknown[0])
+        defaults = {}
+        if known is not None:
+            from trl import GRPOConfig
+
+            defaults = {f.name: _field_default(f) for f in dataclasses.fields(GRPOConfig) if f.init}
+        others = sorted(k for k in args if k not in ROWS and args[k] != defaults.get(k))
+        return {**DEFAULTS, **args}, others
     if not dataclasses.is_dataclass(args):
         raise C.ConfigError(f"a TRL config is a GRPOConfig or a dict of its fields; got {type(args).__name__}",
                             field="args")
     fields = [f for f in dataclasses.fields(args) if f.init]
-    known = {f.name for f in fields} & {*TRL_FIELDS, *CONVERTERS, *HANDLED_ELSEWHERE}
-    plain = _rebuilt(args, {"bf16", "fp16"} & known)
-    derived = _rebuilt(args, known)
-    out = {}
-    for f in fields:
-        reference = plain if f.name in known else derived
-        base = getattr(reference, f.name) if reference is not None else _default(f)
-        if getattr(args, f.name) != base:
-            out[f.name] = getattr(args, f.name)
-    return out
+    mine = {f.name for f in fields} & set(ROWS)
+    # what TRL derives from TABLE's fields does not count as set (the generation batch is derived from the others)
+    reference = _rebuilt(args, mine - {"generation_batch_size", "steps_per_generation"})
+    others = sorted(f.name for f in fields if f.name not in ROWS and getattr(args, f.name) != (
+        getattr(reference, f.name) if reference is not None else _field_default(f)))
+    values = {name: getattr(args, name) for name in mine}
+    values["world_size"] = getattr(args, "world_size", 1)
+    return {**DEFAULTS, **values}, others
+
+
+def translate(args: Any) -> Translation:
+    """A GRPOConfig (object or dict) as a grpo-dual config tree: every TABLE row applied (TRL's defaults for what a
+    dict leaves out). Raises ConfigError naming a field outside TABLE that is set, or a value a row refuses."""
+    fields, others = all_fields(args)
+    if others:
+        raise C.ConfigError(f"GRPOConfig fields grpo-dual cannot honour: {others} (docs/TRL.md lists what it "
+                            f"translates); leave them at TRL's defaults", field=others[0])
+    out: dict[str, Any] = {}
+    notes: list[str] = []
+    for row in TABLE:
+        value = fields[row.trl]
+        if row.convert is not None:
+            row.convert(value, fields, out, notes)
+        else:
+            _set(out, row.ours, value)
+    weights = fields.get("reward_weights")
+    return Translation(out, None if weights is None else [float(w) for w in weights], notes)
 
 
 def from_trl(args: Any) -> tuple[dict[str, Any], list[float] | None]:
-    """(grpo-dual config tree of what `args` sets, reward_weights or None). Raises ConfigError naming every set field
-    without an equivalent."""
-    fields = set_fields(args)
-    untranslatable = sorted(name for name in fields if name not in TRL_FIELDS and name not in CONVERTERS
-                            and name not in HANDLED_ELSEWHERE)
-    if untranslatable:
-        raise C.ConfigError(f"TRL fields without an equivalent in grpo-dual: {untranslatable} (translated: "
-                            f"{sorted({*TRL_FIELDS, *CONVERTERS, *HANDLED_ELSEWHERE})}); leave them at TRL's "
-                            "defaults or drop them", field=untranslatable[0])
-    out: dict[str, Any] = {}
-    for name in sorted(fields, key=lambda n: (n != "loss_type", n)):  # the loss type first: the IS level checks it
-        if name in TRL_FIELDS:
-            _set(out, TRL_FIELDS[name], fields[name])
-        elif name in CONVERTERS:
-            CONVERTERS[name](fields[name], out, fields)
-    weights = fields.get("reward_weights")
-    return out, (None if weights is None else [float(w) for w in weights])
+    """(grpo-dual config tree, reward_weights or None) of a GRPOConfig; its notes are printed to stderr."""
+    done = translate(args)
+    for note in done.notes:
+        print(f"TRL config: {note}", file=sys.stderr)
+    return done.tree, done.weights
 
 
 def looks_like_trl(tree: Mapping[str, Any]) -> bool:
@@ -232,9 +538,13 @@ def looks_like_trl(tree: Mapping[str, Any]) -> bool:
     return bool(tree) and not set(tree) & sections
 
 
+TRL_PRESET = "custom"
+"""The preset under a TRL config file (unless --preset is given): the user's own tasks, nothing else."""
+
+
 def read_config_file(path: str) -> dict[str, Any]:
     """A config file (YAML or JSON) as a grpo-dual config tree: our sections as they are, TRL's GRPOConfig fields
-    translated (their reward_weights refused: a file names no reward functions to weigh)."""
+    translated (their reward_weights refused: a file names no reward functions to weigh) under preset custom."""
     file = Path(path)
     if not file.is_file():
         raise C.ConfigError(f"--config {path}: no such file", field="config")
@@ -258,4 +568,38 @@ def read_config_file(path: str) -> dict[str, Any]:
     if weights is not None:
         raise C.ConfigError(f"--config {path}: reward_weights need the reward functions they weigh; give them with "
                             "rewards.<task>=name:weight,... instead", field="reward_weights")
-    return out
+    return {"preset": TRL_PRESET, **out}
+
+
+# ----------------------------------------------------------------------------------------- the documentation
+def markdown() -> str:
+    """docs/TRL.md: TABLE as a page."""
+    lines = [
+        "# TRL's GRPOConfig in grpo-dual",
+        "",
+        "<!-- generated by `python -m grpo.run.trl_config > docs/TRL.md` from grpo/run/trl_config.py TABLE; "
+        "tests/test_trl_plan.py checks it -->",
+        "",
+        f"A `GRPOConfig` (TRL {TRL_VERSION}) given as `train(..., args=GRPOConfig(...))`, as a dict, or as a YAML / "
+        "JSON file (`grpo-dual --config grpo.yaml`) is the whole configuration, as in TRL: every field below applies "
+        "with its value, TRL's defaults included (a field a file leaves out has the default in the third column), so "
+        "the object and the file of the same fields give the same run. Any other GRPOConfig field must keep TRL's "
+        "default: a value set there stops the run with its name. A value grpo-dual cannot apply as TRL does is "
+        "refused by name, or applied as the rule says and named in a printed note.",
+        "",
+        "What grpo-dual adds keeps grpo-dual's defaults: the SFT warm-up (rows with a target), the doctor, the "
+        "graders, the held-out evaluations before and after training, the per-task KL bands of a preset. A config "
+        "file starts from the preset `custom` (your tasks only) unless `--preset` is given; command-line flags and "
+        "`train(...)`'s sections override it. Steps: TRL counts optimizer steps; grpo-dual's RL step is one "
+        "generation followed by `num_iterations` optimizer steps, and the rules below convert.",
+        "",
+        "| TRL field | TRL default | grpo-dual field | rule |",
+        "|---|---|---|---|",
+    ]
+    for row in TABLE:
+        lines.append(f"| `{row.trl}` | `{row.default!r}` | {row.ours or '—'} | {row.rule} |")
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    sys.stdout.write(markdown())

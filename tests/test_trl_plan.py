@@ -1,0 +1,229 @@
+"""Issue #42: a TRL GRPOConfig means what it means in TRL. For a dozen configurations built with TRL 1.16's own
+GRPOConfig, our run plans the same completions per optimizer step, optimizer steps, learning rate at each step, seed,
+clip bounds, beta and loss as TRL's trainer would, each read from TRL's / transformers' own objects (the config after
+its __post_init__, transformers' Trainer.set_initial_training_values over TRL's RepeatSampler, get_scheduler);
+the object and its YAML give the same plan; docs/TRL.md is the table."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import warnings
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from grpo.config import settings as C
+from grpo.run.api import python_config
+from grpo.run.setup_parts import build_optimizer, with_epochs
+from grpo.run.trl_config import DEFAULTS, ROWS, TABLE, markdown, translate
+
+trl = pytest.importorskip("trl")
+transformers = pytest.importorskip("transformers")
+ROOT = Path(__file__).resolve().parents[1]
+N_PROMPTS = 50
+ROWS_IN = [{"prompt": f"Describe the number {i}."} for i in range(N_PROMPTS)]
+
+CONFIGS = {  # name -> GRPOConfig fields (with use_cpu: TRL's bf16 default needs a GPU otherwise)
+    "defaults": {},
+    "readme": {"max_steps": 20},
+    "issue_batch": {"per_device_train_batch_size": 8, "num_generations": 4, "gradient_accumulation_steps": 2,
+                    "max_steps": 6},
+    "group_spans_micro_batches": {"per_device_train_batch_size": 4, "num_generations": 8,
+                                  "gradient_accumulation_steps": 2, "max_steps": 5},
+    "group_spans_unevenly": {"per_device_train_batch_size": 6, "num_generations": 4, "gradient_accumulation_steps": 2,
+                             "max_steps": 4},
+    "two_epochs": {"num_train_epochs": 2, "per_device_train_batch_size": 16, "num_generations": 4},
+    "epoch_and_a_half": {"num_train_epochs": 1.5, "per_device_train_batch_size": 8, "num_generations": 8,
+                         "warmup_steps": 0.2},
+    "cosine_warmup_ratio": {"max_steps": 12, "lr_scheduler_type": "cosine", "warmup_steps": 0.25,
+                            "learning_rate": 3e-5},
+    "constant_with_warmup": {"max_steps": 10, "lr_scheduler_type": "constant_with_warmup", "warmup_steps": 3},
+    "constant_ignores_warmup": {"max_steps": 10, "lr_scheduler_type": "constant", "warmup_steps": 3},
+    "linear_mu2": {"max_steps": 8, "lr_scheduler_type": "linear", "warmup_steps": 2, "num_iterations": 2},
+    "grpo_loss_beta": {"max_steps": 3, "loss_type": "grpo", "beta": 0.04, "epsilon": 0.3, "epsilon_high": 0.4,
+                       "seed": 7},
+    "dr_grpo_sequence": {"max_steps": 3, "loss_type": "dr_grpo", "importance_sampling_level": "sequence",
+                         "scale_rewards": False, "max_completion_length": 32},
+}
+
+
+@pytest.fixture(autouse=True)
+def cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("GRPO_DUAL_CACHE", str(tmp_path / "cache"))
+
+
+def reward_len(completions, **kwargs):
+    return [-abs(20 - len(c)) for c in completions]
+
+
+def trl_args(fields: dict, tmp_path: Path):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return trl.GRPOConfig(output_dir=str(tmp_path / "out"), use_cpu=True, **fields)
+
+
+def trl_plan(args) -> dict:
+    """What TRL's trainer does with `args`, read from TRL's and transformers' objects."""
+    from torch.utils.data import DataLoader
+    from transformers import Trainer, get_scheduler
+    from trl.trainer.utils import RepeatSampler
+
+    k = args.num_generations
+    sampler = RepeatSampler(list(range(N_PROMPTS)), mini_repeat_count=k, batch_size=args.generation_batch_size // k,
+                            repeat_count=args.num_iterations * args.steps_per_generation, shuffle=True, seed=args.seed)
+    loader = DataLoader(list(range(N_PROMPTS)), sampler=sampler,  # GRPOTrainer.get_train_dataloader's batch size
+                        batch_size=args.per_device_train_batch_size * args.steps_per_generation)
+    trainer = SimpleNamespace(get_total_train_batch_size=lambda a: a.per_device_train_batch_size
+                              * a.gradient_accumulation_steps * a.world_size,
+                              get_sp_size=lambda: 1, num_examples=lambda dl: len(dl.dataset))
+    steps = Trainer.set_initial_training_values(trainer, args, loader)[-1]
+    param = torch.nn.Parameter(torch.zeros(1))
+    optimizer = torch.optim.SGD([param], lr=args.learning_rate)
+    scheduler = get_scheduler(args.lr_scheduler_type, optimizer, num_warmup_steps=args.get_warmup_steps(steps),
+                              num_training_steps=steps, scheduler_specific_kwargs=args.lr_scheduler_kwargs or {})
+    lrs = []
+    for _ in range(steps):
+        lrs.append(optimizer.param_groups[0]["lr"])
+        optimizer.step()
+        scheduler.step()
+    # completions per optimizer step: a generation batch feeds steps_per_generation / gradient_accumulation_steps steps
+    per_step = args.generation_batch_size * args.gradient_accumulation_steps // args.steps_per_generation
+    return {"completions": per_step, "micro_batch": args.per_device_train_batch_size, "steps": steps, "lrs": lrs,
+            "seed": args.seed, "clip": (args.epsilon, args.epsilon_high if args.epsilon_high is not None
+                                        else args.epsilon),  # GRPOTrainer.__init__: epsilon_high defaults to epsilon
+            "beta": args.beta}
+
+
+def our_plan(cfg: C.Config) -> dict:
+    cfg = with_epochs(cfg, {"t": ROWS_IN}, world=1, announce=False)
+    param = torch.nn.Parameter(torch.zeros(1))
+    optimizer, scheduler = build_optimizer(cfg.train, [param], cfg.total_updates)
+    lrs = []
+    for _ in range(cfg.total_updates):
+        lrs.append(optimizer.param_groups[0]["lr"])
+        optimizer.step()
+        scheduler.step()
+    beta = cfg.kl["default"].beta if cfg.kl["default"].controller == "fixed" else None
+    return {"completions": cfg.seqs_per_step, "micro_batch": cfg.micro_batch_seqs, "steps": cfg.total_updates,
+            "lrs": lrs, "seed": cfg.train.seed, "clip": (cfg.loss.clip_low, cfg.loss.clip_high), "beta": beta}
+
+
+def trl_loss(loss_type: str, per_token_loss, mask, max_completion_length: int):
+    """TRL 1.16 GRPOTrainer._compute_loss's reduction of the per-token loss over one whole batch (no accumulation)."""
+    if loss_type in ("grpo", "sapo"):
+        return ((per_token_loss * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)).mean()
+    if loss_type == "dr_grpo":
+        return (per_token_loss * mask).sum() / (per_token_loss.size(0) * max_completion_length)
+    return (per_token_loss * mask).sum() / mask.sum().clamp(min=1.0)  # bnpo, dapo, cispo, vespo
+
+
+@pytest.mark.parametrize("name", sorted(CONFIGS))
+def test_our_plan_is_trls(name, tmp_path):
+    from grpo.core.losses import aggregate
+
+    args = trl_args(CONFIGS[name], tmp_path)
+    cfg, _ = python_config(None, {"t": ROWS_IN}, {"t": [reward_len]}, None, {}, trl_args=args)
+    theirs, ours = trl_plan(args), our_plan(cfg)
+    assert ours["lrs"] == pytest.approx(theirs["lrs"], rel=1e-12, abs=1e-15)
+    assert {k: v for k, v in ours.items() if k != "lrs"} == {k: v for k, v in theirs.items() if k != "lrs"}
+    assert cfg.rollout.k == args.num_generations and cfg.loss.mu == args.num_iterations
+    assert cfg.rollout.max_new_tokens == args.max_completion_length
+    assert cfg.loss.adv_scale == args.scale_rewards  # resolved by TRL's __post_init__ (False -> "none")
+    per_token, mask = torch.randn(6, 9, generator=torch.Generator().manual_seed(0)), torch.ones(6, 9)
+    mask[torch.arange(6), torch.tensor([1, 3, 5, 7, 8, 2])] = 0.0
+    mask[0, 4:] = 0.0
+    torch.testing.assert_close(aggregate(per_token, mask, cfg.loss.agg_mode, constant=float(args.max_completion_length)),
+                               trl_loss(args.loss_type, per_token, mask, args.max_completion_length))
+    expected_ratio = {"token": "grpo", "sequence": "gspo", "sequence_token": "gspo_token"}
+    assert cfg.loss.policy_loss == expected_ratio[args.importance_sampling_level]
+
+
+@pytest.mark.parametrize("name", ["defaults", "issue_batch", "group_spans_micro_batches", "linear_mu2",
+                                  "dr_grpo_sequence"])
+def test_the_object_and_its_yaml_give_the_same_plan(name, tmp_path, capsys):
+    import yaml
+
+    import grpo_train
+
+    fields = {"output_dir": str(tmp_path / "out"), "use_cpu": True, **CONFIGS[name]}
+    from_object, _ = python_config(None, {"t": ROWS_IN}, {"t": [reward_len]}, None, {},
+                                   trl_args=trl_args(CONFIGS[name], tmp_path))
+    path = tmp_path / "grpo.yaml"
+    path.write_text(yaml.safe_dump(fields))
+    data = tmp_path / "rows.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in ROWS_IN))
+    assert grpo_train.cli(["--config", str(path), "--tasks.t.path", str(data), "--print-config"]) == 0
+    from_yaml = C.from_dict(json.loads(capsys.readouterr().out))
+    assert from_yaml.preset == "custom" and set(from_yaml.tasks) == {"t"}  # the user's task only, not the demo's
+    assert our_plan(from_yaml) == our_plan(from_object)
+    for section in ("train", "rollout", "loss", "model", "checkpoint"):
+        assert getattr(from_yaml, section) == getattr(from_object, section), section
+
+
+def test_the_issues_batch_trains_16_completions_a_step_not_64(tmp_path):
+    """The object's per_device_train_batch_size=8 equals TRL's default, which used to translate to nothing (the
+    preset's 8 prompts applied: 8 x K 4 x GA 2 = 64)."""
+    args = trl_args(CONFIGS["issue_batch"], tmp_path)
+    cfg, _ = python_config(None, {"t": ROWS_IN}, {"t": [reward_len]}, None, {}, trl_args=args)
+    assert cfg.seqs_per_step == 16 and cfg.prompts_per_step == 4
+
+
+def test_trl_defaults_apply_not_the_presets(tmp_path):
+    cfg, _ = python_config(None, {"t": ROWS_IN}, {"t": [reward_len]}, None, {}, trl_args=trl_args({}, tmp_path))
+    assert (cfg.train.seed, cfg.loss.clip_low, cfg.loss.clip_high, cfg.train.lr) == (42, 0.2, 0.2, 1e-6)
+    assert (cfg.train.lr_scheduler, cfg.train.num_epochs, cfg.loss.agg_mode) == ("linear", 3.0, "token-mean")
+    assert cfg.model.dtype == "float32"  # bf16 resolved True by TRL, but the run is on the CPU: named, not switched on
+    assert (cfg.train.output_dir, cfg.train.run_name) == (str(tmp_path), "out")  # output_dir is the run folder
+    assert (cfg.train.log_every, cfg.train.sample_every, cfg.checkpoint.every, cfg.checkpoint.keep_last) == \
+        (10, 0, 500, 0)
+
+
+def test_the_table_holds_trls_defaults_and_every_field_outside_it_is_refused_when_set(tmp_path):
+    fields = {f.name: f for f in dataclasses.fields(trl.GRPOConfig) if f.init}
+    for name, default in DEFAULTS.items():
+        f = fields[name]
+        assert (f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default) == default, name
+    with pytest.raises(C.ConfigError, match=r"\['dataloader_num_workers', 'use_vllm'\]") as err:
+        translate(trl_args({"use_vllm": True, "dataloader_num_workers": 2}, tmp_path))
+    assert err.value.field == "dataloader_num_workers"
+    with pytest.raises(C.ConfigError, match=r"\['use_vllm'\]"):
+        translate({"use_vllm": True})
+    assert translate({"push_to_hub": False}).tree == translate({}).tree  # TRL's default is accepted
+
+
+def test_what_cannot_be_honoured_is_refused_or_named(tmp_path):
+    for fields, message in [({"lr_scheduler_type": "polynomial"}, "lr_scheduler_type"),
+                            ({"steps_per_generation": 4}, "generates once per optimizer step"),
+                            ({"max_steps": 7, "num_iterations": 2}, "multiple of 2"),
+                            ({"save_strategy": "epoch"}, "use steps or no"),
+                            ({"adam_beta1": 0.8}, "torch's betas"),
+                            ({"num_generations": 8, "per_device_train_batch_size": 3}, "e.g. "
+                             "per_device_train_batch_size=8")]:
+        with pytest.raises(C.ConfigError, match=message):
+            translate(fields)
+    notes = translate({"disable_dropout": True, "beta": 0.1, "lr_scheduler_type": "constant", "warmup_steps": 5}).notes
+    named = [n.split(":")[0] for n in notes]
+    assert {"GRPOConfig.warmup_steps=5", "GRPOConfig.use_bias_correction_kl=True",
+            "GRPOConfig.disable_dropout=True"} <= set(named) and len(named) <= 4  # (and bf16 on a CPU machine)
+
+
+def test_a_misspelt_grpo_config_field_gets_a_did_you_mean(tmp_path, capsys):
+    import grpo_train
+
+    with pytest.raises(C.ConfigError, match=r"did you mean `num_generations`\?") as err:
+        translate({"num_generation": 4})
+    assert err.value.field == "num_generation"
+    path = tmp_path / "grpo.yaml"
+    path.write_text("num_generation: 4\nlearning_rate: 1.0e-5\n")
+    assert grpo_train.cli(["--config", str(path)]) == 2
+    err_text = capsys.readouterr().err
+    assert "did you mean `num_generations`?" in err_text and "leave them at TRL's defaults" not in err_text
+
+
+def test_docs_trl_md_is_the_table():
+    assert (ROOT / "docs" / "TRL.md").read_text() == markdown()
+    assert len(TABLE) == len(ROWS)
