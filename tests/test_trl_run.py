@@ -1,0 +1,115 @@
+"""Issue #42 on a tiny model: a TRL GRPOConfig's epochs, schedule, checkpoints, logging and batch shape as a run
+does them (a group spanning micro-batches makes the same optimizer step as the whole batch; the scheduler resumes
+bit-identically), and the run folder is TRL's output_dir itself."""
+
+from __future__ import annotations
+
+import copy
+import json
+import shutil
+import warnings
+
+import pytest
+import torch
+
+from grpo.config import settings as C
+from grpo.run.trl_config import translate
+
+trl = pytest.importorskip("trl")
+ROWS = [{"prompt": f"Write the word number {i} in capitals."} for i in range(24)]
+SMALL = ["model.tiny_hidden=32", "model.tiny_layers=1", "model.tiny_heads=2", "sft.steps=0", "data.eval_size=2"]
+
+
+@pytest.fixture(autouse=True)
+def cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("GRPO_DUAL_CACHE", str(tmp_path / "cache"))
+
+
+def reward_len(completions, **kwargs):
+    return [-abs(20 - len(c)) for c in completions]
+
+
+def grpo_config(tmp_path, **fields):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return trl.GRPOConfig(output_dir=str(tmp_path / "out"), use_cpu=True, max_completion_length=4,
+                              gradient_checkpointing=False, **fields)
+
+
+def test_a_group_spanning_micro_batches_makes_the_whole_batchs_optimizer_step():
+    """per_device_train_batch_size=4, num_generations=8, gradient_accumulation_steps=2 (TRL accepts it): one prompt's
+    8 completions a step, trained 4 at a time; the update equals the one on all 8 at once."""
+    from grpo.phases.update import Learner, StepSettings, train_step
+    from grpo.models.modeling import build_tiny_model, build_tiny_tokenizer
+    from tests.test_micro_batches import CORPUS, make_batch
+
+    cfg = C.from_dict(C.config_tree("custom", [], translate(
+        {"per_device_train_batch_size": 4, "num_generations": 8, "gradient_accumulation_steps": 2,
+         "max_steps": 1, "use_cpu": True}).tree))
+    assert (cfg.prompts_per_step, cfg.seqs_per_step, cfg.micro_batch_seqs) == (1, 8, 4)
+    tok = build_tiny_tokenizer(CORPUS, vocab_size=300)
+    model = build_tiny_model(tok, seed=1, hidden=64, layers=2, heads=4, kv_heads=2).eval()
+    batch = make_batch()  # 8 completions: one group of K 8
+    assert batch.size == cfg.seqs_per_step
+    after = {}
+    for size in (cfg.micro_batch_seqs, batch.size):
+        m = copy.deepcopy(model)
+        params = [p for p in m.parameters() if p.requires_grad]
+        train_step(Learner(m, torch.optim.SGD(params, lr=1.0), params), copy.copy(batch), torch.tensor([0.0, 0.0]),
+                   cfg.loss, ["a", "b"], StepSettings(micro_batch_seqs=size, temperature=1.0, max_grad_norm=1e9,
+                                                      skip_grad_norm=1e9))
+        after[size] = params
+    for a, b in zip(after[4], after[8]):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+    assert max((a - b).abs().max().item() for a, b in zip(after[4], model.parameters())) > 1e-5
+
+
+def test_a_trl_config_trains_its_epochs_schedule_checkpoints_and_logging_into_output_dir(tmp_path):
+    import grpo_train
+    from transformers import get_scheduler
+
+    args = grpo_config(tmp_path, num_train_epochs=2, per_device_train_batch_size=4, num_generations=4,
+                       gradient_accumulation_steps=2, learning_rate=1e-3, lr_scheduler_type="linear", warmup_steps=2,
+                       save_steps=4, logging_steps=2, log_completions=True, eval_strategy="steps", eval_steps=6)
+    run = grpo_train.train(SMALL, tasks={"caps": ROWS}, rewards={"caps": [reward_len]}, args=args)
+    # 24 rows minus the held-out ones, 2 prompts a step, 2 epochs
+    n_train = len(run.train["caps"])
+    steps = 2 * (n_train // 2)
+    assert run.step == steps and run.run_dir == tmp_path / "out"
+    rows = [json.loads(line) for line in (run.run_dir / "metrics.jsonl").read_text().splitlines()]
+    logged = {r["step"]: r["lr"] for r in rows if "lr" in r}
+    optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1e-3)
+    scheduler = get_scheduler("linear", optimizer, num_warmup_steps=2, num_training_steps=steps)
+    trl_lrs = []
+    for _ in range(steps):
+        optimizer.step()
+        scheduler.step()
+        trl_lrs.append(optimizer.param_groups[0]["lr"])  # the lr of the next step, as our "lr" after step s
+    assert [logged[s] for s in range(1, steps + 1)] == pytest.approx(trl_lrs, abs=1e-12)
+    kept = sorted(p.name for p in (run.run_dir / "checkpoints").iterdir() if p.name.startswith("step_"))
+    assert [int(n.split("_")[1]) for n in kept] == [s for s in range(1, steps + 1) if s % 4 == 0 or s == steps]
+    sampled = sorted(int(p.stem.split("_")[-1]) for p in (run.run_dir / "samples").glob("*.jsonl"))
+    assert sampled == [s for s in range(1, steps + 1) if s % 2 == 0]
+    assert {f"step_{s}" for s in range(6, steps, 6)} <= set(run.evals)
+
+
+def test_the_learning_rate_schedule_resumes_bit_identically(tmp_path):
+    import grpo_train
+
+    def start(folder):
+        args = grpo_config(folder, max_steps=4, per_device_train_batch_size=4, num_generations=4,
+                           learning_rate=1e-3, lr_scheduler_type="cosine", warmup_steps=1, save_steps=2)
+        return grpo_train.train(SMALL, tasks={"caps": ROWS}, rewards={"caps": [reward_len]}, args=args)
+
+    full = start(tmp_path / "a")
+    shutil.copytree(full.run_dir, tmp_path / "b" / "out")
+    for folder in (tmp_path / "b" / "out" / "checkpoints").iterdir():
+        if folder.name != "step_000002" and folder.is_dir():
+            shutil.rmtree(folder)
+    args = grpo_config(tmp_path / "b", max_steps=4, per_device_train_batch_size=4, num_generations=4,
+                       learning_rate=1e-3, lr_scheduler_type="cosine", warmup_steps=1, save_steps=2)
+    resumed = grpo_train.train(SMALL, tasks={"caps": ROWS}, rewards={"caps": [reward_len]}, args=args,
+                               checkpoint={"resume": "auto"})
+    assert resumed.scheduler.state_dict() == full.scheduler.state_dict()
+    for (name, a), (_, b) in zip(full.policy.model.named_parameters(), resumed.policy.model.named_parameters()):
+        assert torch.equal(a, b), name
