@@ -1,5 +1,5 @@
 """Shared pieces of the benchmarks: model shapes, saving one model every trainer loads, peak-memory
-probes, and the median / min–max summary and table.
+probes, the median / min–max summary and table, and reading kept run records (plain or gzipped).
 
     steady-state s/step = Σ cycle_time[w:] / (len(cycle_time[w:]) · μ)   (w warm-up cycles dropped; μ optimizer
                                                                          steps per rollout cycle)
@@ -11,6 +11,7 @@ Nothing runs at import.
 
 from __future__ import annotations
 
+import gzip
 import resource
 import statistics
 import sys
@@ -245,3 +246,45 @@ def phase_table(results: list[dict[str, Any]], trainers: Sequence[str]) -> str:
     rows = [[res["spec"]["name"], t, phase, fmt_spread(s)]
             for res in results for t in trainers for phase, s in res[t]["phases_s_per_cycle"].items()]
     return markdown_table(["scenario", "trainer", "phase", "s per rollout cycle, median (min–max)"], rows)
+
+
+GZ = ".gz"
+"""A kept record's suffix: the repository keeps run records (metrics.jsonl, evals/<phase>.jsonl) gzipped, a trainer's
+run folder holds them plain; the readers below take either."""
+GZIP_LEVEL = 9
+
+
+def record_path(path: Path) -> Path:
+    """Where record `path` (e.g. RUN/metrics.jsonl) is: `path` itself, else its gzipped copy `path`.gz, else `path`
+    (missing)."""
+    path = Path(path)
+    packed = path.with_name(path.name + GZ)
+    return packed if not path.is_file() and packed.is_file() else path
+
+
+def has_record(path: Path) -> bool:
+    """Whether record `path` exists, plain or gzipped (`record_path`)."""
+    return record_path(path).is_file()
+
+
+def read_record(path: Path) -> str:
+    """The text of record `path`, read plain or from its gzipped copy (`record_path`); FileNotFoundError naming both
+    when neither exists."""
+    found = record_path(path)
+    if not found.is_file():
+        raise FileNotFoundError(f"{path}: missing (nor is there {path}{GZ})")
+    return gzip.decompress(found.read_bytes()).decode() if found.name.endswith(GZ) else found.read_text()
+
+
+def gzip_bytes(text: str) -> bytes:
+    """`text` gzipped with no file name and time 0 in the header, so the same text gives the same bytes (a kept record
+    changes in git only when its content does)."""
+    return gzip.compress(text.encode(), compresslevel=GZIP_LEVEL, mtime=0)
+
+
+def write_packed(path: Path, text: str) -> Path:
+    """Write `text` gzipped to `path`.gz (`gzip_bytes`) and return that path."""
+    out = Path(path).with_name(Path(path).name + GZ)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_bytes(gzip_bytes(text))
+    return out

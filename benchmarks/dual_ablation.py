@@ -3,7 +3,7 @@ benchmarks/RESULTS.md's "Dual objective on SmolLM2" section.
 
     python benchmarks/dual_ablation.py --runs DIR [DIR ...]            # finished run folders -> the table
     python benchmarks/dual_ablation.py --runs DIR [DIR ...] --phases   # each measure before SFT, after SFT, after RL
-                                                                       # (seed mean, min-max); --short: the README's
+                                                                       # (seed mean, min-max); --short: the summary's
     python benchmarks/dual_ablation.py --runs DIR [DIR ...] --against preset  # each variant minus preset, seed by seed
     python benchmarks/dual_ablation.py --runs DIR [DIR ...] --letters  # what always answering one letter scores
     python benchmarks/dual_ablation.py --runs DIR [DIR ...] --regrade  # BBQ accuracy as recorded and as today's
@@ -12,6 +12,9 @@ benchmarks/RESULTS.md's "Dual objective on SmolLM2" section.
         --variant base= --variant lr3e-4="--train.lr 3e-4"               # runs each variant x seed, then the table
         [--common "--preset smollm2-dual ..."]                           # flags every variant shares
     python benchmarks/dual_ablation.py --runs DIR ... --keep DEST      # also copy each run's records to DEST/<run>
+                                                                       # (the .jsonl records gzipped, as git keeps them)
+    python benchmarks/dual_ablation.py --runs KEPT ... --unpack DEST   # a kept copy back as a plain run folder, for
+                                                                       # `python -m grpo.run.plot DEST/<run>` (curves)
 
 Every figure is the RL phase's: after SFT -> after RL (before SFT -> after RL for a run without SFT, sft.steps 0),
 greedy held-out answers, graded by gold labels (measures.json, written by every evaluation):
@@ -44,6 +47,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # grpo (answer classes, bbq_rule) from this checkout, as the other benchmarks do
     sys.path.insert(0, str(ROOT))
+from benchmarks.common import GZ, has_record, read_record, write_packed  # noqa: E402  (after the path fix above)
+
 BAR = 0.10
 """Issue #26's bar: the RL phase raises BBQ accuracy and the recognition balanced accuracy by at least this."""
 COLLAPSE_CODES = ("answer_collapse", "heldout_collapse")
@@ -129,7 +134,7 @@ def read_run(run_dir: Path) -> tuple[str, int, dict[str, Any]]:
         return json.loads(path.read_text())
 
     config, measures, report = load("config.json"), load("measures.json"), load("report.json")
-    metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    metrics = [json.loads(line) for line in read_record(run_dir / "metrics.jsonl").splitlines() if line.strip()]
     seed = config["train"]["seed"]
     figures = rl_phase(measures, report, metrics)
     figures["run_minutes"] = wall_seconds(run_dir) / 60
@@ -137,9 +142,13 @@ def read_run(run_dir: Path) -> tuple[str, int, dict[str, Any]]:
     return name, seed, figures
 
 
-KEPT = ("config.json", "measures.json", "report.json", "eval.json", "metrics.jsonl", "pass_at_k.json", "plot.png",
+KEPT = ("config.json", "measures.json", "report.json", "eval.json", "metrics.jsonl", "pass_at_k.json",
         "evals/before_sft.jsonl", "evals/after_sft.jsonl", "evals/after_rl.jsonl")
-"""The records `--keep` copies: enough to rebuild every table here, the curves and the greedy answers."""
+"""The records `--keep` copies: enough to rebuild every table here, the curves (`python -m grpo.run.plot` on an
+unpacked copy: plot.png is not kept) and the greedy answers. The .jsonl ones are kept gzipped (`PACKED`)."""
+PACKED = ".jsonl"
+"""Records of this suffix are kept gzipped (benchmarks/common.write_packed): held-out replies and step metrics are
+most of a run's bytes, and the repository keeps its size small (tests/test_repo_size.py)."""
 TIMING = "timing.json"
 
 
@@ -151,14 +160,32 @@ def wall_seconds(run_dir: Path) -> float:
 
 
 def keep(run_dir: Path, dest: Path) -> Path:
-    """Copy the run's records (KEPT) to dest/<run name>, with its wall time in timing.json (a copy's file times are
-    its own)."""
+    """Copy the run's records (KEPT; a .jsonl one gzipped to <name>.gz) to dest/<run name>, with its wall time in
+    timing.json (a copy's file times are its own). `run_dir` may itself be a kept copy."""
     out = dest / run_dir.name
     for name in KEPT:
-        if (run_dir / name).exists():
+        if name.endswith(PACKED) and has_record(run_dir / name):
+            write_packed(out / name, read_record(run_dir / name))
+        elif (run_dir / name).exists():
             (out / name).parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(run_dir / name, out / name)
     (out / TIMING).write_text(json.dumps({"wall_s": round(wall_seconds(run_dir), 1)}) + "\n")
+    return out
+
+
+def unpack(kept_dir: Path, dest: Path) -> Path:
+    """A kept copy (`keep`) as a plain run folder dest/<run name>: every file copied, each gzipped record written
+    plain, so that what reads a trainer's run folder (`python -m grpo.run.plot`, `python -m grpo.run.report`) reads
+    it."""
+    out = dest / kept_dir.name
+    for path in sorted(p for p in kept_dir.rglob("*") if p.is_file()):
+        target = out / path.relative_to(kept_dir)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        if path.name.endswith(GZ):
+            plain = target.with_name(target.name[:-len(GZ)])
+            plain.write_text(read_record(path.with_name(path.name[:-len(GZ)])))
+        else:
+            shutil.copyfile(path, target)
     return out
 
 
@@ -248,7 +275,7 @@ def shown_gold(run_dir: Path, phase: str = "after_rl") -> dict[str, tuple[list[s
     config = json.loads((run_dir / "config.json").read_text())
     data_dir = Path(config["data"]["data_dir"])
     data_dir = data_dir if data_dir.is_absolute() else ROOT / data_dir
-    shown = {r["id"]: r["prompt"] for line in (run_dir / "evals" / f"{phase}.jsonl").read_text().splitlines()
+    shown = {r["id"]: r["prompt"] for line in read_record(run_dir / "evals" / f"{phase}.jsonl").splitlines()
              if line.strip() and (r := json.loads(line))["task"] == "fairness"}
     gold: dict[str, str] = {}
     for category in sorted({i.split("/")[1] for i in shown}):
@@ -284,12 +311,12 @@ def regraded_accuracy(run_dir: Path, phase: str) -> tuple[float, float] | None:
     evals/<phase>.jsonl, graded by the code of the run's day) and graded again by today's grpo.core.rewards.bbq_rule on
     the options the prompt showed (`shown_gold`); None without that file."""
     path = run_dir / "evals" / f"{phase}.jsonl"
-    if not path.exists():
+    if not has_record(path):
         return None
     from grpo.core.rewards import bbq_rule
 
     gold = shown_gold(run_dir, phase)
-    rows = [r for line in path.read_text().splitlines() if line.strip() and (r := json.loads(line))["task"] == "fairness"]
+    rows = [r for line in read_record(path).splitlines() if line.strip() and (r := json.loads(line))["task"] == "fairness"]
     recorded = [r["parts"]["bbq_rule"] for r in rows]
     today = [bbq_rule(r["completion"], {"answers": gold[r["id"]][0], "label_letter": gold[r["id"]][1]}) for r in rows]
     return statistics.fmean(recorded), statistics.fmean(today)
@@ -340,7 +367,7 @@ PHASE_MEASURES = (
 reads the greedy answers instead (`top_answer_share`)."""
 SHORT = ("BBQ accuracy (ambiguous + disambiguated)", "BBQ acc_ambig", "BBQ acc_disambig", "BBQ s_AMB (0 = no bias)",
          "HaluEval recognition balanced accuracy")
-"""The rows of the README's table (--phases --short)."""
+"""The rows of docs/RESULTS.md's summary table of the preset (--phases --short)."""
 
 
 def top_answer_share(run_dir: Path, phase: str, task: str = "fairness") -> float | None:
@@ -350,11 +377,11 @@ def top_answer_share(run_dir: Path, phase: str, task: str = "fairness") -> float
     share it is. None without that file. With BBQ's options shuffled, a share far above 1/3 is a letter picked
     whatever the options say."""
     path = run_dir / "evals" / f"{phase}.jsonl"
-    if not path.exists():
+    if not has_record(path):
         return None
     from grpo.core.answers import answer_class
 
-    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    rows = [json.loads(line) for line in read_record(path).splitlines() if line.strip()]
     answers = [answer_class(r["completion"]) for r in rows if r["task"] == task]
     letters = [a for a in answers if len(a) == 1 and a.isalpha()]
     return (max(letters.count(a) for a in set(letters)) if letters else 0) / len(answers) if answers else None
@@ -412,15 +439,17 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--seeds", nargs="+", type=int, default=[0])
     ap.add_argument("--common", default="--preset smollm2-dual", help="flags every variant shares")
     ap.add_argument("--phases", action="store_true", help="print each measure before SFT / after SFT / after RL")
-    ap.add_argument("--short", action="store_true", help="with --phases: the README's rows only")
+    ap.add_argument("--short", action="store_true", help="with --phases: the rows of docs/RESULTS.md's summary only")
     ap.add_argument("--letters", action="store_true", help="print what answering one letter to every held-out BBQ "
                                                              "row scores, per run (needs the run's BBQ files)")
     ap.add_argument("--regrade", action="store_true", help="print each run's held-out BBQ accuracy per phase as "
                                                              "recorded and as today's bbq_rule grades the same replies")
     ap.add_argument("--against", metavar="VARIANT", help="print each variant's RL-phase changes minus VARIANT's, "
                                                          "seed by seed (paired on the seeds both ran)")
-    ap.add_argument("--keep", type=Path, help="copy each run's records (config, measures, report, metrics, curves, "
-                                              "greedy answers) to KEEP/<run>")
+    ap.add_argument("--keep", type=Path, help="copy each run's records (config, measures, report, metrics, greedy "
+                                              "answers; the .jsonl ones gzipped) to KEEP/<run>")
+    ap.add_argument("--unpack", type=Path, help="write each kept run (--runs) as a plain run folder UNPACK/<run>, "
+                                                "which `python -m grpo.run.plot` draws")
     args = ap.parse_args(argv)
     if args.runs:
         dirs = args.runs
@@ -431,6 +460,8 @@ def main(argv: list[str] | None = None) -> None:
         ap.error("give --runs DIR ..., or --out DIR with at least one --variant")
     if args.keep:
         dirs = [keep(d, args.keep) for d in dirs]
+    if args.unpack:
+        dirs = [unpack(d, args.unpack) for d in dirs]
     if args.phases:
         print(phase_table(dirs, args.short))
     elif args.letters:

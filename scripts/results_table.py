@@ -1,7 +1,8 @@
-"""The README's demo results table, from real runs: run the demo for seeds 0-2 (or read run folders) and print it.
+"""The demo's results table (docs/RESULTS.md), from real runs: run the demo for seeds 0-2 (or read run folders) and
+print it.
 
     python scripts/results_table.py                       # runs `python grpo_train.py --seed N` for N = 0, 1, 2
-    python scripts/results_table.py --write               # ... and replaces the table in README.md
+    python scripts/results_table.py --write               # ... and replaces the table in docs/RESULTS.md
     python scripts/results_table.py --runs DIR0 DIR1 DIR2 # reads finished run folders instead (seed from config.json)
     python scripts/results_table.py --seeds 0 1 2 3 4 --out /tmp/demo_runs
     python scripts/results_table.py --preset smollm2-dual --out runs/smollm2-dual   # another preset's table
@@ -10,8 +11,8 @@ Columns, per seed and task, from the run's eval.json (greedy held-out reward, ru
 after RL, RL gain = after RL − after SFT; the wall time of the whole run (from config.json, written at start-up, to
 report.json, written at the end), on the seed's first row. The rewards are deterministic for a given machine and
 thread count (the demo pins every RNG); the wall time is not, so `tests/test_results_table.py` compares the reward
-columns exactly and only the time column's format. Runs use OMP_NUM_THREADS=2 unless it is set (the README's
-"2 CPU cores").
+columns exactly and only the time column's format. Runs use OMP_NUM_THREADS=2 unless it is set (the table's
+"2 CPU cores"). A run folder's .jsonl records are read plain or gzipped (a kept copy: benchmarks/common.read_record).
 """
 
 from __future__ import annotations
@@ -28,7 +29,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # `python scripts/results_table.py`: the project's modules (grpo.phases.evaluate for --parts)
     sys.path.insert(0, str(ROOT))
-README = ROOT / "README.md"
+from benchmarks.common import has_record, read_record  # noqa: E402  (after the path fix above)
+
+TABLE_DOC = ROOT / "docs" / "RESULTS.md"
+"""Where the demo's table stands (its first section) and where --write writes it."""
 SEEDS = (0, 1, 2)
 HEADER = "| seed | task | before SFT | after SFT | after RL | RL gain | wall time (2 CPU cores) |"
 RULE = "|---|---|---|---|---|---|---|"
@@ -47,7 +51,7 @@ def table_rows(run_dir: Path) -> list[str]:
     rows = []
     for i, task in enumerate(sorted(evals["after_rl"])):
         before, sft, rl = evals["before_sft"][task], evals["after_sft"][task], evals["after_rl"][task]
-        time_cell = f" {seconds:.0f} s |" if i == 0 else " |"  # the README writes an empty cell as "| |"
+        time_cell = f" {seconds:.0f} s |" if i == 0 else " |"  # the table writes an empty cell as "| |"
         rows.append(f"| {seed} | {task} | {before:.3f} | {sft:.3f} | {rl:.3f} | {rl - sft:+.3f} |{time_cell}")
     return rows
 
@@ -58,10 +62,10 @@ def part_rows(run_dir: Path) -> list[str]:
     from grpo.phases.evaluate import part_means  # imports torch: only when --parts asks for it
 
     seed = json.loads((run_dir / "config.json").read_text())["train"]["seed"]
-    phases = [p for p in ("before_sft", "after_sft", "after_rl") if (run_dir / "evals" / f"{p}.jsonl").is_file()]
+    phases = [p for p in ("before_sft", "after_sft", "after_rl") if has_record(run_dir / "evals" / f"{p}.jsonl")]
     means: dict[tuple[str, str], dict[str, float]] = {}
     for phase in phases:
-        kept = [json.loads(x) for x in (run_dir / "evals" / f"{phase}.jsonl").read_text().splitlines() if x]
+        kept = [json.loads(x) for x in read_record(run_dir / "evals" / f"{phase}.jsonl").splitlines() if x]
         for task, by_name in part_means((r["task"], r["parts"]) for r in kept).items():
             for name, mean in by_name.items():
                 means.setdefault((task, name), {})[phase] = mean
@@ -88,11 +92,11 @@ def run_demo(seed: int, out: Path, preset: str = "demo") -> Path:
     return out / name
 
 
-def readme_table(text: str) -> str:
-    """The results table in README text: the HEADER line and the table lines right after it."""
+def doc_table(text: str) -> str:
+    """The results table in TABLE_DOC's text: the HEADER line and the table lines right after it."""
     lines = text.splitlines()
     if HEADER not in lines:
-        raise ValueError(f"README.md has no results table: no line equal to {HEADER!r}")
+        raise ValueError(f"{TABLE_DOC.relative_to(ROOT)} has no demo results table: no line equal to {HEADER!r}")
     start = lines.index(HEADER)
     end = start + 1
     while end < len(lines) and lines[end].startswith("|"):
@@ -101,8 +105,8 @@ def readme_table(text: str) -> str:
 
 
 def replace_table(text: str, new_table: str) -> str:
-    """README text with its results table replaced by `new_table` (everything else unchanged)."""
-    old = readme_table(text)
+    """TABLE_DOC's text with its results table replaced by `new_table` (everything else unchanged)."""
+    old = doc_table(text)
     return text.replace(old, new_table, 1)
 
 
@@ -135,10 +139,11 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--parts", action="store_true",
                         help="also print each grader's own held-out mean per phase (from evals/<phase>.jsonl)")
     parser.add_argument("--preset", default="demo", help="the preset run for each seed (default demo)")
-    parser.add_argument("--write", action="store_true", help="replace the table in README.md with the new one")
+    parser.add_argument("--write", action="store_true",
+                        help="replace the demo table in docs/RESULTS.md with the new one")
     args = parser.parse_args(argv)
     if args.write and args.preset != "demo":
-        parser.error("--write replaces the README's demo table; print another preset's table without it")
+        parser.error("--write replaces docs/RESULTS.md's demo table; print another preset's table without it")
     try:
         if args.runs:
             dirs = args.runs
@@ -154,8 +159,8 @@ def main(argv: list[str]) -> int:
         print("\n| seed | task | grader | before SFT | after SFT | after RL |\n|---|---|---|---|---|---|")
         print("\n".join(row for d in dirs for row in part_rows(d)))
     if args.write:
-        README.write_text(replace_table(README.read_text(), text))
-        print(f"wrote the table into {README}", file=sys.stderr)
+        TABLE_DOC.write_text(replace_table(TABLE_DOC.read_text(), text))
+        print(f"wrote the table into {TABLE_DOC}", file=sys.stderr)
     return 0
 
 

@@ -1,6 +1,6 @@
 """Figures the docs quote in prose that the code produces cheaply: preset values, the doctor's thresholds, code
 constants, the demo model's size. (Tables of preset values and `field` (default X) are tests/test_docs.py's; the
-estimator's figures tests/test_memory_doc.py's; the README results table tests/test_results_table.py's.)
+estimator's figures tests/test_memory_doc.py's; the demo's results table tests/test_results_table.py's.)
 
 Each claim is a piece of a doc with its figures in braces, e.g. "watches the last {10} RL steps", and one source per
 figure (a function of the code); the doc must hold the piece with the braces removed (whitespace as in the doc is
@@ -64,11 +64,12 @@ LLAMA_SOURCES = [lambda: LLAMA().model.lora_r, lambda: DTYPE_WORDS[LLAMA().model
                  lambda: LLAMA().train.grad_accum, lambda: LLAMA().rollout.max_new_tokens]
 
 CLAIMS = [
-    # README: the demo
-    ("README.md", "builds a tiny Llama-style model ({395}k parameters)", [lambda: Rounded(demo_parameters() / 1000)]),
-    ("README.md", "runs a short SFT warm-up on {24} demonstrations", [lambda: DEMO().sft.max_examples]),
-    ("README.md", "then {120} GRPO steps that learn the rest of the rule, evaluating greedy completions of {64} held-out "
-     "prompts per task",
+    # docs/RESULTS.md: the demo
+    ("docs/RESULTS.md", "builds a tiny Llama-style model ({395}k parameters)",
+     [lambda: Rounded(demo_parameters() / 1000)]),
+    ("docs/RESULTS.md", "runs a short SFT warm-up on {24} demonstrations", [lambda: DEMO().sft.max_examples]),
+    ("docs/RESULTS.md", "then {120} GRPO steps that learn the rest of the rule, evaluating greedy completions of {64} "
+     "held-out prompts per task",
      [lambda: DEMO().train.max_steps, lambda: DEMO().data.eval_size]),
     ("docs/RESULTS.md", LLAMA_SHAPE, LLAMA_SOURCES),
     # docs/RESULTS.md: the real model on BBQ + HaluEval

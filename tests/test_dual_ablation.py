@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import gzip
 import json
 
 import pytest
 
+from benchmarks.common import read_record
 from conftest import ROOT, SHARED_DATA, load_script as _load
 
 
@@ -130,9 +132,34 @@ def test_a_kept_copy_reads_as_its_run_with_the_runs_wall_time(tmp_path):
     copy = m.keep(run, tmp_path / "kept")
     assert copy == tmp_path / "kept" / "base-s2" and json.loads((copy / "timing.json").read_text()) == {"wall_s": 1500.0}
     assert m.read_run(copy) == m.read_run(run) and m.read_run(copy)[2]["run_minutes"] == 25.0
+    # the .jsonl records kept gzipped, byte for byte the same when kept again (from the run or from its copy)
+    assert not (copy / "metrics.jsonl").exists()
+    assert gzip.decompress((copy / "metrics.jsonl.gz").read_bytes()) == (run / "metrics.jsonl").read_bytes()
+    again = m.keep(copy, tmp_path / "again")
+    assert (again / "metrics.jsonl.gz").read_bytes() == (copy / "metrics.jsonl.gz").read_bytes()
 
 
-def test_the_short_phase_table_keeps_the_readmes_rows(tmp_path):
+def test_an_unpacked_copy_is_a_plain_run_folder_the_plot_draws(tmp_path):
+    from grpo.run.plot import plot_run
+
+    m = _load("benchmarks/dual_ablation.py")
+    run = _letters_run(tmp_path, orders=[(0, 1, 2)] * 4)
+    (run / "measures.json").write_text("{}")
+    (run / "report.json").write_text("{}")
+    (run / "metrics.jsonl").write_text("".join(json.dumps({"step": s, "reward/fairness/mean": s / 4}) + "\n"
+                                               for s in range(1, 5)))
+    kept = m.keep(run, tmp_path / "kept")
+    assert sorted(p.name for p in (kept / "evals").iterdir()) == ["after_rl.jsonl.gz"]
+    assert m.letter_table([kept]) == m.letter_table([run])  # the readers take the gzipped records as they are
+    plain = m.unpack(kept, tmp_path / "plain")
+    assert sorted(str(p.relative_to(plain)) for p in plain.rglob("*") if p.is_file()) == [
+        "config.json", "evals/after_rl.jsonl", "measures.json", "metrics.jsonl", "report.json", "timing.json"]
+    for name in ("metrics.jsonl", "evals/after_rl.jsonl"):
+        assert (plain / name).read_text() == (run / name).read_text()
+    assert plot_run(plain).stat().st_size > 0
+
+
+def test_the_short_phase_table_keeps_the_summarys_rows(tmp_path):
     m = _load("benchmarks/dual_ablation.py")
     run = _write_run(tmp_path / "p-s0", _bbq(0.6, 0.4, -0.1), ba_rl=0.6, seed=0)
     rows = [line.split(" | ")[0][2:] for line in m.phase_table([run], short=True).splitlines()[2:]]
@@ -140,14 +167,14 @@ def test_the_short_phase_table_keeps_the_readmes_rows(tmp_path):
 
 
 def test_the_docs_tables_are_the_scripts_output_on_the_kept_runs():
-    """README, docs/RESULTS.md and benchmarks/RESULTS.md quote the tables the commands they name print."""
+    """docs/RESULTS.md and benchmarks/RESULTS.md quote the tables the commands they name print."""
     m = _load("benchmarks/dual_ablation.py")
     seeds = sorted((ROOT / "docs" / "runs" / "smollm2-dual").iterdir())
     kept = ROOT / "benchmarks" / "results" / "dual_ablation"
     screens = sorted(kept.iterdir())  # with the preset's seeds of before the balanced held-out rows: their baseline
     assert [d.name for d in seeds] == ["preset-s0", "preset-s1", "preset-s2"]
-    readme, results = (ROOT / "README.md").read_text(), (ROOT / "docs" / "RESULTS.md").read_text()
-    assert m.phase_table(seeds, short=True) in readme
+    results = (ROOT / "docs" / "RESULTS.md").read_text()
+    assert m.phase_table(seeds, short=True) in results  # the summary (once the README's)
     assert m.phase_table(seeds) in results
     assert m.table([m.read_run(d) for d in seeds]) in results
     assert m.table([m.read_run(d) for d in screens]) in (ROOT / "benchmarks" / "RESULTS.md").read_text()
@@ -197,8 +224,8 @@ def test_the_tables_of_the_2026_11_26_screens_are_the_scripts_output():
     assert json.loads((kept / "preset-s0" / "measures.json").read_text()) == \
         json.loads((before / "measures.json").read_text())
     for phase in ("after_sft", "after_rl"):
-        assert (kept / "preset-s0" / "evals" / f"{phase}.jsonl").read_text() == \
-            (before / "evals" / f"{phase}.jsonl").read_text()
+        assert read_record(kept / "preset-s0" / "evals" / f"{phase}.jsonl") == \
+            read_record(before / "evals" / f"{phase}.jsonl")
 
 
 def test_top_answer_share_reads_the_greedy_answers_of_one_task(tmp_path):

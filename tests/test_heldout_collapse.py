@@ -76,13 +76,14 @@ def test_the_report_reads_evals_and_turns_red(tmp_path):
     assert ("red", "heldout_collapse", "fairness") in codes and report["verdict"] == "red"
 
 
-def test_one_letter_before_each_rows_own_option_text_is_one_answer():
+def test_one_letter_before_each_rows_own_option_text_is_one_answer(tmp_path):
     """The `nosft` runs of benchmarks/RESULTS.md: after RL every BBQ reply opens with "B)" and goes on with one of that
     row's options, a different text on each row; the doctor must see one answer there, not 64."""
-    from conftest import ROOT
+    from conftest import ROOT, load_script
     from grpo.run.report import heldout_answers
 
-    run = ROOT / "benchmarks" / "results" / "dual_ablation_balanced" / "nosft-s1"
+    kept = ROOT / "benchmarks" / "results" / "dual_ablation_balanced" / "nosft-s1"  # its records gzipped, as kept
+    run = load_script("benchmarks/dual_ablation.py").unpack(kept, tmp_path)  # as the run wrote them
     answers = heldout_answers(run)
     assert len({a.split("\n")[0] for a in answers["after_rl"]["fairness"]}) > 10  # many texts after the one letter
     findings = [f for f in heldout_collapse(answers, {"after_rl": {"fairness": 0.328}}, TH) if f.task == "fairness"]

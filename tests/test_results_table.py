@@ -1,8 +1,8 @@
-"""scripts/results_table.py: the README's demo results table comes from real runs.
+"""scripts/results_table.py: the demo's results table (docs/RESULTS.md) comes from real runs.
 
-The fast tests check the script's rows against a run folder worked out by hand and that the README's table has the
+The fast tests check the script's rows against a run folder worked out by hand and that docs/RESULTS.md's table has the
 script's format. The slow one runs the demo for seeds 0-2 (about a minute each on 2 CPU cores) and checks that the
-committed README table holds the rewards the committed code produces (within two held-out prompts: other CPUs'
+committed table holds the rewards the committed code produces (within two held-out prompts: other CPUs'
 float kernels may flip a greedy answer); the wall-time column differs from run
 to run and is only checked for its format. Regenerate the table with `python scripts/results_table.py --write`.
 """
@@ -44,8 +44,8 @@ def test_rows_from_a_run_folder(tmp_path):
         RT.table_rows(fake_run(tmp_path / "unfinished", 7, {"before_sft": {}, "after_sft": {}}, 1))
 
 
-def test_readme_table_has_the_scripts_format():
-    text = RT.readme_table((ROOT / "README.md").read_text())
+def test_the_docs_table_has_the_scripts_format():
+    text = RT.doc_table(RT.TABLE_DOC.read_text())
     lines = text.splitlines()
     assert lines[:2] == [RT.HEADER, RT.RULE]
     assert [row[:2] for row in RT.rewards_only(text)] == [[str(s), t] for s in RT.SEEDS
@@ -55,6 +55,13 @@ def test_readme_table_has_the_scripts_format():
         before, sft, rl, gain = (float(c) for c in cells[2:6])
         assert abs(gain - (rl - sft)) <= 0.0011  # after RL - after SFT (each cell rounded on its own)
         assert RT.TIME_CELL.match(cells[6]), f"time cell {cells[6]!r}"
+
+
+def test_the_demo_table_stands_in_one_place_that_write_targets():
+    """The table moved from the README to docs/RESULTS.md (issue #40: the README leads a user in one screen); a copy
+    left behind would drift from the one --write rewrites."""
+    assert RT.TABLE_DOC == ROOT / "docs" / "RESULTS.md" and RT.HEADER in RT.TABLE_DOC.read_text().splitlines()
+    assert RT.HEADER not in (ROOT / "README.md").read_text()
 
 
 def test_rewards_differ_allows_two_prompts_and_no_more():
@@ -72,13 +79,13 @@ def test_write_replaces_only_the_table():
 
 
 @pytest.mark.slow
-def test_readme_table_is_what_the_committed_code_produces(tmp_path):
+def test_the_docs_table_is_what_the_committed_code_produces(tmp_path):
     """Runs `python grpo_train.py --seed N` for N = 0, 1, 2 (the script's own runner) and compares every reward cell."""
     runs = [RT.run_demo(seed, tmp_path) for seed in RT.SEEDS]
     produced = RT.table(runs)
-    committed = RT.readme_table((ROOT / "README.md").read_text())
+    committed = RT.doc_table(RT.TABLE_DOC.read_text())
     assert not RT.rewards_differ(produced, committed), (
-        "README.md's results table is not what the code produces; regenerate it with "
+        "docs/RESULTS.md's demo table is not what the code produces; regenerate it with "
         f"`{sys.executable} scripts/results_table.py --write`. Produced:\n{produced}")
 
 
