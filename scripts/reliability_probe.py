@@ -321,12 +321,27 @@ def resume_changed(change: str) -> Callable[[Lab], Trial]:
     return act
 
 
-def failed_start_retry(lab: Lab) -> Trial:
-    first = lab.cli("--model.name", str(lab.dir / "no_such_model"), "--overwrite")
-    if first.code == 0:
-        return Trial(first, lost=["a missing model.name ran to exit 0"])
-    second = lab.cli("--overwrite")
-    return Trial(second, texts=[first.out, first.err])
+def failed_start_retry(*flags: str) -> Callable[[Lab], Trial]:
+    """A start with a model folder that fails to load (a config.json, no weights: it passes the early check that the
+    path exists, so the run folder is made before the load fails), then the same command with the built-in model."""
+    def act(lab: Lab) -> Trial:
+        lab.write("bad_model/config.json", '{"model_type": "llama"}')
+        first = lab.cli("--model.name", "bad_model", *flags)
+        if first.code == 0:
+            return Trial(first, lost=["a model folder without weights ran to exit 0"])
+        second = lab.cli(*flags)
+        return Trial(second, texts=[first.out, first.err])
+    return act
+
+
+def sigkill_then_resume(lab: Lab) -> Trial:
+    """SIGKILL a run after its first checkpoint (its folder lock dies with it), then `--resume auto`."""
+    first = lab.start("--max-steps", "100000", "--checkpoint.every", "1")
+    if not lab.wait_for(lambda: any((lab.dir / "runs" / "r" / "checkpoints").glob("step_*")), first):
+        raise RuntimeError(f"the run to kill did not start: {last_line((lab.dir / 'background.log').read_text())}")
+    os.killpg(first.pid, signal.SIGKILL)
+    first.wait()
+    return Trial(lab.cli("--max-steps", "3", "--checkpoint.every", "1", "--resume", "auto"))
 
 
 def wandb_missing(lab: Lab) -> Trial:
@@ -433,9 +448,16 @@ CASES: tuple[Case, ...] = (
     Case("reward-sys-exit-mid-run", "false success", REFUSE, ("my_grader",),
          refused(*demo_rewards("my_grader"), files={"reward.py": mid_run("sys.exit(0)")}),
          why="a reward function calling sys.exit(0) after the first step"),
+    Case("reward-keyboard-interrupt", "false success", REFUSE, ("my_grader",),
+         refused(*demo_rewards("my_grader"), files={"reward.py": mid_run("raise KeyboardInterrupt")}),
+         why="a reward function raising KeyboardInterrupt after the first step (What to build, 3)"),
     # a failed start blocks its retry
-    Case("failed-start-then-retry", "retry", HANDLE, (), failed_start_retry,
-         why="--overwrite with a model.name that does not exist, then the same command with the built-in model"),
+    Case("failed-start-then-retry", "retry", HANDLE, (), failed_start_retry("--overwrite"),
+         why="--overwrite with a model folder that fails to load, then the same command with the built-in model"),
+    Case("failed-start-then-retry-plain", "retry", HANDLE, (), failed_start_retry(),
+         why="as above without --overwrite"),
+    Case("sigkill-then-resume", "retry", HANDLE, (), sigkill_then_resume,
+         why="SIGKILL after the first checkpoint, then --resume auto: no stale lock (What to build, 2)"),
     # tracebacks
     Case("binary-config", "traceback", REFUSE, ("probe.yaml",), refused("--config", "probe.yaml",
          files={"probe.yaml": bytes(range(256)) * 4}), why="a binary, non-UTF-8 --config file"),
