@@ -24,7 +24,7 @@ from typing import Any, Callable, Mapping, Sequence
 import torch
 
 from grpo.config import settings as C
-from grpo.config.command_line import parse_trainer_argv
+from grpo.config.command_line import command_typed, parse_trainer_argv
 from grpo.core.advantages import group_advantages, normalize_then_sum
 from grpo.core.answers import step_answer_metrics
 from grpo.core.dapo import fill_informative_groups, overlong_penalty
@@ -532,7 +532,7 @@ def cli(argv: list[str]) -> int:
     found while setting up (config, data, graders, judge, run folder, model.name); 1 a run failure; 130 / 143 stopped
     by SIGINT / SIGTERM (grpo/run/exits.py)."""
     try:
-        cfg, args = parse_trainer_argv(argv, prog="grpo_train.py", description=__doc__, more_help=graders_help(),
+        cfg, args = parse_trainer_argv(argv, prog=command_typed(), description=__doc__, more_help=graders_help(),
                                        read_file=read_config_file)
         check_config(cfg)
     except C.ConfigError as e:

@@ -134,6 +134,19 @@ def test_a_misspelt_field_gets_a_did_you_mean(capsys, flag, guess):
     assert f"did you mean {guess}?" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("argv0, typed", [("/venv/bin/grpo-dual", "grpo-dual"), ("grpo_train.py", "python grpo_train.py")])
+def test_an_unknown_flag_gets_a_did_you_mean_naming_the_command_typed(capsys, monkeypatch, argv0, typed):
+    """`--max-step 3` got argparse's bare "unrecognized arguments" under `usage: grpo_train.py` whatever was typed."""
+    import grpo_train
+
+    monkeypatch.setattr("sys.argv", [argv0])
+    assert grpo_train.cli(["--max-step", "3"]) == 2
+    err = capsys.readouterr().err
+    assert "did you mean --max-steps?" in err and f"`{typed} --help`" in err
+    assert grpo_train.cli(["--print-confg"]) == 2
+    assert "did you mean --print-config?" in capsys.readouterr().err
+
+
 # ------------------------------------------------------------------------------------------ TRL's GRPOConfig
 def test_a_grpo_config_is_translated_field_by_field_and_untranslatable_fields_are_named():
     trl = pytest.importorskip("trl")

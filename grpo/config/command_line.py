@@ -12,8 +12,11 @@ from __future__ import annotations
 import argparse
 import ast
 import dataclasses
+import difflib
 import inspect
+import sys
 import typing
+from pathlib import Path
 from typing import Any, Callable
 
 from grpo.config import settings as C
@@ -23,6 +26,26 @@ ALIASES = {"model": "model.name", "data-dir": "data.data_dir", "max-steps": "tra
            "seed": "train.seed", "output-dir": "train.output_dir", "run-name": "train.run_name",
            "resume": "checkpoint.resume", "device": "train.device"}
 """Short command-line flags users know, mapped to dotted fields."""
+
+
+def command_typed(argv0: str | None = None) -> str:
+    """The command as the user typed it, for messages: `grpo-dual` (the installed command) or `python grpo_train.py`
+    (sys.argv[0] unless `argv0` is given)."""
+    name = Path(sys.argv[0] if argv0 is None else argv0).name or "grpo_train.py"
+    return f"python {name}" if name.endswith(".py") else name
+
+
+def unknown_flags(unknown: list[str], parser: argparse.ArgumentParser) -> C.ConfigError:
+    """A ConfigError naming the command-line words no parser took, with a "did you mean" among the flags (the
+    entry point's, the shortcuts, every --section.field) and the command that was typed."""
+    flags = [a.split("=", 1)[0][2:] for a in unknown if a.startswith("--")]
+    sections = {name: hint for name, hint in typing.get_type_hints(C.Config).items() if dataclasses.is_dataclass(hint)}
+    valid = sorted({o[2:] for action in parser._actions for o in action.option_strings if o.startswith("--")}
+                   | set(ALIASES) | {f"{s}.{f.name}" for s, cls in sections.items() for f in dataclasses.fields(cls)})
+    guesses = [f"--{m[0]}" for flag in flags if (m := difflib.get_close_matches(flag, valid, n=1, cutoff=0.6))]
+    hint = f" (did you mean {', '.join(guesses)}?)" if guesses else ""
+    return C.ConfigError(f"unrecognized argument(s) {' '.join(unknown)}{hint}: `{command_typed()} --help` lists the "
+                         "flags and every config field", field=flags[0] if flags else None)
 
 
 def _dotted(item: str) -> str:
@@ -71,7 +94,7 @@ def split_argv(argv: list[str]) -> tuple[list[str], list[str]]:
             key = body.split("=", 1)[0]
             if key in sections and key not in ALIASES:  # `--rollout 8`: a section has no value of its own
                 raise C.ConfigError(f"`{key}` is a config section, not a field: write --{key}.<field> VALUE "
-                                    f"(python grpo_train.py --help lists the fields)", field=key)
+                                    f"({command_typed()} --help lists the fields)", field=key)
             if "." in key or key in ALIASES:
                 if "=" in body:
                     overrides.append(_dotted(body))
@@ -182,7 +205,10 @@ def parse_trainer_argv(argv: list[str], prog: str, description: str, more_help: 
     config tree (the entry point's: TRL's fields are translated above this layer); its "preset" applies unless
     --preset is given."""
     overrides, rest = split_argv(argv)
-    args = trainer_parser(prog, description, preset_in(rest), more_help).parse_args(rest)
+    parser = trainer_parser(prog, description, preset_in(rest), more_help)
+    args, unknown = parser.parse_known_args(rest)
+    if unknown:
+        raise unknown_flags(unknown, parser)
     tree: dict[str, Any] = {}
     if args.config:
         if read_file is None:
