@@ -55,8 +55,8 @@ def bad_step_reason(skipped: bool, restored: bool, grad_norm_max: float, skip_gr
 
 ON_DEVICE_SNAPSHOT_BYTES = 512 * 2**20
 """Up to this size (a LoRA adapter) the last good copy stays on the GPU. A full fine-tuned model's copy goes to pinned
-CPU memory instead. Measured on an H100 with a Qwen2.5-0.5B-shaped bf16 model (0.92 GiB of weights): pinned CPU takes
-the peak from 16,370 to 15,425 MiB, and the per-step check + copy costs 28.7 ms instead of 22.5 ms on the GPU."""
+CPU memory instead: it lowers the GPU peak by the copy's size for a few ms more per step (measured on an H100:
+benchmarks/NOTES.md, the row of this constant)."""
 
 
 def snapshot_device(total_bytes: int, param_device):
@@ -116,8 +116,8 @@ class WeightGuard:
         """True when no trainable parameter holds NaN or inf (one sync with the device).
 
         First each parameter's fp32 sum: a NaN or ±inf anywhere makes its sum non-finite, and a sum reads the tensor
-        once without writing a mask (SmolLM2's 134.5M parameters, one CPU thread: 0.03 s against 0.51 s for
-        isfinite + all, `python benchmarks/real_model_parts.py`). A finite sum of every tensor means all finite;
+        once without writing a mask (far faster than isfinite + all: `python benchmarks/real_model_parts.py`, its
+        timings in benchmarks/RESULTS.md). A finite sum of every tensor means all finite;
         otherwise the element-wise check decides, since a sum of finite values can overflow."""
         import torch
 
