@@ -62,8 +62,9 @@ def fast_steps_blocker(model: torch.nn.Module) -> str | None:
 class HFSteps:
     """Each step is one call of the model's whole forward with its DynamicCache (any decoder-only model).
 
-    transformers rebuilds a 4D mask from the 2D padding mask on every forward (`create_causal_mask`, ~0.5 ms a step
-    on the CPU); a one-token query may attend to every cached column that is not padding, so the 4D mask is just the
+    transformers rebuilds a 4D mask from the 2D padding mask on every forward (`create_causal_mask`; its cost on the
+    CPU: benchmarks/NOTES.md, the lean decoding loop's row); a one-token query may attend to every cached column that
+    is not padding, so the 4D mask is just the
     padding mask with a column appended per step. It is built here once and handed over as 4D, which transformers
     passes through as is: boolean (True = attend) for sdpa, additive (0 / dtype min) for eager. Other attention
     kernels (flash, flex), and models with sliding-window layers (whose masks and caches stop at the window), get
