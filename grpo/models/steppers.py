@@ -65,10 +65,10 @@ class HFSteps:
     transformers rebuilds a 4D mask from the 2D padding mask on every forward (`create_causal_mask`; its cost on the
     CPU: benchmarks/NOTES.md, the lean decoding loop's row); a one-token query may attend to every cached column that
     is not padding, so the 4D mask is just the padding mask with a column appended per step. It is built here once
-    and handed over as 4D, which transformers passes through as is: boolean (True = attend) for sdpa, additive (0 / dtype min) for eager. Other attention
-    kernels (flash, flex), and models with sliding-window layers (whose masks and caches stop at the window), get
-    the 2D mask as `generate` gives it, and transformers builds theirs. No mask at all when nothing is padding
-    (`generate` then drops it too)."""
+    and handed over as 4D, which transformers passes through as is: boolean (True = attend) for sdpa, additive
+    (0 / dtype min) for eager. Other attention kernels (flash, flex), and models with sliding-window layers (whose
+    masks and caches stop at the window), get the 2D mask as `generate` gives it, and transformers builds theirs. No
+    mask at all when nothing is padding (`generate` then drops it too)."""
 
     def __init__(self, model: torch.nn.Module, cache: Any, mask_BP: torch.Tensor, dtype: torch.dtype,
                  rows_B: torch.Tensor | None = None):
