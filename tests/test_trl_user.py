@@ -308,3 +308,46 @@ def test_a_length_reward_smoke_test_logs_each_function_everywhere_and_is_too_sho
     assert b"rewards/caps/reward_len/mean" in wandb_file.read_bytes()
     assert run.report["verdict"] == "too_short", run.report["reasons"]
     assert not [f for f in run.report["findings"] if f["code"] == "zero_std_groups"]
+
+
+# ------------------------------------------------------------------------------------- rewards that apply nowhere
+def test_preflight_refuses_a_reward_that_returns_none_for_every_row_and_report_json_is_strict(tmp_path):
+    """A reward returning None everywhere passed the preflight and the run wrote `NaN` into report.json, which is not
+    JSON. Now the preflight names it (a reward None on the first row only is fine: TRL's "not applicable"), and
+    report.json has null where a mean is NaN."""
+    import math
+    import shutil
+    from pathlib import Path
+
+    from grpo.grading.graders import GraderError, preflight
+    from grpo.grading.scoring import RewardSpec
+    from grpo.run.report import build_report
+    from tests.test_graders import sample
+
+    rows = [sample("t", f"Say {i}.") for i in range(4)]
+
+    def nowhere(completions, **kwargs):
+        return [None] * len(completions)
+
+    def not_first(completions, prompts, **kwargs):
+        return [None if "Say 0." in str(p) else 1.0 for p in prompts]
+
+    spec = {"t": RewardSpec("t", (("nowhere", 1.0),))}
+    with pytest.raises(GraderError, match="'nowhere': returned None for every completion of the first 4 row"):
+        preflight(spec, {"t": rows}, callables={"nowhere": nowhere})
+    graders = preflight({"t": RewardSpec("t", (("not_first", 1.0),))}, {"t": rows}, callables={"not_first": not_first})
+    assert set(graders) == {"not_first"}
+
+    run_dir = tmp_path / "run"
+    shutil.copytree(Path(__file__).resolve().parent / "fixtures" / "run_demo", run_dir,
+                    ignore=shutil.ignore_patterns("*.png", "report.json", "*.py"))
+    evals = json.loads((run_dir / "eval.json").read_text())
+    evals["after_rl"]["fairness"] = math.nan  # every held-out completion unscored
+    (run_dir / "eval.json").write_text(json.dumps(evals))
+    report = build_report(run_dir)
+
+    def refuse(constant):
+        raise ValueError(f"not JSON: {constant}")
+
+    strict = json.loads((run_dir / "report.json").read_text(), parse_constant=refuse)
+    assert strict["tasks"]["fairness"]["after_rl"] is None and report["tasks"]["fairness"]["delta"] is None

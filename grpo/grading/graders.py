@@ -301,6 +301,26 @@ def _utf8(text: str) -> list[int]:
     return list(text.encode("utf-8"))
 
 
+PREFLIGHT_ROWS_IF_NONE = 8
+"""Rows a user's reward function is tried on when it returns None for every completion of the task's first row (None
+is TRL's "does not apply to this row"; a function that applies to none of them would train nothing)."""
+
+
+def _applies_nowhere(task: str, grader: Grader, rows: Sequence[Sample],
+                     encode: Callable[[str], Sequence[int]]) -> list[str]:
+    """[] when `grader` (a user function) scores some completion of the task's first PREFLIGHT_ROWS_IF_NONE rows, or
+    is not a user function; else the problem."""
+    if grader.kind not in ("row", "batched"):
+        return []
+    tried = list(rows[:PREFLIGHT_ROWS_IF_NONE])
+    rollouts = [r for row in tried[1:] for r in _preflight_rollouts(row, encode)]
+    if rollouts and any(v is not None for v in grader.grade(rollouts)):
+        return []
+    return [f"task {task!r}, grader {grader.name!r}: returned None for every completion of the first {len(tried)} "
+            "row(s); None means 'does not apply to this row' (as in TRL), so a reward that applies to no row trains "
+            "nothing: return a number"]
+
+
 def preflight(specs: Mapping[str, Any], samples_by_task: Mapping[str, Sequence[Sample]], *, judge: Any = None,
               callables: Mapping[str, Callable[..., Any]] | None = None, reward_models: Mapping[str, Any] | None = None,
               device: Any = "cpu", encode: Callable[[str], Sequence[int]] | None = None) -> dict[str, Grader]:
@@ -330,7 +350,8 @@ def preflight(specs: Mapping[str, Any], samples_by_task: Mapping[str, Sequence[S
                 problems += _judge_problem(task, judge, rollouts[0], getattr(spec, "fallback", None))
             elif name in graders:
                 try:
-                    graders[name].grade(rollouts)
+                    if all(v is None for v in graders[name].grade(rollouts)):  # TRL's None: not applicable
+                        problems += _applies_nowhere(task, graders[name], rows, encode or _utf8)
                 except Exception as err:  # anything a user's grader raises is reported, named, with the rest
                     detail = str(err) if isinstance(err, GraderError) else f"raised {type(err).__name__}: {err}"
                     problems.append(f"task {task!r}, grader {name!r} on row {rows[0].id!r}: {detail}")

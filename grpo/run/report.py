@@ -212,8 +212,21 @@ def build_report(run_dir: str | Path, thresholds: HealthThresholds | None = None
     best = ParetoFrontier.load(1, run_dir / PARETO_SUBDIR).best()  # the cap bounds later offers; reading needs none
     if best is not None:  # the Pareto point with the best mean held-out score, and where its weights are
         report["pareto_best"] = {"step": best.step, "scores": best.scores, "path": str(best.path)}
-    (run_dir / REPORT_FILE).write_text(json.dumps(report, indent=2) + "\n")
+    report = finite_or_null(report)  # strict JSON: a task every completion of which went unscored has NaN means
+    (run_dir / REPORT_FILE).write_text(json.dumps(report, indent=2, allow_nan=False) + "\n")
     return report
+
+
+def finite_or_null(value: Any) -> Any:
+    """`value` with every NaN / infinite float (in dicts, lists and tuples) replaced by None: JSON has no NaN, and
+    json.dumps would write the bare `NaN` that strict readers (JSON.parse, jq) refuse."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: finite_or_null(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [finite_or_null(v) for v in value]
+    return value
 
 
 def _cell(value: float | None, signed: bool = False) -> str:
