@@ -33,7 +33,7 @@ from grpo.core.health import TrainingUnstable, bad_step_reason
 from grpo.core.kl_control import controller_from_config
 from grpo.core.records import TrainBatch
 from grpo.data.batching import TaskBalancedSampler
-from grpo.grading.graders import graders_help, preflight
+from grpo.grading.graders import graders_help, preflight, term_names
 from grpo.grading.judge import Judge
 from grpo.grading.scoring import (check_fallback_share, fallback_shares, per_step_counts, reward_metrics,
                                   score_rollouts, term_matrix)
@@ -49,14 +49,15 @@ from grpo.phases.sft import run_sft, sft_examples, stratified
 from grpo.phases.update import Learner, StepSettings, train_step
 from grpo.run import checkpoint as ckpt
 from grpo.run.api import python_config
-from grpo.run.checkpointing import reference_weights, resume, save_checkpoint
+from grpo.run.checkpointing import check_resume, reference_weights, resume, save_checkpoint
 from grpo.run.config_check import check_config
 from grpo.run.console import banner, preset_note
 from grpo.run.doctoring import consult_doctor, doctor_line, doctor_stops, start_doctor
 from grpo.run.pareto import RUN_SUBDIR as PARETO_SUBDIR, ParetoFrontier, require_heldout_rows
 from grpo.run.plot import plot_run
 from grpo.run.report import build_report, format_report
-from grpo.run.run_folder import discarded_if_unstarted, prepare_run_dir
+from grpo.run.fingerprints import input_fingerprints
+from grpo.run.run_folder import discarded_if_unstarted, expand_home, prepare_run_dir, release_run_dir
 from grpo.run.exits import USER_ERRORS, interrupted, user_error
 from grpo.run.setup_parts import (build_trackers, check_sharding, check_task_entries, choose_device, fit_prompts,
                                   fresh_optimizer, load_samples, parse_task_mix, per_completion_sampling,
@@ -90,7 +91,7 @@ def setup(cfg: C.Config, *, callables: Mapping[str, Callable[..., Any]] | None =
     dist, dist_device = make_dist(cfg.train.device, cfg.train.sharding)
     device = dist_device or choose_device(cfg.train.device)
     name = dist.broadcast(cfg.train.run_name or f"{cfg.preset}-{time.strftime('%Y%m%d-%H%M%S')}")
-    run_dir = Path(cfg.train.output_dir) / name
+    run_dir = expand_home(cfg.train.output_dir) / name  # `~/runs` given where no shell expanded it
     rows = load_samples(cfg.data, cfg.train.seed, cfg.tasks, announce=dist.is_main)  # every rank loads, one speaks
     train, heldout = split_by_task(rows.train, rows.heldout, cfg.data, cap=False)  # capped by fit_prompts
     require_heldout_rows(train, heldout, cfg.data.heldout_fraction)  # every task is evaluated: stop now if not
@@ -104,10 +105,16 @@ def setup(cfg: C.Config, *, callables: Mapping[str, Callable[..., Any]] | None =
     if note and dist.is_main:
         print(note)
     made_here = not run_dir.exists() and not cfg.train.run_name  # named after this start's clock: a retry gets another
-    if dist.is_main:  # before any expensive work: one run folder, one run
+    if dist.is_main:  # before any expensive work: one run folder, one run (locked until the run ends)
         prepare_run_dir(run_dir, cfg.checkpoint.resume, cfg.train.overwrite)
     dist.barrier()
     with discarded_if_unstarted(run_dir, dist.is_main and made_here):  # a failed build leaves no empty folder
+        inputs, resume_from = {}, None
+        if dist.is_main:  # what the run starts with: a resume goes on only from the same, or names what changed
+            inputs = input_fingerprints(cfg.data, cfg.tasks, rows.every, graders, term_names(specs))
+            if cfg.checkpoint.resume:
+                resume_from = check_resume(run_dir, cfg, inputs)
+        resume_from = dist.broadcast(resume_from)
         # the builtin tokenizer learns from prompts and, separately, from completions exactly as they are generated
         # (right after the assistant marker, no leading space)
         corpus = [s.messages[-1]["content"] for s in rows.every] + [s.target for s in rows.every if s.target]
@@ -130,6 +137,7 @@ def setup(cfg: C.Config, *, callables: Mapping[str, Callable[..., Any]] | None =
                                                       cfg.loss.entropy_coef_delta, cfg.loss.entropy_coef_min,
                                                       cfg.loss.entropy_coef_max)
         run.specs, run.graders = specs, graders
+        run.inputs, run.resume_from = inputs, resume_from
         run.judge = Judge.from_config(cfg.judge, run_dir)
         run.tracker = build_trackers(cfg.train, run_dir) if dist.is_main else NullTracker()
         run.stop_ids = stop_token_ids(cfg.rollout, policy.tokenizer)
@@ -405,7 +413,8 @@ def after_optimizer_step(run: Run) -> None:
 
 
 def finish(run: Run) -> dict[str, Any]:
-    """Save the final model, print the before/after table, write report.json and plot.png (rank 0)."""
+    """Save the final model, print the before/after table, write report.json and plot.png (rank 0); the run folder's
+    lock is released."""
     run.tracker.close()
     state = run.dist.full_state(run.policy.model) if run.dist.sharded else None  # a collective when sharded
     if not run.dist.is_main:
@@ -422,6 +431,7 @@ def finish(run: Run) -> dict[str, Any]:
     except (OSError, ValueError, RuntimeError) as e:  # a plot must never lose a finished run
         print(f"warning: could not draw the plot: {e}")
     print(f"run folder: {run.run_dir}")
+    release_run_dir(run.run_dir)
     return report
 
 
@@ -433,7 +443,7 @@ def main(cfg: C.Config, run: Run | None = None) -> Run:
     say = print if run.dist.is_main else (lambda *a, **k: None)  # one voice: rank 0
     say(banner(run))
     if cfg.checkpoint.resume:
-        resume(run, cfg.checkpoint.resume)
+        resume(run, str(run.resume_from or cfg.checkpoint.resume))
     else:
         say("evaluating before SFT ...", evaluate_phase(run, "before_sft"))
         if cfg.sft.steps and sft_phase(run):
@@ -467,6 +477,7 @@ def main(cfg: C.Config, run: Run | None = None) -> Run:
                       f"--preset {cfg.preset} --run-name {run.run_dir.name} --output-dir {cfg.train.output_dir} "
                       f"--resume auto [your other overrides]")
                 run.tracker.close()
+                release_run_dir(run.run_dir)
                 return run
             if cfg.checkpoint.every and step % cfg.checkpoint.every == 0:
                 save_checkpoint(run)
@@ -520,7 +531,11 @@ def train(config: C.Config | str | Sequence[str] | None = None, *,
         check_model_name(cfg.model.name)
         if cfg.model.load_in_4bit:
             check_4bit_available()
-    run = main(cfg, setup(cfg, callables=callables, model=loaded))
+    run = setup(cfg, callables=callables, model=loaded)
+    try:
+        main(cfg, run)
+    finally:  # also after a failure: the same train(...) may run again at once, another process too
+        release_run_dir(run.run_dir)
     report = run.run_dir / "report.json"
     if report.is_file():
         run.report = json.loads(report.read_text())
@@ -551,6 +566,8 @@ def cli(argv: list[str]) -> int:
     with signals_raise():  # Ctrl-C / SIGTERM before or after the RL loop: a message and 130 / 143
         try:
             run = setup(cfg)  # data, graders, judge, run folder, model: what fails here is the user's input
+        except ckpt.CheckpointError as e:  # a resume that cannot go on, named before the model loads
+            return user_error(e, 1)  # exits as a checkpoint error found later did
         except USER_ERRORS as e:
             return user_error(e, 2)
         except (Interrupted, KeyboardInterrupt) as e:
@@ -561,6 +578,8 @@ def cli(argv: list[str]) -> int:
             return user_error(e, 1)  # known failure modes get their message; the last checkpoint (if any) is intact
         except (Interrupted, KeyboardInterrupt) as e:
             return interrupted(e, f"in {run.run_dir}")
+        finally:
+            release_run_dir(run.run_dir)  # the run folder's lock (a no-op once `finish` released it)
         run.dist.close()  # every rank got here: they leave together (Dist.close)
     return 128 + run.stopped_by if run.stopped_by else 0
 

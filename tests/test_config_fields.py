@@ -150,6 +150,8 @@ BAD: list[tuple[str, Any, dict[str, Any]]] = [
     ("multi.pareto_cap", 0, {}),
     ("checkpoint.every", -1, {}),
     ("checkpoint.keep_last", -1, {}),
+    ("checkpoint.accept_changes", True, {}),  # without checkpoint.resume
+    ("train.overwrite", True, {"checkpoint.resume": "auto"}),
     ("kl", {"fairness": C.TaskKLConfig()}, {}),  # no `default` entry
     ("rewards.fairness", "  ", {}),
     # your own tasks (tasks.<task>) and reward models (reward_models.<name>), checked under their own names

@@ -235,10 +235,11 @@ def test_a_fresh_run_into_a_used_run_folder_stops_with_both_ways_out(tmp_path):
     assert str(run) in str(err.value) and "--resume auto" in str(err.value) and "--overwrite" in str(err.value)
     assert prepare_run_dir(run, resume="auto", overwrite=False) == run and (run / "metrics.jsonl").exists()
     assert prepare_run_dir(run, resume="", overwrite=True) == run
-    assert [p.name for p in run.iterdir()] == [".restartable"]  # a fresh start, restartable until its checkpoint
+    # a fresh start, restartable until its checkpoint; marked as a run folder, locked by this process
+    assert sorted(p.name for p in run.iterdir()) == [".grpo-dual-run", ".grpo-dual.lock", ".restartable"]
     other = tmp_path / "home"
     (other / "notes").mkdir(parents=True)
-    with pytest.raises(RunFolderError, match="does not look like a run folder"):
+    with pytest.raises(RunFolderError, match="not a run folder this program made"):
         prepare_run_dir(other, resume="", overwrite=True)
     assert (other / "notes").is_dir()
 

@@ -139,8 +139,35 @@ def run_folder_used(tmp, mp):
     from grpo.run.run_folder import prepare_run_dir
 
     (tmp / "r").mkdir()
+    (tmp / "r" / ".grpo-dual-run").write_text("{}\n")  # a run folder this program made (its marker)
     (tmp / "r" / "metrics.jsonl").write_text("{}\n")
     return raised(prepare_run_dir, tmp / "r", "", False)
+
+
+def run_folder_not_ours(tmp, mp):
+    from grpo.run.run_folder import prepare_run_dir
+
+    (tmp / "r").mkdir()
+    (tmp / "r" / "config.json").write_text("{}\n")  # a model folder holds config.json too
+    (tmp / "r" / "model.safetensors").write_bytes(b"weights")
+    return raised(prepare_run_dir, tmp / "r", "", True)
+
+
+def run_folder_locked(tmp, mp):
+    import subprocess
+    import sys
+
+    from grpo.run.run_folder import prepare_run_dir
+
+    holder = subprocess.Popen([sys.executable, "-c", "import sys, time; from grpo.run.run_folder import "
+                               "prepare_run_dir; prepare_run_dir(sys.argv[1], '', False); print('locked', flush=True); "
+                               "time.sleep(60)", str(tmp / "r")], cwd=ROOT, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+        return raised(prepare_run_dir, tmp / "r", "", False)
+    finally:
+        holder.kill()
+        holder.wait()
 
 
 def output_dir_file(tmp, mp):
@@ -373,6 +400,9 @@ TRIALS = {
     "judge replies without a usable score": unusable_replies,
     "judge replies that are not JSON, or have no choices": garbage_replies,
     "run folder not empty on a fresh run": run_folder_used,
+    "a folder this program did not make a run folder (a model folder; a run folder of a version before the marker), "
+    "with or without `--overwrite`": run_folder_not_ours,
+    "a run folder that another running process writes": run_folder_locked,
     "`--output-dir` that is a file": output_dir_file,
     "`--output-dir` that cannot be written": output_dir_read_only,
     "`--resume` a path that does not exist": resume_missing,

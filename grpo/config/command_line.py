@@ -194,7 +194,11 @@ def trainer_parser(prog: str, description: str, preset: str = DEFAULT_PRESET,
                              "override it")
     parser.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
     parser.add_argument("--overwrite", action="store_true",
-                        help="delete the contents of an existing run folder first (train.overwrite=true)")
+                        help="delete the contents of an existing run folder first (train.overwrite=true); only a "
+                             "folder this program made a run folder")
+    parser.add_argument("--accept-changes", action="store_true",
+                        help="with --resume: go on although the config, data files or reward functions differ from "
+                             "the checkpoint's, recording the changes in the run folder (checkpoint.accept_changes=true)")
     return parser
 
 
@@ -217,4 +221,6 @@ def parse_trainer_argv(argv: list[str], prog: str, description: str, more_help: 
     given = any(a == "--preset" or a.startswith("--preset=") for a in rest)
     preset = args.preset if given or "preset" not in tree else str(tree["preset"])
     args.preset = preset
-    return C.load_config(preset, overrides + (["train.overwrite=true"] if args.overwrite else []), tree), args
+    flags = (["train.overwrite=true"] if args.overwrite else []) + \
+        (["checkpoint.accept_changes=true"] if args.accept_changes else [])
+    return C.load_config(preset, overrides + flags, tree), args

@@ -664,9 +664,15 @@ class CheckpointConfig:
     trust_pickle: bool = False
     """Load checkpoints of the old format (state.pt, reference.pt: Python pickles, which can run code when
     loaded). Only for checkpoints you wrote yourself; the next checkpoint is written in the safe format."""
+    accept_changes: bool = False
+    """Resume although the config, a data file, a task's rows or a reward function's source differ from the
+    checkpoint's: each change is printed and recorded in the run folder's accepted_changes.jsonl. Off: such a resume
+    stops before the model loads, naming every change. --accept-changes."""
 
     def __post_init__(self) -> None:
         _check(self.every >= 0, "checkpoint.every", self.every, "use an integer >= 0 (0 = only at the end)")
+        _check(bool(self.resume) or not self.accept_changes, "checkpoint.accept_changes", self.accept_changes,
+               "it applies to a resume: give --resume too, or leave it off")
         _check(self.keep_last >= 0, "checkpoint.keep_last", self.keep_last, "use a positive integer, or 0 (keep all)")
 
 
@@ -795,6 +801,9 @@ class Config:
 
     def __post_init__(self) -> None:
         _check("default" in self.kl, "kl", sorted(self.kl), "keep a `default` entry for tasks without their own")
+        _check(not (self.train.overwrite and self.checkpoint.resume), "train.overwrite", self.train.overwrite,
+               f"--overwrite starts the run over (deleting its folder's contents) and --resume "
+               f"{self.checkpoint.resume} continues it: give one of them")
         for task, spec in self.rewards.items():
             _check(bool(spec.strip()), f"rewards.{task}", spec, "give at least one grader:weight term")
         for task, source in self.tasks.items():

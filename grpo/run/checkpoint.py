@@ -5,7 +5,9 @@ A checkpoint folder `checkpoints/step_000123/` holds
   * `state.json`: the rest of the state (scheduler, KL controllers, sampler position, guard and monitor state,
     counters, python / numpy RNG states) with each tensor replaced by its name in the tensor file
     (the tree codec of grpo/run/treecodec.py: JSON node kinds only, nothing is imported or called on load);
-  * `config.json` and `manifest.json` (format version, step, sha256 and size of every other file).
+  * `config.json`, `inputs.json` (the fingerprints of the run's data files, rows and reward functions:
+    grpo/run/fingerprints.py; absent in checkpoints written before it) and `manifest.json` (format version, step,
+    sha256 and size of every other file).
 The manifest is written last, and the folder only gets its final name by an atomic rename, so a crash mid-save
 leaves a `.tmp-*` folder that is never taken for a checkpoint. A folder whose files do not match its manifest is
 reported by name and skipped in favour of the previous one. The manifest detects corruption, not tampering (the
@@ -46,6 +48,7 @@ PREFIX = "step_"
 MANIFEST = "manifest.json"
 TENSORS = "tensors.safetensors"
 STATE_JSON = "state.json"
+INPUTS = "inputs.json"
 LEGACY_STATE = "state.pt"
 REFERENCE_DIR = "reference"
 REFERENCE_WEIGHTS = "weights.safetensors"
@@ -107,8 +110,10 @@ def _write_folder(tmp: Path, final: Path, files: dict[str, bytes | None], meta: 
     _fsync(final.parent)
 
 
-def save(run_dir: Path, step: int, state: dict[str, Any], config: dict[str, Any], keep_last: int) -> Path:
-    """Write checkpoint `step` atomically and keep the newest `keep_last`. Returns its folder.
+def save(run_dir: Path, step: int, state: dict[str, Any], config: dict[str, Any], keep_last: int,
+         inputs: dict[str, Any] | None = None) -> Path:
+    """Write checkpoint `step` atomically and keep the newest `keep_last`. Returns its folder. `inputs`: the run's
+    input fingerprints (grpo/run/fingerprints.py), written as inputs.json when given.
 
     `state` is a tree of tensors, numpy arrays, numbers, strings, None, lists, tuples and dicts (grpo/run/treecodec.py);
     anything else raises CheckpointError naming its key before a file is written."""
@@ -125,8 +130,11 @@ def save(run_dir: Path, step: int, state: dict[str, Any], config: dict[str, Any]
     tmp.mkdir()
     with writing(tmp / TENSORS):
         save_file(tensors, str(tmp / TENSORS))
-    _write_folder(tmp, final, {TENSORS: None, STATE_JSON: tree_json.encode(),
-                               "config.json": json.dumps(config, indent=2).encode()}, {"step": step})
+    files: dict[str, bytes | None] = {TENSORS: None, STATE_JSON: tree_json.encode(),
+                                      "config.json": json.dumps(config, indent=2).encode()}
+    if inputs is not None:
+        files[INPUTS] = json.dumps(inputs, indent=2).encode()
+    _write_folder(tmp, final, files, {"step": step})
     for old in list_complete(run_dir)[:-keep_last]:
         remove_folder(old)
     return final
@@ -249,6 +257,16 @@ def load(folder: Path, *, trust_pickle: bool = False) -> tuple[dict[str, Any], d
     except (SafetensorError, TreeCodecError, OSError, UnicodeDecodeError) as e:
         raise CheckpointError(f"checkpoint {folder}: cannot read its state ({e})") from None
     return state, config
+
+
+def saved_run(folder: Path) -> tuple[int | None, dict[str, Any], dict[str, Any] | None]:
+    """(step, config dict, input fingerprints or None when it predates them) of the checkpoint `folder`, whose
+    manifest has been verified: what a resume compares before the model loads."""
+    folder = Path(folder)
+    manifest = _read_json(folder / MANIFEST, folder)
+    step = manifest.get("step") if isinstance(manifest, dict) else None
+    inputs = _read_json(folder / INPUTS, folder) if (folder / INPUTS).is_file() else None
+    return (step if isinstance(step, int) else None), _read_json(folder / "config.json", folder), inputs
 
 
 def _read_json(path: Path, folder: Path) -> Any:

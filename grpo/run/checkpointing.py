@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +18,7 @@ from grpo.config import settings as C
 from grpo.models.distributed import Dist, rank_rng_state
 from grpo.models.modeling import Policy
 from grpo.run import checkpoint as ckpt
+from grpo.run.fingerprints import input_changes
 from grpo.run.run_folder import run_started
 from grpo.run.setup_parts import fresh_optimizer
 from grpo.run.state import Run
@@ -103,20 +106,72 @@ def save_checkpoint(run: Run) -> Path:
     folder = None
     if run.dist.is_main:
         folder = ckpt.save(run.run_dir, run.step, checkpoint_state(run, rng_ranks, gathered), C.to_dict(run.cfg),
-                           run.cfg.checkpoint.keep_last)
+                           run.cfg.checkpoint.keep_last, inputs=run.inputs)
         run_started(run.run_dir)  # a checkpoint to resume from: the folder is no longer restartable
     return run.dist.broadcast(folder)  # also a barrier: no rank goes on before the checkpoint is complete
 
 
+ACCEPTED = "accepted_changes.jsonl"
+"""The run folder's record of every resume that went on with changes (checkpoint.accept_changes): one JSON line each."""
+
+
+def check_resume(run_dir: Path, cfg: C.Config, inputs: dict[str, Any]) -> Path:
+    """The checkpoint folder that checkpoint.resume names, once this run may go on from it; before the model loads.
+
+    Refused (CheckpointError): a checkpoint past train.max_steps (naming both steps); a config, data file, task rows
+    or reward function source that differs from the checkpoint's (`inputs`, grpo/run/fingerprints.py), every change
+    named, unless checkpoint.accept_changes, which prints them and appends them to the run folder's ACCEPTED file."""
+    trust = cfg.checkpoint.trust_pickle
+    folder = ckpt.resolve_resume(run_dir, cfg.checkpoint.resume, trust)
+    if cfg.checkpoint.resume != "auto":  # "auto" verified it while choosing it
+        ckpt.verify(folder)
+    step, saved_cfg, saved_inputs = ckpt.saved_run(folder)
+    counted = getattr(cfg.train, "num_epochs", 0)  # train.max_steps is counted from the rows later: `resume` checks
+    if step is not None and step > cfg.train.max_steps and not counted:
+        raise ckpt.CheckpointError(f"checkpoint {folder} is at step {step}, past train.max_steps={cfg.train.max_steps}"
+                                   f" (--max-steps): a resume goes on from step {step}, it cannot end at step "
+                                   f"{cfg.train.max_steps}; give --max-steps {step} or more (or start a new run)")
+    kinds = {}
+    diffs = ckpt.config_differences(saved_cfg, C.to_dict(cfg), config_defaults(cfg))
+    changed = input_changes(saved_inputs, inputs) if saved_inputs is not None else []
+    for line in changed:
+        kinds["data" if line.startswith(("data file", "the rows")) else "reward functions"] = True
+    if diffs:
+        kinds = {"config": True, **kinds}
+    if saved_inputs is None:
+        print(f"note: checkpoint {folder} predates input fingerprints: its data files and reward functions are not "
+              "compared with this run's", file=sys.stderr)
+    changes = changed + diffs  # the data first: with the built-in tokenizer a changed file also changes the vocabulary
+    if not changes:
+        return folder
+    listed = "\n  ".join(changes)
+    if not cfg.checkpoint.accept_changes:
+        what = "a different config" if list(kinds) == ["config"] else f"different {', '.join(kinds)}"
+        raise ckpt.CheckpointError(f"checkpoint {folder} was written with {what}:\n  {listed}"
+                                   "\nresume with the same settings, data and reward functions; or go on with these "
+                                   "changes with --accept-changes (checkpoint.accept_changes=true; recorded in "
+                                   f"{Path(run_dir) / ACCEPTED}); or start a new run")
+    record = {"time": time.strftime("%Y-%m-%d %H:%M:%S"), "checkpoint": str(folder), "step": step, "changes": changes}
+    with open(Path(run_dir) / ACCEPTED, "a") as f:
+        f.write(json.dumps(record) + "\n")
+    print(f"note: resuming from {folder} with changes accepted (checkpoint.accept_changes; recorded in "
+          f"{Path(run_dir) / ACCEPTED}):\n  {listed}", file=sys.stderr)
+    return folder
+
+
 def resume(run: Run, where: str) -> None:
-    """Load the checkpoint `where` ("auto" = newest complete one of the run folder) into `run`."""
+    """Load the checkpoint `where` ("auto" = newest complete one of the run folder; `grpo_train.setup` hands in the
+    folder `check_resume` chose, checked against this run's config and inputs) into `run`."""
     trust = run.cfg.checkpoint.trust_pickle
     folder = ckpt.resolve_resume(run.run_dir, where, trust)
     state, saved_cfg = ckpt.load(folder, trust_pickle=trust)
     diffs = ckpt.config_differences(saved_cfg, C.to_dict(run.cfg), config_defaults(run.cfg))
-    if diffs:
+    if diffs and not run.cfg.checkpoint.accept_changes:  # check_resume named them already, unless not called
         raise ckpt.CheckpointError(f"checkpoint {folder} was written with a different config:\n  "
                                    + "\n  ".join(diffs) + "\nresume with the same settings, or start a new run")
+    if state["step"] > run.cfg.train.max_steps:  # check_resume said so before the model loaded; a notebook may not
+        raise ckpt.CheckpointError(f"checkpoint {folder} is at step {state['step']}, past train.max_steps="
+                                   f"{run.cfg.train.max_steps}; give --max-steps {state['step']} or more")
     ref = ckpt.load_reference(folder.parent.parent, trust_pickle=trust)  # the run the checkpoint belongs to
     if ref is not None:  # the run had an SFT warm-up: restore its reference (and, under LoRA, the merged base)
         run.dist.load_full_state(run.policy.model if run.policy.is_lora else run.policy.ref_model, ref)

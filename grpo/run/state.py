@@ -98,6 +98,11 @@ class Run:
     """The doctor's findings that fired at the last RL step (rank 0); `main` prints them."""
     report: dict[str, Any] = field(default_factory=dict)
     """The before/after report (report.json) once `finish` ran; `train(...)` fills it in."""
+    inputs: dict[str, Any] = field(default_factory=dict)
+    """Fingerprints of the data files, task rows and reward functions the run started with (grpo/run/fingerprints.py;
+    rank 0), saved with every checkpoint: a resume names what changed."""
+    resume_from: Path | None = None
+    """The checkpoint `setup` checked against this run's config and inputs (checkpoint.resume), which `main` loads."""
 
     def __post_init__(self) -> None:
         self.micro_batch_seqs = self.cfg.micro_batch_seqs
