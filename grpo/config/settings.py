@@ -19,10 +19,12 @@ import math
 import re
 import types
 import typing
+import unicodedata
 from dataclasses import dataclass, field
 from typing import Any
 
 from grpo.config.presets import DEMO_KL, PRESETS
+from grpo.config.templates import problem as template_problem
 
 
 class ConfigError(ValueError):
@@ -40,9 +42,10 @@ def field_error(name: str, value: Any, fix: str) -> ConfigError:
 
 
 def _inside_folder(name: str) -> bool:
-    """True when `name` is one plain folder name: no separator, not absolute, not `.` or `..`."""
+    """True when `name` is one plain folder name: no separator, not absolute, not `.` or `..`, no control character
+    (a newline or tab in a folder name breaks every log line and shell command that prints it)."""
     return "/" not in name and "\\" not in name and name not in (".", "..") and not name.startswith("~") \
-        and ":" not in name[:2]
+        and ":" not in name[:2] and not any(unicodedata.category(c) == "Cc" for c in name)
 
 
 def _env_name(value: str) -> bool:
@@ -72,6 +75,38 @@ ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,63}")
 """What an environment variable's name looks like; judge.api_key_env must be one (or empty)."""
 KEY_PREFIXES = ("sk-", "sk_", "sk-ant-", "key-", "Bearer ")
 LLAMA_LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+
+# Bounds on the numbers that scale logits, losses and weights: past them a value means nothing more and only turns the
+# run non-finite, far from the setting (tests/test_reliability_inputs.py checks each against the code it protects).
+LOGIT_BOUND = 1e4
+"""The largest logit magnitude the sampler is built for: grpo/phases/rollout.py POSINF_LOGIT (= this) replaces +Inf
+by it, and a model's ordinary logits stay below ~100. Every factor bounded below keeps such a logit finite in fp32."""
+MIN_TEMPERATURE = 1e-20
+"""Smallest rollout.temperature. The sampler and every log-prob pass divide the fp32 logits by it; with the penalties
+at their bounds a logit reaches at most LOGIT_BOUND x MAX_REPETITION_PENALTY + MAX_LOGIT_PENALTY x (1 + tokens) before
+the division, ~1e10 even at a million tokens, and 1e10 / 1e-20 = 1e30 stays below fp32's 3.4e38 (1e-300 rounds to
+0 in fp32: inf, then a NaN sampling distribution). Far below it sampling is greedy already (a logit gap of 0.01 is
+1e18 nats); for greedy decoding use top_k=1."""
+MAX_REPETITION_PENALTY = 1e4
+"""rollout.repetition_penalty lies in [1 / this, this]: it divides a repeated token's positive logit and multiplies
+its negative one, so at 1e4 (or 1e-4) every ordinary logit (|z| < 100) of a repeat is already pushed past any other
+token's and a larger factor changes no choice; it only moves the logits towards fp32's limit."""
+MAX_LOGIT_PENALTY = LOGIT_BOUND
+"""|rollout.presence_penalty| and |rollout.frequency_penalty| (per occurrence) are at most this: a penalty of
+LOGIT_BOUND already outweighs every ordinary logit, so a repeat is never (or, negative, always) chosen; beyond it
+nothing changes but overflow (-1e300 is -inf in fp32, and -inf x 0 a NaN for every token not yet written)."""
+MAX_LR = 1.0
+"""Largest train.lr / sft.lr. AdamW moves every weight by about lr per step whatever the loss's scale (its update is
+the gradient over its own running RMS), and a trained model's weights are O(0.01-0.1): a rate of 1 rewrites them in
+one step. Fine-tuning uses 1e-7..1e-4, training a small model from scratch at most ~1e-2."""
+MAX_LOSS_WEIGHT = 1e3
+"""Largest kl.<task>.beta / kl.<task>.beta_max and loss.entropy_coef. The policy term is an advantage (unit scale after
+group normalisation) times a ratio near 1, the KL and entropy terms are in nats per token: weighted by 1e3 either
+outweighs the reward as soon as it exceeds 1e-3 nats, so a larger weight only freezes (or flattens) the policy while
+its gradient heads for fp32's limit (1e300 x a gradient is inf: NaN weights or every step skipped)."""
+MAX_SEED = 2**32 - 1
+"""Largest train.seed: grpo/run/setup_parts.seed_everything seeds numpy's global RNG, which takes [0, 2**32)
+(torch.manual_seed takes [-2**63, 2**64), Python's random any integer): the narrowest of the three."""
 
 
 @dataclass
@@ -170,7 +205,7 @@ class DataConfig:
     halueval_per_subset: int = 100
     """Rows per HaluEval subset."""
     max_document_chars: int = 2000
-    """Summarization documents are cut to this many characters."""
+    """Summarization documents are cut to this many characters (0 = never cut)."""
     demo_size: int = 400
     """Synthetic demo: prompts generated per task (before the held-out split)."""
     heldout_fraction: float = 0.2
@@ -195,6 +230,8 @@ class DataConfig:
                "use 0 (as loaded) or a share in (0, 1), e.g. 0.333")
         for f in ("bbq_per_category", "halueval_per_subset", "demo_size", "eval_size", "max_prompt_tokens"):
             _check(getattr(self, f) >= 1, f"data.{f}", getattr(self, f), "use a positive integer")
+        _check(self.max_document_chars >= 0, "data.max_document_chars", self.max_document_chars,
+               "use 0 (never cut) or a positive number of characters, e.g. 2000")
 
 
 @dataclass
@@ -277,12 +314,20 @@ class RolloutConfig:
         _check(self.max_new_tokens >= 1, "rollout.max_new_tokens", self.max_new_tokens, "use a positive integer")
         _check(0 <= self.min_new_tokens <= self.max_new_tokens, "rollout.min_new_tokens", self.min_new_tokens,
                f"use a value in [0, max_new_tokens={self.max_new_tokens}]")
-        _check(self.temperature > 0, "rollout.temperature", self.temperature,
-               "use a temperature > 0 (for greedy decoding use top_k=1)")
+        _check(self.temperature >= MIN_TEMPERATURE, "rollout.temperature", self.temperature,
+               f"use a temperature >= {MIN_TEMPERATURE:g}: below it the logits divided by it overflow fp32 (for greedy "
+               "decoding use top_k=1)")
         _check(self.top_k >= 0, "rollout.top_k", self.top_k, "use 0 (off) or a positive integer")
         _check(0.0 < self.top_p <= 1.0, "rollout.top_p", self.top_p, "use a value in (0, 1]")
         _check(0.0 <= self.min_p < 1.0, "rollout.min_p", self.min_p, "use a value in [0, 1)")
-        _check(self.repetition_penalty > 0, "rollout.repetition_penalty", self.repetition_penalty, "use a value > 0")
+        _check(1 / MAX_REPETITION_PENALTY <= self.repetition_penalty <= MAX_REPETITION_PENALTY,
+               "rollout.repetition_penalty", self.repetition_penalty,
+               f"use a factor in [{1 / MAX_REPETITION_PENALTY:g}, {MAX_REPETITION_PENALTY:g}] (1.0 = off, 1.2 is "
+               "common): beyond it no choice changes, only the logits overflow")
+        for f in ("presence_penalty", "frequency_penalty"):
+            _check(abs(getattr(self, f)) <= MAX_LOGIT_PENALTY, f"rollout.{f}", getattr(self, f),
+                   f"use a value in [-{MAX_LOGIT_PENALTY:g}, {MAX_LOGIT_PENALTY:g}] (0 = off; OpenAI's range is "
+                   "[-2, 2]): a penalty that large already decides every repeat, a larger one only overflows")
         _one_of("rollout.sampling_rng", self.sampling_rng, ("auto", "global", "per_completion"))
         _check(0 <= self.overlong_buffer <= self.max_new_tokens, "rollout.overlong_buffer", self.overlong_buffer,
                f"use 0 (off) or a token count in [1, max_new_tokens={self.max_new_tokens}]")
@@ -369,7 +414,9 @@ class LossConfig:
         _check(self.dual_clip is None or self.dual_clip > 1, "loss.dual_clip", self.dual_clip,
                "use None or a value > 1 (verl uses 3)")
         _check(self.mu >= 1, "loss.mu", self.mu, "use mu >= 1")
-        _check(self.entropy_coef >= 0, "loss.entropy_coef", self.entropy_coef, "use a value >= 0")
+        _check(0 <= self.entropy_coef <= MAX_LOSS_WEIGHT, "loss.entropy_coef", self.entropy_coef,
+               f"use a weight in [0, {MAX_LOSS_WEIGHT:g}] (0 = off, ~0.001 is common): above it the bonus outweighs "
+               "every reward and its gradient heads for overflow")
         _check(self.adv_clip is None or self.adv_clip > 0, "loss.adv_clip", self.adv_clip,
                "use None (off) or a clamp > 0, e.g. 5")
         _check(self.policy_loss != "luspo" or self.agg_mode == "seq-mean-token-sum", "loss.agg_mode", self.agg_mode,
@@ -520,7 +567,8 @@ class TrainConfig:
     def __post_init__(self) -> None:
         for f in ("max_steps", "prompts_per_micro_step", "grad_accum", "max_consecutive_bad", "log_every"):
             _check(getattr(self, f) >= 1, f"train.{f}", getattr(self, f), "use a positive integer")
-        _check(self.lr > 0, "train.lr", self.lr, "use a learning rate > 0, e.g. 1e-5")
+        _check(0 < self.lr <= MAX_LR, "train.lr", self.lr,
+               f"use a learning rate in (0, {MAX_LR:g}], e.g. 1e-5: AdamW moves every weight by about lr a step")
         _check(self.num_epochs >= 0, "train.num_epochs", self.num_epochs, "use a number of passes > 0, or 0 (off)")
         _one_of("train.lr_scheduler", self.lr_scheduler, LR_SCHEDULERS)
         _check(0 <= self.warmup_ratio < 1, "train.warmup_ratio", self.warmup_ratio, "use a share in [0, 1)")
@@ -529,10 +577,15 @@ class TrainConfig:
         _check(self.micro_batch_size >= 0, "train.micro_batch_size", self.micro_batch_size,
                "use a number of sequences >= 1, or 0 (prompts_per_micro_step x rollout.k)")
         _check(self.weight_decay >= 0, "train.weight_decay", self.weight_decay, "use a value >= 0 (0 = off)")
-        _check(self.seed >= 0, "train.seed", self.seed, "use an integer >= 0")
+        _check(self.lr * self.weight_decay < 1, "train.weight_decay", self.weight_decay,
+               f"AdamW multiplies every weight by 1 - lr x weight_decay each step, which train.lr={self.lr:g} makes "
+               f"<= 0 (zeroed or flipped weights): use a decay below 1 / lr = {1 / self.lr:g}; 0 to 0.1 is common")
+        _check(0 <= self.seed <= MAX_SEED, "train.seed", self.seed,
+               f"use an integer in [0, {MAX_SEED}] (2**32 - 1: numpy's seed range, the narrowest of numpy, torch "
+               "and Python)")
         _check(not self.run_name or _inside_folder(self.run_name), "train.run_name", self.run_name,
-               "use a plain folder name (no path separators, no '..', not absolute): runs stay inside "
-               "train.output_dir")
+               "use a plain folder name (no path separators, no '..', not absolute, no control characters such as "
+               "a newline): runs stay inside train.output_dir")
         _check(self.max_grad_norm > 0, "train.max_grad_norm", self.max_grad_norm, "use a value > 0, e.g. 1.0")
         _check(self.skip_grad_norm > 0, "train.skip_grad_norm", self.skip_grad_norm, "use a value > 0")
         for f in ("warmup_steps", "eval_every", "sample_every", "dynamic_sampling_max_rounds", "pass_at_k"):
@@ -572,7 +625,8 @@ class SFTConfig:
         _check(self.max_examples >= 0, "sft.max_examples", self.max_examples, "use 0 (all) or a positive count")
         _check(self.max_target_tokens >= 0, "sft.max_target_tokens", self.max_target_tokens,
                "use 0 (whole targets) or a positive token count")
-        _check(self.lr > 0, "sft.lr", self.lr, "use a learning rate > 0, e.g. 1e-4")
+        _check(0 < self.lr <= MAX_LR, "sft.lr", self.lr,
+               f"use a learning rate in (0, {MAX_LR:g}], e.g. 1e-4: AdamW moves every weight by about lr a step")
         _check(self.batch_size >= 1, "sft.batch_size", self.batch_size, "use a positive integer")
 
 
@@ -715,15 +769,13 @@ class TaskSourceConfig:
     gold_fields: list[str] = field(default_factory=list)
     """Columns the graders get as gold; empty = a `gold` column holding a dict, else every other column."""
     template: str = ""
-    """str.format template building the prompt from the row's columns, e.g. "Add {a} and {b}."; "" = the prompt
-    column as it is."""
+    """Template building the prompt from the row's columns by plain substitution, e.g. "Add {a} and {b}." (literal
+    braces doubled; no attribute access, indexing or format spec); "" = the prompt column as it is."""
     limit: int = 0
     """Keep the first `limit` usable training rows (0 = all)."""
 
     def validate(self, where: str) -> None:
         """Every field; messages name `<where>.<field>` (e.g. tasks.qa.limit), the bad value and the fix."""
-        import string
-
         _check(bool(self.path or (self.builder and self.data_files)), f"{where}.path", self.path,
                "give a file, a folder or a Hub id (or a builder with data_files)")
         _check(not self.data_files or bool(self.builder), f"{where}.data_files", self.data_files,
@@ -732,13 +784,8 @@ class TaskSourceConfig:
             _check(bool(getattr(self, name).strip()), f"{where}.{name}", getattr(self, name), "give a name")
         _check(isinstance(self.limit, int) and self.limit >= 0, f"{where}.limit", self.limit,
                "use 0 (all rows) or a positive number of rows")
-        try:
-            names = [name for _, name, _, _ in string.Formatter().parse(self.template) if name is not None]
-        except ValueError as err:
-            raise ConfigError(f"config field `{where}.template` = {self.template!r} is invalid: {err}; double "
-                              "literal braces", field=f"{where}.template") from None
-        _check(all(names), f"{where}.template", self.template,
-               "name every placeholder after a column, e.g. {question}; positional {} has no column")
+        why = template_problem(self.template)  # plain {column} substitution only (grpo/config/templates.py)
+        _check(why is None, f"{where}.template", self.template, str(why))
 
 
 @dataclass
@@ -801,6 +848,11 @@ class Config:
 
     def __post_init__(self) -> None:
         _check("default" in self.kl, "kl", sorted(self.kl), "keep a `default` entry for tasks without their own")
+        for task, section in self.kl.items():  # the controllers' own rules: grpo/run/config_check.py
+            for f in ("beta", "beta_max"):
+                _check(getattr(section, f) <= MAX_LOSS_WEIGHT, f"kl.{task}.{f}", getattr(section, f),
+                       f"use a KL coefficient <= {MAX_LOSS_WEIGHT:g} (0.001 to 0.1 is common): above it the KL term "
+                       "outweighs every reward and its gradient heads for overflow")
         _check(not (self.train.overwrite and self.checkpoint.resume), "train.overwrite", self.train.overwrite,
                f"--overwrite starts the run over (deleting its folder's contents) and --resume "
                f"{self.checkpoint.resume} continues it: give one of them")

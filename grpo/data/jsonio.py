@@ -24,6 +24,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Sequence, TypeVar
 
+from grpo.config import templates
+
 MAX_WARNINGS_PER_FILE = 5  # enough to see the pattern of a broken file without flooding the log
 MAX_DEPTH = 64
 """Deepest nesting of lists / objects a row may have. Real rows nest a few levels; a row nested ~1000 deep makes
@@ -186,10 +188,14 @@ class TemplateFieldError(ValueError):
 
 
 def fill_template(template: str, fields: dict[str, Any], where: str) -> str:
-    """template.format(**fields), with a clear error when the template names an absent field."""
+    """`template` with each {field} replaced by that field's text: plain substitution only (grpo/config/templates.py
+    refuses attribute access, indexing, conversions and format specs), with a clear error naming `where` when a
+    placeholder is not a plain name or names an absent field."""
     try:
-        return template.format(**fields)
-    except (KeyError, IndexError) as err:
+        return templates.fill(template, fields, where)
+    except templates.TemplateError as err:
+        raise TemplateFieldError(str(err)) from None
+    except KeyError as err:
         raise TemplateFieldError(
             f"{where}: the prompt template uses {{{err.args[0]}}}, but rows only have the fields {sorted(fields)}; "
             "fix the template (double literal braces)"

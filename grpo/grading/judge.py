@@ -14,6 +14,7 @@ Nothing happens at import: SDKs are imported when a Judge is built.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import logging
@@ -119,14 +120,23 @@ class JudgeCache:
     BUSY_TIMEOUT_S = 60.0
 
     def __init__(self, path: str | Path) -> None:
+        """Opens (creating) the SQLite file at `path`; an OSError naming the path and judge.cache_path when that is
+        a folder or anything else SQLite cannot use (sqlite3's own errors name no file)."""
+        if Path(path).is_dir():
+            raise IsADirectoryError(errno.EISDIR, "the judge cache (judge.cache_path) is a folder; name a SQLite file "
+                                    f"in it, e.g. {Path(path) / CACHE_FILE}", str(path))
         Path(path).parent.mkdir(parents=True, exist_ok=True)
         self._lock = threading.Lock()
-        self._db = sqlite3.connect(str(path), check_same_thread=False, timeout=self.BUSY_TIMEOUT_S)
-        with self._lock:
-            self._db.execute("PRAGMA journal_mode=WAL")
-            with self._db:
-                self._db.execute("CREATE TABLE IF NOT EXISTS scores (key TEXT PRIMARY KEY, score REAL, "
-                                 "provider TEXT)")
+        try:
+            self._db = sqlite3.connect(str(path), check_same_thread=False, timeout=self.BUSY_TIMEOUT_S)
+            with self._lock:
+                self._db.execute("PRAGMA journal_mode=WAL")
+                with self._db:
+                    self._db.execute("CREATE TABLE IF NOT EXISTS scores (key TEXT PRIMARY KEY, score REAL, "
+                                     "provider TEXT)")
+        except sqlite3.Error as err:  # "unable to open database file", "file is not a database"
+            raise OSError(errno.EIO, f"the judge cache (judge.cache_path) cannot be used as a SQLite file ({err}); "
+                          "name another file, or leave judge.cache_path empty", str(path)) from None
 
     @staticmethod
     def key(model: str, rubric_version: str, task: str, prompt: str, response: str) -> str:

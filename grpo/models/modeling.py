@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import importlib.util
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Iterator
@@ -264,11 +265,76 @@ def _load_base(name: str, *, dtype, attn_implementation: str, load_in_4bit: bool
         model = build_tiny_model(tokenizer, seed, attn_implementation=attn_implementation,
                                  dtype=torch.float32 if dt == "auto" else dt, **sizes)
         return model, tokenizer
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
     from grpo.models.pretrained import resolve_model_name
 
     name = resolve_model_name(name)  # a catalog name (grpo/models/pretrained.py) → its converted local folder
+    check_weight_files(name)
+    with hub_errors_named(name):
+        return _from_pretrained(name, dtype=dtype, attn_implementation=attn_implementation,
+                                load_in_4bit=load_in_4bit, trust_remote_code=trust_remote_code)
+
+
+class DamagedWeightsError(ValueError):
+    """A weight file of the model folder is damaged or incomplete (a copy or download cut short)."""
+
+
+class HubCacheError(OSError):
+    """The Hugging Face cache (HF_HOME) cannot be written or read; the message names the variable to set."""
+
+
+def check_weight_files(name: str) -> None:
+    """For a local model folder: every *.safetensors file has a header that covers the whole file, or a
+    DamagedWeightsError naming the file (a truncated copy would otherwise fail deep inside transformers with a
+    SafetensorError and a traceback). Reads headers only."""
+    folder = Path(name).expanduser()
+    if not folder.is_dir():
+        return
+    from safetensors import SafetensorError, safe_open
+
+    for file in sorted(folder.glob("*.safetensors")):
+        try:
+            with safe_open(str(file), framework="pt"):
+                pass
+        except SafetensorError as err:
+            raise DamagedWeightsError(f"{file} is damaged or incomplete (safetensors: {err}); copy or download "
+                                      "it again") from None
+
+
+def hf_cache_hint() -> str:
+    """Which folder the Hugging Face cache is and what sets it: HF_HOME, else $XDG_CACHE_HOME/huggingface, else
+    $HOME/.cache/huggingface (huggingface_hub.constants)."""
+    from huggingface_hub import constants
+
+    origin = ("HF_HOME" if os.environ.get("HF_HOME") else "XDG_CACHE_HOME" if os.environ.get("XDG_CACHE_HOME")
+              else "HOME")
+    return f"the Hugging Face cache {constants.HF_HOME} (from ${origin})"
+
+
+@contextlib.contextmanager
+def hub_errors_named(name: str) -> Iterator[None]:
+    """Loader errors that name what to change: a damaged safetensors file (DamagedWeightsError), and a file error
+    inside the Hugging Face cache (HubCacheError: set HF_HOME to a writable folder)."""
+    from huggingface_hub import constants
+    from safetensors import SafetensorError
+
+    try:
+        yield
+    except SafetensorError as err:
+        raise DamagedWeightsError(f"a .safetensors weight file of {name} is damaged or incomplete (safetensors: "
+                                  f"{err}); download or copy it again") from None
+    except OSError as err:
+        cache = Path(constants.HF_HOME).expanduser()
+        inside = err.filename is not None and Path(str(err.filename)).expanduser().is_relative_to(cache)
+        if not inside:
+            raise
+        raise HubCacheError(f"{hf_cache_hint()} cannot be used ({err.strerror or err}: {err.filename}); set "
+                            "HF_HOME to a writable folder") from None
+
+
+def _from_pretrained(name: str, *, dtype, attn_implementation: str, load_in_4bit: bool, trust_remote_code: bool):
+    """(model, tokenizer) of a local folder or hub id, through transformers' Auto classes."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
     tokenizer = AutoTokenizer.from_pretrained(name, trust_remote_code=trust_remote_code)
     kwargs: dict[str, Any] = {"dtype": resolve_dtype(dtype), "attn_implementation": attn_implementation,
                               "trust_remote_code": trust_remote_code}

@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator
 
+from grpo.config.settings import ConfigError
 from grpo.core.files import fsync as _fsync
 from grpo.core.files import sha256 as _sha256
 
@@ -88,8 +89,21 @@ def catalog_entry(name: str) -> PackagedGGUF | None:
 
 
 def cache_root() -> Path:
-    """Where converted models live: $GRPO_DUAL_CACHE/models, else ~/.cache/grpo-dual/models."""
-    return Path(os.environ.get(CACHE_ENV) or DEFAULT_CACHE).expanduser() / "models"
+    """Where converted models live: $GRPO_DUAL_CACHE/models, else ~/.cache/grpo-dual/models; ModelCacheError when
+    neither GRPO_DUAL_CACHE nor a home folder (HOME, or the user database) says where."""
+    try:
+        return Path(os.environ.get(CACHE_ENV) or DEFAULT_CACHE).expanduser() / "models"
+    except RuntimeError:  # pathlib: "Could not determine home directory."
+        raise ModelCacheError(f"no folder for the model cache: {CACHE_ENV} and HOME are not set (and this user has no "
+                              f"home folder); set {CACHE_ENV} to a writable folder") from None
+
+
+def cache_fix() -> str:
+    """What to set when the model cache cannot be used: GRPO_DUAL_CACHE, naming HOME when the cache is under it."""
+    if os.environ.get(CACHE_ENV):
+        return f"set {CACHE_ENV} (now {os.environ[CACHE_ENV]!r}) to a writable folder"
+    home = os.environ.get("HOME")
+    return f"set {CACHE_ENV} to a writable folder ({CACHE_ENV} is unset, so the cache is under HOME={home!r})"
 
 
 def _missing(name: str, entry: PackagedGGUF, what: str) -> ModelPackageMissing:
@@ -130,13 +144,29 @@ def _require_converter(name: str, entry: PackagedGGUF) -> None:
 
 def check_model_name(name: str, root: Path | None = None) -> None:
     """Fail fast, before data or model loading, when model.name names a catalog model that cannot be loaded: its
-    package is missing, or it is not converted yet and `gguf` is missing (ModelPackageMissing, one line). Cheap:
-    package metadata and a file test. Other names pass unchecked."""
+    package is missing, or it is not converted yet and `gguf` is missing (ModelPackageMissing, one line), or the
+    cache it would be converted into cannot be written (ConfigError naming model.name and the variable to set).
+    Cheap: package metadata and a file test. Other names pass unchecked."""
     entry = catalog_entry(name)
     if entry is not None:
-        folder = _cache_folder(name, entry, root)[2]
-        if not (folder / CHECKSUMS).is_file():
-            _require_converter(name, entry)
+        try:
+            folder = _cache_folder(name, entry, root)[2]
+            if not (folder / CHECKSUMS).is_file():
+                _require_converter(name, entry)
+                _writable(folder.parent)
+        except ModelCacheError as err:
+            raise ConfigError(f"config field `model.name` = {name!r} cannot be loaded: {err}",
+                              field="model.name") from None
+
+
+def _writable(root: Path) -> None:
+    """`root` exists (made if need be) and this process may write in it; else ModelCacheError saying what to set."""
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        if not os.access(root, os.W_OK | os.X_OK):
+            raise PermissionError(f"no write permission on {root}")
+    except OSError as e:
+        raise ModelCacheError(f"model cache {root} is not writable ({e}); {cache_fix()}") from None
 
 
 def resolve_model_name(name: str, root: Path | None = None, convert: Converter | None = None) -> str:
@@ -206,7 +236,7 @@ def ensure_converted(folder: Path, source: Path, source_sha: str, convert: Conve
             print(f"waiting for another process converting {folder.name} (lock {lock.lock_file}) ...", flush=True)
             lock.acquire()
     except OSError as e:
-        raise ModelCacheError(f"model cache {root} is not writable ({e}); set {CACHE_ENV} to a writable folder") from e
+        raise ModelCacheError(f"model cache {root} is not writable ({e}); {cache_fix()}") from e
     try:
         problem = verify_folder(folder, source_sha)
         if problem is None:  # another process finished it while we waited

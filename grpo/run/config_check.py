@@ -10,6 +10,7 @@ check_gpu_memory.py). Every error is a ConfigError naming the field, the bad val
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Collection
 
 from grpo.config.settings import Config, TaskKLConfig, field_error
@@ -18,9 +19,11 @@ from grpo.models.decode import ENGINES
 from grpo.core.kl_control import CONFIG_FIELDS, KL_CONTROLLERS, controller_args, controller_problem
 from grpo.core.losses import AGG_MODES, KL_ESTIMATORS, POLICY_LOSSES
 from grpo.core.multi import METHODS as COMBINE_METHODS
+from grpo.grading.judge import CACHE_FILE as JUDGE_CACHE_FILE
 from grpo.grading.reward_models import check_spec as check_reward_model
 from grpo.grading.scoring import REWARD_AGGREGATIONS
 from grpo.phases.rollout import CACHE_IMPLEMENTATIONS
+from grpo.run.tracking import WANDB_MISSING, wandb_installed
 
 REGISTRY_FIELDS: dict[str, Collection[str]] = {
     "rollout.cache_implementation": CACHE_IMPLEMENTATIONS,
@@ -67,4 +70,16 @@ def check_config(cfg: Config) -> Config:
                           "(or use demo / dual)")
     for name, section in cfg.reward_models.items():  # normalize and dtype against grpo/grading/reward_models.py's names
         check_reward_model(section, f"reward_models.{name}")
+    check_installed(cfg)
     return cfg
+
+
+def check_installed(cfg: Config) -> None:
+    """What the config asks of this machine that a look can tell, before data or model load: the W&B package when
+    train.wandb_project is set, and a judge.cache_path that a SQLite file can take (not a folder)."""
+    if cfg.train.wandb_project and not wandb_installed():
+        raise field_error("train.wandb_project", cfg.train.wandb_project, WANDB_MISSING)
+    if cfg.judge.cache_path and Path(cfg.judge.cache_path).expanduser().is_dir():
+        raise field_error("judge.cache_path", cfg.judge.cache_path,
+                          f"it is a folder; name the SQLite file to keep there, e.g. "
+                          f"{Path(cfg.judge.cache_path) / JUDGE_CACHE_FILE}, or leave it empty (the run folder's)")

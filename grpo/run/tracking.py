@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import csv
 import html
+import importlib.util
 import json
 import math
 import os
@@ -235,6 +236,21 @@ class TensorBoardTracker:
         self.writer.close()
 
 
+WANDB_MODULE = "wandb"
+
+
+WANDB_MISSING = "Weights & Biases is not installed: `pip install wandb`, or leave train.wandb_project empty"
+"""What to do when train.wandb_project is set and `wandb` is missing (grpo/run/config_check.py says it up front)."""
+
+
+def wandb_installed() -> bool:
+    """Whether `import wandb` can work (found without importing it: importing wandb takes seconds)."""
+    try:
+        return importlib.util.find_spec(WANDB_MODULE) is not None
+    except (ImportError, ValueError):  # a broken install, or sys.modules["wandb"] = None
+        return False
+
+
 class WandbTracker:
     """Weights & Biases run; `wandb` must be installed and logged in (`wandb login`) or WANDB_MODE=offline."""
 
@@ -242,9 +258,8 @@ class WandbTracker:
                  name: str | None = None) -> None:
         try:
             import wandb
-        except ImportError as err:
-            raise RuntimeError(f"wandb_project={project!r} was given but wandb is not installed: "
-                               "`pip install wandb`, or leave wandb_project unset") from err
+        except ImportError:
+            raise ImportError(f"train.wandb_project={project!r}: {WANDB_MISSING}") from None
         self._wandb = wandb
         self.run = wandb.init(project=project, dir=str(run_dir), config=dict(config or {}),
                               name=name or Path(run_dir).name)

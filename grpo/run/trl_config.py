@@ -548,7 +548,12 @@ def read_config_file(path: str) -> dict[str, Any]:
     file = Path(path)
     if not file.is_file():
         raise C.ConfigError(f"--config {path}: no such file", field="config")
-    text = file.read_text()
+    try:
+        text = file.read_text(encoding="utf-8-sig")  # -sig: a byte-order mark (Windows editors) is dropped
+    except UnicodeDecodeError as err:  # a binary file, or text in another encoding
+        raise C.ConfigError(f"--config {path} is not a UTF-8 text file (byte {err.start} is "
+                            f"{err.object[err.start]:#04x}): give a YAML or JSON config saved as UTF-8",
+                            field="config") from None
     try:
         if file.suffix == ".json":
             tree = json.loads(text)

@@ -1,7 +1,8 @@
 """Judge rubrics (`<task>.txt`, falling back to `default.txt`) and the parsing of the judge's score reply.
 
-A rubric file: header lines starting with "#" (the first one "# rubric: <name> <version>"), then a str.format
-template with the fields {prompt}, {response}, {gold} (literal braces doubled).
+A rubric file: header lines starting with "#" (the first one "# rubric: <name> <version>"), then a template
+filled by plain substitution (grpo/config/templates.py) of the fields {prompt}, {response}, {gold} (literal braces
+doubled).
 Rubric version = "<declared version>:<sha256(body)[:8]>", so editing a rubric without bumping it still changes
 every cache key.
 Score reply: a JSON object with "score" — plain, ```json fenced, or embedded in prose. Accepted values: a number
@@ -17,6 +18,8 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from grpo.config import templates
 
 RUBRIC_DIR = Path(__file__).resolve().parent
 DEFAULT_RUBRIC = "default"
@@ -44,7 +47,8 @@ class Rubric:
 
     def render(self, prompt: str, response: str, gold: dict[str, Any]) -> str:
         """The judge's user message: the rubric with the prompt, the response and the gold fields filled in."""
-        return self.template.format(prompt=prompt, response=response, gold=render_gold(gold))
+        return templates.fill(self.template, {"prompt": prompt, "response": response, "gold": render_gold(gold)},
+                              f"rubric {self.name}")
 
 
 def render_gold(gold: dict[str, Any]) -> str:
