@@ -188,7 +188,7 @@ def resolve_model_name(name: str, root: Path | None = None, convert: Converter |
 def verify_folder(folder: Path, source_sha: str) -> str | None:
     """Why `folder` is not a complete conversion of the GGUF with sha256 `source_sha` (None: it is).
 
-    Every file listed in checksums.json must exist with its size and sha256 (a full read: ~1 s for 0.5 GB)."""
+    Every file listed in checksums.json must exist with its size and sha256 (a full read of every file)."""
     manifest = folder / CHECKSUMS
     if not manifest.is_file():
         return "missing" if not folder.exists() else f"no {CHECKSUMS} (an unfinished or foreign folder)"
@@ -310,7 +310,8 @@ def end_of_turn_token(tokenizer) -> str:
 @contextlib.contextmanager
 def _cached_tensor_name_maps() -> Iterator[None]:
     """transformers (5.23) rebuilds gguf's tensor-name table for each of the model's ~400 modules; the table depends
-    only on (architecture, layer count), so it is built once while this is active: 23 -> 16 s CPU for SmolLM2-135M."""
+    only on (architecture, layer count), so it is built once while this is active (what that saves on SmolLM2-135M:
+    benchmarks/RESULTS.md, beside its command)."""
     import gguf
 
     shipped = gguf.get_tensor_name_map
