@@ -33,7 +33,7 @@ from grpo.core.health import TrainingUnstable, bad_step_reason
 from grpo.core.kl_control import controller_from_config
 from grpo.core.records import TrainBatch
 from grpo.data.batching import TaskBalancedSampler
-from grpo.grading.graders import graders_help, preflight, term_names
+from grpo.grading.graders import graders_help, preflight, set_trainer_state, term_names
 from grpo.grading.judge import Judge
 from grpo.grading.scoring import (check_fallback_share, fallback_shares, per_step_counts, reward_metrics,
                                   score_rollouts, term_matrix)
@@ -242,6 +242,7 @@ def rl_step(run: Run, step: int) -> dict[str, float]:
                                           row_keys=keys, synced_gpus=dist.sharded)
     dist.reshard(run.policy.model)  # after every no-grad pass of a sharded model (see Dist.reshard)
     t1 = time.perf_counter()
+    set_trainer_state((step - 1) * cfg.loss.mu, cfg.total_updates)  # what TRL's trainer_state says to rewards
     scored_mine, score_metrics = score_rollouts(rollouts, run.specs, run.judge, run.graders)
     # What the policy replied to the step's prompts: the reward and answer metrics (the doctor's evidence) describe
     # these, also when dynamic sampling trains on a filtered batch (its kept groups have signal by construction, so a

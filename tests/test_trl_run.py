@@ -71,7 +71,13 @@ def test_a_trl_config_trains_its_epochs_schedule_checkpoints_and_logging_into_ou
     args = grpo_config(tmp_path, num_train_epochs=2, per_device_train_batch_size=4, num_generations=4,
                        gradient_accumulation_steps=2, learning_rate=1e-3, lr_scheduler_type="linear", warmup_steps=2,
                        save_steps=4, logging_steps=2, log_completions=True, eval_strategy="steps", eval_steps=6)
-    run = grpo_train.train(SMALL, tasks={"caps": ROWS}, rewards={"caps": [reward_len]}, args=args)
+    seen = []
+
+    def curriculum(completions, trainer_state, **kwargs):  # TRL passes its TrainerState (it used to be refused)
+        seen.append((type(trainer_state).__name__, trainer_state.global_step, trainer_state.max_steps))
+        return [0.0] * len(completions)
+
+    run = grpo_train.train(SMALL, tasks={"caps": ROWS}, rewards={"caps": [reward_len, curriculum]}, args=args)
     # 24 rows minus the held-out ones, 2 prompts a step, 2 epochs
     n_train = len(run.train["caps"])
     steps = 2 * (n_train // 2)
@@ -91,6 +97,8 @@ def test_a_trl_config_trains_its_epochs_schedule_checkpoints_and_logging_into_ou
     sampled = sorted(int(p.stem.split("_")[-1]) for p in (run.run_dir / "samples").glob("*.jsonl"))
     assert sampled == [s for s in range(1, steps + 1) if s % 2 == 0]
     assert {f"step_{s}" for s in range(6, steps, 6)} <= set(run.evals)
+    assert {name for name, _, _ in seen} == {"TrainerState"} and {total for _, _, total in seen} <= {0, steps}
+    assert {step for _, step, _ in seen} == set(range(steps))  # optimizer steps taken before each step's scoring
 
 
 def test_the_learning_rate_schedule_resumes_bit_identically(tmp_path):

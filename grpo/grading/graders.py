@@ -47,13 +47,15 @@ JUDGE_TERM = "llm_judge"
 RULE_BOUNDS = (0.0, 1.0)
 TRL_ARGS = ("prompts", "completions", "completion_ids")
 TRL_ONLY_ARGS = {  # what TRL's GRPOTrainer also passes, and why a grader here cannot get it
-    "trainer_state": "TRL's TrainerState (this trainer has none; read the step from your own counter)",
     "log_extra": "TRL's completion-table logger", "log_metric": "TRL's metric logger",
     "environments": "TRL's per-completion environments",
     "completions_ids": "nothing: TRL passes `completion_ids` (its docs' Example 1 spells it `completions_ids`, "
                        "which TRL itself never passes); rename the parameter",
 }
 PREFLIGHT_TEXT = "I am not sure."  # an arbitrary reply: a grader must cope with whatever the policy writes
+TRAINER_STATE: dict[str, Any] = {"global_step": 0, "max_steps": 0}
+"""What a reward function's `trainer_state` says (TRL passes its TrainerState): the optimizer steps taken before this
+step's completions were scored, and the run's; the trainer sets it before it scores each step (`set_trainer_state`)."""
 FILE_MODULE_PREFIX = "_grpo_grader_"  # private module names for graders imported from a file path
 
 
@@ -100,6 +102,20 @@ def trl_inputs(rollouts: Sequence[Rollout], conversational: bool) -> dict[str, l
     return kwargs
 
 
+def set_trainer_state(global_step: int, max_steps: int) -> None:
+    """Before a step's completions are scored: the optimizer steps taken so far and the run's total."""
+    TRAINER_STATE.update(global_step=int(global_step), max_steps=int(max_steps))
+
+
+def trainer_state() -> Any:
+    """TRL's `trainer_state` argument: a transformers TrainerState holding TRAINER_STATE (global_step, max_steps)."""
+    try:
+        from transformers import TrainerState
+    except ImportError:  # pragma: no cover - transformers comes with every model
+        from types import SimpleNamespace as TrainerState
+    return TrainerState(**TRAINER_STATE)
+
+
 def _run(fn: Callable[..., Any], kwargs: dict[str, Any]) -> Any:
     if inspect.iscoroutinefunction(fn):
         # A thread of its own with its own loop: asyncio.run fails inside a running loop (Jupyter).
@@ -117,6 +133,7 @@ def _call_batched(fn: Callable[..., Any], rollouts: Sequence[Rollout]) -> list[A
         if not index:
             continue
         kwargs = trl_inputs([rollouts[i] for i in index], conversational)
+        kwargs["trainer_state"] = trainer_state()  # as TRL: one object, not a list per completion
         missing = [p.name for p in sig.parameters.values() if p.default is p.empty and p.name not in kwargs
                    and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
         if missing:
