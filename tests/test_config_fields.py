@@ -50,6 +50,7 @@ BAD: list[tuple[str, Any, dict[str, Any]]] = [
     ("data.demo_size", 0, {}),
     ("data.eval_size", 0, {}),
     ("data.max_prompt_tokens", 0, {}),
+    ("data.prompt_format", "raw", {}),
     ("rollout.k", 1, {}),
     ("rollout.max_new_tokens", 0, {}),
     ("rollout.min_new_tokens", 200, {}),

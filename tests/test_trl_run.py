@@ -121,3 +121,29 @@ def test_the_learning_rate_schedule_resumes_bit_identically(tmp_path):
     assert resumed.scheduler.state_dict() == full.scheduler.state_dict()
     for (name, a), (_, b) in zip(full.policy.model.named_parameters(), resumed.policy.model.named_parameters()):
         assert torch.equal(a, b), name
+
+
+def test_prompts_are_handled_as_trl_handles_them(tmp_path):
+    """Under a GRPOConfig a string prompt (TRL's standard form) is tokenized as it is, as TRL's
+    GRPOTrainer._tokenize_prompts does (processing_class(text=prompts)); a list of messages goes through the chat
+    template. They used to be wrapped in the chat template both."""
+    from grpo.models.modeling import build_tiny_tokenizer
+    from grpo.models.tokens import encode_prompt
+    from grpo.run.api import python_config
+    from grpo.run.setup_parts import load_samples
+
+    chat = [{"prompt": [{"role": "user", "content": r["prompt"]}]} for r in ROWS]
+    cfg, _ = python_config(None, {"plain": ROWS, "chat": chat}, {"plain": [reward_len], "chat": [reward_len]}, None,
+                           {}, trl_args=grpo_config(tmp_path, max_steps=2))
+    assert cfg.data.prompt_format == "trl"
+    rows = load_samples(cfg.data, cfg.train.seed, cfg.tasks, announce=False)
+    tok = build_tiny_tokenizer([r["prompt"] for r in ROWS])
+    by_task = {s.task: s for s in rows.train}
+    text = by_task["plain"].messages[-1]["content"]
+    assert encode_prompt(tok, by_task["plain"].messages) == tok(text)["input_ids"]  # TRL: processing_class(text=...)
+    messages = [dict(m) for m in by_task["chat"].messages]
+    assert encode_prompt(tok, by_task["chat"].messages) == tok.apply_chat_template(
+        messages, add_generation_prompt=True, tokenize=True, return_dict=True)["input_ids"]
+    assert encode_prompt(tok, by_task["chat"].messages) != tok(messages[-1]["content"])["input_ids"]
+    plain_cfg, _ = python_config(None, {"plain": ROWS}, {"plain": [reward_len]}, None, {})
+    assert plain_cfg.data.prompt_format == "chat"  # grpo-dual's own default is unchanged

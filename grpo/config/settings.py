@@ -214,6 +214,10 @@ class DataConfig:
     """Held-out prompts per task used by each evaluation."""
     system_prompt: str = ""
     """Optional system message for every prompt (SFT, rollouts and log-prob passes alike)."""
+    prompt_format: str = "chat"
+    """chat: every prompt goes through the tokenizer's chat template | trl: as TRL, a row whose prompt is a string
+    (TRL's standard form) is tokenized as it is (tokenizer(text), system_prompt before it), a list of messages
+    (conversational) goes through the template. A TRL GRPOConfig sets trl."""
     max_prompt_tokens: int = 512
     """Prompts longer than this (after the chat template) are dropped with a count per task, once the model is loaded
     (grpo/run/setup_parts.fit_prompts); lowered, with a message, where the model's positions
@@ -226,6 +230,7 @@ class DataConfig:
                self.task_mix, 'write task:weight pairs, e.g. "fairness:1,hallucination:2"')
         _check(0.0 < self.heldout_fraction < 1.0, "data.heldout_fraction", self.heldout_fraction,
                "use a fraction in (0, 1), e.g. 0.2")
+        _one_of("data.prompt_format", self.prompt_format, PROMPT_FORMATS)
         _check(0.0 <= self.bbq_ambiguous_share < 1.0, "data.bbq_ambiguous_share", self.bbq_ambiguous_share,
                "use 0 (as loaded) or a share in (0, 1), e.g. 0.333")
         for f in ("bbq_per_category", "halueval_per_subset", "demo_size", "eval_size", "max_prompt_tokens"):
@@ -467,6 +472,8 @@ class TaskKLConfig:
     # them to each kl.<task> section with the field named, so the config cannot accept what a controller refuses.
 
 
+PROMPT_FORMATS = ("chat", "trl")
+"""data.prompt_format values (grpo/models/tokens.encode_prompt; grpo/run/setup_parts.load_samples)."""
 LR_SCHEDULERS = ("constant", "linear", "cosine")
 """train.lr_scheduler values (grpo/run/setup_parts.lr_factor computes each)."""
 

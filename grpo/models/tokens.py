@@ -36,6 +36,26 @@ def _ids_from_template(result: Any) -> list[int]:
     return [int(i) for i in result]
 
 
+RAW_ROLE = "text"
+"""The role of a Sample's one message when its prompt is text to tokenize as it is, without the chat template (TRL's
+standard-form prompts under data.prompt_format=trl: `raw_prompts`)."""
+
+
+def _raw_text(text: str, system_prompt: str | None) -> str:
+    return system_prompt + SYSTEM_JOIN + text if system_prompt else text
+
+
+def raw_prompts(samples: Sequence[Any]) -> list[Any]:
+    """TRL's handling of `samples` (data.prompt_format=trl): a row whose prompt was a string (not conversational)
+    becomes one RAW_ROLE message holding its text (a system message before it joined to it), tokenized as it is;
+    conversational rows keep their messages and the chat template."""
+    from dataclasses import replace
+
+    return [s if s.conversational or (len(s.messages) == 1 and s.messages[0].get("role") == RAW_ROLE) else
+            replace(s, messages=({"role": RAW_ROLE, "content": SYSTEM_JOIN.join(m["content"] for m in s.messages)},))
+            for s in samples]
+
+
 def _with_system(messages: Sequence[Mapping[str, str]], system_prompt: str | None) -> list[dict[str, str]]:
     msgs = [dict(m) for m in messages]
     if not system_prompt:
@@ -52,6 +72,8 @@ def encode_prompt(tokenizer, messages: Sequence[Mapping[str, str]], system_promp
     `system_prompt` becomes a leading system turn (merged before an existing one). If the template rejects a system
     role (e.g. Gemma-style templates raise), it is prepended to the first user turn instead.
     """
+    if len(messages) == 1 and messages[0].get("role") == RAW_ROLE:  # data.prompt_format=trl, a string prompt
+        return [int(i) for i in tokenizer(_raw_text(messages[0]["content"], system_prompt))["input_ids"]]
     if getattr(tokenizer, "chat_template", None) is None:
         raise ValueError(f"tokenizer {type(tokenizer).__name__} has no chat_template; use an instruct model's "
                          "tokenizer or set tokenizer.chat_template (build_tiny_tokenizer sets one)")

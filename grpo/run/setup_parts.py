@@ -59,6 +59,7 @@ def load_samples(data, seed: int, tasks: Mapping[str, Any] | None = None, *, ann
     the same rows and would print the same lines)."""
     from grpo.data.loading import split_samples
     from grpo.data.sources import TaskSource, load_source_samples, load_sources
+    from grpo.models.tokens import raw_prompts
 
     tasks = dict(tasks or {})
     if data.source in ("demo", "dual"):
@@ -86,6 +87,8 @@ def load_samples(data, seed: int, tasks: Mapping[str, Any] | None = None, *, ann
     if not train:
         why = f" ({'; '.join(repeats)}: the split hashes ids, so rows sharing an id land on one side)" if repeats else ""
         raise ValueError(f"data.source={data.source!r} and tasks {sorted(tasks)} gave no training rows{why}")
+    if data.prompt_format == "trl":  # TRL's standard-form prompts: the text as it is, no chat template
+        every, train, heldout = raw_prompts(every), raw_prompts(train), raw_prompts(heldout)
     return RunSamples(every=every, train=train, heldout=heldout)
 
 

@@ -520,6 +520,7 @@ def translate(args: Any) -> Translation:
             row.convert(value, fields, out, notes)
         else:
             _set(out, row.ours, value)
+    _set(out, "data.prompt_format", "trl")  # string prompts as they are, messages through the chat template
     weights = fields.get("reward_weights")
     return Translation(out, None if weights is None else [float(w) for w in weights], notes)
 
@@ -595,7 +596,9 @@ def markdown() -> str:
         "What grpo-dual adds keeps grpo-dual's defaults: the SFT warm-up (rows with a target), the doctor, the "
         "graders, the held-out evaluations before and after training, the per-task KL bands of a preset. A config "
         "file starts from the preset `custom` (your tasks only) unless `--preset` is given; command-line flags and "
-        "`train(...)`'s sections override it. Steps: TRL counts optimizer steps; grpo-dual's RL step is one "
+        "`train(...)`'s sections override it. Prompts are handled as TRL does (`data.prompt_format=trl`): a string "
+        "prompt (TRL's standard form) is tokenized as it is, a list of messages goes through the chat template. "
+        "Steps: TRL counts optimizer steps; grpo-dual's RL step is one "
         "generation followed by `num_iterations` optimizer steps, and the rules below convert.",
         "",
         "| TRL field | TRL default | grpo-dual field | rule |",
