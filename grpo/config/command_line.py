@@ -48,6 +48,25 @@ def unknown_flags(unknown: list[str], parser: argparse.ArgumentParser) -> C.Conf
                          "flags and every config field", field=flags[0] if flags else None)
 
 
+SMOKE_TEST_STEPS = 5
+"""A command line's --max-steps at or below this is a smoke test: `smoke_test_note` says what still runs in full."""
+
+
+def smoke_test_note(argv: list[str], cfg: C.Config) -> str | None:
+    """When the command line asks for a smoke test (--max-steps / --train.max_steps <= SMOKE_TEST_STEPS) and the SFT
+    warm-up or the held-out evaluations are longer than the RL it asks for: one line saying so and how to shorten
+    them (they are not scaled behind the user's back: the preset chose them). Else None."""
+    overrides, _ = split_argv(argv)
+    if not any(o.split("=", 1)[0] == "train.max_steps" for o in overrides) or cfg.train.max_steps > SMOKE_TEST_STEPS:
+        return None
+    n, warm_up, eval_size = cfg.train.max_steps, cfg.sft.steps, cfg.data.eval_size
+    if warm_up <= n and eval_size <= cfg.prompts_per_step:
+        return None
+    return (f"--max-steps {n} runs {n} RL step(s), but the SFT warm-up ({warm_up} steps) and the held-out evaluations "
+            f"({eval_size} prompts a task, before and after the warm-up and after RL) run in full; for a smoke test "
+            f"shorten them too: --sft.steps {min(warm_up, n)} --data.eval_size {min(eval_size, cfg.prompts_per_step)}")
+
+
 def _dotted(item: str) -> str:
     """"seed=3" -> "train.seed=3"; anything that is not a shortcut is returned as it is."""
     key, eq, value = item.partition("=")
