@@ -366,3 +366,36 @@ def test_an_unusable_hugging_face_cache_names_hf_home(tmp_path):
                           capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
     assert "HF_HOME" in proc.stderr and "Hugging Face cache" in proc.stderr, proc.stderr
+
+
+def test_a_csv_task_under_an_unusable_datasets_cache_names_the_variable(tmp_path, monkeypatch):
+    """datasets writes every CSV it reads into its cache ($HF_HOME/datasets, by default under HOME): a HOME that is
+    missing or read-only named that cache and HF_HOME, not "PermissionError: '/sys/.cache'"."""
+    import datasets
+
+    from grpo.data.sources import load_source_samples
+
+    rows = tmp_path / "rows.csv"
+    rows.write_text("prompt,answer\n" + "".join(f"question {i},{i}\n" for i in range(6)))
+    home = _a_file(tmp_path)
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.delenv("HF_HOME", raising=False)
+    monkeypatch.delenv("XDG_CACHE_HOME", raising=False)
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", home / ".cache" / "huggingface" / "datasets")
+    with pytest.raises(ValueError) as err:
+        load_source_samples("t", C.TaskSourceConfig(path=str(rows)))
+    text = str(err.value)
+    assert "datasets cache" in text and "HF_HOME" in text and "$HOME" in text and str(rows) in text, text
+
+
+@pytest.mark.parametrize("where", ["inside", "the folder", "a parent"])
+def test_cache_error_names_a_file_error_on_the_cache_or_its_parents(tmp_path, monkeypatch, where):
+    from grpo.core.files import cache_error
+
+    cache = tmp_path / "home" / ".cache" / "huggingface"
+    path = {"inside": cache / "token", "the folder": cache, "a parent": tmp_path / "home"}[where]
+    monkeypatch.setenv("HF_HOME", str(cache))
+    text = cache_error(FileNotFoundError(2, "No such file or directory", str(path)), cache, "the cache")
+    assert text is not None and str(cache) in text and "$HF_HOME" in text and "set HF_HOME" in text, text
+    assert cache_error(FileNotFoundError(2, "No such file", str(tmp_path / "data.csv")), cache, "the cache") is None
+    assert cache_error(FileNotFoundError(2, "No such file", "/"), cache, "the cache") is None

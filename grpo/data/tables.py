@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
+from grpo.core.files import cache_error
 from grpo.data.jsonio import DataFileError, RecordsRead, read_records
 
 JSON_SUFFIXES = (".jsonl", ".json")
@@ -93,6 +94,9 @@ def _load(builder: str, file: Path, where: str) -> RecordsRead:
     try:
         table = datasets.load_dataset(builder, data_files=[str(file)], split="train", **kwargs)
     except Exception as err:  # datasets and pyarrow raise many types for one bad file; all mean "cannot read it"
+        cache = cache_error(err, datasets.config.HF_DATASETS_CACHE, "the datasets cache (HF_DATASETS_CACHE)")
+        if cache is not None:  # datasets writes every file it reads into its cache: a HOME it cannot write
+            raise DataSourceError(f"{where}: {file} cannot be read: {cache}") from None
         raise DataSourceError(f"{where}: {file} cannot be read as {builder!r}: {type(err).__name__}: "
                               f"{str(err).splitlines()[0] if str(err) else ''}") from err
     return _from_table(table, str(file))

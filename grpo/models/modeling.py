@@ -13,7 +13,6 @@ from __future__ import annotations
 import contextlib
 import copy
 import importlib.util
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Iterator
@@ -22,7 +21,7 @@ import torch
 from torch import nn
 
 from grpo.config.settings import ModelConfig, field_error  # load_policy's LoRA defaults are the config's (one source of truth)
-from grpo.core.files import writing
+from grpo.core.files import cache_error, writing
 
 TINY_NAME = "builtin:tiny"
 """`load_policy` name that builds the tiny model and tokenizer in code (tests and CPU smoke runs)."""
@@ -300,16 +299,6 @@ def check_weight_files(name: str) -> None:
                                       "it again") from None
 
 
-def hf_cache_hint() -> str:
-    """Which folder the Hugging Face cache is and what sets it: HF_HOME, else $XDG_CACHE_HOME/huggingface, else
-    $HOME/.cache/huggingface (huggingface_hub.constants)."""
-    from huggingface_hub import constants
-
-    origin = ("HF_HOME" if os.environ.get("HF_HOME") else "XDG_CACHE_HOME" if os.environ.get("XDG_CACHE_HOME")
-              else "HOME")
-    return f"the Hugging Face cache {constants.HF_HOME} (from ${origin})"
-
-
 @contextlib.contextmanager
 def hub_errors_named(name: str) -> Iterator[None]:
     """Loader errors that name what to change: a damaged safetensors file (DamagedWeightsError), and a file error
@@ -323,12 +312,10 @@ def hub_errors_named(name: str) -> Iterator[None]:
         raise DamagedWeightsError(f"a .safetensors weight file of {name} is damaged or incomplete (safetensors: "
                                   f"{err}); download or copy it again") from None
     except OSError as err:
-        cache = Path(constants.HF_HOME).expanduser()
-        inside = err.filename is not None and Path(str(err.filename)).expanduser().is_relative_to(cache)
-        if not inside:
+        why = cache_error(err, constants.HF_HOME, "the Hugging Face cache")
+        if why is None:
             raise
-        raise HubCacheError(f"{hf_cache_hint()} cannot be used ({err.strerror or err}: {err.filename}); set "
-                            "HF_HOME to a writable folder") from None
+        raise HubCacheError(why) from None
 
 
 def _from_pretrained(name: str, *, dtype, attn_implementation: str, load_in_4bit: bool, trust_remote_code: bool):

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import csv
 import html
-import importlib.util
+import importlib
 import json
 import math
 import os
@@ -244,11 +244,13 @@ WANDB_MISSING = "Weights & Biases is not installed: `pip install wandb`, or leav
 
 
 def wandb_installed() -> bool:
-    """Whether `import wandb` can work (found without importing it: importing wandb takes seconds)."""
+    """Whether `import wandb` works: imported, not only looked for, since a package that is found can still fail
+    to import (a broken install, a missing dependency); asked only when train.wandb_project is set."""
     try:
-        return importlib.util.find_spec(WANDB_MODULE) is not None
-    except (ImportError, ValueError):  # a broken install, or sys.modules["wandb"] = None
+        importlib.import_module(WANDB_MODULE)
+    except ImportError:
         return False
+    return True
 
 
 class WandbTracker:
