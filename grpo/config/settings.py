@@ -265,8 +265,8 @@ class RolloutConfig:
     """Extra stop tokens (each must be one token of the tokenizer); the end-of-turn/EOS token always stops."""
     cache_implementation: str = "dynamic"
     """KV cache of the RL rollouts: dynamic | static. static pads prompts to a multiple of 64 tokens and lets
-    transformers compile the decoding step on CUDA (H100, Qwen-0.5B shape: generate 4.45 -> 0.75 s per step after
-    a one-off compile; benchmarks/RESULTS.md). On CPU nothing is compiled and it is slower. Evaluation always
+    transformers compile the decoding step on CUDA, after a one-off compile (how much faster on an H100:
+    benchmarks/RESULTS.md, `vs_trl.py --ours-cache static`). On CPU nothing is compiled and it is slower. Evaluation always
     uses the dynamic cache (its batch shapes vary)."""
     engine: str = "auto"
     """auto | lean | hf: the decoding loop of rollouts and evaluation. lean (grpo/models/decode.py) samples exactly the
