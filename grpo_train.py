@@ -32,6 +32,7 @@ from grpo.core.entropy_control import AdaptiveEntropyCoef
 from grpo.core.health import TrainingUnstable, bad_step_reason
 from grpo.core.kl_control import controller_from_config
 from grpo.core.records import TrainBatch
+from grpo.core.tool_calls import tool_metrics
 from grpo.data.batching import TaskBalancedSampler
 from grpo.grading.graders import graders_help, preflight, set_trainer_state, term_names
 from grpo.grading.judge import Judge
@@ -44,8 +45,9 @@ from grpo.models.sampling import row_keys
 from grpo.phases.batch import batch_logprobs, build_train_batch
 from grpo.phases.coverage import pass_at_k_eval
 from grpo.phases.evaluate import evaluate, part_means, record_measures, unscored
-from grpo.phases.rollout import generate_rollouts, rollout_metrics
+from grpo.phases.rollout import rollout_metrics
 from grpo.phases.sft import run_sft, sft_examples, stratified
+from grpo.phases.tools import build_toolbox, resolve_tools, sample_rollouts, tool_specs
 from grpo.phases.update import Learner, StepSettings, train_step
 from grpo.run import checkpoint as ckpt
 from grpo.run.api import python_config
@@ -98,6 +100,7 @@ def setup(cfg: C.Config, *, callables: Mapping[str, Callable[..., Any]] | None =
     specs = reward_specs(cfg.data.source, cfg.rewards, sorted(train), custom=cfg.tasks,
                          aggregation=cfg.loss.reward_aggregation)
     check_task_entries(cfg.kl, sorted(train))
+    resolve_tools(cfg.rollout.tools, callables)  # a tool that cannot be imported or described stops the run here
     # the judge's rubrics are tried without its cache, which lives in the run folder
     graders = preflight(specs, train, judge=Judge.from_config(dataclasses.replace(cfg.judge, cache_path=""), None),
                         callables=callables, reward_models=cfg.reward_models, device=device)
@@ -141,6 +144,7 @@ def setup(cfg: C.Config, *, callables: Mapping[str, Callable[..., Any]] | None =
         run.judge = Judge.from_config(cfg.judge, run_dir)
         run.tracker = build_trackers(cfg.train, run_dir) if dist.is_main else NullTracker()
         run.stop_ids = stop_token_ids(cfg.rollout, policy.tokenizer)
+        run.toolbox = build_toolbox(cfg.rollout, policy.tokenizer, callables)  # rollout.tools; None without
         fresh_optimizer(run)
         run.share_prompts = shares_prompts(cfg, run.train_model, dist)
         run.frontier = ParetoFrontier(cfg.multi.pareto_cap, run_dir / PARETO_SUBDIR)
@@ -157,7 +161,8 @@ def sft_phase(run: Run) -> list[float]:
     s = run.cfg.sft
     if s.steps == 0:
         return []
-    examples = sft_examples(run.tokenizer, [x for t in run.tasks for x in run.train[t]], None, s.max_target_tokens)
+    system = run.toolbox.system_prompt if run.toolbox is not None else None  # the prompts the rollouts see
+    examples = sft_examples(run.tokenizer, [x for t in run.tasks for x in run.train[t]], system, s.max_target_tokens)
     if not examples:
         if run.dist.is_main:
             print(f"SFT warm-up skipped: no training row of {', '.join(run.tasks)} has a target (the column "
@@ -193,7 +198,7 @@ def evaluate_phase(run: Run, tag: str) -> dict[str, float]:
     scorer = (lambda rollouts: score_rollouts(rollouts, run.specs, run.judge, run.graders)[0]) if dist.is_main \
         else unscored
     results, scored = evaluate(run.policy.model, run.tokenizer, run.heldout, run.cfg.rollout, run.stop_ids, scorer,
-                               synced_gpus=dist.sharded)
+                               synced_gpus=dist.sharded, tools=run.toolbox)
     dist.reshard(run.policy.model)
     offered = tag.startswith("step_") or tag == "after_rl"  # RL checkpoints compete for the Pareto frontier
     state = dist.full_state(run.policy.model) if dist.sharded and offered else None
@@ -220,6 +225,8 @@ def pass_at_k_phase(run: Run) -> dict[str, float]:
     cfg = run.cfg
     if run.dist.active:
         raise RuntimeError("train.pass_at_k runs on one process; turn it off under several processes")
+    if run.toolbox is not None:
+        raise RuntimeError("train.pass_at_k samples single-turn completions; turn it off with rollout.tools")
     metrics = pass_at_k_eval(run.policy.model, run.tokenizer, run.heldout, cfg.rollout, run.stop_ids,
                              lambda rollouts: score_rollouts(rollouts, run.specs, run.judge, run.graders)[0],
                              k=cfg.train.pass_at_k, n=cfg.train.pass_at_k_samples,
@@ -238,8 +245,8 @@ def rl_step(run: Run, step: int) -> dict[str, float]:
     keys = (row_keys(cfg.train.seed, step, range(mine.start, mine.stop), cfg.rollout.k)
             if per_completion_sampling(cfg.rollout, dist) else None)
     # the system prompt (data.system_prompt) is already the first message of every sample
-    rollouts, metrics = generate_rollouts(run.policy.model, run.tokenizer, everyone[mine], cfg.rollout, run.stop_ids,
-                                          row_keys=keys, synced_gpus=dist.sharded)
+    rollouts, metrics = sample_rollouts(run.policy.model, run.tokenizer, everyone[mine], cfg.rollout, run.stop_ids,
+                                        tools=run.toolbox, row_keys=keys, synced_gpus=dist.sharded)
     dist.reshard(run.policy.model)  # after every no-grad pass of a sharded model (see Dist.reshard)
     t1 = time.perf_counter()
     set_trainer_state((step - 1) * cfg.loss.mu, cfg.total_updates)  # what TRL's trainer_state says to rewards
@@ -256,6 +263,8 @@ def rl_step(run: Run, step: int) -> dict[str, float]:
         scored = sampled = [s for part in dist.gather(scored_mine) for s in part]  # (dynamic sampling: one process)
         metrics = {**rollout_metrics([s.rollout for s in scored]),
                    "rollout/nonfinite_logit_rows": dist.sum_numbers([metrics["rollout/nonfinite_logit_rows"]])[0]}
+        if run.toolbox is not None:
+            metrics.update(tool_metrics([s.rollout.tool_use for s in scored], run.toolbox.names))
         score_metrics = dict(zip(score_metrics, dist.sum_numbers(list(score_metrics.values()))))
     metrics.update(per_step_counts(score_metrics, run.counters))
     rewards_B = torch.tensor([math.nan if s.reward is None else s.reward for s in scored], dtype=torch.float32)
@@ -341,8 +350,8 @@ def refill_groups(run: Run, step: int, scored: list, score_metrics: dict[str, fl
         samples = run.sampler.next_batch(cfg.prompts_per_step)
         keys = (row_keys(cfg.train.seed, step, range(round_ * len(samples), (round_ + 1) * len(samples)),
                          cfg.rollout.k) if per_completion_sampling(cfg.rollout, run.dist) else None)
-        rollouts, _ = generate_rollouts(run.policy.model, run.tokenizer, samples, cfg.rollout, run.stop_ids,
-                                        row_keys=keys)
+        rollouts, _ = sample_rollouts(run.policy.model, run.tokenizer, samples, cfg.rollout, run.stop_ids,
+                                      tools=run.toolbox, row_keys=keys)
         more, counts = score_rollouts(rollouts, run.specs, run.judge, run.graders)
         for key, value in counts.items():  # scoring/* count this batch; the judge/* counters are cumulative
             score_metrics[key] = score_metrics.get(key, 0) + value if key.startswith("scoring/") else value
@@ -493,7 +502,7 @@ def main(cfg: C.Config, run: Run | None = None) -> Run:
 def train(config: C.Config | str | Sequence[str] | None = None, *,
           tasks: Mapping[str, Any] | None = None, rewards: Mapping[str, Any] | None = None,
           model: Any = None, processing_class: Any = None, peft_config: Any = None, args: Any = None,
-          **sections: Mapping[str, Any]) -> Run:
+          tools: Sequence[Callable[..., Any] | str] | None = None, **sections: Mapping[str, Any]) -> Run:
     """The command line's run from Python (a notebook, a script): returns the finished Run, its `report` filled in.
 
         run = train(tasks={"qa": "qa.csv"}, rewards={"qa": [my_reward]}, train={"max_steps": 40})
@@ -513,6 +522,8 @@ def train(config: C.Config | str | Sequence[str] | None = None, *,
     args:     a TRL GRPOConfig (or a dict of its fields): every field it sets is translated (learning_rate ->
               train.lr, num_generations -> rollout.k, ...) or named in an error; reward_weights weigh each
               task's list of reward functions (grpo/run/trl_config.py).
+    tools:    functions the model may call in multi-turn rollouts (TRL's tools=[...]), described by their signature
+              and docstring, or "module:function" strings; added to rollout.tools (grpo/phases/tools.py).
     sections: a section's fields as a dict, e.g. train={"max_steps": 40}, rollout={"k": 8}.
 
     Errors are the command line's, raised instead of printed: ConfigError (config), DataFileError (data),
@@ -527,6 +538,10 @@ def train(config: C.Config | str | Sequence[str] | None = None, *,
         raise C.ConfigError(f"train(model=<a loaded {type(model).__name__}>) needs its tokenizer: pass "
                             "processing_class=tokenizer (or model=(model, tokenizer))", field="model.name")
     cfg, callables = python_config(config, tasks, rewards, model, sections, peft_config, trl_args=args)
+    if tools:  # rollout.tools names them: "module:function" when importable, else by name with the function handed in
+        specs, tool_fns = tool_specs(tools)
+        cfg = dataclasses.replace(cfg, rollout=dataclasses.replace(cfg.rollout, tools=[*cfg.rollout.tools, *specs]))
+        callables = {**callables, **tool_fns}
     loaded = model if isinstance(model, tuple) else None
     if loaded is None:
         check_model_name(cfg.model.name)

@@ -6,14 +6,15 @@ documented; the mask and the loss equal TRL 1.16's on the same trajectory."""
 
 from __future__ import annotations
 
-import dataclasses
+import json
 import time
 import types
+from pathlib import Path
 
 import pytest
 import torch
 
-from grpo.config.settings import LossConfig, RolloutConfig
+from grpo.config.settings import ConfigError, LossConfig, RolloutConfig
 from grpo.core.losses import aggregate, kl_penalty, policy_loss
 from grpo.core.records import Sample, Scored
 from grpo.core.tool_calls import call_text, parse_tool_calls
@@ -21,6 +22,7 @@ from grpo.models.modeling import build_tiny_model, build_tiny_tokenizer
 from grpo.phases import tools as T
 from grpo.phases.batch import batch_logprobs, build_train_batch
 from grpo.phases.update import micro_batch_terms
+from tests.trainer_helpers import fast_config
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
@@ -349,3 +351,165 @@ def test_the_mask_of_model_tokens_and_the_loss_equal_trls_on_the_same_trajectory
     torch.testing.assert_close(ours, theirs, atol=1e-12, rtol=0)
     torch.testing.assert_close(g_ours, g_trl, atol=1e-12, rtol=0)
     assert (g_ours[mask == 0] == 0).all() and (g_ours[mask > 0] != 0).any()
+
+
+# ---------------------------------------------------------------------------------------------- runs with tools
+ROWS = [{"prompt": [{"role": "user", "content": f"What is 12*{i}?"}], "answer": str(12 * i)} for i in range(24)]
+SHORT = {"train": {"max_steps": 2, "prompts_per_micro_step": 2, "eval_every": 0, "tensorboard": False,
+                   "sample_every": 0, "lr": 1e-2},
+         "rollout": {"k": 2, "max_new_tokens": 6}, "data": {"eval_size": 4}}
+TINY = ["model.tiny_hidden=32", "model.tiny_layers=1", "model.tiny_heads=2"]
+
+
+@pytest.fixture
+def calls_sometimes(monkeypatch):
+    """Real decoding, except that each first reply whose first sampled id is even becomes a calculator call: a
+    randomly initialised model would never write one, and the runs below need tool turns. Deterministic given the
+    sampled ids, so an interrupted and resumed run decides as the uninterrupted one does."""
+    real, turn = T.decode_rows, {"rows": None}
+
+    def forced(model, rows, rollout, stop_ids, pad_id, **kw):
+        out, fixed = real(model, rows, rollout, stop_ids, pad_id, **kw)
+        tok = forced.tokenizer
+        first = not any(tok.decode(r).count("tool: ") for r in rows)  # the tiny template's tool turns
+        if first:
+            call = tok(call_text("calculator", {"expression": "12*3"}), add_special_tokens=False)["input_ids"]
+            out = [call + [stop_ids[0]] if o and o[0] % 2 == 0 else o for o in out]
+        return out, fixed
+
+    monkeypatch.setattr(T, "decode_rows", forced)
+    return forced
+
+
+def test_train_with_tools_runs_logs_tool_metrics_and_rewards_see_the_trajectory(tmp_path, calls_sometimes,
+                                                                                monkeypatch):
+    import grpo_train
+    from grpo.run import setup_parts
+
+    real_policy = setup_parts.policy_from_config
+
+    def policy(*args, **kwargs):  # the tokenizer the run builds, for the forcing fixture
+        p = real_policy(*args, **kwargs)
+        calls_sometimes.tokenizer = p.tokenizer
+        return p
+
+    monkeypatch.setattr(grpo_train, "policy_from_config", policy)
+    seen = []
+
+    def reward_used_tool(completions, trajectory, tool_calls, tool_failures, answer, **kwargs):
+        seen.append((completions, trajectory, tool_calls, tool_failures))
+        return [float(n > 0 and m[-1]["content"] == a) for n, m, a in zip(tool_calls, completions, answer)]
+
+    run = grpo_train.train(TINY, tasks={"calc": ROWS}, rewards={"calc": [reward_used_tool]}, tools=[calculator],
+                           **{**SHORT, "train": {**SHORT["train"], "output_dir": str(tmp_path), "run_name": "t"}})
+    rows = [json.loads(x) for x in (run.run_dir / "metrics.jsonl").read_text().splitlines()]
+    rl = [r for r in rows if "tools/calls_per_rollout" in r]
+    assert len(rl) == 2 and sum(r["tools/calls_per_rollout"] for r in rl) > 0
+    assert {"tools/failure_rate", "tools/turns", "tools/cut_by_limit", "tools/calculator/calls_per_rollout",
+            "doctor/tool_unused", "doctor/tool_loops"} <= set(rl[0])
+    assert json.loads((run.run_dir / "config.json").read_text())["rollout"]["tools"] == [
+        T.tool_specs([calculator])[0][0]]
+    with_call = [(c, t, n, f) for batch in seen for c, t, n, f in zip(*batch) if n]
+    assert with_call  # the reward function got whole trajectories: prompt, the call, the tool message, the reply
+    completion, trajectory, n, failures = with_call[0]
+    assert [m["role"] for m in completion] == ["assistant", "tool", "assistant"] and completion[1]["content"] == "36"
+    assert trajectory[0]["role"] == "user" and trajectory[0]["content"].startswith("What is 12*")
+    assert trajectory[1:] == completion
+    assert (n, failures) == (1, 0)
+
+
+def test_a_tool_that_cannot_be_imported_stops_the_run_before_the_model_loads(tmp_path, monkeypatch):
+    import grpo_train
+
+    def no_model(*args, **kwargs):
+        raise AssertionError("the model was loaded")
+
+    monkeypatch.setattr(grpo_train, "policy_from_config", no_model)
+    cfg = fast_config(tmp_path, "rollout.tools=tests.test_tool_rollouts:no_such_tool")
+    with pytest.raises(ConfigError, match="no callable 'no_such_tool'") as err:
+        grpo_train.setup(cfg)
+    assert err.value.field == "rollout.tools" and not (tmp_path / "t").exists()
+
+
+def test_resume_with_a_deterministic_tool_is_bit_identical(tmp_path, calls_sometimes, monkeypatch):
+    """2N steps in one go == N steps, then resume, then N steps, with tool turns in the rollouts."""
+    import grpo_train as G
+    from grpo.run import setup_parts
+
+    real_policy = setup_parts.policy_from_config
+
+    def policy(*args, **kwargs):
+        p = real_policy(*args, **kwargs)
+        calls_sometimes.tokenizer = p.tokenizer
+        return p
+
+    monkeypatch.setattr(G, "policy_from_config", policy)
+    extra = ["rollout.tools=tests.test_tool_rollouts:calculator", "checkpoint.every=2", "rollout.max_new_tokens=8",
+             "rollout.max_tool_turns=2"]
+    full = G.main(fast_config(tmp_path / "a", "train.max_steps=4", *extra))
+    G.main(fast_config(tmp_path / "b", "train.max_steps=2", *extra))
+    resumed = G.main(fast_config(tmp_path / "b", "train.max_steps=4", "checkpoint.resume=auto", *extra))
+
+    def lines(run_dir):
+        rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+        return [{k: v for k, v in r.items() if not k.startswith("time/")} for r in rows if r.get("step", 0) > 2]
+
+    a, b = lines(full.run_dir), lines(resumed.run_dir)
+    assert a == b and sum(r.get("tools/calls_per_rollout", 0) for r in a) > 0
+    for (name, pa), (_, pb) in zip(full.policy.model.named_parameters(), resumed.policy.model.named_parameters()):
+        assert torch.equal(pa, pb), name
+
+
+# ------------------------------------------------------------------------------------------------------ the doctor
+def tool_rows(n: int, calls: float, failures: float, cut: float) -> list[dict]:
+    return [{"step": s, "adv/frac_zero_std": 0.0, "reward/calc/mean": 0.5, "tools/calls_per_rollout": calls,
+             "tools/failure_rate": failures, "tools/turns": 1 + calls, "tools/cut_by_limit": cut}
+            for s in range(1, n + 1)]
+
+
+@pytest.mark.parametrize("calls,failures,cut,want", [
+    (0.0, 0.0, 0.0, {("tool_unused", "yellow")}),
+    (1.0, 0.3, 0.0, {("tool_failures", "yellow")}),
+    (1.0, 0.9, 0.0, {("tool_failures", "red")}),
+    (2.0, 0.0, 0.6, {("tool_loops", "yellow")}),
+    (1.0, 0.1, 0.1, set()),
+])
+def test_the_doctor_names_an_unused_tool_dominant_errors_and_loops(calls, failures, cut, want):
+    from grpo.core.doctor import Doctor, HealthThresholds
+    from grpo.core.symptoms import TOOL_CODES
+
+    doctor = Doctor(HealthThresholds(), config={"rollout": {"tools": ["m:calculator"]}, "sft": {"steps": 0}})
+    for row in tool_rows(10, calls, failures, cut):
+        doctor.update(row)
+    found = {(f.code, f.level) for f in doctor.findings() if f.code in TOOL_CODES}
+    assert found == want
+    assert all(f"doctor/{c}" in doctor.metrics() for c in TOOL_CODES)
+    quiet = Doctor(HealthThresholds())  # a run without tools: no tool codes, no tool findings
+    for row in tool_rows(10, 0.0, 0.0, 0.0):
+        quiet.update({k: v for k, v in row.items() if not k.startswith("tools/")})
+    assert not any(f.code in TOOL_CODES for f in quiet.findings())
+    assert not any(f"doctor/{c}" in quiet.metrics() for c in TOOL_CODES)
+
+
+def test_the_smollm2_tools_preset_runs_its_task_tool_and_grader_on_the_tiny_model(tmp_path, monkeypatch):
+    """The preset's rows, tool, reward and warm-up wired end to end, on the tiny model instead of SmolLM2 (whose run
+    is recorded in docs/CUSTOM_TASKS.md): the warm-up's demonstrations are the tool calls, rendered with the tool
+    instructions the rollouts' prompts get."""
+    import grpo_train as G
+    from grpo.config import settings as C
+    from grpo.phases import sft
+
+    monkeypatch.chdir(Path(__file__).resolve().parents[1])  # the preset's paths are relative to the repository
+    seen = []
+    real = sft.sft_examples
+    monkeypatch.setattr(G, "sft_examples", lambda tok, rows, system, cap: seen.append(system) or real(tok, rows,
+                                                                                                      system, cap))
+    cfg = C.load_config("smollm2-tools", [f"train.output_dir={tmp_path}", "train.run_name=p", "model.name=builtin:tiny",
+                                          "model.lora=false", *TINY, "train.max_steps=1", "sft.steps=2",
+                                          "data.eval_size=4", "rollout.k=2", "rollout.max_new_tokens=8",
+                                          "train.prompts_per_micro_step=2", "train.tensorboard=false"])
+    run = G.main(cfg)
+    assert set(run.evals) == {"before_sft", "after_sft", "after_rl"}
+    assert run.toolbox.names == ["calculator"] and seen == [run.toolbox.system_prompt]
+    rows = [json.loads(x) for x in (run.run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert any("tools/calls_per_rollout" in r for r in rows)

@@ -58,6 +58,23 @@ PRESETS: dict[str, dict[str, Any]] = {
         "kl": {"default": {"controller": "fixed", "beta": 0.04}},
         "rewards": {"fairness": "bbq_rule:1.0", "hallucination": "halueval_rule:1.0"},
     },
+    # Multi-turn rollouts with a tool on a real instruct model on the CPU (#41): SmolLM2-135M-Instruct with LoRA on the
+    # product of two 3-digit numbers (examples/tool_calculator/: 400 rows, exact-answer reward), which it cannot
+    # compute without its `calculator` tool. The warm-up on 32 demonstrations teaches the call format
+    # (<tool_call>{...}</tool_call>, the rows' targets); RL rewards the trajectories whose final reply states the
+    # product. Paths are relative: run it from the repository root.
+    "smollm2-tools": {
+        "model": {"name": "smollm2-135m-instruct", "lora": True, "lora_r": 16, "lora_alpha": 32, "lora_dropout": 0.0},
+        "data": {"source": "none", "eval_size": 48},
+        "tasks": {"products": {"path": "examples/tool_calculator/products.jsonl"}},
+        "rewards": {"products": "examples/tool_calculator/calculator.py:exact_answer"},
+        "rollout": {"k": 8, "max_new_tokens": 48, "temperature": 0.7,
+                    "tools": ["examples/tool_calculator/calculator.py:calculator"], "max_tool_turns": 2,
+                    "max_tool_result_tokens": 16},
+        "train": {"max_steps": 30, "lr": 1e-4, "prompts_per_micro_step": 4, "eval_every": 0},
+        "sft": {"steps": 30, "lr": 2e-4, "batch_size": 8, "max_examples": 32},
+        "kl": {"default": {"controller": "fixed", "beta": 0.04}},
+    },
     # The reference A100 setup: Llama-3-8B-Instruct + LoRA, two objectives with their own KL bands.
     "llama3-8b-dual": {
         "model": {"name": "meta-llama/Meta-Llama-3-8B-Instruct", "dtype": "bfloat16", "lora": True,

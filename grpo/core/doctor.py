@@ -19,8 +19,8 @@ from collections import deque
 from dataclasses import dataclass, replace
 from typing import Any, Iterable, Mapping, Sequence
 
-from grpo.core.symptoms import (ONLINE_CODES, WINDOW_CHECKS, Finding, HealthThresholds, Level, dead_step, heldout_gains,
-                           is_rl_row, mean, number, series, tasks_in, whole_run)
+from grpo.core.symptoms import (ONLINE_CODES, TOOL_CODES, WINDOW_CHECKS, Finding, HealthThresholds, Level, dead_step,
+                                heldout_gains, is_rl_row, mean, number, series, tasks_in, whole_run)
 
 __all__ = ["Alarm", "Doctor", "Finding", "HealthThresholds", "ONLINE_CODES", "VERDICT_TEXT", "check", "heldout_series",
            "replayed", "rl_steps", "series", "tasks_in", "verdict"]
@@ -216,7 +216,8 @@ class Doctor:
         """doctor/<code> = 1.0 while a finding with that code is active (any task), else 0.0, for every code; and
         doctor/red = how many red findings are active. Scalars, so TensorBoard draws them."""
         codes = {code for code, _, _ in self.active}
-        out = {f"doctor/{code}": float(code in codes) for code in ONLINE_CODES}
+        tools = bool((self.config.get("rollout") or {}).get("tools"))  # a run with tools logs their codes too
+        out = {f"doctor/{code}": float(code in codes) for code in ONLINE_CODES + (TOOL_CODES if tools else ())}
         out["doctor/red"] = float(sum(f.level == "red" for _, f in self.active.values()))
         return out
 

@@ -32,6 +32,11 @@ Window checks (rows = the last `recent_window` RL steps; "start" = the first win
                               of the groups can be all-right), and no red finding on the same evidence (under dynamic
                               sampling it says how many of the task's groups a step were kept and trained on)
   red     non_finite          a NaN / inf metric
+  yellow  tool_unused         (runs with tools) fewer than `tool_min_calls` tool calls per rollout
+  red     tool_failures       more than `tool_failure_red` of the window's tool calls failed (yellow above
+                              `tool_failure_max`)
+  yellow  tool_loops          more than `tool_loop_max` of the trajectories ended on rollout.max_tool_turns or the
+                              token budget
 End of run (grpo/core/doctor.check only): red skipped_steps / yellow restored_weights (the weight guard's counts), red
 reward_regressed / yellow reward_flat (held-out after RL vs before RL), yellow no_heldout (a trained task never
 evaluated). From the held-out greedy completions (`heldout_collapse`, read by grpo/run/report.py from evals/):
@@ -134,6 +139,17 @@ class HealthThresholds:
     """Fraction of optimizer steps skipped or restored that is flagged red; any restore at all is yellow."""
     reward_regression_red: float = 0.05
     """A held-out reward drop (after RL vs before RL) larger than this is red; a gain ≤ 0 is yellow."""
+    tool_min_calls: float = 0.05
+    """Tool calls per rollout (window mean) below which a run with tools "never calls its tool": one call in 20
+    rollouts leaves RL almost no trajectory that used the tool to reinforce."""
+    tool_failure_max: float = 0.25
+    """Share of a window's tool calls that failed (malformed, unknown tool, raised, timed out) above which tool errors
+    are flagged; red above `tool_failure_red`. The model is told every error, but a failed call is a wasted turn."""
+    tool_failure_red: float = 0.5
+    """Share of failed tool calls that is red: most calls teach the model nothing but the error message."""
+    tool_loop_max: float = 0.3
+    """Share of trajectories ended by a limit (rollout.max_tool_turns or the token budget) above which the rollouts
+    "loop to the limit": the model keeps calling instead of answering."""
 
 
 @dataclass(frozen=True)
@@ -153,6 +169,8 @@ class Finding:
 ONLINE_CODES = ("no_learning_signal", "reward_stuck", "answer_collapse", "entropy_collapse", "entropy_drop",
                 "kl_runaway", "kl_out_of_band", "judge_failures", "truncation", "zero_std_groups", "non_finite")
 """Codes the window checks can raise; `Doctor.metrics` logs each as doctor/<code> (1 when active) every step."""
+TOOL_CODES = ("tool_unused", "tool_failures", "tool_loops")
+"""Codes of the tool checks (`_tools`), logged as doctor/<code> only by runs with tools (rollout.tools)."""
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -541,8 +559,46 @@ def _non_finite_finding(where: str, config: Mapping[str, Any], keys: Sequence[st
                         "look at the first step listed; check the rewards for NaN too"))
 
 
+def _tools(d: Window, _found: list[Finding]) -> list[Finding]:
+    """Multi-turn rollouts with tools (tools/ metrics, grpo/core/tool_calls.py): a model that never calls its tool,
+    tool errors that dominate, rollouts that loop to the turn limit. Over a full window; silent without tools."""
+    if not _full(d) or not any("tools/calls_per_rollout" in r for r in d.window):
+        return []
+    out: list[Finding] = []
+    calls = d.wmean("tools/calls_per_rollout")
+    if calls < d.th.tool_min_calls:
+        out.append(Finding("yellow", "tool_unused",
+                           f"{calls:.3f} tool calls per rollout in {d.span()} (below {d.th.tool_min_calls:g}): the "
+                           "model does not call its tool, so RL has no trajectory with a tool result to reinforce",
+                           _try("sft.steps", _scaled(d.config, "sft.steps", 2, int) if _setting(d.config, "sft.steps")
+                                else 40, "a warm-up on demonstrations of the call format (rows whose target is "
+                                         "a <tool_call>) teaches the format RL can then reward")))
+    weights = [(v, c) for r in d.window if (v := number(r.get("tools/failure_rate"))) is not None
+               and (c := number(r.get("tools/calls_per_rollout"))) is not None and math.isfinite(v * c)]
+    total = sum(c for _, c in weights)
+    failed = sum(v * c for v, c in weights) / total if total > 0 else 0.0
+    if total > 0 and failed > d.th.tool_failure_max:
+        level: Level = "red" if failed > d.th.tool_failure_red else "yellow"
+        out.append(Finding(level, "tool_failures",
+                           f"{100 * failed:.0f}% of the tool calls in {d.span()} failed (yellow above "
+                           f"{100 * d.th.tool_failure_max:.0f}%, red above {100 * d.th.tool_failure_red:.0f}%); "
+                           "tools/<name>/failure_rate names the tool",
+                           _try("rollout.tool_timeout_s", _scaled(d.config, "rollout.tool_timeout_s", 2),
+                                "if the calls time out; malformed calls and unknown tools want a warm-up on the "
+                                "call format (sft.steps), a raising tool a look at its arguments")))
+    loops = d.wmean("tools/cut_by_limit")
+    if math.isfinite(loops) and loops > d.th.tool_loop_max:
+        out.append(Finding("yellow", "tool_loops",
+                           f"{100 * loops:.0f}% of the trajectories in {d.span()} ended on the turn limit or the "
+                           f"token budget (max {100 * d.th.tool_loop_max:.0f}%): the model keeps calling instead "
+                           "of answering",
+                           _try("rollout.max_tool_turns", _scaled(d.config, "rollout.max_tool_turns", 2, int),
+                                "if the task needs more calls; otherwise a reward that pays an answer, not a call")))
+    return out
+
+
 WINDOW_CHECKS = (_no_learning_signal, _reward_stuck, _answer_collapse, _entropy, _kl, _judge, _truncation, _zero_std,
-                 _non_finite)
+                 _non_finite, _tools)
 """In this order: a check sees the findings of the ones before it (zero_std_groups stays quiet under a red on the same
 evidence)."""
 

@@ -46,6 +46,9 @@ from grpo.core.rewards import GRADERS
 JUDGE_TERM = "llm_judge"
 RULE_BOUNDS = (0.0, 1.0)
 TRL_ARGS = ("prompts", "completions", "completion_ids")
+TOOL_ARGS = ("trajectory", "tool_calls", "tool_failures")
+"""What a TRL-style reward function also gets from multi-turn rollouts with tools: the whole conversation (prompt
+messages, then the assistant replies and tool messages), the calls made and the calls that failed, per completion."""
 TRL_ONLY_ARGS = {  # what TRL's GRPOTrainer also passes, and why a grader here cannot get it
     "log_extra": "TRL's completion-table logger", "log_metric": "TRL's metric logger",
     "environments": "TRL's per-completion environments",
@@ -84,20 +87,30 @@ def grader_kind(fn: Callable[..., Any]) -> str:
                       "reward function fn(prompts, completions, completion_ids, **kwargs)")
 
 
-def trl_inputs(rollouts: Sequence[Rollout], conversational: bool) -> dict[str, list[Any]]:
+def trl_inputs(rollouts: Sequence[Rollout], conversational: bool, with_tools: bool = False) -> dict[str, list[Any]]:
     """The keyword arguments TRL's GRPOTrainer gives a reward function for these rollouts: prompts, completions,
-    completion_ids, and one list per column (the rows' gold fields and `task`; None where a row lacks a field)."""
+    completion_ids, and one list per column (the rows' gold fields and `task`; None where a row lacks a field).
+    Multi-turn rollouts (or `with_tools`: a function that names them) add TOOL_ARGS; a conversational completion is
+    then its messages, replies and tool results."""
     samples = [r.sample for r in rollouts]
     if conversational:
         prompts: list[Any] = [[dict(m) for m in s.messages] for s in samples]
-        completions: list[Any] = [[{"role": "assistant", "content": r.text}] for r in rollouts]
+        completions: list[Any] = [[dict(m) for m in r.messages] if r.messages is not None
+                                  else [{"role": "assistant", "content": r.text}] for r in rollouts]
     else:
         prompts = [s.messages[-1]["content"] for s in samples]
         completions = [r.text for r in rollouts]
     columns = list(dict.fromkeys(k for s in samples for k in s.gold if k not in TRL_ARGS))
     kwargs: dict[str, list[Any]] = {"prompts": prompts, "completions": completions,
                                     "completion_ids": [list(r.completion_ids) for r in rollouts]}
-    kwargs.update({c: [s.gold.get(c) for s in samples] for c in columns})
+    if with_tools or any(r.tool_use is not None for r in rollouts):  # multi-turn rollouts: the whole trajectory
+        kwargs.update({c: [] for c in TOOL_ARGS})
+        for r in rollouts:
+            reply = list(r.messages) if r.messages is not None else [{"role": "assistant", "content": r.text}]
+            kwargs["trajectory"].append([dict(m) for m in r.sample.messages] + [dict(m) for m in reply])
+            kwargs["tool_calls"].append(r.tool_use.n_calls if r.tool_use is not None else 0)
+            kwargs["tool_failures"].append(r.tool_use.n_failures if r.tool_use is not None else 0)
+    kwargs.update({c: [s.gold.get(c) for s in samples] for c in columns if c not in TOOL_ARGS})
     kwargs.setdefault("task", [s.task for s in samples])
     return kwargs
 
@@ -132,7 +145,8 @@ def _call_batched(fn: Callable[..., Any], rollouts: Sequence[Rollout]) -> list[A
         index = [i for i, r in enumerate(rollouts) if r.sample.conversational == conversational]
         if not index:
             continue
-        kwargs = trl_inputs([rollouts[i] for i in index], conversational)
+        kwargs = trl_inputs([rollouts[i] for i in index], conversational,
+                            with_tools=any(name in TOOL_ARGS for name in sig.parameters))
         kwargs["trainer_state"] = trainer_state()  # as TRL: one object, not a list per completion
         missing = [p.name for p in sig.parameters.values() if p.default is p.empty and p.name not in kwargs
                    and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]

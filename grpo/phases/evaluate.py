@@ -12,17 +12,19 @@ from grpo.core.records import Rollout, Sample, Scored
 from grpo.core.rewards import recognition_verdict
 from grpo.models.tokens import encode_prompt
 from grpo.phases.rollout import greedy_complete
+from grpo.phases.tools import ToolBox, tool_rollouts
 
 
 def evaluate(model, tokenizer, samples_by_task: dict[str, Sequence[Sample]], rollout: RolloutConfig,
              stop_ids: Sequence[int] | None, score: Callable[[list[Rollout]], list[Scored]], *,
-             system_prompt: str | None = None, batch_size: int = 32,
-             synced_gpus: bool = False) -> tuple[dict[str, float], list[Scored]]:
+             system_prompt: str | None = None, batch_size: int = 32, synced_gpus: bool = False,
+             tools: ToolBox | None = None) -> tuple[dict[str, float], list[Scored]]:
     """Mean reward per task on greedy (top-1) completions (`greedy_complete`: rollout's length limits and penalties,
     no sampling); failed scores are left out of the mean. Prompts are batched in order of their token length (a batch
     is padded to its longest prompt: HaluEval's run from 100 to 500 tokens), and the scored rows come back in the
     samples' order.
-    `synced_gpus`: sharded model, every process runs this same evaluation (see grpo/models/distributed.py)."""
+    `synced_gpus`: sharded model, every process runs this same evaluation (see grpo/models/distributed.py).
+    `tools`: the run's tools: each completion is a greedy multi-turn trajectory (grpo/phases/tools.py)."""
     results: dict[str, float] = {}
     all_scored: list[Scored] = []
     for task, samples in samples_by_task.items():
@@ -31,8 +33,13 @@ def evaluate(model, tokenizer, samples_by_task: dict[str, Sequence[Sample]], rol
         by_index: dict[int, Scored] = {}
         for start in range(0, len(order), batch_size):
             batch = order[start:start + batch_size]
-            rollouts, _ = greedy_complete(model, tokenizer, [samples[i] for i in batch], rollout,
-                                          stop_ids, system_prompt=system_prompt, synced_gpus=synced_gpus)
+            if tools is None:
+                rollouts, _ = greedy_complete(model, tokenizer, [samples[i] for i in batch], rollout,
+                                              stop_ids, system_prompt=system_prompt, synced_gpus=synced_gpus)
+            else:
+                rollouts, _ = tool_rollouts(model, tokenizer, [samples[i] for i in batch], rollout, stop_ids,
+                                            tools=tools, greedy=True, system_prompt=system_prompt,
+                                            synced_gpus=synced_gpus)
             by_index.update(zip(batch, score(rollouts), strict=True))
         scored = [by_index[i] for i in range(len(samples))]
         valid = [s.reward for s in scored if s.reward is not None and not math.isnan(s.reward)]

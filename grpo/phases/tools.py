@@ -35,8 +35,9 @@ from grpo.core.records import Rollout, Sample
 from grpo.core.tool_calls import ToolCall, Trajectory, parse_tool_calls, tool_instructions, tool_metrics
 from grpo.grading.graders import GraderError, import_callable
 from grpo.models.sampling import splitmix64_int
-from grpo.models.tokens import _ids_from_template, _with_system, encode_prompt, stop_token_id
-from grpo.phases.rollout import _seeded, cut_completion, decode_rows, rollout_metrics
+from grpo.models.tokens import SYSTEM_JOIN, _ids_from_template, _with_system, encode_prompt, stop_token_id
+from grpo.phases.rollout import (_seeded, cut_completion, decode_rows, generate_rollouts, greedy_complete,
+                                 rollout_metrics)
 
 CUT_MARK = " …[cut]"
 """Appended to a tool result cut to rollout.max_tool_result_tokens, so the model can tell a cut result from a whole one."""
@@ -44,9 +45,12 @@ INVALID_TOOL = "invalid"
 """The name malformed calls and calls of unknown tools are counted (and answered) under."""
 
 
-class ToolError(ValueError):
-    """A tool cannot be used: not importable, no schema (docstring / type hints), a duplicate name, a chat template
-    that cannot render a tool message. The message names the tool and the fix."""
+class ToolError(ConfigError):
+    """A tool cannot be used: no schema (docstring / type hints), a chat template that cannot render a tool message.
+    The message names the tool and the fix; the field at fault is rollout.tools."""
+
+    def __init__(self, message: str):
+        super().__init__(message, field="rollout.tools")
 
 
 @dataclass(frozen=True)
@@ -97,6 +101,31 @@ def resolve_tools(specs: Sequence[str | Callable[..., Any]], callables: Mapping[
                               field=field_name)
         tools.append(tool)
     return tools
+
+
+def tool_specs(tools: Sequence[str | Callable[..., Any]]) -> tuple[list[str], dict[str, Callable[..., Any]]]:
+    """`train(tools=[...])`'s entries as rollout.tools strings and the functions they name: a function importable
+    as "module:name" is written so (config.json then names it, and a resumed run finds it again); any other
+    (defined in __main__, a notebook, a closure) is entered under its own name with the function in the mapping."""
+    specs: list[str] = []
+    callables: dict[str, Callable[..., Any]] = {}
+    for entry in tools:
+        if isinstance(entry, str):
+            specs.append(entry)
+            continue
+        module, name = getattr(entry, "__module__", None), getattr(entry, "__qualname__", "")
+        ref = f"{module}:{name}"
+        try:
+            importable = module not in (None, "__main__") and "." not in name and import_callable(ref) is entry
+        except GraderError:
+            importable = False
+        if importable:
+            specs.append(ref)
+        else:
+            key = getattr(entry, "__name__", f"tool_{len(specs)}")
+            specs.append(key)
+            callables[key] = entry
+    return specs, callables
 
 
 def call_with_timeout(fn: Callable[..., Any], arguments: Mapping[str, Any], timeout_s: float) -> tuple[Any, str | None]:
@@ -191,6 +220,12 @@ class ToolBox:
     def schemas(self) -> list[dict[str, Any]]:
         return [t.schema for t in self.tools]
 
+    @property
+    def system_prompt(self) -> str | None:
+        """The tool instructions a prompt gets as its system turn (None when the template shows the tools): SFT
+        examples are rendered with it, so the warm-up sees the prompts the rollouts see."""
+        return None if self.native else tool_instructions(self.schemas)
+
     def encode_prompt(self, tokenizer, messages: Sequence[Mapping[str, str]], system_prompt: str | None = None,
                       ) -> list[int]:
         """The prompt's ids with the tools shown: by the template (`native`) or in the system turn."""
@@ -199,7 +234,7 @@ class ToolBox:
                                                 add_generation_prompt=True, tokenize=True)
             return _ids_from_template(out)
         text = tool_instructions(self.schemas)
-        return encode_prompt(tokenizer, messages, text + "\n\n" + system_prompt if system_prompt else text)
+        return encode_prompt(tokenizer, messages, text + SYSTEM_JOIN + system_prompt if system_prompt else text)
 
     def run(self, tokenizer, call: ToolCall) -> tuple[str, str, bool]:
         """(name it is counted under, message content, failed) for one parsed call; never raises."""
@@ -225,10 +260,21 @@ def build_toolbox(rollout: RolloutConfig, tokenizer, callables: Mapping[str, Cal
     except ToolError:
         raise
     except Exception as err:  # the template's own error (jinja2 TemplateError, a raise_exception of the template)
-        raise ToolError(f"the chat template of {type(tokenizer).__name__} cannot render a tool message ({err}); "
-                        "rollout.tools needs a template with a `tool` role") from err
+        raise ToolError(f"config field `rollout.tools`: the chat template of {type(tokenizer).__name__} cannot "
+                        f"render a tool message ({err}); tools need a template with a `tool` role") from err
     return ToolBox(tools, rollout.tool_timeout_s, rollout.max_tool_result_tokens,
                    native=renders_tools(tokenizer, [t.schema for t in tools]))
+
+
+def sample_rollouts(model, tokenizer, samples: Sequence[Sample], rollout: RolloutConfig,
+                    stop_ids: Sequence[int] | None = None, *, tools: ToolBox | None = None, greedy: bool = False,
+                    **kwargs: Any) -> tuple[list[Rollout], dict[str, float]]:
+    """The run's rollouts: `tool_rollouts` when it has tools, else `generate_rollouts` (`greedy_complete` when
+    `greedy`), with the same keyword arguments. Without tools nothing changes: the same call as before."""
+    if tools is not None:
+        return tool_rollouts(model, tokenizer, samples, rollout, stop_ids, tools=tools, greedy=greedy, **kwargs)
+    complete = greedy_complete if greedy else generate_rollouts
+    return complete(model, tokenizer, samples, rollout, stop_ids, **kwargs)
 
 
 def turn_keys(keys: Sequence[int] | None, turn: int) -> list[int] | None:

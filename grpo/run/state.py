@@ -25,6 +25,7 @@ from grpo.grading.judge import Judge
 from grpo.grading.scoring import RewardSpec
 from grpo.models.distributed import Dist
 from grpo.models.modeling import Policy
+from grpo.phases.tools import ToolBox
 from grpo.phases.update import TaskGradientSurgery
 from grpo.run.pareto import ParetoFrontier
 from grpo.run.tracking import Tracker
@@ -75,6 +76,9 @@ class Run:
     """The model the update runs through: the policy's model, or accelerate's DDP / FSDP wrapper of it."""
     frontier: ParetoFrontier = field(init=False)
     """Pareto frontier of per-task held-out scores, with a saved adapter/model per point."""
+    toolbox: ToolBox | None = None
+    """The tools of multi-turn rollouts (rollout.tools, train(tools=...); grpo/phases/tools.py), built at set-up
+    against the tokenizer's chat template; None = single-turn rollouts."""
     share_prompts: bool = False
     """Forward passes encode each prompt once for its K completions (see `shares_prompts`)."""
     step: int = 0
