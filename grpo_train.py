@@ -519,9 +519,9 @@ def train(config: C.Config | str | Sequence[str] | None = None, *,
     model:    a model name (model.name); an already-loaded model with `processing_class` its tokenizer; or a
               (model, tokenizer) pair. A loaded model is trained in place.
     peft_config: a peft LoraConfig: its r, lora_alpha, lora_dropout and target_modules become model.lora_*.
-    args:     a TRL GRPOConfig (or a dict of its fields): every field it sets is translated (learning_rate ->
-              train.lr, num_generations -> rollout.k, ...) or named in an error; reward_weights weigh each
-              task's list of reward functions (grpo/run/trl_config.py).
+    args:     a TRL GRPOConfig (or a dict of its fields): the whole configuration, as in TRL, its defaults included
+              (learning_rate -> train.lr, num_generations -> rollout.k, ...; docs/TRL.md); a field it cannot honour is
+              refused or named; reward_weights weigh each task's list of reward functions.
     tools:    functions the model may call in multi-turn rollouts (TRL's tools=[...]), described by their signature
               and docstring, or "module:function" strings; added to rollout.tools (grpo/phases/tools.py).
     sections: a section's fields as a dict, e.g. train={"max_steps": 40}, rollout={"k": 8}.

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 import warnings
 from pathlib import Path
 from types import SimpleNamespace
@@ -227,3 +226,6 @@ def test_a_misspelt_grpo_config_field_gets_a_did_you_mean(tmp_path, capsys):
 def test_docs_trl_md_is_the_table():
     assert (ROOT / "docs" / "TRL.md").read_text() == markdown()
     assert len(TABLE) == len(ROWS)
+    custom = (ROOT / "docs" / "CUSTOM_TASKS.md").read_text()  # it never mentioned GRPOConfig
+    assert "](TRL.md)" in custom and "GRPOConfig" in custom
+    assert "+run = train(" in custom and "-trainer.train()" in custom  # the TRL script, before and after

@@ -19,8 +19,11 @@ def preset_note(cfg: C.Config) -> str | None:
         return None
     change = ("override any of them, e.g. --rollout.max_new_tokens 64" if cfg.preset == CUSTOM_PRESET else
               f"--preset {CUSTOM_PRESET} starts from settings made for your own tasks")
-    return (f"tasks {', '.join(sorted(cfg.tasks))}: the settings of preset {cfg.preset!r} apply: K {cfg.rollout.k}, "
-            f"max_new_tokens {cfg.rollout.max_new_tokens}, lr {cfg.train.lr:g}, {cfg.train.max_steps} RL steps, SFT "
+    steps = f"{cfg.train.num_epochs:g} epochs" if cfg.train.num_epochs else f"{cfg.train.max_steps} RL steps"
+    source = ("the TRL config (docs/TRL.md) and, for the rest, preset " if cfg.data.prompt_format == "trl"
+              else "preset ")  # prompt_format trl: set by a GRPOConfig
+    return (f"tasks {', '.join(sorted(cfg.tasks))}: the settings of {source}{cfg.preset!r} apply: K {cfg.rollout.k}, "
+            f"max_new_tokens {cfg.rollout.max_new_tokens}, lr {cfg.train.lr:g}, {steps}, SFT "
             f"{cfg.sft.steps} steps; {change} (docs/CUSTOM_TASKS.md)")
 
 

@@ -482,7 +482,8 @@ def all_fields(args: Any) -> tuple[dict[str, Any], list[str]]:
         valid = set(ROWS) | (known or set())
         unknown = sorted(str(k) for k in args if k not in valid)
         if unknown:
-            raise C.ConfigError(f"GRPOConfig has no field(s) {unknown}{C.did_you_mean(unknown, valid)}",
+            why = "" if known is not None else " (TRL is not installed here: only docs/TRL.md's fields are known)"
+            raise C.ConfigError(f"GRPOConfig has no field(s) {unknown}{C.did_you_mean(unknown, valid)}{why}",
                                 field=unknown[0])
         defaults = {}
         if known is not None:
@@ -588,7 +589,7 @@ def markdown() -> str:
         "",
         f"A `GRPOConfig` (TRL {TRL_VERSION}) given as `train(..., args=GRPOConfig(...))`, as a dict, or as a YAML / "
         "JSON file (`grpo-dual --config grpo.yaml`) is the whole configuration, as in TRL: every field below applies "
-        "with its value, TRL's defaults included (a field a file leaves out has the default in the third column), so "
+        "with its value, TRL's defaults included (a field a file leaves out has the default in the second column), so "
         "the object and the file of the same fields give the same run. Any other GRPOConfig field must keep TRL's "
         "default: a value set there stops the run with its name. A value grpo-dual cannot apply as TRL does is "
         "refused by name, or applied as the rule says and named in a printed note.",
