@@ -248,7 +248,8 @@ class RolloutConfig:
     min_new_tokens: int = 0
     """Stop tokens are suppressed until this many tokens were generated."""
     temperature: float = 1.0
-    """Sampling temperature, also used to scale logits in every log-prob pass so ratios match the sampler."""
+    """Sampling temperature, also used to scale logits in every log-prob pass so ratios match the sampler
+    (>= 1e-20, MIN_TEMPERATURE: below it the scaled logits overflow fp32; greedy decoding is top_k=1)."""
     top_k: int = 0
     """Keep the k most likely tokens (0 = off)."""
     top_p: float = 1.0
@@ -256,11 +257,11 @@ class RolloutConfig:
     min_p: float = 0.0
     """Drop tokens below min_p x p(top token) (0 = off)."""
     repetition_penalty: float = 1.0
-    """CTRL-style repetition penalty over prompt and completion (1.0 = off)."""
+    """CTRL-style repetition penalty over prompt and completion (1.0 = off; in [1e-4, 1e4], MAX_REPETITION_PENALTY)."""
     presence_penalty: float = 0.0
-    """OpenAI-style: subtract this from the logit of every token already in the completion."""
+    """OpenAI-style: subtract this from the logit of every token already in the completion (|value| <= 1e4)."""
     frequency_penalty: float = 0.0
-    """OpenAI-style: subtract this x count of the token in the completion."""
+    """OpenAI-style: subtract this x count of the token in the completion (|value| <= 1e4)."""
     stop_strings: list[str] = field(default_factory=list)
     """Extra stop tokens (each must be one token of the tokenizer); the end-of-turn/EOS token always stops."""
     cache_implementation: str = "dynamic"
@@ -376,7 +377,8 @@ class LossConfig:
     kl_estimator: str = "k3"
     """k1 | k2 | k3 | k3+ (k3 value, k2 gradient). The KL term uses each sequence's task beta."""
     entropy_coef: float = 0.0
-    """Entropy bonus weight (0 = off); with entropy_target set, the adaptive coefficient's start."""
+    """Entropy bonus weight (0 = off; at most 1e3, MAX_LOSS_WEIGHT); with entropy_target set, the adaptive
+    coefficient's start."""
     entropy_target: float | None = None
     """Adaptive entropy control (Skywork-OR1; TRL's use_adaptive_entropy; grpo/core/entropy_control.py): after each RL
     step the coefficient moves by entropy_coef_delta up while the mean token entropy (nats) is at or below this
@@ -448,7 +450,8 @@ class TaskKLConfig:
     controller: str = "fixed"
     """fixed | adaptive (Ziegler et al.) | band (multiply beta by up/down when the window median leaves the band)."""
     beta: float = 0.04
-    """Initial KL coefficient of this task (0 disables the KL term and the reference pass for it)."""
+    """Initial KL coefficient of this task (0 disables the KL term and the reference pass for it; at most 1e3,
+    MAX_LOSS_WEIGHT)."""
     target: float = 0.05
     """adaptive: target KL per token."""
     horizon: int = 100
@@ -466,7 +469,7 @@ class TaskKLConfig:
     beta_min: float = 0.001
     """Lower bound on beta."""
     beta_max: float = 1.0
-    """Upper bound on beta."""
+    """Upper bound on beta (at most 1e3, MAX_LOSS_WEIGHT)."""
 
     # The rules on these values belong to the controllers (grpo/core/kl_control.py RULES): grpo/run/config_check.py applies
     # them to each kl.<task> section with the field named, so the config cannot accept what a controller refuses.
@@ -487,13 +490,13 @@ class TrainConfig:
     num_train_epochs): RL steps = ceil(num_epochs x (training prompts // prompts a step over every process)), counted
     when the rows are loaded. 0 = max_steps decides."""
     lr: float = 1e-5
-    """AdamW learning rate of the RL phase (the peak of lr_scheduler)."""
+    """AdamW learning rate of the RL phase (the peak of lr_scheduler; at most 1, MAX_LR)."""
     lr_scheduler: str = "constant"
     """constant | linear (to 0 at the last optimizer step) | cosine (half a cosine to 0), each after the warm-up
     (warmup_steps or warmup_ratio): transformers' get_scheduler formulas (TRL's lr_scheduler_type; its
     constant_with_warmup is constant here), over the RL phase's optimizer steps (max_steps x loss.mu)."""
     weight_decay: float = 0.0
-    """AdamW weight decay."""
+    """AdamW weight decay (lr x weight_decay < 1: each step multiplies every weight by 1 - lr x weight_decay)."""
     warmup_steps: int = 0
     """Linear learning-rate warm-up: optimizer step n (0-based) of the first warmup_steps runs at lr x n/warmup_steps
     (transformers' formula, so TRL's; the first step at 0)."""
@@ -515,7 +518,7 @@ class TrainConfig:
     max_consecutive_bad: int = 5
     """Health guard: stop with a message after this many skipped/restored steps in a row."""
     seed: int = 0
-    """Seeds python, numpy and torch."""
+    """Seeds python, numpy and torch (0 to 2**32 - 1: numpy's range, MAX_SEED)."""
     device: str = "auto"
     """auto | cpu | cuda | cuda:N."""
     sharding: str = "auto"
@@ -616,7 +619,7 @@ class SFTConfig:
     steps: int = 0
     """SFT warm-up optimizer steps before RL (0 = no warm-up)."""
     lr: float = 1e-4
-    """SFT learning rate."""
+    """SFT learning rate (at most 1, MAX_LR)."""
     batch_size: int = 8
     """SFT examples per optimizer step."""
     max_examples: int = 0
