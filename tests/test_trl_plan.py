@@ -229,3 +229,17 @@ def test_docs_trl_md_is_the_table():
     custom = (ROOT / "docs" / "CUSTOM_TASKS.md").read_text()  # it never mentioned GRPOConfig
     assert "](TRL.md)" in custom and "GRPOConfig" in custom
     assert "+run = train(" in custom and "-trainer.train()" in custom  # the TRL script, before and after
+
+
+def test_bf16_means_bfloat16_weights_on_a_gpu_and_is_named_not_switched_on_on_the_cpu(monkeypatch):
+    """TRL resolves bf16=None to True (unless fp16). On a GPU: model.dtype bfloat16; on the CPU: float32 and a note
+    (it used to switch bf16 on silently wherever TRL's default left it True)."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    on_gpu = translate({})
+    assert on_gpu.tree["model"]["dtype"] == "bfloat16" and not [n for n in on_gpu.notes if "bf16" in n]
+    on_cpu = translate({"use_cpu": True})
+    assert on_cpu.tree["model"]["dtype"] == "float32" and any(n.startswith("GRPOConfig.bf16=True") for n in on_cpu.notes)
+    assert translate({"bf16": False}).tree["model"]["dtype"] == "float32"
+    assert translate({"fp16": True}).tree["model"]["dtype"] == "float16"
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert translate({}).tree["model"]["dtype"] == "float32"  # no GPU here: the CPU's rule
