@@ -17,6 +17,7 @@ from __future__ import annotations
 import hashlib
 import inspect
 import json
+import tokenize
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
@@ -76,7 +77,7 @@ def source_hash(name: str, fn: Callable[..., Any]) -> str | None:
             return sha256(path)
     try:
         text = inspect.getsource(inspect.unwrap(fn))
-    except (OSError, TypeError):
+    except (OSError, TypeError, SyntaxError, tokenize.TokenError):  # exec'd under a file name that is not its source
         return None
     return hashlib.sha256(text.encode()).hexdigest()
 
