@@ -33,7 +33,7 @@ def grpo_config(tmp_path, **fields):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         return trl.GRPOConfig(output_dir=str(tmp_path / "out"), use_cpu=True, max_completion_length=4,
-                              gradient_checkpointing=False, **fields)
+                              **{"gradient_checkpointing": False, **fields})
 
 
 def test_a_group_spanning_micro_batches_makes_the_whole_batchs_optimizer_step():
@@ -102,11 +102,16 @@ def test_a_trl_config_trains_its_epochs_schedule_checkpoints_and_logging_into_ou
 
 
 def test_the_learning_rate_schedule_resumes_bit_identically(tmp_path):
+    """A cosine schedule with warm-up, a group spanning micro-batches (2 of K 4) and TRL's gradient checkpointing: 4
+    steps in one go == 2 steps, then a resume from that checkpoint."""
     import grpo_train
 
+    fields = dict(max_steps=4, per_device_train_batch_size=2, num_generations=4, gradient_accumulation_steps=2,
+                  learning_rate=1e-3, lr_scheduler_type="cosine", warmup_steps=1, save_steps=2,
+                  gradient_checkpointing=True)
+
     def start(folder):
-        args = grpo_config(folder, max_steps=4, per_device_train_batch_size=4, num_generations=4,
-                           learning_rate=1e-3, lr_scheduler_type="cosine", warmup_steps=1, save_steps=2)
+        args = grpo_config(folder, **fields)
         return grpo_train.train(SMALL, tasks={"caps": ROWS}, rewards={"caps": [reward_len]}, args=args)
 
     full = start(tmp_path / "a")
@@ -114,10 +119,10 @@ def test_the_learning_rate_schedule_resumes_bit_identically(tmp_path):
     for folder in (tmp_path / "b" / "out" / "checkpoints").iterdir():
         if folder.name != "step_000002" and folder.is_dir():
             shutil.rmtree(folder)
-    args = grpo_config(tmp_path / "b", max_steps=4, per_device_train_batch_size=4, num_generations=4,
-                       learning_rate=1e-3, lr_scheduler_type="cosine", warmup_steps=1, save_steps=2)
+    args = grpo_config(tmp_path / "b", **fields)
     resumed = grpo_train.train(SMALL, tasks={"caps": ROWS}, rewards={"caps": [reward_len]}, args=args,
                                checkpoint={"resume": "auto"})
+    assert (full.cfg.micro_batch_seqs, full.cfg.seqs_per_step, full.cfg.model.gradient_checkpointing) == (2, 4, True)
     assert resumed.scheduler.state_dict() == full.scheduler.state_dict()
     for (name, a), (_, b) in zip(full.policy.model.named_parameters(), resumed.policy.model.named_parameters()):
         assert torch.equal(a, b), name
