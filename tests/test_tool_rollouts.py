@@ -513,3 +513,5 @@ def test_the_smollm2_tools_preset_runs_its_task_tool_and_grader_on_the_tiny_mode
     assert run.toolbox.names == ["calculator"] and seen == [run.toolbox.system_prompt]
     rows = [json.loads(x) for x in (run.run_dir / "metrics.jsonl").read_text().splitlines()]
     assert any("tools/calls_per_rollout" in r for r in rows)
+    kept = [json.loads(x) for x in (run.run_dir / "evals" / "after_rl.jsonl").read_text().splitlines()]
+    assert len(kept) == 4 and all(k["messages"][0]["role"] == "assistant" and "tool_calls" in k for k in kept)

@@ -93,7 +93,8 @@ def resolve_tools(specs: Sequence[str | Callable[..., Any]], callables: Mapping[
             else:
                 raise GraderError("write 'package.module:function' or 'path/to/file.py:function' (or pass the "
                                   "function itself: train(tools=[fn]))")
-            tool = Tool(name=tool_schema(fn)["function"]["name"], fn=fn, schema=tool_schema(fn))
+            schema = tool_schema(fn)
+            tool = Tool(name=schema["function"]["name"], fn=fn, schema=schema)
         except (GraderError, ToolError) as err:
             raise ConfigError(f"config field `{field_name}`: tool {spec!r}: {err}", field=field_name) from err
         if any(t.name == tool.name for t in tools):

@@ -396,14 +396,18 @@ def progress(iterable_or_total: Iterable[Any] | int, desc: str, enabled: bool = 
 
 
 def write_scored(path: Path, scored: list[Scored]) -> None:
-    """One JSON line per completion: task, id, prompt, completion, reward, its parts (per grader), provider."""
+    """One JSON line per completion: task, id, prompt, completion, reward, its parts (per grader), provider; and for
+    a multi-turn rollout with tools its messages (replies and tool results) and tool calls / failures."""
     path.parent.mkdir(exist_ok=True)
     with open(path, "w") as f:
         for s in scored:
+            tools = {} if s.rollout.tool_use is None else {
+                "messages": list(s.rollout.messages or ()), "tool_calls": s.rollout.tool_use.n_calls,
+                "tool_failures": s.rollout.tool_use.n_failures}
             f.write(json.dumps({"task": s.rollout.sample.task, "id": s.rollout.sample.id,
                                 "prompt": s.rollout.sample.messages[-1]["content"], "completion": s.rollout.text,
                                 "reward": s.reward, "parts": s.parts, "provider": s.provider,
-                                "truncated": s.rollout.truncated}) + "\n")
+                                "truncated": s.rollout.truncated, **tools}) + "\n")
 
 
 def write_samples(run_dir: Path, tracker: Tracker, scored: list[Scored], step: int) -> None:
