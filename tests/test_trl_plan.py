@@ -221,6 +221,9 @@ def test_a_misspelt_grpo_config_field_gets_a_did_you_mean(tmp_path, capsys):
     assert grpo_train.cli(["--config", str(path)]) == 2
     err_text = capsys.readouterr().err
     assert "did you mean `num_generations`?" in err_text and "leave them at TRL's defaults" not in err_text
+    path.write_text("learning_rate: 1.0e-5\nrollout:\n  k: 4\n")  # a section among TRL's fields
+    assert grpo_train.cli(["--config", str(path)]) == 2
+    assert "mixes grpo-dual's sections with GRPOConfig fields ['learning_rate']" in capsys.readouterr().err
 
 
 def test_docs_trl_md_is_the_table():

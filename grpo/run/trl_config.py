@@ -570,6 +570,11 @@ def read_config_file(path: str) -> dict[str, Any]:
         raise C.ConfigError(f"--config {path} must hold a table of fields, not a {type(tree).__name__}",
                             field="config")
     if not looks_like_trl(tree):
+        trl_keys = sorted(set(tree) & (set(ROWS) | (trl_field_names() or set())))
+        if trl_keys:  # else from_dict would call them unknown sections and guess a section name
+            raise C.ConfigError(f"--config {path} mixes grpo-dual's sections with GRPOConfig fields {trl_keys}: a "
+                                "file holds one or the other (a GRPOConfig file, then grpo-dual fields as --section."
+                                "field flags)", field=trl_keys[0])
         return tree
     out, weights = from_trl(tree)
     if weights is not None:
