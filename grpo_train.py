@@ -34,7 +34,7 @@ from grpo.core.kl_control import controller_from_config
 from grpo.core.records import TrainBatch
 from grpo.core.tool_calls import tool_metrics
 from grpo.data.batching import TaskBalancedSampler
-from grpo.grading.graders import graders_help, preflight, set_trainer_state, term_names
+from grpo.grading.graders import graders_help, preflight, reward_logs, set_trainer_state, term_names
 from grpo.grading.judge import Judge
 from grpo.grading.scoring import (check_fallback_share, fallback_shares, per_step_counts, reward_metrics,
                                   score_rollouts, term_matrix)
@@ -267,6 +267,7 @@ def rl_step(run: Run, step: int) -> dict[str, float]:
             metrics.update(tool_metrics([s.rollout.tool_use for s in scored], run.toolbox.names))
         score_metrics = dict(zip(score_metrics, dist.sum_numbers(list(score_metrics.values()))))
     metrics.update(per_step_counts(score_metrics, run.counters))
+    metrics.update(reward_logs())  # what reward functions passed to TRL's log_metric this step
     rewards_B = torch.tensor([math.nan if s.reward is None else s.reward for s in scored], dtype=torch.float32)
     if cfg.loss.multi_objective_aggregation == "normalize_then_sum":  # GDPO: each term normalised in its group
         rewards_B = normalize_then_sum(*term_matrix(scored, run.specs), cfg.rollout.k)

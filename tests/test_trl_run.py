@@ -73,8 +73,9 @@ def test_a_trl_config_trains_its_epochs_schedule_checkpoints_and_logging_into_ou
                        save_steps=4, logging_steps=2, log_completions=True, eval_strategy="steps", eval_steps=6)
     seen = []
 
-    def curriculum(completions, trainer_state, **kwargs):  # TRL passes its TrainerState (it used to be refused)
+    def curriculum(completions, trainer_state, log_metric, **kwargs):  # TRL passes these (they used to be refused)
         seen.append((type(trainer_state).__name__, trainer_state.global_step, trainer_state.max_steps))
+        log_metric("curriculum_step", float(trainer_state.global_step))
         return [0.0] * len(completions)
 
     run = grpo_train.train(SMALL, tasks={"caps": ROWS}, rewards={"caps": [reward_len, curriculum]}, args=args)
@@ -99,6 +100,7 @@ def test_a_trl_config_trains_its_epochs_schedule_checkpoints_and_logging_into_ou
     assert {f"step_{s}" for s in range(6, steps, 6)} <= set(run.evals)
     assert {name for name, _, _ in seen} == {"TrainerState"} and {total for _, _, total in seen} <= {0, steps}
     assert {step for _, step, _ in seen} == set(range(steps))  # optimizer steps taken before each step's scoring
+    assert [r["reward_log/curriculum_step"] for r in rows if "lr" in r] == [float(s) for s in range(steps)]
 
 
 def test_the_learning_rate_schedule_resumes_bit_identically(tmp_path):

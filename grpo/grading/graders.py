@@ -50,7 +50,7 @@ TOOL_ARGS = ("trajectory", "tool_calls", "tool_failures")
 """What a TRL-style reward function also gets from multi-turn rollouts with tools: the whole conversation (prompt
 messages, then the assistant replies and tool messages), the calls made and the calls that failed, per completion."""
 TRL_ONLY_ARGS = {  # what TRL's GRPOTrainer also passes, and why a grader here cannot get it
-    "log_extra": "TRL's completion-table logger", "log_metric": "TRL's metric logger",
+    "log_extra": "TRL's completion-table logger (samples/ holds every logged completion with its rewards)",
     "environments": "TRL's per-completion environments",
     "completions_ids": "nothing: TRL passes `completion_ids` (its docs' Example 1 spells it `completions_ids`, "
                        "which TRL itself never passes); rename the parameter",
@@ -115,9 +115,27 @@ def trl_inputs(rollouts: Sequence[Rollout], conversational: bool, with_tools: bo
     return kwargs
 
 
+REWARD_LOGS: dict[str, list[float]] = {}
+"""What reward functions passed to `log_metric` since the trainer last read it (`reward_logs`)."""
+
+
+def log_metric(name: str, value: float) -> None:
+    """TRL's `log_metric` argument: a reward function's own scalar, logged as reward_log/<name> (the step's mean)."""
+    REWARD_LOGS.setdefault(str(name), []).append(float(value))
+
+
+def reward_logs() -> dict[str, float]:
+    """The means of what `log_metric` received since the last call, as reward_log/<name> metrics; emptied."""
+    out = {f"reward_log/{name}": sum(values) / len(values) for name, values in REWARD_LOGS.items() if values}
+    REWARD_LOGS.clear()
+    return out
+
+
 def set_trainer_state(global_step: int, max_steps: int) -> None:
-    """Before a step's completions are scored: the optimizer steps taken so far and the run's total."""
+    """Before a step's completions are scored: the optimizer steps taken so far and the run's total; what
+    `log_metric` got before (the preflight's calls, an evaluation's) is dropped, so the step logs its own."""
     TRAINER_STATE.update(global_step=int(global_step), max_steps=int(max_steps))
+    REWARD_LOGS.clear()
 
 
 def trainer_state() -> Any:
@@ -148,6 +166,7 @@ def _call_batched(fn: Callable[..., Any], rollouts: Sequence[Rollout]) -> list[A
         kwargs = trl_inputs([rollouts[i] for i in index], conversational,
                             with_tools=any(name in TOOL_ARGS for name in sig.parameters))
         kwargs["trainer_state"] = trainer_state()  # as TRL: one object, not a list per completion
+        kwargs["log_metric"] = log_metric
         missing = [p.name for p in sig.parameters.values() if p.default is p.empty and p.name not in kwargs
                    and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
         if missing:
