@@ -315,8 +315,10 @@ TABLE: tuple[Row, ...] = (
       "num_train_epochs decides", _steps),
     R("num_train_epochs", "train.num_epochs", 3.0,
       "passes over the training prompts when max_steps <= 0: ceil(num_train_epochs x (prompts // prompts a step)) RL "
-      "steps, as TRL counts them (the last incomplete batch of an epoch dropped); the prompts' order is "
-      "grpo-dual's task-balanced sampler's", _part_of("max_steps")),
+      "steps, as TRL counts them (the last incomplete batch of an epoch dropped), over the training rows: a task "
+      "without held-out rows of its own (a DatasetDict's test split, tasks.<task>.heldout) lends "
+      "data.heldout_fraction of its rows to grpo-dual's held-out evaluation; the prompts' order is grpo-dual's "
+      "task-balanced sampler's", _part_of("max_steps")),
     R("num_iterations", "loss.mu", 1, "optimizer steps per generation"),
     R("shuffle_dataset", "", True, "true only", _only(True, "the sampler always shuffles")),
     # --- the optimizer and its schedule
