@@ -74,7 +74,7 @@ def _only(allowed: Any, instead: str) -> Converter:
     def convert(value: Any, fields: Mapping[str, Any], out: dict, notes: list) -> None:
         if _name(value) not in (allowed if isinstance(allowed, tuple) else (allowed,)):
             raise _error(convert.field, value, f"grpo-dual cannot honour it: {instead}")
-    convert.only = allowed  # read by the docs' rule text
+    convert.instead = f"another value is refused: {instead}"  # the docs' rule text
     return convert
 
 
@@ -83,6 +83,7 @@ def _noted(instead: str) -> Converter:
     def convert(value: Any, fields: Mapping[str, Any], out: dict, notes: list) -> None:
         if value != convert.default:
             _note(notes, convert.field, value, f"not applied: {instead}")
+    convert.instead = f"not applied: {instead}"  # the docs' rule text
     return convert
 
 
@@ -613,7 +614,9 @@ def markdown() -> str:
         "|---|---|---|---|",
     ]
     for row in TABLE:
-        lines.append(f"| `{row.trl}` | `{row.default!r}` | {row.ours or '—'} | {row.rule} |")
+        instead = getattr(row.convert, "instead", "")
+        lines.append(f"| `{row.trl}` | `{row.default!r}` | {row.ours or '—'} | {row.rule}"
+                     f"{f' ({instead})' if instead else ''} |")
     return "\n".join(lines) + "\n"
 
 
