@@ -244,5 +244,9 @@ def test_bf16_means_bfloat16_weights_on_a_gpu_and_is_named_not_switched_on_on_th
     assert on_cpu.tree["model"]["dtype"] == "float32" and any(n.startswith("GRPOConfig.bf16=True") for n in on_cpu.notes)
     assert translate({"bf16": False}).tree["model"]["dtype"] == "float32"
     assert translate({"fp16": True}).tree["model"]["dtype"] == "float16"
+    loaded = translate({"model_init_kwargs": {"torch_dtype": torch.float32, "attn_implementation": "eager"}}).tree
+    assert (loaded["model"]["dtype"], loaded["model"]["attn_implementation"]) == ("float32", "eager")
+    with pytest.raises(C.ConfigError, match=r"\['device_map'\] are not translated"):
+        translate({"model_init_kwargs": {"device_map": "auto"}})
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert translate({}).tree["model"]["dtype"] == "float32"  # no GPU here: the CPU's rule

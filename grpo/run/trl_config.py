@@ -236,6 +236,21 @@ def _precision(value: Any, fields: Mapping[str, Any], out: dict, notes: list) ->
         _set(out, "model.dtype", "bfloat16" if bf16 else "float32")
 
 
+def _model_init(value: Any, fields: Mapping[str, Any], out: dict, notes: list) -> None:
+    kwargs = dict(value or {})
+    dtype = kwargs.pop("dtype", kwargs.pop("torch_dtype", None))
+    if dtype is not None:
+        name = str(dtype).removeprefix("torch.")
+        if name not in ("auto", "bfloat16", "float16", "float32"):
+            raise _error("model_init_kwargs", value, f"dtype {name!r}: use auto, bfloat16, float16 or float32")
+        _set(out, "model.dtype", name)
+    if "attn_implementation" in kwargs:
+        _set(out, "model.attn_implementation", str(kwargs.pop("attn_implementation")))
+    if kwargs:
+        raise _error("model_init_kwargs", value, f"{sorted(kwargs)} are not translated (dtype and "
+                     "attn_implementation are: model.dtype, model.attn_implementation)")
+
+
 def _device(value: bool, fields: Mapping[str, Any], out: dict, notes: list) -> None:
     _set(out, "train.device", "cpu" if value else "auto")
 
@@ -394,7 +409,8 @@ TABLE: tuple[Row, ...] = (
     R("gradient_checkpointing", "model.gradient_checkpointing", True, "copied (TRL's default is on)"),
     R("torch_compile", "model.compile", False, "copied"),
     R("trust_remote_code", "model.trust_remote_code", False, "copied"),
-    R("model_init_kwargs", "", None, "unset only", _only(None, "set model.dtype / model.attn_implementation")),
+    R("model_init_kwargs", "model.dtype, model.attn_implementation", None, "its dtype (or torch_dtype): the "
+      "weights' dtype (over bf16's); its attn_implementation; any other key is refused", _model_init),
     R("disable_dropout", "", False, "named in a note when true",
       _noted("grpo-dual's rollouts and log-prob passes always run without dropout; the training forward keeps the "
              "model's (for LoRA: model.lora_dropout)")),
