@@ -33,7 +33,7 @@ from grpo.core.health import TrainingUnstable, bad_step_reason
 from grpo.core.kl_control import controller_from_config
 from grpo.core.records import TrainBatch
 from grpo.core.tool_calls import tool_metrics
-from grpo.data.batching import TaskBalancedSampler
+from grpo.data.batching import TaskBalancedSampler, check_prompts_per_step
 from grpo.grading.graders import graders_help, preflight, reward_logs, set_trainer_state, term_names
 from grpo.grading.judge import Judge
 from grpo.grading.scoring import (check_fallback_share, fallback_shares, per_step_counts, reward_metrics,
@@ -96,6 +96,7 @@ def setup(cfg: C.Config, *, callables: Mapping[str, Callable[..., Any]] | None =
     run_dir = expand_home(cfg.train.output_dir) / name  # `~/runs` given where no shell expanded it
     rows = load_samples(cfg.data, cfg.train.seed, cfg.tasks, announce=dist.is_main)  # every rank loads, one speaks
     train, heldout = split_by_task(rows.train, rows.heldout, cfg.data, cap=False)  # capped by fit_prompts
+    check_prompts_per_step(train, cfg.train.prompts_per_micro_step, cfg.train.grad_accum, dist.world)
     require_heldout_rows(train, heldout, cfg.data.heldout_fraction)  # every task is evaluated: stop now if not
     specs = reward_specs(cfg.data.source, cfg.rewards, sorted(train), custom=cfg.tasks,
                          aggregation=cfg.loss.reward_aggregation)
@@ -103,7 +104,8 @@ def setup(cfg: C.Config, *, callables: Mapping[str, Callable[..., Any]] | None =
     resolve_tools(cfg.rollout.tools, callables)  # a tool that cannot be imported or described stops the run here
     # the judge's rubrics are tried without its cache, which lives in the run folder
     graders = preflight(specs, train, judge=Judge.from_config(dataclasses.replace(cfg.judge, cache_path=""), None),
-                        callables=callables, reward_models=cfg.reward_models, device=device)
+                        callables=callables, reward_models=cfg.reward_models, device=device,
+                        timeout_s=cfg.train.reward_timeout_s)
     note = preset_note(cfg)
     if note and dist.is_main:
         print(note)

@@ -111,6 +111,7 @@ BAD: list[tuple[str, Any, dict[str, Any]]] = [
     ("train.lr", "abc", {}),  # not a number
     ("train.max_grad_norm", 0.0, {}),
     ("train.skip_grad_norm", 0.0, {}),
+    ("train.reward_timeout_s", 0.0, {}),
     ("train.warmup_steps", -1, {}),
     ("train.warmup_ratio", 1.0, {}),
     ("train.warmup_ratio", 0.1, {"train.warmup_steps": 5}),  # both given
@@ -135,6 +136,7 @@ BAD: list[tuple[str, Any, dict[str, Any]]] = [
     ("sft.batch_size", 0, {}),
     ("judge.timeout_s", 0.0, {}),
     ("judge.rate_limit_per_s", 0.0, {}),
+    ("judge.rate_limit_per_s", 1e-9, {"judge.base_url": "http://127.0.0.1:9/v1"}),  # a step would wait 1e11 s
     ("judge.max_retries", -1, {}),
     ("judge.num_workers", 0, {}),
     ("judge.base_url", "localhost:8000", {}),

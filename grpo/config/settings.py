@@ -68,6 +68,9 @@ def _one_of(name: str, value: Any, allowed: typing.Iterable[str]) -> None:
 # combine methods, decoding engines, cache implementations) are checked against that registry by
 # grpo/run/config_check.py, which every entry point runs right after building the Config: grpo/config/settings.py imports no torch.
 SHARED_PROMPT_MODES = ("auto", "on", "off")
+JUDGE_RATE_MAX_STEP_S = 3600.0
+"""The longest judge.rate_limit_per_s may hold one RL step's judge calls (seqs_per_step / rate): a rate slower than
+that (1e-9 for 1e9, a per-minute figure given per second) would leave the run waiting without a word for hours."""
 TINY_MIN_VOCAB = 256 + 6
 """The smallest builtin:tiny vocabulary: the byte-level BPE's 256-byte alphabet plus its 6 special tokens
 (grpo/models/modeling.py SPECIAL_TOKENS; tests/test_config_fields.py checks the two agree)."""
@@ -517,6 +520,12 @@ class TrainConfig:
     """Health guard: skip the optimizer step when the (pre-clip) grad norm is non-finite or above this."""
     max_consecutive_bad: int = 5
     """Health guard: stop with a message after this many skipped/restored steps in a row."""
+    reward_timeout_s: float = 300.0
+    """Per-call time limit of a user reward function (rewards.<task> terms naming a module:function, a
+    file.py:function or a Python callable; built-in graders and reward models have none): each call runs on a worker
+    thread of its own, and one that has not returned after this many seconds stops the run (exit 1; 2 in the
+    preflight) naming the function and the task. A thread cannot be killed: the hung call is abandoned, not
+    stopped."""
     seed: int = 0
     """Seeds python, numpy and torch (0 to 2**32 - 1: numpy's range, MAX_SEED)."""
     device: str = "auto"
@@ -598,6 +607,8 @@ class TrainConfig:
                "a newline): runs stay inside train.output_dir")
         _check(self.max_grad_norm > 0, "train.max_grad_norm", self.max_grad_norm, "use a value > 0, e.g. 1.0")
         _check(self.skip_grad_norm > 0, "train.skip_grad_norm", self.skip_grad_norm, "use a value > 0")
+        _check(self.reward_timeout_s > 0, "train.reward_timeout_s", self.reward_timeout_s,
+               "use a number of seconds > 0, e.g. 300")
         for f in ("warmup_steps", "eval_every", "sample_every", "dynamic_sampling_max_rounds", "pass_at_k"):
             _check(getattr(self, f) >= 0, f"train.{f}", getattr(self, f), "use an integer >= 0 (0 = off)")
         _check(self.dynamic_sampling or not self.dynamic_sampling_keep_kl, "train.dynamic_sampling_keep_kl",
@@ -872,6 +883,13 @@ class Config:
             source.validate(f"tasks.{task}")
         for name, model in self.reward_models.items():
             model.validate(f"reward_models.{name}")
+        if self.judge.base_url:  # the rate limit alone must let one step's judge calls finish
+            wait_s = self.seqs_per_step / self.judge.rate_limit_per_s
+            _check(wait_s <= JUDGE_RATE_MAX_STEP_S, "judge.rate_limit_per_s", self.judge.rate_limit_per_s,
+                   f"at this rate one RL step's {self.seqs_per_step} completions (train.prompts_per_micro_step x "
+                   f"train.grad_accum x rollout.k) wait {wait_s:.3g} s for the judge's rate limit alone, over the "
+                   f"{JUDGE_RATE_MAX_STEP_S:g} s allowed (JUDGE_RATE_MAX_STEP_S); use at least "
+                   f"{self.seqs_per_step / JUDGE_RATE_MAX_STEP_S:.3g} requests per second")
 
     # ----- derived values: computed here, in one place -----
     @property

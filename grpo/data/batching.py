@@ -8,10 +8,31 @@ with the most accumulated credit, so a mix of {a: 1, b: 1} gives a, b, a, b ... 
 from __future__ import annotations
 
 import random
-from typing import Any
+from typing import Any, Mapping, Sequence
 
+from grpo.config.settings import field_error
 from grpo.core.records import Sample
 from grpo.data.bbq import for_epoch
+
+
+def check_prompts_per_step(samples_by_task: Mapping[str, Sequence[Sample]], prompts_per_micro_step: int,
+                           grad_accum: int, world: int = 1) -> None:
+    """ConfigError naming train.prompts_per_micro_step when one RL step would draw more prompts (prompts_per_micro_step
+    x grad_accum on each of `world` processes) than all tasks hold training rows together. The sampler would go
+    round its epochs inside the step without a word, drawing every prompt many times over, and generate all those
+    groups in one batched call: with 100000 prompts from a few hundred rows the step never ends. Checked once the
+    rows are loaded, before the model."""
+    rows = sum(len(s) for s in samples_by_task.values())
+    drawn = prompts_per_micro_step * grad_accum * world
+    if drawn > rows:
+        on = f" on each of {world} processes" if world > 1 else ""
+        most = max(1, rows // (grad_accum * world))
+        raise field_error("train.prompts_per_micro_step", prompts_per_micro_step,
+                          f"one RL step draws train.prompts_per_micro_step x train.grad_accum = "
+                          f"{prompts_per_micro_step * grad_accum} prompts{on}, more than the {rows} training rows of "
+                          f"the tasks together ({', '.join(f'{t}: {len(s)}' for t, s in samples_by_task.items())}): "
+                          f"each step would repeat its prompts; use at most {most} (or fewer train.grad_accum), or "
+                          "add rows")
 
 
 class TaskBalancedSampler:

@@ -7,7 +7,9 @@ Forms, detected from the path in this order:
   a folder of data files    every .jsonl / .json / .csv / .tsv / .parquet / .arrow file under it, in path order,
                             each read as below
   a .jsonl / .json file     grpo/data/jsonio.read_records: JSON lines, one array, or concatenated objects
-  a .csv / .tsv file        datasets "csv" builder, every column read as text
+  a .csv / .tsv file        datasets "csv" builder, every column read as text; a UTF-8 byte-order mark (Excel's
+                            "CSV UTF-8") is dropped; a row whose field count differs from the header's is an
+                            error naming <file>:<line> (checked first: datasets' own error names no line)
   a .parquet / .arrow file  datasets "parquet" / "arrow" builder
   "owner/name"              the Hugging Face Hub through datasets.load_dataset, when the Hub can be reached
 
@@ -79,18 +81,53 @@ def _from_table(table: Any, origin: str) -> RecordsRead:
     return read
 
 
+CSV_ENCODING = "utf-8-sig"
+"""UTF-8, a leading byte-order mark dropped (else the first column's name would start with \\ufeff)."""
+CSV_FIELD_LIMIT = 2**31 - 1
+"""The csv module's largest field while the rows are checked (its default, 128 KiB, would refuse a long document
+that datasets reads); the largest value its C long takes on every platform."""
+
+
+def _csv_header(file: Path, delimiter: str, where: str) -> list[str]:
+    """The header of a CSV / TSV file, after checking that every row has as many fields as it (blank lines are
+    skipped, as datasets skips them); DataSourceError naming <file>:<line> for the first row that does not, or for a
+    file that is not UTF-8."""
+    limit = csv.field_size_limit(CSV_FIELD_LIMIT)
+    try:
+        with file.open(newline="", encoding=CSV_ENCODING) as handle:
+            reader = csv.reader(handle, delimiter=delimiter)
+            header = next(reader, None)
+            if not header:
+                raise DataSourceError(f"{where}: {file} is empty: a CSV file needs a header row naming its columns")
+            start = reader.line_num + 1  # the line the next row starts on (a quoted field may span lines)
+            for row in reader:
+                if row and len(row) != len(header):
+                    raise DataSourceError(
+                        f"{where}: {file}:{start}: this row has {len(row)} field(s), the header has {len(header)} "
+                        f"({', '.join(header)}); quote a field that holds the delimiter {delimiter!r}, and give "
+                        "every row every column (an empty one as nothing between two delimiters)")
+                start = reader.line_num + 1
+    except UnicodeDecodeError as err:
+        raise DataSourceError(f"{where}: {file} is not UTF-8 text ({err.reason} at byte {err.start}); save it as "
+                              "UTF-8 (CSV UTF-8)") from None
+    except csv.Error as err:  # e.g. a NUL byte
+        raise DataSourceError(f"{where}: {file}:{reader.line_num}: cannot be read as CSV: {err}") from None
+    finally:
+        csv.field_size_limit(limit)
+    return header
+
+
 def _load(builder: str, file: Path, where: str) -> RecordsRead:
     """One local file through datasets.load_dataset, with a message naming the file when it does not parse."""
     datasets = _datasets()
     kwargs: dict[str, Any] = {}
     if builder == "csv":
-        with file.open(newline="", encoding="utf-8") as handle:
-            header = next(csv.reader(handle, delimiter="\t" if file.suffix.lower() == ".tsv" else ","), None)
-        if not header:
-            raise DataSourceError(f"{where}: {file} is empty: a CSV file needs a header row naming its columns")
+        delimiter = "\t" if file.suffix.lower() == ".tsv" else ","
+        header = _csv_header(file, delimiter, where)
         kwargs["features"] = datasets.Features({name: datasets.Value("string") for name in header})
-        if file.suffix.lower() == ".tsv":
-            kwargs["delimiter"] = "\t"
+        kwargs["encoding"] = CSV_ENCODING
+        if delimiter != ",":
+            kwargs["delimiter"] = delimiter
     try:
         table = datasets.load_dataset(builder, data_files=[str(file)], split="train", **kwargs)
     except Exception as err:  # datasets and pyarrow raise many types for one bad file; all mean "cannot read it"

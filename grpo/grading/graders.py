@@ -18,8 +18,20 @@ A reward term names its grader (`rewards.<task> = "name:weight,..."`); `resolve_
 Values (the range contract): None = "cannot grade this completion" (the reward becomes None: left out of its group,
 counted, never 0); otherwise a finite real number. Built-in graders and bounded reward-model normalisations must
 lie in their range [0, 1] (checked: a value outside is a bug); custom graders may return any finite number, e.g.
-TRL's negative length penalties. NaN, inf, a wrong type or a wrong number of values is an error naming the task
-and the grader. The task reward is the weighted mean of its terms (grpo/grading/scoring.py).
+TRL's negative length penalties, up to `MAX_ABS_REWARD` in magnitude. NaN, inf, a value beyond that bound, a wrong
+type or a wrong number of values is an error naming the task and the grader. The task reward is the weighted mean of
+its terms (grpo/grading/scoring.py).
+
+User functions (kinds "row" and "batched") are callbacks the run cannot vouch for, so each call is given a time
+limit (`Grader.timeout_s`; the run sets train.reward_timeout_s): it runs on a daemon worker thread of its own while
+the calling thread waits at most that long. Why a thread: a Python call cannot be interrupted from outside (a signal
+reaches only the main thread, and not inside C code); a thread can at least be abandoned. A thread cannot be killed
+either, so a call that outlives its limit raises GraderTimeout naming the function, and the run stops: the hung
+thread is left behind, and as a daemon it does not hold the process at exit. Calls are made one at a time, in
+order, so a function sees exactly the calls it saw on the calling thread (same order, same global random state);
+what it may not rely on is thread-local state (signal handlers, torch.no_grad of the caller). A function that
+raises SystemExit (sys.exit) or KeyboardInterrupt has failed, not finished: GraderError naming it, never an exit 0.
+Built-in rule graders and reward models are the trainer's own code and are called directly.
 
 `preflight` resolves every grader of every task and calls it on a real row of the task (the row's target and a
 fixed text as completions) before the policy is loaded; every problem found is reported in one GraderError.
@@ -34,8 +46,9 @@ import importlib.util
 import inspect
 import math
 import sys
+import threading
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from numbers import Real
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
@@ -60,11 +73,24 @@ TRAINER_STATE: dict[str, Any] = {"global_step": 0, "max_steps": 0}
 """What a reward function's `trainer_state` says (TRL passes its TrainerState): the optimizer steps taken before this
 step's completions were scored, and the run's; the trainer sets it before it scores each step (`set_trainer_state`)."""
 FILE_MODULE_PREFIX = "_grpo_grader_"  # private module names for graders imported from a file path
+USER_KINDS = ("row", "batched")
+"""The grader kinds that are user functions: called under the time limit (module docstring)."""
+MAX_ABS_REWARD = 1e15
+"""The largest magnitude a grader's value (and a task's weighted reward, grpo/grading/scoring.py) may have. The
+advantages are computed in float32 (largest finite 3.4e38) and their std squares deviations of up to 2|r|, summed
+over a group or the whole batch: at 1e15, (2e15)**2 x 2**20 completions = 4.2e36 stays finite with room to spare,
+while at 1e20 a single group's std overflows and its advantages collapse to 0 without a word, and past 3.4e38 the
+reward itself is inf and every step is skipped as non-finite, no grader named. Real rewards are many orders of
+magnitude smaller."""
 
 
 class GraderError(ValueError):
     """A grader cannot be resolved, or returned something unusable. The message names the grader (and the task
     when known) and what went wrong."""
+
+
+class GraderTimeout(GraderError):
+    """A user function did not return within its time limit; its call is abandoned on a worker thread."""
 
 
 def grader_kind(fn: Callable[..., Any]) -> str:
@@ -149,13 +175,56 @@ def trainer_state() -> Any:
 
 def _run(fn: Callable[..., Any], kwargs: dict[str, Any]) -> Any:
     if inspect.iscoroutinefunction(fn):
-        # A thread of its own with its own loop: asyncio.run fails inside a running loop (Jupyter).
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:  # no loop runs on this thread (a worker thread, a script): one of its own, here
+            return asyncio.run(fn(**kwargs))
+        # inside a running loop (Jupyter), where asyncio.run fails: a thread of its own with its own loop
         with ThreadPoolExecutor(max_workers=1) as pool:
             return pool.submit(asyncio.run, fn(**kwargs)).result()
     return fn(**kwargs)
 
 
-def _call_batched(fn: Callable[..., Any], rollouts: Sequence[Rollout]) -> list[Any]:
+def _exit_problem(err: BaseException) -> str:
+    """What a reward function that raised SystemExit / KeyboardInterrupt did, for its GraderError."""
+    if isinstance(err, SystemExit):
+        return (f"it raised SystemExit({err.code!r}) (sys.exit / exit()): a reward function returns its values, or "
+                "raises an exception saying what went wrong; it cannot end the run, and an exit is no success")
+    return ("it raised KeyboardInterrupt itself (not a Ctrl-C of the run): a reward function returns its values, "
+            "or raises an exception saying what went wrong")
+
+
+def call_limited(call: Callable[[], Any], timeout_s: float, who: str) -> Any:
+    """call() on a daemon worker thread, waited for at most `timeout_s` (the module docstring says why). Returns its
+    value or re-raises its exception; GraderTimeout when it has not returned in time (the thread is abandoned), a
+    GraderError for SystemExit / KeyboardInterrupt. `who` names the function in the thread's name. The wait is a
+    timed join, so a Ctrl-C / SIGTERM of the run still reaches the calling (main) thread."""
+    box: dict[str, Any] = {}
+
+    def target() -> None:
+        try:
+            box["value"] = call()
+        except BaseException as err:  # everything the function raises is handed to the caller, exits included
+            box["error"] = err
+
+    worker = threading.Thread(target=target, name=f"reward function {who}", daemon=True)
+    worker.start()
+    worker.join(timeout_s)
+    if worker.is_alive():
+        raise GraderTimeout(f"it did not return within train.reward_timeout_s={timeout_s:g} s: the call is abandoned "
+                            "on a background thread (a thread cannot be stopped) and the run stops here; look for a "
+                            "call that waits without a timeout (network, lock, input) or a loop that never ends, or "
+                            "raise train.reward_timeout_s")
+    if "error" in box:
+        err = box.pop("error")
+        if isinstance(err, (SystemExit, KeyboardInterrupt)):
+            raise GraderError(_exit_problem(err)) from err
+        raise err
+    return box["value"]
+
+
+def _call_batched(fn: Callable[..., Any], rollouts: Sequence[Rollout],
+                  invoke: Callable[[Callable[[], Any]], Any]) -> list[Any]:
     sig = inspect.signature(fn)
     takes_all = any(p.kind is p.VAR_KEYWORD for p in sig.parameters.values())
     out: list[Any] = [None] * len(rollouts)
@@ -175,7 +244,7 @@ def _call_batched(fn: Callable[..., Any], rollouts: Sequence[Rollout]) -> list[A
                               f"gets {sorted(kwargs)}")
         if not takes_all:
             kwargs = {k: v for k, v in kwargs.items() if k in sig.parameters}
-        values = _run(fn, kwargs)
+        values = invoke(lambda kwargs=kwargs: _run(fn, kwargs))
         if not isinstance(values, (list, tuple)) or len(values) != len(index):
             got = f"{len(values)} values" if isinstance(values, (list, tuple)) else f"a {type(values).__name__}"
             raise GraderError(f"it returned {got} for {len(index)} completions; a TRL-style reward function returns "
@@ -197,6 +266,10 @@ def checked(value: Any, bounds: tuple[float, float] | None) -> float | None:
     number = float(value)
     if not math.isfinite(number):
         raise GraderError(f"it returned {number!r}; return a finite float, or None when it cannot grade")
+    if abs(number) > MAX_ABS_REWARD:
+        raise GraderError(f"it returned {number!r}, beyond the largest reward magnitude {MAX_ABS_REWARD:g} "
+                          "(MAX_ABS_REWARD: larger ones overflow the float32 advantages and every step would be "
+                          "skipped); scale its values down")
     if bounds is not None and not bounds[0] <= number <= bounds[1]:
         raise GraderError(f"it returned {number!r}, outside its range [{bounds[0]}, {bounds[1]}]")
     return number
@@ -213,18 +286,32 @@ class Grader:
     fn: Callable[..., Any] = field(repr=False)
     """rule / row: fn(completion, gold); batched: the TRL-style function; reward_model: RewardModel.scores."""
     bounds: tuple[float, float] | None = None
-    """The range every value must lie in; None = any finite number."""
+    """The range every value must lie in; None = any finite number up to MAX_ABS_REWARD in magnitude."""
+    timeout_s: float | None = None
+    """Per-call time limit of a user function (kinds row / batched), on a worker thread (`call_limited`); None =
+    called on the calling thread without a limit (library use; a run always sets train.reward_timeout_s)."""
 
     def grade(self, rollouts: Sequence[Rollout]) -> list[float | None]:
         if not rollouts:
             return []
         if self.kind in ("rule", "row"):
-            raw = [self.fn(r.text, r.sample.gold) for r in rollouts]
+            raw = [self._invoke(lambda r=r: self.fn(r.text, r.sample.gold)) for r in rollouts]
         elif self.kind == "batched":
-            raw = _call_batched(self.fn, rollouts)
+            raw = _call_batched(self.fn, rollouts, self._invoke)
         else:
             raw = self.fn(rollouts)
         return [checked(v, self.bounds) for v in raw]
+
+    def _invoke(self, call: Callable[[], Any]) -> Any:
+        """call() of this grader's function: a user function under its time limit, an exit it raises its failure."""
+        if self.kind not in USER_KINDS:
+            return call()
+        if self.timeout_s is not None:
+            return call_limited(call, self.timeout_s, self.name)
+        try:
+            return call()
+        except SystemExit as err:  # (a KeyboardInterrupt here cannot be told from a Ctrl-C of the run)
+            raise GraderError(_exit_problem(err)) from err
 
 
 def _file_module(path: Path) -> Any:
@@ -373,9 +460,12 @@ def _applies_nowhere(task: str, grader: Grader, rows: Sequence[Sample],
 
 def preflight(specs: Mapping[str, Any], samples_by_task: Mapping[str, Sequence[Sample]], *, judge: Any = None,
               callables: Mapping[str, Callable[..., Any]] | None = None, reward_models: Mapping[str, Any] | None = None,
-              device: Any = "cpu", encode: Callable[[str], Sequence[int]] | None = None) -> dict[str, Grader]:
+              device: Any = "cpu", encode: Callable[[str], Sequence[int]] | None = None,
+              timeout_s: float | None = None) -> dict[str, Grader]:
     """Resolve every grader of every task and call it once on the task's first row; return the graders by name
-    (keep them: a reward model is loaded here, once). Completions tried: the row's target and `PREFLIGHT_TEXT`;
+    (keep them: a reward model is loaded here, once), each user function with `timeout_s` as its per-call time limit
+    (train.reward_timeout_s; None = none), which the trial calls already obey: a function that hangs is reported
+    with the other problems and not tried again. Completions tried: the row's target and `PREFLIGHT_TEXT`;
     their ids come from `encode` (the policy tokenizer's, when it is loaded; UTF-8 bytes otherwise). A task using
     "llm_judge" needs `judge`, whose rubric for the task is loaded and filled with the row, and which is called
     once on it: a judge that fails (refused, unreachable, no score in its reply) is a problem unless the task's spec
@@ -384,9 +474,10 @@ def preflight(specs: Mapping[str, Any], samples_by_task: Mapping[str, Sequence[S
     Raises GraderError listing every broken (task, grader) with what went wrong."""
     problems: list[str] = []
     graders: dict[str, Grader] = {}
+    hung: set[str] = set()  # timed out once: its abandoned call may still hold whatever it waits for
     for name, tasks in term_names(specs).items():
         try:
-            graders[name] = resolve_grader(name, callables, reward_models, device)
+            graders[name] = replace(resolve_grader(name, callables, reward_models, device), timeout_s=timeout_s)
         except GraderError as err:
             problems.append(f"task {', '.join(map(repr, tasks))}, {err}")
     for task, spec in specs.items():
@@ -398,10 +489,13 @@ def preflight(specs: Mapping[str, Any], samples_by_task: Mapping[str, Sequence[S
         for name in dict.fromkeys([n for n, _ in spec.terms] + ([spec.fallback] if spec.fallback else [])):
             if name == JUDGE_TERM:
                 problems += _judge_problem(task, judge, rollouts[0], getattr(spec, "fallback", None))
-            elif name in graders:
+            elif name in graders and name not in hung:
                 try:
                     if all(v is None for v in graders[name].grade(rollouts)):  # TRL's None: not applicable
                         problems += _applies_nowhere(task, graders[name], rows, encode or _utf8)
+                except GraderTimeout as err:
+                    hung.add(name)
+                    problems.append(f"task {task!r}, grader {name!r} on row {rows[0].id!r}: {err}")
                 except Exception as err:  # anything a user's grader raises is reported, named, with the rest
                     detail = str(err) if isinstance(err, GraderError) else f"raised {type(err).__name__}: {err}"
                     problems.append(f"task {task!r}, grader {name!r} on row {rows[0].id!r}: {detail}")

@@ -91,14 +91,21 @@ class JudgeResult:
     error: str | None = None
 
 
+RATE_WAIT_NOTE_S = 10.0
+"""A wait for a request slot longer than this is said once (a slow judge.rate_limit_per_s shows why a step waits;
+the config refuses one that would hold a step past JUDGE_RATE_MAX_STEP_S)."""
+
+
 class RateLimiter:
     """Request starts at least 1/rate apart across all threads. Slots are reserved under the lock; the sleep
     happens outside it, so a waiting thread never blocks the others from reserving theirs."""
 
     def __init__(self, requests_per_s: float) -> None:
         self._interval = 1.0 / requests_per_s if requests_per_s > 0 else 0.0
+        self._rate = requests_per_s
         self._lock = threading.Lock()
         self._next = 0.0
+        self._noted = False
 
     def wait(self) -> None:
         if self._interval == 0.0:
@@ -107,6 +114,11 @@ class RateLimiter:
             now = time.monotonic()
             slot = max(now, self._next)
             self._next = slot + self._interval
+            note = slot - now > RATE_WAIT_NOTE_S and not self._noted
+            self._noted = self._noted or note
+        if note:
+            log.warning("judge: waiting %.0f s for a request slot under judge.rate_limit_per_s=%g (said once)",
+                        slot - now, self._rate)
         if slot > now:
             time.sleep(slot - now)
 

@@ -10,7 +10,9 @@ Every grader is called ONCE per task per batch, on all of the task's rollouts; t
 of the batch goes to the Judge as ONE batch (its thread pool). A judge failure uses the spec's fallback grader in
 its place (provider "fallback:<name>"); with no fallback the reward is None — excluded from the group statistics and
 counted in `scoring/<task>/failed`, never turned into 0, under either aggregation.
-A grader that raises, or returns a wrong value, stops the step with a GraderError naming the task and the grader.
+A grader that raises, returns a wrong value, or (a user function) outlives train.reward_timeout_s or exits, stops the
+step with a GraderError naming the task and the grader; so does a weighted reward beyond MAX_ABS_REWARD (weights
+too large for the advantages' float32), naming the task's weights.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from typing import Any, Mapping
 import torch
 
 from grpo.core.records import Rollout, Scored
-from grpo.grading.graders import JUDGE_TERM, Grader, GraderError, resolve_graders
+from grpo.grading.graders import JUDGE_TERM, MAX_ABS_REWARD, Grader, GraderError, resolve_graders
 from grpo.grading.judge import Judge, JudgeItem, JudgeResult
 
 __all__ = ["JUDGE_TERM", "RewardSpec", "score_rollouts", "term_matrix"]
@@ -128,8 +130,13 @@ def _combine(rollout: Rollout, spec: RewardSpec, parts: dict[str, float | None],
             total, weights = total + weight * value, weights + weight
     if failed or weights == 0:  # weights == 0: every term left out
         return Scored(rollout=rollout, reward=None, parts=parts, provider=provider)
-    return Scored(rollout=rollout, reward=total if spec.aggregation == "sum" else total / weights, parts=parts,
-                  provider=provider)
+    reward = total if spec.aggregation == "sum" else total / weights
+    if not abs(reward) <= MAX_ABS_REWARD:  # each value is within it; large weights can still carry the sum past it
+        raise GraderError(f"task {spec.task!r}: the weighted reward {reward:g} of its terms {dict(spec.terms)} "
+                          f"(values {parts}) is beyond the largest reward magnitude {MAX_ABS_REWARD:g} "
+                          f"(MAX_ABS_REWARD: larger ones overflow the float32 advantages); lower the weights in "
+                          f"rewards.{spec.task}")
+    return Scored(rollout=rollout, reward=reward, parts=parts, provider=provider)
 
 
 def term_matrix(scored: list[Scored], specs: Mapping[str, RewardSpec]) -> tuple[torch.Tensor, torch.Tensor]:
