@@ -250,3 +250,12 @@ def test_bf16_means_bfloat16_weights_on_a_gpu_and_is_named_not_switched_on_on_th
         translate({"model_init_kwargs": {"device_map": "auto"}})
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert translate({}).tree["model"]["dtype"] == "float32"  # no GPU here: the CPU's rule
+
+
+def test_the_memory_estimate_sees_a_micro_batch_that_splits_a_group():
+    from grpo.run.memory_inputs import inputs_from_config
+
+    cfg = C.from_dict(C.config_tree("custom", [], translate(
+        {"per_device_train_batch_size": 4, "num_generations": 8, "gradient_accumulation_steps": 2}).tree))
+    x = inputs_from_config(cfg)
+    assert (x.micro_batch_seqs, x.gen_batch_seqs) == (4, 8)

@@ -62,7 +62,7 @@ def inputs_from_config(cfg: Any, compute_capability: tuple[int, int] = (8, 0)) -
     shape = resolve_shape(m)
     return EstimateInputs(
         shape=shape,
-        micro_batch_seqs=cfg.train.prompts_per_micro_step * k,
+        micro_batch_seqs=getattr(cfg.train, "micro_batch_size", 0) or cfg.train.prompts_per_micro_step * k,
         gen_batch_seqs=cfg.train.prompts_per_micro_step * cfg.train.grad_accum * k,
         prompt_len=cfg.data.max_prompt_tokens, new_tokens=cfg.rollout.max_new_tokens,
         weight_dtype=dtype, load_in_4bit=m.load_in_4bit, lora=m.lora, lora_r=m.lora_r,
