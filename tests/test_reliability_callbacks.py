@@ -156,6 +156,18 @@ def test_a_time_limit_changes_no_value_a_user_function_returns():
     assert values[0] == values[1] and len(set(values[0])) == 6
 
 
+def test_the_worker_takes_on_the_callers_grad_mode():
+    """torch's grad mode is thread-local: a reward function on its worker thread sees the caller's, as it did on the
+    calling thread (a new thread would have it on)."""
+    def grad_on(completion, gold):
+        return float(torch.is_grad_enabled())
+
+    grader = GR.Grader("grad_on", "row", grad_on, timeout_s=5.0)
+    with torch.no_grad():
+        assert grader.grade(_rollouts(1)) == [0.0]
+    assert grader.grade(_rollouts(1)) == [1.0]
+
+
 def test_an_async_reward_function_under_a_time_limit():
     async def scores(completions, **kwargs):
         await asyncio.sleep(0)

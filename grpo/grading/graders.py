@@ -29,7 +29,9 @@ reaches only the main thread, and not inside C code); a thread can at least be a
 either, so a call that outlives its limit raises GraderTimeout naming the function, and the run stops: the hung
 thread is left behind, and as a daemon it does not hold the process at exit. Calls are made one at a time, in
 order, so a function sees exactly the calls it saw on the calling thread (same order, same global random state);
-what it may not rely on is thread-local state (signal handlers, torch.no_grad of the caller). A function that
+the worker takes on the caller's torch grad mode and current CUDA device (each rank of a multi-GPU run has its own,
+and a new thread would start on cuda:0); other thread-local state (signal handlers, an inference_mode or autocast
+block of the caller) stays behind. A function that
 raises SystemExit (sys.exit) or KeyboardInterrupt has failed, not finished: GraderError naming it, never an exit 0.
 Built-in rule graders and reward models are the trainer's own code and are called directly.
 
@@ -52,6 +54,8 @@ from dataclasses import dataclass, field, replace
 from numbers import Real
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
+
+import torch
 
 from grpo.core.records import Rollout, Sample
 from grpo.core.rewards import GRADERS
@@ -200,9 +204,14 @@ def call_limited(call: Callable[[], Any], timeout_s: float, who: str) -> Any:
     GraderError for SystemExit / KeyboardInterrupt. `who` names the function in the thread's name. The wait is a
     timed join, so a Ctrl-C / SIGTERM of the run still reaches the calling (main) thread."""
     box: dict[str, Any] = {}
+    grad = torch.is_grad_enabled()  # thread-local in torch: the worker takes the caller's on
+    device = torch.cuda.current_device() if torch.cuda.is_initialized() else None
 
     def target() -> None:
         try:
+            torch.set_grad_enabled(grad)
+            if device is not None:
+                torch.cuda.set_device(device)
             box["value"] = call()
         except BaseException as err:  # everything the function raises is handed to the caller, exits included
             box["error"] = err
