@@ -297,8 +297,9 @@ def trl_trajectories(tok, box, prompts_ids, script):
     try:
         first = [s[0] for s in script]
         prompts = [[{"role": "user", "content": "q"}] for _ in script]
-        out = trl.GRPOTrainer._tool_call_loop(trainer, prompts, [list(p) for p in prompts_ids], [list(f) for f in first],
-                                              [[parse(tok, f)] for f in first], None, None, None)
+        out = trl.GRPOTrainer._tool_call_loop(trainer, prompts, [list(p) for p in prompts_ids],
+                                              [list(f) for f in first], [[parse(tok, f)] for f in first], None, None,
+                                              None)
     finally:
         trl.parse_response = original
     tool_mask, _, completion_ids, _, n_calls, n_failures, _ = out

@@ -54,7 +54,8 @@ def _one_call(body: str, known: Collection[str]) -> ToolCall:
         except json.JSONDecodeError:
             pass
     if not isinstance(arguments, dict):
-        return ToolCall(name, error=f'the "arguments" of {name!r} must be a JSON object, got {type(arguments).__name__}')
+        return ToolCall(name, error=f'the "arguments" of {name!r} must be a JSON object, '
+                                    f'got {type(arguments).__name__}')
     if name not in known:
         return ToolCall(name, arguments, error=f"unknown tool {name!r}; the tools are: {', '.join(sorted(known))}")
     return ToolCall(name, arguments)

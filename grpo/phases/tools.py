@@ -40,7 +40,8 @@ from grpo.phases.rollout import (_seeded, cut_completion, decode_rows, generate_
                                  rollout_metrics)
 
 CUT_MARK = " …[cut]"
-"""Appended to a tool result cut to rollout.max_tool_result_tokens, so the model can tell a cut result from a whole one."""
+"""Appended to a tool result cut to rollout.max_tool_result_tokens, so the model can tell a cut result from a whole
+one."""
 INVALID_TOOL = "invalid"
 """The name malformed calls and calls of unknown tools are counted (and answered) under."""
 
@@ -250,7 +251,7 @@ class ToolBox:
 
 
 def build_toolbox(rollout: RolloutConfig, tokenizer, callables: Mapping[str, Callable[..., Any]] | None = None,
-            ) -> ToolBox | None:
+                  ) -> ToolBox | None:
     """The run's ToolBox from rollout.tools (None when it names none), checked against the tokenizer: its chat
     template must render a tool message after an assistant turn (ToolError otherwise, before any rollout)."""
     if not rollout.tools:
