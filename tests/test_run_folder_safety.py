@@ -269,3 +269,32 @@ def test_accept_changes_without_resume_is_a_config_error(tmp_path):
     code, text = run_cli(tmp_path, "--accept-changes")
     assert code == 2 and "checkpoint.accept_changes" in text, text
     assert not (tmp_path / "r").exists()
+
+
+def test_a_reward_functions_source_is_its_own_text_and_a_rows_change_is_named_without_a_file(tmp_path):
+    """A function handed in from Python (train(rewards=...), 'package.module:function') is fingerprinted by its own
+    source: a change to it is named, a change elsewhere in its file is not. Rows that changed with no file changing
+    (a Hub dataset, the demo's generator) are named by task."""
+    import importlib.util
+
+    from grpo.run.fingerprints import input_changes, source_hash
+
+    def load(name: str, text: str):
+        (tmp_path / f"{name}.py").write_text(text)
+        spec = importlib.util.spec_from_file_location(name, tmp_path / f"{name}.py")
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        return module.score
+
+    base = "def score(completion, gold):\n    return 1.0\n"
+    first = source_hash("mod:score", load("m1", base))
+    assert source_hash("mod:score", load("m2", base + "\n\ndef other():\n    return 2\n")) == first
+    assert source_hash("mod:score", load("m3", base.replace("1.0", "0.5"))) != first
+    assert source_hash("builtin", len) is None  # no source to show: not compared
+    then = {"files": {}, "rows": {"qa": "a" * 64}, "rewards": {"mod:score": {"sha256": first, "tasks": ["qa"]}}}
+    now = {"files": {}, "rows": {"qa": "b" * 64}, "rewards": {"mod:score": {"sha256": "c" * 64, "tasks": ["qa"]}}}
+    assert input_changes(then, now) == [
+        f"the rows of task 'qa' differ from the checkpoint's (sha256 {'a' * 12}... then, {'b' * 12}... now)",
+        f"reward function 'mod:score' (rewards.qa): its source changed (sha256 {first[:12]}... at the checkpoint, "
+        f"{'c' * 12}... now)"]
+    assert input_changes(then, then) == []
