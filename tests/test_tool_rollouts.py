@@ -515,4 +515,5 @@ def test_the_smollm2_tools_preset_runs_its_task_tool_and_grader_on_the_tiny_mode
     rows = [json.loads(x) for x in (run.run_dir / "metrics.jsonl").read_text().splitlines()]
     assert any("tools/calls_per_rollout" in r for r in rows)
     kept = [json.loads(x) for x in (run.run_dir / "evals" / "after_rl.jsonl").read_text().splitlines()]
-    assert len(kept) == 4 and all(k["messages"][0]["role"] == "assistant" and "tool_calls" in k for k in kept)
+    assert len(kept) == 8 and all(k["messages"][0]["role"] == "assistant" and "tool_calls" in k for k in kept)
+    assert {k["task"] for k in kept} == {"products", "products_answer"}  # the second turn's rows: a task of their own

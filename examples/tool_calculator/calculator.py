@@ -70,7 +70,23 @@ def make_rows(n: int = 400, seed: int = 0) -> list[dict]:
     return rows
 
 
+def answer_rows(rows: list[dict]) -> list[dict]:
+    """The second turn of each row: the question, the call and the calculator's result as the prompt (TRL's
+    conversational rows), the product as the target. A warm-up on the first turn alone teaches the model to call
+    and nothing else: it then calls again after every result until the turn limit (seed 0 did, every trajectory)."""
+    out = []
+    for r in rows:
+        expression = json.loads(r["target"][len("<tool_call>"):-len("</tool_call>")])["arguments"]["expression"]
+        out.append({"id": r["id"] + "-answer", "answer": r["answer"], "target": f"The answer is {r['answer']}.",
+                    "messages": [{"role": "user", "content": r["prompt"]},
+                                 {"role": "assistant", "content": r["target"]},
+                                 {"role": "tool", "content": calculator(expression)}]})
+    return out
+
+
 if __name__ == "__main__":
-    out = Path(__file__).with_name("products.jsonl")
-    out.write_text("".join(json.dumps(r) + "\n" for r in make_rows()))
-    print(f"wrote {out}")
+    rows = make_rows()
+    for name, part in (("products.jsonl", rows), ("products_answer.jsonl", answer_rows(rows))):
+        out = Path(__file__).with_name(name)
+        out.write_text("".join(json.dumps(r) + "\n" for r in part))
+        print(f"wrote {out}")

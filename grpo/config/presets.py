@@ -60,14 +60,18 @@ PRESETS: dict[str, dict[str, Any]] = {
     },
     # Multi-turn rollouts with a tool on a real instruct model on the CPU (#41): SmolLM2-135M-Instruct with LoRA on the
     # product of two 3-digit numbers (examples/tool_calculator/: 400 rows, exact-answer reward), which it cannot
-    # compute without its `calculator` tool. The warm-up on 32 demonstrations teaches the call format
-    # (<tool_call>{...}</tool_call>, the rows' targets); RL rewards the trajectories whose final reply states the
-    # product. Paths are relative: run it from the repository root.
+    # compute without its `calculator` tool. The warm-up teaches both turns: the call (<tool_call>{...}</tool_call>,
+    # the products rows' targets) and the answer after the calculator's result (products_answer: those rows with the
+    # call and the result in the prompt). On the call alone the model learned to call after every result too, and
+    # every trajectory of seed 0 looped to the turn limit (reward 0 for all: no learning signal). RL rewards the
+    # trajectories whose final reply states the product. Paths are relative: run it from the repository root.
     "smollm2-tools": {
         "model": {"name": "smollm2-135m-instruct", "lora": True, "lora_r": 16, "lora_alpha": 32, "lora_dropout": 0.0},
         "data": {"source": "none", "eval_size": 48},
-        "tasks": {"products": {"path": "examples/tool_calculator/products.jsonl"}},
-        "rewards": {"products": "examples/tool_calculator/calculator.py:exact_answer"},
+        "tasks": {"products": {"path": "examples/tool_calculator/products.jsonl"},
+                  "products_answer": {"path": "examples/tool_calculator/products_answer.jsonl"}},
+        "rewards": {"products": "examples/tool_calculator/calculator.py:exact_answer",
+                    "products_answer": "examples/tool_calculator/calculator.py:exact_answer"},
         "rollout": {"k": 8, "max_new_tokens": 48, "temperature": 0.7,
                     "tools": ["examples/tool_calculator/calculator.py:calculator"], "max_tool_turns": 2,
                     "max_tool_result_tokens": 16},
