@@ -110,7 +110,7 @@ def case_overrides(case: Case, tiny: bool, work: Path, steps: int) -> list[str]:
 class PhaseMeter:
     """Peak allocator memory per phase: the peak counter is read and reset at every phase boundary."""
 
-    PHASES = {"generate_rollouts": "generation", "batch_logprobs": "ref/old pass", "train_step": "training"}
+    PHASES = {"sample_rollouts": "generation", "batch_logprobs": "ref/old pass", "train_step": "training"}
 
     def __init__(self, cuda: bool):
         self.cuda = cuda
@@ -140,7 +140,7 @@ class PhaseMeter:
                 self.mark("other")
                 out = fn(*args, **kwargs)
                 self.mark(self.PHASES[name])
-                if name == "generate_rollouts":
+                if name == "sample_rollouts":
                     self.prompt_lens += [len(r.prompt_ids) for r in out[0]]
                     self.completion_lens += [len(r.completion_ids) for r in out[0]]
                 return out

@@ -177,7 +177,7 @@ def run_ours(spec: BenchSpec, model_dir: str, out_dir: str) -> dict[str, Any]:
     rss_imports = common.peak_rss_mib()
     lengths: list[int] = []
     peak_after_generate_mib: list[float | None] = []  # peak so far, read right after each generate phase
-    shipped_generate = grpo_train.generate_rollouts
+    shipped_generate = grpo_train.sample_rollouts
 
     def counted_generate(*args: Any, **kwargs: Any):  # count what was really generated, as on the TRL side
         rollouts, metrics = shipped_generate(*args, **kwargs)
@@ -185,7 +185,7 @@ def run_ours(spec: BenchSpec, model_dir: str, out_dir: str) -> dict[str, Any]:
         lengths.extend(len(r.completion_ids) for r in rollouts)
         return rollouts, metrics
 
-    grpo_train.generate_rollouts = counted_generate
+    grpo_train.sample_rollouts = counted_generate
     cfg = _our_config(spec, model_dir, out_dir)
     run = grpo_train.setup(cfg)
     marks, phases = [(time.perf_counter(), time.process_time())], {k: [] for k in OUR_TIME_KEYS}
