@@ -103,6 +103,7 @@ def setup(cfg: C.Config, *, callables: Mapping[str, Callable[..., Any]] | None =
     check_task_entries(cfg.kl, sorted(train))
     resolve_tools(cfg.rollout.tools, callables)  # a tool that cannot be imported or described stops the run here
     # the judge's rubrics are tried without its cache, which lives in the run folder
+    set_trainer_state(0, 0)  # a run in the same process (a notebook, a test) left its own: each run starts from none
     graders = preflight(specs, train, judge=Judge.from_config(dataclasses.replace(cfg.judge, cache_path=""), None),
                         callables=callables, reward_models=cfg.reward_models, device=device,
                         timeout_s=cfg.train.reward_timeout_s)
