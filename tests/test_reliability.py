@@ -21,21 +21,15 @@ import grpo_train as G
 from grpo.core.records import Sample
 from grpo.run.setup_parts import duplicate_report, load_samples
 from grpo.config import settings as C
+from tests.trainer_helpers import TINY_CLI as TINY, cli_output
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = ROOT.parent / "shared" / "data"
-TINY = ["--model.tiny_hidden", "32", "--model.tiny_layers", "1", "--model.tiny_heads", "2", "--data.demo_size", "24",
-        "--data.eval_size", "2", "--rollout.max_new_tokens", "4", "--rollout.k", "2", "--sft.steps", "0",
-        "--train.eval_every", "0", "--train.sample_every", "0", "--train.tensorboard", "false",
-        "--train.prompts_per_micro_step", "2", "--train.lr", "1e-2", "--train.max_steps", "1"]
 
 
 def run_cli(out: Path, *argv: str, name: str = "r") -> tuple[int, str]:
     """(exit status, stderr + stdout) of `grpo_train.py TINY argv` writing run folder out/name."""
-    err, std = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(std):
-        code = G.cli([*TINY, "--train.output_dir", str(out), "--run-name", name, *argv])
-    return code, err.getvalue() + std.getvalue()
+    return cli_output([*TINY, "--train.output_dir", str(out), "--run-name", name, *argv])
 
 
 def assert_retry_not_blocked(out: Path, name: str = "r") -> None:

@@ -7,8 +7,6 @@ reward function leaves a thread behind that must not hold the process)."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import io
 import logging
 import math
 import random
@@ -21,7 +19,6 @@ from pathlib import Path
 import pytest
 import torch
 
-import grpo_train as G
 from grpo.config import settings as C
 from grpo.core.advantages import group_advantages
 from grpo.core.records import Rollout, Sample
@@ -31,12 +28,9 @@ from grpo.data.tables import DataSourceError, read_tables
 from grpo.grading import graders as GR
 from grpo.grading.judge import RateLimiter
 from grpo.grading.scoring import RewardSpec, score_rollouts
+from tests.trainer_helpers import TINY_CLI as TINY, cli_output
 
 ROOT = Path(__file__).resolve().parents[1]
-TINY = ["--model.tiny_hidden", "32", "--model.tiny_layers", "1", "--model.tiny_heads", "2", "--data.demo_size", "24",
-        "--data.eval_size", "2", "--rollout.max_new_tokens", "4", "--rollout.k", "2", "--sft.steps", "0",
-        "--train.eval_every", "0", "--train.sample_every", "0", "--train.tensorboard", "false",
-        "--train.prompts_per_micro_step", "2", "--train.lr", "1e-2", "--train.max_steps", "1"]
 REWARDS = '''
 import sys, time
 CALLS = 0
@@ -83,10 +77,7 @@ def run_subprocess(tmp_path: Path, *argv: str, limit_s: float = 240) -> tuple[in
 
 def run_cli(tmp_path: Path, *argv: str) -> tuple[int, str]:
     """(exit status, stderr + stdout) of grpo_train.cli in this process."""
-    err, out = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(out):
-        code = G.cli([*TINY, "--train.output_dir", str(tmp_path / "runs"), "--run-name", "r", *argv])
-    return code, err.getvalue() + out.getvalue()
+    return cli_output([*TINY, "--train.output_dir", str(tmp_path / "runs"), "--run-name", "r", *argv])
 
 
 # ------------------------------------------------------------------------------------- a reward function that hangs

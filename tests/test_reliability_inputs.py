@@ -4,10 +4,7 @@ where a check can know. In-process `grpo_train.cli` runs of the tiny model (test
 
 from __future__ import annotations
 
-import contextlib
-import io
 import json
-import math
 import os
 import subprocess
 import sys
@@ -16,23 +13,16 @@ from pathlib import Path
 import pytest
 import torch
 
-import grpo_train as G
 from grpo.config import settings as C
 from grpo.run.config_check import check_config
+from tests.trainer_helpers import TINY_CLI as TINY, cli_output
 
 ROOT = Path(__file__).resolve().parents[1]
-TINY = ["--model.tiny_hidden", "32", "--model.tiny_layers", "1", "--model.tiny_heads", "2", "--data.demo_size", "24",
-        "--data.eval_size", "2", "--rollout.max_new_tokens", "4", "--rollout.k", "2", "--sft.steps", "0",
-        "--train.eval_every", "0", "--train.sample_every", "0", "--train.tensorboard", "false",
-        "--train.prompts_per_micro_step", "2", "--train.lr", "1e-2", "--train.max_steps", "1"]
 
 
 def run_cli(*argv: str) -> tuple[int, str]:
     """(exit status, stderr + stdout) of `grpo_train.py argv` in this process."""
-    err, std = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(std):
-        code = G.cli(list(argv))
-    return code, err.getvalue() + std.getvalue()
+    return cli_output(list(argv))
 
 
 def refused(out: Path, *argv: str) -> str:

@@ -10,32 +10,24 @@ from __future__ import annotations
 import contextlib
 import io
 import json
-import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
 import grpo_train as G
+from tests.trainer_helpers import TINY_CLI as TINY, cli_output
 from grpo.run.run_folder import (LOCK_FILE, MARKER, RunFolderError, blocks_fresh_start, prepare_run_dir,
                                  release_run_dir)
 
 ROOT = Path(__file__).resolve().parents[1]
-TINY = ["--model.tiny_hidden", "32", "--model.tiny_layers", "1", "--model.tiny_heads", "2", "--data.demo_size", "24",
-        "--data.eval_size", "2", "--rollout.max_new_tokens", "4", "--rollout.k", "2", "--sft.steps", "0",
-        "--train.eval_every", "0", "--train.sample_every", "0", "--train.tensorboard", "false",
-        "--train.prompts_per_micro_step", "2", "--train.lr", "1e-2", "--train.max_steps", "1"]
 
 
 def cli(*argv: str) -> tuple[int, str]:
     """(exit status, stderr + stdout) of `grpo_train.py TINY argv`, in this process."""
-    err, std = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(std):
-        code = G.cli([*TINY, *argv])
-    return code, err.getvalue() + std.getvalue()
+    return cli_output([*TINY, *argv])
 
 
 def run_cli(out: Path, *argv: str, name: str = "r") -> tuple[int, str]:

@@ -2,11 +2,30 @@
 
 from __future__ import annotations
 
+import contextlib
+import io
 from dataclasses import replace
 
 import torch
 
 from grpo.config import settings as C
+
+
+TINY_CLI = ["--model.tiny_hidden", "32", "--model.tiny_layers", "1", "--model.tiny_heads", "2", "--data.demo_size",
+            "24", "--data.eval_size", "2", "--rollout.max_new_tokens", "4", "--rollout.k", "2", "--sft.steps", "0",
+            "--train.eval_every", "0", "--train.sample_every", "0", "--train.tensorboard", "false",
+            "--train.prompts_per_micro_step", "2", "--train.lr", "1e-2", "--train.max_steps", "1"]
+"""Command-line flags of a one-step run of the tiny demo model (no warm-up, no evaluation): the reliability tests'."""
+
+
+def cli_output(argv: list[str]) -> tuple[int, str]:
+    """(exit status, stderr + stdout) of `grpo_train.py argv`, run in this process."""
+    import grpo_train
+
+    err, std = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(std):
+        code = grpo_train.cli(list(argv))
+    return code, err.getvalue() + std.getvalue()
 
 
 def length_reward(completion: str, gold: dict) -> float:

@@ -24,10 +24,9 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 from grpo.config import settings as C
 from grpo.core.files import sha256
 from grpo.core.records import Sample
+from grpo.grading.graders import USER_KINDS
 
 SHORT_HASH = 12  # enough hex digits to tell two versions apart in a message
-USER_KINDS = ("row", "batched")
-"""Grader kinds that are a user's function (grpo/grading/graders.py: Grader.kind)."""
 
 
 def _files_under(path: Path) -> list[Path]:
