@@ -16,7 +16,7 @@
    metrics.jsonl, metrics.csv, samples.jsonl, eval.json, pareto/pareto.json and the TensorBoard scalars.
 Prints the differences and `kills: 20 (...), corrupt checkpoints: 0, identical: final/ yes, metrics.jsonl yes, ...`.
 Exit status 1 if anything differs or a checkpoint was corrupt. tests/test_kill_resume_soak.py runs a short version
-(`--kills 3 --steps 9 --eval-every 3 --max-delay 0.5`, one kill per moment) as a subprocess on every test run.
+(`--kills 3 --steps 15 --eval-every 3 --max-delay 0.5`, one kill per moment) as a subprocess on every test run.
 """
 
 from __future__ import annotations

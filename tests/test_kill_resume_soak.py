@@ -20,12 +20,15 @@ from conftest import load_script
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "scripts" / "kill_resume_soak.py"
 KILLS = 3  # one per moment the script aims at (checkpoint, evaluation, pareto)
+# 15 steps, evaluation every 3: five evaluations. With 9 (three), a checkpoint kill that landed late and an evaluation
+# kill at step 6 left the Pareto kill only step 9, which a slow machine missed (CI of stop 44: "pareto 0").
+STEPS = 15
 
 
 @pytest.fixture(scope="module")
 def soak(tmp_path_factory) -> tuple[subprocess.CompletedProcess, Path]:
     out = tmp_path_factory.mktemp("soak")
-    proc = subprocess.run([sys.executable, str(SCRIPT), "--kills", str(KILLS), "--steps", "9", "--eval-every", "3",
+    proc = subprocess.run([sys.executable, str(SCRIPT), "--kills", str(KILLS), "--steps", str(STEPS), "--eval-every", "3",
                            "--max-delay", "0.5", "--out", str(out)], cwd=ROOT, capture_output=True, text=True,
                           timeout=600)
     return proc, out
