@@ -71,6 +71,8 @@ class Scored:
     """Per-grader raw scores (before weights), e.g. {"bbq_rule": 1.0, "format": 0.5}."""
     provider: str = "rule"
     """Who produced the reward: "rule", "judge:<model>", "cache", "fallback:<grader>", ..."""
+    extra: dict[str, Any] = field(default_factory=dict)
+    """Columns reward functions logged for this completion through TRL's `log_extra` (written with it to samples/)."""
 
 
 @dataclass

@@ -12,8 +12,9 @@ A reward term names its grader (`rewards.<task> = "name:weight,..."`); `resolve_
   batched   fn(prompts, completions, completion_ids, **columns) -> list[float | None], TRL's reward functions: any
             function naming prompts / completions / completion_ids, or taking only **kwargs. It gets what TRL's
             GRPOTrainer passes: prompts and completions as strings, or, for rows given as messages (TRL's
-            conversational format), as message lists; the completion token ids; and the row's columns (its gold
-            fields, and `task`) as keyword lists. `async def` functions are awaited. A function without **kwargs
+            conversational format), as message lists; the completion token ids; the row's columns (its gold
+            fields, and `task`) as keyword lists; and TRL's `trainer_state`, `log_extra`, `log_metric` (no
+            `environments`: TRL passes it only with an environment_factory). `async def` functions are awaited. A function without **kwargs
             gets only the arguments it names.
 Values (the range contract): None = "cannot grade this completion" (the reward becomes None: left out of its group,
 counted, never 0); otherwise a finite real number. Built-in graders and bounded reward-model normalisations must
@@ -46,6 +47,7 @@ import hashlib
 import importlib
 import importlib.util
 import inspect
+import json
 import math
 import sys
 import threading
@@ -66,9 +68,10 @@ TRL_ARGS = ("prompts", "completions", "completion_ids")
 TOOL_ARGS = ("trajectory", "tool_calls", "tool_failures")
 """What a TRL-style reward function also gets from multi-turn rollouts with tools: the whole conversation (prompt
 messages, then the assistant replies and tool messages), the calls made and the calls that failed, per completion."""
-TRL_ONLY_ARGS = {  # what TRL's GRPOTrainer also passes, and why a grader here cannot get it
-    "log_extra": "TRL's completion-table logger (samples/ holds every logged completion with its rewards)",
-    "environments": "TRL's per-completion environments",
+TRL_ONLY_ARGS = {  # what a function may ask for that is never passed here, and why
+    "environments": "TRL passes it only to runs with an environment_factory (its per-completion environment objects); "
+                    "grpo-dual has none (tools: rollout.tools), so, as TRL without one, it is not passed: give the "
+                    "parameter a default (environments=None)",
     "completions_ids": "nothing: TRL passes `completion_ids` (its docs' Example 1 spells it `completions_ids`, "
                        "which TRL itself never passes); rename the parameter",
 }
@@ -168,6 +171,32 @@ def set_trainer_state(global_step: int, max_steps: int) -> None:
     REWARD_LOGS.clear()
 
 
+def extra_logger(extra: Sequence[dict[str, Any]] | None, who: str) -> Callable[[str, Sequence[Any]], None]:
+    """TRL's `log_extra(column, values)` argument for one call on len(extra) completions: values (one per completion,
+    in the order the call got them) go into `extra[i][column]`, and from there into the completions' rows of samples/
+    and evals/ (grpo/run/tracking.write_scored), as TRL adds them as columns to its completions table. extra=None (the
+    preflight's calls): checked, then dropped."""
+    def log_extra(column: str, values: Sequence[Any]) -> None:
+        values = list(values)
+        if extra is not None and len(values) != len(extra):
+            raise GraderError(f"log_extra({column!r}, ...) got {len(values)} values for {len(extra)} completions "
+                              f"(reward function {who!r}): give one value per completion, in order")
+        for row, value in zip(extra or (), values):
+            row[str(column)] = _plain(value)
+    return log_extra
+
+
+def _plain(value: Any) -> Any:
+    """A logged value as JSON can hold it (numpy / torch values as numbers or lists; anything else as text)."""
+    if hasattr(value, "tolist"):
+        value = value.tolist()
+    try:
+        json.dumps(value)
+    except (TypeError, ValueError):
+        return str(value)
+    return value
+
+
 def trainer_state() -> Any:
     """TRL's `trainer_state` argument: a transformers TrainerState holding TRAINER_STATE (global_step, max_steps)."""
     try:
@@ -232,8 +261,8 @@ def call_limited(call: Callable[[], Any], timeout_s: float, who: str) -> Any:
     return box["value"]
 
 
-def _call_batched(fn: Callable[..., Any], rollouts: Sequence[Rollout],
-                  invoke: Callable[[Callable[[], Any]], Any]) -> list[Any]:
+def _call_batched(fn: Callable[..., Any], rollouts: Sequence[Rollout], invoke: Callable[[Callable[[], Any]], Any],
+                  extra: Sequence[dict[str, Any]] | None = None, who: str = "") -> list[Any]:
     sig = inspect.signature(fn)
     takes_all = any(p.kind is p.VAR_KEYWORD for p in sig.parameters.values())
     out: list[Any] = [None] * len(rollouts)
@@ -244,6 +273,7 @@ def _call_batched(fn: Callable[..., Any], rollouts: Sequence[Rollout],
         kwargs = trl_inputs([rollouts[i] for i in index], conversational,
                             with_tools=any(name in TOOL_ARGS for name in sig.parameters))
         kwargs["trainer_state"] = trainer_state()  # as TRL: one object, not a list per completion
+        kwargs["log_extra"] = extra_logger(None if extra is None else [extra[i] for i in index], who)
         kwargs["log_metric"] = log_metric
         missing = [p.name for p in sig.parameters.values() if p.default is p.empty and p.name not in kwargs
                    and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
@@ -300,13 +330,15 @@ class Grader:
     """Per-call time limit of a user function (kinds row / batched), on a worker thread (`call_limited`); None =
     called on the calling thread without a limit (library use; a run always sets train.reward_timeout_s)."""
 
-    def grade(self, rollouts: Sequence[Rollout]) -> list[float | None]:
+    def grade(self, rollouts: Sequence[Rollout], extra: Sequence[dict[str, Any]] | None = None) -> list[float | None]:
+        """One checked value per rollout. `extra` (one dict per rollout): where a TRL-style function's `log_extra`
+        columns go (None: dropped)."""
         if not rollouts:
             return []
         if self.kind in ("rule", "row"):
             raw = [self._invoke(lambda r=r: self.fn(r.text, r.sample.gold)) for r in rollouts]
         elif self.kind == "batched":
-            raw = _call_batched(self.fn, rollouts, self._invoke)
+            raw = _call_batched(self.fn, rollouts, self._invoke, extra, self.name)
         else:
             raw = self.fn(rollouts)
         return [checked(v, self.bounds) for v in raw]

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Mapping
 
 import torch
@@ -81,9 +81,9 @@ def _prompt_text(rollout: Rollout) -> str:
     return "\n\n".join(m["content"] for m in rollout.sample.messages)
 
 
-def _grade(grader: Grader, task: str, rollouts: list[Rollout]) -> list[float | None]:
+def _grade(grader: Grader, task: str, rollouts: list[Rollout], extra: list[dict[str, Any]]) -> list[float | None]:
     try:
-        return grader.grade(rollouts)
+        return grader.grade(rollouts, extra)
     except GraderError as err:
         raise GraderError(f"task {task!r}, grader {grader.name!r}: {err}") from err
     except Exception as err:  # a user's grader failing mid-run: stop the step, naming who failed and how
@@ -91,8 +91,9 @@ def _grade(grader: Grader, task: str, rollouts: list[Rollout]) -> list[float | N
 
 
 def _term_values(rollouts: list[Rollout], specs: Mapping[str, RewardSpec], graders: Mapping[str, Grader],
-                 verdicts: dict[int, JudgeResult]) -> list[dict[str, float | None]]:
-    """Per rollout, the raw value of every term ("llm_judge" and, where the judge failed, "fallback:<name>")."""
+                 verdicts: dict[int, JudgeResult], extra: list[dict[str, Any]]) -> list[dict[str, float | None]]:
+    """Per rollout, the raw value of every term ("llm_judge" and, where the judge failed, "fallback:<name>"); what
+    TRL-style functions pass to `log_extra` goes into `extra` (one dict per rollout)."""
     values: list[dict[str, float | None]] = [{} for _ in rollouts]
     by_task: dict[str, list[int]] = {}
     for i, r in enumerate(rollouts):
@@ -100,14 +101,16 @@ def _term_values(rollouts: list[Rollout], specs: Mapping[str, RewardSpec], grade
     for task, index in by_task.items():
         spec = specs[task]
         for name in dict.fromkeys(n for n, _ in spec.terms if n != JUDGE_TERM):
-            for i, value in zip(index, _grade(graders[name], task, [rollouts[i] for i in index])):
+            for i, value in zip(index, _grade(graders[name], task, [rollouts[i] for i in index],
+                                              [extra[i] for i in index])):
                 values[i][name] = value
         if spec.uses_judge:
             for i in index:
                 values[i][JUDGE_TERM] = verdicts[i].score
             failed = [i for i in index if verdicts[i].score is None]
             if spec.fallback and failed:
-                for i, value in zip(failed, _grade(graders[spec.fallback], task, [rollouts[i] for i in failed])):
+                for i, value in zip(failed, _grade(graders[spec.fallback], task, [rollouts[i] for i in failed],
+                                                   [extra[i] for i in failed])):
                     values[i][f"fallback:{spec.fallback}"] = value
     return values
 
@@ -163,7 +166,8 @@ def score_rollouts(
     rollouts: list[Rollout], specs: Mapping[str, RewardSpec], judge: Judge | None = None,
     graders: Mapping[str, Grader] | None = None,
 ) -> tuple[list[Scored], dict[str, float]]:
-    """One Scored per rollout (input order) and the metrics `scoring/<task>/failed`, `scoring/<task>/fallback`
+    """One Scored per rollout (input order; its `extra`: the columns TRL-style functions gave `log_extra`) and the
+    metrics `scoring/<task>/failed`, `scoring/<task>/fallback`
     (counts in this batch) plus the judge's cumulative `judge/*` counters when a judge was used.
 
     graders: the resolved graders by name, from `grpo.grading.graders.preflight` (built once per run: a reward model is
@@ -174,8 +178,10 @@ def score_rollouts(
     if graders is None:
         graders = resolve_graders(specs)
     verdicts = _judge_all(rollouts, specs, judge)
-    values = _term_values(rollouts, specs, graders, verdicts)
-    scored = [_combine(r, specs[r.sample.task], values[i], verdicts.get(i)) for i, r in enumerate(rollouts)]
+    extra: list[dict[str, Any]] = [{} for _ in rollouts]
+    values = _term_values(rollouts, specs, graders, verdicts, extra)
+    scored = [replace(_combine(r, specs[r.sample.task], values[i], verdicts.get(i)), extra=extra[i])
+              for i, r in enumerate(rollouts)]
     failed: Counter[str] = Counter()
     fallback: Counter[str] = Counter()
     for s in scored:

@@ -397,17 +397,20 @@ def progress(iterable_or_total: Iterable[Any] | int, desc: str, enabled: bool = 
 
 def write_scored(path: Path, scored: list[Scored]) -> None:
     """One JSON line per completion: task, id, prompt, completion, reward, its parts (per grader), provider; and for
-    a multi-turn rollout with tools its messages (replies and tool results) and tool calls / failures."""
+    a multi-turn rollout with tools its messages (replies and tool results) and tool calls / failures; and `extra`,
+    the columns reward functions gave TRL's `log_extra` (None where a completion got none, as in TRL's table)."""
     path.parent.mkdir(exist_ok=True)
+    columns = list(dict.fromkeys(c for s in scored for c in s.extra))
     with open(path, "w") as f:
         for s in scored:
+            extra = {"extra": {c: s.extra.get(c) for c in columns}} if columns else {}
             tools = {} if s.rollout.tool_use is None else {
                 "messages": list(s.rollout.messages or ()), "tool_calls": s.rollout.tool_use.n_calls,
                 "tool_failures": s.rollout.tool_use.n_failures}
             f.write(json.dumps({"task": s.rollout.sample.task, "id": s.rollout.sample.id,
                                 "prompt": s.rollout.sample.messages[-1]["content"], "completion": s.rollout.text,
                                 "reward": s.reward, "parts": s.parts, "provider": s.provider,
-                                "truncated": s.rollout.truncated, **tools}) + "\n")
+                                "truncated": s.rollout.truncated, **tools, **extra}) + "\n")
 
 
 def write_samples(run_dir: Path, tracker: Tracker, scored: list[Scored], step: int) -> None:
