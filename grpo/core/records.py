@@ -60,6 +60,12 @@ class Rollout:
     tool_use: Any = None
     """Multi-turn rollouts: what the trajectory did with its tools (grpo.core.tool_calls.ToolUse); None otherwise."""
 
+    @property
+    def model_tokens(self) -> int:
+        """The completion ids the model sampled itself: all of them, or (multi-turn) those `model_mask` marks 1;
+        tool results and template text do not count (DAPO's overlong penalty reads this length)."""
+        return len(self.completion_ids) if self.model_mask is None else sum(self.model_mask)
+
 
 @dataclass(frozen=True)
 class Scored:

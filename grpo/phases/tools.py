@@ -165,23 +165,68 @@ def result_text(value: Any) -> str:
         return repr(value)
 
 
+def literal_ids(tokenizer, text: str) -> list[int]:
+    """`text`'s ids as plain text: no piece of it becomes an added or special token, so a tool result that reads
+    "<|im_end|>", the EOS or "<tool_call>" is those characters to the model, never an end of turn or a call marker.
+    A fast tokenizer runs its normaliser, pre-tokeniser and model (the added-token matching is what is skipped: on
+    text without added tokens the ids are the ordinary ones); another splits its special tokens."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is None:
+        return [int(i) for i in tokenizer(text, add_special_tokens=False, split_special_tokens=True)["input_ids"]]
+    normalized = backend.normalizer.normalize_str(text) if backend.normalizer is not None else text
+    pieces = backend.pre_tokenizer.pre_tokenize_str(normalized) if backend.pre_tokenizer is not None \
+        else [(normalized, None)]
+    return [token.id for piece, _ in pieces for token in backend.model.tokenize(piece)]
+
+
 def cut_to_tokens(tokenizer, text: str, budget: int) -> tuple[str, bool]:
-    """(text, cut): `text` cut to its first `budget` tokens, plus CUT_MARK, when it is longer."""
-    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    """(text, cut): `text` cut to its first `budget` tokens (as plain text, `literal_ids`), plus CUT_MARK, when it
+    is longer."""
+    ids = literal_ids(tokenizer, text)
     if len(ids) <= budget:
         return text, False
     return tokenizer.decode(ids[:budget]) + CUT_MARK, True
 
 
+LITERAL_MARK = "\ue000{}\ue001"
+"""Stands in for a tool result while the chat template renders it (Unicode private-use characters: no template or
+vocabulary gives them a meaning); the result's own ids (`literal_ids`) go where it stands."""
+
+
+def _literal_render(tokenizer, messages: Sequence[Mapping[str, Any]], contents: Sequence[str]) -> list[int]:
+    """The ids of `messages` (a dummy turn, then tool messages) rendered with the generation prompt, each tool
+    message's content tokenized as plain text and the template's own text as `apply_chat_template` tokenizes it."""
+    n_before = len(messages) - len(contents)
+    marks = [LITERAL_MARK.format(i) for i in range(len(contents))]
+    marked = [dict(m) for m in messages[:n_before]] + [{**m, "content": mark}
+                                                        for m, mark in zip(messages[n_before:], marks)]
+    text = tokenizer.apply_chat_template(marked, add_generation_prompt=True, tokenize=False)
+    ids: list[int] = []
+    for mark, content in zip(marks, contents):
+        if text.count(mark) != 1:
+            raise ToolError(f"the chat template of {type(tokenizer).__name__} does not render a tool message's "
+                            "content as it is (it changes or repeats it), so a tool result cannot be kept as plain "
+                            "text; use a template that writes the tool message's content unchanged")
+        before, text = text.split(mark)
+        ids += tokenizer(before, add_special_tokens=False)["input_ids"] + literal_ids(tokenizer, content)
+    return ids + tokenizer(text, add_special_tokens=False)["input_ids"]
+
+
 def tool_suffix_ids(tokenizer, tool_messages: Sequence[Mapping[str, Any]]) -> list[int]:
     """The ids the chat template appends for `tool_messages` after an assistant turn, up to and including the next
     assistant generation prompt (TRL 1.16 `GRPOTrainer._get_tool_suffix_ids`, the same method): a dummy
-    conversation is rendered without and with them, the first cut after its last EOS."""
+    conversation is rendered without and with them, the first cut after its last EOS. A result whose text the
+    tokenizer would read as an added or special token (an EOS, "<|im_end|>", a call marker) keeps its literal ids
+    (`literal_ids`; TRL tokenizes it as the template's own text, so a tool could end the turn or fake a call)."""
     calls = [{"type": "function", "function": {"name": tool_messages[0]["name"], "arguments": {}}}]
     dummy = [{"role": "user", "content": "dummy"}, {"role": "assistant", "content": "", "tool_calls": calls}]
     prefix = _ids_from_template(tokenizer.apply_chat_template(dummy, add_generation_prompt=False, tokenize=True))
-    full = _ids_from_template(tokenizer.apply_chat_template(dummy + [dict(m) for m in tool_messages],
-                                                            add_generation_prompt=True, tokenize=True))
+    contents = [str(m["content"]) for m in tool_messages]
+    if all(literal_ids(tokenizer, c) == list(tokenizer(c, add_special_tokens=False)["input_ids"]) for c in contents):
+        full = _ids_from_template(tokenizer.apply_chat_template(dummy + [dict(m) for m in tool_messages],
+                                                                add_generation_prompt=True, tokenize=True))
+    else:
+        full = _literal_render(tokenizer, dummy + [dict(m) for m in tool_messages], contents)
     eos = [i for i, t in enumerate(prefix) if t == tokenizer.eos_token_id]
     if eos:
         prefix = prefix[:eos[-1] + 1]
@@ -258,7 +303,8 @@ def build_toolbox(rollout: RolloutConfig, tokenizer, callables: Mapping[str, Cal
         return None
     tools = resolve_tools(rollout.tools, callables)
     try:
-        tool_suffix_ids(tokenizer, [{"role": "tool", "name": tools[0].name, "content": "0"}])
+        for probe in ("0", tokenizer.eos_token or ""):  # a result as the template writes it, and one kept literal
+            tool_suffix_ids(tokenizer, [{"role": "tool", "name": tools[0].name, "content": probe}])
     except ToolError:
         raise
     except Exception as err:  # the template's own error (jinja2 TemplateError, a raise_exception of the template)
