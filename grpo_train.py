@@ -275,7 +275,7 @@ def rl_step(run: Run, step: int) -> dict[str, float]:
     if cfg.loss.multi_objective_aggregation == "normalize_then_sum":  # GDPO: each term normalised in its group
         rewards_B = normalize_then_sum(*term_matrix(scored, run.specs), cfg.rollout.k)
     if cfg.rollout.overlong_buffer:  # DAPO's soft overlong punishment, on top of the graders' rewards
-        penalty_B = overlong_penalty(torch.tensor([len(s.rollout.completion_ids) for s in scored]),
+        penalty_B = overlong_penalty(torch.tensor([s.rollout.model_tokens for s in scored]),
                                      cfg.rollout.max_new_tokens, cfg.rollout.overlong_buffer,
                                      cfg.rollout.overlong_penalty_factor)
         rewards_B = rewards_B + penalty_B
