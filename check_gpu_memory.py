@@ -5,7 +5,7 @@
     python check_gpu_memory.py --estimate --preset llama3-8b-dual --gpu-mem 24 --set model.load_in_4bit=true
 
 Inside a training process call `report_live()` (it never creates a CUDA context of its own).
-The estimate comes from grpo/core/memory.py (pure arithmetic; see its docstring for every formula and the phase model).
+The estimate comes from grpo/models/memory_estimate.py (pure arithmetic; see its docstring for every formula and the phase model).
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-from grpo.core.memory import GIB, cheapest_fixes, estimate, format_table
+from grpo.models.memory_estimate import GIB, cheapest_fixes, estimate, format_table
 
 NO_GPU_LINE = "No CUDA GPU visible (torch.cuda.is_available() is False); nothing to report."
 GPUS: dict[str, tuple[float, tuple[int, int]]] = {

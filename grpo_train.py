@@ -49,12 +49,12 @@ from grpo.phases.rollout import rollout_metrics
 from grpo.phases.sft import run_sft, sft_examples, stratified
 from grpo.phases.tools import build_toolbox, resolve_tools, sample_rollouts, tool_specs
 from grpo.phases.update import Learner, StepSettings, train_step
-from grpo.run import checkpoint as ckpt
+from grpo.run import checkpoint_files as ckpt
 from grpo.run.api import python_config
-from grpo.run.checkpointing import check_resume, reference_weights, resume, save_checkpoint
+from grpo.run.save_resume import check_resume, reference_weights, resume, save_checkpoint
 from grpo.run.config_check import check_config
 from grpo.run.console import banner, preset_note
-from grpo.run.doctoring import consult_doctor, doctor_line, doctor_stops, start_doctor
+from grpo.run.doctor_in_run import consult_doctor, doctor_line, doctor_stops, start_doctor
 from grpo.run.pareto import RUN_SUBDIR as PARETO_SUBDIR, ParetoFrontier, require_heldout_rows
 from grpo.run.plot import plot_run
 from grpo.run.report import build_report, format_report

@@ -308,12 +308,12 @@ def gold_letters(run_dir: Path) -> dict[str, int]:
 
 def regraded_accuracy(run_dir: Path, phase: str) -> tuple[float, float] | None:
     """BBQ accuracy of the run's greedy held-out replies of one phase as recorded (the bbq_rule part of
-    evals/<phase>.jsonl, graded by the code of the run's day) and graded again by today's grpo.core.rewards.bbq_rule on
+    evals/<phase>.jsonl, graded by the code of the run's day) and graded again by today's grpo.core.rule_graders.bbq_rule on
     the options the prompt showed (`shown_gold`); None without that file."""
     path = run_dir / "evals" / f"{phase}.jsonl"
     if not has_record(path):
         return None
-    from grpo.core.rewards import bbq_rule
+    from grpo.core.rule_graders import bbq_rule
 
     gold = shown_gold(run_dir, phase)
     rows = [r for line in read_record(path).splitlines() if line.strip() and (r := json.loads(line))["task"] == "fairness"]

@@ -9,7 +9,7 @@ import pytest
 
 from grpo.config.settings import ConfigError
 from grpo.core.records import Sample
-from grpo.core.rewards import LETTERS, bbq_rule
+from grpo.core.rule_graders import LETTERS, bbq_rule
 from grpo.data.bbq import condition_counts, load_bbq, with_ambiguous_share
 
 DATA = Path(__file__).resolve().parents[1] / ".." / "shared" / "data"

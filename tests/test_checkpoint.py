@@ -17,7 +17,7 @@ import pytest
 import torch
 
 import grpo_train as G
-from grpo.run import checkpoint as ckpt
+from grpo.run import checkpoint_files as ckpt
 from tests.trainer_helpers import fast_config
 
 ROOT = Path(__file__).resolve().parents[1]

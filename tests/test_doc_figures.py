@@ -17,10 +17,10 @@ import pytest
 
 from grpo.config import settings as C
 from conftest import ROOT
-from grpo.core import symptoms
-from grpo.core.doctor import HealthThresholds
+from grpo.run import doctor_checks as symptoms
+from grpo.run.doctor import HealthThresholds
 from grpo.core.kernels import DEFAULT_LOGPROB_CHUNK_ROWS
-from grpo.core.memory import DEFAULT_ALLOCATOR_SLACK, DEFAULT_CUDA_OVERHEAD_GB
+from grpo.models.memory_estimate import DEFAULT_ALLOCATOR_SLACK, DEFAULT_CUDA_OVERHEAD_GB
 
 TH = HealthThresholds()
 DOCS = {name: " ".join((ROOT / name).read_text().split())
@@ -180,8 +180,8 @@ def test_doc_figure_equals_the_code(doc, claim, sources):
 
 
 def finding_codes() -> set[str]:
-    """Every finding code grpo/core/symptoms.py can raise (the window checks and the end-of-run ones)."""
-    source = (ROOT / "grpo" / "core" / "symptoms.py").read_text()
+    """Every finding code grpo/run/doctor_checks.py can raise (the window checks and the end-of-run ones)."""
+    source = (ROOT / "grpo" / "run" / "doctor_checks.py").read_text()
     return set(re.findall(r'Finding\(\s*(?:"(?:red|yellow)"|level),\s*"(\w+)"', source))
 
 

@@ -1,4 +1,4 @@
-"""grpo.core.doctor on crafted metric histories: every finding fires at the edge of its threshold and not just inside it,
+"""grpo.run.doctor on crafted metric histories: every finding fires at the edge of its threshold and not just inside it,
 the verdict's levels, and the online Doctor's firing / clearing / metrics.
 
 The base history is a healthy 30-step run (window 10, min_steps 20): reward rising, held-out rising, entropy 1 nat,
@@ -7,7 +7,7 @@ answers rotating over three classes; each test changes one series and says by ha
 
 import pytest
 
-from grpo.core.doctor import (ONLINE_CODES, Doctor, Finding, HealthThresholds, check, heldout_series, rl_steps, verdict)
+from grpo.run.doctor import (ONLINE_CODES, Doctor, Finding, HealthThresholds, check, heldout_series, rl_steps, verdict)
 
 BANDS = {"fairness": (0.01, 0.08)}
 STEPS = 30

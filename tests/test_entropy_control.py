@@ -12,7 +12,7 @@ import grpo_train as G
 from grpo.config.settings import LossConfig
 from grpo.core.entropy_control import AdaptiveEntropyCoef
 from grpo.phases.update import Learner, StepSettings, train_step
-from grpo.run.checkpointing import checkpoint_state
+from grpo.run.save_resume import checkpoint_state
 from tests.trainer_helpers import fast_config, rollout_batch
 
 

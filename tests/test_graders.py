@@ -15,7 +15,7 @@ from grpo.grading.graders import (FILE_MODULE_PREFIX, GraderError, builtin_grade
                           resolve_graders, trl_inputs)
 from grpo.core.records import Rollout, Sample
 from grpo.grading.reward_models import RewardModelSpec, normalize_scores
-from grpo.core.rewards import GRADERS, bbq_rule, format_reward, token_f1
+from grpo.core.rule_graders import GRADERS, bbq_rule, format_reward, token_f1
 from grpo.grading.scoring import RewardSpec, score_rollouts
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -251,13 +251,13 @@ def test_a_grader_loads_from_a_file_path_without_touching_sys_path(tmp_path):
 def test_resolve_grader_by_name_module_path_and_errors():
     assert set(GRADERS) >= {"bbq_rule", "halueval_rule", "format"}
     assert resolve_grader("format").fn is format_reward and resolve_grader("format").bounds == (0.0, 1.0)
-    assert resolve_grader("grpo.core.rewards:token_f1").fn is token_f1
+    assert resolve_grader("grpo.core.rule_graders:token_f1").fn is token_f1
     with pytest.raises(GraderError, match="grader 'nope': not a known grader: use a built-in"):
         resolve_grader("nope")
     with pytest.raises(GraderError, match=r"cannot import module 'no_such_pkg.mod'.*give a file path"):
         resolve_grader("no_such_pkg.mod:f")
     with pytest.raises(GraderError, match="has no callable 'missing'"):
-        resolve_grader("grpo.core.rewards:missing")
+        resolve_grader("grpo.core.rule_graders:missing")
     assert set(builtin_graders()) == set(GRADERS) | {"llm_judge"} and all(builtin_graders().values())
 
 
@@ -356,8 +356,8 @@ def test_a_weight_that_is_no_number_is_named_as_such_not_as_a_missing_file(tmp_p
         resolve_grader(f"{path}:fine:abc")
     with pytest.raises(GraderError, match=r"grader 'format:high': 'high' is not a number.* e.g. 'format:1.0'"):
         resolve_grader("format:high")
-    with pytest.raises(GraderError, match=r"'x' is not a number.* e.g. 'grpo.core.rewards:token_f1:1.0'"):
-        resolve_grader("grpo.core.rewards:token_f1:x")
+    with pytest.raises(GraderError, match=r"'x' is not a number.* e.g. 'grpo.core.rule_graders:token_f1:1.0'"):
+        resolve_grader("grpo.core.rule_graders:token_f1:x")
     with pytest.raises(GraderError, match=r"file .*nope.py not found"):  # a missing file is still named
         resolve_grader(f"{tmp_path / 'nope.py'}:fine")
     assert resolve_grader(f"{path}:fine").kind == "row"

@@ -6,7 +6,7 @@ import json
 import shutil
 from pathlib import Path
 
-from grpo.core.symptoms import HealthThresholds, heldout_collapse
+from grpo.run.doctor_checks import HealthThresholds, heldout_collapse
 
 TH = HealthThresholds()  # collapse_share 0.6, collapse_rise, solved_reward 0.9
 

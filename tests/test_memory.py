@@ -1,4 +1,4 @@
-"""grpo/core/memory.py arithmetic on hand-worked shapes, the phase model, the fixes, and check_gpu_memory.py's CLI."""
+"""grpo/models/memory_estimate.py arithmetic on hand-worked shapes, the phase model, the fixes, and check_gpu_memory.py's CLI."""
 
 import os
 import re
@@ -11,7 +11,7 @@ import pytest
 
 from conftest import ROOT
 
-from grpo.core.memory import (GIB, KNOWN_SHAPES, LLAMA_TARGETS, EstimateInputs, ModelShape, cheapest_fixes, estimate, fits,
+from grpo.models.memory_estimate import (GIB, KNOWN_SHAPES, LLAMA_TARGETS, EstimateInputs, ModelShape, cheapest_fixes, estimate, fits,
                          format_table, logit_bytes, lookup_known_shape, lora_param_count, param_counts, pass_tokens,
                          shape_from_hf_config)
 

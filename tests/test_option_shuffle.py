@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from grpo.core.rewards import LETTERS, bbq_rule
+from grpo.core.rule_graders import LETTERS, bbq_rule
 from grpo.data.batching import TaskBalancedSampler
 from grpo.data.bbq import (balanced_heldout, balanced_positions, for_epoch, load_bbq, option_order,
                            order_with_gold_at, permuted_row)

@@ -11,7 +11,7 @@ import pytest
 
 from conftest import SHARED_DATA
 from grpo.core.recognition_measures import recognition_measures
-from grpo.core.rewards import GRADERS, halueval_recognition, halueval_rule, recognition_verdict
+from grpo.core.rule_graders import GRADERS, halueval_recognition, halueval_rule, recognition_verdict
 from grpo.data.halueval import load_halueval
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "halueval"

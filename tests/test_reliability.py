@@ -397,7 +397,7 @@ def _craft(root: Path, kind: str) -> Path:
 def test_resume_auto_skips_a_newer_unusable_folder_and_says_so(tmp_path, kind, capsys):
     import torch
 
-    from grpo.run import checkpoint as ckpt
+    from grpo.run import checkpoint_files as ckpt
 
     good = ckpt.save(tmp_path, 3, {"step": 3, "weights": {"w": torch.arange(3.0)}}, {"a": 1}, keep_last=3)
     crafted = _craft(tmp_path, kind)
@@ -411,7 +411,7 @@ def test_resume_auto_skips_a_newer_unusable_folder_and_says_so(tmp_path, kind, c
 # ------------------------------------------------------------------------------------- the doctor on None / inf rewards
 @pytest.mark.parametrize("value", [float("nan"), float("inf")], ids=["rewards-none", "rewards-infinite"])
 def test_the_doctor_does_not_advise_a_learning_rate_for_broken_rewards(value):
-    from grpo.core.doctor import check
+    from grpo.run.doctor import check
     from tests.test_doctor import BANDS, CONFIG, TH, healthy, rl
 
     rows = healthy()

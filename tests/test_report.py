@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from grpo.core.symptoms import HealthThresholds
+from grpo.run.doctor_checks import HealthThresholds
 from grpo.run.report import build_report, format_report
 
 FIXTURE = Path(__file__).resolve().parent / "fixtures" / "run_demo"

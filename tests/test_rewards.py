@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from conftest import SHARED_DATA
-from grpo.core.rewards import (
+from grpo.core.rule_graders import (
     bbq_parse, bbq_rule, bbq_rule_detail, extract_field, format_reward, halueval_general_rule, halueval_rule,
     token_f1,
 )

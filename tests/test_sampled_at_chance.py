@@ -1,5 +1,5 @@
 """The pass@K diagnostic read against a uniform guess: a multiple-choice task whose right option is sampled no more
-often than chance before RL is a finding (grpo/core/symptoms.sampled_at_chance) in the run's report."""
+often than chance before RL is a finding (grpo/run/doctor_checks.sampled_at_chance) in the run's report."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from grpo.core.pass_at_k import guess_pass_at_k
-from grpo.core.symptoms import sampled_at_chance
+from grpo.run.doctor_checks import sampled_at_chance
 
 CONFIG = {"train": {"pass_at_k": 4}, "sft": {"max_examples": 48}}
 

@@ -476,8 +476,8 @@ def tool_rows(n: int, calls: float, failures: float, cut: float) -> list[dict]:
     (1.0, 0.1, 0.1, set()),
 ])
 def test_the_doctor_names_an_unused_tool_dominant_errors_and_loops(calls, failures, cut, want):
-    from grpo.core.doctor import Doctor, HealthThresholds
-    from grpo.core.symptoms import TOOL_CODES
+    from grpo.run.doctor import Doctor, HealthThresholds
+    from grpo.run.doctor_checks import TOOL_CODES
 
     doctor = Doctor(HealthThresholds(), config={"rollout": {"tools": ["m:calculator"]}, "sft": {"steps": 0}})
     for row in tool_rows(10, calls, failures, cut):

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from grpo.core.rewards import bbq_rule, evidence_rule, halueval_rule, is_hedge
+from grpo.core.rule_graders import bbq_rule, evidence_rule, halueval_rule, is_hedge
 from grpo.data.halueval import load_halueval
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "halueval"

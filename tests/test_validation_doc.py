@@ -23,7 +23,7 @@ import torch
 from grpo.config import settings as C
 from grpo.config.command_line import split_argv
 import grpo_train as G
-from grpo.run import checkpoint as ckpt
+from grpo.run import checkpoint_files as ckpt
 
 ROOT = Path(__file__).resolve().parents[1]
 DOC = ROOT / "docs" / "VALIDATION.md"

@@ -23,7 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Iterable, Sequence
 
-from grpo.core.rewards import bbq_parse
+from grpo.core.rule_graders import bbq_parse
 
 ANSWER_KINDS = ("target", "non_target", "unknown", "invalid", "untargeted")
 CONDITIONS = ("ambig", "disambig")

@@ -5,7 +5,7 @@ the last good weights when a step leaves a non-finite parameter, and stop with `
 `max_consecutive` bad steps in a row, saying what to change. Formula: grad norm = ||g||_2 over all trainable
 parameters, as returned by torch.nn.utils.clip_grad_norm_.
 
-The checks over the metric history (findings, verdict, the online `Doctor`) live in grpo/core/doctor.py.
+The checks over the metric history (findings, verdict, the online `Doctor`) live in grpo/run/doctor.py.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """Hallucination recognition measured per evaluation (HaluEval, Li et al. 2023): the model is shown a reply and
-answers whether it holds a hallucination; its verdicts are graded by `halueval_recognition` (grpo/core/rewards.py).
+answers whether it holds a hallucination; its verdicts are graded by `halueval_recognition` (grpo/core/rule_graders.py).
 
   balanced accuracy    = (recall on "yes" rows + recall on "no" rows) / 2, an unparseable verdict counting as wrong;
                          over the classes present (one class only: its recall); None without rows. A constant

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from grpo.core.records import Sample
-from grpo.core.rewards import token_f1
+from grpo.core.rule_graders import token_f1
 from grpo.data.jsonio import (
     DataFileError, LoadResult, TemplateFieldError, content_id, fill_template, missing_fields, read_records,
 )

@@ -2,7 +2,7 @@
 
 A reward term names its grader (`rewards.<task> = "name:weight,..."`); `resolve_grader` tries, in order:
   a callable handed in by name      (the Python entry point: rewards={task: [fn, ...]})
-  a built-in name of GRADERS        rule graders fn(completion, gold) -> [0, 1] | None   (grpo/core/rewards.py)
+  a built-in name of GRADERS        rule graders fn(completion, gold) -> [0, 1] | None   (grpo/core/rule_graders.py)
   a reward_models.<name> entry      a sequence-classifier reward model (grpo/grading/reward_models.py)
   an existing folder                a reward model folder with the default RewardModelSpec settings
   "package.module:function"         imported as a module
@@ -60,7 +60,7 @@ from typing import Any, Callable, Mapping, Sequence
 import torch
 
 from grpo.core.records import Rollout, Sample
-from grpo.core.rewards import GRADERS
+from grpo.core.rule_graders import GRADERS
 
 JUDGE_TERM = "llm_judge"
 RULE_BOUNDS = (0.0, 1.0)

@@ -21,7 +21,7 @@ import torch
 from torch import nn
 
 from grpo.config.settings import ModelConfig, field_error  # load_policy's LoRA defaults are the config's (one source of truth)
-from grpo.core.files import cache_error, writing
+from grpo.data.files import cache_error, writing
 
 TINY_NAME = "builtin:tiny"
 """`load_policy` name that builds the tiny model and tokenizer in code (tests and CPU smoke runs)."""
@@ -150,7 +150,7 @@ def check_4bit_available() -> None:
 
 
 RANDOM_PREFIX = "random:"
-"""`load_policy("random:<shape>")`: random weights of a shape from grpo.core.memory.KNOWN_SHAPES (case-insensitive) or of a
+"""`load_policy("random:<shape>")`: random weights of a shape from grpo.models.memory_estimate.KNOWN_SHAPES (case-insensitive) or of a
 local folder's config.json, with the tiny tokenizer. Memory and speed do not depend on weight values, so this measures
 a real model's footprint with no download (benchmarks/gpu_memory.py)."""
 RANDOM_MAX_POSITIONS = 8192
@@ -165,7 +165,7 @@ def random_model_config(name: str, tokenizer):
 
     from transformers import LlamaConfig, Qwen2Config
 
-    from grpo.core.memory import KNOWN_SHAPES, lookup_known_shape, shape_from_hf_config
+    from grpo.models.memory_estimate import KNOWN_SHAPES, lookup_known_shape, shape_from_hf_config
 
     key = name[len(RANDOM_PREFIX):]
     config_file = Path(key).expanduser() / "config.json"
@@ -173,7 +173,7 @@ def random_model_config(name: str, tokenizer):
              else lookup_known_shape(key))
     if shape is None:
         raise ValueError(f"model.name={name!r}: unknown shape {key!r}; use random:<name> with a name from "
-                         f"grpo.core.memory.KNOWN_SHAPES ({', '.join(sorted(KNOWN_SHAPES))}) or random:<folder with "
+                         f"grpo.models.memory_estimate.KNOWN_SHAPES ({', '.join(sorted(KNOWN_SHAPES))}) or random:<folder with "
                          "config.json>")
     if shape.vocab < len(tokenizer):
         raise ValueError(f"model.name={name!r}: vocab {shape.vocab} is smaller than the tiny tokenizer's "

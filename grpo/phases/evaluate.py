@@ -9,7 +9,7 @@ from grpo.config.settings import RolloutConfig
 from grpo.core.bbq_measures import bbq_answer, bbq_measures, flat_measures
 from grpo.core.recognition_measures import recognition_measures
 from grpo.core.records import Rollout, Sample, Scored
-from grpo.core.rewards import recognition_verdict
+from grpo.core.rule_graders import recognition_verdict
 from grpo.models.tokens import encode_prompt
 from grpo.phases.rollout import greedy_complete
 from grpo.phases.tools import ToolBox, tool_rollouts

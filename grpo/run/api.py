@@ -201,7 +201,7 @@ def reward_terms(task: str, terms: Any, callables: dict[str, Callable[..., Any]]
     names and (grader, weight) pairs; each function is entered in `callables` under a name of its own (its
     __name__, made unique, never a built-in grader's or a reward model's)."""
     from grpo.grading.graders import JUDGE_TERM
-    from grpo.core.rewards import GRADERS
+    from grpo.core.rule_graders import GRADERS
 
     if isinstance(terms, str):
         return terms

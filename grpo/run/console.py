@@ -7,7 +7,7 @@ import torch
 
 from grpo.config import settings as C
 from grpo.config.presets import CUSTOM_PRESET
-from grpo.core.memory import estimate
+from grpo.models.memory_estimate import estimate
 from grpo.run.memory_inputs import inputs_from_config
 from grpo.run.state import Run
 

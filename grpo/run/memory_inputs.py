@@ -1,4 +1,4 @@
-"""What the memory estimator (grpo/core/memory.py, pure arithmetic) needs to know about a config: the model's shape and
+"""What the memory estimator (grpo/models/memory_estimate.py, pure arithmetic) needs to know about a config: the model's shape and
 the run's batch, precision and features. Used by check_gpu_memory.py and by the trainer's banner on a GPU.
 
 `cfg` is a config.Config or any object with the same fields (benchmarks pass stand-ins).
@@ -14,7 +14,7 @@ from grpo.models.hardware import choose_precision
 from grpo.core.kernels import DEFAULT_LOGPROB_CHUNK_ROWS
 from grpo.models.logprobs import shares_by_size
 from grpo.models.modeling import tiny_model_config
-from grpo.core.memory import KNOWN_SHAPES, EstimateInputs, ModelShape, lookup_known_shape, param_counts, \
+from grpo.models.memory_estimate import KNOWN_SHAPES, EstimateInputs, ModelShape, lookup_known_shape, param_counts, \
     shape_from_hf_config
 
 def resolve_shape(model_cfg: Any) -> ModelShape:

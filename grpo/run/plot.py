@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from grpo.run.report import kl_bands
-from grpo.core.doctor import HealthThresholds, series, tasks_in
+from grpo.run.doctor import HealthThresholds, series, tasks_in
 from grpo.run.tracking import read_metrics
 
 PLOT_FILE = "plot.png"

@@ -24,8 +24,8 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from grpo.core.doctor import VERDICT_TEXT, HealthThresholds, check, replayed, rl_steps, series, tasks_in, verdict
-from grpo.core.symptoms import heldout_collapse, sampled_at_chance
+from grpo.run.doctor import VERDICT_TEXT, HealthThresholds, check, replayed, rl_steps, series, tasks_in, verdict
+from grpo.run.doctor_checks import heldout_collapse, sampled_at_chance
 from grpo.run.pareto import RUN_SUBDIR as PARETO_SUBDIR, ParetoFrontier
 from grpo.run.tracking import read_metrics
 
@@ -175,7 +175,7 @@ def build_report(run_dir: str | Path, thresholds: HealthThresholds | None = None
     `recognition_table` row} (tasks with such rows only), pass_at_k (pass_at_k.json's figures, {} without it),
     findings [{level, code, message, suggestion, task, since}] (active at the end of the run; `since` = the step a
     window finding fired at), suggestions [str], verdict "green"|"yellow"|"too_short"|"red"
-    (grpo/core/doctor.verdict), reasons [str], cleared [{code, task, level, first_step, last_step, message}] (alarms
+    (grpo/run/doctor.verdict), reasons [str], cleared [{code, task, level, first_step, last_step, message}] (alarms
     that fired during the run and stopped), pareto_best {step, scores, path} (the Pareto frontier's point with the best
     mean held-out score, from pareto/pareto.json; absent without one). A run without eval.json still gets its health
     findings; a run without metrics.jsonl raises FileNotFoundError naming the path.

@@ -13,12 +13,12 @@ from typing import Any
 import torch
 
 from grpo.config import settings as C
-from grpo.core.doctor import Doctor
+from grpo.run.doctor import Doctor
 from grpo.core.entropy_control import AdaptiveEntropyCoef
 from grpo.core.health import WeightGuard
 from grpo.core.kl_control import Controller
 from grpo.core.records import Sample
-from grpo.core.symptoms import Finding
+from grpo.run.doctor_checks import Finding
 from grpo.data.batching import TaskBalancedSampler
 from grpo.grading.graders import Grader
 from grpo.grading.judge import Judge
@@ -96,7 +96,7 @@ class Run:
     counters: dict[str, float] = field(default_factory=dict)
     """Running totals the step metrics are differences of (judge counters), and the guard's restore flag."""
     doctor: Doctor | None = None
-    """The run doctor on rank 0 (grpo/core/doctor.py): the health checks over a moving window of the RL step metrics,
+    """The run doctor on rank 0 (grpo/run/doctor.py): the health checks over a moving window of the RL step metrics,
     started by `start_doctor` (by the first `rl_step` when `main` did not, e.g. in a notebook); None on other ranks."""
     alarms: list[Finding] = field(default_factory=list)
     """The doctor's findings that fired at the last RL step (rank 0); `main` prints them."""

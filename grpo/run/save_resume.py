@@ -1,6 +1,6 @@
 """A run's checkpoints: what one holds (everything needed to continue bit for bit), saving it from every process,
 resuming from it, the post-SFT reference's weights, and loading a Pareto point's weights back (`train.doctor=restore`).
-The files themselves (temporary folder, manifest of sha256, atomic rename, verification) are grpo/run/checkpoint.py's.
+The files themselves (temporary folder, manifest of sha256, atomic rename, verification) are grpo/run/checkpoint_files.py's.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import torch
 from grpo.config import settings as C
 from grpo.models.distributed import Dist, rank_rng_state
 from grpo.models.modeling import Policy
-from grpo.run import checkpoint as ckpt
+from grpo.run import checkpoint_files as ckpt
 from grpo.run.fingerprints import input_changes
 from grpo.run.run_folder import run_started
 from grpo.run.setup_parts import fresh_optimizer

@@ -1,4 +1,4 @@
-"""The run doctor: the health checks of grpo/core/symptoms.py over a moving window of the step metrics, online
+"""The run doctor: the health checks of grpo/run/doctor_checks.py over a moving window of the step metrics, online
 (`Doctor.update` every RL step) and at the end of a run (`check`: the same Doctor replayed over metrics.jsonl, plus
 the whole-run counts and the held-out gains), and a verdict.
 
@@ -19,7 +19,7 @@ from collections import deque
 from dataclasses import dataclass, replace
 from typing import Any, Iterable, Mapping, Sequence
 
-from grpo.core.symptoms import (ONLINE_CODES, TOOL_CODES, WINDOW_CHECKS, Finding, HealthThresholds, Level, dead_step,
+from grpo.run.doctor_checks import (ONLINE_CODES, TOOL_CODES, WINDOW_CHECKS, Finding, HealthThresholds, Level, dead_step,
                                 heldout_gains, is_rl_row, mean, number, series, tasks_in, whole_run)
 
 __all__ = ["Alarm", "Doctor", "Finding", "HealthThresholds", "ONLINE_CODES", "VERDICT_TEXT", "check", "heldout_series",

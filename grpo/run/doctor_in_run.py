@@ -1,14 +1,14 @@
 """The run doctor inside a run (rank 0): started with the history metrics.jsonl holds, fed every RL step, its findings
 as the console shows them, and `train.doctor` stop / restore acted on by every process at the same step. The checks
-themselves are grpo/core/doctor.py's and grpo/core/symptoms.py's."""
+themselves are grpo/run/doctor.py's and grpo/run/doctor_checks.py's."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from grpo.config import settings as C
-from grpo.core.doctor import Doctor, Finding
-from grpo.run.checkpointing import restore_best
+from grpo.run.doctor import Doctor, Finding
+from grpo.run.save_resume import restore_best
 from grpo.run.report import kl_bands
 from grpo.run.state import Run
 from grpo.run.tracking import METRICS_FILE, read_metrics

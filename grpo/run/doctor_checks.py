@@ -1,6 +1,6 @@
 """What the run doctor looks for: the thresholds, the findings, and the checks over a window of step metrics.
 
-`grpo/core/doctor.py` holds the window (a `Doctor`) and calls every check in WINDOW_CHECKS at each RL step; a check reads
+`grpo/run/doctor.py` holds the window (a `Doctor`) and calls every check in WINDOW_CHECKS at each RL step; a check reads
 the window through the Doctor (its rows, window means, first and best windows, streaks, held-out series) and returns
 `Finding`s. The end-of-run checks (`whole_run`, `heldout_gains`) read the whole history. Pure: metric rows in,
 findings out; no I/O, no torch.
@@ -37,7 +37,7 @@ Window checks (rows = the last `recent_window` RL steps; "start" = the first win
                               `tool_failure_max`)
   yellow  tool_loops          more than `tool_loop_max` of the trajectories ended on rollout.max_tool_turns or the
                               token budget
-End of run (grpo/core/doctor.check only): red skipped_steps / yellow restored_weights (the weight guard's counts), red
+End of run (grpo/run/doctor.check only): red skipped_steps / yellow restored_weights (the weight guard's counts), red
 reward_regressed / yellow reward_flat (held-out after RL vs before RL), yellow no_heldout (a trained task never
 evaluated). From the held-out greedy completions (`heldout_collapse`, read by grpo/run/report.py from evals/):
 red heldout_collapse when one answer class holds ≥ `collapse_share` of a task's after-RL evaluation, at least
@@ -179,7 +179,7 @@ TOOL_CODES = ("tool_unused", "tool_failures", "tool_loops")
 
 
 class Window(Protocol):
-    """What a window check reads of the run doctor (grpo.core.doctor.Doctor is one). Declared here, where the checks
+    """What a window check reads of the run doctor (grpo.run.doctor.Doctor is one). Declared here, where the checks
     are, so that they need not import the doctor that calls them: the two modules import one way."""
 
     th: HealthThresholds
