@@ -217,6 +217,21 @@ def _none_is(dotted: str, off: Any) -> Converter:
     return convert
 
 
+def _completion_length(value: int, fields: Mapping[str, Any], out: dict, notes: list) -> None:
+    _set(out, "rollout.max_new_tokens", value)
+    _set(out, "rollout.max_trajectory_tokens", value)  # with tools TRL's max_completion_length bounds the trajectory
+
+
+def _tool_turns(value: int | None, fields: Mapping[str, Any], out: dict, notes: list) -> None:
+    if value is None:  # TRL: no limit, the trajectory's length ends it; every round takes >= 1 token of that budget
+        _set(out, "rollout.max_tool_turns", int(fields["max_completion_length"]))
+    elif int(value) < 1:
+        raise _error("max_tool_calling_iterations", value, "grpo-dual runs at least one round of tool calls when it "
+                     "has tools (rollout.max_tool_turns >= 1); use 1 or more, or pass no tools")
+    else:
+        _set(out, "rollout.max_tool_turns", int(value))
+
+
 def on_cpu(fields: Mapping[str, Any]) -> bool:
     """Whether the run will be on the CPU: use_cpu, or no CUDA device here."""
     import torch
@@ -391,7 +406,14 @@ TABLE: tuple[Row, ...] = (
     R("reward_weights", "rewards.<task> weights", None, "weigh each task's list of reward functions, in order "
       "(train(rewards=...)); a config file names no functions: rewards.<task>=name:weight", _part_of("")),
     # --- generation
-    R("max_completion_length", "rollout.max_new_tokens", 512, "copied"),
+    R("max_completion_length", "rollout.max_new_tokens, rollout.max_trajectory_tokens", 512, "copied into both: a "
+      "reply's length, and with tools the whole trajectory's (replies, tool results and template text), as in TRL",
+      _completion_length),
+    R("max_tool_calling_iterations", "rollout.max_tool_turns", None, "copied: the rounds of tool calls a trajectory "
+      "may run (TRL's loop runs a reply's calls and samples the next reply at most this many times; a reply that "
+      "calls after the last round ends the trajectory, its calls not run, as in TRL); unset (TRL: no limit, the "
+      "trajectory's length ends it): max_completion_length rounds, so the trajectory budget ends it first",
+      _tool_turns),
     R("temperature", "rollout.temperature", 1.0, "copied"),
     R("top_p", "rollout.top_p", 1.0, "copied"),
     R("top_k", "rollout.top_k", 0, "copied (0 and unset: off)", _none_is("rollout.top_k", 0)),
