@@ -1,5 +1,5 @@
 """Every config check names the field at fault: one bad value per check, and meta-tests that every check in the code
-(grpo/config/settings.py's `_check` / `_one_of` call sites, the registry fields of grpo/run/config_check.py, every rule of the KL
+(grpo/config/sections.py's and settings.py's `_check` / `_one_of` call sites, the registry fields of grpo/run/config_check.py, every rule of the KL
 controllers) has its row here. A new check without a row fails `test_every_*`."""
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from grpo.config import sections as S
 from grpo.config import settings as C
 from grpo.run.config_check import REGISTRY_FIELDS, check_config
 from grpo.core.kl_control import CONFIG_FIELDS, NOT_CONFIGURED, RULES, controller_args, controller_problem
@@ -196,7 +197,7 @@ BAD: list[tuple[str, Any, dict[str, Any]]] = [
     ("kl.default.beta", -1.0, FIXED),
 ]
 
-# Bounds that keep sampling, the losses and the weights finite (grpo/config/settings.py MIN_TEMPERATURE ... MAX_SEED),
+# Bounds that keep sampling, the losses and the weights finite (grpo/config/sections.py MIN_TEMPERATURE ... MAX_SEED),
 # and a template filled by plain substitution only (grpo/config/templates.py): accepted, then mangled, before #39
 BOUNDS: list[tuple[str, Any, dict[str, Any]]] = [
     ("data.max_document_chars", -5, {}),
@@ -263,33 +264,38 @@ def test_a_bad_value_is_reported_under_its_own_field(dotted, value, extra):
 
 
 def test_every_check_in_config_py_has_a_row(monkeypatch):
-    """Every `_check` / `_one_of` call site of grpo/config/settings.py runs while the rows are built, and every field name a
-    check reports has a row."""
-    tree = ast.parse((ROOT / "grpo/config/settings.py").read_text())
-    inner = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "_one_of")
-    sites = {n.lineno for n in ast.walk(tree) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)
-             and n.func.id in ("_check", "_one_of")} - {n.lineno for n in ast.walk(inner) if isinstance(n, ast.Call)}
+    """Every `_check` / `_one_of` call site of grpo/config/sections.py and grpo/config/settings.py runs while the rows
+    are built, and every field name a check reports has a row."""
+    sites: set[tuple[str, int]] = set()  # (file name, line)
+    for module in (S, C):
+        path = Path(module.__file__)
+        tree = ast.parse(path.read_text())
+        inner = {n.lineno for f in tree.body if isinstance(f, ast.FunctionDef) and f.name == "_one_of"
+                 for n in ast.walk(f) if isinstance(n, ast.Call)}
+        sites |= {(path.name, n.lineno) for n in ast.walk(tree) if isinstance(n, ast.Call)
+                  and isinstance(n.func, ast.Name) and n.func.id in ("_check", "_one_of") and n.lineno not in inner}
     assert len(sites) > 40
-    seen: dict[int, set[str]] = {}
-    real = C._check
+    seen: dict[tuple[str, int], set[str]] = {}
+    real = S._check
 
     def recording(ok, name, value, fix):
         caller = sys._getframe(1)
         if caller.f_code.co_name == "_one_of":
             caller = caller.f_back
-        seen.setdefault(caller.f_lineno, set()).add(name)
+        seen.setdefault((Path(caller.f_code.co_filename).name, caller.f_lineno), set()).add(name)
         return real(ok, name, value, fix)
 
-    monkeypatch.setattr(C, "_check", recording)
+    for module in (S, C):  # each module calls the _check of its own globals
+        monkeypatch.setattr(module, "_check", recording)
     for dotted, value, extra in BAD:
         try:
             build(dotted, value, extra)
         except C.ConfigError:
             pass
-    assert not sites - set(seen), f"grpo/config/settings.py checks at lines {sorted(sites - set(seen))} never ran: add rows"
+    assert not sites - set(seen), f"config checks at (file, line) {sorted(sites - set(seen))} never ran: add rows"
     fields = {f for f, _, _ in BAD}
     unlisted = {name for names in seen.values() for name in names} - fields
-    assert not unlisted, f"fields checked in grpo/config/settings.py without a row: {sorted(unlisted)}"
+    assert not unlisted, f"fields checked in grpo/config/sections.py or settings.py without a row: {sorted(unlisted)}"
 
 
 def test_every_registry_field_has_a_row():

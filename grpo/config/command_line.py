@@ -4,7 +4,7 @@
     --seed 3 (a shortcut, ALIASES)                            -> "train.seed=3"
     anything else (--preset, --print-config, ...)             -> left for the entry point's own argparse parser
 
-Standard library only; the schema, its validation and `load_config` are grpo/config/settings.py's, the presets grpo/config/presets.py's.
+Standard library only; the schema and its validation are grpo/config/sections.py's, `load_config` grpo/config/settings.py's, the presets grpo/config/presets.py's.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ import typing
 from pathlib import Path
 from typing import Any, Callable
 
+from grpo.config import sections
 from grpo.config import settings as C
 from grpo.config.presets import PRESETS
 
@@ -134,11 +135,11 @@ DEFAULT_PRESET = "demo"
 
 def describe_fields(preset: str = DEFAULT_PRESET) -> str:
     """Every field with its type, its value under `preset` (what a run gets without an override; "set by preset X"
-    where the preset changes the dataclass default) and its docstring (read from grpo/config/settings.py's source), for --help.
+    where the preset changes the dataclass default) and its docstring (read from grpo/config/sections.py's source), for --help.
     Per-task sections: the generic `kl.<task>` fields with the preset's kl.default values, then the preset's own
     `kl.<task>` and `rewards.<task>` entries. Raises ConfigError for an unknown preset."""
     docs: dict[str, dict[str, str]] = {}
-    for node in ast.parse(inspect.getsource(C)).body:
+    for node in ast.parse(inspect.getsource(sections)).body:
         if isinstance(node, ast.ClassDef):
             body = node.body
             for a, b in zip(body, body[1:]):

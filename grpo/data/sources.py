@@ -33,7 +33,7 @@ __all__ = ["DataSourceError", "Loaded", "TaskSource", "load_source_samples", "lo
 
 
 TaskSource = TaskSourceConfig
-"""A task's source is its `tasks.<task>` config section itself (grpo/config/settings.py: fields, docstrings, `validate`): one
+"""A task's source is its `tasks.<task>` config section itself (grpo/config/sections.py: fields, docstrings, `validate`): one
 home for the settings, whether they come from the command line, a config file or Python."""
 
 

@@ -64,7 +64,7 @@ def normalize_scores(logits_BC: torch.Tensor, normalize: str, label: int = 0, sh
 
 
 RewardModelSpec = RewardModelConfig
-"""One reward model and how its scores are read: the `reward_models.<name>` config section itself (grpo/config/settings.py);
+"""One reward model and how its scores are read: the `reward_models.<name>` config section itself (grpo/config/sections.py);
 a reward term names it as `<name>`, or gives a folder path, which uses the section's defaults."""
 
 
