@@ -31,6 +31,7 @@ from grpo.core.dapo import fill_informative_groups, overlong_penalty
 from grpo.core.entropy_control import AdaptiveEntropyCoef
 from grpo.core.health import TrainingUnstable, bad_step_reason
 from grpo.core.kl_control import controller_from_config
+from grpo.core.losses import losses_help
 from grpo.core.records import TrainBatch
 from grpo.core.tool_calls import tool_metrics
 from grpo.data.batching import TaskBalancedSampler, check_prompts_per_step
@@ -567,8 +568,8 @@ def cli(argv: list[str]) -> int:
     found while setting up (config, data, graders, judge, run folder, model.name); 1 a run failure; 130 / 143 stopped
     by SIGINT / SIGTERM (grpo/run/exits.py)."""
     try:
-        cfg, args = parse_trainer_argv(argv, prog=command_typed(), description=__doc__, more_help=graders_help(),
-                                       read_file=read_config_file)
+        cfg, args = parse_trainer_argv(argv, prog=command_typed(), description=__doc__,
+                                       more_help=losses_help() + graders_help(), read_file=read_config_file)
         check_config(cfg)
     except C.ConfigError as e:
         print(f"config error: {e}", file=sys.stderr)

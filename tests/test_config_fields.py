@@ -18,9 +18,11 @@ from grpo.config import sections as S
 from grpo.config import settings as C
 from grpo.run.config_check import REGISTRY_FIELDS, check_config
 from grpo.core.kl_control import CONFIG_FIELDS, NOT_CONFIGURED, RULES, controller_args, controller_problem
+from grpo.core.losses import POLICY_LOSSES
 
 ROOT = Path(__file__).resolve().parents[1]
 BAND, ADAPTIVE, FIXED = ({"kl.default.controller": kind} for kind in ("band", "adaptive", "fixed"))
+CISPO, SAPO, VESPO = ({"loss.policy_loss": name} for name in ("cispo", "sapo", "vespo"))
 
 SECRET = "sk-proj-Abc123SECRETvalue0987654321xyz"
 """What a pasted API key looks like (not a real one)."""
@@ -84,18 +86,24 @@ BAD: list[tuple[str, Any, dict[str, Any]]] = [
     ("loss.adv_clip", 0.0, {}),
     ("loss.adv_clip", -1.0, {}),
     ("loss.agg_mode", "token-mean", {"loss.policy_loss": "luspo", "loss.agg_mode": "seq-mean-token-sum"}),  # luspo
-    ("loss.cispo_max_ratio", 0.0, {}),
     ("loss.top_entropy_quantile", 0.0, {}),
     ("loss.multi_objective_aggregation", "gdpo", {}),
     ("loss.entropy_target", 0.0, {}),
     ("loss.entropy_coef_delta", 0.0, {}),
     ("loss.entropy_coef_min", 0.5, {"loss.entropy_target": 0.2}),  # above entropy_coef = 0
-    ("loss.sapo_temperature_pos", 0.0, {}),
-    ("loss.sapo_temperature_neg", -1.0, {}),
-    ("loss.vespo_k_pos", -1.0, {}),
-    ("loss.vespo_lambda_pos", -1.0, {}),
-    ("loss.vespo_k_neg", -1.0, {}),
-    ("loss.vespo_lambda_neg", -1.0, {}),
+    # the policy losses' own parameters (loss.params), under the loss that takes them (grpo/core/losses.py rules)
+    ("loss.params.cispo_max_ratio", 0.0, CISPO),
+    ("loss.params.sapo_temperature_pos", 0.0, SAPO),
+    ("loss.params.sapo_temperature_neg", -1.0, SAPO),
+    ("loss.params.vespo_k_pos", -1.0, VESPO),
+    ("loss.params.vespo_lambda_pos", -1.0, VESPO),
+    ("loss.params.vespo_k_neg", -1.0, VESPO),
+    ("loss.params.vespo_lambda_neg", -1.0, VESPO),
+    ("loss.params.cispo_max_ratio", 5.0, {}),  # cispo's, not grpo's
+    ("loss.params.sapo_temperatur_pos", 1.0, SAPO),  # a typo
+    ("loss.params.clip_low", 0.1, {}),  # loss.clip_low itself
+    ("loss.params.cispo_max_ratio", math.inf, CISPO),
+    ("loss.params", "cispo_max_ratio", CISPO),  # not name=value
     ("train.max_steps", 0, {}),
     ("train.prompts_per_micro_step", 0, {}),
     ("train.grad_accum", 0, {}),
@@ -226,14 +234,15 @@ BAD += BOUNDS
 
 
 def float_fields() -> list[str]:
-    """Every float field (plain or optional) of every section, kl.<task> under `kl.default`."""
+    """Every float field (plain or optional) of every section, kl.<task> under `kl.default` (loss.params' values:
+    their own row)."""
     out = []
     for section, cls in typing.get_type_hints(C.Config).items():
         cls = C.TaskKLConfig if section == "kl" else cls
         if dataclasses.is_dataclass(cls):
             where = "kl.default" if section == "kl" else section
             out += [f"{where}.{name}" for name, hint in typing.get_type_hints(cls).items()
-                    if hint is float or float in typing.get_args(hint)]
+                    if hint is float or (float in typing.get_args(hint) and typing.get_origin(hint) is not dict)]
     return out
 
 
@@ -301,6 +310,17 @@ def test_every_check_in_config_py_has_a_row(monkeypatch):
 def test_every_registry_field_has_a_row():
     fields = {f for f, _, _ in BAD}
     assert set(REGISTRY_FIELDS) | {"kl.default.controller"} <= fields
+
+
+def test_every_loss_parameter_has_a_row():
+    """Each registered loss's own parameters (grpo/core/losses.py register_policy_loss) each have a row under a loss
+    that takes them, and each row breaks exactly that parameter's rule."""
+    rows = {(dotted.split(".")[-1], extra.get("loss.policy_loss")) for dotted, value, extra in BAD
+            if dotted.startswith("loss.params.") and (spec := POLICY_LOSSES.get(extra.get("loss.policy_loss", "")))
+            and (param := spec.param(dotted.split(".")[-1])) and not (math.isfinite(value) and param.rule.holds(value))}
+    every = {(p.name, name) for name, spec in POLICY_LOSSES.items() for p in spec.params}
+    missing = {p for p, _ in every} - {p for p, _ in rows}
+    assert not missing, f"loss parameters without a row: {sorted(missing)}"
 
 
 def test_every_controller_rule_has_a_row():

@@ -54,6 +54,11 @@ def field_error(ref: str) -> str | None:
         if len(parts) == 2 or (len(parts) == 3 and parts[2] in TASK_KL_FIELDS):
             return None
         return f"{ref}: kl fields are kl.<task>.<one of {sorted(TASK_KL_FIELDS)}>"
+    if parts[:2] == ["loss", "params"] and len(parts) == 3:  # a registered loss's own parameter
+        from grpo.core.losses import POLICY_LOSSES
+
+        names = {p.name for spec in POLICY_LOSSES.values() for p in spec.params} | {"<name>"}
+        return None if parts[2] in names else f"{ref}: no registered loss takes {parts[2]} ({sorted(names)})"
     names = {f.name for f in dataclasses.fields(SECTIONS[section])}
     if len(parts) != 2 or parts[1] not in names:
         return f"{ref}: not a field of [{section}] ({sorted(names)})"
@@ -161,6 +166,7 @@ def test_field_check_catches_a_wrong_name():
     assert refs == {"rollout.k", "train.max_steps", "kl.fairness.beta"}
     assert all(field_error(r) is None for r in refs)
     assert field_error("rollout.kk") and field_error("kl.fairness.betta") and field_error("nosection.x")
+    assert field_error("loss.params.cispo_max_ratio") is None and field_error("loss.params.cispo_max")
 
 
 @pytest.mark.parametrize("doc", sorted(DOCS))

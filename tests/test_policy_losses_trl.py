@@ -11,7 +11,7 @@ import math
 import pytest
 import torch
 
-from grpo.core.losses import POLICY_LOSS_PARAMS, aggregate, policy_loss, vespo_weights
+from grpo.core.losses import POLICY_LOSSES, aggregate, policy_loss, vespo_weights
 
 F64 = torch.float64
 
@@ -100,7 +100,8 @@ def test_each_loss_refuses_parameters_it_does_not_take():
         policy_loss("cispo", t([[0.0]]), t([[0.0]]), t([1.0]), t([[1.0]]), clip_low=0.2)
     with pytest.raises(ValueError, match="clip_low"):
         policy_loss("grpo", t([[0.0]]), t([[0.0]]), t([1.0]), t([[1.0]]), sapo_temperature_pos=1.0)
-    assert set(POLICY_LOSS_PARAMS["sapo"]) == {"sapo_temperature_pos", "sapo_temperature_neg"}
+    assert POLICY_LOSSES["sapo"].arguments == ("sapo_temperature_pos", "sapo_temperature_neg")
+    assert POLICY_LOSSES["grpo"].arguments == ("clip_low", "clip_high", "dual_clip")
 
 
 # ------------------------------------------------------------------------------------------------------ TRL parity

@@ -66,6 +66,11 @@ def parse_value(text: str, annotation: Any, name: str) -> Any:
         return _finite(number, name)
     if origin is list:
         return [s.strip() for s in text.split(",") if s.strip()]
+    if origin is dict:  # `--loss.params a=1,b=2`: a table of named values
+        pairs = [item.partition("=") for item in text.split(",") if item.strip()]
+        if any(not eq or not key.strip() for key, eq, _ in pairs):
+            raise field_error(name, text, f"write name=value,name=value, or set one as {name}.<name>=value")
+        return {key.strip(): parse_value(value, args[1], f"{name}.{key.strip()}") for key, _, value in pairs}
     return text
 
 
@@ -98,7 +103,10 @@ def coerce_value(value: Any, annotation: Any, name: str) -> Any:
         return value
     if origin is list and isinstance(value, list) and all(isinstance(v, str) for v in value):
         return list(value)
-    expected = "a list of strings" if origin is list else getattr(annotation, "__name__", str(annotation))
+    if origin is dict and isinstance(value, dict):  # loss.params: each value checked as its own field
+        return {str(k): coerce_value(v, typing.get_args(annotation)[1], f"{name}.{k}") for k, v in value.items()}
+    expected = ("a list of strings" if origin is list else "a table of name: value" if origin is dict
+                else getattr(annotation, "__name__", str(annotation)))
     raise field_error(name, value, f"expected {expected}")
 
 
@@ -132,11 +140,15 @@ def _coerce_section(cls: type, values: dict[str, Any], where: str) -> Any:
     values = _table(values, where, f"{where}.<field>=value (fields: {sorted(hints)})")
     unknown = sorted(set(values) - set(hints))
     if unknown:
-        raise ConfigError(f"unknown config field(s) {[f'{where}.{u}' for u in unknown]}{did_you_mean(unknown, hints, where)}"
+        guess = did_you_mean(unknown, hints, where)
+        if not guess and typing.get_origin(hints.get("params")) is dict:  # loss.cispo_max_ratio, before loss.params
+            guess = (f" (did you mean {', '.join(f'`{where}.params.{u}`' for u in unknown)}? a policy loss's own "
+                     f"hyper-parameters are set as {where}.params.<name>)")
+        raise ConfigError(f"unknown config field(s) {[f'{where}.{u}' for u in unknown]}{guess}"
                           f": valid fields of `{where}` are {sorted(hints)}", field=f"{where}.{unknown[0]}")
     out = {}
     for key, value in values.items():
-        if isinstance(value, dict):  # `rollout.k.x=3`: a field used as if it were a section
+        if isinstance(value, dict) and typing.get_origin(hints[key]) is not dict:  # `rollout.k.x=3`: a field used as if it were a section
             raise ConfigError(f"unknown config field(s) {_leaves(value, f'{where}.{key}')}: `{where}.{key}` is a "
                               f"field, not a section; set it with {where}.{key}=value", field=f"{where}.{key}")
         out[key] = coerce_value(value, hints[key], f"{where}.{key}")

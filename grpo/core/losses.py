@@ -25,8 +25,10 @@ Metric values are 0-dim detached tensors (no host sync here); the loop converts 
 
 from __future__ import annotations
 
+import inspect
 import math
-from typing import Callable
+from dataclasses import dataclass
+from typing import Callable, NamedTuple
 
 import torch
 
@@ -81,11 +83,116 @@ def _sequence_token_log_ratio(logps_BT: torch.Tensor, old_logps_BT: torch.Tensor
 
 
 LOG_RATIOS: dict[str, Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]] = {
-    "grpo": _token_log_ratio,
-    "gspo": _sequence_log_ratio,
-    "gspo_token": _sequence_token_log_ratio,
+    "token": _token_log_ratio,  # GRPO
+    "sequence": _sequence_log_ratio,  # GSPO
+    "sequence_token": _sequence_token_log_ratio,  # GSPO-token
 }
-"""The only thing that differs between the policy losses: how the importance log-ratio is formed."""
+"""The only thing that differs between the clipped losses: how the importance log-ratio is formed (TRL's
+importance_sampling_level names)."""
+
+
+# ------------------------------------------------------------------------------------------------- the loss registry
+class Rule(NamedTuple):
+    """A rule on one loss hyper-parameter: `holds(value)`, and what it says (`"> 0"`), for --help and the error."""
+    holds: Callable[[float], bool]
+    says: str
+
+
+def above(bound: float) -> Rule:
+    return Rule(lambda v: v > bound, f"> {bound:g}")
+
+
+def at_least(bound: float) -> Rule:
+    return Rule(lambda v: v >= bound, f">= {bound:g}")
+
+
+@dataclass(frozen=True)
+class LossParam:
+    """A loss's own hyper-parameter, set as `loss.params.<name>`: default and type from the loss function's
+    signature, doc and rule from its registration (grpo/run/config_check.py applies the rule, naming the field)."""
+    name: str
+    default: float
+    doc: str
+    rule: Rule
+
+
+@dataclass(frozen=True)
+class LossSpec:
+    """One registered policy loss: everything the config check, --help and the update read about it."""
+    name: str
+    fn: Callable[..., tuple[torch.Tensor, dict[str, torch.Tensor]]]
+    """(logps_BT, old_logps_BT, advantages_B, mask_BT, **arguments) -> (loss_BT, metrics); see `policy_loss`."""
+    ratio: str
+    """The importance ratio it is built on, a key of LOG_RATIOS."""
+    doc: str
+    """One line for --help."""
+    params: tuple[LossParam, ...]
+    """Its own hyper-parameters (`loss.params.<name>`)."""
+    fields: tuple[str, ...]
+    """The loss section's own fields it takes (the clipped losses: CLIP_FIELDS, `loss.clip_low` ...)."""
+    agg_mode: str | None
+    """The aggregation (`loss.agg_mode`) it needs, None = any."""
+    metrics: tuple[str, ...]
+    """Its own metric keys beyond the ratio ones: off-policy, so averaged over the μ passes like them."""
+
+    @property
+    def arguments(self) -> tuple[str, ...]:
+        """Every keyword argument `fn` takes after the four tensors."""
+        return self.fields + tuple(p.name for p in self.params)
+
+    def param(self, name: str) -> LossParam | None:
+        return next((p for p in self.params if p.name == name), None)
+
+
+POLICY_LOSSES: dict[str, LossSpec] = {}
+"""Policy losses by name (`loss.policy_loss`), each registered once by `register_policy_loss` beside its function."""
+
+CLIP_FIELDS = ("clip_low", "clip_high", "dual_clip")
+"""The clipped losses' arguments: fields of the loss section itself (`loss.clip_low`, ...), shared by every clipped
+loss and checked in grpo/config/settings.py, so they are not `loss.params`."""
+
+TENSOR_ARGUMENTS = ("logps_BT", "old_logps_BT", "advantages_B", "mask_BT")
+"""What every loss function takes first, in this order; its keyword arguments after them are its hyper-parameters."""
+
+
+def register_policy_loss(name: str, *, ratio: str, doc: str, params: dict[str, tuple[str, Rule]] | None = None,
+                         fields: tuple[str, ...] = (), agg_mode: str | None = None,
+                         metrics: tuple[str, ...] = ()) -> Callable[[Callable], Callable]:
+    """Decorator: register `fn(logps_BT, old_logps_BT, advantages_B, mask_BT, **hyper-parameters)` as the policy loss
+    `name` (verl's `register_policy_loss`). That is all a new loss needs: the config check (grpo/run/config_check.py),
+    --help (`losses_help`), the update (grpo/phases/update.py) and TRL's `loss_type` read it from here.
+
+    params: doc and Rule of each hyper-parameter of `fn` that is its own (`loss.params.<name>`); its default and type
+    are the signature's. fields: the loss section's fields it takes instead (CLIP_FIELDS). agg_mode: the `loss.agg_mode`
+    it needs. metrics: its own metric keys. A parameter left undescribed, or described but not taken, is an error here.
+    """
+    params = params or {}
+
+    def register(fn: Callable) -> Callable:
+        where = f"register_policy_loss({name!r})"
+        if name in POLICY_LOSSES:
+            raise ValueError(f"{where}: a loss of that name is registered already ({POLICY_LOSSES[name].fn.__name__})")
+        if ratio not in LOG_RATIOS:
+            raise ValueError(f"{where}: ratio {ratio!r} is not one of {sorted(LOG_RATIOS)}")
+        signature = list(inspect.signature(fn).parameters.values())
+        if tuple(p.name for p in signature[:len(TENSOR_ARGUMENTS)]) != TENSOR_ARGUMENTS:
+            raise ValueError(f"{where}: {fn.__name__} must take {TENSOR_ARGUMENTS} first")
+        own = signature[len(TENSOR_ARGUMENTS):]
+        taken = {p.name for p in own}
+        undescribed = sorted(taken - set(fields) - set(params))
+        stray = sorted((set(params) | set(fields)) - taken)
+        no_default = sorted(p.name for p in own if p.default is inspect.Parameter.empty)
+        if undescribed or stray or no_default:
+            raise ValueError(f"{where}: {fn.__name__}'s hyper-parameters {sorted(taken)} need a doc and rule each in "
+                             f"params (or be loss fields); undescribed {undescribed}, not taken {stray}, without a "
+                             f"default {no_default}")
+        POLICY_LOSSES[name] = LossSpec(
+            name=name, fn=fn, ratio=ratio, doc=" ".join(doc.split()),
+            params=tuple(LossParam(p.name, p.default, *params[p.name]) for p in own if p.name not in fields),
+            fields=tuple(fields), agg_mode=agg_mode, metrics=tuple(metrics))
+        return fn
+
+    return register
 
 
 def _clipped_policy_loss(log_ratio_BT: torch.Tensor, logps_BT: torch.Tensor, old_logps_BT: torch.Tensor,
@@ -128,8 +235,9 @@ def _clipped_policy_loss(log_ratio_BT: torch.Tensor, logps_BT: torch.Tensor, old
     return loss_BT, metrics
 
 
-def _make_policy_loss(name: str) -> Callable[..., tuple[torch.Tensor, dict[str, torch.Tensor]]]:
-    log_ratio_fn = LOG_RATIOS[name]
+def clipped_loss(ratio: str) -> Callable[..., tuple[torch.Tensor, dict[str, torch.Tensor]]]:
+    """PPO's clipped surrogate on the LOG_RATIOS[ratio] importance ratio."""
+    log_ratio_fn = LOG_RATIOS[ratio]
 
     def loss_fn(logps_BT: torch.Tensor, old_logps_BT: torch.Tensor, advantages_B: torch.Tensor,
                 mask_BT: torch.Tensor, clip_low: float = 0.2, clip_high: float = 0.28,
@@ -138,9 +246,19 @@ def _make_policy_loss(name: str) -> Callable[..., tuple[torch.Tensor, dict[str, 
         return _clipped_policy_loss(log_ratio_BT, logps_BT, old_logps_BT.detach(), advantages_B, mask_BT,
                                     clip_low, clip_high, dual_clip)
 
-    loss_fn.__name__ = f"{name}_loss"
-    loss_fn.__doc__ = f"Clipped surrogate with the `{name}` importance ratio; see `policy_loss`."
+    loss_fn.__name__ = f"clipped_{ratio}_loss"
+    loss_fn.__doc__ = f"Clipped surrogate with the {ratio} importance ratio; see `policy_loss`."
     return loss_fn
+
+
+register_policy_loss("grpo", ratio="token", fields=CLIP_FIELDS, doc="""PPO's clipped surrogate on the token ratio
+    (DeepSeekMath).""")(clipped_loss("token"))
+register_policy_loss("gspo", ratio="sequence", fields=CLIP_FIELDS, doc="""the clipped surrogate on the sequence ratio
+    (GSPO; its paper clips at ~3e-4 / 4e-4).""")(clipped_loss("sequence"))
+register_policy_loss("gspo_token", ratio="sequence_token", fields=CLIP_FIELDS, doc="""GSPO's value with a per-token
+    gradient path (GSPO-token).""")(clipped_loss("sequence_token"))
+register_policy_loss("luspo", ratio="sequence", fields=CLIP_FIELDS, agg_mode="seq-mean-token-sum", doc="""GSPO's
+    clipped loss, each sequence weighted by its length (TRL's luspo).""")(clipped_loss("sequence"))
 
 
 def _advantages_BT(advantages_B: torch.Tensor, logps_BT: torch.Tensor) -> torch.Tensor:
@@ -158,6 +276,10 @@ def _ratio_metrics(ratio_BT: torch.Tensor, logps_BT: torch.Tensor, old_logps_BT:
                 "loss/approx_kl_old": masked_mean(kl_penalty(logps_BT.detach(), old_logps_BT, "k3"), mask_BT)}
 
 
+@register_policy_loss("cispo", ratio="token", metrics=("loss/cispo_clip_frac",), doc="""a clipped, detached ratio
+    weight instead of the clip: no token loses its gradient (MiniMax-M1; TRL's cispo).""", params={
+    "cispo_max_ratio": ("the importance weight is min(ratio, cispo_max_ratio), detached (ScaleRL's eps_max; TRL's "
+                        "epsilon_high under loss_type cispo)", above(0))})
 def cispo_loss(logps_BT: torch.Tensor, old_logps_BT: torch.Tensor, advantages_B: torch.Tensor, mask_BT: torch.Tensor,
                cispo_max_ratio: float = 5.0) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """CISPO: ℓ = −sg[min(r, ε_max)]·A·logp with the token ratio r. The ratio is a detached weight, so no token
@@ -176,6 +298,12 @@ def cispo_loss(logps_BT: torch.Tensor, old_logps_BT: torch.Tensor, advantages_B:
     return loss_BT, metrics
 
 
+@register_policy_loss("sapo", ratio="token", doc="""a soft sigmoid gate of the token ratio instead of the clip
+    (SAPO; TRL's sapo).""", params={
+    "sapo_temperature_pos": ("gate temperature of tokens with a positive advantage (SAPO paper / TRL default 1.0)",
+                             above(0)),
+    "sapo_temperature_neg": ("gate temperature of tokens with a non-positive advantage (SAPO paper / TRL default "
+                             "1.05)", above(0))})
 def sapo_loss(logps_BT: torch.Tensor, old_logps_BT: torch.Tensor, advantages_B: torch.Tensor, mask_BT: torch.Tensor,
               sapo_temperature_pos: float = 1.0, sapo_temperature_neg: float = 1.05,
               ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
@@ -217,6 +345,13 @@ def vespo_weights(log_ratio_BT: torch.Tensor, advantages_B: torch.Tensor, mask_B
         return torch.exp(log_phi_B1).nan_to_num(nan=0.0, posinf=0.0, neginf=0.0)
 
 
+@register_policy_loss("vespo", ratio="token", metrics=("loss/vespo_phi_mean",), doc="""a detached gamma weight
+    phi(w) of the sequence's summed token log-ratio (TRL's vespo).""", params={
+    "vespo_k_pos": ("power k of the gamma weight phi(w) = e^lambda w^k e^(-lambda w) where the advantage is >= 0",
+                    at_least(0)),
+    "vespo_lambda_pos": ("decay lambda of the gamma weight where the advantage is >= 0", at_least(0)),
+    "vespo_k_neg": ("power k of the gamma weight where the advantage is < 0", at_least(0)),
+    "vespo_lambda_neg": ("decay lambda of the gamma weight where the advantage is < 0", at_least(0))})
 def vespo_loss(logps_BT: torch.Tensor, old_logps_BT: torch.Tensor, advantages_B: torch.Tensor, mask_BT: torch.Tensor,
                vespo_k_pos: float = 2.0, vespo_lambda_pos: float = 3.0, vespo_k_neg: float = 3.0,
                vespo_lambda_neg: float = 2.0) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
@@ -234,36 +369,15 @@ def vespo_loss(logps_BT: torch.Tensor, old_logps_BT: torch.Tensor, advantages_B:
     return loss_BT, metrics
 
 
-POLICY_LOSSES: dict[str, Callable[..., tuple[torch.Tensor, dict[str, torch.Tensor]]]] = {
-    **{name: _make_policy_loss(name) for name in LOG_RATIOS},
-    "luspo": _make_policy_loss("gspo"),  # GSPO's per-token loss; the length weighting is the seq-mean-token-sum agg
-    "cispo": cispo_loss,
-    "sapo": sapo_loss,
-    "vespo": vespo_loss,
-}
-"""Policy losses by name. grpo / gspo / gspo_token / luspo are PPO's clipped surrogate and differ only in the ratio
-(LUSPO is GSPO aggregated with `seq-mean-token-sum`, which loss config requires); cispo, sapo and vespo replace the
-clip by a detached ratio weight or a soft gate."""
-
-CLIP_PARAMS = ("clip_low", "clip_high", "dual_clip")
-POLICY_LOSS_PARAMS: dict[str, tuple[str, ...]] = {
-    **{name: CLIP_PARAMS for name in ("grpo", "gspo", "gspo_token", "luspo")},
-    "cispo": ("cispo_max_ratio",),
-    "sapo": ("sapo_temperature_pos", "sapo_temperature_neg"),
-    "vespo": ("vespo_k_pos", "vespo_lambda_pos", "vespo_k_neg", "vespo_lambda_neg"),
-}
-"""The hyper-parameters each loss takes, named as the loss config's fields (the update passes exactly these)."""
-
-
 def policy_loss(name: str, logps_BT: torch.Tensor, old_logps_BT: torch.Tensor, advantages_B: torch.Tensor,
                 mask_BT: torch.Tensor, **params: float | None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Per-token policy loss `loss_BT` (0 where mask is 0) and `loss/*` metrics.
 
     name: a key of POLICY_LOSSES: "grpo" (token ratio), "gspo" (sequence ratio, whole sequence clipped),
-    "gspo_token", "luspo", "cispo", "sapo", "vespo".
+    "gspo_token", "luspo", "cispo", "sapo", "vespo", or any loss registered by `register_policy_loss`.
     old_logps_BT: log-probs under the rollout policy (always detached here); on-policy, pass `logps_BT.detach()`.
     advantages_B: one advantage per sequence, shape (B,) (a (B, T) per-token tensor is accepted too).
-    params: the loss's own hyper-parameters (POLICY_LOSS_PARAMS[name]); left out, each takes its default. For the
+    params: the loss's hyper-parameters (POLICY_LOSSES[name].arguments); left out, each takes its default. For the
     clipped losses: clip_low / clip_high, the ratio bounds [1 − clip_low, 1 + clip_high] (GSPO wants ~3e-4 / 4e-4),
     and dual_clip (c > 1 caps the loss of negative-advantage tokens at −c·A; None disables it).
     Metrics: loss/ratio_mean, loss/ratio_min, loss/ratio_max, loss/approx_kl_old (k3, masked mean); the clipped
@@ -272,14 +386,28 @@ def policy_loss(name: str, logps_BT: torch.Tensor, old_logps_BT: torch.Tensor, a
     """
     if name not in POLICY_LOSSES:
         raise ValueError(f"policy_loss: unknown loss {name!r}; valid names: {sorted(POLICY_LOSSES)}")
-    unknown = sorted(set(params) - set(POLICY_LOSS_PARAMS[name]))
+    spec = POLICY_LOSSES[name]
+    unknown = sorted(set(params) - set(spec.arguments))
     if unknown:
-        raise ValueError(f"policy_loss: loss {name!r} takes no {unknown}; its parameters: {POLICY_LOSS_PARAMS[name]}")
+        raise ValueError(f"policy_loss: loss {name!r} takes no {unknown}; its parameters: {spec.arguments}")
     _check_shapes("policy_loss", logps_BT, old_logps_BT=old_logps_BT, mask_BT=mask_BT)
     if advantages_B.shape not in (logps_BT.shape[:1], logps_BT.shape):
         raise ValueError(f"policy_loss: advantages_B has shape {tuple(advantages_B.shape)}; expected "
                          f"({logps_BT.shape[0]},) (one per sequence) or {tuple(logps_BT.shape)}")
-    return POLICY_LOSSES[name](logps_BT, old_logps_BT, advantages_B, mask_BT, **params)
+    return spec.fn(logps_BT, old_logps_BT, advantages_B, mask_BT, **params)
+
+
+def losses_help() -> str:
+    """The registered policy losses for --help: each with its ratio, what it is and its hyper-parameters."""
+    lines = ["", "", "Policy losses for loss.policy_loss (grpo/core/losses.py POLICY_LOSSES; a loss's own hyper-parameters "
+             "are set as --loss.params.<name> VALUE):"]
+    for spec in POLICY_LOSSES.values():
+        needs = f"; needs loss.agg_mode {spec.agg_mode}" if spec.agg_mode else ""
+        takes = f"; takes {', '.join(f'loss.{f}' for f in spec.fields)}" if spec.fields else ""
+        lines.append(f"  {spec.name} ({spec.ratio} ratio): {spec.doc.rstrip('.')}{takes}{needs}")
+        lines += [f"    --loss.params.{p.name} ({type(p.default).__name__}, default {p.default!r}, {p.rule.says}): "
+                  f"{p.doc}" for p in spec.params]
+    return "\n".join(lines)
 
 
 def top_entropy_mask(entropy_BT: torch.Tensor, mask_BT: torch.Tensor, quantile: float,

@@ -23,7 +23,7 @@ from typing import Any, Callable, Sequence
 import torch
 
 from grpo.config.settings import LossConfig
-from grpo.core.losses import POLICY_LOSS_PARAMS, aggregate, kl_penalty, policy_loss, top_entropy_mask
+from grpo.core.losses import POLICY_LOSSES, aggregate, kl_penalty, policy_loss, top_entropy_mask
 from grpo.core.records import TrainBatch
 from grpo.models.distributed import as_float
 from grpo.models.logprobs import completion_logprobs
@@ -34,9 +34,9 @@ KL_TAIL_ESTIMATOR = "k1"
 """Logged beside `kl/<task>` as `kl_k1/<task>`: k1 (the mean log-ratio) is unbiased too, and a rare sampled token
 with π ≪ π_ref moves it by log(π/π_ref), not by π_ref/π as it moves k3: a k3 spike with a quiet k1 is one tail token,
 both rising together is drift."""
-PER_PASS_PREFIXES = ("loss/clip_frac", "loss/ratio", "loss/approx_kl_old", "loss/dual_clip_frac",
-                     "loss/cispo_clip_frac", "loss/vespo_phi_mean")
-"""Off-policy metrics: at μ > 1 they are aggregated over ALL passes (the first pass is on-policy, ratio = 1)."""
+PER_PASS_PREFIXES = ("loss/clip_frac", "loss/ratio", "loss/approx_kl_old", "loss/dual_clip_frac")
+"""Off-policy metrics: at μ > 1 they are aggregated over ALL passes (the first pass is on-policy, ratio = 1); so are
+the policy loss's own (`LossSpec.metrics`)."""
 
 
 FUSED_ADAMW_DEVICES = ("cpu", "cuda", "mps", "xpu")
@@ -70,7 +70,8 @@ def micro_batch_terms(model: torch.nn.Module, mb: TrainBatch, betas_N: torch.Ten
                                                group_size=mb.group_size)
     mask_BT = mb.completion_mask_BT.to(logps_BT.dtype)
     old_BT = logps_BT.detach() if mb.old_logps_BT is None else mb.old_logps_BT
-    params = {name: getattr(loss, name) for name in POLICY_LOSS_PARAMS[loss.policy_loss]}  # named as loss's fields
+    spec = POLICY_LOSSES[loss.policy_loss]  # its arguments: loss section fields (the clip) and its loss.params
+    params = {**{name: getattr(loss, name) for name in spec.fields}, **loss.params}
     pg_BT, pg_metrics = policy_loss(loss.policy_loss, logps_BT, old_BT, mb.advantages_B, mask_BT, **params)
     if mb.entropy_mask_BT is not None:  # top-entropy tokens only (loss.top_entropy_quantile); denominators unchanged
         pg_BT = pg_BT * mb.entropy_mask_BT.to(pg_BT.dtype)
@@ -277,7 +278,7 @@ def train_step(learner: Learner, batch: TrainBatch, betas_N: torch.Tensor, loss:
         passes.append(stats.finish(tasks, dist, overall=settings.entropy_coef is not None))
         norms.append(grad_norm)
     metrics.update(passes[0])
-    for key in [k for k in passes[0] if k.startswith(PER_PASS_PREFIXES)]:
+    for key in [k for k in passes[0] if k.startswith(PER_PASS_PREFIXES + POLICY_LOSSES[loss.policy_loss].metrics)]:
         values = [p[key] for p in passes if key in p]
         metrics[key] = max(values) if key.endswith("_max") else min(values) if key.endswith("_min") \
             else sum(values) / len(values)

@@ -2,8 +2,9 @@
 
 grpo/config/settings.py is standard library only, so its dataclasses check what needs no code (ranges, types, combinations of
 fields) in `__post_init__`. A name such as `loss.policy_loss` is valid when the registry that implements it holds it
-(grpo/core/losses.py POLICY_LOSSES, ...), and a kl.<task> section is valid when its controller accepts its arguments
-(grpo/core/kl_control.py RULES): those checks live here, next to the registries, and each entry point runs
+(grpo/core/losses.py POLICY_LOSSES, ...), `loss.params` when the chosen loss's registration takes each and its rule
+holds, and a kl.<task> section when its controller accepts its arguments (grpo/core/kl_control.py RULES): those checks
+live here, next to the registries, and each entry point runs
 `check_config` right after building the Config, before any model or data is loaded (grpo_train.setup / cli,
 check_gpu_memory.py). Every error is a ConfigError naming the field, the bad value and the fix. `check_installed` adds
 what a config asks of this machine that a look can tell before any data or model is loaded (the W&B package for
@@ -15,7 +16,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Collection
 
-from grpo.config.settings import Config, TaskKLConfig, field_error
+from grpo.config.settings import Config, LossConfig, TaskKLConfig, did_you_mean, field_error
 from grpo.core.advantages import ADV_SCALES, MULTI_OBJECTIVE_AGGREGATIONS
 from grpo.models.decode import ENGINES
 from grpo.core.kl_control import CONFIG_FIELDS, KL_CONTROLLERS, controller_args, controller_problem
@@ -50,6 +51,28 @@ def check_names(cfg: Config) -> None:
             raise field_error(dotted, value, f"use one of {sorted(names)}")
 
 
+def check_loss_params(loss: LossConfig) -> None:
+    """`loss.params` against the registration of `loss.policy_loss` (grpo/core/losses.py): only its own
+    hyper-parameters, each within its rule; and the `loss.agg_mode` the loss needs."""
+    spec = POLICY_LOSSES[loss.policy_loss]
+    own = [p.name for p in spec.params]
+    for name, value in loss.params.items():
+        param = spec.param(name)
+        if param is None:
+            owners = [s.name for s in POLICY_LOSSES.values() if s.param(name) is not None]
+            fix = f"loss.policy_loss {loss.policy_loss} takes no parameter {name}" + (
+                f" (it is {' and '.join(owners)}'s)" if owners else did_you_mean([name], own, "loss.params"))
+            valid = [f"loss.params.{n}" for n in own] + [f"loss.{f}" for f in spec.fields]
+            fix += f"; its parameters: {', '.join(valid) or 'none'}"
+            raise field_error(f"loss.params.{name}", value, fix)
+        if not param.rule.holds(value):
+            raise field_error(f"loss.params.{name}", value, f"{loss.policy_loss}'s {name} must be {param.rule.says} "
+                              f"(default {param.default!r})")
+    if spec.agg_mode is not None and loss.agg_mode != spec.agg_mode:
+        raise field_error("loss.agg_mode", loss.agg_mode, f"policy_loss {loss.policy_loss} needs agg_mode "
+                          f"{spec.agg_mode}")
+
+
 def check_kl_section(where: str, section: TaskKLConfig) -> None:
     """A kl.<task> section: a known controller, and arguments that controller accepts (its rules, not a copy)."""
     if section.controller not in KL_CONTROLLERS:
@@ -65,6 +88,7 @@ def check_kl_section(where: str, section: TaskKLConfig) -> None:
 def check_config(cfg: Config) -> Config:
     """The checks above over the whole config; returns it unchanged, or raises ConfigError naming the field."""
     check_names(cfg)
+    check_loss_params(cfg.loss)
     for task, section in cfg.kl.items():
         check_kl_section(f"kl.{task}", section)
     if cfg.data.source == "none" and not cfg.tasks:  # checked here, not in grpo/config/settings.py: `--preset custom --help` works

@@ -206,15 +206,12 @@ def policy_from_config(model_cfg, device: torch.device, corpus: Iterable[str], s
     from grpo.models.modeling import load_policy, policy_from_model, ready_for_batches
 
     on_cuda = device.type == "cuda"
-    lora = {"lora": model_cfg.lora, "lora_r": model_cfg.lora_r, "lora_alpha": model_cfg.lora_alpha,
-            "lora_dropout": model_cfg.lora_dropout, "lora_target_modules": model_cfg.lora_target_modules,
-            "load_in_4bit": model_cfg.load_in_4bit, "gradient_checkpointing": model_cfg.gradient_checkpointing}
     if loaded is not None:
         model, tokenizer = loaded
         ready_for_batches(model, tokenizer)
         dtype = next(model.parameters()).dtype
         use_scaler = dtype == torch.float16  # as choose_precision decides for fp16 weights: loss scaling
-        policy = policy_from_model(model, tokenizer, model_cfg.name, seed=seed, **lora)
+        policy = policy_from_model(model, tokenizer, model_cfg, seed=seed)
     else:
         caps = detect_capabilities()
         dtype, use_scaler, dtype_why = choose_precision(model_cfg.dtype, on_cuda,
@@ -224,12 +221,8 @@ def policy_from_config(model_cfg, device: torch.device, corpus: Iterable[str], s
                                           caps.get("compute_capability") if on_cuda else None, dtype)
         if os.environ.get("RANK", "0") == "0":  # one line per run, not per data-parallel process
             print(f"precision: {dtype} ({dtype_why}); attention: {attn} ({attn_why})")
-        tiny = {"hidden": model_cfg.tiny_hidden, "layers": model_cfg.tiny_layers, "heads": model_cfg.tiny_heads,
-                "kv_heads": max(1, model_cfg.tiny_heads // 2), "vocab_size": model_cfg.tiny_vocab}
         try:
-            policy = load_policy(model_cfg.name, dtype=dtype, attn_implementation=attn, seed=seed,
-                                 trust_remote_code=model_cfg.trust_remote_code, tiny_corpus=list(corpus),
-                                 tiny_sizes=tiny, **lora)
+            policy = load_policy(model_cfg, dtype=dtype, attn_implementation=attn, seed=seed, tiny_corpus=list(corpus))
         except (OSError, ValueError, ImportError, pickle.UnpicklingError, EOFError) as e:
             raise model_load_error(model_cfg.name, e) from None
     policy.grad_scaler = torch.amp.GradScaler("cuda") if use_scaler and on_cuda else None

@@ -87,6 +87,19 @@ def _noted(instead: str) -> Converter:
     return convert
 
 
+def _loss_param(loss_type: str) -> Converter:
+    """A hyper-parameter of one TRL loss_type, a registered parameter of grpo-dual's loss of that name: copied into
+    loss.params under that loss_type; under another TRL does not read it either (a value other than its default is
+    named in a note)."""
+    def convert(value: Any, fields: Mapping[str, Any], out: dict, notes: list) -> None:
+        if fields["loss_type"] == loss_type:
+            _set(out, f"loss.params.{convert.field}", value)
+        elif value != convert.default:
+            _note(notes, convert.field, value, f"not applied: TRL reads it only under loss_type {loss_type}")
+    convert.instead = "another loss_type does not read it: a value set there is named in a note"  # the docs' rule text
+    return convert
+
+
 def _part_of(field: str) -> Converter:
     """Read by `field`'s row."""
     return lambda value, fields, out, notes: None
@@ -174,7 +187,7 @@ def _epsilon(value: float, fields: Mapping[str, Any], out: dict, notes: list) ->
     _set(out, "loss.clip_low", float(value))
     _set(out, "loss.clip_high", float(high))
     if fields["loss_type"] == "cispo":  # TRL's cispo caps the ratio at epsilon_high
-        _set(out, "loss.cispo_max_ratio", float(high))
+        _set(out, "loss.params.cispo_max_ratio", float(high))
 
 
 LOSS_TYPE_AGG = {"grpo": "seq-mean-token-mean", "bnpo": "token-mean", "dapo": "token-mean",
@@ -375,7 +388,7 @@ TABLE: tuple[Row, ...] = (
     R("use_bias_correction_kl", "", True, "named in a note when beta > 0 (not applied)", _part_of("beta")),
     R("epsilon", "loss.clip_low, loss.clip_high", 0.2, "the lower clip; also the upper one when epsilon_high is "
       "unset, as in TRL", _epsilon),
-    R("epsilon_high", "loss.clip_high (loss.cispo_max_ratio under cispo)", None, "the upper clip (cispo: the "
+    R("epsilon_high", "loss.clip_high (loss.params.cispo_max_ratio under cispo)", None, "the upper clip (cispo: the "
       "ratio's cap)", _part_of("epsilon")),
     R("loss_type", "loss.agg_mode, loss.policy_loss", "dapo",
       "how the token losses are averaged (" + ", ".join(f"{k} -> {v}" for k, v in LOSS_TYPE_AGG.items())
@@ -395,12 +408,18 @@ TABLE: tuple[Row, ...] = (
     R("entropy_coef_delta", "loss.entropy_coef_delta", 0.005, "copied"),
     R("entropy_coef_min", "loss.entropy_coef_min", 0.0, "copied"),
     R("entropy_coef_max", "loss.entropy_coef_max", 1.0, "copied"),
-    R("sapo_temperature_pos", "loss.sapo_temperature_pos", 1.0, "copied"),
-    R("sapo_temperature_neg", "loss.sapo_temperature_neg", 1.05, "copied"),
-    R("vespo_k_pos", "loss.vespo_k_pos", 2.0, "copied"),
-    R("vespo_lambda_pos", "loss.vespo_lambda_pos", 3.0, "copied"),
-    R("vespo_k_neg", "loss.vespo_k_neg", 3.0, "copied"),
-    R("vespo_lambda_neg", "loss.vespo_lambda_neg", 2.0, "copied"),
+    R("sapo_temperature_pos", "loss.params.sapo_temperature_pos", 1.0, "copied under loss_type sapo",
+      _loss_param("sapo")),
+    R("sapo_temperature_neg", "loss.params.sapo_temperature_neg", 1.05, "copied under loss_type sapo",
+      _loss_param("sapo")),
+    R("vespo_k_pos", "loss.params.vespo_k_pos", 2.0, "copied under loss_type vespo",
+      _loss_param("vespo")),
+    R("vespo_lambda_pos", "loss.params.vespo_lambda_pos", 3.0, "copied under loss_type vespo",
+      _loss_param("vespo")),
+    R("vespo_k_neg", "loss.params.vespo_k_neg", 3.0, "copied under loss_type vespo",
+      _loss_param("vespo")),
+    R("vespo_lambda_neg", "loss.params.vespo_lambda_neg", 2.0, "copied under loss_type vespo",
+      _loss_param("vespo")),
     R("delta", "", None, "unset only", _only(None, "two-sided clipping of the ratio is not implemented; "
                                                  "loss.dual_clip is verl's dual clip, a different rule")),
     R("reward_weights", "rewards.<task> weights", None, "weigh each task's list of reward functions, in order "
