@@ -145,3 +145,20 @@ def test_registration_refuses_what_the_registry_could_not_describe():
     with pytest.raises(ValueError, match="ratio 'tokens'"):
         register_policy_loss("test_bad", ratio="tokens", doc="x", params={"scale": ("s", above(0))})(loss_fn)
     assert "test_bad" not in POLICY_LOSSES
+
+
+def test_a_checkpoint_from_before_the_registry_resumes():
+    """A config.json written when the loss parameters were loss section fields (loss.cispo_max_ratio ...) is the
+    same config as today's with those values left to their registered defaults; a changed value is still a change."""
+    from grpo.run.checkpoint_files import config_differences
+    from grpo.run.save_resume import config_defaults
+
+    cfg = C.load_config("demo", ["loss.policy_loss=cispo"])
+    saved = C.to_dict(cfg)
+    del saved["loss"]["params"]
+    saved["loss"].update(cispo_max_ratio=5.0, sapo_temperature_pos=1.0, sapo_temperature_neg=1.05, vespo_k_pos=2.0,
+                         vespo_lambda_pos=3.0, vespo_k_neg=3.0, vespo_lambda_neg=2.0)
+    assert config_differences(saved, C.to_dict(cfg), config_defaults(cfg)) == []
+    now = C.load_config("demo", ["loss.policy_loss=cispo", "loss.params.cispo_max_ratio=4"])
+    assert config_differences(saved, C.to_dict(now), config_defaults(now)) == [
+        "loss.params.cispo_max_ratio: checkpoint 5.0 vs now 4.0"]

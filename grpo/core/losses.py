@@ -20,6 +20,10 @@ Formulas (one line each, with the source):
 - KL k1 = logp − ref;  k2 = ½(logp − ref)²;  k3 = exp(ref − logp) − (ref − logp) − 1       (Schulman, "Approximating KL divergence", 2020)
 - KL k3+ = k2 + sg[k3 − k2]  (value of k3, gradient of k2)                                 (verl `low_var_kl+` / straight-through)
 
+Each policy loss is registered once, beside its function, by `register_policy_loss` (verl's decorator): its name, ratio,
+hyper-parameters with their defaults, rules and docs, the loss-section fields it takes and its metrics. The config
+check (grpo/run/config_check.py), --help (`losses_help`), the update and TRL's loss_type read POLICY_LOSSES.
+
 Metric values are 0-dim detached tensors (no host sync here); the loop converts them with `float()`.
 """
 

@@ -15,6 +15,7 @@ from typing import Any
 import torch
 
 from grpo.config import settings as C
+from grpo.core.losses import POLICY_LOSSES
 from grpo.models.distributed import Dist, rank_rng_state
 from grpo.models.modeling import Policy
 from grpo.run import checkpoint_files as ckpt
@@ -215,4 +216,7 @@ def config_defaults(cfg: C.Config) -> dict[str, Any]:
             flat.update({f"{name}.{k}": v for k, v in section.items()})
     for task in cfg.kl:
         flat.update({f"kl.{task}.{k}": v for k, v in dataclasses.asdict(C.TaskKLConfig()).items()})
+    for spec in POLICY_LOSSES.values():  # a loss parameter left out is its registered default; a checkpoint from
+        for p in spec.params:  # before the registry holds it as loss.<name>, absent now
+            flat[f"loss.params.{p.name}"] = flat[f"loss.{p.name}"] = p.default
     return flat
