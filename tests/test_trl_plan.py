@@ -47,6 +47,12 @@ CONFIGS = {  # name -> GRPOConfig fields (with use_cpu: TRL's bf16 default needs
                        "seed": 7},
     "dr_grpo_sequence": {"max_steps": 3, "loss_type": "dr_grpo", "importance_sampling_level": "sequence",
                          "scale_rewards": False, "max_completion_length": 32},
+    "save_and_evaluate_each_epoch": {"num_train_epochs": 2, "per_device_train_batch_size": 8, "num_generations": 4,
+                                     "save_strategy": "epoch", "eval_strategy": "epoch"},
+    "epoch_ends_under_max_steps_mu2": {"max_steps": 30, "num_iterations": 2, "num_generations": 8,
+                                       "save_strategy": "epoch", "eval_strategy": "epoch"},
+    "save_and_evaluate_by_steps": {"max_steps": 12, "save_strategy": "steps", "save_steps": 4,
+                                   "eval_strategy": "steps", "eval_steps": 3},
 }
 
 
@@ -79,7 +85,8 @@ def trl_plan(args) -> dict:
     trainer = SimpleNamespace(get_total_train_batch_size=lambda a: a.per_device_train_batch_size
                               * a.gradient_accumulation_steps * a.world_size,
                               get_sp_size=lambda: 1, num_examples=lambda dl: len(dl.dataset))
-    steps = Trainer.set_initial_training_values(trainer, args, loader)[-1]
+    values = Trainer.set_initial_training_values(trainer, args, loader)
+    steps, per_epoch = values[-1], values[1]  # optimizer steps: the run's, an epoch's
     param = torch.nn.Parameter(torch.zeros(1))
     optimizer = torch.optim.SGD([param], lr=args.learning_rate)
     scheduler = get_scheduler(args.lr_scheduler_type, optimizer, num_warmup_steps=args.get_warmup_steps(steps),
@@ -91,7 +98,13 @@ def trl_plan(args) -> dict:
         scheduler.step()
     # completions per optimizer step: a generation batch feeds steps_per_generation / gradient_accumulation_steps steps
     per_step = args.generation_batch_size * args.gradient_accumulation_steps // args.steps_per_generation
+
+    def every(strategy, steps):  # transformers' DefaultFlowCallback: every `steps` optimizer steps, or each epoch's end
+        return {"steps": steps, "epoch": per_epoch, "no": 0}[strategy.value]
+
     return {"completions": per_step, "micro_batch": args.per_device_train_batch_size, "steps": steps, "lrs": lrs,
+            "save_every": every(args.save_strategy, args.save_steps),
+            "eval_every": every(args.eval_strategy, args.eval_steps),
             "seed": args.seed, "clip": (args.epsilon, args.epsilon_high if args.epsilon_high is not None
                                         else args.epsilon),  # GRPOTrainer.__init__: epsilon_high defaults to epsilon
             "beta": args.beta}
@@ -108,7 +121,8 @@ def our_plan(cfg: C.Config) -> dict:
         scheduler.step()
     beta = cfg.kl["default"].beta if cfg.kl["default"].controller == "fixed" else None
     return {"completions": cfg.seqs_per_step, "micro_batch": cfg.micro_batch_seqs, "steps": cfg.total_updates,
-            "lrs": lrs, "seed": cfg.train.seed, "clip": (cfg.loss.clip_low, cfg.loss.clip_high), "beta": beta}
+            "lrs": lrs, "save_every": cfg.checkpoint.every * cfg.loss.mu, "eval_every": cfg.train.eval_every * cfg.loss.mu,
+            "seed": cfg.train.seed, "clip": (cfg.loss.clip_low, cfg.loss.clip_high), "beta": beta}
 
 
 def trl_loss(loss_type: str, per_token_loss, mask, max_completion_length: int):
@@ -142,7 +156,7 @@ def test_our_plan_is_trls(name, tmp_path):
 
 
 @pytest.mark.parametrize("name", ["defaults", "issue_batch", "group_spans_micro_batches", "linear_mu2",
-                                  "dr_grpo_sequence"])
+                                  "dr_grpo_sequence", "save_and_evaluate_each_epoch"])
 def test_the_object_and_its_yaml_give_the_same_plan(name, tmp_path, capsys):
     import yaml
 
@@ -198,7 +212,8 @@ def test_what_cannot_be_honoured_is_refused_or_named(tmp_path):
     for fields, message in [({"lr_scheduler_type": "polynomial"}, "lr_scheduler_type"),
                             ({"steps_per_generation": 4}, "generates once per optimizer step"),
                             ({"max_steps": 7, "num_iterations": 2}, "multiple of 2"),
-                            ({"save_strategy": "epoch"}, "use steps or no"),
+                            ({"save_strategy": "best"}, "use steps, epoch or no"),
+                            ({"eval_strategy": "best"}, "use steps, epoch or no"),
                             ({"adam_beta1": 0.8}, "torch's betas"),
                             ({"num_generations": 8, "per_device_train_batch_size": 3}, "e.g. "
                              "per_device_train_batch_size=8")]:

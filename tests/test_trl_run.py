@@ -106,6 +106,27 @@ def test_a_trl_config_trains_its_epochs_schedule_checkpoints_and_logging_into_ou
     assert [r["reward_log/curriculum_step"] for r in rows if "lr" in r] == [float(s) for s in range(steps)]
 
 
+def test_save_and_eval_strategy_epoch_checkpoint_and_evaluate_at_each_epochs_end(tmp_path):
+    """save_strategy="epoch" / eval_strategy="epoch" (they used to be refused): a checkpoint and a held-out
+    evaluation at the end of each pass over the training rows, the steps of an epoch counted once the rows are
+    loaded (TRL's epoch: the training prompts // the prompts of a step)."""
+    import grpo_train
+
+    args = grpo_config(tmp_path, num_train_epochs=3, per_device_train_batch_size=4, num_generations=2,
+                       save_strategy="epoch", eval_strategy="epoch", save_total_limit=None, learning_rate=1e-3)
+    run = grpo_train.train(SMALL, tasks={"caps": ROWS[:10]}, rewards={"caps": [reward_len]}, args=args)
+    per_epoch = len(run.train["caps"]) // 2
+    assert per_epoch >= 2 and run.step == 3 * per_epoch
+    assert (run.cfg.checkpoint.every, run.cfg.train.eval_every) == (per_epoch, per_epoch)
+    kept = sorted(int(p.name.split("_")[1]) for p in (run.run_dir / "checkpoints").iterdir()
+                  if p.name.startswith("step_"))
+    assert kept == [per_epoch, 2 * per_epoch, 3 * per_epoch]
+    during = sorted(int(name.split("_")[1]) for name in run.evals if name.startswith("step_"))
+    assert during[:2] == [per_epoch, 2 * per_epoch] and set(during) <= {per_epoch, 2 * per_epoch, 3 * per_epoch}
+    saved = json.loads((run.run_dir / "config.json").read_text())
+    assert (saved["checkpoint"]["every"], saved["train"]["eval_every"]) == (per_epoch, per_epoch)
+
+
 def test_the_learning_rate_schedule_resumes_bit_identically(tmp_path):
     """A cosine schedule with warm-up, a group spanning micro-batches (2 of K 4) and TRL's gradient checkpointing: 4
     steps in one go == 2 steps, then a resume from that checkpoint."""

@@ -511,6 +511,10 @@ class TrainConfig:
     accelerate config says FSDP, else none). See docs/SCALING.md."""
     eval_every: int = 20
     """Held-out evaluation every N RL steps (and before SFT, after SFT and at the end). 0 = only those."""
+    eval_every_epoch: bool = False
+    """True: evaluate at the end of each pass over the training prompts instead of every eval_every steps (TRL's
+    eval_strategy=epoch): set-up sets eval_every to the RL steps of an epoch (training prompts // prompts a step over
+    every process) once the rows are loaded."""
     log_every: int = 1
     """Console line every N steps (metrics.jsonl always gets every step)."""
     sample_every: int = 10
@@ -595,7 +599,8 @@ class TrainConfig:
                self.device, "use auto, cpu, cuda or cuda:N")
         _one_of("train.sharding", self.sharding, ("auto", "none", "fsdp"))
         _one_of("train.doctor", self.doctor, ("warn", "stop", "restore"))
-        _check(not (self.doctor == "restore" and self.eval_every == 0), "train.doctor", self.doctor,
+        _check(not (self.doctor == "restore" and self.eval_every == 0 and not self.eval_every_epoch), "train.doctor",
+               self.doctor,
                "restore loads the best Pareto point, and points are the held-out evaluations during RL, which "
                "train.eval_every=0 turns off: set train.eval_every (e.g. 20) or use train.doctor=stop")
 
@@ -707,6 +712,10 @@ class MultiConfig:
 class CheckpointConfig:
     every: int = 0
     """Save a checkpoint every N RL steps (0 = only at the end and on interruption)."""
+    every_epoch: bool = False
+    """True: save a checkpoint at the end of each pass over the training prompts instead of every `every` steps
+    (TRL's save_strategy=epoch): set-up sets `every` to the RL steps of an epoch (training prompts // prompts a step
+    over every process) once the rows are loaded."""
     keep_last: int = 2
     """Checkpoints kept per run (older ones are deleted); 0 = keep every one (TRL's save_total_limit=None)."""
     resume: str = ""

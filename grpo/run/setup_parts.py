@@ -416,11 +416,28 @@ def epoch_steps(n_prompts: int, prompts_per_step: int, epochs: float) -> int:
 
 
 def with_epochs(cfg: C.Config, train: Mapping[str, list], world: int, announce: bool) -> C.Config:
-    """`cfg` with train.max_steps counted from train.num_epochs over the loaded training rows (unchanged when
-    num_epochs is 0); a ConfigError when an epoch holds no whole step."""
+    """`cfg` with what counts epochs resolved over the loaded training rows: train.max_steps from train.num_epochs
+    (unchanged when num_epochs is 0), checkpoint.every from checkpoint.every_epoch and train.eval_every from
+    train.eval_every_epoch (the RL steps of an epoch: TRL's epoch ends, whatever decides the run's length); a
+    ConfigError when an epoch holds no whole step."""
+    n_prompts, per_step = sum(len(rows) for rows in train.values()), cfg.prompts_per_step * world
+    per_epoch = n_prompts // per_step
+    if cfg.checkpoint.every_epoch or cfg.train.eval_every_epoch:
+        flag = "checkpoint.every_epoch" if cfg.checkpoint.every_epoch else "train.eval_every_epoch"
+        if per_epoch < 1:
+            raise C.ConfigError(f"{flag}=true: {n_prompts} training prompts hold no whole RL step of {per_step} "
+                                "prompts; lower the batch or give more rows", field=flag)
+        if cfg.checkpoint.every_epoch:
+            cfg = dataclasses.replace(cfg, checkpoint=dataclasses.replace(cfg.checkpoint, every=per_epoch))
+        if cfg.train.eval_every_epoch:
+            cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, eval_every=per_epoch))
+        if announce:
+            print(f"an epoch is {per_epoch} RL steps ({n_prompts} training prompts, {per_step} a step): "
+                  + ", ".join(f"{name}={per_epoch}" for name, on in (("checkpoint.every", cfg.checkpoint.every_epoch),
+                                                                   ("train.eval_every", cfg.train.eval_every_epoch))
+                              if on))
     if not cfg.train.num_epochs:
         return cfg
-    n_prompts, per_step = sum(len(rows) for rows in train.values()), cfg.prompts_per_step * world
     steps = epoch_steps(n_prompts, per_step, cfg.train.num_epochs)
     if steps < 1:
         raise C.ConfigError(f"train.num_epochs={cfg.train.num_epochs}: {n_prompts} training prompts hold no whole RL "

@@ -301,20 +301,22 @@ def _logging(value: Any, fields: Mapping[str, Any], out: dict, notes: list) -> N
 
 def _saving(value: Any, fields: Mapping[str, Any], out: dict, notes: list) -> None:
     strategy = str(_name(value))
-    if strategy not in ("steps", "no"):
-        raise _error("save_strategy", strategy, "use steps or no")
+    if strategy not in ("steps", "epoch", "no"):
+        raise _error("save_strategy", strategy, "use steps, epoch or no")
     _set(out, "checkpoint.every",
          _rl_steps("save_steps", float(fields["save_steps"]), fields, notes) if strategy == "steps" else 0)
+    _set(out, "checkpoint.every_epoch", strategy == "epoch")  # resolved once the rows are loaded
     limit = fields["save_total_limit"]
     _set(out, "checkpoint.keep_last", 0 if limit is None else int(limit))
 
 
 def _evaluating(value: Any, fields: Mapping[str, Any], out: dict, notes: list) -> None:
     strategy = str(_name(value))
-    if strategy not in ("steps", "no"):
-        raise _error("eval_strategy", strategy, "use steps or no")
+    if strategy not in ("steps", "epoch", "no"):
+        raise _error("eval_strategy", strategy, "use steps, epoch or no")
     steps = fields["eval_steps"] if fields["eval_steps"] is not None else fields["logging_steps"]  # TRL's fallback
     _set(out, "train.eval_every", _rl_steps("eval_steps", float(steps), fields, notes) if strategy == "steps" else 0)
+    _set(out, "train.eval_every_epoch", strategy == "epoch")  # resolved once the rows are loaded
 
 
 def _report_to(value: Any, fields: Mapping[str, Any], out: dict, notes: list) -> None:
@@ -466,14 +468,16 @@ TABLE: tuple[Row, ...] = (
       "logging_steps; false: train.sample_every=0", _part_of("logging_strategy")),
     R("num_completions_to_print", "", None, "named in a note when set",
       _noted("samples/ holds every completion of a logged step; none are printed")),
-    R("save_strategy", "checkpoint.every", "steps", "steps: a checkpoint every save_steps optimizer steps; no: "
-      "checkpoint.every=0 (the final checkpoint is still written)", _saving),
+    R("save_strategy", "checkpoint.every, checkpoint.every_epoch", "steps", "steps: a checkpoint every save_steps "
+      "optimizer steps; epoch: at the end of each epoch (checkpoint.every_epoch: every = an epoch's RL steps, once the "
+      "rows are loaded); no: checkpoint.every=0 (the final checkpoint is still written)", _saving),
     R("save_steps", "checkpoint.every", 500, "see save_strategy", _part_of("save_strategy")),
     R("save_total_limit", "checkpoint.keep_last", None, "checkpoints kept (unset: all, keep_last=0)",
       _part_of("save_strategy")),
-    R("eval_strategy", "train.eval_every", "no", "steps: a held-out evaluation every eval_steps optimizer steps "
-      "(unset: logging_steps); no: train.eval_every=0 (grpo-dual still evaluates before and after training)",
-      _evaluating),
+    R("eval_strategy", "train.eval_every, train.eval_every_epoch", "no", "steps: a held-out evaluation every "
+      "eval_steps optimizer steps (unset: logging_steps); epoch: at the end of each epoch (train.eval_every_epoch: "
+      "eval_every = an epoch's RL steps, once the rows are loaded); no: train.eval_every=0 (grpo-dual still evaluates "
+      "before and after training)", _evaluating),
     R("eval_steps", "train.eval_every", None, "see eval_strategy", _part_of("eval_strategy")),
     R("per_device_eval_batch_size", "", 8, "named in a note when set",
       _noted("grpo-dual's held-out evaluation is greedy, one completion per prompt, data.eval_size prompts")),
