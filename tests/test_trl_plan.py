@@ -125,19 +125,8 @@ def our_plan(cfg: C.Config) -> dict:
             "seed": cfg.train.seed, "clip": (cfg.loss.clip_low, cfg.loss.clip_high), "beta": beta}
 
 
-def trl_loss(loss_type: str, per_token_loss, mask, max_completion_length: int):
-    """TRL 1.16 GRPOTrainer._compute_loss's reduction of the per-token loss over one whole batch (no accumulation)."""
-    if loss_type in ("grpo", "sapo"):
-        return ((per_token_loss * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)).mean()
-    if loss_type == "dr_grpo":
-        return (per_token_loss * mask).sum() / (per_token_loss.size(0) * max_completion_length)
-    return (per_token_loss * mask).sum() / mask.sum().clamp(min=1.0)  # bnpo, dapo, cispo, vespo
-
-
 @pytest.mark.parametrize("name", sorted(CONFIGS))
 def test_our_plan_is_trls(name, tmp_path):
-    from grpo.core.losses import aggregate
-
     args = trl_args(CONFIGS[name], tmp_path)
     cfg, _ = python_config(None, {"t": ROWS_IN}, {"t": [reward_len]}, None, {}, trl_args=args)
     theirs, ours = trl_plan(args), our_plan(cfg)
@@ -146,13 +135,113 @@ def test_our_plan_is_trls(name, tmp_path):
     assert cfg.rollout.k == args.num_generations and cfg.loss.mu == args.num_iterations
     assert cfg.rollout.max_new_tokens == args.max_completion_length
     assert cfg.loss.adv_scale == args.scale_rewards  # resolved by TRL's __post_init__ (False -> "none")
-    per_token, mask = torch.randn(6, 9, generator=torch.Generator().manual_seed(0)), torch.ones(6, 9)
-    mask[torch.arange(6), torch.tensor([1, 3, 5, 7, 8, 2])] = 0.0
-    mask[0, 4:] = 0.0
-    torch.testing.assert_close(aggregate(per_token, mask, cfg.loss.agg_mode, constant=float(args.max_completion_length)),
-                               trl_loss(args.loss_type, per_token, mask, args.max_completion_length))
-    expected_ratio = {"token": "grpo", "sequence": "gspo", "sequence_token": "gspo_token"}
+    expected_ratio = {"token": "grpo", "sequence": "gspo"}
     assert cfg.loss.policy_loss == expected_ratio[args.importance_sampling_level]
+
+
+LOSSES = {  # name -> GRPOConfig fields: every loss_type TABLE translates (TRL 1.16's), each importance level
+    "grpo": {"loss_type": "grpo"},
+    "bnpo": {"loss_type": "bnpo"},
+    "dr_grpo": {"loss_type": "dr_grpo", "max_completion_length": 12},
+    "dapo": {"loss_type": "dapo", "epsilon_high": 0.28},
+    "cispo": {"loss_type": "cispo", "epsilon_high": 1.2},
+    "sapo": {"loss_type": "sapo", "sapo_temperature_neg": 1.3},
+    "vespo": {"loss_type": "vespo"},
+    "luspo": {"loss_type": "luspo", "importance_sampling_level": "sequence"},
+    "gspo": {"loss_type": "grpo", "importance_sampling_level": "sequence", "epsilon": 3e-4, "epsilon_high": 4e-4},
+    "dapo_kl": {"loss_type": "dapo", "beta": 0.04, "use_bias_correction_kl": False},
+    "grpo_kl": {"loss_type": "grpo", "beta": 0.1, "use_bias_correction_kl": False, "epsilon": 0.1},
+}
+
+
+class FixedForward(torch.nn.Module):
+    """A causal LM whose forward returns fixed log-probs and entropies of the completion tokens, whatever its input,
+    as TRL 1.16 asks its model for them (`model(..., labels=..., fused_lm_head=True).log_probs` / `.entropy`, one per
+    position; the prompt's positions are not read). `logps_BT` is the parameter the loss's gradient reaches."""
+
+    def __init__(self, logps_BT: torch.Tensor, entropy_BT: torch.Tensor, prompt_len: int):
+        super().__init__()
+        self.logps_BT = torch.nn.Parameter(logps_BT.clone())
+        self.entropy_BT, self.prompt_len = entropy_BT, prompt_len
+
+    def forward(self, input_ids, attention_mask, labels=None, fused_lm_head=True):
+        pad_BP = torch.zeros(input_ids.shape[0], self.prompt_len)
+        return SimpleNamespace(log_probs=torch.cat([pad_BP, self.logps_BT], 1),
+                               entropy=torch.cat([pad_BP, self.entropy_BT], 1))
+
+
+def trl_compute_loss(args, model: FixedForward, inputs: dict) -> torch.Tensor:
+    """TRL's own GRPOTrainer._compute_loss (and its _get_per_token_logps_and_entropies) on a stand-in trainer holding
+    what they read, set from `args` as GRPOTrainer.__init__ sets it; one process, the whole batch one micro-batch."""
+    from collections import defaultdict
+    from contextlib import nullcontext
+
+    from trl.trainer.grpo_trainer import GRPOTrainer
+
+    identity = lambda x, *a, **k: x  # noqa: E731 - one process: gather / reduce return their input
+    fake = SimpleNamespace(
+        args=args, model=SimpleNamespace(training=True), loss_type=args.loss_type, beta=args.beta,
+        epsilon_low=args.epsilon, epsilon_high=args.epsilon_high if args.epsilon_high is not None else args.epsilon,
+        importance_sampling_level=args.importance_sampling_level, top_entropy_quantile=args.top_entropy_quantile,
+        off_policy_mask_threshold=args.off_policy_mask_threshold, max_completion_length=args.max_completion_length,
+        use_vllm=args.use_vllm, vllm_importance_sampling_correction=args.vllm_importance_sampling_correction,
+        entropy_coef=args.entropy_coef, use_adaptive_entropy=args.use_adaptive_entropy,
+        _entropy_bonus_enabled=args.entropy_coef != 0.0 or args.use_adaptive_entropy, aux_loss_enabled=False,
+        current_gradient_accumulation_steps=args.gradient_accumulation_steps,
+        _metrics=defaultdict(lambda: defaultdict(list)), get_gamma_weights=GRPOTrainer.get_gamma_weights,
+        accelerator=SimpleNamespace(autocast=nullcontext, num_processes=1, gather=identity, reduce=identity,
+                                    gather_for_metrics=identity, sync_gradients=True, is_main_process=True))
+    fake._get_per_token_logps_and_entropies = GRPOTrainer._get_per_token_logps_and_entropies.__get__(fake)
+    return GRPOTrainer._compute_loss(fake, model, inputs)
+
+
+@pytest.mark.parametrize("name", sorted(LOSSES))
+def test_our_loss_is_trls_compute_loss(name, tmp_path, monkeypatch):
+    """The loss and its gradient of our update (grpo/phases/update.micro_batch_terms + aggregate over the step, as
+    train_step does) equal TRL 1.16's own GRPOTrainer._compute_loss on the same log-probs, old and reference log-probs,
+    advantages and mask, for every loss_type TABLE translates: off-policy ratios (some clipped), negative and positive
+    advantages, completions of different lengths."""
+    from grpo.core.losses import aggregate
+    from grpo.core.records import TrainBatch
+    from grpo.phases import update
+
+    args = trl_args({"max_steps": 1, **LOSSES[name]}, tmp_path)
+    cfg, _ = python_config(None, {"t": ROWS_IN}, {"t": [reward_len]}, None, {}, trl_args=args)
+    g = torch.Generator().manual_seed(3)
+    B, P, T = 6, 3, 9
+    logps_BT = -torch.rand(B, T, generator=g) * 3 - 0.05
+    old_BT = logps_BT + (torch.rand(B, T, generator=g) - 0.5) * 0.6  # ratios from ~0.74 to ~1.35
+    ref_BT = logps_BT + (torch.rand(B, T, generator=g) - 0.5) * 0.4
+    entropy_BT = torch.rand(B, T, generator=g)
+    mask_BT = torch.ones(B, T)
+    for row, length in enumerate([9, 4, 7, 1, 6, 8]):
+        mask_BT[row, length:] = 0.0
+    advantages_B = torch.tensor([1.2, -0.7, 0.3, -1.5, 0.9, -0.2])
+    ids_BT = torch.randint(5, 50, (B, T), generator=g)
+
+    theirs_model = FixedForward(logps_BT, entropy_BT, P)
+    inputs = {"prompt_ids": torch.randint(5, 50, (B, P), generator=g), "prompt_mask": torch.ones(B, P, dtype=torch.long),
+              "completion_ids": ids_BT, "completion_mask": mask_BT.long(), "advantages": advantages_B,
+              "old_per_token_logps": old_BT, "num_items_in_batch": mask_BT.sum()}
+    if args.beta:
+        inputs["ref_per_token_logps"] = ref_BT
+    theirs = trl_compute_loss(args, theirs_model, inputs)
+    theirs.backward()
+
+    ours_logps_BT = torch.nn.Parameter(logps_BT.clone())
+    monkeypatch.setattr(update, "completion_logprobs", lambda *a, **k: (ours_logps_BT, entropy_BT))  # the forward
+    batch = TrainBatch(input_ids_BL=torch.cat([inputs["prompt_ids"], ids_BT], 1),
+                       attention_mask_BL=torch.cat([inputs["prompt_mask"], mask_BT.long()], 1),
+                       completion_mask_BT=mask_BT, prompt_len=P, task_ids_B=torch.zeros(B, dtype=torch.long),
+                       advantages_B=advantages_B, old_logps_BT=old_BT, ref_logps_BT=ref_BT if args.beta else None)
+    betas_N = torch.tensor([cfg.kl["default"].beta])
+    pg_BT, reg_BT, mask, _ = update.micro_batch_terms(None, batch, betas_N, cfg.loss, 1.0, fused_head=False)
+    ours = aggregate(pg_BT + reg_BT, mask, cfg.loss.agg_mode, num_tokens=batch.num_tokens, num_seqs=batch.size,
+                     constant=float(cfg.rollout.max_new_tokens))  # StepSettings.agg_constant
+    ours.backward()
+    torch.testing.assert_close(ours, theirs.float(), rtol=1e-5, atol=1e-7)
+    torch.testing.assert_close(ours_logps_BT.grad, theirs_model.logps_BT.grad, rtol=1e-5, atol=1e-7)
+    assert theirs_model.logps_BT.grad.abs().sum() > 0  # the comparison can tell losses apart
 
 
 @pytest.mark.parametrize("name", ["defaults", "issue_batch", "group_spans_micro_batches", "linear_mu2",
@@ -215,6 +304,7 @@ def test_what_cannot_be_honoured_is_refused_or_named(tmp_path):
                             ({"save_strategy": "best"}, "use steps, epoch or no"),
                             ({"eval_strategy": "best"}, "use steps, epoch or no"),
                             ({"adam_beta1": 0.8}, "torch's betas"),
+                            ({"importance_sampling_level": "sequence_token"}, "TRL 1.16 has"),  # TRL's trainer refuses it
                             ({"num_generations": 8, "per_device_train_batch_size": 3}, "e.g. "
                              "per_device_train_batch_size=8")]:
         with pytest.raises(C.ConfigError, match=message):

@@ -196,7 +196,7 @@ LOSS_TYPE_AGG = {"grpo": "seq-mean-token-mean", "bnpo": "token-mean", "dapo": "t
 """TRL's loss_type -> loss.agg_mode: how TRL averages the token losses (bnpo's per-process token count and dapo's
 global one are both our token-mean: the step's token count, counted once)."""
 
-IS_LEVELS = {"token": "grpo", "sequence": "gspo", "sequence_token": "gspo_token"}
+IS_LEVELS = {"token": "grpo", "sequence": "gspo"}
 """TRL's importance_sampling_level -> loss.policy_loss (for the clipped losses)."""
 
 
@@ -205,8 +205,9 @@ def _loss_type(value: str, fields: Mapping[str, Any], out: dict, notes: list) ->
         raise _error("loss_type", value, f"use one of {sorted(LOSS_TYPE_AGG)}")
     _set(out, "loss.agg_mode", LOSS_TYPE_AGG[value])
     level = fields["importance_sampling_level"]
-    if level not in IS_LEVELS:
-        raise _error("importance_sampling_level", level, f"use one of {sorted(IS_LEVELS)}")
+    if level not in IS_LEVELS:  # TRL 1.16's GRPOTrainer._compute_loss raises ValueError for any other level
+        raise _error("importance_sampling_level", level, f"TRL {TRL_VERSION} has {sorted(IS_LEVELS)}, use one of them "
+                     "(grpo-dual's own per-token GSPO variant is loss.policy_loss=gspo_token)")
     own = value if value in POLICY_LOSSES and value != "grpo" else None  # a loss with its own ratio or weight
     if own == "luspo":
         own = "luspo" if level == "sequence" else None
