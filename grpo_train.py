@@ -48,6 +48,7 @@ from grpo.phases.coverage import pass_at_k_eval
 from grpo.phases.evaluate import evaluate, part_means, record_measures, unscored
 from grpo.phases.rollout import rollout_metrics
 from grpo.phases.sft import run_sft, sft_examples, stratified
+from grpo.phases.environments import factory_spec, resolve_environment
 from grpo.phases.tools import build_toolbox, resolve_tools, sample_rollouts, tool_specs
 from grpo.phases.update import Learner, StepSettings, train_step
 from grpo.run import checkpoint_files as ckpt
@@ -102,12 +103,15 @@ def setup(cfg: C.Config, *, callables: Mapping[str, Callable[..., Any]] | None =
     specs = reward_specs(cfg.data.source, cfg.rewards, sorted(train), custom=cfg.tasks,
                          aggregation=cfg.loss.reward_aggregation)
     check_task_entries(cfg.kl, sorted(train))
-    resolve_tools(cfg.rollout.tools, callables)  # a tool that cannot be imported or described stops the run here
+    # a tool or an environment that cannot be imported or described stops the run here
+    tool_names = [t.name for t in resolve_tools(cfg.rollout.tools, callables)]
+    environments = resolve_environment(cfg.rollout.environment_factory, callables, tool_names)  # None without
     # the judge's rubrics are tried without its cache, which lives in the run folder
     set_trainer_state(0, 0)  # a run in the same process (a notebook, a test) left its own: each run starts from none
     graders = preflight(specs, train, judge=Judge.from_config(dataclasses.replace(cfg.judge, cache_path=""), None),
                         callables=callables, reward_models=cfg.reward_models, device=device,
-                        timeout_s=cfg.train.reward_timeout_s)
+                        timeout_s=cfg.train.reward_timeout_s,
+                        environment=environments.preflight if environments is not None else None)
     note = preset_note(cfg)
     if note and dist.is_main:
         print(note)
@@ -148,7 +152,7 @@ def setup(cfg: C.Config, *, callables: Mapping[str, Callable[..., Any]] | None =
         run.judge = Judge.from_config(cfg.judge, run_dir)
         run.tracker = build_trackers(cfg.train, run_dir) if dist.is_main else NullTracker()
         run.stop_ids = stop_token_ids(cfg.rollout, policy.tokenizer)
-        run.toolbox = build_toolbox(cfg.rollout, policy.tokenizer, callables)  # rollout.tools; None without
+        run.toolbox = build_toolbox(cfg.rollout, policy.tokenizer, callables, environments)  # rollout.tools; None without
         fresh_optimizer(run)
         run.share_prompts = shares_prompts(cfg, run.train_model, dist)
         run.frontier = ParetoFrontier(cfg.multi.pareto_cap, run_dir / PARETO_SUBDIR)
@@ -507,7 +511,8 @@ def main(cfg: C.Config, run: Run | None = None) -> Run:
 def train(config: C.Config | str | Sequence[str] | None = None, *,
           tasks: Mapping[str, Any] | None = None, rewards: Mapping[str, Any] | None = None,
           model: Any = None, processing_class: Any = None, peft_config: Any = None, args: Any = None,
-          tools: Sequence[Callable[..., Any] | str] | None = None, **sections: Mapping[str, Any]) -> Run:
+          tools: Sequence[Callable[..., Any] | str] | None = None,
+          environment_factory: Callable[[], Any] | str | None = None, **sections: Mapping[str, Any]) -> Run:
     """The command line's run from Python (a notebook, a script): returns the finished Run, its `report` filled in.
 
         run = train(tasks={"qa": "qa.csv"}, rewards={"qa": [my_reward]}, train={"max_steps": 40})
@@ -529,6 +534,9 @@ def train(config: C.Config | str | Sequence[str] | None = None, *,
               refused or named; reward_weights weigh each task's list of reward functions.
     tools:    functions the model may call in multi-turn rollouts (TRL's tools=[...]), described by their signature
               and docstring, or "module:function" strings; added to rollout.tools (grpo/phases/tools.py).
+    environment_factory: a stateful task's environment (TRL's environment_factory): a class or function making one
+              per trajectory, `reset(**row)` at its start, its public methods tools, reward functions get
+              `environments` (rollout.environment_factory; grpo/phases/environments.py).
     sections: a section's fields as a dict, e.g. train={"max_steps": 40}, rollout={"k": 8}.
 
     Errors are the command line's, raised instead of printed: ConfigError (config), DataFileError (data),
@@ -547,6 +555,10 @@ def train(config: C.Config | str | Sequence[str] | None = None, *,
         specs, tool_fns = tool_specs(tools)
         cfg = dataclasses.replace(cfg, rollout=dataclasses.replace(cfg.rollout, tools=[*cfg.rollout.tools, *specs]))
         callables = {**callables, **tool_fns}
+    if environment_factory is not None:  # rollout.environment_factory, named as the tools are
+        spec, env_fns = factory_spec(environment_factory)
+        cfg = dataclasses.replace(cfg, rollout=dataclasses.replace(cfg.rollout, environment_factory=spec))
+        callables = {**callables, **env_fns}
     loaded = model if isinstance(model, tuple) else None
     if loaded is None:
         check_model_name(cfg.model.name)

@@ -143,9 +143,14 @@ def test_the_overlong_penalty_counts_only_the_models_own_tokens(tmp_path, monkey
 
     monkeypatch.setattr(T, "decode_rows", scripted)
     seen = []
-    real_score = G.score_rollouts
-    monkeypatch.setattr(G, "score_rollouts", lambda rollouts, *a, **k: seen.append(rollouts) or real_score(
-        rollouts, *a, **k))
+    real_rollouts = T.tool_rollouts
+
+    def kept(*args, **kwargs):
+        out = real_rollouts(*args, **kwargs)
+        seen.append(out[0])
+        return out
+
+    monkeypatch.setattr(T, "tool_rollouts", kept)
     metrics = G.rl_step(run, 1)
     rollouts = seen[0]
     assert all(r.model_tokens <= 96 - 16 < 96 < len(r.completion_ids) for r in rollouts)  # the case at hand

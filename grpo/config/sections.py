@@ -301,6 +301,11 @@ class RolloutConfig:
     """Token budget of a trajectory's completion (replies, tool results and template text together, as TRL's
     max_completion_length); a reply or tool result past it ends the trajectory. 0 = only the per-reply
     max_new_tokens, max_tool_turns and max_tool_result_tokens bound it."""
+    environment_factory: str = ""
+    """A stateful task's environment, TRL's environment_factory: "package.module:Class" or "path/to/file.py:Class"
+    (or a factory function), one instance per trajectory; `reset(**row)` starts a rollout (text it returns is
+    appended to the prompt), its public methods are the model's tools, reward functions get them as `environments`
+    (grpo/phases/environments.py). Empty = none."""
 
     def __post_init__(self) -> None:
         _check(all(isinstance(t, str) and t.strip() for t in self.tools) and len(set(self.tools)) == len(self.tools),

@@ -59,6 +59,9 @@ class Rollout:
     is then the last reply. None for a single-turn rollout."""
     tool_use: Any = None
     """Multi-turn rollouts: what the trajectory did with its tools (grpo.core.tool_calls.ToolUse); None otherwise."""
+    environment: Any = field(default=None, compare=False, repr=False)
+    """Rollouts with rollout.environment_factory: the trajectory's environment instance (grpo/phases/environments.py),
+    what reward functions get as `environments`; valid until the run's next rollouts reset it."""
 
     @property
     def model_tokens(self) -> int:

@@ -69,8 +69,8 @@ TOOL_ARGS = ("trajectory", "tool_calls", "tool_failures")
 """What a TRL-style reward function also gets from multi-turn rollouts with tools: the whole conversation (prompt
 messages, then the assistant replies and tool messages), the calls made and the calls that failed, per completion."""
 TRL_ONLY_ARGS = {  # what a function may ask for that is never passed here, and why
-    "environments": "TRL passes it only to runs with an environment_factory (its per-completion environment objects); "
-                    "grpo-dual has none (tools: rollout.tools), so, as TRL without one, it is not passed: give the "
+    "environments": "passed, as by TRL, only to runs with an environment factory (each completion's environment: "
+                    "train(environment_factory=...) or rollout.environment_factory); this run has none, so give the "
                     "parameter a default (environments=None)",
     "completions_ids": "nothing: TRL passes `completion_ids` (its docs' Example 1 spells it `completions_ids`, "
                        "which TRL itself never passes); rename the parameter",
@@ -143,6 +143,8 @@ def trl_inputs(rollouts: Sequence[Rollout], conversational: bool, with_tools: bo
             kwargs["trajectory"].append([dict(m) for m in r.sample.messages] + [dict(m) for m in reply])
             kwargs["tool_calls"].append(r.tool_use.n_calls if r.tool_use is not None else 0)
             kwargs["tool_failures"].append(r.tool_use.n_failures if r.tool_use is not None else 0)
+    if any(r.environment is not None for r in rollouts):  # rollout.environment_factory: TRL's `environments`
+        kwargs["environments"] = [r.environment for r in rollouts]
     kwargs.update({c: [s.gold.get(c) for s in samples] for c in columns if c not in TOOL_ARGS})
     kwargs.setdefault("task", [s.task for s in samples])
     return kwargs
@@ -502,7 +504,8 @@ def _applies_nowhere(task: str, grader: Grader, rows: Sequence[Sample],
 def preflight(specs: Mapping[str, Any], samples_by_task: Mapping[str, Sequence[Sample]], *, judge: Any = None,
               callables: Mapping[str, Callable[..., Any]] | None = None, reward_models: Mapping[str, Any] | None = None,
               device: Any = "cpu", encode: Callable[[str], Sequence[int]] | None = None,
-              timeout_s: float | None = None) -> dict[str, Grader]:
+              timeout_s: float | None = None, environment: Callable[[Sample], Any] | None = None,
+              ) -> dict[str, Grader]:
     """Resolve every grader of every task and call it once on the task's first row; return the graders by name
     (keep them: a reward model is loaded here, once), each user function with `timeout_s` as its per-call time limit
     (train.reward_timeout_s; None = none), which the trial calls already obey: a function that hangs is reported
@@ -510,7 +513,9 @@ def preflight(specs: Mapping[str, Any], samples_by_task: Mapping[str, Sequence[S
     their ids come from `encode` (the policy tokenizer's, when it is loaded; UTF-8 bytes otherwise). A task using
     "llm_judge" needs `judge`, whose rubric for the task is loaded and filled with the row, and which is called
     once on it: a judge that fails (refused, unreachable, no score in its reply) is a problem unless the task's spec
-    has a fallback grader (`llm_judge:1.0|bbq_rule`), which is then named in a warning.
+    has a fallback grader (`llm_judge:1.0|bbq_rule`), which is then named in a warning. `environment`: a run's
+    environment factory (grpo/phases/environments.Environments.preflight): each trial completion gets a fresh
+    environment reset on the row, what a function reading `environments` is handed.
 
     Raises GraderError listing every broken (task, grader) with what went wrong."""
     problems: list[str] = []
@@ -527,6 +532,8 @@ def preflight(specs: Mapping[str, Any], samples_by_task: Mapping[str, Sequence[S
             problems.append(f"task {task!r}: no rows to try its graders on (is the task name right?)")
             continue
         rollouts = _preflight_rollouts(rows[0], encode or _utf8)
+        if environment is not None:  # a run with environments: each trial completion gets one, reset on the row
+            rollouts = [replace(r, environment=environment(r.sample)) for r in rollouts]
         for name in dict.fromkeys([n for n, _ in spec.terms] + ([spec.fallback] if spec.fallback else [])):
             if name == JUDGE_TERM:
                 problems += _judge_problem(task, judge, rollouts[0], getattr(spec, "fallback", None))

@@ -36,6 +36,7 @@ from grpo.core.tool_calls import ToolCall, Trajectory, parse_tool_calls, tool_in
 from grpo.grading.graders import GraderError, import_callable
 from grpo.models.sampling import splitmix64_int
 from grpo.models.tokens import SYSTEM_JOIN, _ids_from_template, _with_system, encode_prompt, stop_token_id
+from grpo.phases.environments import Environments, resolve_environment
 from grpo.phases.rollout import (_seeded, cut_completion, decode_rows, generate_rollouts, greedy_complete,
                                  rollout_metrics)
 
@@ -258,14 +259,17 @@ class ToolBox:
     max_result_tokens: int
     native: bool = False
     """The chat template renders the tools itself (`renders_tools`)."""
+    environment: Environments | None = None
+    """rollout.environment_factory: one instance per trajectory, its public methods tools too
+    (grpo/phases/environments.py)."""
 
     @property
     def names(self) -> list[str]:
-        return [t.name for t in self.tools]
+        return [t.name for t in self.tools] + (self.environment.methods if self.environment else [])
 
     @property
     def schemas(self) -> list[dict[str, Any]]:
-        return [t.schema for t in self.tools]
+        return [t.schema for t in self.tools] + (self.environment.schemas if self.environment else [])
 
     @property
     def system_prompt(self) -> str | None:
@@ -283,35 +287,45 @@ class ToolBox:
         text = tool_instructions(self.schemas)
         return encode_prompt(tokenizer, messages, text + SYSTEM_JOIN + system_prompt if system_prompt else text)
 
-    def run(self, tokenizer, call: ToolCall) -> tuple[str, str, bool]:
-        """(name it is counted under, message content, failed) for one parsed call; never raises."""
+    def run(self, tokenizer, call: ToolCall, env: Any = None) -> tuple[str, str, bool]:
+        """(name it is counted under, message content, failed) for one parsed call; never raises. `env`: the
+        trajectory's environment, whose method runs when the call names one."""
         label = call.name if call.name in self.names else INVALID_TOOL
         if call.error is not None:
             content, failed = f"error: {call.error}", True
         else:
-            tool = self.tools[self.names.index(call.name)]
-            value, error = call_with_timeout(tool.fn, call.arguments, self.timeout_s)
-            content, failed = (f"error: {tool.name} {error}", True) if error else (result_text(value), False)
+            own = [t.fn for t in self.tools if t.name == call.name]
+            fn = own[0] if own else getattr(env, call.name)
+            value, error = call_with_timeout(fn, call.arguments, self.timeout_s)
+            content, failed = (f"error: {call.name} {error}", True) if error else (result_text(value), False)
         return label, cut_to_tokens(tokenizer, content, self.max_result_tokens)[0], failed
 
 
 def build_toolbox(rollout: RolloutConfig, tokenizer, callables: Mapping[str, Callable[..., Any]] | None = None,
-                  ) -> ToolBox | None:
-    """The run's ToolBox from rollout.tools (None when it names none), checked against the tokenizer: its chat
-    template must render a tool message after an assistant turn (ToolError otherwise, before any rollout)."""
-    if not rollout.tools:
+                  environments: Environments | None = None) -> ToolBox | None:
+    """The run's ToolBox from rollout.tools and rollout.environment_factory (None when neither is set; `environments`:
+    the latter already built), checked against the tokenizer: its chat template must render a tool message after an
+    assistant turn (ToolError otherwise, before any rollout)."""
+    if not rollout.tools and not rollout.environment_factory:
         return None
     tools = resolve_tools(rollout.tools, callables)
+    if environments is None:
+        environments = resolve_environment(rollout.environment_factory, callables, [t.name for t in tools])
+    names = [t.name for t in tools] + (environments.methods if environments else [])
+    if not names:
+        raise ToolError(f"environment {environments.name} offers no tools (no public method besides reset and "
+                        "get_reward) and rollout.tools names none; give the environment a method the model may call")
     try:
         for probe in ("0", tokenizer.eos_token or ""):  # a result as the template writes it, and one kept literal
-            tool_suffix_ids(tokenizer, [{"role": "tool", "name": tools[0].name, "content": probe}])
+            tool_suffix_ids(tokenizer, [{"role": "tool", "name": names[0], "content": probe}])
     except ToolError:
         raise
     except Exception as err:  # the template's own error (jinja2 TemplateError, a raise_exception of the template)
         raise ToolError(f"config field `rollout.tools`: the chat template of {type(tokenizer).__name__} cannot "
                         f"render a tool message ({err}); tools need a template with a `tool` role") from err
-    return ToolBox(tools, rollout.tool_timeout_s, rollout.max_tool_result_tokens,
-                   native=renders_tools(tokenizer, [t.schema for t in tools]))
+    box = ToolBox(tools, rollout.tool_timeout_s, rollout.max_tool_result_tokens, environment=environments)
+    box.native = renders_tools(tokenizer, box.schemas)
+    return box
 
 
 def sample_rollouts(model, tokenizer, samples: Sequence[Sample], rollout: RolloutConfig,
@@ -349,8 +363,14 @@ def tool_rollouts(model, tokenizer, samples: Sequence[Sample], rollout: RolloutC
     k = 1 if greedy else rollout.k
     stop_ids = [int(i) for i in stop_ids or ()] or [stop_token_id(tokenizer)]
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else stop_ids[0]
-    prompts = [tools.encode_prompt(tokenizer, s.messages, system_prompt) for s in samples]
-    repeated = [p for p in prompts for _ in range(k)]
+    envs: list[Any] = [None] * (len(samples) * k)
+    if tools.environment is not None:  # one environment per trajectory, reset on its row: the prompt may differ
+        envs = tools.environment.instances(len(envs))
+        repeated = [tools.encode_prompt(tokenizer, tools.environment.reset(env, samples[i // k]), system_prompt)
+                    for i, env in enumerate(envs)]
+    else:
+        prompts = [tools.encode_prompt(tokenizer, s.messages, system_prompt) for s in samples]
+        repeated = [p for p in prompts for _ in range(k)]
     if row_keys is not None and len(row_keys) != len(repeated):
         raise ValueError(f"tool_rollouts: {len(row_keys)} row keys for {len(repeated)} completions")
     trajs = [Trajectory() for _ in repeated]
@@ -367,10 +387,10 @@ def tool_rollouts(model, tokenizer, samples: Sequence[Sample], rollout: RolloutC
                                      greedy=greedy, row_keys=keys, synced_gpus=synced_gpus)
             rows_fixed = rows_fixed + fixed
             for i, new in zip(active, raw):
-                stopped[i], last[i] = _take_turn(trajs[i], new, turn, tokenizer, rollout, tools, stop_ids)
+                stopped[i], last[i] = _take_turn(trajs[i], new, turn, tokenizer, rollout, tools, stop_ids, envs[i])
     rollouts = [Rollout(sample=samples[i // k], prompt_ids=tuple(p), completion_ids=tuple(t.ids), text=last[i],
                         stopped=stopped[i], truncated=not stopped[i], model_mask=tuple(t.model_mask),
-                        messages=tuple(t.messages), tool_use=t.use())
+                        messages=tuple(t.messages), tool_use=t.use(), environment=envs[i])
                 for i, (p, t) in enumerate(zip(repeated, trajs))]
     metrics = rollout_metrics(rollouts)
     metrics.update(tool_metrics([r.tool_use for r in rollouts], tools.names))
@@ -379,7 +399,7 @@ def tool_rollouts(model, tokenizer, samples: Sequence[Sample], rollout: RolloutC
 
 
 def _take_turn(traj: Trajectory, new: Sequence[int], turn: int, tokenizer, rollout: RolloutConfig, tools: ToolBox,
-               stop_ids: Sequence[int]) -> tuple[bool, str]:
+               stop_ids: Sequence[int], env: Any = None) -> tuple[bool, str]:
     """Append one sampled reply to `traj`, then its tool messages when it calls tools and a limit allows; marks the
     trajectory done when it ends. Returns (the reply stopped on a stop token, the reply's text)."""
     ids, stopped = cut_completion(new, stop_ids)
@@ -396,7 +416,7 @@ def _take_turn(traj: Trajectory, new: Sequence[int], turn: int, tokenizer, rollo
         traj.count((c.name if c.name in tools.names else INVALID_TOOL, None, False) for c in calls)
         traj.cut_by_limit = traj.done = True
         return stopped, text
-    results = [tools.run(tokenizer, c) for c in calls]
+    results = [tools.run(tokenizer, c, env) for c in calls]
     suffix = tool_suffix_ids(tokenizer, [{"role": "tool", "name": name, "content": content}
                                          for name, content, _ in results])
     if budget and len(traj.ids) + len(suffix) >= budget:  # no room for the results and a reply: end here (as TRL)
