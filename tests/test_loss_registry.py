@@ -27,11 +27,12 @@ def scaled_loss():
 
     @register_policy_loss(NAME, ratio="token", doc="GRPO's unclipped token loss times a scale (a test's loss)",
                           params={"scale": ("what the token loss is multiplied by", above(0))},
-                          metrics=("loss/test_scale",))
+                          metrics=("loss/test_scale", "loss/test_ratio_mean"))
     def loss_fn(logps_BT, old_logps_BT, advantages_B, mask_BT, scale: float = 2.0):
         ratio_BT = torch.exp(logps_BT - old_logps_BT.detach())
         loss_BT = -scale * ratio_BT * advantages_B.unsqueeze(-1).to(logps_BT.dtype) * mask_BT
-        return loss_BT, {"loss/test_scale": torch.tensor(scale)}
+        ratio_mean = (ratio_BT.detach() * mask_BT).sum() / mask_BT.sum()
+        return loss_BT, {"loss/test_scale": torch.tensor(scale), "loss/test_ratio_mean": ratio_mean}
 
     yield loss_fn
     del POLICY_LOSSES[NAME]
@@ -64,13 +65,17 @@ def test_a_loss_registered_in_one_place_is_listed_in_help(scaled_loss):
 
 def test_a_loss_registered_in_one_place_trains(scaled_loss, tmp_path):
     """One RL step of two update passes (loss.mu 2) with the test loss: its parameter from the command line reaches
-    its function, and its metric is logged."""
-    code, out = cli_output(TINY_CLI + ["--output-dir", str(tmp_path), "--run-name", "r", "--loss.policy_loss", NAME,
-                                       "--loss.params.scale", "3", "--loss.mu", "2"])
+    its function, and its metrics are logged, averaged over both passes as the loss registered them (the first pass
+    is on-policy, ratio exactly 1: that pass's value alone would be 1.0)."""
+    varied = [f"--rewards.{task}=tests.trainer_helpers:length_reward:1.0" for task in ("fairness", "hallucination")]
+    code, out = cli_output(TINY_CLI + varied + ["--rollout.max_new_tokens", "8", "--output-dir", str(tmp_path),
+                                                "--run-name", "r", "--loss.policy_loss", NAME,
+                                                "--loss.params.scale", "3", "--loss.mu", "2"])
     assert code == 0, out
     rows = [json.loads(line) for line in (tmp_path / "r" / "metrics.jsonl").read_text().splitlines() if line.strip()]
     step = [r for r in rows if "loss/test_scale" in r]
     assert step and step[-1]["loss/test_scale"] == 3.0 and step[-1]["health/skipped"] == 0.0
+    assert step[-1]["adv/std"] > 0 and step[-1]["loss/test_ratio_mean"] != 1.0
 
 
 def test_a_wrong_parameter_is_refused_naming_the_field_and_the_valid_ones():
