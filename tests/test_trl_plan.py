@@ -151,6 +151,8 @@ LOSSES = {  # name -> GRPOConfig fields: every loss_type TABLE translates (TRL 1
     "gspo": {"loss_type": "grpo", "importance_sampling_level": "sequence", "epsilon": 3e-4, "epsilon_high": 4e-4},
     "dapo_kl": {"loss_type": "dapo", "beta": 0.04, "use_bias_correction_kl": False},
     "grpo_kl": {"loss_type": "grpo", "beta": 0.1, "use_bias_correction_kl": False, "epsilon": 0.1},
+    "dapo_entropy_bonus": {"loss_type": "dapo", "entropy_coef": 0.05},
+    "bnpo_entropy_bonus": {"loss_type": "bnpo", "entropy_coef": 0.05},
 }
 
 
@@ -309,6 +311,10 @@ def test_what_cannot_be_honoured_is_refused_or_named(tmp_path):
                              "per_device_train_batch_size=8")]:
         with pytest.raises(C.ConfigError, match=message):
             translate(fields)
+    for loss_type in ("grpo", "dr_grpo"):  # TRL token-means the entropy bonus; grpo-dual as the loss (agg_mode)
+        assert [n for n in translate({"loss_type": loss_type, "entropy_coef": 0.05}).notes
+                if n.startswith("GRPOConfig.entropy_coef=0.05: applied, the entropy bonus averaged as the loss is")]
+    assert not [n for n in translate({"loss_type": "dapo", "entropy_coef": 0.05}).notes if "entropy" in n]
     notes = translate({"disable_dropout": True, "beta": 0.1, "lr_scheduler_type": "constant", "warmup_steps": 5}).notes
     named = [n.split(":")[0] for n in notes]
     assert {"GRPOConfig.warmup_steps=5", "GRPOConfig.use_bias_correction_kl=True",

@@ -331,6 +331,16 @@ def _report_to(value: Any, fields: Mapping[str, Any], out: dict, notes: list) ->
         _note(notes, "report_to", value, "TensorBoard only (W&B: report_to=[tensorboard, wandb])")
 
 
+def _entropy_coef(value: float, fields: Mapping[str, Any], out: dict, notes: list) -> None:
+    _set(out, "loss.entropy_coef", float(value))
+    mode = LOSS_TYPE_AGG.get(fields["loss_type"])
+    if (value or fields["use_adaptive_entropy"]) and mode not in (None, "token-mean"):
+        _note(notes, "entropy_coef", value, f"applied, the entropy bonus averaged as the loss is (loss.agg_mode={mode}, "
+              f"verl's rule); TRL averages it over the completion tokens whatever the loss_type, so under "
+              f"loss_type={fields['loss_type']} the bonus differs (a token-mean loss_type, e.g. dapo, averages both "
+              "alike)")
+
+
 def _adaptive_entropy(value: bool, fields: Mapping[str, Any], out: dict, notes: list) -> None:
     # TRL: entropy_target applies only with use_adaptive_entropy; ours: a target turns the control on
     _set(out, "loss.entropy_target", float(fields["entropy_target"]) if value else None)
@@ -403,7 +413,9 @@ TABLE: tuple[Row, ...] = (
     R("multi_objective_aggregation", "loss.multi_objective_aggregation", "sum_then_normalize", "copied"),
     R("mask_truncated_completions", "loss.mask_truncated", False, "copied"),
     R("top_entropy_quantile", "loss.top_entropy_quantile", 1.0, "copied"),
-    R("entropy_coef", "loss.entropy_coef", 0.0, "copied"),
+    R("entropy_coef", "loss.entropy_coef", 0.0, "copied; the bonus is averaged as the loss is (loss.agg_mode), TRL's "
+      "over the tokens: under a loss_type that is not a token mean (grpo, dr_grpo, sapo, luspo) a note says so",
+      _entropy_coef),
     R("use_adaptive_entropy", "loss.entropy_target", False, "true: loss.entropy_target = entropy_target; false: "
       "none", _adaptive_entropy),
     R("entropy_target", "loss.entropy_target", 0.2, "with use_adaptive_entropy (else TRL ignores it: a note)",
