@@ -145,6 +145,9 @@ def test_registration_refuses_what_the_registry_could_not_describe():
     with pytest.raises(ValueError, match="not taken"):
         register_policy_loss("test_bad", ratio="token", doc="x", params={"scale": ("s", above(0)),
                                                                           "shift": ("t", above(0))})(loss_fn)
+    with pytest.raises(ValueError, match=r"without a float default \['scale'\]"):  # loss.params holds floats
+        register_policy_loss("test_bad", ratio="token", doc="x", params={"scale": ("s", above(0))})(
+            lambda logps_BT, old_logps_BT, advantages_B, mask_BT, scale=1: (logps_BT, {}))
     with pytest.raises(ValueError, match="registered already"):
         register_policy_loss("grpo", ratio="token", doc="x", params={"scale": ("s", above(0))})(loss_fn)
     with pytest.raises(ValueError, match="ratio 'tokens'"):

@@ -185,11 +185,11 @@ def register_policy_loss(name: str, *, ratio: str, doc: str, params: dict[str, t
         taken = {p.name for p in own}
         undescribed = sorted(taken - set(fields) - set(params))
         stray = sorted((set(params) | set(fields)) - taken)
-        no_default = sorted(p.name for p in own if p.default is inspect.Parameter.empty)
+        no_default = sorted(p.name for p in own if p.name not in fields and type(p.default) is not float)
         if undescribed or stray or no_default:
             raise ValueError(f"{where}: {fn.__name__}'s hyper-parameters {sorted(taken)} need a doc and rule each in "
-                             f"params (or be loss fields); undescribed {undescribed}, not taken {stray}, without a "
-                             f"default {no_default}")
+                             f"params (or be loss fields) and a float default (loss.params holds numbers as floats); "
+                             f"undescribed {undescribed}, not taken {stray}, without a float default {no_default}")
         POLICY_LOSSES[name] = LossSpec(
             name=name, fn=fn, ratio=ratio, doc=" ".join(doc.split()),
             params=tuple(LossParam(p.name, p.default, *params[p.name]) for p in own if p.name not in fields),
