@@ -153,6 +153,8 @@ LOSSES = {  # name -> GRPOConfig fields: every loss_type TABLE translates (TRL 1
     "grpo_kl": {"loss_type": "grpo", "beta": 0.1, "use_bias_correction_kl": False, "epsilon": 0.1},
     "dapo_entropy_bonus": {"loss_type": "dapo", "entropy_coef": 0.05},
     "bnpo_entropy_bonus": {"loss_type": "bnpo", "entropy_coef": 0.05},
+    "dapo_top_entropy": {"loss_type": "dapo", "top_entropy_quantile": 0.4},
+    "grpo_top_entropy": {"loss_type": "grpo", "top_entropy_quantile": 0.25},
 }
 
 
@@ -192,8 +194,10 @@ def trl_compute_loss(args, model: FixedForward, inputs: dict) -> torch.Tensor:
         current_gradient_accumulation_steps=args.gradient_accumulation_steps,
         _metrics=defaultdict(lambda: defaultdict(list)), get_gamma_weights=GRPOTrainer.get_gamma_weights,
         accelerator=SimpleNamespace(autocast=nullcontext, num_processes=1, gather=identity, reduce=identity,
-                                    gather_for_metrics=identity, sync_gradients=True, is_main_process=True))
+                                    gather_for_metrics=identity, pad_across_processes=identity, sync_gradients=True,
+                                    is_main_process=True))
     fake._get_per_token_logps_and_entropies = GRPOTrainer._get_per_token_logps_and_entropies.__get__(fake)
+    fake.get_high_entropy_mask = GRPOTrainer.get_high_entropy_mask.__get__(fake)
     return GRPOTrainer._compute_loss(fake, model, inputs)
 
 
@@ -236,6 +240,12 @@ def test_our_loss_is_trls_compute_loss(name, tmp_path, monkeypatch):
                        attention_mask_BL=torch.cat([inputs["prompt_mask"], mask_BT.long()], 1),
                        completion_mask_BT=mask_BT, prompt_len=P, task_ids_B=torch.zeros(B, dtype=torch.long),
                        advantages_B=advantages_B, old_logps_BT=old_BT, ref_logps_BT=ref_BT if args.beta else None)
+    if cfg.loss.top_entropy_quantile < 1.0:  # the step's entropy mask, from the rollout policy's entropies (= these)
+        monkeypatch.setattr(update, "batch_entropies", lambda *a, **k: entropy_BT)
+        update.select_top_entropy(None, batch, cfg.loss.top_entropy_quantile,
+                                  update.StepSettings(micro_batch_seqs=B, temperature=1.0, max_grad_norm=1.0,
+                                                      skip_grad_norm=1.0))
+        assert 0 < batch.entropy_mask_BT.sum() < mask_BT.sum()
     betas_N = torch.tensor([cfg.kl["default"].beta])
     pg_BT, reg_BT, mask, _ = update.micro_batch_terms(None, batch, betas_N, cfg.loss, 1.0, fused_head=False)
     ours = aggregate(pg_BT + reg_BT, mask, cfg.loss.agg_mode, num_tokens=batch.num_tokens, num_seqs=batch.size,
