@@ -99,6 +99,13 @@ def test_an_environment_without_reset_or_with_a_tool_name_taken_is_refused_namin
     with pytest.raises(ConfigError, match="no callable 'Nope'"):
         E.resolve_environment("tests.test_tool_environments:Nope")
 
+    class Undocumented(GuessingGame):
+        def peek(self, x):
+            return self.secret
+
+    with pytest.raises(ConfigError, match="Undocumented: method 'peek': no JSON schema.*start its name with '_'"):
+        E.build_environments(Undocumented)
+
 
 def test_each_trajectory_has_its_own_environment_reset_on_its_row(tok, model, monkeypatch):
     """Two prompts x K 2: four games. Trajectory i guesses i + 4 then answers; each game holds its own guesses, its

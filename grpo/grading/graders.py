@@ -400,6 +400,18 @@ def import_callable(ref: str) -> Callable[..., Any]:
     return fn
 
 
+def importable_ref(fn: Any) -> str | None:
+    """"module:name" when `import_callable` of it gives `fn` back (a config file can then name it and a resumed run
+    find it again); None for a function of __main__, a notebook, a closure or a method."""
+    module, name = getattr(fn, "__module__", None), getattr(fn, "__qualname__", "")
+    if module in (None, "__main__") or not name or "." in name:
+        return None
+    try:
+        return f"{module}:{name}" if import_callable(f"{module}:{name}") is fn else None
+    except GraderError:
+        return None
+
+
 def wrap(name: str, fn: Callable[..., Any]) -> Grader:
     """A user function as a Grader, its kind read from its signature."""
     return Grader(name=name, kind=grader_kind(fn), fn=fn)

@@ -94,11 +94,21 @@ def reset_arguments(sample: Sample) -> dict[str, Any]:
     return {**sample.gold, "prompt": prompt}
 
 
+def method_schema(method: Callable[..., Any]) -> dict[str, Any]:
+    """A method's JSON schema from its signature and docstring, as a tool's (transformers' get_json_schema)."""
+    from transformers.utils import get_json_schema
+
+    try:
+        return get_json_schema(method)
+    except Exception as err:  # transformers raises its own TypeError / DocstringParsingException subclasses
+        raise EnvironmentFailure(f"method {method.__name__!r}: no JSON schema from its signature and docstring "
+                                 f"({err}); give every argument a type hint and write a docstring with an Args: "
+                                 "section, or start its name with '_' to keep it from the model") from err
+
+
 def build_environments(factory: Callable[[], Any], tool_names: Sequence[str] = ()) -> Environments:
     """Probe one instance (kept as the pool's first): it must have a callable `reset`; its public methods become
     tools, described by their signature and docstring. ConfigError naming rollout.environment_factory."""
-    from grpo.phases.tools import ToolError, tool_schema
-
     name = getattr(factory, "__name__", type(factory).__name__)
     box = Environments(factory, name, [], [])
     instance = box._new()
@@ -107,8 +117,8 @@ def build_environments(factory: Callable[[], Any], tool_names: Sequence[str] = (
         raise EnvironmentFailure(f"environment {box.name} has no reset method; TRL's environments define reset(self, "
                                 "**kwargs) returning None or the text to append to the prompt")
     try:
-        box.schemas = [tool_schema(getattr(instance, m)) for m in tool_methods(instance)]
-    except ToolError as err:
+        box.schemas = [method_schema(getattr(instance, m)) for m in tool_methods(instance)]
+    except EnvironmentFailure as err:
         raise EnvironmentFailure(f"environment {box.name}: {err}") from err
     box.methods = [s["function"]["name"] for s in box.schemas]
     if clash := sorted(set(box.methods) & set(tool_names)):
@@ -137,7 +147,12 @@ def factory_spec(factory: Callable[[], Any] | str) -> tuple[str, dict[str, Calla
     """`train(environment_factory=...)` as a rollout.environment_factory string and the callables it names: an
     importable class or function as "module:name" (config.json names it, a resume finds it), anything else by its
     name with the factory handed in."""
-    from grpo.phases.tools import tool_specs
+    from grpo.grading.graders import importable_ref
 
-    specs, callables = tool_specs([factory])
-    return specs[0], callables
+    if isinstance(factory, str):
+        return factory, {}
+    ref = importable_ref(factory)
+    if ref is not None:
+        return ref, {}
+    name = getattr(factory, "__name__", type(factory).__name__)
+    return name, {name: factory}

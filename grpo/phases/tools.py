@@ -33,7 +33,7 @@ import torch
 from grpo.config.settings import ConfigError, RolloutConfig
 from grpo.core.records import Rollout, Sample
 from grpo.core.tool_calls import ToolCall, Trajectory, parse_tool_calls, tool_instructions, tool_metrics
-from grpo.grading.graders import GraderError, import_callable
+from grpo.grading.graders import GraderError, import_callable, importable_ref
 from grpo.models.sampling import splitmix64_int
 from grpo.models.tokens import SYSTEM_JOIN, _ids_from_template, _with_system, encode_prompt, stop_token_id
 from grpo.phases.environments import Environments, resolve_environment
@@ -116,13 +116,8 @@ def tool_specs(tools: Sequence[str | Callable[..., Any]]) -> tuple[list[str], di
         if isinstance(entry, str):
             specs.append(entry)
             continue
-        module, name = getattr(entry, "__module__", None), getattr(entry, "__qualname__", "")
-        ref = f"{module}:{name}"
-        try:
-            importable = module not in (None, "__main__") and "." not in name and import_callable(ref) is entry
-        except GraderError:
-            importable = False
-        if importable:
+        ref = importable_ref(entry)
+        if ref is not None:
             specs.append(ref)
         else:
             key = getattr(entry, "__name__", f"tool_{len(specs)}")
