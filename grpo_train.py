@@ -7,7 +7,9 @@
     grpo-dual ...                                          # the same, after `pip install .` (from any folder)
 
 In Jupyter, call the same functions cell by cell: `run = setup(cfg)`, `sft_phase(run)`, `rl_step(run, step)`,
-`evaluate_phase(run, "after_rl")`, `finish(run)`. Only this file sees the whole Config; modules get plain values.
+`evaluate_phase(run, "after_rl")`, `finish(run)`. Only this file (and the run layer that assembles a run from it)
+sees the whole Config; modules get sections or plain values. `setup` builds the step's three owners once (rollouts,
+scoring, update: grpo/run/step_owners.py); `rl_step` passes records between them.
 """
 
 from __future__ import annotations
@@ -17,7 +19,6 @@ import json
 import math
 import sys
 import time
-from collections import Counter
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
@@ -25,32 +26,19 @@ import torch
 
 from grpo.config import settings as C
 from grpo.config.command_line import command_typed, parse_trainer_argv, smoke_test_note
-from grpo.core.advantages import group_advantages, normalize_then_sum
-from grpo.core.answers import step_answer_metrics
-from grpo.core.dapo import fill_informative_groups, overlong_penalty
-from grpo.core.entropy_control import AdaptiveEntropyCoef
-from grpo.core.health import TrainingUnstable, bad_step_reason
-from grpo.core.kl_control import controller_from_config
+from grpo.core.health import TrainingUnstable
 from grpo.core.losses import losses_help
-from grpo.core.records import TrainBatch
-from grpo.core.tool_calls import tool_metrics
 from grpo.data.batching import TaskBalancedSampler, check_prompts_per_step
-from grpo.grading.graders import graders_help, preflight, reward_logs, set_trainer_state, term_names
+from grpo.grading.graders import graders_help, preflight, set_trainer_state, term_names
 from grpo.grading.judge import Judge
-from grpo.grading.scoring import (check_fallback_share, fallback_shares, per_step_counts, reward_metrics,
-                                  score_rollouts, term_matrix)
 from grpo.models.distributed import make_dist, relaunch_on_cpu, requested_cpu_processes
-from grpo.models.modeling import check_4bit_available, has_dropout, rebase_reference, reference, save_pretrained
+from grpo.models.modeling import check_4bit_available, rebase_reference, save_pretrained
 from grpo.models.pretrained import ModelPackageMissing, check_model_name
-from grpo.models.sampling import row_keys
-from grpo.phases.batch import batch_logprobs, build_train_batch
 from grpo.phases.coverage import pass_at_k_eval
 from grpo.phases.evaluate import evaluate, part_means, record_measures, unscored
-from grpo.phases.rollout import rollout_metrics
 from grpo.phases.sft import run_sft, sft_examples, stratified
 from grpo.phases.environments import factory_spec, resolve_environment
-from grpo.phases.tools import build_toolbox, resolve_tools, sample_rollouts, tool_specs
-from grpo.phases.update import Learner, StepSettings, train_step
+from grpo.phases.tools import build_toolbox, resolve_tools, tool_specs
 from grpo.run import checkpoint_files as ckpt
 from grpo.run.api import python_config
 from grpo.run.save_resume import check_resume, reference_weights, resume, save_checkpoint
@@ -64,11 +52,11 @@ from grpo.run.fingerprints import input_fingerprints
 from grpo.run.run_folder import discarded_if_unstarted, expand_home, prepare_run_dir, release_run_dir
 from grpo.run.exits import USER_ERRORS, interrupted, user_error
 from grpo.run.setup_parts import (build_trackers, check_sharding, check_task_entries, choose_device, fit_prompts,
-                                  fresh_optimizer, load_samples, parse_task_mix, per_completion_sampling,
-                                  policy_from_config, reward_specs, seed_everything, shares_prompts, split_by_task,
-                                  stop_token_ids, with_epochs)
+                                  load_samples, parse_task_mix, policy_from_config, reward_specs, seed_everything,
+                                  split_by_task, stop_token_ids, with_epochs)
 from grpo.run.signals import Interrupted, StopRequest, signals_raise
 from grpo.run.state import Run
+from grpo.run.step_owners import Rollouts, Scoring, StepTimer, Updater
 from grpo.run.trl_config import read_config_file
 from grpo.run.tracking import NullTracker, format_step_line, progress, write_samples, write_scored
 
@@ -97,18 +85,18 @@ def setup(cfg: C.Config, *, callables: Mapping[str, Callable[..., Any]] | None =
     name = dist.broadcast(cfg.train.run_name or f"{cfg.preset}-{time.strftime('%Y%m%d-%H%M%S')}")
     run_dir = expand_home(cfg.train.output_dir) / name  # `~/runs` given where no shell expanded it
     rows = load_samples(cfg.data, cfg.train.seed, cfg.tasks, announce=dist.is_main)  # every rank loads, one speaks
-    train, heldout = split_by_task(rows.train, rows.heldout, cfg.data, cap=False)  # capped by fit_prompts
-    check_prompts_per_step(train, cfg.train.prompts_per_micro_step, cfg.train.grad_accum, dist.world)
-    require_heldout_rows(train, heldout, cfg.data.heldout_fraction)  # every task is evaluated: stop now if not
-    specs = reward_specs(cfg.data.source, cfg.rewards, sorted(train), custom=cfg.tasks,
+    train_rows, heldout = split_by_task(rows.train, rows.heldout, cfg.data, cap=False)  # capped by fit_prompts
+    check_prompts_per_step(train_rows, cfg.train.prompts_per_micro_step, cfg.train.grad_accum, dist.world)
+    require_heldout_rows(train_rows, heldout, cfg.data.heldout_fraction)  # every task is evaluated: stop now if not
+    specs = reward_specs(cfg.data.source, cfg.rewards, sorted(train_rows), custom=cfg.tasks,
                          aggregation=cfg.loss.reward_aggregation)
-    check_task_entries(cfg.kl, sorted(train))
+    check_task_entries(cfg.kl, sorted(train_rows))
     # a tool or an environment that cannot be imported or described stops the run here
     tool_names = [t.name for t in resolve_tools(cfg.rollout.tools, callables)]
     environments = resolve_environment(cfg.rollout.environment_factory, callables, tool_names)  # None without
     # the judge's rubrics are tried without its cache, which lives in the run folder
     set_trainer_state(0, 0)  # a run in the same process (a notebook, a test) left its own: each run starts from none
-    graders = preflight(specs, train, judge=Judge.from_config(dataclasses.replace(cfg.judge, cache_path=""), None),
+    graders = preflight(specs, train_rows, judge=Judge.from_config(dataclasses.replace(cfg.judge, cache_path=""), None),
                         callables=callables, reward_models=cfg.reward_models, device=device,
                         timeout_s=cfg.train.reward_timeout_s,
                         environment=environments.preflight if environments is not None else None)
@@ -130,8 +118,8 @@ def setup(cfg: C.Config, *, callables: Mapping[str, Callable[..., Any]] | None =
         # (right after the assistant marker, no leading space)
         corpus = [s.messages[-1]["content"] for s in rows.every] + [s.target for s in rows.every if s.target]
         policy = policy_from_config(cfg.model, device, corpus, seed=cfg.train.seed, loaded=model)
-        train, heldout = fit_prompts(train, heldout, policy, cfg.data, cfg.rollout, dist.is_main)  # max_prompt_tokens
-        cfg = with_epochs(cfg, train, dist.world, dist.is_main)  # train.num_epochs: the steps from the rows
+        train_rows, heldout = fit_prompts(train_rows, heldout, policy, cfg.data, cfg.rollout, dist.is_main)
+        cfg = with_epochs(cfg, train_rows, dist.world, dist.is_main)  # train.num_epochs: the steps from the rows
         if policy.grad_scaler is not None and cfg.multi.combine != "sum":
             raise C.ConfigError(f"multi.combine={cfg.multi.combine!r} needs bf16 or fp32 weights: the per-task "
                                 "gradients are not loss-scaled, so fp16 (this GPU has no bf16) would under- or "
@@ -140,25 +128,21 @@ def setup(cfg: C.Config, *, callables: Mapping[str, Callable[..., Any]] | None =
             check_sharding(cfg, policy, dist)
             dist.shard(policy.model)
             dist.shard(policy.ref_model)
-        run = Run(cfg, run_dir, device, dist, policy, train, heldout)
-        run.sampler = TaskBalancedSampler(run.train, seed=cfg.train.seed, mix=parse_task_mix(cfg.data.task_mix))
-        run.controllers = {t: controller_from_config(cfg.kl_for(t)) for t in run.tasks}
-        if cfg.loss.entropy_target is not None:
-            run.entropy_control = AdaptiveEntropyCoef(cfg.loss.entropy_coef, cfg.loss.entropy_target,
-                                                      cfg.loss.entropy_coef_delta, cfg.loss.entropy_coef_min,
-                                                      cfg.loss.entropy_coef_max)
-        run.specs, run.graders = specs, graders
+        run = Run(cfg, run_dir, device, dist, policy, train_rows, heldout)
         run.inputs, run.resume_from = inputs, resume_from
-        run.judge = Judge.from_config(cfg.judge, run_dir)
         run.tracker = build_trackers(cfg.train, run_dir) if dist.is_main else NullTracker()
-        run.stop_ids = stop_token_ids(cfg.rollout, policy.tokenizer)
-        run.toolbox = build_toolbox(cfg.rollout, policy.tokenizer, callables, environments)  # rollout.tools; None without
-        fresh_optimizer(run)
-        run.share_prompts = shares_prompts(cfg, run.train_model, dist)
+        toolbox = build_toolbox(cfg.rollout, policy.tokenizer, callables, environments)  # rollout.tools; None without
+        sampler = TaskBalancedSampler(train_rows, seed=cfg.train.seed, mix=parse_task_mix(cfg.data.task_mix))
+        run.rollouts = Rollouts(policy, cfg.rollout, dist, sampler, stop_token_ids(cfg.rollout, policy.tokenizer),
+                                toolbox, seed=cfg.train.seed, prompts_per_step=cfg.prompts_per_step, train=cfg.train)
+        run.scoring = Scoring(specs, graders, Judge.from_config(cfg.judge, run_dir), run.tasks, dist,
+                              rollout=cfg.rollout, loss=cfg.loss, tool_names=toolbox.names if toolbox else None,
+                              updates=(cfg.loss.mu, cfg.total_updates), max_fallback_share=cfg.judge.max_fallback_share)
+        run.update = Updater(cfg, policy, dist, run.tasks, device)
         run.frontier = ParetoFrontier(cfg.multi.pareto_cap, run_dir / PARETO_SUBDIR)
         if dist.is_main:
             (run_dir / "config.json").write_text(C.dumps(cfg))
-        if dist.active and not per_completion_sampling(cfg.rollout, dist):
+        if dist.active and not run.rollouts.per_completion:
             torch.manual_seed(cfg.train.seed + 1_000_003 * dist.rank)  # ranks must not draw the same samples
         return run
 
@@ -169,7 +153,8 @@ def sft_phase(run: Run) -> list[float]:
     s = run.cfg.sft
     if s.steps == 0:
         return []
-    system = run.toolbox.system_prompt if run.toolbox is not None else None  # the prompts the rollouts see
+    toolbox = run.rollouts.toolbox
+    system = toolbox.system_prompt if toolbox is not None else None  # the prompts the rollouts see
     examples = sft_examples(run.tokenizer, [x for t in run.tasks for x in run.train[t]], system, s.max_target_tokens)
     if not examples:
         if run.dist.is_main:
@@ -183,10 +168,11 @@ def sft_phase(run: Run) -> list[float]:
                      params=run.policy.trainable_parameters(), pad_id=run.tokenizer.pad_token_id,
                      device=run.device, seed=run.cfg.train.seed,
                      progress=lambda it: progress(it, "SFT", enabled=run.dist.is_main), dist=run.dist)
-    # RL is regularised towards the SFT model, not the pre-SFT one: rebase the reference, then rebuild the
-    # optimizer (under LoRA the trainable parameters are new objects) and the guard.
-    run.policy = rebase_reference(run.policy, seed=run.cfg.train.seed)
-    fresh_optimizer(run)
+    # RL is regularised towards the SFT model, not the pre-SFT one: rebase the reference in place (every owner holds
+    # this policy), then restart the update's optimizer (under LoRA the trainable parameters are new objects).
+    rebased = rebase_reference(run.policy, seed=run.cfg.train.seed)
+    run.policy.model, run.policy.ref_model = rebased.model, rebased.ref_model
+    run.update.restart()
     weights = reference_weights(run.policy, run.dist)  # a collective when sharded
     if run.dist.is_main:
         ckpt.save_reference(run.run_dir, weights)
@@ -203,10 +189,9 @@ def evaluate_phase(run: Run, tag: str) -> dict[str, float]:
     if not dist.is_main and not dist.sharded:
         dist.barrier()
         return {}
-    scorer = (lambda rollouts: score_rollouts(rollouts, run.specs, run.judge, run.graders)[0]) if dist.is_main \
-        else unscored
-    results, scored = evaluate(run.policy.model, run.tokenizer, run.heldout, run.cfg.rollout, run.stop_ids, scorer,
-                               synced_gpus=dist.sharded, tools=run.toolbox)
+    scorer = (lambda rollouts: run.scoring.score(rollouts)[0]) if dist.is_main else unscored
+    results, scored = evaluate(run.policy.model, run.tokenizer, run.heldout, run.cfg.rollout, run.rollouts.stop_ids,
+                               scorer, synced_gpus=dist.sharded, tools=run.rollouts.toolbox)
     dist.reshard(run.policy.model)
     offered = tag.startswith("step_") or tag == "after_rl"  # RL checkpoints compete for the Pareto frontier
     state = dist.full_state(run.policy.model) if dist.sharded and offered else None
@@ -233,10 +218,10 @@ def pass_at_k_phase(run: Run) -> dict[str, float]:
     cfg = run.cfg
     if run.dist.active:
         raise RuntimeError("train.pass_at_k runs on one process; turn it off under several processes")
-    if run.toolbox is not None:
+    if run.rollouts.toolbox is not None:
         raise RuntimeError("train.pass_at_k samples single-turn completions; turn it off with rollout.tools")
-    metrics = pass_at_k_eval(run.policy.model, run.tokenizer, run.heldout, cfg.rollout, run.stop_ids,
-                             lambda rollouts: score_rollouts(rollouts, run.specs, run.judge, run.graders)[0],
+    metrics = pass_at_k_eval(run.policy.model, run.tokenizer, run.heldout, cfg.rollout, run.rollouts.stop_ids,
+                             lambda rollouts: run.scoring.score(rollouts)[0],
                              k=cfg.train.pass_at_k, n=cfg.train.pass_at_k_samples,
                              threshold=cfg.train.pass_threshold, seed=cfg.train.seed)
     (run.run_dir / "pass_at_k.json").write_text(json.dumps(metrics, indent=2))
@@ -245,190 +230,40 @@ def pass_at_k_phase(run: Run) -> dict[str, float]:
 
 
 def rl_step(run: Run, step: int) -> dict[str, float]:
-    """One RL step: rollouts → rewards → group advantages → μ update passes → per-task β update."""
-    cfg, dist, t0 = run.cfg, run.dist, time.perf_counter()
-    # The step's GLOBAL batch is drawn identically on every rank; this rank generates its contiguous share.
-    everyone = run.sampler.next_batch(cfg.prompts_per_step * dist.world)
-    mine = dist.share(len(everyone))
-    keys = (row_keys(cfg.train.seed, step, range(mine.start, mine.stop), cfg.rollout.k)
-            if per_completion_sampling(cfg.rollout, dist) else None)
-    # the system prompt (data.system_prompt) is already the first message of every sample
-    rollouts, metrics = sample_rollouts(run.policy.model, run.tokenizer, everyone[mine], cfg.rollout, run.stop_ids,
-                                        tools=run.toolbox, row_keys=keys, synced_gpus=dist.sharded)
-    dist.reshard(run.policy.model)  # after every no-grad pass of a sharded model (see Dist.reshard)
-    t1 = time.perf_counter()
-    set_trainer_state((step - 1) * cfg.loss.mu, cfg.total_updates)  # what TRL's trainer_state says to rewards
-    scored_mine, score_metrics = score_rollouts(rollouts, run.specs, run.judge, run.graders)
-    # What the policy replied to the step's prompts: the reward and answer metrics (the doctor's evidence) describe
-    # these, also when dynamic sampling trains on a filtered batch (its kept groups have signal by construction, so a
-    # task collapsed onto one answer would vanish from them)
-    sampled, kl_only_rows = scored_mine, 0
-    if cfg.train.dynamic_sampling:  # drop the groups without signal, refill them with more prompts
-        scored_mine, more, kl_only_rows = refill_groups(run, step, scored_mine, score_metrics)
-        metrics.update(more)
-    scored = scored_mine
-    if dist.active:  # metrics and group advantages over the global batch (groups never straddle ranks)
-        scored = sampled = [s for part in dist.gather(scored_mine) for s in part]  # (dynamic sampling: one process)
-        metrics = {**rollout_metrics([s.rollout for s in scored]),
-                   "rollout/nonfinite_logit_rows": dist.sum_numbers([metrics["rollout/nonfinite_logit_rows"]])[0]}
-        if run.toolbox is not None:
-            metrics.update(tool_metrics([s.rollout.tool_use for s in scored], run.toolbox.names))
-        score_metrics = dict(zip(score_metrics, dist.sum_numbers(list(score_metrics.values()))))
-    metrics.update(per_step_counts(score_metrics, run.counters))
-    metrics.update(reward_logs())  # what reward functions passed to TRL's log_metric this step
-    rewards_B = torch.tensor([math.nan if s.reward is None else s.reward for s in scored], dtype=torch.float32)
-    if cfg.loss.multi_objective_aggregation == "normalize_then_sum":  # GDPO: each term normalised in its group
-        rewards_B = normalize_then_sum(*term_matrix(scored, run.specs), cfg.rollout.k)
-    if cfg.rollout.overlong_buffer:  # DAPO's soft overlong punishment, on top of the graders' rewards
-        penalty_B = overlong_penalty(torch.tensor([s.rollout.model_tokens for s in scored]),
-                                     cfg.rollout.max_new_tokens, cfg.rollout.overlong_buffer,
-                                     cfg.rollout.overlong_penalty_factor)
-        rewards_B = rewards_B + penalty_B
-        metrics["reward/overlong_penalty"] = float(penalty_B.mean())
-    advantages_B, adv_metrics = group_advantages(rewards_B, cfg.rollout.k, scale=cfg.loss.adv_scale,
-                                                 clip=cfg.loss.adv_clip)
-    if kl_only_rows:  # train.dynamic_sampling_keep_kl: those groups carry their KL term only (an overlong penalty
-        advantages_B[-kl_only_rows:] = 0.0  # could otherwise tell their completions apart)
-    metrics.update(adv_metrics)
-    metrics.update(reward_metrics(sampled, run.tasks))
-    metrics.update(fallback_shares(sampled, run.specs))  # tasks whose judge has a fallback grader
-    metrics.update(step_answer_metrics([s.rollout.sample.task for s in sampled], [s.rollout.text for s in sampled],
-                                       [s.reward for s in sampled], cfg.rollout.k))  # what the doctor reads
-    t2 = time.perf_counter()
+    """One RL step: sample → roll out → score → batch → update → log. The owners (grpo/run/step_owners.py) hold the
+    state; each phase's wall time is time/<phase>."""
+    timer = StepTimer()
+    with timer("generate"):  # this process's share of the step's prompts, K completions each
+        rollouts, metrics = run.rollouts.generate(step)
+    with timer("reward"):
+        scored, counts = run.scoring.score(rollouts, step)
+        kept, kl_only_rows = scored, 0
+        if run.cfg.train.dynamic_sampling:  # drop the groups without signal, refill them with more prompts
+            kept, more, kl_only_rows = run.rollouts.refill(step, scored, counts, run.scoring.score)
+            metrics.update(more)
+        graded = run.scoring.grade(kept, scored, kl_only_rows, metrics, counts)  # over every process's groups
+    with timer("old_logps"):
+        batch = run.update.batch(graded.rows, graded.advantages_B)
+    with timer("ref_logps"):
+        run.update.reference_logps(batch)
+    with timer("train"):
+        stats = run.update.step(batch)  # μ passes, then the β / entropy controllers and the weight guard
+    return log_step(run, step, {**graded.metrics, **stats, "step": step, **timer.metrics(), "lr": run.update.lr},
+                    graded.everyone)
 
-    rows = slice(mine.start * cfg.rollout.k, mine.start * cfg.rollout.k + len(scored_mine))  # this rank's groups
-    batch = build_train_batch(scored_mine, advantages_B[rows], run.tasks, run.tokenizer.pad_token_id, run.device,
-                              group_size=cfg.rollout.k if run.share_prompts else 1,
-                              mask_truncated=cfg.loss.mask_truncated)
-    if cfg.loss.mu > 1 and has_dropout(run.policy.model):
-        # off-policy passes need the rollout policy's log-probs (eval mode: no dropout). At μ = 1 they equal the
-        # current ones; without dropout the first pass computes them (train_step keeps them for the later passes)
-        batch.old_logps_BT = batch_logprobs(run.policy.model, batch, run.micro_batch_seqs, cfg.rollout.temperature)
-        dist.reshard(run.policy.model)
-    t3 = time.perf_counter()
-    if cfg.kl_enabled:
-        with reference(run.policy) as ref_model:
-            batch.ref_logps_BT = batch_logprobs(ref_model, batch, run.micro_batch_seqs, cfg.rollout.temperature)
-            dist.reshard(ref_model)
-    t4 = time.perf_counter()
 
-    betas_N = torch.tensor([run.controllers[t].value for t in run.tasks], dtype=torch.float32)
-    stats = update_with_oom_retry(run, batch, betas_N)
-    metrics.update(stats)
-    if run.entropy_control is not None:  # adaptive entropy control: the coefficient this step used, then the update
-        metrics["loss/entropy_coef"] = run.entropy_control.value
-        run.entropy_control.update(stats.get("entropy/all", math.nan))  # absent: no token trained
-    for t in run.tasks:
-        metrics[f"beta/{t}"] = run.controllers[t].value  # the β this step trained with
-        if f"kl/{t}" in stats:
-            run.controllers[t].update(stats[f"kl/{t}"])
-    skipped, restored = bool(stats["health/skipped"]), run.counters.pop("restored_now", 0) > 0
-    metrics.update(run.guard.record(skipped=skipped, restored=restored, reason=bad_step_reason(
-        skipped, restored, stats["health/grad_norm_max"], cfg.train.skip_grad_norm)))
-    t5 = time.perf_counter()
-    metrics.update({"step": step, "time/generate": t1 - t0, "time/reward": t2 - t1, "time/old_logps": t3 - t2,
-                    "time/ref_logps": t4 - t3, "time/train": t5 - t4, "time/step": t5 - t0,
-                    "lr": run.scheduler.get_last_lr()[0]})
+def log_step(run: Run, step: int, metrics: dict[str, Any], scored: list) -> dict[str, float]:
+    """The step's metrics as plain numbers with the doctor's reading of them, logged; then the judge's fallback
+    check (after the step is logged) and, every train.sample_every steps, the step's completions."""
     run.step = step
     metrics = {k: v if isinstance(v, (str, int)) else float(v) for k, v in metrics.items()}
     metrics.update(consult_doctor(run, metrics))
     run.tracker.log(metrics, step)
-    check_fallback_share(metrics, cfg.judge.max_fallback_share, step)  # after the step is logged
-    if cfg.train.sample_every and step % cfg.train.sample_every == 0 and dist.is_main:
+    run.scoring.check_fallbacks(metrics, step)
+    every = run.cfg.train.sample_every
+    if every and step % every == 0 and run.dist.is_main:
         write_samples(run.run_dir, run.tracker, scored, step)
     return metrics
-
-
-def refill_groups(run: Run, step: int, scored: list, score_metrics: dict[str, float]) -> tuple[list, dict, int]:
-    """Dynamic sampling (train.dynamic_sampling): keep the step's groups whose rewards differ, and generate and score
-    groups of fresh prompts (prompts_per_step a round, at most train.dynamic_sampling_max_rounds rounds) until the
-    step has prompts_per_step of them (grpo/core/dapo.fill_informative_groups). The extra rounds' scoring counts go
-    into `score_metrics`; the rollout/ metrics stay round 0's, and rollout/<task>/dynamic_kept_groups counts each
-    task's kept groups: a task whose prompts all get one reward (collapsed onto one answer, or solved) keeps none and
-    then gets neither a policy gradient nor a KL term that step — unless train.dynamic_sampling_keep_kl, which appends
-    that task's round-0 groups for their KL term. Returns (the groups to train on, metrics, how many rows at the end
-    are KL-only: their advantages are set to 0)."""
-    cfg = run.cfg
-    if run.dist.active:
-        raise RuntimeError("train.dynamic_sampling runs on one process: the ranks would need different numbers of "
-                           "generation rounds; turn it off under several processes")
-
-    def produce(round_: int) -> list:
-        if round_ == 0:
-            return scored
-        samples = run.sampler.next_batch(cfg.prompts_per_step)
-        keys = (row_keys(cfg.train.seed, step, range(round_ * len(samples), (round_ + 1) * len(samples)),
-                         cfg.rollout.k) if per_completion_sampling(cfg.rollout, run.dist) else None)
-        rollouts, _ = sample_rollouts(run.policy.model, run.tokenizer, samples, cfg.rollout, run.stop_ids,
-                                      tools=run.toolbox, row_keys=keys)
-        more, counts = score_rollouts(rollouts, run.specs, run.judge, run.graders)
-        for key, value in counts.items():  # scoring/* count this batch; the judge/* counters are cumulative
-            score_metrics[key] = score_metrics.get(key, 0) + value if key.startswith("scoring/") else value
-        return more
-
-    kept, metrics = fill_informative_groups(produce, lambda s: s.reward, cfg.rollout.k, cfg.prompts_per_step,
-                                            cfg.train.dynamic_sampling_max_rounds)
-    trained = Counter(s.rollout.sample.task for s in kept) if metrics["rollout/dynamic_kept_groups"] else Counter()
-    for task in run.tasks:  # 0: the task trains on nothing this step (but see dynamic_sampling_keep_kl)
-        metrics[f"rollout/{task}/dynamic_kept_groups"] = float(trained[task] // cfg.rollout.k)
-    kl_only = []
-    if cfg.train.dynamic_sampling_keep_kl and trained:  # (nothing kept at all: round 0 came back whole anyway)
-        starved = {t for t in run.tasks if not trained[t]}
-        kl_only = [s for s in scored if s.rollout.sample.task in starved]
-    metrics["rollout/dynamic_kl_only_groups"] = float(len(kl_only) // cfg.rollout.k)
-    return kept + kl_only, metrics, len(kl_only)
-
-
-OOM_KNOBS = ("train.prompts_per_micro_step (smaller micro-batches, more grad_accum)", "model.gradient_checkpointing=true",
-             "rollout.max_new_tokens", "model.load_in_4bit=true (QLoRA)", "rollout.k")
-
-
-def train_update(run: Run, batch: TrainBatch, betas_N: torch.Tensor) -> dict[str, float]:
-    """The μ update passes of one step (grpo/phases/update.train_step) with the run's settings: the loss section, the
-    rollout temperature and length, the train section's gradient-norm limits, the run's micro-batch size."""
-    cfg = run.cfg
-    learner = Learner(run.train_model or run.policy.model, run.optimizer, run.policy.trainable_parameters(),
-                      on_step=lambda: after_optimizer_step(run), grad_combiner=run.surgery,
-                      scaler=run.policy.grad_scaler, dist=run.dist)
-    settings = StepSettings(micro_batch_seqs=run.micro_batch_seqs, temperature=cfg.rollout.temperature,
-                            max_grad_norm=cfg.train.max_grad_norm, skip_grad_norm=cfg.train.skip_grad_norm,
-                            agg_constant=float(cfg.rollout.max_new_tokens), fused_head=cfg.model.fused_lm_head,
-                            entropy_coef=None if run.entropy_control is None else run.entropy_control.value)
-    return train_step(learner, batch, betas_N, cfg.loss, run.tasks, settings)
-
-
-def update_with_oom_retry(run: Run, batch: TrainBatch, betas_N: torch.Tensor) -> dict[str, float]:
-    """The μ update passes; on CUDA out-of-memory, report and retry once with half the micro-batch size, which then
-    stays the run's size (`run.micro_batch_seqs`) for every later pass: old log-probs, reference and training."""
-    try:
-        return {**train_update(run, batch, betas_N), "health/oom_retries": 0.0}
-    except torch.OutOfMemoryError as e:
-        run.optimizer.zero_grad(set_to_none=True)
-        peak = torch.cuda.max_memory_allocated() / 2**30 if torch.cuda.is_available() else float("nan")
-        half = max(1, run.micro_batch_seqs // 2)
-        print(f"CUDA out of memory in the update (peak allocated {peak:.1f} GiB): {str(e).splitlines()[0]}\n"
-              f"  retrying this step once with micro-batch {half} sequences (was {run.micro_batch_seqs}).\n"
-              f"  knobs that reduce memory: {'; '.join(OOM_KNOBS)}; see MEMORY_OPTIMIZATION.md and "
-              "`python check_gpu_memory.py --estimate`", file=sys.stderr, flush=True)
-        if half == run.micro_batch_seqs:
-            raise
-        if torch.cuda.is_available():
-            torch.cuda.empty_cache()  # once, after an OOM, to give the retry the freed blocks
-        run.micro_batch_seqs = half
-        return {**train_update(run, batch, betas_N), "health/oom_retries": 1.0}
-
-
-def after_optimizer_step(run: Run) -> None:
-    """Scheduler step, then the weight guard: NaN/Inf weights are replaced by the last good copy. Sharded, each
-    rank guards its shard and a bad shard anywhere restores every shard (the model stays one step)."""
-    run.scheduler.step()
-    if run.dist.sharded:
-        bad = run.dist.any(not run.guard.all_finite())
-        run.guard.restore() if bad else run.guard.snapshot()
-    else:
-        bad = run.guard.restore_if_bad()
-    if bad:
-        run.counters["restored_now"] = 1
 
 
 def finish(run: Run) -> dict[str, Any]:

@@ -132,7 +132,8 @@ class PhaseMeter:
 
     @contextlib.contextmanager
     def installed(self, module: Any):
-        """Wrap the phase functions that `module` (grpo_train) calls by global name; restore them on exit."""
+        """Wrap the phase functions that `module` (grpo/run/step_owners.py, the step's owners) calls by global name;
+        restore them on exit."""
         originals = {name: getattr(module, name) for name in self.PHASES}
 
         def wrap(name: str, fn: Any) -> Any:
@@ -185,6 +186,7 @@ def run_child(case: Case, tiny: bool, work: Path, steps: int, warmup: int) -> di
     import torch
 
     from grpo.config import settings as C
+    import grpo.run.step_owners as step_owners
     import grpo_train as T
 
     if not tiny and not torch.cuda.is_available():
@@ -203,7 +205,7 @@ def run_child(case: Case, tiny: bool, work: Path, steps: int, warmup: int) -> di
     meter, times = PhaseMeter(cuda), []
     print(f"setup done in {result['setup_s']:.1f} s; stepping", flush=True)
     try:
-        with meter.installed(T):
+        with meter.installed(step_owners):
             for step in range(1, steps + 1):
                 if step == warmup + 1:
                     meter.reset()

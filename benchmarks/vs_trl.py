@@ -172,12 +172,13 @@ def run_ours(spec: BenchSpec, model_dir: str, out_dir: str) -> dict[str, Any]:
     """`grpo_train.setup` + `rl_step` (the real code path) for spec.cycles rollout cycles."""
     import torch
 
+    import grpo.run.step_owners as owners
     import grpo_train
 
     rss_imports = common.peak_rss_mib()
     lengths: list[int] = []
     peak_after_generate_mib: list[float | None] = []  # peak so far, read right after each generate phase
-    shipped_generate = grpo_train.sample_rollouts
+    shipped_generate = owners.sample_rollouts  # what the rollout owner calls (grpo_train.rl_step's rollouts)
 
     def counted_generate(*args: Any, **kwargs: Any):  # count what was really generated, as on the TRL side
         rollouts, metrics = shipped_generate(*args, **kwargs)
@@ -185,7 +186,7 @@ def run_ours(spec: BenchSpec, model_dir: str, out_dir: str) -> dict[str, Any]:
         lengths.extend(len(r.completion_ids) for r in rollouts)
         return rollouts, metrics
 
-    grpo_train.sample_rollouts = counted_generate
+    owners.sample_rollouts = counted_generate
     cfg = _our_config(spec, model_dir, out_dir)
     run = grpo_train.setup(cfg)
     marks, phases = [(time.perf_counter(), time.process_time())], {k: [] for k in OUR_TIME_KEYS}
@@ -198,7 +199,7 @@ def run_ours(spec: BenchSpec, model_dir: str, out_dir: str) -> dict[str, Any]:
             phases[k].append(metrics[k])
     run.tracker.close()
     wall, cpu = common.cycle_deltas(marks, 1)
-    return {"cycle_times_s": wall, "cycle_cpu_s": cpu, "optimizer_steps": int(run.scheduler.last_epoch),
+    return {"cycle_times_s": wall, "cycle_cpu_s": cpu, "optimizer_steps": int(run.update.scheduler.last_epoch),
             "rss_after_imports_mib": rss_imports, **common.length_counts(lengths), "phases": phases,
             "peak_cuda_after_generate_mib": peak_after_generate_mib}
 

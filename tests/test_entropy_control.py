@@ -82,5 +82,5 @@ def test_adaptive_control_in_real_steps_and_checkpoint(tmp_path):
     second = G.rl_step(run, 2)
     # step 1's entropy (a few nats) ≤ 100: the coefficient rose to 0.03 and applies at step 2
     assert second["loss/entropy_coef"] == pytest.approx(0.03)
-    assert math.isfinite(run.entropy_control.last_entropy)
-    assert checkpoint_state(run)["entropy_control"] == run.entropy_control.state_dict()
+    assert math.isfinite(run.update.entropy_control.last_entropy)
+    assert checkpoint_state(run)["entropy_control"] == run.update.entropy_control.state_dict()

@@ -35,16 +35,16 @@ def test_each_option_trains_in_a_real_step(tmp_path, extra, key):
         assert _moved(run, before)
 
 
-def trained_batches(monkeypatch) -> list[tuple[list[str], torch.Tensor]]:
+def trained_batches(monkeypatch, run) -> list[tuple[list[str], torch.Tensor]]:
     """Each optimizer step's batch as (its rows' task names, its advantages), appended as G.rl_step trains."""
     seen = []
-    real = G.update_with_oom_retry
+    real = run.update.train_with_oom_retry
 
-    def spy(run_, batch, betas_N):
-        seen.append(([run_.tasks[i] for i in batch.task_ids_B.tolist()], batch.advantages_B.clone()))
-        return real(run_, batch, betas_N)
+    def spy(batch, betas_N):
+        seen.append(([run.tasks[i] for i in batch.task_ids_B.tolist()], batch.advantages_B.clone()))
+        return real(batch, betas_N)
 
-    monkeypatch.setattr(G, "update_with_oom_retry", spy)
+    monkeypatch.setattr(run.update, "train_with_oom_retry", spy)
     return seen
 
 
@@ -52,7 +52,7 @@ def test_dynamic_sampling_trains_only_groups_with_signal(tmp_path, monkeypatch):
     run = G.setup(fast_config(tmp_path, "train.dynamic_sampling=true", "train.dynamic_sampling_max_rounds=4",
                               "rewards.fairness=tests.test_learning_methods_run:coarse_reward:1.0",
                               "rewards.hallucination=tests.test_learning_methods_run:coarse_reward:1.0"))
-    seen = trained_batches(monkeypatch)
+    seen = trained_batches(monkeypatch, run)
     for step in (1, 2):
         metrics = G.rl_step(run, step)
         assert {"rollout/dynamic_rounds", "rollout/dynamic_kept_groups"} <= set(metrics)
@@ -71,7 +71,7 @@ def test_dynamic_sampling_reports_what_was_sampled_and_each_tasks_kept_groups(tm
     run = G.setup(fast_config(tmp_path, "train.dynamic_sampling=true", "train.dynamic_sampling_max_rounds=2",
                               "rewards.fairness=tests.test_learning_methods_run:coarse_reward:1.0",
                               "rewards.hallucination=tests.test_learning_methods_run:constant_reward:1.0"))
-    seen = trained_batches(monkeypatch)
+    seen = trained_batches(monkeypatch, run)
     metrics = G.rl_step(run, 1)
     assert metrics["reward/hallucination/mean"] == 0.25 and metrics["adv/hallucination/frac_zero_std"] == 1.0
     assert isinstance(metrics["rollout/hallucination/top_answer"], str)
@@ -87,7 +87,7 @@ def test_dynamic_sampling_keep_kl_trains_a_starved_task_on_its_kl_term_only(tmp_
                               "train.dynamic_sampling_keep_kl=true", "rollout.overlong_buffer=3",
                               "rewards.fairness=tests.test_learning_methods_run:coarse_reward:1.0",
                               "rewards.hallucination=tests.test_learning_methods_run:constant_reward:1.0"))
-    seen = trained_batches(monkeypatch)
+    seen = trained_batches(monkeypatch, run)
     k = run.cfg.rollout.k
     for step in (1, 2):  # step 2: the policy has moved, so the KL term is not 0
         metrics = G.rl_step(run, step)

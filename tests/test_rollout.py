@@ -311,9 +311,8 @@ def test_every_rollout_setting_is_read_by_the_code_it_configures(model, tok, sam
     code, the stop-token resolution or the trainer's sampling-stream choice."""
     import dataclasses
 
-    import grpo_train
     from grpo.models.distributed import Dist
-    from grpo.run.setup_parts import stop_token_ids
+    from grpo.run.setup_parts import per_completion_sampling, stop_token_ids
 
     read: set[str] = set()
 
@@ -326,6 +325,6 @@ def test_every_rollout_setting_is_read_by_the_code_it_configures(model, tok, sam
     stops = stop_token_ids(rollout, tok)
     generate_rollouts(model, tok, samples, rollout, stops)
     greedy_complete(model, tok, samples, rollout, stops)
-    grpo_train.per_completion_sampling(rollout, Dist())
+    per_completion_sampling(rollout, Dist())
     unread = {f.name for f in dataclasses.fields(RolloutConfig)} - read
     assert not unread, f"RolloutConfig fields nobody reads: {sorted(unread)}"

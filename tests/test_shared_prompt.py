@@ -209,22 +209,22 @@ def test_shared_prompts_apply_only_where_the_kv_cache_survives(model):
 
 def test_the_entry_point_decides_by_mode_size_and_blockers_and_refuses_what_cannot_apply(model, monkeypatch):
     import grpo.models.logprobs
-    import grpo_train
+    from grpo.run.setup_parts import shares_prompts
 
     dist = SimpleNamespace(is_main=True)
     cfg = C.load_config("demo", [])
     assert cfg.model.shared_prompt_forward == "auto"
     small = sum(p.numel() for p in model.parameters())
-    assert small < grpo.models.logprobs.SHARED_PROMPT_MIN_PARAMS and not grpo_train.shares_prompts(cfg, model, dist)
+    assert small < grpo.models.logprobs.SHARED_PROMPT_MIN_PARAMS and not shares_prompts(cfg, model, dist)
     monkeypatch.setattr(grpo.models.logprobs, "SHARED_PROMPT_MIN_PARAMS", small)
-    assert grpo_train.shares_prompts(cfg, model, dist)
-    assert grpo_train.shares_prompts(C.load_config("demo", ["model.shared_prompt_forward=on"]), model, dist)
-    assert not grpo_train.shares_prompts(C.load_config("demo", ["model.shared_prompt_forward=off"]), model, dist)
+    assert shares_prompts(cfg, model, dist)
+    assert shares_prompts(C.load_config("demo", ["model.shared_prompt_forward=on"]), model, dist)
+    assert not shares_prompts(C.load_config("demo", ["model.shared_prompt_forward=off"]), model, dist)
     windowed = copy.deepcopy(model)
     windowed.config.sliding_window = 4  # Mistral-style windows: the cache would stop at the window
-    assert not grpo_train.shares_prompts(cfg, windowed, dist)
+    assert not shares_prompts(cfg, windowed, dist)
     with pytest.raises(C.ConfigError, match="shared_prompt_forward=on cannot apply here: sliding-window"):
-        grpo_train.shares_prompts(C.load_config("demo", ["model.shared_prompt_forward=on"]), windowed, dist)
+        shares_prompts(C.load_config("demo", ["model.shared_prompt_forward=on"]), windowed, dist)
     with pytest.raises(C.ConfigError, match="model.shared_prompt_forward"):
         C.load_config("demo", ["model.shared_prompt_forward=yes"])
 
@@ -238,7 +238,7 @@ def test_a_training_run_shares_its_prompts(tmp_path, monkeypatch):
                                  "train.eval_every=0", "train.tensorboard=false", f"train.output_dir={tmp_path}",
                                  "train.run_name=shared", "kl.default.beta=0.04"])
     run = grpo_train.setup(cfg)
-    assert run.share_prompts
+    assert run.update.share_prompts
     seen, handle = forward_rows(run.policy.model)
     try:
         metrics = grpo_train.rl_step(run, 1)

@@ -511,7 +511,7 @@ def test_the_smollm2_tools_preset_runs_its_task_tool_and_grader_on_the_tiny_mode
                                           "train.prompts_per_micro_step=2", "train.tensorboard=false"])
     run = G.main(cfg)
     assert set(run.evals) == {"before_sft", "after_sft", "after_rl"}
-    assert run.toolbox.names == ["calculator"] and seen == [run.toolbox.system_prompt]
+    assert run.rollouts.toolbox.names == ["calculator"] and seen == [run.rollouts.toolbox.system_prompt]
     rows = [json.loads(x) for x in (run.run_dir / "metrics.jsonl").read_text().splitlines()]
     assert any("tools/calls_per_rollout" in r for r in rows)
     kept = [json.loads(x) for x in (run.run_dir / "evals" / "after_rl.jsonl").read_text().splitlines()]

@@ -12,6 +12,7 @@ import torch
 
 from grpo.config import settings as C
 import grpo_train as G
+import grpo.run.step_owners as owners
 from grpo.phases.batch import batch_logprobs, build_train_batch
 from grpo.models.logprobs import completion_logprobs
 from grpo.phases.rollout import generate_rollouts
@@ -55,13 +56,13 @@ def test_mu_passes_no_backward_twice(tmp_path, loss, mu):
     """Regression (the seed's GSPO bug): μ > 1 backpropagated through a graph built before the μ loop."""
     run = G.setup(fast_config(tmp_path, f"loss.policy_loss={loss}", f"loss.mu={mu}"))
     steps = []
-    real_step = run.optimizer.step
+    real_step = run.update.optimizer.step
 
     def counting_step(*a, **k):
         steps.append(1)
         return real_step(*a, **k)
 
-    run.optimizer.step = counting_step
+    run.update.optimizer.step = counting_step
     metrics = G.rl_step(run, 1)
     assert len(steps) == mu, "each μ pass is exactly one optimizer step"
     assert math.isfinite(metrics["loss/total"])
@@ -117,11 +118,11 @@ def test_trained_tokens_are_sampled_tokens(tmp_path):
     """Regression for mask/slicing bugs: the tokens whose log-probs are trained are exactly the sampled ids,
     scored with the same template and padding as sampling, for prompts of different lengths (left padding)."""
     run = G.setup(fast_config(tmp_path))
-    samples = run.sampler.next_batch(4)
+    samples = run.rollouts.sampler.next_batch(4)
     assert len({len(s.messages[0]["content"]) for s in samples}) > 1
     rollouts, _ = generate_rollouts(run.policy.model, run.tokenizer, samples, replace(run.cfg.rollout, k=2),
-                                    run.stop_ids)
-    scored, _ = score_rollouts(rollouts, run.specs, None)
+                                    run.rollouts.stop_ids)
+    scored, _ = score_rollouts(rollouts, run.scoring.specs, None)
     batch = build_train_batch(scored, torch.zeros(len(scored)), run.tasks, run.tokenizer.pad_token_id, run.device)
     assert len({len(r.prompt_ids) for r in rollouts}) > 1, "need prompts of different lengths"
     logps = batch_logprobs(run.policy.model, batch, 16, 1.0)
@@ -158,7 +159,7 @@ def test_nan_weights_are_restored(tmp_path):
     run = G.setup(fast_config(tmp_path))
     G.rl_step(run, 1)
     good = _params(run.policy.model)
-    real_step = run.optimizer.step
+    real_step = run.update.optimizer.step
 
     def poisoned_step(*a, **k):
         out = real_step(*a, **k)
@@ -166,7 +167,7 @@ def test_nan_weights_are_restored(tmp_path):
             run.policy.trainable_parameters()[0].fill_(float("inf"))
         return out
 
-    run.optimizer.step = poisoned_step
+    run.update.optimizer.step = poisoned_step
     metrics = G.rl_step(run, 2)
     assert metrics["health/restored"] == 1.0
     assert all(torch.equal(p.detach(), good[n]) for n, p in run.policy.model.named_parameters())
@@ -185,7 +186,7 @@ def test_per_task_beta_moves_in_opposite_directions(tmp_path):
     for step in range(1, 5):
         m = G.rl_step(run, step)
         betas.append((m["beta/fairness"], m["beta/hallucination"]))
-    f_end, h_end = run.controllers["fairness"].value, run.controllers["hallucination"].value
+    f_end, h_end = run.update.controllers["fairness"].value, run.update.controllers["hallucination"].value
     assert f_end > 0.1 and h_end < 0.1
     assert f_end <= 0.3 + 1e-12 and h_end >= 0.02 - 1e-12
     assert betas[0] == (0.1, 0.1)  # a step trains with the β its controller held before the step
@@ -221,7 +222,7 @@ def test_oom_retries_with_half_micro_batch(tmp_path, monkeypatch):
 
     monkeypatch.setattr(U, "completion_logprobs", flaky)
     metrics = G.rl_step(run, 1)
-    assert calls["big"] == 1 and run.micro_batch_seqs == 4
+    assert calls["big"] == 1 and run.update.micro_batch_seqs == 4
     assert metrics["health/oom_retries"] == 1.0 and math.isfinite(metrics["loss/total"])
 
 
@@ -231,8 +232,8 @@ def test_after_an_oom_retry_every_pass_uses_the_halved_micro_batch(tmp_path, mon
     import grpo.phases.update as U
 
     run = G.setup(fast_config(tmp_path, "loss.mu=2"))
-    assert run.cfg.kl_enabled and run.micro_batch_seqs == 8
-    real_forward, real_pass = U.completion_logprobs, G.batch_logprobs
+    assert run.cfg.kl_enabled and run.update.micro_batch_seqs == 8
+    real_forward, real_pass = U.completion_logprobs, owners.batch_logprobs
     oom = {"left": 1}
     sizes: list[tuple[str, int]] = []
 
@@ -249,8 +250,8 @@ def test_after_an_oom_retry_every_pass_uses_the_halved_micro_batch(tmp_path, mon
         return real_pass(model, batch, micro_batch_seqs, temperature)
 
     monkeypatch.setattr(U, "completion_logprobs", flaky)
-    monkeypatch.setattr(G, "batch_logprobs", no_grad_pass)
-    monkeypatch.setattr(G, "has_dropout", lambda model: True)  # the old-log-prob pass runs too
+    monkeypatch.setattr(owners, "batch_logprobs", no_grad_pass)
+    monkeypatch.setattr(owners, "has_dropout", lambda model: True)  # the old-log-prob pass runs too
     assert G.rl_step(run, 1)["health/oom_retries"] == 1.0
     assert sizes[:2] == [("old", 8), ("ref", 8)] and {n for kind, n in sizes[2:]} == {4}
     sizes.clear()
@@ -294,7 +295,7 @@ def test_fused_lm_head_setting_reaches_the_training_pass(tmp_path, monkeypatch):
                                   "kl.default.beta=0.0", "kl.default.controller=fixed"))
         assert run.cfg.model.fused_lm_head is fused
         batch = rollout_batch(run)
-        G.train_update(run, batch, torch.zeros(2))
+        run.update.train(batch, torch.zeros(2))
         assert bool(calls) is fused
 
 
@@ -305,8 +306,8 @@ def test_mu_passes_reuse_the_first_pass_log_probs_when_there_is_no_dropout(tmp_p
     run = G.setup(fast_config(tmp_path / "a", "loss.mu=2", "loss.policy_loss=gspo"))
     assert not has_dropout(run.policy.model)
     calls = []
-    real = G.batch_logprobs
-    monkeypatch.setattr(G, "batch_logprobs", lambda model, *a, **k: calls.append(model) or real(model, *a, **k))
+    real = owners.batch_logprobs
+    monkeypatch.setattr(owners, "batch_logprobs", lambda model, *a, **k: calls.append(model) or real(model, *a, **k))
     G.rl_step(run, 1)
     assert all(m is not run.policy.model for m in calls)  # only the reference pass ran
 
@@ -316,8 +317,8 @@ def test_mu_passes_reuse_the_first_pass_log_probs_when_there_is_no_dropout(tmp_p
         torch.manual_seed(5)
         batch = rollout_batch(run)
         if precomputed:
-            batch.old_logps_BT = real(run.policy.model, batch, run.micro_batch_seqs, 1.0)
-        metrics = G.train_update(run, batch, torch.zeros(2))
+            batch.old_logps_BT = real(run.policy.model, batch, run.update.micro_batch_seqs, 1.0)
+        metrics = run.update.train(batch, torch.zeros(2))
         results.append((_params(run.policy.model), metrics["loss/ratio_max"]))
     (a, ratio_a), (b, ratio_b) = results
     assert all(torch.allclose(a[n], b[n], atol=1e-6) for n in a)

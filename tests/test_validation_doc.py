@@ -307,21 +307,22 @@ def other_process_count(tmp, mp):
 
 
 def cuda_oom(tmp, mp):
+    import grpo.run.step_owners as step_owners
     from tests.trainer_helpers import fast_config
 
     run = G.setup(fast_config(tmp, "train.prompts_per_micro_step=2", "rollout.k=4"))
     calls = []
 
     def train_step(*args, **kwargs):
-        calls.append(run.micro_batch_seqs)
+        calls.append(run.update.micro_batch_seqs)
         if len(calls) == 1:
             raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
         return {"loss/total": 0.0}
 
-    mp.setattr(G, "train_step", train_step)
+    mp.setattr(step_owners, "train_step", train_step)
     err = io.StringIO()
     with contextlib.redirect_stderr(err):
-        stats = G.update_with_oom_retry(run, batch=None, betas_N=None)
+        stats = run.update.train_with_oom_retry(batch=None, betas_N=None)
     assert calls == [8, 4] and stats["health/oom_retries"] == 1.0
     return Outcome(err.getvalue())
 

@@ -21,7 +21,6 @@ from grpo.models.modeling import Policy
 from grpo.run import checkpoint_files as ckpt
 from grpo.run.fingerprints import input_changes
 from grpo.run.run_folder import run_started
-from grpo.run.setup_parts import fresh_optimizer
 from grpo.run.state import Run
 
 
@@ -57,7 +56,7 @@ def restore_best(run: Run) -> Path | None:
             raise ckpt.CheckpointError(f"Pareto point {folder} does not fit this model: missing {sorted(missing)[:5]}, "
                                        f"unexpected {sorted(unexpected)[:5]}")
         run.dist.load_full_state(model, state, strict=False)
-    run.guard.snapshot()
+    run.update.guard.snapshot()
     return folder
 
 
@@ -88,13 +87,14 @@ def checkpoint_state(run: Run, rng_ranks: list[dict[str, Any]] | None = None,
     """Everything needed to continue the run bit-for-bit. `rng_ranks`: every rank's RNG state (rank order);
     `gathered`: (weights, optimizer state) gathered from the shards when sharded."""
     rng_ranks = rng_ranks or [ckpt.rng_state()]
-    weights, optimizer = gathered or (ckpt.trainable_state(run.policy.model), run.optimizer.state_dict())
-    return {"step": run.step, "weights": weights, "optimizer": optimizer, "scheduler": run.scheduler.state_dict(),
-            "controllers": {t: c.state_dict() for t, c in run.controllers.items()},
-            "entropy_control": run.entropy_control.state_dict() if run.entropy_control is not None else None,
-            "sampler": run.sampler.state_dict(), "guard": run.guard.state_dict(), "evals": run.evals,
-            "measures": run.measures, "surgery": run.surgery.state_dict() if run.surgery is not None else None,
-            "frontier": run.frontier.state_dict(), "counters": dict(run.counters), "rng": rng_ranks[0],
+    weights, optimizer = gathered or (ckpt.trainable_state(run.policy.model), run.update.optimizer.state_dict())
+    update = run.update
+    return {"step": run.step, "weights": weights, "optimizer": optimizer, "scheduler": update.scheduler.state_dict(),
+            "controllers": {t: c.state_dict() for t, c in update.controllers.items()},
+            "entropy_control": update.entropy_control.state_dict() if update.entropy_control is not None else None,
+            "sampler": run.rollouts.sampler.state_dict(), "guard": update.guard.state_dict(), "evals": run.evals,
+            "measures": run.measures, "surgery": update.surgery.state_dict() if update.surgery is not None else None,
+            "frontier": run.frontier.state_dict(), "counters": dict(run.scoring.counters), "rng": rng_ranks[0],
             "rng_ranks": rng_ranks, "metrics_rows": run.tracker.rows_logged, "finished": run.finished}
 
 
@@ -103,7 +103,8 @@ def save_checkpoint(run: Run) -> Path:
     rng_ranks = run.dist.gather(ckpt.rng_state())
     gathered = None
     if run.dist.sharded:  # collectives: every rank takes part, rank 0 receives the whole state
-        gathered = (run.dist.full_state(run.policy.model), run.dist.optimizer_state(run.policy.model, run.optimizer))
+        gathered = (run.dist.full_state(run.policy.model),
+                    run.dist.optimizer_state(run.policy.model, run.update.optimizer))
     folder = None
     if run.dist.is_main:
         folder = ckpt.save(run.run_dir, run.step, checkpoint_state(run, rng_ranks, gathered), C.to_dict(run.cfg),
@@ -176,27 +177,28 @@ def resume(run: Run, where: str) -> None:
     ref = ckpt.load_reference(folder.parent.parent, trust_pickle=trust)  # the run the checkpoint belongs to
     if ref is not None:  # the run had an SFT warm-up: restore its reference (and, under LoRA, the merged base)
         run.dist.load_full_state(run.policy.model if run.policy.is_lora else run.policy.ref_model, ref)
-        fresh_optimizer(run)
+        run.update.restart()  # under LoRA the trainable parameters are new objects
     if run.dist.sharded:
         run.dist.load_full_state(run.policy.model, state["weights"])
-        run.dist.load_optimizer_state(run.policy.model, run.optimizer, state["optimizer"])
+        run.dist.load_optimizer_state(run.policy.model, run.update.optimizer, state["optimizer"])
     else:
         ckpt.load_trainable_state(run.policy.model, state["weights"], folder)
-        run.optimizer.load_state_dict(state["optimizer"])
-    run.scheduler.load_state_dict(state["scheduler"])
-    for t, c in run.controllers.items():
+        run.update.optimizer.load_state_dict(state["optimizer"])
+    update = run.update
+    update.scheduler.load_state_dict(state["scheduler"])
+    for t, c in update.controllers.items():
         c.load_state_dict(state["controllers"][t])
-    if run.entropy_control is not None and state.get("entropy_control") is not None:
-        run.entropy_control.load_state_dict(state["entropy_control"])
-    run.sampler.load_state_dict(state["sampler"])
-    run.guard.load_state_dict(state["guard"])
-    if run.surgery is not None and state.get("surgery") is not None:
-        run.surgery.load_state_dict(state["surgery"])
+    if update.entropy_control is not None and state.get("entropy_control") is not None:
+        update.entropy_control.load_state_dict(state["entropy_control"])
+    run.rollouts.sampler.load_state_dict(state["sampler"])
+    update.guard.load_state_dict(state["guard"])
+    if update.surgery is not None and state.get("surgery") is not None:
+        update.surgery.load_state_dict(state["surgery"])
     run.frontier.load_state_dict(state["frontier"])
     if run.dist.is_main:
         run.frontier.remove_orphans()  # points saved after this checkpoint belong to the lost part of the run
-    run.counters = dict(state.get("counters", {}))
-    run.guard.snapshot()
+    run.scoring.counters = dict(state.get("counters", {}))
+    update.guard.snapshot()
     run.evals = state["evals"]
     run.measures = state.get("measures", {})
     run.step = state["step"]

@@ -22,14 +22,12 @@ import torch
 
 from grpo.config import settings as C
 from grpo.config.settings import ConfigError
-from grpo.core.health import WeightGuard
 from grpo.core.multi import ConflictMonitor
 from grpo.core.records import Sample
 from grpo.models.distributed import Dist
 from grpo.models.logprobs import shared_prompt_blocker, shares_by_size
 from grpo.models.modeling import Policy
 from grpo.phases.update import TaskGradientSurgery, adamw
-from grpo.run.state import Run
 
 
 def choose_device(requested: str) -> torch.device:
@@ -366,16 +364,6 @@ def per_completion_sampling(rollout: C.RolloutConfig, dist: Dist) -> bool:
     """Whether rollouts draw from per-completion streams (rollout.sampling_rng; auto = when several processes)."""
     mode = rollout.sampling_rng
     return mode == "per_completion" or (mode == "auto" and dist.active)
-
-
-def fresh_optimizer(run: Run) -> None:
-    """Optimizer, scheduler, weight guard and gradient surgery for the policy's current trainable parameters
-    (after SFT or a reference restore they are new objects under LoRA), prepared for the run's processes."""
-    params = run.policy.trainable_parameters()
-    optimizer, run.scheduler = build_optimizer(run.cfg.train, params, run.cfg.total_updates)
-    run.guard = WeightGuard(run.dist.local(params), max_consecutive=run.cfg.train.max_consecutive_bad)
-    run.surgery = build_surgery(run.cfg, params, run.tasks)
-    run.train_model, run.optimizer = run.dist.prepare(run.policy.model, optimizer)
 
 
 def build_surgery(cfg: C.Config, params: list[torch.nn.Parameter], tasks: list[str]):

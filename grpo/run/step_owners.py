@@ -1,0 +1,365 @@
+"""The three owners of an RL step, each built once by `grpo_train.setup` and holding its own state.
+
+    Rollouts  the policy, stop ids, sampling settings, the toolbox, the prompt sampler and this process's share of
+              each step's prompts, the per-completion sampling keys, dynamic sampling's refill rounds
+    Scoring   the reward specs, graders and judge; reward aggregation (normalize_then_sum), DAPO's overlong shaping,
+              group advantages, the reward / answer / fallback metrics, the gather across processes
+    Updater   optimizer, scheduler, weight guard, gradient surgery, the β controllers and the entropy controller,
+              the micro-batch size and the out-of-memory retry, the old-log-prob and reference passes
+
+`grpo_train.rl_step` passes records between them (Rollout -> Scored -> TrainBatch -> metrics) and times each phase
+with a `StepTimer`. The owners' state is what a checkpoint saves (grpo/run/save_resume.py), under the same keys.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import math
+import sys
+import time
+from collections import Counter
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator, Sequence
+
+import torch
+
+from grpo.config import settings as C
+from grpo.core.advantages import group_advantages, normalize_then_sum
+from grpo.core.answers import step_answer_metrics
+from grpo.core.dapo import fill_informative_groups, overlong_penalty
+from grpo.core.entropy_control import AdaptiveEntropyCoef
+from grpo.core.health import WeightGuard, bad_step_reason
+from grpo.core.kl_control import Controller, controller_from_config
+from grpo.core.records import Rollout, Sample, Scored, TrainBatch
+from grpo.core.tool_calls import tool_metrics
+from grpo.data.batching import TaskBalancedSampler
+from grpo.grading.graders import Grader, reward_logs, set_trainer_state
+from grpo.grading.judge import Judge
+from grpo.grading.scoring import (RewardSpec, check_fallback_share, fallback_shares, per_step_counts, reward_metrics,
+                                  score_rollouts, term_matrix)
+from grpo.models.distributed import Dist
+from grpo.models.modeling import Policy, has_dropout, reference
+from grpo.models.sampling import row_keys
+from grpo.phases.batch import batch_logprobs, build_train_batch
+from grpo.phases.rollout import rollout_metrics
+from grpo.phases.tools import ToolBox, sample_rollouts
+from grpo.phases.update import Learner, StepSettings, TaskGradientSurgery, train_step
+from grpo.run.setup_parts import build_optimizer, build_surgery, per_completion_sampling, shares_prompts
+
+
+class StepTimer:
+    """`with timer("generate"): ...` records time/generate: the time since the previous phase ended (the step's
+    start for the first), so the phases add up to time/step, which `metrics()` adds (up to the last phase's end)."""
+
+    def __init__(self) -> None:
+        self.start = self.last = time.perf_counter()
+        self.times: dict[str, float] = {}
+
+    @contextlib.contextmanager
+    def __call__(self, phase: str) -> Iterator[None]:
+        try:
+            yield
+        finally:
+            now = time.perf_counter()
+            self.times[f"time/{phase}"], self.last = now - self.last, now
+
+    def metrics(self) -> dict[str, float]:
+        return {**self.times, "time/step": self.last - self.start}
+
+
+class Rollouts:
+    """The rollout side: which prompts this process generates at a step, and their K completions each."""
+
+    def __init__(self, policy: Policy, rollout: C.RolloutConfig, dist: Dist, sampler: TaskBalancedSampler,
+                 stop_ids: tuple[int, ...], toolbox: ToolBox | None, *, seed: int, prompts_per_step: int,
+                 train: C.TrainConfig):
+        self.policy, self.rollout, self.dist, self.sampler = policy, rollout, dist, sampler
+        self.stop_ids = stop_ids
+        """Token ids that end a completion: the end-of-turn / EOS token and rollout.stop_strings, resolved once."""
+        self.toolbox = toolbox
+        """The tools of multi-turn rollouts (rollout.tools; grpo/phases/tools.py), or None: single-turn."""
+        self.seed, self.prompts_per_step, self.train = seed, prompts_per_step, train
+        self.per_completion = per_completion_sampling(rollout, dist)
+        """Each completion draws from its own stream, keyed by (seed, step, prompt, sample): what it samples does
+        not depend on which process generates it, nor on its batch (rollout.sampling_rng)."""
+
+    def keys(self, step: int, prompts: range) -> list[int] | None:
+        """The per-completion sampling keys of `prompts` (indices into the step's global batch), or None."""
+        return row_keys(self.seed, step, prompts, self.rollout.k) if self.per_completion else None
+
+    def generate(self, step: int) -> tuple[list[Rollout], dict[str, float]]:
+        """The step's GLOBAL batch is drawn identically on every process; this one generates its contiguous share."""
+        everyone = self.sampler.next_batch(self.prompts_per_step * self.dist.world)
+        mine = self.dist.share(len(everyone))
+        return self._sample(everyone[mine], self.keys(step, range(mine.start, mine.stop)))
+
+    def _sample(self, samples: Sequence[Sample], keys: list[int] | None) -> tuple[list[Rollout], dict[str, float]]:
+        # the system prompt (data.system_prompt) is already the first message of every sample
+        out = sample_rollouts(self.policy.model, self.policy.tokenizer, samples, self.rollout, self.stop_ids,
+                              tools=self.toolbox, row_keys=keys, synced_gpus=self.dist.sharded)
+        self.dist.reshard(self.policy.model)  # after every no-grad pass of a sharded model (see Dist.reshard)
+        return out
+
+    def refill(self, step: int, scored: list[Scored], counts: dict[str, float],
+               score: Callable[[list[Rollout]], tuple[list[Scored], dict[str, float]]],
+               ) -> tuple[list[Scored], dict[str, float], int]:
+        """Dynamic sampling (train.dynamic_sampling): keep the step's groups whose rewards differ, and generate and
+        score groups of fresh prompts (prompts_per_step a round, at most train.dynamic_sampling_max_rounds rounds)
+        until the step has prompts_per_step of them (grpo/core/dapo.fill_informative_groups). The extra rounds'
+        scoring counts go into `counts`; the rollout/ metrics stay round 0's, and rollout/<task>/dynamic_kept_groups
+        counts each task's kept groups: a task whose prompts all get one reward keeps none and then gets neither a
+        policy gradient nor a KL term that step — unless train.dynamic_sampling_keep_kl, which appends that task's
+        round-0 groups for their KL term. Returns (the groups to train on, metrics, how many rows at the end are
+        KL-only: their advantages are set to 0)."""
+        if self.dist.active:
+            raise RuntimeError("train.dynamic_sampling runs on one process: the ranks would need different numbers "
+                               "of generation rounds; turn it off under several processes")
+        k, target = self.rollout.k, self.prompts_per_step
+
+        def produce(round_: int) -> list[Scored]:
+            if round_ == 0:
+                return scored
+            samples = self.sampler.next_batch(target)
+            rollouts, _ = self._sample(samples, self.keys(step, range(round_ * len(samples),
+                                                                      (round_ + 1) * len(samples))))
+            more, extra = score(rollouts)
+            for key, value in extra.items():  # scoring/* count this batch; the judge/* counters are cumulative
+                counts[key] = counts.get(key, 0) + value if key.startswith("scoring/") else value
+            return more
+
+        kept, metrics = fill_informative_groups(produce, lambda s: s.reward, k, target,
+                                                self.train.dynamic_sampling_max_rounds)
+        trained = Counter(s.rollout.sample.task for s in kept) if metrics["rollout/dynamic_kept_groups"] else Counter()
+        tasks = sorted(self.sampler.tasks)
+        for task in tasks:  # 0: the task trains on nothing this step (but see dynamic_sampling_keep_kl)
+            metrics[f"rollout/{task}/dynamic_kept_groups"] = float(trained[task] // k)
+        kl_only = []
+        if self.train.dynamic_sampling_keep_kl and trained:  # (nothing kept at all: round 0 came back whole anyway)
+            starved = {t for t in tasks if not trained[t]}
+            kl_only = [s for s in scored if s.rollout.sample.task in starved]
+        metrics["rollout/dynamic_kl_only_groups"] = float(len(kl_only) // k)
+        return kept + kl_only, metrics, len(kl_only)
+
+
+@dataclass
+class Graded:
+    """A step's scored rollouts with their advantages, as the update needs them and the log reports them."""
+
+    rows: list[Scored]
+    """This process's rows to train on, in order."""
+    advantages_B: torch.Tensor
+    """Their advantages (computed over the global batch's groups)."""
+    everyone: list[Scored]
+    """Every process's rows to train on (the samples written to samples/)."""
+    metrics: dict[str, Any]
+    """rollout/ (over the global batch), scoring / judge counts, reward/, adv/, answer metrics."""
+
+
+class Scoring:
+    """The reward side: rewards of the step's completions, their aggregation and shaping, group advantages."""
+
+    def __init__(self, specs: dict[str, RewardSpec], graders: dict[str, Grader], judge: Judge | None,
+                 tasks: list[str], dist: Dist, *, rollout: C.RolloutConfig, loss: C.LossConfig,
+                 tool_names: list[str] | None, updates: tuple[int, int], max_fallback_share: float):
+        self.specs = specs
+        """The reward terms of each task (rewards.<task>, else the source's defaults)."""
+        self.graders = graders
+        """Every reward term's grader by name, resolved and tried on a real row by `preflight` before the model
+        loaded (a reward model is loaded there, once)."""
+        self.judge = judge
+        """The LLM judge (judge.base_url), or None for rule graders only."""
+        self.tasks, self.dist, self.rollout, self.loss, self.tool_names = tasks, dist, rollout, loss, tool_names
+        self.mu, self.total_updates = updates
+        self.max_fallback_share = max_fallback_share
+        self.counters: dict[str, float] = {}
+        """Running totals the step metrics are differences of (the judge's counters); checkpointed."""
+
+    def score(self, rollouts: list[Rollout], step: int | None = None) -> tuple[list[Scored], dict[str, float]]:
+        """Each rollout's reward (None: failed) and this batch's scoring counts. `step`: the first scoring of an RL
+        step, which tells reward functions TRL's trainer_state (and drops what log_metric got before)."""
+        if step is not None:
+            set_trainer_state((step - 1) * self.mu, self.total_updates)
+        return score_rollouts(rollouts, self.specs, self.judge, self.graders)
+
+    def grade(self, kept: list[Scored], sampled: list[Scored], kl_only_rows: int, metrics: dict[str, Any],
+              counts: dict[str, float]) -> Graded:
+        """Rewards -> advantages over the global batch. `kept`: this process's rows to train on; `sampled`: what
+        the policy replied to the step's prompts (the reward and answer metrics, the doctor's evidence, describe
+        these, also when dynamic sampling trains on a filtered batch: a task collapsed onto one answer would vanish
+        from its kept groups); the last `kl_only_rows` rows of `kept` get advantage 0; `metrics`, `counts`: the
+        rollouts' metrics and the scoring counts of this process."""
+        k, dist, everyone, offset = self.rollout.k, self.dist, kept, 0
+        if dist.active:  # metrics and group advantages over the global batch (groups never straddle ranks)
+            parts = dist.gather(kept)  # (dynamic sampling: one process)
+            offset = sum(len(part) for part in parts[:dist.rank])
+            everyone = sampled = [s for part in parts for s in part]
+            metrics = {**rollout_metrics([s.rollout for s in everyone]),
+                       "rollout/nonfinite_logit_rows": dist.sum_numbers([metrics["rollout/nonfinite_logit_rows"]])[0]}
+            if self.tool_names is not None:
+                metrics.update(tool_metrics([s.rollout.tool_use for s in everyone], self.tool_names))
+            counts = dict(zip(counts, dist.sum_numbers(list(counts.values()))))
+        metrics = {**metrics, **per_step_counts(counts, self.counters)}
+        metrics.update(reward_logs())  # what reward functions passed to TRL's log_metric this step
+        advantages_B = self.advantages(everyone, metrics)
+        if kl_only_rows:  # train.dynamic_sampling_keep_kl: those groups carry their KL term only (an overlong
+            advantages_B[-kl_only_rows:] = 0.0  # penalty could otherwise tell their completions apart)
+        metrics.update(reward_metrics(sampled, self.tasks))
+        metrics.update(fallback_shares(sampled, self.specs))  # tasks whose judge has a fallback grader
+        metrics.update(step_answer_metrics([s.rollout.sample.task for s in sampled],
+                                           [s.rollout.text for s in sampled], [s.reward for s in sampled], k))
+        return Graded(kept, advantages_B[offset:offset + len(kept)], everyone, metrics)
+
+    def advantages(self, scored: list[Scored], metrics: dict[str, Any]) -> torch.Tensor:
+        """Group advantages of the rewards (failed: NaN, left out of their group), aggregated per
+        loss.multi_objective_aggregation and shaped by DAPO's overlong penalty; adv/ metrics into `metrics`."""
+        rewards_B = torch.tensor([math.nan if s.reward is None else s.reward for s in scored], dtype=torch.float32)
+        if self.loss.multi_objective_aggregation == "normalize_then_sum":  # GDPO: each term normalised in its group
+            rewards_B = normalize_then_sum(*term_matrix(scored, self.specs), self.rollout.k)
+        if self.rollout.overlong_buffer:  # DAPO's soft overlong punishment, on top of the graders' rewards
+            penalty_B = overlong_penalty(torch.tensor([s.rollout.model_tokens for s in scored]),
+                                         self.rollout.max_new_tokens, self.rollout.overlong_buffer,
+                                         self.rollout.overlong_penalty_factor)
+            rewards_B = rewards_B + penalty_B
+            metrics["reward/overlong_penalty"] = float(penalty_B.mean())
+        advantages_B, adv_metrics = group_advantages(rewards_B, self.rollout.k, scale=self.loss.adv_scale,
+                                                     clip=self.loss.adv_clip)
+        metrics.update(adv_metrics)
+        return advantages_B
+
+    def check_fallbacks(self, metrics: dict[str, Any], step: int) -> None:
+        """Stop when a task's judge fell back on its fallback grader too often (judge.max_fallback_share)."""
+        check_fallback_share(metrics, self.max_fallback_share, step)
+
+
+OOM_KNOBS = ("train.prompts_per_micro_step (smaller micro-batches, more grad_accum)", "model.gradient_checkpointing=true",
+             "rollout.max_new_tokens", "model.load_in_4bit=true (QLoRA)", "rollout.k")
+
+
+class Updater:
+    """The update side: the μ update passes of a step and everything they change or steer.
+
+    Built once; `restart()` rebuilds the optimizer and its companions for the policy's current trainable
+    parameters (after SFT rebased the reference in place, or a resume loaded it: under LoRA they are new objects)."""
+
+    def __init__(self, cfg: C.Config, policy: Policy, dist: Dist, tasks: list[str], device: torch.device):
+        self.cfg, self.policy, self.dist, self.tasks, self.device = cfg, policy, dist, tasks, device
+        self.loss = cfg.loss
+        self.controllers: dict[str, Controller] = {t: controller_from_config(cfg.kl_for(t)) for t in tasks}
+        """The β controller of each task (kl.<task>, else kl.default)."""
+        self.entropy_control: AdaptiveEntropyCoef | None = None
+        """The adaptive entropy coefficient (loss.entropy_target), or None for the fixed loss.entropy_coef."""
+        if cfg.loss.entropy_target is not None:
+            self.entropy_control = AdaptiveEntropyCoef(cfg.loss.entropy_coef, cfg.loss.entropy_target,
+                                                       cfg.loss.entropy_coef_delta, cfg.loss.entropy_coef_min,
+                                                       cfg.loss.entropy_coef_max)
+        self.settings = StepSettings(micro_batch_seqs=cfg.micro_batch_seqs, temperature=cfg.rollout.temperature,
+                                     max_grad_norm=cfg.train.max_grad_norm, skip_grad_norm=cfg.train.skip_grad_norm,
+                                     agg_constant=float(cfg.rollout.max_new_tokens), fused_head=cfg.model.fused_lm_head)
+        """The update's plain values of other sections; micro_batch_seqs halves after a CUDA out-of-memory retry."""
+        self._restored = False  # set by the guard after an optimizer step that left non-finite weights
+        self.restart()
+        self.share_prompts = shares_prompts(cfg, self.train_model, dist)
+        """Forward passes encode each prompt once for its K completions (see `shares_prompts`)."""
+
+    def restart(self) -> None:
+        """Optimizer, scheduler, weight guard and gradient surgery for the policy's current trainable parameters,
+        prepared for the run's processes, and the Learner that steps them."""
+        params = self.policy.trainable_parameters()
+        optimizer, self.scheduler = build_optimizer(self.cfg.train, params, self.cfg.total_updates)
+        self.guard = WeightGuard(self.dist.local(params), max_consecutive=self.cfg.train.max_consecutive_bad)
+        """Skipped / restored steps; replaces non-finite weights by the last good copy."""
+        self.surgery: TaskGradientSurgery | None = build_surgery(self.cfg, params, self.tasks)
+        """Per-task gradient combination (PCGrad / CAGrad), or None for the plain summed loss."""
+        self.train_model, self.optimizer = self.dist.prepare(self.policy.model, optimizer)
+        """The model the update runs through: the policy's model, or accelerate's DDP / FSDP wrapper of it."""
+        self.learner = Learner(self.train_model or self.policy.model, self.optimizer, params,
+                               on_step=self._after_optimizer_step, grad_combiner=self.surgery,
+                               scaler=self.policy.grad_scaler, dist=self.dist)
+
+    @property
+    def micro_batch_seqs(self) -> int:
+        """Sequences per forward of every pass (old log-probs, reference, training): cfg.micro_batch_seqs, halved
+        after a CUDA out-of-memory retry (`train_with_oom_retry`)."""
+        return self.settings.micro_batch_seqs
+
+    @property
+    def lr(self) -> float:
+        return self.scheduler.get_last_lr()[0]
+
+    def batch(self, scored: list[Scored], advantages_B: torch.Tensor) -> TrainBatch:
+        """The rows to train on, collated with their advantages, and their old log-probs where a pass needs them."""
+        batch = build_train_batch(scored, advantages_B, self.tasks, self.policy.tokenizer.pad_token_id, self.device,
+                                  group_size=self.cfg.rollout.k if self.share_prompts else 1,
+                                  mask_truncated=self.loss.mask_truncated)
+        if self.loss.mu > 1 and has_dropout(self.policy.model):
+            # off-policy passes need the rollout policy's log-probs (eval mode: no dropout). At μ = 1 they equal the
+            # current ones; without dropout the first pass computes them (train_step keeps them for the later passes)
+            batch.old_logps_BT = batch_logprobs(self.policy.model, batch, self.micro_batch_seqs,
+                                                self.settings.temperature)
+            self.dist.reshard(self.policy.model)
+        return batch
+
+    def reference_logps(self, batch: TrainBatch) -> None:
+        """The reference's log-probs of the batch (no graph), when a task has a KL term."""
+        if self.cfg.kl_enabled:
+            with reference(self.policy) as ref_model:
+                batch.ref_logps_BT = batch_logprobs(ref_model, batch, self.micro_batch_seqs, self.settings.temperature)
+                self.dist.reshard(ref_model)
+
+    def step(self, batch: TrainBatch) -> dict[str, float]:
+        """The μ update passes with each task's current β, then the controllers' and the guard's bookkeeping:
+        loss/, kl/, entropy/, health/ (health/restored: the guard restored the weights), beta/ metrics."""
+        betas_N = torch.tensor([self.controllers[t].value for t in self.tasks], dtype=torch.float32)
+        self._restored = False
+        stats = self.train_with_oom_retry(batch, betas_N)
+        metrics = dict(stats)
+        if self.entropy_control is not None:  # adaptive entropy control: the coefficient this step used, then update
+            metrics["loss/entropy_coef"] = self.entropy_control.value
+            self.entropy_control.update(stats.get("entropy/all", math.nan))  # absent: no token trained
+        for t in self.tasks:
+            metrics[f"beta/{t}"] = self.controllers[t].value  # the β this step trained with
+            if f"kl/{t}" in stats:
+                self.controllers[t].update(stats[f"kl/{t}"])
+        skipped, restored = bool(stats["health/skipped"]), self._restored
+        metrics.update(self.guard.record(skipped=skipped, restored=restored, reason=bad_step_reason(
+            skipped, restored, stats["health/grad_norm_max"], self.cfg.train.skip_grad_norm)))
+        return metrics
+
+    def train(self, batch: TrainBatch, betas_N: torch.Tensor) -> dict[str, float]:
+        """The μ update passes of one step (grpo/phases/update.train_step), with the entropy coefficient of now."""
+        settings = self.settings if self.entropy_control is None else \
+            dataclasses.replace(self.settings, entropy_coef=self.entropy_control.value)
+        return train_step(self.learner, batch, betas_N, self.loss, self.tasks, settings)
+
+    def train_with_oom_retry(self, batch: TrainBatch, betas_N: torch.Tensor) -> dict[str, float]:
+        """The μ update passes; on CUDA out-of-memory, report and retry once with half the micro-batch size, which
+        then stays the run's size for every later pass: old log-probs, reference and training."""
+        try:
+            return {**self.train(batch, betas_N), "health/oom_retries": 0.0}
+        except torch.OutOfMemoryError as e:
+            self.optimizer.zero_grad(set_to_none=True)
+            peak = torch.cuda.max_memory_allocated() / 2**30 if torch.cuda.is_available() else float("nan")
+            size = self.micro_batch_seqs
+            half = max(1, size // 2)
+            print(f"CUDA out of memory in the update (peak allocated {peak:.1f} GiB): {str(e).splitlines()[0]}\n"
+                  f"  retrying this step once with micro-batch {half} sequences (was {size}).\n"
+                  f"  knobs that reduce memory: {'; '.join(OOM_KNOBS)}; see MEMORY_OPTIMIZATION.md and "
+                  "`python check_gpu_memory.py --estimate`", file=sys.stderr, flush=True)
+            if half == size:
+                raise
+            if torch.cuda.is_available():
+                torch.cuda.empty_cache()  # once, after an OOM, to give the retry the freed blocks
+            self.settings = dataclasses.replace(self.settings, micro_batch_seqs=half)
+            return {**self.train(batch, betas_N), "health/oom_retries": 1.0}
+
+    def _after_optimizer_step(self) -> None:
+        """Scheduler step, then the weight guard: NaN/Inf weights are replaced by the last good copy. Sharded, each
+        rank guards its shard and a bad shard anywhere restores every shard (the model stays one step)."""
+        self.scheduler.step()
+        if self.dist.sharded:
+            bad = self.dist.any(not self.guard.all_finite())
+            self.guard.restore() if bad else self.guard.snapshot()
+        else:
+            bad = self.guard.restore_if_bad()
+        self._restored = self._restored or bad
