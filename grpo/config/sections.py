@@ -367,6 +367,10 @@ class LossConfig:
     """token-mean | seq-mean-token-mean | seq-mean-token-sum | seq-mean-token-sum-norm (Dr.GRPO)."""
     kl_estimator: str = "k3"
     """k1 | k2 | k3 | k3+ (k3 value, k2 gradient). The KL term uses each sequence's task beta."""
+    kl_importance_weight: bool = False
+    """Multiply each token's KL term by the importance ratio of policy_loss (token or sequence, as the loss forms it;
+    TRL's use_bias_correction_kl): 1 on-policy, so the value is the same there, but its gradient gains
+    KL x grad log-ratio; off-policy (mu > 1) it weighs the KL estimate to the current policy's tokens."""
     entropy_coef: float = 0.0
     """Entropy bonus weight (0 = off; at most 1e3, MAX_LOSS_WEIGHT); with entropy_target set, the adaptive
     coefficient's start."""

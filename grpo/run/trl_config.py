@@ -176,10 +176,7 @@ def _scheduler(value: Any, fields: Mapping[str, Any], out: dict, notes: list) ->
 
 def _beta(value: float, fields: Mapping[str, Any], out: dict, notes: list) -> None:
     _set(out, "kl", {"default": {"controller": "fixed", "beta": float(value)}})  # TRL's β is one fixed number
-    if value and fields["use_bias_correction_kl"]:
-        _note(notes, "use_bias_correction_kl", True, f"not applied: the KL term (loss.kl_estimator k3) is not "
-              "multiplied by the importance ratio (the same value on-policy; its gradient differs by KL x "
-              "grad log-prob)")
+    _set(out, "loss.kl_importance_weight", bool(fields["use_bias_correction_kl"]))
 
 
 def _epsilon(value: float, fields: Mapping[str, Any], out: dict, notes: list) -> None:
@@ -398,7 +395,8 @@ TABLE: tuple[Row, ...] = (
     R("beta", "kl.default (controller fixed, beta)", 0.0,
       "a fixed KL coefficient for every task without a kl.<task> entry of its own (0: no reference model pass)",
       _beta),
-    R("use_bias_correction_kl", "", True, "named in a note when beta > 0 (not applied)", _part_of("beta")),
+    R("use_bias_correction_kl", "loss.kl_importance_weight", True, "copied: the KL term times the importance ratio "
+      "(its gradient too), as TRL", _part_of("beta")),
     R("epsilon", "loss.clip_low, loss.clip_high", 0.2, "the lower clip; also the upper one when epsilon_high is "
       "unset, as in TRL", _epsilon),
     R("epsilon_high", "loss.clip_high (loss.params.cispo_max_ratio under cispo)", None, "the upper clip (cispo: the "
