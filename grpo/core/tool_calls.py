@@ -5,6 +5,9 @@ model whose template renders no tools):
 
     <tool_call>{"name": "calculator", "arguments": {"expression": "123*456"}}</tool_call>
 
+A chat template that renders tools has its own (`CallFormat`, read from how it renders an assistant's call): the
+same for Qwen2.5 / Hermes, a bare JSON object for Llama 3.1, `[TOOL_CALLS][...]` for Mistral.
+
 A reply may hold several calls; each becomes a `ToolCall`. A call that cannot be used (JSON that does not parse, no
 "name", arguments that are not an object, a name that is no tool of the run, a block left open) is a `ToolCall` with
 `error` set: the runner answers it with that error as the tool message and counts a failure; the trajectory goes on.
@@ -26,7 +29,24 @@ from typing import Any, Collection, Iterable, Mapping, Sequence
 
 CALL_OPEN, CALL_CLOSE = "<tool_call>", "</tool_call>"
 """The default tool-call delimiters."""
-_BLOCK = re.compile(re.escape(CALL_OPEN) + r"(.*?)" + re.escape(CALL_CLOSE), re.DOTALL)
+
+
+@dataclass(frozen=True)
+class CallFormat:
+    """How a reply writes its calls: `open`, a JSON call (or a list of them), `close`. Read from a chat template that
+    renders tools (grpo/phases/tools.py template_call_format): Qwen2.5 / Hermes `<tool_call>{...}</tool_call>`,
+    Llama 3.1 a bare `{"name": ..., "parameters": {...}}` (open and close empty: the reply is the call), Mistral
+    `[TOOL_CALLS][{...}]` (close empty: the calls run to the reply's end)."""
+
+    open: str = CALL_OPEN
+    close: str = CALL_CLOSE
+
+    def write(self, name: str, arguments: Mapping[str, Any]) -> str:
+        return f"{self.open}{json.dumps({'name': name, 'arguments': dict(arguments)})}{self.close}"
+
+
+DEFAULT_FORMAT = CallFormat()
+"""The documented default, taught by `tool_instructions` to a model whose template renders no tools."""
 
 
 @dataclass(frozen=True)
@@ -38,12 +58,18 @@ class ToolCall:
     error: str | None = None
 
 
-def _one_call(body: str, known: Collection[str]) -> ToolCall:
+def _calls(body: str, known: Collection[str], fmt: CallFormat) -> list[ToolCall]:
+    """The calls of one block's body: a JSON object, or a list of them (Mistral's format)."""
     try:
         data = json.loads(body)
     except json.JSONDecodeError as err:
-        return ToolCall("", error=f"the tool call is not valid JSON ({err.msg} at character {err.pos}); write "
-                                  f'{CALL_OPEN}{{"name": ..., "arguments": {{...}}}}{CALL_CLOSE}')
+        return [ToolCall("", error=f"the tool call is not valid JSON ({err.msg} at character {err.pos}); write "
+                                   f'{fmt.open}{{"name": ..., "arguments": {{...}}}}{fmt.close}')]
+    items = data if isinstance(data, list) and data else [data]
+    return [_one_call(item, known) for item in items]
+
+
+def _one_call(data: Any, known: Collection[str]) -> ToolCall:
     if not isinstance(data, dict) or not isinstance(data.get("name"), str):
         return ToolCall("", error='the tool call has no "name": write {"name": "<tool>", "arguments": {...}}')
     name = data["name"]
@@ -61,12 +87,25 @@ def _one_call(body: str, known: Collection[str]) -> ToolCall:
     return ToolCall(name, arguments)
 
 
-def parse_tool_calls(text: str, known: Collection[str]) -> list[ToolCall]:
-    """Every call of `text` in order (empty: the reply is a final answer). `known`: the tool names of the run."""
-    calls = [_one_call(m.group(1).strip(), known) for m in _BLOCK.finditer(text)]
-    rest = _BLOCK.sub("", text)
-    if CALL_OPEN in rest:  # an opened call that is never closed (cut, or a typo): a malformed call, not an answer
-        calls.append(ToolCall("", error=f"a {CALL_OPEN} block is not closed with {CALL_CLOSE}"))
+def parse_tool_calls(text: str, known: Collection[str], fmt: CallFormat = DEFAULT_FORMAT) -> list[ToolCall]:
+    """Every call of `text` in order (empty: the reply is a final answer). `known`: the tool names of the run;
+    `fmt`: the delimiters (the default, or the chat template's own)."""
+    if not fmt.open:  # the reply itself is the call (Llama 3.1): a JSON object with a "name", else an answer
+        body = text.strip()
+        try:
+            data = json.loads(body) if body[:1] in "{[" and body else None
+        except json.JSONDecodeError:
+            return []
+        named = isinstance(data, dict) and "name" in data or \
+            isinstance(data, list) and bool(data) and all(isinstance(d, dict) and "name" in d for d in data)
+        return _calls(body, known, fmt) if named else []
+    if not fmt.close:  # the calls run from the marker to the reply's end (Mistral)
+        head, sep, body = text.partition(fmt.open)
+        return _calls(body.strip(), known, fmt) if sep else []
+    block = re.compile(re.escape(fmt.open) + r"(.*?)" + re.escape(fmt.close), re.DOTALL)
+    calls = [c for m in block.finditer(text) for c in _calls(m.group(1).strip(), known, fmt)]
+    if fmt.open in block.sub("", text):  # an opened call never closed (cut, or a typo): malformed, not an answer
+        calls.append(ToolCall("", error=f"a {fmt.open} block is not closed with {fmt.close}"))
     return calls
 
 
@@ -82,7 +121,7 @@ def tool_instructions(schemas: Sequence[Mapping[str, Any]]) -> str:
 
 def call_text(name: str, arguments: Mapping[str, Any]) -> str:
     """A call in the default format (SFT demonstrations write calls with it)."""
-    return f"{CALL_OPEN}{json.dumps({'name': name, 'arguments': dict(arguments)})}{CALL_CLOSE}"
+    return DEFAULT_FORMAT.write(name, arguments)
 
 
 @dataclass(frozen=True)

@@ -32,7 +32,8 @@ import torch
 
 from grpo.config.settings import ConfigError, RolloutConfig
 from grpo.core.records import Rollout, Sample
-from grpo.core.tool_calls import ToolCall, Trajectory, parse_tool_calls, tool_instructions, tool_metrics
+from grpo.core.tool_calls import (DEFAULT_FORMAT, CallFormat, ToolCall, Trajectory, parse_tool_calls, tool_instructions,
+                                  tool_metrics)
 from grpo.grading.graders import GraderError, import_callable, importable_ref
 from grpo.models.sampling import splitmix64_int
 from grpo.models.tokens import SYSTEM_JOIN, _ids_from_template, _with_system, encode_prompt, stop_token_id
@@ -245,6 +246,42 @@ def renders_tools(tokenizer, schemas: Sequence[Mapping[str, Any]]) -> bool:
         text != tokenizer.apply_chat_template(hi, tokenize=False, add_generation_prompt=True)
 
 
+PROBE_CALL = {"name": "probe_tool", "arguments": {"probe_argument": 7}}
+"""The call `template_call_format` has the template render, to read its call format."""
+
+
+def template_call_format(tokenizer, schemas: Sequence[Mapping[str, Any]]) -> CallFormat | None:
+    """The call format of a chat template that renders tools, read from how it writes an assistant turn holding
+    PROBE_CALL: the text before the call's JSON is `open`, the text after it (up to the turn's end, which a plain
+    reply shows) `close`; a list around the JSON (Mistral) belongs to the calls. None when the template renders no
+    such turn or no JSON of the call."""
+    user = [{"role": "user", "content": "hi"}]
+    call = {"role": "assistant", "content": "", "tool_calls": [{"type": "function", "function": PROBE_CALL}]}
+    plain = {"role": "assistant", "content": "PLAIN_REPLY"}
+    try:
+        base, with_call, with_plain = (
+            tokenizer.apply_chat_template(messages, tools=list(schemas), tokenize=False, add_generation_prompt=gen)
+            for messages, gen in ((user, True), (user + [call], False), (user + [plain], False)))
+    except Exception:  # the template's own error (jinja2's have no common base here): no format of its own
+        return None
+    if not (with_call.startswith(base) and with_plain.startswith(base)) or "PLAIN_REPLY" not in with_plain:
+        return None
+    turn, end = with_call[len(base):], with_plain[len(base):].split("PLAIN_REPLY", 1)[1]
+    if end and turn.endswith(end):
+        turn = turn[:-len(end)]
+    decoder = json.JSONDecoder()
+    for start in (i for i, ch in enumerate(turn) if ch in "{["):
+        try:
+            data, stop = decoder.raw_decode(turn, start)
+        except json.JSONDecodeError:
+            continue
+        found = data[0] if isinstance(data, list) and len(data) == 1 else data
+        if isinstance(found, dict) and found.get("name") == PROBE_CALL["name"] and \
+                PROBE_CALL["arguments"] in (found.get("arguments"), found.get("parameters")):
+            return CallFormat(turn[:start].strip(), turn[stop:].strip())
+    return None
+
+
 @dataclass
 class ToolBox:
     """The run's tools and their limits, with what the chat template needs: built once at set-up (`build_toolbox`)."""
@@ -257,6 +294,9 @@ class ToolBox:
     environment: Environments | None = None
     """rollout.environment_factory: one instance per trajectory, its public methods tools too
     (grpo/phases/environments.py)."""
+    call_format: CallFormat = DEFAULT_FORMAT
+    """How replies write calls: the template's own when it renders tools (`template_call_format`), else the
+    default the tool instructions teach."""
 
     @property
     def names(self) -> list[str]:
@@ -320,6 +360,8 @@ def build_toolbox(rollout: RolloutConfig, tokenizer, callables: Mapping[str, Cal
                         f"render a tool message ({err}); tools need a template with a `tool` role") from err
     box = ToolBox(tools, rollout.tool_timeout_s, rollout.max_tool_result_tokens, environment=environments)
     box.native = renders_tools(tokenizer, box.schemas)
+    if box.native:  # the template shows the tools and writes calls its own way: replies are read that way
+        box.call_format = template_call_format(tokenizer, box.schemas) or DEFAULT_FORMAT
     return box
 
 
@@ -402,7 +444,10 @@ def _take_turn(traj: Trajectory, new: Sequence[int], turn: int, tokenizer, rollo
     if budget and len(traj.ids) + len(ids) > budget:  # the trajectory's token budget cuts this reply
         ids, stopped, traj.cut_by_limit = ids[:budget - len(traj.ids)], False, True
     text = tokenizer.decode(ids, skip_special_tokens=True)
-    calls = parse_tool_calls(text, tools.names) if stopped else []
+    # a template's own markers may be special tokens (Mistral's [TOOL_CALLS]): read with them, the stop id cut
+    seen = text if tools.call_format == DEFAULT_FORMAT else \
+        tokenizer.decode(ids[:-1] if stopped else ids, skip_special_tokens=False)
+    calls = parse_tool_calls(seen, tools.names, tools.call_format) if stopped else []
     traj.add_reply(ids, text, calls)
     if not calls:  # a final answer, or a reply cut by max_new_tokens / the budget
         traj.done = True
