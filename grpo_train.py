@@ -134,10 +134,10 @@ def setup(cfg: C.Config, *, callables: Mapping[str, Callable[..., Any]] | None =
         toolbox = build_toolbox(cfg.rollout, policy.tokenizer, callables, environments)  # rollout.tools; None without
         sampler = TaskBalancedSampler(train_rows, seed=cfg.train.seed, mix=parse_task_mix(cfg.data.task_mix))
         run.rollouts = Rollouts(policy, cfg.rollout, dist, sampler, stop_token_ids(cfg.rollout, policy.tokenizer),
-                                toolbox, seed=cfg.train.seed, prompts_per_step=cfg.prompts_per_step, train=cfg.train)
+                                toolbox, prompts_per_step=cfg.prompts_per_step, train=cfg.train)
         run.scoring = Scoring(specs, graders, Judge.from_config(cfg.judge, run_dir), run.tasks, dist,
                               rollout=cfg.rollout, loss=cfg.loss, tool_names=toolbox.names if toolbox else None,
-                              updates=(cfg.loss.mu, cfg.total_updates), max_fallback_share=cfg.judge.max_fallback_share)
+                              total_updates=cfg.total_updates, max_fallback_share=cfg.judge.max_fallback_share)
         run.update = Updater(cfg, policy, dist, run.tasks, device)
         run.frontier = ParetoFrontier(cfg.multi.pareto_cap, run_dir / PARETO_SUBDIR)
         if dist.is_main:

@@ -72,21 +72,20 @@ class Rollouts:
     """The rollout side: which prompts this process generates at a step, and their K completions each."""
 
     def __init__(self, policy: Policy, rollout: C.RolloutConfig, dist: Dist, sampler: TaskBalancedSampler,
-                 stop_ids: tuple[int, ...], toolbox: ToolBox | None, *, seed: int, prompts_per_step: int,
-                 train: C.TrainConfig):
+                 stop_ids: tuple[int, ...], toolbox: ToolBox | None, *, prompts_per_step: int, train: C.TrainConfig):
         self.policy, self.rollout, self.dist, self.sampler = policy, rollout, dist, sampler
         self.stop_ids = stop_ids
         """Token ids that end a completion: the end-of-turn / EOS token and rollout.stop_strings, resolved once."""
         self.toolbox = toolbox
         """The tools of multi-turn rollouts (rollout.tools; grpo/phases/tools.py), or None: single-turn."""
-        self.seed, self.prompts_per_step, self.train = seed, prompts_per_step, train
+        self.prompts_per_step, self.train = prompts_per_step, train
         self.per_completion = per_completion_sampling(rollout, dist)
         """Each completion draws from its own stream, keyed by (seed, step, prompt, sample): what it samples does
         not depend on which process generates it, nor on its batch (rollout.sampling_rng)."""
 
     def keys(self, step: int, prompts: range) -> list[int] | None:
         """The per-completion sampling keys of `prompts` (indices into the step's global batch), or None."""
-        return row_keys(self.seed, step, prompts, self.rollout.k) if self.per_completion else None
+        return row_keys(self.train.seed, step, prompts, self.rollout.k) if self.per_completion else None
 
     def generate(self, step: int) -> tuple[list[Rollout], dict[str, float]]:
         """The step's GLOBAL batch is drawn identically on every process; this one generates its contiguous share."""
@@ -161,7 +160,7 @@ class Scoring:
 
     def __init__(self, specs: dict[str, RewardSpec], graders: dict[str, Grader], judge: Judge | None,
                  tasks: list[str], dist: Dist, *, rollout: C.RolloutConfig, loss: C.LossConfig,
-                 tool_names: list[str] | None, updates: tuple[int, int], max_fallback_share: float):
+                 tool_names: list[str] | None, total_updates: int, max_fallback_share: float):
         self.specs = specs
         """The reward terms of each task (rewards.<task>, else the source's defaults)."""
         self.graders = graders
@@ -170,7 +169,7 @@ class Scoring:
         self.judge = judge
         """The LLM judge (judge.base_url), or None for rule graders only."""
         self.tasks, self.dist, self.rollout, self.loss, self.tool_names = tasks, dist, rollout, loss, tool_names
-        self.mu, self.total_updates = updates
+        self.total_updates = total_updates
         self.max_fallback_share = max_fallback_share
         self.counters: dict[str, float] = {}
         """Running totals the step metrics are differences of (the judge's counters); checkpointed."""
@@ -179,7 +178,7 @@ class Scoring:
         """Each rollout's reward (None: failed) and this batch's scoring counts. `step`: the first scoring of an RL
         step, which tells reward functions TRL's trainer_state (and drops what log_metric got before)."""
         if step is not None:
-            set_trainer_state((step - 1) * self.mu, self.total_updates)
+            set_trainer_state((step - 1) * self.loss.mu, self.total_updates)
         return score_rollouts(rollouts, self.specs, self.judge, self.graders)
 
     def grade(self, kept: list[Scored], sampled: list[Scored], kl_only_rows: int, metrics: dict[str, Any],
