@@ -229,3 +229,18 @@ def test_resume_with_a_deterministic_environment_is_bit_identical(tmp_path, gues
     assert a == b and sum(r.get("tools/guess/calls_per_rollout", 0) for r in a) > 0
     for (name, pa), (_, pb) in zip(full.policy.model.named_parameters(), resumed.policy.model.named_parameters()):
         assert torch.equal(pa, pb), name
+
+
+def test_a_rollout_crosses_processes_without_its_environment():
+    """The step's rollouts are pickled to every process after the rewards read their environments: an environment
+    holding a lock (or a socket, a sandbox) would stop the gather; it stays in its process."""
+    import pickle
+    import threading
+
+    from grpo.core.records import Rollout
+
+    game = GuessingGame()
+    game.lock = threading.Lock()
+    r = Rollout(sample(0, 5), (1,), (2, 3), "done", True, False, model_mask=(1, 1), environment=game)
+    back = pickle.loads(pickle.dumps(r))
+    assert back.environment is None and back == r and r.environment is game

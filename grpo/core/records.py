@@ -63,6 +63,11 @@ class Rollout:
     """Rollouts with rollout.environment_factory: the trajectory's environment instance (grpo/phases/environments.py),
     what reward functions get as `environments`; valid until the run's next rollouts reset it."""
 
+    def __getstate__(self) -> dict[str, Any]:
+        """Pickled (the gather of a step's rollouts to every process) without its environment: an environment lives
+        in its process (it may hold a lock, a socket, a sandbox) and the rewards read it before the gather."""
+        return {**self.__dict__, "environment": None}
+
     @property
     def model_tokens(self) -> int:
         """The completion ids the model sampled itself: all of them, or (multi-turn) those `model_mask` marks 1;
