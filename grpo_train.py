@@ -37,7 +37,7 @@ from grpo.models.pretrained import ModelPackageMissing, check_model_name
 from grpo.phases.coverage import pass_at_k_eval
 from grpo.phases.evaluate import evaluate, part_means, record_measures, unscored
 from grpo.phases.sft import run_sft, sft_examples, stratified
-from grpo.phases.environments import factory_spec, resolve_environment
+from grpo.phases.environments import environment_rewards, factory_spec, resolve_environment
 from grpo.phases.tools import build_toolbox, resolve_tools, tool_specs
 from grpo.run import checkpoint_files as ckpt
 from grpo.run.api import python_config
@@ -94,6 +94,7 @@ def setup(cfg: C.Config, *, callables: Mapping[str, Callable[..., Any]] | None =
     # a tool or an environment that cannot be imported or described stops the run here
     tool_names = [t.name for t in resolve_tools(cfg.rollout.tools, callables)]
     environments = resolve_environment(cfg.rollout.environment_factory, callables, tool_names)  # None without
+    specs, callables = environment_rewards(specs, callables, environments)  # its get_reward: a term of each task
     # the judge's rubrics are tried without its cache, which lives in the run folder
     set_trainer_state(0, 0)  # a run in the same process (a notebook, a test) left its own: each run starts from none
     graders = preflight(specs, train_rows, judge=Judge.from_config(dataclasses.replace(cfg.judge, cache_path=""), None),

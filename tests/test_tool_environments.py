@@ -137,6 +137,24 @@ def test_each_trajectory_has_its_own_environment_reset_on_its_row(tok, model, mo
     assert [r.environment.guesses for r in again] == [[4], [5]] and again[0].environment.secret == 1
 
 
+def test_get_reward_is_one_more_term_of_every_task_named_after_the_class():
+    from grpo.grading.scoring import RewardSpec
+
+    specs = {"a": RewardSpec("a", (("mine", 1.0),)), "b": RewardSpec("b", (("GuessingGame", 2.0),))}
+    out, callables = E.environment_rewards(specs, {"mine": solved_reward}, E.build_environments(GuessingGame))
+    assert out["a"].terms == (("mine", 1.0), ("GuessingGame_2", 1.0))  # the class name was taken: made unique
+    assert out["b"].terms == (("GuessingGame", 2.0), ("GuessingGame_2", 1.0))
+    games = [GuessingGame(), GuessingGame()]
+    games[1].solved = True
+    assert callables["GuessingGame_2"](environments=games, completions=["x", "y"]) == [0.0, 1.0]
+
+    class NoReward(GuessingGame):
+        get_reward = None
+
+    assert E.environment_rewards(specs, {}, E.build_environments(NoReward)) == (specs, {})
+    assert E.environment_rewards(specs, None, None) == (specs, {})
+
+
 def test_a_reset_that_raises_stops_the_rollout_naming_the_environment_and_row(tok, model):
     class Broken(GuessingGame):
         def reset(self, **kwargs):
@@ -206,6 +224,7 @@ def test_train_with_an_environment_factory_hands_rewards_the_environments(tmp_pa
     assert played and all(g == ("GuessingGame", g[1], [5]) for g in played)  # each game saw only its own guess
     rows = [json.loads(x) for x in (run.run_dir / "metrics.jsonl").read_text().splitlines()]
     assert sum(r.get("tools/guess/calls_per_rollout", 0) for r in rows) > 0  # the environment's method is the tool
+    assert any("eval_part/game/GuessingGame" in r for r in rows)  # its get_reward: a reward term, as in TRL
 
 
 def test_resume_with_a_deterministic_environment_is_bit_identical(tmp_path, guesses_sometimes, monkeypatch):

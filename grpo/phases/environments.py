@@ -7,6 +7,9 @@ callable) whose instances hold one rollout's state.
     env.<public method>(**arguments)           the model's tools, described by signature and docstring as tools=[...]
     reward_fn(..., environments=[env, ...])    each completion's environment, in completion order
 
+An environment with a `get_reward()` method owns a reward, as in TRL: it becomes one more term of every task's reward,
+weight 1, named after the class (`environment_rewards`), called once per completed rollout.
+
 `reset` and `get_reward` are never tools, nor a method whose name starts with "_" (TRL's rule). The pool hands out
 instances in trajectory order, so a rollout that resets its environment from the row alone is the same after a
 resume. A Rollout keeps its environment until the next rollouts of the run reset it: reward functions read it right
@@ -16,7 +19,7 @@ after the rollouts, as TRL's do.
 from __future__ import annotations
 
 import inspect
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Mapping, Sequence
 
 from grpo.config.settings import ConfigError
@@ -85,6 +88,28 @@ class Environments:
         env = self._new()
         self.reset(env, sample)
         return env
+
+
+def environment_rewards(specs: Mapping[str, Any], callables: Mapping[str, Callable[..., Any]] | None,
+                        environments: Environments | None) -> tuple[dict[str, Any], dict[str, Callable[..., Any]]]:
+    """(specs, callables) with the environment's `get_reward` as one more term of every task, weight 1, named after
+    its class (TRL 1.16: an extra reward source logged under the class name); unchanged without one. The term is a
+    TRL-style reward function reading `environments`."""
+    callables = dict(callables or {})
+    if environments is None or not callable(getattr(environments.pool[0], "get_reward", None)):
+        return dict(specs), callables
+    taken = {name for spec in specs.values() for name, _ in spec.terms} | set(callables)
+    name, n = environments.name, 1
+    while name in taken:
+        n += 1
+        name = f"{environments.name}_{n}"
+
+    def get_reward(environments: Sequence[Any], **kwargs: Any) -> list[float]:
+        return [env.get_reward() for env in environments]
+
+    get_reward.__name__ = name
+    callables[name] = get_reward
+    return {task: replace(spec, terms=(*spec.terms, (name, 1.0))) for task, spec in specs.items()}, callables
 
 
 def reset_arguments(sample: Sample) -> dict[str, Any]:
