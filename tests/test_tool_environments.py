@@ -263,3 +263,11 @@ def test_a_rollout_crosses_processes_without_its_environment():
     r = Rollout(sample(0, 5), (1,), (2, 3), "done", True, False, model_mask=(1, 1), environment=game)
     back = pickle.loads(pickle.dumps(r))
     assert back.environment is None and back == r and r.environment is game
+
+
+def test_a_run_whose_tools_come_from_an_environment_logs_the_doctors_tool_codes():
+    from grpo.run.doctor import Doctor, HealthThresholds
+    from grpo.run.doctor_checks import TOOL_CODES
+
+    doctor = Doctor(HealthThresholds(), config={"rollout": {"environment_factory": "m:GuessingGame"}})
+    assert all(f"doctor/{c}" in doctor.metrics() for c in TOOL_CODES)

@@ -216,7 +216,8 @@ class Doctor:
         """doctor/<code> = 1.0 while a finding with that code is active (any task), else 0.0, for every code; and
         doctor/red = how many red findings are active. Scalars, so TensorBoard draws them."""
         codes = {code for code, _, _ in self.active}
-        tools = bool((self.config.get("rollout") or {}).get("tools"))  # a run with tools logs their codes too
+        rollout = self.config.get("rollout") or {}
+        tools = bool(rollout.get("tools") or rollout.get("environment_factory"))  # a run with tools logs their codes
         out = {f"doctor/{code}": float(code in codes) for code in ONLINE_CODES + (TOOL_CODES if tools else ())}
         out["doctor/red"] = float(sum(f.level == "red" for _, f in self.active.values()))
         return out
