@@ -73,12 +73,12 @@ class Environments:
             observation = env.reset(**reset_arguments(sample))
         except Exception as err:  # the user's reset: the run stops naming it (a tool's error goes to the model)
             raise EnvironmentFailure(f"environment {self.name}: reset() on row {sample.id!r} of task {sample.task!r} "
-                                    f"raised {type(err).__name__}: {err}") from err
+                                     f"raised {type(err).__name__}: {err}") from err
         if observation is None:
             return tuple(sample.messages)
         if not isinstance(observation, str):
             raise EnvironmentFailure(f"environment {self.name}: reset() returned a {type(observation).__name__} on "
-                                    f"row {sample.id!r}; return None or a str (appended to the prompt, as in TRL)")
+                                     f"row {sample.id!r}; return None or a str (appended to the prompt, as in TRL)")
         last = dict(sample.messages[-1])
         return tuple(sample.messages[:-1]) + ({**last, "content": last["content"] + observation},)
 
@@ -140,7 +140,7 @@ def build_environments(factory: Callable[[], Any], tool_names: Sequence[str] = (
     box.name = type(instance).__name__
     if not callable(getattr(instance, "reset", None)):
         raise EnvironmentFailure(f"environment {box.name} has no reset method; TRL's environments define reset(self, "
-                                "**kwargs) returning None or the text to append to the prompt")
+                                 "**kwargs) returning None or the text to append to the prompt")
     try:
         box.schemas = [method_schema(getattr(instance, m)) for m in tool_methods(instance)]
     except EnvironmentFailure as err:
@@ -148,7 +148,7 @@ def build_environments(factory: Callable[[], Any], tool_names: Sequence[str] = (
     box.methods = [s["function"]["name"] for s in box.schemas]
     if clash := sorted(set(box.methods) & set(tool_names)):
         raise EnvironmentFailure(f"environment {box.name}'s methods {clash} have the names of rollout.tools; rename "
-                                "one of each")
+                                 "one of each")
     box.pool.append(instance)
     return box
 
