@@ -165,9 +165,8 @@ def sft_phase(run: Run) -> list[float]:
         return []
     if s.max_examples:
         examples = stratified([x for t in run.tasks for x in run.train[t] if x.target], examples, s.max_examples)
-    losses = run_sft(run.policy.model, examples, steps=s.steps, lr=s.lr, batch_size=s.batch_size,
-                     params=run.policy.trainable_parameters(), pad_id=run.tokenizer.pad_token_id,
-                     device=run.device, seed=run.cfg.train.seed,
+    losses = run_sft(run.policy.model, examples, s, params=run.policy.trainable_parameters(),
+                     pad_id=run.tokenizer.pad_token_id, device=run.device, seed=run.cfg.train.seed,
                      progress=lambda it: progress(it, "SFT", enabled=run.dist.is_main), dist=run.dist)
     # RL is regularised towards the SFT model, not the pre-SFT one: rebase the reference in place (every owner holds
     # this policy), then restart the update's optimizer (under LoRA the trainable parameters are new objects).
@@ -221,10 +220,8 @@ def pass_at_k_phase(run: Run) -> dict[str, float]:
         raise RuntimeError("train.pass_at_k runs on one process; turn it off under several processes")
     if run.rollouts.toolbox is not None:
         raise RuntimeError("train.pass_at_k samples single-turn completions; turn it off with rollout.tools")
-    metrics = pass_at_k_eval(run.policy.model, run.tokenizer, run.heldout, cfg.rollout, run.rollouts.stop_ids,
-                             lambda rollouts: run.scoring.score(rollouts)[0],
-                             k=cfg.train.pass_at_k, n=cfg.train.pass_at_k_samples,
-                             threshold=cfg.train.pass_threshold, seed=cfg.train.seed)
+    metrics = pass_at_k_eval(run.policy.model, run.tokenizer, run.heldout, cfg.rollout, cfg.train,
+                             run.rollouts.stop_ids, lambda rollouts: run.scoring.score(rollouts)[0])
     (run.run_dir / "pass_at_k.json").write_text(json.dumps(metrics, indent=2))
     run.tracker.log(metrics, run.step)
     return metrics

@@ -82,7 +82,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
 
-    from grpo.config.settings import LLAMA_LORA_TARGETS
+    from grpo.config.settings import LLAMA_LORA_TARGETS, ModelConfig, RolloutConfig
     from grpo.models.decode import decode, sampling_processors
     from grpo.models.logprobs import completion_logprobs
     from grpo.models.modeling import load_policy, reference
@@ -93,8 +93,9 @@ def main(argv: list[str] | None = None) -> int:
     name = str(resolve_model_name(MODEL))
 
     def lora_policy(dtype: str):
-        return load_policy(name, dtype=dtype, attn_implementation="sdpa", lora=True, lora_r=16, lora_alpha=32,
-                           lora_dropout=0.0, lora_target_modules=list(LLAMA_LORA_TARGETS))
+        return load_policy(ModelConfig(name=name, lora=True, lora_r=16, lora_alpha=32, lora_dropout=0.0,
+                                       lora_target_modules=list(LLAMA_LORA_TARGETS)),
+                           dtype=dtype, attn_implementation="sdpa")
 
     policy = lora_policy("float32")
     model = policy.model
@@ -130,9 +131,9 @@ def main(argv: list[str] | None = None) -> int:
 
     eos = model.config.eos_token_id
     stop = [eos] if isinstance(eos, int) else list(eos)
-    processors = sampling_processors(do_sample=True, temperature=0.7, top_k=0, top_p=1.0, min_p=0.0,
-                                     repetition_penalty=1.0, min_new_tokens=NEW_TOKENS, prompt_len=P,
-                                     mask_BP=mask_BL[:, :P], stop_ids=stop)
+    sampling = RolloutConfig(temperature=0.7, top_k=0, top_p=1.0, min_p=0.0, repetition_penalty=1.0,
+                             max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS)
+    processors = sampling_processors(sampling, do_sample=True, prompt_len=P, mask_BP=mask_BL[:, :P], stop_ids=stop)
 
     def rollout(adapter: bool = True) -> None:
         model.eval()

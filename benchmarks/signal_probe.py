@@ -41,6 +41,7 @@ sys.path.insert(0, str(ROOT))
 from grpo.core.recognition_measures import recognition_measures  # noqa: E402
 from grpo.data.bbq import LETTERS, load_bbq  # noqa: E402
 from grpo.data.halueval import load_halueval  # noqa: E402
+from grpo.config.settings import ModelConfig  # noqa: E402
 from grpo.models.modeling import load_policy  # noqa: E402
 from grpo.models.tokens import encode_prompt  # noqa: E402
 
@@ -57,13 +58,13 @@ def auc(positives: Sequence[float], negatives: Sequence[float]) -> float | None:
     return wins / (len(positives) * len(negatives))
 
 
-def reply_logprobs(model, prompt_ids: list[int], replies_ids: Sequence[list[int]], pad_id: int,
+def reply_logprobs(model, prompt_ids: list[int], replies_ids: Sequence[list[int]], pad: int,
                    per_token: bool = False) -> list[float]:
     """Log-likelihood of each reply after the same prompt (one right-padded batch): summed over its tokens, or their
     mean with `per_token`."""
     rows = [prompt_ids + r for r in replies_ids]
     width = max(len(r) for r in rows)
-    ids = torch.tensor([r + [pad_id] * (width - len(r)) for r in rows])
+    ids = torch.tensor([r + [pad] * (width - len(r)) for r in rows])
     mask = torch.tensor([[1] * len(r) + [0] * (width - len(r)) for r in rows])
     with torch.no_grad():
         logps = model(ids, attention_mask=mask).logits.float().log_softmax(-1)
@@ -163,7 +164,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
-    policy = load_policy(args.model, seed=args.seed)
+    policy = load_policy(ModelConfig(name=args.model), seed=args.seed)
     model, tokenizer = policy.model.eval(), policy.tokenizer
     bbq = load_bbq(args.data_dir / "bbq", n_per_category=args.bbq_per_category, seed=args.seed,
                    shuffle_options=True).samples

@@ -1,6 +1,8 @@
 """The lean decoding loop (grpo/models/decode.py): transformers' generate token for token, stopped rows dropped from the
 batch, dropout off, and the choice between the two engines."""
 
+from dataclasses import replace
+
 import pytest
 import torch
 
@@ -214,10 +216,10 @@ def test_the_lean_processors_carry_every_setting(model, tok, monkeypatch):
     assert (seen["max_new_tokens"], seen["stop_ids"], seen["do_sample"]) == (6, [4, 5], True)
     # neutral values add nothing, as in generate; greedy drops the sampling warpers
     mask = torch.ones(1, 3, dtype=torch.long)
-    neutral = dict(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, repetition_penalty=1.0, min_new_tokens=0,
-                   prompt_len=3, mask_BP=mask, stop_ids=[4])
-    assert sampling_processors(do_sample=True, **neutral) == []
-    assert sampling_processors(do_sample=False, **{**neutral, "temperature": 0.5, "top_k": 3}) == []
+    neutral = RolloutConfig(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, repetition_penalty=1.0, min_new_tokens=0)
+    at = dict(prompt_len=3, mask_BP=mask, stop_ids=[4])
+    assert sampling_processors(neutral, do_sample=True, **at) == []
+    assert sampling_processors(replace(neutral, temperature=0.5, top_k=3), do_sample=False, **at) == []
 
 
 def test_the_engine_is_chosen_by_what_applies(model, tok):

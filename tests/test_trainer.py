@@ -335,9 +335,9 @@ def test_dropout_is_detected_where_train_mode_differs():
     assert has_dropout(LlamaForCausalLM(LlamaConfig(vocab_size=32, hidden_size=16, intermediate_size=32,
                                                     num_hidden_layers=1, num_attention_heads=2,
                                                     attention_dropout=0.1)))
-    sizes = {"hidden": 32, "layers": 1, "heads": 2, "kv_heads": 1}
-    lora = load_policy(TINY_NAME, tiny_corpus=["a b c"] * 5, lora=True, lora_r=4, lora_dropout=0.05,
-                       lora_target_modules=["q_proj"], tiny_sizes=sizes)
+    section = C.ModelConfig(name=TINY_NAME, lora=True, lora_r=4, lora_dropout=0.05, lora_target_modules=["q_proj"],
+                            tiny_hidden=32, tiny_layers=1, tiny_heads=2)
+    lora = load_policy(section, tiny_corpus=["a b c"] * 5)
     assert has_dropout(lora.model)
 
 

@@ -35,10 +35,12 @@ have many of (K samples of one prompt end at very different lengths). A GPU run 
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Callable, Sequence
 
 import torch
 
+from grpo.config.settings import RolloutConfig
 from grpo.models.model_calls import accepts_logits_to_keep, cache_kwarg, position_ids_from_mask, returned_cache
 from grpo.models.modeling import base_model
 from grpo.models.steppers import make_steps
@@ -100,12 +102,12 @@ def lean_blocker(model: torch.nn.Module, cache_implementation: str, synced_gpus:
     return None
 
 
-def sampling_processors(*, do_sample: bool, temperature: float, top_k: int, top_p: float, min_p: float,
-                        repetition_penalty: float, min_new_tokens: int, prompt_len: int, mask_BP: torch.Tensor,
+def sampling_processors(rollout: RolloutConfig, *, do_sample: bool, prompt_len: int, mask_BP: torch.Tensor,
                         stop_ids: Sequence[int], extra: Sequence[Processor] = ()) -> list[Processor]:
-    """The processors `generate` builds for these settings, in its order (`_get_logits_processor`), with `extra`
-    (the caller's own processors) where `generate` puts a user's `logits_processor` list: after its processors and
-    before the sampling warpers. Neutral values add nothing, as in `generate`."""
+    """The processors `generate` builds for the rollout section's repetition penalty, min_new_tokens and (with
+    `do_sample`) temperature, top_k, top_p and min_p, in its order (`_get_logits_processor`), with `extra` (the
+    caller's own processors) where `generate` puts a user's `logits_processor` list: after its processors and before
+    the sampling warpers. Neutral values add nothing, as in `generate`."""
     from transformers import (
         MinNewTokensLengthLogitsProcessor,
         MinPLogitsWarper,
@@ -116,6 +118,8 @@ def sampling_processors(*, do_sample: bool, temperature: float, top_k: int, top_
     )
 
     processors: list[Processor] = []
+    repetition_penalty, min_new_tokens = rollout.repetition_penalty, rollout.min_new_tokens
+    temperature, top_k, top_p, min_p = rollout.temperature, rollout.top_k, rollout.top_p, rollout.min_p
     if repetition_penalty != 1.0:
         padding_lengths_B = (mask_BP != 0).int().argmax(dim=1)  # left padding: the first real column of each row
         try:
@@ -164,10 +168,22 @@ def _sync_every(device: torch.device) -> int:
     return 1 if device.type == "cpu" else 8
 
 
+@dataclass(frozen=True)
+class LoopSwitches:
+    """The lean loop's optimisations, each on by default; off only to measure or test it against the plain loop."""
+
+    compact: bool = True
+    """Drop stopped rows from the model's batch (COMPACT_FRACTION)."""
+    fast_steps: bool = True
+    """One-token steps that replay the model's layers (grpo/models/steppers.py: FastSteps) where they apply."""
+    share_prefill: bool = True
+    """Prefill each distinct prompt once and repeat its cache for its K rows (`distinct_rows`)."""
+
+
 @torch.no_grad()
 def decode(model: torch.nn.Module, ids_BP: torch.LongTensor, mask_BP: torch.Tensor, processors: Sequence[Processor],
            *, max_new_tokens: int, stop_ids: Sequence[int], pad_id: int, do_sample: bool,
-           compact: bool = True, fast_steps: bool = True, share_prefill: bool = True) -> torch.LongTensor:
+           switches: LoopSwitches = LoopSwitches()) -> torch.LongTensor:
     """(B, P + n) prompt + completion ids, n ≤ max_new_tokens; rows that stopped are padded with `pad_id` after their
     stop token, as `generate` pads them. The model must already be in eval mode with its KV cache on
     (`grpo.models.modeling.generation_mode`); the torch RNG (seed it around the call) drives the sampler.
@@ -188,7 +204,7 @@ def decode(model: torch.nn.Module, ids_BP: torch.LongTensor, mask_BP: torch.Tens
     pos_BP = position_ids_from_mask(mask_BP)
     next_pos_R1 = pos_BP[:, -1:] + 1
     extra = {"logits_to_keep": 1} if accepts_logits_to_keep(model) else {}
-    shared = distinct_rows(ids_BP, mask_BP) if share_prefill else None
+    shared = distinct_rows(ids_BP, mask_BP) if switches.share_prefill else None
     first_U, src_B = shared if shared is not None else (None, None)
     out = model(input_ids=ids_BP if first_U is None else ids_BP[first_U],
                 attention_mask=prefill_mask if prefill_mask is None or first_U is None else prefill_mask[first_U],
@@ -197,7 +213,7 @@ def decode(model: torch.nn.Module, ids_BP: torch.LongTensor, mask_BP: torch.Tens
                 **extra)
     # FastSteps copies the prefill's cache (row b from row src_B[b]) into its own buffers; `out` is dropped below,
     # and the copy with it
-    steps = make_steps(model, returned_cache(out), mask_BP, out.logits.dtype, max_new_tokens - 1, fast=fast_steps,
+    steps = make_steps(model, returned_cache(out), mask_BP, out.logits.dtype, max_new_tokens - 1, fast=switches.fast_steps,
                        rows_B=src_B)
     logits_RV = out.logits[:, -1] if src_B is None else out.logits[src_B, -1]
     del out
@@ -228,7 +244,7 @@ def decode(model: torch.nn.Module, ids_BP: torch.LongTensor, mask_BP: torch.Tens
             if n_running == 0:
                 break
             computed = B if rows_R is None else int(rows_R.numel())
-            if compact and n_running <= COMPACT_FRACTION * computed:
+            if switches.compact and n_running <= COMPACT_FRACTION * computed:
                 keep_R = (running_B if rows_R is None else running_B[rows_R]).nonzero().squeeze(1)
                 steps.select(keep_R)
                 next_pos_R1 = next_pos_R1[keep_R]

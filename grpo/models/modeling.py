@@ -5,7 +5,8 @@ policy, saving, and the mode switches that keep train / eval state from leaking 
     reference under full fine-tuning = a frozen deep copy taken at load time, eval mode, requires_grad False
     LoRA: W' = W + (alpha / r) · B A, B initialised to 0 so the adapted model starts equal to the base  (Hu et al. 2021)
 
-Nothing here runs at import; every function takes plain values, never a config object.
+Nothing here runs at import; loading takes the model section (`ModelConfig`) and the values chosen for this machine,
+every other function plain values.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from typing import Any, Iterable, Iterator
 import torch
 from torch import nn
 
-from grpo.config.settings import ModelConfig, field_error  # load_policy's LoRA defaults are the config's (one source of truth)
+from grpo.config.settings import ModelConfig, field_error  # load_policy reads the model section itself (one home)
 from grpo.data.files import cache_error, writing
 
 TINY_NAME = "builtin:tiny"
@@ -246,19 +247,19 @@ def _load_random(name: str, *, dtype, attn_implementation: str, load_in_4bit: bo
 
 
 def _load_base(name: str, *, dtype, attn_implementation: str, load_in_4bit: bool, trust_remote_code: bool,
-               seed: int, tiny_corpus: Iterable[str] | None, tiny_sizes: dict | None):
+               seed: int, tiny_corpus: Iterable[str] | None, tiny_shape: dict[str, int], device: str | None):
     """(model, tokenizer) from the built-in tiny recipe, random weights of a known shape, a packaged model by its
     catalog name (grpo/models/pretrained.py, converted once into a local folder), or a local path / hub id.
 
-    "random:<shape>" builds on `tiny_sizes["device"]` when given, else on CUDA when available, else on the CPU."""
+    "random:<shape>" builds on `device` when given, else on CUDA when available, else on the CPU."""
     if name.startswith(RANDOM_PREFIX):
-        device = (tiny_sizes or {}).get("device") or ("cuda" if torch.cuda.is_available() else "cpu")
+        device = device or ("cuda" if torch.cuda.is_available() else "cpu")
         return _load_random(name, dtype=dtype, attn_implementation=attn_implementation, load_in_4bit=load_in_4bit,
                             seed=seed, tiny_corpus=tiny_corpus, device=str(device))
     if name == TINY_NAME:
         if load_in_4bit:
             raise ValueError(f"load_in_4bit=True is not supported for {TINY_NAME}; set load_in_4bit=False")
-        sizes = dict(tiny_sizes or {})
+        sizes = dict(tiny_shape)
         tokenizer = build_tiny_tokenizer(tiny_corpus, vocab_size=sizes.pop("vocab_size", 512))
         dt = resolve_dtype(dtype)
         model = build_tiny_model(tokenizer, seed, attn_implementation=attn_implementation,
@@ -357,35 +358,34 @@ def enable_checkpointing(model: nn.Module) -> None:
     model.config.use_cache = False  # the KV cache is useless in training and conflicts with checkpointing
 
 
-def load_policy(name: str, *, dtype: str | torch.dtype = "float32", attn_implementation: str = "eager",
-                lora: bool = False, lora_r: int = ModelConfig.lora_r, lora_alpha: int = ModelConfig.lora_alpha,
-                lora_dropout: float = ModelConfig.lora_dropout,
-                lora_target_modules: list[str] | str | None = None, load_in_4bit: bool = False,
-                gradient_checkpointing: bool = False, trust_remote_code: bool = False, seed: int = 0,
-                tiny_corpus: Iterable[str] | None = None, tiny_sizes: dict | None = None) -> Policy:
-    """Load the policy `name` ("builtin:tiny", a local directory or a hub id) ready to train.
+def tiny_sizes(model_cfg: ModelConfig) -> dict[str, int]:
+    """The built-in tiny model's shape from the model section (key-value heads: half the heads, at least one)."""
+    return {"hidden": model_cfg.tiny_hidden, "layers": model_cfg.tiny_layers, "heads": model_cfg.tiny_heads,
+            "kv_heads": max(1, model_cfg.tiny_heads // 2), "vocab_size": model_cfg.tiny_vocab}
 
-    LoRA wraps the model with peft (`task_type=CAUSAL_LM`); QLoRA (`load_in_4bit`, needs CUDA + bitsandbytes) loads
-    NF4 double-quantised weights and runs `prepare_model_for_kbit_training`. Under full fine-tuning a frozen deep copy
-    becomes `ref_model`. `lora_target_modules=None` lets peft pick its default for the architecture.
+
+def load_policy(model_cfg: ModelConfig, *, dtype: str | torch.dtype = "float32", attn_implementation: str = "eager",
+                seed: int = 0, tiny_corpus: Iterable[str] | None = None, device: str | None = None) -> Policy:
+    """Load the policy `model_cfg.name` ("builtin:tiny", "random:<shape>", a packaged model, a local directory or a
+    hub id) ready to train, with the section's LoRA, 4-bit, checkpointing, remote-code and tiny-shape settings.
+
+    `dtype` and `attn_implementation` are the ones chosen for this machine (grpo/models/hardware.py), not the
+    section's "auto"; `tiny_corpus` trains the built-in tiny tokenizer; `device` is where "random:<shape>" weights
+    are built (default: CUDA when available). LoRA wraps the model with peft (`task_type=CAUSAL_LM`); QLoRA
+    (`load_in_4bit`, needs CUDA + bitsandbytes) loads NF4 double-quantised weights and runs
+    `prepare_model_for_kbit_training`. Under full fine-tuning a frozen deep copy becomes `ref_model`.
     """
-    if load_in_4bit and not lora:
-        raise ValueError("load_in_4bit=True without lora=True would train quantised weights; set lora=True (QLoRA)")
-    model, tokenizer = _load_base(name, dtype=dtype, attn_implementation=attn_implementation,
-                                  load_in_4bit=load_in_4bit, trust_remote_code=trust_remote_code, seed=seed,
-                                  tiny_corpus=tiny_corpus, tiny_sizes=tiny_sizes)
-    return policy_from_model(model, tokenizer, name, lora=lora, lora_r=lora_r, lora_alpha=lora_alpha,
-                             lora_dropout=lora_dropout, lora_target_modules=lora_target_modules,
-                             load_in_4bit=load_in_4bit, gradient_checkpointing=gradient_checkpointing, seed=seed)
+    model, tokenizer = _load_base(model_cfg.name, dtype=dtype, attn_implementation=attn_implementation,
+                                  load_in_4bit=model_cfg.load_in_4bit, trust_remote_code=model_cfg.trust_remote_code,
+                                  seed=seed, tiny_corpus=tiny_corpus, tiny_shape=tiny_sizes(model_cfg), device=device)
+    return policy_from_model(model, tokenizer, model_cfg, seed=seed)
 
 
-def policy_from_model(model: nn.Module, tokenizer, name: str, *, lora: bool = False,
-                      lora_r: int = ModelConfig.lora_r, lora_alpha: int = ModelConfig.lora_alpha,
-                      lora_dropout: float = ModelConfig.lora_dropout,
-                      lora_target_modules: list[str] | str | None = None, load_in_4bit: bool = False,
-                      gradient_checkpointing: bool = False, seed: int = 0) -> Policy:
+def policy_from_model(model: nn.Module, tokenizer, model_cfg: ModelConfig, *, seed: int = 0) -> Policy:
     """A loaded (model, tokenizer) ready to train, as `load_policy` makes it (also for a model handed in from
-    Python, which is trained in place): the frozen reference copy, or the LoRA adapter; checkpointing."""
+    Python, which is trained in place), with the model section's LoRA, 4-bit and checkpointing settings: the frozen
+    reference copy, or the LoRA adapter; checkpointing. `seed` draws LoRA's A matrices."""
+    name, lora, gradient_checkpointing = model_cfg.name, model_cfg.lora, model_cfg.gradient_checkpointing
     if not lora:
         if gradient_checkpointing:
             enable_checkpointing(model)
@@ -395,13 +395,13 @@ def policy_from_model(model: nn.Module, tokenizer, name: str, *, lora: bool = Fa
 
     from peft import LoraConfig, get_peft_model, prepare_model_for_kbit_training
 
-    if load_in_4bit:
+    if model_cfg.load_in_4bit:
         model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=gradient_checkpointing,
                                                 gradient_checkpointing_kwargs=dict(CHECKPOINTING_KWARGS))
     elif gradient_checkpointing:
         enable_checkpointing(model)
-    lora_config = LoraConfig(r=lora_r, lora_alpha=lora_alpha, lora_dropout=lora_dropout,
-                             target_modules=lora_target_modules, task_type="CAUSAL_LM")
+    lora_config = LoraConfig(r=model_cfg.lora_r, lora_alpha=model_cfg.lora_alpha, lora_dropout=model_cfg.lora_dropout,
+                             target_modules=model_cfg.lora_target_modules, task_type="CAUSAL_LM")
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)  # LoRA A is drawn at random: seed it without touching the global RNG
         model = get_peft_model(model, lora_config)
@@ -422,7 +422,7 @@ def reference(policy: Policy) -> Iterator[nn.Module]:
     else:
         if policy.ref_model is None:
             raise ValueError(f"policy {policy.name!r} is full fine-tuning but has no ref_model; load it with "
-                             "load_policy(..., lora=False), which makes the frozen copy")
+                             "load_policy with model.lora=false, which makes the frozen copy")
         yield policy.ref_model
 
 

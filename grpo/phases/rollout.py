@@ -177,9 +177,11 @@ def choose_engine(model, engine: str, cache_implementation: str, synced_gpus: bo
 def generate_rollouts(model, tokenizer, samples: Sequence[Sample], rollout: RolloutConfig,
                       stop_ids: Sequence[int] | None = None, *, system_prompt: str | None = None,
                       generator_seed: int | None = None, row_keys: Sequence[int] | None = None,
-                      synced_gpus: bool = False) -> tuple[list[Rollout], dict[str, float]]:
-    """`rollout.k` sampled completions per sample from ONE batched decode (left padding, model in generation mode,
-    no grad), by `generate` or the lean loop (see `choose_engine`). `stop_ids`: the ids that end a completion (kept
+                      synced_gpus: bool = False, per_sample: int | None = None,
+                      ) -> tuple[list[Rollout], dict[str, float]]:
+    """`rollout.k` sampled completions per sample (`per_sample` if given: 1 for a group split over processes, each
+    sample then standing for one completion of its group) from ONE batched decode (left padding, model in generation
+    mode, no grad), by `generate` or the lean loop (see `choose_engine`). `stop_ids`: the ids that end a completion (kept
     as its last id; `grpo.run.setup_parts.stop_token_ids` resolves rollout.stop_strings); None = the tokenizer's
     end-of-turn / EOS token.
 
@@ -190,9 +192,9 @@ def generate_rollouts(model, tokenizer, samples: Sequence[Sample], rollout: Roll
     so it does not depend on the other prompts of the batch (data-parallel runs shard prompts over processes).
     `synced_gpus`: keep decoding until every process is done (FSDP: each forward is a collective).
     """
-    return _complete(model, tokenizer, samples, rollout, stop_ids, k=rollout.k, greedy=False,
-                     system_prompt=system_prompt, generator_seed=generator_seed, row_keys=row_keys,
-                     synced_gpus=synced_gpus)
+    return _complete(model, tokenizer, samples, rollout, stop_ids, greedy=False, system_prompt=system_prompt,
+                     generator_seed=generator_seed, row_keys=row_keys, synced_gpus=synced_gpus,
+                     per_sample=per_sample)
 
 
 def greedy_complete(model, tokenizer, samples: Sequence[Sample], rollout: RolloutConfig,
@@ -203,17 +205,17 @@ def greedy_complete(model, tokenizer, samples: Sequence[Sample], rollout: Rollou
 
     Always with the dynamic cache: evaluation batches vary in size, and every new shape would recompile the static
     cache's compiled decoding step."""
-    return _complete(model, tokenizer, samples, rollout, stop_ids, k=1, greedy=True, system_prompt=system_prompt,
+    return _complete(model, tokenizer, samples, rollout, stop_ids, greedy=True, system_prompt=system_prompt,
                      synced_gpus=synced_gpus)
 
 
 def _complete(model, tokenizer, samples: Sequence[Sample], rollout: RolloutConfig, stop_ids: Sequence[int] | None, *,
-              k: int, greedy: bool, system_prompt: str | None = None, generator_seed: int | None = None,
-              row_keys: Sequence[int] | None = None,
-              synced_gpus: bool = False) -> tuple[list[Rollout], dict[str, float]]:
-    """`generate_rollouts` (greedy=False) and `greedy_complete` (greedy=True, k=1, dynamic cache)."""
-    if k < 1:
-        raise ValueError(f"generate_rollouts: k={k}; use k ≥ 1 completions per sample")
+              greedy: bool, system_prompt: str | None = None, generator_seed: int | None = None,
+              row_keys: Sequence[int] | None = None, synced_gpus: bool = False,
+              per_sample: int | None = None) -> tuple[list[Rollout], dict[str, float]]:
+    """`generate_rollouts` (greedy=False: rollout.k completions per sample, or `per_sample`) and `greedy_complete`
+    (greedy=True: one per sample, dynamic cache)."""
+    k = 1 if greedy else per_sample or rollout.k  # rollout.k >= 2: RolloutConfig checks it
     if not samples:
         raise ValueError("generate_rollouts: no samples given")
     stop_ids = [int(i) for i in stop_ids or ()] or [stop_token_id(tokenizer)]
@@ -270,11 +272,8 @@ def decode_rows(model, rows: Sequence[Sequence[int]], rollout: RolloutConfig, st
     with generation_mode(model), torch.no_grad():
         ids_BP, mask_BP = ids_BP.to(device), mask_BP.to(device)
         if engine == "lean":
-            steps = sampling_processors(do_sample=do_sample, temperature=rollout.temperature,
-                                        top_k=rollout.top_k, top_p=rollout.top_p, min_p=rollout.min_p,
-                                        repetition_penalty=rollout.repetition_penalty,
-                                        min_new_tokens=rollout.min_new_tokens, prompt_len=prompt_len,
-                                        mask_BP=mask_BP, stop_ids=stop_ids, extra=processors)
+            steps = sampling_processors(rollout, do_sample=do_sample, prompt_len=prompt_len, mask_BP=mask_BP,
+                                        stop_ids=stop_ids, extra=processors)
             sequences = decode(model, ids_BP, mask_BP, steps, max_new_tokens=rollout.max_new_tokens,
                                stop_ids=stop_ids, pad_id=pad_id, do_sample=do_sample)
         else:

@@ -12,6 +12,7 @@ from typing import Any, Callable, Iterable, Sequence
 
 import torch
 
+from grpo.config.settings import SFTConfig
 from grpo.core.answers import answer_class
 from grpo.core.records import Sample
 from grpo.models.logprobs import completion_logprobs
@@ -47,11 +48,15 @@ def sft_loss(model: torch.nn.Module, examples: Sequence[tuple[list[int], list[in
     return -(logps_BT * mask_BT).sum() / denominator
 
 
-def run_sft(model: torch.nn.Module, examples: Sequence[tuple[list[int], list[int]]], *, steps: int, lr: float,
-            batch_size: int, params: Sequence[torch.nn.Parameter], pad_id: int, device: torch.device, seed: int,
-            max_grad_norm: float = 1.0, progress: Callable[[range], Iterable[int]] = iter,
-            dist: Any = None) -> list[float]:
-    """`steps` AdamW steps on shuffled batches of `examples` (without replacement per epoch). Returns the losses.
+SFT_MAX_GRAD_NORM = 1.0
+"""The warm-up clips its gradient norm here: a first step on a fresh task can be large, and SFT has no health guard."""
+
+
+def run_sft(model: torch.nn.Module, examples: Sequence[tuple[list[int], list[int]]], sft: SFTConfig, *,
+            params: Sequence[torch.nn.Parameter], pad_id: int, device: torch.device, seed: int,
+            progress: Callable[[range], Iterable[int]] = iter, dist: Any = None) -> list[float]:
+    """`sft.steps` AdamW steps (learning rate `sft.lr`) on shuffled batches of `sft.batch_size` `examples` (without
+    replacement per epoch), on `params` of `model`. Returns the losses.
 
     With `dist` (data parallelism) every rank draws the same batch and trains on rows rank, rank + world, …; the
     loss is divided by the whole batch's token count and the gradients are summed over ranks before clipping, so
@@ -60,7 +65,8 @@ def run_sft(model: torch.nn.Module, examples: Sequence[tuple[list[int], list[int
     if not examples:
         raise ValueError("SFT warm-up has no examples: the training samples carry no `target` completions "
                          "(set sft.steps=0 to skip the warm-up)")
-    optimizer = adamw(params, lr=lr, weight_decay=0.0)
+    steps, batch_size = sft.steps, sft.batch_size
+    optimizer = adamw(params, lr=sft.lr, weight_decay=0.0)
     rng = random.Random(seed)
     order: list[int] = []
     losses = []
@@ -87,7 +93,7 @@ def run_sft(model: torch.nn.Module, examples: Sequence[tuple[list[int], list[int
         else:
             loss = sft_loss(model, batch, pad_id, device)
             loss.backward()
-        torch.nn.utils.clip_grad_norm_(params, max_grad_norm)
+        torch.nn.utils.clip_grad_norm_(params, SFT_MAX_GRAD_NORM)
         optimizer.step()
         losses.append(loss.item())
     return losses
