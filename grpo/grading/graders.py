@@ -13,9 +13,9 @@ A reward term names its grader (`rewards.<task> = "name:weight,..."`); `resolve_
             function naming prompts / completions / completion_ids, or taking only **kwargs. It gets what TRL's
             GRPOTrainer passes: prompts and completions as strings, or, for rows given as messages (TRL's
             conversational format), as message lists; the completion token ids; the row's columns (its gold
-            fields, and `task`) as keyword lists; and TRL's `trainer_state`, `log_extra`, `log_metric` (no
-            `environments`: TRL passes it only with an environment_factory). `async def` functions are awaited. A function without **kwargs
-            gets only the arguments it names.
+            fields, and `task`) as keyword lists; TRL's `trainer_state`, `log_extra`, `log_metric`; and, as TRL,
+            `environments` only in a run with an environment factory (rollout.environment_factory). `async def`
+            functions are awaited. A function without **kwargs gets only the arguments it names.
 Values (the range contract): None = "cannot grade this completion" (the reward becomes None: left out of its group,
 counted, never 0); otherwise a finite real number. Built-in graders and bounded reward-model normalisations must
 lie in their range [0, 1] (checked: a value outside is a bug); custom graders may return any finite number, e.g.
