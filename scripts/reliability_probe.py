@@ -272,11 +272,11 @@ def overwrite_hf_folder(lab: Lab) -> Trial:
 
 
 def tilde_output_dir(lab: Lab) -> Trial:
-    home = lab.dir / "home"
-    home.mkdir()
-    proc = lab.cli("--output-dir=~/runs", "--run-name", "r", env=lab.env(HOME=str(home)), run=False)
+    home_dir = lab.dir / "home"
+    home_dir.mkdir()
+    proc = lab.cli("--output-dir=~/runs", "--run-name", "r", env=lab.env(HOME=str(home_dir)), run=False)
     lost = ["made a folder literally named ~"] if (lab.dir / "~").exists() else []
-    if proc.code == 0 and not (home / "runs" / "r" / "config.json").is_file():
+    if proc.code == 0 and not (home_dir / "runs" / "r" / "config.json").is_file():
         lost.append("exit 0 but no run folder under $HOME/runs")
     return Trial(proc, lost=lost)
 

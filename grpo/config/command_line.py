@@ -19,7 +19,6 @@ import typing
 from pathlib import Path
 from typing import Any, Callable
 
-from grpo.config import sections
 from grpo.config import settings as C
 from grpo.config.presets import PRESETS
 
@@ -135,11 +134,12 @@ DEFAULT_PRESET = "demo"
 
 def describe_fields(preset: str = DEFAULT_PRESET) -> str:
     """Every field with its type, its value under `preset` (what a run gets without an override; "set by preset X"
-    where the preset changes the dataclass default) and its docstring (read from grpo/config/sections.py's source), for --help.
+    where the preset changes the dataclass default) and its docstring (read from the source of the module that defines
+    them, grpo/config/sections.py), for --help.
     Per-task sections: the generic `kl.<task>` fields with the preset's kl.default values, then the preset's own
     `kl.<task>` and `rewards.<task>` entries. Raises ConfigError for an unknown preset."""
     docs: dict[str, dict[str, str]] = {}
-    for node in ast.parse(inspect.getsource(sections)).body:
+    for node in ast.parse(inspect.getsource(inspect.getmodule(C.Config))).body:
         if isinstance(node, ast.ClassDef):
             body = node.body
             for a, b in zip(body, body[1:]):

@@ -157,12 +157,12 @@ class Doctor:
             return
         first, last = int(self.window[0].get("step", step)), step
         for key in self._window_keys():
-            mean = self.wmean(key)
-            if not math.isfinite(mean):
+            window_mean = self.wmean(key)
+            if not math.isfinite(window_mean):
                 continue
-            self.start.setdefault(key, mean)  # the first full window
-            if key.startswith("reward/") and (key not in self.best or mean > self.best[key].value):
-                self.best[key] = _Best(mean, first, last)
+            self.start.setdefault(key, window_mean)  # the first full window
+            if key.startswith("reward/") and (key not in self.best or window_mean > self.best[key].value):
+                self.best[key] = _Best(window_mean, first, last)
 
     def _window_keys(self) -> list[str]:
         keys = {k for row in self.window for k in row}
