@@ -71,6 +71,55 @@ def test_the_call_format_is_read_from_a_template_that_renders_tools(template, wa
     assert T.tool_instructions(box.schemas) not in prompt and "You can call these tools" not in prompt
 
 
+XML = HERMES.replace("{{ {'name': c['function']['name'], 'arguments': c['function']['arguments']} | tojson }}",
+                     "<function={{ c['function']['name'] }}>{% for k, v in c['function']['arguments'].items() %}"
+                     "<parameter={{ k }}>{{ v }}</parameter>{% endfor %}</function>")
+THINK = HERMES.replace("{{ m['content'] }}{% for c in", "{% if m.get('tool_calls') %}<think>\n\n</think>\n\n"
+                                                      "{% endif %}{{ m['content'] }}{% for c in")
+
+
+def test_a_think_block_before_the_call_is_not_part_of_the_format():
+    tok = tokenizer(THINK)
+    assert T.template_call_format(tok, [T.tool_schema(calculator)]) == CallFormat("<tool_call>", "</tool_call>")
+
+
+def test_a_template_whose_calls_are_not_json_gets_the_default_format_described_in_the_system_turn():
+    """Qwen3.5 writes calls as XML, Gemma 4 in its own syntax: replies in them cannot be read, so the tools are
+    described with the default format, which replies are then read in."""
+    tok = tokenizer(XML)
+    assert T.renders_tools(tok, [T.tool_schema(calculator)]) and T.template_call_format(tok, [
+        T.tool_schema(calculator)]) is None
+    box = T.build_toolbox(RolloutConfig(tools=["tests.test_tool_formats:calculator"]), tok)
+    assert not box.native and box.call_format == DEFAULT_FORMAT
+    assert "You can call these tools" in tok.decode(box.encode_prompt(tok, [{"role": "user", "content": "hi"}]))
+
+
+TRL_TEMPLATES = {"qwen2_5": CallFormat("<tool_call>", "</tool_call>"), "llama3_1": CallFormat("", ""),
+                 "qwen3_instruct_2507": CallFormat("<tool_call>", "</tool_call>"), "gemma4": None, "qwen3_6": None}
+"""TRL 1.16's own copies of real chat templates (trl/chat_templates/*.jinja, installed with TRL): the format read from
+each, None where its calls are not JSON."""
+
+
+@pytest.mark.parametrize("name", sorted(TRL_TEMPLATES))
+def test_the_formats_of_real_templates_shipped_with_trl(name):
+    trl = pytest.importorskip("trl")
+    from pathlib import Path
+
+    path = Path(trl.__file__).parent / "chat_templates" / f"{name}.jinja"
+    if not path.is_file():
+        pytest.skip(f"this TRL has no {path.name}")
+    tok = tokenizer(path.read_text())
+    schemas = [T.tool_schema(calculator)]
+    assert T.renders_tools(tok, schemas)
+    assert T.template_call_format(tok, schemas) == TRL_TEMPLATES[name]
+
+
+def test_a_template_that_leaves_the_tool_result_out_is_refused():
+    tok = tokenizer(TURNS.replace("RESULT", ""))
+    with pytest.raises(T.ToolError, match="leaves it out"):
+        T.build_toolbox(RolloutConfig(tools=["tests.test_tool_formats:calculator"]), tok)
+
+
 def test_a_template_that_renders_no_tools_keeps_the_documented_default():
     tok = tokenizer(None)  # the tiny template: no tools
     box = T.build_toolbox(RolloutConfig(tools=["tests.test_tool_formats:calculator"]), tok)

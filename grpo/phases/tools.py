@@ -202,8 +202,8 @@ def _literal_render(tokenizer, messages: Sequence[Mapping[str, Any]], contents: 
     for mark, content in zip(marks, contents):
         if text.count(mark) != 1:
             raise ToolError(f"the chat template of {type(tokenizer).__name__} does not render a tool message's "
-                            "content as it is (it changes or repeats it), so a tool result cannot be kept as plain "
-                            "text; use a template that writes the tool message's content unchanged")
+                            "content as it is (it leaves it out, changes or repeats it), so the model would not see a "
+                            "tool result as it is; use a template that writes the tool message's content unchanged")
         before, text = text.split(mark)
         ids += tokenizer(before, add_special_tokens=False)["input_ids"] + literal_ids(tokenizer, content)
     return ids + tokenizer(text, add_special_tokens=False)["input_ids"]
@@ -252,9 +252,10 @@ PROBE_CALL = {"name": "probe_tool", "arguments": {"probe_argument": 7}}
 
 def template_call_format(tokenizer, schemas: Sequence[Mapping[str, Any]]) -> CallFormat | None:
     """The call format of a chat template that renders tools, read from how it writes an assistant turn holding
-    PROBE_CALL: the text before the call's JSON is `open`, the text after it (up to the turn's end, which a plain
-    reply shows) `close`; a list around the JSON (Mistral) belongs to the calls. None when the template renders no
-    such turn or no JSON of the call."""
+    PROBE_CALL: the line before the call's JSON is `open`, the line after it (up to the turn's end, which a plain
+    reply shows) `close` (the lines only: Qwen3 puts an empty think block before its `<tool_call>`); a list around
+    the JSON (Mistral) belongs to the calls. None when the template renders no such turn or writes the call in
+    something other than JSON (Qwen3.5's XML, Gemma 4's own syntax): grpo-dual cannot read those replies."""
     user = [{"role": "user", "content": "hi"}]
     call = {"role": "assistant", "content": "", "tool_calls": [{"type": "function", "function": PROBE_CALL}]}
     plain = {"role": "assistant", "content": "PLAIN_REPLY"}
@@ -278,7 +279,8 @@ def template_call_format(tokenizer, schemas: Sequence[Mapping[str, Any]]) -> Cal
         found = data[0] if isinstance(data, list) and len(data) == 1 else data
         if isinstance(found, dict) and found.get("name") == PROBE_CALL["name"] and \
                 PROBE_CALL["arguments"] in (found.get("arguments"), found.get("parameters")):
-            return CallFormat(turn[:start].strip(), turn[stop:].strip())
+            before, after = turn[:start].strip().splitlines(), turn[stop:].strip().splitlines()
+            return CallFormat(before[-1].strip() if before else "", after[0].strip() if after else "")
     return None
 
 
@@ -290,7 +292,8 @@ class ToolBox:
     timeout_s: float
     max_result_tokens: int
     native: bool = False
-    """The chat template renders the tools itself (`renders_tools`)."""
+    """The chat template renders the tools itself (`renders_tools`) and writes calls in a JSON format of its own
+    (`template_call_format`): prompts are rendered with `tools=`, replies read in that format."""
     environment: Environments | None = None
     """rollout.environment_factory: one instance per trajectory, its public methods tools too
     (grpo/phases/environments.py)."""
@@ -359,9 +362,11 @@ def build_toolbox(rollout: RolloutConfig, tokenizer, callables: Mapping[str, Cal
         raise ToolError(f"config field `rollout.tools`: the chat template of {type(tokenizer).__name__} cannot "
                         f"render a tool message ({err}); tools need a template with a `tool` role") from err
     box = ToolBox(tools, rollout.tool_timeout_s, rollout.max_tool_result_tokens, environment=environments)
-    box.native = renders_tools(tokenizer, box.schemas)
-    if box.native:  # the template shows the tools and writes calls its own way: replies are read that way
-        box.call_format = template_call_format(tokenizer, box.schemas) or DEFAULT_FORMAT
+    # a template that shows the tools and writes calls in JSON its own way: its prompt, and replies read that way; one
+    # whose calls are not JSON (or that shows no tools) gets the tools described in the system turn, the default format
+    fmt = template_call_format(tokenizer, box.schemas) if renders_tools(tokenizer, box.schemas) else None
+    if fmt is not None:
+        box.native, box.call_format = True, fmt
     return box
 
 
@@ -387,9 +392,10 @@ def turn_keys(keys: Sequence[int] | None, turn: int) -> list[int] | None:
 def tool_rollouts(model, tokenizer, samples: Sequence[Sample], rollout: RolloutConfig,
                   stop_ids: Sequence[int] | None = None, *, tools: ToolBox, greedy: bool = False,
                   system_prompt: str | None = None, generator_seed: int | None = None,
-                  row_keys: Sequence[int] | None = None,
-                  synced_gpus: bool = False) -> tuple[list[Rollout], dict[str, float]]:
-    """`generate_rollouts` (or, `greedy`, one greedy trajectory per sample as `greedy_complete`) with tool turns.
+                  row_keys: Sequence[int] | None = None, synced_gpus: bool = False,
+                  per_sample: int | None = None) -> tuple[list[Rollout], dict[str, float]]:
+    """`generate_rollouts` (or, `greedy`, one greedy trajectory per sample as `greedy_complete`) with tool turns;
+    `per_sample`: completions per sample instead of rollout.k (as generate_rollouts).
     Returns Rollouts whose completion is the whole trajectory (`model_mask`, `messages`, `tool_use` set; `text` is the
     last reply) and the rollout/ metrics plus tools/ (grpo.core.tool_calls.tool_metrics)."""
     if synced_gpus:
@@ -397,7 +403,7 @@ def tool_rollouts(model, tokenizer, samples: Sequence[Sample], rollout: RolloutC
                          "use train.sharding=none")
     if not samples:
         raise ValueError("tool_rollouts: no samples given")
-    k = 1 if greedy else rollout.k
+    k = 1 if greedy else per_sample or rollout.k
     stop_ids = [int(i) for i in stop_ids or ()] or [stop_token_id(tokenizer)]
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else stop_ids[0]
     envs: list[Any] = [None] * (len(samples) * k)
