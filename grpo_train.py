@@ -156,7 +156,9 @@ def sft_phase(run: Run) -> list[float]:
         return []
     toolbox = run.rollouts.toolbox
     system = toolbox.system_prompt if toolbox is not None else None  # the prompts the rollouts see
-    examples = sft_examples(run.tokenizer, [x for t in run.tasks for x in run.train[t]], system, s.max_target_tokens)
+    encode = None if toolbox is None else (lambda messages: toolbox.encode_prompt(run.tokenizer, messages))
+    examples = sft_examples(run.tokenizer, [x for t in run.tasks for x in run.train[t]], system, s.max_target_tokens,
+                            encode=encode)
     if not examples:
         if run.dist.is_main:
             print(f"SFT warm-up skipped: no training row of {', '.join(run.tasks)} has a target (the column "

@@ -162,3 +162,30 @@ def test_a_rollout_reads_and_runs_a_call_in_the_templates_own_format(template, m
     assert [m["role"] for m in r.messages] == ["assistant", "tool", "assistant"] and r.messages[1]["content"] == "36"
     assert r.messages[0]["tool_calls"][0]["function"] == {"name": "calculator", "arguments": {"expression": "12*3"}}
     assert (r.tool_use.n_calls, r.tool_use.n_failures, r.text) == (1, 0, "the answer is 36")
+
+
+def test_the_warm_up_renders_its_prompts_as_the_rollouts_do_with_a_template_that_shows_tools(tmp_path, monkeypatch):
+    """The warm-up's prompt ids are the rollouts' (the template shows the tools), not the prompt without them."""
+    import grpo_train as G
+
+    tok = tokenizer(HERMES)
+    model = build_tiny_model(tok, seed=4, hidden=32, layers=1, heads=2, kv_heads=1)
+    rows = [{"prompt": f"What is 12*{i}?", "target": CallFormat("<tool_call>", "</tool_call>").write(
+        "calculator", {"expression": f"12*{i}"}), "answer": str(12 * i)} for i in range(1, 13)]
+    seen = []
+    real = G.sft_examples
+    monkeypatch.setattr(G, "sft_examples", lambda *a, **kw: seen.append(real(*a, **kw)) or seen[-1])
+
+    def exact(completions, answer, **kwargs):
+        return [float(c.strip().endswith(a)) for c, a in zip(completions, answer)]  # the final reply's text
+
+    run = G.train(["model.tiny_hidden=32"], tasks={"calc": rows}, rewards={"calc": [exact]}, tools=[calculator],
+                  model=(model, tok), sft={"steps": 1, "batch_size": 2},
+                  train={"max_steps": 1, "prompts_per_micro_step": 1, "eval_every": 0, "tensorboard": False,
+                         "sample_every": 0, "output_dir": str(tmp_path), "run_name": "w"},
+                  rollout={"k": 2, "max_new_tokens": 4}, data={"eval_size": 2})
+    box = T.build_toolbox(run.cfg.rollout, tok, {"calculator": calculator})
+    assert box.native and seen and seen[0]
+    prompts = {tuple(p) for p, _ in seen[0]}
+    assert prompts <= {tuple(box.encode_prompt(tok, [{"role": "user", "content": r["prompt"]}])) for r in rows}
+    assert all("<tools>" in tok.decode(list(p)) for p in prompts)

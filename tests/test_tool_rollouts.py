@@ -503,8 +503,8 @@ def test_the_smollm2_tools_preset_runs_its_task_tool_and_grader_on_the_tiny_mode
     monkeypatch.chdir(Path(__file__).resolve().parents[1])  # the preset's paths are relative to the repository
     seen = []
     real = sft.sft_examples
-    monkeypatch.setattr(G, "sft_examples", lambda tok, rows, system, cap: seen.append(system) or real(tok, rows,
-                                                                                                      system, cap))
+    monkeypatch.setattr(G, "sft_examples", lambda tok, rows, system, cap, **kw: seen.append(system) or real(
+        tok, rows, system, cap, **kw))
     cfg = C.load_config("smollm2-tools", [f"train.output_dir={tmp_path}", "train.run_name=p", "model.name=builtin:tiny",
                                           "model.lora=false", *TINY, "train.max_steps=1", "sft.steps=2",
                                           "data.eval_size=4", "rollout.k=2", "rollout.max_new_tokens=8",

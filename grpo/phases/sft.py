@@ -21,16 +21,21 @@ from grpo.phases.update import adamw
 
 
 def sft_examples(tokenizer, samples: Sequence[Sample], system_prompt: str | None,
-                 max_target_tokens: int = 0) -> list[tuple[list[int], list[int]]]:
+                 max_target_tokens: int = 0, encode: Callable[[list], list[int]] | None = None,
+                 ) -> list[tuple[list[int], list[int]]]:
     """(prompt_ids, completion_ids) for every sample that has a target; the completion ends with EOS.
 
     max_target_tokens > 0: a target longer than that keeps its first max_target_tokens tokens and no EOS, as a
-    rollout that reaches rollout.max_new_tokens does (sft.max_target_tokens)."""
+    rollout that reaches rollout.max_new_tokens does (sft.max_target_tokens). `encode`: a prompt's ids from its
+    messages as the rollouts render it (a run with tools: a template that shows the tools shows them here too);
+    default the chat template with `system_prompt`."""
     out = []
     for s in samples:
         if s.target:
             prompt_ids, completion_ids = sft_example(tokenizer, list(s.messages), s.target,
                                                      system_prompt=system_prompt)
+            if encode is not None:
+                prompt_ids = encode(list(s.messages))
             if 0 < max_target_tokens < len(completion_ids) - 1:  # the last id is the EOS
                 completion_ids = completion_ids[:max_target_tokens]
             out.append((list(prompt_ids), list(completion_ids)))
