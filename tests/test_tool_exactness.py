@@ -156,3 +156,13 @@ def test_the_overlong_penalty_counts_only_the_models_own_tokens(tmp_path, monkey
     assert all(r.model_tokens <= 96 - 16 < 96 < len(r.completion_ids) for r in rollouts)  # the case at hand
     assert metrics["reward/overlong_penalty"] == 0.0
     assert metrics["tools/calls_per_rollout"] == 1.0
+
+
+def test_the_length_metric_counts_the_models_tokens_and_rollout_tokens_every_token():
+    from grpo.phases.rollout import rollout_metrics
+
+    s = Sample(task="t", id="0", messages=({"role": "user", "content": "q"},))
+    rollouts = [Rollout(s, (1,), (5, 6, 7, 8, 9), "", True, False, model_mask=(1, 0, 0, 0, 1)),
+                Rollout(s, (1,), (5, 6), "", True, False)]
+    metrics = rollout_metrics(rollouts)
+    assert metrics["rollout/t/length"] == (2 + 2) / 2 and metrics["rollout/tokens"] == 7

@@ -146,7 +146,9 @@ def cut_completion(ids: Sequence[int], stop_ids: Sequence[int]) -> tuple[list[in
 
 
 def rollout_metrics(rollouts: Sequence[Rollout]) -> dict[str, float]:
-    """`rollout/<task>/{length,stopped,truncated}` means per task, `rollout/num`, `rollout/tokens`."""
+    """`rollout/<task>/{length,stopped,truncated}` means per task, `rollout/num`, `rollout/tokens`. The length counts
+    the tokens the model wrote (a multi-turn trajectory's replies, not its tool results: Rollout.model_tokens);
+    rollout/tokens every completion token, tool results included (what the passes process)."""
     by_task: dict[str, list[Rollout]] = defaultdict(list)
     for r in rollouts:
         by_task[r.sample.task].append(r)
@@ -154,7 +156,7 @@ def rollout_metrics(rollouts: Sequence[Rollout]) -> dict[str, float]:
                                  "rollout/tokens": float(sum(len(r.completion_ids) for r in rollouts))}
     for task, rs in sorted(by_task.items()):
         n = len(rs)
-        metrics[f"rollout/{task}/length"] = sum(len(r.completion_ids) for r in rs) / n
+        metrics[f"rollout/{task}/length"] = sum(r.model_tokens for r in rs) / n
         metrics[f"rollout/{task}/stopped"] = sum(r.stopped for r in rs) / n
         metrics[f"rollout/{task}/truncated"] = sum(r.truncated for r in rs) / n
     return metrics
