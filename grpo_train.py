@@ -56,7 +56,7 @@ from grpo.run.setup_parts import (build_trackers, check_sharding, check_task_ent
                                   split_by_task, stop_token_ids, with_epochs)
 from grpo.run.signals import Interrupted, StopRequest, signals_raise
 from grpo.run.state import Run
-from grpo.run.step_owners import Rollouts, Scoring, StepTimer, Updater
+from grpo.run.step_owners import Rollouts, Scoring, StepTimer, Updater, prompt_copies
 from grpo.run.trl_config import read_config_file
 from grpo.run.tracking import NullTracker, format_step_line, progress, write_samples, write_scored
 
@@ -86,7 +86,8 @@ def setup(cfg: C.Config, *, callables: Mapping[str, Callable[..., Any]] | None =
     run_dir = expand_home(cfg.train.output_dir) / name  # `~/runs` given where no shell expanded it
     rows = load_samples(cfg.data, cfg.train.seed, cfg.tasks, announce=dist.is_main)  # every rank loads, one speaks
     train_rows, heldout = split_by_task(rows.train, rows.heldout, cfg.data, cap=False)  # capped by fit_prompts
-    check_prompts_per_step(train_rows, cfg.train.prompts_per_micro_step, cfg.train.grad_accum, dist.world)
+    draws = prompt_copies(cfg, dist.world)  # prompts_per_step drawn for each process, or once for all (split_groups)
+    check_prompts_per_step(train_rows, cfg.train.prompts_per_micro_step, cfg.train.grad_accum, draws)
     require_heldout_rows(train_rows, heldout, cfg.data.heldout_fraction)  # every task is evaluated: stop now if not
     specs = reward_specs(cfg.data.source, cfg.rewards, sorted(train_rows), custom=cfg.tasks,
                          aggregation=cfg.loss.reward_aggregation)
@@ -120,7 +121,7 @@ def setup(cfg: C.Config, *, callables: Mapping[str, Callable[..., Any]] | None =
         corpus = [s.messages[-1]["content"] for s in rows.every] + [s.target for s in rows.every if s.target]
         policy = policy_from_config(cfg.model, device, corpus, seed=cfg.train.seed, loaded=model)
         train_rows, heldout = fit_prompts(train_rows, heldout, policy, cfg.data, cfg.rollout, dist.is_main)
-        cfg = with_epochs(cfg, train_rows, dist.world, dist.is_main)  # train.num_epochs: the steps from the rows
+        cfg = with_epochs(cfg, train_rows, draws, dist.is_main)  # train.num_epochs: the steps from the rows
         if policy.grad_scaler is not None and cfg.multi.combine != "sum":
             raise C.ConfigError(f"multi.combine={cfg.multi.combine!r} needs bf16 or fp32 weights: the per-task "
                                 "gradients are not loss-scaled, so fp16 (this GPU has no bf16) would under- or "

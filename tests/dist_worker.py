@@ -37,6 +37,9 @@ SCENARIOS: dict[str, list[str]] = {
     "shared_ga": ["model.shared_prompt_forward=on", "loss.agg_mode=seq-mean-token-mean"],
     "pcgrad": ["multi.combine=pcgrad", "multi.switch=always",  # opposed rewards: the task gradients conflict
                "rewards.hallucination=tests.dist_worker:short_reward:1.0"],
+    # a group spanning processes (train.split_groups): 3 prompts x K 2 = 6 completions in all, 3 a process, so prompt
+    # 1's two completions are generated, scored and trained one on each process
+    "split": ["train.split_groups=true", "train.prompts_per_micro_step=3", "train.grad_accum=1", "rollout.k=2"],
 }
 """Scenarios whose name ends in _ga use gradient accumulation on every process (2 micro-batches per process)."""
 

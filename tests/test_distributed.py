@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from grpo.config import settings as C
 from grpo.models.distributed import Dist, check_strategy, num_processes_from_launch
 from tests.dist_worker import SCENARIOS, one_step
 
@@ -51,6 +52,8 @@ def test_two_processes_equal_one_process(two_process, tmp_path, scenario):
     m1, m2 = one["metrics"], json.loads((two_process / f"{scenario}.json").read_text())
     # the same rollouts: sharded prompts, per-completion sampling streams
     completions = (4 if scenario.endswith("_ga") else 2) * 2 * 4  # micro-batches x prompts x K, all processes
+    if scenario == "split":  # train.split_groups: 3 prompts x K 2 in all, prompt 1's group on both processes
+        completions = 3 * 2
     assert m1["rollout/tokens"] == m2["rollout/tokens"] and m1["rollout/num"] == m2["rollout/num"] == completions
     for task in ("fairness", "hallucination"):
         assert m1[f"reward/{task}/mean"] == pytest.approx(m2[f"reward/{task}/mean"], abs=1e-12)
@@ -158,6 +161,58 @@ def test_a_finished_command_line_run_destroys_the_process_group_after_a_barrier(
     monkeypatch.setattr(G, "main", fails)
     assert G.cli(["--output-dir", str(tmp_path)]) == 1
     assert calls == []  # after a failure other ranks may sit in a collective: no clean-up that would hang
+
+
+def test_a_split_group_gives_each_process_the_rows_trl_gives_it():
+    """train.split_groups: a process's completions are its contiguous share of the step's prompt-major rows, the rows
+    TRL's RepeatSampler (each prompt repeated num_generations times in a row) yields for it when each process takes
+    per_device_train_batch_size of them in turn; an uneven split is refused."""
+    from trl.trainer.grpo_trainer import RepeatSampler
+
+    from grpo.run.step_owners import completion_share
+
+    for n_prompts, k, world in ((1, 4, 2), (3, 2, 2), (3, 4, 4), (2, 8, 4)):
+        per_device = n_prompts * k // world  # gradient_accumulation_steps 1: one micro-batch a process
+        trl = list(RepeatSampler(range(50), mini_repeat_count=k, batch_size=n_prompts, shuffle=False))[:n_prompts * k]
+        for rank in range(world):
+            ours = [row // k for row in completion_share(n_prompts, k, world, rank)]
+            assert ours == trl[rank * per_device:(rank + 1) * per_device]
+    with pytest.raises(ValueError, match="evenly over 4 processes"):
+        completion_share(3, 2, 4, 0)
+
+
+def test_split_groups_is_checked_before_the_model_loads_and_trl_maps_onto_it(tmp_path):
+    """An uneven split, or a shared prompt forward forced on, is a ConfigError naming the field; TRL's batch of
+    per_device_train_batch_size 2 x 2 processes with num_generations 4 (one group over both processes) is
+    train.split_groups, and on one process it is still refused (as TRL refuses it), naming what to set."""
+    from trl import GRPOConfig
+
+    from grpo.run.step_owners import prompt_copies
+    from grpo.run.trl_config import translate
+    from tests.trainer_helpers import fast_config
+
+    split = fast_config(tmp_path, "train.split_groups=true", "train.prompts_per_micro_step=3", "rollout.k=2")
+    assert prompt_copies(split, 1) == 1 and prompt_copies(split, 2) == 1 and prompt_copies(split, 3) == 1
+    assert prompt_copies(fast_config(tmp_path), 2) == 2  # off: each process draws its own prompts
+    with pytest.raises(C.ConfigError, match="evenly over 4 processes") as err:
+        prompt_copies(split, 4)
+    assert err.value.field == "train.split_groups"
+    forced = fast_config(tmp_path, "train.split_groups=true", "model.shared_prompt_forward=on")
+    with pytest.raises(C.ConfigError) as err:
+        prompt_copies(forced, 2)
+    assert err.value.field == "model.shared_prompt_forward"
+
+    class TwoProcesses(GRPOConfig):
+        world_size = property(lambda self: 2)  # what accelerate's state says under `accelerate launch` with 2
+
+    fields = dict(output_dir=str(tmp_path), per_device_train_batch_size=2, gradient_accumulation_steps=1,
+                  num_generations=4, use_cpu=True)
+    tree = translate(TwoProcesses(**fields)).tree
+    assert tree["train"]["split_groups"] is True
+    assert (tree["train"]["prompts_per_micro_step"], tree["train"]["grad_accum"], tree["train"]["micro_batch_size"]) \
+        == (1, 1, 2)  # one prompt in all, each process trains its 2 completions
+    with pytest.raises(C.ConfigError, match="not a multiple of num_generations=4"):  # (TRL's own object refuses it)
+        translate({k: v for k, v in fields.items() if k != "output_dir"})
 
 
 def test_share_refuses_an_uneven_split():

@@ -498,6 +498,12 @@ class TrainConfig:
     whole batch. 0 = prompts_per_micro_step x rollout.k."""
     grad_accum: int = 1
     """Micro-batches per optimizer step. Prompts per RL step = prompts_per_micro_step x grad_accum."""
+    split_groups: bool = False
+    """Under several processes: the step's prompts_per_micro_step x grad_accum prompts are the batch of ALL processes
+    together, and their x rollout.k completions (prompt-major) are split contiguously over the processes, so a group
+    may span processes (TRL's per_device_train_batch_size x gradient_accumulation_steps not a multiple of
+    num_generations). Each completion draws from its own stream: the split changes nothing it samples. false = each
+    process draws and generates prompts_per_micro_step x grad_accum prompts of its own."""
     max_grad_norm: float = 1.0
     """Clip the global gradient norm to this value."""
     skip_grad_norm: float = 1000.0

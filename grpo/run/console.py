@@ -37,8 +37,9 @@ def banner(run: Run) -> str:
              f"trainable {n_train:,} of {n_all:,} parameters",
              f"batch: {cfg.train.prompts_per_micro_step} prompts x K {cfg.rollout.k} x GA {cfg.train.grad_accum} "
              + (f"x {run.dist.world} processes{' (FSDP full shard)' if run.dist.sharded else ''} "
-                if run.dist.active else "")
-             + f"= {cfg.seqs_per_step * run.dist.world} completions per step"
+                if run.dist.active and not run.rollouts.split else "")
+             + f"= {cfg.seqs_per_step * (1 if run.rollouts.split else run.dist.world)} completions per step"
+             + (f", split over {run.dist.world} processes (train.split_groups)" if run.rollouts.split else "")
              + (f" in micro-batches of {cfg.micro_batch_seqs}" if cfg.train.micro_batch_size else "")
              + f", {cfg.rollout.max_new_tokens} new tokens max",
              f"loss {cfg.loss.policy_loss}, agg {cfg.loss.agg_mode}, KL {cfg.loss.kl_estimator}, mu {cfg.loss.mu}, "

@@ -68,6 +68,35 @@ class StepTimer:
         return {**self.times, "time/step": self.last - self.start}
 
 
+def completion_share(n_prompts: int, k: int, world: int, rank: int) -> range:
+    """`rank`'s contiguous share of the n_prompts x k completions of a step, prompt-major (prompt i's sample j is row
+    i·k + j): the rows TRL's RepeatSampler (each prompt repeated k times in a row) hands that process."""
+    total = n_prompts * k
+    if total % world:
+        raise ValueError(f"{n_prompts} prompts x K {k} = {total} completions cannot be split evenly over {world} "
+                         "processes")
+    per = total // world
+    return range(rank * per, (rank + 1) * per)
+
+
+def prompt_copies(cfg: C.Config, world: int) -> int:
+    """How many times a step draws prompts_per_step prompts: once per process, or once for all of them when
+    train.split_groups shares out the completions (which must then split evenly; a shared prompt forward needs whole
+    groups). Checked at set-up, before the model loads."""
+    if not cfg.train.split_groups or world == 1:
+        return world
+    if cfg.seqs_per_step % world:
+        raise C.ConfigError(f"train.split_groups: the step's {cfg.prompts_per_step} prompts x K {cfg.rollout.k} = "
+                            f"{cfg.seqs_per_step} completions cannot be split evenly over {world} processes; make "
+                            f"train.prompts_per_micro_step x train.grad_accum x rollout.k a multiple of {world}",
+                            field="train.split_groups")
+    if cfg.model.shared_prompt_forward == "on":
+        raise C.ConfigError("model.shared_prompt_forward=on encodes a prompt once for its whole group, and with "
+                            "train.split_groups a group may span processes: use auto (off then) or off",
+                            field="model.shared_prompt_forward")
+    return 1
+
+
 class Rollouts:
     """The rollout side: which prompts this process generates at a step, and their K completions each."""
 
@@ -87,16 +116,29 @@ class Rollouts:
         """The per-completion sampling keys of `prompts` (indices into the step's global batch), or None."""
         return row_keys(self.train.seed, step, prompts, self.rollout.k) if self.per_completion else None
 
-    def generate(self, step: int) -> tuple[list[Rollout], dict[str, float]]:
-        """The step's GLOBAL batch is drawn identically on every process; this one generates its contiguous share."""
-        everyone = self.sampler.next_batch(self.prompts_per_step * self.dist.world)
-        mine = self.dist.share(len(everyone))
-        return self._sample(everyone[mine], self.keys(step, range(mine.start, mine.stop)))
+    @property
+    def split(self) -> bool:
+        """The step's completions, not its prompts, are shared out: a group may span processes (train.split_groups)."""
+        return self.train.split_groups and self.dist.active
 
-    def _sample(self, samples: Sequence[Sample], keys: list[int] | None) -> tuple[list[Rollout], dict[str, float]]:
+    def generate(self, step: int) -> tuple[list[Rollout], dict[str, float]]:
+        """The step's GLOBAL batch is drawn identically on every process; this one generates its contiguous share of
+        its prompts, or (train.split_groups) of its completions, prompt-major: prompt i's sample j is row i·K + j."""
+        if not self.split:
+            everyone = self.sampler.next_batch(self.prompts_per_step * self.dist.world)
+            mine = self.dist.share(len(everyone))
+            return self._sample(everyone[mine], self.keys(step, range(mine.start, mine.stop)))
+        everyone, k = self.sampler.next_batch(self.prompts_per_step), self.rollout.k
+        rows = completion_share(len(everyone), k, self.dist.world, self.dist.rank)
+        keys = self.keys(step, range(len(everyone)))
+        return self._sample([everyone[row // k] for row in rows], None if keys is None else keys[rows.start:rows.stop],
+                            per_sample=1)
+
+    def _sample(self, samples: Sequence[Sample], keys: list[int] | None,
+                **kwargs: Any) -> tuple[list[Rollout], dict[str, float]]:
         # the system prompt (data.system_prompt) is already the first message of every sample
         out = sample_rollouts(self.policy.model, self.policy.tokenizer, samples, self.rollout, self.stop_ids,
-                              tools=self.toolbox, row_keys=keys, synced_gpus=self.dist.sharded)
+                              tools=self.toolbox, row_keys=keys, synced_gpus=self.dist.sharded, **kwargs)
         self.dist.reshard(self.policy.model)  # after every no-grad pass of a sharded model (see Dist.reshard)
         return out
 
@@ -189,7 +231,7 @@ class Scoring:
         from its kept groups); the last `kl_only_rows` rows of `kept` get advantage 0; `metrics`, `counts`: the
         rollouts' metrics and the scoring counts of this process."""
         k, dist, everyone, offset = self.rollout.k, self.dist, kept, 0
-        if dist.active:  # metrics and group advantages over the global batch (groups never straddle ranks)
+        if dist.active:  # metrics and group advantages over the global batch (train.split_groups: a group may span)
             parts = dist.gather(kept)  # (dynamic sampling: one process)
             offset = sum(len(part) for part in parts[:dist.rank])
             everyone = sampled = [s for part in parts for s in part]
@@ -258,7 +300,8 @@ class Updater:
         """The update's plain values of other sections; micro_batch_seqs halves after a CUDA out-of-memory retry."""
         self._restored = False  # set by the guard after an optimizer step that left non-finite weights
         self.restart()
-        self.share_prompts = shares_prompts(cfg, self.train_model, dist)
+        split = cfg.train.split_groups and dist.active  # a process may hold part of a group: no prompt to share
+        self.share_prompts = not split and shares_prompts(cfg, self.train_model, dist)
         """Forward passes encode each prompt once for its K completions (see `shares_prompts`)."""
 
     def restart(self) -> None:

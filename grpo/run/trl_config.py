@@ -108,11 +108,18 @@ def _part_of(field: str) -> Converter:
 # ----------------------------------------------------------------------------------------- the converters
 def _batch(value: int, fields: Mapping[str, Any], out: dict, notes: list) -> None:
     b, ga, k = int(value), int(fields["gradient_accumulation_steps"]), int(fields["num_generations"])
+    world = int(fields.get("world_size") or 1)
+    if (b * ga) % k and (b * ga * world) % k == 0:  # a group spans processes: the global batch holds whole groups
+        for dotted, v in (("train.prompts_per_micro_step", b * ga * world // k), ("train.grad_accum", 1),
+                          ("train.micro_batch_size", b), ("train.split_groups", True)):
+            _set(out, dotted, v)
+        return
     if (b * ga) % k:
-        raise _error("per_device_train_batch_size", b, f"x gradient_accumulation_steps={ga} = {b * ga} completions an "
-                     f"optimizer step, not a multiple of num_generations={k} (TRL needs whole groups too; grpo-dual "
-                     f"keeps each group on one process): use per_device_train_batch_size x gradient_accumulation_steps "
-                     f"= a multiple of {k}, e.g. per_device_train_batch_size={k}")
+        on = f" x {world} processes" if world > 1 else ""
+        raise _error("per_device_train_batch_size", b, f"x gradient_accumulation_steps={ga}{on} = {b * ga * world} "
+                     f"completions an optimizer step, not a multiple of num_generations={k} (TRL needs whole groups "
+                     f"too): use per_device_train_batch_size x gradient_accumulation_steps{on} = a multiple of {k}, "
+                     f"e.g. per_device_train_batch_size={k}")
     if b % k == 0:  # whole groups in every micro-batch
         _set(out, "train.prompts_per_micro_step", b // k)
         _set(out, "train.grad_accum", ga)
@@ -351,12 +358,14 @@ def _entropy_target(value: float, fields: Mapping[str, Any], out: dict, notes: l
 R = Row
 TABLE: tuple[Row, ...] = (
     # --- the batch and the length of the run
-    R("per_device_train_batch_size", "train.prompts_per_micro_step, train.grad_accum, train.micro_batch_size", 8,
+    R("per_device_train_batch_size", "train.prompts_per_micro_step, train.grad_accum, train.micro_batch_size, "
+      "train.split_groups", 8,
       "completions per micro-batch: with gradient_accumulation_steps and num_generations, one generation of "
       "per_device_train_batch_size x gradient_accumulation_steps / num_generations prompts per optimizer step (a "
       "multiple of num_generations, as TRL requires). A multiple of num_generations: prompts_per_micro_step = it / "
       "num_generations, grad_accum = gradient_accumulation_steps; else a group spans micro-batches: "
-      "micro_batch_size = it, the same optimizer step as on the whole batch", _batch),
+      "micro_batch_size = it, the same optimizer step as on the whole batch; under several processes whose "
+      "completions together hold whole groups, a group may span processes (split_groups)", _batch),
     R("gradient_accumulation_steps", "train.grad_accum", 1, "see per_device_train_batch_size",
       _part_of("per_device_train_batch_size")),
     R("num_generations", "rollout.k", 8, "completions per prompt (the group)"),
