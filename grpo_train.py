@@ -31,6 +31,7 @@ from grpo.core.losses import losses_help
 from grpo.data.batching import TaskBalancedSampler, check_prompts_per_step
 from grpo.grading.graders import graders_help, preflight, set_trainer_state, term_names
 from grpo.grading.judge import Judge
+from grpo.grading.scoring import check_fallback_share
 from grpo.models.distributed import make_dist, relaunch_on_cpu, requested_cpu_processes
 from grpo.models.modeling import check_4bit_available, rebase_reference, save_pretrained
 from grpo.models.pretrained import ModelPackageMissing, check_model_name
@@ -139,7 +140,7 @@ def setup(cfg: C.Config, *, callables: Mapping[str, Callable[..., Any]] | None =
                                 toolbox, prompts_per_step=cfg.prompts_per_step, train=cfg.train)
         run.scoring = Scoring(specs, graders, Judge.from_config(cfg.judge, run_dir), run.tasks, dist,
                               rollout=cfg.rollout, loss=cfg.loss, tool_names=toolbox.names if toolbox else None,
-                              total_updates=cfg.total_updates, max_fallback_share=cfg.judge.max_fallback_share)
+                              total_updates=cfg.total_updates)
         run.update = Updater(cfg, policy, dist, run.tasks, device)
         run.frontier = ParetoFrontier(cfg.multi.pareto_cap, run_dir / PARETO_SUBDIR)
         if dist.is_main:
@@ -260,7 +261,7 @@ def log_step(run: Run, step: int, metrics: dict[str, Any], scored: list) -> dict
     metrics = {k: v if isinstance(v, (str, int)) else float(v) for k, v in metrics.items()}
     metrics.update(consult_doctor(run, metrics))
     run.tracker.log(metrics, step)
-    run.scoring.check_fallbacks(metrics, step)
+    check_fallback_share(metrics, run.cfg.judge.max_fallback_share, step)  # the judge stopped answering: stop
     every = run.cfg.train.sample_every
     if every and step % every == 0 and run.dist.is_main:
         write_samples(run.run_dir, run.tracker, scored, step)

@@ -36,8 +36,8 @@ from grpo.core.tool_calls import tool_metrics
 from grpo.data.batching import TaskBalancedSampler
 from grpo.grading.graders import Grader, reward_logs, set_trainer_state
 from grpo.grading.judge import Judge
-from grpo.grading.scoring import (RewardSpec, check_fallback_share, fallback_shares, per_step_counts, reward_metrics,
-                                  score_rollouts, term_matrix)
+from grpo.grading.scoring import (RewardSpec, fallback_shares, per_step_counts, reward_metrics, score_rollouts,
+                                  term_matrix)
 from grpo.models.distributed import Dist
 from grpo.models.modeling import Policy, has_dropout, reference
 from grpo.models.sampling import row_keys
@@ -202,7 +202,7 @@ class Scoring:
 
     def __init__(self, specs: dict[str, RewardSpec], graders: dict[str, Grader], judge: Judge | None,
                  tasks: list[str], dist: Dist, *, rollout: C.RolloutConfig, loss: C.LossConfig,
-                 tool_names: list[str] | None, total_updates: int, max_fallback_share: float):
+                 tool_names: list[str] | None, total_updates: int):
         self.specs = specs
         """The reward terms of each task (rewards.<task>, else the source's defaults)."""
         self.graders = graders
@@ -212,7 +212,6 @@ class Scoring:
         """The LLM judge (judge.base_url), or None for rule graders only."""
         self.tasks, self.dist, self.rollout, self.loss, self.tool_names = tasks, dist, rollout, loss, tool_names
         self.total_updates = total_updates
-        self.max_fallback_share = max_fallback_share
         self.counters: dict[str, float] = {}
         """Running totals the step metrics are differences of (the judge's counters); checkpointed."""
 
@@ -267,10 +266,6 @@ class Scoring:
                                                      clip=self.loss.adv_clip)
         metrics.update(adv_metrics)
         return advantages_B
-
-    def check_fallbacks(self, metrics: dict[str, Any], step: int) -> None:
-        """Stop when a task's judge fell back on its fallback grader too often (judge.max_fallback_share)."""
-        check_fallback_share(metrics, self.max_fallback_share, step)
 
 
 OOM_KNOBS = ("train.prompts_per_micro_step (smaller micro-batches, more grad_accum)", "model.gradient_checkpointing=true",
