@@ -169,8 +169,7 @@ def sft_phase(run: Run) -> list[float]:
         return []
     if s.max_examples:
         examples = stratified([x for t in run.tasks for x in run.train[t] if x.target], examples, s.max_examples)
-    losses = run_sft(run.policy.model, examples, s, params=run.policy.trainable_parameters(),
-                     pad_id=run.tokenizer.pad_token_id, device=run.device, seed=run.cfg.train.seed,
+    losses = run_sft(run.policy, examples, s, device=run.device, seed=run.cfg.train.seed,
                      progress=lambda it: progress(it, "SFT", enabled=run.dist.is_main), dist=run.dist)
     # RL is regularised towards the SFT model, not the pre-SFT one: rebase the reference in place (every owner holds
     # this policy), then restart the update's optimizer (under LoRA the trainable parameters are new objects).

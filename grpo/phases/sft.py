@@ -16,6 +16,7 @@ from grpo.config.settings import SFTConfig
 from grpo.core.answers import answer_class
 from grpo.core.records import Sample
 from grpo.models.logprobs import completion_logprobs
+from grpo.models.modeling import Policy
 from grpo.models.tokens import collate, sft_example
 from grpo.phases.update import adamw
 
@@ -57,11 +58,12 @@ SFT_MAX_GRAD_NORM = 1.0
 """The warm-up clips its gradient norm here: a first step on a fresh task can be large, and SFT has no health guard."""
 
 
-def run_sft(model: torch.nn.Module, examples: Sequence[tuple[list[int], list[int]]], sft: SFTConfig, *,
-            params: Sequence[torch.nn.Parameter], pad_id: int, device: torch.device, seed: int,
-            progress: Callable[[range], Iterable[int]] = iter, dist: Any = None) -> list[float]:
+def run_sft(policy: Policy, examples: Sequence[tuple[list[int], list[int]]], sft: SFTConfig, *,
+            device: torch.device, seed: int, progress: Callable[[range], Iterable[int]] = iter,
+            dist: Any = None) -> list[float]:
     """`sft.steps` AdamW steps (learning rate `sft.lr`) on shuffled batches of `sft.batch_size` `examples` (without
-    replacement per epoch), on `params` of `model`. Returns the losses.
+    replacement per epoch), on the policy's trainable parameters (padding with its tokenizer's pad id). Returns the
+    losses.
 
     With `dist` (data parallelism) every rank draws the same batch and trains on rows rank, rank + world, …; the
     loss is divided by the whole batch's token count and the gradients are summed over ranks before clipping, so
@@ -70,6 +72,7 @@ def run_sft(model: torch.nn.Module, examples: Sequence[tuple[list[int], list[int
     if not examples:
         raise ValueError("SFT warm-up has no examples: the training samples carry no `target` completions "
                          "(set sft.steps=0 to skip the warm-up)")
+    model, params, pad_id = policy.model, policy.trainable_parameters(), policy.tokenizer.pad_token_id
     steps, batch_size = sft.steps, sft.batch_size
     optimizer = adamw(params, lr=sft.lr, weight_decay=0.0)
     rng = random.Random(seed)
