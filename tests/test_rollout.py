@@ -309,10 +309,11 @@ def test_sanitiser_off_cpu_fixes_bad_rows_without_a_host_sync(monkeypatch):
 def test_every_rollout_setting_is_read_by_the_code_it_configures(model, tok, samples):
     """Regression: rollout.cache_implementation once existed in the config but never reached the sampler (a copy
     record left it out). Now the section itself is passed: every RolloutConfig field must be read by the rollout
-    code, the stop-token resolution or the trainer's sampling-stream choice."""
+    code, the stop-token resolution, the toolbox (tools, environments) or the trainer's sampling-stream choice."""
     import dataclasses
 
     from grpo.models.distributed import Dist
+    from grpo.phases.tools import build_toolbox
     from grpo.run.setup_parts import per_completion_sampling, stop_token_ids
 
     read: set[str] = set()
@@ -327,5 +328,6 @@ def test_every_rollout_setting_is_read_by_the_code_it_configures(model, tok, sam
     generate_rollouts(model, tok, samples, rollout, stops)
     greedy_complete(model, tok, samples, rollout, stops)
     per_completion_sampling(rollout, Dist())
+    assert build_toolbox(rollout, tok) is None  # rollout.tools / environment_factory: neither set, no toolbox
     unread = {f.name for f in dataclasses.fields(RolloutConfig)} - read
     assert not unread, f"RolloutConfig fields nobody reads: {sorted(unread)}"
