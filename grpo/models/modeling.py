@@ -246,12 +246,14 @@ def _load_random(name: str, *, dtype, attn_implementation: str, load_in_4bit: bo
     return model, tokenizer
 
 
-def _load_base(name: str, *, dtype, attn_implementation: str, load_in_4bit: bool, trust_remote_code: bool,
-               seed: int, tiny_corpus: Iterable[str] | None, tiny_shape: dict[str, int], device: str | None):
-    """(model, tokenizer) from the built-in tiny recipe, random weights of a known shape, a packaged model by its
-    catalog name (grpo/models/pretrained.py, converted once into a local folder), or a local path / hub id.
+def _load_base(model_cfg: ModelConfig, *, dtype, attn_implementation: str, seed: int,
+               tiny_corpus: Iterable[str] | None, device: str | None):
+    """(model, tokenizer) of `model_cfg.name`: the built-in tiny recipe (the section's tiny shape), random weights of
+    a known shape, a packaged model by its catalog name (grpo/models/pretrained.py, converted once into a local
+    folder), or a local path / hub id (4-bit and remote code as the section says).
 
     "random:<shape>" builds on `device` when given, else on CUDA when available, else on the CPU."""
+    name, load_in_4bit = model_cfg.name, model_cfg.load_in_4bit
     if name.startswith(RANDOM_PREFIX):
         device = device or ("cuda" if torch.cuda.is_available() else "cpu")
         return _load_random(name, dtype=dtype, attn_implementation=attn_implementation, load_in_4bit=load_in_4bit,
@@ -259,7 +261,7 @@ def _load_base(name: str, *, dtype, attn_implementation: str, load_in_4bit: bool
     if name == TINY_NAME:
         if load_in_4bit:
             raise ValueError(f"load_in_4bit=True is not supported for {TINY_NAME}; set load_in_4bit=False")
-        sizes = dict(tiny_shape)
+        sizes = tiny_sizes(model_cfg)
         tokenizer = build_tiny_tokenizer(tiny_corpus, vocab_size=sizes.pop("vocab_size", 512))
         dt = resolve_dtype(dtype)
         model = build_tiny_model(tokenizer, seed, attn_implementation=attn_implementation,
@@ -271,7 +273,7 @@ def _load_base(name: str, *, dtype, attn_implementation: str, load_in_4bit: bool
     check_weight_files(name)
     with hub_errors_named(name):
         return _from_pretrained(name, dtype=dtype, attn_implementation=attn_implementation,
-                                load_in_4bit=load_in_4bit, trust_remote_code=trust_remote_code)
+                                load_in_4bit=load_in_4bit, trust_remote_code=model_cfg.trust_remote_code)
 
 
 class DamagedWeightsError(ValueError):
@@ -375,9 +377,8 @@ def load_policy(model_cfg: ModelConfig, *, dtype: str | torch.dtype = "float32",
     (`load_in_4bit`, needs CUDA + bitsandbytes) loads NF4 double-quantised weights and runs
     `prepare_model_for_kbit_training`. Under full fine-tuning a frozen deep copy becomes `ref_model`.
     """
-    model, tokenizer = _load_base(model_cfg.name, dtype=dtype, attn_implementation=attn_implementation,
-                                  load_in_4bit=model_cfg.load_in_4bit, trust_remote_code=model_cfg.trust_remote_code,
-                                  seed=seed, tiny_corpus=tiny_corpus, tiny_shape=tiny_sizes(model_cfg), device=device)
+    model, tokenizer = _load_base(model_cfg, dtype=dtype, attn_implementation=attn_implementation, seed=seed,
+                                  tiny_corpus=tiny_corpus, device=device)
     return policy_from_model(model, tokenizer, model_cfg, seed=seed)
 
 
