@@ -1,12 +1,14 @@
 """Every config check names the field at fault: one bad value per check, and meta-tests that every check in the code
-(grpo/config/sections.py's and settings.py's `_check` / `_one_of` call sites, the registry fields of grpo/run/config_check.py, every rule of the KL
-controllers) has its row here. A new check without a row fails `test_every_*`."""
+(the `_check` / `_one_of` call sites of every grpo/config module, the registry fields of grpo/run/config_check.py,
+every rule of the KL controllers) has its row here. A new check without a row fails `test_every_*`."""
 
 from __future__ import annotations
 
 import ast
 import dataclasses
+import importlib
 import math
+import re
 import sys
 import typing
 from pathlib import Path
@@ -14,13 +16,15 @@ from typing import Any
 
 import pytest
 
-from grpo.config import sections as S
+import grpo.config
+from grpo.config import checks
 from grpo.config import settings as C
 from grpo.run.config_check import REGISTRY_FIELDS, check_config
 from grpo.core.kl_control import CONFIG_FIELDS, NOT_CONFIGURED, RULES, controller_args, controller_problem
 from grpo.core.losses import POLICY_LOSSES
 
 ROOT = Path(__file__).resolve().parents[1]
+CONFIG_DIR = Path(grpo.config.__file__).parent
 BAND, ADAPTIVE, FIXED = ({"kl.default.controller": kind} for kind in ("band", "adaptive", "fixed"))
 CISPO, SAPO, VESPO = ({"loss.policy_loss": name} for name in ("cispo", "sapo", "vespo"))
 
@@ -205,7 +209,7 @@ BAD: list[tuple[str, Any, dict[str, Any]]] = [
     ("kl.default.beta", -1.0, FIXED),
 ]
 
-# Bounds that keep sampling, the losses and the weights finite (grpo/config/sections.py MIN_TEMPERATURE ... MAX_SEED),
+# Bounds that keep sampling, the losses and the weights finite (grpo/config/checks.py MIN_TEMPERATURE ... MAX_SEED),
 # and a template filled by plain substitution only (grpo/config/templates.py): accepted, then mangled, before #39
 BOUNDS: list[tuple[str, Any, dict[str, Any]]] = [
     ("data.max_document_chars", -5, {}),
@@ -273,10 +277,15 @@ def test_a_bad_value_is_reported_under_its_own_field(dotted, value, extra):
 
 
 def test_every_check_in_config_py_has_a_row(monkeypatch):
-    """Every `_check` / `_one_of` call site of grpo/config/sections.py and grpo/config/settings.py runs while the rows
-    are built, and every field name a check reports has a row."""
+    """Every `_check` / `_one_of` call site of the config layer (sections.py and its parts, settings.py: every
+    grpo/config module that calls them) runs while the rows are built, and every field name a check reports has a
+    row."""
+    modules = [importlib.import_module(f"grpo.config.{path.stem}") for path in sorted(CONFIG_DIR.glob("*.py"))
+               if re.search(r"\b_(check|one_of)\(", path.read_text())]
+    assert {"checks", "model_data", "rollout_loss", "sections", "settings"} <= {m.__name__.split(".")[-1]
+                                                                             for m in modules}
     sites: set[tuple[str, int]] = set()  # (file name, line)
-    for module in (S, C):
+    for module in modules:
         path = Path(module.__file__)
         tree = ast.parse(path.read_text())
         inner = {n.lineno for f in tree.body if isinstance(f, ast.FunctionDef) and f.name == "_one_of"
@@ -285,7 +294,7 @@ def test_every_check_in_config_py_has_a_row(monkeypatch):
                   and isinstance(n.func, ast.Name) and n.func.id in ("_check", "_one_of") and n.lineno not in inner}
     assert len(sites) > 40
     seen: dict[tuple[str, int], set[str]] = {}
-    real = S._check
+    real = checks._check
 
     def recording(ok, name, value, fix):
         caller = sys._getframe(1)
@@ -294,7 +303,7 @@ def test_every_check_in_config_py_has_a_row(monkeypatch):
         seen.setdefault((Path(caller.f_code.co_filename).name, caller.f_lineno), set()).add(name)
         return real(ok, name, value, fix)
 
-    for module in (S, C):  # each module calls the _check of its own globals
+    for module in modules:  # each module calls the _check of its own globals
         monkeypatch.setattr(module, "_check", recording)
     for dotted, value, extra in BAD:
         try:
@@ -304,7 +313,7 @@ def test_every_check_in_config_py_has_a_row(monkeypatch):
     assert not sites - set(seen), f"config checks at (file, line) {sorted(sites - set(seen))} never ran: add rows"
     fields = {f for f, _, _ in BAD}
     unlisted = {name for names in seen.values() for name in names} - fields
-    assert not unlisted, f"fields checked in grpo/config/sections.py or settings.py without a row: {sorted(unlisted)}"
+    assert not unlisted, f"fields checked in grpo/config/ without a row: {sorted(unlisted)}"
 
 
 def test_every_registry_field_has_a_row():

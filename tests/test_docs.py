@@ -54,6 +54,11 @@ def field_error(ref: str) -> str | None:
         if len(parts) == 2 or (len(parts) == 3 and parts[2] in TASK_KL_FIELDS):
             return None
         return f"{ref}: kl fields are kl.<task>.<one of {sorted(TASK_KL_FIELDS)}>"
+    if section in C.DICT_SECTIONS:  # tasks.<task>, reward_models.<name>.field
+        names = {f.name for f in dataclasses.fields(C.DICT_SECTIONS[section])}
+        if len(parts) == 2 or (len(parts) == 3 and parts[2] in names):
+            return None
+        return f"{ref}: {section} fields are {section}.<name>.<one of {sorted(names)}>"
     if parts[:2] == ["loss", "params"] and len(parts) == 3:  # a registered loss's own parameter
         from grpo.core.losses import POLICY_LOSSES
 

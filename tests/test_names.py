@@ -8,7 +8,7 @@ import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-ALLOWED = {("grpo/config/sections.py", "ConfigError.__init__", "field")}
+ALLOWED = {("grpo/config/checks.py", "ConfigError.__init__", "field")}
 """(file, function, name) kept on purpose: `ConfigError(..., field=...)` is the error's public keyword (and its
 `.field` attribute), and nothing inside that __init__ calls dataclasses.field."""
 

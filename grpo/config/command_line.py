@@ -4,7 +4,7 @@
     --seed 3 (a shortcut, ALIASES)                            -> "train.seed=3"
     anything else (--preset, --print-config, ...)             -> left for the entry point's own argparse parser
 
-Standard library only; the schema and its validation are grpo/config/sections.py's, `load_config` grpo/config/settings.py's, the presets grpo/config/presets.py's.
+Standard library only; the schema and its validation are grpo/config/sections.py's (and its parts'), `load_config` grpo/config/settings.py's, the presets grpo/config/presets.py's.
 """
 
 from __future__ import annotations
@@ -135,11 +135,14 @@ DEFAULT_PRESET = "demo"
 def describe_fields(preset: str = DEFAULT_PRESET) -> str:
     """Every field with its type, its value under `preset` (what a run gets without an override; "set by preset X"
     where the preset changes the dataclass default) and its docstring (read from the source of the module that defines
-    them, grpo/config/sections.py), for --help.
+    each section class: grpo/config/sections.py, model_data.py, rollout_loss.py), for --help.
     Per-task sections: the generic `kl.<task>` fields with the preset's kl.default values, then the preset's own
     `kl.<task>` and `rewards.<task>` entries. Raises ConfigError for an unknown preset."""
     docs: dict[str, dict[str, str]] = {}
-    for node in ast.parse(inspect.getsource(inspect.getmodule(C.Config))).body:
+    classes = [C.Config, *(h for h in typing.get_type_hints(C.Config).values() if dataclasses.is_dataclass(h)),
+               C.TaskKLConfig, *C.DICT_SECTIONS.values()]
+    modules = dict.fromkeys(inspect.getmodule(cls) for cls in classes)  # each parsed once
+    for node in (n for module in modules for n in ast.parse(inspect.getsource(module)).body):
         if isinstance(node, ast.ClassDef):
             body = node.body
             for a, b in zip(body, body[1:]):

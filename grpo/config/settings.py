@@ -1,8 +1,10 @@
 """The one typed configuration of grpo-dual, built: presets, overrides and config files into a checked `Config`, and
 back (`load_config`, `from_dict`, `to_dict`, `dumps`); values parsed into each field's declared type.
 
-The section dataclasses, their field docstrings and their checks are grpo/config/sections.py's; every name of it is
-re-exported here, so `from grpo.config import settings as C` and `C.Config`, `C.LossConfig`, `C.ConfigError`, ... are
+The section dataclasses, their field docstrings and their checks are grpo/config/sections.py's (the whole `Config`;
+train, sft, judge, checkpoint), grpo/config/model_data.py's (model, data, tasks.<task>, reward_models.<name>) and
+grpo/config/rollout_loss.py's (rollout, loss, kl.<task>, multi), `ConfigError`, `_check` and the bounds
+grpo/config/checks.py's; every name of them is re-exported here, so `from grpo.config import settings as C` and `C.Config`, `C.LossConfig`, `C.ConfigError`, ... are
 the one way in. Overrides use dotted names, `load_config("demo", ["rollout.k=8", "kl.fairness.beta=0.2",
 "rewards.fairness=bbq_rule:1,format:0.2"])`; the presets are grpo/config/presets.py's, the command line
 (`--rollout.k 8`, `--set rollout.k=8`, --help) is grpo/config/command_line.py's. Standard library only.
@@ -20,8 +22,11 @@ import typing
 from typing import Any
 
 from grpo.config.presets import DEMO_KL, PRESETS
-from grpo.config.sections import *  # noqa: F401,F403  every section name stays C.<name> (the one way in)
-from grpo.config.sections import _check, _one_of  # noqa: F401  (not covered by *; tests patch C._check)
+from grpo.config.checks import *  # noqa: F401,F403  every config name stays C.<name> (the one way in)
+from grpo.config.checks import _check, _one_of  # noqa: F401  (not covered by *; tests patch C._check)
+from grpo.config.model_data import *  # noqa: F401,F403
+from grpo.config.rollout_loss import *  # noqa: F401,F403
+from grpo.config.sections import *  # noqa: F401,F403
 
 
 # ----------------------------------------------------------------------------------------------------- building

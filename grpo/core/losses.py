@@ -153,7 +153,7 @@ POLICY_LOSSES: dict[str, LossSpec] = {}
 
 CLIP_FIELDS = ("clip_low", "clip_high", "dual_clip")
 """The clipped losses' arguments: fields of the loss section itself (`loss.clip_low`, ...), shared by every clipped
-loss and checked in grpo/config/sections.py, so they are not `loss.params`."""
+loss and checked in grpo/config/rollout_loss.py (LossConfig), so they are not `loss.params`."""
 
 TENSOR_ARGUMENTS = ("logps_BT", "old_logps_BT", "advantages_B", "mask_BT")
 """What every loss function takes first, in this order; its keyword arguments after them are its hyper-parameters."""

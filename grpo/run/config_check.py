@@ -1,8 +1,8 @@
 """The config checks that need the code: names against the registries that own them, and the KL controllers' rules.
 
-grpo/config/settings.py is standard library only, so its dataclasses check what needs no code (ranges, types, combinations of
-fields) in `__post_init__`. A name such as `loss.policy_loss` is valid when the registry that implements it holds it
-(grpo/core/losses.py POLICY_LOSSES, ...), `loss.params` when the chosen loss's registration takes each and its rule
+The config layer is standard library only, so its section dataclasses (grpo/config/sections.py, model_data.py,
+rollout_loss.py) check what needs no code (ranges, types, combinations of fields) in `__post_init__`. A name such as
+`loss.policy_loss` is valid when the registry that implements it holds it (grpo/core/losses.py POLICY_LOSSES, ...), `loss.params` when the chosen loss's registration takes each and its rule
 holds, and a kl.<task> section when its controller accepts its arguments (grpo/core/kl_control.py RULES): those checks
 live here, next to the registries, and each entry point runs
 `check_config` right after building the Config, before any model or data is loaded (grpo_train.setup / cli,
@@ -91,7 +91,7 @@ def check_config(cfg: Config) -> Config:
     check_loss_params(cfg.loss)
     for task, section in cfg.kl.items():
         check_kl_section(f"kl.{task}", section)
-    if cfg.data.source == "none" and not cfg.tasks:  # checked here, not in grpo/config/settings.py: `--preset custom --help` works
+    if cfg.data.source == "none" and not cfg.tasks:  # checked here, not in grpo/config/sections.py: `--preset custom --help` works
         raise field_error("data.source", "none", "none trains only your own tasks: add one, --tasks.<task>.path FILE "
                           "(or use demo / dual)")
     for name, section in cfg.reward_models.items():  # normalize and dtype against grpo/grading/reward_models.py's names
