@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 
 import pytest
-import torch
 
 from grpo.config.settings import ConfigError, RolloutConfig
 from grpo.core.records import Sample
@@ -15,7 +14,7 @@ from grpo.core.tool_calls import call_text
 from grpo.models.modeling import build_tiny_model, build_tiny_tokenizer
 from grpo.phases import environments as E
 from grpo.phases import tools as T
-from tests.trainer_helpers import fast_config
+from tests.trainer_helpers import assert_resume_is_bit_identical
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
@@ -229,25 +228,12 @@ def test_train_with_an_environment_factory_hands_rewards_the_environments(tmp_pa
 
 def test_resume_with_a_deterministic_environment_is_bit_identical(tmp_path, guesses_sometimes, monkeypatch):
     """2N steps in one go == N steps, then resume, then N steps, the games reset from their rows alone."""
-    import grpo_train as G
-
     keep_tokenizer(monkeypatch, guesses_sometimes)
     extra = ["rollout.environment_factory=tests.test_tool_environments:GuessingGame", "checkpoint.every=2",
              "rollout.max_new_tokens=8", "rollout.max_tool_turns=2",
              "rewards.fairness=tests.test_tool_environments:solved_reward:1.0",
              "rewards.hallucination=tests.test_tool_environments:solved_reward:1.0"]
-    full = G.main(fast_config(tmp_path / "a", "train.max_steps=4", *extra))
-    G.main(fast_config(tmp_path / "b", "train.max_steps=2", *extra))
-    resumed = G.main(fast_config(tmp_path / "b", "train.max_steps=4", "checkpoint.resume=auto", *extra))
-
-    def lines(run_dir):
-        rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
-        return [{k: v for k, v in r.items() if not k.startswith("time/")} for r in rows if r.get("step", 0) > 2]
-
-    a, b = lines(full.run_dir), lines(resumed.run_dir)
-    assert a == b and sum(r.get("tools/guess/calls_per_rollout", 0) for r in a) > 0
-    for (name, pa), (_, pb) in zip(full.policy.model.named_parameters(), resumed.policy.model.named_parameters()):
-        assert torch.equal(pa, pb), name
+    assert_resume_is_bit_identical(tmp_path, extra, "tools/guess/calls_per_rollout")
 
 
 def test_a_rollout_crosses_processes_without_its_environment():

@@ -22,7 +22,7 @@ from grpo.models.modeling import build_tiny_model, build_tiny_tokenizer
 from grpo.phases import tools as T
 from grpo.phases.batch import batch_logprobs, build_train_batch
 from grpo.phases.update import micro_batch_terms
-from tests.trainer_helpers import fast_config
+from tests.trainer_helpers import assert_resume_is_bit_identical, fast_config
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
@@ -447,18 +447,7 @@ def test_resume_with_a_deterministic_tool_is_bit_identical(tmp_path, calls_somet
     monkeypatch.setattr(G, "policy_from_config", policy)
     extra = ["rollout.tools=tests.test_tool_rollouts:calculator", "checkpoint.every=2", "rollout.max_new_tokens=8",
              "rollout.max_tool_turns=2"]
-    full = G.main(fast_config(tmp_path / "a", "train.max_steps=4", *extra))
-    G.main(fast_config(tmp_path / "b", "train.max_steps=2", *extra))
-    resumed = G.main(fast_config(tmp_path / "b", "train.max_steps=4", "checkpoint.resume=auto", *extra))
-
-    def lines(run_dir):
-        rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
-        return [{k: v for k, v in r.items() if not k.startswith("time/")} for r in rows if r.get("step", 0) > 2]
-
-    a, b = lines(full.run_dir), lines(resumed.run_dir)
-    assert a == b and sum(r.get("tools/calls_per_rollout", 0) for r in a) > 0
-    for (name, pa), (_, pb) in zip(full.policy.model.named_parameters(), resumed.policy.model.named_parameters()):
-        assert torch.equal(pa, pb), name
+    assert_resume_is_bit_identical(tmp_path, extra, "tools/calls_per_rollout")
 
 
 # ------------------------------------------------------------------------------------------------------ the doctor

@@ -44,6 +44,28 @@ def fast_config(out_dir, *extra: str, preset: str = "demo") -> C.Config:
     return C.load_config(preset, base + list(extra))
 
 
+def assert_resume_is_bit_identical(tmp_path, extra: list[str], used_metric: str) -> None:
+    """4 steps in one go == 2 steps, then a resume to 4 (`extra`: the config under test, which checkpoints every 2
+    steps): the same metrics after step 2 but wall times, and the same weights. `used_metric` must be non-zero in
+    them: what the test is about (a tool call, an environment's method) did happen."""
+    import json
+
+    import grpo_train as G
+
+    full = G.main(fast_config(tmp_path / "a", "train.max_steps=4", *extra))
+    G.main(fast_config(tmp_path / "b", "train.max_steps=2", *extra))
+    resumed = G.main(fast_config(tmp_path / "b", "train.max_steps=4", "checkpoint.resume=auto", *extra))
+
+    def lines(run_dir):
+        rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+        return [{k: v for k, v in r.items() if not k.startswith("time/")} for r in rows if r.get("step", 0) > 2]
+
+    a, b = lines(full.run_dir), lines(resumed.run_dir)
+    assert a == b and sum(r.get(used_metric, 0) for r in a) > 0
+    for (name, pa), (_, pb) in zip(full.policy.model.named_parameters(), resumed.policy.model.named_parameters()):
+        assert torch.equal(pa, pb), name
+
+
 def rollout_batch(run, n_prompts: int = 2, k: int | None = None):
     """A collated TrainBatch of real rollouts of `run`'s policy, scored, with group advantages (no ref/old passes)."""
     from grpo.core.advantages import group_advantages
