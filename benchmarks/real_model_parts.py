@@ -54,7 +54,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from grpo.core import kernels
     from grpo.config.settings import RolloutConfig
-    from grpo.models.decode import LoopSwitches, decode, sampling_processors
+    from grpo.models.decode import Ending, LoopSwitches, decode, sampling_processors
     from grpo.models.logprobs import no_logits
     from grpo.models.pretrained import resolve_model_name
     from grpo.core.health import WeightGuard
@@ -76,8 +76,8 @@ def main(argv: list[str] | None = None) -> int:
 
     def rollout(share: bool) -> None:
         torch.manual_seed(0)
-        decode(model, ids_BP, mask_BP, processors, max_new_tokens=NEW_TOKENS, stop_ids=stop, pad_id=stop[0],
-               do_sample=True, switches=LoopSwitches(share_prefill=share))
+        decode(model, ids_BP, mask_BP, processors, Ending(NEW_TOKENS, stop, stop[0]), do_sample=True,
+               switches=LoopSwitches(share_prefill=share))
 
     full_BL = torch.cat([ids_BP, torch.randint(10, model.config.vocab_size, (B, NEW_TOKENS), generator=g)], dim=1)
 

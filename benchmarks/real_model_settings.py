@@ -83,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     from grpo.config.settings import LLAMA_LORA_TARGETS, ModelConfig, RolloutConfig
-    from grpo.models.decode import decode, sampling_processors
+    from grpo.models.decode import Ending, decode, sampling_processors
     from grpo.models.logprobs import completion_logprobs
     from grpo.models.modeling import load_policy, reference
     from grpo.models.pretrained import resolve_model_name
@@ -140,12 +140,12 @@ def main(argv: list[str] | None = None) -> int:
         torch.manual_seed(0)
         with torch.inference_mode():
             if adapter:
-                decode(model, ids_BL[:, :P], mask_BL[:, :P], processors, max_new_tokens=NEW_TOKENS, stop_ids=stop,
-                       pad_id=stop[0], do_sample=True)
+                decode(model, ids_BL[:, :P], mask_BL[:, :P], processors, Ending(NEW_TOKENS, stop, stop[0]),
+                       do_sample=True)
             else:
                 with reference(policy) as base:
-                    decode(base, ids_BL[:, :P], mask_BL[:, :P], processors, max_new_tokens=NEW_TOKENS,
-                           stop_ids=stop, pad_id=stop[0], do_sample=True)
+                    decode(base, ids_BL[:, :P], mask_BL[:, :P], processors, Ending(NEW_TOKENS, stop, stop[0]),
+                           do_sample=True)
 
     print(f"SmolLM2-135M-Instruct + LoRA r 16 ({','.join(LLAMA_LORA_TARGETS)}), {G} prompts x K {K} = {B} rows, "
           f"{P} prompt tokens, {NEW_TOKENS} new tokens, {args.repeats} alternating repeats, {cores} core(s); "

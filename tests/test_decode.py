@@ -11,6 +11,7 @@ from grpo.models.decode import distinct_rows, lean_blocker, sampling_processors
 from grpo.models.modeling import build_tiny_model, build_tiny_tokenizer
 from grpo.core.records import Sample
 from grpo.phases.rollout import (
+    Draw,
     CompletionPenaltyProcessor,
     SanitizeLogitsProcessor,
     choose_engine,
@@ -47,7 +48,7 @@ def model(request, tok):
 def stops(model, tok):
     """The three tokens the model samples most: as stop ids they end completions at many different lengths."""
     rollout = RolloutConfig(k=K, max_new_tokens=NEW, engine="hf")
-    rollouts, _ = generate_rollouts(model, tok, SAMPLES, rollout, [tok.pad_token_id], generator_seed=0)
+    rollouts, _ = generate_rollouts(model, tok, SAMPLES, rollout, [tok.pad_token_id], draw=Draw(generator_seed=0))
     ids, counts = torch.tensor([t for r in rollouts for t in r.completion_ids]).unique(return_counts=True)
     return ids[counts.argsort(descending=True)[:3]].tolist()
 
@@ -116,7 +117,7 @@ def test_lean_loop_samples_what_generate_samples(model, tok, stops, greedy_stops
                 if name == "greedy":
                     rollouts, _ = greedy_complete(model, tok, SAMPLES, rollout, greedy_stops)
                 else:
-                    rollouts, _ = generate_rollouts(model, tok, SAMPLES, rollout, stops, generator_seed=seed)
+                    rollouts, _ = generate_rollouts(model, tok, SAMPLES, rollout, stops, draw=Draw(generator_seed=seed))
                 out[engine] = [(r.completion_ids, r.stopped) for r in rollouts], list(sizes)
             assert out["lean"][0] == out["hf"][0], (name, seed)
             lean_sizes = out["lean"][1]
@@ -148,7 +149,8 @@ def test_lean_loop_with_per_completion_keys_equals_generate(model, tok, stops):
     """The per-completion sampler (grpo/models/sampling.py) is one of the caller's processors: same tokens on both."""
     keys = row_keys(0, 1, range(len(SAMPLES)), K)
     out = {engine: generate_rollouts(model, tok, SAMPLES, RolloutConfig(k=K, max_new_tokens=NEW, top_p=0.95,
-                                                                         engine=engine), stops, row_keys=keys)[0]
+                                                                         engine=engine), stops,
+                                     draw=Draw(row_keys=keys))[0]
            for engine in ("hf", "lean")}
     assert [r.completion_ids for r in out["lean"]] == [r.completion_ids for r in out["hf"]]
 
@@ -159,9 +161,9 @@ def test_deferred_stop_checks_change_nothing(model, tok, stops, monkeypatch):
     import grpo.models.decode
 
     rollout = RolloutConfig(k=K, max_new_tokens=NEW, engine="lean")
-    every_step = generate_rollouts(model, tok, SAMPLES, rollout, stops, generator_seed=1)[0]
+    every_step = generate_rollouts(model, tok, SAMPLES, rollout, stops, draw=Draw(generator_seed=1))[0]
     monkeypatch.setattr(grpo.models.decode, "_sync_every", lambda device: 3)
-    deferred = generate_rollouts(model, tok, SAMPLES, rollout, stops, generator_seed=1)[0]
+    deferred = generate_rollouts(model, tok, SAMPLES, rollout, stops, draw=Draw(generator_seed=1))[0]
     assert [(r.completion_ids, r.stopped) for r in deferred] == [(r.completion_ids, r.stopped) for r in every_step]
 
 
@@ -198,9 +200,9 @@ def test_the_lean_processors_carry_every_setting(model, tok, monkeypatch):
     seen = {}
     original = grpo.phases.rollout.decode
 
-    def spy(model, ids, mask, processors, **kw):
-        seen.update(processors=list(processors), **kw)
-        return original(model, ids, mask, processors, **kw)
+    def spy(model, ids, mask, processors, ending, **kw):
+        seen.update(processors=list(processors), ending=ending, **kw)
+        return original(model, ids, mask, processors, ending, **kw)
 
     monkeypatch.setattr(grpo.phases.rollout, "decode", spy)
     rollout = RolloutConfig(k=2, temperature=0.7, top_k=5, top_p=0.9, min_p=0.05, repetition_penalty=1.3,
@@ -213,7 +215,7 @@ def test_the_lean_processors_carry_every_setting(model, tok, monkeypatch):
     rep, min_new, penalty, _, temp, top_k, top_p, min_p = seen["processors"]
     assert (rep.penalty, min_new.min_new_tokens, min_new.eos_token_id.tolist()) == (1.3, 2, [4, 5])
     assert (penalty.presence, temp.temperature, top_k.top_k, top_p.top_p, min_p.min_p) == (0.2, 0.7, 5, 0.9, 0.05)
-    assert (seen["max_new_tokens"], seen["stop_ids"], seen["do_sample"]) == (6, [4, 5], True)
+    assert (seen["ending"].max_new_tokens, seen["ending"].stop_ids, seen["do_sample"]) == (6, [4, 5], True)
     # neutral values add nothing, as in generate; greedy drops the sampling warpers
     mask = torch.ones(1, 3, dtype=torch.long)
     neutral = RolloutConfig(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, repetition_penalty=1.0, min_new_tokens=0)
@@ -272,5 +274,6 @@ def test_sliding_window_models_decode_like_generate(tok):
     out = {}
     for engine in ("hf", "lean"):
         rollout = RolloutConfig(k=2, max_new_tokens=NEW, min_new_tokens=NEW, engine=engine)
-        out[engine] = [r.completion_ids for r in generate_rollouts(model, tok, SAMPLES, rollout, generator_seed=3)[0]]
+        out[engine] = [r.completion_ids
+                       for r in generate_rollouts(model, tok, SAMPLES, rollout, draw=Draw(generator_seed=3))[0]]
     assert out["lean"] == out["hf"]

@@ -142,7 +142,7 @@ def test_the_end_of_turn_token_stops_a_rollout_and_is_trained_on_though_it_is_al
 def test_the_lean_loop_with_fast_steps_decodes_what_generate_decodes(policy, do_sample, monkeypatch):
     import grpo.models.decode
     from grpo.config.settings import RolloutConfig
-    from grpo.phases.rollout import generate_rollouts, greedy_complete
+    from grpo.phases.rollout import Draw, generate_rollouts, greedy_complete
 
     made: list[str] = []
     shipped = grpo.models.decode.make_steps
@@ -153,7 +153,8 @@ def test_the_lean_loop_with_fast_steps_decodes_what_generate_decodes(policy, do_
     for engine in ("hf", "lean"):
         rollout_cfg = RolloutConfig(k=2, max_new_tokens=8, temperature=1.0, engine=engine)
         if do_sample:
-            rollouts, _ = generate_rollouts(policy.model, policy.tokenizer, samples, rollout_cfg, generator_seed=7)
+            rollouts, _ = generate_rollouts(policy.model, policy.tokenizer, samples, rollout_cfg,
+                                            draw=Draw(generator_seed=7))
         else:  # greedy: one completion per prompt, each prompt twice so rows still leave the batch midway
             rollouts, _ = greedy_complete(policy.model, policy.tokenizer, [s for s in samples for _ in range(2)],
                                           rollout_cfg)

@@ -7,6 +7,7 @@ from grpo.config.settings import ConfigError, ModelConfig, RolloutConfig
 from grpo.models.modeling import build_tiny_model, build_tiny_tokenizer
 from grpo.core.records import Rollout, Sample
 from grpo.phases.rollout import (
+    Draw,
     NAN_LOGIT,
     NEGINF_LOGIT,
     POSINF_LOGIT,
@@ -54,7 +55,7 @@ def greedy(model, tok, samples, **kw):
 
 def sample(model, tok, samples, seed, k=2, **kw):
     rollout = RolloutConfig(k=k, max_new_tokens=NEW, min_new_tokens=NEW, **kw)
-    return generate_rollouts(model, tok, samples, rollout, generator_seed=seed)[0]
+    return generate_rollouts(model, tok, samples, rollout, draw=Draw(generator_seed=seed))[0]
 
 
 def repeat(ids, k=2):

@@ -180,24 +180,36 @@ class LoopSwitches:
     """Prefill each distinct prompt once and repeat its cache for its K rows (`distinct_rows`)."""
 
 
+@dataclass(frozen=True)
+class Ending:
+    """When a decoded row ends and what fills it afterwards."""
+
+    max_new_tokens: int
+    """The most new tokens a row gets (rollout.max_new_tokens)."""
+    stop_ids: Sequence[int]
+    """Ids that end a row (kept as its last id)."""
+    pad_id: int
+    """Fills a row after its stop token, as `generate` pads it."""
+
+
 @torch.no_grad()
 def decode(model: torch.nn.Module, ids_BP: torch.LongTensor, mask_BP: torch.Tensor, processors: Sequence[Processor],
-           *, max_new_tokens: int, stop_ids: Sequence[int], pad_id: int, do_sample: bool,
-           switches: LoopSwitches = LoopSwitches()) -> torch.LongTensor:
-    """(B, P + n) prompt + completion ids, n ≤ max_new_tokens; rows that stopped are padded with `pad_id` after their
-    stop token, as `generate` pads them. The model must already be in eval mode with its KV cache on
-    (`grpo.models.modeling.generation_mode`); the torch RNG (seed it around the call) drives the sampler.
+           ending: Ending, *, do_sample: bool, switches: LoopSwitches = LoopSwitches()) -> torch.LongTensor:
+    """(B, P + n) prompt + completion ids, n ≤ ending.max_new_tokens; rows that stopped are padded with
+    `ending.pad_id` after their stop token, as `generate` pads them. The model must already be in eval mode with its
+    KV cache on (`grpo.models.modeling.generation_mode`); the torch RNG (seed it around the call) drives the sampler.
 
     On the CPU the result is `generate`'s, token for token. On an accelerator the loop may run up to 7 steps past the
     last stop (see `_sync_every`), which adds padding columns and draws more random numbers, nothing else."""
     from transformers import DynamicCache
 
+    max_new_tokens = ending.max_new_tokens
     if max_new_tokens < 1:
         raise ValueError(f"decode: max_new_tokens={max_new_tokens}; use at least 1")
     device = ids_BP.device
     B = ids_BP.shape[0]
-    stops = torch.tensor([int(i) for i in stop_ids], device=device)
-    pad = torch.tensor(int(pad_id), device=device)
+    stops = torch.tensor([int(i) for i in ending.stop_ids], device=device)
+    pad = torch.tensor(int(ending.pad_id), device=device)
     # `generate` drops an all-ones mask (the attention then takes its causal fast path); so does this loop, so the
     # logits are bit-identical to its own
     prefill_mask = None if bool(mask_BP.all()) else mask_BP.long()

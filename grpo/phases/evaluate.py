@@ -11,7 +11,7 @@ from grpo.core.recognition_measures import recognition_measures
 from grpo.core.records import Rollout, Sample, Scored
 from grpo.core.rule_graders import recognition_verdict
 from grpo.models.tokens import encode_prompt
-from grpo.phases.rollout import greedy_complete
+from grpo.phases.rollout import GREEDY, greedy_complete
 from grpo.phases.tools import ToolBox, tool_rollouts
 
 
@@ -38,7 +38,7 @@ def evaluate(model, tokenizer, samples_by_task: dict[str, Sequence[Sample]], rol
                                               stop_ids, system_prompt=system_prompt, synced_gpus=synced_gpus)
             else:
                 rollouts, _ = tool_rollouts(model, tokenizer, [samples[i] for i in batch], rollout, stop_ids,
-                                            tools=tools, greedy=True, system_prompt=system_prompt,
+                                            tools=tools, system_prompt=system_prompt, draw=GREEDY,
                                             synced_gpus=synced_gpus)
             by_index.update(zip(batch, score(rollouts), strict=True))
         scored = [by_index[i] for i in range(len(samples))]

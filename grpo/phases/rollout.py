@@ -17,12 +17,13 @@ from __future__ import annotations
 import contextlib
 import warnings
 from collections import defaultdict
+from dataclasses import dataclass
 from typing import Any, Iterator, Sequence
 
 import torch
 
 from grpo.config.settings import RolloutConfig
-from grpo.models.decode import decode, lean_blocker, sampling_processors
+from grpo.models.decode import Ending, decode, lean_blocker, sampling_processors
 from grpo.models.modeling import generation_mode
 from grpo.core.records import Rollout, Sample
 from grpo.models.tokens import encode_prompt, left_pad, stop_token_id
@@ -176,57 +177,53 @@ def choose_engine(model, engine: str, cache_implementation: str, synced_gpus: bo
     return "hf"
 
 
+@dataclass(frozen=True)
+class Draw:
+    """How one rollout call draws its completions; the run's sampling settings are its `rollout` section."""
+
+    greedy: bool = False
+    """One top-1 completion per sample (evaluation), with the dynamic cache: the sampling settings do not apply."""
+    per_sample: int | None = None
+    """Completions per sample; None = rollout.k (1 when greedy). 1 for a group split over processes, each sample then
+    standing for one completion of its group."""
+    generator_seed: int | None = None
+    """Seed the sampling RNG for this call only; None = the global torch RNG."""
+    row_keys: Sequence[int] | None = None
+    """One key per completion: each is drawn from its own random stream (grpo/models/sampling.py), so it does not
+    depend on the other prompts of the batch (data-parallel runs shard prompts over processes)."""
+
+    def k(self, rollout: RolloutConfig) -> int:
+        """Completions per sample."""
+        return 1 if self.greedy else self.per_sample or rollout.k  # rollout.k >= 2: RolloutConfig checks it
+
+
+GREEDY = Draw(greedy=True)
+"""The evaluation's draw: one top-1 completion per sample."""
+
+
 def generate_rollouts(model, tokenizer, samples: Sequence[Sample], rollout: RolloutConfig,
                       stop_ids: Sequence[int] | None = None, *, system_prompt: str | None = None,
-                      generator_seed: int | None = None, row_keys: Sequence[int] | None = None,
-                      synced_gpus: bool = False, per_sample: int | None = None,
-                      ) -> tuple[list[Rollout], dict[str, float]]:
-    """`rollout.k` sampled completions per sample (`per_sample` if given: 1 for a group split over processes, each
-    sample then standing for one completion of its group) from ONE batched decode (left padding, model in generation
-    mode, no grad), by `generate` or the lean loop (see `choose_engine`). `stop_ids`: the ids that end a completion (kept
-    as its last id; `grpo.run.setup_parts.stop_token_ids` resolves rollout.stop_strings); None = the tokenizer's
-    end-of-turn / EOS token.
+                      draw: Draw = Draw(), synced_gpus: bool = False) -> tuple[list[Rollout], dict[str, float]]:
+    """`draw.k(rollout)` completions per sample (rollout.k sampled ones, or one greedy one: see `Draw`) from ONE
+    batched decode (left padding, model in generation mode, no grad), by `generate` or the lean loop (see
+    `choose_engine`). `stop_ids`: the ids that end a completion (kept as its last id;
+    `grpo.run.setup_parts.stop_token_ids` resolves rollout.stop_strings); None = the tokenizer's end-of-turn / EOS
+    token.
 
     Returns the rollouts (samples[i]'s K rollouts at [i*K, (i+1)*K)) and metrics (see `rollout_metrics`, plus
-    `rollout/nonfinite_logit_rows`: sampler steps × rows whose logits the sanitiser had to fix). With
-    `generator_seed` the sampling RNG is seeded for this call only; otherwise the global torch RNG is used.
-    With `row_keys` (one per completion, see grpo/models/sampling.py) every completion is drawn from its own random stream,
-    so it does not depend on the other prompts of the batch (data-parallel runs shard prompts over processes).
+    `rollout/nonfinite_logit_rows`: sampler steps × rows whose logits the sanitiser had to fix).
     `synced_gpus`: keep decoding until every process is done (FSDP: each forward is a collective).
     """
-    return _complete(model, tokenizer, samples, rollout, stop_ids, greedy=False, system_prompt=system_prompt,
-                     generator_seed=generator_seed, row_keys=row_keys, synced_gpus=synced_gpus,
-                     per_sample=per_sample)
-
-
-def greedy_complete(model, tokenizer, samples: Sequence[Sample], rollout: RolloutConfig,
-                    stop_ids: Sequence[int] | None = None, *, system_prompt: str | None = None,
-                    synced_gpus: bool = False) -> tuple[list[Rollout], dict[str, float]]:
-    """One greedy (top-1) completion per sample (evaluation), with `rollout`'s length limits, repetition and
-    presence / frequency penalties and engine; its sampling settings do not apply.
-
-    Always with the dynamic cache: evaluation batches vary in size, and every new shape would recompile the static
-    cache's compiled decoding step."""
-    return _complete(model, tokenizer, samples, rollout, stop_ids, greedy=True, system_prompt=system_prompt,
-                     synced_gpus=synced_gpus)
-
-
-def _complete(model, tokenizer, samples: Sequence[Sample], rollout: RolloutConfig, stop_ids: Sequence[int] | None, *,
-              greedy: bool, system_prompt: str | None = None, generator_seed: int | None = None,
-              row_keys: Sequence[int] | None = None, synced_gpus: bool = False,
-              per_sample: int | None = None) -> tuple[list[Rollout], dict[str, float]]:
-    """`generate_rollouts` (greedy=False: rollout.k completions per sample, or `per_sample`) and `greedy_complete`
-    (greedy=True: one per sample, dynamic cache)."""
-    k = 1 if greedy else per_sample or rollout.k  # rollout.k >= 2: RolloutConfig checks it
+    k = draw.k(rollout)
     if not samples:
         raise ValueError("generate_rollouts: no samples given")
     stop_ids = [int(i) for i in stop_ids or ()] or [stop_token_id(tokenizer)]
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else stop_ids[0]
     prompts = [encode_prompt(tokenizer, s.messages, system_prompt) for s in samples]
     repeated = [p for p in prompts for _ in range(k)]
-    with _seeded(generator_seed, next(model.parameters()).device):
-        completions, rows_fixed = decode_rows(model, repeated, rollout, stop_ids, pad_id, greedy=greedy,
-                                              row_keys=row_keys, synced_gpus=synced_gpus)
+    with _seeded(draw.generator_seed, next(model.parameters()).device):
+        completions, rows_fixed = decode_rows(model, repeated, rollout, stop_ids, pad_id, greedy=draw.greedy,
+                                              row_keys=draw.row_keys, synced_gpus=synced_gpus)
 
     rollouts = []
     for row, (prompt, raw) in enumerate(zip(repeated, completions)):
@@ -237,6 +234,18 @@ def _complete(model, tokenizer, samples: Sequence[Sample], rollout: RolloutConfi
     metrics = rollout_metrics(rollouts)
     metrics["rollout/nonfinite_logit_rows"] = float(rows_fixed)
     return rollouts, metrics
+
+
+def greedy_complete(model, tokenizer, samples: Sequence[Sample], rollout: RolloutConfig,
+                    stop_ids: Sequence[int] | None = None, *, system_prompt: str | None = None,
+                    synced_gpus: bool = False) -> tuple[list[Rollout], dict[str, float]]:
+    """One greedy (top-1) completion per sample (evaluation), with `rollout`'s length limits, repetition and
+    presence / frequency penalties and engine; its sampling settings do not apply.
+
+    Always with the dynamic cache: evaluation batches vary in size, and every new shape would recompile the static
+    cache's compiled decoding step."""
+    return generate_rollouts(model, tokenizer, samples, rollout, stop_ids, system_prompt=system_prompt, draw=GREEDY,
+                             synced_gpus=synced_gpus)
 
 
 def decode_rows(model, rows: Sequence[Sequence[int]], rollout: RolloutConfig, stop_ids: Sequence[int], pad_id: int, *,
@@ -276,8 +285,8 @@ def decode_rows(model, rows: Sequence[Sequence[int]], rollout: RolloutConfig, st
         if engine == "lean":
             steps = sampling_processors(rollout, do_sample=do_sample, prompt_len=prompt_len, mask_BP=mask_BP,
                                         stop_ids=stop_ids, extra=processors)
-            sequences = decode(model, ids_BP, mask_BP, steps, max_new_tokens=rollout.max_new_tokens,
-                               stop_ids=stop_ids, pad_id=pad_id, do_sample=do_sample)
+            sequences = decode(model, ids_BP, mask_BP, steps, Ending(rollout.max_new_tokens, stop_ids, pad_id),
+                               do_sample=do_sample)
         else:
             out = model.generate(input_ids=ids_BP, attention_mask=mask_BP, generation_config=config,
                                  logits_processor=LogitsProcessorList(processors),

@@ -38,8 +38,7 @@ from grpo.grading.graders import GraderError, import_callable, importable_ref
 from grpo.models.sampling import splitmix64_int
 from grpo.models.tokens import SYSTEM_JOIN, _ids_from_template, _with_system, encode_prompt, stop_token_id
 from grpo.phases.environments import Environments, resolve_environment
-from grpo.phases.rollout import (_seeded, cut_completion, decode_rows, generate_rollouts, greedy_complete,
-                                 rollout_metrics)
+from grpo.phases.rollout import Draw, _seeded, cut_completion, decode_rows, generate_rollouts, rollout_metrics
 
 CUT_MARK = " …[cut]"
 """Appended to a tool result cut to rollout.max_tool_result_tokens, so the model can tell a cut result from a whole
@@ -371,14 +370,13 @@ def build_toolbox(rollout: RolloutConfig, tokenizer, callables: Mapping[str, Cal
 
 
 def sample_rollouts(model, tokenizer, samples: Sequence[Sample], rollout: RolloutConfig,
-                    stop_ids: Sequence[int] | None = None, *, tools: ToolBox | None = None, greedy: bool = False,
+                    stop_ids: Sequence[int] | None = None, *, tools: ToolBox | None = None,
                     **kwargs: Any) -> tuple[list[Rollout], dict[str, float]]:
-    """The run's rollouts: `tool_rollouts` when it has tools, else `generate_rollouts` (`greedy_complete` when
-    `greedy`), with the same keyword arguments. Without tools nothing changes: the same call as before."""
+    """The run's rollouts: `tool_rollouts` when it has tools, else `generate_rollouts`, with the same keyword
+    arguments (`draw`, `system_prompt`, `synced_gpus`). Without tools nothing changes: the same call as before."""
     if tools is not None:
-        return tool_rollouts(model, tokenizer, samples, rollout, stop_ids, tools=tools, greedy=greedy, **kwargs)
-    complete = greedy_complete if greedy else generate_rollouts
-    return complete(model, tokenizer, samples, rollout, stop_ids, **kwargs)
+        return tool_rollouts(model, tokenizer, samples, rollout, stop_ids, tools=tools, **kwargs)
+    return generate_rollouts(model, tokenizer, samples, rollout, stop_ids, **kwargs)
 
 
 def turn_keys(keys: Sequence[int] | None, turn: int) -> list[int] | None:
@@ -390,12 +388,11 @@ def turn_keys(keys: Sequence[int] | None, turn: int) -> list[int] | None:
 
 
 def tool_rollouts(model, tokenizer, samples: Sequence[Sample], rollout: RolloutConfig,
-                  stop_ids: Sequence[int] | None = None, *, tools: ToolBox, greedy: bool = False,
-                  system_prompt: str | None = None, generator_seed: int | None = None,
-                  row_keys: Sequence[int] | None = None, synced_gpus: bool = False,
-                  per_sample: int | None = None) -> tuple[list[Rollout], dict[str, float]]:
-    """`generate_rollouts` (or, `greedy`, one greedy trajectory per sample as `greedy_complete`) with tool turns;
-    `per_sample`: completions per sample instead of rollout.k (as generate_rollouts).
+                  stop_ids: Sequence[int] | None = None, *, tools: ToolBox, system_prompt: str | None = None,
+                  draw: Draw = Draw(), synced_gpus: bool = False) -> tuple[list[Rollout], dict[str, float]]:
+    """`generate_rollouts` with tool turns: `draw.k(rollout)` trajectories per sample, sampled (row keys: the first
+    reply's are `draw.row_keys`, later ones derived per turn) or, `draw.greedy`, one greedy trajectory per sample as
+    `greedy_complete`.
     Returns Rollouts whose completion is the whole trajectory (`model_mask`, `messages`, `tool_use` set; `text` is the
     last reply) and the rollout/ metrics plus tools/ (grpo.core.tool_calls.tool_metrics)."""
     if synced_gpus:
@@ -403,7 +400,7 @@ def tool_rollouts(model, tokenizer, samples: Sequence[Sample], rollout: RolloutC
                          "use train.sharding=none")
     if not samples:
         raise ValueError("tool_rollouts: no samples given")
-    k = 1 if greedy else per_sample or rollout.k
+    k, row_keys = draw.k(rollout), draw.row_keys
     stop_ids = [int(i) for i in stop_ids or ()] or [stop_token_id(tokenizer)]
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else stop_ids[0]
     envs: list[Any] = [None] * (len(samples) * k)
@@ -420,14 +417,14 @@ def tool_rollouts(model, tokenizer, samples: Sequence[Sample], rollout: RolloutC
     stopped = [False] * len(trajs)
     last = [""] * len(trajs)
     rows_fixed: torch.Tensor | int = 0
-    with _seeded(generator_seed, next(model.parameters()).device):
+    with _seeded(draw.generator_seed, next(model.parameters()).device):
         for turn in range(rollout.max_tool_turns + 1):
             active = [i for i, t in enumerate(trajs) if not t.done]
             if not active:
                 break
             keys = turn_keys(None if row_keys is None else [row_keys[i] for i in active], turn)
             raw, fixed = decode_rows(model, [repeated[i] + trajs[i].ids for i in active], rollout, stop_ids, pad_id,
-                                     greedy=greedy, row_keys=keys, synced_gpus=synced_gpus)
+                                     greedy=draw.greedy, row_keys=keys, synced_gpus=synced_gpus)
             rows_fixed = rows_fixed + fixed
             for i, new in zip(active, raw):
                 stopped[i], last[i] = _take_turn(trajs[i], new, turn, tokenizer, rollout, tools, stop_ids, envs[i])

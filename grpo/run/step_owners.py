@@ -42,7 +42,7 @@ from grpo.models.distributed import Dist
 from grpo.models.modeling import Policy, has_dropout, reference
 from grpo.models.sampling import row_keys
 from grpo.phases.batch import batch_logprobs, build_train_batch
-from grpo.phases.rollout import rollout_metrics
+from grpo.phases.rollout import Draw, rollout_metrics
 from grpo.phases.tools import ToolBox, sample_rollouts
 from grpo.phases.update import Learner, StepSettings, TaskGradientSurgery, train_step
 from grpo.run.setup_parts import build_optimizer, build_surgery, per_completion_sampling, shares_prompts
@@ -127,18 +127,17 @@ class Rollouts:
         if not self.split:
             everyone = self.sampler.next_batch(self.prompts_per_step * self.dist.world)
             mine = self.dist.share(len(everyone))
-            return self._sample(everyone[mine], self.keys(step, range(mine.start, mine.stop)))
+            return self._sample(everyone[mine], Draw(row_keys=self.keys(step, range(mine.start, mine.stop))))
         everyone, k = self.sampler.next_batch(self.prompts_per_step), self.rollout.k
         rows = completion_share(len(everyone), k, self.dist.world, self.dist.rank)
         keys = self.keys(step, range(len(everyone)))
-        return self._sample([everyone[row // k] for row in rows], None if keys is None else keys[rows.start:rows.stop],
-                            per_sample=1)
+        return self._sample([everyone[row // k] for row in rows],
+                            Draw(per_sample=1, row_keys=None if keys is None else keys[rows.start:rows.stop]))
 
-    def _sample(self, samples: Sequence[Sample], keys: list[int] | None,
-                **kwargs: Any) -> tuple[list[Rollout], dict[str, float]]:
+    def _sample(self, samples: Sequence[Sample], draw: Draw) -> tuple[list[Rollout], dict[str, float]]:
         # the system prompt (data.system_prompt) is already the first message of every sample
         out = sample_rollouts(self.policy.model, self.policy.tokenizer, samples, self.rollout, self.stop_ids,
-                              tools=self.toolbox, row_keys=keys, synced_gpus=self.dist.sharded, **kwargs)
+                              tools=self.toolbox, draw=draw, synced_gpus=self.dist.sharded)
         self.dist.reshard(self.policy.model)  # after every no-grad pass of a sharded model (see Dist.reshard)
         return out
 
@@ -162,8 +161,8 @@ class Rollouts:
             if round_ == 0:
                 return scored
             samples = self.sampler.next_batch(target)
-            rollouts, _ = self._sample(samples, self.keys(step, range(round_ * len(samples),
-                                                                      (round_ + 1) * len(samples))))
+            keys = self.keys(step, range(round_ * len(samples), (round_ + 1) * len(samples)))
+            rollouts, _ = self._sample(samples, Draw(row_keys=keys))
             more, extra = score(rollouts)
             for key, value in extra.items():  # scoring/* count this batch; the judge/* counters are cumulative
                 counts[key] = counts.get(key, 0) + value if key.startswith("scoring/") else value
