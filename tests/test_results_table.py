@@ -59,9 +59,36 @@ def test_the_docs_table_has_the_scripts_format():
 
 def test_the_demo_table_stands_in_one_place_that_write_targets():
     """The table moved from the README to docs/RESULTS.md (issue #40: the README leads a user in one screen); a copy
-    left behind would drift from the one --write rewrites."""
+    left behind would drift from the one --write rewrites. (The README's table of the tool preset has the same
+    columns and other tasks.)"""
     assert RT.TABLE_DOC == ROOT / "docs" / "RESULTS.md" and RT.HEADER in RT.TABLE_DOC.read_text().splitlines()
-    assert RT.HEADER not in (ROOT / "README.md").read_text()
+    readme = (ROOT / "README.md").read_text()
+    assert not any(f"| {seed} | {task} |" in readme for seed in RT.SEEDS for task in ("fairness", "hallucination"))
+
+
+TOOLS_RUNS = ROOT / "docs" / "runs" / "smollm2-tools"
+"""The kept records of `python grpo_train.py --preset smollm2-tools --seed N`, N = 0, 1, 2 (issue #41)."""
+
+
+def test_the_readme_tools_table_is_the_kept_runs_of_the_committed_preset():
+    """README's table of `--preset smollm2-tools` holds the rewards `scripts/results_table.py --runs` reads from the
+    kept run folders, and those runs are of the preset as committed (a changed preset without a rerun fails here)."""
+    from grpo.config import settings as C
+
+    runs = [TOOLS_RUNS / f"seed{seed}" for seed in RT.SEEDS]
+    readme = (ROOT / "README.md").read_text().splitlines()
+    start = readme.index(RT.HEADER)
+    end = next(i for i in range(start, len(readme) + 1) if i == len(readme) or not readme[i].startswith("|"))
+    committed = "\n".join(readme[start:end])
+    assert RT.rewards_only(committed) == RT.rewards_only(RT.table(runs))
+    for line in committed.splitlines()[2::2]:  # each seed's first row carries the run's wall time
+        seconds = int(line.rstrip(" |").rsplit("|", 1)[1].strip().removesuffix(" s"))
+        assert seconds <= 30 * 60, f"{line}: the issue's budget is 30 min a run on 2 CPU cores"
+    for seed, run in zip(RT.SEEDS, runs):
+        kept = json.loads((run / "config.json").read_text())
+        now = C.to_dict(C.load_config("smollm2-tools", [f"train.seed={seed}", f"train.run_name=seed{seed}",
+                                                         f"train.output_dir={kept['train']['output_dir']}"]))
+        assert json.loads(json.dumps(now)) == kept, f"{run}: not a run of the committed preset; rerun it"
 
 
 def test_rewards_differ_allows_two_prompts_and_no_more():
