@@ -508,3 +508,32 @@ def test_the_smollm2_tools_preset_runs_its_task_tool_and_grader_on_the_tiny_mode
     kept = [json.loads(x) for x in (run.run_dir / "evals" / "after_rl.jsonl").read_text().splitlines()]
     assert len(kept) == 8 and all(k["messages"][0]["role"] == "assistant" and "tool_calls" in k for k in kept)
     assert {k["task"] for k in kept} == {"products", "products_answer"}  # the second turn's rows: a task of their own
+
+
+def test_the_docs_trl_tools_script_runs_here_with_only_the_import_and_the_call_changed(tmp_path, monkeypatch):
+    """docs/CUSTOM_TASKS.md section 6: the TRL script's tool, reward function and rows, as the doc writes them, train
+    through the doc's grpo_train.train(...) call, as the doc writes it. Only the model is a tiny one built here, and
+    GRPOConfig gets max_steps=2 and short completions (its defaults train 3 epochs of 256 tokens)."""
+    import functools
+    import re
+
+    import trl
+
+    text = (Path(__file__).resolve().parents[1] / "docs" / "CUSTOM_TASKS.md").read_text()
+    blocks = re.findall(r"```python\n(.*?)```", text, re.S)
+    trl_script = next(b for b in blocks if "GRPOTrainer(" in b and "tools=[multiply]" in b)
+    ours = next(b for b in blocks if "grpo_train.train(" in b and "tools=[multiply]" in b)
+    shared, trl_only = trl_script.split("trainer = GRPOTrainer(")
+    assert "trainer.train()" in trl_only  # everything before the trainer is the user's code, run unchanged
+    tokenizer = build_tiny_tokenizer(CORPUS, vocab_size=320)
+    namespace = {"model": build_tiny_model(tokenizer, seed=3, hidden=64, layers=2, heads=4, kv_heads=2),
+                 "tokenizer": tokenizer}
+    exec(compile(shared, "docs/CUSTOM_TASKS.md", "exec"), namespace)
+    namespace["GRPOConfig"] = functools.partial(trl.GRPOConfig, output_dir=str(tmp_path / "run"), max_steps=2,
+                                                max_completion_length=12, report_to=[], use_cpu=True)
+    monkeypatch.chdir(tmp_path)
+    exec(compile(ours, "docs/CUSTOM_TASKS.md", "exec"), namespace)
+    run = namespace["run"]
+    assert run.step == 2 and run.rollouts.toolbox.names == ["multiply"]
+    rows = [json.loads(x) for x in (run.run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert sum("tools/calls_per_rollout" in r for r in rows) == 2
