@@ -328,6 +328,7 @@ def test_every_rollout_setting_is_read_by_the_code_it_configures(model, tok, sam
     stops = stop_token_ids(rollout, tok)
     generate_rollouts(model, tok, samples, rollout, stops)
     greedy_complete(model, tok, samples, rollout, stops)
+    generate_rollouts(model, tok, samples, Recording(k=2, max_new_tokens=3, engine="graph"), stops)  # fold_lora
     per_completion_sampling(rollout, Dist())
     assert build_toolbox(rollout, tok) is None  # rollout.tools / environment_factory: neither set, no toolbox
     unread = {f.name for f in dataclasses.fields(RolloutConfig)} - read

@@ -47,11 +47,18 @@ class RolloutConfig:
     benchmarks/RESULTS.md, `vs_trl.py --ours-cache static`). On CPU nothing is compiled and it is slower. Evaluation always
     uses the dynamic cache (its batch shapes vary)."""
     engine: str = "auto"
-    """auto | lean | hf: the decoding loop of rollouts and evaluation. lean (grpo/models/decode.py) samples exactly the
-    tokens transformers' generate samples (same processors, same random numbers; tested token for token) with less
-    Python per step, and drops finished completions from the batch. auto = lean unless the static cache, FSDP, a
-    model that prepares its own generation inputs (Phi-3, multimodal models) or a model generation_config field the
-    loop does not apply (bad_words_ids, no_repeat_ngram_size, ...) needs generate."""
+    """auto | lean | graph | hf: the decoding loop of rollouts and evaluation. lean (grpo/models/decode.py) samples
+    exactly the tokens transformers' generate samples (same processors, same random numbers; tested token for token)
+    with less Python per step, and drops finished completions from the batch. graph (grpo/models/graph_decode.py):
+    one fixed-shape decoding step with the sampler inside, compiled and, on CUDA, captured as a CUDA graph and
+    replayed per token (the Llama family; it samples with the per-row sampler of rollout.sampling_rng=per_completion,
+    its keys drawn from the torch RNG when the run has none). auto = graph on CUDA where it applies, else lean unless
+    the static cache, FSDP, a model that prepares its own generation inputs (Phi-3, multimodal models) or a model
+    generation_config field the loop does not apply (bad_words_ids, no_repeat_ngram_size, ...) needs generate."""
+    fold_lora: bool = True
+    """With rollout.engine=graph: add each LoRA layer's update into a copy of its weight for the rollout (one matmul
+    per projection per token instead of three; the copy is freed after it). Costs the adapted weights' size in memory
+    during rollouts; the training log-probs still run the adapter unfolded."""
     sampling_rng: str = "auto"
     """global | per_completion | auto. per_completion draws every completion from its own random stream keyed by
     (seed, step, prompt, k) (grpo/models/sampling.py), so it does not depend on the batch it was generated in: a run on N
@@ -121,9 +128,9 @@ class RolloutConfig:
                f"use 0 (off) or a token count in [1, max_new_tokens={self.max_new_tokens}]")
         _check(self.overlong_penalty_factor > 0, "rollout.overlong_penalty_factor", self.overlong_penalty_factor,
                "use a value > 0, e.g. 1.0")
-        _check(self.engine != "lean" or self.cache_implementation == "dynamic", "rollout.engine", self.engine,
-               "the lean loop keeps a dynamic KV cache; with rollout.cache_implementation=static use engine=auto "
-               "or hf")
+        _check(self.engine not in ("lean", "graph") or self.cache_implementation == "dynamic", "rollout.engine",
+               self.engine, f"the {self.engine} engine keeps its own KV cache; with rollout.cache_implementation=static "
+               "use engine=auto or hf")
 
 
 @dataclass

@@ -24,6 +24,14 @@ import torch
 
 from grpo.config.settings import RolloutConfig
 from grpo.models.decode import Ending, decode, lean_blocker, sampling_processors
+from grpo.models.graph_decode import (
+    PROMPT_BUCKET,
+    StepSampling,
+    decode_graph,
+    distinct_lists,
+    graph_blocker,
+    row_keys_from_rng,
+)
 from grpo.models.modeling import generation_mode
 from grpo.core.records import Rollout, Sample
 from grpo.models.tokens import encode_prompt, left_pad, stop_token_id
@@ -163,16 +171,26 @@ def rollout_metrics(rollouts: Sequence[Rollout]) -> dict[str, float]:
     return metrics
 
 
-def choose_engine(model, engine: str, cache_implementation: str, synced_gpus: bool) -> str:
-    """"lean" or "hf" for this call (`engine` is rollout.engine); an explicit "lean" that cannot apply is an error
-    naming why, never a silent switch."""
+def choose_engine(model, engine: str, cache_implementation: str, synced_gpus: bool, on_cuda: bool | None = None) -> str:
+    """"graph", "lean" or "hf" for this call (`engine` is rollout.engine); an explicit engine that cannot apply is an
+    error naming why, never a silent switch. auto: graph on CUDA where it applies (the step compiled and captured),
+    else lean where it applies, else hf; the static cache (generate's compiled decoding) is hf's."""
     if engine == "hf":
         return "hf"
     blocker = lean_blocker(model, cache_implementation, synced_gpus)
+    if engine in ("graph", "auto") and blocker is None:
+        graph = graph_blocker(model)
+        if on_cuda is None:
+            on_cuda = next(model.parameters()).device.type == "cuda"
+        if graph is None and (engine == "graph" or on_cuda):
+            return "graph"
+        if engine == "graph":
+            raise ValueError(f"rollout.engine=graph cannot decode here: {graph}. Use rollout.engine=auto (it picks "
+                             "the lean loop or transformers' generate in this case), lean or hf")
     if blocker is None:
         return "lean"
-    if engine == "lean":
-        raise ValueError(f"rollout.engine=lean cannot decode here: {blocker}. Use rollout.engine=auto (it picks "
+    if engine in ("lean", "graph"):
+        raise ValueError(f"rollout.engine={engine} cannot decode here: {blocker}. Use rollout.engine=auto (it picks "
                          "transformers' generate in this case) or rollout.engine=hf")
     return "hf"
 
@@ -256,6 +274,9 @@ def decode_rows(model, rows: Sequence[Sequence[int]], rollout: RolloutConfig, st
     RNG around it. Multi-turn rollouts (grpo/phases/tools.py) call it once per turn on the exact ids so far."""
     do_sample = not greedy
     cache_implementation = "dynamic" if greedy else rollout.cache_implementation
+    engine = choose_engine(model, rollout.engine, cache_implementation, synced_gpus)
+    if engine == "graph":
+        return _graph_rows(model, rows, rollout, stop_ids, pad_id, greedy=greedy, row_keys=row_keys)
     bucket = STATIC_PROMPT_BUCKET if cache_implementation == "static" else 1
     ids_BP, mask_BP = left_pad(rows, pad_id, multiple_of=bucket)
     prompt_len = int(ids_BP.shape[1])
@@ -270,8 +291,7 @@ def decode_rows(model, rows: Sequence[Sequence[int]], rollout: RolloutConfig, st
     if row_keys is not None and do_sample:
         from grpo.models.sampling import SeededSampler
 
-        if len(row_keys) != len(rows):
-            raise ValueError(f"generate_rollouts: {len(row_keys)} row keys for {len(rows)} completions")
+        _check_keys(row_keys, rows)
         # our sampler draws the token (warpers included); generate then only takes its one-hot argmax
         processors.append(SeededSampler(row_keys, prompt_len, rollout.temperature, rollout.top_k, rollout.top_p,
                                         rollout.min_p))
@@ -279,7 +299,6 @@ def decode_rows(model, rows: Sequence[Sequence[int]], rollout: RolloutConfig, st
     config = build_generation_config(rollout, pad_id, stop_ids, do_sample=do_sample,
                                      cache_implementation=cache_implementation)
     device = next(model.parameters()).device
-    engine = choose_engine(model, rollout.engine, cache_implementation, synced_gpus)
     with generation_mode(model), torch.no_grad():
         ids_BP, mask_BP = ids_BP.to(device), mask_BP.to(device)
         if engine == "lean":
@@ -293,3 +312,33 @@ def decode_rows(model, rows: Sequence[Sequence[int]], rollout: RolloutConfig, st
                                  **({"synced_gpus": True} if synced_gpus else {}))
             sequences = out if isinstance(out, torch.Tensor) else out.sequences
     return sequences[:, prompt_len:].tolist(), sanitizer.rows_fixed
+
+
+def _check_keys(row_keys: Sequence[int], rows: Sequence[Sequence[int]]) -> None:
+    if len(row_keys) != len(rows):
+        raise ValueError(f"generate_rollouts: {len(row_keys)} row keys for {len(rows)} completions")
+
+
+def _graph_rows(model, rows: Sequence[Sequence[int]], rollout: RolloutConfig, stop_ids: Sequence[int], pad_id: int, *,
+                greedy: bool, row_keys: Sequence[int] | None) -> tuple[list[list[int]], torch.Tensor]:
+    """`decode_rows` by the graph engine (grpo/models/graph_decode.py): prompts padded to its bucket, each distinct
+    prompt prefilled once, every sampling setting applied inside the step, the rows' sampler keys the run's or drawn
+    from the torch RNG."""
+    ids_BP, mask_BP = left_pad(rows, pad_id, multiple_of=PROMPT_BUCKET)
+    sampling = StepSampling(do_sample=not greedy, temperature=rollout.temperature, top_k=rollout.top_k,
+                            top_p=rollout.top_p, min_p=rollout.min_p, repetition_penalty=rollout.repetition_penalty,
+                            presence_penalty=rollout.presence_penalty, frequency_penalty=rollout.frequency_penalty,
+                            min_new_tokens=rollout.min_new_tokens, stop_ids=tuple(int(i) for i in stop_ids),
+                            pad_id=int(pad_id))
+    if greedy:
+        keys_B = torch.zeros(len(rows), dtype=torch.int64)
+    elif row_keys is not None:
+        _check_keys(row_keys, rows)
+        keys_B = torch.tensor(list(row_keys), dtype=torch.int64)
+    else:
+        keys_B = row_keys_from_rng(len(rows))
+    device = next(model.parameters()).device
+    with generation_mode(model), torch.no_grad():
+        new_BN, fixed = decode_graph(model, ids_BP.to(device), mask_BP.to(device), sampling, rollout.max_new_tokens,
+                                     keys_B, fold_lora=rollout.fold_lora, distinct=distinct_lists(rows))
+    return new_BN.tolist(), fixed

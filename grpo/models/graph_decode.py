@@ -1,0 +1,453 @@
+"""The graph engine (rollout.engine=graph): one decoding step of fixed shapes, with the sampler inside, compiled once
+and, on CUDA, captured as a CUDA graph per rollout and replayed for every token.
+
+    buffers    K_i, V_i (B, KVH, L, D) zeros, L = P̂ + N: the prompt padded on the left to P̂ (a multiple of
+               PROMPT_BUCKET, so shapes repeat from step to step) and N = max_new_tokens columns for the completion;
+               out_BN = pad; the step's column n = P̂ + t and t live in device tensors, not in Python
+    prefill    the model's own forward over the distinct prompt rows (an RL batch repeats each prompt K times), copied
+               into the buffers (row b from distinct row src_B[b]); its last logits start the loop
+    step t     scores_BV = logits_BV in fp32, then, in generate's order: repetition penalty (seen_BV: prompt and
+               completion tokens), min_new_tokens (stop ids at -inf while t < min_new_tokens), presence / frequency
+               penalties (counts_BV: completion tokens), the sanitiser (NaN / ±Inf rows made finite, counted on the
+               device), then with sampling the warpers temperature, top-k, top-p, min-p (transformers' own classes)
+               next_B = inverse_cdf(softmax(scores_BV), U(key_b, t))     (grpo/models/sampling.py, per row)
+                        argmax(scores_BV) when greedy
+               next_B = pad on rows that stopped;  out[:, t] = next_B;  running_B &= next_B ∉ stop_ids
+               logits_BV = the model on next_B at column n: per layer q, k, v from the layer's projections, rotary
+                           at each row's position, K_i[:, :, n] = k and V_i[:, :, n] = v written in place, attention
+                           over all L columns with the columns not yet written (and the prompt's padding) masked
+    stop       every row stopped (read from the device every SYNC_EVERY steps on an accelerator, every step on the
+               CPU, where a read costs nothing), or t = N − 1
+
+Nothing in the step reads a value back to the host, allocates a shape that depends on the data, or branches in Python
+on a tensor: it compiles as one graph (`torch.compile(fullgraph=True)`, tests/test_graph_decode.py checks with
+`torch._dynamo.explain`) and, on CUDA, is captured once per rollout (`torch.cuda.CUDAGraph`) and replayed N times,
+so a decoding step costs one graph launch instead of a Python-dispatched kernel launch per op. Stopped rows keep
+running (masked), so the shapes never change within a rollout.
+
+Sampling always goes through the batch-invariant sampler (one uniform per row and step from a counter-based hash):
+with rollout.sampling_rng=per_completion the rows' keys are the run's; otherwise each row's key is drawn from the
+torch RNG at the start of the call, so a seeded call is reproducible. The tokens are exact draws from the same
+distributions as `generate`'s, and, for the same keys, the same tokens as `generate` with the seeded sampler (tests).
+
+LoRA folded (rollout.fold_lora): a LoRA layer's update is added into a copy of its base weight for the rollout
+(W + scale · B A, in fp32 then rounded once to the weight's dtype), so a projection is one matmul per token instead of
+three; the copy is freed when the rollout ends. The log-probs the loss uses still come from the training forward
+(grpo/models/logprobs.py), which runs the adapter as it is. What the fold changes in the sampled tokens' log-probs is
+rounding: `python benchmarks/gpu_check.py` reports the largest difference (docs/PERFORMANCE.md).
+
+Applies where the lean loop's fast steps apply (the Llama family with sdpa or eager attention: `graph_blocker`).
+"""
+
+from __future__ import annotations
+
+import time
+import warnings
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+import torch
+import torch.nn.functional as F
+
+from grpo.models.model_calls import accepts_logits_to_keep, cache_kwarg, position_ids_from_mask, returned_cache
+from grpo.models.modeling import base_model
+from grpo.models.sampling import inverse_cdf_choice, warpers
+from grpo.models.steppers import fast_steps_blocker
+
+PROMPT_BUCKET = 64
+"""Prompts are left-padded to a multiple of this many columns, so the buffers (and the compiled step) take one of a
+few shapes over a run instead of a new one whenever the longest prompt changes. Padding is masked and positions come
+from the mask: the tokens are the same."""
+
+SYNC_EVERY = 16
+"""On an accelerator, decoding steps between host reads of "does any row still run" (each read waits for the queue to
+drain). At most SYNC_EVERY − 1 steps run after the last row stopped; they only write padding."""
+
+NEGINF = float("-inf")
+NAN_LOGIT, POSINF_LOGIT, NEGINF_LOGIT = -1e4, 1e4, -1e4
+"""The sanitiser's replacements (the same values as grpo/phases/rollout.py's SanitizeLogitsProcessor)."""
+
+PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+"""The linear layers of a Llama-family decoder layer that the step calls (and folds, when they carry LoRA)."""
+
+_ANNOUNCED: set[tuple] = set()
+
+
+def graph_blocker(model: torch.nn.Module) -> str | None:
+    """Why the graph engine cannot decode for `model` (None = it can)."""
+    blocker = fast_steps_blocker(model)
+    if blocker is not None:
+        return blocker
+    layer = base_model(model).model.layers[0]
+    if not all(hasattr(layer.self_attn, p) for p in PROJECTIONS[:4]) or not all(
+            hasattr(layer.mlp, p) for p in PROJECTIONS[4:]) or not hasattr(layer.mlp, "act_fn"):
+        return "its decoder layers are not the gated-MLP Llama block the graph step replays"
+    return None
+
+
+@dataclass(frozen=True)
+class StepSampling:
+    """The settings the step applies to the logits (each neutral value adds nothing, as in `generate`)."""
+
+    do_sample: bool
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+    min_p: float = 0.0
+    repetition_penalty: float = 1.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    min_new_tokens: int = 0
+    stop_ids: tuple[int, ...] = ()
+    pad_id: int = 0
+
+    @property
+    def warpers(self) -> list[Any]:
+        return warpers(self.temperature, self.top_k, self.top_p, self.min_p) if self.do_sample else []
+
+
+def lora_fold(module: torch.nn.Module) -> tuple[torch.Tensor, torch.Tensor | None] | None:
+    """(W + Σ_adapters scale · B A, bias) for a PEFT LoRA linear layer whose active adapters can be folded into its
+    weight (plain LoRA on a plain nn.Linear, not merged, adapters enabled), computed in fp32 and rounded once to the
+    weight's dtype; None for anything else (the step then calls the module itself)."""
+    base = getattr(module, "base_layer", None)
+    if base is None or type(base) is not torch.nn.Linear or not hasattr(module, "get_delta_weight"):
+        return None
+    if getattr(module, "merged", False) or getattr(module, "disable_adapters", False):
+        return None
+    active = [a for a in getattr(module, "active_adapters", ()) if a in getattr(module, "lora_A", {})]
+    if not active or any(getattr(module, "use_dora", {}).get(a, False) for a in active) or any(
+            getattr(module, "lora_bias", {}).get(a, False) for a in active):
+        return None
+    weight = base.weight.detach()
+    folded = weight.float()
+    for adapter in active:
+        folded = folded + module.get_delta_weight(adapter).detach().float()
+    return folded.to(weight.dtype), (None if base.bias is None else base.bias.detach())
+
+
+@dataclass
+class State:
+    """Every tensor the step reads or writes, allocated before the loop (a CUDA graph replays fixed addresses)."""
+
+    K: list[torch.Tensor]
+    V: list[torch.Tensor]
+    attend_BL: torch.Tensor      # bool: the prompt's real columns and every completion column
+    cols_L: torch.Tensor         # arange(L)
+    logits_BV: torch.Tensor      # the next token's logits (the model's dtype)
+    next_B: torch.Tensor         # the token the step feeds to the model
+    pos_B1: torch.Tensor         # its position
+    t: torch.Tensor              # 0-d: the decoding step
+    n: torch.Tensor              # 0-d: the buffer column the step writes (P̂ + t)
+    running_B: torch.Tensor
+    keys_B: torch.Tensor
+    out_BN: torch.Tensor
+    fixed: torch.Tensor          # 0-d: sampler steps × rows whose logits the sanitiser fixed
+    stops: torch.Tensor
+    seen_BV: torch.Tensor | None = None    # repetition penalty: tokens in the prompt or the completion
+    counts_BV: torch.Tensor | None = None  # presence / frequency penalties: completion token counts
+    folded: list[torch.Tensor] = field(default_factory=list)  # the folded weights, in `GraphStep.plan` order
+
+
+class GraphStep:
+    """The decoding step of one model, as a function of (State) only: built once per model and reused by every
+    rollout (its compiled form is cached by torch for the shapes it has seen)."""
+
+    def __init__(self, model: torch.nn.Module):
+        from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+        import sys
+
+        base = base_model(model)
+        self.model = model
+        self.decoder, self.head = base.model, base.lm_head
+        first = self.decoder.layers[0].self_attn
+        modeling = sys.modules[type(first).__module__]
+        self.rope = modeling.apply_rotary_pos_emb
+        self.attention = ALL_ATTENTION_FUNCTIONS.get_interface(base.config._attn_implementation,
+                                                               modeling.eager_attention_forward)
+        self.sdpa = base.config._attn_implementation == "sdpa"
+        self.plan: list[tuple[int, str, int | None]] = []  # (layer, projection, index into State.folded or None)
+        self.compiled: dict[tuple, Callable] = {}
+
+    def fold(self, enabled: bool) -> list[torch.Tensor]:
+        """The folded weights (and biases) this rollout's step reads; `self.plan` says which projection reads which.
+        Empty when folding is off or nothing carries LoRA."""
+        self.plan, tensors = [], []
+        for i, layer in enumerate(self.decoder.layers):
+            for name in PROJECTIONS:
+                module = getattr(layer.self_attn if name.endswith(("q_proj", "k_proj", "v_proj", "o_proj"))
+                                 else layer.mlp, name)
+                folded = lora_fold(module) if enabled else None
+                if folded is None:
+                    self.plan.append((i, name, None))
+                else:
+                    self.plan.append((i, name, len(tensors)))
+                    tensors.extend([folded[0]] + ([] if folded[1] is None else [folded[1]]))
+        return tensors
+
+    def _linear(self, layer_index: int, name: str, module: torch.nn.Module, x: torch.Tensor,
+                folded: list[torch.Tensor]) -> torch.Tensor:
+        slot = self.plan[layer_index * len(PROJECTIONS) + PROJECTIONS.index(name)][2] if self.plan else None
+        if slot is None:
+            return module(x)
+        bias = module.base_layer.bias
+        return F.linear(x, folded[slot], None if bias is None else folded[slot + 1])
+
+    # -- the step, as pure tensor code over the state ------------------------------------------------------------
+
+    def sample(self, s: State, sampling: StepSampling) -> None:
+        """Draw step t's token from s.logits_BV into s.out_BN[:, t] and s.next_B; update the running rows and the
+        penalty counts."""
+        scores_BV = s.logits_BV.float()
+        if s.seen_BV is not None:
+            penalty = sampling.repetition_penalty
+            penalised_BV = torch.where(scores_BV < 0, scores_BV * penalty, scores_BV / penalty)
+            scores_BV = torch.where(s.seen_BV, penalised_BV, scores_BV)
+        if sampling.min_new_tokens > 0:
+            is_stop_V = torch.isin(torch.arange(scores_BV.shape[-1], device=scores_BV.device), s.stops)
+            scores_BV = torch.where(is_stop_V & (s.t < sampling.min_new_tokens), NEGINF, scores_BV)
+        if s.counts_BV is not None:
+            scores_BV = (scores_BV - sampling.frequency_penalty * s.counts_BV
+                         - sampling.presence_penalty * (s.counts_BV > 0).to(scores_BV.dtype))
+        sum_B = scores_BV.sum(dim=-1)
+        bad_B = torch.isnan(sum_B) | (sum_B == float("inf"))
+        s.fixed.add_(bad_B.sum())
+        fixed_BV = torch.nan_to_num(scores_BV, nan=NAN_LOGIT, posinf=POSINF_LOGIT, neginf=NEGINF_LOGIT)
+        scores_BV = torch.where(bad_B[:, None], fixed_BV, scores_BV)
+        if sampling.do_sample:
+            for warp in sampling.warpers:
+                scores_BV = warp(None, scores_BV)
+            next_B = inverse_cdf_choice(scores_BV, s.keys_B, s.t)
+        else:
+            next_B = torch.argmax(scores_BV, dim=-1)
+        next_B = torch.where(s.running_B, next_B, sampling.pad_id)
+        s.out_BN.index_copy_(1, s.t.view(1), next_B[:, None])
+        s.running_B.logical_and_(~torch.isin(next_B, s.stops))
+        s.next_B.copy_(next_B)
+        if s.seen_BV is not None:
+            s.seen_BV.scatter_(1, next_B[:, None], True)
+        if s.counts_BV is not None:
+            s.counts_BV.scatter_add_(1, next_B[:, None], torch.ones_like(s.counts_BV[:, :1]))
+
+    def forward(self, s: State) -> None:
+        """The model on s.next_B at column s.n: its keys / values written in place, s.logits_BV the next logits."""
+        B = s.next_B.shape[0]
+        h = self.decoder.embed_tokens(s.next_B[:, None])  # (B, 1, H)
+        cos, sin = self.decoder.rotary_emb(h, position_ids=s.pos_B1)
+        attend_B11L = (s.attend_BL & (s.cols_L <= s.n))[:, None, None, :]
+        if self.sdpa:
+            mask = attend_B11L
+        else:
+            mask = torch.where(attend_B11L, 0.0, torch.finfo(h.dtype).min).to(h.dtype)
+        column = s.n.view(1)
+        for i, layer in enumerate(self.decoder.layers):
+            attn = layer.self_attn
+            x = layer.input_layernorm(h)
+            q = self._linear(i, "q_proj", attn.q_proj, x, s.folded).view(B, 1, -1, attn.head_dim)
+            k = self._linear(i, "k_proj", attn.k_proj, x, s.folded).view(B, 1, -1, attn.head_dim)
+            v = self._linear(i, "v_proj", attn.v_proj, x, s.folded).view(B, 1, -1, attn.head_dim).transpose(1, 2)
+            if hasattr(attn, "q_norm"):  # Qwen3: RMSNorm over each head's dimensions, before the rotation
+                q, k = attn.q_norm(q), attn.k_norm(k)
+            q, k = self.rope(q.transpose(1, 2), k.transpose(1, 2), cos, sin)
+            s.K[i].index_copy_(2, column, k)
+            s.V[i].index_copy_(2, column, v)
+            out, _ = self.attention(attn, q, s.K[i], s.V[i], mask, dropout=0.0, scaling=attn.scaling)
+            h = h + self._linear(i, "o_proj", attn.o_proj, out.reshape(B, 1, -1).contiguous(), s.folded)
+            x = layer.post_attention_layernorm(h)
+            mlp = layer.mlp
+            gated = mlp.act_fn(self._linear(i, "gate_proj", mlp.gate_proj, x, s.folded)) * self._linear(
+                i, "up_proj", mlp.up_proj, x, s.folded)
+            h = h + self._linear(i, "down_proj", mlp.down_proj, gated, s.folded)
+        s.logits_BV.copy_(self.head(self.decoder.norm(h))[:, -1])
+        s.pos_B1.add_(1)
+        s.n.add_(1)
+
+    def step(self, s: State, sampling: StepSampling) -> None:
+        """Sample token t, run the model on it, advance t: one replay of the graph."""
+        self.sample(s, sampling)
+        self.forward(s)
+        s.t.add_(1)
+
+
+def build_state(model: torch.nn.Module, ids_BP: torch.Tensor, mask_BP: torch.Tensor, keys_B: torch.Tensor,
+                sampling: StepSampling, max_new_tokens: int, folded: list[torch.Tensor],
+                distinct: tuple[list[int], list[int]] | None) -> State:
+    """Prefill the prompts (each distinct one once) and lay out every buffer of the loop."""
+    from transformers import DynamicCache
+
+    device = ids_BP.device
+    B, P = ids_BP.shape
+    L = P + max_new_tokens
+    pos_BP = position_ids_from_mask(mask_BP)
+    prefill_mask = None if bool(mask_BP.all()) else mask_BP.long()
+    first = None if distinct is None else torch.tensor(distinct[0], device=device)
+    src_B = None if distinct is None else torch.tensor(distinct[1], device=device)
+    pick = (lambda x: x) if first is None else (lambda x: x[first])
+    extra = {"logits_to_keep": 1} if accepts_logits_to_keep(model) else {}
+    out = model(input_ids=pick(ids_BP), attention_mask=None if prefill_mask is None else pick(prefill_mask),
+                position_ids=pick(pos_BP), **{cache_kwarg(model) or "past_key_values": DynamicCache(config=model.config)},
+                use_cache=True, **extra)
+    cache = returned_cache(out)
+    logits_BV = (out.logits[:, -1] if src_B is None else out.logits[src_B, -1]).clone()
+    del out
+    K, V = [], []
+    for layer in cache.layers:
+        keys, values = layer.keys, layer.values  # (U or B, KVH, P, D)
+        # zeros, not empty: the attention multiplies the masked columns' values by a weight of 0, and 0 · NaN of
+        # uninitialised memory would be NaN
+        Kb = keys.new_zeros(B, keys.shape[1], L, keys.shape[-1])
+        Vb = values.new_zeros(B, values.shape[1], L, values.shape[-1])
+        Kb[:, :, :P], Vb[:, :, :P] = (keys, values) if src_B is None else (keys[src_B], values[src_B])
+        K.append(Kb)
+        V.append(Vb)
+        layer.keys = layer.values = None  # one layer's prompt cache at a time on top of the buffers
+        del keys, values
+    V_size = logits_BV.shape[-1]
+    attend_BL = torch.cat([mask_BP.bool(), torch.ones(B, max_new_tokens, dtype=torch.bool, device=device)], dim=1)
+    seen_BV = None
+    if sampling.repetition_penalty != 1.0:  # the prompt's real tokens count as seen (left padding does not)
+        seen_BV = torch.zeros(B, V_size + 1, dtype=torch.bool, device=device)
+        seen_BV.scatter_(1, torch.where(mask_BP.bool(), ids_BP.clamp(max=V_size), V_size), True)
+        seen_BV = seen_BV[:, :V_size].contiguous()
+    counts_BV = None
+    if sampling.presence_penalty or sampling.frequency_penalty:
+        counts_BV = torch.zeros(B, V_size, dtype=torch.float32, device=device)
+    return State(K=K, V=V, attend_BL=attend_BL, cols_L=torch.arange(L, device=device), logits_BV=logits_BV,
+                 next_B=torch.full((B,), sampling.pad_id, dtype=torch.long, device=device),
+                 pos_B1=pos_BP[:, -1:] + 1, t=torch.zeros((), dtype=torch.long, device=device),
+                 n=torch.full((), P, dtype=torch.long, device=device),
+                 running_B=torch.ones(B, dtype=torch.bool, device=device), keys_B=keys_B.to(device),
+                 out_BN=torch.full((B, max_new_tokens), sampling.pad_id, dtype=torch.long, device=device),
+                 fixed=torch.zeros((), dtype=torch.long, device=device),
+                 stops=torch.tensor(list(sampling.stop_ids), dtype=torch.long, device=device),
+                 seen_BV=seen_BV, counts_BV=counts_BV, folded=folded)
+
+
+def _announce(key: tuple, message: str) -> None:
+    if key not in _ANNOUNCED:
+        _ANNOUNCED.add(key)
+        print(message, flush=True)
+
+
+def _compiled_step(graph: GraphStep, sampling: StepSampling, state: State, compile_step: bool) -> Callable[[State], None]:
+    """The step for these settings: `torch.compile(fullgraph=True)` of GraphStep.step when `compile_step`, else the
+    eager function."""
+    if not compile_step:
+        return lambda s: graph.step(s, sampling)
+    key = (sampling, state.out_BN.device.type, tuple(slot is not None for _, _, slot in graph.plan))
+    fn = graph.compiled.get(key)
+    if fn is None:
+        fn = torch.compile(lambda s: graph.step(s, sampling), fullgraph=True, dynamic=None)
+        graph.compiled[key] = fn
+    return fn
+
+
+class Captured:
+    """A CUDA graph of one step over `state`, captured after warm-up replays on a side stream (the compiled code
+    allocates its workspace there)."""
+
+    def __init__(self, fn: Callable[[State], None], state: State, warmup: int = 2):
+        self.graph = torch.cuda.CUDAGraph()
+        # what the warm-up steps change and the first real step reads; the KV buffers need no copy (a step writes its
+        # column before it attends to it, and the columns after it are masked)
+        mutable = [x for x in (state.logits_BV, state.next_B, state.pos_B1, state.t, state.n, state.running_B,
+                               state.out_BN, state.fixed, state.seen_BV, state.counts_BV) if x is not None]
+        snapshot = [x.clone() for x in mutable]
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            for _ in range(warmup):
+                fn(state)
+        torch.cuda.current_stream().wait_stream(stream)
+        with torch.cuda.graph(self.graph):
+            fn(state)
+        for x, saved in zip(mutable, snapshot):  # the warm-up steps ran (a capture runs nothing): undo them
+            x.copy_(saved)
+        del snapshot
+
+    def __call__(self, state: State) -> None:
+        self.graph.replay()
+
+
+def decode_graph(model: torch.nn.Module, ids_BP: torch.Tensor, mask_BP: torch.Tensor, sampling: StepSampling,
+                 max_new_tokens: int, keys_B: torch.Tensor, *, fold_lora: bool = True,
+                 distinct: tuple[list[int], list[int]] | None = None, compile_step: bool | None = None,
+                 capture: bool | None = None, graph: GraphStep | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(new_BN, fixed): the new ids of every row (n ≤ max_new_tokens columns, rows that stopped padded after their
+    stop token) and the sanitiser's count of fixed logit rows (a device tensor). The model must be in generation
+    mode (eval, no grad). `compile_step` / `capture` default to on for CUDA (compiled, then captured) and off on the
+    CPU (the eager step; the same function). `distinct`: (first_U, src_B) when rows repeat (prefill once each)."""
+    if max_new_tokens < 1:
+        raise ValueError(f"decode_graph: max_new_tokens={max_new_tokens}; use at least 1")
+    device = ids_BP.device
+    cuda = device.type == "cuda"
+    compile_step = cuda if compile_step is None else compile_step
+    capture = cuda if capture is None else capture and cuda
+    graph = graph or graph_step_for(model)
+    folded = graph.fold(fold_lora)
+    state = build_state(model, ids_BP, mask_BP, keys_B, sampling, max_new_tokens, folded, distinct)
+    B, L = state.attend_BL.shape
+    started = time.perf_counter()
+    step = _compiled_step(graph, sampling, state, compile_step)
+    if capture:
+        try:
+            step = Captured(step, state)
+        except Exception as err:  # noqa: BLE001 - any capture failure: replay nothing, run the same step uncaptured
+            warnings.warn(f"rollout.engine=graph: the CUDA graph capture failed ({type(err).__name__}: {err}); "
+                          "decoding with the step uncaptured (same tokens, slower)", RuntimeWarning, stacklevel=2)
+            step = _compiled_step(graph, sampling, state, compile_step)
+    sync_every = 1 if device.type == "cpu" else SYNC_EVERY
+    steps_run = max_new_tokens
+    for t in range(max_new_tokens - 1):
+        step(state)
+        if t == 0 and (compile_step or capture):
+            if cuda:
+                torch.cuda.synchronize(device)
+            _announce((B, L, device.type, compile_step, capture),
+                      f"graph engine: decoding step for {B} rows x {L} columns ready in "
+                      f"{time.perf_counter() - started:.1f} s (compiled: {compile_step}, CUDA graph: {capture}); "
+                      "later rollouts of this shape reuse it")
+        if (t + 1) % sync_every == 0 and not bool(state.running_B.any()):  # a host read: see SYNC_EVERY
+            steps_run = t + 1
+            break
+    else:
+        graph.sample(state, sampling)  # the last token: nothing is run on it
+    new_BN = state.out_BN[:, :steps_run]
+    return new_BN, state.fixed
+
+
+_GRAPHS: "dict[int, GraphStep]" = {}
+
+
+def graph_step_for(model: torch.nn.Module) -> GraphStep:
+    """The GraphStep of `model` (one per model object, so its compiled steps are reused across rollouts)."""
+    import weakref
+
+    key = id(model)
+    graph = _GRAPHS.get(key)
+    if graph is None or graph.model is not model:
+        graph = GraphStep(model)
+        _GRAPHS[key] = graph
+        weakref.finalize(model, _GRAPHS.pop, key, None)
+    return graph
+
+
+def distinct_lists(rows: Sequence[Sequence[int]]) -> tuple[list[int], list[int]] | None:
+    """(first_U, src_B) for rows that repeat (an RL batch holds each prompt K times): first_U[u] is the first row of
+    the u-th distinct row, src_B[b] the distinct row that row b repeats; None when every row is distinct. Read from
+    the host's lists, before anything is on the device."""
+    seen: dict[tuple[int, ...], int] = {}
+    first: list[int] = []
+    src: list[int] = []
+    for b, row in enumerate(rows):
+        u = seen.setdefault(tuple(row), len(first))
+        if u == len(first):
+            first.append(b)
+        src.append(u)
+    return None if len(first) == len(src) else (first, src)
+
+
+def row_keys_from_rng(B: int) -> torch.Tensor:
+    """One sampler key per row drawn from the torch RNG (seed it around the call): what the graph engine samples
+    with when the run gives no per-completion keys."""
+    return torch.randint(0, 2 ** 62, (B,), dtype=torch.int64)

@@ -1,0 +1,326 @@
+"""The graph engine (grpo/models/graph_decode.py): one fixed-shape decoding step with the sampler inside. It samples
+what transformers' generate samples with the same per-row sampler, its step gives the model's logits, it compiles as
+one graph with no break, it reads nothing back to the host, and LoRA folded for the rollout changes only rounding."""
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config, Qwen3Config
+
+from grpo.config.settings import ConfigError, RolloutConfig
+from grpo.core.records import Sample
+from grpo.models import graph_decode as G
+from grpo.models.modeling import build_tiny_model, build_tiny_tokenizer, generation_mode
+from grpo.models.sampling import row_keys
+from grpo.models.tokens import left_pad
+from grpo.phases.rollout import Draw, choose_engine, generate_rollouts, greedy_complete
+
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
+CORPUS = ["the answer is yes", "the answer is no", "who was more likely to forget the keys?"] * 5
+NEW = 16
+K = 4
+SAMPLES = [Sample("fairness", str(i), ({"role": "user", "content": text},))
+           for i, text in enumerate(["who forgot?", "the answer is a much longer one than this", "no", "keys"])]
+SETTINGS = {
+    "plain": {},
+    "warpers": {"temperature": 0.7, "top_k": 20, "top_p": 0.9, "min_p": 0.02, "repetition_penalty": 1.3,
+                "min_new_tokens": 3},
+    "penalties": {"temperature": 1.5, "presence_penalty": 0.5, "frequency_penalty": 0.3, "repetition_penalty": 0.8},
+}
+SYNC_OPS = {"_local_scalar_dense", "nonzero", "masked_select", "unique", "_unique2", "equal", "is_nonzero", "item"}
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return build_tiny_tokenizer(CORPUS, vocab_size=300)
+
+
+@pytest.fixture(scope="module", params=["sdpa", "eager"])
+def model(request, tok):
+    model = build_tiny_model(tok, seed=3, hidden=64, layers=2, heads=4, kv_heads=2)
+    model.set_attn_implementation(request.param)
+    return model
+
+
+@pytest.fixture(scope="module")
+def stops(model, tok):
+    """The three tokens the model samples most: as stop ids they end completions at many different lengths."""
+    rollout = RolloutConfig(k=K, max_new_tokens=NEW, engine="hf")
+    rollouts, _ = generate_rollouts(model, tok, SAMPLES, rollout, [tok.pad_token_id], draw=Draw(generator_seed=0))
+    ids, counts = torch.tensor([t for r in rollouts for t in r.completion_ids]).unique(return_counts=True)
+    return ids[counts.argsort(descending=True)[:3]].tolist()
+
+
+def completions(model, tok, engine, stops, settings, keys=None, seed=0, greedy=False):
+    rollout = RolloutConfig(k=K, max_new_tokens=NEW, engine=engine, **settings)
+    if greedy:
+        rollouts, metrics = greedy_complete(model, tok, SAMPLES, rollout, stops)
+    else:
+        rollouts, metrics = generate_rollouts(model, tok, SAMPLES, rollout, stops,
+                                              draw=Draw(generator_seed=seed, row_keys=keys))
+    return [(r.completion_ids, r.stopped) for r in rollouts], metrics
+
+
+@pytest.mark.parametrize("name", sorted(SETTINGS))
+def test_the_graph_engine_samples_what_generate_samples(model, tok, stops, name):
+    """The same per-row sampler keys: the graph engine's tokens are generate's (with the seeded sampler) and the lean
+    loop's, row for row, rows stopping at many lengths, every sampling setting applied inside the step."""
+    lengths = set()
+    for step in range(3):
+        keys = row_keys(7, step, range(len(SAMPLES)), K)
+        out = {engine: completions(model, tok, engine, stops, SETTINGS[name], keys=keys)[0]
+               for engine in ("hf", "lean", "graph")}
+        assert out["graph"] == out["hf"] == out["lean"], (name, step)
+        lengths |= {len(ids) for ids, _ in out["graph"]}
+    assert len(lengths) > 2
+
+
+def test_greedy_graph_decoding_is_generates(model, tok, stops):
+    assert completions(model, tok, "graph", stops, {}, greedy=True)[0] == completions(
+        model, tok, "hf", stops, {}, greedy=True)[0]
+
+
+def test_without_run_keys_each_row_draws_its_key_from_the_seeded_rng(model, tok, stops):
+    """rollout.sampling_rng=global: the graph engine's rows take their keys from the torch RNG, so a seeded call
+    repeats itself and another seed draws other completions; the outer RNG state is left as it was."""
+    state = torch.get_rng_state()
+    first, _ = completions(model, tok, "graph", stops, {}, seed=5)
+    assert torch.equal(torch.get_rng_state(), state)
+    assert completions(model, tok, "graph", stops, {}, seed=5)[0] == first
+    assert completions(model, tok, "graph", stops, {}, seed=6)[0] != first
+
+
+def test_nonfinite_logits_are_fixed_and_counted_on_the_device(tok, stops):
+    """A model whose logits hold NaN on one row: the sanitiser inside the step makes them finite (every draw a real
+    token) and counts the row, as the lean loop's processor does."""
+    model = build_tiny_model(tok, seed=3, hidden=64, layers=2, heads=4, kv_heads=2)
+    model.set_attn_implementation("sdpa")
+    head = model.lm_head
+    handle = head.register_forward_hook(lambda m, args, out: torch.where(
+        torch.arange(out.shape[0])[:, None, None] == 0, torch.full_like(out, float("nan")), out))
+    try:
+        out = {engine: completions(model, tok, engine, stops, {}, keys=row_keys(0, 1, range(4), K))
+               for engine in ("lean", "graph")}
+    finally:
+        handle.remove()
+    assert out["graph"][0] == out["lean"][0]
+    assert out["graph"][1]["rollout/nonfinite_logit_rows"] == out["lean"][1]["rollout/nonfinite_logit_rows"] > 0
+
+
+V = 97
+SIZES = dict(vocab_size=V, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+             num_key_value_heads=2, max_position_embeddings=256)
+ARCHS = {
+    "llama": lambda: LlamaConfig(**SIZES),
+    "llama3-rope": lambda: LlamaConfig(**SIZES, rope_scaling={"rope_type": "llama3", "factor": 8.0,
+                                                              "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                                                              "original_max_position_embeddings": 32}),
+    "qwen2": lambda: Qwen2Config(**SIZES),
+    "qwen3": lambda: Qwen3Config(**SIZES, head_dim=16),
+}
+
+
+def build(arch: str, attn: str = "sdpa", dtype=torch.float32) -> torch.nn.Module:
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        model = AutoModelForCausalLM.from_config(ARCHS[arch](), attn_implementation=attn, dtype=dtype)
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.data.uniform_(0.5, 1.5)
+    return model.eval()
+
+
+def padded_prompts(B: int = 4, P: int = 9) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(1)
+    rows = [torch.randint(1, V, (P - w,), generator=g).tolist() for w in [0, 3, 1, 5][:B]]
+    return left_pad(rows, 0, multiple_of=G.PROMPT_BUCKET)
+
+
+def step_logits(model, ids_BP, mask_BP, fed_BT, sampling=None, fold=False, compiled=None) -> list[torch.Tensor]:
+    """The graph step's logits after feeding the tokens of `fed_BT` one column at a time (the sampler draws, then
+    the fed token replaces its draw)."""
+    sampling = sampling or G.StepSampling(do_sample=False, stop_ids=(V + 5,), pad_id=0)
+    graph = G.GraphStep(model)
+    with generation_mode(model), torch.no_grad():
+        state = G.build_state(model, ids_BP, mask_BP, torch.arange(ids_BP.shape[0]), sampling, fed_BT.shape[1] + 1,
+                              graph.fold(fold), None)
+        logits = [state.logits_BV.clone()]
+        for t in range(fed_BT.shape[1]):
+            graph.sample(state, sampling)
+            state.next_B.copy_(fed_BT[:, t])
+            (compiled or graph.forward)(state)
+            state.t.add_(1)
+            logits.append(state.logits_BV.clone())
+    return logits
+
+
+def forward_logits(model, ids_BP, mask_BP, fed_BT) -> list[torch.Tensor]:
+    """The model's whole forward over prompt + fed tokens: the logits after each column."""
+    ids = torch.cat([ids_BP, fed_BT], dim=1)
+    mask = torch.cat([mask_BP, torch.ones_like(fed_BT)], dim=1)
+    pos = (mask.cumsum(-1) - 1).clamp(min=0)
+    with torch.no_grad():
+        logits = model(input_ids=ids, attention_mask=mask, position_ids=pos).logits
+    P = ids_BP.shape[1]
+    return [logits[:, P - 1 + t] for t in range(fed_BT.shape[1] + 1)]
+
+
+@pytest.mark.parametrize("arch", sorted(ARCHS))
+def test_the_step_gives_the_forwards_logits(arch):
+    """Every column the step computes (keys / values written in place at its column, the not yet written columns
+    masked) gives the logits of the model's own forward over the whole sequence: Llama, Llama 3 rope scaling, Qwen2's
+    biased projections, Qwen3's per-head norms."""
+    model = build(arch)
+    ids_BP, mask_BP = padded_prompts()
+    fed_BT = torch.randint(1, V, (4, 6), generator=torch.Generator().manual_seed(2))
+    for t, (a, b) in enumerate(zip(step_logits(model, ids_BP, mask_BP, fed_BT),
+                                   forward_logits(model, ids_BP, mask_BP, fed_BT))):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-5, msg=lambda m: f"{arch} column {t}: {m}")
+
+
+def lora_model(arch: str = "llama", dtype=torch.float32):
+    from peft import LoraConfig, get_peft_model
+
+    model = get_peft_model(build(arch, dtype=dtype), LoraConfig(
+        r=4, lora_alpha=8, target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj",
+                                           "down_proj"]))
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "lora_B" in name:
+                p.uniform_(-0.3, 0.3)
+    return model.eval()
+
+
+def test_lora_folded_for_the_rollout_changes_only_rounding():
+    """Each LoRA layer's update added into a copy of its weight: the step's logits are the adapter's (fp32, 1e-5),
+    differ from the base model's, every projection of every layer is folded, and the model's own weights are left
+    exactly as they were."""
+    model = lora_model()
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    ids_BP, mask_BP = padded_prompts()
+    fed_BT = torch.randint(1, V, (4, 5), generator=torch.Generator().manual_seed(2))
+    folded = step_logits(model, ids_BP, mask_BP, fed_BT, fold=True)
+    graph = G.GraphStep(model)
+    assert len(graph.fold(True)) == 7 * 2 and all(slot is not None for _, _, slot in graph.plan)
+    assert graph.fold(False) == [] and all(slot is None for _, _, slot in graph.plan)
+    unfolded = step_logits(model, ids_BP, mask_BP, fed_BT, fold=False)
+    forward = forward_logits(model, ids_BP, mask_BP, fed_BT)
+    for a, b, c in zip(folded, unfolded, forward):
+        torch.testing.assert_close(a, c, rtol=0, atol=1e-5)
+        torch.testing.assert_close(b, c, rtol=0, atol=1e-5)
+    with model.disable_adapter():
+        base = forward_logits(model, ids_BP, mask_BP, fed_BT)
+        assert graph.fold(True) == [] and all(slot is None for _, _, slot in graph.plan)  # adapters off
+    assert (folded[-1] - base[-1]).abs().max() > 1e-2
+    assert all(torch.equal(p, before[n]) for n, p in model.named_parameters())
+
+
+def test_lora_folded_in_bf16_moves_log_probs_by_rounding_only():
+    """In bf16 the folded weight is rounded once: the sampled tokens' log-probs move by rounding, well under the
+    noise of a bf16 forward (the figure for a real model: benchmarks/gpu_check.py)."""
+    model = lora_model(dtype=torch.bfloat16)
+    ids_BP, mask_BP = padded_prompts()
+    fed_BT = torch.randint(1, V, (4, 8), generator=torch.Generator().manual_seed(2))
+    folded = step_logits(model, ids_BP, mask_BP, fed_BT, fold=True)
+    unfolded = step_logits(model, ids_BP, mask_BP, fed_BT, fold=False)
+    diff = max((torch.log_softmax(a.float(), -1) - torch.log_softmax(b.float(), -1)).abs().max().item()
+               for a, b in zip(folded[1:], unfolded[1:]))
+    assert 0 < diff < 0.1
+
+
+class CountOps(torch.utils._python_dispatch.TorchDispatchMode):
+    def __init__(self):
+        super().__init__()
+        self.ops: list[str] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.ops.append(func.overloadpacket.__name__)
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("name", sorted(SETTINGS))
+def test_a_decoding_step_reads_nothing_back_to_the_host(model, tok, name):
+    """No op of the step brings a value to the host (`.item()`, `nonzero`, ...): nothing stalls a GPU's launch queue,
+    and the step can be captured as a CUDA graph."""
+    rollout = RolloutConfig(**SETTINGS[name])
+    sampling = G.StepSampling(do_sample=True, temperature=rollout.temperature, top_k=rollout.top_k,
+                              top_p=rollout.top_p, min_p=rollout.min_p,
+                              repetition_penalty=rollout.repetition_penalty,
+                              presence_penalty=rollout.presence_penalty, frequency_penalty=rollout.frequency_penalty,
+                              min_new_tokens=rollout.min_new_tokens, stop_ids=(3, 4), pad_id=tok.pad_token_id)
+    ids_BP, mask_BP = left_pad([[5, 6, 7], [8, 9]], tok.pad_token_id, multiple_of=G.PROMPT_BUCKET)
+    graph = G.GraphStep(model)
+    with generation_mode(model), torch.no_grad():
+        state = G.build_state(model, ids_BP, mask_BP, torch.arange(2), sampling, 8, graph.fold(True), None)
+        with CountOps() as counted:
+            for _ in range(3):
+                graph.step(state, sampling)
+    assert len(counted.ops) > 50 and not SYNC_OPS & set(counted.ops), sorted(SYNC_OPS & set(counted.ops))
+
+
+def test_the_step_compiles_as_one_graph_that_samples_what_generate_samples(tok):
+    """`torch.compile(fullgraph=True)` of the step: one graph, no break (torch._dynamo.explain); the compiled step's
+    logits equal the eager step's within 1e-5; decoding with it gives generate's tokens (fp32, the same keys)."""
+    model = build_tiny_model(tok, seed=3, hidden=64, layers=2, heads=4, kv_heads=2)
+    model.set_attn_implementation("sdpa")
+    settings = dict(SETTINGS["warpers"], presence_penalty=0.2)
+    rollout = RolloutConfig(k=K, max_new_tokens=NEW, **settings)
+    sampling = G.StepSampling(do_sample=True, temperature=rollout.temperature, top_k=rollout.top_k,
+                              top_p=rollout.top_p, min_p=rollout.min_p,
+                              repetition_penalty=rollout.repetition_penalty,
+                              presence_penalty=rollout.presence_penalty, frequency_penalty=rollout.frequency_penalty,
+                              min_new_tokens=rollout.min_new_tokens, stop_ids=(3, 4), pad_id=tok.pad_token_id)
+    ids_BP, mask_BP = left_pad([[5, 6, 7], [8, 9], [10, 11, 12, 13]], tok.pad_token_id, multiple_of=G.PROMPT_BUCKET)
+    graph = G.graph_step_for(model)
+    with generation_mode(model), torch.no_grad():
+        state = G.build_state(model, ids_BP, mask_BP, torch.arange(3), sampling, 8, graph.fold(True), None)
+        explained = torch._dynamo.explain(lambda s: graph.step(s, sampling))(state)
+    assert (explained.graph_count, explained.graph_break_count) == (1, 0), explained.break_reasons
+    torch._dynamo.reset()
+
+    def run(compiled: bool) -> list[torch.Tensor]:
+        with generation_mode(model), torch.no_grad():
+            state = G.build_state(model, ids_BP, mask_BP, torch.arange(3), sampling, 8, graph.fold(True), None)
+            step = G._compiled_step(graph, sampling, state, compiled)
+            logits = []
+            for _ in range(6):
+                step(state)
+                logits.append(state.logits_BV.clone())
+            return logits + [state.out_BN.clone()]
+
+    eager, compiled = run(False), run(True)
+    for a, b in zip(eager[:-1], compiled[:-1]):
+        torch.testing.assert_close(b, a, rtol=0, atol=1e-5)
+    assert torch.equal(eager[-1], compiled[-1])
+    # the whole engine with the compiled step: generate's tokens
+    import grpo.phases.rollout
+
+    keys = row_keys(3, 1, range(len(SAMPLES)), K)
+    shipped = grpo.phases.rollout.decode_graph
+    try:
+        grpo.phases.rollout.decode_graph = lambda *a, **kw: shipped(*a, **kw, compile_step=True)
+        out = generate_rollouts(model, tok, SAMPLES, rollout.__class__(**{**rollout.__dict__, "engine": "graph"}),
+                                [3, 4], draw=Draw(row_keys=keys))[0]
+    finally:
+        grpo.phases.rollout.decode_graph = shipped
+    hf = generate_rollouts(model, tok, SAMPLES, rollout.__class__(**{**rollout.__dict__, "engine": "hf"}), [3, 4],
+                           draw=Draw(row_keys=keys))[0]
+    assert [r.completion_ids for r in out] == [r.completion_ids for r in hf]
+
+
+def test_the_engine_choice(model, tok):
+    """graph where it is asked for and applies; auto picks it on CUDA only (the CPU keeps the lean loop, which is
+    faster there); a model it cannot replay is refused by name under graph, and auto falls back."""
+    assert choose_engine(model, "graph", "dynamic", synced_gpus=False) == "graph"
+    assert choose_engine(model, "auto", "dynamic", synced_gpus=False) == "lean"
+    assert choose_engine(model, "auto", "dynamic", synced_gpus=False, on_cuda=True) == "graph"
+    assert choose_engine(model, "auto", "static", synced_gpus=False, on_cuda=True) == "hf"
+    with pytest.raises(ValueError, match="FSDP"):
+        choose_engine(model, "graph", "dynamic", synced_gpus=True)
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    gpt2 = GPT2LMHeadModel(GPT2Config(vocab_size=len(tok), n_embd=32, n_layer=1, n_head=2))
+    with pytest.raises(ValueError, match="rollout.engine=graph cannot decode here: GPT2LMHeadModel"):
+        choose_engine(gpt2, "graph", "dynamic", synced_gpus=False)
+    assert choose_engine(gpt2, "auto", "dynamic", synced_gpus=False, on_cuda=True) == "lean"
+    with pytest.raises(ConfigError, match="rollout.engine"):
+        RolloutConfig(engine="graph", cache_implementation="static")
