@@ -52,9 +52,9 @@ from grpo.run.report import build_report, format_report
 from grpo.run.fingerprints import input_fingerprints
 from grpo.run.run_folder import discarded_if_unstarted, expand_home, prepare_run_dir, release_run_dir
 from grpo.run.exits import USER_ERRORS, interrupted, user_error
-from grpo.run.setup_parts import (build_trackers, check_sharding, check_task_entries, choose_device, fit_prompts,
-                                  load_samples, parse_task_mix, policy_from_config, reward_specs, seed_everything,
-                                  split_by_task, stop_token_ids, with_epochs)
+from grpo.run.setup_parts import (build_trackers, check_sharding, check_task_entries, choose_device, choose_lora_fold,
+                                  fit_prompts, load_samples, parse_task_mix, policy_from_config, reward_specs,
+                                  seed_everything, split_by_task, stop_token_ids, with_epochs)
 from grpo.run.signals import Interrupted, StopRequest, signals_raise
 from grpo.run.state import Run
 from grpo.run.step_owners import Rollouts, Scoring, StepTimer, Updater, prompt_copies
@@ -122,6 +122,7 @@ def setup(cfg: C.Config, *, callables: Mapping[str, Callable[..., Any]] | None =
         corpus = [s.messages[-1]["content"] for s in rows.every] + [s.target for s in rows.every if s.target]
         policy = policy_from_config(cfg.model, device, corpus, seed=cfg.train.seed, loaded=model)
         train_rows, heldout = fit_prompts(train_rows, heldout, policy, cfg.data, cfg.rollout, dist.is_main)
+        choose_lora_fold(cfg, policy, device, dist.is_main)  # rollout.fold_lora=auto on a GPU: from the estimate
         cfg = with_epochs(cfg, train_rows, draws, dist.is_main)  # train.num_epochs: the steps from the rows
         if policy.grad_scaler is not None and cfg.multi.combine != "sum":
             raise C.ConfigError(f"multi.combine={cfg.multi.combine!r} needs bf16 or fp32 weights: the per-task "
@@ -233,7 +234,7 @@ def pass_at_k_phase(run: Run) -> dict[str, float]:
 def rl_step(run: Run, step: int) -> dict[str, float]:
     """One RL step: sample → roll out → score → batch → update → log. The owners (grpo/run/step_owners.py) hold the
     state; each phase's wall time is time/<phase>."""
-    timer = StepTimer()
+    timer = StepTimer(run.device)
     with timer("generate"):  # this process's share of the step's prompts, K completions each
         rollouts, metrics = run.rollouts.generate(step)
     with timer("reward"):

@@ -119,7 +119,8 @@ class _StepStats:
 
     def add(self, loss: torch.Tensor, parts: dict[str, torch.Tensor], task_ids_B: torch.Tensor) -> None:
         mask = parts["mask_BT"]
-        onehot_BN = torch.nn.functional.one_hot(task_ids_B, self.kl.numel()).to(mask.dtype)
+        # (no one_hot: it reads the ids' range back to the host to check it)
+        onehot_BN = (task_ids_B[:, None] == torch.arange(self.kl.numel(), device=task_ids_B.device)).to(mask.dtype)
         self.kl += onehot_BN.T @ (parts["kl_BT"] * mask).sum(1)
         self.kl_k1 += onehot_BN.T @ (parts["kl_k1_BT"] * mask).sum(1)
         self.entropy += onehot_BN.T @ (parts["entropy_BT"] * mask).sum(1)
@@ -145,19 +146,24 @@ class _StepStats:
                     else torch.stack(vs).mean() / dist.world
                 self.scalars[k] = [dist.reduce(value.reshape(1).clone(), op)[0]]
         tok = self.tokens.clamp(min=1)
-        kl, kl_k1, ent = (torch.stack([self.kl, self.kl_k1, self.entropy]) / tok).tolist()  # one host sync
-        out = {"loss/total": self.loss.item(), "loss/policy_token_mean": (self.pg / tok.sum()).item()}
+        names = list(self.scalars)
+        reduced = [(stacked.max() if k.endswith("_max") else stacked.min() if k.endswith("_min") else stacked.mean())
+                   for k, stacked in ((k, torch.stack(self.scalars[k])) for k in names)]
+        n = len(tasks)
+        head = [self.loss, self.pg / tok.sum()] + ([self.entropy.sum() / tok.sum()] if overall else [])
+        values = torch.cat([torch.stack([self.kl, self.kl_k1, self.entropy]).div(tok).flatten(), self.tokens,
+                            torch.stack(head + reduced).float()]).tolist()  # the pass's one host sync
+        kl, kl_k1, ent, tokens, rest = values[:n], values[n:2 * n], values[2 * n:3 * n], values[3 * n:4 * n], \
+            values[4 * n:]
+        out = {"loss/total": rest[0], "loss/policy_token_mean": rest[1]}
         if overall:  # the token-weighted mean entropy over every task (what adaptive entropy control measures)
-            out["entropy/all"] = (self.entropy.sum() / tok.sum()).item()
+            out["entropy/all"] = rest[2]
         for i, t in enumerate(tasks):
-            if self.tokens[i] > 0:
+            if tokens[i] > 0:
                 out[f"kl/{t}"] = kl[i]
                 out[f"kl_k1/{t}"] = kl_k1[i]
                 out[f"entropy/{t}"] = ent[i]
-        for k, vs in self.scalars.items():
-            stacked = torch.stack(vs)
-            out[k] = (stacked.max() if k.endswith("_max") else stacked.min() if k.endswith("_min")
-                      else stacked.mean()).item()
+        out.update(zip(names, rest[len(head):]))
         return out
 
 
