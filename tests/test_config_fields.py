@@ -67,6 +67,8 @@ BAD: list[tuple[str, Any, dict[str, Any]]] = [
     ("rollout.min_p", 1.0, {}),
     ("rollout.repetition_penalty", 0.0, {}),
     ("rollout.sampling_rng", "thread", {}),
+    ("rollout.fold_lora", "yes", {}),
+    ("rollout.engine", "graph", {"rollout.cache_implementation": "static"}),
     ("rollout.engine", "lean", {"rollout.cache_implementation": "static"}),
     ("rollout.engine", "vllm", {}),
     ("rollout.cache_implementation", "paged", {}),

@@ -318,3 +318,50 @@ def test_cli_live_mode():
         assert "GPU 0 " in out.stdout or "pip install nvidia-ml-py" in out.stdout
     else:
         assert "No CUDA GPU visible (torch.cuda.is_available() is False); nothing to report." in out.stdout
+
+
+# ------------------------------------------------------------------------------------------ the graph engine
+def test_graph_generation_bytes_by_hand():
+    """The graph engine's generation phase (grpo/models/graph_decode.py): KV buffers of the bucketed prompt + new
+    tokens, the prefill's cache of the distinct prompts, their one-layer temporaries, the sampler's buffers, and the
+    folded LoRA copy only when asked."""
+    g = estimate(tiny_inputs(graph_decode=True, k=3)).phases["generation"]
+    # 3 rows × (5 → 64 bucketed + 3) columns × 2 layers × 2 (K and V) × kvo 4 × 2 bytes
+    assert g["KV buffers (bucketed prompt + new tokens)"] == 3 * 67 * 2 * 2 * 4 * 2
+    # one distinct prompt (3 rows, K 3) of 5 tokens, all layers; its prefill's one-layer peak over 5 tokens
+    assert g["prefill cache (distinct prompts)"] == 1 * 5 * 2 * 2 * 4 * 2
+    assert g["prefill temporaries (1 layer)"] == 5 * 224
+    # logits (2 bytes) + 4 fp32 temporaries + 1 byte of seen-token mask per row and vocabulary entry
+    assert g["sampler buffers"] == 3 * 10 * (2 + 4 * 4 + 1)
+    assert "folded LoRA weights (rollout copy)" not in g
+    folded = estimate(tiny_inputs(graph_decode=True, k=3, fold_lora=True)).phases["generation"]
+    # every adapted linear once more, in the weights' dtype: the 1152 decoder linear parameters × 2 bytes
+    assert folded["folded LoRA weights (rollout copy)"] == 1152 * 2
+    qlora = estimate(tiny_inputs(graph_decode=True, fold_lora=True, load_in_4bit=True)).phases["generation"]
+    assert "folded LoRA weights (rollout copy)" not in qlora  # 4-bit weights are not folded
+
+
+def test_fold_auto_folds_only_where_the_peak_stays():
+    """rollout.fold_lora=auto on a GPU: Llama-3-8B's 13 GiB copy would raise the seed config's peak, so it is not
+    folded; a 2-layer LoRA model's copy fits under its training peak, so it is; the estimate follows the choice,
+    and rollout.fold_lora=off is a fix the estimator offers."""
+    from grpo.run.memory_inputs import fold_keeps_peak, inputs_from_config, lora_fold_choice
+
+    keeps, without, folded = fold_keeps_peak(llama_inputs(graph_decode=True))
+    copy = estimate(llama_inputs(graph_decode=True, fold_lora=True)).phases["generation"][
+        "folded LoRA weights (rollout copy)"]
+    assert copy / GIB == pytest.approx(13.0, abs=0.05)  # the 7 linears of 32 layers, 6.98e9 parameters × 2 bytes
+    assert not keeps and folded > without + 10
+    assert fold_keeps_peak(tiny_inputs(graph_decode=True, micro_batch_seqs=8))[0]
+    cfg = _cfg_stand_in()
+    cfg.rollout.fold_lora = "auto"
+    fold, why = lora_fold_choice(cfg, (9, 0))
+    assert not fold and "raise the step's estimated peak" in why
+    assert not inputs_from_config(cfg).fold_lora
+    cfg.rollout.fold_lora = "on"
+    x = inputs_from_config(cfg)
+    assert x.graph_decode and x.fold_lora
+    fixes = cheapest_fixes(x, 30, n=3)
+    assert fixes and fixes[0].startswith("rollout.fold_lora=off") and _peak_of(fixes[0]) < 30
+    cfg.rollout.engine = "lean"
+    assert not inputs_from_config(cfg).graph_decode and not inputs_from_config(cfg).fold_lora

@@ -76,7 +76,7 @@ VOCAB_ROWS_GIB = 128_256 * 4 * 2 / 2**30
 
 CLAIMS = [
     # the defaults (fused LM head and shared prompts on)
-    ("estimate is {19.6} GiB, its generation phase now the peak (training {18.3} GiB, from {20.4})",
+    ("estimate is {18.7} GiB, its generation phase now the peak (training {18.3} GiB, from {20.4})",
      [peak(), phase("training"), peak(*OFF)]),
     ("llama3-8b-dual --set model.gradient_checkpointing=false` gives {37.0} GiB ({68.6} GiB with",
      [peak(NO_CKPT), peak(NO_CKPT, "model.shared_prompt_forward=off")]),
@@ -92,7 +92,7 @@ CLAIMS = [
     ("unquantised); peak {14.3} GiB", [peak(*OFF, QLORA)]),
     ("({10.3} GiB peak without that upcast)", [lambda: estimator(*OFF, QLORA, kbit_fp32_upcast=False)["peak"]]),
     ("| {68.6} → {20.4} GiB: keeps each layer's input", [peak(*OFF, NO_CKPT), peak(*OFF)]),
-    ("8 → 4 sequences: {18.6} GiB (generation, {19.6}, becomes the peak)",
+    ("8 → 4 sequences: {18.6} GiB (generation, {18.7}, becomes the peak)",
      [phase("training", *OFF, "train.prompts_per_micro_step=1", "train.grad_accum=4"),
       phase("generation", *OFF, "train.prompts_per_micro_step=1", "train.grad_accum=4")]),
     ("K=8 → {24.0} GiB", [peak(*OFF, "rollout.k=8")]),
@@ -114,13 +114,13 @@ CLAIMS = [
       peak("model.fused_lm_head=false", NO_CKPT)]),
     ("= 60 GiB before activations: {82} GiB, does not fit 80 GiB", [peak(*OFF, "model.lora=false")]),
     # the estimates table (the preset as it is)
-    ("| LoRA bf16, gradient checkpointing (the preset) | {19.6} GiB (generation) | fits, +{20.0} GiB | fits, +{60.4} GiB |",
+    ("| LoRA bf16, gradient checkpointing (the preset) | {18.7} GiB (generation) | fits, +{20.9} GiB | fits, +{61.3} GiB |",
      [peak(), headroom(gpu="a100-40"), headroom(gpu="a100-80")]),
     ("| LoRA bf16, no checkpointing | {37.0} GiB (training) | fits, +{2.6} GiB | fits, +{43.0} GiB |",
      [peak(NO_CKPT), headroom(NO_CKPT, gpu="a100-40"), headroom(NO_CKPT, gpu="a100-80")]),
-    ("| QLoRA nf4, gradient checkpointing | {13.4} GiB (generation) | fits, +{26.2} GiB | fits, +{66.6} GiB |",
+    ("| QLoRA nf4, gradient checkpointing | {12.3} GiB (generation) | fits, +{27.3} GiB | fits, +{67.7} GiB |",
      [peak(QLORA), headroom(QLORA, gpu="a100-40"), headroom(QLORA, gpu="a100-80")]),
-    ("that second copy's {14.96} GiB on top of the\nestimator's {19.6} GiB for this trainer makes about {34.6} GiB",
+    ("that second copy's {14.96} GiB on top of the\nestimator's {18.7} GiB for this trainer makes about {33.7} GiB",
      [WEIGHTS, peak(), lambda: tool()["peak"] + tool()["part"][("persistent", "base weights")]]),
     # the H100 check of the formulas (logits path, both off)
     ("19.44 GiB ({20.38} with slack)", [phase("training", *OFF)]),

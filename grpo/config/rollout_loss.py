@@ -55,10 +55,12 @@ class RolloutConfig:
     its keys drawn from the torch RNG when the run has none). auto = graph on CUDA where it applies, else lean unless
     the static cache, FSDP, a model that prepares its own generation inputs (Phi-3, multimodal models) or a model
     generation_config field the loop does not apply (bad_words_ids, no_repeat_ngram_size, ...) needs generate."""
-    fold_lora: bool = True
-    """With rollout.engine=graph: add each LoRA layer's update into a copy of its weight for the rollout (one matmul
-    per projection per token instead of three; the copy is freed after it). Costs the adapted weights' size in memory
-    during rollouts; the training log-probs still run the adapter unfolded."""
+    fold_lora: str = "auto"
+    """auto | on | off. With the graph engine: add each LoRA layer's update into a copy of its weight for the rollout
+    (one matmul per projection per token instead of three; the copy is freed after it; the training log-probs still
+    run the adapter unfolded). The copy costs the adapted weights' size during rollouts: auto folds where that does
+    not raise the step's estimated peak memory (check_gpu_memory.py's estimate; always on the CPU), on folds where
+    the copy fits in the free memory, off never folds."""
     sampling_rng: str = "auto"
     """global | per_completion | auto. per_completion draws every completion from its own random stream keyed by
     (seed, step, prompt, k) (grpo/models/sampling.py), so it does not depend on the batch it was generated in: a run on N
@@ -124,6 +126,7 @@ class RolloutConfig:
                    f"use a value in [-{MAX_LOGIT_PENALTY:g}, {MAX_LOGIT_PENALTY:g}] (0 = off; OpenAI's range is "
                    "[-2, 2]): a penalty that large already decides every repeat, a larger one only overflows")
         _one_of("rollout.sampling_rng", self.sampling_rng, ("auto", "global", "per_completion"))
+        _one_of("rollout.fold_lora", self.fold_lora, ("auto", "on", "off"))
         _check(0 <= self.overlong_buffer <= self.max_new_tokens, "rollout.overlong_buffer", self.overlong_buffer,
                f"use 0 (off) or a token count in [1, max_new_tokens={self.max_new_tokens}]")
         _check(self.overlong_penalty_factor > 0, "rollout.overlong_penalty_factor", self.overlong_penalty_factor,

@@ -73,6 +73,12 @@ PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "
 _ANNOUNCED: set[tuple] = set()
 
 
+def sync_every(device: torch.device) -> int:
+    """Decoding steps between host reads of "does any row still run": every step on the CPU (a read costs nothing
+    there, and stopping at once saves steps), SYNC_EVERY on an accelerator."""
+    return 1 if device.type == "cpu" else SYNC_EVERY
+
+
 def graph_blocker(model: torch.nn.Module) -> str | None:
     """Why the graph engine cannot decode for `model` (None = it can)."""
     blocker = fast_steps_blocker(model)
@@ -126,6 +132,33 @@ def lora_fold(module: torch.nn.Module) -> tuple[torch.Tensor, torch.Tensor | Non
     return folded.to(weight.dtype), (None if base.bias is None else base.bias.detach())
 
 
+FOLD_HEADROOM = 0.2
+"""Share of the device's memory that must stay free after the folded copies are made (the KV buffers and the step's
+workspace come after them)."""
+
+
+def fold_fits(modules: Sequence[tuple[int, str, torch.nn.Module]]) -> bool:
+    """Whether the folded copies of the LoRA layers among `modules` fit in the free device memory with FOLD_HEADROOM
+    of the device left (always on the CPU). A no warns once, naming what it would take."""
+    weights = [m.base_layer.weight for _, _, m in modules if getattr(m, "base_layer", None) is not None
+               and hasattr(m, "lora_A")]
+    if not weights or weights[0].device.type != "cuda":
+        return True
+    need = sum(w.numel() * w.element_size() for w in weights)
+    free, total = torch.cuda.mem_get_info(weights[0].device)
+    free += torch.cuda.memory_reserved(weights[0].device) - torch.cuda.memory_allocated(weights[0].device)  # cached
+    if need <= free - FOLD_HEADROOM * total:
+        return True
+    key = ("fold", weights[0].device.index, need)
+    if key not in _ANNOUNCED:
+        _ANNOUNCED.add(key)
+        warnings.warn(f"rollout.fold_lora: folding the LoRA layers for the rollout needs {need / 2**30:.1f} GiB, and "
+                      f"{free / 2**30:.1f} GiB of {total / 2**30:.1f} are free; decoding with the adapters unfolded "
+                      "(the same tokens up to rounding, slower). rollout.fold_lora=off silences this",
+                      RuntimeWarning, stacklevel=3)
+    return False
+
+
 @dataclass
 class State:
     """Every tensor the step reads or writes, allocated before the loop (a CUDA graph replays fixed addresses)."""
@@ -168,21 +201,30 @@ class GraphStep:
         self.sdpa = base.config._attn_implementation == "sdpa"
         self.plan: list[tuple[int, str, int | None]] = []  # (layer, projection, index into State.folded or None)
         self.compiled: dict[tuple, Callable] = {}
+        self.fold_auto: bool | None = None
+        """What rollout.fold_lora=auto does for this model, decided once by the run (grpo/run/setup_parts.py:
+        `lora_fold_choice`, from the memory estimate); None = not decided: fold where the copies fit."""
+
+    def modules(self) -> list[tuple[int, str, torch.nn.Module]]:
+        """(layer, projection, module) of every projection the step calls, in `plan` order."""
+        return [(i, name, getattr(layer.self_attn if name in PROJECTIONS[:4] else layer.mlp, name))
+                for i, layer in enumerate(self.decoder.layers) for name in PROJECTIONS]
 
     def fold(self, enabled: bool) -> list[torch.Tensor]:
         """The folded weights (and biases) this rollout's step reads; `self.plan` says which projection reads which.
-        Empty when folding is off or nothing carries LoRA."""
+        Empty when folding is off, nothing carries LoRA, or (on CUDA) the copies would not fit in the free memory
+        with FOLD_HEADROOM to spare: the step then runs the adapters as they are (a warning says so, once)."""
+        modules = self.modules()
+        if enabled and not fold_fits(modules):
+            enabled = False
         self.plan, tensors = [], []
-        for i, layer in enumerate(self.decoder.layers):
-            for name in PROJECTIONS:
-                module = getattr(layer.self_attn if name.endswith(("q_proj", "k_proj", "v_proj", "o_proj"))
-                                 else layer.mlp, name)
-                folded = lora_fold(module) if enabled else None
-                if folded is None:
-                    self.plan.append((i, name, None))
-                else:
-                    self.plan.append((i, name, len(tensors)))
-                    tensors.extend([folded[0]] + ([] if folded[1] is None else [folded[1]]))
+        for i, name, module in modules:
+            folded = lora_fold(module) if enabled else None
+            if folded is None:
+                self.plan.append((i, name, None))
+            else:
+                self.plan.append((i, name, len(tensors)))
+                tensors.extend([folded[0]] + ([] if folded[1] is None else [folded[1]]))
         return tensors
 
     def _linear(self, layer_index: int, name: str, module: torch.nn.Module, x: torch.Tensor,
@@ -279,12 +321,13 @@ def build_state(model: torch.nn.Module, ids_BP: torch.Tensor, mask_BP: torch.Ten
     B, P = ids_BP.shape
     L = P + max_new_tokens
     pos_BP = position_ids_from_mask(mask_BP)
-    prefill_mask = None if bool(mask_BP.all()) else mask_BP.long()
+    # the mask is passed even when nothing is padded (no host read to find out): transformers then drops it itself
+    prefill_mask = mask_BP.long()
     first = None if distinct is None else torch.tensor(distinct[0], device=device)
     src_B = None if distinct is None else torch.tensor(distinct[1], device=device)
     pick = (lambda x: x) if first is None else (lambda x: x[first])
     extra = {"logits_to_keep": 1} if accepts_logits_to_keep(model) else {}
-    out = model(input_ids=pick(ids_BP), attention_mask=None if prefill_mask is None else pick(prefill_mask),
+    out = model(input_ids=pick(ids_BP), attention_mask=pick(prefill_mask),
                 position_ids=pick(pos_BP), **{cache_kwarg(model) or "past_key_values": DynamicCache(config=model.config)},
                 use_cache=True, **extra)
     cache = returned_cache(out)
@@ -370,13 +413,14 @@ class Captured:
 
 
 def decode_graph(model: torch.nn.Module, ids_BP: torch.Tensor, mask_BP: torch.Tensor, sampling: StepSampling,
-                 max_new_tokens: int, keys_B: torch.Tensor, *, fold_lora: bool = True,
+                 max_new_tokens: int, keys_B: torch.Tensor, *, fold_lora: str = "auto",
                  distinct: tuple[list[int], list[int]] | None = None, compile_step: bool | None = None,
                  capture: bool | None = None, graph: GraphStep | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """(new_BN, fixed): the new ids of every row (n ≤ max_new_tokens columns, rows that stopped padded after their
     stop token) and the sanitiser's count of fixed logit rows (a device tensor). The model must be in generation
     mode (eval, no grad). `compile_step` / `capture` default to on for CUDA (compiled, then captured) and off on the
-    CPU (the eager step; the same function). `distinct`: (first_U, src_B) when rows repeat (prefill once each)."""
+    CPU (the eager step; the same function). `distinct`: (first_U, src_B) when rows repeat (prefill once each).
+    `fold_lora`: rollout.fold_lora (auto: `GraphStep.fold_auto`)."""
     if max_new_tokens < 1:
         raise ValueError(f"decode_graph: max_new_tokens={max_new_tokens}; use at least 1")
     device = ids_BP.device
@@ -384,7 +428,7 @@ def decode_graph(model: torch.nn.Module, ids_BP: torch.Tensor, mask_BP: torch.Te
     compile_step = cuda if compile_step is None else compile_step
     capture = cuda if capture is None else capture and cuda
     graph = graph or graph_step_for(model)
-    folded = graph.fold(fold_lora)
+    folded = graph.fold(fold_lora == "on" or (fold_lora == "auto" and graph.fold_auto is not False))
     state = build_state(model, ids_BP, mask_BP, keys_B, sampling, max_new_tokens, folded, distinct)
     B, L = state.attend_BL.shape
     started = time.perf_counter()
@@ -396,7 +440,7 @@ def decode_graph(model: torch.nn.Module, ids_BP: torch.Tensor, mask_BP: torch.Te
             warnings.warn(f"rollout.engine=graph: the CUDA graph capture failed ({type(err).__name__}: {err}); "
                           "decoding with the step uncaptured (same tokens, slower)", RuntimeWarning, stacklevel=2)
             step = _compiled_step(graph, sampling, state, compile_step)
-    sync_every = 1 if device.type == "cpu" else SYNC_EVERY
+    every = sync_every(device)
     steps_run = max_new_tokens
     for t in range(max_new_tokens - 1):
         step(state)
@@ -407,7 +451,7 @@ def decode_graph(model: torch.nn.Module, ids_BP: torch.Tensor, mask_BP: torch.Te
                       f"graph engine: decoding step for {B} rows x {L} columns ready in "
                       f"{time.perf_counter() - started:.1f} s (compiled: {compile_step}, CUDA graph: {capture}); "
                       "later rollouts of this shape reuse it")
-        if (t + 1) % sync_every == 0 and not bool(state.running_B.any()):  # a host read: see SYNC_EVERY
+        if (t + 1) % every == 0 and not bool(state.running_B.any()):  # a host read: see SYNC_EVERY
             steps_run = t + 1
             break
     else:

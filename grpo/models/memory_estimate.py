@@ -206,6 +206,13 @@ class EstimateInputs:
     """Under load_in_4bit, peft `prepare_model_for_kbit_training` (called by grpo/models/modeling.py) upcasts every
     non-quantised param (embeddings, norms, lm_head) to fp32, and bnb Linear4bit returns its input's dtype, so the
     residual stream, KV cache and logits become fp32 too."""
+    graph_decode: bool = False
+    """Rollouts by the graph engine (rollout.engine=graph, or auto on CUDA for the Llama family): the KV buffers are
+    laid out once at the bucketed prompt + new tokens, the prefill's cache is copied into them, and the sampler keeps
+    (rows, vocab) buffers; False = the lean loop's growing cache."""
+    fold_lora: bool = False
+    """With graph_decode and LoRA (not 4-bit): each adapted weight folded into a copy for the rollout
+    (rollout.fold_lora)."""
     cuda_overhead_gb: float = DEFAULT_CUDA_OVERHEAD_GB
     allocator_slack: float = DEFAULT_ALLOCATOR_SLACK
 
@@ -333,6 +340,34 @@ def _larger(a: dict[str, float], b: dict[str, float]) -> dict[str, float]:
     return a if sum(a.values()) >= sum(b.values()) else b
 
 
+GRAPH_PROMPT_BUCKET = 64
+"""The graph engine pads prompts to a multiple of this many columns (grpo/models/graph_decode.py PROMPT_BUCKET)."""
+SAMPLER_FP32_TEMPS = 4
+"""(rows, vocab) fp32 tensors alive at once in the graph step's sampler: the scores, a warped copy, the sorted copy of
+top-p and the float64 CDF (counted as two)."""
+
+
+def graph_generation(x: EstimateInputs, counts: dict[str, int]) -> dict[str, float]:
+    """The graph engine's generation phase: KV buffers of the bucketed length (no growth), the prefill's cache of the
+    distinct prompts (copied into the buffers layer by layer), one layer's prefill temporaries, the sampler's
+    (rows, vocab) buffers, and the folded LoRA weights (every adapted linear, in the weights' dtype)."""
+    s, a = x.shape, act_bytes(x)
+    bucketed = -(-x.prompt_len // GRAPH_PROMPT_BUCKET) * GRAPH_PROMPT_BUCKET
+    kv_token = s.layers * 2 * s.kv_heads * s.head_dim * a
+    distinct = -(-x.gen_batch_seqs // x.k)
+    parts = {
+        "KV buffers (bucketed prompt + new tokens)": x.gen_batch_seqs * (bucketed + x.new_tokens) * kv_token,
+        "prefill cache (distinct prompts)": distinct * x.prompt_len * kv_token,
+        "prefill temporaries (1 layer)": _layer_temporaries(x, distinct * x.prompt_len, x.prompt_len, x.lora),
+        "sampler buffers": x.gen_batch_seqs * s.vocab * (a + SAMPLER_FP32_TEMPS * 4 + 1),
+    }
+    if x.fold_lora and x.lora and not x.load_in_4bit:
+        dims = linear_dims(s)
+        parts["folded LoRA weights (rollout copy)"] = s.layers * sum(
+            dims[t][0] * dims[t][1] for t in resolve_targets(s, x.lora_targets)) * DTYPE_BYTES[x.weight_dtype]
+    return parts
+
+
 def estimate(x: EstimateInputs) -> Estimate:
     """Bytes per part and phase for one RL step of `x` (see the module docstring for every formula)."""
     s, a = x.shape, act_bytes(x)
@@ -341,12 +376,16 @@ def estimate(x: EstimateInputs) -> Estimate:
     persistent = _persistent(x, counts, n_train)
     seq = x.prompt_len + x.new_tokens
     kv = x.gen_batch_seqs * seq * s.layers * 2 * s.kv_heads * s.head_dim * a
-    phases: dict[str, dict[str, float]] = {"generation": {
-        "KV cache": kv,
-        "KV cache growth (torch.cat of 1 layer)": kv / s.layers,
-        "prefill temporaries (1 layer)": _layer_temporaries(x, x.gen_batch_seqs * x.prompt_len, x.prompt_len, x.lora),
-        "sampling logits (last position)": x.gen_batch_seqs * s.vocab * (a + 2 * 4),
-    }}
+    if x.graph_decode:
+        phases: dict[str, dict[str, float]] = {"generation": graph_generation(x, counts)}
+    else:
+        phases = {"generation": {
+            "KV cache": kv,
+            "KV cache growth (torch.cat of 1 layer)": kv / s.layers,
+            "prefill temporaries (1 layer)": _layer_temporaries(x, x.gen_batch_seqs * x.prompt_len, x.prompt_len,
+                                                                x.lora),
+            "sampling logits (last position)": x.gen_batch_seqs * s.vocab * (a + 2 * 4),
+        }}
     tokens = pass_tokens(x, x.micro_batch_seqs)
     shared = x.shared_prompt and x.k > 1
     kv_token = 2 * s.kv_heads * s.head_dim * a
@@ -416,6 +455,8 @@ def _candidate_fixes(x: EstimateInputs) -> list[_Fix]:
              lambda y: y.logsoftmax_chunk_rows is None or y.logsoftmax_chunk_rows > 512),
         _Fix("attn", 1, "attention sdpa instead of eager", lambda y: replace(y, attention="sdpa"),
              lambda y: y.attention == "eager"),
+        _Fix("fold", 1, "rollout.fold_lora=off (LoRA run unfolded in rollouts: slower decoding, no weight copy)",
+             lambda y: replace(y, fold_lora=False), lambda y: y.fold_lora and y.lora and not y.load_in_4bit),
         _Fix("ckpt", 2, "gradient checkpointing on (~30% slower backward)",
              lambda y: replace(y, grad_checkpointing=True), lambda y: not y.grad_checkpointing),
     ]

@@ -7,6 +7,7 @@ the run's batch, precision and features. Used by check_gpu_memory.py and by the 
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -14,8 +15,8 @@ from grpo.models.hardware import choose_precision
 from grpo.core.kernels import DEFAULT_LOGPROB_CHUNK_ROWS
 from grpo.models.logprobs import shares_by_size
 from grpo.models.modeling import tiny_model_config
-from grpo.models.memory_estimate import KNOWN_SHAPES, EstimateInputs, ModelShape, lookup_known_shape, param_counts, \
-    shape_from_hf_config
+from grpo.models.memory_estimate import GIB, KNOWN_SHAPES, EstimateInputs, ModelShape, estimate, lookup_known_shape, \
+    param_counts, shape_from_hf_config
 
 def resolve_shape(model_cfg: Any) -> ModelShape:
     """The model's shape: a local folder's config.json, builtin:tiny, or KNOWN_SHAPES; a clear error otherwise."""
@@ -60,7 +61,11 @@ def inputs_from_config(cfg: Any, compute_capability: tuple[int, int] = (8, 0)) -
                                             full_finetune=not m.lora)
     k = cfg.rollout.k
     shape = resolve_shape(m)
-    return EstimateInputs(
+    # on a GPU rollout.engine=auto decodes with the graph engine (the Llama-family shapes this estimator models)
+    graph = (getattr(cfg.rollout, "engine", "auto") in ("auto", "graph")
+             and getattr(cfg.rollout, "cache_implementation", "dynamic") == "dynamic"
+             and getattr(cfg.train, "sharding", "none") != "fsdp")
+    x = EstimateInputs(
         shape=shape,
         micro_batch_seqs=getattr(cfg.train, "micro_batch_size", 0) or cfg.train.prompts_per_micro_step * k,
         gen_batch_seqs=cfg.train.prompts_per_micro_step * cfg.train.grad_accum * k,
@@ -71,4 +76,26 @@ def inputs_from_config(cfg: Any, compute_capability: tuple[int, int] = (8, 0)) -
         logits_to_keep=True, logsoftmax_chunk_rows=DEFAULT_LOGPROB_CHUNK_ROWS,
         fused_head=bool(getattr(m, "fused_lm_head", True)), shared_prompt=_shares_prompts(cfg, shape),
         attention="eager" if getattr(m, "attn_implementation", "auto") == "eager" else "sdpa",
+        graph_decode=graph, fold_lora=graph and getattr(cfg.rollout, "fold_lora", "off") == "on",
     )
+    if graph and m.lora and getattr(cfg.rollout, "fold_lora", "off") == "auto" and fold_keeps_peak(x)[0]:
+        x = replace(x, fold_lora=True)
+    return x
+
+
+def fold_keeps_peak(x: EstimateInputs) -> tuple[bool, float, float]:
+    """(whether folding LoRA for the rollout leaves the step's estimated peak where it is, the peak without and with
+    the folded copy in GiB): what rollout.fold_lora=auto decides on a GPU."""
+    without, folded = estimate(replace(x, fold_lora=False)), estimate(replace(x, fold_lora=True))
+    return folded.peak_bytes <= without.peak_bytes, without.peak_bytes / GIB, folded.peak_bytes / GIB
+
+
+def lora_fold_choice(cfg: Any, capability: tuple[int, int]) -> tuple[bool, str]:
+    """What rollout.fold_lora=auto does for `cfg` on a GPU of that capability: (fold, why), from the estimate."""
+    try:
+        keeps, without, folded = fold_keeps_peak(inputs_from_config(cfg, capability))
+    except ValueError as err:  # a shape the estimator does not know: keep the memory as it is
+        return False, f"the memory estimate is not available ({err})"
+    if keeps:
+        return True, f"the folded copy fits under the step's estimated peak ({without:.1f} GiB)"
+    return False, f"the folded copy would raise the step's estimated peak from {without:.1f} to {folded:.1f} GiB"

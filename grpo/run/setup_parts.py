@@ -360,6 +360,26 @@ def check_sharding(cfg: C.Config, policy: Policy, dist: Dist) -> None:
         raise C.ConfigError("train.sharding=fsdp does not support " + "; ".join(problems), field="train.sharding")
 
 
+def choose_lora_fold(cfg: C.Config, policy: Policy, device: torch.device, announce: bool) -> None:
+    """rollout.fold_lora=auto on a GPU: fold LoRA for the graph engine's rollouts where the memory estimate says the
+    copy leaves the step's peak where it is (grpo/run/memory_inputs.py: `lora_fold_choice`), decided once and
+    printed; recorded on the model's graph step (grpo/models/graph_decode.py: `GraphStep.fold_auto`). The CPU folds
+    (host memory, nothing to estimate); on / off need no decision."""
+    from grpo.models.graph_decode import graph_step_for
+    from grpo.phases.rollout import choose_engine
+    from grpo.run.memory_inputs import lora_fold_choice
+
+    if not policy.is_lora or cfg.rollout.fold_lora != "auto" or device.type != "cuda":
+        return
+    if choose_engine(policy.model, cfg.rollout.engine, cfg.rollout.cache_implementation,
+                     cfg.train.sharding == "fsdp") != "graph":
+        return
+    fold, why = lora_fold_choice(cfg, torch.cuda.get_device_capability(device))
+    graph_step_for(policy.model).fold_auto = fold
+    if announce:
+        print(f"rollout.fold_lora=auto: {'folded' if fold else 'not folded'} for rollouts ({why})")
+
+
 def per_completion_sampling(rollout: C.RolloutConfig, dist: Dist) -> bool:
     """Whether rollouts draw from per-completion streams (rollout.sampling_rng; auto = when several processes)."""
     mode = rollout.sampling_rng
