@@ -205,7 +205,7 @@ def spawn(cmd: list[str], cwd: Path, result: Path, log: Path, threads: int | Non
 
 
 SUMMARY_METRICS = ("sec_per_step", "cpu_sec_per_step", "completions_per_s", "peak_rss_mib", "rss_after_imports_mib",
-                   "peak_cuda_mib")
+                   "peak_cuda_mib", "cycle_spread")
 
 
 def summarise(runs: list[dict[str, Any]], trainers: Sequence[str], warmup_cycles: int) -> dict[str, Any]:
@@ -227,7 +227,7 @@ def table(results: list[dict[str, Any]], trainers: Sequence[str], labels: Sequen
     metrics = [("s / optimizer step", "sec_per_step", 3), ("CPU s / optimizer step", "cpu_sec_per_step", 3),
                ("completions / s", "completions_per_s", 3),
                ("peak RSS MiB", "peak_rss_mib", 4), ("RSS after imports MiB", "rss_after_imports_mib", 3),
-               ("peak GPU MiB", "peak_cuda_mib", 4)]
+               ("peak GPU MiB", "peak_cuda_mib", 4), ("cycle spread (max / min of kept cycles)", "cycle_spread", 3)]
     rows = []
     for res in results:
         name = res["spec"]["name"]

@@ -86,6 +86,9 @@ class BenchSpec:
     ours_cache: str = ""
     """Our `rollout.cache_implementation` ("static": static KV cache, decoding compiled by transformers on CUDA);
     "" = the config default (dynamic). TRL always decodes with its dynamic cache."""
+    ours_engine: str = ""
+    """Our `rollout.engine` (auto | lean | graph | hf); "" = the config default (auto: graph on CUDA, lean on the
+    CPU)."""
 
     @property
     def prompts_per_cycle(self) -> int:
@@ -130,7 +133,8 @@ def build_configs(spec: BenchSpec, model_dir: str, out_dir: str) -> tuple[list[s
         "train.max_grad_norm=1.0", f"train.seed={spec.seed}", f"train.device={spec.device}", "train.eval_every=0",
         "train.sample_every=0", "train.tensorboard=false", f"train.output_dir={out_dir}", "train.run_name=ours",
         "sft.steps=0", f"data.system_prompt={spec.system_prompt}",
-    ] + ([f"rollout.cache_implementation={spec.ours_cache}"] if spec.ours_cache else [])
+    ] + ([f"rollout.cache_implementation={spec.ours_cache}"] if spec.ours_cache else []) + (
+        [f"rollout.engine={spec.ours_engine}"] if spec.ours_engine else [])
     trl = {
         "output_dir": str(Path(out_dir) / "trl"),
         "per_device_train_batch_size": spec.prompts_per_micro_step * spec.k,  # completions, not prompts
@@ -302,7 +306,9 @@ def worker(trainer: str, spec: BenchSpec, model_dir: str, out_dir: str, result_p
                   peak_cuda_mib=common.peak_cuda_mib(), torch_threads=torch.get_num_threads())
     sec, cps = common.steady_state(result["cycle_times_s"], spec.warmup_cycles, spec.mu, spec.completions_per_cycle)
     cpu_sec, _ = common.steady_state(result["cycle_cpu_s"], spec.warmup_cycles, spec.mu, spec.completions_per_cycle)
-    result.update(sec_per_step=sec, completions_per_s=cps, cpu_sec_per_step=cpu_sec)
+    kept = result["cycle_times_s"][spec.warmup_cycles:]
+    result.update(sec_per_step=sec, completions_per_s=cps, cpu_sec_per_step=cpu_sec,
+                  cycle_spread=max(kept) / min(kept) if kept and min(kept) > 0 else None)
     Path(result_path).write_text(json.dumps(result))
 
 
@@ -414,6 +420,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--ours-cache", default="", choices=("", "static"),
                    help="our rollout.cache_implementation: static = static KV cache, decoding compiled by "
                         "transformers on CUDA (default: the config's dynamic cache)")
+    p.add_argument("--ours-engine", default="", choices=("", "auto", "lean", "graph", "hf"),
+                   help="our rollout.engine (default: the config's auto: graph on CUDA, lean on the CPU)")
     p.add_argument("--out", default="", help="write all measurements as JSON here")
     p.add_argument("--work-dir", default="", help="keep models, logs and run folders here (default: a temp dir)")
     # internal: one run in a fresh process
@@ -434,6 +442,7 @@ def specs_from_args(args: argparse.Namespace) -> tuple[list[BenchSpec], str, int
     if base["cycles"] <= base["warmup_cycles"]:
         raise SystemExit(f"--cycles {base['cycles']} must exceed --warmup {base['warmup_cycles']}")
     base["ours_cache"] = args.ours_cache
+    base["ours_engine"] = args.ours_engine
     if args.prompts == "long":
         base["system_prompt"] = long_context(ROOT.parent / "shared" / "data")
     specs = [scenario(s.strip(), base) for s in args.scenarios.split(",") if s.strip()]
@@ -460,7 +469,8 @@ def main(argv: list[str]) -> int:
           f"{args.prompts} prompts | {specs[0].device} "
           f"{specs[0].dtype} | threads {m['threads'] or 'default'} | {repeats} repeats | "
           f"{report['wall_s']:.0f} s wall\n")
-    ours_label = f"ours ({args.ours_cache} cache)" if args.ours_cache else "ours"
+    ours_label = "ours" + "".join(f" ({x})" for x in (f"{args.ours_cache} cache" if args.ours_cache else "",
+                                                      f"engine {args.ours_engine}" if args.ours_engine else "") if x)
     print(common.table(report["results"], TRAINERS, (ours_label, "TRL")))
     print("\nper-phase time per rollout cycle (steady state):\n")
     print(common.phase_table(report["results"], TRAINERS))

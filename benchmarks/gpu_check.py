@@ -1,0 +1,461 @@
+"""The GPU check in one command: exactness, speed against TRL, a profile, the 8B LoRA case and the demo, on one card.
+
+    python benchmarks/gpu_check.py --out DIR          # one H100 / H200: about 8 minutes, no network
+    python benchmarks/gpu_check.py --cpu --out DIR    # every part on tiny shapes on the CPU, under 3 minutes
+
+Needs trl and datasets (requirements-bench.txt) for part b's TRL run; a machine without network carries their wheels
+(../shared/measure-gpu/README.md shows how). Writes DIR/gpu_check.json (every figure, part by part, written after each
+part) and DIR/gpu_check.log (everything printed). Each part runs in its own subprocess with its own time budget: a
+part that fails or runs out of time is recorded with its error, and the next one runs.
+
+a. exactness: each engine's tokens against transformers' `generate` on the same rows, fp32 then bf16, sampled and
+   greedy: lean against generate with the same torch seed; graph against generate with the same per-row sampler keys
+   (the seeded sampler). An engine passes where its fp32 rows are all identical. Also what folding LoRA for the
+   rollout changes: the largest |Δ log-prob| of the rollout's tokens, folded against unfolded, in bf16.
+b. speed: decoding 64 rows x 128 forced tokens per engine in ms per decode step, against the memory-bandwidth floor
+   (weights + the mean KV cache read per step ÷ the measured copy bandwidth); and the RL step against TRL 1.16 on the
+   Qwen2.5-0.5B shape (vs_trl.py's cuda workload, one run each): the default path and each engine, s/step, the
+   spread of the kept cycles (max / min), peak memory, TRL's s/step ÷ ours.
+c. profile: torch.profiler over one steady RL step cut to 8 decode steps (the update whole): the top ops by device
+   time.
+d. the seed's shape: Llama-3-8B LoRA r 8 bf16 with checkpointing (gpu_memory.py's llama8b-lora-bf16-ckpt): s/step,
+   decode ms per step against its floor, peak memory against the estimate.
+e. the demo (`python grpo_train.py --seed 0`) on the card: its verdict and held-out rewards.
+
+--cpu runs the same code on the CPU with tiny shapes and short runs (tests/test_gpu_check.py): it shows the
+machinery works, not any speed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any, Callable
+
+if __package__ in (None, ""):
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+ROOT = Path(__file__).resolve().parents[1]
+PARTS = ("a", "b", "c", "d", "e")
+BUDGET_S = {"a": 75, "b": 190, "c": 45, "d": 150, "e": 60}
+"""Seconds per part on a GPU: 520 in all, inside the 8 minutes asked of the check with the start-up."""
+CPU_BUDGET_S = {"a": 30, "b": 75, "c": 20, "d": 55, "e": 30}
+"""On the CPU (tiny shapes, short runs; idle 2 cores): under 3 minutes in all."""
+CPU_DEMO = ["--max-steps", "2", "--sft.steps", "2", "--data.eval_size", "8"]
+"""The demo cut down on the CPU: the machinery of part e, not the demo's result."""
+EXACT_NEW, SPEED_NEW = 48, 128
+PROMPTS = ["who forgot the keys?", "the answer is a much longer one than this, is it not?", "no",
+           "which of the two was more careful with money", "keys", "tell me what the context says about the nurse",
+           "yes or no", "what is 12 times 7"]
+K = 8
+
+
+def log(*args: Any) -> None:
+    print(*args, flush=True)
+
+
+# ------------------------------------------------------------------------------------------------------- helpers
+def _device(cpu: bool) -> str:
+    return "cpu" if cpu else "cuda"
+
+
+def _sync(device: str) -> None:
+    if device == "cuda":
+        import torch
+
+        torch.cuda.synchronize()
+
+
+def copy_bandwidth(device: str) -> float:
+    """Bytes per second of a device-to-device copy (read + written), the memory system's measured rate."""
+    import torch
+
+    x = torch.empty(2**28 if device == "cuda" else 2**22, dtype=torch.float32, device=device)
+    y = torch.empty_like(x)
+    for _ in range(3):
+        y.copy_(x)
+    _sync(device)
+    t0 = time.perf_counter()
+    for _ in range(10):
+        y.copy_(x)
+    _sync(device)
+    return 2 * x.numel() * 4 * 10 / (time.perf_counter() - t0)
+
+
+def build_model_dir(work: Path, shape_name: str, layers: int | None = None) -> Path:
+    """A random model of `shape_name` (benchmarks/common.py SHAPES; `layers` overrides its depth) saved under work."""
+    from dataclasses import replace
+
+    from benchmarks import common
+
+    shape = common.SHAPES[shape_name]
+    if layers:
+        shape = replace(shape, layers=layers)
+    out = work / f"model-{shape_name}-{shape.layers}"
+    if not (out / "config.json").is_file():
+        common.build_and_save_model(shape, out, seed=0, dtype_name="float32")
+    return out
+
+
+def samples():
+    from grpo.core.records import Sample
+
+    return [Sample("fairness", str(i), ({"role": "user", "content": p},)) for i, p in enumerate(PROMPTS)]
+
+
+def rollout_ids(model, tok, engine: str, new: int, *, seed: int = 0, keys=None, greedy: bool = False,
+                forced: bool = False) -> list[list[int]]:
+    from grpo.config.settings import RolloutConfig
+    from grpo.phases.rollout import Draw, generate_rollouts, greedy_complete
+
+    cfg = RolloutConfig(k=K, max_new_tokens=new, min_new_tokens=new if forced else 0, engine=engine)
+    stops = [tok.pad_token_id]
+    if greedy:
+        rollouts, _ = greedy_complete(model, tok, samples(), cfg, stops)
+    else:
+        rollouts, _ = generate_rollouts(model, tok, samples(), cfg, stops, draw=Draw(generator_seed=seed,
+                                                                                    row_keys=keys))
+    return [list(r.completion_ids) for r in rollouts]
+
+
+def compare(a: list[list[int]], b: list[list[int]]) -> dict[str, Any]:
+    diffs = []
+    for x, y in zip(a, b):
+        if x != y:
+            diffs.append(next((i for i, (u, v) in enumerate(zip(x, y)) if u != v), min(len(x), len(y))))
+    return {"identical_rows": len(a) - len(diffs), "rows": len(a), "first_diff_positions": sorted(diffs)[:10]}
+
+
+# ------------------------------------------------------------------------------------------------------- part a
+def part_a(cpu: bool, work: Path) -> dict[str, Any]:
+    """Each engine's tokens against generate's, fp32 and bf16; LoRA folded against unfolded."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from grpo.models.sampling import row_keys
+
+    device = _device(cpu)
+    # the Qwen2.5-0.5B widths with 4 layers: exactness does not need the depth, and the graph step compiles faster
+    model_dir = build_model_dir(work, "tiny" if cpu else "qwen2.5-0.5b", layers=None if cpu else 4)
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    out: dict[str, Any] = {"model": str(model_dir.name)}
+    keys = row_keys(0, 1, range(len(PROMPTS)), K)
+    for dtype in ("float32", "bfloat16"):
+        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=getattr(torch, dtype),
+                                                     attn_implementation="sdpa").to(device).eval()
+        res: dict[str, Any] = {}
+        hf = rollout_ids(model, tok, "hf", EXACT_NEW, seed=1)
+        res["lean_sampled"] = compare(rollout_ids(model, tok, "lean", EXACT_NEW, seed=1), hf)
+        hf_keys = rollout_ids(model, tok, "hf", EXACT_NEW, keys=keys)
+        res["graph_sampled"] = compare(rollout_ids(model, tok, "graph", EXACT_NEW, keys=keys), hf_keys)
+        hf_greedy = rollout_ids(model, tok, "hf", EXACT_NEW, greedy=True)
+        for engine in ("lean", "graph"):
+            res[f"{engine}_greedy"] = compare(rollout_ids(model, tok, engine, EXACT_NEW, greedy=True), hf_greedy)
+        out[dtype] = res
+        log(dtype, json.dumps(res))
+        del model
+    out["passes"] = {engine: all(out["float32"][f"{engine}_{mode}"]["identical_rows"]
+                                 == out["float32"][f"{engine}_{mode}"]["rows"] for mode in ("sampled", "greedy"))
+                     for engine in ("lean", "graph")}
+    out["fold_lora_bf16"] = fold_change(model_dir, tok, device)
+    log("fold", json.dumps(out["fold_lora_bf16"]))
+    return out
+
+
+def fold_change(model_dir: Path, tok, device: str, new: int = 32) -> dict[str, float]:
+    """LoRA r 8 on every projection (random B, as after training), bf16: the rollout's tokens sampled with the
+    adapter folded, then the log-prob of each under the folded and the unfolded step: the largest |difference|."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    from grpo.models import graph_decode as G
+    from grpo.models.modeling import generation_mode
+    from grpo.models.tokens import encode_prompt, left_pad
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16, attn_implementation="sdpa")
+    model = get_peft_model(model, LoraConfig(r=8, lora_alpha=16, target_modules=list(G.PROJECTIONS))).to(device)
+    with torch.no_grad():
+        g = torch.Generator().manual_seed(0)
+        for name, p in model.named_parameters():
+            if "lora_B" in name:
+                p.copy_((torch.rand(p.shape, generator=g) - 0.5) * 0.02)
+    model.eval()
+    rows = [encode_prompt(tok, s.messages, None) for s in samples()]
+    ids_BP, mask_BP = left_pad(rows, tok.pad_token_id, multiple_of=G.PROMPT_BUCKET)
+    ids_BP, mask_BP = ids_BP.to(device), mask_BP.to(device)
+    sampling = G.StepSampling(do_sample=True, stop_ids=(tok.pad_token_id,), pad_id=tok.pad_token_id)
+    graph = G.GraphStep(model)
+    with generation_mode(model), torch.no_grad():
+        tokens_BN, _ = G.decode_graph(model, ids_BP, mask_BP, sampling, new, torch.arange(len(rows)),
+                                      fold_lora="on", compile_step=False, capture=False, graph=graph)
+        logps = {}
+        for fold in (True, False):
+            state = G.build_state(model, ids_BP, mask_BP, torch.arange(len(rows)), sampling, new, graph.fold(fold),
+                                  None)
+            got = []
+            for t in range(tokens_BN.shape[1]):
+                lp = torch.log_softmax(state.logits_BV.float(), -1).gather(1, tokens_BN[:, t:t + 1])[:, 0]
+                got.append(lp)
+                state.next_B.copy_(tokens_BN[:, t])
+                graph.forward(state)
+            logps[fold] = torch.stack(got, 1)
+    diff = (logps[True] - logps[False]).abs()
+    return {"max_abs_logprob_diff": float(diff.max()), "mean_abs_logprob_diff": float(diff.mean()),
+            "tokens": int(diff.numel())}
+
+
+# ------------------------------------------------------------------------------------------------------- part b
+def part_b(cpu: bool, work: Path) -> dict[str, Any]:
+    """Decode ms/step per engine against the floor; the RL step against TRL for the default path and each engine."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from benchmarks import vs_trl
+
+    device = _device(cpu)
+    bandwidth = copy_bandwidth(device)
+    out: dict[str, Any] = {"copy_bandwidth_GBps": bandwidth / 1e9}
+    model_dir = build_model_dir(work, "tiny" if cpu else "qwen2.5-0.5b")
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    dtype = torch.float32 if cpu else torch.bfloat16
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype, attn_implementation="sdpa").to(device).eval()
+    new = 32 if cpu else SPEED_NEW
+    n_params = sum(p.numel() for p in model.parameters())
+    cfg = model.config
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    prompt_len = 40
+    kv_bytes = (2 * cfg.num_hidden_layers * cfg.num_key_value_heads * head_dim * (prompt_len + new / 2)
+                * len(PROMPTS) * K * dtype.itemsize)
+    floor_ms = 1000 * (n_params * dtype.itemsize + kv_bytes) / bandwidth
+    out["decode_floor_ms"] = floor_ms
+    decode: dict[str, Any] = {}
+    for engine in ("lean", "hf", "graph"):
+        times = []
+        for rep in range(3):  # the first includes the graph engine's compile and capture
+            _sync(device)
+            t0 = time.perf_counter()
+            ids = rollout_ids(model, tok, engine, new, seed=rep, forced=True)
+            _sync(device)
+            times.append(time.perf_counter() - t0)
+        assert all(len(r) == new for r in ids), "not forced to full length"
+        best = min(times[1:])
+        decode[engine] = {"times_s": times, "ms_per_step": 1000 * best / new, "x_floor": 1000 * best / new / floor_ms}
+        log("decode", engine, json.dumps(decode[engine]))
+    out["decode"] = decode
+    del model
+    # the RL step against TRL: vs_trl.py's workers, one run each, TRL once
+    preset = vs_trl.PRESETS["quick" if cpu else "cuda"]
+    base = dict(preset["base"], cycles=3 if cpu else 5, warmup_cycles=1)
+    step_dir = build_model_dir(work, preset["shape"])
+    runs: dict[str, Any] = {}
+    threads = vs_trl.CPU_THREADS if cpu else None
+    (work / "vs_trl").mkdir(parents=True, exist_ok=True)
+    for label, engine in (("ours-default", ""), ("ours-lean", "lean"), ("ours-graph", "graph"), ("trl", None)):
+        spec = vs_trl.scenario("grpo", dict(base, ours_engine=engine or ""))
+        t0 = time.perf_counter()
+        r = vs_trl.spawn_run("trl" if engine is None else "ours", spec, step_dir, work / "vs_trl", label, threads)
+        keep = ("sec_per_step", "cycle_spread", "peak_rss_mib", "peak_cuda_mib", "cycle_times_s", "phases")
+        runs[label] = {k: r.get(k) for k in keep}
+        log(f"vs TRL: {label}: {r['sec_per_step']:.3f} s/step, spread {r.get('cycle_spread')} "
+            f"({time.perf_counter() - t0:.0f} s)")
+    trl = runs["trl"]["sec_per_step"]
+    for label, r in runs.items():
+        if label != "trl":
+            r["trl_time_over_ours"] = trl / r["sec_per_step"]
+            mem = "peak_rss_mib" if cpu else "peak_cuda_mib"
+            if r.get(mem) and runs["trl"].get(mem):
+                r["peak_memory_over_trl"] = r[mem] / runs["trl"][mem]
+    out["vs_trl"] = runs
+    return out
+
+
+# ------------------------------------------------------------------------------------------------------- part c
+def part_c(cpu: bool, work: Path) -> dict[str, Any]:
+    """torch.profiler over one steady RL step of 8 decode steps (the update whole)."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    from benchmarks import vs_trl
+    import grpo_train
+
+    preset = vs_trl.PRESETS["quick" if cpu else "cuda"]
+    spec = vs_trl.scenario("grpo", dict(preset["base"], max_new_tokens=8, cycles=4, warmup_cycles=1))
+    model_dir = build_model_dir(work, preset["shape"])
+    run = grpo_train.setup(vs_trl._our_config(spec, str(model_dir), str(work / "profile")))
+    for step in (1, 2):
+        grpo_train.rl_step(run, step)
+    device = run.device.type
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device == "cuda" else [])
+    _sync(device)
+    with profile(activities=activities) as prof:
+        metrics = grpo_train.rl_step(run, 3)
+        _sync(device)
+    key = "device_time_total" if device == "cuda" else "cpu_time_total"
+    table = prof.key_averages().table(sort_by=key, row_limit=25, max_name_column_width=60)
+    log(table)
+    return {"step_metrics": {k: v for k, v in metrics.items() if k.startswith("time/")}, "table": table}
+
+
+# ------------------------------------------------------------------------------------------------------- part d
+def part_d(cpu: bool, work: Path, budget_s: float) -> dict[str, Any]:
+    """gpu_memory.py's seed case (--tiny on the CPU): s/step, decode ms per step against its floor, peak vs estimate."""
+    out_dir = work / "memory"
+    cmd = [sys.executable, str(ROOT / "benchmarks" / "gpu_memory.py"), "--steps", "2" if cpu else "3", "--out",
+           str(out_dir), "--budget-s", str(int(budget_s - 5))]
+    cmd += ["--tiny", "--cases", "tiny-lora"] if cpu else ["--cases", "llama8b-lora-bf16-ckpt"]
+    bandwidth = copy_bandwidth(_device(cpu))
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=budget_s)
+    log(proc.stdout[-3000:], proc.stderr[-2000:])
+    results = json.loads((out_dir / "results.json").read_text())
+    from benchmarks.gpu_memory import NEW_TOKENS, TINY_NEW_TOKENS
+
+    new = TINY_NEW_TOKENS if cpu else NEW_TOKENS
+    for r in results:
+        gen_s = (r.get("timing_s") or {}).get("time/generate")
+        if gen_s and r.get("params_numel"):
+            # an upper bound (the prefill and the sampling are in it) against the weights read once per step
+            r["decode_ms_per_step"] = 1000 * gen_s / new
+            r["decode_floor_ms"] = 1000 * r["params_numel"] * (4 if cpu else 2) / bandwidth
+            r["decode_x_floor"] = r["decode_ms_per_step"] / r["decode_floor_ms"]
+    return {"cases": results, "returncode": proc.returncode, "copy_bandwidth_GBps": bandwidth / 1e9}
+
+
+# ------------------------------------------------------------------------------------------------------- part e
+def part_e(cpu: bool, work: Path, budget_s: float) -> dict[str, Any]:
+    """The demo on this device: its verdict and held-out rewards (on the CPU, cut to a few steps)."""
+    cmd = [sys.executable, str(ROOT / "grpo_train.py"), "--seed", "0", "--output-dir", str(work / "demo"),
+           "--run-name", "demo"] + (CPU_DEMO if cpu else [])
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=budget_s)
+    text = proc.stdout + proc.stderr
+    log(text[-2500:])
+    verdict = re.search(r"^Verdict: (.+)$", text, re.M)
+    report = work / "demo" / "demo" / "report.json"
+    found = json.loads(report.read_text()) if report.is_file() else {}
+    return {"returncode": proc.returncode, "verdict": verdict.group(1).strip() if verdict else None,
+            "findings": [f.get("summary", f) if isinstance(f, dict) else f for f in found.get("findings", [])],
+            "eval": found.get("eval")}
+
+
+# ------------------------------------------------------------------------------------------------- orchestration
+def run_part(name: str, cpu: bool, work: Path, budget_s: float) -> dict[str, Any]:
+    fn: Callable[..., dict[str, Any]] = {"a": part_a, "b": part_b, "c": part_c, "d": part_d, "e": part_e}[name]
+    return fn(cpu, work, budget_s) if name in ("d", "e") else fn(cpu, work)
+
+
+def child(args: argparse.Namespace) -> int:
+    import torch
+
+    if args.cpu:
+        torch.set_num_threads(1)
+    work = Path(args.work)
+    t0 = time.perf_counter()
+    try:
+        result = {"status": "ok", **run_part(args.part, args.cpu, work, args.budget)}
+    except Exception as err:  # noqa: BLE001 - a failed part is a figure too: recorded, and the next part runs
+        result = {"status": "error", "error": f"{type(err).__name__}: {err}", "traceback": traceback.format_exc()}
+        log(result["traceback"])
+    result["wall_s"] = time.perf_counter() - t0
+    Path(args.result).write_text(json.dumps(result, indent=2, default=str))
+    return 0
+
+
+def machine(cpu: bool) -> dict[str, Any]:
+    import platform
+
+    import torch
+
+    info = {"date": time.strftime("%Y-%m-%d %H:%M"), "python": platform.python_version(), "torch": torch.__version__,
+            "device": "cpu" if cpu else torch.cuda.get_device_name()}
+    for package in ("transformers", "trl", "peft"):
+        try:
+            info[package] = __import__(package).__version__
+        except ImportError:
+            info[package] = None
+    return info
+
+
+def main(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(prog="gpu_check.py", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--out", required=True, help="folder for gpu_check.json and gpu_check.log")
+    p.add_argument("--cpu", action="store_true", help="every part on tiny shapes on the CPU (< 3 min)")
+    p.add_argument("--parts", default=",".join(PARTS), help="comma list of the parts to run (default: a,b,c,d,e)")
+    p.add_argument("--part", help=argparse.SUPPRESS)
+    p.add_argument("--work", help=argparse.SUPPRESS)
+    p.add_argument("--result", help=argparse.SUPPRESS)
+    p.add_argument("--budget", type=float, default=0.0, help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.part:
+        return child(args)
+    import torch
+
+    if not args.cpu and not torch.cuda.is_available():
+        raise SystemExit("gpu_check.py: no CUDA GPU is visible; run it on a GPU machine, or pass --cpu")
+    parts = [x.strip() for x in args.parts.split(",") if x.strip()]
+    unknown = sorted(set(parts) - set(PARTS))
+    if unknown:
+        raise SystemExit(f"--parts: unknown part(s) {unknown}; use some of {', '.join(PARTS)}")
+    out = Path(args.out)
+    work = out / "work"
+    work.mkdir(parents=True, exist_ok=True)
+    report: dict[str, Any] = {"machine": machine(args.cpu), "cpu": args.cpu, "parts": {}}
+    budgets = CPU_BUDGET_S if args.cpu else BUDGET_S
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
+    with open(out / "gpu_check.log", "w") as log_file:
+        for name in parts:
+            result_file = work / f"part-{name}.json"
+            cmd = [sys.executable, str(Path(__file__).resolve()), "--out", str(out), "--part", name, "--work",
+                   str(work), "--result", str(result_file), "--budget", str(budgets[name])] + (
+                ["--cpu"] if args.cpu else [])
+            log(f"=== part {name} (up to {budgets[name]} s)")
+            log_file.write(f"=== part {name}\n")
+            log_file.flush()
+            t0 = time.perf_counter()
+            try:
+                subprocess.run(cmd, cwd=ROOT, env=env, stdout=log_file, stderr=subprocess.STDOUT,
+                               timeout=budgets[name])
+                result = json.loads(result_file.read_text()) if result_file.is_file() else {
+                    "status": "error", "error": "the part wrote no result (see gpu_check.log)"}
+            except subprocess.TimeoutExpired:
+                result = {"status": "timeout", "error": f"ran past its budget of {budgets[name]} s"}
+            result["wall_s"] = time.perf_counter() - t0
+            report["parts"][name] = result
+            (out / "gpu_check.json").write_text(json.dumps(report, indent=2, default=str))
+            log(f"=== part {name}: {result['status']} in {result['wall_s']:.0f} s"
+                + (f": {result.get('error')}" if result["status"] != "ok" else ""))
+    log(summary(report))
+    return 0 if all(r["status"] == "ok" for r in report["parts"].values()) else 1
+
+
+def summary(report: dict[str, Any]) -> str:
+    """The headline figures, one line each."""
+    lines = [f"gpu_check on {report['machine']['device']} ({report['machine']['date']})"]
+    parts = report["parts"]
+    a = parts.get("a", {})
+    if a.get("status") == "ok":
+        lines.append(f"a. engines that reproduce generate in fp32: {a['passes']}; LoRA fold in bf16: max |Δ log-prob| "
+                     f"{a['fold_lora_bf16']['max_abs_logprob_diff']:.4f}")
+    b = parts.get("b", {})
+    if b.get("status") == "ok":
+        lines.append("b. decode ms/step (x floor): " + ", ".join(
+            f"{e} {d['ms_per_step']:.2f} ({d['x_floor']:.1f}x)" for e, d in b["decode"].items()))
+        lines.append("   TRL s/step / ours: " + ", ".join(
+            f"{label} {r['trl_time_over_ours']:.2f}x (spread {r['cycle_spread']:.2f})"
+            for label, r in b["vs_trl"].items() if label != "trl" and r.get("cycle_spread")))
+    e = parts.get("e", {})
+    if e.get("status") == "ok":
+        lines.append(f"e. demo verdict: {e['verdict']}")
+    lines.append("parts: " + ", ".join(f"{n} {r['status']}" for n, r in parts.items()))
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
