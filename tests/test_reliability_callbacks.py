@@ -128,6 +128,20 @@ def test_call_limited_returns_reraises_and_gives_up_in_time():
         GR.call_limited(lambda: sys.exit(3), 5.0, "f")
 
 
+def test_a_user_function_keeps_one_worker_thread_until_it_hangs():
+    """The worker thread of a function is started once and reused (a thread per call cost more than the demo's own
+    graders); a call that outlives its limit leaves its worker behind, and the next call gets a new one. Over many
+    calls the live threads stay the same."""
+    who = "test_worker_reuse"
+    first = GR.call_limited(threading.current_thread, 5.0, who)
+    before = threading.active_count()
+    assert all(GR.call_limited(threading.current_thread, 5.0, who) is first for _ in range(50))
+    assert threading.active_count() == before and first is not threading.current_thread()
+    with pytest.raises(GR.GraderTimeout):
+        GR.call_limited(lambda: time.sleep(1.0), 0.05, who)
+    assert GR.call_limited(threading.current_thread, 5.0, who) is not first
+
+
 def _rollouts(n: int, task: str = "qa") -> list[Rollout]:
     sample = Sample(id="1", task=task, messages=({"role": "user", "content": "q"},), target="a", gold={"answer": "a"})
     return [Rollout(sample=sample, prompt_ids=(1,), completion_ids=(2, 3), text="x" * (i + 1), stopped=True,

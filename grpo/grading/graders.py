@@ -24,8 +24,10 @@ type or a wrong number of values is an error naming the task and the grader. The
 its terms (grpo/grading/scoring.py).
 
 User functions (kinds "row" and "batched") are callbacks the run cannot vouch for, so each call is given a time
-limit (`Grader.timeout_s`; the run sets train.reward_timeout_s): it runs on a daemon worker thread of its own while
-the calling thread waits at most that long. Why a thread: a Python call cannot be interrupted from outside (a signal
+limit (`Grader.timeout_s`; the run sets train.reward_timeout_s): it runs on a daemon worker thread while the calling
+thread waits at most that long. The worker is started once per function and reused for its later calls (a thread
+started per call cost more than the demo's graders themselves: 80 starts a step); one that timed out is abandoned and
+the next call gets a new one. Why a thread: a Python call cannot be interrupted from outside (a signal
 reaches only the main thread, and not inside C code); a thread can at least be abandoned. A thread cannot be killed
 either, so a call that outlives its limit raises GraderTimeout naming the function, and the run stops: the hung
 thread is left behind, and as a daemon it does not hold the process at exit. Calls are made one at a time, in
@@ -229,11 +231,38 @@ def _exit_problem(err: BaseException) -> str:
             "or raises an exception saying what went wrong")
 
 
+class _Worker:
+    """One daemon thread that runs the calls handed to it, one at a time (`call_limited`)."""
+
+    def __init__(self, who: str) -> None:
+        import queue
+
+        self.jobs: "queue.SimpleQueue[tuple[Callable[[], None], threading.Event]]" = queue.SimpleQueue()
+        self.thread = threading.Thread(target=self._serve, name=f"reward function {who}", daemon=True)
+        self.thread.start()
+
+    def _serve(self) -> None:
+        while True:
+            job, done = self.jobs.get()
+            job()
+            done.set()
+
+    def run(self, job: Callable[[], None], timeout_s: float) -> bool:
+        """job() on the worker; False when it has not returned within timeout_s (the worker is then abandoned)."""
+        done = threading.Event()
+        self.jobs.put((job, done))
+        return done.wait(timeout_s)
+
+
+_WORKERS: dict[str, _Worker] = {}
+_WORKERS_LOCK = threading.Lock()
+
+
 def call_limited(call: Callable[[], Any], timeout_s: float, who: str) -> Any:
-    """call() on a daemon worker thread, waited for at most `timeout_s` (the module docstring says why). Returns its
-    value or re-raises its exception; GraderTimeout when it has not returned in time (the thread is abandoned), a
-    GraderError for SystemExit / KeyboardInterrupt. `who` names the function in the thread's name. The wait is a
-    timed join, so a Ctrl-C / SIGTERM of the run still reaches the calling (main) thread."""
+    """call() on the daemon worker thread of `who` (started once, reused), waited for at most `timeout_s` (the module
+    docstring says why). Returns its value or re-raises its exception; GraderTimeout when it has not returned in time
+    (the worker is abandoned with it), a GraderError for SystemExit / KeyboardInterrupt. The wait is a timed wait, so
+    a Ctrl-C / SIGTERM of the run still reaches the calling (main) thread."""
     box: dict[str, Any] = {}
     grad = torch.is_grad_enabled()  # thread-local in torch: the worker takes the caller's on
     device = torch.cuda.current_device() if torch.cuda.is_initialized() else None
@@ -247,10 +276,14 @@ def call_limited(call: Callable[[], Any], timeout_s: float, who: str) -> Any:
         except BaseException as err:  # everything the function raises is handed to the caller, exits included
             box["error"] = err
 
-    worker = threading.Thread(target=target, name=f"reward function {who}", daemon=True)
-    worker.start()
-    worker.join(timeout_s)
-    if worker.is_alive():
+    with _WORKERS_LOCK:
+        worker = _WORKERS.get(who)
+        if worker is None or not worker.thread.is_alive():
+            worker = _WORKERS[who] = _Worker(who)
+    if not worker.run(target, timeout_s):
+        with _WORKERS_LOCK:
+            if _WORKERS.get(who) is worker:
+                del _WORKERS[who]  # it is busy with the call that hung: the next call gets a new worker
         raise GraderTimeout(f"it did not return within train.reward_timeout_s={timeout_s:g} s: the call is abandoned "
                             "on a background thread (a thread cannot be stopped) and the run stops here; look for a "
                             "call that waits without a timeout (network, lock, input) or a loop that never ends, or "
