@@ -122,6 +122,11 @@ CLAIMS = [
      [peak(QLORA), headroom(QLORA, gpu="a100-40"), headroom(QLORA, gpu="a100-80")]),
     ("that second copy's {14.96} GiB on top of the\nestimator's {18.7} GiB for this trainer makes about {33.7} GiB",
      [WEIGHTS, peak(), lambda: tool()["peak"] + tool()["part"][("persistent", "base weights")]]),
+    # the decoding engine and the LoRA fold (the preset as it is)
+    ("(seed config: generation {18.7} GiB)", [phase("generation")]),
+    ("a copy of every adapted weight during rollouts: {13.0} GiB for Llama-3-8B's 7 linears, which would take the seed "
+     "config to {32.4} GiB", [part("generation", "folded LoRA weights (rollout copy)", "rollout.fold_lora=on"),
+                             peak("rollout.fold_lora=on")]),
     # the H100 check of the formulas (logits path, both off)
     ("19.44 GiB ({20.38} with slack)", [phase("training", *OFF)]),
     ("65.40 GiB ({68.63} with slack)", [phase("training", *OFF, NO_CKPT)]),

@@ -34,7 +34,7 @@ LoRA folded (rollout.fold_lora): a LoRA layer's update is added into a copy of i
 (W + scale · B A, in fp32 then rounded once to the weight's dtype), so a projection is one matmul per token instead of
 three; the copy is freed when the rollout ends. The log-probs the loss uses still come from the training forward
 (grpo/models/logprobs.py), which runs the adapter as it is. What the fold changes in the sampled tokens' log-probs is
-rounding: `python benchmarks/gpu_check.py` reports the largest difference (docs/PERFORMANCE.md).
+rounding: `python benchmarks/gpu_check.py` reports the largest difference (its figures: benchmarks/RESULTS.md).
 
 Applies where the lean loop's fast steps apply (the Llama family with sdpa or eager attention: `graph_blocker`).
 """
