@@ -293,8 +293,8 @@ class GraphStep:
             q, k = self.rope(q.transpose(1, 2), k.transpose(1, 2), cos, sin)
             s.K[i].index_copy_(2, column, k)
             s.V[i].index_copy_(2, column, v)
-            out, _ = self.attention(attn, q, s.K[i], s.V[i], mask, dropout=0.0, scaling=attn.scaling)
-            h = h + self._linear(i, "o_proj", attn.o_proj, out.reshape(B, 1, -1).contiguous(), s.folded)
+            out = self._attend(attn, q, s.K[i], s.V[i], mask)
+            h = h + self._linear(i, "o_proj", attn.o_proj, out, s.folded)
             x = layer.post_attention_layernorm(h)
             mlp = layer.mlp
             gated = mlp.act_fn(self._linear(i, "gate_proj", mlp.gate_proj, x, s.folded)) * self._linear(
@@ -303,6 +303,22 @@ class GraphStep:
         s.logits_BV.copy_(self.head(self.decoder.norm(h))[:, -1])
         s.pos_B1.add_(1)
         s.n.add_(1)
+
+    def _attend(self, attn: torch.nn.Module, q: torch.Tensor, K: torch.Tensor, V: torch.Tensor,
+                mask: torch.Tensor) -> torch.Tensor:
+        """(B, 1, H·D) attention output of the one-token queries q (B, H, 1, D) over the buffers K, V (B, KVH, L, D).
+
+        sdpa: the query heads of each key / value head are packed as its G = H / KVH query rows (transformers'
+        `pack_gqa`, what its sdpa path does for one token outside a compile), so the buffers are read as they are;
+        transformers' compiled path would copy them G times (`repeat_kv`: the whole KV cache per layer and step).
+        eager: transformers' own function."""
+        B, H, _, D = q.shape
+        if not self.sdpa:
+            out, _ = self.attention(attn, q, K, V, mask, dropout=0.0, scaling=attn.scaling)
+            return out.reshape(B, 1, -1).contiguous()
+        out = F.scaled_dot_product_attention(q.reshape(B, K.shape[1], H // K.shape[1], D), K, V, attn_mask=mask,
+                                             dropout_p=0.0, scale=attn.scaling)  # (B, KVH, G, D): head kvh·G + g
+        return out.reshape(B, 1, H * D)
 
     def step(self, s: State, sampling: StepSampling) -> None:
         """Sample token t, run the model on it, advance t: one replay of the graph."""
