@@ -324,3 +324,28 @@ def test_the_engine_choice(model, tok):
     assert choose_engine(gpt2, "auto", "dynamic", synced_gpus=False, on_cuda=True) == "lean"
     with pytest.raises(ConfigError, match="rollout.engine"):
         RolloutConfig(engine="graph", cache_implementation="static")
+
+
+def test_a_step_that_fails_to_compile_decodes_eagerly_with_a_warning(tok, monkeypatch):
+    """No compiler, an op inductor cannot lower...: the engine warns once, naming the error, and decodes with the
+    eager step: the same tokens."""
+    model = build_tiny_model(tok, seed=3, hidden=64, layers=2, heads=4, kv_heads=2)
+    model.set_attn_implementation("sdpa")
+    sampling = G.StepSampling(do_sample=True, temperature=0.7, stop_ids=(3, 4), pad_id=tok.pad_token_id)
+    ids_BP, mask_BP = left_pad([[5, 6, 7], [8, 9]], tok.pad_token_id, multiple_of=G.PROMPT_BUCKET)
+
+    def decode(**kw):
+        with generation_mode(model), torch.no_grad():
+            return G.decode_graph(model, ids_BP, mask_BP, sampling, 8, torch.arange(2), graph=G.GraphStep(model),
+                                  **kw)[0]
+
+    eager = decode(compile_step=False)
+
+    def broken(fn, **kw):
+        def fails(*args):
+            raise RuntimeError("inductor: no C++ compiler found")
+        return fails
+
+    monkeypatch.setattr(torch, "compile", broken)
+    with pytest.warns(RuntimeWarning, match="compiling the decoding step failed .*no C\\+\\+ compiler"):
+        assert torch.equal(decode(compile_step=True), eager)

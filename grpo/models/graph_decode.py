@@ -41,6 +41,7 @@ Applies where the lean loop's fast steps apply (the Llama family with sdpa or ea
 
 from __future__ import annotations
 
+import dataclasses
 import time
 import warnings
 from dataclasses import dataclass, field
@@ -403,7 +404,7 @@ def _compiled_step(graph: GraphStep, sampling: StepSampling, state: State, compi
 
 class Captured:
     """A CUDA graph of one step over `state`, captured after warm-up replays on a side stream (the compiled code
-    allocates its workspace there)."""
+    allocates its workspace there). The state is as it was before, whether the capture succeeds or raises."""
 
     def __init__(self, fn: Callable[[State], None], state: State, warmup: int = 2):
         self.graph = torch.cuda.CUDAGraph()
@@ -412,20 +413,67 @@ class Captured:
         mutable = [x for x in (state.logits_BV, state.next_B, state.pos_B1, state.t, state.n, state.running_B,
                                state.out_BN, state.fixed, state.seen_BV, state.counts_BV) if x is not None]
         snapshot = [x.clone() for x in mutable]
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):
-            for _ in range(warmup):
+        try:
+            stream = torch.cuda.Stream()
+            stream.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(stream):
+                for _ in range(warmup):
+                    fn(state)
+            torch.cuda.current_stream().wait_stream(stream)
+            with torch.cuda.graph(self.graph):
                 fn(state)
-        torch.cuda.current_stream().wait_stream(stream)
-        with torch.cuda.graph(self.graph):
-            fn(state)
-        for x, saved in zip(mutable, snapshot):  # the warm-up steps ran (a capture runs nothing): undo them
-            x.copy_(saved)
-        del snapshot
+        finally:
+            for x, saved in zip(mutable, snapshot):  # the warm-up steps ran (a capture runs nothing): undo them
+                x.copy_(saved)
 
     def __call__(self, state: State) -> None:
         self.graph.replay()
+
+
+def _warn_once(key: tuple, message: str) -> None:
+    if key not in _ANNOUNCED:
+        _ANNOUNCED.add(key)
+        warnings.warn(message, RuntimeWarning, stacklevel=3)
+
+
+def ready_step(graph: GraphStep, sampling: StepSampling, state: State, compile_step: bool,
+               capture: bool) -> Callable[[State], None]:
+    """The step to replay: compiled and captured (CUDA), compiled, or eager. What fails falls back to the next
+    (compiled → eager, captured → uncaptured), with a warning naming the error once: the same tokens either way (the
+    compiled step equals the eager one to rounding), only slower."""
+    eager = _compiled_step(graph, sampling, state, False)
+    fn = eager
+    if compile_step:
+        fn = _compiled_step(graph, sampling, state, True)
+        if not capture:  # a compile error shows at the first call: try it on a copy of the state
+            try:
+                fn(dataclasses.replace(state, **{f: _clone(getattr(state, f)) for f in MUTABLE_FIELDS}))
+            except Exception as err:  # noqa: BLE001 - no compiler, an unsupported op...: the eager step
+                _warn_once(("compile", type(err).__name__), f"rollout.engine=graph: compiling the decoding step "
+                           f"failed ({type(err).__name__}: {str(err)[:300]}); decoding with the eager step")
+                fn = eager
+    if not capture:
+        return fn
+    for candidate in ([fn, eager] if fn is not eager else [eager]):
+        try:
+            return Captured(candidate, state)
+        except Exception as err:  # noqa: BLE001 - a capture failure: the next candidate, then no graph
+            what = "compiled" if candidate is not eager else "eager"
+            _warn_once(("capture", what, type(err).__name__),
+                       f"rollout.engine=graph: capturing the {what} decoding step as a CUDA graph failed "
+                       f"({type(err).__name__}: {str(err)[:300]}); trying without")
+    return eager
+
+
+MUTABLE_FIELDS = ("K", "V", "logits_BV", "next_B", "pos_B1", "t", "n", "running_B", "out_BN", "fixed", "seen_BV",
+                  "counts_BV")
+"""The State fields a step writes."""
+
+
+def _clone(x: Any) -> Any:
+    if x is None:
+        return None
+    return [t.clone() for t in x] if isinstance(x, list) else x.clone()
 
 
 def decode_graph(model: torch.nn.Module, ids_BP: torch.Tensor, mask_BP: torch.Tensor, sampling: StepSampling,
@@ -448,14 +496,7 @@ def decode_graph(model: torch.nn.Module, ids_BP: torch.Tensor, mask_BP: torch.Te
     state = build_state(model, ids_BP, mask_BP, keys_B, sampling, max_new_tokens, folded, distinct)
     B, L = state.attend_BL.shape
     started = time.perf_counter()
-    step = _compiled_step(graph, sampling, state, compile_step)
-    if capture:
-        try:
-            step = Captured(step, state)
-        except Exception as err:  # noqa: BLE001 - any capture failure: replay nothing, run the same step uncaptured
-            warnings.warn(f"rollout.engine=graph: the CUDA graph capture failed ({type(err).__name__}: {err}); "
-                          "decoding with the step uncaptured (same tokens, slower)", RuntimeWarning, stacklevel=2)
-            step = _compiled_step(graph, sampling, state, compile_step)
+    step = ready_step(graph, sampling, state, compile_step, capture)
     every = sync_every(device)
     steps_run = max_new_tokens
     for t in range(max_new_tokens - 1):
