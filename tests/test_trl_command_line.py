@@ -286,7 +286,7 @@ def test_trls_registry_rewards_are_trls_with_or_without_trl(monkeypatch):
         trl_rewards.think_format_reward(["<think>a</think>"])
 
 
-def test_the_model_record_applies_whole_when_given_and_its_defaults_are_trls(tmp_path, capsys):
+def test_the_model_record_applies_whole_when_given_and_its_defaults_are_trls(tmp_path, capsys, monkeypatch):
     tree = translate_command_line({"model_name_or_path": "builtin:tiny", "use_peft": True, "use_cpu": True})
     assert tree["model"] == {"name": "builtin:tiny", "dtype": "float32", "lora": True, "lora_r": 16, "lora_alpha": 32,
                              "lora_dropout": 0.05, "lora_target_modules": ["q_proj", "v_proj"],  # peft's for Llama
@@ -303,6 +303,12 @@ def test_the_model_record_applies_whole_when_given_and_its_defaults_are_trls(tmp
         translate_command_line({"model_name_or_path": str(unknown), "use_peft": True, "use_cpu": True})
     assert err.value.field == "lora_target_modules"
     assert [row.trl for row in MODEL_TABLE][:3] == ["model_name_or_path", "model_revision", "dtype"]
+    capsys.readouterr()
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # a GPU: TRL would autocast to bf16; named
+    on_gpu = translate_command_line({"model_name_or_path": "builtin:tiny", "ignore_bias_buffers": True})
+    assert on_gpu["model"]["dtype"] == "float32"  # ModelConfig.dtype's default, over GRPOConfig.bf16's bfloat16
+    err = capsys.readouterr().err
+    assert "GRPOConfig.bf16=True: TRL autocasts" in err and "GRPOScriptArguments.ignore_bias_buffers=True" in err
 
 
 def test_flag_words_become_trls_values_and_env_is_set(tmp_path, monkeypatch):
