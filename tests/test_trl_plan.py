@@ -294,7 +294,8 @@ def test_trl_defaults_apply_not_the_presets(tmp_path):
     assert (cfg.train.seed, cfg.loss.clip_low, cfg.loss.clip_high, cfg.train.lr) == (42, 0.2, 0.2, 1e-6)
     assert (cfg.train.lr_scheduler, cfg.train.num_epochs, cfg.loss.agg_mode) == ("linear", 3.0, "token-mean")
     assert cfg.model.dtype == "float32"  # bf16 resolved True by TRL, but the run is on the CPU: named, not switched on
-    assert (cfg.train.output_dir, cfg.train.run_name) == (str(tmp_path), "out")  # output_dir is the run folder
+    out = str(tmp_path / "out")  # output_dir gets the final model (TRL's save_model), the run folder inside it
+    assert (cfg.checkpoint.final_model_dir, cfg.train.output_dir, cfg.train.run_name) == (out, out, "grpo-dual")
     assert (cfg.train.log_every, cfg.train.sample_every, cfg.checkpoint.every, cfg.checkpoint.keep_last) == \
         (10, 0, 500, 0)
 
@@ -347,7 +348,7 @@ def test_a_misspelt_grpo_config_field_gets_a_did_you_mean(tmp_path, capsys):
     assert "did you mean `num_generations`?" in err_text and "leave them at TRL's defaults" not in err_text
     path.write_text("learning_rate: 1.0e-5\nrollout:\n  k: 4\n")  # a section among TRL's fields
     assert grpo_train.cli(["--config", str(path)]) == 2
-    assert "mixes grpo-dual's sections with GRPOConfig fields ['learning_rate']" in capsys.readouterr().err
+    assert "mixes grpo-dual's sections with TRL's fields ['learning_rate']" in capsys.readouterr().err
 
 
 def test_docs_trl_md_is_the_table():

@@ -1,6 +1,6 @@
 """Issue #42 on a tiny model: a TRL GRPOConfig's epochs, schedule, checkpoints, logging and batch shape as a run
 does them (a group spanning micro-batches makes the same optimizer step as the whole batch; the scheduler resumes
-bit-identically), and the run folder is TRL's output_dir itself."""
+bit-identically), and TRL's output_dir holds the final model (as trainer.save_model leaves it) and the run folder."""
 
 from __future__ import annotations
 
@@ -85,7 +85,13 @@ def test_a_trl_config_trains_its_epochs_schedule_checkpoints_and_logging_into_ou
     # 24 rows minus the held-out ones, 2 prompts a step, 2 epochs
     n_train = len(run.train["caps"])
     steps = 2 * (n_train // 2)
-    assert run.step == steps and run.run_dir == tmp_path / "out"
+    assert run.step == steps and run.run_dir == tmp_path / "out" / "grpo-dual"  # the run folder, inside output_dir
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    saved = AutoModelForCausalLM.from_pretrained(tmp_path / "out")  # output_dir: the final model, as TRL leaves it
+    assert AutoTokenizer.from_pretrained(tmp_path / "out").vocab_size == run.tokenizer.vocab_size
+    for (name, a), (_, b) in zip(run.policy.model.named_parameters(), saved.named_parameters()):
+        assert torch.equal(a.detach(), b), name
     rows = [json.loads(line) for line in (run.run_dir / "metrics.jsonl").read_text().splitlines()]
     logged = {r["step"]: r["lr"] for r in rows if "lr" in r}
     optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1e-3)
@@ -141,8 +147,8 @@ def test_the_learning_rate_schedule_resumes_bit_identically(tmp_path):
         return grpo_train.train(SMALL, tasks={"caps": ROWS}, rewards={"caps": [reward_len]}, args=args)
 
     full = start(tmp_path / "a")
-    shutil.copytree(full.run_dir, tmp_path / "b" / "out")
-    for folder in (tmp_path / "b" / "out" / "checkpoints").iterdir():
+    shutil.copytree(full.run_dir, tmp_path / "b" / "out" / "grpo-dual")
+    for folder in (tmp_path / "b" / "out" / "grpo-dual" / "checkpoints").iterdir():
         if folder.name != "step_000002" and folder.is_dir():
             shutil.rmtree(folder)
     args = grpo_config(tmp_path / "b", **fields)

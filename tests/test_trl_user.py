@@ -165,7 +165,8 @@ def test_a_grpo_config_is_translated_field_by_field_and_untranslatable_fields_ar
         ("seq-mean-token-sum-norm", "gspo", 2, "batch")
     assert (cfg.rollout.max_new_tokens, cfg.rollout.temperature, cfg.train.seed) == (32, 0.7, 3)
     assert (cfg.train.max_steps, cfg.total_updates) == (4, 8)  # TRL's 8 optimizer steps: 4 generations x mu 2
-    assert (cfg.train.device, cfg.train.output_dir, cfg.train.run_name) == ("cpu", ".", "out")
+    assert (cfg.train.device, cfg.train.output_dir, cfg.train.run_name) == ("cpu", "out", "grpo-dual")
+    assert cfg.checkpoint.final_model_dir == "out"  # the final model where TRL's save_model leaves it
     assert from_trl({"report_to": "none"})[0]["train"]["tensorboard"] is False
     assert weights is None
     untouched, _ = from_trl(trl.GRPOConfig(output_dir="out", use_cpu=True, bf16=False))

@@ -2,6 +2,8 @@
 
     --rollout.k 8 | --rollout.k=8 | --set rollout.k=8        -> "rollout.k=8"
     --seed 3 (a shortcut, ALIASES)                            -> "train.seed=3"
+    --learning_rate 1e-5, --use_peft, --reward_funcs a b      -> another program's flags (`OtherFlags`: TRL's `trl grpo`
+                                                                 flags, which the run layer translates), when given
     anything else (--preset, --print-config, ...)             -> left for the entry point's own argparse parser
 
 Standard library only; the schema and its validation are grpo/config/sections.py's (and its parts'), `load_config` grpo/config/settings.py's, the presets grpo/config/presets.py's.
@@ -17,7 +19,7 @@ import inspect
 import sys
 import typing
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 from grpo.config import settings as C
 from grpo.config.presets import PRESETS
@@ -35,17 +37,102 @@ def command_typed(argv0: str | None = None) -> str:
     return f"python {name}" if name.endswith(".py") else name
 
 
-def unknown_flags(unknown: list[str], parser: argparse.ArgumentParser) -> C.ConfigError:
+@dataclasses.dataclass(frozen=True)
+class OtherFlags:
+    """Another program's flags an entry point reads besides its own: TRL's `trl grpo` flags (the run layer builds it,
+    grpo/run/trl_cli.py, and translates what they set). The words are only taken apart here."""
+
+    kinds: Mapping[str, str]
+    """flag name (without --) -> "bool" (a bare flag is true, or one of true/false follows), "list" (the words up to
+    the next flag) or "value" (one word)."""
+    negatable: frozenset[str]
+    """Bool flags that `--no_NAME` sets false (their default is true, as transformers' HfArgumentParser adds them)."""
+    equivalents: Mapping[str, str]
+    """flag name -> the --section.field that means the same here (for "did you mean" where the flags are not read)."""
+    owner: str = "TRL"
+    """Whose flags they are, for messages."""
+
+    def take(self, words: list[str], own: set[str] = frozenset()) -> tuple[dict[str, Any], list[str]]:
+        """(the flags' values: a string, a list of strings or True, the words left). `own`: the entry point's own
+        flag names, never taken. A value flag without a value is a ConfigError naming it."""
+        taken: dict[str, Any] = {}
+        rest: list[str] = []
+        i = 0
+        while i < len(words):
+            word = words[i]
+            name, eq, inline = word[2:].partition("=") if word.startswith("--") else ("", "", "")
+            negated = name.startswith("no_") and name[3:] in self.negatable and not eq
+            if not name or name in own or (name not in self.kinds and not negated):
+                rest.append(word)
+                i += 1
+                continue
+            if negated:
+                taken[name[3:]] = "false"
+                i += 1
+                continue
+            kind, after = self.kinds[name], []
+            j = i + 1
+            while not eq and j < len(words) and not looks_like_flag(words[j]) and (kind == "list" or not after):
+                after.append(words[j])
+                j += 1
+            if eq:
+                after = [inline]
+            if kind == "bool" and after and after[0].strip().lower() not in BOOL_WORDS:
+                after, j = [], i + 1  # `--use_peft out/`: the next word is not its value
+            if not after and kind != "bool":
+                where = "it ends the command line" if j >= len(words) else f"the flag {words[j]} follows it"
+                raise C.ConfigError(f"--{name} has no value: {where}; write --{name} VALUE", field=name)
+            taken[name] = after if kind == "list" else (after[0] if after else True)
+            i = j
+        return taken, rest
+
+    def hint(self, name: str) -> str | None:
+        """The closest of these flags to `name` (a typo), or None."""
+        match = difflib.get_close_matches(name, sorted(self.kinds), n=1, cutoff=0.75)
+        return match[0] if match else None
+
+
+BOOL_WORDS = ("1", "0", "true", "false", "yes", "no", "on", "off")
+"""The values a bool flag takes (parse_value's)."""
+
+
+def unknown_flags(unknown: list[str], parser: argparse.ArgumentParser,
+                  other: OtherFlags | None = None) -> C.ConfigError:
     """A ConfigError naming the command-line words no parser took, with a "did you mean" among the flags (the
-    entry point's, the shortcuts, every --section.field) and the command that was typed."""
+    entry point's, the shortcuts, every --section.field, and `other`'s: `--lerning_rate` -> `--learning_rate`) and
+    the command that was typed."""
     flags = [a.split("=", 1)[0][2:] for a in unknown if a.startswith("--")]
     sections = {name: hint for name, hint in typing.get_type_hints(C.Config).items() if dataclasses.is_dataclass(hint)}
     valid = sorted({o[2:] for action in parser._actions for o in action.option_strings if o.startswith("--")}
                    | set(ALIASES) | {f"{s}.{f.name}" for s, cls in sections.items() for f in dataclasses.fields(cls)})
-    guesses = [f"--{m[0]}" for flag in flags if (m := difflib.get_close_matches(flag, valid, n=1, cutoff=0.6))]
+    guesses = []
+    for flag in flags:
+        theirs = other.hint(flag) if other is not None and "." not in flag else None
+        ours = difflib.get_close_matches(flag, valid, n=1, cutoff=0.6)
+        if theirs and (not ours or difflib.SequenceMatcher(None, flag, theirs).ratio()
+                       >= difflib.SequenceMatcher(None, flag, ours[0]).ratio()):
+            same = other.equivalents.get(theirs)
+            guesses.append(f"--{theirs} ({other.owner}'s" + (f"; grpo-dual's {same})" if same else ")"))
+        elif ours:
+            guesses.append(f"--{ours[0]}")
     hint = f" (did you mean {', '.join(guesses)}?)" if guesses else ""
     return C.ConfigError(f"unrecognized argument(s) {' '.join(unknown)}{hint}: `{command_typed()} --help` lists the "
                          "flags and every config field", field=flags[0] if flags else None)
+
+
+def other_names_hint(err: C.ConfigError, other: OtherFlags | None) -> C.ConfigError:
+    """`--train.lerning_rate`: an unknown field of a section whose name is close to one of `other`'s flags that
+    means a grpo-dual field: the error with "did you mean `train.lr`?" (its message had no guess of its own)."""
+    dotted = err.field or ""
+    if other is None or "did you mean" in str(err) or not str(err).startswith("unknown config field") or \
+            dotted.count(".") != 1:
+        return err
+    theirs = other.hint(dotted.split(".", 1)[1])
+    same = other.equivalents.get(theirs or "")
+    if not same:
+        return err
+    return C.ConfigError(f"{err} (did you mean `{same.removeprefix('--')}`? {other.owner}'s {theirs} is {same} here)",
+                         field=err.field)
 
 
 SMOKE_TEST_STEPS = 5
@@ -212,9 +299,12 @@ def trainer_parser(prog: str, description: str, preset: str = DEFAULT_PRESET,
                + ", ".join(f"--{k}" for k in ALIASES) + "):" + describe_fields(preset) + more_help)
     parser.add_argument("--preset", default=DEFAULT_PRESET, help=f"one of {sorted(PRESETS)} (default: {DEFAULT_PRESET})")
     parser.add_argument("--config", metavar="FILE", default="",
-                        help="a YAML or JSON config file: grpo-dual's sections, or TRL's GRPOConfig fields (translated "
-                             "field by field; one without an equivalent is an error); --preset and the field flags "
-                             "override it")
+                        help="a YAML or JSON config file: grpo-dual's sections, or the fields of TRL's `trl grpo` "
+                             "records (GRPOScriptArguments, ModelConfig, DatasetMixtureConfig, GRPOConfig; translated "
+                             "field by field, one without an equivalent is an error; docs/TRL.md); --preset and the "
+                             "field flags override it. TRL's flags (--model_name_or_path, --dataset_name, "
+                             "--reward_funcs, --learning_rate, --use_peft, ...) are read with such a file, or when "
+                             "the command line gives --model_name_or_path, --dataset_name, --reward_funcs, ...")
     parser.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
     parser.add_argument("--overwrite", action="store_true",
                         help="delete the contents of an existing run folder first (train.overwrite=true); only a "
@@ -226,24 +316,31 @@ def trainer_parser(prog: str, description: str, preset: str = DEFAULT_PRESET,
 
 
 def parse_trainer_argv(argv: list[str], prog: str, description: str, more_help: str = "",
-                       read_file: Callable[[str], dict[str, Any]] | None = None) -> tuple[C.Config, argparse.Namespace]:
+                       read_file: Callable[[str, dict[str, Any]], dict[str, Any]] | None = None,
+                       other: OtherFlags | None = None) -> tuple[C.Config, argparse.Namespace]:
     """(the Config the command line asks for, the trainer's own flags). Raises ConfigError naming the field;
-    --help prints and exits as argparse does (`more_help` at the end of it). `read_file` reads `--config FILE` into a
-    config tree (the entry point's: TRL's fields are translated above this layer); its "preset" applies unless
-    --preset is given."""
+    --help prints and exits as argparse does (`more_help` at the end of it). `other`: another program's flags read
+    too (TRL's); `read_file(path, their values)` reads `--config FILE` and those flags into a config tree (the entry
+    point's: TRL's fields are translated above this layer; path "" when only flags are given); its "preset" applies
+    unless --preset is given. The --section.field flags override what it gives."""
     overrides, rest = split_argv(argv)
     parser = trainer_parser(prog, description, preset_in(rest), more_help)
+    own = {o[2:] for action in parser._actions for o in action.option_strings if o.startswith("--")}
+    theirs, rest = other.take(rest, own) if other is not None else ({}, rest)
     args, unknown = parser.parse_known_args(rest)
     if unknown:
-        raise unknown_flags(unknown, parser)
+        raise unknown_flags(unknown, parser, other)
     tree: dict[str, Any] = {}
-    if args.config:
+    if args.config or theirs:
         if read_file is None:
             raise C.ConfigError(f"--config {args.config}: this entry point reads no config files", field="config")
-        tree = read_file(args.config)
+        tree = read_file(args.config, theirs)
     given = any(a == "--preset" or a.startswith("--preset=") for a in rest)
     preset = args.preset if given or "preset" not in tree else str(tree["preset"])
     args.preset = preset
     flags = (["train.overwrite=true"] if args.overwrite else []) + \
         (["checkpoint.accept_changes=true"] if args.accept_changes else [])
-    return C.load_config(preset, overrides + flags, tree), args
+    try:
+        return C.load_config(preset, overrides + flags, tree), args
+    except C.ConfigError as err:
+        raise other_names_hint(err, other) from None

@@ -271,6 +271,10 @@ class CheckpointConfig:
     trust_pickle: bool = False
     """Load checkpoints of the old format (state.pt, reference.pt: Python pickles, which can run code when
     loaded). Only for checkpoints you wrote yourself; the next checkpoint is written in the safe format."""
+    final_model_dir: str = ""
+    """Also save the final model (or LoRA adapter) and its tokenizer into this folder, loadable with
+    from_pretrained(folder) as after TRL's trainer.save_model(folder); "" = only <run folder>/final. A TRL config's
+    output_dir sets it (grpo/run/trl_config.py)."""
     accept_changes: bool = False
     """Resume although the config, a data file, a task's rows or a reward function's source differ from the
     checkpoint's: each change is printed and recorded in the run folder's accepted_changes.jsonl. Off: such a resume

