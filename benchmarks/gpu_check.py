@@ -210,6 +210,7 @@ def step_logprob_change(model, tok, completions: list[list[int]], device: str) -
     """The graph step (compiled on CUDA) fed the same tokens: max |Δ log-prob| of them against the whole forward."""
     import torch
 
+    from grpo.config.settings import RolloutConfig
     from grpo.models import graph_decode as G
     from grpo.models.modeling import generation_mode
     from grpo.models.tokens import left_pad
@@ -218,7 +219,7 @@ def step_logprob_change(model, tok, completions: list[list[int]], device: str) -
     n = min(len(c) for c in completions)
     ids_BP, mask_BP = left_pad(rows, tok.pad_token_id, multiple_of=G.PROMPT_BUCKET)
     fed = torch.tensor([c[:n] for c in completions], device=device)
-    sampling = G.StepSampling(do_sample=False, stop_ids=(tok.pad_token_id,), pad_id=tok.pad_token_id)
+    sampling = G.StepSampling(RolloutConfig(), do_sample=False, stop_ids=(tok.pad_token_id,), pad_id=tok.pad_token_id)
     graph = G.GraphStep(model)
     with generation_mode(model), torch.no_grad():
         state = G.build_state(model, ids_BP.to(device), mask_BP.to(device), torch.zeros(len(rows), dtype=torch.long),
@@ -252,6 +253,7 @@ def fold_change(model_dir: Path, tok, device: str, new: int = 32) -> dict[str, f
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM
 
+    from grpo.config.settings import RolloutConfig
     from grpo.models import graph_decode as G
     from grpo.models.modeling import generation_mode
     from grpo.models.tokens import encode_prompt, left_pad
@@ -267,7 +269,7 @@ def fold_change(model_dir: Path, tok, device: str, new: int = 32) -> dict[str, f
     rows = [encode_prompt(tok, s.messages, None) for s in samples()]
     ids_BP, mask_BP = left_pad(rows, tok.pad_token_id, multiple_of=G.PROMPT_BUCKET)
     ids_BP, mask_BP = ids_BP.to(device), mask_BP.to(device)
-    sampling = G.StepSampling(do_sample=True, stop_ids=(tok.pad_token_id,), pad_id=tok.pad_token_id)
+    sampling = G.StepSampling(RolloutConfig(), do_sample=True, stop_ids=(tok.pad_token_id,), pad_id=tok.pad_token_id)
     graph = G.GraphStep(model)
     with generation_mode(model), torch.no_grad():
         tokens_BN, _ = G.decode_graph(model, ids_BP, mask_BP, sampling, new, torch.arange(len(rows)),

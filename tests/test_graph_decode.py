@@ -138,7 +138,7 @@ def padded_prompts(B: int = 4, P: int = 9) -> tuple[torch.Tensor, torch.Tensor]:
 def step_logits(model, ids_BP, mask_BP, fed_BT, sampling=None, fold=False, compiled=None) -> list[torch.Tensor]:
     """The graph step's logits after feeding the tokens of `fed_BT` one column at a time (the sampler draws, then
     the fed token replaces its draw)."""
-    sampling = sampling or G.StepSampling(do_sample=False, stop_ids=(V + 5,), pad_id=0)
+    sampling = sampling or G.StepSampling(RolloutConfig(), do_sample=False, stop_ids=(V + 5,), pad_id=0)
     graph = G.GraphStep(model)
     with generation_mode(model), torch.no_grad():
         state = G.build_state(model, ids_BP, mask_BP, torch.arange(ids_BP.shape[0]), sampling, fed_BT.shape[1] + 1,
@@ -242,11 +242,7 @@ def test_a_decoding_step_reads_nothing_back_to_the_host(model, tok, name):
     """No op of the step brings a value to the host (`.item()`, `nonzero`, ...): nothing stalls a GPU's launch queue,
     and the step can be captured as a CUDA graph."""
     rollout = RolloutConfig(**SETTINGS[name])
-    sampling = G.StepSampling(do_sample=True, temperature=rollout.temperature, top_k=rollout.top_k,
-                              top_p=rollout.top_p, min_p=rollout.min_p,
-                              repetition_penalty=rollout.repetition_penalty,
-                              presence_penalty=rollout.presence_penalty, frequency_penalty=rollout.frequency_penalty,
-                              min_new_tokens=rollout.min_new_tokens, stop_ids=(3, 4), pad_id=tok.pad_token_id)
+    sampling = G.StepSampling(rollout, do_sample=True, stop_ids=(3, 4), pad_id=tok.pad_token_id)
     ids_BP, mask_BP = left_pad([[5, 6, 7], [8, 9]], tok.pad_token_id, multiple_of=G.PROMPT_BUCKET)
     graph = G.GraphStep(model)
     with generation_mode(model), torch.no_grad():
@@ -264,11 +260,7 @@ def test_the_step_compiles_as_one_graph_that_samples_what_generate_samples(tok):
     model.set_attn_implementation("sdpa")
     settings = dict(SETTINGS["warpers"], presence_penalty=0.2)
     rollout = RolloutConfig(k=K, max_new_tokens=NEW, **settings)
-    sampling = G.StepSampling(do_sample=True, temperature=rollout.temperature, top_k=rollout.top_k,
-                              top_p=rollout.top_p, min_p=rollout.min_p,
-                              repetition_penalty=rollout.repetition_penalty,
-                              presence_penalty=rollout.presence_penalty, frequency_penalty=rollout.frequency_penalty,
-                              min_new_tokens=rollout.min_new_tokens, stop_ids=(3, 4), pad_id=tok.pad_token_id)
+    sampling = G.StepSampling(rollout, do_sample=True, stop_ids=(3, 4), pad_id=tok.pad_token_id)
     ids_BP, mask_BP = left_pad([[5, 6, 7], [8, 9], [10, 11, 12, 13]], tok.pad_token_id, multiple_of=G.PROMPT_BUCKET)
     graph = G.graph_step_for(model)
     with generation_mode(model), torch.no_grad():
@@ -331,7 +323,8 @@ def test_a_step_that_fails_to_compile_decodes_eagerly_with_a_warning(tok, monkey
     eager step: the same tokens."""
     model = build_tiny_model(tok, seed=3, hidden=64, layers=2, heads=4, kv_heads=2)
     model.set_attn_implementation("sdpa")
-    sampling = G.StepSampling(do_sample=True, temperature=0.7, stop_ids=(3, 4), pad_id=tok.pad_token_id)
+    sampling = G.StepSampling(RolloutConfig(temperature=0.7), do_sample=True, stop_ids=(3, 4),
+                              pad_id=tok.pad_token_id)
     ids_BP, mask_BP = left_pad([[5, 6, 7], [8, 9]], tok.pad_token_id, multiple_of=G.PROMPT_BUCKET)
 
     def decode(**kw):

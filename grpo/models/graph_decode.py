@@ -50,6 +50,7 @@ from typing import Any, Callable, Sequence
 import torch
 import torch.nn.functional as F
 
+from grpo.config.settings import RolloutConfig
 from grpo.models.model_calls import accepts_logits_to_keep, cache_kwarg, position_ids_from_mask, returned_cache
 from grpo.models.modeling import base_model
 from grpo.models.sampling import inverse_cdf_choice, warpers
@@ -92,25 +93,30 @@ def graph_blocker(model: torch.nn.Module) -> str | None:
     return None
 
 
-@dataclass(frozen=True)
-class StepSampling:
-    """The settings the step applies to the logits (each neutral value adds nothing, as in `generate`)."""
+SAMPLING_FIELDS = ("temperature", "top_k", "top_p", "min_p", "repetition_penalty", "presence_penalty",
+                   "frequency_penalty", "min_new_tokens")
+"""The rollout section's fields the step applies (each neutral value adds nothing, as in `generate`)."""
 
+
+@dataclass(frozen=True, eq=False)
+class StepSampling:
+    """One call's sampling: the rollout section (its SAMPLING_FIELDS) and the call's own values."""
+
+    rollout: RolloutConfig
     do_sample: bool
-    temperature: float = 1.0
-    top_k: int = 0
-    top_p: float = 1.0
-    min_p: float = 0.0
-    repetition_penalty: float = 1.0
-    presence_penalty: float = 0.0
-    frequency_penalty: float = 0.0
-    min_new_tokens: int = 0
-    stop_ids: tuple[int, ...] = ()
-    pad_id: int = 0
+    """False = greedy (evaluation): the warpers do not apply."""
+    stop_ids: tuple[int, ...]
+    pad_id: int
+
+    @property
+    def key(self) -> tuple:
+        """What the compiled step depends on (its cache key)."""
+        return (self.do_sample, self.stop_ids, self.pad_id) + tuple(getattr(self.rollout, f) for f in SAMPLING_FIELDS)
 
     @property
     def warpers(self) -> list[Any]:
-        return warpers(self.temperature, self.top_k, self.top_p, self.min_p) if self.do_sample else []
+        r = self.rollout
+        return warpers(r.temperature, r.top_k, r.top_p, r.min_p) if self.do_sample else []
 
 
 def lora_fold(module: torch.nn.Module) -> tuple[torch.Tensor, torch.Tensor | None] | None:
@@ -243,15 +249,15 @@ class GraphStep:
         penalty counts."""
         scores_BV = s.logits_BV.float()
         if s.seen_BV is not None:
-            penalty = sampling.repetition_penalty
+            penalty = sampling.rollout.repetition_penalty
             penalised_BV = torch.where(scores_BV < 0, scores_BV * penalty, scores_BV / penalty)
             scores_BV = torch.where(s.seen_BV, penalised_BV, scores_BV)
-        if sampling.min_new_tokens > 0:
+        if sampling.rollout.min_new_tokens > 0:
             is_stop_V = torch.isin(torch.arange(scores_BV.shape[-1], device=scores_BV.device), s.stops)
-            scores_BV = torch.where(is_stop_V & (s.t < sampling.min_new_tokens), NEGINF, scores_BV)
+            scores_BV = torch.where(is_stop_V & (s.t < sampling.rollout.min_new_tokens), NEGINF, scores_BV)
         if s.counts_BV is not None:
-            scores_BV = (scores_BV - sampling.frequency_penalty * s.counts_BV
-                         - sampling.presence_penalty * (s.counts_BV > 0).to(scores_BV.dtype))
+            scores_BV = (scores_BV - sampling.rollout.frequency_penalty * s.counts_BV
+                         - sampling.rollout.presence_penalty * (s.counts_BV > 0).to(scores_BV.dtype))
         sum_B = scores_BV.sum(dim=-1)
         bad_B = torch.isnan(sum_B) | (sum_B == float("inf"))
         s.fixed.add_(bad_B.sum())
@@ -365,12 +371,12 @@ def build_state(model: torch.nn.Module, ids_BP: torch.Tensor, mask_BP: torch.Ten
     V_size = logits_BV.shape[-1]
     attend_BL = torch.cat([mask_BP.bool(), torch.ones(B, max_new_tokens, dtype=torch.bool, device=device)], dim=1)
     seen_BV = None
-    if sampling.repetition_penalty != 1.0:  # the prompt's real tokens count as seen (left padding does not)
+    if sampling.rollout.repetition_penalty != 1.0:  # the prompt's real tokens count as seen (left padding does not)
         seen_BV = torch.zeros(B, V_size + 1, dtype=torch.bool, device=device)
         seen_BV.scatter_(1, torch.where(mask_BP.bool(), ids_BP.clamp(max=V_size), V_size), True)
         seen_BV = seen_BV[:, :V_size].contiguous()
     counts_BV = None
-    if sampling.presence_penalty or sampling.frequency_penalty:
+    if sampling.rollout.presence_penalty or sampling.rollout.frequency_penalty:
         counts_BV = torch.zeros(B, V_size, dtype=torch.float32, device=device)
     return State(K=K, V=V, attend_BL=attend_BL, cols_L=torch.arange(L, device=device), logits_BV=logits_BV,
                  next_B=torch.full((B,), sampling.pad_id, dtype=torch.long, device=device),
@@ -394,7 +400,7 @@ def _compiled_step(graph: GraphStep, sampling: StepSampling, state: State, compi
     eager function."""
     if not compile_step:
         return lambda s: graph.step(s, sampling)
-    key = (sampling, state.out_BN.device.type, tuple(slot is not None for _, _, slot in graph.plan))
+    key = (sampling.key, state.out_BN.device.type, tuple(slot is not None for _, _, slot in graph.plan))
     fn = graph.compiled.get(key)
     if fn is None:
         fn = torch.compile(lambda s: graph.step(s, sampling), fullgraph=True, dynamic=None)

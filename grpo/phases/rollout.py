@@ -325,11 +325,7 @@ def _graph_rows(model, rows: Sequence[Sequence[int]], rollout: RolloutConfig, st
     prompt prefilled once, every sampling setting applied inside the step, the rows' sampler keys the run's or drawn
     from the torch RNG."""
     ids_BP, mask_BP = left_pad(rows, pad_id, multiple_of=PROMPT_BUCKET)
-    sampling = StepSampling(do_sample=not greedy, temperature=rollout.temperature, top_k=rollout.top_k,
-                            top_p=rollout.top_p, min_p=rollout.min_p, repetition_penalty=rollout.repetition_penalty,
-                            presence_penalty=rollout.presence_penalty, frequency_penalty=rollout.frequency_penalty,
-                            min_new_tokens=rollout.min_new_tokens, stop_ids=tuple(int(i) for i in stop_ids),
-                            pad_id=int(pad_id))
+    sampling = StepSampling(rollout, do_sample=not greedy, stop_ids=tuple(int(i) for i in stop_ids), pad_id=int(pad_id))
     if greedy:
         keys_B = torch.zeros(len(rows), dtype=torch.int64)
     elif row_keys is not None:
