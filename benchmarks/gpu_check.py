@@ -259,6 +259,7 @@ def fold_change(model_dir: Path, tok, device: str, new: int = 32) -> dict[str, f
     from grpo.models.tokens import encode_prompt, left_pad
 
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16, attn_implementation="sdpa")
+    torch.manual_seed(0)  # lora_A's initialisation: the figure is the same from run to run
     model = get_peft_model(model, LoraConfig(r=8, lora_alpha=16, target_modules=list(G.PROJECTIONS))).to(device)
     with torch.no_grad():
         g = torch.Generator().manual_seed(0)
