@@ -22,7 +22,11 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
-import torch
+from grpo.models.host import cpu_share, openmp_note, quiet_openmp, thread_count
+
+quiet_openmp()  # before torch loads libgomp, which reads OMP_WAIT_POLICY once: its threads then sleep, not spin
+
+import torch  # noqa: E402
 
 from grpo.config import settings as C
 from grpo.config.command_line import command_typed, parse_trainer_argv, smoke_test_note
@@ -77,6 +81,8 @@ def setup(cfg: C.Config, *, callables: Mapping[str, Callable[..., Any]] | None =
     """
     check_config(cfg)
     seed_everything(cfg.train.seed)
+    threads, why = thread_count(cfg.train.threads, torch.get_num_threads(), cpu_share())
+    torch.set_num_threads(threads)  # train.threads: the cores this process may use, not the machine's
     # transformers is imported when the first model is built, not when this module is (--help stays fast)
     from transformers.utils import logging as hf_logging
 
@@ -133,6 +139,7 @@ def setup(cfg: C.Config, *, callables: Mapping[str, Callable[..., Any]] | None =
             dist.shard(policy.ref_model)
         run = Run(cfg, run_dir, device, dist, policy, train_rows, heldout)
         run.inputs, run.resume_from = inputs, resume_from
+        run.host = f"CPU: {threads} torch thread(s) ({why}); {openmp_note()}"
         run.tracker = build_trackers(cfg.train, run_dir) if dist.is_main else NullTracker()
         toolbox = build_toolbox(cfg.rollout, policy.tokenizer, callables, environments)  # rollout.tools; None without
         sampler = TaskBalancedSampler(train_rows, seed=cfg.train.seed, mix=parse_task_mix(cfg.data.task_mix))
