@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
-from grpo.models.host import cpu_share, openmp_note, quiet_openmp, thread_count
+from grpo.models.host import cpu_share, memory_metrics, openmp_note, quiet_openmp, thread_count
 
 quiet_openmp()  # before torch loads libgomp, which reads OMP_WAIT_POLICY once: its threads then sleep, not spin
 
@@ -187,7 +187,7 @@ def sft_phase(run: Run) -> list[float]:
     if run.dist.is_main:
         ckpt.save_reference(run.run_dir, weights)
     run.dist.barrier()
-    run.tracker.log({"sft/loss_first": losses[0], "sft/loss_last": losses[-1]}, 0)
+    run.tracker.log({"sft/loss_first": losses[0], "sft/loss_last": losses[-1], **memory_metrics(run.device)}, 0)
     return losses
 
 
@@ -215,7 +215,8 @@ def evaluate_phase(run: Run, tag: str) -> dict[str, float]:
     write_scored(run.run_dir / "evals" / f"{tag}.jsonl", scored)  # the greedy completions and every grader's score
     means = part_means((s.rollout.sample.task, s.parts) for s in scored)
     parts = {f"eval_part/{t}/{name}": v for t, by_name in means.items() for name, v in by_name.items()}
-    run.tracker.log({**{f"eval/{t}/reward": r for t, r in results.items()}, **parts, **measured}, run.step)
+    run.tracker.log({**{f"eval/{t}/reward": r for t, r in results.items()}, **parts, **measured,
+                     **memory_metrics(run.device)}, run.step)
     if offered:
         run.frontier.offer(run.step, results, save_fn=lambda path: save_pretrained(run.policy, path, state))
     dist.barrier()
@@ -256,8 +257,9 @@ def rl_step(run: Run, step: int) -> dict[str, float]:
         run.update.reference_logps(batch)
     with timer("train"):
         stats = run.update.step(batch)  # μ passes, then the β / entropy controllers and the weight guard
-    return log_step(run, step, {**graded.metrics, **stats, "step": step, **timer.metrics(), "lr": run.update.lr},
-                    graded.everyone)
+    memory = memory_metrics(run.device)  # memory/: after handing back what the step freed (grpo/models/host.py)
+    return log_step(run, step, {**graded.metrics, **stats, "step": step, **timer.metrics(), "lr": run.update.lr,
+                                **memory}, graded.everyone)
 
 
 def log_step(run: Run, step: int, metrics: dict[str, Any], scored: list) -> dict[str, float]:
