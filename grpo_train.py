@@ -24,7 +24,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 from grpo.models.host import cpu_share, memory_metrics, openmp_note, quiet_openmp, thread_count
 
-quiet_openmp()  # before torch loads libgomp, which reads OMP_WAIT_POLICY once: its threads then sleep, not spin
+quiet_openmp()  # before torch loads libgomp, which reads it once: waiting threads sleep instead of spinning
 
 import torch  # noqa: E402
 
@@ -82,7 +82,8 @@ def setup(cfg: C.Config, *, callables: Mapping[str, Callable[..., Any]] | None =
     check_config(cfg)
     seed_everything(cfg.train.seed)
     threads, why = thread_count(cfg.train.threads, torch.get_num_threads(), cpu_share())
-    torch.set_num_threads(threads)  # train.threads: the cores this process may use, not the machine's
+    if threads != torch.get_num_threads():  # train.threads: the cores this process may use, not the machine's; a
+        torch.set_num_threads(threads)      # call also pins MKL's count (mkl_set_dynamic(0)): 5 % on the demo
     # transformers is imported when the first model is built, not when this module is (--help stays fast)
     from transformers.utils import logging as hf_logging
 

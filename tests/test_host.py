@@ -67,28 +67,29 @@ def test_train_threads_zero_takes_the_cores_and_keeps_a_lower_count_set_before()
     assert thread_count(3, 1, share) == (3, "train.threads=3")
 
 
-def test_the_wait_policy_is_passive_unless_the_environment_names_one():
+def test_openmp_is_asked_to_sleep_after_a_short_spin_unless_the_environment_says_how_it_waits():
     env = {}
     note = quiet_openmp(env, loaded=False)
-    assert env == {"OMP_WAIT_POLICY": "PASSIVE"} and "sleep" in note
-    env = {"OMP_WAIT_POLICY": "ACTIVE"}
-    assert quiet_openmp(env, loaded=False) == "OpenMP waits as OMP_WAIT_POLICY=ACTIVE says"
-    assert env == {"OMP_WAIT_POLICY": "ACTIVE"}
+    assert env == {"OMP_WAIT_POLICY": "PASSIVE", "GOMP_SPINCOUNT": "1000"} and "sleep after a short spin" in note
+    for name, value in (("OMP_WAIT_POLICY", "ACTIVE"), ("GOMP_SPINCOUNT", "300000")):  # either: the user's choice
+        env = {name: value}
+        assert quiet_openmp(env, loaded=False) == f"OpenMP waits as {name}={value} says" and env == {name: value}
     env = {}
     note = quiet_openmp(env, loaded=True)  # torch came first: only child processes get it, and the line says so
-    assert env == {"OMP_WAIT_POLICY": "PASSIVE"} and "spin" in note and "import grpo_train first" in note
+    assert env == {"OMP_WAIT_POLICY": "PASSIVE", "GOMP_SPINCOUNT": "1000"}
+    assert "spin while they wait" in note and "import grpo_train first" in note
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
-def test_the_trainer_started_from_the_command_line_sets_the_policy_before_torch_loads_openmp():
+def test_the_trainer_started_from_the_command_line_asks_before_torch_loads_openmp():
     import subprocess
 
     code = ("import os, grpo_train; from grpo.models.host import openmp_note; "
-            "print(os.environ['OMP_WAIT_POLICY'], openmp_note())")
-    env = {k: v for k, v in __import__("os").environ.items() if k != "OMP_WAIT_POLICY"}
+            "print(os.environ['OMP_WAIT_POLICY'], os.environ['GOMP_SPINCOUNT'], openmp_note())")
+    env = {k: v for k, v in __import__("os").environ.items() if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")}
     out = subprocess.run([sys.executable, "-c", code], cwd=host.Path(__file__).parents[1], env=env,
                          capture_output=True, text=True, check=True).stdout
-    assert out.startswith("PASSIVE OpenMP threads sleep while they wait"), out
+    assert out.startswith("PASSIVE 1000 OpenMP threads sleep after a short spin while they wait"), out
 
 
 def test_host_memory_reads_the_resident_set_and_its_peak(tmp_path):
@@ -103,3 +104,17 @@ def test_memory_metrics_on_the_cpu_are_the_host_ones():
     metrics = host.memory_metrics(torch.device("cpu"))
     assert set(metrics) == {"memory/host_rss_gb", "memory/host_peak_gb"}
     assert 0 < metrics["memory/host_rss_gb"] <= metrics["memory/host_peak_gb"]
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux") or host._libc() is None
+                    or getattr(host._libc(), "mallinfo2", None) is None, reason="glibc 2.33+ only")
+def test_freed_memory_is_handed_back_only_when_there_is_enough_of_it():
+    """300 MB of 100 KB blocks (below glibc's mmap threshold: they live in its heap) freed under one block still held
+    at the top, so glibc cannot shrink the heap by itself: the resident set stays until `release_freed_memory`."""
+    blocks = [bytearray(100_000) for _ in range(3000)]
+    last = bytearray(100_000)  # noqa: F841 - pins the top of the heap
+    del blocks
+    held = host.host_memory()["memory/host_rss_gb"]
+    assert not host.release_freed_memory()  # below TRIM_FROM_BYTES (512 MB) free: kept, to be reused
+    assert host.release_freed_memory(at_least=2**26)
+    assert held - host.host_memory()["memory/host_rss_gb"] > 0.2

@@ -2,14 +2,13 @@
 spinning while it waits, and host / GPU memory readings, with the allocator's freed memory handed back to the system.
 
 Why: on a machine shared with other work, the CPU a process may use is its affinity mask and its cgroup CPU quota (a
-container's `--cpus`), not `os.cpu_count()`; and libgomp's threads spin on a core between two parallel regions, which
-a busy neighbour then has to share with them (`benchmarks/busy_neighbours.py` measures both). On the host memory:
-glibc keeps the memory a finished phase freed in its heaps, so a run's resident set stays at its largest phase's
-until something hands it back (`release_freed_memory`).
+container's `--cpus`), not `os.cpu_count()`; and libgomp's threads spin for milliseconds on a core between two
+parallel regions, which a busy neighbour then has to share with them (`benchmarks/busy_neighbours.py` measures it).
+On the host memory: glibc keeps the memory a finished phase freed in its heaps, so a run's resident set stays at its
+largest phase's until something hands it back (`release_freed_memory`).
 
 Standard library only at import (torch is imported inside the GPU readers): `grpo_train` imports this module before
-torch, so that `quiet_openmp` sets the wait policy before torch loads libgomp, which reads it once, at load.
-"""
+torch, so that `quiet_openmp` sets the wait before torch loads libgomp, which reads it once, at load."""
 
 from __future__ import annotations
 
@@ -19,14 +18,17 @@ import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, MutableMapping
+from typing import Any, Mapping, MutableMapping
 
 GB = 2**30
 """The memory/ metrics count GiB (2^30 bytes), as `free -g` and /proc's kB (KiB) do."""
-OMP_WAIT = "PASSIVE"
-"""The OpenMP wait policy a run asks for: a thread with no work sleeps in the kernel (libgomp's spin count 0) instead
-of spinning for up to ~0.3 s, so the cores it would burn go to whatever else runs; on an idle machine it costs a
-wake-up per parallel region (the demo's 40 steps took the same time within 2 %)."""
+OPENMP_WAIT = {"OMP_WAIT_POLICY": "PASSIVE", "GOMP_SPINCOUNT": "1000"}
+"""How a run asks OpenMP's idle threads to wait: sleep in the kernel after a short spin, instead of spinning ~3 ms
+(libgomp's default, 300000 spins) on a core that a busy neighbour then shares with them. libgomp (torch's Linux
+wheels) takes GOMP_SPINCOUNT over the policy: 1000 spins, the count it uses itself when it has more threads than
+CPUs; other runtimes take the policy. On 2 cores (`benchmarks/busy_neighbours.py`, the demo's 40 steps): libgomp's
+default took 12.3 s idle and 8.8x that beside two spinning processes; PASSIVE alone (no spin) 14.0 s idle; both
+12.5 s idle, 1.8x beside one spinning process and 2.7x beside two (benchmarks/RESULTS.md)."""
 
 _openmp: dict[str, str] = {}
 """What `quiet_openmp` found, for `openmp_note` (process state, as the environment variable is)."""
@@ -42,27 +44,32 @@ def libgomp_loaded(maps: str = "/proc/self/maps") -> bool:
     return any(name in text for name in ("libgomp", "libiomp", "libomp"))
 
 
+def _named(environ: Mapping[str, str]) -> str:
+    return ", ".join(f"{k}={environ[k]}" for k in OPENMP_WAIT if environ.get(k))
+
+
 def quiet_openmp(environ: MutableMapping[str, str] = os.environ, loaded: bool | None = None) -> str:
-    """Ask OpenMP to sleep, not spin, while a thread waits for work (OMP_WAIT_POLICY=PASSIVE), unless the environment
-    already names a policy. Returns how OpenMP waits in this process, the line `openmp_note` gives. Effective only
-    before the OpenMP runtime loads (before `import torch`); after, it reaches child processes only, and says so."""
+    """Ask OpenMP's idle threads to sleep after a short spin (OPENMP_WAIT), unless the environment already says how
+    they wait (OMP_WAIT_POLICY or GOMP_SPINCOUNT). Returns how OpenMP waits in this process, the line `openmp_note`
+    gives. Effective only before the OpenMP runtime loads (before `import torch`), which reads them once; after, they
+    reach child processes only, and the line says so."""
     loaded = libgomp_loaded() if loaded is None else loaded
-    own = environ.get("OMP_WAIT_POLICY")
-    if own:
-        note = f"OpenMP waits as OMP_WAIT_POLICY={own} says"
+    if own := _named(environ):
+        note = f"OpenMP waits as {own} says"
     else:
-        environ["OMP_WAIT_POLICY"] = OMP_WAIT
-        note = ("OpenMP threads sleep while they wait (OMP_WAIT_POLICY=PASSIVE)" if not loaded else
-                "OpenMP threads spin while they wait: torch was imported before grpo_train, whose OMP_WAIT_POLICY="
-                "PASSIVE reaches only child processes now (import grpo_train first, or set it in the shell)")
+        environ.update(OPENMP_WAIT)
+        asked = _named(environ)
+        note = (f"OpenMP threads sleep after a short spin while they wait ({asked})" if not loaded else
+                f"OpenMP threads spin while they wait: torch was imported before grpo_train, whose {asked} reach "
+                "only child processes now (import grpo_train first, or set them in the shell)")
     _openmp["note"] = note
     return note
 
 
 def openmp_note() -> str:
     """How OpenMP waits in this process, as `quiet_openmp` left it (its default when nothing called it)."""
-    own = os.environ.get("OMP_WAIT_POLICY")
-    return _openmp.get("note") or (f"OpenMP waits as OMP_WAIT_POLICY={own} says" if own else
+    own = _named(os.environ)
+    return _openmp.get("note") or (f"OpenMP waits as {own} says" if own else
                                    "OpenMP threads spin while they wait (its default)")
 
 
@@ -195,15 +202,35 @@ def _libc() -> Any:
         return None
 
 
-def release_freed_memory() -> bool:
+class _MallInfo2(ctypes.Structure):
+    """glibc's `struct mallinfo2` (2.33+): byte counts of all its arenas."""
+
+    _fields_ = [(name, ctypes.c_size_t) for name in
+                ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks",
+                 "keepcost")]
+
+
+TRIM_FROM_BYTES = 512 * 2**20
+"""Free memory glibc must hold before `release_freed_memory` hands it back. What is handed back is faulted in again
+(zeroed pages) when the next step allocates it: the demo frees 100-130 MB of its 500 MB every step, and handing that
+back took 11 ms of its ~150 ms step (and more to fault it in again); `--preset smollm2-tools` kept 5-6 GB free after
+its warm-up and after an RL step, which it took 0.1-0.5 s to hand back, in 30-50 s steps."""
+
+
+def release_freed_memory(at_least: int = TRIM_FROM_BYTES) -> bool:
     """Hand the memory glibc holds freed back to the system (`malloc_trim(0)`: the free pages inside its heaps too,
-    not only at their top). Without it a run's resident set stays near its largest phase's: `--preset smollm2-tools`
-    held 5.8 GB after its SFT warm-up and 6.8 GB after an RL step, 1.0 GB once trimmed (0.1-0.5 s; under 1 ms for a
-    demo-sized process). Returns whether it ran (False without glibc: musl, macOS, Windows)."""
+    not only at their top) when it holds `at_least` bytes free. Without it a run's resident set stays near its
+    largest phase's: `--preset smollm2-tools` held 5.8 GB after its SFT warm-up and 6.8 GB after an RL step, 1.0 GB
+    once trimmed (0.1-0.5 s). Returns whether it trimmed (never without glibc: musl, macOS, Windows)."""
     libc = _libc()
     trim = getattr(libc, "malloc_trim", None) if libc is not None else None
+    info = getattr(libc, "mallinfo2", None) if libc is not None else None
     if trim is None:
         return False
+    if info is not None:
+        info.restype = _MallInfo2
+        if info().fordblks < at_least:
+            return False
     trim(0)
     return True
 
