@@ -24,7 +24,11 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
-import torch
+from grpo.models.host import cpu_share, memory_metrics, openmp_note, quiet_openmp, thread_count
+
+quiet_openmp()  # before torch loads libgomp, which reads it once: waiting threads sleep instead of spinning
+
+import torch  # noqa: E402
 
 from grpo.config import settings as C
 from grpo.config.command_line import command_typed, parse_trainer_argv, smoke_test_note
@@ -79,6 +83,9 @@ def setup(cfg: C.Config, *, callables: Mapping[str, Callable[..., Any]] | None =
     """
     check_config(cfg)
     seed_everything(cfg.train.seed)
+    threads, why = thread_count(cfg.train.threads, torch.get_num_threads(), cpu_share())
+    if threads != torch.get_num_threads():  # train.threads: the cores this process may use, not the machine's; a
+        torch.set_num_threads(threads)      # call also pins MKL's count (mkl_set_dynamic(0)): 5 % on the demo
     # transformers is imported when the first model is built, not when this module is (--help stays fast)
     from transformers.utils import logging as hf_logging
 
@@ -136,6 +143,7 @@ def setup(cfg: C.Config, *, callables: Mapping[str, Callable[..., Any]] | None =
             dist.shard(policy.ref_model)
         run = Run(cfg, run_dir, device, dist, policy, train_rows, heldout)
         run.inputs, run.resume_from = inputs, resume_from
+        run.host = f"CPU: {threads} torch thread(s) ({why}); {openmp_note()}"
         run.tracker = build_trackers(cfg.train, run_dir) if dist.is_main else NullTracker()
         toolbox = build_toolbox(cfg.rollout, policy.tokenizer, callables, environments)  # rollout.tools; None without
         sampler = TaskBalancedSampler(train_rows, seed=cfg.train.seed, mix=parse_task_mix(cfg.data.task_mix))
@@ -183,7 +191,7 @@ def sft_phase(run: Run) -> list[float]:
     if run.dist.is_main:
         ckpt.save_reference(run.run_dir, weights)
     run.dist.barrier()
-    run.tracker.log({"sft/loss_first": losses[0], "sft/loss_last": losses[-1]}, 0)
+    run.tracker.log({"sft/loss_first": losses[0], "sft/loss_last": losses[-1], **memory_metrics(run.device)}, 0)
     return losses
 
 
@@ -211,7 +219,8 @@ def evaluate_phase(run: Run, tag: str) -> dict[str, float]:
     write_scored(run.run_dir / "evals" / f"{tag}.jsonl", scored)  # the greedy completions and every grader's score
     means = part_means((s.rollout.sample.task, s.parts) for s in scored)
     parts = {f"eval_part/{t}/{name}": v for t, by_name in means.items() for name, v in by_name.items()}
-    run.tracker.log({**{f"eval/{t}/reward": r for t, r in results.items()}, **parts, **measured}, run.step)
+    run.tracker.log({**{f"eval/{t}/reward": r for t, r in results.items()}, **parts, **measured,
+                     **memory_metrics(run.device)}, run.step)
     if offered:
         run.frontier.offer(run.step, results, save_fn=lambda path: save_pretrained(run.policy, path, state))
     dist.barrier()
@@ -252,8 +261,9 @@ def rl_step(run: Run, step: int) -> dict[str, float]:
         run.update.reference_logps(batch)
     with timer("train"):
         stats = run.update.step(batch)  # μ passes, then the β / entropy controllers and the weight guard
-    return log_step(run, step, {**graded.metrics, **stats, "step": step, **timer.metrics(), "lr": run.update.lr},
-                    graded.everyone)
+    memory = memory_metrics(run.device)  # memory/: after handing back what the step freed (grpo/models/host.py)
+    return log_step(run, step, {**graded.metrics, **stats, "step": step, **timer.metrics(), "lr": run.update.lr,
+                                **memory}, graded.everyone)
 
 
 def log_step(run: Run, step: int, metrics: dict[str, Any], scored: list) -> dict[str, float]:

@@ -23,8 +23,8 @@ import json
 import sys
 from pathlib import Path
 
-TIMING_PREFIXES = ("time/",)
-"""Metric keys measured with a clock: they differ between two runs of the same code."""
+TIMING_PREFIXES = ("time/", "memory/")
+"""Metric keys measured with a clock or read from the allocator: they differ between two runs of the same code."""
 
 
 def is_timing(key: str) -> bool:

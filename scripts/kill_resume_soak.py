@@ -12,8 +12,9 @@
      pareto      right after a new Pareto point folder appeared (pareto/step_N/ being written).
    Each kill says where it landed. Before each resume every checkpoint folder that looks complete is verified
    against its manifest; a run killed before its first checkpoint is started afresh. Then it runs to the end.
-3. Compared with the reference, after removing wall-clock timings (`time/*`): every file of `final/` byte for byte,
-   metrics.jsonl, metrics.csv, samples.jsonl, eval.json, pareto/pareto.json and the TensorBoard scalars.
+3. Compared with the reference, after removing wall-clock timings and memory readings (`time/*`, `memory/*`): every
+   file of `final/` byte for byte, metrics.jsonl, metrics.csv, samples.jsonl, eval.json, pareto/pareto.json and the
+   TensorBoard scalars.
 Prints the differences and `kills: 20 (...), corrupt checkpoints: 0, identical: final/ yes, metrics.jsonl yes, ...`.
 Exit status 1 if anything differs or a checkpoint was corrupt. tests/test_kill_resume_soak.py runs a short version
 (`--kills 3 --steps 15 --eval-every 3 --max-delay 0.5`, one kill per moment) as a subprocess on every test run.
@@ -48,8 +49,8 @@ TINY = ["--model.tiny_hidden", "32", "--model.tiny_layers", "1", "--model.tiny_h
         "--set", "rewards.hallucination=scripts.kill_resume_soak:shorter:1.0"]
 LENGTH_CAP = 24  # characters: the longest reply max_new_tokens=6 of the tiny tokenizer gives is about this long
 MODES = ("checkpoint", "evaluation", "pareto")
-TIMED = "time/"
-"""Wall-clock metrics differ between any two runs: left out of every comparison."""
+TIMED = ("time/", "memory/")
+"""Wall-clock and memory metrics differ between any two runs: left out of every comparison."""
 WAIT_S = 300  # longest wait for the moment a kill aims at, before killing anyway
 
 

@@ -26,7 +26,8 @@ BASE = ["sft.steps=3", "sft.lr=1e-3", "checkpoint.every=2", "train.eval_every=2"
 
 def _lines(run_dir: Path, after: int):
     rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    return [{k: v for k, v in r.items() if not k.startswith("time/")} for r in rows if r.get("step", 0) > after]
+    return [{k: v for k, v in r.items() if not k.startswith(("time/", "memory/"))}  # clocks and the allocator
+            for r in rows if r.get("step", 0) > after]
 
 
 def _weights(run):

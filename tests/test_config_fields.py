@@ -140,6 +140,7 @@ BAD: list[tuple[str, Any, dict[str, Any]]] = [
     ("train.pass_at_k_samples", 4, {"train.pass_at_k": 8}),
     ("train.dynamic_sampling_keep_kl", True, {}),  # without train.dynamic_sampling
     ("train.device", "tpu", {}),
+    ("train.threads", -1, {}),
     ("train.sharding", "zero3", {}),
     ("train.doctor", "panic", {}),
     ("train.doctor", "restore", {"train.eval_every": 0}),  # no Pareto point to restore during RL

@@ -423,3 +423,41 @@ def test_a_smoke_test_of_a_few_steps_is_too_short_unless_something_broke():
     assert verdict([regressed], 20, TH)[0] == "red"
     for code in ("non_finite", "no_learning_signal", "judge_failures", "kl_runaway"):
         assert verdict([regressed, Finding("red", code, "m", "s")], 5, TH)[0] == "red", code
+
+
+def with_memory(rows: list[dict], gb) -> list[dict]:
+    """memory/host_rss_gb on every RL step: gb(step)."""
+    for row in rl(rows):
+        row["memory/host_rss_gb"] = gb(row["step"])
+    return rows
+
+
+def test_memory_growing_step_over_step_is_yellow_at_the_edge_of_its_thresholds():
+    # a flat run whose resident set jitters a few MB up and down around 1 GB: nothing
+    assert found(with_memory(healthy(), lambda s: 1.0 + 0.004 * (s % 2)), "memory_growth") == []
+    # rising at every step of the last window (steps 21-30): +0.0117 GB a step adds 0.105 GB, below 10 % of its first
+    # step's 1.246 GB; +0.0147 GB a step adds 0.132 GB, above 10 % of 1.309 GB -> yellow, projected to max_steps
+    assert found(with_memory(healthy(), lambda s: 1.0 + 0.0117 * s), "memory_growth") == []
+    leak = found(with_memory(healthy(), lambda s: 1.0 + 0.0147 * s), "memory_growth")
+    assert [f.level for f in leak] == ["yellow"]
+    assert "rose in 9 of the 9 steps of steps 21-30" in leak[0].message and "+15 MB a step" in leak[0].message
+    assert "GB by step 120" in leak[0].message and "tracemalloc" in leak[0].suggestion
+    # risen at 7 of 9 steps (< 0.8 x 9 = 7.2): a level that moves, not a leak
+    bumpy = with_memory(healthy(), lambda s: 1.0 + 0.05 * s - (0.06 if s in (24, 27) else 0.0))
+    assert found(bumpy, "memory_growth") == []
+    # the absolute floor: +4 MB a step on a 0.2 GB process is 18 % of it but only 36 MB in the window
+    assert found(with_memory(healthy(), lambda s: 0.2 + 0.004 * s), "memory_growth") == []
+
+
+def test_the_online_doctor_logs_memory_growth_and_clears_it_when_memory_levels_off():
+    doctor = Doctor(TH, BANDS, CONFIG)
+    rows = with_memory(healthy(40), lambda s: 1.0 + 0.05 * min(s, 25))  # a leak that stops at step 25
+    fired, flags = {}, {}
+    for row in rows:
+        for f in doctor.update(row):
+            fired.setdefault(f.code, row["step"])
+        if "loss/total" in row:
+            flags[row["step"]] = doctor.metrics()["doctor/memory_growth"]
+    assert fired["memory_growth"] == 10  # the first full window
+    assert flags[10] == flags[25] == 1.0 and flags[40] == 0.0
+    assert [a.code for a in doctor.cleared if a.code == "memory_growth"] == ["memory_growth"]

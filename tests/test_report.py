@@ -198,3 +198,20 @@ def test_real_seed1_run_at_the_preset_lr_recovers_and_is_green(tmp_path):
     1.000 on both tasks; no alarm is active at the end."""
     report = real_run(tmp_path, "run_seed1")
     assert report["verdict"] == "green" and report["findings"] == []
+
+
+def test_the_report_gives_the_runs_peak_memory(run_dir):
+    """summary.host_peak_gb / gpu_peak_gb: the largest memory/host_peak_gb / memory/gpu_peak_gb any row logged (a
+    resumed run's process starts its peak again); the header line says them; None, and nothing said, without them."""
+    report = build_report(run_dir)
+    assert report["summary"]["host_peak_gb"] is None and report["summary"]["gpu_peak_gb"] is None
+    assert "peak host memory" not in format_report(report)
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    for i, row in enumerate(rows):
+        row["memory/host_rss_gb"] = 1.0
+        row["memory/host_peak_gb"] = 2.5 if i == 20 else 1.5  # e.g. a resume after step 20 started a new process
+        row["memory/gpu_peak_gb"] = 7.25
+    (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    report = build_report(run_dir)
+    assert report["summary"]["host_peak_gb"] == 2.5 and report["summary"]["gpu_peak_gb"] == 7.25
+    assert format_report(report).splitlines()[0].endswith(", peak host memory 2.50 GB, peak GPU memory 7.25 GB")

@@ -79,6 +79,11 @@ class TrainConfig:
     """Seeds python, numpy and torch (0 to 2**32 - 1: numpy's range, MAX_SEED)."""
     device: str = "auto"
     """auto | cpu | cuda | cuda:N."""
+    threads: int = 0
+    """torch's intra-op CPU threads. 0 = the whole cores this process may use: its CPU affinity mask, capped by its
+    cgroup CPU quota (a container's --cpus) rounded down, not the machine's core count; a lower count set before the
+    run (OMP_NUM_THREADS, torch.set_num_threads) is kept. The start of the run prints the count and why
+    (grpo/models/host.py)."""
     sharding: str = "auto"
     """Under several processes: none (every process holds the whole model, DDP) | fsdp (FSDP2 full shard of the
     model and the reference over the processes; full fine-tuning, multi.combine=sum) | auto (fsdp when the
@@ -169,6 +174,8 @@ class TrainConfig:
                "too, or leave it off")
         _check(self.pass_at_k_samples >= max(1, self.pass_at_k), "train.pass_at_k_samples", self.pass_at_k_samples,
                f"use at least pass_at_k = {self.pass_at_k} samples per prompt")
+        _check(self.threads >= 0, "train.threads", self.threads, "use a number of threads >= 1, or 0 (the cores "
+               "this process may use)")
         _check(self.device == "auto" or self.device == "cpu" or self.device.startswith("cuda"), "train.device",
                self.device, "use auto, cpu, cuda or cuda:N")
         _one_of("train.sharding", self.sharding, ("auto", "none", "fsdp"))

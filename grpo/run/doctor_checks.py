@@ -37,6 +37,8 @@ Window checks (rows = the last `recent_window` RL steps; "start" = the first win
                               `tool_failure_max`)
   yellow  tool_loops          more than `tool_loop_max` of the trajectories ended on rollout.max_tool_turns or the
                               token budget
+  yellow  memory_growth       host memory (memory/host_rss_gb) rose in at least `memory_rise_steps` of the window's
+                              steps, by more than `memory_growth_share` of its first step's and `memory_growth_min_gb`
 End of run (grpo/run/doctor.check only): red skipped_steps / yellow restored_weights (the weight guard's counts), red
 reward_regressed / yellow reward_flat (held-out after RL vs before RL), yellow no_heldout (a trained task never
 evaluated). From the held-out greedy completions (`heldout_collapse`, read by grpo/run/report.py from evals/):
@@ -150,6 +152,16 @@ class HealthThresholds:
     tool_loop_max: float = 0.3
     """Share of trajectories ended by a limit (rollout.max_tool_turns or the token budget) above which the rollouts
     "loop to the limit": the model keeps calling instead of answering."""
+    memory_rise_steps: float = 0.8
+    """Share of a window's steps after which host memory (memory/host_rss_gb, read after the allocator handed back
+    what the step freed) must have risen for it to be "growing step over step": a leak adds at every step, while a
+    run's working set jitters up and down by a few MB around a level."""
+    memory_growth_share: float = 0.1
+    """How much host memory must have grown over that window, as a share of its first step's: 10 % in 10 steps is a
+    run that doubles its memory every ~100 steps."""
+    memory_growth_min_gb: float = 0.05
+    """...and at least this many GiB (5 MB a step over the default window): below it a small run's Python objects
+    (the doctor's own window, a metrics row) move the share."""
 
 
 @dataclass(frozen=True)
@@ -167,7 +179,8 @@ class Finding:
 
 
 ONLINE_CODES = ("no_learning_signal", "reward_stuck", "answer_collapse", "entropy_collapse", "entropy_drop",
-                "kl_runaway", "kl_out_of_band", "judge_failures", "truncation", "zero_std_groups", "non_finite")
+                "kl_runaway", "kl_out_of_band", "judge_failures", "truncation", "zero_std_groups", "non_finite",
+                "memory_growth")
 """Codes the window checks can raise; `Doctor.metrics` logs each as doctor/<code> (1 when active) every step."""
 TOOL_CODES = ("tool_unused", "tool_failures", "tool_loops")
 """Codes of the tool checks (`_tools`), logged as doctor/<code> only by runs with tools (rollout.tools)."""
@@ -597,8 +610,32 @@ def _tools(d: Window, _found: list[Finding]) -> list[Finding]:
     return out
 
 
+def _memory_growth(d: Window, _found: list[Finding]) -> list[Finding]:
+    """Host memory that grows step over step (a reward function, tool or environment that keeps what it is given; a
+    cache without a bound): over a full window, risen at most steps and by more than a share of its start. Yellow:
+    the run is right so far, and will stop when the machine runs out."""
+    values = [v for r in d.window if (v := number(r.get("memory/host_rss_gb"))) is not None and math.isfinite(v)]
+    if not _full(d) or len(values) < d.th.recent_window:
+        return []
+    rises = sum(b > a for a, b in zip(values, values[1:]))
+    grown = values[-1] - values[0]
+    if (rises < d.th.memory_rise_steps * (len(values) - 1)
+            or grown <= max(d.th.memory_growth_min_gb, d.th.memory_growth_share * values[0])):
+        return []
+    per_step = grown / (len(values) - 1)
+    steps = _setting(d.config, "train.max_steps")
+    ahead = (f"; at this rate {values[-1] + per_step * (steps - d.last_step):.1f} GB by step {steps}"
+             if isinstance(steps, int) and steps > d.last_step else "")
+    return [Finding("yellow", "memory_growth",
+                    f"host memory rose in {rises} of the {len(values) - 1} steps of {d.span()}: {values[0]:.2f} -> "
+                    f"{values[-1]:.2f} GB ({1024 * per_step:+.0f} MB a step, memory/host_rss_gb){ahead}",
+                    "find what keeps something every step: a reward function, tool or environment that stores what "
+                    "it is given, or a cache without a bound (tracemalloc's snapshot difference between two steps "
+                    "names the line)")]
+
+
 WINDOW_CHECKS = (_no_learning_signal, _reward_stuck, _answer_collapse, _entropy, _kl, _judge, _truncation, _zero_std,
-                 _non_finite, _tools)
+                 _non_finite, _tools, _memory_growth)
 """In this order: a check sees the findings of the ones before it (zero_std_groups stays quiet under a red on the same
 evidence)."""
 

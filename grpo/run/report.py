@@ -156,6 +156,11 @@ def heldout_answers(run_dir: Path) -> dict[str, dict[str, list[str]]]:
     return out
 
 
+def _peak(history: list[dict[str, Any]], key: str) -> float | None:
+    values = [v for _, v in series(history, key) if math.isfinite(v)]
+    return max(values) if values else None
+
+
 def _summary(history: list[dict[str, Any]]) -> dict[str, Any]:
     times = [v for _, v in series(history, "time/step") if math.isfinite(v)]
     return {
@@ -164,13 +169,17 @@ def _summary(history: list[dict[str, Any]]) -> dict[str, Any]:
         "time_total_s": sum(times),
         "skipped_steps": int(sum(v for _, v in series(history, "health/skipped") if v > 0)),
         "restored_steps": int(sum(v for _, v in series(history, "health/restored") if v > 0)),
+        "host_peak_gb": _peak(history, "memory/host_peak_gb"),
+        "gpu_peak_gb": _peak(history, "memory/gpu_peak_gb"),
     }
 
 
 def build_report(run_dir: str | Path, thresholds: HealthThresholds | None = None) -> dict[str, Any]:
     """Build the report of a run folder, write it to RUN_DIR/report.json, and return it.
 
-    Keys: run_dir, summary {rows, last_step, time_total_s, skipped_steps, restored_steps}, tasks {task: {before_sft,
+    Keys: run_dir, summary {rows, last_step, time_total_s, skipped_steps, restored_steps, host_peak_gb, gpu_peak_gb
+    (the most memory the process held, as the last row logged it: its resident set's peak and torch's CUDA allocator's;
+    None when no row has it)}, tasks {task: {before_sft,
     after_sft, after_rl, delta, delta_sft, delta_rl}}, bbq {task: `bbq_table` row}, recognition {task:
     `recognition_table` row} (tasks with such rows only), pass_at_k (pass_at_k.json's figures, {} without it),
     findings [{level, code, message, suggestion, task, since}] (active at the end of the run; `since` = the step a
@@ -235,12 +244,18 @@ def _cell(value: float | None, signed: bool = False) -> str:
     return f"{value:+.3f}" if signed else f"{value:.3f}"
 
 
+def _memory_cell(summary: Mapping[str, Any]) -> str:
+    host, gpu = summary.get("host_peak_gb"), summary.get("gpu_peak_gb")
+    return ((f", peak host memory {host:.2f} GB" if host is not None else "")
+            + (f", peak GPU memory {gpu:.2f} GB" if gpu is not None else ""))
+
+
 def format_report(report: Mapping[str, Any]) -> str:
     """A printable summary: header line, an aligned before/after table, then findings with their suggestions."""
     s = report["summary"]
     lines = [f"Run {report['run_dir']}: {s['rows']} logged steps (last {s['last_step']}), "
              f"{s['time_total_s'] / 60:.1f} min of steps, {s['skipped_steps']} skipped, "
-             f"{s['restored_steps']} restored",
+             f"{s['restored_steps']} restored" + _memory_cell(s),
              f"Verdict: {VERDICT_TEXT.get(report['verdict'], report['verdict'].upper())}"
              + (f": {report['reasons'][0].split(': ', 1)[-1]}" if report["verdict"] == "too_short" else ""), ""]
     header = ["task", "before_sft", "after_sft", "after_rl", "Δ sft", "Δ rl", "Δ total"]

@@ -71,6 +71,8 @@ class Run:
     inputs: dict[str, Any] = field(default_factory=dict)
     """Fingerprints of the data files, task rows and reward functions the run started with (grpo/run/fingerprints.py;
     rank 0), saved with every checkpoint: a resume names what changed."""
+    host: str = ""
+    """The banner's CPU line: torch's thread count and why (train.threads), how OpenMP waits (grpo/models/host.py)."""
     resume_from: Path | None = None
     """The checkpoint `setup` checked against this run's config and inputs (checkpoint.resume), which `main` loads."""
 

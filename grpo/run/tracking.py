@@ -339,10 +339,10 @@ def _fmt(value: Any) -> str:
 
 
 def format_step_line(metrics: Mapping[str, Any], tasks: Sequence[str]) -> str:
-    """One compact line per step for logs: step, per task reward/KL/β, loss, grad norm, step time, skips.
+    """One compact line per step for logs: step, per task reward/KL/β, loss, grad norm, step time, host memory, skips.
 
     e.g. `step 12 | fairness r=0.625 kl=0.031 β=0.040 | hallucination r=0.410 kl=0.052 β=0.020 | loss 0.118
-    | gnorm 1.230 | 4.21s`; missing keys are left out.
+    | gnorm 1.230 | 4.21s | 1.02 GB`; missing keys are left out.
     """
     parts = [f"step {metrics.get('step', '?')}"]
     for task in tasks:
@@ -357,6 +357,8 @@ def format_step_line(metrics: Mapping[str, Any], tasks: Sequence[str]) -> str:
         parts.append(f"gnorm {_fmt(metrics['health/grad_norm'])}")
     if "time/step" in metrics:
         parts.append(f"{float(metrics['time/step']):.2f}s")
+    if "memory/host_rss_gb" in metrics:
+        parts.append(f"{float(metrics['memory/host_rss_gb']):.2f} GB")
     if metrics.get("health/skipped"):
         parts.append("SKIPPED")
     if metrics.get("health/restored"):

@@ -1,0 +1,120 @@
+"""The host a run gets (grpo/models/host.py): the CPU share from the affinity mask and the cgroup quota (v1 and v2,
+read from crafted trees), torch's thread count from train.threads, the OpenMP wait policy, the memory readers."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+
+from grpo.models import host
+from grpo.models.host import CpuShare, cgroup_cpu_quota, host_memory, quiet_openmp, thread_count
+
+
+def write(path, text):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+
+
+def test_a_cgroup_v2_quota_is_read_along_the_path_and_the_smallest_wins(tmp_path):
+    write(tmp_path / "proc", "0::/a/b\n")
+    write(tmp_path / "cg" / "a" / "b" / "cpu.max", "max 100000\n")
+    write(tmp_path / "cg" / "a" / "cpu.max", "150000 100000\n")  # the parent's quota holds its children too
+    write(tmp_path / "cg" / "cpu.max", "400000 100000\n")
+    assert cgroup_cpu_quota(tmp_path / "proc", tmp_path / "cg") == 1.5
+
+
+def test_no_quota_reads_as_none(tmp_path):
+    write(tmp_path / "proc", "0::/\n")
+    write(tmp_path / "cg" / "cpu.max", "max 100000\n")
+    assert cgroup_cpu_quota(tmp_path / "proc", tmp_path / "cg") is None
+    assert cgroup_cpu_quota(tmp_path / "missing", tmp_path / "cg") is None
+    write(tmp_path / "v1", "4:cpu,cpuacct:/\n")
+    write(tmp_path / "cg1" / "cpu,cpuacct" / "cpu.cfs_quota_us", "-1\n")  # v1's "no quota"
+    write(tmp_path / "cg1" / "cpu,cpuacct" / "cpu.cfs_period_us", "100000\n")
+    assert cgroup_cpu_quota(tmp_path / "v1", tmp_path / "cg1") is None
+
+
+def test_a_cgroup_v1_quota_is_read_from_the_cpu_controller(tmp_path):
+    write(tmp_path / "proc", "9:memory:/x\n4:cpu,cpuacct:/docker/abc\n0::/\n")
+    folder = tmp_path / "cg" / "cpu,cpuacct" / "docker" / "abc"
+    write(folder / "cpu.cfs_quota_us", "50000\n")
+    write(folder / "cpu.cfs_period_us", "100000\n")
+    assert cgroup_cpu_quota(tmp_path / "proc", tmp_path / "cg") == 0.5
+
+
+def test_inside_a_cgroup_namespace_the_mount_root_is_the_group(tmp_path):
+    """A container sees its own group as / in /proc/self/cgroup; the host's path need not exist under the mount."""
+    write(tmp_path / "proc", "0::/kubepods/pod1/c1\n")
+    write(tmp_path / "cg" / "cpu.max", "200000 100000\n")
+    assert cgroup_cpu_quota(tmp_path / "proc", tmp_path / "cg") == 2.0
+
+
+def test_cores_are_the_affinity_capped_by_the_quota_rounded_down_at_least_one():
+    assert CpuShare(8).cores == 8
+    assert CpuShare(8, 2.0).cores == 2
+    assert CpuShare(8, 1.5).cores == 1  # a second thread would be throttled half of every period
+    assert CpuShare(8, 0.5).cores == 1
+    assert CpuShare(2, 16.0).cores == 2
+    assert "2 CPU(s) in its affinity mask, no cgroup CPU quota" == CpuShare(2).describe()
+
+
+def test_train_threads_zero_takes_the_cores_and_keeps_a_lower_count_set_before():
+    share = CpuShare(4, 2.0)
+    assert thread_count(0, 4, share) == (2, "train.threads=0: 4 CPU(s) in its affinity mask, a cgroup CPU quota of 2")
+    n, why = thread_count(0, 1, share)  # OMP_NUM_THREADS=1, or a test's torch.set_num_threads(1)
+    assert n == 1 and "as set before the run" in why
+    assert thread_count(3, 1, share) == (3, "train.threads=3")
+
+
+def test_openmp_is_asked_to_sleep_after_a_short_spin_unless_the_environment_says_how_it_waits():
+    env = {}
+    note = quiet_openmp(env, loaded=False)
+    assert env == {"OMP_WAIT_POLICY": "PASSIVE", "GOMP_SPINCOUNT": "1000"} and "sleep after a short spin" in note
+    for name, value in (("OMP_WAIT_POLICY", "ACTIVE"), ("GOMP_SPINCOUNT", "300000")):  # either: the user's choice
+        env = {name: value}
+        assert quiet_openmp(env, loaded=False) == f"OpenMP waits as {name}={value} says" and env == {name: value}
+    env = {}
+    note = quiet_openmp(env, loaded=True)  # torch came first: only child processes get it, and the line says so
+    assert env == {"OMP_WAIT_POLICY": "PASSIVE", "GOMP_SPINCOUNT": "1000"}
+    assert "spin while they wait" in note and "import grpo_train first" in note
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_the_trainer_started_from_the_command_line_asks_before_torch_loads_openmp():
+    import subprocess
+
+    code = ("import os, grpo_train; from grpo.models.host import openmp_note; "
+            "print(os.environ['OMP_WAIT_POLICY'], os.environ['GOMP_SPINCOUNT'], openmp_note())")
+    env = {k: v for k, v in __import__("os").environ.items() if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")}
+    out = subprocess.run([sys.executable, "-c", code], cwd=host.Path(__file__).parents[1], env=env,
+                         capture_output=True, text=True, check=True).stdout
+    assert out.startswith("PASSIVE 1000 OpenMP threads sleep after a short spin while they wait"), out
+
+
+def test_host_memory_reads_the_resident_set_and_its_peak(tmp_path):
+    write(tmp_path / "status", "Name:\tpython\nVmHWM:\t 3145728 kB\nVmRSS:\t 1048576 kB\nThreads:\t4\n")
+    assert host_memory(tmp_path / "status") == {"memory/host_rss_gb": 1.0, "memory/host_peak_gb": 3.0}
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_memory_metrics_on_the_cpu_are_the_host_ones():
+    import torch
+
+    metrics = host.memory_metrics(torch.device("cpu"))
+    assert set(metrics) == {"memory/host_rss_gb", "memory/host_peak_gb"}
+    assert 0 < metrics["memory/host_rss_gb"] <= metrics["memory/host_peak_gb"]
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux") or host._libc() is None
+                    or getattr(host._libc(), "mallinfo2", None) is None, reason="glibc 2.33+ only")
+def test_freed_memory_is_handed_back_only_when_there_is_enough_of_it():
+    """300 MB of 100 KB blocks (below glibc's mmap threshold: they live in its heap) freed under one block still held
+    at the top, so glibc cannot shrink the heap by itself: the resident set stays until `release_freed_memory`."""
+    blocks = [bytearray(100_000) for _ in range(3000)]
+    last = bytearray(100_000)  # noqa: F841 - pins the top of the heap
+    del blocks
+    held = host.host_memory()["memory/host_rss_gb"]
+    assert not host.release_freed_memory()  # below TRIM_FROM_BYTES (512 MB) free: kept, to be reused
+    assert host.release_freed_memory(at_least=2**26)
+    assert held - host.host_memory()["memory/host_rss_gb"] > 0.2

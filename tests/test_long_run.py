@@ -1,0 +1,139 @@
+"""Over time: 300 RL steps of the tiny model with everything that holds threads, files or memory between steps (an
+LLM judge over HTTP with its thread pool and SQLite cache, a user reward function on its worker threads, a tool on
+its timeout threads, TensorBoard, samples, checkpoints) leave host memory, open file descriptors and live threads as
+they were after step 50: a leak of a few hundred bytes a call would pass, one of 100 KB a step would not."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+from tests.test_tool_rollouts import ROWS, TINY, calculator, calls_sometimes  # noqa: F401 - calls_sometimes: fixture
+
+ROOT = Path(__file__).resolve().parents[1]
+STEPS = 300
+EARLY = 50
+"""The step whose resources the last one is compared with: by then every pool has started its threads, every file
+is open and the allocator has reached its working set."""
+RSS_TOLERANCE = 0.05
+"""Host memory after the last step within 5 % of step EARLY's (the issue's bound)."""
+
+
+def os_threads() -> int:
+    """The process's threads as the kernel counts them: OpenMP's and the HTTP client's too, not only Python's."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("Threads:"):
+            return int(line.split()[1])
+    raise AssertionError("no Threads: line in /proc/self/status")
+
+
+def follow_steps(monkeypatch, at: tuple[int, ...]) -> dict[int, dict[str, float]]:
+    """grpo_train.rl_step wrapped: after each step in `at`, this process's host memory (the step's own metric), open
+    file descriptors and threads."""
+    import grpo_train as G
+
+    seen: dict[int, dict[str, float]] = {}
+    real_step = G.rl_step
+
+    def step(run, n):
+        metrics = real_step(run, n)
+        if n in at:
+            seen[n] = {"rss": metrics["memory/host_rss_gb"], "fds": len(os.listdir("/proc/self/fd")),
+                       "threads": os_threads(), "python_threads": threading.active_count()}
+        return metrics
+
+    monkeypatch.setattr(G, "rl_step", step)
+    return seen
+
+
+def tool_calls_sometimes(monkeypatch, forced) -> None:
+    """The run's tokenizer handed to the fixture that turns some first replies into calculator calls."""
+    import grpo_train as G
+    from grpo.run import setup_parts
+
+    real_policy = setup_parts.policy_from_config
+
+    def policy(*args, **kwargs):
+        p = real_policy(*args, **kwargs)
+        forced.tokenizer = p.tokenizer
+        return p
+
+    monkeypatch.setattr(G, "policy_from_config", policy)
+
+
+def judge_server():
+    """tests/judge_server.py in its own process (its record of requests grows there, not here); its URL."""
+    proc = subprocess.Popen([sys.executable, str(ROOT / "tests" / "judge_server.py"), "--port", "0", "--score", "7"],
+                            stdout=subprocess.PIPE, text=True)
+    line = proc.stdout.readline()  # "fake judge at http://127.0.0.1:PORT/v1 (score 7); Ctrl-C to stop"
+    return proc, line.split()[3]
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_300_steps_keep_memory_files_and_threads_flat(tmp_path, calls_sometimes, monkeypatch):  # noqa: F811
+    import grpo_train as G
+
+    tool_calls_sometimes(monkeypatch, calls_sometimes)
+    seen = follow_steps(monkeypatch, (EARLY, STEPS))
+
+    def answered(completions, answer, **kwargs):  # a user reward function: each call on a worker thread
+        return [float(m[-1]["content"].strip() == a) for m, a in zip(completions, answer)]
+
+    server, url = judge_server()
+    try:
+        run = G.train(TINY + ["judge.api_key_env=", f"judge.base_url={url}", "judge.model=fake", "judge.max_retries=0",
+                             "judge.rate_limit_per_s=1000"],
+                      tasks={"calc": ROWS}, rewards={"calc": [answered, ("llm_judge", 0.5)]}, tools=[calculator],
+                      train={"max_steps": STEPS, "prompts_per_micro_step": 2, "eval_every": 100, "sample_every": 50,
+                             "log_every": STEPS, "output_dir": str(tmp_path), "run_name": "long"},
+                      rollout={"k": 2, "max_new_tokens": 6, "max_tool_turns": 1}, data={"eval_size": 4},
+                      sft={"steps": 0}, checkpoint={"every": 100})
+    finally:
+        server.kill()
+        server.wait()
+    rows = [json.loads(x) for x in (run.run_dir / "metrics.jsonl").read_text().splitlines() if x.strip()]
+    steps = [r for r in rows if "loss/total" in r]
+    assert len(steps) == STEPS and sum(r["tools/calls_per_rollout"] for r in steps) > 0  # the tool ran
+    assert sum(r["judge/calls"] for r in steps) >= STEPS * 4 and not any(r["judge/failures"] for r in steps)
+    early, last = seen[EARLY], seen[STEPS]
+    assert abs(last["rss"] - early["rss"]) <= RSS_TOLERANCE * early["rss"], (early, last)
+    assert (last["fds"], last["threads"], last["python_threads"]) == (
+        early["fds"], early["threads"], early["python_threads"]), (early, last)
+    assert not any(r.get("doctor/memory_growth") for r in steps)
+
+
+LEAK_MB = 16
+"""What the leaking reward function below keeps at every call (one call a step): 160 MB over the doctor's 10-step
+window, far above its 10 % of a ~0.4 GB process."""
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_a_reward_function_that_keeps_what_it_is_given_is_named_by_the_doctor(tmp_path, capsys):
+    import grpo_train as G
+
+    kept = []
+
+    def hoarding(completions, answer, **kwargs):  # keeps 16 MB of its own at every call: the step leaks on purpose
+        kept.append(bytearray(os.urandom(LEAK_MB * 2**20)))
+        return [float(m[-1]["content"].strip() == a) for m, a in zip(completions, answer)]
+
+    run = G.train(TINY, tasks={"calc": ROWS}, rewards={"calc": [hoarding]},
+                  train={"max_steps": 14, "prompts_per_micro_step": 2, "eval_every": 0, "sample_every": 0,
+                         "output_dir": str(tmp_path), "run_name": "leak"},
+                  rollout={"k": 2, "max_new_tokens": 4}, data={"eval_size": 2}, sft={"steps": 0})
+    rows = [json.loads(x) for x in (run.run_dir / "metrics.jsonl").read_text().splitlines() if x.strip()]
+    steps = [r for r in rows if "loss/total" in r]
+    rss = [r["memory/host_rss_gb"] for r in steps]
+    assert all(b - a > 0.8 * LEAK_MB / 1024 for a, b in zip(rss, rss[1:]))  # the metric sees every step's leak
+    assert [r["doctor/memory_growth"] for r in steps] == [0.0] * 9 + [1.0] * 5  # from the first full window
+    assert "doctor: [yellow] memory_growth (step 10): host memory rose in 9 of the 9 steps" in capsys.readouterr().out
+    assert [f["code"] for f in run.report["findings"] if f["code"] == "memory_growth"] == ["memory_growth"]
+    assert run.report["summary"]["host_peak_gb"] >= rss[-1]
