@@ -211,6 +211,27 @@ def test_resume_at_with_a_row_count_drops_rows_of_the_checkpoint_step_logged_aft
     assert _scalars_of(tmp_path / "tb") == {"eval/fairness/reward": [(4, 0.5)], "loss/total": [(4, 1.0)]}
 
 
+def test_a_resume_in_the_same_process_and_second_purges_when_the_file_counter_gains_a_digit(tmp_path, monkeypatch):
+    """Event files are read in name order, `...<second>.<host>.<pid>.<n>`: within one second of one process the
+    purge file `.10` sorted before `.8` and `.9` and replayed the purged events (a flaky failure of the test above
+    once other tests had made 8 writers). The tracker waits for the next second instead."""
+    from tensorboard.summary.writer import event_file_writer
+
+    monkeypatch.setattr(event_file_writer, "_global_uid", event_file_writer.AtomicCounter(8))
+    t = make_trackers(tmp_path, tensorboard=True)
+    t.log({"loss/total": 1.0}, 4)
+    rows = t.rows_logged
+    t.log({"eval/fairness/reward": 0.1}, 4)
+    t.close()
+    t = make_trackers(tmp_path, tensorboard=True)
+    t.resume_at(4, rows)
+    t.log({"eval/fairness/reward": 0.5}, 4)
+    t.close()
+    names = sorted(p.name for p in (tmp_path / "tb").iterdir())
+    assert [n.rsplit(".", 1)[1] for n in names] == ["8", "9", "10"]  # the counter did gain a digit
+    assert _scalars_of(tmp_path / "tb") == {"eval/fairness/reward": [(4, 0.5)], "loss/total": [(4, 1.0)]}
+
+
 def test_a_torn_last_line_is_dropped_on_resume(tmp_path):
     (tmp_path / "metrics.jsonl").write_text('{"step": 1, "a": 1.0}\n{"step": 2, "a"')  # killed mid-write
     t = JsonlTracker(tmp_path)

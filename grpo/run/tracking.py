@@ -200,6 +200,23 @@ class JsonlTracker:
                 fh.close()
 
 
+def _wait_for_a_later_event_file_name(log_dir: str) -> None:
+    """TensorBoard reads a folder's event files in the order of their names, `events.out.tfevents.<second>.<host>.
+    <pid>.<n>` with n a per-process counter, so a purge written to a new file acts only on the files whose names
+    sort before it. Within one second of the same process the counter decides, and 10 sorts before 9: a resume in
+    the same Python process (a notebook, the tests) could replay its purge before the events it purges. Waiting
+    for the next second when a file of this second exists makes the new name sort last (at most 1 s, on resume)."""
+    def second_of(name: str) -> int:
+        parts = name.split(".")
+        return int(parts[3]) if len(parts) > 3 and parts[3].isdigit() else -1
+
+    folder = Path(log_dir)
+    names = [p.name for p in folder.glob("events.out.tfevents.*")] if folder.is_dir() else []
+    now = time.time()
+    if any(second_of(n) == int(now) for n in names):
+        time.sleep(int(now) + 1 - now + 0.01)
+
+
 class TensorBoardTracker:
     """Scalars and text to a TensorBoard event file in `log_dir` (`tensorboard --logdir RUN_DIR/tb`)."""
 
@@ -207,6 +224,7 @@ class TensorBoardTracker:
         from torch.utils.tensorboard import SummaryWriter  # slow import; only when asked for
 
         self.log_dir = str(log_dir)
+        _wait_for_a_later_event_file_name(self.log_dir)
         self.writer = SummaryWriter(log_dir=self.log_dir)
 
     def rewind(self, purge_step: int, rows: Sequence[Mapping[str, Any]] = (),
@@ -216,6 +234,7 @@ class TensorBoardTracker:
         from torch.utils.tensorboard import SummaryWriter
 
         self.writer.close()
+        _wait_for_a_later_event_file_name(self.log_dir)
         self.writer = SummaryWriter(log_dir=self.log_dir, purge_step=int(purge_step))
         for row in rows:
             self.log(row, int(row["step"]))
