@@ -320,6 +320,34 @@ def test_score_rollouts_judge_terms_fallback_and_none():
         score_rollouts([rollout("x", "other", gold)], specs, None)
 
 
+def test_cache_setup_waits_out_a_lock_that_sqlite_does_not_wait_for(tmp_path, monkeypatch):
+    """Two ranks opening a new cache file at once: one got 'database is locked' from its first statement without
+    SQLite's busy wait (seen once in CI under load); the set-up now retries until BUSY_TIMEOUT_S."""
+    import sqlite3
+
+    import grpo.grading.judge as J
+
+    failures = {"left": 3}
+
+    class Contended(sqlite3.Connection):
+        def execute(self, sql, *args):
+            if failures["left"]:
+                failures["left"] -= 1
+                raise sqlite3.OperationalError("database is locked")
+            return super().execute(sql, *args)
+
+    real_connect = sqlite3.connect
+    monkeypatch.setattr(J.sqlite3, "connect", lambda *a, **k: real_connect(*a, factory=Contended, **k))
+    cache = J.JudgeCache(tmp_path / "cache.sqlite")
+    cache.put("k", 0.5, "judge:m")
+    assert failures["left"] == 0 and cache.get("k") == (0.5, "judge:m")
+    cache.close()
+    failures["left"] = 10**6  # a lock that never clears still ends in the error naming judge.cache_path
+    monkeypatch.setattr(J.JudgeCache, "BUSY_TIMEOUT_S", 0.05)
+    with pytest.raises(OSError, match="judge.cache_path.*locked|locked.*judge.cache_path"):
+        J.JudgeCache(tmp_path / "other.sqlite")
+
+
 def _fill_cache(path: str, prefix: str, n: int) -> None:
     from grpo.grading.judge import JudgeCache
 

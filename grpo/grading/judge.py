@@ -141,14 +141,30 @@ class JudgeCache:
         self._lock = threading.Lock()
         try:
             self._db = sqlite3.connect(str(path), check_same_thread=False, timeout=self.BUSY_TIMEOUT_S)
-            with self._lock:
-                self._db.execute("PRAGMA journal_mode=WAL")
-                with self._db:
-                    self._db.execute("CREATE TABLE IF NOT EXISTS scores (key TEXT PRIMARY KEY, score REAL, "
-                                     "provider TEXT)")
+            self._set_up()
         except sqlite3.Error as err:  # "unable to open database file", "file is not a database"
             raise OSError(errno.EIO, f"the judge cache (judge.cache_path) cannot be used as a SQLite file ({err}); "
                           "name another file, or leave judge.cache_path empty", str(path)) from None
+
+    def _set_up(self) -> None:
+        """WAL mode and the table. Two processes opening a new file at once can get 'database is locked' here at
+        once, without SQLite's busy wait (switching the journal mode takes the lock another connection is
+        upgrading): retried until BUSY_TIMEOUT_S, like every other wait for the lock."""
+        deadline = time.monotonic() + self.BUSY_TIMEOUT_S
+        pause = 0.01
+        while True:
+            try:
+                with self._lock:
+                    self._db.execute("PRAGMA journal_mode=WAL")
+                    with self._db:
+                        self._db.execute("CREATE TABLE IF NOT EXISTS scores (key TEXT PRIMARY KEY, score REAL, "
+                                         "provider TEXT)")
+                return
+            except sqlite3.OperationalError as err:
+                if "locked" not in str(err) and "busy" not in str(err) or time.monotonic() > deadline:
+                    raise
+                time.sleep(pause)
+                pause = min(2 * pause, 0.5)
 
     @staticmethod
     def key(model: str, rubric_version: str, task: str, prompt: str, response: str) -> str:
