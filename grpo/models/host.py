@@ -26,9 +26,9 @@ OPENMP_WAIT = {"OMP_WAIT_POLICY": "PASSIVE", "GOMP_SPINCOUNT": "1000"}
 """How a run asks OpenMP's idle threads to wait: sleep in the kernel after a short spin, instead of spinning ~3 ms
 (libgomp's default, 300000 spins) on a core that a busy neighbour then shares with them. libgomp (torch's Linux
 wheels) takes GOMP_SPINCOUNT over the policy: 1000 spins, the count it uses itself when it has more threads than
-CPUs; other runtimes take the policy. On 2 cores (`benchmarks/busy_neighbours.py`, the demo's 40 steps): libgomp's
-default took 12.3 s idle and 8.8x that beside two spinning processes; PASSIVE alone (no spin) 14.0 s idle; both
-12.5 s idle, 1.8x beside one spinning process and 2.7x beside two (benchmarks/RESULTS.md)."""
+CPUs; other runtimes take the policy. PASSIVE alone (no spin) costs an idle run a wake-up per parallel region; the
+short spin keeps the idle time and the gain beside busy processes (`benchmarks/busy_neighbours.py`; the figures are
+in benchmarks/RESULTS.md, "Beside busy neighbours")."""
 
 _openmp: dict[str, str] = {}
 """What `quiet_openmp` found, for `openmp_note` (process state, as the environment variable is)."""
@@ -213,15 +213,15 @@ class _MallInfo2(ctypes.Structure):
 TRIM_FROM_BYTES = 512 * 2**20
 """Free memory glibc must hold before `release_freed_memory` hands it back. What is handed back is faulted in again
 (zeroed pages) when the next step allocates it: the demo frees 100-130 MB of its 500 MB every step, and handing that
-back took 11 ms of its ~150 ms step (and more to fault it in again); `--preset smollm2-tools` kept 5-6 GB free after
-its warm-up and after an RL step, which it took 0.1-0.5 s to hand back, in 30-50 s steps."""
+back every step cost it more than it saved; `--preset smollm2-tools` kept 5-6 GB free after its warm-up and after an
+RL step before its micro-batches shrank (benchmarks/RESULTS.md, "Beside busy neighbours", has the costs)."""
 
 
 def release_freed_memory(at_least: int = TRIM_FROM_BYTES) -> bool:
     """Hand the memory glibc holds freed back to the system (`malloc_trim(0)`: the free pages inside its heaps too,
     not only at their top) when it holds `at_least` bytes free. Without it a run's resident set stays near its
     largest phase's: `--preset smollm2-tools` held 5.8 GB after its SFT warm-up and 6.8 GB after an RL step, 1.0 GB
-    once trimmed (0.1-0.5 s). Returns whether it trimmed (never without glibc: musl, macOS, Windows)."""
+    once trimmed. Returns whether it trimmed (never without glibc: musl, macOS, Windows)."""
     libc = _libc()
     trim = getattr(libc, "malloc_trim", None) if libc is not None else None
     info = getattr(libc, "mallinfo2", None) if libc is not None else None
@@ -236,7 +236,8 @@ def release_freed_memory(at_least: int = TRIM_FROM_BYTES) -> bool:
 
 
 def memory_metrics(device: Any) -> dict[str, float]:
-    """The memory/ metrics of a logged row: the freed memory handed back first (`release_freed_memory`), so that
-    memory/host_rss_gb is what the process holds, not what its allocator kept; then `host_memory` and `gpu_memory`."""
+    """The memory/ metrics of a logged row: glibc's free memory handed back first when it holds TRIM_FROM_BYTES
+    (`release_freed_memory`), so that memory/host_rss_gb is near what the process uses, not what a past phase left in
+    its allocator; then `host_memory` and `gpu_memory`."""
     release_freed_memory()
     return {**host_memory(), **gpu_memory(device)}
