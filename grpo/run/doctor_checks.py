@@ -153,9 +153,9 @@ class HealthThresholds:
     """Share of trajectories ended by a limit (rollout.max_tool_turns or the token budget) above which the rollouts
     "loop to the limit": the model keeps calling instead of answering."""
     memory_rise_steps: float = 0.8
-    """Share of a window's steps after which host memory (memory/host_rss_gb, read after the allocator handed back
-    what the step freed) must have risen for it to be "growing step over step": a leak adds at every step, while a
-    run's working set jitters up and down by a few MB around a level."""
+    """Share of a window's steps at which host memory (memory/host_rss_gb) must have risen for it to be "growing step
+    over step": a leak adds at every step, while a run's working set (and what its allocator keeps free, up to
+    grpo/models/host.py's TRIM_FROM_BYTES) moves up and down around a level."""
     memory_growth_share: float = 0.1
     """How much host memory must have grown over that window, as a share of its first step's: 10 % in 10 steps is a
     run that doubles its memory every ~100 steps."""

@@ -178,9 +178,8 @@ def build_report(run_dir: str | Path, thresholds: HealthThresholds | None = None
     """Build the report of a run folder, write it to RUN_DIR/report.json, and return it.
 
     Keys: run_dir, summary {rows, last_step, time_total_s, skipped_steps, restored_steps, host_peak_gb, gpu_peak_gb
-    (the most memory the process held, as the last row logged it: its resident set's peak and torch's CUDA allocator's;
-    None when no row has it)}, tasks {task: {before_sft,
-    after_sft, after_rl, delta, delta_sft, delta_rl}}, bbq {task: `bbq_table` row}, recognition {task:
+    (the most memory the process held, the largest memory/host_peak_gb / memory/gpu_peak_gb logged; None when no row
+    has it)}, tasks {task: {before_sft, after_sft, after_rl, delta, delta_sft, delta_rl}}, bbq {task: `bbq_table` row}, recognition {task:
     `recognition_table` row} (tasks with such rows only), pass_at_k (pass_at_k.json's figures, {} without it),
     findings [{level, code, message, suggestion, task, since}] (active at the end of the run; `since` = the step a
     window finding fired at), suggestions [str], verdict "green"|"yellow"|"too_short"|"red"
