@@ -72,13 +72,13 @@ BAD: list[tuple[str, Any, dict[str, Any]]] = [
     ("rollout.engine", "lean", {"rollout.cache_implementation": "static"}),
     ("rollout.engine", "vllm", {}),
     ("rollout.cache_implementation", "paged", {}),
-    ("rollout.overlong_buffer", 7, {}),  # above the demo's max_new_tokens = 6
+    ("rollout.overlong_buffer", 6, {}),  # above the demo's max_new_tokens = 5
     ("rollout.overlong_penalty_factor", 0.0, {}),
     ("rollout.tools", ["m:f", "m:f"], {}),
     ("rollout.max_tool_turns", 0, {}),
     ("rollout.tool_timeout_s", 0.0, {}),
     ("rollout.max_tool_result_tokens", 0, {}),
-    ("rollout.max_trajectory_tokens", 2, {}),  # below the demo's max_new_tokens = 6
+    ("rollout.max_trajectory_tokens", 2, {}),  # below the demo's max_new_tokens = 5
     ("loss.policy_loss", "ppo", {}),
     ("loss.agg_mode", "mean", {}),
     ("loss.kl_estimator", "k4", {}),
