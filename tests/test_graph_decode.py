@@ -7,19 +7,14 @@ import torch
 from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config, Qwen3Config
 
 from grpo.config.settings import ConfigError, RolloutConfig
-from grpo.core.records import Sample
 from grpo.models import graph_decode as G
 from grpo.models.modeling import build_tiny_model, build_tiny_tokenizer, generation_mode
 from grpo.models.sampling import row_keys
 from grpo.models.tokens import left_pad
 from grpo.phases.rollout import Draw, choose_engine, generate_rollouts, greedy_complete
+from tests.test_decode import CORPUS, K, NEW, SAMPLES, stops  # noqa: F401 - stops: a fixture (the same prompts)
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
-CORPUS = ["the answer is yes", "the answer is no", "who was more likely to forget the keys?"] * 5
-NEW = 16
-K = 4
-SAMPLES = [Sample("fairness", str(i), ({"role": "user", "content": text},))
-           for i, text in enumerate(["who forgot?", "the answer is a much longer one than this", "no", "keys"])]
 SETTINGS = {
     "plain": {},
     "warpers": {"temperature": 0.7, "top_k": 20, "top_p": 0.9, "min_p": 0.02, "repetition_penalty": 1.3,
@@ -39,15 +34,6 @@ def model(request, tok):
     model = build_tiny_model(tok, seed=3, hidden=64, layers=2, heads=4, kv_heads=2)
     model.set_attn_implementation(request.param)
     return model
-
-
-@pytest.fixture(scope="module")
-def stops(model, tok):
-    """The three tokens the model samples most: as stop ids they end completions at many different lengths."""
-    rollout = RolloutConfig(k=K, max_new_tokens=NEW, engine="hf")
-    rollouts, _ = generate_rollouts(model, tok, SAMPLES, rollout, [tok.pad_token_id], draw=Draw(generator_seed=0))
-    ids, counts = torch.tensor([t for r in rollouts for t in r.completion_ids]).unique(return_counts=True)
-    return ids[counts.argsort(descending=True)[:3]].tolist()
 
 
 def completions(model, tok, engine, stops, settings, keys=None, seed=0, greedy=False):

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.test_tool_environments import keep_tokenizer
 from tests.test_tool_rollouts import ROWS, TINY, calculator, calls_sometimes  # noqa: F401 - calls_sometimes: fixture
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -54,21 +55,6 @@ def follow_steps(monkeypatch, at: tuple[int, ...]) -> dict[int, dict[str, float]
     return seen
 
 
-def tool_calls_sometimes(monkeypatch, forced) -> None:
-    """The run's tokenizer handed to the fixture that turns some first replies into calculator calls."""
-    import grpo_train as G
-    from grpo.run import setup_parts
-
-    real_policy = setup_parts.policy_from_config
-
-    def policy(*args, **kwargs):
-        p = real_policy(*args, **kwargs)
-        forced.tokenizer = p.tokenizer
-        return p
-
-    monkeypatch.setattr(G, "policy_from_config", policy)
-
-
 def judge_server():
     """tests/judge_server.py in its own process (its record of requests grows there, not here); its URL."""
     proc = subprocess.Popen([sys.executable, str(ROOT / "tests" / "judge_server.py"), "--port", "0", "--score", "7"],
@@ -82,7 +68,7 @@ def judge_server():
 def test_300_steps_keep_memory_files_and_threads_flat(tmp_path, calls_sometimes, monkeypatch):  # noqa: F811
     import grpo_train as G
 
-    tool_calls_sometimes(monkeypatch, calls_sometimes)
+    keep_tokenizer(monkeypatch, calls_sometimes)  # the run's tokenizer, for the fixture's calculator calls
     seen = follow_steps(monkeypatch, (EARLY, STEPS))
 
     def answered(completions, answer, **kwargs):  # a user reward function: each call on a worker thread
