@@ -9,9 +9,9 @@ print it.
 
 Columns, per seed and task, from the run's eval.json (greedy held-out reward, rule graders): before SFT, after SFT,
 after RL, RL gain = after RL − after SFT; the wall time of the whole run (from config.json, written at start-up, to
-report.json, written at the end), on the seed's first row. The rewards are deterministic for a given machine and
-thread count (the demo pins every RNG); the wall time is not, so `tests/test_results_table.py` compares the reward
-columns exactly and only the time column's format. Runs use OMP_NUM_THREADS=2 unless it is set (the table's
+report.json, written at the end) and its peak host memory (report.json's summary.host_peak_gb), on the seed's first
+row. The rewards are deterministic for a given machine and thread count (the demo pins every RNG); the time and the
+memory are not, so `tests/test_results_table.py` compares the reward columns exactly and only the format of those two. Runs use OMP_NUM_THREADS=2 unless it is set (the table's
 "2 CPU cores"). A run folder's .jsonl records are read plain or gzipped (a kept copy: benchmarks/common.read_record).
 """
 
@@ -34,10 +34,15 @@ from benchmarks.common import has_record, read_record  # noqa: E402  (after the 
 TABLE_DOC = ROOT / "docs" / "RESULTS.md"
 """Where the demo's table stands (its first section) and where --write writes it."""
 SEEDS = (0, 1, 2)
-HEADER = "| seed | task | before SFT | after SFT | after RL | RL gain | wall time (2 CPU cores) |"
-RULE = "|---|---|---|---|---|---|---|"
+HEADER = "| seed | task | before SFT | after SFT | after RL | RL gain | wall time (2 CPU cores) | peak host memory |"
+RULE = "|---|---|---|---|---|---|---|---|"
 TIME_CELL = re.compile(r"^(\d+ s)?$")
 """A time cell: whole seconds on a seed's first row, empty on its other rows."""
+MEMORY_CELL = re.compile(r"^(\d+\.\d\d GB|-)?$")
+"""A memory cell: the run's peak resident set (report.json's summary.host_peak_gb, GiB) on a seed's first row ("-"
+for a run that predates the figure), empty on its other rows."""
+MEASURED_COLUMNS = 2
+"""The last columns (wall time, peak memory) differ from run to run; the others must match."""
 
 
 def table_rows(run_dir: Path) -> list[str]:
@@ -48,11 +53,13 @@ def table_rows(run_dir: Path) -> list[str]:
     if missing:
         raise ValueError(f"{run_dir / 'eval.json'} has no {missing} phase(s): is the run finished, with an SFT warm-up?")
     seconds = (run_dir / "report.json").stat().st_mtime - (run_dir / "config.json").stat().st_mtime
+    peak = json.loads((run_dir / "report.json").read_text()).get("summary", {}).get("host_peak_gb")
+    memory = "-" if peak is None else f"{peak:.2f} GB"
     rows = []
     for i, task in enumerate(sorted(evals["after_rl"])):
         before, sft, rl = evals["before_sft"][task], evals["after_sft"][task], evals["after_rl"][task]
-        time_cell = f" {seconds:.0f} s |" if i == 0 else " |"  # the table writes an empty cell as "| |"
-        rows.append(f"| {seed} | {task} | {before:.3f} | {sft:.3f} | {rl:.3f} | {rl - sft:+.3f} |{time_cell}")
+        measured = f" {seconds:.0f} s | {memory} |" if i == 0 else " | |"  # the table writes an empty cell as "| |"
+        rows.append(f"| {seed} | {task} | {before:.3f} | {sft:.3f} | {rl:.3f} | {rl - sft:+.3f} |{measured}")
     return rows
 
 
@@ -127,8 +134,9 @@ def rewards_differ(produced: str, committed: str, tolerance: float = REWARD_TOLE
 
 
 def rewards_only(table_text: str) -> list[list[str]]:
-    """The cells of every table row without the time column (what must match between two runs of the same code)."""
-    return [[c.strip() for c in line.strip("|").split("|")][:-1] for line in table_text.splitlines()[2:]]
+    """The cells of every table row without the measured columns (what must match between two runs of the same
+    code)."""
+    return [[c.strip() for c in line.strip("|").split("|")][:-MEASURED_COLUMNS] for line in table_text.splitlines()[2:]]
 
 
 def main(argv: list[str]) -> int:

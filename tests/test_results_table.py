@@ -27,7 +27,7 @@ def fake_run(folder, seed, evals, seconds):
     folder.mkdir(parents=True)
     (folder / "eval.json").write_text(json.dumps(evals))
     (folder / "config.json").write_text(json.dumps({"train": {"seed": seed}}))
-    (folder / "report.json").write_text("{}")
+    (folder / "report.json").write_text(json.dumps({"summary": {"host_peak_gb": 1.234}}))
     os.utime(folder / "config.json", (1_000, 1_000))
     os.utime(folder / "report.json", (1_000 + seconds, 1_000 + seconds))
     return folder
@@ -37,9 +37,12 @@ def test_rows_from_a_run_folder(tmp_path):
     evals = {"before_sft": {"halu": 0.0, "fair": 0.25}, "after_sft": {"halu": 0.5, "fair": 0.515625},
              "step_20": {"halu": 0.75, "fair": 0.5}, "after_rl": {"halu": 1.0, "fair": 0.46875}}
     rows = RT.table_rows(fake_run(tmp_path / "r", 7, evals, 48.4))
-    # tasks sorted; gain = after RL - after SFT; the time (report.json - config.json mtime) on the first row only
-    assert rows == ["| 7 | fair | 0.250 | 0.516 | 0.469 | -0.047 | 48 s |",
-                    "| 7 | halu | 0.000 | 0.500 | 1.000 | +0.500 | |"]
+    # tasks sorted; gain = after RL - after SFT; the time (report.json - config.json mtime) and the report's peak host
+    # memory on the first row only
+    assert rows == ["| 7 | fair | 0.250 | 0.516 | 0.469 | -0.047 | 48 s | 1.23 GB |",
+                    "| 7 | halu | 0.000 | 0.500 | 1.000 | +0.500 | | |"]
+    (tmp_path / "r" / "report.json").write_text("{}")  # a run that predates the figure
+    assert RT.table_rows(tmp_path / "r")[0].endswith("| 48 s | - |")
     with pytest.raises(ValueError, match=r"no \['after_rl'\] phase"):
         RT.table_rows(fake_run(tmp_path / "unfinished", 7, {"before_sft": {}, "after_sft": {}}, 1))
 
@@ -55,6 +58,7 @@ def test_the_docs_table_has_the_scripts_format():
         before, sft, rl, gain = (float(c) for c in cells[2:6])
         assert abs(gain - (rl - sft)) <= 0.0011  # after RL - after SFT (each cell rounded on its own)
         assert RT.TIME_CELL.match(cells[6]), f"time cell {cells[6]!r}"
+        assert RT.MEMORY_CELL.match(cells[7]), f"memory cell {cells[7]!r}"
 
 
 def test_the_demo_table_stands_in_one_place_that_write_targets():
@@ -82,7 +86,7 @@ def test_the_readme_tools_table_is_the_kept_runs_of_the_committed_preset():
     committed = "\n".join(readme[start:end])
     assert RT.rewards_only(committed) == RT.rewards_only(RT.table(runs))
     for line in committed.splitlines()[2::2]:  # each seed's first row carries the run's wall time
-        seconds = int(line.rstrip(" |").rsplit("|", 1)[1].strip().removesuffix(" s"))
+        seconds = int(line.strip("|").split("|")[6].strip().removesuffix(" s"))
         assert seconds <= 30 * 60, f"{line}: the issue's budget is 30 min a run on 2 CPU cores"
     for seed, run in zip(RT.SEEDS, runs):
         kept = json.loads((run / "config.json").read_text())
@@ -110,7 +114,7 @@ def without_newer_defaults(now: dict, kept: dict, defaults: dict) -> dict:
 
 
 def test_rewards_differ_allows_two_prompts_and_no_more():
-    row = "| 0 | a | 0.000 | {} | 1.000 | +0.500 | 5 s |"
+    row = "| 0 | a | 0.000 | {} | 1.000 | +0.500 | 5 s | 1.00 GB |"
     table = lambda cell: RT.HEADER + "\n" + RT.RULE + "\n" + row.format(cell)  # noqa: E731
     assert RT.rewards_differ(table("0.500"), table("0.531")) == []  # 2/64 = 0.03125
     assert RT.rewards_differ(table("0.500"), table("0.547")) == ["seed 0 a: ['0.000', '0.500', '1.000', '+0.500'] vs "
@@ -118,8 +122,8 @@ def test_rewards_differ_allows_two_prompts_and_no_more():
 
 
 def test_write_replaces_only_the_table():
-    text = "intro\n\n" + RT.HEADER + "\n" + RT.RULE + "\n| 0 | a | 0.000 | 0.100 | 0.200 | +0.100 | 5 s |\n\nafter\n"
-    new = RT.HEADER + "\n" + RT.RULE + "\n| 0 | a | 0.000 | 0.100 | 0.900 | +0.800 | 6 s |"
+    text = "intro\n\n" + RT.HEADER + "\n" + RT.RULE + "\n| 0 | a | 0.000 | 0.100 | 0.200 | +0.100 | 5 s | 1.00 GB |\n\nafter\n"
+    new = RT.HEADER + "\n" + RT.RULE + "\n| 0 | a | 0.000 | 0.100 | 0.900 | +0.800 | 6 s | 1.10 GB |"
     assert RT.replace_table(text, new) == "intro\n\n" + new + "\n\nafter\n"
 
 
