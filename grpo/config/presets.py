@@ -72,10 +72,15 @@ PRESETS: dict[str, dict[str, Any]] = {
     # trajectories whose final reply states the product. The warm-up is short on purpose: at lr 2e-4 the call appears
     # between SFT steps 8 (no held-out prompt calls) and 12 (most do); 10 steps leave about a third of
     # them calling (every caller answers right, the others guess), so RL has a signal in every group and the
-    # gain is RL's; 16 steps at lr 2e-4 fit the run in 30 min on 2 CPU cores. Paths are relative: run it from the
-    # repository root.
+    # gain is RL's; 20 steps at lr 2e-4 (the fewest the doctor judges: a run of 16 ended "TOO SHORT TO JUDGE") fit
+    # the run in 30 min on 2 CPU cores. Host memory (#49): the prompts carry
+    # the tool instructions (~240 tokens), and a 32-row micro-batch's activations held 8.3 GB in one RL update (SFT's
+    # 8 rows 3.1 GB), which glibc's heaps turned into a 14-17 GB resident peak; micro-batches of one group (8 rows:
+    # the same optimizer step, summed in another order) under activation checkpointing (recomputed, the same values)
+    # hold ~1 GB, and the run peaks under 4 GB. Paths are relative: run it from the repository root.
     "smollm2-tools": {
-        "model": {"name": "smollm2-135m-instruct", "lora": True, "lora_r": 16, "lora_alpha": 32, "lora_dropout": 0.0},
+        "model": {"name": "smollm2-135m-instruct", "lora": True, "lora_r": 16, "lora_alpha": 32, "lora_dropout": 0.0,
+                  "gradient_checkpointing": True},
         "data": {"source": "none", "eval_size": 32},
         "tasks": {"products": {"path": "examples/tool_calculator/products.jsonl"},
                   "products_answer": {"path": "examples/tool_calculator/products_answer.jsonl"}},
@@ -84,7 +89,7 @@ PRESETS: dict[str, dict[str, Any]] = {
         "rollout": {"k": 8, "max_new_tokens": 48, "temperature": 0.7,
                     "tools": ["examples/tool_calculator/calculator.py:calculator"], "max_tool_turns": 2,
                     "max_tool_result_tokens": 16},
-        "train": {"max_steps": 16, "lr": 2e-4, "prompts_per_micro_step": 4, "eval_every": 0},
+        "train": {"max_steps": 20, "lr": 2e-4, "prompts_per_micro_step": 4, "micro_batch_size": 8, "eval_every": 0},
         "sft": {"steps": 10, "lr": 2e-4, "batch_size": 8, "max_examples": 32},
         "kl": {"default": {"controller": "fixed", "beta": 0.04}},
     },
