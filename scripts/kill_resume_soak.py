@@ -49,6 +49,11 @@ TINY = ["--model.tiny_hidden", "32", "--model.tiny_layers", "1", "--model.tiny_h
         "--set", "rewards.hallucination=scripts.kill_resume_soak:shorter:1.0"]
 LENGTH_CAP = 24  # characters: the longest reply max_new_tokens=6 of the tiny tokenizer gives is about this long
 MODES = ("checkpoint", "evaluation", "pareto")
+KILL_ORDER = ("pareto", "checkpoint", "evaluation")
+"""The order the kills aim at the moments. A Pareto kill needs an evaluation that moves the frontier (the first one
+always does: step `eval_every`), a checkpoint kill a random delay's worth of steps, an evaluation kill any evaluation
+ahead. Aimed in MODES' order, the checkpoint and evaluation kills could leave the Pareto kill only the last
+evaluation, which a loaded machine missed (CI of stop 51: "kills: 2 (checkpoint 1, evaluation 1, pareto 0)")."""
 TIMED = ("time/", "memory/")
 """Wall-clock and memory metrics differ between any two runs: left out of every comparison."""
 WAIT_S = 300  # longest wait for the moment a kill aims at, before killing anyway
@@ -234,7 +239,7 @@ def main() -> int:
             except ckpt.CheckpointError as e:
                 corrupt += 1
                 print(f"  corrupt: {e}", flush=True)
-        mode = MODES[kills % len(MODES)]
+        mode = KILL_ORDER[kills % len(KILL_ORDER)]
         log = logs / f"launch_{kills + 1:02d}.log"
         with open(log, "w") as fh:  # a file, not a pipe: a pipe nobody reads would block the run when full
             proc = subprocess.Popen(command(out, "soak", args.steps, args.seed, args.eval_every, has_ckpt),
