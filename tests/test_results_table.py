@@ -42,6 +42,7 @@ def test_rows_from_a_run_folder(tmp_path):
     assert rows == ["| 7 | fair | 0.250 | 0.516 | 0.469 | -0.047 | 48 s | 1.23 GB |",
                     "| 7 | halu | 0.000 | 0.500 | 1.000 | +0.500 | | |"]
     (tmp_path / "r" / "report.json").write_text("{}")  # a run that predates the figure
+    os.utime(tmp_path / "r" / "report.json", (1_000 + 48.4, 1_000 + 48.4))
     assert RT.table_rows(tmp_path / "r")[0].endswith("| 48 s | - |")
     with pytest.raises(ValueError, match=r"no \['after_rl'\] phase"):
         RT.table_rows(fake_run(tmp_path / "unfinished", 7, {"before_sft": {}, "after_sft": {}}, 1))
