@@ -5,7 +5,7 @@
     ... change the code, run again as `after` ...
     python scripts/demo_fingerprint.py /tmp/runs/after > after.json && diff before.json after.json
 
-Covers every value of metrics.jsonl except the wall-clock ones (TIMING_KEYS), eval.json, the sampled completions
+Covers every value of metrics.jsonl except the measured ones (clock and memory readings: MEASURED_PREFIXES), eval.json, the sampled completions
 (samples/*.jsonl) and the sha256 of every final/*.safetensors file. The last line is one sha256 over all of it.
 Exact equality (repr of every float): meant for the same machine and the same torch build.
 
@@ -23,12 +23,14 @@ import json
 import sys
 from pathlib import Path
 
-TIMING_PREFIXES = ("time/", "memory/")
-"""Metric keys measured with a clock or read from the allocator: they differ between two runs of the same code."""
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from grpo.run.tracking import MEASURED_PREFIXES  # noqa: E402
 
 
 def is_timing(key: str) -> bool:
-    return key.startswith(TIMING_PREFIXES)
+    return key.startswith(MEASURED_PREFIXES)
 
 
 def renamed(text: str, renames: dict[str, str]) -> str:

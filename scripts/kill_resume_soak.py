@@ -39,6 +39,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from grpo.run import checkpoint_files as ckpt  # noqa: E402
+from grpo.run.tracking import MEASURED_PREFIXES  # noqa: E402
 
 TINY = ["--model.tiny_hidden", "32", "--model.tiny_layers", "1", "--model.tiny_heads", "2", "--data.demo_size", "40",
         "--data.eval_size", "4", "--rollout.max_new_tokens", "6", "--sft.steps", "4", "--train.tensorboard", "true",
@@ -54,8 +55,6 @@ KILL_ORDER = ("pareto", "checkpoint", "evaluation")
 always does: step `eval_every`), a checkpoint kill a random delay's worth of steps, an evaluation kill any evaluation
 ahead. Aimed in MODES' order, the checkpoint and evaluation kills could leave the Pareto kill only the last
 evaluation, which a loaded machine missed (CI of stop 51: "kills: 2 (checkpoint 1, evaluation 1, pareto 0)")."""
-TIMED = ("time/", "memory/")
-"""Wall-clock and memory metrics differ between any two runs: left out of every comparison."""
 WAIT_S = 300  # longest wait for the moment a kill aims at, before killing anyway
 
 
@@ -152,13 +151,13 @@ def kill_once(proc: subprocess.Popen, run_dir: Path, mode: str, eval_every: int,
 def _rows(path: Path) -> list[dict]:
     if not path.exists():
         return []
-    return [{k: v for k, v in json.loads(line).items() if not k.startswith(TIMED)}
+    return [{k: v for k, v in json.loads(line).items() if not k.startswith(MEASURED_PREFIXES)}
             for line in path.read_text().splitlines() if line.strip()]
 
 
 def _csv(path: Path) -> list[dict]:
     with open(path, newline="") as fh:
-        return [{k: v for k, v in row.items() if not k.startswith(TIMED)} for row in csv.DictReader(fh)]
+        return [{k: v for k, v in row.items() if not k.startswith(MEASURED_PREFIXES)} for row in csv.DictReader(fh)]
 
 
 def _scalars(tb_dir: Path) -> dict[str, list[tuple[int, float]]]:
@@ -168,7 +167,7 @@ def _scalars(tb_dir: Path) -> dict[str, list[tuple[int, float]]]:
     acc = EventAccumulator(str(tb_dir))
     acc.Reload()
     return {tag: [(e.step, e.value) for e in acc.Scalars(tag)] for tag in sorted(acc.Tags()["scalars"])
-            if not tag.startswith(TIMED)}
+            if not tag.startswith(MEASURED_PREFIXES)}
 
 
 def _files(folder: Path) -> dict[str, bytes]:

@@ -18,6 +18,7 @@ import torch
 
 import grpo_train as G
 from grpo.run import checkpoint_files as ckpt
+from grpo.run.tracking import MEASURED_PREFIXES
 from tests.trainer_helpers import fast_config
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -26,7 +27,7 @@ BASE = ["sft.steps=3", "sft.lr=1e-3", "checkpoint.every=2", "train.eval_every=2"
 
 def _lines(run_dir: Path, after: int):
     rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    return [{k: v for k, v in r.items() if not k.startswith(("time/", "memory/"))}  # clocks and the allocator
+    return [{k: v for k, v in r.items() if not k.startswith(MEASURED_PREFIXES)}
             for r in rows if r.get("step", 0) > after]
 
 

@@ -34,13 +34,12 @@ RTOL = 1e-4
 far below what a changed formula, order of passes or random draw moves."""
 ATOL = 1e-6
 """Absolute tolerance: for values that are 0 up to rounding (advantage means, clip fractions)."""
-TIMING_PREFIXES = ("time/", "memory/")
-"""Wall-clock and host / GPU memory metrics (they depend on the machine and its allocator), left out."""
 
 
 def run_short_demo(out_dir: Path) -> dict:
     """Run the short demo into `out_dir`; return its metric lines, evaluations and per-tensor weight statistics."""
     from grpo.config import settings as C
+    from grpo.run.tracking import MEASURED_PREFIXES  # clock and memory readings (they depend on the machine)
     import grpo_train
 
     threads = torch.get_num_threads()
@@ -50,7 +49,7 @@ def run_short_demo(out_dir: Path) -> dict:
         run = grpo_train.main(cfg)
     finally:
         torch.set_num_threads(threads)
-    metrics = [{k: v for k, v in json.loads(line).items() if not k.startswith(TIMING_PREFIXES)}
+    metrics = [{k: v for k, v in json.loads(line).items() if not k.startswith(MEASURED_PREFIXES)}
                for line in (run.run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
     weights = {}
     for name, p in sorted(run.policy.model.state_dict().items()):

@@ -9,6 +9,7 @@ from dataclasses import replace
 import torch
 
 from grpo.config import settings as C
+from grpo.run.tracking import MEASURED_PREFIXES
 
 
 TINY_CLI = ["--model.tiny_hidden", "32", "--model.tiny_layers", "1", "--model.tiny_heads", "2", "--data.demo_size",
@@ -58,7 +59,7 @@ def assert_resume_is_bit_identical(tmp_path, extra: list[str], used_metric: str)
 
     def lines(run_dir):
         rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
-        return [{k: v for k, v in r.items() if not k.startswith(("time/", "memory/"))}  # clocks and the allocator
+        return [{k: v for k, v in r.items() if not k.startswith(MEASURED_PREFIXES)}
                 for r in rows if r.get("step", 0) > 2]
 
     a, b = lines(full.run_dir), lines(resumed.run_dir)
