@@ -13,6 +13,7 @@ torch, so that `quiet_openmp` sets the wait before torch loads libgomp, which re
 from __future__ import annotations
 
 import ctypes
+import functools
 import math
 import os
 import sys
@@ -195,7 +196,9 @@ def gpu_memory(device: Any) -> dict[str, float]:
             "memory/gpu_peak_gb": torch.cuda.max_memory_allocated(device) / GB}
 
 
+@functools.cache
 def _libc() -> Any:
+    """The C library's symbols, looked up once (every logged row asks)."""
     try:
         return ctypes.CDLL(None)  # the symbols this process has: glibc's, where it is the C library
     except OSError:
@@ -214,7 +217,7 @@ TRIM_FROM_BYTES = 512 * 2**20
 """Free memory glibc must hold before `release_freed_memory` hands it back. What is handed back is faulted in again
 (zeroed pages) when the next step allocates it: the demo frees 100-130 MB of its 500 MB every step, and handing that
 back every step cost it more than it saved; `--preset smollm2-tools` kept 5-6 GB free after its warm-up and after an
-RL step before its micro-batches shrank (benchmarks/RESULTS.md, "Beside busy neighbours", has the costs)."""
+RL step before its micro-batches shrank (benchmarks/RESULTS.md, "Beside busy neighbours", says why)."""
 
 
 def release_freed_memory(at_least: int = TRIM_FROM_BYTES) -> bool:
