@@ -256,7 +256,7 @@ def fold_change(model_dir: Path, tok, device: str, new: int = 32) -> dict[str, f
     from grpo.config.settings import RolloutConfig
     from grpo.models import graph_decode as G
     from grpo.models.modeling import generation_mode
-    from grpo.models.tokens import encode_prompt, left_pad
+    from grpo.models.tokens import left_pad
 
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16, attn_implementation="sdpa")
     torch.manual_seed(0)  # lora_A's initialisation: the figure is the same from run to run
@@ -267,7 +267,7 @@ def fold_change(model_dir: Path, tok, device: str, new: int = 32) -> dict[str, f
             if "lora_B" in name:
                 p.copy_((torch.rand(p.shape, generator=g) - 0.5) * 0.02)
     model.eval()
-    rows = [encode_prompt(tok, s.messages, None) for s in samples()]
+    rows = _prompt_rows(tok)
     ids_BP, mask_BP = left_pad(rows, tok.pad_token_id, multiple_of=G.PROMPT_BUCKET)
     ids_BP, mask_BP = ids_BP.to(device), mask_BP.to(device)
     sampling = G.StepSampling(RolloutConfig(), do_sample=True, stop_ids=(tok.pad_token_id,), pad_id=tok.pad_token_id)
