@@ -62,8 +62,8 @@ from grpo.run.setup_parts import (build_trackers, check_sharding, check_task_ent
                                   fit_prompts, load_samples, parse_task_mix, policy_from_config, reward_specs,
                                   seed_everything, split_by_task, stop_token_ids, with_epochs)
 from grpo.run.signals import Interrupted, StopRequest, signals_raise
-from grpo.run.state import Run
-from grpo.run.step_owners import Rollouts, Scoring, StepTimer, Updater, prompt_copies
+from grpo.run.state import Run, Start, TaskSamples
+from grpo.run.step_owners import Generation, Rewarder, StepTimer, Updater, prompt_copies
 from grpo.run.trl_cli import read_config_file, trl_flags
 from grpo.run.tracking import NullTracker, format_step_line, progress, write_samples, write_scored
 
@@ -91,7 +91,7 @@ def setup(cfg: C.Config, *, callables: Mapping[str, Callable[..., Any]] | None =
 
     hf_logging.disable_progress_bar()  # one progress display per phase is ours; HF's save bars are noise
     dist, dist_device = make_dist(cfg.train.device, cfg.train.sharding)
-    device = dist_device or choose_device(cfg.train.device)
+    device = dist.device = dist_device or choose_device(cfg.train.device)
     name = dist.broadcast(cfg.train.run_name or f"{cfg.preset}-{time.strftime('%Y%m%d-%H%M%S')}")
     run_dir = expand_home(cfg.train.output_dir) / name  # `~/runs` given where no shell expanded it
     rows = load_samples(cfg.data, cfg.train.seed, cfg.tasks, announce=dist.is_main)  # every rank loads, one speaks
@@ -141,22 +141,21 @@ def setup(cfg: C.Config, *, callables: Mapping[str, Callable[..., Any]] | None =
             check_sharding(cfg, policy, dist)
             dist.shard(policy.model)
             dist.shard(policy.ref_model)
-        run = Run(cfg, run_dir, device, dist, policy, train_rows, heldout)
-        run.inputs, run.resume_from = inputs, resume_from
-        run.host = f"CPU: {threads} torch thread(s) ({why}); {openmp_note()}"
+        run = Run(cfg, run_dir, dist, policy, TaskSamples(train_rows, heldout),
+                  start=Start(inputs, resume_from, f"CPU: {threads} torch thread(s) ({why}); {openmp_note()}"))
         run.tracker = build_trackers(cfg.train, run_dir) if dist.is_main else NullTracker()
         toolbox = build_toolbox(cfg.rollout, policy.tokenizer, callables, environments)  # rollout.tools; None without
         sampler = TaskBalancedSampler(train_rows, seed=cfg.train.seed, mix=parse_task_mix(cfg.data.task_mix))
-        run.rollouts = Rollouts(policy, cfg.rollout, dist, sampler, stop_token_ids(cfg.rollout, policy.tokenizer),
+        run.generation = Generation(policy, cfg.rollout, dist, sampler, stop_token_ids(cfg.rollout, policy.tokenizer),
                                 toolbox, prompts_per_step=cfg.prompts_per_step, train=cfg.train)
-        run.scoring = Scoring(specs, graders, Judge.from_config(cfg.judge, run_dir), run.tasks, dist,
+        run.rewarder = Rewarder(specs, graders, Judge.from_config(cfg.judge, run_dir), run.tasks, dist,
                               rollout=cfg.rollout, loss=cfg.loss, tool_names=toolbox.names if toolbox else None,
                               total_updates=cfg.total_updates)
-        run.update = Updater(cfg, policy, dist, run.tasks, device)
-        run.frontier = ParetoFrontier(cfg.multi.pareto_cap, run_dir / PARETO_SUBDIR)
+        run.updater = Updater(cfg, policy, dist, run.tasks, device)
+        run.progress.frontier = ParetoFrontier(cfg.multi.pareto_cap, run_dir / PARETO_SUBDIR)
         if dist.is_main:
             (run_dir / "config.json").write_text(C.dumps(cfg))
-        if dist.active and not run.rollouts.per_completion:
+        if dist.active and not run.generation.per_completion:
             torch.manual_seed(cfg.train.seed + 1_000_003 * dist.rank)  # ranks must not draw the same samples
         return run
 
@@ -167,10 +166,10 @@ def sft_phase(run: Run) -> list[float]:
     s = run.cfg.sft
     if s.steps == 0:
         return []
-    toolbox = run.rollouts.toolbox
+    toolbox = run.generation.toolbox
     system = toolbox.system_prompt if toolbox is not None else None  # the prompts the rollouts see
     encode = None if toolbox is None else (lambda messages: toolbox.encode_prompt(run.tokenizer, messages))
-    examples = sft_examples(run.tokenizer, [x for t in run.tasks for x in run.train[t]], system, s.max_target_tokens,
+    examples = sft_examples(run.tokenizer, [x for t in run.tasks for x in run.samples.training[t]], system, s.max_target_tokens,
                             encode=encode)
     if not examples:
         if run.dist.is_main:
@@ -179,14 +178,14 @@ def sft_phase(run: Run) -> list[float]:
         run.tracker.log({"sft/skipped": 1.0}, 0)  # the doctor then advises no warm-up
         return []
     if s.max_examples:
-        examples = stratified([x for t in run.tasks for x in run.train[t] if x.target], examples, s.max_examples)
+        examples = stratified([x for t in run.tasks for x in run.samples.training[t] if x.target], examples, s.max_examples)
     losses = run_sft(run.policy, examples, s, device=run.device, seed=run.cfg.train.seed,
                      progress=lambda it: progress(it, "SFT", enabled=run.dist.is_main), dist=run.dist)
     # RL is regularised towards the SFT model, not the pre-SFT one: rebase the reference in place (every owner holds
     # this policy), then restart the update's optimizer (under LoRA the trainable parameters are new objects).
     rebased = rebase_reference(run.policy, seed=run.cfg.train.seed)
     run.policy.model, run.policy.ref_model = rebased.model, rebased.ref_model
-    run.update.restart()
+    run.updater.restart()
     weights = reference_weights(run.policy, run.dist)  # a collective when sharded
     if run.dist.is_main:
         ckpt.save_reference(run.run_dir, weights)
@@ -203,26 +202,26 @@ def evaluate_phase(run: Run, tag: str) -> dict[str, float]:
     if not dist.is_main and not dist.sharded:
         dist.barrier()
         return {}
-    scorer = (lambda rollouts: run.scoring.score(rollouts)[0]) if dist.is_main else unscored
-    results, scored = evaluate(run.policy.model, run.tokenizer, run.heldout, run.cfg.rollout, run.rollouts.stop_ids,
-                               scorer, synced_gpus=dist.sharded, tools=run.rollouts.toolbox)
+    scorer = (lambda rollouts: run.rewarder.score(rollouts)[0]) if dist.is_main else unscored
+    results, scored = evaluate(run.policy.model, run.tokenizer, run.samples.heldout, run.cfg.rollout, run.generation.stop_ids,
+                               scorer, synced_gpus=dist.sharded, tools=run.generation.toolbox)
     dist.reshard(run.policy.model)
     offered = tag.startswith("step_") or tag == "after_rl"  # RL checkpoints compete for the Pareto frontier
     state = dist.full_state(run.policy.model) if dist.sharded and offered else None
     if not dist.is_main:
         dist.barrier()
         return {}
-    run.evals[tag] = results
-    (run.run_dir / "eval.json").write_text(json.dumps(run.evals, indent=2))
-    if measured := record_measures(run.measures, tag, scored):  # BBQ's bias scores, recognition balanced accuracy
-        (run.run_dir / "measures.json").write_text(json.dumps(run.measures, indent=2))
+    run.progress.evals[tag] = results
+    (run.run_dir / "eval.json").write_text(json.dumps(run.progress.evals, indent=2))
+    if measured := record_measures(run.progress.measures, tag, scored):  # BBQ's bias scores, recognition balanced accuracy
+        (run.run_dir / "measures.json").write_text(json.dumps(run.progress.measures, indent=2))
     write_scored(run.run_dir / "evals" / f"{tag}.jsonl", scored)  # the greedy completions and every grader's score
     means = part_means((s.rollout.sample.task, s.parts) for s in scored)
     parts = {f"eval_part/{t}/{name}": v for t, by_name in means.items() for name, v in by_name.items()}
     run.tracker.log({**{f"eval/{t}/reward": r for t, r in results.items()}, **parts, **measured,
-                     **memory_metrics(run.device)}, run.step)
+                     **memory_metrics(run.device)}, run.progress.step)
     if offered:
-        run.frontier.offer(run.step, results, save_fn=lambda path: save_pretrained(run.policy, path, state))
+        run.progress.frontier.offer(run.progress.step, results, save_fn=lambda path: save_pretrained(run.policy, path, state))
     dist.barrier()
     return results
 
@@ -233,12 +232,12 @@ def pass_at_k_phase(run: Run) -> dict[str, float]:
     cfg = run.cfg
     if run.dist.active:
         raise RuntimeError("train.pass_at_k runs on one process; turn it off under several processes")
-    if run.rollouts.toolbox is not None:
+    if run.generation.toolbox is not None:
         raise RuntimeError("train.pass_at_k samples single-turn completions; turn it off with rollout.tools")
-    metrics = pass_at_k_eval(run.policy.model, run.tokenizer, run.heldout, cfg.rollout, cfg.train,
-                             run.rollouts.stop_ids, lambda rollouts: run.scoring.score(rollouts)[0])
+    metrics = pass_at_k_eval(run.policy.model, run.tokenizer, run.samples.heldout, cfg.rollout, cfg.train,
+                             run.generation.stop_ids, lambda rollouts: run.rewarder.score(rollouts)[0])
     (run.run_dir / "pass_at_k.json").write_text(json.dumps(metrics, indent=2))
-    run.tracker.log(metrics, run.step)
+    run.tracker.log(metrics, run.progress.step)
     return metrics
 
 
@@ -247,29 +246,29 @@ def rl_step(run: Run, step: int) -> dict[str, float]:
     state; each phase's wall time is time/<phase>."""
     timer = StepTimer(run.device)
     with timer("generate"):  # this process's share of the step's prompts, K completions each
-        rollouts, metrics = run.rollouts.generate(step)
+        rollouts, metrics = run.generation.generate(step)
     with timer("reward"):
-        scored, counts = run.scoring.score(rollouts, step)
+        scored, counts = run.rewarder.score(rollouts, step)
         kept, kl_only_rows = scored, 0
         if run.cfg.train.dynamic_sampling:  # drop the groups without signal, refill them with more prompts
-            kept, more, kl_only_rows = run.rollouts.refill(step, scored, counts, run.scoring.score)
+            kept, more, kl_only_rows = run.generation.refill(step, scored, counts, run.rewarder.score)
             metrics.update(more)
-        graded = run.scoring.grade(kept, scored, kl_only_rows, metrics, counts)  # over every process's groups
+        rewarded = run.rewarder.advantages(kept, scored, kl_only_rows, metrics, counts)  # over every process's groups
     with timer("old_logps"):
-        batch = run.update.batch(graded.rows, graded.advantages_B)
+        batch = run.updater.batch(rewarded.rows, rewarded.advantages_B)
     with timer("ref_logps"):
-        run.update.reference_logps(batch)
-    with timer("train"):
-        stats = run.update.step(batch)  # μ passes, then the β / entropy controllers and the weight guard
+        run.updater.reference_logps(batch)
+    with timer("update"):
+        stats = run.updater.update(batch)  # μ passes, then the β / entropy controllers and the weight guard
     memory = memory_metrics(run.device)  # memory/: after handing back what the step freed (grpo/models/host.py)
-    return log_step(run, step, {**graded.metrics, **stats, "step": step, **timer.metrics(), "lr": run.update.lr,
-                                **memory}, graded.everyone)
+    return log_step(run, step, {**rewarded.metrics, **stats, "step": step, **timer.metrics(), "lr": run.updater.lr,
+                                **memory}, rewarded.everyone)
 
 
 def log_step(run: Run, step: int, metrics: dict[str, Any], scored: list) -> dict[str, float]:
     """The step's metrics as plain numbers with the doctor's reading of them, logged; then the judge's fallback
     check (after the step is logged) and, every train.sample_every steps, the step's completions."""
-    run.step = step
+    run.progress.step = step
     metrics = {k: v if isinstance(v, (str, int)) else float(v) for k, v in metrics.items()}
     metrics.update(consult_doctor(run, metrics))
     run.tracker.log(metrics, step)
@@ -291,11 +290,11 @@ def finish(run: Run) -> dict[str, Any]:
     if run.cfg.checkpoint.final_model_dir:  # TRL's output_dir: the model where trainer.save_model() leaves it
         saved = save_pretrained(run.policy, expand_home(run.cfg.checkpoint.final_model_dir), state)
         print(f"final model{' (LoRA adapter)' if run.policy.is_lora else ''} and tokenizer: {saved}")
-    report = build_report(run.run_dir)  # its pareto_best: the frontier's index, as run.frontier wrote it
+    report = build_report(run.run_dir)  # its pareto_best: the frontier's index, as run.progress.frontier wrote it
     print(format_report(report))
     best = report.get("pareto_best")
     if best is not None:
-        print(f"Pareto frontier: {len(run.frontier.points)} point(s); best by mean score: step {best['step']} "
+        print(f"Pareto frontier: {len(run.progress.frontier.points)} point(s); best by mean score: step {best['step']} "
               f"{ {t: round(v, 3) for t, v in best['scores'].items()} } -> {best['path']}")
     try:
         plot_run(run.run_dir)
@@ -314,7 +313,7 @@ def main(cfg: C.Config, run: Run | None = None) -> Run:
     say = print if run.dist.is_main else (lambda *a, **k: None)  # one voice: rank 0
     say(banner(run))
     if cfg.checkpoint.resume:
-        resume(run, str(run.resume_from or cfg.checkpoint.resume))
+        resume(run, str(run.start.resume_from or cfg.checkpoint.resume))
     else:
         say("evaluating before SFT ...", evaluate_phase(run, "before_sft"))
         if cfg.sft.steps and sft_phase(run):
@@ -326,7 +325,7 @@ def main(cfg: C.Config, run: Run | None = None) -> Run:
         say(doctor_line(f, f"active since step {f.since}, before the resume"), flush=True)
     stop = StopRequest()
     with stop.installed():
-        bar = progress(range(run.step + 1, cfg.train.max_steps + 1), "RL", enabled=run.dist.is_main)
+        bar = progress(range(run.progress.step + 1, cfg.train.max_steps + 1), "RL", enabled=run.dist.is_main)
         for step in bar:
             metrics = rl_step(run, step)
             if hasattr(bar, "set_postfix_str"):  # a tqdm bar on a terminal: per-task reward / KL / β in the postfix
@@ -337,13 +336,13 @@ def main(cfg: C.Config, run: Run | None = None) -> Run:
                 say(format_step_line(metrics, run.tasks), flush=True)
             if cfg.train.eval_every and step % cfg.train.eval_every == 0 and step < cfg.train.max_steps:
                 evaluate_phase(run, f"step_{step}")
-            for f in run.alarms:
+            for f in run.progress.alarms:
                 say(doctor_line(f, f"step {step}"), flush=True)
             if doctor_stops(run):  # train.doctor=stop | restore and a red finding is active: on to the end of the run
                 break
             if run.dist.any(stop.requested):  # every rank stops after the same step
                 folder = save_checkpoint(run)
-                run.stopped_by = stop.signum
+                run.progress.stopped_by = stop.signum
                 say(f"\ninterrupted: checkpoint {folder} written. Resume with:\n  python grpo_train.py "
                       f"--preset {cfg.preset} --run-name {run.run_dir.name} --output-dir {cfg.train.output_dir} "
                       f"--resume auto [your other overrides]")
@@ -352,9 +351,9 @@ def main(cfg: C.Config, run: Run | None = None) -> Run:
                 return run
             if cfg.checkpoint.every and step % cfg.checkpoint.every == 0:
                 save_checkpoint(run)
-    if not run.finished:  # else resumed from the final checkpoint: evaluated and saved already
+    if not run.progress.finished:  # else resumed from the final checkpoint: evaluated and saved already
         evaluate_phase(run, "after_rl")
-        run.finished = True
+        run.progress.finished = True
         save_checkpoint(run)
     finish(run)
     return run
@@ -423,7 +422,7 @@ def train(config: C.Config | str | Sequence[str] | None = None, *,
         release_run_dir(run.run_dir)
     report = run.run_dir / "report.json"
     if report.is_file():
-        run.report = json.loads(report.read_text())
+        run.progress.report = json.loads(report.read_text())
     return run
 
 
@@ -469,7 +468,7 @@ def cli(argv: list[str]) -> int:
         finally:
             release_run_dir(run.run_dir)  # the run folder's lock (a no-op once `finish` released it)
         run.dist.close()  # every rank got here: they leave together (Dist.close)
-    return 128 + run.stopped_by if run.stopped_by else 0
+    return 128 + run.progress.stopped_by if run.progress.stopped_by else 0
 
 
 def command() -> int:

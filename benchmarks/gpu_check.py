@@ -272,9 +272,11 @@ def fold_change(model_dir: Path, tok, device: str, new: int = 32) -> dict[str, f
     ids_BP, mask_BP = ids_BP.to(device), mask_BP.to(device)
     sampling = G.StepSampling(RolloutConfig(), do_sample=True, stop_ids=(tok.pad_token_id,), pad_id=tok.pad_token_id)
     graph = G.GraphStep(model)
+    new_ids, _ = G.decode_graph(model, rows, RolloutConfig(max_new_tokens=new, fold_lora="on"), (tok.pad_token_id,),
+                                tok.pad_token_id, row_keys=list(range(len(rows))), compile_step=False, capture=False,
+                                graph=graph)
+    tokens_BN = torch.tensor(new_ids, device=device)
     with generation_mode(model), torch.no_grad():
-        tokens_BN, _ = G.decode_graph(model, ids_BP, mask_BP, sampling, new, torch.arange(len(rows)),
-                                      fold_lora="on", compile_step=False, capture=False, graph=graph)
         logps = {}
         for fold in (True, False):
             state = G.build_state(model, ids_BP, mask_BP, torch.arange(len(rows)), sampling, new, graph.fold(fold),

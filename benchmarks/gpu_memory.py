@@ -110,7 +110,7 @@ def case_overrides(case: Case, tiny: bool, work: Path, steps: int) -> list[str]:
 class PhaseMeter:
     """Peak allocator memory per phase: the peak counter is read and reset at every phase boundary."""
 
-    PHASES = {"sample_rollouts": "generation", "batch_logprobs": "ref/old pass", "train_step": "training"}
+    PHASES = {"generate_rollouts": "generation", "batch_logprobs": "ref/old pass", "update_passes": "training"}
 
     def __init__(self, cuda: bool):
         self.cuda = cuda
@@ -141,7 +141,7 @@ class PhaseMeter:
                 self.mark("other")
                 out = fn(*args, **kwargs)
                 self.mark(self.PHASES[name])
-                if name == "sample_rollouts":
+                if name == "generate_rollouts":
                     self.prompt_lens += [len(r.prompt_ids) for r in out[0]]
                     self.completion_lens += [len(r.completion_ids) for r in out[0]]
                 return out
@@ -281,7 +281,7 @@ def format_markdown(results: list[dict[str, Any]]) -> str:
         est = (r.get("estimate") or {}).get("peak_gib")
         lines.append("| " + " | ".join([r["case"], _num(r.get("peak_allocated_gib")), _num(r.get("peak_reserved_gib")),
                                         _num(est), _num(d["error_pct"], "+.1f"), _num(t.get("time/step")),
-                                        _num(t.get("time/generate")), _num(t.get("time/train")), notes]) + " |")
+                                        _num(t.get("time/generate")), _num(t.get("time/update")), notes]) + " |")
     phase_rows = [(r["case"], p, v, (r.get("estimate") or {}).get("phases_without_slack_gib", {}).get(p),
                    r.get("cuda_context_gib") or 0.0)
                   for r in results for p, v in (r.get("phase_peaks_gib") or {}).items() if p not in ("other",)]

@@ -54,7 +54,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from grpo.core import kernels
     from grpo.config.settings import RolloutConfig
-    from grpo.models.decode import Ending, LoopSwitches, decode, sampling_processors
+    from grpo.models.decode import LoopSwitches, decode
     from grpo.models.logprobs import no_logits
     from grpo.models.pretrained import resolve_model_name
     from grpo.core.health import WeightGuard
@@ -67,17 +67,14 @@ def main(argv: list[str] | None = None) -> int:
     g = torch.Generator().manual_seed(0)
     prompts_UP = torch.randint(10, model.config.vocab_size, (args.prompts, P), generator=g)
     ids_BP = prompts_UP.repeat_interleave(args.k, dim=0)
-    mask_BP = torch.ones_like(ids_BP)
     eos = model.config.eos_token_id
     stop = [eos] if isinstance(eos, int) else list(eos)
     sampling = RolloutConfig(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, repetition_penalty=1.0,
                              max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS)
-    processors = sampling_processors(sampling, do_sample=True, prompt_len=P, mask_BP=mask_BP, stop_ids=stop)
 
     def rollout(share: bool) -> None:
         torch.manual_seed(0)
-        decode(model, ids_BP, mask_BP, processors, Ending(NEW_TOKENS, stop, stop[0]), do_sample=True,
-               switches=LoopSwitches(share_prefill=share))
+        decode(model, ids_BP.tolist(), sampling, stop, stop[0], switches=LoopSwitches(share_prefill=share))
 
     full_BL = torch.cat([ids_BP, torch.randint(10, model.config.vocab_size, (B, NEW_TOKENS), generator=g)], dim=1)
 

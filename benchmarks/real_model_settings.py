@@ -83,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     from grpo.config.settings import LLAMA_LORA_TARGETS, ModelConfig, RolloutConfig
-    from grpo.models.decode import Ending, decode, sampling_processors
+    from grpo.models.decode import decode
     from grpo.models.logprobs import completion_logprobs
     from grpo.models.modeling import load_policy, reference
     from grpo.models.pretrained import resolve_model_name
@@ -133,19 +133,17 @@ def main(argv: list[str] | None = None) -> int:
     stop = [eos] if isinstance(eos, int) else list(eos)
     sampling = RolloutConfig(temperature=0.7, top_k=0, top_p=1.0, min_p=0.0, repetition_penalty=1.0,
                              max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS)
-    processors = sampling_processors(sampling, do_sample=True, prompt_len=P, mask_BP=mask_BL[:, :P], stop_ids=stop)
+    prompts = [row[mask_row.bool()].tolist() for row, mask_row in zip(ids_BL[:, :P], mask_BL[:, :P])]
 
     def rollout(adapter: bool = True) -> None:
         model.eval()
         torch.manual_seed(0)
         with torch.inference_mode():
             if adapter:
-                decode(model, ids_BL[:, :P], mask_BL[:, :P], processors, Ending(NEW_TOKENS, stop, stop[0]),
-                       do_sample=True)
+                decode(model, prompts, sampling, stop, stop[0])
             else:
                 with reference(policy) as base:
-                    decode(base, ids_BL[:, :P], mask_BL[:, :P], processors, Ending(NEW_TOKENS, stop, stop[0]),
-                           do_sample=True)
+                    decode(base, prompts, sampling, stop, stop[0])
 
     print(f"SmolLM2-135M-Instruct + LoRA r 16 ({','.join(LLAMA_LORA_TARGETS)}), {G} prompts x K {K} = {B} rows, "
           f"{P} prompt tokens, {NEW_TOKENS} new tokens, {args.repeats} alternating repeats, {cores} core(s); "

@@ -47,7 +47,7 @@ GSPO_CLIP = (3e-4, 4e-4)
 CPU_THREADS = 1
 """Threads per run on CPU. The 2-core machines are shared: with 2 OpenMP threads a busy neighbour makes every barrier
 spin and step times swing 3× (measured); one thread per run is steady, and both trainers get the same."""
-OUR_TIME_KEYS = ("time/generate", "time/reward", "time/old_logps", "time/ref_logps", "time/train", "time/step")
+OUR_TIME_KEYS = ("time/generate", "time/reward", "time/old_logps", "time/ref_logps", "time/update", "time/step")
 
 
 @dataclass(frozen=True)
@@ -182,7 +182,7 @@ def run_ours(spec: BenchSpec, model_dir: str, out_dir: str) -> dict[str, Any]:
     rss_imports = common.peak_rss_mib()
     lengths: list[int] = []
     peak_after_generate_mib: list[float | None] = []  # peak so far, read right after each generate phase
-    shipped_generate = owners.sample_rollouts  # what the rollout owner calls (grpo_train.rl_step's rollouts)
+    shipped_generate = owners.generate_rollouts  # what the rollout owner calls (grpo_train.rl_step's rollouts)
 
     def counted_generate(*args: Any, **kwargs: Any):  # count what was really generated, as on the TRL side
         rollouts, metrics = shipped_generate(*args, **kwargs)
@@ -190,7 +190,7 @@ def run_ours(spec: BenchSpec, model_dir: str, out_dir: str) -> dict[str, Any]:
         lengths.extend(len(r.completion_ids) for r in rollouts)
         return rollouts, metrics
 
-    owners.sample_rollouts = counted_generate
+    owners.generate_rollouts = counted_generate
     cfg = _our_config(spec, model_dir, out_dir)
     run = grpo_train.setup(cfg)
     marks, phases = [(time.perf_counter(), time.process_time())], {k: [] for k in OUR_TIME_KEYS}
@@ -203,7 +203,7 @@ def run_ours(spec: BenchSpec, model_dir: str, out_dir: str) -> dict[str, Any]:
             phases[k].append(metrics[k])
     run.tracker.close()
     wall, cpu = common.cycle_deltas(marks, 1)
-    return {"cycle_times_s": wall, "cycle_cpu_s": cpu, "optimizer_steps": int(run.update.scheduler.last_epoch),
+    return {"cycle_times_s": wall, "cycle_cpu_s": cpu, "optimizer_steps": int(run.updater.scheduler.last_epoch),
             "rss_after_imports_mib": rss_imports, **common.length_counts(lengths), "phases": phases,
             "peak_cuda_after_generate_mib": peak_after_generate_mib}
 

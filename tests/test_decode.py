@@ -7,17 +7,16 @@ import pytest
 import torch
 
 from grpo.config.settings import Config, ConfigError, RolloutConfig
-from grpo.models.decode import distinct_rows, lean_blocker, sampling_processors
-from grpo.models.modeling import build_tiny_model, build_tiny_tokenizer
-from grpo.core.records import Sample
-from grpo.phases.rollout import (
-    Draw,
+from grpo.models.decode import (
     CompletionPenaltyProcessor,
     SanitizeLogitsProcessor,
-    choose_engine,
-    generate_rollouts,
-    greedy_complete,
+    distinct_rows,
+    lean_blocker,
+    sampling_processors,
 )
+from grpo.models.modeling import build_tiny_model, build_tiny_tokenizer
+from grpo.core.records import Sample
+from grpo.phases.rollout import Draw, choose_engine, generate_rollouts, greedy_complete
 from grpo.models.sampling import row_keys
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
@@ -195,19 +194,20 @@ def test_the_lean_processors_carry_every_setting(model, tok, monkeypatch):
         TopPLogitsWarper,
     )
 
-    import grpo.phases.rollout
+    import grpo.models.decode as D
 
     seen = {}
-    original = grpo.phases.rollout.decode
+    original = D.sampling_processors
 
-    def spy(model, ids, mask, processors, ending, **kw):
-        seen.update(processors=list(processors), ending=ending, **kw)
-        return original(model, ids, mask, processors, ending, **kw)
+    def spy(rollout, **kw):
+        processors = original(rollout, **kw)
+        seen.update(processors=list(processors), **kw)
+        return processors
 
-    monkeypatch.setattr(grpo.phases.rollout, "decode", spy)
+    monkeypatch.setattr(D, "sampling_processors", spy)
     rollout = RolloutConfig(k=2, temperature=0.7, top_k=5, top_p=0.9, min_p=0.05, repetition_penalty=1.3,
                             presence_penalty=0.2, max_new_tokens=6, min_new_tokens=2)
-    generate_rollouts(model, tok, SAMPLES, rollout, [4, 5])
+    rollouts, _ = generate_rollouts(model, tok, SAMPLES, rollout, [4, 5])
     kinds = [type(p) for p in seen["processors"]]
     assert kinds == [RepetitionPenaltyLogitsProcessor, MinNewTokensLengthLogitsProcessor, CompletionPenaltyProcessor,
                      SanitizeLogitsProcessor, TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper,
@@ -215,7 +215,8 @@ def test_the_lean_processors_carry_every_setting(model, tok, monkeypatch):
     rep, min_new, penalty, _, temp, top_k, top_p, min_p = seen["processors"]
     assert (rep.penalty, min_new.min_new_tokens, min_new.eos_token_id.tolist()) == (1.3, 2, [4, 5])
     assert (penalty.presence, temp.temperature, top_k.top_k, top_p.top_p, min_p.min_p) == (0.2, 0.7, 5, 0.9, 0.05)
-    assert (seen["ending"].max_new_tokens, seen["ending"].stop_ids, seen["do_sample"]) == (6, [4, 5], True)
+    assert (list(seen["stop_ids"]), seen["do_sample"]) == ([4, 5], True)
+    assert max(len(r.completion_ids) for r in rollouts) <= 6
     # neutral values add nothing, as in generate; greedy drops the sampling warpers
     mask = torch.ones(1, 3, dtype=torch.long)
     neutral = RolloutConfig(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, repetition_penalty=1.0, min_new_tokens=0)

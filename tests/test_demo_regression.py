@@ -55,7 +55,7 @@ def run_short_demo(out_dir: Path) -> dict:
     for name, p in sorted(run.policy.model.state_dict().items()):
         x = p.detach().double().flatten()
         weights[name] = [x.sum().item(), x.square().sum().item(), x.abs().max().item(), *x[:4].tolist()]
-    return {"metrics": metrics, "eval": run.evals, "weights": weights}
+    return {"metrics": metrics, "eval": run.progress.evals, "weights": weights}
 
 
 def differences(expected, actual, where: str = "") -> list[str]:

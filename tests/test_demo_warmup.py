@@ -35,7 +35,7 @@ def reply_probabilities(run) -> dict[tuple[str, str], list[dict[str, float]]]:
     tok, model = run.tokenizer, run.policy.model.eval()
     out: dict[tuple[str, str], list[dict[str, float]]] = {}
     for task, answers in ANSWERS.items():
-        for sample in run.heldout[task]:
+        for sample in run.samples.heldout[task]:
             prompt = encode_prompt(tok, sample.messages, None)
             probs = {}
             for answer in answers:

@@ -73,13 +73,13 @@ def test_dual_preset_with_shuffled_options_and_recognition_records_the_gold_labe
     # the tiny model holds 512 positions: 120 rows give held-out replies short enough (data.max_prompt_tokens)
     run = G.main(_cfg(tmp_path, "data.shuffle_options=true", "data.halueval_subsets=general_recognition",
                       "data.halueval_per_subset=120", "data.eval_size=6", "train.max_steps=2"))
-    assert any("shuffled" in s.meta for s in run.train["fairness"])
-    assert all(s.gold["subset"] == "general_recognition" for s in run.heldout["hallucination"])
+    assert any("shuffled" in s.meta for s in run.samples.training["fairness"])
+    assert all(s.gold["subset"] == "general_recognition" for s in run.samples.heldout["hallucination"])
     measures = json.loads((run.run_dir / "measures.json").read_text())
     after = measures["after_rl"]
     assert list(after["bbq"]) == ["fairness"] and list(after["recognition"]) == ["hallucination"]
     rec = after["recognition"]["hallucination"]["overall"]
-    assert rec["n_yes"] + rec["n_no"] == len(run.heldout["hallucination"][:6])
+    assert rec["n_yes"] + rec["n_no"] == len(run.samples.heldout["hallucination"][:6])
     rows = [json.loads(x) for x in (run.run_dir / "metrics.jsonl").read_text().splitlines()]
     if rec["balanced_accuracy"] is not None:
         logged = [r["eval/hallucination/recognition/balanced_accuracy"] for r in rows

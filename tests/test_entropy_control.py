@@ -11,7 +11,7 @@ import torch
 import grpo_train as G
 from grpo.config.settings import LossConfig
 from grpo.core.entropy_control import AdaptiveEntropyCoef
-from grpo.phases.update import Learner, StepSettings, train_step
+from grpo.phases.update import Learner, StepSettings, update_passes
 from grpo.run.save_resume import checkpoint_state
 from tests.trainer_helpers import fast_config, rollout_batch
 
@@ -64,7 +64,7 @@ def test_step_coefficient_replaces_the_configured_one(tmp_path):
                              ("none", LossConfig(), None)):
         m = copy.deepcopy(run.policy.model)
         p = [x for x in m.parameters() if x.requires_grad]
-        metrics = train_step(Learner(m, torch.optim.SGD(p, lr=1.0), p), copy.copy(batch), torch.tensor([0.0, 0.0]),
+        metrics = update_passes(Learner(m, torch.optim.SGD(p, lr=1.0), p), copy.copy(batch), torch.tensor([0.0, 0.0]),
                              loss, run.tasks, StepSettings(micro_batch_seqs=4, temperature=1.0, max_grad_norm=1e9,
                                                            skip_grad_norm=1e9, entropy_coef=coef))
         params[name] = p
@@ -82,5 +82,5 @@ def test_adaptive_control_in_real_steps_and_checkpoint(tmp_path):
     second = G.rl_step(run, 2)
     # step 1's entropy (a few nats) ≤ 100: the coefficient rose to 0.03 and applies at step 2
     assert second["loss/entropy_coef"] == pytest.approx(0.03)
-    assert math.isfinite(run.update.entropy_control.last_entropy)
-    assert checkpoint_state(run)["entropy_control"] == run.update.entropy_control.state_dict()
+    assert math.isfinite(run.updater.entropy_control.last_entropy)
+    assert checkpoint_state(run)["entropy_control"] == run.updater.entropy_control.state_dict()

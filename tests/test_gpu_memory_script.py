@@ -52,7 +52,7 @@ def test_tiny_run_writes_the_table_and_json(tmp_path):
     assert r["completion_len_mean"] == 16  # min_new_tokens = max_new_tokens forces full-length completions
     assert r["estimate"]["inputs"]["prompt_len"] == r["prompt_len"] > 87  # the system filler alone is ~87 tokens
     t = r["timing_s"]
-    parts = t["time/generate"] + t["time/reward"] + t["time/old_logps"] + t["time/ref_logps"] + t["time/train"]
+    parts = t["time/generate"] + t["time/reward"] + t["time/old_logps"] + t["time/ref_logps"] + t["time/update"]
     assert t["time/step"] > 0 and parts == pytest.approx(t["time/step"], abs=1e-6)
     assert r["gpu"] == "cpu" and "peak_allocated_gib" not in r  # --tiny runs on the CPU: no allocator peaks
 

@@ -129,8 +129,8 @@ def test_a_step_that_leaves_non_finite_weights_is_reported_as_such(tmp_path):
     from tests.trainer_helpers import fast_config
 
     run = G.setup(fast_config(tmp_path, "train.max_consecutive_bad=1"))
-    run.update.scheduler.base_lrs = [math.inf for _ in run.update.scheduler.base_lrs]
-    for group in run.update.optimizer.param_groups:
+    run.updater.scheduler.base_lrs = [math.inf for _ in run.updater.scheduler.base_lrs]
+    for group in run.updater.optimizer.param_groups:
         group["lr"] = math.inf
     good = [p.detach().clone() for p in run.policy.trainable_parameters()]
     with pytest.raises(TrainingUnstable, match=r"^1 consecutive bad optimizer steps \(last: non-finite weights "

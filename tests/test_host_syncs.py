@@ -82,12 +82,12 @@ def test_the_phase_timer_adds_up_to_the_step():
     with timer("generate"):
         time.sleep(0.02)
     time.sleep(0.01)  # between phases: charged to the next one
-    with timer("train"):
+    with timer("update"):
         time.sleep(0.01)
     m = timer.metrics()
-    assert set(m) == {"time/generate", "time/train", "time/step"}
-    assert m["time/generate"] >= 0.02 and m["time/train"] >= 0.02
-    assert m["time/generate"] + m["time/train"] == pytest.approx(m["time/step"], abs=1e-9)
+    assert set(m) == {"time/generate", "time/update", "time/step"}
+    assert m["time/generate"] >= 0.02 and m["time/update"] >= 0.02
+    assert m["time/generate"] + m["time/update"] == pytest.approx(m["time/step"], abs=1e-9)
     assert not StepTimer(torch_device("cpu")).cuda
 
 

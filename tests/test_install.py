@@ -51,7 +51,7 @@ run = train(tasks={"numbers": rows}, rewards={"numbers": [reward_len, reward_num
                    "output_dir": "out", "run_name": "api"},
             rollout={"k": 2, "max_new_tokens": 4}, data={"eval_size": 4})
 import grpo, grpo_train
-print(json.dumps({"steps": run.step, "verdict": run.report.get("verdict"), "lora": run.policy.is_lora,
+print(json.dumps({"steps": run.progress.step, "verdict": run.report.get("verdict"), "lora": run.policy.is_lora,
                   "grpo": grpo.__file__, "grpo_train": grpo_train.__file__,
                   "generic": [m for m in ("config", "presets", "command_line") if importlib.util.find_spec(m)]}))
 """

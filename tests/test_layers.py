@@ -191,7 +191,7 @@ BASE = {"grpo/__init__.py": "", **{f"grpo/{layer}/__init__.py": "" for layer in 
 
 
 @pytest.mark.parametrize("bad", [
-    {"grpo/core/losses.py": "from grpo.phases.update import train_step\n"},
+    {"grpo/core/losses.py": "from grpo.phases.update import update_passes\n"},
     {"grpo/core/losses.py": "def f():\n    from grpo.phases import update\n"},
     {"grpo/core/losses.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import grpo.phases.update\n"},
 ])

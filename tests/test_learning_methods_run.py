@@ -38,13 +38,13 @@ def test_each_option_trains_in_a_real_step(tmp_path, extra, key):
 def trained_batches(monkeypatch, run) -> list[tuple[list[str], torch.Tensor]]:
     """Each optimizer step's batch as (its rows' task names, its advantages), appended as G.rl_step trains."""
     seen = []
-    real = run.update.train_with_oom_retry
+    real = run.updater.passes_with_oom_retry
 
     def spy(batch, betas_N):
         seen.append(([run.tasks[i] for i in batch.task_ids_B.tolist()], batch.advantages_B.clone()))
         return real(batch, betas_N)
 
-    monkeypatch.setattr(run.update, "train_with_oom_retry", spy)
+    monkeypatch.setattr(run.updater, "passes_with_oom_retry", spy)
     return seen
 
 

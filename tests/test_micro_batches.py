@@ -11,7 +11,7 @@ from grpo.models.logprobs import completion_logprobs
 from grpo.models.modeling import build_tiny_model, build_tiny_tokenizer
 from grpo.core.records import TrainBatch
 from grpo.models.tokens import collate
-from grpo.phases.update import Learner, StepSettings, train_step
+from grpo.phases.update import Learner, StepSettings, update_passes
 
 CORPUS = ["the answer is yes", "the answer is no", "who was more likely to forget the keys?"] * 5
 PAD = 0
@@ -68,7 +68,7 @@ def test_trimmed_micro_batches_give_the_same_log_probs_and_update():
     for size in (2, 8):
         m = copy.deepcopy(model)
         params = [p for p in m.parameters() if p.requires_grad]
-        train_step(Learner(m, torch.optim.SGD(params, lr=1.0), params), copy.copy(batch), torch.tensor([0.1, 0.3]),
+        update_passes(Learner(m, torch.optim.SGD(params, lr=1.0), params), copy.copy(batch), torch.tensor([0.1, 0.3]),
                    LossConfig(mu=2), ["a", "b"],
                    StepSettings(micro_batch_seqs=size, temperature=1.0, max_grad_norm=1e9, skip_grad_norm=1e9))
         params_by_size[size] = params

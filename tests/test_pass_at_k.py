@@ -44,11 +44,11 @@ def test_a_uniform_guess_pass_at_k_by_hand():
 
 def test_pass_at_k_eval_gives_a_guess_for_tasks_whose_samples_count_their_options(tmp_path):
     run = G.setup(fast_config(tmp_path))
-    first, second = sorted(run.heldout)
-    heldout = {first: [replace(s, meta={**s.meta, "choices": c}) for s, c in zip(list(run.heldout[first])[:2], (3, 2))],
-               second: list(run.heldout[second])[:2]}  # no "choices": free answers, no guess to compare with
+    first, second = sorted(run.samples.heldout)
+    heldout = {first: [replace(s, meta={**s.meta, "choices": c}) for s, c in zip(list(run.samples.heldout[first])[:2], (3, 2))],
+               second: list(run.samples.heldout[second])[:2]}  # no "choices": free answers, no guess to compare with
     train = replace(run.cfg.train, pass_at_k=2, pass_at_k_samples=3, pass_threshold=1.0, seed=0)
-    m = pass_at_k_eval(run.policy.model, run.tokenizer, heldout, run.cfg.rollout, train, run.rollouts.stop_ids,
+    m = pass_at_k_eval(run.policy.model, run.tokenizer, heldout, run.cfg.rollout, train, run.generation.stop_ids,
                        lambda rs: [Scored(r, reward=0.0) for r in rs])
     assert m[f"eval/{first}/pass_at_k_guess"] == pytest.approx(((1 - 4 / 9) + (1 - 1 / 4)) / 2)
     assert m[f"eval/{first}/pass_at_1_guess"] == pytest.approx((1 / 3 + 1 / 2) / 2)
@@ -64,10 +64,10 @@ def test_pass_at_k_eval_counts_right_samples_per_prompt(tmp_path):
         seen.extend(scored)
         return scored
 
-    heldout = {t: list(s)[:3] for t, s in run.heldout.items()}
+    heldout = {t: list(s)[:3] for t, s in run.samples.heldout.items()}
     state = torch.get_rng_state()
     train = replace(run.cfg.train, pass_at_k=2, pass_at_k_samples=5, pass_threshold=1.0, seed=0)
-    m = pass_at_k_eval(run.policy.model, run.tokenizer, heldout, run.cfg.rollout, train, run.rollouts.stop_ids, score,
+    m = pass_at_k_eval(run.policy.model, run.tokenizer, heldout, run.cfg.rollout, train, run.generation.stop_ids, score,
                        prompts_per_batch=2)
     assert torch.equal(state, torch.get_rng_state())  # the run's random stream is untouched
     offset = 0

@@ -219,7 +219,7 @@ def lora_run(converted, tmp_path_factory):
     run = G.setup(cfg)
     before = {n: p.detach().clone() for n, p in run.policy.model.named_parameters()}
     grads: dict = {}
-    hook = run.update.optimizer.register_step_pre_hook(lambda optimizer, args, kwargs: grads.update(
+    hook = run.updater.optimizer.register_step_pre_hook(lambda optimizer, args, kwargs: grads.update(
         {n: p.grad.clone() for n, p in run.policy.model.named_parameters() if p.grad is not None}))
     metrics = G.rl_step(run, 1)
     hook.remove()
@@ -238,8 +238,8 @@ def test_lora_finds_its_default_targets_and_one_rl_step_moves_only_the_adapter(l
     for i, layer in enumerate(layers):  # every default target, in every layer, got an adapter
         wrapped = {n.rsplit(".", 1)[-1] for n, m in layer.named_modules() if hasattr(m, "lora_A")}
         assert wrapped == set(C.LLAMA_LORA_TARGETS), f"layer {i}: {sorted(wrapped)}"
-    assert run.update.share_prompts and metrics["rollout/num"] == 4.0
-    assert run.rollouts.stop_ids == (IM_END,)  # the trainer's stop: the template's end of turn
+    assert run.updater.share_prompts and metrics["rollout/num"] == 4.0
+    assert run.generation.stop_ids == (IM_END,)  # the trainer's stop: the template's end of turn
     after = dict(run.policy.model.named_parameters())
     trainable = {n for n, p in after.items() if p.requires_grad}
     assert trainable and all(".lora_" in n for n in trainable)

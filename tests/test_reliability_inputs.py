@@ -233,7 +233,7 @@ def test_values_at_the_bounds_are_accepted(overrides):
 
 # ----------------------------------------------------------------------- the bounds protect what they say they do
 def test_the_logit_bound_is_the_samplers_replacement_for_inf():
-    from grpo.phases.rollout import NEGINF_LOGIT, POSINF_LOGIT
+    from grpo.models.decode import NEGINF_LOGIT, POSINF_LOGIT
 
     assert POSINF_LOGIT == C.LOGIT_BOUND == -NEGINF_LOGIT == C.MAX_LOGIT_PENALTY
 
@@ -242,7 +242,7 @@ def test_sampling_at_every_bound_at_once_stays_finite_and_1e300_did_not():
     """Logits at ±LOGIT_BOUND through the sampler's own processors at the most extreme accepted settings, a million
     completion tokens counted: finite, and a valid distribution; the values the config took before #39 are not."""
     from grpo.models.decode import sampling_processors
-    from grpo.phases.rollout import CompletionPenaltyProcessor
+    from grpo.models.decode import CompletionPenaltyProcessor
 
     V, P, N = 16, 2, 64
     ids_BL = torch.cat([torch.zeros(1, P, dtype=torch.long), torch.arange(N).remainder(V // 2)[None]], dim=1)  # half the tokens repeated

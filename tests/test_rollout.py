@@ -6,14 +6,16 @@ import torch
 from grpo.config.settings import ConfigError, ModelConfig, RolloutConfig
 from grpo.models.modeling import build_tiny_model, build_tiny_tokenizer
 from grpo.core.records import Rollout, Sample
-from grpo.phases.rollout import (
-    Draw,
+from grpo.models.decode import (
     NAN_LOGIT,
     NEGINF_LOGIT,
     POSINF_LOGIT,
-    STATIC_PROMPT_BUCKET,
     CompletionPenaltyProcessor,
     SanitizeLogitsProcessor,
+)
+from grpo.phases.rollout import (
+    Draw,
+    STATIC_PROMPT_BUCKET,
     build_generation_config,
     generate_rollouts,
     greedy_complete,

@@ -70,7 +70,7 @@ def test_stop_ends_rl_at_the_step_the_doctor_fires_then_finishes_the_run(tmp_pat
         assert all(isinstance(r[f"rollout/{task}/top_answer"], str) and 0 < r[f"rollout/{task}/top_share"] <= 1
                    and r[f"adv/{task}/frac_zero_std"] == 1.0 for r in rows)
     # then the end of a run as usual: evaluated after RL, a final checkpoint of step 5, the report says RED
-    assert "after_rl" in run.evals and run.finished and run.step == RED_AT
+    assert "after_rl" in run.progress.evals and run.progress.finished and run.progress.step == RED_AT
     assert ckpt.find_resumable(run.run_dir).name == "step_000005"
     report = json.loads((run.run_dir / "report.json").read_text())
     assert report["verdict"] == "red" and report["findings"][0]["code"] == "no_learning_signal"
@@ -114,7 +114,7 @@ def test_restore_loads_the_best_pareto_points_weights(tmp_path, monkeypatch, cap
     assert [r["step"] for r in rl_rows(run.run_dir)] == [1, 2, 3, 4, 5]
     point = run.run_dir / "pareto" / "step_000001"
     assert f"doctor: weights restored from the best Pareto point {point}" in out
-    assert run.frontier.best().path == point
+    assert run.progress.frontier.best().path == point
     saved = saved_weights(point, "model")
     now = dict(run.policy.model.named_parameters())
     assert saved.keys() == now.keys()
@@ -148,7 +148,7 @@ def test_the_notebook_path_gets_the_doctor_from_rl_step(tmp_path):
     assert run.doctor is None
     metrics = [G.rl_step(run, step) for step in range(1, 6)]
     assert [m["doctor/red"] for m in metrics] == [0.0] * 4 + [1.0]
-    assert [(f.level, f.code) for f in run.alarms] == [("red", "no_learning_signal")]  # fired at step 5
+    assert [(f.level, f.code) for f in run.progress.alarms] == [("red", "no_learning_signal")]  # fired at step 5
     run.tracker.close()
 
 

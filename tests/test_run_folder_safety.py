@@ -147,7 +147,7 @@ def test_the_lock_is_released_at_the_end_of_a_run_and_train_runs_twice_in_one_pr
     with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
         G.train(overrides + ["train.max_steps=1"])
         run = G.train(overrides + ["train.max_steps=2", "checkpoint.resume=auto"])
-    assert run.step == 2
+    assert run.progress.step == 2
     probe = subprocess.run([sys.executable, "-c", "import sys; from grpo.run.run_folder import prepare_run_dir; "
                             "prepare_run_dir(sys.argv[1], 'auto', False); print('ok')", str(tmp_path / "r")],
                            cwd=ROOT, capture_output=True, text=True, timeout=120)

@@ -14,7 +14,7 @@ from grpo.models.logprobs import completion_logprobs, groups_share_prompts, shar
 from grpo.models.modeling import build_tiny_model, build_tiny_tokenizer, enable_checkpointing
 from grpo.core.records import TrainBatch
 from grpo.models.tokens import collate
-from grpo.phases.update import Learner, StepSettings, train_step
+from grpo.phases.update import Learner, StepSettings, update_passes
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 CORPUS = ["the answer is yes", "the answer is no", "who was more likely to forget the keys?"] * 5
@@ -140,7 +140,7 @@ def test_an_update_with_shared_prompts_equals_the_per_row_update(model):
     for group_size in (K, 1):
         m = copy.deepcopy(base)
         params = [p for p in m.parameters() if p.requires_grad]
-        train_step(Learner(m, torch.optim.SGD(params, lr=1.0), params), replace(batch, group_size=group_size),
+        update_passes(Learner(m, torch.optim.SGD(params, lr=1.0), params), replace(batch, group_size=group_size),
                    torch.tensor([0.1, 0.3]), C.LossConfig(mu=2), ["a", "b"],
                    StepSettings(micro_batch_seqs=8, temperature=1.0, max_grad_norm=1e9, skip_grad_norm=1e9))
         after[group_size] = params
@@ -238,7 +238,7 @@ def test_a_training_run_shares_its_prompts(tmp_path, monkeypatch):
                                  "train.eval_every=0", "train.tensorboard=false", f"train.output_dir={tmp_path}",
                                  "train.run_name=shared", "kl.default.beta=0.04"])
     run = grpo_train.setup(cfg)
-    assert run.update.share_prompts
+    assert run.updater.share_prompts
     seen, handle = forward_rows(run.policy.model)
     try:
         metrics = grpo_train.rl_step(run, 1)

@@ -14,7 +14,7 @@ from grpo.core.losses import top_entropy_mask
 from grpo.core.records import Rollout, Sample, Scored
 from grpo.models.modeling import build_tiny_model, build_tiny_tokenizer
 from grpo.phases.batch import batch_entropies, build_train_batch
-from grpo.phases.update import Learner, StepSettings, train_step
+from grpo.phases.update import Learner, StepSettings, update_passes
 
 CORPUS = ["the answer is yes", "the answer is no", "who was more likely to forget the keys?"] * 5
 
@@ -80,7 +80,7 @@ def _model():
 def _step(model, batch, loss, size):
     m = copy.deepcopy(model)
     params = [p for p in m.parameters() if p.requires_grad]
-    metrics = train_step(Learner(m, torch.optim.SGD(params, lr=1.0), params), copy.copy(batch),
+    metrics = update_passes(Learner(m, torch.optim.SGD(params, lr=1.0), params), copy.copy(batch),
                          torch.tensor([0.1, 0.3]), loss, ["a", "b"],
                          StepSettings(micro_batch_seqs=size, temperature=1.0, max_grad_norm=1e9, skip_grad_norm=1e9))
     return params, metrics

@@ -36,7 +36,7 @@ def two_process(tmp_path_factory) -> Path:
 def test_two_processes_with_tools_equal_one_process(two_process, tmp_path, monkeypatch, scenario):
     from grpo.phases import tools as T
 
-    one = tool_step(tmp_path, scenario, 1, lambda fn: monkeypatch.setattr(T, "decode_rows", fn))
+    one = tool_step(tmp_path, scenario, 1, lambda fn: monkeypatch.setattr(T, "decoder", lambda *a, **k: fn))
     m1, m2 = one["metrics"], json.loads((two_process / f"{scenario}.json").read_text())
     assert m1["rollout/num"] == m2["rollout/num"] == 2 * 2 * 4  # micro-batches x prompts x K, all processes
     assert m1["rollout/tokens"] == m2["rollout/tokens"]

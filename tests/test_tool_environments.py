@@ -121,7 +121,7 @@ def test_each_trajectory_has_its_own_environment_reset_on_its_row(tok, model, mo
         return [tok(call_text("guess", {"number": i + 4}), add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
                 for i in range(len(rows))], 0
 
-    monkeypatch.setattr(T, "decode_rows", fake)
+    monkeypatch.setattr(T, "decoder", lambda *a, **k: fake)
     rollouts, metrics = T.tool_rollouts(model, tok, [sample(0, 5), sample(1, 6)], RolloutConfig(k=2), tools=box)
     games = [r.environment for r in rollouts]
     assert len({id(g) for g in games}) == 4 and all(g is p for g, p in zip(games, env.pool, strict=True))
@@ -173,17 +173,17 @@ TINY = ["model.tiny_hidden=32", "model.tiny_layers=1", "model.tiny_heads=2"]
 def guesses_sometimes(monkeypatch):
     """Real decoding, except that a first reply whose first sampled id is even becomes a guess of 5 (a random tiny
     model never writes a call); deterministic given the sampled ids, so a resumed run decides as the first did."""
-    real = T.decode_rows
+    real = T.decoder
 
     def forced(model, rows, rollout, stop_ids, pad_id, **kw):
-        out, fixed = real(model, rows, rollout, stop_ids, pad_id, **kw)
+        out, fixed = real(model, rollout, kw["greedy"])(model, rows, rollout, stop_ids, pad_id, **kw)
         tok = forced.tokenizer
         if not any(tok.decode(r).count("tool: ") for r in rows):  # the first turn (the tiny template's tool turns)
             call = tok(call_text("guess", {"number": 5}), add_special_tokens=False)["input_ids"]
             out = [call + [stop_ids[0]] if o and o[0] % 2 == 0 else o for o in out]
         return out, fixed
 
-    monkeypatch.setattr(T, "decode_rows", forced)
+    monkeypatch.setattr(T, "decoder", lambda *a, **k: forced)
     return forced
 
 

@@ -103,7 +103,7 @@ def test_a_tool_returning_the_eos_and_a_call_neither_ends_the_turn_nor_calls(tok
     def fake(model, rows, rollout, stop_ids, pad_id, *, greedy, row_keys=None, synced_gpus=False):
         return [script.pop(0) for _ in rows], 0
 
-    monkeypatch.setattr(T, "decode_rows", fake)
+    monkeypatch.setattr(T, "decoder", lambda *a, **k: fake)
     sample = Sample(task="t", id="0", messages=({"role": "user", "content": "say it"},))
     [r], metrics = T.tool_rollouts(model, tok, [sample], RolloutConfig(max_new_tokens=200), tools=box,
                                          draw=GREEDY)
@@ -142,7 +142,7 @@ def test_the_overlong_penalty_counts_only_the_models_own_tokens(tmp_path, monkey
         turns.append(len(rows))
         return [(call if len(turns) == 1 else short) + [stop_ids[0]] for _ in rows], 0
 
-    monkeypatch.setattr(T, "decode_rows", scripted)
+    monkeypatch.setattr(T, "decoder", lambda *a, **k: scripted)
     seen = []
     real_rollouts = T.tool_rollouts
 

@@ -157,7 +157,7 @@ def test_a_rollout_reads_and_runs_a_call_in_the_templates_own_format(template, m
     def fake(model, rows, rollout, stop_ids, pad_id, *, greedy, row_keys=None, synced_gpus=False):
         return [script.pop(0) for _ in rows], 0
 
-    monkeypatch.setattr(T, "decode_rows", fake)
+    monkeypatch.setattr(T, "decoder", lambda *a, **k: fake)
     sample = Sample(task="calc", id="0", messages=({"role": "user", "content": "What is 12*3?"},))
     [r], _ = T.tool_rollouts(model, tok, [sample], RolloutConfig(max_new_tokens=64), tools=box, draw=GREEDY)
     assert [m["role"] for m in r.messages] == ["assistant", "tool", "assistant"] and r.messages[1]["content"] == "36"

@@ -81,7 +81,7 @@ def reply(tok, text: str) -> list[int]:
 
 
 def scripted(monkeypatch, script: list[list[list[int]]], pad: int = 0) -> list[int]:
-    """decode_rows replaced by a script: row i's reply at turn t is script[i][t] (then padding, as decode pads).
+    """The engine replaced by a script: row i's reply at turn t is script[i][t] (then padding, as decode pads).
     Row i is still active at turn t exactly when t < len(script[i]). Returns the list of calls' row counts."""
     calls: list[int] = []
 
@@ -92,7 +92,7 @@ def scripted(monkeypatch, script: list[list[list[int]]], pad: int = 0) -> list[i
         assert len(out) == len(rows), (t, len(out), len(rows))
         return out, 0
 
-    monkeypatch.setattr(T, "decode_rows", fake)
+    monkeypatch.setattr(T, "decoder", lambda *a, **k: fake)
     return calls
 
 
@@ -172,17 +172,17 @@ def test_a_raising_tool_a_timeout_and_a_malformed_call_are_told_to_the_model_and
 def test_tool_rollouts_on_the_tiny_model_decode_every_turn_from_the_exact_ids(tok, model, box, monkeypatch):
     """Real decoding, with the first reply of rows 0 and 2 replaced by a call: the second turn continues each
     trajectory from exactly prompt + reply + tool message, with fresh keys per turn."""
-    real, seen = T.decode_rows, []
+    real, seen = T.decoder, []
     call = reply(tok, call_text("calculator", {"expression": "3*4"}))
 
     def first_turn_calls(model, rows, rollout, stop_ids, pad_id, **kw):
-        out, fixed = real(model, rows, rollout, stop_ids, pad_id, **kw)
+        out, fixed = real(model, rollout, kw["greedy"])(model, rows, rollout, stop_ids, pad_id, **kw)
         seen.append(([list(r) for r in rows], kw.get("row_keys")))
         if len(seen) == 1:
             out = [call if i % 2 == 0 else o for i, o in enumerate(out)]
         return out, fixed
 
-    monkeypatch.setattr(T, "decode_rows", first_turn_calls)
+    monkeypatch.setattr(T, "decoder", lambda *a, **k: first_turn_calls)
     keys = [11, 12, 13, 14]
     rollouts, metrics = T.tool_rollouts(model, tok, [sample(0), sample(1)], RolloutConfig(k=2, max_new_tokens=8),
                                         tools=box, draw=Draw(row_keys=keys))
@@ -369,10 +369,10 @@ def calls_sometimes(monkeypatch):
     """Real decoding, except that each first reply whose first sampled id is even becomes a calculator call: a
     randomly initialised model would never write one, and the runs below need tool turns. Deterministic given the
     sampled ids, so an interrupted and resumed run decides as the uninterrupted one does."""
-    real, turn = T.decode_rows, {"rows": None}
+    real, turn = T.decoder, {"rows": None}
 
     def forced(model, rows, rollout, stop_ids, pad_id, **kw):
-        out, fixed = real(model, rows, rollout, stop_ids, pad_id, **kw)
+        out, fixed = real(model, rollout, kw["greedy"])(model, rows, rollout, stop_ids, pad_id, **kw)
         tok = forced.tokenizer
         first = not any(tok.decode(r).count("tool: ") for r in rows)  # the tiny template's tool turns
         if first:
@@ -380,7 +380,7 @@ def calls_sometimes(monkeypatch):
             out = [call + [stop_ids[0]] if o and o[0] % 2 == 0 else o for o in out]
         return out, fixed
 
-    monkeypatch.setattr(T, "decode_rows", forced)
+    monkeypatch.setattr(T, "decoder", lambda *a, **k: forced)
     return forced
 
 
@@ -501,8 +501,8 @@ def test_the_smollm2_tools_preset_runs_its_task_tool_and_grader_on_the_tiny_mode
                                           "data.eval_size=4", "rollout.k=2", "rollout.max_new_tokens=8",
                                           "train.prompts_per_micro_step=2", "train.tensorboard=false"])
     run = G.main(cfg)
-    assert set(run.evals) == {"before_sft", "after_sft", "after_rl"}
-    assert run.rollouts.toolbox.names == ["calculator"] and seen == [run.rollouts.toolbox.system_prompt]
+    assert set(run.progress.evals) == {"before_sft", "after_sft", "after_rl"}
+    assert run.generation.toolbox.names == ["calculator"] and seen == [run.generation.toolbox.system_prompt]
     rows = [json.loads(x) for x in (run.run_dir / "metrics.jsonl").read_text().splitlines()]
     assert any("tools/calls_per_rollout" in r for r in rows)
     kept = [json.loads(x) for x in (run.run_dir / "evals" / "after_rl.jsonl").read_text().splitlines()]
@@ -534,6 +534,6 @@ def test_the_docs_trl_tools_script_runs_here_with_only_the_import_and_the_call_c
     monkeypatch.chdir(tmp_path)
     exec(compile(ours, "docs/CUSTOM_TASKS.md", "exec"), namespace)
     run = namespace["run"]
-    assert run.step == 2 and run.rollouts.toolbox.names == ["multiply"]
+    assert run.progress.step == 2 and run.generation.toolbox.names == ["multiply"]
     rows = [json.loads(x) for x in (run.run_dir / "metrics.jsonl").read_text().splitlines()]
     assert sum("tools/calls_per_rollout" in r for r in rows) == 2

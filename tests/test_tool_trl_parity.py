@@ -90,7 +90,7 @@ def our_rounds(tok, model, monkeypatch, max_tool_turns: int, cap: int = 50) -> t
         replies.append(1)
         return [call if len(replies) < cap else answer for _ in rows], 0
 
-    monkeypatch.setattr(T, "decode_rows", fake)
+    monkeypatch.setattr(T, "decoder", lambda *a, **k: fake)
     box = T.ToolBox(T.resolve_tools([ping]), timeout_s=5.0, max_result_tokens=16)
     RUNS.clear()
     T.tool_rollouts(model, tok, [Sample(task="t", id="0", messages=({"role": "user", "content": "go"},))],

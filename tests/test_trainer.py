@@ -17,7 +17,7 @@ from grpo.phases.batch import batch_logprobs, build_train_batch
 from grpo.models.logprobs import completion_logprobs
 from grpo.phases.rollout import generate_rollouts
 from grpo.grading.scoring import score_rollouts
-from grpo.phases.update import Learner, StepSettings, train_step
+from grpo.phases.update import Learner, StepSettings, update_passes
 from tests.trainer_helpers import fast_config, rollout_batch
 
 
@@ -46,7 +46,7 @@ def test_two_step_run_moves_every_trainable_parameter(tmp_path, lora):
     last = lines[-1]
     for key in ("reward/fairness/mean", "reward/hallucination/mean", "kl/fairness", "beta/hallucination",
                 "rollout/fairness/length", "rollout/hallucination/truncated", "loss/total", "loss/clip_frac_high",
-                "health/grad_norm", "entropy/fairness", "time/generate", "time/train", "adv/frac_zero_std"):
+                "health/grad_norm", "entropy/fairness", "time/generate", "time/update", "adv/frac_zero_std"):
         assert key in last, f"metrics.jsonl lacks {key}"
     assert last["step"] == 2
 
@@ -56,13 +56,13 @@ def test_mu_passes_no_backward_twice(tmp_path, loss, mu):
     """Regression (the seed's GSPO bug): μ > 1 backpropagated through a graph built before the μ loop."""
     run = G.setup(fast_config(tmp_path, f"loss.policy_loss={loss}", f"loss.mu={mu}"))
     steps = []
-    real_step = run.update.optimizer.step
+    real_step = run.updater.optimizer.step
 
     def counting_step(*a, **k):
         steps.append(1)
         return real_step(*a, **k)
 
-    run.update.optimizer.step = counting_step
+    run.updater.optimizer.step = counting_step
     metrics = G.rl_step(run, 1)
     assert len(steps) == mu, "each μ pass is exactly one optimizer step"
     assert math.isfinite(metrics["loss/total"])
@@ -104,7 +104,7 @@ def test_grad_accumulation_equivalence(tmp_path, agg):
         model = copy.deepcopy(run.policy.model)
         params = [p for p in model.parameters() if p.requires_grad]
         opt = torch.optim.SGD(params, lr=1.0)  # SGD: the update IS the gradient, so any difference shows
-        train_step(Learner(model, opt, params), batch, torch.tensor([0.1, 0.3]), C.LossConfig(agg_mode=agg),
+        update_passes(Learner(model, opt, params), batch, torch.tensor([0.1, 0.3]), C.LossConfig(agg_mode=agg),
                    run.tasks, StepSettings(micro_batch_seqs=micro, temperature=1.0, max_grad_norm=1e9,
                                            skip_grad_norm=1e9, agg_constant=6.0))
         results.append(params)
@@ -118,11 +118,11 @@ def test_trained_tokens_are_sampled_tokens(tmp_path):
     """Regression for mask/slicing bugs: the tokens whose log-probs are trained are exactly the sampled ids,
     scored with the same template and padding as sampling, for prompts of different lengths (left padding)."""
     run = G.setup(fast_config(tmp_path))
-    samples = run.rollouts.sampler.next_batch(4)
+    samples = run.generation.sampler.next_batch(4)
     assert len({len(s.messages[0]["content"]) for s in samples}) > 1
     rollouts, _ = generate_rollouts(run.policy.model, run.tokenizer, samples, replace(run.cfg.rollout, k=2),
-                                    run.rollouts.stop_ids)
-    scored, _ = score_rollouts(rollouts, run.scoring.specs, None)
+                                    run.generation.stop_ids)
+    scored, _ = score_rollouts(rollouts, run.rewarder.specs, None)
     batch = build_train_batch(scored, torch.zeros(len(scored)), run.tasks, run.tokenizer.pad_token_id, run.device)
     assert len({len(r.prompt_ids) for r in rollouts}) > 1, "need prompts of different lengths"
     logps = batch_logprobs(run.policy.model, batch, 16, 1.0)
@@ -159,7 +159,7 @@ def test_nan_weights_are_restored(tmp_path):
     run = G.setup(fast_config(tmp_path))
     G.rl_step(run, 1)
     good = _params(run.policy.model)
-    real_step = run.update.optimizer.step
+    real_step = run.updater.optimizer.step
 
     def poisoned_step(*a, **k):
         out = real_step(*a, **k)
@@ -167,7 +167,7 @@ def test_nan_weights_are_restored(tmp_path):
             run.policy.trainable_parameters()[0].fill_(float("inf"))
         return out
 
-    run.update.optimizer.step = poisoned_step
+    run.updater.optimizer.step = poisoned_step
     metrics = G.rl_step(run, 2)
     assert metrics["health/restored"] == 1.0
     assert all(torch.equal(p.detach(), good[n]) for n, p in run.policy.model.named_parameters())
@@ -186,7 +186,7 @@ def test_per_task_beta_moves_in_opposite_directions(tmp_path):
     for step in range(1, 5):
         m = G.rl_step(run, step)
         betas.append((m["beta/fairness"], m["beta/hallucination"]))
-    f_end, h_end = run.update.controllers["fairness"].value, run.update.controllers["hallucination"].value
+    f_end, h_end = run.updater.controllers["fairness"].value, run.updater.controllers["hallucination"].value
     assert f_end > 0.1 and h_end < 0.1
     assert f_end <= 0.3 + 1e-12 and h_end >= 0.02 - 1e-12
     assert betas[0] == (0.1, 0.1)  # a step trains with the β its controller held before the step
@@ -222,7 +222,7 @@ def test_oom_retries_with_half_micro_batch(tmp_path, monkeypatch):
 
     monkeypatch.setattr(U, "completion_logprobs", flaky)
     metrics = G.rl_step(run, 1)
-    assert calls["big"] == 1 and run.update.micro_batch_seqs == 4
+    assert calls["big"] == 1 and run.updater.micro_batch_seqs == 4
     assert metrics["health/oom_retries"] == 1.0 and math.isfinite(metrics["loss/total"])
 
 
@@ -232,7 +232,7 @@ def test_after_an_oom_retry_every_pass_uses_the_halved_micro_batch(tmp_path, mon
     import grpo.phases.update as U
 
     run = G.setup(fast_config(tmp_path, "loss.mu=2"))
-    assert run.cfg.kl_enabled and run.update.micro_batch_seqs == 8
+    assert run.cfg.kl_enabled and run.updater.micro_batch_seqs == 8
     real_forward, real_pass = U.completion_logprobs, owners.batch_logprobs
     oom = {"left": 1}
     sizes: list[tuple[str, int]] = []
@@ -295,7 +295,7 @@ def test_fused_lm_head_setting_reaches_the_training_pass(tmp_path, monkeypatch):
                                   "kl.default.beta=0.0", "kl.default.controller=fixed"))
         assert run.cfg.model.fused_lm_head is fused
         batch = rollout_batch(run)
-        run.update.train(batch, torch.zeros(2))
+        run.updater.train(batch, torch.zeros(2))
         assert bool(calls) is fused
 
 
@@ -317,8 +317,8 @@ def test_mu_passes_reuse_the_first_pass_log_probs_when_there_is_no_dropout(tmp_p
         torch.manual_seed(5)
         batch = rollout_batch(run)
         if precomputed:
-            batch.old_logps_BT = real(run.policy.model, batch, run.update.micro_batch_seqs, 1.0)
-        metrics = run.update.train(batch, torch.zeros(2))
+            batch.old_logps_BT = real(run.policy.model, batch, run.updater.micro_batch_seqs, 1.0)
+        metrics = run.updater.train(batch, torch.zeros(2))
         results.append((_params(run.policy.model), metrics["loss/ratio_max"]))
     (a, ratio_a), (b, ratio_b) = results
     assert all(torch.allclose(a[n], b[n], atol=1e-6) for n in a)
@@ -364,13 +364,13 @@ def test_kl_k1_is_logged_beside_k3_and_tells_one_tail_token_from_drift():
 
 
 def test_a_training_step_logs_kl_k1_for_every_task(tmp_path):
-    """Through `train_step`: reference log-probs 0.05 nats below the policy's on every completion token give
+    """Through `update_passes`: reference log-probs 0.05 nats below the policy's on every completion token give
     kl_k1 = 0.05 and kl (k3) = e^−0.05 + 0.05 − 1 for each task (the first pass is on-policy)."""
     run = G.setup(fast_config(tmp_path))
     batch = _fixed_batch(run)
     model = copy.deepcopy(run.policy.model)
     params = [p for p in model.parameters() if p.requires_grad]
-    out = train_step(Learner(model, torch.optim.SGD(params, lr=0.0), params), batch, torch.tensor([0.1, 0.3]),
+    out = update_passes(Learner(model, torch.optim.SGD(params, lr=0.0), params), batch, torch.tensor([0.1, 0.3]),
                      C.LossConfig(), run.tasks, StepSettings(micro_batch_seqs=8, temperature=1.0, max_grad_norm=1e9,
                                                              skip_grad_norm=1e9, agg_constant=6.0))
     assert sorted(set(batch.task_ids_B.tolist())) == list(range(len(run.tasks)))  # both tasks in the batch

@@ -207,7 +207,7 @@ def trl_compute_loss(args, model: FixedForward, inputs: dict) -> torch.Tensor:
 @pytest.mark.parametrize("name", sorted(LOSSES))
 def test_our_loss_is_trls_compute_loss(name, tmp_path, monkeypatch):
     """The loss and its gradient of our update (grpo/phases/update.micro_batch_terms + aggregate over the step, as
-    train_step does) equal TRL 1.16's own GRPOTrainer._compute_loss on the same log-probs, old and reference log-probs,
+    update_passes does) equal TRL 1.16's own GRPOTrainer._compute_loss on the same log-probs, old and reference log-probs,
     advantages and mask, for every loss_type TABLE translates: off-policy ratios (some clipped), negative and positive
     advantages, completions of different lengths."""
     from grpo.core.losses import aggregate

@@ -39,7 +39,7 @@ def grpo_config(tmp_path, **fields):
 def test_a_group_spanning_micro_batches_makes_the_whole_batchs_optimizer_step():
     """per_device_train_batch_size=4, num_generations=8, gradient_accumulation_steps=2 (TRL accepts it): one prompt's
     8 completions a step, trained 4 at a time; the update equals the one on all 8 at once."""
-    from grpo.phases.update import Learner, StepSettings, train_step
+    from grpo.phases.update import Learner, StepSettings, update_passes
     from grpo.models.modeling import build_tiny_model, build_tiny_tokenizer
     from tests.test_micro_batches import CORPUS, make_batch
 
@@ -55,7 +55,7 @@ def test_a_group_spanning_micro_batches_makes_the_whole_batchs_optimizer_step():
     for size in (cfg.micro_batch_seqs, batch.size):
         m = copy.deepcopy(model)
         params = [p for p in m.parameters() if p.requires_grad]
-        train_step(Learner(m, torch.optim.SGD(params, lr=1.0), params), copy.copy(batch), torch.tensor([0.0, 0.0]),
+        update_passes(Learner(m, torch.optim.SGD(params, lr=1.0), params), copy.copy(batch), torch.tensor([0.0, 0.0]),
                    cfg.loss, ["a", "b"], StepSettings(micro_batch_seqs=size, temperature=1.0, max_grad_norm=1e9,
                                                       skip_grad_norm=1e9))
         after[size] = params
@@ -83,9 +83,9 @@ def test_a_trl_config_trains_its_epochs_schedule_checkpoints_and_logging_into_ou
     set_trainer_state(5, 4)  # what an earlier run in this process left: a new run must not show it to its rewards
     run = grpo_train.train(SMALL, tasks={"caps": ROWS}, rewards={"caps": [reward_len, curriculum]}, args=args)
     # 24 rows minus the held-out ones, 2 prompts a step, 2 epochs
-    n_train = len(run.train["caps"])
+    n_train = len(run.samples.training["caps"])
     steps = 2 * (n_train // 2)
-    assert run.step == steps and run.run_dir == tmp_path / "out" / "grpo-dual"  # the run folder, inside output_dir
+    assert run.progress.step == steps and run.run_dir == tmp_path / "out" / "grpo-dual"  # the run folder, inside output_dir
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     saved = AutoModelForCausalLM.from_pretrained(tmp_path / "out")  # output_dir: the final model, as TRL leaves it
@@ -106,7 +106,7 @@ def test_a_trl_config_trains_its_epochs_schedule_checkpoints_and_logging_into_ou
     assert [int(n.split("_")[1]) for n in kept] == [s for s in range(1, steps + 1) if s % 4 == 0 or s == steps]
     sampled = sorted(int(p.stem.split("_")[-1]) for p in (run.run_dir / "samples").glob("*.jsonl"))
     assert sampled == [s for s in range(1, steps + 1) if s % 2 == 0]
-    assert {f"step_{s}" for s in range(6, steps, 6)} <= set(run.evals)
+    assert {f"step_{s}" for s in range(6, steps, 6)} <= set(run.progress.evals)
     assert {name for name, _, _ in seen} == {"TrainerState"} and {total for _, _, total in seen} <= {0, steps}
     assert {step for _, step, _ in seen} == set(range(steps))  # optimizer steps taken before each step's scoring
     assert [r["reward_log/curriculum_step"] for r in rows if "lr" in r] == [float(s) for s in range(steps)]
@@ -121,13 +121,13 @@ def test_save_and_eval_strategy_epoch_checkpoint_and_evaluate_at_each_epochs_end
     args = grpo_config(tmp_path, num_train_epochs=3, per_device_train_batch_size=4, num_generations=2,
                        save_strategy="epoch", eval_strategy="epoch", save_total_limit=None, learning_rate=1e-3)
     run = grpo_train.train(SMALL, tasks={"caps": ROWS[:10]}, rewards={"caps": [reward_len]}, args=args)
-    per_epoch = len(run.train["caps"]) // 2
-    assert per_epoch >= 2 and run.step == 3 * per_epoch
+    per_epoch = len(run.samples.training["caps"]) // 2
+    assert per_epoch >= 2 and run.progress.step == 3 * per_epoch
     assert (run.cfg.checkpoint.every, run.cfg.train.eval_every) == (per_epoch, per_epoch)
     kept = sorted(int(p.name.split("_")[1]) for p in (run.run_dir / "checkpoints").iterdir()
                   if p.name.startswith("step_"))
     assert kept == [per_epoch, 2 * per_epoch, 3 * per_epoch]
-    during = sorted(int(name.split("_")[1]) for name in run.evals if name.startswith("step_"))
+    during = sorted(int(name.split("_")[1]) for name in run.progress.evals if name.startswith("step_"))
     assert during[:2] == [per_epoch, 2 * per_epoch] and set(during) <= {per_epoch, 2 * per_epoch, 3 * per_epoch}
     saved = json.loads((run.run_dir / "config.json").read_text())
     assert (saved["checkpoint"]["every"], saved["train"]["eval_every"]) == (per_epoch, per_epoch)

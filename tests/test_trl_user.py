@@ -105,7 +105,7 @@ def test_a_trl_dataset_trains_with_trl_reward_functions_and_skips_the_warm_up(tm
                            **{**SHORT, "train": {**SHORT["train"], "output_dir": str(tmp_path), "run_name": "r"}})
     out = capsys.readouterr().out
     assert "SFT warm-up skipped: no training row of caps has a target" in out
-    assert run.step == 2 and "after_sft" not in run.evals and set(run.evals) == {"before_sft", "after_rl"}
+    assert run.progress.step == 2 and "after_sft" not in run.progress.evals and set(run.progress.evals) == {"before_sft", "after_rl"}
     assert seen and seen[0][1] == ("list" if conversational else "str")  # TRL passes messages for chat data
 
 

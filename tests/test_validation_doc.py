@@ -313,16 +313,16 @@ def cuda_oom(tmp, mp):
     run = G.setup(fast_config(tmp, "train.prompts_per_micro_step=2", "rollout.k=4"))
     calls = []
 
-    def train_step(*args, **kwargs):
-        calls.append(run.update.micro_batch_seqs)
+    def update_passes(*args, **kwargs):
+        calls.append(run.updater.micro_batch_seqs)
         if len(calls) == 1:
             raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
         return {"loss/total": 0.0}
 
-    mp.setattr(step_owners, "train_step", train_step)
+    mp.setattr(step_owners, "update_passes", update_passes)
     err = io.StringIO()
     with contextlib.redirect_stderr(err):
-        stats = run.update.train_with_oom_retry(batch=None, betas_N=None)
+        stats = run.updater.passes_with_oom_retry(batch=None, betas_N=None)
     assert calls == [8, 4] and stats["health/oom_retries"] == 1.0
     return Outcome(err.getvalue())
 

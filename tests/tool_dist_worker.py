@@ -39,11 +39,11 @@ SCENARIOS = {  # name -> (config overrides, the call a forced first reply makes)
 
 
 def forcing(real: Callable[..., Any], call_text: str) -> Callable[..., Any]:
-    """decode_rows, except that a first reply whose first sampled id is even becomes `call_text` (a random tiny
+    """The engine's decode (`real(model, rollout, greedy)`: grpo.phases.tools.decoder), except that a first reply whose first sampled id is even becomes `call_text` (a random tiny
     model never writes a call): decided by the sampled ids alone, which per-completion sampling makes the same on any
     number of processes. `.tokenizer` must be set to the run's before the first rollout."""
     def forced(model, rows, rollout, stop_ids, pad_id, **kw):
-        out, fixed = real(model, rows, rollout, stop_ids, pad_id, **kw)
+        out, fixed = real(model, rollout, kw["greedy"])(model, rows, rollout, stop_ids, pad_id, **kw)
         tok = forced.tokenizer
         if not any(tok.decode(r).count("tool: ") for r in rows):  # the first turn (the tiny template's tool turns)
             call = tok(call_text, add_special_tokens=False)["input_ids"]
@@ -55,12 +55,12 @@ def forcing(real: Callable[..., Any], call_text: str) -> Callable[..., Any]:
 
 def tool_step(out_dir: Path, scenario: str, world: int, install: Callable[[Callable[..., Any]], None]) -> dict:
     """setup + SFT + one RL step of `scenario` on `world` processes (the same global batch on any); `install` puts
-    the forcing decode in place of grpo.phases.tools.decode_rows."""
+    the forcing decode in place of the engine grpo.phases.tools.decoder picks."""
     import grpo_train as G
     from grpo.phases import tools as T
 
     overrides, call = SCENARIOS[scenario]
-    forced = forcing(T.decode_rows, call)
+    forced = forcing(T.decoder, call)
     install(forced)
     run = G.setup(dist_config(out_dir, scenario, world, f"train.run_name={scenario}", *overrides))
     forced.tokenizer = run.tokenizer
@@ -78,10 +78,10 @@ if __name__ == "__main__":
     n_processes = requested_cpu_processes()
     if n_processes > 1:
         relaunch_on_cpu(n_processes, sys.argv[0], sys.argv[1:])
-    out, real = Path(sys.argv[1]), T.decode_rows
+    out, real = Path(sys.argv[1]), T.decoder
     for name in sys.argv[2:]:
-        result = tool_step(out, name, 2, lambda fn: setattr(T, "decode_rows", fn))
-        T.decode_rows = real
+        result = tool_step(out, name, 2, lambda fn: setattr(T, "decoder", lambda *a, **k: fn))
+        T.decoder = real
         if result["is_main"]:
             torch.save(result["weights"], out / f"{name}.pt")
             (out / f"{name}.json").write_text(json.dumps(result["metrics"]))

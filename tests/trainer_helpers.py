@@ -76,8 +76,8 @@ def rollout_batch(run, n_prompts: int = 2, k: int | None = None):
     from grpo.grading.scoring import score_rollouts
 
     k = k or run.cfg.rollout.k
-    rollouts, _ = generate_rollouts(run.policy.model, run.tokenizer, run.rollouts.sampler.next_batch(n_prompts),
-                                    replace(run.cfg.rollout, k=k), run.rollouts.stop_ids)
-    scored, _ = score_rollouts(rollouts, run.scoring.specs, None)
+    rollouts, _ = generate_rollouts(run.policy.model, run.tokenizer, run.generation.sampler.next_batch(n_prompts),
+                                    replace(run.cfg.rollout, k=k), run.generation.stop_ids)
+    scored, _ = score_rollouts(rollouts, run.rewarder.specs, None)
     adv, _ = group_advantages(torch.tensor([s.reward for s in scored]), k)
     return build_train_batch(scored, adv, run.tasks, run.tokenizer.pad_token_id, run.device)

@@ -42,8 +42,10 @@ import torch
 
 from grpo.config.settings import RolloutConfig
 from grpo.models.model_calls import accepts_logits_to_keep, cache_kwarg, position_ids_from_mask, returned_cache
-from grpo.models.modeling import base_model
+from grpo.models.modeling import base_model, generation_mode
+from grpo.models.sampling import draw, warpers
 from grpo.models.steppers import make_steps
+from grpo.models.tokens import left_pad
 
 COMPACT_FRACTION = 0.75
 """Drop the stopped rows from the KV cache once the running rows are at most this fraction of the rows the model
@@ -67,6 +69,52 @@ else lean wherever it applies (`lean_blocker` says None), else hf. The one list 
 (grpo/run/config_check.py checks the config against it)."""
 
 Processor = Callable[[torch.LongTensor, torch.Tensor], torch.Tensor]
+
+NAN_LOGIT = -1e4
+"""NaN logits become this: exp(-1e4 - max) is 0 in fp32, so a NaN token is never picked unless all are NaN, and it
+stays finite after division by any temperature ≥ 1e-30 in fp32 (|x| < 3e38)."""
+POSINF_LOGIT = 1e4
+"""+Inf logits become this: finite, but beats every ordinary logit (|logit| < ~100 in practice)."""
+NEGINF_LOGIT = -1e4
+"""-Inf logits (masks from min_new_tokens, or an overflowing model) become this; a row of all -Inf would otherwise
+make softmax NaN. Like NAN_LOGIT it carries zero probability next to any ordinary logit."""
+
+
+class CompletionPenaltyProcessor:
+    """Presence and frequency penalties over the COMPLETION tokens only (columns ≥ prompt_len of the left-padded
+    batch), so a token that only appears in the prompt is not penalised."""
+
+    def __init__(self, prompt_len: int, presence: float, frequency: float):
+        self.prompt_len, self.presence, self.frequency = prompt_len, presence, frequency
+
+    def __call__(self, input_ids: torch.LongTensor, scores_BV: torch.Tensor) -> torch.Tensor:
+        completion_BN = input_ids[:, self.prompt_len:]
+        counts_BV = torch.zeros_like(scores_BV)
+        counts_BV.scatter_add_(1, completion_BN, torch.ones_like(completion_BN, dtype=scores_BV.dtype))
+        return scores_BV - self.frequency * counts_BV - self.presence * (counts_BV > 0).to(scores_BV.dtype)
+
+
+class SanitizeLogitsProcessor:
+    """Replaces NaN/±Inf logits by finite values; counts the rows it had to fix (without a device sync)."""
+
+    def __init__(self) -> None:
+        self.rows_fixed: torch.Tensor | int = 0
+
+    def __call__(self, input_ids: torch.LongTensor, scores_BV: torch.Tensor) -> torch.Tensor:
+        # One reduction finds the bad rows: a NaN or +Inf anywhere makes the row sum NaN or +Inf. A -Inf alone
+        # (a token masked by min_new_tokens or a bad-words list) is legitimate and left alone. Only when a row is
+        # bad is the whole tensor rewritten, so the common case costs one pass, not two plus a copy.
+        sum_B = scores_BV.sum(dim=-1)
+        bad_B = torch.isnan(sum_B) | (sum_B == float("inf"))
+        self.rows_fixed = self.rows_fixed + bad_B.sum()
+        if scores_BV.device.type != "cpu":
+            # On an accelerator `bool(bad_B.any())` would be a host sync per decoding step, stalling the launch
+            # queue; rewriting the bad rows with a select costs one cheap elementwise pass instead.
+            fixed_BV = torch.nan_to_num(scores_BV, nan=NAN_LOGIT, posinf=POSINF_LOGIT, neginf=NEGINF_LOGIT)
+            return torch.where(bad_B.unsqueeze(-1), fixed_BV, scores_BV)
+        if not bool(bad_B.any()):
+            return scores_BV
+        return torch.nan_to_num(scores_BV, nan=NAN_LOGIT, posinf=POSINF_LOGIT, neginf=NEGINF_LOGIT)
 
 
 def fields_generate_would_add(model: torch.nn.Module) -> list[str]:
@@ -109,18 +157,10 @@ def sampling_processors(rollout: RolloutConfig, *, do_sample: bool, prompt_len: 
     `do_sample`) temperature, top_k, top_p and min_p, in its order (`_get_logits_processor`), with `extra` (the
     caller's own processors) where `generate` puts a user's `logits_processor` list: after its processors and before
     the sampling warpers. Neutral values add nothing, as in `generate`."""
-    from transformers import (
-        MinNewTokensLengthLogitsProcessor,
-        MinPLogitsWarper,
-        RepetitionPenaltyLogitsProcessor,
-        TemperatureLogitsWarper,
-        TopKLogitsWarper,
-        TopPLogitsWarper,
-    )
+    from transformers import MinNewTokensLengthLogitsProcessor, RepetitionPenaltyLogitsProcessor
 
     processors: list[Processor] = []
     repetition_penalty, min_new_tokens = rollout.repetition_penalty, rollout.min_new_tokens
-    temperature, top_k, top_p, min_p = rollout.temperature, rollout.top_k, rollout.top_p, rollout.min_p
     if repetition_penalty != 1.0:
         padding_lengths_B = (mask_BP != 0).int().argmax(dim=1)  # left padding: the first real column of each row
         try:
@@ -133,14 +173,7 @@ def sampling_processors(rollout: RolloutConfig, *, do_sample: bool, prompt_len: 
                                                             device=mask_BP.device))
     processors.extend(extra)
     if do_sample:
-        if temperature != 1.0:
-            processors.append(TemperatureLogitsWarper(temperature))
-        if top_k != 0:
-            processors.append(TopKLogitsWarper(top_k=top_k, min_tokens_to_keep=1))
-        if top_p < 1.0:
-            processors.append(TopPLogitsWarper(top_p=top_p, min_tokens_to_keep=1))
-        if min_p > 0:
-            processors.append(MinPLogitsWarper(min_p=min_p, min_tokens_to_keep=1))
+        processors.extend(warpers(rollout.temperature, rollout.top_k, rollout.top_p, rollout.min_p))
     return processors
 
 
@@ -181,87 +214,99 @@ class LoopSwitches:
     """Prefill each distinct prompt once and repeat its cache for its K rows (`distinct_rows`)."""
 
 
-@dataclass(frozen=True)
-class Ending:
-    """When a decoded row ends and what fills it afterwards."""
+def ours(rollout: RolloutConfig, prompt_len: int) -> tuple[list[Processor], SanitizeLogitsProcessor]:
+    """The processors every engine runs besides Hugging Face's: the completion-only presence / frequency penalties
+    (when set) and, last, the sanitiser (returned too: it counts the rows it fixed)."""
+    sanitizer = SanitizeLogitsProcessor()
+    penalties = [CompletionPenaltyProcessor(prompt_len, rollout.presence_penalty, rollout.frequency_penalty)] \
+        if rollout.presence_penalty or rollout.frequency_penalty else []
+    return [*penalties, sanitizer], sanitizer
 
-    max_new_tokens: int
-    """The most new tokens a row gets (rollout.max_new_tokens)."""
-    stop_ids: Sequence[int]
-    """Ids that end a row (kept as its last id)."""
-    pad_id: int
-    """Fills a row after its stop token, as `generate` pads it."""
+
+def check_keys(row_keys: Sequence[int], rows: Sequence[Sequence[int]]) -> None:
+    """One sampler key per row, or a ValueError naming both counts."""
+    if len(row_keys) != len(rows):
+        raise ValueError(f"rollouts: {len(row_keys)} row keys for {len(rows)} completions")
 
 
 @torch.no_grad()
-def decode(model: torch.nn.Module, ids_BP: torch.LongTensor, mask_BP: torch.Tensor, processors: Sequence[Processor],
-           ending: Ending, *, do_sample: bool, switches: LoopSwitches = LoopSwitches()) -> torch.LongTensor:
-    """(B, P + n) prompt + completion ids, n ≤ ending.max_new_tokens; rows that stopped are padded with
-    `ending.pad_id` after their stop token, as `generate` pads them. The model must already be in eval mode with its
-    KV cache on (`grpo.models.modeling.generation_mode`); the torch RNG (seed it around the call) drives the sampler.
+def decode(model: torch.nn.Module, rows: Sequence[Sequence[int]], rollout: RolloutConfig, stop_ids: Sequence[int],
+           pad_id: int, *, greedy: bool = False, row_keys: Sequence[int] | None = None,
+           switches: LoopSwitches = LoopSwitches()) -> tuple[list[list[int]], torch.Tensor | int]:
+    """The lean engine: the new ids of each of `rows` (token ids, unpadded; at most rollout.max_new_tokens each, rows
+    that stopped padded with `pad_id` after their stop token, as `generate` pads them) and the sanitiser's count of
+    fixed logit rows. Sampled with `rollout`'s settings (`greedy`: argmax), each row from the torch RNG (seed it
+    around the call) or, given `row_keys`, from its own stream (grpo/models/sampling.py).
 
     On the CPU the result is `generate`'s, token for token. On an accelerator the loop may run up to 7 steps past the
     last stop (see `_sync_every`), which adds padding columns and draws more random numbers, nothing else."""
     from transformers import DynamicCache
 
-    max_new_tokens = ending.max_new_tokens
+    max_new_tokens = rollout.max_new_tokens
     if max_new_tokens < 1:
         raise ValueError(f"decode: max_new_tokens={max_new_tokens}; use at least 1")
-    device = ids_BP.device
-    B = ids_BP.shape[0]
-    stops = torch.tensor([int(i) for i in ending.stop_ids], device=device)
-    pad = torch.tensor(int(ending.pad_id), device=device)
-    # `generate` drops an all-ones mask (the attention then takes its causal fast path); so does this loop, so the
-    # logits are bit-identical to its own
-    prefill_mask = None if bool(mask_BP.all()) else mask_BP.long()
-    pos_BP = position_ids_from_mask(mask_BP)
-    next_pos_R1 = pos_BP[:, -1:] + 1
-    extra = {"logits_to_keep": 1} if accepts_logits_to_keep(model) else {}
-    shared = distinct_rows(ids_BP, mask_BP) if switches.share_prefill else None
-    first_U, src_B = shared if shared is not None else (None, None)
-    out = model(input_ids=ids_BP if first_U is None else ids_BP[first_U],
-                attention_mask=prefill_mask if prefill_mask is None or first_U is None else prefill_mask[first_U],
-                position_ids=pos_BP if first_U is None else pos_BP[first_U],
-                **{cache_kwarg(model) or "past_key_values": DynamicCache(config=model.config)}, use_cache=True,
-                **extra)
-    # FastSteps copies the prefill's cache (row b from row src_B[b]) into its own buffers; `out` is dropped below,
-    # and the copy with it
-    steps = make_steps(model, returned_cache(out), mask_BP, out.logits.dtype, max_new_tokens - 1, fast=switches.fast_steps,
-                       rows_B=src_B)
-    logits_RV = out.logits[:, -1] if src_B is None else out.logits[src_B, -1]
-    del out
-    sync_every = _sync_every(device)
-    rows_R: torch.Tensor | None = None  # the batch rows the model computes; None = all B
-    running_B = torch.ones(B, dtype=torch.bool, device=device)
-    seq_BL = ids_BP
-    for t in range(max_new_tokens):
-        logits_RV = logits_RV.to(dtype=torch.float32, copy=True)
-        if rows_R is None:
-            logits_BV = logits_RV
-        else:
-            logits_BV = logits_RV.new_zeros(B, logits_RV.shape[-1])
-            logits_BV[rows_R] = logits_RV
-        for processor in processors:
-            logits_BV = processor(seq_BL, logits_BV)
-        if do_sample:
-            next_B = torch.multinomial(torch.softmax(logits_BV, dim=-1), num_samples=1).squeeze(1)
-        else:
-            next_B = torch.argmax(logits_BV, dim=-1)
-        next_B = torch.where(running_B, next_B, pad)
-        seq_BL = torch.cat([seq_BL, next_B[:, None]], dim=-1)
-        running_B = running_B & ~torch.isin(next_B, stops)
-        if t == max_new_tokens - 1:
-            break
-        if (t + 1) % sync_every == 0:
-            n_running = int(running_B.sum())  # a host sync
-            if n_running == 0:
+    do_sample = not greedy
+    device = next(model.parameters()).device
+    ids_BP, mask_BP = (x.to(device) for x in left_pad(rows, pad_id))
+    prompt_len, B = int(ids_BP.shape[1]), ids_BP.shape[0]
+    extra, sanitizer = ours(rollout, prompt_len)
+    processors = sampling_processors(rollout, do_sample=do_sample, prompt_len=prompt_len, mask_BP=mask_BP,
+                                     stop_ids=stop_ids, extra=extra)
+    keys_B = None
+    if row_keys is not None and do_sample:
+        check_keys(row_keys, rows)
+        keys_B = torch.tensor(list(row_keys), dtype=torch.int64, device=device)
+    stops = torch.tensor([int(i) for i in stop_ids], device=device)
+    pad = torch.tensor(int(pad_id), device=device)
+    with generation_mode(model):
+        # `generate` drops an all-ones mask (the attention then takes its causal fast path); so does this loop, so
+        # the logits are bit-identical to its own
+        prefill_mask = None if bool(mask_BP.all()) else mask_BP.long()
+        pos_BP = position_ids_from_mask(mask_BP)
+        next_pos_R1 = pos_BP[:, -1:] + 1
+        kept = {"logits_to_keep": 1} if accepts_logits_to_keep(model) else {}
+        shared = distinct_rows(ids_BP, mask_BP) if switches.share_prefill else None
+        first_U, src_B = shared if shared is not None else (None, None)
+        out = model(input_ids=ids_BP if first_U is None else ids_BP[first_U],
+                    attention_mask=prefill_mask if prefill_mask is None or first_U is None else prefill_mask[first_U],
+                    position_ids=pos_BP if first_U is None else pos_BP[first_U],
+                    **{cache_kwarg(model) or "past_key_values": DynamicCache(config=model.config)}, use_cache=True,
+                    **kept)
+        # FastSteps copies the prefill's cache (row b from row src_B[b]) into its own buffers; `out` is dropped
+        # below, and the copy with it
+        steps = make_steps(model, returned_cache(out), mask_BP, out.logits.dtype, max_new_tokens - 1,
+                           fast=switches.fast_steps, rows_B=src_B)
+        logits_RV = out.logits[:, -1] if src_B is None else out.logits[src_B, -1]
+        del out
+        sync_every = _sync_every(device)
+        rows_R: torch.Tensor | None = None  # the batch rows the model computes; None = all B
+        running_B = torch.ones(B, dtype=torch.bool, device=device)
+        seq_BL = ids_BP
+        for t in range(max_new_tokens):
+            logits_RV = logits_RV.to(dtype=torch.float32, copy=True)
+            if rows_R is None:
+                logits_BV = logits_RV
+            else:
+                logits_BV = logits_RV.new_zeros(B, logits_RV.shape[-1])
+                logits_BV[rows_R] = logits_RV
+            for processor in processors:
+                logits_BV = processor(seq_BL, logits_BV)
+            next_B = draw(logits_BV, keys_B, t) if do_sample else torch.argmax(logits_BV, dim=-1)  # THE SAMPLER
+            next_B = torch.where(running_B, next_B, pad)
+            seq_BL = torch.cat([seq_BL, next_B[:, None]], dim=-1)
+            running_B = running_B & ~torch.isin(next_B, stops)
+            if t == max_new_tokens - 1:
                 break
-            computed = B if rows_R is None else int(rows_R.numel())
-            if switches.compact and n_running <= COMPACT_FRACTION * computed:
-                keep_R = (running_B if rows_R is None else running_B[rows_R]).nonzero().squeeze(1)
-                steps.select(keep_R)
-                next_pos_R1 = next_pos_R1[keep_R]
-                rows_R = running_B.nonzero().squeeze(1)
-        logits_RV = steps((next_B if rows_R is None else next_B[rows_R])[:, None], next_pos_R1)
-        next_pos_R1 = next_pos_R1 + 1
-    return seq_BL
+            if (t + 1) % sync_every == 0:
+                n_running = int(running_B.sum())  # a host sync
+                if n_running == 0:
+                    break
+                computed = B if rows_R is None else int(rows_R.numel())
+                if switches.compact and n_running <= COMPACT_FRACTION * computed:
+                    keep_R = (running_B if rows_R is None else running_B[rows_R]).nonzero().squeeze(1)
+                    steps.select(keep_R)
+                    next_pos_R1 = next_pos_R1[keep_R]
+                    rows_R = running_B.nonzero().squeeze(1)
+            logits_RV = steps((next_B if rows_R is None else next_B[rows_R])[:, None], next_pos_R1)
+            next_pos_R1 = next_pos_R1 + 1
+    return seq_BL[:, prompt_len:].tolist(), sanitizer.rows_fixed

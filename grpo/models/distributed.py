@@ -36,6 +36,8 @@ class Dist:
         self.rank = int(accelerator.process_index) if accelerator is not None else 0
         self.world = int(accelerator.num_processes) if accelerator is not None else 1
         self.sharded = sharded
+        self.device = accelerator.device if accelerator is not None else torch.device("cpu")
+        """This process's device: accelerate's under several processes, else train.device's (`setup` sets it)."""
 
     @property
     def is_main(self) -> bool:
@@ -116,10 +118,6 @@ class Dist:
             n = g.numel()
             p.grad = flat[offset:offset + n].view_as(g).to(g.dtype)
             offset += n
-
-    @property
-    def device(self) -> torch.device:
-        return self.accelerator.device if self.accelerator is not None else torch.device("cpu")
 
     def no_sync(self, model: torch.nn.Module):
         """Skip the gradient all-reduce (DDP) / reduce-scatter (FSDP) for this backward: gradients accumulate

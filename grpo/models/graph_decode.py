@@ -52,9 +52,11 @@ import torch.nn.functional as F
 
 from grpo.config.settings import RolloutConfig
 from grpo.models.model_calls import accepts_logits_to_keep, cache_kwarg, position_ids_from_mask, returned_cache
-from grpo.models.modeling import base_model
+from grpo.models.decode import NAN_LOGIT, NEGINF_LOGIT, POSINF_LOGIT, check_keys
+from grpo.models.modeling import base_model, generation_mode
 from grpo.models.sampling import inverse_cdf_choice, warpers
 from grpo.models.steppers import fast_steps_blocker
+from grpo.models.tokens import left_pad
 
 PROMPT_BUCKET = 64
 """Prompts are left-padded to a multiple of this many columns, so the buffers (and the compiled step) take one of a
@@ -66,8 +68,6 @@ SYNC_EVERY = 16
 drain). At most SYNC_EVERY − 1 steps run after the last row stopped; they only write padding."""
 
 NEGINF = float("-inf")
-NAN_LOGIT, POSINF_LOGIT, NEGINF_LOGIT = -1e4, 1e4, -1e4
-"""The sanitiser's replacements (the same values as grpo/phases/rollout.py's SanitizeLogitsProcessor)."""
 
 PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 """The linear layers of a Llama-family decoder layer that the step calls (and folds, when they carry LoRA)."""
@@ -482,45 +482,56 @@ def _clone(x: Any) -> Any:
     return [t.clone() for t in x] if isinstance(x, list) else x.clone()
 
 
-def decode_graph(model: torch.nn.Module, ids_BP: torch.Tensor, mask_BP: torch.Tensor, sampling: StepSampling,
-                 max_new_tokens: int, keys_B: torch.Tensor, *, fold_lora: str = "auto",
-                 distinct: tuple[list[int], list[int]] | None = None, compile_step: bool | None = None,
-                 capture: bool | None = None, graph: GraphStep | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """(new_BN, fixed): the new ids of every row (n ≤ max_new_tokens columns, rows that stopped padded after their
-    stop token) and the sanitiser's count of fixed logit rows (a device tensor). The model must be in generation
-    mode (eval, no grad). `compile_step` / `capture` default to on for CUDA (compiled, then captured) and off on the
-    CPU (the eager step; the same function). `distinct`: (first_U, src_B) when rows repeat (prefill once each).
-    `fold_lora`: rollout.fold_lora (auto: `GraphStep.fold_auto`)."""
+def decode_graph(model: torch.nn.Module, rows: Sequence[Sequence[int]], rollout: RolloutConfig,
+                 stop_ids: Sequence[int], pad_id: int, *, greedy: bool = False, row_keys: Sequence[int] | None = None,
+                 compile_step: bool | None = None, capture: bool | None = None,
+                 graph: GraphStep | None = None) -> tuple[list[list[int]], torch.Tensor]:
+    """The graph engine: the new ids of each of `rows` (token ids, unpadded; at most rollout.max_new_tokens each,
+    rows that stopped padded after their stop token) and the sanitiser's count of fixed logit rows (a device tensor).
+    Prompts are padded to PROMPT_BUCKET and each distinct one prefilled once; the rows' sampler keys are `row_keys`
+    or drawn from the torch RNG (`greedy`: argmax). `compile_step` / `capture` default to on for CUDA (compiled,
+    then captured) and off on the CPU (the eager step; the same function). rollout.fold_lora: see `GraphStep.fold`."""
+    max_new_tokens = rollout.max_new_tokens
     if max_new_tokens < 1:
         raise ValueError(f"decode_graph: max_new_tokens={max_new_tokens}; use at least 1")
-    device = ids_BP.device
+    ids_BP, mask_BP = left_pad(rows, pad_id, multiple_of=PROMPT_BUCKET)
+    sampling = StepSampling(rollout, do_sample=not greedy, stop_ids=tuple(int(i) for i in stop_ids), pad_id=int(pad_id))
+    if greedy:
+        keys_B = torch.zeros(len(rows), dtype=torch.int64)
+    elif row_keys is not None:
+        check_keys(row_keys, rows)
+        keys_B = torch.tensor(list(row_keys), dtype=torch.int64)
+    else:
+        keys_B = row_keys_from_rng(len(rows))
+    device = next(model.parameters()).device
     cuda = device.type == "cuda"
     compile_step = cuda if compile_step is None else compile_step
     capture = cuda if capture is None else capture and cuda
     graph = graph or graph_step_for(model)
-    folded = graph.fold(fold_lora == "on" or (fold_lora == "auto" and graph.fold_auto is not False))
-    state = build_state(model, ids_BP, mask_BP, keys_B, sampling, max_new_tokens, folded, distinct)
-    B, L = state.attend_BL.shape
-    started = time.perf_counter()
-    step = ready_step(graph, sampling, state, compile_step, capture)
-    every = sync_every(device)
-    steps_run = max_new_tokens
-    for t in range(max_new_tokens - 1):
-        step(state)
-        if t == 0 and (compile_step or capture):
-            if cuda:
-                torch.cuda.synchronize(device)
-            _announce((B, L, device.type, compile_step, capture),
-                      f"graph engine: decoding step for {B} rows x {L} columns ready in "
-                      f"{time.perf_counter() - started:.1f} s (compiled: {compile_step}, CUDA graph: {capture}); "
-                      "later rollouts of this shape reuse it")
-        if (t + 1) % every == 0 and not bool(state.running_B.any()):  # a host read: see SYNC_EVERY
-            steps_run = t + 1
-            break
-    else:
-        graph.sample(state, sampling)  # the last token: nothing is run on it
-    new_BN = state.out_BN[:, :steps_run]
-    return new_BN, state.fixed
+    with generation_mode(model), torch.no_grad():
+        folded = graph.fold(rollout.fold_lora == "on" or (rollout.fold_lora == "auto" and graph.fold_auto is not False))
+        state = build_state(model, ids_BP.to(device), mask_BP.to(device), keys_B, sampling, max_new_tokens, folded,
+                            distinct_lists(rows))
+        B, L = state.attend_BL.shape
+        started = time.perf_counter()
+        step = ready_step(graph, sampling, state, compile_step, capture)
+        every = sync_every(device)
+        steps_run = max_new_tokens
+        for t in range(max_new_tokens - 1):
+            step(state)  # the token of step t is drawn in here (GraphStep.sample), the next logits computed
+            if t == 0 and (compile_step or capture):
+                if cuda:
+                    torch.cuda.synchronize(device)
+                _announce((B, L, device.type, compile_step, capture),
+                          f"graph engine: decoding step for {B} rows x {L} columns ready in "
+                          f"{time.perf_counter() - started:.1f} s (compiled: {compile_step}, CUDA graph: {capture}); "
+                          "later rollouts of this shape reuse it")
+            if (t + 1) % every == 0 and not bool(state.running_B.any()):  # a host read: see SYNC_EVERY
+                steps_run = t + 1
+                break
+        else:
+            graph.sample(state, sampling)  # the last token: nothing is run on it
+    return state.out_BN[:, :steps_run].tolist(), state.fixed
 
 
 _GRAPHS: "dict[int, GraphStep]" = {}

@@ -99,6 +99,14 @@ def inverse_cdf_choice(scores_BV: torch.Tensor, keys_B: torch.Tensor, t: int) ->
     return torch.searchsorted(cdf_BV, target_B1).squeeze(1).clamp(max=scores_BV.shape[-1] - 1)
 
 
+def draw(scores_BV: torch.Tensor, keys_B: torch.Tensor | None, t: int) -> torch.Tensor:
+    """The sampled token of each row at decoding step t, from softmax(scores): from the torch RNG as `generate`
+    samples (keys_B None), or from each row's own stream (`inverse_cdf_choice`)."""
+    if keys_B is None:
+        return torch.multinomial(torch.softmax(scores_BV, dim=-1), num_samples=1).squeeze(1)
+    return inverse_cdf_choice(scores_BV, keys_B, t)
+
+
 class SeededSampler:
     """A logits processor that samples each row from its own stream and returns one-hot scores (0 at the chosen
     token, −inf elsewhere), so that `generate` in greedy mode emits exactly the sampled token.

@@ -1,49 +1,38 @@
 """Rollouts: one batched decode for all prompts × K, cut at the first stop token, as typed `Rollout` records.
 
-The decode is transformers' `generate` or the lean loop of grpo/models/decode.py (`rollout.engine`), which samples
-the same tokens with the same processors and random numbers, with less Python per step and without computing rows
-that already stopped.
+`generate_rollouts` calls the engine that `decoder` picks (rollout.engine), and each engine holds its one sampler:
+
+    graph   grpo/models/graph_decode.decode_graph: a fixed-shape step, compiled and (CUDA) captured, sampler inside
+    lean    grpo/models/decode.decode: a Python loop over the model's one-token steps; draws at `# THE SAMPLER`
+    hf      `decode_hf` here: transformers' `generate` (the seeded sampler of grpo/models/sampling.py as its last
+            processor when each completion has its own stream)
 
     rollouts[i*K:(i+1)*K] are the K completions of samples[i]
     frequency / presence penalty: logit_j -= c_j · frequency + 1[c_j > 0] · presence, c_j = count of j in the
         completion so far (prompt excluded)                                   (OpenAI API reference, "Parameter details")
     sanitiser: NaN → NAN_LOGIT, +Inf → POSINF_LOGIT, -Inf → NEGINF_LOGIT, so the sampler never sees a non-finite value
-    temperature / top-k / top-p / min-p / repetition penalty: Hugging Face's own warpers via GenerationConfig
+    temperature / top-k / top-p / min-p / repetition penalty: Hugging Face's own warpers
         (note: HF's repetition penalty, unlike the two penalties above, also counts prompt tokens)
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import warnings
 from collections import defaultdict
 from dataclasses import dataclass
-from typing import Any, Iterator, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import torch
 
 from grpo.config.settings import RolloutConfig
-from grpo.models.decode import Ending, decode, lean_blocker, sampling_processors
-from grpo.models.graph_decode import (
-    PROMPT_BUCKET,
-    StepSampling,
-    decode_graph,
-    distinct_lists,
-    graph_blocker,
-    row_keys_from_rng,
-)
+from grpo.models.decode import check_keys, decode, lean_blocker, ours
+from grpo.models.graph_decode import decode_graph, graph_blocker
 from grpo.models.modeling import generation_mode
+from grpo.models.sampling import SeededSampler
 from grpo.core.records import Rollout, Sample
 from grpo.models.tokens import encode_prompt, left_pad, stop_token_id
-
-NAN_LOGIT = -1e4
-"""NaN logits become this: exp(-1e4 - max) is 0 in fp32, so a NaN token is never picked unless all are NaN, and it
-stays finite after division by any temperature ≥ 1e-30 in fp32 (|x| < 3e38)."""
-POSINF_LOGIT = 1e4
-"""+Inf logits become this: finite, but beats every ordinary logit (|logit| < ~100 in practice)."""
-NEGINF_LOGIT = -1e4
-"""-Inf logits (masks from min_new_tokens, or an overflowing model) become this; a row of all -Inf would otherwise
-make softmax NaN. Like NAN_LOGIT it carries zero probability next to any ordinary logit."""
 
 CACHE_IMPLEMENTATIONS = ("dynamic", "static")
 """KV caches `generate` may use (rollout.cache_implementation; grpo/run/config_check.py checks against this list):
@@ -61,43 +50,6 @@ def _warn_once(message: str) -> None:
     if message not in _WARNED:
         _WARNED.add(message)
         warnings.warn(message, RuntimeWarning, stacklevel=3)
-
-
-class CompletionPenaltyProcessor:
-    """Presence and frequency penalties over the COMPLETION tokens only (columns ≥ prompt_len of the left-padded
-    batch), so a token that only appears in the prompt is not penalised."""
-
-    def __init__(self, prompt_len: int, presence: float, frequency: float):
-        self.prompt_len, self.presence, self.frequency = prompt_len, presence, frequency
-
-    def __call__(self, input_ids: torch.LongTensor, scores_BV: torch.Tensor) -> torch.Tensor:
-        completion_BN = input_ids[:, self.prompt_len:]
-        counts_BV = torch.zeros_like(scores_BV)
-        counts_BV.scatter_add_(1, completion_BN, torch.ones_like(completion_BN, dtype=scores_BV.dtype))
-        return scores_BV - self.frequency * counts_BV - self.presence * (counts_BV > 0).to(scores_BV.dtype)
-
-
-class SanitizeLogitsProcessor:
-    """Replaces NaN/±Inf logits by finite values; counts the rows it had to fix (without a device sync)."""
-
-    def __init__(self) -> None:
-        self.rows_fixed: torch.Tensor | int = 0
-
-    def __call__(self, input_ids: torch.LongTensor, scores_BV: torch.Tensor) -> torch.Tensor:
-        # One reduction finds the bad rows: a NaN or +Inf anywhere makes the row sum NaN or +Inf. A -Inf alone
-        # (a token masked by min_new_tokens or a bad-words list) is legitimate and left alone. Only when a row is
-        # bad is the whole tensor rewritten, so the common case costs one pass, not two plus a copy.
-        sum_B = scores_BV.sum(dim=-1)
-        bad_B = torch.isnan(sum_B) | (sum_B == float("inf"))
-        self.rows_fixed = self.rows_fixed + bad_B.sum()
-        if scores_BV.device.type != "cpu":
-            # On an accelerator `bool(bad_B.any())` would be a host sync per decoding step, stalling the launch
-            # queue; rewriting the bad rows with a select costs one cheap elementwise pass instead.
-            fixed_BV = torch.nan_to_num(scores_BV, nan=NAN_LOGIT, posinf=POSINF_LOGIT, neginf=NEGINF_LOGIT)
-            return torch.where(bad_B.unsqueeze(-1), fixed_BV, scores_BV)
-        if not bool(bad_B.any()):
-            return scores_BV
-        return torch.nan_to_num(scores_BV, nan=NAN_LOGIT, posinf=POSINF_LOGIT, neginf=NEGINF_LOGIT)
 
 
 def build_generation_config(rollout: RolloutConfig, pad_id: int, stop_ids: Sequence[int], *, do_sample: bool = True,
@@ -223,10 +175,9 @@ def generate_rollouts(model, tokenizer, samples: Sequence[Sample], rollout: Roll
                       stop_ids: Sequence[int] | None = None, *, system_prompt: str | None = None,
                       draw: Draw = Draw(), synced_gpus: bool = False) -> tuple[list[Rollout], dict[str, float]]:
     """`draw.k(rollout)` completions per sample (rollout.k sampled ones, or one greedy one: see `Draw`) from ONE
-    batched decode (left padding, model in generation mode, no grad), by `generate` or the lean loop (see
-    `choose_engine`). `stop_ids`: the ids that end a completion (kept as its last id;
-    `grpo.run.setup_parts.stop_token_ids` resolves rollout.stop_strings); None = the tokenizer's end-of-turn / EOS
-    token.
+    batched decode by the engine `decoder` picks (rollout.engine). `stop_ids`: the ids that end a completion (kept
+    as its last id; `grpo.run.setup_parts.stop_token_ids` resolves rollout.stop_strings); None = the tokenizer's
+    end-of-turn / EOS token.
 
     Returns the rollouts (samples[i]'s K rollouts at [i*K, (i+1)*K)) and metrics (see `rollout_metrics`, plus
     `rollout/nonfinite_logit_rows`: sampler steps × rows whose logits the sanitiser had to fix).
@@ -239,9 +190,10 @@ def generate_rollouts(model, tokenizer, samples: Sequence[Sample], rollout: Roll
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else stop_ids[0]
     prompts = [encode_prompt(tokenizer, s.messages, system_prompt) for s in samples]
     repeated = [p for p in prompts for _ in range(k)]
+    decode_with = decoder(model, rollout, draw.greedy, synced_gpus)
     with _seeded(draw.generator_seed, next(model.parameters()).device):
-        completions, rows_fixed = decode_rows(model, repeated, rollout, stop_ids, pad_id, greedy=draw.greedy,
-                                              row_keys=draw.row_keys, synced_gpus=synced_gpus)
+        completions, rows_fixed = decode_with(model, repeated, rollout, stop_ids, pad_id, greedy=draw.greedy,
+                                              row_keys=draw.row_keys)
 
     rollouts = []
     for row, (prompt, raw) in enumerate(zip(repeated, completions)):
@@ -266,32 +218,36 @@ def greedy_complete(model, tokenizer, samples: Sequence[Sample], rollout: Rollou
                              synced_gpus=synced_gpus)
 
 
-def decode_rows(model, rows: Sequence[Sequence[int]], rollout: RolloutConfig, stop_ids: Sequence[int], pad_id: int, *,
-                greedy: bool, row_keys: Sequence[int] | None = None,
-                synced_gpus: bool = False) -> tuple[list[list[int]], torch.Tensor | int]:
-    """One batched decode continuing each of `rows` (token ids, unpadded; left-padded here): the raw new ids of
-    every row (cut them with `cut_completion`) and the sanitiser's count of fixed logit rows. The caller seeds the
-    RNG around it. Multi-turn rollouts (grpo/phases/tools.py) call it once per turn on the exact ids so far."""
-    do_sample = not greedy
+Decoder = Callable[..., tuple[list[list[int]], Any]]
+"""An engine: (model, rows, rollout, stop_ids, pad_id, *, greedy, row_keys) -> (the raw new ids of each row, the
+sanitiser's count of fixed logit rows). Rows are token ids, unpadded; cut the new ids with `cut_completion`."""
+
+
+def decoder(model, rollout: RolloutConfig, greedy: bool, synced_gpus: bool = False) -> Decoder:
+    """The engine that decodes this call (`choose_engine`): grpo/models/graph_decode.decode_graph,
+    grpo/models/decode.decode (the lean loop) or `decode_hf` (transformers' generate)."""
     cache_implementation = "dynamic" if greedy else rollout.cache_implementation
     engine = choose_engine(model, rollout.engine, cache_implementation, synced_gpus)
-    if engine == "graph":
-        return _graph_rows(model, rows, rollout, stop_ids, pad_id, greedy=greedy, row_keys=row_keys)
+    if engine == "hf":
+        return functools.partial(decode_hf, synced_gpus=synced_gpus)
+    return decode_graph if engine == "graph" else decode
+
+
+def decode_hf(model, rows: Sequence[Sequence[int]], rollout: RolloutConfig, stop_ids: Sequence[int], pad_id: int, *,
+              greedy: bool, row_keys: Sequence[int] | None = None,
+              synced_gpus: bool = False) -> tuple[list[list[int]], torch.Tensor | int]:
+    """The hf engine: transformers' `generate` on `rows`, with our processors (`ours`) where it puts a caller's and,
+    given `row_keys`, the seeded sampler (grpo/models/sampling.py) drawing each row from its own stream."""
+    from transformers import LogitsProcessorList
+
+    do_sample = not greedy
+    cache_implementation = "dynamic" if greedy else rollout.cache_implementation
     bucket = STATIC_PROMPT_BUCKET if cache_implementation == "static" else 1
     ids_BP, mask_BP = left_pad(rows, pad_id, multiple_of=bucket)
     prompt_len = int(ids_BP.shape[1])
-
-    processors: list[Any] = []
-    if rollout.presence_penalty or rollout.frequency_penalty:
-        processors.append(CompletionPenaltyProcessor(prompt_len, rollout.presence_penalty, rollout.frequency_penalty))
-    sanitizer = SanitizeLogitsProcessor()
-    processors.append(sanitizer)  # last of ours; HF's warpers run after it and keep finite logits finite
-    from transformers import LogitsProcessorList
-
+    processors, sanitizer = ours(rollout, prompt_len)
     if row_keys is not None and do_sample:
-        from grpo.models.sampling import SeededSampler
-
-        _check_keys(row_keys, rows)
+        check_keys(row_keys, rows)
         # our sampler draws the token (warpers included); generate then only takes its one-hot argmax
         processors.append(SeededSampler(row_keys, prompt_len, rollout.temperature, rollout.top_k, rollout.top_p,
                                         rollout.min_p))
@@ -300,41 +256,8 @@ def decode_rows(model, rows: Sequence[Sequence[int]], rollout: RolloutConfig, st
                                      cache_implementation=cache_implementation)
     device = next(model.parameters()).device
     with generation_mode(model), torch.no_grad():
-        ids_BP, mask_BP = ids_BP.to(device), mask_BP.to(device)
-        if engine == "lean":
-            steps = sampling_processors(rollout, do_sample=do_sample, prompt_len=prompt_len, mask_BP=mask_BP,
-                                        stop_ids=stop_ids, extra=processors)
-            sequences = decode(model, ids_BP, mask_BP, steps, Ending(rollout.max_new_tokens, stop_ids, pad_id),
-                               do_sample=do_sample)
-        else:
-            out = model.generate(input_ids=ids_BP, attention_mask=mask_BP, generation_config=config,
-                                 logits_processor=LogitsProcessorList(processors),
-                                 **({"synced_gpus": True} if synced_gpus else {}))
-            sequences = out if isinstance(out, torch.Tensor) else out.sequences
+        out = model.generate(input_ids=ids_BP.to(device), attention_mask=mask_BP.to(device), generation_config=config,
+                             logits_processor=LogitsProcessorList(processors),
+                             **({"synced_gpus": True} if synced_gpus else {}))
+    sequences = out if isinstance(out, torch.Tensor) else out.sequences
     return sequences[:, prompt_len:].tolist(), sanitizer.rows_fixed
-
-
-def _check_keys(row_keys: Sequence[int], rows: Sequence[Sequence[int]]) -> None:
-    if len(row_keys) != len(rows):
-        raise ValueError(f"generate_rollouts: {len(row_keys)} row keys for {len(rows)} completions")
-
-
-def _graph_rows(model, rows: Sequence[Sequence[int]], rollout: RolloutConfig, stop_ids: Sequence[int], pad_id: int, *,
-                greedy: bool, row_keys: Sequence[int] | None) -> tuple[list[list[int]], torch.Tensor]:
-    """`decode_rows` by the graph engine (grpo/models/graph_decode.py): prompts padded to its bucket, each distinct
-    prompt prefilled once, every sampling setting applied inside the step, the rows' sampler keys the run's or drawn
-    from the torch RNG."""
-    ids_BP, mask_BP = left_pad(rows, pad_id, multiple_of=PROMPT_BUCKET)
-    sampling = StepSampling(rollout, do_sample=not greedy, stop_ids=tuple(int(i) for i in stop_ids), pad_id=int(pad_id))
-    if greedy:
-        keys_B = torch.zeros(len(rows), dtype=torch.int64)
-    elif row_keys is not None:
-        _check_keys(row_keys, rows)
-        keys_B = torch.tensor(list(row_keys), dtype=torch.int64)
-    else:
-        keys_B = row_keys_from_rng(len(rows))
-    device = next(model.parameters()).device
-    with generation_mode(model), torch.no_grad():
-        new_BN, fixed = decode_graph(model, ids_BP.to(device), mask_BP.to(device), sampling, rollout.max_new_tokens,
-                                     keys_B, fold_lora=rollout.fold_lora, distinct=distinct_lists(rows))
-    return new_BN.tolist(), fixed

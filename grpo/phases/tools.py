@@ -8,7 +8,7 @@ again, until a reply without a call, `rollout.max_tool_turns` rounds of calls, o
                      with the end-of-turn token (TRL 1.16 `_get_tool_suffix_ids`: a dummy conversation rendered with
                      and without the tool messages; the difference after its last EOS)
 
-Each turn continues the exact ids so far (`decode_rows` of grpo/phases/rollout.py: same engine, processors, sampler),
+Each turn continues the exact ids so far (the engine `decoder` of grpo/phases/rollout.py picks: same processors, sampler),
 so the ids that are scored in training are the ids that were sampled and rendered; nothing is re-tokenised. The K
 trajectories of a prompt stay rows i·K … i·K + K − 1, one group.
 
@@ -38,7 +38,7 @@ from grpo.grading.graders import GraderError, import_callable, importable_ref
 from grpo.models.sampling import splitmix64_int
 from grpo.models.tokens import SYSTEM_JOIN, _ids_from_template, _with_system, encode_prompt, stop_token_id
 from grpo.phases.environments import Environments, resolve_environment
-from grpo.phases.rollout import Draw, _seeded, cut_completion, decode_rows, generate_rollouts, rollout_metrics
+from grpo.phases.rollout import Draw, _seeded, cut_completion, decoder, rollout_metrics
 
 CUT_MARK = " …[cut]"
 """Appended to a tool result cut to rollout.max_tool_result_tokens, so the model can tell a cut result from a whole
@@ -369,16 +369,6 @@ def build_toolbox(rollout: RolloutConfig, tokenizer, callables: Mapping[str, Cal
     return box
 
 
-def sample_rollouts(model, tokenizer, samples: Sequence[Sample], rollout: RolloutConfig,
-                    stop_ids: Sequence[int] | None = None, *, tools: ToolBox | None = None,
-                    **kwargs: Any) -> tuple[list[Rollout], dict[str, float]]:
-    """The run's rollouts: `tool_rollouts` when it has tools, else `generate_rollouts`, with the same keyword
-    arguments (`draw`, `system_prompt`, `synced_gpus`). Without tools nothing changes: the same call as before."""
-    if tools is not None:
-        return tool_rollouts(model, tokenizer, samples, rollout, stop_ids, tools=tools, **kwargs)
-    return generate_rollouts(model, tokenizer, samples, rollout, stop_ids, **kwargs)
-
-
 def turn_keys(keys: Sequence[int] | None, turn: int) -> list[int] | None:
     """Per-completion sampling keys of a turn: the rollout's own keys for the first reply (so it is what a
     single-turn rollout would sample), a key derived from (key, turn) for each later one."""
@@ -417,14 +407,15 @@ def tool_rollouts(model, tokenizer, samples: Sequence[Sample], rollout: RolloutC
     stopped = [False] * len(trajs)
     last = [""] * len(trajs)
     rows_fixed: torch.Tensor | int = 0
+    decode_with = decoder(model, rollout, draw.greedy, synced_gpus)
     with _seeded(draw.generator_seed, next(model.parameters()).device):
         for turn in range(rollout.max_tool_turns + 1):
             active = [i for i, t in enumerate(trajs) if not t.done]
             if not active:
                 break
             keys = turn_keys(None if row_keys is None else [row_keys[i] for i in active], turn)
-            raw, fixed = decode_rows(model, [repeated[i] + trajs[i].ids for i in active], rollout, stop_ids, pad_id,
-                                     greedy=draw.greedy, row_keys=keys, synced_gpus=synced_gpus)
+            raw, fixed = decode_with(model, [repeated[i] + trajs[i].ids for i in active], rollout, stop_ids, pad_id,
+                                     greedy=draw.greedy, row_keys=keys)
             rows_fixed = rows_fixed + fixed
             for i, new in zip(active, raw):
                 stopped[i], last[i] = _take_turn(trajs[i], new, turn, tokenizer, rollout, tools, stop_ids, envs[i])

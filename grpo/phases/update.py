@@ -203,7 +203,7 @@ class StepSettings:
     """The adaptive entropy controller's current coefficient (run state, not config); None = loss.entropy_coef."""
 
 
-def train_step(learner: Learner, batch: TrainBatch, betas_N: torch.Tensor, loss: LossConfig, tasks: Sequence[str],
+def update_passes(learner: Learner, batch: TrainBatch, betas_N: torch.Tensor, loss: LossConfig, tasks: Sequence[str],
                settings: StepSettings) -> dict[str, float]:
     """loss.mu optimizer steps of `learner` over `batch` (the loss section: policy loss, clipping, aggregation, KL
     estimator, entropy bonus, μ). betas_N: β per task index. Returns metrics + health.

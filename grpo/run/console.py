@@ -37,19 +37,19 @@ def banner(run: Run) -> str:
              f"trainable {n_train:,} of {n_all:,} parameters",
              f"batch: {cfg.train.prompts_per_micro_step} prompts x K {cfg.rollout.k} x GA {cfg.train.grad_accum} "
              + (f"x {run.dist.world} processes{' (FSDP full shard)' if run.dist.sharded else ''} "
-                if run.dist.active and not run.rollouts.split else "")
-             + f"= {cfg.seqs_per_step * (1 if run.rollouts.split else run.dist.world)} completions per step"
-             + (f", split over {run.dist.world} processes (train.split_groups)" if run.rollouts.split else "")
+                if run.dist.active and not run.generation.split else "")
+             + f"= {cfg.seqs_per_step * (1 if run.generation.split else run.dist.world)} completions per step"
+             + (f", split over {run.dist.world} processes (train.split_groups)" if run.generation.split else "")
              + (f" in micro-batches of {cfg.micro_batch_seqs}" if cfg.train.micro_batch_size else "")
              + f", {cfg.rollout.max_new_tokens} new tokens max",
              f"loss {cfg.loss.policy_loss}, agg {cfg.loss.agg_mode}, KL {cfg.loss.kl_estimator}, mu {cfg.loss.mu}, "
              f"clip [{1 - cfg.loss.clip_low:g}, {1 + cfg.loss.clip_high:g}]",
-             "tasks: " + ", ".join(f"{t} ({len(run.train[t])} train / {len(run.heldout.get(t, []))} held out, "
+             "tasks: " + ", ".join(f"{t} ({len(run.samples.training[t])} train / {len(run.samples.heldout.get(t, []))} held out, "
                                    f"beta {cfg.kl_for(t).beta:g}, {cfg.kl_for(t).controller} controller"
                                    + (f" [{cfg.kl_for(t).band_low:g}, {cfg.kl_for(t).band_high:g}]"
                                       if cfg.kl_for(t).controller == "band" else "") + ")" for t in run.tasks)]
-    if run.host:
-        lines.append(run.host)
+    if run.start.host:
+        lines.append(run.start.host)
     if run.device.type == "cuda":  # what the estimator predicts for this config, next to what the card has
         try:
             peak = estimate(inputs_from_config(cfg)).peak_bytes / 2**30

@@ -27,12 +27,12 @@ def start_doctor(run: Run) -> None:
 
 def consult_doctor(run: Run, metrics: dict[str, Any]) -> dict[str, float]:
     """Feed one RL step's metrics (and the held-out evaluations so far) to the doctor on rank 0; the findings that
-    fired go to `run.alarms`. Returns doctor/<code> (1.0 while active) and doctor/red for the step's row; {} elsewhere."""
+    fired go to `run.progress.alarms`. Returns doctor/<code> (1.0 while active) and doctor/red for the step's row; {} elsewhere."""
     if not run.dist.is_main:
         return {}
     if run.doctor is None:
         start_doctor(run)
-    run.alarms = run.doctor.update(metrics, run.evals)
+    run.progress.alarms = run.doctor.update(metrics, run.progress.evals)
     return run.doctor.metrics()
 
 
@@ -52,7 +52,7 @@ def doctor_stops(run: Run) -> bool:
     if not run.dist.any(bool(red)):
         return False
     say = print if run.dist.is_main else (lambda *a, **k: None)
-    say(f"doctor: RL stopped after step {run.step} (train.doctor={action}): "
+    say(f"doctor: RL stopped after step {run.progress.step} (train.doctor={action}): "
         + ", ".join(sorted({f.code for f in red})), flush=True)
     if action == "restore":
         folder = restore_best(run)

@@ -33,7 +33,7 @@ def restore_best(run: Run) -> Path | None:
     """Load the weights of the best Pareto point (best mean held-out score) into the policy in place, on every rank;
     returns its folder, or None when the frontier is empty (the weights stay). Rank 0 holds the frontier and names the
     folder; every rank reads it (the same file, as on resume). The weight guard's last good copy becomes these."""
-    best = run.frontier.best() if run.dist.is_main else None
+    best = run.progress.frontier.best() if run.dist.is_main else None
     where = run.dist.broadcast(None if best is None else str(best.path))
     if where is None:
         return None
@@ -56,7 +56,7 @@ def restore_best(run: Run) -> Path | None:
             raise ckpt.CheckpointError(f"Pareto point {folder} does not fit this model: missing {sorted(missing)[:5]}, "
                                        f"unexpected {sorted(unexpected)[:5]}")
         run.dist.load_full_state(model, state, strict=False)
-    run.update.guard.snapshot()
+    run.updater.guard.snapshot()
     return folder
 
 
@@ -87,15 +87,15 @@ def checkpoint_state(run: Run, rng_ranks: list[dict[str, Any]] | None = None,
     """Everything needed to continue the run bit-for-bit. `rng_ranks`: every rank's RNG state (rank order);
     `gathered`: (weights, optimizer state) gathered from the shards when sharded."""
     rng_ranks = rng_ranks or [ckpt.rng_state()]
-    weights, optimizer = gathered or (ckpt.trainable_state(run.policy.model), run.update.optimizer.state_dict())
-    update = run.update
-    return {"step": run.step, "weights": weights, "optimizer": optimizer, "scheduler": update.scheduler.state_dict(),
+    weights, optimizer = gathered or (ckpt.trainable_state(run.policy.model), run.updater.optimizer.state_dict())
+    update = run.updater
+    return {"step": run.progress.step, "weights": weights, "optimizer": optimizer, "scheduler": update.scheduler.state_dict(),
             "controllers": {t: c.state_dict() for t, c in update.controllers.items()},
             "entropy_control": update.entropy_control.state_dict() if update.entropy_control is not None else None,
-            "sampler": run.rollouts.sampler.state_dict(), "guard": update.guard.state_dict(), "evals": run.evals,
-            "measures": run.measures, "surgery": update.surgery.state_dict() if update.surgery is not None else None,
-            "frontier": run.frontier.state_dict(), "counters": dict(run.scoring.counters), "rng": rng_ranks[0],
-            "rng_ranks": rng_ranks, "metrics_rows": run.tracker.rows_logged, "finished": run.finished}
+            "sampler": run.generation.sampler.state_dict(), "guard": update.guard.state_dict(), "evals": run.progress.evals,
+            "measures": run.progress.measures, "surgery": update.surgery.state_dict() if update.surgery is not None else None,
+            "frontier": run.progress.frontier.state_dict(), "counters": dict(run.rewarder.counters), "rng": rng_ranks[0],
+            "rng_ranks": rng_ranks, "metrics_rows": run.tracker.rows_logged, "finished": run.progress.finished}
 
 
 def save_checkpoint(run: Run) -> Path:
@@ -104,11 +104,11 @@ def save_checkpoint(run: Run) -> Path:
     gathered = None
     if run.dist.sharded:  # collectives: every rank takes part, rank 0 receives the whole state
         gathered = (run.dist.full_state(run.policy.model),
-                    run.dist.optimizer_state(run.policy.model, run.update.optimizer))
+                    run.dist.optimizer_state(run.policy.model, run.updater.optimizer))
     folder = None
     if run.dist.is_main:
-        folder = ckpt.save(run.run_dir, run.step, checkpoint_state(run, rng_ranks, gathered), C.to_dict(run.cfg),
-                           run.cfg.checkpoint.keep_last, inputs=run.inputs)
+        folder = ckpt.save(run.run_dir, run.progress.step, checkpoint_state(run, rng_ranks, gathered), C.to_dict(run.cfg),
+                           run.cfg.checkpoint.keep_last, inputs=run.start.inputs)
         run_started(run.run_dir)  # a checkpoint to resume from: the folder is no longer restartable
     return run.dist.broadcast(folder)  # also a barrier: no rank goes on before the checkpoint is complete
 
@@ -177,36 +177,36 @@ def resume(run: Run, where: str) -> None:
     ref = ckpt.load_reference(folder.parent.parent, trust_pickle=trust)  # the run the checkpoint belongs to
     if ref is not None:  # the run had an SFT warm-up: restore its reference (and, under LoRA, the merged base)
         run.dist.load_full_state(run.policy.model if run.policy.is_lora else run.policy.ref_model, ref)
-        run.update.restart()  # under LoRA the trainable parameters are new objects
+        run.updater.restart()  # under LoRA the trainable parameters are new objects
     if run.dist.sharded:
         run.dist.load_full_state(run.policy.model, state["weights"])
-        run.dist.load_optimizer_state(run.policy.model, run.update.optimizer, state["optimizer"])
+        run.dist.load_optimizer_state(run.policy.model, run.updater.optimizer, state["optimizer"])
     else:
         ckpt.load_trainable_state(run.policy.model, state["weights"], folder)
-        run.update.optimizer.load_state_dict(state["optimizer"])
-    update = run.update
+        run.updater.optimizer.load_state_dict(state["optimizer"])
+    update = run.updater
     update.scheduler.load_state_dict(state["scheduler"])
     for t, c in update.controllers.items():
         c.load_state_dict(state["controllers"][t])
     if update.entropy_control is not None and state.get("entropy_control") is not None:
         update.entropy_control.load_state_dict(state["entropy_control"])
-    run.rollouts.sampler.load_state_dict(state["sampler"])
+    run.generation.sampler.load_state_dict(state["sampler"])
     update.guard.load_state_dict(state["guard"])
     if update.surgery is not None and state.get("surgery") is not None:
         update.surgery.load_state_dict(state["surgery"])
-    run.frontier.load_state_dict(state["frontier"])
+    run.progress.frontier.load_state_dict(state["frontier"])
     if run.dist.is_main:
-        run.frontier.remove_orphans()  # points saved after this checkpoint belong to the lost part of the run
-    run.scoring.counters = dict(state.get("counters", {}))
+        run.progress.frontier.remove_orphans()  # points saved after this checkpoint belong to the lost part of the run
+    run.rewarder.counters = dict(state.get("counters", {}))
     update.guard.snapshot()
-    run.evals = state["evals"]
-    run.measures = state.get("measures", {})
-    run.step = state["step"]
-    run.finished = bool(state.get("finished")) and run.step >= run.cfg.train.max_steps  # not when extended
+    run.progress.evals = state["evals"]
+    run.progress.measures = state.get("measures", {})
+    run.progress.step = state["step"]
+    run.progress.finished = bool(state.get("finished")) and run.progress.step >= run.cfg.train.max_steps  # not when extended
     ckpt.set_rng_state(rank_rng_state(state, run.dist))
     if run.dist.is_main:
-        run.tracker.resume_at(run.step, state.get("metrics_rows"))  # metrics.jsonl, csv, samples, TensorBoard
-        print(f"resumed from {folder} at step {run.step}")
+        run.tracker.resume_at(run.progress.step, state.get("metrics_rows"))  # metrics.jsonl, csv, samples, TensorBoard
+        print(f"resumed from {folder} at step {run.progress.step}")
     run.dist.barrier()
 
 

@@ -1,7 +1,7 @@
 """The record of one training run: what `grpo_train.setup` builds and every phase advances.
 
-Built by `setup` (the fields after `heldout` are filled in there, from the config and the policy); `sft_phase`,
-`rl_step`, the evaluations and checkpoints read and advance it. Only the entry point and the run layer see it.
+Built by `setup`; `sft_phase`, `rl_step`, the evaluations and checkpoints read and advance it. Only the entry point
+and the run layer see it.
 """
 
 from __future__ import annotations
@@ -19,36 +19,24 @@ from grpo.run.doctor_checks import Finding
 from grpo.models.distributed import Dist
 from grpo.models.modeling import Policy
 from grpo.run.pareto import ParetoFrontier
-from grpo.run.step_owners import Rollouts, Scoring, Updater
+from grpo.run.step_owners import Generation, Rewarder, Updater
 from grpo.run.tracking import Tracker
 
 
 @dataclass
-class Run:
-    """Everything a training run holds. Built by `setup` (the fields after `heldout` are filled in there, from the
-    config and the policy), advanced by `sft_phase` and `rl_step`."""
+class TaskSamples:
+    """The run's prompts, per task."""
 
-    cfg: C.Config
-    run_dir: Path
-    """output_dir/run_name: metrics, samples, evaluations, checkpoints, the final model."""
-    device: torch.device
-    dist: Dist
-    """The processes of the run (grpo/models/distributed.py); one process unless started by `accelerate launch`."""
-    policy: Policy
-    train: dict[str, list[Sample]]
-    """Training samples per task."""
+    training: dict[str, list[Sample]]
+    """Training samples per task (what the prompt sampler draws from)."""
     heldout: dict[str, list[Sample]]
-    """Held-out samples per task (at most data.eval_size each)."""
-    rollouts: Rollouts = field(init=False)
-    """The rollout side: sampler and this process's share of the prompts, stop ids, toolbox, dynamic sampling."""
-    scoring: Scoring = field(init=False)
-    """The reward side: specs, graders, judge, reward shaping, group advantages, the judge's counters."""
-    update: Updater = field(init=False)
-    """The update side: optimizer, scheduler, weight guard, surgery, β / entropy controllers, micro-batching."""
-    tracker: Tracker = field(init=False)
-    """Where metrics go: metrics.jsonl / csv, TensorBoard, W&B on rank 0; nowhere on the other ranks."""
-    frontier: ParetoFrontier = field(init=False)
-    """Pareto frontier of per-task held-out scores, with a saved adapter/model per point."""
+    """Held-out samples per task (at most data.eval_size each): every evaluation's prompts."""
+
+
+@dataclass
+class Progress:
+    """Where the run is and what it has found so far: what a checkpoint saves besides the owners' state."""
+
     step: int = 0
     """The last finished RL step."""
     finished: bool = False
@@ -61,25 +49,68 @@ class Run:
     measures: dict[str, dict[str, Any]] = field(default_factory=dict)
     """Gold-label measures per evaluation tag ({tag: {"bbq" | "recognition": {task: ...}}}: BBQ's accuracies and bias
     scores, HaluEval recognition's balanced accuracy; grpo/phases/evaluate.record_measures), in measures.json."""
-    doctor: Doctor | None = None
-    """The run doctor on rank 0 (grpo/run/doctor.py): the health checks over a moving window of the RL step metrics,
-    started by `start_doctor` (by the first `rl_step` when `main` did not, e.g. in a notebook); None on other ranks."""
+    frontier: ParetoFrontier | None = None
+    """Pareto frontier of per-task held-out scores, with a saved adapter/model per point (set by `setup`)."""
     alarms: list[Finding] = field(default_factory=list)
     """The doctor's findings that fired at the last RL step (rank 0); `main` prints them."""
     report: dict[str, Any] = field(default_factory=dict)
     """The before/after report (report.json) once `finish` ran; `train(...)` fills it in."""
+
+
+@dataclass
+class Start:
+    """What the run started from, fixed at set-up."""
+
     inputs: dict[str, Any] = field(default_factory=dict)
-    """Fingerprints of the data files, task rows and reward functions the run started with (grpo/run/fingerprints.py;
-    rank 0), saved with every checkpoint: a resume names what changed."""
-    host: str = ""
-    """The banner's CPU line: torch's thread count and why (train.threads), how OpenMP waits (grpo/models/host.py)."""
+    """Fingerprints of the data files, task rows and reward functions (grpo/run/fingerprints.py; rank 0), saved with
+    every checkpoint: a resume names what changed."""
     resume_from: Path | None = None
     """The checkpoint `setup` checked against this run's config and inputs (checkpoint.resume), which `main` loads."""
+    host: str = ""
+    """The banner's CPU line: torch's thread count and why (train.threads), how OpenMP waits (grpo/models/host.py)."""
+
+
+@dataclass
+class Run:
+    """Everything a training run holds (at most 12 fields: tests/test_house.py). Built by `setup`, which fills in the
+    fields after `samples`; advanced by `sft_phase` and `rl_step`."""
+
+    cfg: C.Config
+    run_dir: Path
+    """output_dir/run_name: metrics, samples, evaluations, checkpoints, the final model."""
+    dist: Dist
+    """The processes of the run and this one's device (grpo/models/distributed.py); one process unless started by
+    `accelerate launch`."""
+    policy: Policy
+    samples: TaskSamples
+    generation: Generation = field(init=False)
+    """The generation side: sampler and this process's share of the prompts, stop ids, toolbox, dynamic sampling."""
+    rewarder: Rewarder = field(init=False)
+    """The reward side: specs, graders, judge, reward shaping, group advantages, the judge's counters."""
+    updater: Updater = field(init=False)
+    """The update side: optimizer, scheduler, weight guard, surgery, β / entropy controllers, micro-batching."""
+    tracker: Tracker = field(init=False)
+    """Where metrics go: metrics.jsonl / csv, TensorBoard, W&B on rank 0; nowhere on the other ranks."""
+    progress: Progress = field(default_factory=Progress)
+    start: Start = field(default_factory=Start)
+    doctor: Doctor | None = None
+    """The run doctor on rank 0 (grpo/run/doctor.py): the health checks over a moving window of the RL step metrics,
+    started by `start_doctor` (by the first `rl_step` when `main` did not, e.g. in a notebook); None on other ranks."""
+
+    @property
+    def device(self) -> torch.device:
+        """This process's device (`Dist.device`)."""
+        return self.dist.device
+
+    @property
+    def report(self) -> dict[str, Any]:
+        """The finished run's report.json (`progress.report`): what `train(...)` returns it for."""
+        return self.progress.report
 
     @property
     def tasks(self) -> list[str]:
         """Task names, sorted: the order of task indices in batches, β vectors and metrics."""
-        return sorted(self.train)
+        return sorted(self.samples.training)
 
     @property
     def tokenizer(self):

@@ -1,13 +1,13 @@
 """The three owners of an RL step, each built once by `grpo_train.setup` and holding its own state.
 
-    Rollouts  the policy, stop ids, sampling settings, the toolbox, the prompt sampler and this process's share of
-              each step's prompts, the per-completion sampling keys, dynamic sampling's refill rounds
-    Scoring   the reward specs, graders and judge; reward aggregation (normalize_then_sum), DAPO's overlong shaping,
-              group advantages, the reward / answer / fallback metrics, the gather across processes
-    Updater   optimizer, scheduler, weight guard, gradient surgery, the β controllers and the entropy controller,
-              the micro-batch size and the out-of-memory retry, the old-log-prob and reference passes
+    Generation  the policy, stop ids, sampling settings, the toolbox, the prompt sampler and this process's share of
+                each step's prompts, the per-completion sampling keys, dynamic sampling's refill rounds
+    Rewarder    the reward specs, graders and judge; reward aggregation (normalize_then_sum), DAPO's overlong shaping,
+                group advantages, the reward / answer / fallback metrics, the gather across processes
+    Updater     optimizer, scheduler, weight guard, gradient surgery, the β controllers and the entropy controller,
+                the micro-batch size and the out-of-memory retry, the old-log-prob and reference passes
 
-`grpo_train.rl_step` passes records between them (Rollout -> Scored -> TrainBatch -> metrics) and times each phase
+`grpo_train.rl_step` passes records between them (Rollout -> Scored -> Rewarded -> TrainBatch -> metrics) and times each phase
 with a `StepTimer`. The owners' state is what a checkpoint saves (grpo/run/save_resume.py), under the same keys.
 """
 
@@ -20,7 +20,7 @@ import sys
 import time
 from collections import Counter
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Callable, Iterator
 
 import torch
 
@@ -42,9 +42,9 @@ from grpo.models.distributed import Dist
 from grpo.models.modeling import Policy, has_dropout, reference
 from grpo.models.sampling import row_keys
 from grpo.phases.batch import batch_logprobs, build_train_batch
-from grpo.phases.rollout import Draw, rollout_metrics
-from grpo.phases.tools import ToolBox, sample_rollouts
-from grpo.phases.update import Learner, StepSettings, TaskGradientSurgery, train_step
+from grpo.phases.rollout import Draw, generate_rollouts, rollout_metrics
+from grpo.phases.tools import ToolBox, tool_rollouts
+from grpo.phases.update import Learner, StepSettings, TaskGradientSurgery, update_passes
 from grpo.run.setup_parts import build_optimizer, build_surgery, per_completion_sampling, shares_prompts
 
 
@@ -113,8 +113,8 @@ def prompt_copies(cfg: C.Config, world: int) -> int:
     return 1
 
 
-class Rollouts:
-    """The rollout side: which prompts this process generates at a step, and their K completions each."""
+class Generation:
+    """The generation side: which prompts this process rolls out at a step, and their K completions each."""
 
     def __init__(self, policy: Policy, rollout: C.RolloutConfig, dist: Dist, sampler: TaskBalancedSampler,
                  stop_ids: tuple[int, ...], toolbox: ToolBox | None, *, prompts_per_step: int, train: C.TrainConfig):
@@ -137,24 +137,38 @@ class Rollouts:
         """The step's completions, not its prompts, are shared out: a group may span processes (train.split_groups)."""
         return self.train.split_groups and self.dist.active
 
-    def generate(self, step: int) -> tuple[list[Rollout], dict[str, float]]:
-        """The step's GLOBAL batch is drawn identically on every process; this one generates its contiguous share of
-        its prompts, or (train.split_groups) of its completions, prompt-major: prompt i's sample j is row i·K + j."""
+    def prompts(self, step: int, round_: int = 0) -> tuple[list[Sample], Draw]:
+        """The samples this process rolls out and how. Round 0: the step's GLOBAL batch is drawn identically on every
+        process, and this one takes its contiguous share of its prompts or (train.split_groups) of its completions,
+        prompt-major: prompt i's sample j is row i·K + j. A later round (dynamic sampling, one process) draws
+        prompts_per_step fresh prompts, with the keys of the prompts after the earlier rounds'."""
+        if round_:
+            samples = self.sampler.next_batch(self.prompts_per_step)
+            n = len(samples)
+            return samples, Draw(row_keys=self.keys(step, range(round_ * n, (round_ + 1) * n)))
         if not self.split:
             everyone = self.sampler.next_batch(self.prompts_per_step * self.dist.world)
             mine = self.dist.share(len(everyone))
-            return self._sample(everyone[mine], Draw(row_keys=self.keys(step, range(mine.start, mine.stop))))
+            return everyone[mine], Draw(row_keys=self.keys(step, range(mine.start, mine.stop)))
         everyone, k = self.sampler.next_batch(self.prompts_per_step), self.rollout.k
         rows = completion_share(len(everyone), k, self.dist.world, self.dist.rank)
         keys = self.keys(step, range(len(everyone)))
-        return self._sample([everyone[row // k] for row in rows],
-                            Draw(per_sample=1, row_keys=None if keys is None else keys[rows.start:rows.stop]))
+        return ([everyone[row // k] for row in rows],
+                Draw(per_sample=1, row_keys=None if keys is None else keys[rows.start:rows.stop]))
 
-    def _sample(self, samples: Sequence[Sample], draw: Draw) -> tuple[list[Rollout], dict[str, float]]:
-        # the system prompt (data.system_prompt) is already the first message of every sample
-        out = sample_rollouts(self.policy.model, self.policy.tokenizer, samples, self.rollout, self.stop_ids,
-                              tools=self.toolbox, draw=draw, synced_gpus=self.dist.sharded)
-        self.dist.reshard(self.policy.model)  # after every no-grad pass of a sharded model (see Dist.reshard)
+    def generate(self, step: int, round_: int = 0) -> tuple[list[Rollout], dict[str, float]]:
+        """This process's rollouts of the step (`prompts`) and their rollout/ metrics: single-turn by
+        grpo/phases/rollout.generate_rollouts, with tools by grpo/phases/tools.tool_rollouts. The system prompt
+        (data.system_prompt) is already the first message of every sample."""
+        samples, draw = self.prompts(step, round_)
+        model, tokenizer = self.policy.model, self.policy.tokenizer
+        if self.toolbox is None:
+            out = generate_rollouts(model, tokenizer, samples, self.rollout, self.stop_ids, draw=draw,
+                                    synced_gpus=self.dist.sharded)
+        else:
+            out = tool_rollouts(model, tokenizer, samples, self.rollout, self.stop_ids, tools=self.toolbox, draw=draw,
+                                synced_gpus=self.dist.sharded)
+        self.dist.reshard(model)  # after every no-grad pass of a sharded model (see Dist.reshard)
         return out
 
     def refill(self, step: int, scored: list[Scored], counts: dict[str, float],
@@ -176,9 +190,7 @@ class Rollouts:
         def produce(round_: int) -> list[Scored]:
             if round_ == 0:
                 return scored
-            samples = self.sampler.next_batch(target)
-            keys = self.keys(step, range(round_ * len(samples), (round_ + 1) * len(samples)))
-            rollouts, _ = self._sample(samples, Draw(row_keys=keys))
+            rollouts, _ = self.generate(step, round_)
             more, extra = score(rollouts)
             for key, value in extra.items():  # scoring/* count this batch; the judge/* counters are cumulative
                 counts[key] = counts.get(key, 0) + value if key.startswith("scoring/") else value
@@ -199,7 +211,7 @@ class Rollouts:
 
 
 @dataclass
-class Graded:
+class Rewarded:
     """A step's scored rollouts with their advantages, as the update needs them and the log reports them."""
 
     rows: list[Scored]
@@ -212,7 +224,7 @@ class Graded:
     """rollout/ (over the global batch), scoring / judge counts, reward/, adv/, answer metrics."""
 
 
-class Scoring:
+class Rewarder:
     """The reward side: rewards of the step's completions, their aggregation and shaping, group advantages."""
 
     def __init__(self, specs: dict[str, RewardSpec], graders: dict[str, Grader], judge: Judge | None,
@@ -237,8 +249,8 @@ class Scoring:
             set_trainer_state((step - 1) * self.loss.mu, self.total_updates)
         return score_rollouts(rollouts, self.specs, self.judge, self.graders)
 
-    def grade(self, kept: list[Scored], sampled: list[Scored], kl_only_rows: int, metrics: dict[str, Any],
-              counts: dict[str, float]) -> Graded:
+    def advantages(self, kept: list[Scored], sampled: list[Scored], kl_only_rows: int, metrics: dict[str, Any],
+                   counts: dict[str, float]) -> Rewarded:
         """Rewards -> advantages over the global batch. `kept`: this process's rows to train on; `sampled`: what
         the policy replied to the step's prompts (the reward and answer metrics, the doctor's evidence, describe
         these, also when dynamic sampling trains on a filtered batch: a task collapsed onto one answer would vanish
@@ -256,16 +268,16 @@ class Scoring:
             counts = dict(zip(counts, dist.sum_numbers(list(counts.values()))))
         metrics = {**metrics, **per_step_counts(counts, self.counters)}
         metrics.update(reward_logs())  # what reward functions passed to TRL's log_metric this step
-        advantages_B = self.advantages(everyone, metrics)
+        advantages_B = self._group_advantages(everyone, metrics)
         if kl_only_rows:  # train.dynamic_sampling_keep_kl: those groups carry their KL term only (an overlong
             advantages_B[-kl_only_rows:] = 0.0  # penalty could otherwise tell their completions apart)
         metrics.update(reward_metrics(sampled, self.tasks))
         metrics.update(fallback_shares(sampled, self.specs))  # tasks whose judge has a fallback grader
         metrics.update(step_answer_metrics([s.rollout.sample.task for s in sampled],
                                            [s.rollout.text for s in sampled], [s.reward for s in sampled], k))
-        return Graded(kept, advantages_B[offset:offset + len(kept)], everyone, metrics)
+        return Rewarded(kept, advantages_B[offset:offset + len(kept)], everyone, metrics)
 
-    def advantages(self, scored: list[Scored], metrics: dict[str, Any]) -> torch.Tensor:
+    def _group_advantages(self, scored: list[Scored], metrics: dict[str, Any]) -> torch.Tensor:
         """Group advantages of the rewards (failed: NaN, left out of their group), aggregated per
         loss.multi_objective_aggregation and shaped by DAPO's overlong penalty; adv/ metrics into `metrics`."""
         rewards_B = torch.tensor([math.nan if s.reward is None else s.reward for s in scored], dtype=torch.float32)
@@ -332,7 +344,7 @@ class Updater:
     @property
     def micro_batch_seqs(self) -> int:
         """Sequences per forward of every pass (old log-probs, reference, training): cfg.micro_batch_seqs, halved
-        after a CUDA out-of-memory retry (`train_with_oom_retry`)."""
+        after a CUDA out-of-memory retry (`passes_with_oom_retry`)."""
         return self.settings.micro_batch_seqs
 
     @property
@@ -346,7 +358,7 @@ class Updater:
                                   mask_truncated=self.loss.mask_truncated)
         if self.loss.mu > 1 and has_dropout(self.policy.model):
             # off-policy passes need the rollout policy's log-probs (eval mode: no dropout). At μ = 1 they equal the
-            # current ones; without dropout the first pass computes them (train_step keeps them for the later passes)
+            # current ones; without dropout the first pass computes them (update_passes keeps them for the later passes)
             batch.old_logps_BT = batch_logprobs(self.policy.model, batch, self.micro_batch_seqs,
                                                 self.settings.temperature)
             self.dist.reshard(self.policy.model)
@@ -359,12 +371,12 @@ class Updater:
                 batch.ref_logps_BT = batch_logprobs(ref_model, batch, self.micro_batch_seqs, self.settings.temperature)
                 self.dist.reshard(ref_model)
 
-    def step(self, batch: TrainBatch) -> dict[str, float]:
+    def update(self, batch: TrainBatch) -> dict[str, float]:
         """The μ update passes with each task's current β, then the controllers' and the guard's bookkeeping:
         loss/, kl/, entropy/, health/ (health/restored: the guard restored the weights), beta/ metrics."""
         betas_N = torch.tensor([self.controllers[t].value for t in self.tasks], dtype=torch.float32)
         self._restored = False
-        stats = self.train_with_oom_retry(batch, betas_N)
+        stats = self.passes_with_oom_retry(batch, betas_N)
         metrics = dict(stats)
         if self.entropy_control is not None:  # adaptive entropy control: the coefficient this step used, then update
             metrics["loss/entropy_coef"] = self.entropy_control.value
@@ -378,17 +390,17 @@ class Updater:
             skipped, restored, stats["health/grad_norm_max"], self.cfg.train.skip_grad_norm)))
         return metrics
 
-    def train(self, batch: TrainBatch, betas_N: torch.Tensor) -> dict[str, float]:
-        """The μ update passes of one step (grpo/phases/update.train_step), with the entropy coefficient of now."""
+    def passes(self, batch: TrainBatch, betas_N: torch.Tensor) -> dict[str, float]:
+        """The μ update passes of one step (grpo/phases/update.update_passes), with the entropy coefficient of now."""
         settings = self.settings if self.entropy_control is None else \
             dataclasses.replace(self.settings, entropy_coef=self.entropy_control.value)
-        return train_step(self.learner, batch, betas_N, self.loss, self.tasks, settings)
+        return update_passes(self.learner, batch, betas_N, self.loss, self.tasks, settings)
 
-    def train_with_oom_retry(self, batch: TrainBatch, betas_N: torch.Tensor) -> dict[str, float]:
+    def passes_with_oom_retry(self, batch: TrainBatch, betas_N: torch.Tensor) -> dict[str, float]:
         """The μ update passes; on CUDA out-of-memory, report and retry once with half the micro-batch size, which
         then stays the run's size for every later pass: old log-probs, reference and training."""
         try:
-            return {**self.train(batch, betas_N), "health/oom_retries": 0.0}
+            return {**self.passes(batch, betas_N), "health/oom_retries": 0.0}
         except torch.OutOfMemoryError as e:
             self.optimizer.zero_grad(set_to_none=True)
             peak = torch.cuda.max_memory_allocated() / 2**30 if torch.cuda.is_available() else float("nan")
@@ -403,7 +415,7 @@ class Updater:
             if torch.cuda.is_available():
                 torch.cuda.empty_cache()  # once, after an OOM, to give the retry the freed blocks
             self.settings = dataclasses.replace(self.settings, micro_batch_seqs=half)
-            return {**self.train(batch, betas_N), "health/oom_retries": 1.0}
+            return {**self.passes(batch, betas_N), "health/oom_retries": 1.0}
 
     def _after_optimizer_step(self) -> None:
         """Scheduler step, then the weight guard: NaN/Inf weights are replaced by the last good copy. Sharded, each
