@@ -13,6 +13,7 @@ from grpo.core.tool_calls import call_text
 from grpo.models.modeling import build_tiny_model, build_tiny_tokenizer
 from grpo.phases import tools as T
 from grpo.phases.rollout import GREEDY
+from grpo.run import step_owners
 from tests.trainer_helpers import fast_config
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
@@ -151,7 +152,7 @@ def test_the_overlong_penalty_counts_only_the_models_own_tokens(tmp_path, monkey
         seen.append(out[0])
         return out
 
-    monkeypatch.setattr(T, "tool_rollouts", kept)
+    monkeypatch.setattr(step_owners, "tool_rollouts", kept)  # what the generation owner calls
     metrics = G.rl_step(run, 1)
     rollouts = seen[0]
     assert all(r.model_tokens <= 96 - 16 < 96 < len(r.completion_ids) for r in rollouts)  # the case at hand

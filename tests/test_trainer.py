@@ -295,7 +295,7 @@ def test_fused_lm_head_setting_reaches_the_training_pass(tmp_path, monkeypatch):
                                   "kl.default.beta=0.0", "kl.default.controller=fixed"))
         assert run.cfg.model.fused_lm_head is fused
         batch = rollout_batch(run)
-        run.updater.train(batch, torch.zeros(2))
+        run.updater.passes(batch, torch.zeros(2))
         assert bool(calls) is fused
 
 
@@ -318,7 +318,7 @@ def test_mu_passes_reuse_the_first_pass_log_probs_when_there_is_no_dropout(tmp_p
         batch = rollout_batch(run)
         if precomputed:
             batch.old_logps_BT = real(run.policy.model, batch, run.updater.micro_batch_seqs, 1.0)
-        metrics = run.updater.train(batch, torch.zeros(2))
+        metrics = run.updater.passes(batch, torch.zeros(2))
         results.append((_params(run.policy.model), metrics["loss/ratio_max"]))
     (a, ratio_a), (b, ratio_b) = results
     assert all(torch.allclose(a[n], b[n], atol=1e-6) for n in a)
