@@ -18,8 +18,8 @@ from functools import cache
 
 import pytest
 
-import check_gpu_memory
 from conftest import ROOT
+from grpo.run import gpu_memory_check
 
 DOC = (ROOT / "MEMORY_OPTIMIZATION.md").read_text()
 OFF = ("model.fused_lm_head=false", "model.shared_prompt_forward=off")
@@ -36,7 +36,7 @@ def figures(*sets: str, gpu: str = "a100-40", **changes) -> dict:
     from grpo.models.memory_estimate import GIB, estimate
     from grpo.run.memory_inputs import inputs_from_config
 
-    gpu_gib, capability = check_gpu_memory.GPUS[gpu]
+    gpu_gib, capability = gpu_memory_check.GPUS[gpu]
     x = inputs_from_config(load_config("llama3-8b-dual", list(sets)), capability)
     est = estimate(dataclasses.replace(x, **changes))
     parts = {("persistent", k): v / GIB for k, v in est.persistent.items()}
@@ -160,5 +160,5 @@ def test_sample_output_blocks_are_the_tools_output():
         argv = shlex.split(command)[2:]
         buf = io.StringIO()
         with contextlib.redirect_stdout(buf):
-            assert check_gpu_memory.main(argv) == 0
+            assert gpu_memory_check.main(argv) == 0
         assert shown == buf.getvalue().rstrip("\n"), f"the block under `{command}` is stale; paste the tool's output"
