@@ -1,8 +1,9 @@
 """The docs say only true things that are easy to check: commands, config fields, defaults, preset values, test
 names, files and functions they point at, and `--help`.
 
-Checked documents: README.md, QUICK_START.md, BUG_FIXES_SUMMARY.md, docs/DESIGN.md, docs/SCALING.md, docs/RESULTS.md
-(those present).
+Checked documents: README.md, the root guides (QUICK_START.md, BUG_FIXES_SUMMARY.md, MEMORY_OPTIMIZATION.md: short
+pages pointing to their homes in docs/), docs/README.md (the index of docs/), docs/GETTING_STARTED.md,
+docs/BUG_FIXES.md, docs/MEMORY.md, docs/DESIGN.md, docs/SCALING.md, docs/RESULTS.md (those present).
 """
 
 from __future__ import annotations
@@ -22,7 +23,11 @@ from grpo.config.command_line import describe_fields, preset_in, split_argv
 from grpo.config.presets import PRESETS
 
 ROOT = Path(__file__).resolve().parents[1]
-DOC_NAMES = ["README.md", "QUICK_START.md", "BUG_FIXES_SUMMARY.md", "docs/DESIGN.md", "docs/SCALING.md", "docs/RESULTS.md"]
+ROOT_GUIDES = {"QUICK_START.md": "docs/GETTING_STARTED.md", "BUG_FIXES_SUMMARY.md": "docs/BUG_FIXES.md",
+               "MEMORY_OPTIMIZATION.md": "docs/MEMORY.md"}
+"""The seed's guides, known by name at the root: each a short page pointing to its home in docs/."""
+DOC_NAMES = ["README.md", *ROOT_GUIDES, "docs/README.md", *ROOT_GUIDES.values(), "docs/DESIGN.md", "docs/SCALING.md",
+             "docs/RESULTS.md"]
 DOCS = {name: (ROOT / name).read_text() for name in DOC_NAMES if (ROOT / name).exists()}
 FILE_SUFFIXES = {"py", "md", "txt", "json", "jsonl", "sh", "png", "csv", "pt", "sqlite", "ipynb", "toml", "jinja"}
 ENTRY_FLAGS = {"--preset", "--print-config", "--help", "-h"}  # handled by grpo_train.cli itself, not config fields
@@ -124,6 +129,43 @@ def normalise(command: str) -> str:
     return " ".join(command.split())
 
 
+# ------------------------------------------------------------------------------------------------------- layout
+ROOT_MAX_LINES = 25
+"""A root guide is a signpost: what the guide covers and where it now lives, read in one screen."""
+
+
+@pytest.mark.parametrize("guide", sorted(ROOT_GUIDES))
+def test_each_root_guide_is_short_and_points_to_its_home(guide):
+    text = DOCS[guide]
+    assert len(text.splitlines()) <= ROOT_MAX_LINES, f"{guide} is {len(text.splitlines())} lines: keep the body in docs/"
+    home = ROOT_GUIDES[guide]
+    assert f"]({home})" in text, f"{guide} does not link to its home {home}"
+    anchors = {heading_anchor(h) for h in re.findall(r"^#+ (.+)$", (ROOT / home).read_text(), re.M)}
+    wrong = [a for a in re.findall(rf"\]\({re.escape(home)}#([^)]+)\)", text) if a not in anchors]
+    assert not wrong, f"{guide} links to sections {home} does not have: {wrong}"
+
+
+def heading_anchor(heading: str) -> str:
+    """GitHub's anchor of a markdown heading: lower case, punctuation dropped, spaces to hyphens."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def test_heading_anchor_is_githubs():
+    assert heading_anchor("3. The A100 preset: Llama-3-8B-Instruct, BBQ + HaluEval") == \
+        "3-the-a100-preset-llama-3-8b-instruct-bbq--halueval"
+    assert heading_anchor("Estimates for the seed config (`llama3-8b-dual`)") == "estimates-for-the-seed-config-llama3-8b-dual"
+
+
+def test_the_docs_index_names_every_doc_in_docs():
+    """docs/README.md is the rule for what goes where: one line per file of docs/ saying what it holds, and README.md
+    points to it."""
+    index = DOCS["docs/README.md"]
+    listed = set(re.findall(r"^- \[[^\]]+\]\(([^)#]+)\):", index, re.M))
+    present = {p.name for p in (ROOT / "docs").glob("*.md") if p.name != "README.md"} | {"runs/"}
+    assert listed == present, f"docs/README.md lists {sorted(listed - present)} (not there) and misses {sorted(present - listed)}"
+    assert "](docs/README.md)" in DOCS["README.md"]
+
+
 # ------------------------------------------------------------------------------------------------------- README
 def test_readme_test_command_is_what_ci_runs():
     """The README's test command: each `&&` part is a line of .ci/run, including the three CI lines named there
@@ -193,7 +235,7 @@ def preset_tables(text: str) -> dict[str, list[tuple[str, str]]]:
 
 
 def test_preset_tables_match_the_presets():
-    tables = preset_tables(DOCS.get("QUICK_START.md", ""))
+    tables = preset_tables(DOCS["docs/GETTING_STARTED.md"])
     assert {"demo", "llama3-8b-dual"} <= set(tables)
     wrong = []
     for preset, rows in tables.items():

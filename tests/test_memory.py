@@ -200,7 +200,7 @@ def test_peak_is_max_over_phases_not_sum():
 ])
 def test_matches_the_h100_measurement(ckpt, phase, measured_gib):
     # Random-weight Llama-3-8B shape on one H100 (torch 2.11, transformers 5.17, peft 0.21), 2nd RL step: peak
-    # torch.cuda.max_memory_allocated per phase + 0.75 GiB context (NVML − reserved); MEMORY_OPTIMIZATION.md "Measured".
+    # torch.cuda.max_memory_allocated per phase + 0.75 GiB context (NVML − reserved); docs/MEMORY.md "Measured".
     est = estimate(llama_inputs(grad_checkpointing=ckpt, allocator_slack=0.0))
     assert est.total(phase) / GIB == pytest.approx(measured_gib, rel=0.03)
 

@@ -18,7 +18,7 @@ PRESETS: dict[str, dict[str, Any]] = {
     # SFT on 24 demonstrations until the reply format is learned (50 steps: 70-81% of the probability on a well-formed
     # "Answer: X", every class's right answer >= 0.22; after 35 steps: 30-48%, down to 0.07); RL on every prompt learns
     # the rest of the rule. A warm-up stopped earlier lets RL extinguish a whole answer class before it learns the cue
-    # (BUG_FIXES_SUMMARY.md section 11). Seeds 0-14 (1 thread, max_new_tokens 4): >= 0.98 held-out on both tasks
+    # (docs/BUG_FIXES.md section 11). Seeds 0-14 (1 thread, max_new_tokens 4): >= 0.98 held-out on both tasks
     # after RL. max_new_tokens 5, not 4: a right reply is 4 tokens with its end-of-turn, so at 4 any longer draw counted
     # as truncated, and the doctor's truncation bar (20 % of a task's completions in 10 steps) was crossed by chance:
     # YELLOW on an H200 (21 %), 21-25 % mid-run with the graph engine on the CPU. At 5, seed 0's last 10 steps
