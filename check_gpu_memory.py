@@ -1,98 +1,11 @@
-"""GPU memory: what is used now (live), or what a config will need (estimate).
+"""`python check_gpu_memory.py [--estimate ...]`: the installed command `grpo-check-gpu-memory`, run from a checkout.
 
-    python check_gpu_memory.py                                   # every GPU, every process, this process's allocator
-    python check_gpu_memory.py --estimate --preset llama3-8b-dual --gpu a100-40
-    python check_gpu_memory.py --estimate --preset llama3-8b-dual --gpu-mem 24 --set model.load_in_4bit=true
-
-Inside a training process call `report_live()` (it never creates a CUDA context of its own).
-The estimate comes from grpo/models/memory_estimate.py (pure arithmetic; see its docstring for every formula and the phase model).
+A thin entry point: the tool is grpo/run/gpu_memory_check.py (`--help` lists its options).
 """
 
-from __future__ import annotations
-
 import sys
-from typing import Any
 
-from grpo.models.memory_estimate import GIB, cheapest_fixes, estimate, format_table
-
-NO_GPU_LINE = "No CUDA GPU visible (torch.cuda.is_available() is False); nothing to report."
-GPUS: dict[str, tuple[float, tuple[int, int]]] = {
-    # name: (memory in GiB as nvidia-smi reports the total, compute capability)
-    "a100-40": (40536 / 1024, (8, 0)),
-    "a100-80": (81920 / 1024, (8, 0)),
-    "h100-80": (81559 / 1024, (9, 0)),
-    "l4-24": (23034 / 1024, (8, 9)),
-    "rtx4090-24": (24564 / 1024, (8, 9)),
-    "v100-32": (32768 / 1024, (7, 0)),
-    "t4-16": (15360 / 1024, (7, 5)),
-}
-def report_live() -> str:
-    """The live report: NVML view of all GPUs and processes + this process's torch allocator, or NO_GPU_LINE."""
-    import torch
-
-    from grpo.models.hardware import live_gpu_report, nvml_report
-
-    if torch.cuda.is_available():
-        return live_gpu_report()
-    found, text = nvml_report()
-    if found:
-        return ("torch.cuda.is_available() is False (a CPU build of torch, or CUDA_VISIBLE_DEVICES hides the GPUs), "
-                "but NVML sees:\n" + text)
-    return NO_GPU_LINE
-
-
-def estimate_report(cfg: Any, gpu: str | None, gpu_mem: float | None) -> str:
-    """The estimate table for `cfg` on the named card (or `gpu_mem` GiB) and, if it does not fit, the 3 cheapest fixes."""
-    from grpo.run.memory_inputs import inputs_from_config  # imports torch: not for --help or the live report
-
-    gpu_gb, cc = (gpu_mem, (8, 0)) if gpu_mem else GPUS[gpu or "a100-40"]
-    x = inputs_from_config(cfg, cc)
-    est = estimate(x)
-    card = f"{gpu_mem:g} GiB (--gpu-mem)" if gpu_mem else f"{gpu or 'a100-40'} ({gpu_gb:.1f} GiB, cc {cc[0]}.{cc[1]})"
-    head = (f"ESTIMATE for {x.shape.name} on {card}: {x.weight_dtype}"
-            f"{' + 4-bit nf4' if x.load_in_4bit else ''}, "
-            f"{'LoRA r=' + str(x.lora_r) if x.lora else 'full fine-tuning'}, "
-            f"grad checkpointing {'on' if x.grad_checkpointing else 'off'}, micro-batch {x.micro_batch_seqs} seqs, "
-            f"generation {x.gen_batch_seqs} seqs, prompt {x.prompt_len} + {x.new_tokens} new tokens, μ={x.mu}, "
-            f"reference pass {'on' if x.ref_pass else 'off'}")
-    lines = [head, "", format_table(est, gpu_gb)]
-    if est.peak_bytes > gpu_gb * GIB:
-        fixes = cheapest_fixes(x, gpu_gb, n=3)
-        lines.append("cheapest changes that fit:" if fixes else "no combination of up to 3 changes fits this card")
-        lines += [f"  {i}. {f}" for i, f in enumerate(fixes, 1)]
-    return "\n".join(lines)
-
-
-def main(argv: list[str]) -> int:
-    import argparse
-
-    from grpo.config.command_line import split_argv
-    from grpo.config.settings import ConfigError, load_config
-    from grpo.run.config_check import check_config
-
-    overrides, rest = split_argv(argv)
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
-                                     epilog="Config overrides: --set section.field=value (repeatable).")
-    parser.add_argument("--estimate", action="store_true", help="predict peak memory of a config instead of live use")
-    parser.add_argument("--preset", default=None, help="config preset, e.g. llama3-8b-dual (default: demo)")
-    group = parser.add_mutually_exclusive_group()
-    group.add_argument("--gpu", choices=sorted(GPUS), default=None, help="target card (default a100-40)")
-    group.add_argument("--gpu-mem", type=float, default=None, help="target memory in GiB (bf16-capable GPU assumed)")
-    args = parser.parse_args(rest)
-    if not args.estimate:
-        if overrides or args.preset or args.gpu or args.gpu_mem:
-            parser.error("--preset/--gpu/--gpu-mem/--set need --estimate")
-        print(report_live())
-        return 0
-    try:
-        cfg = check_config(load_config(args.preset, overrides))
-        report = estimate_report(cfg, args.gpu, args.gpu_mem)
-    except (ConfigError, ValueError) as err:  # ConfigError is a ValueError; both name the field and the fix
-        print(f"check_gpu_memory: {err}", file=sys.stderr)
-        return 2
-    print(report)
-    return 0
-
+from grpo.run.gpu_memory_check import main
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    sys.exit(main())

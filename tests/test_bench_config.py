@@ -83,7 +83,7 @@ def test_check_same_work_rejects_a_short_completion():
         vs_trl.check_same_work(spec, [{**good, "min_completion_len": 15, "completion_tokens": 383}])
 
 
-@pytest.mark.skipif(not HAS_TRL, reason="trl/datasets not installed (pip install -r requirements-dev.txt)")
+@pytest.mark.skipif(not HAS_TRL, reason="trl/datasets not installed (pip install -r requirements/dev.txt)")
 def test_trl_config_derives_the_same_generation_batch(tmp_path):
     from trl import GRPOConfig
 
@@ -93,7 +93,7 @@ def test_trl_config_derives_the_same_generation_batch(tmp_path):
     assert args.steps_per_generation == 2 and args.num_iterations == 2
 
 
-@pytest.mark.skipif(not HAS_TRL, reason="trl/datasets not installed (pip install -r requirements-dev.txt)")
+@pytest.mark.skipif(not HAS_TRL, reason="trl/datasets not installed (pip install -r requirements/dev.txt)")
 @pytest.mark.slow
 def test_real_runs_do_the_same_work(tmp_path):
     # 1 prompt × K 2 × GA 2 = 4 completions of 8 tokens = 32 tokens; 1 cycle at μ = 2 = 2 optimizer steps
@@ -110,7 +110,7 @@ def test_real_runs_do_the_same_work(tmp_path):
     vs_trl.check_same_work(spec, [{**ours, "trainer": "ours"}, {**trl, "trainer": "trl"}])
 
 
-@pytest.mark.skipif(not HAS_TRL, reason="trl/datasets not installed (pip install -r requirements-dev.txt)")
+@pytest.mark.skipif(not HAS_TRL, reason="trl/datasets not installed (pip install -r requirements/dev.txt)")
 @pytest.mark.skipif(not (SHARED_DATA / "bbq").is_dir(), reason=f"shared BBQ data not found at {SHARED_DATA / 'bbq'}")
 def test_the_long_workload_gives_both_sides_the_same_bbq_contexts(tmp_path):
     """--prompts long: every prompt both trainers see starts with the same system message of real BBQ contexts

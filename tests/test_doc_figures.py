@@ -24,7 +24,7 @@ from grpo.models.memory_estimate import DEFAULT_ALLOCATOR_SLACK, DEFAULT_CUDA_OV
 
 TH = HealthThresholds()
 DOCS = {name: " ".join((ROOT / name).read_text().split())
-        for name in ("README.md", "QUICK_START.md", "MEMORY_OPTIMIZATION.md", "docs/SCALING.md", "docs/RESULTS.md")}
+        for name in ("README.md", "docs/GETTING_STARTED.md", "docs/MEMORY.md", "docs/SCALING.md", "docs/RESULTS.md")}
 DTYPE_WORDS = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}
 
 
@@ -91,53 +91,53 @@ CLAIMS = [
       lambda: DUAL().rollout.max_new_tokens,
       lambda: "dynamic sampling" if DUAL().train.dynamic_sampling else "no dynamic sampling", lambda: DUAL().train.lr, lambda: DUAL().kl_for("fairness").beta, lambda: DUAL().train.pass_at_k,
       lambda: DUAL().data.eval_size]),
-    # QUICK_START: the demo's output, healthy metrics, the doctor and the verdict
-    ("QUICK_START.md", "(`data.eval_size` ({64} in the demo preset)", [lambda: DEMO().data.eval_size]),
-    ("QUICK_START.md", "with `sft.steps` > 0 ({50} in the demo: {24} demonstrations, trained until",
+    # docs/GETTING_STARTED.md: the demo's output, healthy metrics, the doctor and the verdict
+    ("docs/GETTING_STARTED.md", "(`data.eval_size` ({64} in the demo preset)", [lambda: DEMO().data.eval_size]),
+    ("docs/GETTING_STARTED.md", "with `sft.steps` > 0 ({50} in the demo: {24} demonstrations, trained until",
      [lambda: DEMO().sft.steps, lambda: DEMO().sft.max_examples]),
-    ("QUICK_START.md", "| `adv/frac_zero_std`, `adv/<task>/frac_zero_std` | well below {0.5}:", [lambda: TH.zero_std_max]),
-    ("QUICK_START.md", "| `rollout/<task>/truncated` | below {0.2}:", [lambda: TH.truncation_max]),
-    ("QUICK_START.md", "its first {40} characters) and that answer: below {0.6} for a task",
+    ("docs/GETTING_STARTED.md", "| `adv/frac_zero_std`, `adv/<task>/frac_zero_std` | well below {0.5}:", [lambda: TH.zero_std_max]),
+    ("docs/GETTING_STARTED.md", "| `rollout/<task>/truncated` | below {0.2}:", [lambda: TH.truncation_max]),
+    ("docs/GETTING_STARTED.md", "its first {40} characters) and that answer: below {0.6} for a task",
      [lambda: symptoms_answer_chars(), lambda: TH.collapse_share]),
-    ("QUICK_START.md", "truncation high (`rollout/<task>/truncated` > {0.2}; doctor: `truncation`)",
+    ("docs/GETTING_STARTED.md", "truncation high (`rollout/<task>/truncated` > {0.2}; doctor: `truncation`)",
      [lambda: TH.truncation_max]),
-    ("QUICK_START.md", "watches the last {10} RL steps after every step", [lambda: TH.recent_window]),
-    ("QUICK_START.md", "no red finding, but fewer than {20} RL steps: the checks compare the first {10} steps with the "
+    ("docs/GETTING_STARTED.md", "watches the last {10} RL steps after every step", [lambda: TH.recent_window]),
+    ("docs/GETTING_STARTED.md", "no red finding, but fewer than {20} RL steps: the checks compare the first {10} steps with the "
                        "last {10}", [lambda: TH.min_steps, lambda: TH.recent_window, lambda: TH.recent_window]),
-    ("QUICK_START.md", "(or sits at the solved level, {0.9} for 0..1 rewards)", [lambda: TH.solved_reward]),
-    ("QUICK_START.md", "| `no_learning_signal` | red after {5} steps in a row", [lambda: TH.no_signal_steps]),
-    ("QUICK_START.md", "when the warm-up loss stayed above {1} nat per token", [lambda: symptoms.SFT_UNTAUGHT_LOSS]),
-    ("QUICK_START.md", "never rose more than {0.05} above its first {10} steps (after at least {20} steps), with more "
+    ("docs/GETTING_STARTED.md", "(or sits at the solved level, {0.9} for 0..1 rewards)", [lambda: TH.solved_reward]),
+    ("docs/GETTING_STARTED.md", "| `no_learning_signal` | red after {5} steps in a row", [lambda: TH.no_signal_steps]),
+    ("docs/GETTING_STARTED.md", "when the warm-up loss stayed above {1} nat per token", [lambda: symptoms.SFT_UNTAUGHT_LOSS]),
+    ("docs/GETTING_STARTED.md", "never rose more than {0.05} above its first {10} steps (after at least {20} steps), with more "
                        "than {0.5} of its groups zero-std",
      [lambda: TH.stuck_tolerance, lambda: TH.recent_window, lambda: TH.min_steps, lambda: TH.zero_std_max]),
-    ("QUICK_START.md", "the top answer in at least {50}% of the last {10} steps and holds at least {0.6} of the task's "
+    ("docs/GETTING_STARTED.md", "the top answer in at least {50}% of the last {10} steps and holds at least {0.6} of the task's "
                        "samples, {0.1} more than in the first {10} steps, while the reward is {0.05} below its best",
      [lambda: pct(symptoms.COLLAPSE_DOMINANCE), lambda: TH.recent_window, lambda: TH.collapse_share,
       lambda: TH.collapse_rise, lambda: TH.recent_window, lambda: TH.collapse_reward_gap]),
-    ("QUICK_START.md", "entropy below {0.05} nats or down more than {80}% from the first {10} steps, while the held-out "
+    ("docs/GETTING_STARTED.md", "entropy below {0.05} nats or down more than {80}% from the first {10} steps, while the held-out "
                        "reward fell {0.05} below its best or stalled below the solved level over {3} evaluations",
      [lambda: TH.entropy_floor, lambda: pct(TH.entropy_drop_max), lambda: TH.recent_window, lambda: TH.heldout_drop,
       lambda: symptoms.STALL_EVALS]),
-    ("QUICK_START.md", "KL above {3}× its band's top ({1} nat without a band) for {20} steps in a row",
+    ("docs/GETTING_STARTED.md", "KL above {3}× its band's top ({1} nat without a band) for {20} steps in a row",
      [lambda: TH.kl_runaway_factor, lambda: TH.kl_runaway_nats, lambda: TH.kl_band_patience]),
-    ("QUICK_START.md", "KL outside its band for {20} steps in a row", [lambda: TH.kl_band_patience]),
-    ("QUICK_START.md", "| yellow above {5}%, red above {25}% | the share of failed judge calls over the last {10} steps",
+    ("docs/GETTING_STARTED.md", "KL outside its band for {20} steps in a row", [lambda: TH.kl_band_patience]),
+    ("docs/GETTING_STARTED.md", "| yellow above {5}%, red above {25}% | the share of failed judge calls over the last {10} steps",
      [lambda: pct(TH.judge_failure_max), lambda: pct(TH.judge_failure_red), lambda: TH.recent_window]),
-    ("QUICK_START.md", "more than {0.2} of a task's completions hit `rollout.max_new_tokens`", [lambda: TH.truncation_max]),
-    ("QUICK_START.md", "(the zero-std share minus the mean reward above {0.5})", [lambda: TH.zero_std_max]),
-    ("QUICK_START.md", "| red above {10}% of the steps, else yellow for any restore", [lambda: pct(TH.skipped_max)]),
-    ("QUICK_START.md", "red for a held-out fall of more than {0.05}, yellow for no gain",
+    ("docs/GETTING_STARTED.md", "more than {0.2} of a task's completions hit `rollout.max_new_tokens`", [lambda: TH.truncation_max]),
+    ("docs/GETTING_STARTED.md", "(the zero-std share minus the mean reward above {0.5})", [lambda: TH.zero_std_max]),
+    ("docs/GETTING_STARTED.md", "| red above {10}% of the steps, else yellow for any restore", [lambda: pct(TH.skipped_max)]),
+    ("docs/GETTING_STARTED.md", "red for a held-out fall of more than {0.05}, yellow for no gain",
      [lambda: TH.reward_regression_red]),
-    # MEMORY_OPTIMIZATION: the seed config in prose, and the estimator's constants
-    ("MEMORY_OPTIMIZATION.md", "LoRA r={8} on the {7} linears, {bf16}, {gradient checkpointing}, K={4}, {2} prompts per "
+    # docs/MEMORY.md: the seed config in prose, and the estimator's constants
+    ("docs/MEMORY.md", "LoRA r={8} on the {7} linears, {bf16}, {gradient checkpointing}, K={4}, {2} prompts per "
                                "micro-step, grad_accum {2}, prompts ≤{512} + {96} new tokens",
      [lambda: LLAMA().model.lora_r, lambda: len(LLAMA().model.lora_target_modules),
       lambda: DTYPE_WORDS[LLAMA().model.dtype], LLAMA_SOURCES[2], lambda: LLAMA().rollout.k,
       lambda: LLAMA().train.prompts_per_micro_step, lambda: LLAMA().train.grad_accum,
       lambda: LLAMA().data.max_prompt_tokens, lambda: LLAMA().rollout.max_new_tokens]),
-    ("MEMORY_OPTIMIZATION.md", "Persistent parts: CUDA context (~{0.75} GiB)", [lambda: DEFAULT_CUDA_OVERHEAD_GB]),
-    ("MEMORY_OPTIMIZATION.md", "A {5}% allocator slack stands for fragmentation", [lambda: pct(DEFAULT_ALLOCATOR_SLACK)]),
-    ("MEMORY_OPTIMIZATION.md", "| chunked log-softmax (`grpo/core/kernels.py`, {512} rows) | never builds a (B, T, V) fp32 "
+    ("docs/MEMORY.md", "Persistent parts: CUDA context (~{0.75} GiB)", [lambda: DEFAULT_CUDA_OVERHEAD_GB]),
+    ("docs/MEMORY.md", "A {5}% allocator slack stands for fragmentation", [lambda: pct(DEFAULT_ALLOCATOR_SLACK)]),
+    ("docs/MEMORY.md", "| chunked log-softmax (`grpo/core/kernels.py`, {512} rows) | never builds a (B, T, V) fp32 "
                                "tensor: {512} rows", [lambda: DEFAULT_LOGPROB_CHUNK_ROWS] * 2),
     # SCALING
     ("docs/SCALING.md", "(`model.lora_dropout`, {0.05} in the Llama preset)", [lambda: LLAMA().model.lora_dropout]),
@@ -185,13 +185,13 @@ def finding_codes() -> set[str]:
     return set(re.findall(r'Finding\(\s*(?:"(?:red|yellow)"|level),\s*"(\w+)"', source))
 
 
-def test_every_finding_has_a_row_in_quick_starts_doctor_table():
+def test_every_finding_has_a_row_in_the_getting_started_doctor_table():
     codes = finding_codes()
     assert set(symptoms.ONLINE_CODES) <= codes and {"skipped_steps", "reward_regressed", "no_heldout"} <= codes
-    table = DOCS["QUICK_START.md"].split("| finding | level |", 1)[1]
+    table = DOCS["docs/GETTING_STARTED.md"].split("| finding | level |", 1)[1]
     rows = set(re.findall(r"\| ((?:`\w+`(?:, )?)+) \|", table))
     documented = {code for row in rows for code in re.findall(r"`(\w+)`", row)}
-    assert codes <= documented, f"QUICK_START.md's doctor table has no row for {sorted(codes - documented)}"
+    assert codes <= documented, f"docs/GETTING_STARTED.md's doctor table has no row for {sorted(codes - documented)}"
 
 
 def test_a_changed_figure_is_caught():

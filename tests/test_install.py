@@ -1,5 +1,5 @@
 """grpo-dual installs as a package: `pip install .` and `pip install -e .` of a clean copy of the checkout into a fresh
-virtualenv, then, from another folder, the `grpo-dual` command runs the demo for a few steps and a script imports
+virtualenv, then, from another folder, the `grpo-dual` command runs the demo for a few steps, `grpo-check-gpu-memory --help` runs, and a script imports
 the Python API and trains the built-in model for a few steps on a datasets.Dataset built in memory, with TRL's
 documented reward functions and a peft LoraConfig. Only `grpo` and `grpo_train` are installed at the top
 level: nothing generic (`config`, `presets`, `command_line`) lands in site-packages.
@@ -110,6 +110,8 @@ def test_the_installed_command_and_api_train_from_another_folder(tmp_path, edita
     report = json.loads((elsewhere / "out" / "cli" / "report.json").read_text())
     assert report["verdict"] and "run folder: out/cli" in out
     assert (elsewhere / "out" / "cli" / "final").is_dir()
+    memory = run_ok([str(tmp_path / "venv" / "bin" / "grpo-check-gpu-memory"), "--help"], cwd=elsewhere).stdout
+    assert "--estimate" in memory  # the tool the out-of-memory message names, installed with the package
 
     (elsewhere / "use_api.py").write_text(API_SCRIPT)
     result = json.loads(run_ok([str(python), "use_api.py"], cwd=elsewhere).stdout.strip().splitlines()[-1])

@@ -1,4 +1,4 @@
-"""grpo/models/memory_estimate.py arithmetic on hand-worked shapes, the phase model, the fixes, and check_gpu_memory.py's CLI."""
+"""grpo/models/memory_estimate.py arithmetic on hand-worked shapes, the phase model, the fixes, and check_gpu_memory.py's CLI (grpo/run/gpu_memory_check.py)."""
 
 import os
 import re
@@ -200,7 +200,7 @@ def test_peak_is_max_over_phases_not_sum():
 ])
 def test_matches_the_h100_measurement(ckpt, phase, measured_gib):
     # Random-weight Llama-3-8B shape on one H100 (torch 2.11, transformers 5.17, peft 0.21), 2nd RL step: peak
-    # torch.cuda.max_memory_allocated per phase + 0.75 GiB context (NVML − reserved); MEMORY_OPTIMIZATION.md "Measured".
+    # torch.cuda.max_memory_allocated per phase + 0.75 GiB context (NVML − reserved); docs/MEMORY.md "Measured".
     est = estimate(llama_inputs(grad_checkpointing=ckpt, allocator_slack=0.0))
     assert est.total(phase) / GIB == pytest.approx(measured_gib, rel=0.03)
 
@@ -318,6 +318,29 @@ def test_cli_live_mode():
         assert "GPU 0 " in out.stdout or "pip install nvidia-ml-py" in out.stdout
     else:
         assert "No CUDA GPU visible (torch.cuda.is_available() is False); nothing to report." in out.stdout
+
+
+def test_the_installed_commands_name_importable_callables():
+    """pyproject.toml's [project.scripts] (what `pip install .` puts on PATH: `grpo-dual`, `grpo-check-gpu-memory`)
+    each name a function that imports; the memory tool's is the one the root check_gpu_memory.py runs."""
+    import importlib
+    import tomllib
+
+    scripts = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
+    assert scripts["grpo-check-gpu-memory"] == "grpo.run.gpu_memory_check:main"
+    for name, target in scripts.items():
+        module, _, attr = target.partition(":")
+        assert callable(getattr(importlib.import_module(module), attr)), f"{name} = {target!r} is not a callable"
+    assert "from grpo.run.gpu_memory_check import main" in (ROOT / "check_gpu_memory.py").read_text()
+
+
+def test_the_root_script_still_runs():
+    """Users know `python check_gpu_memory.py` by name: it stays, a thin wrapper of the installed command."""
+    out = _run("--help")
+    assert out.returncode == 0, out.stderr
+    assert "--estimate" in out.stdout and "grpo-check-gpu-memory" in out.stdout
+    bad = _run("--preset", "demo")
+    assert bad.returncode == 2 and "--preset/--gpu/--gpu-mem/--set need --estimate" in bad.stderr
 
 
 # ------------------------------------------------------------------------------------------ the graph engine

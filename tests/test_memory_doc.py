@@ -1,4 +1,4 @@
-"""Every figure MEMORY_OPTIMIZATION.md quotes from the estimator equals what `check_gpu_memory.py --estimate` prints.
+"""Every figure docs/MEMORY.md quotes from the estimator equals what `check_gpu_memory.py --estimate` prints.
 
 Each claim is a piece of the doc with its figures in braces, e.g. "r=64 → {22.7} GiB", and one function per figure that
 reads it off the tool's printed table (run in process); the doc must hold the piece with the braces removed, and each
@@ -18,10 +18,10 @@ from functools import cache
 
 import pytest
 
-import check_gpu_memory
 from conftest import ROOT
+from grpo.run import gpu_memory_check
 
-DOC = (ROOT / "MEMORY_OPTIMIZATION.md").read_text()
+DOC = (ROOT / "docs" / "MEMORY.md").read_text()
 OFF = ("model.fused_lm_head=false", "model.shared_prompt_forward=off")
 """The logits path and one prompt per row: the knob table and the H100 measurements use them (the doc says so)."""
 NO_CKPT = "model.gradient_checkpointing=false"
@@ -36,7 +36,7 @@ def figures(*sets: str, gpu: str = "a100-40", **changes) -> dict:
     from grpo.models.memory_estimate import GIB, estimate
     from grpo.run.memory_inputs import inputs_from_config
 
-    gpu_gib, capability = check_gpu_memory.GPUS[gpu]
+    gpu_gib, capability = gpu_memory_check.GPUS[gpu]
     x = inputs_from_config(load_config("llama3-8b-dual", list(sets)), capability)
     est = estimate(dataclasses.replace(x, **changes))
     parts = {("persistent", k): v / GIB for k, v in est.persistent.items()}
@@ -137,11 +137,11 @@ CLAIMS = [
 def test_doc_figure_equals_the_tool(claim, sources):
     quoted = re.findall(r"\{([^}]+)\}", claim)
     assert len(quoted) == len(sources), "one source per figure in braces"
-    assert claim.replace("{", "").replace("}", "") in DOC, f"MEMORY_OPTIMIZATION.md no longer says {claim!r}"
+    assert claim.replace("{", "").replace("}", "") in DOC, f"docs/MEMORY.md no longer says {claim!r}"
     for figure, source in zip(quoted, sources):
         decimals = len(figure.split(".")[1]) if "." in figure else 0
         value = f"{source():.{decimals}f}"
-        assert value == figure, f"MEMORY_OPTIMIZATION.md says {figure} in {claim!r}; the tool gives {value}"
+        assert value == figure, f"docs/MEMORY.md says {figure} in {claim!r}; the tool gives {value}"
 
 
 def test_preset_peaks_in_the_phases_the_doc_names():
@@ -160,5 +160,5 @@ def test_sample_output_blocks_are_the_tools_output():
         argv = shlex.split(command)[2:]
         buf = io.StringIO()
         with contextlib.redirect_stdout(buf):
-            assert check_gpu_memory.main(argv) == 0
+            assert gpu_memory_check.main(argv) == 0
         assert shown == buf.getvalue().rstrip("\n"), f"the block under `{command}` is stale; paste the tool's output"

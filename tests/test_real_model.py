@@ -434,7 +434,7 @@ def test_a_missing_model_package_exits_2_with_one_line_before_any_work(tmp_path,
 def test_smollm2_dual_warm_up_demonstrates_both_tasks_within_the_target_cap(converted):
     """The preset's SFT set on the real BBQ / HaluEval files and SmolLM2's tokenizer: both tasks demonstrated, BBQ's
     three letters and the recognition verdicts in turn (with the whole target as the class, all 48 demonstrations were
-    BBQ rows: BUG_FIXES_SUMMARY.md section 12) and every reference cut to sft.max_target_tokens (a BBQ justification
+    BBQ rows: docs/BUG_FIXES.md section 12) and every reference cut to sft.max_target_tokens (a BBQ justification
     quotes the context's evidence)."""
     from collections import Counter
 

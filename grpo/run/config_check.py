@@ -6,7 +6,7 @@ rollout_loss.py) check what needs no code (ranges, types, combinations of fields
 holds, and a kl.<task> section when its controller accepts its arguments (grpo/core/kl_control.py RULES): those checks
 live here, next to the registries, and each entry point runs
 `check_config` right after building the Config, before any model or data is loaded (grpo_train.setup / cli,
-check_gpu_memory.py). Every error is a ConfigError naming the field, the bad value and the fix. `check_installed` adds
+grpo/run/gpu_memory_check.py). Every error is a ConfigError naming the field, the bad value and the fix. `check_installed` adds
 what a config asks of this machine that a look can tell before any data or model is loaded (the W&B package for
 train.wandb_project, a judge.cache_path that is not a folder).
 """

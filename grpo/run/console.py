@@ -55,7 +55,8 @@ def banner(run: Run) -> str:
             peak = estimate(inputs_from_config(cfg)).peak_bytes / 2**30
             total = torch.cuda.get_device_properties(run.device).total_memory / 2**30
             lines.append(f"GPU {torch.cuda.get_device_name(run.device)}: {total:.0f} GiB; estimated peak {peak:.1f} GiB "
-                         "(python check_gpu_memory.py --estimate for the breakdown)")
+                         "(grpo-check-gpu-memory --estimate, or python check_gpu_memory.py --estimate in a checkout, "
+                         "for the breakdown)")
         except (ValueError, KeyError) as e:  # a model the estimator has no shape for
             lines.append(f"GPU memory estimate unavailable: {e}")
     return "\n".join(lines)

