@@ -33,8 +33,9 @@ ROOT = Path(__file__).resolve().parents[1]
 SYNC_OPS = frozenset({"_local_scalar_dense", "nonzero", "masked_select", "unique", "_unique2", "unique_consecutive",
                       "equal", "is_nonzero"})
 HOST_COPIES = ("tolist", "numpy", "cpu")
-PHASES = (("generate", "rollouts", "generate"), ("reward", "scoring", "score"), ("grade", "scoring", "grade"),
-          ("old_logps", "update", "batch"), ("ref_logps", "update", "reference_logps"), ("train", "update", "step"))
+PHASES = (("generate", "generation", "generate"), ("reward", "rewarder", "score"),
+          ("advantages", "rewarder", "advantages"), ("old_logps", "updater", "batch"),
+          ("ref_logps", "updater", "reference_logps"), ("update", "updater", "update"))
 """(phase, owner attribute of the Run, method): the phases of grpo_train.rl_step."""
 
 

@@ -28,13 +28,13 @@ def budgets(new_tokens: int) -> dict[str, int]:
         # prefill mask check; one "still running?" read per SYNC_EVERY tokens; the new ids and the sanitiser count
         "generate": mask_check + math.ceil((new_tokens - 1) / SYNC_EVERY) + 2,
         "reward": 0,
-        "grade": 0,
+        "advantages": 0,
         "old_logps": 0,  # μ = 1 without dropout: the training pass's own log-probs are the old ones
         # row lengths for the micro-batch partition (twice: the rows, then the batches) and one forward's mask check
         "ref_logps": 2 + mask_check,
         # the step's token count, the row lengths, one forward's mask check, the gradient norm (a step is skipped on
         # a non-finite one), the weight guard's finiteness check, the pass's metrics in one read
-        "train": 1 + 1 + mask_check + 1 + 1 + 1,
+        "update": 1 + 1 + mask_check + 1 + 1 + 1,
     }
 
 

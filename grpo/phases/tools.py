@@ -269,10 +269,10 @@ def template_call_format(tokenizer, schemas: Sequence[Mapping[str, Any]]) -> Cal
     turn, end = with_call[len(base):], with_plain[len(base):].split("PLAIN_REPLY", 1)[1]
     if end and turn.endswith(end):
         turn = turn[:-len(end)]
-    decoder = json.JSONDecoder()
+    json_decoder = json.JSONDecoder()
     for start in (i for i, ch in enumerate(turn) if ch in "{["):
         try:
-            data, stop = decoder.raw_decode(turn, start)
+            data, stop = json_decoder.raw_decode(turn, start)
         except json.JSONDecodeError:
             continue
         found = data[0] if isinstance(data, list) and len(data) == 1 else data
