@@ -21,7 +21,6 @@ import json
 import math
 import sys
 import time
-from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 from grpo.models.host import cpu_share, memory_metrics, openmp_note, quiet_openmp, thread_count
@@ -38,7 +37,7 @@ from grpo.data.batching import TaskBalancedSampler, check_prompts_per_step
 from grpo.grading.graders import graders_help, preflight, set_trainer_state, term_names
 from grpo.grading.judge import Judge
 from grpo.grading.scoring import check_fallback_share
-from grpo.models.distributed import make_dist, relaunch_on_cpu, requested_cpu_processes
+from grpo.models.distributed import Dist, make_dist, relaunch_on_cpu, requested_cpu_processes
 from grpo.models.modeling import check_4bit_available, rebase_reference, save_pretrained
 from grpo.models.pretrained import ModelPackageMissing, check_model_name
 from grpo.phases.coverage import pass_at_k_eval
@@ -68,6 +67,66 @@ from grpo.run.trl_cli import read_config_file, trl_flags
 from grpo.run.tracking import NullTracker, format_step_line, progress, write_samples, write_scored
 
 
+@dataclasses.dataclass
+class CheckedInputs:
+    """What `check_inputs` read and tried before the run folder or the model: the data and the reward side."""
+
+    rows: Any
+    """The loaded rows (grpo/run/setup_parts.load_samples): .train, .heldout, .every."""
+    train_rows: dict[str, list]
+    heldout: dict[str, list]
+    specs: dict[str, Any]
+    """Each task's reward terms (rewards.<task>, else the source's defaults)."""
+    graders: dict[str, Any]
+    """Every reward term's grader, resolved and tried on a real row."""
+    environments: Any
+    """The environment factory's description (rollout.environment_factory), or None."""
+    callables: Mapping[str, Callable[..., Any]] | None
+    """The run's functions by name, with the environment's get_reward when it has one."""
+    draws: int
+    """How many times a step draws prompts_per_step prompts (`prompt_copies`)."""
+
+
+def check_inputs(cfg: C.Config, callables: Mapping[str, Callable[..., Any]] | None, dist: Dist) -> CheckedInputs:
+    """Load the data and resolve and try every grader of every task on a real row, the tools and the environment: a
+    bad source, grader or tool stops the run here (DataFileError / GraderError / ToolError), before the run folder
+    is touched or the model loads."""
+    rows = load_samples(cfg.data, cfg.train.seed, cfg.tasks, announce=dist.is_main)  # every rank loads, one speaks
+    train_rows, heldout = split_by_task(rows.train, rows.heldout, cfg.data, cap=False)  # capped by fit_prompts
+    draws = prompt_copies(cfg, dist.world)  # prompts_per_step drawn for each process, or once for all (split_groups)
+    check_prompts_per_step(train_rows, cfg.train.prompts_per_micro_step, cfg.train.grad_accum, draws)
+    require_heldout_rows(train_rows, heldout, cfg.data.heldout_fraction)  # every task is evaluated: stop now if not
+    specs = reward_specs(cfg.data.source, cfg.rewards, sorted(train_rows), custom=cfg.tasks,
+                         aggregation=cfg.loss.reward_aggregation)
+    check_task_entries(cfg.kl, sorted(train_rows))
+    # a tool or an environment that cannot be imported or described stops the run here
+    tool_names = [t.name for t in resolve_tools(cfg.rollout.tools, callables)]
+    environments = resolve_environment(cfg.rollout.environment_factory, callables, tool_names)  # None without
+    specs, callables = environment_rewards(specs, callables, environments)  # its get_reward: a term of each task
+    # the judge's rubrics are tried without its cache, which lives in the run folder
+    set_trainer_state(0, 0)  # a run in the same process (a notebook, a test) left its own: each run starts from none
+    graders = preflight(specs, train_rows, judge=Judge.from_config(dataclasses.replace(cfg.judge, cache_path=""), None),
+                        callables=callables, reward_models=cfg.reward_models, device=dist.device,
+                        timeout_s=cfg.train.reward_timeout_s,
+                        environment=environments.preflight if environments is not None else None)
+    return CheckedInputs(rows, train_rows, heldout, specs, graders, environments, callables, draws)
+
+
+def build_owners(run: Run, checked: CheckedInputs) -> None:
+    """The run's tracker, the three owners of its RL step and its Pareto frontier."""
+    cfg, policy, dist, run_dir = run.cfg, run.policy, run.dist, run.run_dir
+    run.tracker = build_trackers(cfg.train, run_dir) if dist.is_main else NullTracker()
+    toolbox = build_toolbox(cfg.rollout, policy.tokenizer, checked.callables, checked.environments)  # rollout.tools; None without
+    sampler = TaskBalancedSampler(run.samples.training, seed=cfg.train.seed, mix=parse_task_mix(cfg.data.task_mix))
+    run.generation = Generation(policy, cfg.rollout, dist, sampler, stop_token_ids(cfg.rollout, policy.tokenizer),
+                                toolbox, prompts_per_step=cfg.prompts_per_step, train=cfg.train)
+    run.rewarder = Rewarder(checked.specs, checked.graders, Judge.from_config(cfg.judge, run_dir), run.tasks, dist,
+                            rollout=cfg.rollout, loss=cfg.loss, tool_names=toolbox.names if toolbox else None,
+                            total_updates=cfg.total_updates)
+    run.updater = Updater(cfg, policy, dist, run.tasks, run.device)
+    run.progress.frontier = ParetoFrontier(cfg.multi.pareto_cap, run_dir / PARETO_SUBDIR)
+
+
 def setup(cfg: C.Config, *, callables: Mapping[str, Callable[..., Any]] | None = None,
           model: tuple[Any, Any] | None = None) -> Run:
     """Build the model, data, optimizer, controllers and trackers of a run; write its resolved config.
@@ -94,24 +153,7 @@ def setup(cfg: C.Config, *, callables: Mapping[str, Callable[..., Any]] | None =
     device = dist.device = dist_device or choose_device(cfg.train.device)
     name = dist.broadcast(cfg.train.run_name or f"{cfg.preset}-{time.strftime('%Y%m%d-%H%M%S')}")
     run_dir = expand_home(cfg.train.output_dir) / name  # `~/runs` given where no shell expanded it
-    rows = load_samples(cfg.data, cfg.train.seed, cfg.tasks, announce=dist.is_main)  # every rank loads, one speaks
-    train_rows, heldout = split_by_task(rows.train, rows.heldout, cfg.data, cap=False)  # capped by fit_prompts
-    draws = prompt_copies(cfg, dist.world)  # prompts_per_step drawn for each process, or once for all (split_groups)
-    check_prompts_per_step(train_rows, cfg.train.prompts_per_micro_step, cfg.train.grad_accum, draws)
-    require_heldout_rows(train_rows, heldout, cfg.data.heldout_fraction)  # every task is evaluated: stop now if not
-    specs = reward_specs(cfg.data.source, cfg.rewards, sorted(train_rows), custom=cfg.tasks,
-                         aggregation=cfg.loss.reward_aggregation)
-    check_task_entries(cfg.kl, sorted(train_rows))
-    # a tool or an environment that cannot be imported or described stops the run here
-    tool_names = [t.name for t in resolve_tools(cfg.rollout.tools, callables)]
-    environments = resolve_environment(cfg.rollout.environment_factory, callables, tool_names)  # None without
-    specs, callables = environment_rewards(specs, callables, environments)  # its get_reward: a term of each task
-    # the judge's rubrics are tried without its cache, which lives in the run folder
-    set_trainer_state(0, 0)  # a run in the same process (a notebook, a test) left its own: each run starts from none
-    graders = preflight(specs, train_rows, judge=Judge.from_config(dataclasses.replace(cfg.judge, cache_path=""), None),
-                        callables=callables, reward_models=cfg.reward_models, device=device,
-                        timeout_s=cfg.train.reward_timeout_s,
-                        environment=environments.preflight if environments is not None else None)
+    checked = check_inputs(cfg, callables, dist)  # data, graders, tools: stops here, before the folder or model
     note = preset_note(cfg)
     if note and dist.is_main:
         print(note)
@@ -122,17 +164,20 @@ def setup(cfg: C.Config, *, callables: Mapping[str, Callable[..., Any]] | None =
     with discarded_if_unstarted(run_dir, dist.is_main and made_here):  # a failed build leaves no empty folder
         inputs, resume_from = {}, None
         if dist.is_main:  # what the run starts with: a resume goes on only from the same, or names what changed
-            inputs = input_fingerprints(cfg.data, cfg.tasks, rows.every, graders, term_names(specs))
+            inputs = input_fingerprints(cfg.data, cfg.tasks, checked.rows.every, checked.graders,
+                                        term_names(checked.specs))
             if cfg.checkpoint.resume:
                 resume_from = check_resume(run_dir, cfg, inputs)
         resume_from = dist.broadcast(resume_from)
         # the builtin tokenizer learns from prompts and, separately, from completions exactly as they are generated
         # (right after the assistant marker, no leading space)
-        corpus = [s.messages[-1]["content"] for s in rows.every] + [s.target for s in rows.every if s.target]
+        every = checked.rows.every
+        corpus = [s.messages[-1]["content"] for s in every] + [s.target for s in every if s.target]
         policy = policy_from_config(cfg.model, device, corpus, seed=cfg.train.seed, loaded=model)
-        train_rows, heldout = fit_prompts(train_rows, heldout, policy, cfg.data, cfg.rollout, dist.is_main)
+        train_rows, heldout = fit_prompts(checked.train_rows, checked.heldout, policy, cfg.data, cfg.rollout,
+                                          dist.is_main)
         choose_lora_fold(cfg, policy, device, dist.is_main)  # rollout.fold_lora=auto on a GPU: from the estimate
-        cfg = with_epochs(cfg, train_rows, draws, dist.is_main)  # train.num_epochs: the steps from the rows
+        cfg = with_epochs(cfg, train_rows, checked.draws, dist.is_main)  # train.num_epochs: the steps from the rows
         if policy.grad_scaler is not None and cfg.multi.combine != "sum":
             raise C.ConfigError(f"multi.combine={cfg.multi.combine!r} needs bf16 or fp32 weights: the per-task "
                                 "gradients are not loss-scaled, so fp16 (this GPU has no bf16) would under- or "
@@ -143,16 +188,7 @@ def setup(cfg: C.Config, *, callables: Mapping[str, Callable[..., Any]] | None =
             dist.shard(policy.ref_model)
         run = Run(cfg, run_dir, dist, policy, TaskSamples(train_rows, heldout),
                   start=Start(inputs, resume_from, f"CPU: {threads} torch thread(s) ({why}); {openmp_note()}"))
-        run.tracker = build_trackers(cfg.train, run_dir) if dist.is_main else NullTracker()
-        toolbox = build_toolbox(cfg.rollout, policy.tokenizer, callables, environments)  # rollout.tools; None without
-        sampler = TaskBalancedSampler(train_rows, seed=cfg.train.seed, mix=parse_task_mix(cfg.data.task_mix))
-        run.generation = Generation(policy, cfg.rollout, dist, sampler, stop_token_ids(cfg.rollout, policy.tokenizer),
-                                toolbox, prompts_per_step=cfg.prompts_per_step, train=cfg.train)
-        run.rewarder = Rewarder(specs, graders, Judge.from_config(cfg.judge, run_dir), run.tasks, dist,
-                              rollout=cfg.rollout, loss=cfg.loss, tool_names=toolbox.names if toolbox else None,
-                              total_updates=cfg.total_updates)
-        run.updater = Updater(cfg, policy, dist, run.tasks, device)
-        run.progress.frontier = ParetoFrontier(cfg.multi.pareto_cap, run_dir / PARETO_SUBDIR)
+        build_owners(run, checked)
         if dist.is_main:
             (run_dir / "config.json").write_text(C.dumps(cfg))
         if dist.active and not run.generation.per_completion:

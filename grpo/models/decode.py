@@ -36,7 +36,7 @@ have many of (K samples of one prompt end at very different lengths). A GPU run 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 
@@ -229,6 +229,31 @@ def check_keys(row_keys: Sequence[int], rows: Sequence[Sequence[int]]) -> None:
         raise ValueError(f"rollouts: {len(row_keys)} row keys for {len(rows)} completions")
 
 
+def _prefill(model: torch.nn.Module, ids_BP: torch.Tensor, mask_BP: torch.Tensor, max_new_tokens: int,
+             switches: LoopSwitches) -> tuple[Any, torch.Tensor, torch.Tensor]:
+    """The prompt forward (each distinct row once with switches.share_prefill): the one-token steps over its cache,
+    the last logits of each row and the position of each row's next token."""
+    from transformers import DynamicCache
+
+    # `generate` drops an all-ones mask (the attention then takes its causal fast path); so does this loop, so the
+    # logits are bit-identical to its own
+    prefill_mask = None if bool(mask_BP.all()) else mask_BP.long()
+    pos_BP = position_ids_from_mask(mask_BP)
+    kept = {"logits_to_keep": 1} if accepts_logits_to_keep(model) else {}
+    shared = distinct_rows(ids_BP, mask_BP) if switches.share_prefill else None
+    first_U, src_B = shared if shared is not None else (None, None)
+    out = model(input_ids=ids_BP if first_U is None else ids_BP[first_U],
+                attention_mask=prefill_mask if prefill_mask is None or first_U is None else prefill_mask[first_U],
+                position_ids=pos_BP if first_U is None else pos_BP[first_U],
+                **{cache_kwarg(model) or "past_key_values": DynamicCache(config=model.config)}, use_cache=True, **kept)
+    # FastSteps copies the prefill's cache (row b from row src_B[b]) into its own buffers; `out` is dropped when this
+    # returns, and the copy with it
+    steps = make_steps(model, returned_cache(out), mask_BP, out.logits.dtype, max_new_tokens - 1,
+                       fast=switches.fast_steps, rows_B=src_B)
+    logits_RV = out.logits[:, -1] if src_B is None else out.logits[src_B, -1]
+    return steps, logits_RV, pos_BP[:, -1:] + 1
+
+
 @torch.no_grad()
 def decode(model: torch.nn.Module, rows: Sequence[Sequence[int]], rollout: RolloutConfig, stop_ids: Sequence[int],
            pad_id: int, *, greedy: bool = False, row_keys: Sequence[int] | None = None,
@@ -240,8 +265,6 @@ def decode(model: torch.nn.Module, rows: Sequence[Sequence[int]], rollout: Rollo
 
     On the CPU the result is `generate`'s, token for token. On an accelerator the loop may run up to 7 steps past the
     last stop (see `_sync_every`), which adds padding columns and draws more random numbers, nothing else."""
-    from transformers import DynamicCache
-
     max_new_tokens = rollout.max_new_tokens
     if max_new_tokens < 1:
         raise ValueError(f"decode: max_new_tokens={max_new_tokens}; use at least 1")
@@ -259,25 +282,7 @@ def decode(model: torch.nn.Module, rows: Sequence[Sequence[int]], rollout: Rollo
     stops = torch.tensor([int(i) for i in stop_ids], device=device)
     pad = torch.tensor(int(pad_id), device=device)
     with generation_mode(model):
-        # `generate` drops an all-ones mask (the attention then takes its causal fast path); so does this loop, so
-        # the logits are bit-identical to its own
-        prefill_mask = None if bool(mask_BP.all()) else mask_BP.long()
-        pos_BP = position_ids_from_mask(mask_BP)
-        next_pos_R1 = pos_BP[:, -1:] + 1
-        kept = {"logits_to_keep": 1} if accepts_logits_to_keep(model) else {}
-        shared = distinct_rows(ids_BP, mask_BP) if switches.share_prefill else None
-        first_U, src_B = shared if shared is not None else (None, None)
-        out = model(input_ids=ids_BP if first_U is None else ids_BP[first_U],
-                    attention_mask=prefill_mask if prefill_mask is None or first_U is None else prefill_mask[first_U],
-                    position_ids=pos_BP if first_U is None else pos_BP[first_U],
-                    **{cache_kwarg(model) or "past_key_values": DynamicCache(config=model.config)}, use_cache=True,
-                    **kept)
-        # FastSteps copies the prefill's cache (row b from row src_B[b]) into its own buffers; `out` is dropped
-        # below, and the copy with it
-        steps = make_steps(model, returned_cache(out), mask_BP, out.logits.dtype, max_new_tokens - 1,
-                           fast=switches.fast_steps, rows_B=src_B)
-        logits_RV = out.logits[:, -1] if src_B is None else out.logits[src_B, -1]
-        del out
+        steps, logits_RV, next_pos_R1 = _prefill(model, ids_BP, mask_BP, max_new_tokens, switches)
         sync_every = _sync_every(device)
         rows_R: torch.Tensor | None = None  # the batch rows the model computes; None = all B
         running_B = torch.ones(B, dtype=torch.bool, device=device)

@@ -26,7 +26,7 @@ from grpo.config.settings import LossConfig
 from grpo.core.losses import (LOG_RATIO_CLAMP, LOG_RATIOS, POLICY_LOSSES, aggregate, kl_penalty, policy_loss,
                                top_entropy_mask)
 from grpo.core.records import TrainBatch
-from grpo.models.distributed import as_float
+from grpo.models.distributed import Dist, as_float
 from grpo.models.logprobs import completion_logprobs
 from grpo.phases.batch import batch_entropies
 
@@ -204,7 +204,7 @@ class StepSettings:
 
 
 def update_passes(learner: Learner, batch: TrainBatch, betas_N: torch.Tensor, loss: LossConfig, tasks: Sequence[str],
-               settings: StepSettings) -> dict[str, float]:
+                  settings: StepSettings) -> dict[str, float]:
     """loss.mu optimizer steps of `learner` over `batch` (the loss section: policy loss, clipping, aggregation, KL
     estimator, entropy bonus, μ). betas_N: β per task index. Returns metrics + health.
 
@@ -220,14 +220,8 @@ def update_passes(learner: Learner, batch: TrainBatch, betas_N: torch.Tensor, lo
     are summed once per optimizer step (DDP on the last micro-batch, `no_sync` on the others; the loss is multiplied
     by the world size because DDP averages).
     """
-    model, optimizer, params, dist = learner.model, learner.optimizer, learner.params, learner.dist
-    scaler, grad_combiner = learner.scaler, learner.grad_combiner
-    micro_batch_seqs = settings.micro_batch_seqs
-    num_tokens, num_seqs = batch.num_tokens, batch.size  # counted ONCE for the whole optimizer step
-    world = 1
-    if dist is not None and dist.active:
-        num_tokens, num_seqs = (int(v) for v in dist.sum_numbers([num_tokens, num_seqs]))
-        world = dist.world
+    model, dist = learner.model, learner.dist
+    num_tokens, num_seqs, world = _global_counts(batch, dist)  # counted ONCE for the whole optimizer step
     if num_tokens == 0:
         if loss.mask_truncated:  # every completion was truncated and masked: nothing to learn from this batch
             return {"loss/total": 0.0, "loss/no_tokens": 1.0, "health/grad_norm": 0.0, "health/grad_norm_max": 0.0,
@@ -236,9 +230,6 @@ def update_passes(learner: Learner, batch: TrainBatch, betas_N: torch.Tensor, lo
     metrics: dict[str, float] = {}
     if loss.top_entropy_quantile < 1.0:
         metrics.update(select_top_entropy(model, batch, loss.top_entropy_quantile, settings, dist))
-    passes: list[dict[str, float]] = []
-    norms: list[float] = []
-    skipped = 0
 
     def terms(mb: TrainBatch):
         return micro_batch_terms(model, mb, betas_N, loss, settings.temperature, settings.fused_head,
@@ -249,49 +240,82 @@ def update_passes(learner: Learner, batch: TrainBatch, betas_N: torch.Tensor, lo
                          constant=settings.agg_constant)
 
     model.train()
+    passes: list[dict[str, float]] = []
+    norms: list[float] = []
     for pass_index in range(loss.mu):
-        optimizer.zero_grad(set_to_none=True)
+        learner.optimizer.zero_grad(set_to_none=True)
         stats = _StepStats(len(tasks), batch.advantages_B.device)
-        micro = list(batch.micro_batches(micro_batch_seqs))
-        if grad_combiner is not None:
+        micro = list(batch.micro_batches(settings.micro_batch_seqs))
+        if learner.grad_combiner is not None:
             with dist.no_sync(model) if dist is not None else contextlib.nullcontext():  # it sums per-task grads
-                metrics.update(grad_combiner(micro, terms, agg, stats, dist=dist))
+                metrics.update(learner.grad_combiner(micro, terms, agg, stats, dist=dist))
         else:
-            for i, mb in enumerate(micro):
-                last = i == len(micro) - 1  # DDP all-reduces on this backward only
-                with dist.no_sync(model) if dist is not None and not last else contextlib.nullcontext():
-                    pg_BT, reg_BT, mask_BT, parts = terms(mb)
-                    mb_loss = agg(pg_BT + reg_BT, mask_BT)  # scaled so the micro-batches sum to the step's loss
-                    scaled = (scaler.scale(mb_loss) if scaler is not None else mb_loss) * world
-                    scaled.backward()  # gradients ADD across micro-batches
-                stats.add(mb_loss, parts, mb.task_ids_B)
-        if scaler is not None:
-            scaler.unscale_(optimizer)
-        grad_norm = as_float(torch.nn.utils.clip_grad_norm_(params, settings.max_grad_norm))  # a DTensor when sharded
-        if not (grad_norm == grad_norm and grad_norm <= settings.skip_grad_norm):  # NaN, Inf or exploding
-            optimizer.zero_grad(set_to_none=True)
-            if scaler is not None:
-                scaler.update()  # an fp16 overflow lowers the loss scale
-            skipped += 1
-        else:
-            if scaler is not None:
-                scaler.step(optimizer)
-                scaler.update()
-            else:
-                optimizer.step()
-            optimizer.zero_grad(set_to_none=True)  # free the gradients now: they would sit through generation
-            if learner.on_step is not None:
-                learner.on_step()
+            _backward(learner, micro, terms, agg, stats, world)
+        norms.append(_optimizer_step(learner, settings))
         if pass_index == 0 and loss.mu > 1 and batch.old_logps_BT is None:
-            logps_BT = batch.from_micro_batches([lp.float() for lp in stats.logps], micro_batch_seqs)
+            logps_BT = batch.from_micro_batches([lp.float() for lp in stats.logps], settings.micro_batch_seqs)
             batch.old_logps_BT = logps_BT * batch.completion_mask_BT
         passes.append(stats.finish(tasks, dist, overall=settings.entropy_coef is not None))
-        norms.append(grad_norm)
-    metrics.update(passes[0])
+    return {**metrics, **_across_passes(passes, norms, loss, settings.skip_grad_norm)}
+
+
+def _global_counts(batch: TrainBatch, dist: Dist | None) -> tuple[int, int, int]:
+    """(completion tokens, sequences, processes) of the optimizer step: this batch's, summed over the processes."""
+    if dist is None or not dist.active:
+        return batch.num_tokens, batch.size, 1
+    num_tokens, num_seqs = (int(v) for v in dist.sum_numbers([batch.num_tokens, batch.size]))
+    return num_tokens, num_seqs, dist.world
+
+
+def _backward(learner: Learner, micro: list[TrainBatch], terms: Callable, agg: Callable, stats: "_StepStats",
+              world: int) -> None:
+    """One backward per micro-batch: gradients ADD across them (no zero_grad, no step in here). Each micro-batch's
+    loss is scaled so that they sum to the step's loss, times the world size because DDP averages; DDP all-reduces
+    on the last backward only."""
+    model, dist, scaler = learner.model, learner.dist, learner.scaler
+    for i, mb in enumerate(micro):
+        last = i == len(micro) - 1
+        with dist.no_sync(model) if dist is not None and not last else contextlib.nullcontext():
+            pg_BT, reg_BT, mask_BT, parts = terms(mb)
+            mb_loss = agg(pg_BT + reg_BT, mask_BT)
+            scaled = (scaler.scale(mb_loss) if scaler is not None else mb_loss) * world
+            scaled.backward()
+        stats.add(mb_loss, parts, mb.task_ids_B)
+
+
+def _optimizer_step(learner: Learner, settings: StepSettings) -> float:
+    """Clip the gradients and step, or skip the step when their pre-clip norm is NaN, Inf or above
+    settings.skip_grad_norm; the gradients are freed either way. Returns that norm."""
+    optimizer, scaler = learner.optimizer, learner.scaler
+    if scaler is not None:
+        scaler.unscale_(optimizer)
+    grad_norm = as_float(torch.nn.utils.clip_grad_norm_(learner.params, settings.max_grad_norm))  # DTensor if sharded
+    if not (grad_norm == grad_norm and grad_norm <= settings.skip_grad_norm):  # NaN, Inf or exploding
+        optimizer.zero_grad(set_to_none=True)
+        if scaler is not None:
+            scaler.update()  # an fp16 overflow lowers the loss scale
+        return grad_norm
+    if scaler is not None:
+        scaler.step(optimizer)
+        scaler.update()
+    else:
+        optimizer.step()
+    optimizer.zero_grad(set_to_none=True)  # free the gradients now: they would sit through generation
+    if learner.on_step is not None:
+        learner.on_step()
+    return grad_norm
+
+
+def _across_passes(passes: list[dict[str, float]], norms: list[float], loss: LossConfig,
+                   skip_grad_norm: float) -> dict[str, float]:
+    """The step's metrics from its μ passes: the first pass's, with the PER_PASS_PREFIXES ones and the loss's own
+    metrics over all passes (mean of the means, max of the maxima, min of the minima), and health/."""
+    metrics = dict(passes[0])
     for key in [k for k in passes[0] if k.startswith(PER_PASS_PREFIXES + POLICY_LOSSES[loss.policy_loss].metrics)]:
         values = [p[key] for p in passes if key in p]
         metrics[key] = max(values) if key.endswith("_max") else min(values) if key.endswith("_min") \
             else sum(values) / len(values)
+    skipped = sum(not (n == n and n <= skip_grad_norm) for n in norms)
     metrics["health/grad_norm"] = norms[0]
     metrics["health/grad_norm_max"] = max(norms, key=lambda n: n if n == n else math.inf)  # NaN counts as largest
     metrics["health/skipped"] = float(skipped > 0)
