@@ -5,7 +5,7 @@ A thin entry point: the tool is grpo/run/gpu_memory_check.py (`--help` lists its
 
 import sys
 
-from grpo.run.gpu_memory_check import main
+from grpo.run.gpu_memory_check import check_gpu_memory
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(check_gpu_memory())

@@ -43,10 +43,10 @@ from grpo.models.pretrained import ModelPackageMissing, check_model_name
 from grpo.phases.coverage import pass_at_k_eval
 from grpo.phases.evaluate import evaluate, part_means, record_measures, unscored
 from grpo.phases.sft import run_sft, sft_examples, stratified
-from grpo.phases.environments import environment_rewards, factory_spec, resolve_environment
-from grpo.phases.tools import build_toolbox, resolve_tools, tool_specs
+from grpo.phases.environments import environment_rewards, resolve_environment
+from grpo.phases.tools import build_toolbox, resolve_tools
 from grpo.run import checkpoint_files as ckpt
-from grpo.run.api import python_config
+from grpo.run.api import loaded_model, python_config, with_tools
 from grpo.run.save_resume import check_resume, reference_weights, resume, save_checkpoint
 from grpo.run.config_check import check_config
 from grpo.run.console import banner, preset_note
@@ -57,9 +57,9 @@ from grpo.run.report import build_report, format_report
 from grpo.run.fingerprints import input_fingerprints
 from grpo.run.run_folder import discarded_if_unstarted, expand_home, prepare_run_dir, release_run_dir
 from grpo.run.exits import USER_ERRORS, interrupted, user_error
-from grpo.run.setup_parts import (build_trackers, check_sharding, check_task_entries, choose_device, choose_lora_fold,
-                                  fit_prompts, load_samples, parse_task_mix, policy_from_config, reward_specs,
-                                  seed_everything, split_by_task, stop_token_ids, with_epochs)
+from grpo.run.setup_parts import (build_trackers, check_precision, check_sharding, check_task_entries, choose_device,
+                                  choose_lora_fold, fit_prompts, load_samples, parse_task_mix, policy_from_config,
+                                  reward_specs, seed_everything, split_by_task, stop_token_ids, with_epochs)
 from grpo.run.signals import Interrupted, StopRequest, signals_raise
 from grpo.run.state import Run, Start, TaskSamples
 from grpo.run.step_owners import Generation, Rewarder, StepTimer, Updater, prompt_copies
@@ -85,6 +85,20 @@ class CheckedInputs:
     """The run's functions by name, with the environment's get_reward when it has one."""
     draws: int
     """How many times a step draws prompts_per_step prompts (`prompt_copies`)."""
+
+
+def prepare_process(threads_setting: int) -> str:
+    """This process's torch thread count (train.threads: the cores it may use, not the machine's; setting it also
+    pins MKL's count) and transformers' progress bars off (one progress display per phase is ours). Returns the
+    banner's CPU line."""
+    threads, why = thread_count(threads_setting, torch.get_num_threads(), cpu_share())
+    if threads != torch.get_num_threads():
+        torch.set_num_threads(threads)
+    # transformers is imported when the first model is built, not when this module is (--help stays fast)
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+    return f"CPU: {threads} torch thread(s) ({why}); {openmp_note()}"
 
 
 def check_inputs(cfg: C.Config, callables: Mapping[str, Callable[..., Any]] | None, dist: Dist) -> CheckedInputs:
@@ -142,13 +156,7 @@ def setup(cfg: C.Config, *, callables: Mapping[str, Callable[..., Any]] | None =
     """
     check_config(cfg)
     seed_everything(cfg.train.seed)
-    threads, why = thread_count(cfg.train.threads, torch.get_num_threads(), cpu_share())
-    if threads != torch.get_num_threads():  # train.threads: the cores this process may use, not the machine's; a
-        torch.set_num_threads(threads)      # call also pins MKL's count (mkl_set_dynamic(0)): 5 % on the demo
-    # transformers is imported when the first model is built, not when this module is (--help stays fast)
-    from transformers.utils import logging as hf_logging
-
-    hf_logging.disable_progress_bar()  # one progress display per phase is ours; HF's save bars are noise
+    host = prepare_process(cfg.train.threads)
     dist, dist_device = make_dist(cfg.train.device, cfg.train.sharding)
     device = dist.device = dist_device or choose_device(cfg.train.device)
     name = dist.broadcast(cfg.train.run_name or f"{cfg.preset}-{time.strftime('%Y%m%d-%H%M%S')}")
@@ -178,16 +186,13 @@ def setup(cfg: C.Config, *, callables: Mapping[str, Callable[..., Any]] | None =
                                           dist.is_main)
         choose_lora_fold(cfg, policy, device, dist.is_main)  # rollout.fold_lora=auto on a GPU: from the estimate
         cfg = with_epochs(cfg, train_rows, checked.draws, dist.is_main)  # train.num_epochs: the steps from the rows
-        if policy.grad_scaler is not None and cfg.multi.combine != "sum":
-            raise C.ConfigError(f"multi.combine={cfg.multi.combine!r} needs bf16 or fp32 weights: the per-task "
-                                "gradients are not loss-scaled, so fp16 (this GPU has no bf16) would under- or "
-                                "overflow; use multi.combine=sum or model.dtype=float32", field="multi.combine")
+        check_precision(cfg.multi, policy)  # fp16 with gradient surgery: refused
         if dist.sharded:  # FSDP2: the parameters become shards in place; the optimizer is built on them below
             check_sharding(cfg, policy, dist)
             dist.shard(policy.model)
             dist.shard(policy.ref_model)
         run = Run(cfg, run_dir, dist, policy, TaskSamples(train_rows, heldout),
-                  start=Start(inputs, resume_from, f"CPU: {threads} torch thread(s) ({why}); {openmp_note()}"))
+                  start=Start(inputs, resume_from, host))
         build_owners(run, checked)
         if dist.is_main:
             (run_dir / "config.json").write_text(C.dumps(cfg))
@@ -429,23 +434,9 @@ def train(config: C.Config | str | Sequence[str] | None = None, *,
     Errors are the command line's, raised instead of printed: ConfigError (config), DataFileError (data),
     GraderError (the reward preflight, before the model loads), ModelPackageMissing. For the phases one by one,
     call `setup`, `evaluate_phase`, `sft_phase`, `rl_step`, `finish` (notebooks/quickstart.ipynb)."""
-    if processing_class is not None:
-        if model is None or isinstance(model, (str, tuple)):
-            raise C.ConfigError("train(processing_class=...) goes with a loaded model: model=<the model>",
-                                field="model.name")
-        model = (model, processing_class)
-    elif model is not None and not isinstance(model, (str, tuple)):
-        raise C.ConfigError(f"train(model=<a loaded {type(model).__name__}>) needs its tokenizer: pass "
-                            "processing_class=tokenizer (or model=(model, tokenizer))", field="model.name")
+    model = loaded_model(model, processing_class)
     cfg, callables = python_config(config, tasks, rewards, model, sections, peft_config, trl_args=args)
-    if tools:  # rollout.tools names them: "module:function" when importable, else by name with the function handed in
-        specs, tool_fns = tool_specs(tools)
-        cfg = dataclasses.replace(cfg, rollout=dataclasses.replace(cfg.rollout, tools=[*cfg.rollout.tools, *specs]))
-        callables = {**callables, **tool_fns}
-    if environment_factory is not None:  # rollout.environment_factory, named as the tools are
-        spec, env_fns = factory_spec(environment_factory)
-        cfg = dataclasses.replace(cfg, rollout=dataclasses.replace(cfg.rollout, environment_factory=spec))
-        callables = {**callables, **env_fns}
+    cfg, callables = with_tools(cfg, callables, tools, environment_factory)
     loaded = model if isinstance(model, tuple) else None
     if loaded is None:
         check_model_name(cfg.model.name)

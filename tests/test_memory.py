@@ -327,11 +327,11 @@ def test_the_installed_commands_name_importable_callables():
     import tomllib
 
     scripts = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
-    assert scripts["grpo-check-gpu-memory"] == "grpo.run.gpu_memory_check:main"
+    assert scripts["grpo-check-gpu-memory"] == "grpo.run.gpu_memory_check:check_gpu_memory"
     for name, target in scripts.items():
         module, _, attr = target.partition(":")
         assert callable(getattr(importlib.import_module(module), attr)), f"{name} = {target!r} is not a callable"
-    assert "from grpo.run.gpu_memory_check import main" in (ROOT / "check_gpu_memory.py").read_text()
+    assert "from grpo.run.gpu_memory_check import check_gpu_memory" in (ROOT / "check_gpu_memory.py").read_text()
 
 
 def test_the_root_script_still_runs():

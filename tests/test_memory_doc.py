@@ -160,5 +160,5 @@ def test_sample_output_blocks_are_the_tools_output():
         argv = shlex.split(command)[2:]
         buf = io.StringIO()
         with contextlib.redirect_stdout(buf):
-            assert gpu_memory_check.main(argv) == 0
+            assert gpu_memory_check.check_gpu_memory(argv) == 0
         assert shown == buf.getvalue().rstrip("\n"), f"the block under `{command}` is stale; paste the tool's output"

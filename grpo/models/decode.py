@@ -254,7 +254,6 @@ def _prefill(model: torch.nn.Module, ids_BP: torch.Tensor, mask_BP: torch.Tensor
     return steps, logits_RV, pos_BP[:, -1:] + 1
 
 
-@torch.no_grad()
 def decode(model: torch.nn.Module, rows: Sequence[Sequence[int]], rollout: RolloutConfig, stop_ids: Sequence[int],
            pad_id: int, *, greedy: bool = False, row_keys: Sequence[int] | None = None,
            switches: LoopSwitches = LoopSwitches()) -> tuple[list[list[int]], torch.Tensor | int]:
@@ -281,7 +280,7 @@ def decode(model: torch.nn.Module, rows: Sequence[Sequence[int]], rollout: Rollo
         keys_B = torch.tensor(list(row_keys), dtype=torch.int64, device=device)
     stops = torch.tensor([int(i) for i in stop_ids], device=device)
     pad = torch.tensor(int(pad_id), device=device)
-    with generation_mode(model):
+    with generation_mode(model), torch.no_grad():
         steps, logits_RV, next_pos_R1 = _prefill(model, ids_BP, mask_BP, max_new_tokens, switches)
         sync_every = _sync_every(device)
         rows_R: torch.Tensor | None = None  # the batch rows the model computes; None = all B

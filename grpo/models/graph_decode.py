@@ -167,7 +167,7 @@ def fold_fits(modules: Sequence[tuple[int, str, torch.nn.Module]]) -> bool:
 
 
 @dataclass
-class State:
+class DecodeState:
     """Every tensor the step reads or writes, allocated before the loop (a CUDA graph replays fixed addresses)."""
 
     K: list[torch.Tensor]
@@ -190,7 +190,7 @@ class State:
 
 
 class GraphStep:
-    """The decoding step of one model, as a function of (State) only: built once per model and reused by every
+    """The decoding step of one model, as a function of (DecodeState) only: built once per model and reused by every
     rollout (its compiled form is cached by torch for the shapes it has seen)."""
 
     def __init__(self, model: torch.nn.Module):
@@ -206,7 +206,7 @@ class GraphStep:
         self.attention = ALL_ATTENTION_FUNCTIONS.get_interface(base.config._attn_implementation,
                                                                modeling.eager_attention_forward)
         self.sdpa = base.config._attn_implementation == "sdpa"
-        self.plan: list[tuple[int, str, int | None]] = []  # (layer, projection, index into State.folded or None)
+        self.plan: list[tuple[int, str, int | None]] = []  # (layer, projection, index into DecodeState.folded or None)
         self.compiled: dict[tuple, Callable] = {}
         self.fold_auto: bool | None = None
         """What rollout.fold_lora=auto does for this model, decided once by the run (grpo/run/setup_parts.py:
@@ -244,7 +244,7 @@ class GraphStep:
 
     # -- the step, as pure tensor code over the state ------------------------------------------------------------
 
-    def sample(self, s: State, sampling: StepSampling) -> None:
+    def sample(self, s: DecodeState, sampling: StepSampling) -> None:
         """Draw step t's token from s.logits_BV into s.out_BN[:, t] and s.next_B; update the running rows and the
         penalty counts."""
         scores_BV = s.logits_BV.float()
@@ -278,7 +278,7 @@ class GraphStep:
         if s.counts_BV is not None:
             s.counts_BV.scatter_add_(1, next_B[:, None], torch.ones_like(s.counts_BV[:, :1]))
 
-    def forward(self, s: State) -> None:
+    def forward(self, s: DecodeState) -> None:
         """The model on s.next_B at column s.n: its keys / values written in place, s.logits_BV the next logits."""
         B = s.next_B.shape[0]
         h = self.decoder.embed_tokens(s.next_B[:, None])  # (B, 1, H)
@@ -327,7 +327,7 @@ class GraphStep:
                                              dropout_p=0.0, scale=attn.scaling)  # (B, KVH, G, D): head kvh·G + g
         return out.reshape(B, 1, H * D)
 
-    def step(self, s: State, sampling: StepSampling) -> None:
+    def step(self, s: DecodeState, sampling: StepSampling) -> None:
         """Sample token t, run the model on it, advance t: one replay of the graph."""
         self.sample(s, sampling)
         self.forward(s)
@@ -336,7 +336,7 @@ class GraphStep:
 
 def build_state(model: torch.nn.Module, ids_BP: torch.Tensor, mask_BP: torch.Tensor, keys_B: torch.Tensor,
                 sampling: StepSampling, max_new_tokens: int, folded: list[torch.Tensor],
-                distinct: tuple[list[int], list[int]] | None) -> State:
+                distinct: tuple[list[int], list[int]] | None) -> DecodeState:
     """Prefill the prompts (each distinct one once) and lay out every buffer of the loop."""
     from transformers import DynamicCache
 
@@ -378,7 +378,7 @@ def build_state(model: torch.nn.Module, ids_BP: torch.Tensor, mask_BP: torch.Ten
     counts_BV = None
     if sampling.rollout.presence_penalty or sampling.rollout.frequency_penalty:
         counts_BV = torch.zeros(B, V_size, dtype=torch.float32, device=device)
-    return State(K=K, V=V, attend_BL=attend_BL, cols_L=torch.arange(L, device=device), logits_BV=logits_BV,
+    return DecodeState(K=K, V=V, attend_BL=attend_BL, cols_L=torch.arange(L, device=device), logits_BV=logits_BV,
                  next_B=torch.full((B,), sampling.pad_id, dtype=torch.long, device=device),
                  pos_B1=pos_BP[:, -1:] + 1, t=torch.zeros((), dtype=torch.long, device=device),
                  n=torch.full((), P, dtype=torch.long, device=device),
@@ -395,7 +395,7 @@ def _announce(key: tuple, message: str) -> None:
         print(message, flush=True)
 
 
-def _compiled_step(graph: GraphStep, sampling: StepSampling, state: State, compile_step: bool) -> Callable[[State], None]:
+def _compiled_step(graph: GraphStep, sampling: StepSampling, state: DecodeState, compile_step: bool) -> Callable[[DecodeState], None]:
     """The step for these settings: `torch.compile(fullgraph=True)` of GraphStep.step when `compile_step`, else the
     eager function."""
     if not compile_step:
@@ -412,7 +412,7 @@ class Captured:
     """A CUDA graph of one step over `state`, captured after warm-up replays on a side stream (the compiled code
     allocates its workspace there). The state is as it was before, whether the capture succeeds or raises."""
 
-    def __init__(self, fn: Callable[[State], None], state: State, warmup: int = 2):
+    def __init__(self, fn: Callable[[DecodeState], None], state: DecodeState, warmup: int = 2):
         self.graph = torch.cuda.CUDAGraph()
         # what the warm-up steps change and the first real step reads; the KV buffers need no copy (a step writes its
         # column before it attends to it, and the columns after it are masked)
@@ -432,7 +432,7 @@ class Captured:
             for x, saved in zip(mutable, snapshot):  # the warm-up steps ran (a capture runs nothing): undo them
                 x.copy_(saved)
 
-    def __call__(self, state: State) -> None:
+    def __call__(self, state: DecodeState) -> None:
         self.graph.replay()
 
 
@@ -442,8 +442,8 @@ def _warn_once(key: tuple, message: str) -> None:
         warnings.warn(message, RuntimeWarning, stacklevel=3)
 
 
-def ready_step(graph: GraphStep, sampling: StepSampling, state: State, compile_step: bool,
-               capture: bool) -> Callable[[State], None]:
+def ready_step(graph: GraphStep, sampling: StepSampling, state: DecodeState, compile_step: bool,
+               capture: bool) -> Callable[[DecodeState], None]:
     """The step to replay: compiled and captured (CUDA), compiled, or eager. What fails falls back to the next
     (compiled → eager, captured → uncaptured), with a warning naming the error once: the same tokens either way (the
     compiled step equals the eager one to rounding), only slower."""
@@ -473,7 +473,7 @@ def ready_step(graph: GraphStep, sampling: StepSampling, state: State, compile_s
 
 MUTABLE_FIELDS = ("K", "V", "logits_BV", "next_B", "pos_B1", "t", "n", "running_B", "out_BN", "fixed", "seen_BV",
                   "counts_BV")
-"""The State fields a step writes."""
+"""The DecodeState fields a step writes."""
 
 
 def _clone(x: Any) -> Any:

@@ -16,6 +16,8 @@ from typing import Any, Callable, Mapping, Sequence
 
 from grpo.config import settings as C
 from grpo.config.presets import CUSTOM_PRESET
+from grpo.phases.environments import factory_spec
+from grpo.phases.tools import tool_specs
 from grpo.run.config_check import check_config
 from grpo.run.row_files import write_rows
 from grpo.run.trl_config import from_trl
@@ -60,6 +62,36 @@ def python_config(config: C.Config | str | Sequence[str] | None, tasks: Mapping[
     if peft_config is not None:
         tree["model"].update(lora_fields(peft_config))
     return check_config(C.from_dict(tree)), callables
+
+
+def loaded_model(model: Any, processing_class: Any) -> Any:
+    """`train`'s model and processing_class as the model argument of `python_config`: a model name, a (model,
+    tokenizer) pair, or None; a loaded model without its tokenizer, or a tokenizer without a loaded model, is a
+    ConfigError."""
+    if processing_class is not None:
+        if model is None or isinstance(model, (str, tuple)):
+            raise C.ConfigError("train(processing_class=...) goes with a loaded model: model=<the model>",
+                                field="model.name")
+        return model, processing_class
+    if model is not None and not isinstance(model, (str, tuple)):
+        raise C.ConfigError(f"train(model=<a loaded {type(model).__name__}>) needs its tokenizer: pass "
+                            "processing_class=tokenizer (or model=(model, tokenizer))", field="model.name")
+    return model
+
+
+def with_tools(cfg: C.Config, callables: dict[str, Callable[..., Any]],
+               tools: Sequence[Callable[..., Any] | str] | None,
+               environment_factory: Callable[[], Any] | str | None) -> tuple[C.Config, dict[str, Callable[..., Any]]]:
+    """`train(tools=..., environment_factory=...)` added to rollout.tools and rollout.environment_factory: by
+    "module:function" when importable, else by name, with the function handed in among the callables."""
+    rollout = cfg.rollout
+    if tools:
+        specs, tool_fns = tool_specs(tools)
+        rollout, callables = dataclasses.replace(rollout, tools=[*rollout.tools, *specs]), {**callables, **tool_fns}
+    if environment_factory is not None:
+        spec, env_fns = factory_spec(environment_factory)
+        rollout, callables = dataclasses.replace(rollout, environment_factory=spec), {**callables, **env_fns}
+    return dataclasses.replace(cfg, rollout=rollout), callables
 
 
 def deep_merge(base: dict[str, Any], extra: Mapping[str, Any]) -> dict[str, Any]:

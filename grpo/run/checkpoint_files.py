@@ -38,7 +38,7 @@ from safetensors.torch import load_file, save_file
 from grpo.data.files import fsync as _fsync
 from grpo.data.files import sha256 as _sha256
 from grpo.data.files import writing
-from grpo.run.treecodec import TreeCodecError, decode, encode
+from grpo.run.treecodec import TreeCodecError, decode_tree, encode_tree
 
 FORMAT_VERSION = 2
 LEGACY_VERSION = 1
@@ -118,7 +118,7 @@ def save(run_dir: Path, step: int, state: dict[str, Any], config: dict[str, Any]
     `state` is a tree of tensors, numpy arrays, numbers, strings, None, lists, tuples and dicts (grpo/run/treecodec.py);
     anything else raises CheckpointError naming its key before a file is written."""
     try:
-        tree_json, tensors = encode(state)
+        tree_json, tensors = encode_tree(state)
     except TreeCodecError as e:
         raise CheckpointError(f"checkpoint step {step} cannot be saved: {e}") from None
     root = Path(run_dir) / CKPT_DIR
@@ -253,7 +253,7 @@ def load(folder: Path, *, trust_pickle: bool = False) -> tuple[dict[str, Any], d
         return torch.load(folder / LEGACY_STATE, map_location="cpu", weights_only=False), config
     try:
         tensors = load_file(str(folder / TENSORS))
-        state = decode((folder / STATE_JSON).read_text(), tensors)
+        state = decode_tree((folder / STATE_JSON).read_text(), tensors)
     except (SafetensorError, TreeCodecError, OSError, UnicodeDecodeError) as e:
         raise CheckpointError(f"checkpoint {folder}: cannot read its state ({e})") from None
     return state, config
@@ -335,7 +335,7 @@ def save_reference(run_dir: Path, weights: dict[str, torch.Tensor]) -> Path:
     tmp = root / f".tmp-{REFERENCE_DIR}-{os.getpid()}"
     tmp.mkdir()
     try:
-        tree_json, tensors = encode(dict(weights))
+        tree_json, tensors = encode_tree(dict(weights))
     except TreeCodecError as e:
         raise CheckpointError(f"the reference model cannot be saved: {e}") from None
     with writing(tmp / REFERENCE_WEIGHTS):
@@ -355,7 +355,7 @@ def load_reference(run_dir: Path, *, trust_pickle: bool = False) -> dict[str, to
     if folder.exists():
         verify(folder)
         try:
-            weights = decode((folder / STATE_JSON).read_text(), load_file(str(folder / REFERENCE_WEIGHTS)))
+            weights = decode_tree((folder / STATE_JSON).read_text(), load_file(str(folder / REFERENCE_WEIGHTS)))
         except (SafetensorError, TreeCodecError, OSError, UnicodeDecodeError) as e:
             raise CheckpointError(f"checkpoint {folder} (the post-SFT reference model) cannot be read: {e}") from None
         return weights

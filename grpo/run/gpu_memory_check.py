@@ -65,7 +65,7 @@ def estimate_report(cfg: Any, gpu: str | None, gpu_mem: float | None) -> str:
     return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> int:
+def check_gpu_memory(argv: list[str] | None = None) -> int:
     """The command line (`argv`: the arguments, default sys.argv[1:]); returns the exit status."""
     import argparse
 

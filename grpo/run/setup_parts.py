@@ -386,6 +386,14 @@ def per_completion_sampling(rollout: C.RolloutConfig, dist: Dist) -> bool:
     return mode == "per_completion" or (mode == "auto" and dist.active)
 
 
+def check_precision(multi: C.MultiConfig, policy: Policy) -> None:
+    """multi.combine other than sum needs bf16 or fp32 weights: the per-task gradients are not loss-scaled."""
+    if policy.grad_scaler is not None and multi.combine != "sum":
+        raise C.ConfigError(f"multi.combine={multi.combine!r} needs bf16 or fp32 weights: the per-task gradients are "
+                            "not loss-scaled, so fp16 (this GPU has no bf16) would under- or overflow; use "
+                            "multi.combine=sum or model.dtype=float32", field="multi.combine")
+
+
 def build_surgery(cfg: C.Config, params: list[torch.nn.Parameter], tasks: list[str]):
     """PCGrad / CAGrad over per-task gradients when multi.combine asks for it (and there are several tasks)."""
     if cfg.multi.combine == "sum" or len(tasks) < 2:

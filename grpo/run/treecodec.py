@@ -1,8 +1,8 @@
 """A state tree as JSON plus named tensors: a checkpoint format that nothing can execute code from.
 
-`encode(tree)` -> (json_text, tensors): every tensor (and numpy array) is taken out of the tree and replaced by a
+`encode_tree(tree)` -> (json_text, tensors): every tensor (and numpy array) is taken out of the tree and replaced by a
 key into `tensors` (a flat name -> tensor dict, saved with safetensors); everything else must be plain data.
-`decode(json_text, tensors)` rebuilds the tree. Neither side unpickles, imports or calls anything named by the
+`decode_tree(json_text, tensors)` rebuilds the tree. Neither side unpickles, imports or calls anything named by the
 file: the JSON holds only the node kinds below, and safetensors holds raw numbers behind a JSON header.
 
     node                            JSON
@@ -17,7 +17,7 @@ file: the JSON holds only the node kinds below, and safetensors holds raw number
     numpy.ndarray (numeric)         {"$ndarray": name, "dtype": "<u4", "shape": [624]}  (bytes as a uint8 tensor)
     numpy scalar (bool/int/float)   {"$npscalar": "<f4", "value": number}
 
-Anything else (an object, a function, a set, a complex number, an object array) is refused by `encode` with its
+Anything else (an object, a function, a set, a complex number, an object array) is refused by `encode_tree` with its
 place in the tree (`state['optimizer']['state'][0]['foo']`), so a bad state fails at save time, not at resume.
 Tensor names are the tree path joined by "/" (e.g. `weights/lm_head.weight`), made unique if two paths collide.
 """
@@ -43,7 +43,7 @@ def _where(path: tuple[Any, ...]) -> str:
     return "state" + "".join(f"[{p!r}]" for p in path)
 
 
-def encode(tree: Any) -> tuple[str, dict[str, torch.Tensor]]:
+def encode_tree(tree: Any) -> tuple[str, dict[str, torch.Tensor]]:
     """(JSON text, tensors by name) of `tree`; raises TreeCodecError naming the first value it cannot store."""
     tensors: dict[str, torch.Tensor] = {}
     storages: set[tuple[str, int]] = set()
@@ -100,8 +100,8 @@ def encode(tree: Any) -> tuple[str, dict[str, torch.Tensor]]:
     return json.dumps(enc(tree, ()), allow_nan=False), tensors
 
 
-def decode(text: str, tensors: dict[str, torch.Tensor]) -> Any:
-    """The tree that `encode` turned into (text, tensors). Raises TreeCodecError for a node it does not know."""
+def decode_tree(text: str, tensors: dict[str, torch.Tensor]) -> Any:
+    """The tree that `encode_tree` turned into (text, tensors). Raises TreeCodecError for a node it does not know."""
 
     def tensor(name: Any, path: tuple[Any, ...]) -> torch.Tensor:
         if not isinstance(name, str) or name not in tensors:
