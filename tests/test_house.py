@@ -269,3 +269,45 @@ def test_the_reference_check_reads_lines():
     assert wrong_refs(good) == [] and len(wrong_refs(bad)) == 1
     with pytest.raises(IndexError):
         wrong_refs("no section")
+
+
+# ---------------------------------------------------------------------------------------------- the faces
+FACES = {"the run doctor": ("grpo.run.doctor_in_run", ("grpo.run.doctor", "grpo.run.doctor_checks")),
+         "TRL's translation": ("grpo.run.trl_cli", ("grpo.run.trl_config", "grpo.run.trl_rows"))}
+"""Each: (its face, the modules behind it)."""
+MAX_FACE_NAMES = 4
+
+
+def names_imported(source: str) -> dict[str, set[str]]:
+    """Module -> the names `from module import ...` takes from it, anywhere in `source`."""
+    out: dict[str, set[str]] = {}
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.ImportFrom) and node.module:
+            out.setdefault(node.module, set()).update(a.name for a in node.names)
+        elif isinstance(node, ast.Import):
+            for a in node.names:
+                out.setdefault(a.name, set()).add("*")
+    return out
+
+
+def face_breaches(source: str, face: str, behind: tuple[str, ...], public: list[str]) -> list[str]:
+    """What `source` takes from behind a face, or from the face beyond its `__all__`."""
+    taken = names_imported(source)
+    out = [f"{m}: {sorted(taken[m])}" for m in behind if m in taken]
+    out += [f"{face}.{n}" for n in sorted(taken.get(face, set()) - set(public))]
+    return out
+
+
+def test_the_loop_sees_the_doctor_and_the_trl_translation_through_one_small_face_each():
+    import importlib
+
+    for what, (face, behind) in FACES.items():
+        public = importlib.import_module(face).__all__
+        assert len(public) <= MAX_FACE_NAMES, (what, public)
+        for reader in (ROOT / "grpo_train.py", ROOT / "grpo" / "run" / "api.py"):
+            assert not face_breaches(reader.read_text(), face, behind, public), (what, reader.name)
+
+
+def test_the_face_check_sees_what_goes_behind_or_beyond():
+    source = "from a.face import ok, extra\nfrom a.inner import secret\n"
+    assert face_breaches(source, "a.face", ("a.inner",), ["ok"]) == ["a.inner: ['secret']", "a.face.extra"]

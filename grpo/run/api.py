@@ -20,7 +20,7 @@ from grpo.phases.environments import factory_spec
 from grpo.phases.tools import tool_specs
 from grpo.run.config_check import check_config
 from grpo.run.row_files import write_rows
-from grpo.run.trl_config import from_trl
+from grpo.run.trl_cli import from_trl
 
 HELDOUT_SPLITS = ("test", "validation", "eval")
 """The split of a DatasetDict that becomes the held-out rows (the first present), as TRL's eval_dataset."""

@@ -1,6 +1,7 @@
 """The run doctor inside a run (rank 0): started with the history metrics.jsonl holds, fed every RL step, its findings
 as the console shows them, and `train.doctor` stop / restore acted on by every process at the same step. The checks
-themselves are grpo/run/doctor.py's and grpo/run/doctor_checks.py's."""
+themselves are grpo/run/doctor.py's and grpo/run/doctor_checks.py's; the loop (grpo_train.py) sees the doctor through
+this module's `__all__` alone."""
 
 from __future__ import annotations
 
@@ -12,6 +13,8 @@ from grpo.run.save_resume import restore_best
 from grpo.run.report import kl_bands
 from grpo.run.state import Run
 from grpo.run.tracking import METRICS_FILE, read_metrics
+
+__all__ = ["start_doctor", "consult_doctor", "doctor_line", "doctor_stops"]
 
 
 def start_doctor(run: Run) -> None:

@@ -13,9 +13,8 @@ from typing import Any
 import torch
 
 from grpo.config import settings as C
-from grpo.run.doctor import Doctor
+from grpo.run.doctor import Doctor, Finding
 from grpo.core.records import Sample
-from grpo.run.doctor_checks import Finding
 from grpo.models.distributed import Dist
 from grpo.models.modeling import Policy
 from grpo.run.pareto import ParetoFrontier

@@ -18,6 +18,9 @@ is grpo-dual's: the preset's or --model.*); their tables are grpo/run/trl_rows.p
 docs/TRL.md. A field grpo-dual cannot apply is refused by name with why; one it applies differently is named in a
 printed note; a field of none of the four gets "did you mean" across TRL's names. The run starts from the preset
 `custom` (your tasks only) unless --preset is given.
+
+This module is the translation's one face: the entry point and the Python API use `__all__` and nothing else of
+grpo/run/trl_config.py or trl_rows.py.
 """
 
 from __future__ import annotations
@@ -31,8 +34,12 @@ from typing import Any, Mapping
 
 from grpo.config import settings as C
 from grpo.config.command_line import BOOL_WORDS, OtherFlags
-from grpo.run.trl_config import DEFAULTS, ROWS, TABLE, trl_field_names, translate
+from grpo.run.trl_config import DEFAULTS, ROWS, TABLE, from_trl, trl_field_names, translate
 from grpo.run.trl_rows import MIXTURE_TABLE, MODEL_TABLE, RECORDS, SCRIPT_TABLE, _set
+
+__all__ = ["from_trl", "read_config_file", "trl_flags"]
+"""The face: a TRL GRPOConfig as a config tree (`from_trl`, train(args=...)), a --config file (`read_config_file`),
+TRL's flags for the command line (`trl_flags`)."""
 
 TRL_PRESET = "custom"
 """The preset under a TRL config file or command line (unless --preset is given): the user's own tasks, nothing
