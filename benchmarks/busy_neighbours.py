@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shlex
 import statistics
 import subprocess
 import sys
@@ -68,12 +67,16 @@ def steps_time(run_dir: Path) -> float:
     return total
 
 
-def run_once(repo: Path, args: Sequence[str], load: int, cpus: Sequence[int] | None, out: Path,
-             command: Sequence[str] | None = None) -> dict[str, float]:
-    """One trainer run beside `load` neighbours: {"wall": s, "steps": s}. `command` replaces the trainer (tests)."""
+def trainer_command(args: Sequence[str], out: Path, name: str) -> list[str]:
+    """The trainer's command line: the demo (or `args`) into the run folder out/name."""
+    return [sys.executable, "grpo_train.py", *args, "--train.output_dir", str(out), "--train.run_name", name,
+            "--train.tensorboard", "false"]
+
+
+def run_once(repo: Path, args: Sequence[str], load: int, cpus: Sequence[int] | None, out: Path) -> dict[str, float]:
+    """One trainer run beside `load` neighbours: {"wall": s, "steps": s}."""
     name = f"busy{load}-{time.monotonic_ns()}"
-    cmd = list(command) if command else [sys.executable, "grpo_train.py", *args, "--train.output_dir", str(out),
-                                          "--train.run_name", name, "--train.tensorboard", "false"]
+    cmd = trainer_command(args, out, name)
     neighbours = start_neighbours(load, cpus)
     try:
         start = time.perf_counter()
@@ -111,7 +114,6 @@ def main(argv: Sequence[str] | None = None) -> dict[int, dict[str, float]]:
     parser.add_argument("--cpus", default="", help="pin the trainer and its neighbours to these CPUs, e.g. 0,1")
     parser.add_argument("--repo", type=Path, default=ROOT, help="the checkout whose grpo_train.py runs")
     parser.add_argument("--json", type=Path, help="write the per-run times and the summary here")
-    parser.add_argument("--command", help=argparse.SUPPRESS)  # tests: a quick shell-quoted command instead
     parser.add_argument("trainer_args", nargs="*", default=list(DEMO_ARGS))
     args = parser.parse_args(argv)
     cpus = [int(c) for c in args.cpus.split(",") if c.strip()] or None
@@ -119,8 +121,7 @@ def main(argv: Sequence[str] | None = None) -> dict[int, dict[str, float]]:
     with tempfile.TemporaryDirectory() as tmp:
         for repeat in range(args.repeats):
             for load in LOADS:
-                one = run_once(args.repo.resolve(), args.trainer_args, load, cpus, Path(tmp),
-                               shlex.split(args.command) if args.command else None)
+                one = run_once(args.repo.resolve(), args.trainer_args, load, cpus, Path(tmp))
                 runs[load].append(one)
                 print(f"repeat {repeat + 1}/{args.repeats}, {load} busy: {one['wall']:.1f} s wall, "
                       f"{one['steps']:.1f} s of RL steps", flush=True)

@@ -22,8 +22,8 @@ def test_each_load_runs_beside_that_many_spinning_neighbours_and_none_is_left(tm
 
     monkeypatch.setattr(BN, "start_neighbours", recording)
     code = "import os; assert os.sched_getaffinity(0) == {0}"  # the trainer is pinned as asked
-    result = BN.main(["--repeats", "1", "--cpus", "0", "--json", str(tmp_path / "out.json"),
-                      "--command", f"{sys.executable} -c '{code}'"])
+    monkeypatch.setattr(BN, "trainer_command", lambda args, out, name: [sys.executable, "-c", code])
+    result = BN.main(["--repeats", "1", "--cpus", "0", "--json", str(tmp_path / "out.json")])
     assert [len(p) for p in started] == [0, 1, 2]
     assert all(p.returncode is not None for procs in started for p in procs)  # killed and waited for
     assert set(result) == {0, 1, 2} and result[0]["wall_ratio"] == 1.0
@@ -42,10 +42,11 @@ def test_the_summary_is_the_median_over_repeats_divided_by_idle():
     assert "| 2 | 40.0 | 3.64x | 24.0 | 4.00x | <= 3.5x: MISSED |" in text
 
 
-def test_a_failing_trainer_stops_its_neighbours_and_says_why(tmp_path):
+def test_a_failing_trainer_stops_its_neighbours_and_says_why(tmp_path, monkeypatch):
     before = set(os.listdir("/proc"))
+    monkeypatch.setattr(BN, "trainer_command", lambda args, out, name: [sys.executable, "-c", "raise SystemExit(3)"])
     try:
-        BN.run_once(tmp_path, [], 2, None, tmp_path, [sys.executable, "-c", "raise SystemExit(3)"])
+        BN.run_once(tmp_path, [], 2, None, tmp_path)
     except RuntimeError as err:
         assert "exit status 3" in str(err)
     else:
