@@ -117,7 +117,7 @@ def samples():
 def rollout_ids(model, tok, engine: str, new: int, *, seed: int = 0, keys=None, greedy: bool = False,
                 forced: bool = False) -> list[list[int]]:
     from grpo.config.settings import RolloutConfig
-    from grpo.phases.rollout import Draw, generate_rollouts, greedy_complete
+    from grpo.phases.generate import Draw, generate_rollouts, greedy_complete
 
     cfg = RolloutConfig(k=K, max_new_tokens=new, min_new_tokens=new if forced else 0, engine=engine)
     stops = [tok.pad_token_id]

@@ -16,7 +16,7 @@ from grpo.models.decode import (
 )
 from grpo.models.modeling import build_tiny_model, build_tiny_tokenizer
 from grpo.core.records import Sample
-from grpo.phases.rollout import Draw, choose_engine, generate_rollouts, greedy_complete
+from grpo.phases.generate import Draw, choose_engine, generate_rollouts, greedy_complete
 from grpo.models.sampling import row_keys
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py

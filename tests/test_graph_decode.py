@@ -11,7 +11,7 @@ from grpo.models import graph_decode as G
 from grpo.models.modeling import build_tiny_model, build_tiny_tokenizer, generation_mode
 from grpo.models.sampling import row_keys
 from grpo.models.tokens import left_pad
-from grpo.phases.rollout import Draw, choose_engine, generate_rollouts, greedy_complete
+from grpo.phases.generate import Draw, choose_engine, generate_rollouts, greedy_complete
 from tests.test_decode import CORPUS, K, NEW, SAMPLES, stops  # noqa: F401 - stops: a fixture (the same prompts)
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
@@ -270,16 +270,16 @@ def test_the_step_compiles_as_one_graph_that_samples_what_generate_samples(tok):
         torch.testing.assert_close(b, a, rtol=0, atol=1e-5)
     assert torch.equal(eager[-1], compiled[-1])
     # the whole engine with the compiled step: generate's tokens
-    import grpo.phases.rollout
+    import grpo.phases.generate
 
     keys = row_keys(3, 1, range(len(SAMPLES)), K)
-    shipped = grpo.phases.rollout.decode_graph
+    shipped = grpo.phases.generate.decode_graph
     try:
-        grpo.phases.rollout.decode_graph = lambda *a, **kw: shipped(*a, **kw, compile_step=True)
+        grpo.phases.generate.decode_graph = lambda *a, **kw: shipped(*a, **kw, compile_step=True)
         out = generate_rollouts(model, tok, SAMPLES, rollout.__class__(**{**rollout.__dict__, "engine": "graph"}),
                                 [3, 4], draw=Draw(row_keys=keys))[0]
     finally:
-        grpo.phases.rollout.decode_graph = shipped
+        grpo.phases.generate.decode_graph = shipped
     hf = generate_rollouts(model, tok, SAMPLES, rollout.__class__(**{**rollout.__dict__, "engine": "hf"}), [3, 4],
                            draw=Draw(row_keys=keys))[0]
     assert [r.completion_ids for r in out] == [r.completion_ids for r in hf]

@@ -113,7 +113,7 @@ def test_the_end_of_turn_token_stops_a_rollout_and_is_trained_on_though_it_is_al
     from grpo.phases.batch import build_train_batch
     from grpo.core.records import Scored
     from grpo.config.settings import RolloutConfig
-    from grpo.phases.rollout import greedy_complete
+    from grpo.phases.generate import greedy_complete
 
     rollout_cfg = RolloutConfig(max_new_tokens=16)  # no stop ids given: the tokenizer's end of turn
     (rollout,), _ = greedy_complete(policy.model, policy.tokenizer,
@@ -133,7 +133,7 @@ def test_the_end_of_turn_token_stops_a_rollout_and_is_trained_on_though_it_is_al
 def test_the_lean_loop_with_fast_steps_decodes_what_generate_decodes(policy, do_sample, monkeypatch):
     import grpo.models.decode
     from grpo.config.settings import RolloutConfig
-    from grpo.phases.rollout import Draw, generate_rollouts, greedy_complete
+    from grpo.phases.generate import Draw, generate_rollouts, greedy_complete
 
     made: list[str] = []
     shipped = grpo.models.decode.make_steps

@@ -280,7 +280,7 @@ def test_log_probs_and_their_gradient_stay_finite_at_the_smallest_temperature():
 def test_a_rollout_of_the_tiny_model_at_every_sampling_bound_runs():
     from grpo.core.records import Sample
     from grpo.models.modeling import build_tiny_model, build_tiny_tokenizer
-    from grpo.phases.rollout import Draw, generate_rollouts
+    from grpo.phases.generate import Draw, generate_rollouts
 
     tok = build_tiny_tokenizer(["the answer is yes", "the answer is no"] * 5, vocab_size=300)
     model = build_tiny_model(tok, seed=0, hidden=32, layers=1, heads=2, kv_heads=1)

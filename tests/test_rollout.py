@@ -13,7 +13,7 @@ from grpo.models.decode import (
     CompletionPenaltyProcessor,
     SanitizeLogitsProcessor,
 )
-from grpo.phases.rollout import (
+from grpo.phases.generate import (
     Draw,
     STATIC_PROMPT_BUCKET,
     build_generation_config,

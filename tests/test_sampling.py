@@ -10,7 +10,7 @@ import torch
 from grpo.config.settings import RolloutConfig
 from grpo.models.modeling import build_tiny_model, build_tiny_tokenizer
 from grpo.core.records import Sample
-from grpo.phases.rollout import Draw, generate_rollouts, greedy_complete
+from grpo.phases.generate import Draw, generate_rollouts, greedy_complete
 from grpo.models.sampling import inverse_cdf_choice, row_keys, splitmix64, splitmix64_int, uniforms
 
 

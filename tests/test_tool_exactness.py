@@ -12,7 +12,7 @@ from grpo.core.records import Rollout, Sample
 from grpo.core.tool_calls import call_text
 from grpo.models.modeling import build_tiny_model, build_tiny_tokenizer
 from grpo.phases import tools as T
-from grpo.phases.rollout import GREEDY
+from grpo.phases.generate import GREEDY
 from grpo.run import step_owners
 from tests.trainer_helpers import fast_config
 
@@ -161,7 +161,7 @@ def test_the_overlong_penalty_counts_only_the_models_own_tokens(tmp_path, monkey
 
 
 def test_the_length_metric_counts_the_models_tokens_and_rollout_tokens_every_token():
-    from grpo.phases.rollout import rollout_metrics
+    from grpo.phases.generate import rollout_metrics
 
     s = Sample(task="t", id="0", messages=({"role": "user", "content": "q"},))
     rollouts = [Rollout(s, (1,), (5, 6, 7, 8, 9), "", True, False, model_mask=(1, 0, 0, 0, 1)),

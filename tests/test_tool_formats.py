@@ -12,7 +12,7 @@ from grpo.core.records import Sample
 from grpo.core.tool_calls import DEFAULT_FORMAT, CallFormat, parse_tool_calls
 from grpo.models.modeling import build_tiny_model, build_tiny_tokenizer
 from grpo.phases import tools as T
-from grpo.phases.rollout import GREEDY
+from grpo.phases.generate import GREEDY
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 

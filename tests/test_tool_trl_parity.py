@@ -14,7 +14,7 @@ from grpo.core.records import Sample
 from grpo.core.tool_calls import call_text
 from grpo.models.modeling import build_tiny_model, build_tiny_tokenizer
 from grpo.phases import tools as T
-from grpo.phases.rollout import GREEDY
+from grpo.phases.generate import GREEDY
 from grpo.run.trl_config import translate
 
 trl = pytest.importorskip("trl")

@@ -15,7 +15,7 @@ import grpo_train as G
 import grpo.run.step_owners as owners
 from grpo.phases.batch import batch_logprobs, build_train_batch
 from grpo.models.logprobs import completion_logprobs
-from grpo.phases.rollout import generate_rollouts
+from grpo.phases.generate import generate_rollouts
 from grpo.grading.scoring import score_rollouts
 from grpo.phases.update import Learner, StepSettings, update_passes
 from tests.trainer_helpers import fast_config, rollout_batch

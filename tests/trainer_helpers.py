@@ -72,7 +72,7 @@ def rollout_batch(run, n_prompts: int = 2, k: int | None = None):
     """A collated TrainBatch of real rollouts of `run`'s policy, scored, with group advantages (no ref/old passes)."""
     from grpo.core.advantages import group_advantages
     from grpo.phases.batch import build_train_batch
-    from grpo.phases.rollout import generate_rollouts
+    from grpo.phases.generate import generate_rollouts
     from grpo.grading.scoring import score_rollouts
 
     k = k or run.cfg.rollout.k

@@ -9,7 +9,7 @@ from typing import Callable, Sequence
 from grpo.config.settings import RolloutConfig, TrainConfig
 from grpo.core.pass_at_k import guess_pass_at_k, mean_pass_at_k
 from grpo.core.records import Rollout, Sample, Scored
-from grpo.phases.rollout import Draw, generate_rollouts
+from grpo.phases.generate import Draw, generate_rollouts
 
 
 def pass_at_k_eval(model, tokenizer, samples_by_task: dict[str, Sequence[Sample]], rollout: RolloutConfig,

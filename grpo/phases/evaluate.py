@@ -11,7 +11,7 @@ from grpo.core.recognition_measures import recognition_measures
 from grpo.core.records import Rollout, Sample, Scored
 from grpo.core.rule_graders import recognition_verdict
 from grpo.models.tokens import encode_prompt
-from grpo.phases.rollout import GREEDY, greedy_complete
+from grpo.phases.generate import GREEDY, greedy_complete
 from grpo.phases.tools import ToolBox, tool_rollouts
 
 

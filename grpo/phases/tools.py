@@ -8,7 +8,7 @@ again, until a reply without a call, `rollout.max_tool_turns` rounds of calls, o
                      with the end-of-turn token (TRL 1.16 `_get_tool_suffix_ids`: a dummy conversation rendered with
                      and without the tool messages; the difference after its last EOS)
 
-Each turn continues the exact ids so far (the engine `decoder` of grpo/phases/rollout.py picks: same processors, sampler),
+Each turn continues the exact ids so far (the engine `decoder` of grpo/phases/generate.py picks: same processors, sampler),
 so the ids that are scored in training are the ids that were sampled and rendered; nothing is re-tokenised. The K
 trajectories of a prompt stay rows i·K … i·K + K − 1, one group.
 
@@ -38,7 +38,7 @@ from grpo.grading.graders import GraderError, import_callable, importable_ref
 from grpo.models.sampling import splitmix64_int
 from grpo.models.tokens import SYSTEM_JOIN, _ids_from_template, _with_system, encode_prompt, stop_token_id
 from grpo.phases.environments import Environments, resolve_environment
-from grpo.phases.rollout import Draw, _seeded, cut_completion, decoder, rollout_metrics
+from grpo.phases.generate import Draw, _seeded, cut_completion, decoder, rollout_metrics
 
 CUT_MARK = " …[cut]"
 """Appended to a tool result cut to rollout.max_tool_result_tokens, so the model can tell a cut result from a whole

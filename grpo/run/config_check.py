@@ -25,7 +25,7 @@ from grpo.core.multi import METHODS as COMBINE_METHODS
 from grpo.grading.judge import CACHE_FILE as JUDGE_CACHE_FILE
 from grpo.grading.reward_models import check_spec as check_reward_model
 from grpo.grading.scoring import REWARD_AGGREGATIONS
-from grpo.phases.rollout import CACHE_IMPLEMENTATIONS
+from grpo.phases.generate import CACHE_IMPLEMENTATIONS
 from grpo.run.tracking import WANDB_MISSING, wandb_installed
 
 REGISTRY_FIELDS: dict[str, Collection[str]] = {

@@ -366,7 +366,7 @@ def choose_lora_fold(cfg: C.Config, policy: Policy, device: torch.device, announ
     printed; recorded on the model's graph step (grpo/models/graph_decode.py: `GraphStep.fold_auto`). The CPU folds
     (host memory, nothing to estimate); on / off need no decision."""
     from grpo.models.graph_decode import graph_step_for
-    from grpo.phases.rollout import choose_engine
+    from grpo.phases.generate import choose_engine
     from grpo.run.memory_inputs import lora_fold_choice
 
     if not policy.is_lora or cfg.rollout.fold_lora != "auto" or device.type != "cuda":

@@ -42,7 +42,7 @@ from grpo.models.distributed import Dist
 from grpo.models.modeling import Policy, has_dropout, reference
 from grpo.models.sampling import row_keys
 from grpo.phases.batch import batch_logprobs, build_train_batch
-from grpo.phases.rollout import Draw, generate_rollouts, rollout_metrics
+from grpo.phases.generate import Draw, generate_rollouts, rollout_metrics
 from grpo.phases.tools import ToolBox, tool_rollouts
 from grpo.phases.update import Learner, StepSettings, TaskGradientSurgery, update_passes
 from grpo.run.setup_parts import build_optimizer, build_surgery, per_completion_sampling, shares_prompts
@@ -158,7 +158,7 @@ class Generation:
 
     def generate(self, step: int, round_: int = 0) -> tuple[list[Rollout], dict[str, float]]:
         """This process's rollouts of the step (`prompts`) and their rollout/ metrics: single-turn by
-        grpo/phases/rollout.generate_rollouts, with tools by grpo/phases/tools.tool_rollouts. The system prompt
+        grpo/phases/generate.generate_rollouts, with tools by grpo/phases/tools.tool_rollouts. The system prompt
         (data.system_prompt) is already the first message of every sample."""
         samples, draw = self.prompts(step, round_)
         model, tokenizer = self.policy.model, self.policy.tokenizer

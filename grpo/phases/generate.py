@@ -1,4 +1,4 @@
-"""Rollouts: one batched decode for all prompts × K, cut at the first stop token, as typed `Rollout` records.
+"""The generate phase: one batched decode for all prompts × K, cut at the first stop token, as typed `Rollout` records.
 
 `generate_rollouts` calls the engine that `decoder` picks (rollout.engine), and each engine holds its one sampler:
 
