@@ -240,13 +240,14 @@ def test_the_kl_importance_weight_is_the_losss_clamped_ratio(monkeypatch):
 
 
 def test_unknown_names_list_the_valid_ones():
-    with pytest.raises(ValueError, match="gspo_token"):
+    with pytest.raises(ValueError) as err:
         policy_loss("ppo", t([[0.0]]), t([[0.0]]), t([1.0]), t([[1.0]]))
+    assert all(repr(name) in str(err.value) for name in POLICY_LOSSES)
     with pytest.raises(ValueError, match="seq-mean-token-sum-norm"):
         aggregate(t([[0.0]]), t([[1.0]]), "sum")
     with pytest.raises(ValueError, match="k3"):
         kl_penalty(t([0.0]), t([0.0]), "k4")
-    assert set(POLICY_LOSSES) == {"grpo", "gspo", "gspo_token", "luspo", "cispo", "sapo", "vespo"}
+    assert {"grpo", "gspo", "gspo_token", "luspo", "cispo", "sapo", "vespo"} <= set(POLICY_LOSSES)  # the built-in ones
 
 
 # ------------------------------------------------------------------------------------------------------ aggregation
