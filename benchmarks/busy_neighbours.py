@@ -12,7 +12,7 @@ machine touches every load alike. Per load, the median over repeats of:
     steps    Σ time/step of its metrics.jsonl (the RL steps alone)
     ratio    median(load) / median(idle), both for wall and for steps
 
-The goal (issue 49): one neighbour <= 2.5x the idle wall time, two <= 3.5x (on 2 cores one spinning neighbour leaves a
+The goal: one neighbour <= 2.5x the idle wall time, two <= 3.5x (on 2 cores one spinning neighbour leaves a
 fair share of half the machine: 2x). Measure on a machine with nothing else running: `--cpus 0,1` pins the trainer
 and its neighbours to those CPUs (a 2-core sandbox on a larger machine; the trainer's train.threads=0 then reads 2 from
 its affinity mask). Nothing runs at import.
@@ -33,10 +33,10 @@ from typing import Sequence
 
 ROOT = Path(__file__).resolve().parents[1]
 DEMO_ARGS = ("--seed", "0", "--max-steps", "40")
-"""The issue's measurement: the demo's first 40 RL steps (its SFT warm-up and evaluations included)."""
+"""What is timed: the demo's first 40 RL steps (its SFT warm-up and evaluations included)."""
 LOADS = (0, 1, 2)
 GOALS = {1: 2.5, 2: 3.5}
-"""Wall-time ratio to idle each load must stay under (issue 49)."""
+"""Wall-time ratio to idle each load must stay under (the module docstring's goal)."""
 SPIN = "while True: pass"
 
 

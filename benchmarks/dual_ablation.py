@@ -6,8 +6,8 @@ benchmarks/RESULTS.md's "Dual objective on SmolLM2" section.
                                                                        # (seed mean, min-max); --short: the summary's
     python benchmarks/dual_ablation.py --runs DIR [DIR ...] --against preset  # each variant minus preset, seed by seed
     python benchmarks/dual_ablation.py --runs DIR [DIR ...] --letters  # what always answering one letter scores
-    python benchmarks/dual_ablation.py --runs DIR [DIR ...] --regrade  # BBQ accuracy as recorded and as today's
-                                                                       # bbq_rule grades the same greedy replies
+    python benchmarks/dual_ablation.py --runs DIR [DIR ...] --regrade  # BBQ accuracy as recorded and as this
+                                                                       # checkout's bbq_rule grades the same replies
     python benchmarks/dual_ablation.py --out DIR --seeds 0 1 2 \\
         --variant base= --variant lr3e-4="--train.lr 3e-4"               # runs each variant x seed, then the table
         [--common "--preset smollm2-dual ..."]                           # flags every variant shares
@@ -25,7 +25,7 @@ greedy held-out answers, graded by gold labels (measures.json, written by every 
   RL min       minutes of the RL steps (Σ time/step in metrics.jsonl); run min: the whole run, from config.json
                (written at start-up) to report.json (written at the end), or a kept copy's timing.json
   gain/RL-min  (Δ BBQ acc + Δ BA) / RL minutes
-The last column checks issue #26's bar per run: BBQ acc +0.10 (a), |s_AMB| not up and acc_d not down (s),
+The last column checks the success bar per run: BBQ acc +0.10 (a), |s_AMB| not up and acc_d not down (s),
 BA +0.10 (h), no collapse finding at the end (c), verdict green (g); a letter is shown when met.
 Runs use OMP_NUM_THREADS=2 unless it is set (2 CPU cores).
 """
@@ -50,7 +50,7 @@ if str(ROOT) not in sys.path:  # grpo (answer classes, bbq_rule) from this check
 from benchmarks.common import GZ, has_record, read_record, write_packed  # noqa: E402  (after the path fix above)
 
 BAR = 0.10
-"""Issue #26's bar: the RL phase raises BBQ accuracy and the recognition balanced accuracy by at least this."""
+"""The success bar: the RL phase raises BBQ accuracy and the recognition balanced accuracy by at least this."""
 COLLAPSE_CODES = ("answer_collapse", "heldout_collapse")
 HEADER = ("| run | seed | BBQ acc | Δ acc | Δ acc_a | Δ acc_d | \\|s_AMB\\| | BA | Δ BA | RL min | run min "
           "| gain/RL-min | verdict | bar |")
@@ -99,7 +99,7 @@ def delta(pair: tuple[float | None, float | None] | None) -> float | None:
 
 
 def bar_letters(f: dict[str, Any]) -> str:
-    """The parts of issue #26's bar this run meets (module docstring), as letters."""
+    """The parts of the success bar this run meets (module docstring), as letters."""
     d_acc, d_ba, d_d = delta(f.get("acc")), delta(f.get("ba")), delta(f.get("acc_disambig"))
     s = f.get("abs_s_amb")
     met = {
@@ -308,8 +308,8 @@ def gold_letters(run_dir: Path) -> dict[str, int]:
 
 def regraded_accuracy(run_dir: Path, phase: str) -> tuple[float, float] | None:
     """BBQ accuracy of the run's greedy held-out replies of one phase as recorded (the bbq_rule part of
-    evals/<phase>.jsonl, graded by the code of the run's day) and graded again by today's grpo.core.rule_graders.bbq_rule on
-    the options the prompt showed (`shown_gold`); None without that file."""
+    evals/<phase>.jsonl, graded by the code the run ran) and graded again by this checkout's
+    grpo.core.rule_graders.bbq_rule on the options the prompt showed (`shown_gold`); None without that file."""
     path = run_dir / "evals" / f"{phase}.jsonl"
     if not has_record(path):
         return None
@@ -323,7 +323,7 @@ def regraded_accuracy(run_dir: Path, phase: str) -> tuple[float, float] | None:
 
 
 def regrade_table(run_dirs: list[Path]) -> str:
-    """Per run: BBQ accuracy of each phase's greedy held-out replies as recorded -> graded by today's bbq_rule
+    """Per run: BBQ accuracy of each phase's greedy held-out replies as recorded -> graded by this checkout's bbq_rule
     (`regraded_accuracy`), and the RL phase's change under each (from after SFT, or before SFT without a warm-up)."""
     lines = ["| run | seed | before SFT | after SFT | after RL | Δ RL, recorded | Δ RL, today |", "|---|---|---|---|---|---|---|"]
     for run_dir in run_dirs:
@@ -443,7 +443,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--letters", action="store_true", help="print what answering one letter to every held-out BBQ "
                                                              "row scores, per run (needs the run's BBQ files)")
     ap.add_argument("--regrade", action="store_true", help="print each run's held-out BBQ accuracy per phase as "
-                                                             "recorded and as today's bbq_rule grades the same replies")
+                                                             "recorded and as this checkout's bbq_rule grades the same "
+                                                             "replies")
     ap.add_argument("--against", metavar="VARIANT", help="print each variant's RL-phase changes minus VARIANT's, "
                                                          "seed by seed (paired on the seeds both ran)")
     ap.add_argument("--keep", type=Path, help="copy each run's records (config, measures, report, metrics, greedy "

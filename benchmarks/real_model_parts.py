@@ -4,8 +4,8 @@
 
 1. rollout prefill: grpo/models/decode.py computes each distinct prompt once (an RL batch repeats every prompt K times)
    against a prefill of all prompts × K rows; a whole `decode` of 12 new tokens each way.
-2. logits the fused head does not need: a forward with `logits_to_keep` = 1 (the old way) against an empty index
-   (grpo/models/logprobs.no_logits), over prompts × K rows of prompt + 12 tokens.
+2. logits the fused head does not need: a forward with `logits_to_keep` = 1 (the fewest transformers keeps: 0 keeps
+   all) against an empty index (grpo/models/logprobs.no_logits), over prompts × K rows of prompt + 12 tokens.
 3. the fused head's backward: recomputing each chunk's head product (KEEP_LOG_SOFTMAX_BYTES = 0) against keeping the
    forward's log-softmax chunks (grpo/core/kernels.py), forward + backward over prompts × K × 12 rows, with the entropy
    as the training pass computes it (kept, its softmax spares backward an exp).

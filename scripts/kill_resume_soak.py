@@ -54,7 +54,7 @@ KILL_ORDER = ("pareto", "checkpoint", "evaluation")
 """The order the kills aim at the moments. A Pareto kill needs an evaluation that moves the frontier (the first one
 always does: step `eval_every`), a checkpoint kill a random delay's worth of steps, an evaluation kill any evaluation
 ahead. Aimed in MODES' order, the checkpoint and evaluation kills could leave the Pareto kill only the last
-evaluation, which a loaded machine missed (CI of stop 51: "kills: 2 (checkpoint 1, evaluation 1, pareto 0)")."""
+evaluation, which a loaded machine can miss ("kills: 2 (checkpoint 1, evaluation 1, pareto 0)")."""
 WAIT_S = 300  # longest wait for the moment a kill aims at, before killing anyway
 
 

@@ -1,4 +1,4 @@
-"""A tester's probe of the command line (issue #39): every bad input and fault the issue lists, tried as a user would.
+"""A tester's probe of the command line: bad inputs and faults a user meets, each tried as a user would.
 
     python scripts/reliability_probe.py                   # every case (about 15 minutes on 2 CPU cores)
     python scripts/reliability_probe.py --only seed-2e70-config temperature-1e-300
@@ -19,8 +19,8 @@ and classifies what came out:
 A message is the standard error plus the last lines of the standard output; words are matched case-sensitively (a
 field name is lower case, an environment variable upper case). Prints a table and a count per outcome; exit status
 1 when any case is not OK-*. Words that may take several forms are alternatives ("train.max_steps" or
-"--max-steps"). The cases are the issue's "Why" section in its order; `baseline` is a valid run that checks the
-probe itself.
+"--max-steps"). The cases are listed by group (what goes wrong); `baseline` is a valid run that checks the probe
+itself.
 """
 
 from __future__ import annotations
@@ -92,7 +92,7 @@ class Trial:
 class Case:
     name: str
     group: str
-    """The issue's heading it comes from."""
+    """What goes wrong: data lost, two runs, resume, hang, false success, retry, traceback, ignored, ..."""
     expect: str
     """refuse | handle | either (valid or refused with the words: both fine)."""
     words: tuple[Word, ...]
@@ -426,13 +426,14 @@ CASES: tuple[Case, ...] = (
          why="--resume auto while the same run is still training"),
     # resume that accepts a different run
     Case("resume-changed-data", "resume", REFUSE, ("rows.jsonl",), resume_changed("data"),
-         why="the task's data file replaced by other rows (built-in tokenizer: was an embedding-shape mismatch)"),
+         why="the task's data file replaced by other rows (the built-in tokenizer is built from the rows: the message names "
+             "the file, not an embedding shape)"),
     Case("resume-changed-reward", "resume", REFUSE, ("my_grader",), resume_changed("reward"),
          why="the reward function's code changed"),
     Case("resume-max-steps-below", "resume", REFUSE, (("train.max_steps", "--max-steps"),), resume_changed("max_steps"),
          why="--max-steps 1 against a step-2 checkpoint (it ended at step 2)"),
     Case("resume-auto-overwrite", "resume", REFUSE, ("overwrite", "resume"), resume_changed("overwrite"),
-         why="--resume auto --overwrite (the overwrite was ignored)"),
+         why="--resume auto --overwrite: two opposite requests, refused rather than one of them ignored"),
     # hangs
     Case("reward-hangs-mid-run", "hang", REFUSE, ("my_grader",),
          refused(*demo_rewards("my_grader"), "--train.reward_timeout_s", "5", files={"reward.py": mid_run("time.sleep(3600)")}),
@@ -450,14 +451,14 @@ CASES: tuple[Case, ...] = (
          why="a reward function calling sys.exit(0) after the first step"),
     Case("reward-keyboard-interrupt", "false success", REFUSE, ("my_grader",),
          refused(*demo_rewards("my_grader"), files={"reward.py": mid_run("raise KeyboardInterrupt")}),
-         why="a reward function raising KeyboardInterrupt after the first step (What to build, 3)"),
+         why="a reward function raising KeyboardInterrupt after the first step"),
     # a failed start blocks its retry
     Case("failed-start-then-retry", "retry", HANDLE, (), failed_start_retry("--overwrite"),
          why="--overwrite with a model folder that fails to load, then the same command with the built-in model"),
     Case("failed-start-then-retry-plain", "retry", HANDLE, (), failed_start_retry(),
          why="as above without --overwrite"),
     Case("sigkill-then-resume", "retry", HANDLE, (), sigkill_then_resume,
-         why="SIGKILL after the first checkpoint, then --resume auto: no stale lock (What to build, 2)"),
+         why="SIGKILL after the first checkpoint, then --resume auto: no stale lock"),
     # tracebacks
     Case("binary-config", "traceback", REFUSE, ("probe.yaml",), refused("--config", "probe.yaml",
          files={"probe.yaml": bytes(range(256)) * 4}), why="a binary, non-UTF-8 --config file"),

@@ -120,8 +120,8 @@ def replace_table(text: str, new_table: str) -> str:
 REWARD_TOLERANCE = 2 / 64
 """How far a committed reward cell may be from a fresh run's: two of the 64 held-out prompts. The demo pins every RNG,
 so on this machine the cells come out identical run after run (1 or 2 threads); a CPU with other float kernels can
-flip a greedy answer or two. A stale table (another preset, other code) is off by far more (e.g. after SFT 0.516 ->
-0.750 when the warm-up went from 35 to 50 steps)."""
+flip a greedy answer or two. A stale table (another preset, other code) is off by far more (e.g. after SFT 0.516
+with a warm-up of 35 steps, 0.750 with 50)."""
 
 
 def rewards_differ(produced: str, committed: str, tolerance: float = REWARD_TOLERANCE) -> list[str]:

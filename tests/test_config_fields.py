@@ -21,12 +21,36 @@ from grpo.config import checks
 from grpo.config import settings as C
 from grpo.run.config_check import REGISTRY_FIELDS, check_config
 from grpo.core.kl_control import CONFIG_FIELDS, NOT_CONFIGURED, RULES, controller_args, controller_problem
-from grpo.core.losses import POLICY_LOSSES
+from grpo.core.losses import AGG_MODES, POLICY_LOSSES
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG_DIR = Path(grpo.config.__file__).parent
 BAND, ADAPTIVE, FIXED = ({"kl.default.controller": kind} for kind in ("band", "adaptive", "fixed"))
-CISPO, SAPO, VESPO = ({"loss.policy_loss": name} for name in ("cispo", "sapo", "vespo"))
+CISPO, SAPO = ({"loss.policy_loss": name} for name in ("cispo", "sapo"))
+
+
+def breaking(rule) -> float:
+    """A value a registered loss parameter's Rule refuses: the first of a few candidates, the bound itself first."""
+    candidates = (0.0, -1.0, 1.0, -1e6, 1e6)
+    value = next((v for v in candidates if not rule.holds(v)), None)
+    assert value is not None, f"no value of {candidates} breaks the rule {rule.says!r}: add one that does"
+    return value
+
+
+def chosen(name: str) -> dict[str, Any]:
+    """The overrides that choose the registered loss `name`: itself, and the aggregation it needs if any."""
+    spec = POLICY_LOSSES[name]
+    return {"loss.policy_loss": name, **({"loss.agg_mode": spec.agg_mode} if spec.agg_mode else {})}
+
+
+LOSS_ROWS: list[tuple[str, Any, dict[str, Any]]] = [
+    *((f"loss.params.{p.name}", breaking(p.rule), chosen(name))
+      for name, spec in POLICY_LOSSES.items() for p in spec.params),
+    *(("loss.agg_mode", next(m for m in AGG_MODES if m != spec.agg_mode), chosen(name))
+      for name, spec in POLICY_LOSSES.items() if spec.agg_mode)]
+"""Read from the loss registry (grpo/core/losses.py POLICY_LOSSES), so a loss registered there needs no row here: each
+loss's own parameters, each at a value its rule refuses, under that loss; another aggregation than the one a loss
+needs."""
 
 SECRET = "sk-proj-Abc123SECRETvalue0987654321xyz"
 """What a pasted API key looks like (not a real one)."""
@@ -91,20 +115,12 @@ BAD: list[tuple[str, Any, dict[str, Any]]] = [
     ("loss.entropy_coef", -0.1, {}),
     ("loss.adv_clip", 0.0, {}),
     ("loss.adv_clip", -1.0, {}),
-    ("loss.agg_mode", "token-mean", {"loss.policy_loss": "luspo", "loss.agg_mode": "seq-mean-token-sum"}),  # luspo
     ("loss.top_entropy_quantile", 0.0, {}),
     ("loss.multi_objective_aggregation", "gdpo", {}),
     ("loss.entropy_target", 0.0, {}),
     ("loss.entropy_coef_delta", 0.0, {}),
     ("loss.entropy_coef_min", 0.5, {"loss.entropy_target": 0.2}),  # above entropy_coef = 0
-    # the policy losses' own parameters (loss.params), under the loss that takes them (grpo/core/losses.py rules)
-    ("loss.params.cispo_max_ratio", 0.0, CISPO),
-    ("loss.params.sapo_temperature_pos", 0.0, SAPO),
-    ("loss.params.sapo_temperature_neg", -1.0, SAPO),
-    ("loss.params.vespo_k_pos", -1.0, VESPO),
-    ("loss.params.vespo_lambda_pos", -1.0, VESPO),
-    ("loss.params.vespo_k_neg", -1.0, VESPO),
-    ("loss.params.vespo_lambda_neg", -1.0, VESPO),
+    # loss.params as config_check reads it, whichever the loss (each loss's own rules: LOSS_ROWS)
     ("loss.params.cispo_max_ratio", 5.0, {}),  # cispo's, not grpo's
     ("loss.params.sapo_temperatur_pos", 1.0, SAPO),  # a typo
     ("loss.params.clip_low", 0.1, {}),  # loss.clip_low itself
@@ -213,7 +229,8 @@ BAD: list[tuple[str, Any, dict[str, Any]]] = [
 ]
 
 # Bounds that keep sampling, the losses and the weights finite (grpo/config/checks.py MIN_TEMPERATURE ... MAX_SEED),
-# and a template filled by plain substitution only (grpo/config/templates.py): accepted, then mangled, before #39
+# and a template filled by plain substitution only (grpo/config/templates.py): each passes its type check, and would
+# be mangled or overflow downstream if accepted
 BOUNDS: list[tuple[str, Any, dict[str, Any]]] = [
     ("data.max_document_chars", -5, {}),
     ("rollout.temperature", 1e-300, {}),
@@ -238,6 +255,7 @@ BOUNDS: list[tuple[str, Any, dict[str, Any]]] = [
     ("tasks.qa.template", "{a:{b.__class__}}", {"tasks.qa.path": "a.csv"}),
 ]
 BAD += BOUNDS
+BAD += LOSS_ROWS
 
 
 def float_fields() -> list[str]:
@@ -324,15 +342,18 @@ def test_every_registry_field_has_a_row():
     assert set(REGISTRY_FIELDS) | {"kl.default.controller"} <= fields
 
 
-def test_every_loss_parameter_has_a_row():
-    """Each registered loss's own parameters (grpo/core/losses.py register_policy_loss) each have a row under a loss
-    that takes them, and each row breaks exactly that parameter's rule."""
-    rows = {(dotted.split(".")[-1], extra.get("loss.policy_loss")) for dotted, value, extra in BAD
-            if dotted.startswith("loss.params.") and (spec := POLICY_LOSSES.get(extra.get("loss.policy_loss", "")))
-            and (param := spec.param(dotted.split(".")[-1])) and not (math.isfinite(value) and param.rule.holds(value))}
-    every = {(p.name, name) for name, spec in POLICY_LOSSES.items() for p in spec.params}
-    missing = {p for p, _ in every} - {p for p, _ in rows}
-    assert not missing, f"loss parameters without a row: {sorted(missing)}"
+def test_every_loss_parameter_takes_its_default_and_has_a_row_its_rule_refuses():
+    """Each registered loss's own parameters (grpo/core/losses.py register_policy_loss), set to their registered
+    default under their loss, pass the config check; each has a row under that loss whose value its rule refuses
+    (test_a_bad_value_is_reported_under_its_own_field runs the rows)."""
+    every = {(f"loss.params.{p.name}", name) for name, spec in POLICY_LOSSES.items() for p in spec.params}
+    assert len(every) >= 7  # cispo 1, sapo 2, vespo 4: the registry is read, not an empty list
+    for dotted, name in every:
+        assert build(dotted, POLICY_LOSSES[name].param(dotted.split(".")[-1]).default, chosen(name))
+    rows = {(dotted, extra["loss.policy_loss"]) for dotted, value, extra in BAD if dotted.startswith("loss.params.")
+            and extra.get("loss.policy_loss") in POLICY_LOSSES and (spec := POLICY_LOSSES[extra["loss.policy_loss"]])
+            and (param := spec.param(dotted.split(".")[-1])) and not param.rule.holds(value)}
+    assert every <= rows, f"loss parameters without a row: {sorted(every - rows)}"
 
 
 def test_every_controller_rule_has_a_row():

@@ -1,21 +1,47 @@
-"""grpo.core.health: the step guard (grad_norm_ok, WeightGuard). The checks over the metric history are in test_doctor.py."""
+"""The step guard: update_passes's skip of a bad gradient norm, grpo.core.health's WeightGuard. The checks over the metric
+history are in test_doctor.py."""
 
 import math
 
 import pytest
 import torch
 
-from grpo.core.health import TrainingUnstable, WeightGuard, bad_step_reason, grad_norm_ok
+from grpo.core.health import TrainingUnstable, WeightGuard, bad_step_reason
 
 
-def test_grad_norm_ok():
-    assert grad_norm_ok(float("inf"), 10.0)[0] is False
-    ok, reason = grad_norm_ok(float("nan"), None)
-    assert ok is False and "nan" in reason
-    ok, reason = grad_norm_ok(5.0, 2.0)
-    assert ok is False and reason == "gradient norm 5 > train.skip_grad_norm 2; skipping the optimizer step"
-    assert grad_norm_ok(torch.tensor(1.5), 2.0) == (True, "")
-    assert grad_norm_ok(1e6, None) == (True, "")
+def _one_update(monkeypatch, skip_grad_norm, scale=1.0):
+    """One update_passes of a single weight w (log-probs w·base; the forward replaced), its metrics and w after it."""
+    from grpo.config.settings import LossConfig
+    from grpo.core.records import TrainBatch
+    from grpo.phases import update
+
+    w = torch.nn.Parameter(torch.tensor(1.0))
+    base_BT = torch.tensor([[-1.0, -2.0], [-0.5, -1.5]])
+    monkeypatch.setattr(update, "completion_logprobs", lambda *a, **k: (w * scale * base_BT, torch.zeros(2, 2)))
+    batch = TrainBatch(input_ids_BL=torch.ones(2, 3, dtype=torch.long), attention_mask_BL=torch.ones(2, 3,
+                       dtype=torch.long), completion_mask_BT=torch.ones(2, 2), prompt_len=1,
+                       task_ids_B=torch.zeros(2, dtype=torch.long), advantages_B=torch.tensor([1.0, -1.0]),
+                       old_logps_BT=None, ref_logps_BT=None)
+    learner = update.Learner(torch.nn.Module(), torch.optim.SGD([w], lr=0.1), [w])
+    metrics = update.update_passes(learner, batch, torch.tensor([0.0]), LossConfig(), ["t"],
+                                update.StepSettings(micro_batch_seqs=2, temperature=1.0, max_grad_norm=1e9,
+                                                    skip_grad_norm=skip_grad_norm))
+    return metrics, float(w.detach())
+
+
+def test_a_step_is_skipped_when_the_gradient_norm_is_non_finite_or_above_train_skip_grad_norm(monkeypatch):
+    """update_passes's guard: the optimizer step is taken at a gradient norm at or below train.skip_grad_norm and
+    skipped (weights untouched, counted) above it or when the norm is NaN / inf."""
+    metrics, moved = _one_update(monkeypatch, 1e9)
+    norm = metrics["health/grad_norm"]
+    assert norm > 0 and moved != 1.0 and metrics["health/skipped"] == 0.0
+    metrics, moved = _one_update(monkeypatch, norm * 1.01)
+    assert metrics["health/skipped"] == 0.0 and moved != 1.0
+    metrics, kept = _one_update(monkeypatch, norm * 0.99)
+    assert metrics["health/skipped"] == 1.0 and metrics["health/skipped_passes"] == 1.0 and kept == 1.0
+    for scale in (float("nan"), float("inf")):
+        metrics, kept = _one_update(monkeypatch, 1e9, scale)
+        assert metrics["health/skipped"] == 1.0 and kept == 1.0, scale
 
 
 def test_weight_guard_restores_after_nan_in_place():

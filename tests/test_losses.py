@@ -1,5 +1,6 @@
 """Policy losses, aggregation, KL estimators and entropy against hand-computed values and equivalences."""
 
+import inspect
 import math
 
 import pytest
@@ -8,8 +9,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from grpo.core.kernels import entropy_from_logits
-from grpo.core.losses import (AGG_MODES, KL_ESTIMATORS, LOG_RATIO_CLAMP, POLICY_LOSSES, aggregate, kl_penalty, masked_mean,
-                         policy_loss)
+from grpo.core.losses import (AGG_MODES, CLIP_FIELDS, KL_ESTIMATORS, LOG_RATIO_CLAMP, POLICY_LOSSES, aggregate,
+                              importance_ratio, kl_penalty, masked_mean, policy_loss)
 
 F64 = torch.float64
 
@@ -168,6 +169,29 @@ def test_dual_clip_caps_negative_advantages_only():
         _token_grad("grpo", 0.0, 1.0, dual_clip=1.0)
 
 
+CLIPPED = [name for name, spec in POLICY_LOSSES.items() if spec.fields == CLIP_FIELDS]
+
+
+@pytest.mark.parametrize("name", CLIPPED)
+def test_the_clipped_losses_and_the_loss_section_share_the_clip_defaults_and_rules(name):
+    """A clip the loss section refuses, a clipped loss called directly refuses too (a bound of 0 pins that side of
+    the ratio at 1), and both accept the same values; the loss's defaults are the section's."""
+    from grpo.config.rollout_loss import LossConfig
+
+    signature = inspect.signature(POLICY_LOSSES[name].fn).parameters
+    assert {f: signature[f].default for f in CLIP_FIELDS} == {f: getattr(LossConfig(), f) for f in CLIP_FIELDS}
+    call = dict(logps_BT=t([[-1.0]]), old_logps_BT=t([[-1.0]]), advantages_B=t([1.0]), mask_BT=t([[1.0]]))
+    for bad in ({"clip_low": 0.0}, {"clip_low": 1.0}, {"clip_high": 0.0}, {"clip_high": -0.1}, {"dual_clip": 1.0}):
+        with pytest.raises(ValueError, match=next(iter(bad))):
+            LossConfig(**bad)
+        with pytest.raises(ValueError, match=next(iter(bad))):
+            policy_loss(name, **call, **bad)
+    for good in ({"clip_low": 3e-4, "clip_high": 4e-4}, {"clip_low": 0.999}, {"dual_clip": 1.01}):
+        LossConfig(**good)
+        loss, _ = policy_loss(name, **call, **good)
+        assert float(loss) == -1.0  # on-policy, A = 1: −A·r
+
+
 def test_padding_gets_zero_loss_and_huge_log_ratios_stay_finite():
     logps = t([[-1.0, 50.0]], grad=True)  # padding holds garbage
     loss, m = policy_loss("grpo", logps, t([[-1.0, -80.0]]), t([-1.0]), t([[1.0, 0.0]]))
@@ -179,14 +203,51 @@ def test_padding_gets_zero_loss_and_huge_log_ratios_stay_finite():
     assert float(loss) == pytest.approx(math.exp(LOG_RATIO_CLAMP))
 
 
+def test_every_loss_takes_its_ratio_from_importance_ratio_clamped_on_both_sides():
+    """One formula for the importance ratio: exp of the log-ratio clamped to ±LOG_RATIO_CLAMP, for every registered
+    loss (the ratio metrics show it) and for the KL term's importance weight in the update."""
+    assert float(importance_ratio(t(-30.0))) == pytest.approx(math.exp(-LOG_RATIO_CLAMP), rel=1e-12)
+    assert float(importance_ratio(t(30.0))) == pytest.approx(math.exp(LOG_RATIO_CLAMP), rel=1e-12)
+    assert float(importance_ratio(t(0.5))) == pytest.approx(math.exp(0.5), rel=1e-12)
+    for name, spec in POLICY_LOSSES.items():
+        for log_ratio in (-30.0, 30.0):
+            _, m = policy_loss(name, t([[log_ratio]]), t([[0.0]]), t([1.0]), t([[1.0]]))
+            expected = math.exp(math.copysign(LOG_RATIO_CLAMP, log_ratio))
+            assert float(m["loss/ratio_min"]) == pytest.approx(expected, rel=1e-12), (name, log_ratio)
+
+
+def test_the_kl_importance_weight_is_the_losss_clamped_ratio(monkeypatch):
+    """loss.kl_importance_weight multiplies each token's KL by the loss's ratio, clamped as the loss clamps it: at a
+    log-ratio of −30 the weight is e^−20, the ratio the policy loss itself uses there, not e^−30."""
+    from grpo.config.rollout_loss import LossConfig
+    from grpo.core.records import TrainBatch
+    from grpo.phases import update
+
+    logps_BT = torch.tensor([[-31.0, -1.0]])
+    old_BT, ref_BT = torch.tensor([[-1.0, -1.2]]), torch.tensor([[-30.5, -1.1]])
+    mask_BT = torch.ones(1, 2)
+    monkeypatch.setattr(update, "completion_logprobs", lambda *a, **k: (logps_BT, torch.zeros(1, 2)))
+    batch = TrainBatch(input_ids_BL=torch.ones(1, 3, dtype=torch.long), attention_mask_BL=torch.ones(1, 3,
+                       dtype=torch.long), completion_mask_BT=mask_BT, prompt_len=1,
+                       task_ids_B=torch.zeros(1, dtype=torch.long), advantages_B=torch.tensor([1.0]),
+                       old_logps_BT=old_BT, ref_logps_BT=ref_BT)
+    beta = 0.5
+    _, reg_BT, _, _ = update.micro_batch_terms(None, batch, torch.tensor([beta]), LossConfig(kl_importance_weight=True),
+                                               1.0, fused_head=False)
+    kl_BT = kl_penalty(logps_BT, ref_BT, "k3")
+    expected = beta * kl_BT * torch.exp(torch.tensor([[-LOG_RATIO_CLAMP, -1.0 + 1.2]]))
+    torch.testing.assert_close(reg_BT, expected, rtol=1e-6, atol=0)
+
+
 def test_unknown_names_list_the_valid_ones():
-    with pytest.raises(ValueError, match="gspo_token"):
+    with pytest.raises(ValueError) as err:
         policy_loss("ppo", t([[0.0]]), t([[0.0]]), t([1.0]), t([[1.0]]))
+    assert all(repr(name) in str(err.value) for name in POLICY_LOSSES)
     with pytest.raises(ValueError, match="seq-mean-token-sum-norm"):
         aggregate(t([[0.0]]), t([[1.0]]), "sum")
     with pytest.raises(ValueError, match="k3"):
         kl_penalty(t([0.0]), t([0.0]), "k4")
-    assert set(POLICY_LOSSES) == {"grpo", "gspo", "gspo_token", "luspo", "cispo", "sapo", "vespo"}
+    assert {"grpo", "gspo", "gspo_token", "luspo", "cispo", "sapo", "vespo"} <= set(POLICY_LOSSES)  # the built-in ones
 
 
 # ------------------------------------------------------------------------------------------------------ aggregation

@@ -11,7 +11,7 @@ import math
 import pytest
 import torch
 
-from grpo.core.losses import POLICY_LOSSES, aggregate, policy_loss, vespo_weights
+from grpo.core.losses import CLIP_FIELDS, POLICY_LOSSES, aggregate, policy_loss, vespo_weights
 
 F64 = torch.float64
 
@@ -101,7 +101,7 @@ def test_each_loss_refuses_parameters_it_does_not_take():
     with pytest.raises(ValueError, match="clip_low"):
         policy_loss("grpo", t([[0.0]]), t([[0.0]]), t([1.0]), t([[1.0]]), sapo_temperature_pos=1.0)
     assert POLICY_LOSSES["sapo"].arguments == ("sapo_temperature_pos", "sapo_temperature_neg")
-    assert POLICY_LOSSES["grpo"].arguments == ("clip_low", "clip_high", "dual_clip")
+    assert POLICY_LOSSES["grpo"].arguments == CLIP_FIELDS
 
 
 # ------------------------------------------------------------------------------------------------------ TRL parity

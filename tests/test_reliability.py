@@ -21,7 +21,7 @@ import grpo_train as G
 from grpo.core.records import Sample
 from grpo.run.setup_parts import duplicate_report, load_samples
 from grpo.config import settings as C
-from tests.trainer_helpers import TINY_CLI as TINY, cli_output
+from tests.trainer_helpers import TINY_CLI as TINY, blocks_fresh_start, cli_output
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = ROOT.parent / "shared" / "data"
@@ -34,8 +34,6 @@ def run_cli(out: Path, *argv: str, name: str = "r") -> tuple[int, str]:
 
 def assert_retry_not_blocked(out: Path, name: str = "r") -> None:
     """No folder that blocks a fresh start: none at all, or one marked restartable."""
-    from grpo.run.run_folder import blocks_fresh_start
-
     folder = out / name
     assert not folder.exists() or not blocks_fresh_start(folder), sorted(p.name for p in folder.iterdir())
 
@@ -148,8 +146,6 @@ def test_a_run_that_fails_before_its_first_checkpoint_reruns_with_the_same_comma
     code, text = run_cli(tmp_path)
     assert code == 0, text
     assert "stopped before its first checkpoint" in text
-    from grpo.run.run_folder import blocks_fresh_start
-
     assert blocks_fresh_start(tmp_path / "r")  # a finished run is protected again
     code, text = run_cli(tmp_path)
     assert code == 2 and "is not empty" in text, text

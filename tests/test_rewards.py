@@ -9,8 +9,7 @@ import pytest
 
 from conftest import SHARED_DATA
 from grpo.core.rule_graders import (
-    bbq_parse, bbq_rule, bbq_rule_detail, extract_field, format_reward, halueval_general_rule, halueval_rule,
-    token_f1,
+    bbq_parse, bbq_rule, extract_field, format_reward, halueval_general_rule, halueval_rule, token_f1,
 )
 from grpo.data.bbq import bbq_sample
 from grpo.data.halueval import load_halueval
@@ -19,6 +18,19 @@ FIXTURES = Path(__file__).resolve().parent / "fixtures"
 BBQ_DIR = SHARED_DATA / "bbq"
 GENERAL = SHARED_DATA / "halueval" / "general_data.json"
 needs_bbq = pytest.mark.skipif(not BBQ_DIR.is_dir(), reason=f"shared BBQ data not found at {BBQ_DIR}")
+
+
+def bbq_rule_detail(completion: str, gold: dict) -> dict:
+    """What bbq_parse reads in a completion against a row's gold: the letter and whether it is parsed, correct, the
+    unknown option, and the row's context condition."""
+    letter = bbq_parse(completion, gold)
+    return {
+        "letter": letter,
+        "parsed": letter is not None,
+        "correct": letter == gold["label_letter"],
+        "chose_unknown": letter is not None and letter == gold.get("unknown_letter"),
+        "context_condition": gold.get("context_condition"),
+    }
 
 
 def bbq_gold(category: str, example_id: int) -> dict:

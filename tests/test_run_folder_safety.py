@@ -18,9 +18,8 @@ from pathlib import Path
 import pytest
 
 import grpo_train as G
-from tests.trainer_helpers import TINY_CLI as TINY, cli_output
-from grpo.run.run_folder import (LOCK_FILE, MARKER, RunFolderError, blocks_fresh_start, prepare_run_dir,
-                                 release_run_dir)
+from tests.trainer_helpers import TINY_CLI as TINY, blocks_fresh_start, cli_output
+from grpo.run.run_folder import LOCK_FILE, MARKER, RunFolderError, prepare_run_dir, release_run_dir
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -10,11 +10,10 @@ import pytest
 
 from grpo.config.settings import ConfigError, RolloutConfig
 from grpo.core.records import Sample
-from grpo.core.tool_calls import call_text
 from grpo.models.modeling import build_tiny_model, build_tiny_tokenizer
 from grpo.phases import environments as E
 from grpo.phases import tools as T
-from tests.trainer_helpers import assert_resume_is_bit_identical
+from tests.trainer_helpers import assert_resume_is_bit_identical, call_text
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 

@@ -9,12 +9,11 @@ import torch
 
 from grpo.config.settings import RolloutConfig
 from grpo.core.records import Rollout, Sample
-from grpo.core.tool_calls import call_text
 from grpo.models.modeling import build_tiny_model, build_tiny_tokenizer
 from grpo.phases import tools as T
 from grpo.phases.generate import GREEDY
 from grpo.run import step_owners
-from tests.trainer_helpers import fast_config
+from tests.trainer_helpers import call_text, fast_config
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 

@@ -17,13 +17,13 @@ import torch
 from grpo.config.settings import ConfigError, LossConfig, RolloutConfig
 from grpo.core.losses import aggregate, kl_penalty, policy_loss
 from grpo.core.records import Sample, Scored
-from grpo.core.tool_calls import call_text, parse_tool_calls
+from grpo.core.tool_calls import parse_tool_calls
 from grpo.models.modeling import build_tiny_model, build_tiny_tokenizer
 from grpo.phases import tools as T
 from grpo.phases.batch import batch_logprobs, build_train_batch
 from grpo.phases.generate import GREEDY, Draw
 from grpo.phases.update import micro_batch_terms
-from tests.trainer_helpers import assert_resume_is_bit_identical, fast_config
+from tests.trainer_helpers import assert_resume_is_bit_identical, call_text, fast_config
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 

@@ -11,11 +11,11 @@ import pytest
 
 from grpo.config.settings import ConfigError, RolloutConfig
 from grpo.core.records import Sample
-from grpo.core.tool_calls import call_text
 from grpo.models.modeling import build_tiny_model, build_tiny_tokenizer
 from grpo.phases import tools as T
 from grpo.phases.generate import GREEDY
 from grpo.run.trl_config import translate
+from tests.trainer_helpers import call_text
 
 trl = pytest.importorskip("trl")
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py

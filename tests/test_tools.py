@@ -11,11 +11,12 @@ import types
 import pytest
 
 from grpo.config.settings import ConfigError, RolloutConfig
-from grpo.core.tool_calls import (CALL_CLOSE, CALL_OPEN, ToolCall, ToolUse, Trajectory, call_text, parse_tool_calls,
+from grpo.core.tool_calls import (CALL_CLOSE, CALL_OPEN, ToolCall, ToolUse, Trajectory, parse_tool_calls,
                                   tool_instructions, tool_metrics)
 from grpo.models.modeling import build_tiny_tokenizer
 from grpo.phases.tools import (CUT_MARK, INVALID_TOOL, ToolBox, ToolError, build_toolbox, call_with_timeout,
-                               resolve_tools, result_text, tool_schema, tool_suffix_ids)
+                               resolve_tools, result_text, tool_schema, tool_specs, tool_suffix_ids)
+from tests.trainer_helpers import call_text
 
 KNOWN = {"calculator", "lookup"}
 
@@ -124,6 +125,27 @@ def test_a_function_without_a_docstring_is_refused_with_the_fix():
 
     with pytest.raises(ToolError, match="docstring"):
         tool_schema(bare)
+
+
+def test_tools_and_environment_factories_are_named_by_one_rule():
+    """train(tools=...) and train(environment_factory=...) name what they are handed alike: a string as it is, an
+    importable function or class as "module:name", anything else by its name (or the fallback) with itself handed in."""
+    from grpo.phases.environments import factory_spec
+
+    def local(expression: str) -> str:
+        return expression
+
+    class Nameless:
+        def __call__(self):
+            return None
+
+    nameless = Nameless()
+    assert tool_specs(["pkg.mod:fn", calculator, local, nameless]) == (
+        ["pkg.mod:fn", f"{__name__}:calculator", "local", "tool_3"], {"local": local, "tool_3": nameless})
+    assert factory_spec("pkg.mod:Env") == ("pkg.mod:Env", {})
+    assert factory_spec(calculator) == (f"{__name__}:calculator", {})
+    assert factory_spec(local) == ("local", {"local": local})
+    assert factory_spec(nameless) == ("Nameless", {"Nameless": nameless})
 
 
 def test_tools_resolve_from_module_and_file_specs_and_bad_specs_name_the_field(tmp_path):

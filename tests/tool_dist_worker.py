@@ -16,7 +16,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from grpo.core.tool_calls import call_text  # noqa: E402
+from tests.trainer_helpers import call_text  # noqa: E402
 from tests.dist_worker import dist_config, parameters  # noqa: E402
 from tests.test_tool_environments import GuessingGame  # noqa: E402
 

@@ -1,14 +1,19 @@
-"""Shared pieces of the trainer tests: a fast tiny config and a reward with within-group variance."""
+"""Shared pieces of the trainer tests: a fast tiny config, a reward with within-group variance, a tool call as the
+model writes it, and whether a run folder blocks a fresh start."""
 
 from __future__ import annotations
 
 import contextlib
 import io
 from dataclasses import replace
+from pathlib import Path
+from typing import Any, Mapping
 
 import torch
 
 from grpo.config import settings as C
+from grpo.core.tool_calls import DEFAULT_FORMAT
+from grpo.run.run_folder import BOOKKEEPING, MARKER, RESTARTABLE
 from grpo.run.tracking import MEASURED_PREFIXES
 
 
@@ -81,3 +86,20 @@ def rollout_batch(run, n_prompts: int = 2, k: int | None = None):
     scored, _ = score_rollouts(rollouts, run.rewarder.specs, None)
     adv, _ = group_advantages(torch.tensor([s.reward for s in scored]), k)
     return build_train_batch(scored, adv, run.tasks, run.tokenizer.pad_token_id, run.device)
+
+
+def call_text(name: str, arguments: Mapping[str, Any]) -> str:
+    """A tool call in the default format, as a model that calls `name` writes it."""
+    return DEFAULT_FORMAT.write(name, arguments)
+
+
+def blocks_fresh_start(path: str | Path) -> bool:
+    """True when a fresh run into `path` would stop (grpo/run/run_folder.prepare_run_dir): a folder with run contents,
+    not marked restartable, or with contents and no marker, or holding a checkpoint."""
+    path = Path(path)
+    if not path.is_dir():
+        return False
+    entries = {p.name for p in path.iterdir()}
+    if not entries - set(BOOKKEEPING):
+        return False
+    return MARKER not in entries or RESTARTABLE not in entries or any((path / "checkpoints").glob("step_*"))

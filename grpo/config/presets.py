@@ -63,7 +63,7 @@ PRESETS: dict[str, dict[str, Any]] = {
         "kl": {"default": {"controller": "fixed", "beta": 0.04}},
         "rewards": {"fairness": "bbq_rule:1.0", "hallucination": "halueval_rule:1.0"},
     },
-    # Multi-turn rollouts with a tool on a real instruct model on the CPU (#41): SmolLM2-135M-Instruct with LoRA on the
+    # Multi-turn rollouts with a tool on a real instruct model on the CPU: SmolLM2-135M-Instruct with LoRA on the
     # product of two 3-digit numbers (examples/tool_calculator/: 400 rows, exact-answer reward), which it cannot
     # compute without its `calculator` tool. The warm-up teaches both turns: the call (<tool_call>{...}</tool_call>,
     # the products rows' targets) and the answer after the calculator's result (products_answer: those rows with the
@@ -73,7 +73,7 @@ PRESETS: dict[str, dict[str, Any]] = {
     # between SFT steps 8 (no held-out prompt calls) and 12 (most do); 10 steps leave about a third of
     # them calling (every caller answers right, the others guess), so RL has a signal in every group and the
     # gain is RL's; 20 steps at lr 2e-4 (the fewest the doctor judges: a run of 16 ended "TOO SHORT TO JUDGE") fit
-    # the run in 30 min on 2 CPU cores. Host memory (#49): the prompts carry
+    # the run in 30 min on 2 CPU cores. Host memory: the prompts carry
     # the tool instructions (~240 tokens), and a 32-row micro-batch's activations held 8.3 GB in one RL update (SFT's
     # 8 rows 3.1 GB), which glibc's heaps turned into a 14-17 GB resident peak; micro-batches of one group (8 rows:
     # the same optimizer step, summed in another order) under activation checkpointing (recomputed, the same values)

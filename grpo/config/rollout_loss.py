@@ -136,6 +136,17 @@ class RolloutConfig:
                "use engine=auto or hf")
 
 
+def check_clip(clip_low: float, clip_high: float, dual_clip: float | None) -> None:
+    """The rules of the clipped losses' ratio bounds [1 - clip_low, 1 + clip_high] and dual clip, read by LossConfig
+    and by every call of a clipped loss (grpo/core/losses.py). A bound of 0 puts that side of the clip at ratio 1:
+    every token whose ratio moved the way its advantage pushes it is clipped, so after the first pass it gets no
+    gradient (and 1 - clip_low must stay > 0 to bound a ratio at all). A dual clip c <= 1 caps the loss of a
+    negative-advantage token at or below its on-policy value (ratio 1), not only where the ratio is large."""
+    _check(0 < clip_low < 1, "loss.clip_low", clip_low, "use a value in (0, 1), e.g. 0.2")
+    _check(clip_high > 0, "loss.clip_high", clip_high, "use a value > 0, e.g. 0.28")
+    _check(dual_clip is None or dual_clip > 1, "loss.dual_clip", dual_clip, "use None or a value > 1 (verl uses 3)")
+
+
 @dataclass
 class LossConfig:
     policy_loss: str = "grpo"
@@ -200,10 +211,7 @@ class LossConfig:
     micro-batch split; unselected tokens keep their place in the denominators (as in TRL) and their KL term."""
 
     def __post_init__(self) -> None:
-        _check(0 < self.clip_low < 1, "loss.clip_low", self.clip_low, "use a value in (0, 1), e.g. 0.2")
-        _check(self.clip_high > 0, "loss.clip_high", self.clip_high, "use a value > 0, e.g. 0.28")
-        _check(self.dual_clip is None or self.dual_clip > 1, "loss.dual_clip", self.dual_clip,
-               "use None or a value > 1 (verl uses 3)")
+        check_clip(self.clip_low, self.clip_high, self.dual_clip)
         _check(self.mu >= 1, "loss.mu", self.mu, "use mu >= 1")
         _check(0 <= self.entropy_coef <= MAX_LOSS_WEIGHT, "loss.entropy_coef", self.entropy_coef,
                f"use a weight in [0, {MAX_LOSS_WEIGHT:g}] (0 = off, ~0.001 is common): above it the bonus outweighs "

@@ -102,7 +102,8 @@ def group_advantages(rewards_B: torch.Tensor | Sequence[float | None], group_siz
 
 MULTI_OBJECTIVE_AGGREGATIONS = ("sum_then_normalize", "normalize_then_sum")
 """How a task's reward terms reach the advantages (loss.multi_objective_aggregation; TRL's multi_objective_aggregation):
-sum_then_normalize = the weighted mean of the terms, then group advantages (today's) | normalize_then_sum = GDPO."""
+sum_then_normalize = the task's reward (loss.reward_aggregation), then group advantages (the default) |
+normalize_then_sum = GDPO."""
 
 GDPO_EPS = 1e-4
 """The std floor of GDPO's per-term normalisation (TRL's 1e-4)."""

@@ -1,9 +1,9 @@
 """Training health inside the step: the guard the loop calls around every optimizer step.
 
-`grad_norm_ok` and `WeightGuard` skip an optimizer step whose gradient norm is not finite or absurdly large, restore
-the last good weights when a step leaves a non-finite parameter, and stop with `TrainingUnstable` after
-`max_consecutive` bad steps in a row, saying what to change. Formula: grad norm = ||g||_2 over all trainable
-parameters, as returned by torch.nn.utils.clip_grad_norm_.
+The update (grpo/phases/update.update_passes) skips an optimizer step whose gradient norm is not finite or above
+train.skip_grad_norm; `WeightGuard` restores the last good weights when a step leaves a non-finite parameter, and stops
+with `TrainingUnstable` after `max_consecutive` bad steps in a row, saying what to change. Formula: grad norm = ||g||_2
+over all trainable parameters, as returned by torch.nn.utils.clip_grad_norm_.
 
 The checks over the metric history (findings, verdict, the online `Doctor`) live in grpo/run/doctor.py.
 """
@@ -26,18 +26,6 @@ if TYPE_CHECKING:
 
 class TrainingUnstable(RuntimeError):
     """Too many bad optimizer steps in a row; the message says what to change."""
-
-
-def grad_norm_ok(norm: float | torch.Tensor, max_norm_skip: float | None) -> tuple[bool, str]:
-    """(ok, reason): not ok when the pre-clip gradient norm is NaN/inf or above `max_norm_skip` (None = no cap;
-    the trainer passes train.skip_grad_norm)."""
-    value = float(norm)
-    if not math.isfinite(value):
-        return False, f"gradient norm is {value}; skipping the optimizer step"
-    if max_norm_skip is not None and value > max_norm_skip:
-        return False, (f"gradient norm {value:.4g} > train.skip_grad_norm {max_norm_skip:g}; skipping the optimizer "
-                       "step")
-    return True, ""
 
 
 def bad_step_reason(skipped: bool, restored: bool, grad_norm_max: float, skip_grad_norm: float) -> str:
@@ -69,11 +57,9 @@ def snapshot_device(total_bytes: int, param_device):
 class WeightGuard:
     """Keeps a copy of the trainable parameters to restore after a step that leaves them non-finite.
 
-    Use, once per optimizer step:
-        ok, why = grad_norm_ok(norm, max_norm_skip)
-        if ok: optimizer.step()
-        restored = ok and guard.restore_if_bad()      # snapshot on success, restore on NaN/inf
-        metrics |= guard.record(skipped=not ok, restored=restored, reason=why or "non-finite weights")
+    Use (grpo/run/step_owners.py's Updater):
+        restored = guard.restore_if_bad()     # after each optimizer step taken: snapshot if finite, else restore
+        metrics |= guard.record(skipped=skipped, restored=restored, reason=bad_step_reason(...))   # once per RL step
     Under LoRA the trainable parameters are the adapters, so the snapshot is small. `device="cpu"` keeps it off
     the accelerator; pass the parameters' device for speed when memory allows.
     """

@@ -36,6 +36,8 @@ from typing import Callable, NamedTuple
 
 import torch
 
+from grpo.config.rollout_loss import LossConfig, check_clip
+
 LOG_RATIO_CLAMP = 20.0
 """Log-ratios are clamped to ±20 before exp(): exp() overflows fp32 past ~88 and bf16/fp16 much earlier, and a
 ratio of e^20 ≈ 5e8 is already far outside any clip range, so the clamp changes no clipped loss."""
@@ -67,7 +69,29 @@ def _masked_extrema(x_BT: torch.Tensor, valid_BT: torch.Tensor) -> tuple[torch.T
     return torch.where(any_valid, lo, one), torch.where(any_valid, hi, one)
 
 
+def _advantages_BT(advantages_B: torch.Tensor, logps_BT: torch.Tensor) -> torch.Tensor:
+    """One advantage per sequence (B,) broadcast over its tokens (B, T), in the log-probs' dtype; (B, T) kept."""
+    adv_BT = advantages_B.unsqueeze(-1) if advantages_B.dim() == 1 else advantages_B
+    return adv_BT.to(logps_BT.dtype).expand_as(logps_BT)
+
+
+def _ratio_metrics(ratio_BT: torch.Tensor, logps_BT: torch.Tensor, old_logps_BT: torch.Tensor,
+                   mask_BT: torch.Tensor) -> dict[str, torch.Tensor]:
+    """The ratio metrics every loss reports (the clipped losses add their clip fractions)."""
+    with torch.no_grad():
+        r = ratio_BT.detach()
+        r_min, r_max = _masked_extrema(r, mask_BT > 0)
+        return {"loss/ratio_mean": masked_mean(r, mask_BT), "loss/ratio_min": r_min, "loss/ratio_max": r_max,
+                "loss/approx_kl_old": masked_mean(kl_penalty(logps_BT.detach(), old_logps_BT, "k3"), mask_BT)}
+
+
 # ------------------------------------------------------------------------------------------------ importance ratios
+def importance_ratio(log_ratio_BT: torch.Tensor) -> torch.Tensor:
+    """exp(log-ratio) with the log-ratio clamped to ±LOG_RATIO_CLAMP: the importance ratio every loss (and the KL
+    term's importance weight, loss.kl_importance_weight) uses. Any shape; outside the clamp the gradient is 0."""
+    return torch.exp(log_ratio_BT.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))
+
+
 def _token_log_ratio(logps_BT: torch.Tensor, old_logps_BT: torch.Tensor, mask_BT: torch.Tensor) -> torch.Tensor:
     """GRPO: one log-ratio per token (0 on padding, so padding has ratio 1)."""
     return torch.where(mask_BT > 0, logps_BT - old_logps_BT, torch.zeros_like(logps_BT))
@@ -153,7 +177,8 @@ POLICY_LOSSES: dict[str, LossSpec] = {}
 
 CLIP_FIELDS = ("clip_low", "clip_high", "dual_clip")
 """The clipped losses' arguments: fields of the loss section itself (`loss.clip_low`, ...), shared by every clipped
-loss and checked in grpo/config/rollout_loss.py (LossConfig), so they are not `loss.params`."""
+loss; their defaults and rules are LossConfig's and `check_clip`'s (grpo/config/rollout_loss.py), so they are not
+`loss.params`."""
 
 TENSOR_ARGUMENTS = ("logps_BT", "old_logps_BT", "advantages_B", "mask_BT")
 """What every loss function takes first, in this order; its keyword arguments after them are its hyper-parameters."""
@@ -202,40 +227,29 @@ def register_policy_loss(name: str, *, ratio: str, doc: str, params: dict[str, t
 def _clipped_policy_loss(log_ratio_BT: torch.Tensor, logps_BT: torch.Tensor, old_logps_BT: torch.Tensor,
                          advantages_B: torch.Tensor, mask_BT: torch.Tensor, clip_low: float, clip_high: float,
                          dual_clip: float | None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """The PPO clipped surrogate shared by every ratio. Returns the per-token loss (0 on padding) and metrics."""
-    if not 0.0 <= clip_low < 1.0:
-        raise ValueError(f"policy_loss: clip_low={clip_low} must lie in [0, 1) (the lower bound is 1 − clip_low > 0)")
-    if clip_high < 0.0:
-        raise ValueError(f"policy_loss: clip_high={clip_high} must be ≥ 0")
-    if dual_clip is not None and dual_clip <= 1.0:
-        raise ValueError(f"policy_loss: dual_clip={dual_clip} must be > 1 (verl uses 3.0), or None to disable it")
-    adv_BT = advantages_B.unsqueeze(-1) if advantages_B.dim() == 1 else advantages_B
-    adv_BT = adv_BT.to(logps_BT.dtype).expand_as(logps_BT)
-    ratio_BT = torch.exp(log_ratio_BT.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))
+    """The PPO clipped surrogate shared by every ratio. Returns the per-token loss (0 on padding) and metrics.
+    The clip's rules are the loss section's (grpo/config/rollout_loss.py `check_clip`), so a call here and a config
+    refuse the same values."""
+    check_clip(clip_low, clip_high, dual_clip)
+    adv_BT = _advantages_BT(advantages_B, logps_BT)
+    ratio_BT = importance_ratio(log_ratio_BT)
     unclipped_BT = -adv_BT * ratio_BT
     clipped_BT = -adv_BT * ratio_BT.clamp(1.0 - clip_low, 1.0 + clip_high)
     loss_BT = torch.maximum(unclipped_BT, clipped_BT)
-    valid_BT = mask_BT > 0
     metrics: dict[str, torch.Tensor] = {}
     if dual_clip is not None:
         capped_BT = torch.minimum(loss_BT, -dual_clip * adv_BT)
         dual_BT = (adv_BT < 0) & (capped_BT < loss_BT)
         loss_BT = torch.where(adv_BT < 0, capped_BT, loss_BT)
         metrics["loss/dual_clip_frac"] = masked_mean(dual_BT.to(logps_BT.dtype), mask_BT).detach()
-    loss_BT = torch.where(valid_BT, loss_BT, torch.zeros_like(loss_BT))
+    loss_BT = torch.where(mask_BT > 0, loss_BT, torch.zeros_like(loss_BT))
     with torch.no_grad():
         r = ratio_BT.detach()
         low_BT = ((r < 1.0 - clip_low) & (adv_BT < 0)).to(r.dtype)  # clipping binds from below (TRL's definition)
         high_BT = ((r > 1.0 + clip_high) & (adv_BT > 0)).to(r.dtype)
-        r_min, r_max = _masked_extrema(r, valid_BT)
-        metrics.update({
-            "loss/clip_frac_low": masked_mean(low_BT, mask_BT),
-            "loss/clip_frac_high": masked_mean(high_BT, mask_BT),
-            "loss/ratio_mean": masked_mean(r, mask_BT),
-            "loss/ratio_min": r_min,
-            "loss/ratio_max": r_max,
-            "loss/approx_kl_old": masked_mean(kl_penalty(logps_BT.detach(), old_logps_BT, "k3"), mask_BT),
-        })
+        metrics["loss/clip_frac_low"] = masked_mean(low_BT, mask_BT)
+        metrics["loss/clip_frac_high"] = masked_mean(high_BT, mask_BT)
+    metrics.update(_ratio_metrics(ratio_BT, logps_BT, old_logps_BT, mask_BT))
     return loss_BT, metrics
 
 
@@ -244,8 +258,9 @@ def clipped_loss(ratio: str) -> Callable[..., tuple[torch.Tensor, dict[str, torc
     log_ratio_fn = LOG_RATIOS[ratio]
 
     def loss_fn(logps_BT: torch.Tensor, old_logps_BT: torch.Tensor, advantages_B: torch.Tensor,
-                mask_BT: torch.Tensor, clip_low: float = 0.2, clip_high: float = 0.28,
-                dual_clip: float | None = None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+                mask_BT: torch.Tensor, clip_low: float = LossConfig.clip_low,
+                clip_high: float = LossConfig.clip_high,
+                dual_clip: float | None = LossConfig.dual_clip) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         log_ratio_BT = log_ratio_fn(logps_BT, old_logps_BT.detach(), mask_BT)
         return _clipped_policy_loss(log_ratio_BT, logps_BT, old_logps_BT.detach(), advantages_B, mask_BT,
                                     clip_low, clip_high, dual_clip)
@@ -265,21 +280,6 @@ register_policy_loss("luspo", ratio="sequence", fields=CLIP_FIELDS, agg_mode="se
     clipped loss, each sequence weighted by its length (TRL's luspo).""")(clipped_loss("sequence"))
 
 
-def _advantages_BT(advantages_B: torch.Tensor, logps_BT: torch.Tensor) -> torch.Tensor:
-    adv_BT = advantages_B.unsqueeze(-1) if advantages_B.dim() == 1 else advantages_B
-    return adv_BT.to(logps_BT.dtype).expand_as(logps_BT)
-
-
-def _ratio_metrics(ratio_BT: torch.Tensor, logps_BT: torch.Tensor, old_logps_BT: torch.Tensor,
-                   mask_BT: torch.Tensor) -> dict[str, torch.Tensor]:
-    """The ratio metrics every loss reports (the clipped losses add their clip fractions)."""
-    with torch.no_grad():
-        r = ratio_BT.detach()
-        r_min, r_max = _masked_extrema(r, mask_BT > 0)
-        return {"loss/ratio_mean": masked_mean(r, mask_BT), "loss/ratio_min": r_min, "loss/ratio_max": r_max,
-                "loss/approx_kl_old": masked_mean(kl_penalty(logps_BT.detach(), old_logps_BT, "k3"), mask_BT)}
-
-
 @register_policy_loss("cispo", ratio="token", metrics=("loss/cispo_clip_frac",), doc="""a clipped, detached ratio
     weight instead of the clip: no token loses its gradient (MiniMax-M1; TRL's cispo).""", params={
     "cispo_max_ratio": ("the importance weight is min(ratio, cispo_max_ratio), detached (ScaleRL's eps_max; TRL's "
@@ -293,7 +293,7 @@ def cispo_loss(logps_BT: torch.Tensor, old_logps_BT: torch.Tensor, advantages_B:
         raise ValueError(f"policy_loss: cispo_max_ratio={cispo_max_ratio} must be > 0 (ScaleRL and TRL use 5.0)")
     old_logps_BT = old_logps_BT.detach()
     adv_BT = _advantages_BT(advantages_B, logps_BT)
-    ratio_BT = torch.exp(_token_log_ratio(logps_BT, old_logps_BT, mask_BT).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))
+    ratio_BT = importance_ratio(_token_log_ratio(logps_BT, old_logps_BT, mask_BT))
     weight_BT = ratio_BT.clamp(max=cispo_max_ratio).detach()
     loss_BT = torch.where(mask_BT > 0, -weight_BT * adv_BT * logps_BT, torch.zeros_like(logps_BT))
     metrics = _ratio_metrics(ratio_BT, logps_BT, old_logps_BT, mask_BT)
@@ -319,7 +319,7 @@ def sapo_loss(logps_BT: torch.Tensor, old_logps_BT: torch.Tensor, advantages_B: 
                          "> 0 (the paper uses 1.0 for A > 0 and 1.05 otherwise)")
     old_logps_BT = old_logps_BT.detach()
     adv_BT = _advantages_BT(advantages_B, logps_BT)
-    ratio_BT = torch.exp(_token_log_ratio(logps_BT, old_logps_BT, mask_BT).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))
+    ratio_BT = importance_ratio(_token_log_ratio(logps_BT, old_logps_BT, mask_BT))
     tau_BT = torch.where(adv_BT > 0, torch.full_like(adv_BT, sapo_temperature_pos),
                          torch.full_like(adv_BT, sapo_temperature_neg))
     gate_BT = torch.sigmoid(tau_BT * (ratio_BT - 1.0)) * 4.0 / tau_BT
@@ -367,7 +367,7 @@ def vespo_loss(logps_BT: torch.Tensor, old_logps_BT: torch.Tensor, advantages_B:
     phi_B1 = vespo_weights(log_ratio_BT, advantages_B, mask_BT, vespo_k_pos, vespo_lambda_pos, vespo_k_neg,
                            vespo_lambda_neg).to(logps_BT.dtype)
     loss_BT = torch.where(mask_BT > 0, -phi_B1 * adv_BT * logps_BT, torch.zeros_like(logps_BT))
-    ratio_BT = torch.exp(log_ratio_BT.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))
+    ratio_BT = importance_ratio(log_ratio_BT)
     metrics = _ratio_metrics(ratio_BT, logps_BT, old_logps_BT, mask_BT)
     metrics["loss/vespo_phi_mean"] = masked_mean(phi_B1.expand_as(logps_BT), mask_BT).detach()
     return loss_BT, metrics

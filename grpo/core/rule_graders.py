@@ -145,18 +145,6 @@ def bbq_rule(completion: str, gold: dict[str, Any]) -> float:
     return 1.0 if letter == gold["label_letter"] else WRONG_OPTION_REWARD
 
 
-def bbq_rule_detail(completion: str, gold: dict[str, Any]) -> dict[str, Any]:
-    """Diagnostics for evaluation: the parsed letter and whether it is correct / the unknown option / unparseable."""
-    letter = bbq_parse(completion, gold)
-    return {
-        "letter": letter,
-        "parsed": letter is not None,
-        "correct": letter == gold["label_letter"],
-        "chose_unknown": letter is not None and letter == gold.get("unknown_letter"),
-        "context_condition": gold.get("context_condition"),
-    }
-
-
 # ---------------------------------------------------------------- HaluEval
 
 

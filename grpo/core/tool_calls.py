@@ -119,11 +119,6 @@ def tool_instructions(schemas: Sequence[Mapping[str, Any]]) -> str:
             "its result comes back in the next message. When you know the answer, reply without a tool call.")
 
 
-def call_text(name: str, arguments: Mapping[str, Any]) -> str:
-    """A call in the default format (SFT demonstrations write calls with it)."""
-    return DEFAULT_FORMAT.write(name, arguments)
-
-
 @dataclass(frozen=True)
 class ToolUse:
     """What one trajectory did with its tools."""

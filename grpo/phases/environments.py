@@ -30,6 +30,14 @@ RESERVED = ("reset", "get_reward")
 FIELD = "rollout.environment_factory"
 
 
+class ToolError(ConfigError):
+    """A tool cannot be used: no schema (docstring / type hints), a chat template that cannot render a tool message.
+    The message names the tool and the fix; the field at fault is rollout.tools."""
+
+    def __init__(self, message: str):
+        super().__init__(message, field="rollout.tools")
+
+
 class EnvironmentFailure(ConfigError):
     """An environment cannot be built or reset: names the environment, the row and the fix."""
 
@@ -119,16 +127,20 @@ def reset_arguments(sample: Sample) -> dict[str, Any]:
     return {**sample.gold, "prompt": prompt}
 
 
-def method_schema(method: Callable[..., Any]) -> dict[str, Any]:
-    """A method's JSON schema from its signature and docstring, as a tool's (transformers' get_json_schema)."""
+def tool_schema(fn: Callable[..., Any], error: Callable[[str], ConfigError] = ToolError, what: str = "tool",
+                fix: str = "as for TRL's tools=[...]") -> dict[str, Any]:
+    """The function's JSON schema from its signature and docstring: transformers' `get_json_schema`, what TRL and
+    `apply_chat_template(tools=...)` use (type hints on every argument, a Google-style docstring with an Args
+    section). A function or method without one raises `error` naming it as `what` and ending with `fix` (an
+    environment's method: EnvironmentFailure, "or start its name with '_' ...")."""
     from transformers.utils import get_json_schema
 
     try:
-        return get_json_schema(method)
+        return get_json_schema(fn)
     except Exception as err:  # transformers raises its own TypeError / DocstringParsingException subclasses
-        raise EnvironmentFailure(f"method {method.__name__!r}: no JSON schema from its signature and docstring "
-                                 f"({err}); give every argument a type hint and write a docstring with an Args: "
-                                 "section, or start its name with '_' to keep it from the model") from err
+        raise error(f"{what} {getattr(fn, '__name__', fn)!r}: no JSON schema from its signature and docstring "
+                    f"({err}); give every argument a type hint and write a docstring with an Args: section, "
+                    f"{fix}") from err
 
 
 def build_environments(factory: Callable[[], Any], tool_names: Sequence[str] = ()) -> Environments:
@@ -142,7 +154,9 @@ def build_environments(factory: Callable[[], Any], tool_names: Sequence[str] = (
         raise EnvironmentFailure(f"environment {box.name} has no reset method; TRL's environments define reset(self, "
                                  "**kwargs) returning None or the text to append to the prompt")
     try:
-        box.schemas = [method_schema(getattr(instance, m)) for m in tool_methods(instance)]
+        box.schemas = [tool_schema(getattr(instance, m), EnvironmentFailure, "method",
+                                   "or start its name with '_' to keep it from the model")
+                       for m in tool_methods(instance)]
     except EnvironmentFailure as err:
         raise EnvironmentFailure(f"environment {box.name}: {err}") from err
     box.methods = [s["function"]["name"] for s in box.schemas]
@@ -168,16 +182,23 @@ def resolve_environment(spec: str, callables: Mapping[str, Callable[..., Any]] |
     return build_environments(factory, tool_names)
 
 
-def factory_spec(factory: Callable[[], Any] | str) -> tuple[str, dict[str, Callable[..., Any]]]:
-    """`train(environment_factory=...)` as a rollout.environment_factory string and the callables it names: an
-    importable class or function as "module:name" (config.json names it, a resume finds it), anything else by its
-    name with the factory handed in."""
+def callable_spec(entry: Callable[..., Any] | str, fallback: str) -> tuple[str, dict[str, Callable[..., Any]]]:
+    """A function or class handed to `train(...)` (a tool, an environment factory) as the config string that names
+    it and the callables that string needs: a string stays itself; an importable one is "module:name" (config.json
+    then names it, and a resumed run finds it again); any other (defined in __main__, a notebook, a closure) is
+    entered under its own name (`fallback` when it has none) with itself in the mapping."""
     from grpo.grading.graders import importable_ref
 
-    if isinstance(factory, str):
-        return factory, {}
-    ref = importable_ref(factory)
+    if isinstance(entry, str):
+        return entry, {}
+    ref = importable_ref(entry)
     if ref is not None:
         return ref, {}
-    name = getattr(factory, "__name__", type(factory).__name__)
-    return name, {name: factory}
+    name = getattr(entry, "__name__", fallback)
+    return name, {name: entry}
+
+
+def factory_spec(factory: Callable[[], Any] | str) -> tuple[str, dict[str, Callable[..., Any]]]:
+    """`train(environment_factory=...)` as a rollout.environment_factory string and the callables it names
+    (`callable_spec`; a factory without a name goes by its type's)."""
+    return callable_spec(factory, type(factory).__name__)

@@ -34,10 +34,10 @@ from grpo.config.settings import ConfigError, RolloutConfig
 from grpo.core.records import Rollout, Sample
 from grpo.core.tool_calls import (DEFAULT_FORMAT, CallFormat, ToolCall, Trajectory, parse_tool_calls, tool_instructions,
                                   tool_metrics)
-from grpo.grading.graders import GraderError, import_callable, importable_ref
+from grpo.grading.graders import GraderError, import_callable
 from grpo.models.sampling import splitmix64_int
 from grpo.models.tokens import SYSTEM_JOIN, _ids_from_template, _with_system, encode_prompt, stop_token_id
-from grpo.phases.environments import Environments, resolve_environment
+from grpo.phases.environments import Environments, ToolError, callable_spec, resolve_environment, tool_schema
 from grpo.phases.generate import Draw, _seeded, cut_completion, decoder, rollout_metrics
 
 CUT_MARK = " …[cut]"
@@ -45,14 +45,6 @@ CUT_MARK = " …[cut]"
 one."""
 INVALID_TOOL = "invalid"
 """The name malformed calls and calls of unknown tools are counted (and answered) under."""
-
-
-class ToolError(ConfigError):
-    """A tool cannot be used: no schema (docstring / type hints), a chat template that cannot render a tool message.
-    The message names the tool and the fix; the field at fault is rollout.tools."""
-
-    def __init__(self, message: str):
-        super().__init__(message, field="rollout.tools")
 
 
 @dataclass(frozen=True)
@@ -63,20 +55,6 @@ class Tool:
     fn: Callable[..., Any] = field(repr=False)
     schema: dict[str, Any] = field(repr=False)
     """OpenAI-style {"type": "function", "function": {"name", "description", "parameters"}}."""
-
-
-def tool_schema(fn: Callable[..., Any]) -> dict[str, Any]:
-    """The function's JSON schema from its signature and docstring: transformers' `get_json_schema`, what TRL and
-    `apply_chat_template(tools=...)` use (type hints on every argument, a Google-style docstring with an Args
-    section)."""
-    from transformers.utils import get_json_schema
-
-    try:
-        return get_json_schema(fn)
-    except Exception as err:  # transformers raises its own TypeError / DocstringParsingException subclasses
-        raise ToolError(f"tool {getattr(fn, '__name__', fn)!r}: no JSON schema from its signature and docstring "
-                        f"({err}); give every argument a type hint and write a docstring with an Args: section, as "
-                        "for TRL's tools=[...]") from err
 
 
 def resolve_tools(specs: Sequence[str | Callable[..., Any]], callables: Mapping[str, Callable[..., Any]] | None = None,
@@ -107,22 +85,14 @@ def resolve_tools(specs: Sequence[str | Callable[..., Any]], callables: Mapping[
 
 
 def tool_specs(tools: Sequence[str | Callable[..., Any]]) -> tuple[list[str], dict[str, Callable[..., Any]]]:
-    """`train(tools=[...])`'s entries as rollout.tools strings and the functions they name: a function importable
-    as "module:name" is written so (config.json then names it, and a resumed run finds it again); any other
-    (defined in __main__, a notebook, a closure) is entered under its own name with the function in the mapping."""
+    """`train(tools=[...])`'s entries as rollout.tools strings and the functions they name, each as `callable_spec`
+    names it (a function without a name is `tool_<i>`)."""
     specs: list[str] = []
     callables: dict[str, Callable[..., Any]] = {}
     for entry in tools:
-        if isinstance(entry, str):
-            specs.append(entry)
-            continue
-        ref = importable_ref(entry)
-        if ref is not None:
-            specs.append(ref)
-        else:
-            key = getattr(entry, "__name__", f"tool_{len(specs)}")
-            specs.append(key)
-            callables[key] = entry
+        spec, named = callable_spec(entry, f"tool_{len(specs)}")
+        specs.append(spec)
+        callables.update(named)
     return specs, callables
 
 

@@ -23,7 +23,7 @@ from typing import Any, Callable, Sequence
 import torch
 
 from grpo.config.settings import LossConfig
-from grpo.core.losses import (LOG_RATIO_CLAMP, LOG_RATIOS, POLICY_LOSSES, aggregate, kl_penalty, policy_loss,
+from grpo.core.losses import (LOG_RATIOS, POLICY_LOSSES, aggregate, importance_ratio, kl_penalty, policy_loss,
                                top_entropy_mask)
 from grpo.core.records import TrainBatch
 from grpo.models.distributed import Dist, as_float
@@ -83,7 +83,7 @@ def micro_batch_terms(model: torch.nn.Module, mb: TrainBatch, betas_N: torch.Ten
         kl_BT = kl_penalty(logps_BT, mb.ref_logps_BT, loss.kl_estimator)
         if loss.kl_importance_weight:  # TRL's use_bias_correction_kl: times the loss's ratio, not detached
             log_ratio_BT = LOG_RATIOS[spec.ratio](logps_BT, old_BT.detach(), mask_BT)
-            kl_BT = kl_BT * torch.exp(log_ratio_BT.clamp(max=LOG_RATIO_CLAMP))
+            kl_BT = kl_BT * importance_ratio(log_ratio_BT)
         reg_BT = reg_BT + betas_B.to(kl_BT.dtype)[:, None] * kl_BT
         kl_value_BT = kl_penalty(logps_BT.detach(), mb.ref_logps_BT, KL_METRIC_ESTIMATOR)
         kl_k1_BT = kl_penalty(logps_BT.detach(), mb.ref_logps_BT, KL_TAIL_ESTIMATOR)

@@ -250,18 +250,6 @@ def _prepare_locked(path: Path, resume: str, overwrite: bool) -> Path:
     return path
 
 
-def blocks_fresh_start(path: str | Path) -> bool:
-    """True when a fresh run into `path` would stop (a folder with run contents, not marked restartable, or with
-    contents and no marker)."""
-    path = Path(path)
-    if not path.is_dir():
-        return False
-    entries = {p.name for p in path.iterdir()}
-    if not entries - set(BOOKKEEPING):
-        return False
-    return MARKER not in entries or RESTARTABLE not in entries or any((path / "checkpoints").glob("step_*"))
-
-
 def run_started(path: str | Path) -> None:
     """The run in `path` wrote a checkpoint (or finished): from now on only --resume or --overwrite reuse it."""
     (Path(path) / RESTARTABLE).unlink(missing_ok=True)
