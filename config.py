@@ -1,11 +1,11 @@
-"""A thin entry point kept where users look for it: the configuration lives in grpo/config/settings.py.
+"""A thin entry point kept where users look for it: the configuration is the package `grpo.config`.
 
-`import config` here (from the checkout) is that module itself, so `config.Config`, `config.load_config(...)` and
-every other name work as before; installed code imports `grpo.config.settings`.
+`import config` here (from the checkout) is that package itself, so `config.Config`, `config.load_config(...)` and
+every other name work as before; installed code imports `grpo.config`.
 """
 
 import sys
 
-from grpo.config import settings
+import grpo.config
 
-sys.modules[__name__] = settings
+sys.modules[__name__] = grpo.config

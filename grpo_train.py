@@ -29,7 +29,7 @@ quiet_openmp()  # before torch loads libgomp, which reads it once: waiting threa
 
 import torch  # noqa: E402
 
-from grpo.config import settings as C
+from grpo import config as C
 from grpo.config.command_line import command_typed, parse_trainer_argv, smoke_test_note
 from grpo.core.health import TrainingUnstable
 from grpo.core.losses import losses_help

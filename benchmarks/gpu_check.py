@@ -116,7 +116,7 @@ def samples():
 
 def rollout_ids(model, tok, engine: str, new: int, *, seed: int = 0, keys=None, greedy: bool = False,
                 forced: bool = False) -> list[list[int]]:
-    from grpo.config.settings import RolloutConfig
+    from grpo.config import RolloutConfig
     from grpo.phases.generate import Draw, generate_rollouts, greedy_complete
 
     cfg = RolloutConfig(k=K, max_new_tokens=new, min_new_tokens=new if forced else 0, engine=engine)
@@ -210,7 +210,7 @@ def step_logprob_change(model, tok, completions: list[list[int]], device: str) -
     """The graph step (compiled on CUDA) fed the same tokens: max |Δ log-prob| of them against the whole forward."""
     import torch
 
-    from grpo.config.settings import RolloutConfig
+    from grpo.config import RolloutConfig
     from grpo.models import graph_decode as G
     from grpo.models.modeling import generation_mode
     from grpo.models.tokens import left_pad
@@ -253,7 +253,7 @@ def fold_change(model_dir: Path, tok, device: str, new: int = 32) -> dict[str, f
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM
 
-    from grpo.config.settings import RolloutConfig
+    from grpo.config import RolloutConfig
     from grpo.models import graph_decode as G
     from grpo.models.modeling import generation_mode
     from grpo.models.tokens import left_pad

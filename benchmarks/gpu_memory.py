@@ -185,7 +185,7 @@ def run_child(case: Case, tiny: bool, work: Path, steps: int, warmup: int) -> di
     """Set up the run and time `steps` RL steps; everything measured goes into the returned dict."""
     import torch
 
-    from grpo.config import settings as C
+    from grpo import config as C
     import grpo.run.step_owners as step_owners
     import grpo_train as T
 

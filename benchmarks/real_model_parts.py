@@ -53,7 +53,7 @@ def main(argv: list[str] | None = None) -> int:
     from transformers import AutoModelForCausalLM
 
     from grpo.core import kernels
-    from grpo.config.settings import RolloutConfig
+    from grpo.config import RolloutConfig
     from grpo.models.decode import LoopSwitches, decode
     from grpo.models.logprobs import no_logits
     from grpo.models.pretrained import resolve_model_name

@@ -41,7 +41,7 @@ sys.path.insert(0, str(ROOT))
 from grpo.core.recognition_measures import recognition_measures  # noqa: E402
 from grpo.data.bbq import LETTERS, load_bbq  # noqa: E402
 from grpo.data.halueval import load_halueval  # noqa: E402
-from grpo.config.settings import ModelConfig  # noqa: E402
+from grpo.config import ModelConfig  # noqa: E402
 from grpo.models.modeling import load_policy  # noqa: E402
 from grpo.models.tokens import encode_prompt  # noqa: E402
 

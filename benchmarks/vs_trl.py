@@ -166,7 +166,7 @@ def build_configs(spec: BenchSpec, model_dir: str, out_dir: str) -> tuple[list[s
 
 # ------------------------------------------------------------------------------------------------------- workers
 def _our_config(spec: BenchSpec, model_dir: str, out_dir: str):
-    from grpo.config import settings as C
+    from grpo import config as C
 
     overrides, _ = build_configs(spec, model_dir, out_dir)
     return C.load_config("demo", overrides)

@@ -15,7 +15,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from grpo.config import settings as C  # noqa: E402
+from grpo import config as C  # noqa: E402
 from tests.trainer_helpers import fast_config  # noqa: E402
 
 SCENARIOS: dict[str, list[str]] = {

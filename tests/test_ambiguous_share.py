@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from grpo.config.settings import ConfigError
+from grpo.config import ConfigError
 from grpo.core.records import Sample
 from grpo.core.rule_graders import LETTERS, bbq_rule
 from grpo.data.bbq import condition_counts, load_bbq, with_ambiguous_share

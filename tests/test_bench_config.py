@@ -12,7 +12,7 @@ from dataclasses import replace
 
 import pytest
 
-from grpo.config import settings as C
+from grpo import config as C
 from benchmarks import common, vs_trl
 from conftest import SHARED_DATA
 

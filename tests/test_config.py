@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from grpo.config import settings as C
+from grpo import config as C
 from grpo.config.command_line import split_argv
 from grpo.config.presets import PRESETS
 from grpo.core.losses import POLICY_LOSSES

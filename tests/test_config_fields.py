@@ -18,7 +18,7 @@ import pytest
 
 import grpo.config
 from grpo.config import checks
-from grpo.config import settings as C
+from grpo import config as C
 from grpo.run.config_check import REGISTRY_FIELDS, check_config
 from grpo.core.kl_control import CONFIG_FIELDS, NOT_CONFIGURED, RULES, controller_args, controller_problem
 from grpo.core.losses import AGG_MODES, POLICY_LOSSES
@@ -298,13 +298,13 @@ def test_a_bad_value_is_reported_under_its_own_field(dotted, value, extra):
 
 
 def test_every_check_in_config_py_has_a_row(monkeypatch):
-    """Every `_check` / `_one_of` call site of the config layer (sections.py and its parts, settings.py: every
-    grpo/config module that calls them) runs while the rows are built, and every field name a check reports has a
-    row."""
-    modules = [importlib.import_module(f"grpo.config.{path.stem}") for path in sorted(CONFIG_DIR.glob("*.py"))
-               if re.search(r"\b_(check|one_of)\(", path.read_text())]
-    assert {"checks", "model_data", "rollout_loss", "sections", "settings"} <= {m.__name__.split(".")[-1]
-                                                                             for m in modules}
+    """Every `_check` / `_one_of` call site of the config layer (sections.py and its parts, the package's
+    __init__.py: every grpo/config module that calls them) runs while the rows are built, and every field name a
+    check reports has a row."""
+    modules = [importlib.import_module("grpo.config" if path.stem == "__init__" else f"grpo.config.{path.stem}")
+               for path in sorted(CONFIG_DIR.glob("*.py")) if re.search(r"\b_(check|one_of)\(", path.read_text())]
+    assert {"checks", "model_data", "rollout_loss", "sections", "config"} <= {m.__name__.split(".")[-1]
+                                                                           for m in modules}
     sites: set[tuple[str, int]] = set()  # (file name, line)
     for module in modules:
         path = Path(module.__file__)

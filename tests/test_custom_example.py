@@ -16,7 +16,7 @@ import sys
 
 import pytest
 
-from grpo.config import settings as C
+from grpo import config as C
 from grpo.config.command_line import parse_trainer_argv
 from conftest import ROOT
 

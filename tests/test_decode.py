@@ -6,7 +6,7 @@ from dataclasses import replace
 import pytest
 import torch
 
-from grpo.config.settings import Config, ConfigError, RolloutConfig
+from grpo.config import Config, ConfigError, RolloutConfig
 from grpo.models.decode import (
     CompletionPenaltyProcessor,
     SanitizeLogitsProcessor,

@@ -38,7 +38,7 @@ ATOL = 1e-6
 
 def run_short_demo(out_dir: Path) -> dict:
     """Run the short demo into `out_dir`; return its metric lines, evaluations and per-tensor weight statistics."""
-    from grpo.config import settings as C
+    from grpo import config as C
     from grpo.run.tracking import MEASURED_PREFIXES  # clock and memory readings (they depend on the machine)
     import grpo_train
 

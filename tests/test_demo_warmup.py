@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from grpo.config import settings as C
+from grpo import config as C
 import grpo_train as G
 from grpo.models.tokens import encode_prompt
 

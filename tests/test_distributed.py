@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from grpo.config import settings as C
+from grpo import config as C
 from grpo.models.distributed import Dist, check_strategy, num_processes_from_launch
 from tests.dist_worker import SCENARIOS, one_step
 
@@ -240,7 +240,7 @@ def test_deepspeed_is_refused_by_name():
 
 
 def test_fsdp_refuses_what_it_does_not_support(tmp_path):
-    from grpo.config import settings as C
+    from grpo import config as C
     import grpo_train as T
     from tests.trainer_helpers import fast_config
 

@@ -15,7 +15,7 @@ from functools import cache
 
 import pytest
 
-from grpo.config import settings as C
+from grpo import config as C
 from conftest import ROOT
 from grpo.run import doctor_checks as symptoms
 from grpo.run.doctor import HealthThresholds

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from grpo.config import settings as C
+from grpo import config as C
 from grpo.config.command_line import describe_fields, preset_in, split_argv
 from grpo.config.presets import PRESETS
 
@@ -235,7 +235,7 @@ def test_quoted_defaults_match_config(doc):
     wrong = []
     for ref, text in re.findall(r"`(?:--)?([a-z_]+\.[a-z_0-9.]+)`\s*\(default ([^)]*)\)", DOCS[doc]):
         if field_error(ref) is None and not same_value(text, ref, value_of(cfg, ref)):
-            wrong.append(f"{ref}: doc says default {text!r}, grpo/config/settings.py has {value_of(cfg, ref)!r}")
+            wrong.append(f"{ref}: doc says default {text!r}, grpo/config/__init__.py has {value_of(cfg, ref)!r}")
     assert not wrong, f"{doc}:\n" + "\n".join(wrong)
 
 
@@ -256,7 +256,7 @@ def test_preset_tables_match_the_presets():
         for ref, text in rows:
             assert field_error(ref) is None, field_error(ref)
             if not same_value(text, ref, value_of(cfg, ref)):
-                wrong.append(f"{preset}: {ref} documented {text!r}, grpo/config/settings.py gives {value_of(cfg, ref)!r}")
+                wrong.append(f"{preset}: {ref} documented {text!r}, grpo/config/__init__.py gives {value_of(cfg, ref)!r}")
     assert not wrong, "\n".join(wrong)
 
 

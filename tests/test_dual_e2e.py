@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from grpo.config import settings as C
+from grpo import config as C
 import grpo_train as G
 from tests.conftest import SHARED_DATA
 from tests.judge_server import JudgeServer

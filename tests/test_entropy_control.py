@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import grpo_train as G
-from grpo.config.settings import LossConfig
+from grpo.config import LossConfig
 from grpo.core.entropy_control import AdaptiveEntropyCoef
 from grpo.phases.update import Learner, StepSettings, update_passes
 from grpo.run.save_resume import checkpoint_state

@@ -24,7 +24,7 @@ def test_part_means_are_per_task_and_per_grader_and_skip_failed_parts():
 
 def test_evaluate_batches_prompts_by_length_and_returns_rows_in_sample_order(monkeypatch):
     import grpo.phases.evaluate as E
-    from grpo.config.settings import RolloutConfig
+    from grpo.config import RolloutConfig
 
     words = [9, 1, 7, 3, 8, 2]  # prompt lengths in words, out of order
     samples = [Sample("t", f"id{i}", ({"role": "user", "content": " ".join(["w"] * n)},)) for i, n in enumerate(words)]

@@ -26,7 +26,7 @@ from hypothesis import strategies as st
 
 from types import SimpleNamespace
 
-from grpo.config import settings as C
+from grpo import config as C
 import grpo_train as G
 from grpo.data.sources import TaskSource, load_source_samples
 

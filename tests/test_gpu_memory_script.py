@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from conftest import ROOT, load_script as _load
-from grpo.config.settings import ModelConfig
+from grpo.config import ModelConfig
 from grpo.models.modeling import RANDOM_PREFIX, build_tiny_tokenizer, load_policy, random_model_config
 
 TINY = {"model_type": "llama", "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,

@@ -366,7 +366,7 @@ def test_a_weight_that_is_no_number_is_named_as_such_not_as_a_missing_file(tmp_p
 def test_a_rewards_entry_for_no_task_of_the_run_is_an_error_naming_it():
     """rewards.<task> with a misspelt task: the task it meant would train on its defaults while the entry is ignored;
     the entries presets carry for the built-in tasks may stay in a run of your own tasks."""
-    from grpo.config import settings as C
+    from grpo import config as C
     from grpo.run.setup_parts import reward_specs
 
     with pytest.raises(C.ConfigError, match=r"config field `rewards.reveiws` names no task of this run \(its tasks: "
@@ -379,7 +379,7 @@ def test_a_rewards_entry_for_no_task_of_the_run_is_an_error_naming_it():
 
 def test_a_kl_entry_for_no_task_of_the_run_is_an_error_naming_it():
     """kl.fairnes.beta=0.5 (issue 19): the misspelt entry was ignored and fairness trained on kl.default."""
-    from grpo.config import settings as C
+    from grpo import config as C
     from grpo.run.setup_parts import check_task_entries
 
     with pytest.raises(C.ConfigError, match=r"config field `kl.fairnes` names no task of this run \(its tasks: "

@@ -6,7 +6,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config, Qwen3Config
 
-from grpo.config.settings import ConfigError, RolloutConfig
+from grpo.config import ConfigError, RolloutConfig
 from grpo.models import graph_decode as G
 from grpo.models.modeling import build_tiny_model, build_tiny_tokenizer, generation_mode
 from grpo.models.sampling import row_keys

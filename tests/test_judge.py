@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from grpo.config.settings import JudgeConfig
+from grpo.config import JudgeConfig
 from grpo.grading.judge import Judge, JudgeItem, RateLimiter
 from grpo.core.records import Rollout, Sample
 from grpo.grading.rubrics import JudgeReplyError, load_rubric, parse_score
@@ -174,7 +174,7 @@ def test_the_judge_reads_its_config_section_with_the_configs_defaults(tmp_path):
     assert Judge.from_config(JudgeConfig(), tmp_path) is None  # no base_url: rule graders only
     cfg = JudgeConfig(base_url="http://127.0.0.1:9/v1", api_key_env=KEY_ENV, fallback_base_url="http://127.0.0.1:8/v1")
     with Judge.from_config(cfg, tmp_path) as judge:
-        # one home per setting: the defaults are grpo/config/settings.py's (timeout 20 s, 8 requests/s), no second record's
+        # one home per setting: the defaults are grpo/config/__init__.py's (timeout 20 s, 8 requests/s), no second record's
         assert judge._clients[0].timeout_s == JudgeConfig().timeout_s == 20.0
         assert judge._limiter._interval == pytest.approx(1 / JudgeConfig().rate_limit_per_s)
         assert [(p.name, p.base_url) for p in judge.providers] == [

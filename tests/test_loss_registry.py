@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import grpo_train
-from grpo.config import settings as C
+from grpo import config as C
 from grpo.core.losses import POLICY_LOSSES, above, register_policy_loss
 from grpo.run.config_check import check_config, check_loss_params
 from grpo.run.trl_config import translate

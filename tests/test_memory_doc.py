@@ -32,7 +32,7 @@ def figures(*sets: str, gpu: str = "a100-40", **changes) -> dict:
     """The tool's estimate for `--preset llama3-8b-dual --gpu GPU --set ...` in GiB, unrounded (the doc rounds them
     once, as the tool's own lines do): peak, peak phase, phase totals, parts by (phase, name), headroom on the card.
     `changes` set inputs the command line cannot (logits_to_keep, the k-bit fp32 upcast)."""
-    from grpo.config.settings import load_config
+    from grpo.config import load_config
     from grpo.models.memory_estimate import GIB, estimate
     from grpo.run.memory_inputs import inputs_from_config
 

@@ -5,7 +5,7 @@ import copy
 
 import torch
 
-from grpo.config.settings import LossConfig
+from grpo.config import LossConfig
 from grpo.phases.batch import batch_logprobs
 from grpo.models.logprobs import completion_logprobs
 from grpo.models.modeling import build_tiny_model, build_tiny_tokenizer

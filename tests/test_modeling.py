@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from grpo.config.settings import ConfigError, ModelConfig
+from grpo.config import ConfigError, ModelConfig
 from grpo.models.modeling import (
     TINY_NAME,
     build_tiny_model,

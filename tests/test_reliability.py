@@ -20,7 +20,7 @@ import pytest
 import grpo_train as G
 from grpo.core.records import Sample
 from grpo.run.setup_parts import duplicate_report, load_samples
-from grpo.config import settings as C
+from grpo import config as C
 from tests.trainer_helpers import TINY_CLI as TINY, blocks_fresh_start, cli_output
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from grpo.config import settings as C
+from grpo import config as C
 from grpo.core.advantages import group_advantages
 from grpo.core.records import Rollout, Sample
 from grpo.data.batching import check_prompts_per_step

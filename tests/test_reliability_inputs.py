@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from grpo.config import settings as C
+from grpo import config as C
 from grpo.run.config_check import check_config
 from tests.trainer_helpers import TINY_CLI as TINY, cli_output
 

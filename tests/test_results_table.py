@@ -78,7 +78,7 @@ TOOLS_RUNS = ROOT / "docs" / "runs" / "smollm2-tools"
 def test_the_readme_tools_table_is_the_kept_runs_of_the_committed_preset():
     """README's table of `--preset smollm2-tools` holds the rewards `scripts/results_table.py --runs` reads from the
     kept run folders, and those runs are of the preset as committed (a changed preset without a rerun fails here)."""
-    from grpo.config import settings as C
+    from grpo import config as C
 
     runs = [TOOLS_RUNS / f"seed{seed}" for seed in RT.SEEDS]
     readme = (ROOT / "README.md").read_text().splitlines()

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from grpo.config.settings import ConfigError, ModelConfig, RolloutConfig
+from grpo.config import ConfigError, ModelConfig, RolloutConfig
 from grpo.models.modeling import build_tiny_model, build_tiny_tokenizer
 from grpo.core.records import Rollout, Sample
 from grpo.models.decode import (
@@ -249,7 +249,7 @@ def test_cache_implementation_reaches_the_generation_config(model, tok, samples,
     assert not seen  # evaluation keeps the dynamic cache, so engine=auto decodes it with the lean loop
     greedy_complete(model, tok, samples, RolloutConfig(max_new_tokens=3, cache_implementation="static", engine="hf"))
     assert seen["generation_config"].cache_implementation is None
-    from grpo.config.settings import Config
+    from grpo.config import Config
     from grpo.run.config_check import check_config
 
     with pytest.raises(ConfigError, match="rollout.cache_implementation"):

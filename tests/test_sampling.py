@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from grpo.config.settings import RolloutConfig
+from grpo.config import RolloutConfig
 from grpo.models.modeling import build_tiny_model, build_tiny_tokenizer
 from grpo.core.records import Sample
 from grpo.phases.generate import Draw, generate_rollouts, greedy_complete

@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from grpo.config import settings as C
+from grpo import config as C
 from grpo.models.logprobs import completion_logprobs, groups_share_prompts, shared_prompt_blocker
 from grpo.models.modeling import build_tiny_model, build_tiny_tokenizer, enable_checkpointing
 from grpo.core.records import TrainBatch

@@ -63,7 +63,7 @@ def test_recognition_summary_reads_the_margin_against_the_label():
 
 
 def test_reply_logprobs_match_one_unpadded_pass_per_reply():
-    from grpo.config.settings import ModelConfig
+    from grpo.config import ModelConfig
     from grpo.models.modeling import load_policy
 
     policy = load_policy(ModelConfig(name="builtin:tiny"), seed=0)

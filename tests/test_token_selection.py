@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from grpo.config.settings import LossConfig
+from grpo.config import LossConfig
 from grpo.core.losses import top_entropy_mask
 from grpo.core.records import Rollout, Sample, Scored
 from grpo.models.modeling import build_tiny_model, build_tiny_tokenizer

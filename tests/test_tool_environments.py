@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from grpo.config.settings import ConfigError, RolloutConfig
+from grpo.config import ConfigError, RolloutConfig
 from grpo.core.records import Sample
 from grpo.models.modeling import build_tiny_model, build_tiny_tokenizer
 from grpo.phases import environments as E

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from grpo.config.settings import RolloutConfig
+from grpo.config import RolloutConfig
 from grpo.core.records import Rollout, Sample
 from grpo.models.modeling import build_tiny_model, build_tiny_tokenizer
 from grpo.phases import tools as T

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from grpo.config.settings import RolloutConfig
+from grpo.config import RolloutConfig
 from grpo.core.records import Sample
 from grpo.core.tool_calls import DEFAULT_FORMAT, CallFormat, parse_tool_calls
 from grpo.models.modeling import build_tiny_model, build_tiny_tokenizer

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from grpo.config.settings import ConfigError, LossConfig, RolloutConfig
+from grpo.config import ConfigError, LossConfig, RolloutConfig
 from grpo.core.losses import aggregate, kl_penalty, policy_loss
 from grpo.core.records import Sample, Scored
 from grpo.core.tool_calls import parse_tool_calls
@@ -488,7 +488,7 @@ def test_the_smollm2_tools_preset_runs_its_task_tool_and_grader_on_the_tiny_mode
     is recorded in docs/CUSTOM_TASKS.md): the warm-up's demonstrations are the tool calls, rendered with the tool
     instructions the rollouts' prompts get."""
     import grpo_train as G
-    from grpo.config import settings as C
+    from grpo import config as C
     from grpo.phases import sft
 
     monkeypatch.chdir(Path(__file__).resolve().parents[1])  # the preset's paths are relative to the repository

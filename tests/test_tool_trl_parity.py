@@ -9,7 +9,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from grpo.config.settings import ConfigError, RolloutConfig
+from grpo.config import ConfigError, RolloutConfig
 from grpo.core.records import Sample
 from grpo.models.modeling import build_tiny_model, build_tiny_tokenizer
 from grpo.phases import tools as T

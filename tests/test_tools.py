@@ -10,7 +10,7 @@ import types
 
 import pytest
 
-from grpo.config.settings import ConfigError, RolloutConfig
+from grpo.config import ConfigError, RolloutConfig
 from grpo.core.tool_calls import (CALL_CLOSE, CALL_OPEN, ToolCall, ToolUse, Trajectory, parse_tool_calls,
                                   tool_instructions, tool_metrics)
 from grpo.models.modeling import build_tiny_tokenizer

@@ -10,7 +10,7 @@ from dataclasses import replace
 import pytest
 import torch
 
-from grpo.config import settings as C
+from grpo import config as C
 import grpo_train as G
 import grpo.run.step_owners as owners
 from grpo.phases.batch import batch_logprobs, build_train_batch

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from grpo.config import settings as C
+from grpo import config as C
 from grpo.run.trl_cli import OTHER_RECORD_FIELDS, flag_value, read_config_file, translate_command_line, trl_flags
 from grpo.run.trl_config import ROWS, TABLE
 from grpo.run.trl_rows import MODEL_TABLE, RECORDS

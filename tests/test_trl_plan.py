@@ -15,7 +15,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from grpo.config import settings as C
+from grpo import config as C
 from grpo.run.api import python_config
 from grpo.run.setup_parts import build_optimizer, with_epochs
 from grpo.run.trl_config import DEFAULTS, ROWS, TABLE, markdown, translate

@@ -12,7 +12,7 @@ import warnings
 import pytest
 import torch
 
-from grpo.config import settings as C
+from grpo import config as C
 from grpo.run.trl_config import translate
 
 trl = pytest.importorskip("trl")

@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from grpo.config import settings as C
+from grpo import config as C
 from grpo.run.api import lora_fields, python_config, rows_in_memory, task_section
 
 datasets = pytest.importorskip("datasets")

@@ -20,7 +20,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from grpo.config import settings as C
+from grpo import config as C
 from grpo.config.command_line import split_argv
 import grpo_train as G
 from grpo.run import checkpoint_files as ckpt

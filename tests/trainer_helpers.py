@@ -11,7 +11,7 @@ from typing import Any, Mapping
 
 import torch
 
-from grpo.config import settings as C
+from grpo import config as C
 from grpo.core.tool_calls import DEFAULT_FORMAT
 from grpo.run.run_folder import BOOKKEEPING, MARKER, RESTARTABLE
 from grpo.run.tracking import MEASURED_PREFIXES

@@ -3,7 +3,7 @@ the bad value and the fix) and the bounds on numbers that scale logits, losses a
 
 Standard library only. The section dataclasses are grpo/config/model_data.py's (model, data, tasks.<task>,
 reward_models.<name>), grpo/config/rollout_loss.py's (rollout, loss, kl.<task>, multi) and grpo/config/sections.py's
-(train, sft, judge, checkpoint and the whole `Config`); grpo/config/settings.py re-exports every name of them.
+(train, sft, judge, checkpoint and the whole `Config`); grpo/config/__init__.py re-exports every name of them.
 """
 
 from __future__ import annotations

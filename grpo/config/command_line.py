@@ -6,7 +6,7 @@
                                                                  flags, which the run layer translates), when given
     anything else (--preset, --print-config, ...)             -> left for the entry point's own argparse parser
 
-Standard library only; the schema and its validation are grpo/config/sections.py's (and its parts'), `load_config` grpo/config/settings.py's, the presets grpo/config/presets.py's.
+Standard library only; the schema and its validation are grpo/config/sections.py's (and its parts'), `load_config` grpo/config/__init__.py's, the presets grpo/config/presets.py's.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import typing
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
-from grpo.config import settings as C
+from grpo import config as C
 from grpo.config.presets import PRESETS
 
 ALIASES = {"model": "model.name", "data-dir": "data.data_dir", "max-steps": "train.max_steps",

@@ -3,7 +3,7 @@ rows (`tasks.<task>`) and reward models (`reward_models.<name>`), a docstring un
 this file's source) and their checks.
 
 Standard library only; `ConfigError`, `_check` and the bounds are grpo/config/checks.py's, the whole `Config`
-grpo/config/sections.py's, and grpo/config/settings.py re-exports every name (`C.ModelConfig`, ...).
+grpo/config/sections.py's, and grpo/config/__init__.py re-exports every name (`C.ModelConfig`, ...).
 """
 
 from __future__ import annotations

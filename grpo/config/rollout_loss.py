@@ -3,7 +3,7 @@
 file's source) and their checks.
 
 Standard library only; `ConfigError`, `_check` and the bounds are grpo/config/checks.py's, the whole `Config`
-grpo/config/sections.py's, and grpo/config/settings.py re-exports every name (`C.RolloutConfig`, ...). Names a
+grpo/config/sections.py's, and grpo/config/__init__.py re-exports every name (`C.RolloutConfig`, ...). Names a
 registry implements (losses, aggregation modes, KL estimators, controllers, engines) are checked against it by
 grpo/run/config_check.py.
 """

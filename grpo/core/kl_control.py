@@ -16,7 +16,7 @@ import math
 import statistics
 from typing import Any, Callable
 
-from grpo.config.settings import TaskKLConfig
+from grpo.config import TaskKLConfig
 
 ADAPTIVE_ERROR_CLIP = 0.2
 """Ziegler et al. clip the proportional error to ±0.2 so one noisy KL estimate moves β by at most 20%·n/horizon."""

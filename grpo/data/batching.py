@@ -10,7 +10,7 @@ from __future__ import annotations
 import random
 from typing import Any, Mapping, Sequence
 
-from grpo.config.settings import field_error
+from grpo.config import field_error
 from grpo.core.records import Sample
 from grpo.data.bbq import for_epoch
 

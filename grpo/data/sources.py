@@ -23,7 +23,7 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Mapping, Sequence
 
-from grpo.config.settings import TaskSourceConfig
+from grpo.config import TaskSourceConfig
 from grpo.core.records import Sample
 from grpo.data.generic import RowError, row_to_sample
 from grpo.data.jsonio import LoadResult, RecordsRead, TemplateFieldError, split_by_id

@@ -32,8 +32,8 @@ from typing import TYPE_CHECKING, Any
 
 from grpo.grading.rubrics import JudgeReplyError, Rubric, load_rubric, parse_score
 
-if TYPE_CHECKING:  # grpo/config/settings.py is standard-library only; the judge reads its section, it keeps no copy
-    from grpo.config.settings import JudgeConfig
+if TYPE_CHECKING:  # grpo/config/__init__.py is standard-library only; the judge reads its section, it keeps no copy
+    from grpo.config import JudgeConfig
 
 log = logging.getLogger(__name__)
 

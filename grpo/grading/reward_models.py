@@ -21,7 +21,7 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from grpo.config.settings import RewardModelConfig, field_error
+from grpo.config import RewardModelConfig, field_error
 from grpo.core.records import Rollout
 
 PROMPT_JOIN = "\n\n"  # between message contents when the reward model's tokenizer has no chat template

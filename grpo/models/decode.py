@@ -40,7 +40,7 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from grpo.config.settings import RolloutConfig
+from grpo.config import RolloutConfig
 from grpo.models.model_calls import accepts_logits_to_keep, cache_kwarg, position_ids_from_mask, returned_cache
 from grpo.models.modeling import base_model, generation_mode
 from grpo.models.sampling import draw, warpers

@@ -50,7 +50,7 @@ from typing import Any, Callable, Sequence
 import torch
 import torch.nn.functional as F
 
-from grpo.config.settings import RolloutConfig
+from grpo.config import RolloutConfig
 from grpo.models.model_calls import accepts_logits_to_keep, cache_kwarg, position_ids_from_mask, returned_cache
 from grpo.models.decode import NAN_LOGIT, NEGINF_LOGIT, POSINF_LOGIT, check_keys
 from grpo.models.modeling import base_model, generation_mode

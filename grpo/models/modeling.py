@@ -21,7 +21,7 @@ from typing import Any, Iterable, Iterator
 import torch
 from torch import nn
 
-from grpo.config.settings import ModelConfig, field_error  # load_policy reads the model section itself (one home)
+from grpo.config import ModelConfig, field_error  # load_policy reads the model section itself (one home)
 from grpo.data.files import cache_error, writing
 
 TINY_NAME = "builtin:tiny"

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator
 
-from grpo.config.settings import ConfigError
+from grpo.config import ConfigError
 from grpo.data.files import fsync as _fsync
 from grpo.data.files import sha256 as _sha256
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Callable, Sequence
 
-from grpo.config.settings import RolloutConfig, TrainConfig
+from grpo.config import RolloutConfig, TrainConfig
 from grpo.core.pass_at_k import guess_pass_at_k, mean_pass_at_k
 from grpo.core.records import Rollout, Sample, Scored
 from grpo.phases.generate import Draw, generate_rollouts

@@ -22,7 +22,7 @@ import inspect
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Mapping, Sequence
 
-from grpo.config.settings import ConfigError
+from grpo.config import ConfigError
 from grpo.core.records import Sample
 
 RESERVED = ("reset", "get_reward")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
-from grpo.config.settings import RolloutConfig
+from grpo.config import RolloutConfig
 from grpo.core.bbq_measures import bbq_answer, bbq_measures, flat_measures
 from grpo.core.recognition_measures import recognition_measures
 from grpo.core.records import Rollout, Sample, Scored

@@ -26,7 +26,7 @@ from typing import Any, Callable, Iterator, Sequence
 
 import torch
 
-from grpo.config.settings import RolloutConfig
+from grpo.config import RolloutConfig
 from grpo.models.decode import check_keys, decode, lean_blocker, ours
 from grpo.models.graph_decode import decode_graph, graph_blocker
 from grpo.models.modeling import generation_mode

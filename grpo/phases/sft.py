@@ -12,7 +12,7 @@ from typing import Any, Callable, Iterable, Sequence
 
 import torch
 
-from grpo.config.settings import SFTConfig
+from grpo.config import SFTConfig
 from grpo.core.answers import answer_class
 from grpo.core.records import Sample
 from grpo.models.logprobs import completion_logprobs

@@ -30,7 +30,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 import torch
 
-from grpo.config.settings import ConfigError, RolloutConfig
+from grpo.config import ConfigError, RolloutConfig
 from grpo.core.records import Rollout, Sample
 from grpo.core.tool_calls import (DEFAULT_FORMAT, CallFormat, ToolCall, Trajectory, parse_tool_calls, tool_instructions,
                                   tool_metrics)

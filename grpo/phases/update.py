@@ -22,7 +22,7 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from grpo.config.settings import LossConfig
+from grpo.config import LossConfig
 from grpo.core.losses import (LOG_RATIOS, POLICY_LOSSES, aggregate, importance_ratio, kl_penalty, policy_loss,
                                top_entropy_mask)
 from grpo.core.records import TrainBatch

@@ -14,7 +14,7 @@ import re
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
-from grpo.config import settings as C
+from grpo import config as C
 from grpo.config.presets import CUSTOM_PRESET
 from grpo.phases.environments import factory_spec
 from grpo.phases.tools import tool_specs

@@ -16,7 +16,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Collection
 
-from grpo.config.settings import Config, LossConfig, TaskKLConfig, did_you_mean, field_error
+from grpo.config import Config, LossConfig, TaskKLConfig, did_you_mean, field_error
 from grpo.core.advantages import ADV_SCALES, MULTI_OBJECTIVE_AGGREGATIONS
 from grpo.models.decode import ENGINES
 from grpo.core.kl_control import CONFIG_FIELDS, KL_CONTROLLERS, controller_args, controller_problem

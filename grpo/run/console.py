@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from grpo.config import settings as C
+from grpo import config as C
 from grpo.config.presets import CUSTOM_PRESET
 from grpo.models.memory_estimate import estimate
 from grpo.run.memory_inputs import inputs_from_config

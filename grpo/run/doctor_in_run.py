@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from grpo.config import settings as C
+from grpo import config as C
 from grpo.run.doctor import Doctor, Finding
 from grpo.run.save_resume import restore_best
 from grpo.run.report import kl_bands

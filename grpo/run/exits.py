@@ -11,7 +11,7 @@ import pickle
 import signal
 import sys
 
-from grpo.config.settings import ConfigError
+from grpo.config import ConfigError
 from grpo.data.jsonio import DataFileError
 from grpo.grading.graders import GraderError
 from grpo.run.signals import Interrupted

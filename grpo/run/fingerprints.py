@@ -21,7 +21,7 @@ import tokenize
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
-from grpo.config import settings as C
+from grpo import config as C
 from grpo.data.files import sha256
 from grpo.core.records import Sample
 from grpo.grading.graders import USER_KINDS

@@ -70,7 +70,7 @@ def check_gpu_memory(argv: list[str] | None = None) -> int:
     import argparse
 
     from grpo.config.command_line import split_argv
-    from grpo.config.settings import ConfigError, load_config
+    from grpo.config import ConfigError, load_config
     from grpo.run.config_check import check_config
 
     overrides, rest = split_argv(sys.argv[1:] if argv is None else argv)

@@ -11,7 +11,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from grpo.config import settings as C
+from grpo import config as C
 from grpo.models.pretrained import CACHE_ENV, DEFAULT_CACHE
 
 

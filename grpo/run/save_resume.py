@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from grpo.config import settings as C
+from grpo import config as C
 from grpo.core.losses import POLICY_LOSSES
 from grpo.models.distributed import Dist, rank_rng_state
 from grpo.models.modeling import Policy

@@ -20,8 +20,8 @@ from typing import Any, Iterable, Mapping
 import numpy as np
 import torch
 
-from grpo.config import settings as C
-from grpo.config.settings import ConfigError
+from grpo import config as C
+from grpo.config import ConfigError
 from grpo.core.multi import ConflictMonitor
 from grpo.core.records import Sample
 from grpo.models.distributed import Dist

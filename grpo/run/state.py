@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from grpo.config import settings as C
+from grpo import config as C
 from grpo.run.doctor import Doctor, Finding
 from grpo.core.records import Sample
 from grpo.models.distributed import Dist

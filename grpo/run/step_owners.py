@@ -24,7 +24,7 @@ from typing import Any, Callable, Iterator
 
 import torch
 
-from grpo.config import settings as C
+from grpo import config as C
 from grpo.core.advantages import group_advantages, normalize_then_sum
 from grpo.core.answers import step_answer_metrics
 from grpo.core.dapo import fill_informative_groups, overlong_penalty

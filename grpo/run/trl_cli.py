@@ -32,7 +32,7 @@ import sys
 from pathlib import Path
 from typing import Any, Mapping
 
-from grpo.config import settings as C
+from grpo import config as C
 from grpo.config.command_line import BOOL_WORDS, OtherFlags
 from grpo.run.trl_config import DEFAULTS, ROWS, TABLE, from_trl, trl_field_names, translate
 from grpo.run.trl_rows import MIXTURE_TABLE, MODEL_TABLE, RECORDS, SCRIPT_TABLE, _set

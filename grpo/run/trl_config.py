@@ -23,7 +23,7 @@ import warnings
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
-from grpo.config import settings as C
+from grpo import config as C
 from grpo.core.advantages import ADV_SCALES
 from grpo.core.losses import POLICY_LOSSES
 from grpo.run.trl_rows import (RECORDS, Converter, Row, _name, _noted, _only, _part_of, _set, bind, error, note,

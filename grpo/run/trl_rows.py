@@ -21,7 +21,7 @@ import re
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
-from grpo.config import settings as C
+from grpo import config as C
 from grpo.data.dataset_dicts import MIXTURE_KEYS, check_hub, load_mixture, load_named
 from grpo.data.tables import DataSourceError, looks_like_hub_id
 from grpo.grading import trl_rewards
