@@ -1,4 +1,4 @@
-"""The house a newcomer walks (issue 50), read from the source: every module a step imports has its line in
+"""The house a newcomer walks, read from the source: every module a step imports has its line in
 docs/DESIGN.md's table; no function of grpo/phases, grpo/run or the entry point runs past 60 lines; `Run` holds at
 most 12 fields; a public name names one thing; from `rl_step` to the line that draws a token is three calls; the
 newcomer's questions in DESIGN.md point at the lines that answer them. Each check is also run on a crafted case."""

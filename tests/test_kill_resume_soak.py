@@ -1,8 +1,7 @@
 """The kill/resume soak (scripts/kill_resume_soak.py) runs: a short version of it, as a subprocess, on every test run.
 
-The script died at import for a whole release after the layered move (`from grpo import checkpoint`, issue #39) and
-nothing noticed: docs/VALIDATION.md cited a soak nobody could run. Here it runs itself, end to end, with three
-SIGKILLs (one per kill moment: after a checkpoint, during an evaluation, during a Pareto save), so an import, a flag
+A script that no test runs can die at import unnoticed while docs/VALIDATION.md cites it. Here it runs itself, end to
+end, with three SIGKILLs (one per kill moment: after a checkpoint, during an evaluation, during a Pareto save), so an import, a flag
 or a file the script reads that moves breaks this test.
 """
 

@@ -1,4 +1,4 @@
-"""One registration per loss (issue #40): `register_policy_loss` in grpo/core/losses.py holds a loss's name, function,
+"""One registration per loss: `register_policy_loss` in grpo/core/losses.py holds a loss's name, function,
 ratio, hyper-parameters with their defaults, rules and docs; the config check, --help, the update and TRL's loss_type
 read it there. A loss registered here, in the test, and nowhere else validates, is listed in --help and trains."""
 

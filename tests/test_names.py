@@ -1,4 +1,4 @@
-"""No local name shadows a public one (issue 40): inside a function of the package or an entry point, no parameter,
+"""No local name shadows a public one: inside a function of the package or an entry point, no parameter,
 assignment, loop or `with` target, comprehension variable or nested def takes the name of a public function or class
 the same module defines or imports. Read from the source; the check itself is tested on crafted modules."""
 

@@ -1,4 +1,4 @@
-"""scripts/reliability_probe.py, the tester's probe of issue #39: its cases parse, its classification says what its
+"""scripts/reliability_probe.py, the tester's probe of bad inputs: its cases parse, its classification says what its
 docstring says, and one case runs end to end through the script. The whole probe takes ~15 minutes: it is run by
 hand (docs/VALIDATION.md), not here."""
 
@@ -19,7 +19,7 @@ probe = load_script("scripts/reliability_probe.py")
 def test_every_case_has_a_unique_name_a_known_expectation_and_words_where_it_expects_a_refusal():
     names = [c.name for c in probe.CASES]
     assert len(names) == len(set(names)), names
-    assert len(names) >= 41  # the issue's Why section (38 with the control) and three from its What to build
+    assert len(names) >= 41  # every bad input the probe was built to try, the control included
     for case in probe.CASES:
         assert case.expect in (probe.REFUSE, probe.HANDLE, probe.EITHER), case
         assert callable(case.act), case

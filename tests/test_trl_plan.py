@@ -332,7 +332,7 @@ def test_what_cannot_be_honoured_is_refused_or_named(tmp_path):
     notes = translate({"disable_dropout": True, "beta": 0.1, "lr_scheduler_type": "constant", "warmup_steps": 5}).notes
     named = [n.split(":")[0] for n in notes]
     assert {"GRPOConfig.warmup_steps=5", "GRPOConfig.disable_dropout=True"} <= set(named) and len(named) <= 3  # (bf16)
-    assert "GRPOConfig.use_bias_correction_kl=True" not in named  # applied now: loss.kl_importance_weight
+    assert "GRPOConfig.use_bias_correction_kl=True" not in named  # applied: loss.kl_importance_weight
 
 
 def test_a_misspelt_grpo_config_field_gets_a_did_you_mean(tmp_path, capsys):
@@ -361,7 +361,7 @@ def test_docs_trl_md_is_the_table():
 
 def test_bf16_means_bfloat16_weights_on_a_gpu_and_is_named_not_switched_on_on_the_cpu(monkeypatch):
     """TRL resolves bf16=None to True (unless fp16). On a GPU: model.dtype bfloat16; on the CPU: float32 and a note
-    (it used to switch bf16 on silently wherever TRL's default left it True)."""
+    (never switched on silently where TRL's default leaves it True)."""
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     on_gpu = translate({})
     assert on_gpu.tree["model"]["dtype"] == "bfloat16" and not [n for n in on_gpu.notes if "bf16" in n]

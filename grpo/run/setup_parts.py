@@ -348,7 +348,7 @@ def shares_prompts(cfg: C.Config, train_model: torch.nn.Module, dist: Dist) -> b
 
 
 def check_sharding(cfg: C.Config, policy: Policy, dist: Dist) -> None:
-    """What FSDP sharding supports today: full fine-tuning in bf16 / fp32 with the summed loss."""
+    """What FSDP sharding supports: full fine-tuning in bf16 / fp32 with the summed loss."""
     problems = [why for bad, why in [
         (cfg.model.lora or cfg.model.load_in_4bit, "LoRA / QLoRA (model.lora=false: sharding is for full fine-tuning; "
                                                    "an adapter fits every process, use train.sharding=none)"),
