@@ -191,17 +191,20 @@ def run_ours(spec: BenchSpec, model_dir: str, out_dir: str) -> dict[str, Any]:
         return rollouts, metrics
 
     owners.generate_rollouts = counted_generate
-    cfg = _our_config(spec, model_dir, out_dir)
-    run = grpo_train.setup(cfg)
-    marks, phases = [(time.perf_counter(), time.process_time())], {k: [] for k in OUR_TIME_KEYS}
-    for step in range(1, spec.cycles + 1):
-        metrics = grpo_train.rl_step(run, step)
-        if run.device.type == "cuda":
-            torch.cuda.synchronize()
-        marks.append((time.perf_counter(), time.process_time()))
-        for k in OUR_TIME_KEYS:
-            phases[k].append(metrics[k])
-    run.tracker.close()
+    try:
+        cfg = _our_config(spec, model_dir, out_dir)
+        run = grpo_train.setup(cfg)
+        marks, phases = [(time.perf_counter(), time.process_time())], {k: [] for k in OUR_TIME_KEYS}
+        for step in range(1, spec.cycles + 1):
+            metrics = grpo_train.rl_step(run, step)
+            if run.device.type == "cuda":
+                torch.cuda.synchronize()
+            marks.append((time.perf_counter(), time.process_time()))
+            for k in OUR_TIME_KEYS:
+                phases[k].append(metrics[k])
+        run.tracker.close()
+    finally:  # an in-process caller (a test) keeps the owner as it was
+        owners.generate_rollouts = shipped_generate
     wall, cpu = common.cycle_deltas(marks, 1)
     return {"cycle_times_s": wall, "cycle_cpu_s": cpu, "optimizer_steps": int(run.updater.scheduler.last_epoch),
             "rss_after_imports_mib": rss_imports, **common.length_counts(lengths), "phases": phases,

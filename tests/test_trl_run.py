@@ -155,7 +155,7 @@ def test_the_learning_rate_schedule_resumes_bit_identically(tmp_path):
     resumed = grpo_train.train(SMALL, tasks={"caps": ROWS}, rewards={"caps": [reward_len]}, args=args,
                                checkpoint={"resume": "auto"})
     assert (full.cfg.micro_batch_seqs, full.cfg.seqs_per_step, full.cfg.model.gradient_checkpointing) == (2, 4, True)
-    assert resumed.update.scheduler.state_dict() == full.update.scheduler.state_dict()
+    assert resumed.updater.scheduler.state_dict() == full.updater.scheduler.state_dict()
     for (name, a), (_, b) in zip(full.policy.model.named_parameters(), resumed.policy.model.named_parameters()):
         assert torch.equal(a, b), name
 
