@@ -63,7 +63,7 @@ def test_sft_demonstrations_are_stratified_by_task_and_answer():
 def test_sft_demonstrations_of_free_form_answers_do_not_crowd_out_the_other_task():
     """BBQ's disambiguated targets quote their own context and HaluEval general's are ChatGPT replies: with the whole
     target as the class, every row was its own class, the sorted classes put BBQ's first, and all 48 demonstrations
-    of the smollm2-dual warm-up were BBQ rows. The class is now the answer ("Answer: B ..." -> "b"), and a task with
+    of the smollm2-dual warm-up were BBQ rows. The class is the answer ("Answer: B ..." -> "b"), and a task with
     more than FREE_FORM_CLASSES answers counts as one class."""
     from grpo.phases.sft import FREE_FORM_CLASSES, stratified
 

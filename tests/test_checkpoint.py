@@ -298,7 +298,7 @@ def test_resume_target_resolution(tmp_path):
 def test_a_kill_while_old_checkpoints_are_pruned_leaves_no_half_deleted_checkpoint(tmp_path, monkeypatch):
     """keep_last pruning killed midway (scripts/kill_resume_soak.py found it twice in 20 kills): the folder being
     deleted had lost tensors.safetensors but kept its manifest, so it looked complete and failed verification.
-    Deleting goes through a rename now: whatever the moment of the kill, every folder that looks complete verifies."""
+    Deleting goes through a rename: whatever the moment of the kill, every folder that looks complete verifies."""
     run = tmp_path / "run"
     ckpt.save(run, 1, {"step": 1, "w": torch.ones(3)}, {}, keep_last=1)
     real_rmtree = ckpt.shutil.rmtree

@@ -97,7 +97,7 @@ def test_cli_help_print_config_and_errors():
 
 def test_a_band_controller_with_up_1_is_refused_at_the_command_line_naming_the_field(capsys):
     """Regression: config allowed kl.<task>.up >= 1 while BandKL demands up > 1, so `up=1` passed the config check
-    and failed later in grpo/core/kl_control.py with a bare ValueError. The rule now lives once, in the controller."""
+    and failed later in grpo/core/kl_control.py with a bare ValueError. The rule lives once, in the controller."""
     import grpo_train
 
     assert grpo_train.cli(["--set", "kl.default.up=1", "--print-config"]) == 2  # demo: band controller

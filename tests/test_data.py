@@ -229,7 +229,8 @@ def test_template_naming_an_absent_field_is_a_config_error_not_a_skipped_row():
 
 @needs_bbq
 def test_halueval_file_that_is_not_json_stops_the_run_naming_the_file(tmp_path):
-    """Issue #19: a non-JSON HaluEval file gave one warning per line, then the whole task was gone from the run."""
+    """A non-JSON HaluEval file is one error naming it: read row by row it would give one warning per line, then
+    drop the whole task from the run."""
     from types import SimpleNamespace
 
     from grpo.run.setup_parts import load_samples

@@ -1,7 +1,7 @@
 """The demo's SFT warm-up ends with the reply format learned, so RL starts with every answer class sampled.
 
-Regression test for the collapse of issue #17 (docs/BUG_FIXES.md section 11): with 35 SFT steps only 30-48 % of
-the probability went to a well-formed `Answer: X<end>` and the right answer of a whole class could sit at 0.07-0.10
+Regression test for the collapse of docs/BUG_FIXES.md section 11: with 35 SFT steps only 30-48 % of the
+probability went to a well-formed `Answer: X<end>` and the right answer of a whole class could sit at 0.07-0.10
 (seed 1: "yes"); RL then pushed the majority answer of the questions it could not yet tell apart ("no" for colour
 questions), "yes" was no longer sampled (zero-std groups, no signal) and the held-out reward stalled at 0.688.
 """

@@ -131,7 +131,7 @@ def normalise(command: str) -> str:
 
 # ------------------------------------------------------------------------------------------------------- layout
 ROOT_MAX_LINES = 25
-"""A root guide is a signpost: what the guide covers and where it now lives, read in one screen."""
+"""A root guide is a signpost: what the guide covers and where its body lives, read in one screen."""
 
 
 @pytest.mark.parametrize("guide", sorted(ROOT_GUIDES))
@@ -296,7 +296,7 @@ def test_help_exits_zero_and_lists_every_field():
     assert "--preset" in out.stdout and "llama3-8b-dual" in out.stdout
     assert "Config fields with their values under --preset demo" in out.stdout  # the preset of a bare command line
     assert "--train.max_steps (int, default 120, set by preset demo): " in out.stdout
-    from grpo.grading.graders import builtin_graders  # issue 18: --help lists the built-in graders
+    from grpo.grading.graders import builtin_graders  # --help lists the graders rewards.<task> can name
 
     graders = out.stdout.split("Built-in graders for rewards.<task>", 1)[1]
     assert [line.split(":")[0].strip() for line in graders.strip().splitlines()[1:]] == list(builtin_graders())

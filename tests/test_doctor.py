@@ -378,10 +378,10 @@ def test_thresholds_must_be_positive():
         Doctor(HealthThresholds(recent_window=0))
 
 
-# ------------------------------------------------------------------------------------ any reward scale (issue #28)
+# ------------------------------------------------------------------------------------------------ any reward scale
 def test_a_length_reward_around_minus_one_is_read_on_its_own_scale():
-    """The newcomer's length reward: mean -1.04, every group with signal. Before, the zero-std check read the mean as
-    a share of solved groups and reported "at least 104% of the groups gave no signal"."""
+    """A newcomer's length reward: mean -1.04, every group with signal. The zero-std check must not read the mean as
+    a share of solved groups (that reports "at least 104% of the groups gave no signal")."""
     rows = healthy()
     for row in rl(rows):  # rising by 0.02 a step from -1.04: learning, not stuck
         row["reward/fairness/mean"], row["reward/fairness/std"] = -1.04 + 0.02 * row["step"], 0.3

@@ -313,8 +313,8 @@ def test_regrade_grades_the_kept_replies_again_with_todays_bbq_rule(tmp_path):
     m = _load("benchmarks/dual_ablation.py")
     run = _letters_run(tmp_path, orders=[(0, 1, 2)] * 4)  # file order: the right options are A, C, C, B
     rows = [json.loads(line) for line in (run / "evals" / "after_rl.jsonl").read_text().splitlines()]
-    # recorded by a grader that read the letter alone: 1, 1, 0, 1; today a letter followed by another option's
-    # text is unparseable: 1, 0, 0, 0
+    # recorded by a grader that read the letter alone: 1, 1, 0, 1; this checkout's bbq_rule finds a letter followed
+    # by another option's text unparseable: 1, 0, 0, 0
     replies = {"bbq/Age/0": ("A) p0-0", 1.0), "bbq/Age/1": ("C) p1-0", 1.0), "bbq/Age/2": ("Answer: B", 0.0),
                "bbq/Age/3": ("B) p3-2", 1.0)}
     for r in rows:

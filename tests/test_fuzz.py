@@ -5,9 +5,9 @@ Properties:
     message naming the field at fault (one override) or one of the fields given (several) — never a traceback;
   * every JSONL file gives samples (each pointing back at its file and line), skipped rows warned as `<file>:<line>:`,
     or an error naming the file — never another exception.
-Inputs the fuzzers found breaking a property (issue #19) are kept as ordinary cases in FOUND, each with its fix
-named, and the generators now produce their kinds too (a field used as a section, a value that is a flag, rows
-nested past the decoder's limit, a byte-order mark).
+Inputs the fuzzers found breaking a property are kept as ordinary cases in FOUND, each with its fix named, so every
+run checks them, not only the runs whose draws happen to hit them; the generators produce their kinds too (a field
+used as a section, a value that is a flag, rows nested past the decoder's limit, a byte-order mark).
 """
 
 from __future__ import annotations
@@ -157,10 +157,10 @@ def test_jsonl_rows_give_samples_or_errors_naming_file_and_line(tmp_path_factory
     assert_samples_or_named_error(tmp_path_factory.mktemp("rows") / "task.jsonl", texts, bom)
 
 
-# ----------------------------------------------------------------- what the fuzzers found (issue #19), now fixed
+# ----------------------------------------------------------------------------- what the fuzzers found, as fixed cases
 def _bom(tmp):
-    """A UTF-8 byte-order mark (what Windows editors write) made the first row invalid JSON: it was skipped. The
-    reader now drops the mark (utf-8-sig)."""
+    """A UTF-8 byte-order mark (what Windows editors write) makes the first row invalid JSON, which would be skipped:
+    the reader drops the mark (utf-8-sig)."""
     path = tmp / "bom.jsonl"
     path.write_bytes('\ufeff{"task": "t", "prompt": "x"}\n{"task": "t", "prompt": "y"}\n'.encode("utf-8"))
     with warnings.catch_warnings():
@@ -170,8 +170,8 @@ def _bom(tmp):
 
 
 def _deep(tmp):
-    """A row nested 1000 deep raised RecursionError out of the decoder: it is now a skipped row naming file and
-    line, and the rows around it load."""
+    """A row nested 1000 deep, which raises RecursionError in the decoder, is a skipped row naming file and line,
+    and the rows around it load."""
     path = tmp / "deep.jsonl"
     rows = ['{"task": "t", "prompt": "a"}', '{"task": "t", "prompt": "x", "g": ' + "[" * 1000 + "]" * 1000 + "}",
             '{"task": "t", "prompt": "b"}']
@@ -184,8 +184,8 @@ def _deep(tmp):
 
 
 def _not_utf8(tmp):
-    """A file in another encoding raised a bare UnicodeDecodeError naming no file: now an error naming file and
-    line."""
+    """A file in another encoding is an error naming file and line, not a bare UnicodeDecodeError naming no
+    file."""
     path = tmp / "latin1.jsonl"
     path.write_bytes('{"task": "t", "prompt": "a"}\n{"task": "t", "prompt": "caf\u00e9"}\n'.encode("latin-1"))
     with pytest.raises(ValueError, match=rf"^{re.escape(str(path))}:2: not UTF-8 text \(byte 0xe9"):
@@ -193,8 +193,8 @@ def _not_utf8(tmp):
 
 
 def _from_dict_types(tmp):
-    """config.json values of the wrong JSON type went into the dataclasses unchecked (rollout.k = 2.5 accepted, a
-    list for an int a TypeError): each is now an error naming its field."""
+    """config.json values of the wrong JSON type are each an error naming the field; unchecked, they go into the
+    dataclasses (rollout.k = 2.5 accepted, a list for an int a TypeError)."""
     for section, field, value in (("rollout", "k", 2.5), ("rollout", "k", [3]), ("train", "lr", float("inf")),
                                   ("train", "tensorboard", 1), ("model", "lora_target_modules", "q_proj"),
                                   ("rollout", "k", {"x": 3})):

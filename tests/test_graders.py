@@ -346,7 +346,7 @@ def test_values_are_checked_when_scoring_and_failures_name_task_and_grader():
 
 def test_a_weight_that_is_no_number_is_named_as_such_not_as_a_missing_file(tmp_path):
     """parse_reward_spec keeps 'file.py:fn:abc' whole (abc is no weight); it read as the file 'file.py:fn', not
-    found, or the module 'format', not importable. The message now names the weight."""
+    found, or the module 'format', not importable. The message names the weight."""
     path = write(tmp_path / "rewards.py", '''
         def fine(completion, gold):
             return 1.0
@@ -378,7 +378,8 @@ def test_a_rewards_entry_for_no_task_of_the_run_is_an_error_naming_it():
 
 
 def test_a_kl_entry_for_no_task_of_the_run_is_an_error_naming_it():
-    """kl.fairnes.beta=0.5 (issue 19): the misspelt entry was ignored and fairness trained on kl.default."""
+    """kl.fairnes.beta=0.5 is an error naming the entry: ignored, a misspelt entry leaves fairness training on
+    kl.default."""
     from grpo import config as C
     from grpo.run.setup_parts import check_task_entries
 

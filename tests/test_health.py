@@ -137,8 +137,9 @@ def test_weight_guard_restores_from_a_cpu_snapshot_in_place():
 
 
 def test_bad_step_reason_says_what_happened_and_names_the_field():
-    """Regression (issue #19): every bad step was reported as "non-finite or exploding gradient norm", also a step
-    whose norm was 0 and whose weights went non-finite (train.lr = inf), and the field was called max_norm_skip."""
+    """Regression: one reason, "non-finite or exploding gradient norm", for every bad step misreports a step whose
+    norm is 0 and whose weights go non-finite (train.lr = inf); the reason says which happened and names the field
+    (train.skip_grad_norm)."""
     assert bad_step_reason(False, False, 0.5, 1000.0) == ""
     assert bad_step_reason(True, False, math.nan, 1000.0) == "non-finite gradient norm (nan)"
     assert bad_step_reason(True, False, math.inf, 1000.0) == "non-finite gradient norm (inf)"
@@ -149,8 +150,8 @@ def test_bad_step_reason_says_what_happened_and_names_the_field():
 
 
 def test_a_step_that_leaves_non_finite_weights_is_reported_as_such(tmp_path):
-    """The issue's run: an infinite learning rate (now refused by the config, so set on the optimizer here) gives a
-    finite gradient norm and NaN weights; the guard restores them and the stop message says so."""
+    """An infinite learning rate (which the config refuses, so it is set on the optimizer here) gives a finite
+    gradient norm and NaN weights; the guard restores them and the stop message says so."""
     import grpo_train as G
     from tests.trainer_helpers import fast_config
 

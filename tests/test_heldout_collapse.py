@@ -16,7 +16,7 @@ def replies(**counts):
 
 
 def test_a_greedy_collapse_onto_one_letter_during_rl_is_red_and_suggests_shuffled_options():
-    # the seed-1 run of the issue: after SFT 13 / 11 / 8 for B / A / C, after RL 27 of 32 "B"
+    # a seed-1 run that collapsed: after SFT 13 / 11 / 8 for B / A / C, after RL 27 of 32 "B"
     answers = {"after_sft": {"fairness": replies(B=13, A=11, C=8)}, "after_rl": {"fairness": replies(B=27, A=3, C=2)}}
     (f,) = heldout_collapse(answers, {"after_rl": {"fairness": 0.45}}, TH)
     assert (f.level, f.code, f.task) == ("red", "heldout_collapse", "fairness")

@@ -55,7 +55,7 @@ print(json.dumps({"steps": run.progress.step, "verdict": run.report.get("verdict
                   "grpo": grpo.__file__, "grpo_train": grpo_train.__file__,
                   "generic": [m for m in ("config", "presets", "command_line") if importlib.util.find_spec(m)]}))
 """
-"""The issue's newcomer: a Dataset built in memory, TRL's documented reward functions, a LoraConfig, the built-in
+"""A newcomer's first run: a Dataset built in memory, TRL's documented reward functions, a LoraConfig, the built-in
 model, a few steps."""
 
 

@@ -322,7 +322,7 @@ def test_score_rollouts_judge_terms_fallback_and_none():
 
 def test_cache_setup_waits_out_a_lock_that_sqlite_does_not_wait_for(tmp_path, monkeypatch):
     """Two ranks opening a new cache file at once: one got 'database is locked' from its first statement without
-    SQLite's busy wait (seen once in CI under load); the set-up now retries until BUSY_TIMEOUT_S."""
+    SQLite's busy wait (seen once in CI under load); the set-up retries until BUSY_TIMEOUT_S."""
     import sqlite3
 
     import grpo.grading.judge as J

@@ -19,10 +19,10 @@ from conftest import load_script
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "scripts" / "kill_resume_soak.py"
 KILLS = 3  # one per moment the script aims at (checkpoint, evaluation, pareto)
-# 21 steps, evaluation every 3: seven evaluations. With 9 (three), a checkpoint kill that landed late and an evaluation
-# kill at step 6 left the Pareto kill only step 9, which a slow machine missed (CI of stop 44: "pareto 0"); with 15 it
-# happened again (CI of stop 51). The script now aims the Pareto kill first (the first evaluation always saves a point)
-# and the evaluation kill last; on an idle machine the checkpoint kill's random delay still covers up to ~10 steps.
+# 21 steps, evaluation every 3: seven evaluations. With 9 (three), a checkpoint kill that lands late and an evaluation
+# kill at step 6 leave the Pareto kill only step 9, which a slow machine misses ("pareto 0"); 15 steps are still too
+# few there. The script aims the Pareto kill first (the first evaluation always saves a point) and the evaluation kill
+# last; on an idle machine the checkpoint kill's random delay still covers up to ~10 steps.
 STEPS = 21
 
 

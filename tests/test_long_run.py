@@ -25,7 +25,7 @@ EARLY = 50
 """The step whose resources the last one is compared with: by then every pool has started its threads, every file
 is open and the allocator has reached its working set."""
 RSS_TOLERANCE = 0.05
-"""Host memory after the last step within 5 % of step EARLY's (the issue's bound)."""
+"""Host memory after the last step within 5 % of step EARLY's (docs/BUG_FIXES.md section 18)."""
 
 
 def os_threads() -> int:

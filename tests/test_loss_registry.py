@@ -94,7 +94,8 @@ def test_a_wrong_parameter_is_refused_naming_the_field_and_the_valid_ones():
 
 
 def test_the_spelling_before_loss_params_names_the_new_one():
-    """`loss.cispo_max_ratio` was a field of the loss section until the registry: now it says where it went."""
+    """`loss.cispo_max_ratio`, a loss section field in configs written before the registry, is refused naming where
+    it went."""
     code, out = cli_output(["--loss.policy_loss", "cispo", "--loss.cispo_max_ratio", "3"])
     assert code == 2 and "did you mean `loss.params.cispo_max_ratio`?" in out
     with pytest.raises(C.ConfigError) as err:
@@ -157,7 +158,8 @@ def test_registration_refuses_what_the_registry_could_not_describe():
 
 def test_a_checkpoint_from_before_the_registry_resumes():
     """A config.json written when the loss parameters were loss section fields (loss.cispo_max_ratio ...) is the
-    same config as today's with those values left to their registered defaults; a changed value is still a change."""
+    same config as this checkout's with those values left to their registered defaults; a changed value is still a
+    change."""
     from grpo.run.checkpoint_files import config_differences
     from grpo.run.save_resume import config_defaults
 

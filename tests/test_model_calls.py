@@ -1,6 +1,6 @@
 """grpo/models/model_calls: the KV cache keyword and the returned cache across transformers versions (5.24 renamed
-`past_key_values` to `cache` in forward's arguments and outputs; with the old name only, every model looked like it
-took no cache and shared prompts turned themselves off)."""
+`past_key_values` to `cache` in forward's arguments and outputs; reading one name only, every model of the other
+versions looks like it takes no cache and shared prompts turn themselves off)."""
 
 from types import SimpleNamespace
 

@@ -185,8 +185,8 @@ def test_qlora_without_cuda_or_bitsandbytes_names_the_fix(tmp_path):
 
 
 def test_qlora_on_a_machine_without_it_exits_2_before_any_work(tmp_path, capsys):
-    """Issue 19: 4-bit on CPU gave the right message under a full traceback, after the data loaded and the run folder
-    was made. The command line now checks it right after the config: exit 2, one line, no run folder."""
+    """4-bit on CPU is refused right after the config: exit 2, one line, no run folder, not the right message under
+    a full traceback after the data has loaded and the run folder is made."""
     import grpo_train as G
 
     if torch.cuda.is_available():
@@ -200,7 +200,7 @@ def test_qlora_on_a_machine_without_it_exits_2_before_any_work(tmp_path, capsys)
 
 def test_load_policy_lora_settings_are_the_configs():
     """Regression: load_policy defaulted LoRA r / alpha / dropout to 16 / 32 / 0.0 while the config said 8 / 16 /
-    0.05, so a caller relying on either got the other's numbers. load_policy now takes the model section itself and
+    0.05, so a caller relying on either got the other's numbers. load_policy takes the model section itself and
     has no LoRA parameter of its own: the adapter it builds has the section's numbers."""
     import inspect
 

@@ -173,7 +173,8 @@ def test_failed_save_leaves_nothing(tmp_path):
 
 
 def test_empty_scores_are_refused_with_a_clear_error(tmp_path):
-    """A task with no held-out rows evaluates to {}: it used to be accepted, then best() divided by zero."""
+    """A task with no held-out rows evaluates to {}: refused when offered, since accepted it makes best() divide by
+    zero later."""
     fr = ParetoFrontier(cap=3, root_dir=tmp_path)
     with pytest.raises(ValueError, match="step 3 has no scores: no task had held-out rows"):
         fr.offer(3, {}, saver(3))
@@ -195,9 +196,9 @@ def test_every_task_needs_training_and_heldout_rows():
 
 
 def test_a_kill_while_a_dominated_point_is_deleted_leaves_nothing_behind(tmp_path, monkeypatch):
-    """A kill inside the deletion of a dominated point: rmtree had removed the marker but not the weights, so the
-    step folder was no longer the frontier's and stayed forever. Deleting goes through a rename now, and the resumed
-    frontier's `remove_orphans` sweeps what the kill left."""
+    """A kill inside the deletion of a dominated point: an rmtree killed after the marker and before the weights
+    leaves a step folder that is not the frontier's and stays forever. Deleting goes through a rename, and the
+    resumed frontier's `remove_orphans` sweeps what the kill left."""
     import grpo.run.pareto as P
 
     fr = ParetoFrontier(cap=4, root_dir=tmp_path)

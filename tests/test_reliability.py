@@ -1,6 +1,6 @@
-"""Reliability, third pass (#27): what a user can get wrong ends in one line naming the culprit, the documented exit
-status, and nothing left behind that blocks running the same command again. In-process `grpo_train.cli` runs of
-the tiny model (tests/test_validation_doc.py's settings)."""
+"""Reliability: what a user can get wrong ends in one line naming the culprit, the documented exit status, and
+nothing left behind that blocks running the same command again. In-process `grpo_train.cli` runs of the tiny
+model (tests/test_validation_doc.py's settings)."""
 
 from __future__ import annotations
 

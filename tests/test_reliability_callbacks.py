@@ -1,5 +1,5 @@
-"""Reliability, fourth pass (#39 items 3 and 6): every user callback has a time limit and a name, an exit from one is
-no success, the judge's rate limit and the step's prompt count are checked against what can finish, rewards whose
+"""Reliability of user code and files: every user callback has a time limit and a name, an exit from one is no
+success, the judge's rate limit and the step's prompt count are checked against what can finish, rewards whose
 size would overflow the advantages are refused naming their grader, and CSV files with a byte-order mark or ragged
 rows are read or refused naming the line. Exit statuses are checked on the command line in a subprocess (a hung
 reward function leaves a thread behind that must not hold the process)."""

@@ -1,6 +1,6 @@
-"""Reliability, fourth pass (#39, items 6 and 7): inputs that gave a traceback, were accepted and then ignored or
-mangled, or stopped with a vague message now end in one line naming the setting or file, before the model loads
-where a check can know. In-process `grpo_train.cli` runs of the tiny model (tests/test_reliability.py's settings)."""
+"""Reliability of inputs: an input that would give a traceback, be accepted and then ignored or mangled, or stop
+with a vague message ends in one line naming the setting or file, before the model loads where a check can know.
+In-process `grpo_train.cli` runs of the tiny model (tests/test_reliability.py's settings)."""
 
 from __future__ import annotations
 
@@ -34,7 +34,7 @@ def refused(out: Path, *argv: str) -> str:
     return text
 
 
-# ------------------------------------------------------------------------------------------------ tracebacks before
+# -------------------------------------------------------------------------------------- what would give a traceback
 @pytest.mark.parametrize("content,suffix", [(bytes(range(256)) * 4, ".yaml"), (b"\xff\xfe{\x00}\x00", ".json"),
                                             ("train:\n  seed: 1\n".encode("utf-16"), ".yaml")])
 def test_a_config_file_that_is_not_utf8_text_is_refused_naming_it(tmp_path, content, suffix):
@@ -187,7 +187,7 @@ def test_a_rubric_with_attribute_access_is_refused_when_loaded(tmp_path):
     assert "{gold.__class__}" in str(err.value), str(err.value)
 
 
-# --------------------------------------------------------------------------------------- vague before: now named
+# ------------------------------------------------------------------------------------- named, not vaguely refused
 def test_a_seed_above_numpy_and_torch_range_from_a_config_file_is_refused(tmp_path):
     path = tmp_path / "seed.json"
     path.write_text(json.dumps({"train": {"seed": 2**70}}))
@@ -240,7 +240,8 @@ def test_the_logit_bound_is_the_samplers_replacement_for_inf():
 
 def test_sampling_at_every_bound_at_once_stays_finite_and_1e300_did_not():
     """Logits at ±LOGIT_BOUND through the sampler's own processors at the most extreme accepted settings, a million
-    completion tokens counted: finite, and a valid distribution; the values the config took before #39 are not."""
+    completion tokens counted: finite, and a valid distribution; values past the config's bounds (1e-300, -1e300)
+    are not."""
     from grpo.models.decode import sampling_processors
     from grpo.models.decode import CompletionPenaltyProcessor
 
@@ -252,7 +253,7 @@ def test_sampling_at_every_bound_at_once_stays_finite_and_1e300_did_not():
         out = logits_BV.clone()
         penalties = CompletionPenaltyProcessor(P, presence, frequency * tokens / N)  # as if each repeat counted 1e6/N
         section = C.RolloutConfig(top_k=0, top_p=1.0, min_p=0.0, min_new_tokens=0)
-        # set after construction, past its checks: the values the config refused since #39 are probed here too
+        # set after construction, past its checks: the values the config refuses are probed here too
         section.temperature, section.repetition_penalty = temperature, repetition
         for proc in sampling_processors(section, do_sample=True, prompt_len=P, mask_BP=torch.ones(1, P), stop_ids=[0],
                                         extra=[penalties]):

@@ -16,7 +16,7 @@ from conftest import ROOT
 
 BUDGET_BYTES = 10_000_000
 """The tree's tracked size (the sum of `git ls-files` file sizes) stays under this: a clone, or a copy of the tree to a
-GPU machine beside the wheels a run there needs, stays light (issue #40: 36 MB before, 33.6 MB of it run records)."""
+GPU machine beside the wheels a run there needs, stays light (run records are what grows it: the checks below)."""
 RECORD_FOLDERS = ("benchmarks/results", "docs/runs")
 
 
@@ -92,8 +92,8 @@ def test_no_benchmark_timings_in_the_packages_docstrings():
 
 
 def test_the_timing_check_finds_the_timings_docstrings_once_held():
-    """Not vacuous: the figures issue #40 moved out of grpo/'s docstrings are found; a command, a config default in
-    whole seconds and an example log line in backticks are not."""
+    """Not vacuous: real timing figures, written as a docstring would state them, are found; a command, a config
+    default in whole seconds and an example log line in backticks are not."""
     held = ["generate 4.45 -> 0.75 s per step after a one-off compile", "a step takes 0.63 s looped",
             "costs 28.7 ms instead of 22.5 ms", "forward + backward 1.32× faster kept", "23 -> 16 s CPU",
             "(`create_causal_mask`, ~0.5 ms a step on the CPU)"]

@@ -172,7 +172,8 @@ def read_rows(run_dir: Path) -> list[dict]:
 
 
 def test_reported_seed1_history_is_red_with_collapse_onto_unknown(tmp_path):
-    """Issue 17's seed-1 run, rebuilt from its reported figures (tests/fixtures/run_seed1_reported/SOURCE.md)."""
+    """The reported seed-1 collapse (docs/BUG_FIXES.md section 11), rebuilt from its reported figures
+    (tests/fixtures/run_seed1_reported/SOURCE.md)."""
     report = real_run(tmp_path, "run_seed1_reported")
     assert report["verdict"] == "red"
     (collapse,) = [f for f in report["findings"] if f["code"] == "answer_collapse"]

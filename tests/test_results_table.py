@@ -63,8 +63,8 @@ def test_the_docs_table_has_the_scripts_format():
 
 
 def test_the_demo_table_stands_in_one_place_that_write_targets():
-    """The table moved from the README to docs/RESULTS.md (issue #40: the README leads a user in one screen); a copy
-    left behind would drift from the one --write rewrites. (The README's table of the tool preset has the same
+    """The demo's table stands in docs/RESULTS.md alone (the README leads a user in one screen); a copy in the
+    README would drift from the one --write rewrites. (The README's table of the tool preset has the same
     columns and other tasks.)"""
     assert RT.TABLE_DOC == ROOT / "docs" / "RESULTS.md" and RT.HEADER in RT.TABLE_DOC.read_text().splitlines()
     readme = (ROOT / "README.md").read_text()
@@ -72,7 +72,7 @@ def test_the_demo_table_stands_in_one_place_that_write_targets():
 
 
 TOOLS_RUNS = ROOT / "docs" / "runs" / "smollm2-tools"
-"""The kept records of `python grpo_train.py --preset smollm2-tools --seed N`, N = 0, 1, 2 (issue #41)."""
+"""The kept records of `python grpo_train.py --preset smollm2-tools --seed N`, N = 0, 1, 2."""
 
 
 def test_the_readme_tools_table_is_the_kept_runs_of_the_committed_preset():
@@ -98,8 +98,8 @@ def test_the_readme_tools_table_is_the_kept_runs_of_the_committed_preset():
 
 
 def without_newer_defaults(now: dict, kept: dict, defaults: dict) -> dict:
-    """`now` less the fields the kept config.json predates that are at their default (e.g. checkpoint.final_model_dir,
-    issue #48): a field added later and left at its default cannot have changed the kept run."""
+    """`now` less the fields the kept config.json predates that are at their default (e.g.
+    checkpoint.final_model_dir): a field added later and left at its default cannot have changed the kept run."""
     out = {}
     for key, value in now.items():
         if key not in kept:

@@ -1,7 +1,7 @@
-"""Reliability, fourth pass (#39), the run folder: nothing the user did not make a run folder is deleted (`--overwrite`
-of a model folder), `~` is the home folder, a folder is locked while a run writes it (a second process is refused
-naming the PID; a SIGKILLed holder leaves no stale lock), a failed start does not block its fixed retry, and a resume
-names what changed since its checkpoint (config, data file, reward function source, --max-steps) before the model
+"""Reliability of the run folder: nothing the user did not make a run folder is deleted (`--overwrite` of a model
+folder), `~` is the home folder, a folder is locked while a run writes it (a second process is refused naming the
+PID; a SIGKILLed holder leaves no stale lock), a failed start does not block its fixed retry, and a resume names
+what changed since its checkpoint (config, data file, reward function source, --max-steps) before the model
 loads (exit status 1, as a checkpoint error), going on only with --accept-changes, which the run folder records.
 Tiny-model runs through `grpo_train.cli`."""
 
@@ -107,14 +107,15 @@ def _holder(folder: Path) -> subprocess.Popen:
 
 
 def test_a_second_run_into_a_locked_folder_is_refused_naming_the_pid(tmp_path):
-    """Two runs with one run name both ran to the end in one folder; the second wiped the first's folder ("stopped
-    before its first checkpoint; starting it again"). Now a fresh start, --resume auto and --overwrite are each
-    refused at once, naming the holder's PID, and nothing in the folder is touched."""
+    """A fresh start, --resume auto and --overwrite into a folder a running process holds are each refused at once,
+    naming the holder's PID, and nothing in the folder is touched; otherwise two runs with one run name both run to
+    the end in one folder and the second wipes the first's ("stopped before its first checkpoint; starting it
+    again")."""
     folder = tmp_path / "r"
     proc = _holder(folder)
     try:
         before = sorted(p.name for p in folder.iterdir())
-        assert ".restartable" in before  # the holder has no checkpoint: the old code took the folder as restartable
+        assert ".restartable" in before  # no checkpoint yet: restartable, but locked
         for extra in ([], ["--resume", "auto"], ["--overwrite"]):
             code, text = run_cli(tmp_path, *extra)
             assert code == 2 and f"PID {proc.pid}" in text and str(folder) in text and "in use" in text, (extra, text)

@@ -1,7 +1,7 @@
 """Multi-turn rollouts with a deterministic tool, or a deterministic environment that cannot be pickled, on 2 CPU
 processes equal the 1-process run with the same global batch (as tests/test_distributed.py establishes for single-turn
 rollouts): the same trajectories and tool calls, rewards and tool metrics gathered over the processes, and the same
-optimizer step (issue #41)."""
+optimizer step."""
 
 from __future__ import annotations
 

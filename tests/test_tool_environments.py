@@ -1,6 +1,6 @@
 """Environments for stateful tool tasks, TRL 1.16's environment_factory: one instance per trajectory, reset on its
 row (its text appended to the prompt), its public methods the model's tools, reward functions given `environments`;
-a run with a deterministic environment resumes bit-identically (issue #41)."""
+a run with a deterministic environment resumes bit-identically."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Tool results stay text, and only the model's own tokens count: a tool that returns what reads as a special token
 (the EOS, a role marker, an added call marker) gives the literal characters' ids, never the token; DAPO's overlong
-penalty counts the model's tokens of a trajectory, not its tool results and template text (issue #41)."""
+penalty counts the model's tokens of a trajectory, not its tool results and template text."""
 
 from __future__ import annotations
 
@@ -125,8 +125,8 @@ def test_model_tokens_count_the_model_mask():
 
 
 def test_the_overlong_penalty_counts_only_the_models_own_tokens(tmp_path, monkeypatch):
-    """Replies of a few tokens around a tool result far longer than max_new_tokens: no penalty (the old code counted
-    the tool result and the template text as the model's and gave every trajectory the full -1)."""
+    """Replies of a few tokens around a tool result far longer than max_new_tokens: no penalty (counting the
+    tool result and the template text as the model's would give every trajectory the full -1)."""
     import grpo_train as G
 
     cfg = fast_config(tmp_path, "rollout.tools=tests.test_tool_exactness:long_result", "rollout.max_new_tokens=96",

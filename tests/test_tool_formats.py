@@ -1,7 +1,7 @@
 """Native tool-call formats: a chat template that renders tools describes them itself (no grpo-dual instructions in the
 prompt) and its own call format is what replies are read in: Hermes / Qwen2.5's `<tool_call>` blocks, Llama 3.1's bare
 JSON with "parameters", Mistral's `[TOOL_CALLS][...]`. Templates written here in jinja, on the tiny tokenizer (no
-downloads); a template that renders no tools keeps the documented default (issue #41)."""
+downloads); a template that renders no tools keeps the documented default."""
 
 from __future__ import annotations
 

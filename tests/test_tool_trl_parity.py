@@ -1,6 +1,6 @@
 """TRL 1.16's max_tool_calling_iterations means what rollout.max_tool_turns means: the same number of tool rounds run
 and replies sampled for a model that calls on every reply, counted in TRL's own GRPOTrainer._tool_call_loop and in
-grpo-dual's tool_rollouts; max_completion_length bounds a trajectory as TRL's does (issue #41)."""
+grpo-dual's tool_rollouts; max_completion_length bounds a trajectory as TRL's does."""
 
 from __future__ import annotations
 

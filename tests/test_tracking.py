@@ -112,7 +112,7 @@ def test_make_trackers_fans_out_to_jsonl_and_tensorboard(tmp_path):
 
 def test_wandb_missing_gives_a_clear_error(tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "wandb", None)  # makes `import wandb` raise ImportError
-    with pytest.raises(ImportError, match="pip install wandb"):  # one of USER_ERRORS: one line, no traceback (#39)
+    with pytest.raises(ImportError, match="pip install wandb"):  # one of USER_ERRORS: one line, no traceback
         WandbTracker("proj", tmp_path)
     with pytest.raises(ImportError, match="wandb_project='proj'"):
         make_trackers(tmp_path / "run", tensorboard=False, wandb_project="proj")

@@ -74,7 +74,7 @@ def test_mu_passes_no_backward_twice(tmp_path, loss, mu):
 
 def test_ratio_metrics_cover_every_mu_pass(tmp_path):
     """At μ = 1 the ratio is exactly 1 (on-policy); at μ = 3 the later passes are off-policy and the reported ratio /
-    clip metrics must show it (they used to come from the first pass only, where the ratio is always 1)."""
+    clip metrics must show it (taken from the first pass only, where the ratio is always 1, they would hide it)."""
     on = G.rl_step(G.setup(fast_config(tmp_path / "a", "loss.mu=1", "train.lr=5e-2")), 1)
     assert on["loss/ratio_min"] == on["loss/ratio_max"] == 1.0 and on["loss/clip_frac_high"] == 0.0
     off = G.rl_step(G.setup(fast_config(tmp_path / "b", "loss.mu=3", "train.lr=5e-2")), 1)

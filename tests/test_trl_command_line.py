@@ -1,4 +1,4 @@
-"""Issue #48: TRL's command line as it is. `trl grpo`'s config file and flags (GRPOScriptArguments, ModelConfig,
+"""TRL's command line as it is. `trl grpo`'s config file and flags (GRPOScriptArguments, ModelConfig,
 DatasetMixtureConfig, GRPOConfig) run with `grpo-dual` in its place: a YAML and the same flags plan the run of the
 equivalent `train(..., args=GRPOConfig(...), peft_config=LoraConfig(...))`; every field of TRL's four records is
 planned or refused by name (walked from TRL's own dataclasses); misspelt fields and flags get "did you mean" across

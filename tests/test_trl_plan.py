@@ -1,4 +1,4 @@
-"""Issue #42: a TRL GRPOConfig means what it means in TRL. For a dozen configurations built with TRL 1.16's own
+"""A TRL GRPOConfig means what it means in TRL. For a dozen configurations built with TRL 1.16's own
 GRPOConfig, our run plans the same completions per optimizer step, optimizer steps, learning rate at each step, seed,
 clip bounds, beta and loss as TRL's trainer would, each read from TRL's / transformers' own objects (the config after
 its __post_init__, transformers' Trainer.set_initial_training_values over TRL's RepeatSampler, get_scheduler);
@@ -282,8 +282,8 @@ def test_the_object_and_its_yaml_give_the_same_plan(name, tmp_path, capsys):
 
 
 def test_the_issues_batch_trains_16_completions_a_step_not_64(tmp_path):
-    """The object's per_device_train_batch_size=8 equals TRL's default, which used to translate to nothing (the
-    preset's 8 prompts applied: 8 x K 4 x GA 2 = 64)."""
+    """The object's per_device_train_batch_size=8 equals TRL's default and still counts: translated to nothing, it
+    would leave the preset's 8 prompts (8 x K 4 x GA 2 = 64)."""
     args = trl_args(CONFIGS["issue_batch"], tmp_path)
     cfg, _ = python_config(None, {"t": ROWS_IN}, {"t": [reward_len]}, None, {}, trl_args=args)
     assert cfg.seqs_per_step == 16 and cfg.prompts_per_step == 4

@@ -1,4 +1,4 @@
-"""Issue #42: a TRL-style reward function gets every keyword TRL 1.16's GRPOTrainer passes, with TRL's meaning, read
+"""A TRL-style reward function gets every keyword TRL 1.16's GRPOTrainer passes, with TRL's meaning, read
 from TRL's own `_calculate_rewards` on the same rows (a stand-in trainer holding what that method reads): the
 dataset's columns, prompts / completions / completion_ids, trainer_state, log_metric, log_extra (its columns reach
 the completions' rows of samples/, as TRL adds them to its completions table), and no `environments` (TRL passes it
@@ -72,8 +72,8 @@ def our_sample(tmp_path, conversational: bool):
 
 @pytest.mark.parametrize("conversational", [False, True], ids=["standard", "conversational"])
 def test_a_reward_function_gets_every_keyword_trls_trainer_passes_with_trls_meaning(tmp_path, conversational):
-    """It used to be refused for asking for log_extra; the keywords are now TRL's own (plus grpo-dual's `task`
-    column), each with the value TRL's trainer gives it."""
+    """A function asking for log_extra is not refused: the keywords are TRL's own (plus grpo-dual's `task` column),
+    each with the value TRL's trainer gives it, so a reward function written for TRL runs as it is."""
     from trl.trainer.grpo_trainer import GRPOTrainer
 
     sample, row = our_sample(tmp_path, conversational)

@@ -1,4 +1,4 @@
-"""Issue #42 on a tiny model: a TRL GRPOConfig's epochs, schedule, checkpoints, logging and batch shape as a run
+"""A TRL GRPOConfig on a tiny model: its epochs, schedule, checkpoints, logging and batch shape as a run
 does them (a group spanning micro-batches makes the same optimizer step as the whole batch; the scheduler resumes
 bit-identically), and TRL's output_dir holds the final model (as trainer.save_model leaves it) and the run folder."""
 
@@ -73,7 +73,7 @@ def test_a_trl_config_trains_its_epochs_schedule_checkpoints_and_logging_into_ou
                        save_steps=4, logging_steps=2, log_completions=True, eval_strategy="steps", eval_steps=6)
     seen = []
 
-    def curriculum(completions, trainer_state, log_metric, **kwargs):  # TRL passes these (they used to be refused)
+    def curriculum(completions, trainer_state, log_metric, **kwargs):  # TRL passes these: not refused
         seen.append((type(trainer_state).__name__, trainer_state.global_step, trainer_state.max_steps))
         log_metric("curriculum_step", float(trainer_state.global_step))
         return [0.0] * len(completions)
@@ -113,7 +113,7 @@ def test_a_trl_config_trains_its_epochs_schedule_checkpoints_and_logging_into_ou
 
 
 def test_save_and_eval_strategy_epoch_checkpoint_and_evaluate_at_each_epochs_end(tmp_path):
-    """save_strategy="epoch" / eval_strategy="epoch" (they used to be refused): a checkpoint and a held-out
+    """save_strategy="epoch" / eval_strategy="epoch" (honoured, not refused): a checkpoint and a held-out
     evaluation at the end of each pass over the training rows, the steps of an epoch counted once the rows are
     loaded (TRL's epoch: the training prompts // the prompts of a step)."""
     import grpo_train
@@ -163,7 +163,7 @@ def test_the_learning_rate_schedule_resumes_bit_identically(tmp_path):
 def test_prompts_are_handled_as_trl_handles_them(tmp_path):
     """Under a GRPOConfig a string prompt (TRL's standard form) is tokenized as it is, as TRL's
     GRPOTrainer._tokenize_prompts does (processing_class(text=prompts)); a list of messages goes through the chat
-    template. They used to be wrapped in the chat template both."""
+    template. Wrapping both in the chat template would change what a TRL user's string prompt says."""
     from grpo.models.modeling import build_tiny_tokenizer
     from grpo.models.tokens import encode_prompt
     from grpo.run.api import python_config

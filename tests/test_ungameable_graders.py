@@ -25,7 +25,7 @@ def qa_gold() -> dict:
 def test_a_hedge_with_a_quoted_evidence_scores_0_on_qa(answer):
     gold = qa_gold()
     completion = f"Answer: {answer}\n{EVIDENCE}"
-    assert evidence_rule(completion, gold) == 1.0  # the quote alone used to pay 0.25 of the reward
+    assert evidence_rule(completion, gold) == 1.0  # a right quote, yet the hedge earns no share of the reward for it
     assert halueval_rule(completion, gold) == 0.0
 
 
