@@ -5,9 +5,10 @@ dropped from the model's batch.
                the U distinct prompt rows (an RL batch repeats each prompt K times: U = B / K); the KV cache and
                logits are then gathered back to the B rows (row b takes distinct row src_B[b])
     step t     scores_BV = processors(seq_BL, logits_BV)       (HF's order: repetition penalty, min-new-tokens mask,
-                                                                the caller's processors, then the sampling warpers
+                                                                ours: penalties, sanitiser; then the warpers
                                                                 temperature, top-k, top-p, min-p)
-               next_B = multinomial(softmax(scores_BV))  when sampling, argmax(scores_BV) otherwise
+               next_B = multinomial(softmax(scores_BV)) when sampling (the inverse CDF at U(key_b, t) given
+                        per-completion keys: grpo/models/sampling.draw), argmax(scores_BV) otherwise
                next_B = pad_id on rows that already stopped;  a row stops when next ∈ stop_ids
                done when every row stopped, or after max_new_tokens tokens
     compaction when the rows still running fall to ≤ COMPACT_FRACTION of the rows the model computes, the KV cache
