@@ -239,6 +239,28 @@ def test_a_decoding_step_reads_nothing_back_to_the_host(model, tok, name):
     assert len(counted.ops) > 50 and not SYNC_OPS & set(counted.ops), sorted(SYNC_OPS & set(counted.ops))
 
 
+def test_a_decoding_step_imports_nothing(model, tok):
+    """The step runs no import statement: inside a compiled graph an import is a break, and torch 2.11's dynamo
+    refuses one of transformers' lazy modules outright, which left the step uncompiled and uncaptured on an H200 (the
+    warpers were built in the step, `from transformers import ...` each time)."""
+    import builtins
+
+    sampling = G.StepSampling(RolloutConfig(**SETTINGS["warpers"]), do_sample=True, stop_ids=(3, 4),
+                              pad_id=tok.pad_token_id)
+    ids_BP, mask_BP = left_pad([[5, 6, 7], [8, 9]], tok.pad_token_id, multiple_of=G.PROMPT_BUCKET)
+    graph = G.GraphStep(model)
+    imported, real = [], builtins.__import__
+    with generation_mode(model), torch.no_grad():
+        state = G.build_state(model, ids_BP, mask_BP, torch.arange(2), sampling, 8, graph.fold(True), None)
+        builtins.__import__ = lambda name, *a, **k: imported.append(name) or real(name, *a, **k)
+        try:
+            for _ in range(3):
+                graph.step(state, sampling)
+        finally:
+            builtins.__import__ = real
+    assert sampling.warps and imported == [], imported
+
+
 def test_the_step_compiles_as_one_graph_that_samples_what_generate_samples(tok):
     """`torch.compile(fullgraph=True)` of the step: one graph, no break (torch._dynamo.explain); the compiled step's
     logits equal the eager step's within 1e-5; decoding with it gives generate's tokens (fp32, the same keys)."""

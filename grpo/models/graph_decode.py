@@ -113,10 +113,14 @@ class StepSampling:
         """What the compiled step depends on (its cache key)."""
         return (self.do_sample, self.stop_ids, self.pad_id) + tuple(getattr(self.rollout, f) for f in SAMPLING_FIELDS)
 
-    @property
-    def warpers(self) -> list[Any]:
+    warps: list[Any] = field(init=False, repr=False)
+    """Hugging Face's sampling warpers for these settings (none when greedy), built here, once: building them imports
+    transformers, and an import inside the compiled step is a graph break (torch 2.11's dynamo refuses one of a lazy
+    module, so the step was neither compiled whole nor captured)."""
+
+    def __post_init__(self) -> None:
         r = self.rollout
-        return warpers(r.temperature, r.top_k, r.top_p, r.min_p) if self.do_sample else []
+        object.__setattr__(self, "warps", warpers(r.temperature, r.top_k, r.top_p, r.min_p) if self.do_sample else [])
 
 
 def lora_fold(module: torch.nn.Module) -> tuple[torch.Tensor, torch.Tensor | None] | None:
@@ -264,7 +268,7 @@ class GraphStep:
         fixed_BV = torch.nan_to_num(scores_BV, nan=NAN_LOGIT, posinf=POSINF_LOGIT, neginf=NEGINF_LOGIT)
         scores_BV = torch.where(bad_B[:, None], fixed_BV, scores_BV)
         if sampling.do_sample:
-            for warp in sampling.warpers:
+            for warp in sampling.warps:
                 scores_BV = warp(None, scores_BV)
             next_B = inverse_cdf_choice(scores_BV, s.keys_B, s.t)
         else:
