@@ -212,6 +212,10 @@ class GraphStep:
         self.sdpa = base.config._attn_implementation == "sdpa"
         self.plan: list[tuple[int, str, int | None]] = []  # (layer, projection, index into DecodeState.folded or None)
         self.compiled: dict[tuple, Callable] = {}
+        self.uncompilable: set[tuple] = set()
+        """The keys (`step_key`) whose compile or captured compiled step failed once: later rollouts take the eager
+        step at once (a failed compile is tried again at every call of the compiled function, and fails again,
+        tens of seconds a rollout on an H200 with torch 2.11)."""
         self.fold_auto: bool | None = None
         """What rollout.fold_lora=auto does for this model, decided once by the run (grpo/run/setup_parts.py:
         `lora_fold_choice`, from the memory estimate); None = not decided: fold where the copies fit."""
@@ -399,12 +403,18 @@ def _announce(key: tuple, message: str) -> None:
         print(message, flush=True)
 
 
+def step_key(graph: GraphStep, sampling: StepSampling, state: DecodeState) -> tuple:
+    """What a compiled step depends on besides shapes: the sampling settings, the device, which projections read a
+    folded weight."""
+    return sampling.key, state.out_BN.device.type, tuple(slot is not None for _, _, slot in graph.plan)
+
+
 def _compiled_step(graph: GraphStep, sampling: StepSampling, state: DecodeState, compile_step: bool) -> Callable[[DecodeState], None]:
     """The step for these settings: `torch.compile(fullgraph=True)` of GraphStep.step when `compile_step`, else the
     eager function."""
     if not compile_step:
         return lambda s: graph.step(s, sampling)
-    key = (sampling.key, state.out_BN.device.type, tuple(slot is not None for _, _, slot in graph.plan))
+    key = step_key(graph, sampling, state)
     fn = graph.compiled.get(key)
     if fn is None:
         fn = torch.compile(lambda s: graph.step(s, sampling), fullgraph=True, dynamic=None)
@@ -453,7 +463,8 @@ def ready_step(graph: GraphStep, sampling: StepSampling, state: DecodeState, com
     compiled step equals the eager one to rounding), only slower."""
     eager = _compiled_step(graph, sampling, state, False)
     fn = eager
-    if compile_step:
+    key = step_key(graph, sampling, state)
+    if compile_step and key not in graph.uncompilable:
         fn = _compiled_step(graph, sampling, state, True)
         if not capture:  # a compile error shows at the first call: try it on a copy of the state
             try:
@@ -461,6 +472,7 @@ def ready_step(graph: GraphStep, sampling: StepSampling, state: DecodeState, com
             except Exception as err:  # noqa: BLE001 - no compiler, an unsupported op...: the eager step
                 _warn_once(("compile", type(err).__name__), f"rollout.engine=graph: compiling the decoding step "
                            f"failed ({type(err).__name__}: {str(err)[:300]}); decoding with the eager step")
+                graph.uncompilable.add(key)
                 fn = eager
     if not capture:
         return fn
@@ -469,6 +481,8 @@ def ready_step(graph: GraphStep, sampling: StepSampling, state: DecodeState, com
             return Captured(candidate, state)
         except Exception as err:  # noqa: BLE001 - a capture failure: the next candidate, then no graph
             what = "compiled" if candidate is not eager else "eager"
+            if candidate is not eager:
+                graph.uncompilable.add(key)
             _warn_once(("capture", what, type(err).__name__),
                        f"rollout.engine=graph: capturing the {what} decoding step as a CUDA graph failed "
                        f"({type(err).__name__}: {str(err)[:300]}); trying without")
