@@ -350,7 +350,7 @@ def test_a_step_that_fails_to_compile_decodes_eagerly_with_a_warning(tok, monkey
         assert decode(compile_step=True) == eager
 
 
-def test_a_step_that_failed_to_compile_is_not_compiled_again(tok, monkeypatch):
+def test_a_step_that_failed_to_compile_is_not_compiled_again(tok, monkeypatch, capsys):
     """A compile that failed is not tried at the next rollout of the same settings: torch retries a failed compile at
     every call of the compiled function, and on an H200 with torch 2.11 each retry of inductor's failing codegen cost
     ~25 s a rollout (191 ms a decode step instead of 5.5)."""
@@ -365,9 +365,11 @@ def test_a_step_that_failed_to_compile_is_not_compiled_again(tok, monkeypatch):
         return fails
 
     monkeypatch.setattr(torch, "compile", broken)
+    monkeypatch.setattr(G, "_ANNOUNCED", set())
     rollout = RolloutConfig(temperature=0.7, max_new_tokens=8)
     with warnings.catch_warnings():  # the warning is said once per process (the test above may have had it)
         warnings.simplefilter("ignore", RuntimeWarning)
         outs = [G.decode_graph(model, [[5, 6, 7], [8, 9]], rollout, (3, 4), tok.pad_token_id, row_keys=[0, 1],
                                graph=graph, compile_step=True)[0] for _ in range(3)]
     assert len(tries) == 1 and outs[0] == outs[1] == outs[2]
+    assert "(compiled: False, CUDA graph: False)" in capsys.readouterr().out  # what runs, not what was asked for

@@ -533,6 +533,8 @@ def decode_graph(model: torch.nn.Module, rows: Sequence[Sequence[int]], rollout:
         B, L = state.attend_BL.shape
         started = time.perf_counter()
         step = ready_step(graph, sampling, state, compile_step, capture)
+        compiled = compile_step and step_key(graph, sampling, state) not in graph.uncompilable  # what it fell back to
+        captured = isinstance(step, Captured)
         every = sync_every(device)
         steps_run = max_new_tokens
         for t in range(max_new_tokens - 1):
@@ -540,9 +542,9 @@ def decode_graph(model: torch.nn.Module, rows: Sequence[Sequence[int]], rollout:
             if t == 0 and (compile_step or capture):
                 if cuda:
                     torch.cuda.synchronize(device)
-                _announce((B, L, device.type, compile_step, capture),
+                _announce((B, L, device.type, compiled, captured),
                           f"graph engine: decoding step for {B} rows x {L} columns ready in "
-                          f"{time.perf_counter() - started:.1f} s (compiled: {compile_step}, CUDA graph: {capture}); "
+                          f"{time.perf_counter() - started:.1f} s (compiled: {compiled}, CUDA graph: {captured}); "
                           "later rollouts of this shape reuse it")
             if (t + 1) % every == 0 and not bool(state.running_B.any()):  # a host read: see SYNC_EVERY
                 steps_run = t + 1
