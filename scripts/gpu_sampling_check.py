@@ -1,5 +1,6 @@
 """GPU check of batch-invariant sampling (grpo/models/sampling.py): the hashed uniforms are bit-identical on CPU and CUDA,
-and the per-step cost of the inverse-CDF draw at a Qwen-sized vocabulary. Prints figures; needs a CUDA GPU.
+the race picks the same tokens on both and compiled, and the per-step cost of the draw at a Qwen-sized vocabulary,
+eager and compiled. Prints figures; needs a CUDA GPU.
 
     python scripts/gpu_sampling_check.py
 """
@@ -14,7 +15,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from grpo.models.sampling import inverse_cdf_choice, row_keys, uniforms  # noqa: E402
+from grpo.models.sampling import keyed_choice, row_keys, uniforms  # noqa: E402
 
 
 def main() -> int:
@@ -22,10 +23,16 @@ def main() -> int:
         print("no CUDA GPU: nothing to check")
         return 1
     keys = torch.tensor(row_keys(0, 3, range(16), 4))
-    same = all(torch.equal(uniforms(keys, t, 1), uniforms(keys.cuda(), t, 1).cpu()) for t in range(64))
+    same = all(torch.equal(uniforms(keys, t, 4096), uniforms(keys.cuda(), t, 4096).cpu()) for t in range(64))
     print(f"GPU: {torch.cuda.get_device_name()}; uniforms identical on CPU and CUDA for 64 steps x 64 rows: {same}")
     scores = torch.randn(64, 151936, device="cuda", dtype=torch.bfloat16)
-    for label, fn in [("inverse-CDF draw (ours)", lambda t: inverse_cdf_choice(scores, keys.cuda(), t)),
+    compiled = torch.compile(keyed_choice, fullgraph=True)
+    picks = [keyed_choice(scores.cpu(), keys, 7), keyed_choice(scores, keys.cuda(), 7).cpu(),
+             compiled(scores, keys.cuda(), torch.tensor(7, device="cuda")).cpu()]
+    agree = [int((p == picks[0]).sum()) for p in picks[1:]]
+    print(f"tokens equal to the CPU's, of 64 rows: CUDA eager {agree[0]}, CUDA compiled {agree[1]}")
+    for label, fn in [("race, eager (ours)", lambda t: keyed_choice(scores, keys.cuda(), t)),
+                      ("race, compiled (ours)", lambda t: compiled(scores, keys.cuda(), torch.tensor(t, device="cuda"))),
                       ("softmax + multinomial (HF)", lambda t: torch.multinomial(torch.softmax(scores.float(), -1), 1))]:
         fn(0)
         torch.cuda.synchronize()

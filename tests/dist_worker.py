@@ -35,7 +35,8 @@ SCENARIOS: dict[str, list[str]] = {
     # each prompt encoded once for its K completions: the prompt forward outside the DDP wrapper, the completions in
     "shared": ["model.shared_prompt_forward=on"],
     "shared_ga": ["model.shared_prompt_forward=on", "loss.agg_mode=seq-mean-token-mean"],
-    "pcgrad": ["multi.combine=pcgrad", "multi.switch=always",  # opposed rewards: the task gradients conflict
+    # opposed rewards, and a seed whose draws make the task gradients conflict (cos −0.06): the surgery must act
+    "pcgrad": ["multi.combine=pcgrad", "multi.switch=always", "train.seed=3",
                "rewards.hallucination=tests.dist_worker:short_reward:1.0"],
     # a group spanning processes (train.split_groups): 3 prompts x K 2 = 6 completions in all, 3 a process, so prompt
     # 1's two completions are generated, scored and trained one on each process

@@ -54,7 +54,7 @@ def test_the_graph_engine_samples_what_generate_samples(model, tok, stops, name)
     loop's, row for row, rows stopping at many lengths, every sampling setting applied inside the step."""
     lengths = set()
     for step in range(3):
-        keys = row_keys(7, step, range(len(SAMPLES)), K)
+        keys = row_keys(8, step, range(len(SAMPLES)), K)
         out = {engine: completions(model, tok, engine, stops, SETTINGS[name], keys=keys)[0]
                for engine in ("hf", "lean", "graph")}
         assert out["graph"] == out["hf"] == out["lean"], (name, step)
@@ -373,3 +373,145 @@ def test_a_step_that_failed_to_compile_is_not_compiled_again(tok, monkeypatch, c
                                graph=graph, compile_step=True)[0] for _ in range(3)]
     assert len(tries) == 1 and outs[0] == outs[1] == outs[2]
     assert "(compiled: False, CUDA graph: False)" in capsys.readouterr().out  # what runs, not what was asked for
+
+
+class FakeCaptured:
+    """Stands in for a CUDA graph on the CPU: made once per capture (counted), it replays the step it was made with on
+    the state it was made with, as a CUDA graph replays fixed addresses. A rollout that laid out new buffers instead
+    of writing into the captured ones would decode the old buffers and give other tokens."""
+
+    made = 0
+    warmups: list[int] = []
+
+    def __init__(self, fn, state, mutable, pool=None, warmup=2):
+        FakeCaptured.made += 1
+        FakeCaptured.warmups.append(warmup)
+        self.fn, self.state = fn, state
+
+    def __call__(self, state):
+        self.fn(self.state)
+
+
+def replayed_engine(model, monkeypatch):
+    """A GraphStep that compiles with torch's eager backend (dynamo traces and counts the graphs, nothing is
+    generated) and 'captures' with FakeCaptured."""
+    monkeypatch.setattr(G, "Captured", FakeCaptured)
+    monkeypatch.setattr(FakeCaptured, "made", 0)
+    monkeypatch.setattr(FakeCaptured, "warmups", [])
+    graph = G.GraphStep(model)
+    graph.backend = "eager"
+    graph.pool = lambda: None
+    return graph
+
+
+SHORT = [[5, 6, 7], [8, 9], [10, 11, 12]]
+LONG = [list(range(5, 75)), [8, 9], [10, 11]]  # 70 tokens: the next prompt bucket (128 columns)
+
+
+def decode_rows(model, rows, graph, keys, **kw):
+    rollout = RolloutConfig(temperature=0.8, top_k=50, max_new_tokens=8, **kw)
+    return G.decode_graph(model, rows, rollout, (3, 4), 0, row_keys=keys, graph=graph, compile_step=graph.backend
+                          is not None, capture=graph.backend is not None)[0]
+
+
+def test_five_rollouts_over_two_prompt_buckets_compile_twice_and_capture_twice(tok, monkeypatch):
+    """Rollouts alternating between two prompt buckets: the step is compiled twice (the first shape, then once for
+    every shape), each shape's buffers are laid out and captured once and refilled by its later rollouts, and every
+    rollout gives the tokens a fresh engine gives for the same keys."""
+    torch._dynamo.reset()
+    model = build_tiny_model(tok, seed=3, hidden=64, layers=2, heads=4, kv_heads=2)
+    model.set_attn_implementation("sdpa")
+    graph = replayed_engine(model, monkeypatch)
+    calls = [SHORT, LONG, SHORT, LONG, SHORT]
+    keys = [[10 * i + r for r in range(3)] for i in range(len(calls))]
+    kept = [decode_rows(model, rows, graph, k) for rows, k in zip(calls, keys)]
+    assert (graph.counts["compiles"], graph.counts["captures"], FakeCaptured.made) == (2, 2, 2), graph.counts
+    assert len(graph.slots) == 2 and graph.counts["fallbacks"] == 0
+    fresh = [G.decode_graph(model, rows, RolloutConfig(temperature=0.8, top_k=50, max_new_tokens=8), (3, 4), 0,
+                            row_keys=k, graph=G.GraphStep(model), compile_step=False)[0] for rows, k in zip(calls, keys)]
+    assert kept == fresh
+    assert len({tuple(map(tuple, out)) for out in kept}) == len(calls)  # the keys made every rollout differ
+    torch._dynamo.reset()
+
+
+def test_a_slot_is_laid_out_again_when_the_weights_move_and_greedy_calls_keep_none(tok, monkeypatch):
+    """A captured step reads the model's tensors where they lay: after they move (a cast, a reload) the next rollout
+    lays out and captures its shape anew. Greedy calls (evaluation batches of many shapes) keep no slot."""
+    model = build_tiny_model(tok, seed=3, hidden=64, layers=2, heads=4, kv_heads=2)
+    model.set_attn_implementation("sdpa")
+    graph = replayed_engine(model, monkeypatch)
+    first = decode_rows(model, SHORT, graph, [1, 2, 3])
+    with torch.no_grad():
+        for p in model.parameters():
+            p.data = p.data.clone()  # same values, new addresses
+    again = decode_rows(model, SHORT, graph, [1, 2, 3])
+    assert first == again and FakeCaptured.made == 2 and len(graph.slots) == 1
+    G.decode_graph(model, LONG, RolloutConfig(max_new_tokens=8), (3, 4), 0, greedy=True, graph=graph,
+                   compile_step=False)
+    assert len(graph.slots) == 1
+
+
+def test_kept_slots_hold_at_most_twice_the_largest_one(tok):
+    """Four prompt buckets in turn: the least recently used slots go once the kept ones hold more than
+    GRAPH_CACHE_SLOTS times the largest one's bytes."""
+    model = build_tiny_model(tok, seed=3, hidden=64, layers=2, heads=4, kv_heads=2)
+    graph = G.GraphStep(model)
+    graph.backend = None  # eager step, no capture
+    for width in (3, 70, 130, 200):  # buckets of 64, 128, 192 and 256 columns
+        decode_rows(model, [list(range(5, 5 + width)), [8, 9]], graph, [1, 2])
+    sizes = [G.state_bytes(slot.state) for slot in graph.slots.values()]
+    assert [key[2] for key in graph.slots] == [192, 256]
+    assert sum(sizes) <= G.GRAPH_CACHE_SLOTS * max(sizes)
+    assert graph.release() == sum(sizes) and not graph.slots
+
+
+def test_a_slot_that_reads_folded_lora_weights_is_captured_again_with_the_new_adapters(monkeypatch):
+    """LoRA folded for the rollout: the copies live for the rollout only (the update gets their memory back), so a
+    kept slot's captured step is captured again, without a warm-up, at the next rollout, and decodes with the
+    adapters the last update left; the compile is not repeated."""
+    model = lora_model()
+    graph = replayed_engine(model, monkeypatch)
+    rows, keys = [[5, 6, 7], [8, 9, 10, 11]], [4, 5]
+    before = decode_rows(model, rows, graph, keys, fold_lora="on")
+    assert not next(iter(graph.slots.values())).state.folded  # freed with the rollout
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "lora_B" in name:
+                p.mul_(-1.5)  # an update, in place
+    after = decode_rows(model, rows, graph, keys, fold_lora="on")
+    assert (graph.counts["compiles"], graph.counts["captures"], graph.counts["recaptures"]) == (1, 1, 1)
+    assert FakeCaptured.warmups == [2, 0]
+    fresh = G.decode_graph(model, rows, RolloutConfig(temperature=0.8, top_k=50, max_new_tokens=8, fold_lora="on"),
+                           (3, 4), 0, row_keys=keys, graph=G.GraphStep(model), compile_step=False)[0]
+    assert after == fresh and after != before
+
+
+def test_a_run_counts_what_the_graph_engine_did_and_an_out_of_memory_retry_frees_its_buffers(tmp_path, monkeypatch):
+    """Through the trainer (rollout.engine=graph on the CPU: eager, no capture): each step's rollout/graph_* counts,
+    the rollout's shape kept between steps, and a CUDA out-of-memory error in the update frees the kept buffers and
+    keeps none from then on."""
+    import grpo.phases.update as U
+    import grpo_train
+    from tests.trainer_helpers import fast_config
+
+    run = grpo_train.setup(fast_config(tmp_path, "rollout.engine=graph", "train.max_steps=3"))
+    first = grpo_train.rl_step(run, 1)
+    assert {k: first[k] for k in first if k.startswith("rollout/graph_")} == {
+        "rollout/graph_compiles": 0.0, "rollout/graph_captures": 0.0, "rollout/graph_recaptures": 0.0,
+        "rollout/graph_fallbacks": 0.0}
+    graph = G.graph_step_for(run.policy.model)
+    assert len(graph.slots) == 1
+    real, oom = U.completion_logprobs, {"left": 1}
+
+    def flaky(model, *a, **k):
+        if oom["left"] and model.training:
+            oom["left"] -= 1
+            raise torch.OutOfMemoryError("CUDA out of memory (simulated)")
+        return real(model, *a, **k)
+
+    monkeypatch.setattr(U, "completion_logprobs", flaky)
+    assert grpo_train.rl_step(run, 2)["health/oom_retries"] == 1.0
+    assert not graph.slots and graph.keep_bytes == 0
+    grpo_train.rl_step(run, 3)
+    assert not graph.slots
+    run.tracker.close()

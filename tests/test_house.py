@@ -234,7 +234,7 @@ def test_a_token_is_drawn_three_calls_below_rl_step(tmp_path, monkeypatch):
     graph: the same down to decode_graph, whose loop runs the step that samples (GraphStep.sample)."""
     assert hops_to("grpo.models.decode.draw", "lean", tmp_path / "lean", monkeypatch) == [
         "generate", "generate_rollouts", "decode"]
-    assert hops_to("grpo.models.graph_decode.inverse_cdf_choice", "graph", tmp_path / "graph", monkeypatch)[:3] == [
+    assert hops_to("grpo.models.graph_decode.keyed_choice", "graph", tmp_path / "graph", monkeypatch)[:3] == [
         "generate", "generate_rollouts", "decode_graph"]
 
 

@@ -1,16 +1,17 @@
 """The graph engine (rollout.engine=graph): one decoding step of fixed shapes, with the sampler inside, compiled once
-and, on CUDA, captured as a CUDA graph per rollout and replayed for every token.
+and, on CUDA, captured as a CUDA graph once per shape of the rollout and replayed for every token.
 
     buffers    K_i, V_i (B, KVH, L, D) zeros, L = P̂ + N: the prompt padded on the left to P̂ (a multiple of
                PROMPT_BUCKET, so shapes repeat from step to step) and N = max_new_tokens columns for the completion;
                out_BN = pad; the step's column n = P̂ + t and t live in device tensors, not in Python
+               (grpo/models/graph_state.py)
     prefill    the model's own forward over the distinct prompt rows (an RL batch repeats each prompt K times), copied
                into the buffers (row b from distinct row src_B[b]); its last logits start the loop
     step t     scores_BV = logits_BV in fp32, then, in generate's order: repetition penalty (seen_BV: prompt and
                completion tokens), min_new_tokens (stop ids at -inf while t < min_new_tokens), presence / frequency
                penalties (counts_BV: completion tokens), the sanitiser (NaN / ±Inf rows made finite, counted on the
                device), then with sampling the warpers temperature, top-k, top-p, min-p (transformers' own classes)
-               next_B = inverse_cdf(softmax(scores_BV), U(key_b, t))     (grpo/models/sampling.py, per row)
+               next_B = argmax_v(scores_BV − log E(key_b, t, v))      (the exponential race, grpo/models/sampling.py)
                         argmax(scores_BV) when greedy
                next_B = pad on rows that stopped;  out[:, t] = next_B;  running_B &= next_B ∉ stop_ids
                logits_BV = the model on next_B at column n: per layer q, k, v from the layer's projections, rotary
@@ -21,40 +22,53 @@ and, on CUDA, captured as a CUDA graph per rollout and replayed for every token.
 
 Nothing in the step reads a value back to the host, allocates a shape that depends on the data, or branches in Python
 on a tensor: it compiles as one graph (`torch.compile(fullgraph=True)`, tests/test_graph_decode.py checks with
-`torch._dynamo.explain`) and, on CUDA, is captured once per rollout (`torch.cuda.CUDAGraph`) and replayed N times,
-so a decoding step costs one graph launch instead of a Python-dispatched kernel launch per op. Stopped rows keep
-running (masked), so the shapes never change within a rollout.
+`torch._dynamo.explain`) and, on CUDA, is captured (`torch.cuda.CUDAGraph`, grpo/models/graph_capture.py) and
+replayed N times, so a decoding step costs one graph launch instead of a Python-dispatched kernel launch per op.
+Stopped rows keep running (masked), so the shapes never change within a rollout.
 
-Sampling always goes through the batch-invariant sampler (one uniform per row and step from a counter-based hash):
-with rollout.sampling_rng=per_completion the rows' keys are the run's; otherwise each row's key is drawn from the
-torch RNG at the start of the call, so a seeded call is reproducible. The tokens are exact draws from the same
-distributions as `generate`'s, and, for the same keys, the same tokens as `generate` with the seeded sampler (tests).
+Once per shape, not per rollout: a sampled rollout's buffers and captured step form a slot (`Slot`), kept per (settings,
+rows, prompt bucket) by the model's `GraphStep`; the next rollout of that shape writes its prompts and keys into the
+slot's buffers and replays. Compiles are per settings (torch's cache covers the shapes), captures per slot; both are
+counted (`GraphStep.counts`, the run's rollout/graph_* metrics). The slots kept between rollouts are bounded
+(`GraphStep.keep_bytes`: on a GPU what the step's peak phase leaves free, from the memory estimate; a CUDA
+out-of-memory error in the update frees them); greedy calls (evaluation batches, many shapes) keep none.
+
+Sampling always goes through the batch-invariant sampler (counter-based uniforms per row, step and token): with
+rollout.sampling_rng=per_completion the rows' keys are the run's; otherwise each row's key is drawn from the torch RNG
+at the start of the call, so a seeded call is reproducible. The tokens are exact draws from the same distributions as
+`generate`'s, and, for the same keys, the same tokens as `generate` with the seeded sampler and as the lean loop
+(tests).
 
 LoRA folded (rollout.fold_lora): a LoRA layer's update is added into a copy of its base weight for the rollout
 (W + scale · B A, in fp32 then rounded once to the weight's dtype), so a projection is one matmul per token instead of
-three; the copy is freed when the rollout ends. The log-probs the loss uses still come from the training forward
-(grpo/models/logprobs.py), which runs the adapter as it is. What the fold changes in the sampled tokens' log-probs is
-rounding: `python benchmarks/gpu_check.py` reports the largest difference (its figures: benchmarks/RESULTS.md).
+three; the copy is freed when the rollout ends (the update gets the memory back), so a kept slot that reads it is
+captured again at its next rollout (no warm-up, no compile). The log-probs the loss uses still come from the training
+forward (grpo/models/logprobs.py), which runs the adapter as it is. What the fold changes in the sampled tokens'
+log-probs is rounding: `python benchmarks/gpu_check.py` reports the largest difference (its figures:
+benchmarks/RESULTS.md).
 
 Applies where the lean loop's fast steps apply (the Llama family with sdpa or eager attention: `graph_blocker`).
 """
 
 from __future__ import annotations
 
-import dataclasses
+import itertools
 import time
 import warnings
-from dataclasses import dataclass, field
+from collections import Counter, OrderedDict
+from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 import torch
 import torch.nn.functional as F
 
 from grpo.config import RolloutConfig
-from grpo.models.model_calls import accepts_logits_to_keep, cache_kwarg, position_ids_from_mask, returned_cache
 from grpo.models.decode import NAN_LOGIT, NEGINF_LOGIT, POSINF_LOGIT, check_keys
+from grpo.models.graph_capture import Captured, counting_backend
+from grpo.models.graph_state import (MUTABLE_FIELDS, DecodeState, StepSampling, build_state, copy_state, distinct_lists,
+                                     state_bytes)
 from grpo.models.modeling import base_model, generation_mode
-from grpo.models.sampling import inverse_cdf_choice, warpers
+from grpo.models.sampling import keyed_choice
 from grpo.models.steppers import fast_steps_blocker
 from grpo.models.tokens import left_pad
 
@@ -91,36 +105,6 @@ def graph_blocker(model: torch.nn.Module) -> str | None:
             hasattr(layer.mlp, p) for p in PROJECTIONS[4:]) or not hasattr(layer.mlp, "act_fn"):
         return "its decoder layers are not the gated-MLP Llama block the graph step replays"
     return None
-
-
-SAMPLING_FIELDS = ("temperature", "top_k", "top_p", "min_p", "repetition_penalty", "presence_penalty",
-                   "frequency_penalty", "min_new_tokens")
-"""The rollout section's fields the step applies (each neutral value adds nothing, as in `generate`)."""
-
-
-@dataclass(frozen=True, eq=False)
-class StepSampling:
-    """One call's sampling: the rollout section (its SAMPLING_FIELDS) and the call's own values."""
-
-    rollout: RolloutConfig
-    do_sample: bool
-    """False = greedy (evaluation): the warpers do not apply."""
-    stop_ids: tuple[int, ...]
-    pad_id: int
-
-    @property
-    def key(self) -> tuple:
-        """What the compiled step depends on (its cache key)."""
-        return (self.do_sample, self.stop_ids, self.pad_id) + tuple(getattr(self.rollout, f) for f in SAMPLING_FIELDS)
-
-    warps: list[Any] = field(init=False, repr=False)
-    """Hugging Face's sampling warpers for these settings (none when greedy), built here, once: building them imports
-    transformers, and an import inside the compiled step is a graph break (torch 2.11's dynamo refuses one of a lazy
-    module, so the step was neither compiled whole nor captured)."""
-
-    def __post_init__(self) -> None:
-        r = self.rollout
-        object.__setattr__(self, "warps", warpers(r.temperature, r.top_k, r.top_p, r.min_p) if self.do_sample else [])
 
 
 def lora_fold(module: torch.nn.Module) -> tuple[torch.Tensor, torch.Tensor | None] | None:
@@ -170,27 +154,22 @@ def fold_fits(modules: Sequence[tuple[int, str, torch.nn.Module]]) -> bool:
     return False
 
 
-@dataclass
-class DecodeState:
-    """Every tensor the step reads or writes, allocated before the loop (a CUDA graph replays fixed addresses)."""
+GRAPH_CACHE_SLOTS = 2
+"""Without a bound from the run (`GraphStep.keep_bytes`), the kept slots hold at most this many times the largest
+slot's bytes: two prompt buckets that alternate keep both, a run whose prompts spread over many buckets captures
+again (its compiles stay cached) instead of holding a slot per bucket."""
 
-    K: list[torch.Tensor]
-    V: list[torch.Tensor]
-    attend_BL: torch.Tensor      # bool: the prompt's real columns and every completion column
-    cols_L: torch.Tensor         # arange(L)
-    logits_BV: torch.Tensor      # the next token's logits (the model's dtype)
-    next_B: torch.Tensor         # the token the step feeds to the model
-    pos_B1: torch.Tensor         # its position
-    t: torch.Tensor              # 0-d: the decoding step
-    n: torch.Tensor              # 0-d: the buffer column the step writes (P̂ + t)
-    running_B: torch.Tensor
-    keys_B: torch.Tensor
-    out_BN: torch.Tensor
-    fixed: torch.Tensor          # 0-d: sampler steps × rows whose logits the sanitiser fixed
-    stops: torch.Tensor
-    seen_BV: torch.Tensor | None = None    # repetition penalty: tokens in the prompt or the completion
-    counts_BV: torch.Tensor | None = None  # presence / frequency penalties: completion token counts
-    folded: list[torch.Tensor] = field(default_factory=list)  # the folded weights, in `GraphStep.plan` order
+
+@dataclass
+class Slot:
+    """One shape's decoding buffers and its readied step (compiled and, on CUDA, captured), kept across rollouts."""
+
+    key: tuple
+    """(step_key, rows, prompt columns, new tokens)."""
+    weights: tuple[int, ...]
+    """`GraphStep.weight_addresses()` when the slot was made."""
+    state: DecodeState | None = None
+    step: Callable[[DecodeState], None] | None = None
 
 
 class GraphStep:
@@ -212,6 +191,22 @@ class GraphStep:
         self.sdpa = base.config._attn_implementation == "sdpa"
         self.plan: list[tuple[int, str, int | None]] = []  # (layer, projection, index into DecodeState.folded or None)
         self.compiled: dict[tuple, Callable] = {}
+        self.backend = "inductor"
+        """The torch.compile backend (tests count compiles with "eager", which compiles nothing)."""
+        self.counts: Counter = Counter()
+        """compiles (graphs torch compiled), captures (a new slot's CUDA graph), recaptures (a kept slot's, again:
+        the folded weights it reads were made anew), fallbacks (a compile or capture that failed): running totals
+        over the run (`graph_counts`; the rollout/graph_* metrics are their steps' differences)."""
+        self.warmed: set[tuple] = set()
+        """The step keys whose step has run before a capture once (a capture needs one warm-up per compiled step, on
+        a side stream, to set up its workspace; later captures of it need none)."""
+        self.slots: OrderedDict[tuple, Slot] = OrderedDict()
+        """The kept slots, least recently used first, within `keep_bytes` (`trim`)."""
+        self.keep_bytes: int | None = None
+        """How many bytes of slots stay between rollouts, decided once by the run on a GPU (grpo/run/setup_parts.py:
+        `choose_graph_memory`, from the memory estimate: what the step's peak phase leaves free); None = at most
+        GRAPH_CACHE_SLOTS times the largest slot."""
+        self._pool: Any = None
         self.uncompilable: set[tuple] = set()
         """The keys (`step_key`) whose compile or captured compiled step failed once: later rollouts take the eager
         step at once (a failed compile is tried again at every call of the compiled function, and fails again,
@@ -226,9 +221,11 @@ class GraphStep:
                 for i, layer in enumerate(self.decoder.layers) for name in PROJECTIONS]
 
     def fold(self, enabled: bool) -> list[torch.Tensor]:
-        """The folded weights (and biases) this rollout's step reads; `self.plan` says which projection reads which.
-        Empty when folding is off, nothing carries LoRA, or (on CUDA) the copies would not fit in the free memory
-        with FOLD_HEADROOM to spare: the step then runs the adapters as they are (a warning says so, once)."""
+        """The folded weights (and biases) this rollout's step reads, made from the current adapters; `self.plan`
+        says which projection reads which. Empty when folding is off, nothing carries LoRA, or (on CUDA) the copies
+        would not fit in the free memory with FOLD_HEADROOM to spare: the step then runs the adapters as they are (a
+        warning says so, once). The copies live for the rollout only (the update phase gets their memory back), so
+        a kept slot whose step reads them is captured again at the next rollout (`decode_graph`)."""
         modules = self.modules()
         if enabled and not fold_fits(modules):
             enabled = False
@@ -241,6 +238,54 @@ class GraphStep:
                 self.plan.append((i, name, len(tensors)))
                 tensors.extend([folded[0]] + ([] if folded[1] is None else [folded[1]]))
         return tensors
+
+    def weight_addresses(self) -> tuple[int, ...]:
+        """Where every parameter and buffer of the model lies: a captured step reads them there, so a slot captured
+        before any of them moved (the model was cast, moved or reloaded) is laid out and captured again."""
+        return tuple(t.data_ptr() for t in itertools.chain(self.model.parameters(), self.model.buffers()))
+
+    def slot(self, sampling: StepSampling, rows: int, prompt_cols: int, new_tokens: int, device_type: str,
+             keep: bool) -> Slot:
+        """The slot for a call of this shape and these settings: the kept one (`keep`) if it exists and the model's
+        tensors have not moved, else a new, empty one (kept when `keep`, evicting the least recently used slots past
+        GRAPH_CACHE_SLOTS times the largest one's bytes once it is filled: `trim`)."""
+        key = (step_key(self, sampling, device_type), rows, prompt_cols, new_tokens)
+        addresses = self.weight_addresses()
+        found = self.slots.get(key) if keep else None
+        if found is not None and found.weights == addresses:
+            self.slots.move_to_end(key)
+            return found
+        made = Slot(key=key, weights=addresses)
+        if keep:
+            self.slots[key] = made
+        return made
+
+    def trim(self, reserve: Slot | None = None) -> None:
+        """Drop least recently used slots while the kept ones hold more than the bound: `keep_bytes` when the run
+        set one, else GRAPH_CACHE_SLOTS times the largest slot. `reserve`: the slot of the rollout about to run, kept
+        whatever its size (the others make room for it); without one, a slot larger than the bound goes too."""
+        sizes = {key: state_bytes(slot.state) for key, slot in self.slots.items() if slot.state is not None}
+        bound = self.keep_bytes if self.keep_bytes is not None else GRAPH_CACHE_SLOTS * max(sizes.values(), default=0)
+        if reserve is not None:
+            bound = max(bound, sizes.get(reserve.key, 0))
+        for key in list(self.slots):
+            if sum(sizes.values()) <= bound:
+                break
+            if reserve is None or key != reserve.key:
+                del self.slots[key]
+                sizes.pop(key, None)
+
+    def release(self) -> int:
+        """Drop every kept slot (their buffers and captured steps); the bytes of buffers freed."""
+        freed = sum(state_bytes(slot.state) for slot in self.slots.values() if slot.state is not None)
+        self.slots.clear()
+        return freed
+
+    def pool(self) -> Any:
+        """The memory pool every CUDA graph of this engine is captured into (grpo/models/graph_capture.py)."""
+        if self._pool is None:
+            self._pool = torch.cuda.graph_pool_handle()
+        return self._pool
 
     def _linear(self, layer_index: int, name: str, module: torch.nn.Module, x: torch.Tensor,
                 folded: list[torch.Tensor]) -> torch.Tensor:
@@ -274,7 +319,7 @@ class GraphStep:
         if sampling.do_sample:
             for warp in sampling.warps:
                 scores_BV = warp(None, scores_BV)
-            next_B = inverse_cdf_choice(scores_BV, s.keys_B, s.t)
+            next_B = keyed_choice(scores_BV, s.keys_B, s.t)
         else:
             next_B = torch.argmax(scores_BV, dim=-1)
         next_B = torch.where(s.running_B, next_B, sampling.pad_id)
@@ -342,112 +387,33 @@ class GraphStep:
         s.t.add_(1)
 
 
-def build_state(model: torch.nn.Module, ids_BP: torch.Tensor, mask_BP: torch.Tensor, keys_B: torch.Tensor,
-                sampling: StepSampling, max_new_tokens: int, folded: list[torch.Tensor],
-                distinct: tuple[list[int], list[int]] | None) -> DecodeState:
-    """Prefill the prompts (each distinct one once) and lay out every buffer of the loop."""
-    from transformers import DynamicCache
-
-    device = ids_BP.device
-    B, P = ids_BP.shape
-    L = P + max_new_tokens
-    pos_BP = position_ids_from_mask(mask_BP)
-    # the mask is passed even when nothing is padded (no host read to find out): transformers then drops it itself
-    prefill_mask = mask_BP.long()
-    first = None if distinct is None else torch.tensor(distinct[0], device=device)
-    src_B = None if distinct is None else torch.tensor(distinct[1], device=device)
-    pick = (lambda x: x) if first is None else (lambda x: x[first])
-    extra = {"logits_to_keep": 1} if accepts_logits_to_keep(model) else {}
-    out = model(input_ids=pick(ids_BP), attention_mask=pick(prefill_mask),
-                position_ids=pick(pos_BP), **{cache_kwarg(model) or "past_key_values": DynamicCache(config=model.config)},
-                use_cache=True, **extra)
-    cache = returned_cache(out)
-    logits_BV = (out.logits[:, -1] if src_B is None else out.logits[src_B, -1]).clone()
-    del out
-    K, V = [], []
-    for layer in cache.layers:
-        keys, values = layer.keys, layer.values  # (U or B, KVH, P, D)
-        # zeros, not empty: the attention multiplies the masked columns' values by a weight of 0, and 0 · NaN of
-        # uninitialised memory would be NaN
-        Kb = keys.new_zeros(B, keys.shape[1], L, keys.shape[-1])
-        Vb = values.new_zeros(B, values.shape[1], L, values.shape[-1])
-        Kb[:, :, :P], Vb[:, :, :P] = (keys, values) if src_B is None else (keys[src_B], values[src_B])
-        K.append(Kb)
-        V.append(Vb)
-        layer.keys = layer.values = None  # one layer's prompt cache at a time on top of the buffers
-        del keys, values
-    V_size = logits_BV.shape[-1]
-    attend_BL = torch.cat([mask_BP.bool(), torch.ones(B, max_new_tokens, dtype=torch.bool, device=device)], dim=1)
-    seen_BV = None
-    if sampling.rollout.repetition_penalty != 1.0:  # the prompt's real tokens count as seen (left padding does not)
-        seen_BV = torch.zeros(B, V_size + 1, dtype=torch.bool, device=device)
-        seen_BV.scatter_(1, torch.where(mask_BP.bool(), ids_BP.clamp(max=V_size), V_size), True)
-        seen_BV = seen_BV[:, :V_size].contiguous()
-    counts_BV = None
-    if sampling.rollout.presence_penalty or sampling.rollout.frequency_penalty:
-        counts_BV = torch.zeros(B, V_size, dtype=torch.float32, device=device)
-    return DecodeState(K=K, V=V, attend_BL=attend_BL, cols_L=torch.arange(L, device=device), logits_BV=logits_BV,
-                 next_B=torch.full((B,), sampling.pad_id, dtype=torch.long, device=device),
-                 pos_B1=pos_BP[:, -1:] + 1, t=torch.zeros((), dtype=torch.long, device=device),
-                 n=torch.full((), P, dtype=torch.long, device=device),
-                 running_B=torch.ones(B, dtype=torch.bool, device=device), keys_B=keys_B.to(device),
-                 out_BN=torch.full((B, max_new_tokens), sampling.pad_id, dtype=torch.long, device=device),
-                 fixed=torch.zeros((), dtype=torch.long, device=device),
-                 stops=torch.tensor(list(sampling.stop_ids), dtype=torch.long, device=device),
-                 seen_BV=seen_BV, counts_BV=counts_BV, folded=folded)
-
-
 def _announce(key: tuple, message: str) -> None:
     if key not in _ANNOUNCED:
         _ANNOUNCED.add(key)
         print(message, flush=True)
 
 
-def step_key(graph: GraphStep, sampling: StepSampling, state: DecodeState) -> tuple:
+def step_key(graph: GraphStep, sampling: StepSampling, device_type: str) -> tuple:
     """What a compiled step depends on besides shapes: the sampling settings, the device, which projections read a
     folded weight."""
-    return sampling.key, state.out_BN.device.type, tuple(slot is not None for _, _, slot in graph.plan)
+    return sampling.key, device_type, tuple(slot is not None for _, _, slot in graph.plan)
 
 
-def _compiled_step(graph: GraphStep, sampling: StepSampling, state: DecodeState, compile_step: bool) -> Callable[[DecodeState], None]:
+def _compiled_step(graph: GraphStep, sampling: StepSampling, state: DecodeState,
+                   compile_step: bool) -> Callable[[DecodeState], None]:
     """The step for these settings: `torch.compile(fullgraph=True)` of GraphStep.step when `compile_step`, else the
-    eager function."""
+    eager function. One compiled function per settings (`step_key`): torch compiles it at the first shape it meets
+    and once more, for every shape, at the second (its automatic dynamic shapes). Each compile is counted
+    (`GraphStep.counts["compiles"]`)."""
     if not compile_step:
         return lambda s: graph.step(s, sampling)
-    key = step_key(graph, sampling, state)
+    key = step_key(graph, sampling, state.out_BN.device.type)
     fn = graph.compiled.get(key)
     if fn is None:
-        fn = torch.compile(lambda s: graph.step(s, sampling), fullgraph=True, dynamic=None)
+        fn = torch.compile(lambda s: graph.step(s, sampling), fullgraph=True, dynamic=None,
+                           backend=counting_backend(graph.backend, graph.counts))
         graph.compiled[key] = fn
     return fn
-
-
-class Captured:
-    """A CUDA graph of one step over `state`, captured after warm-up replays on a side stream (the compiled code
-    allocates its workspace there). The state is as it was before, whether the capture succeeds or raises."""
-
-    def __init__(self, fn: Callable[[DecodeState], None], state: DecodeState, warmup: int = 2):
-        self.graph = torch.cuda.CUDAGraph()
-        # what the warm-up steps change and the first real step reads; the KV buffers need no copy (a step writes its
-        # column before it attends to it, and the columns after it are masked)
-        mutable = [x for x in (state.logits_BV, state.next_B, state.pos_B1, state.t, state.n, state.running_B,
-                               state.out_BN, state.fixed, state.seen_BV, state.counts_BV) if x is not None]
-        snapshot = [x.clone() for x in mutable]
-        try:
-            stream = torch.cuda.Stream()
-            stream.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(stream):
-                for _ in range(warmup):
-                    fn(state)
-            torch.cuda.current_stream().wait_stream(stream)
-            with torch.cuda.graph(self.graph):
-                fn(state)
-        finally:
-            for x, saved in zip(mutable, snapshot):  # the warm-up steps ran (a capture runs nothing): undo them
-                x.copy_(saved)
-
-    def __call__(self, state: DecodeState) -> None:
-        self.graph.replay()
 
 
 def _warn_once(key: tuple, message: str) -> None:
@@ -457,47 +423,54 @@ def _warn_once(key: tuple, message: str) -> None:
 
 
 def ready_step(graph: GraphStep, sampling: StepSampling, state: DecodeState, compile_step: bool,
-               capture: bool) -> Callable[[DecodeState], None]:
+               capture: bool, recapture: bool = False) -> Callable[[DecodeState], None]:
     """The step to replay: compiled and captured (CUDA), compiled, or eager. What fails falls back to the next
-    (compiled → eager, captured → uncaptured), with a warning naming the error once: the same tokens either way (the
-    compiled step equals the eager one to rounding), only slower."""
+    (compiled → eager, captured → uncaptured), with a warning naming the error once and a count
+    (`GraphStep.counts["fallbacks"]`): the same tokens either way (the compiled step equals the eager one to
+    rounding), only slower. `recapture`: this state's step was captured before (no warm-up; counted apart)."""
     eager = _compiled_step(graph, sampling, state, False)
     fn = eager
-    key = step_key(graph, sampling, state)
+    key = step_key(graph, sampling, state.out_BN.device.type)
     if compile_step and key not in graph.uncompilable:
         fn = _compiled_step(graph, sampling, state, True)
         if not capture:  # a compile error shows at the first call: try it on a copy of the state
             try:
-                fn(dataclasses.replace(state, **{f: _clone(getattr(state, f)) for f in MUTABLE_FIELDS}))
+                fn(copy_state(state))
             except Exception as err:  # noqa: BLE001 - no compiler, an unsupported op...: the eager step
                 _warn_once(("compile", type(err).__name__), f"rollout.engine=graph: compiling the decoding step "
                            f"failed ({type(err).__name__}: {str(err)[:300]}); decoding with the eager step")
                 graph.uncompilable.add(key)
+                graph.counts["fallbacks"] += 1
                 fn = eager
     if not capture:
         return fn
     for candidate in ([fn, eager] if fn is not eager else [eager]):
         try:
-            return Captured(candidate, state)
+            captured = Captured(candidate, state, [getattr(state, f) for f in MUTABLE_FIELDS[2:]], graph.pool(),
+                                warmup=0 if recapture else 2)
+            graph.counts["recaptures" if recapture else "captures"] += 1
+            return captured
         except Exception as err:  # noqa: BLE001 - a capture failure: the next candidate, then no graph
             what = "compiled" if candidate is not eager else "eager"
             if candidate is not eager:
                 graph.uncompilable.add(key)
+            graph.counts["fallbacks"] += 1
             _warn_once(("capture", what, type(err).__name__),
                        f"rollout.engine=graph: capturing the {what} decoding step as a CUDA graph failed "
                        f"({type(err).__name__}: {str(err)[:300]}); trying without")
     return eager
 
 
-MUTABLE_FIELDS = ("K", "V", "logits_BV", "next_B", "pos_B1", "t", "n", "running_B", "out_BN", "fixed", "seen_BV",
-                  "counts_BV")
-"""The DecodeState fields a step writes."""
-
-
-def _clone(x: Any) -> Any:
-    if x is None:
-        return None
-    return [t.clone() for t in x] if isinstance(x, list) else x.clone()
+def ready_slot(graph: GraphStep, slot: Slot, sampling: StepSampling, compile_step: bool, capture: bool) -> bool:
+    """Ready the slot's step if it has none (a new slot: compiled, captured on CUDA), or capture it again when the
+    captured step reads folded weights (they are made anew for every rollout); whether it was readied from scratch."""
+    if slot.step is None:
+        slot.step = ready_step(graph, sampling, slot.state, compile_step, capture)
+        return True
+    if slot.state.folded and isinstance(slot.step, Captured):
+        slot.step = None  # the old graph reads the last rollout's copies: never replayed again
+        slot.step = ready_step(graph, sampling, slot.state, compile_step, capture, recapture=True)
+    return False
 
 
 def decode_graph(model: torch.nn.Module, rows: Sequence[Sequence[int]], rollout: RolloutConfig,
@@ -508,7 +481,10 @@ def decode_graph(model: torch.nn.Module, rows: Sequence[Sequence[int]], rollout:
     rows that stopped padded after their stop token) and the sanitiser's count of fixed logit rows (a device tensor).
     Prompts are padded to PROMPT_BUCKET and each distinct one prefilled once; the rows' sampler keys are `row_keys`
     or drawn from the torch RNG (`greedy`: argmax). `compile_step` / `capture` default to on for CUDA (compiled,
-    then captured) and off on the CPU (the eager step; the same function). rollout.fold_lora: see `GraphStep.fold`."""
+    then captured) and off on the CPU (the eager step; the same function); capture=True needs CUDA graphs. A sampled
+    call's buffers and readied step are kept per shape (`GraphStep.slot`), and the next rollout of that shape writes
+    its prompts and keys into them and replays; a greedy call's (evaluation batches come in many shapes) live for the
+    call. rollout.fold_lora: see `GraphStep.fold`."""
     max_new_tokens = rollout.max_new_tokens
     if max_new_tokens < 1:
         raise ValueError(f"decode_graph: max_new_tokens={max_new_tokens}; use at least 1")
@@ -524,41 +500,47 @@ def decode_graph(model: torch.nn.Module, rows: Sequence[Sequence[int]], rollout:
     device = next(model.parameters()).device
     cuda = device.type == "cuda"
     compile_step = cuda if compile_step is None else compile_step
-    capture = cuda if capture is None else capture and cuda
+    capture = cuda if capture is None else capture
     graph = graph or graph_step_for(model)
     with generation_mode(model), torch.no_grad():
         folded = graph.fold(rollout.fold_lora == "on" or (rollout.fold_lora == "auto" and graph.fold_auto is not False))
-        state = build_state(model, ids_BP.to(device), mask_BP.to(device), keys_B, sampling, max_new_tokens, folded,
-                            distinct_lists(rows))
-        B, L = state.attend_BL.shape
+        B, P = ids_BP.shape
+        slot = graph.slot(sampling, B, P, max_new_tokens, device.type, keep=not greedy)
+        slot.state = build_state(model, ids_BP.to(device), mask_BP.to(device), keys_B, sampling, max_new_tokens,
+                                 folded, distinct_lists(rows), into=slot.state)
+        graph.trim(reserve=slot)
         started = time.perf_counter()
-        step = ready_step(graph, sampling, state, compile_step, capture)
-        compiled = compile_step and step_key(graph, sampling, state) not in graph.uncompilable  # what it fell back to
-        captured = isinstance(step, Captured)
-        every = sync_every(device)
-        steps_run = max_new_tokens
-        for t in range(max_new_tokens - 1):
-            step(state)  # the token of step t is drawn in here (GraphStep.sample), the next logits computed
-            if t == 0 and (compile_step or capture):
-                if cuda:
-                    torch.cuda.synchronize(device)
-                _announce((B, L, device.type, compiled, captured),
-                          f"graph engine: decoding step for {B} rows x {L} columns ready in "
-                          f"{time.perf_counter() - started:.1f} s (compiled: {compiled}, CUDA graph: {captured}); "
-                          "later rollouts of this shape reuse it")
-            if (t + 1) % every == 0 and not bool(state.running_B.any()):  # a host read: see SYNC_EVERY
-                steps_run = t + 1
-                break
-        else:
-            graph.sample(state, sampling)  # the last token: nothing is run on it
-    return state.out_BN[:, :steps_run].tolist(), state.fixed
+        readied = ready_slot(graph, slot, sampling, compile_step, capture)
+        steps_run = _loop(graph, slot.step, slot.state, sampling, max_new_tokens, sync_every(device))
+        if readied and (compile_step or capture) and not greedy:
+            compiled = compile_step and step_key(graph, sampling, device.type) not in graph.uncompilable
+            _announce((B, P + max_new_tokens, device.type, compiled, isinstance(slot.step, Captured)),
+                      f"graph engine: decoding step for {B} rows x {P + max_new_tokens} columns ready in "
+                      f"{time.perf_counter() - started:.1f} s with its first rollout (compiled: {compiled}, CUDA "
+                      f"graph: {isinstance(slot.step, Captured)}); later rollouts of this shape reuse it")
+        new_ids, fixed = slot.state.out_BN[:, :steps_run].tolist(), slot.state.fixed.clone()  # a rollout refills both
+        slot.state.folded = []  # the folded copies live for this rollout only
+        graph.trim()
+    return new_ids, fixed
+
+
+def _loop(graph: GraphStep, step: Callable[[DecodeState], None], state: DecodeState, sampling: StepSampling,
+          max_new_tokens: int, every: int) -> int:
+    """Run the step until every row stopped (read from the device every `every` steps) or max_new_tokens tokens are
+    drawn; the number of decoding steps run."""
+    for t in range(max_new_tokens - 1):
+        step(state)  # the token of step t is drawn in here (GraphStep.sample), the next logits computed
+        if (t + 1) % every == 0 and not bool(state.running_B.any()):  # a host read: see SYNC_EVERY
+            return t + 1
+    graph.sample(state, sampling)  # the last token: nothing is run on it
+    return max_new_tokens
 
 
 _GRAPHS: "dict[int, GraphStep]" = {}
 
 
 def graph_step_for(model: torch.nn.Module) -> GraphStep:
-    """The GraphStep of `model` (one per model object, so its compiled steps are reused across rollouts)."""
+    """The GraphStep of `model` (one per model object, so its compiled steps and kept slots serve every rollout)."""
     import weakref
 
     key = id(model)
@@ -570,19 +552,24 @@ def graph_step_for(model: torch.nn.Module) -> GraphStep:
     return graph
 
 
-def distinct_lists(rows: Sequence[Sequence[int]]) -> tuple[list[int], list[int]] | None:
-    """(first_U, src_B) for rows that repeat (an RL batch holds each prompt K times): first_U[u] is the first row of
-    the u-th distinct row, src_B[b] the distinct row that row b repeats; None when every row is distinct. Read from
-    the host's lists, before anything is on the device."""
-    seen: dict[tuple[int, ...], int] = {}
-    first: list[int] = []
-    src: list[int] = []
-    for b, row in enumerate(rows):
-        u = seen.setdefault(tuple(row), len(first))
-        if u == len(first):
-            first.append(b)
-        src.append(u)
-    return None if len(first) == len(src) else (first, src)
+GRAPH_COUNTS = ("compiles", "captures", "recaptures", "fallbacks")
+"""What `GraphStep.counts` counts (see there)."""
+
+
+def graph_counts(model: torch.nn.Module) -> dict[str, int]:
+    """The graph engine's running GRAPH_COUNTS for `model`; empty when it never decoded for it."""
+    graph = _GRAPHS.get(id(model))
+    return {what: graph.counts[what] for what in GRAPH_COUNTS} if graph is not None and graph.model is model else {}
+
+
+def release_graph_slots(model: torch.nn.Module) -> int:
+    """Free the kept slots of `model`'s graph engine and keep none from now on (after a CUDA out-of-memory error:
+    each rollout then lays its buffers out again); the bytes freed."""
+    graph = _GRAPHS.get(id(model))
+    if graph is None or graph.model is not model:
+        return 0
+    graph.keep_bytes = 0
+    return graph.release()
 
 
 def row_keys_from_rng(B: int) -> torch.Tensor:

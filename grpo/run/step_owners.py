@@ -39,6 +39,7 @@ from grpo.grading.judge import Judge
 from grpo.grading.scoring import (RewardSpec, fallback_shares, per_step_counts, reward_metrics, score_rollouts,
                                   term_matrix)
 from grpo.models.distributed import Dist
+from grpo.models.graph_decode import GRAPH_COUNTS, graph_counts, release_graph_slots
 from grpo.models.modeling import Policy, has_dropout, reference
 from grpo.models.sampling import row_keys
 from grpo.phases.batch import batch_logprobs, build_train_batch
@@ -127,6 +128,8 @@ class Generation:
         self.per_completion = per_completion_sampling(rollout, dist)
         """Each completion draws from its own stream, keyed by (seed, step, prompt, sample): what it samples does
         not depend on which process generates it, nor on its batch (rollout.sampling_rng)."""
+        self.graph_seen: dict[str, int] = {}
+        """The graph engine's running counts (compiles, captures, fallbacks) when the last step reported them."""
 
     def keys(self, step: int, prompts: range) -> list[int] | None:
         """The per-completion sampling keys of `prompts` (indices into the step's global batch), or None."""
@@ -169,7 +172,19 @@ class Generation:
             out = tool_rollouts(model, tokenizer, samples, self.rollout, self.stop_ids, tools=self.toolbox, draw=draw,
                                 synced_gpus=self.dist.sharded)
         self.dist.reshard(model)  # after every no-grad pass of a sharded model (see Dist.reshard)
+        if round_ == 0:
+            out[1].update(self.graph_metrics())
         return out
+
+    def graph_metrics(self) -> dict[str, float]:
+        """rollout/graph_compiles, _captures, _recaptures, _fallbacks: what the graph engine did since the last step
+        reported it (this step's rollouts, and the evaluations and extra rounds before them); none when it never
+        decoded."""
+        counts = graph_counts(self.policy.model)
+        if not counts:
+            return {}
+        seen, self.graph_seen = self.graph_seen, counts
+        return {f"rollout/graph_{what}": float(counts[what] - seen.get(what, 0)) for what in GRAPH_COUNTS}
 
     def refill(self, step: int, scored: list[Scored], counts: dict[str, float],
                score: Callable[[list[Rollout]], tuple[list[Scored], dict[str, float]]],
@@ -412,6 +427,10 @@ class Updater:
                   "`grpo-check-gpu-memory --estimate` (in a checkout: `python check_gpu_memory.py --estimate`)", file=sys.stderr, flush=True)
             if half == size:
                 raise
+            freed = release_graph_slots(self.policy.model)  # and none kept from now on
+            if freed:
+                print(f"  the graph engine's kept decoding buffers ({freed / 2**30:.2f} GiB) are freed and no longer "
+                      "kept between rollouts", file=sys.stderr, flush=True)
             if torch.cuda.is_available():
                 torch.cuda.empty_cache()  # once, after an OOM, to give the retry the freed blocks
             self.settings = dataclasses.replace(self.settings, micro_batch_seqs=half)
