@@ -58,7 +58,7 @@ from grpo.run.fingerprints import input_fingerprints
 from grpo.run.run_folder import discarded_if_unstarted, expand_home, prepare_run_dir, release_run_dir
 from grpo.run.exits import USER_ERRORS, interrupted, user_error
 from grpo.run.setup_parts import (build_trackers, check_precision, check_sharding, check_task_entries, choose_device,
-                                  choose_lora_fold, fit_prompts, load_samples, parse_task_mix, policy_from_config,
+                                  choose_graph_memory, fit_prompts, load_samples, parse_task_mix, policy_from_config,
                                   reward_specs, seed_everything, split_by_task, stop_token_ids, with_epochs)
 from grpo.run.signals import Interrupted, StopRequest, signals_raise
 from grpo.run.state import Run, Start, TaskSamples
@@ -184,7 +184,7 @@ def setup(cfg: C.Config, *, callables: Mapping[str, Callable[..., Any]] | None =
         policy = policy_from_config(cfg.model, device, corpus, seed=cfg.train.seed, loaded=model)
         train_rows, heldout = fit_prompts(checked.train_rows, checked.heldout, policy, cfg.data, cfg.rollout,
                                           dist.is_main)
-        choose_lora_fold(cfg, policy, device, dist.is_main)  # rollout.fold_lora=auto on a GPU: from the estimate
+        choose_graph_memory(cfg, policy, device, dist.is_main)  # the graph engine on a GPU: from the estimate
         cfg = with_epochs(cfg, train_rows, checked.draws, dist.is_main)  # train.num_epochs: the steps from the rows
         check_precision(cfg.multi, policy)  # fp16 with gradient surgery: refused
         if dist.sharded:  # FSDP2: the parameters become shards in place; the optimizer is built on them below

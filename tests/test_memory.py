@@ -11,9 +11,11 @@ import pytest
 
 from conftest import ROOT
 
-from grpo.models.memory_estimate import (GIB, KNOWN_SHAPES, LLAMA_TARGETS, EstimateInputs, ModelShape, cheapest_fixes, estimate, fits,
-                         format_table, logit_bytes, lookup_known_shape, lora_param_count, param_counts, pass_tokens,
-                         shape_from_hf_config)
+from grpo.models.memory_estimate import (GIB, KNOWN_SHAPES, LLAMA_TARGETS, EstimateInputs, ModelShape, cheapest_fixes,
+                                         estimate, fits, format_table, graph_cache_budget,
+                                         graph_slot_bytes, logit_bytes,
+                                         lookup_known_shape, lora_param_count, param_counts, pass_tokens,
+                                         shape_from_hf_config)
 
 # A 2-layer shape small enough to work out by hand: h=8, heads=2 (head_dim 4), kv_heads=1 (kvo 4), I=16, V=10.
 TINY = ModelShape("hand", hidden=8, layers=2, heads=2, kv_heads=1, intermediate=16, vocab=10, tie_embeddings=False)
@@ -345,23 +347,88 @@ def test_the_root_script_still_runs():
 
 # ------------------------------------------------------------------------------------------ the graph engine
 def test_graph_generation_bytes_by_hand():
-    """The graph engine's generation phase (grpo/models/graph_decode.py): KV buffers of the bucketed prompt + new
-    tokens, the prefill's cache of the distinct prompts, their one-layer temporaries, the sampler's buffers, and the
-    folded LoRA copy only when asked."""
-    g = estimate(tiny_inputs(graph_decode=True, k=3)).phases["generation"]
+    """The graph engine (grpo/models/graph_decode.py): the rollout's slot (KV buffers of the bucketed prompt + new
+    tokens, the next-token logits, the per-row buffers), the slots it keeps between rollouts, the prefill's cache of
+    the distinct prompts, their one-layer temporaries, the step's sampler temporaries, and the folded LoRA copy only
+    when asked."""
+    x = tiny_inputs(graph_decode=True, k=3, graph_kept_bytes=0.0)
+    slot = graph_slot_bytes(x)
     # 3 rows × (5 → 64 bucketed + 3) columns × 2 layers × 2 (K and V) × kvo 4 × 2 bytes
-    assert g["KV buffers (bucketed prompt + new tokens)"] == 3 * 67 * 2 * 2 * 4 * 2
+    assert slot["KV buffers"] == 3 * 67 * 2 * 2 * 4 * 2
+    assert slot["next-token logits"] == 3 * 10 * 2 and slot["penalty buffers"] == 0
+    # int64: tokens out 3 × 3, next / position / key 3 each, the 67 column indices, t / n / count, 1 stop id; bool:
+    # the 3 × 67 attended columns and the 3 running rows
+    assert slot["per-row buffers"] == 8 * (9 + 9 + 67 + 3 + 1) + 3 * 67 + 3
+    penalised = graph_slot_bytes(tiny_inputs(graph_decode=True, repetition_penalty=True, count_penalties=True))
+    assert penalised["penalty buffers"] == 3 * 10 * (1 + 4)  # a bool of the seen tokens, fp32 counts
+    g = estimate(x).phases["generation"]
+    assert g["rollout buffers (bucketed KV, logits)"] == sum(slot.values())
+    assert "kept buffers of other shapes" not in g
     # one distinct prompt (3 rows, K 3) of 5 tokens, all layers; its prefill's one-layer peak over 5 tokens
     assert g["prefill cache (distinct prompts)"] == 1 * 5 * 2 * 2 * 4 * 2
     assert g["prefill temporaries (1 layer)"] == 5 * 224
-    # logits (2 bytes) + 4 fp32 temporaries + 1 byte of seen-token mask per row and vocabulary entry
-    assert g["sampler buffers"] == 3 * 10 * (2 + 4 * 4 + 1)
+    # 4 fp32 temporaries and the hash's int64 bits per row and vocabulary entry
+    assert g["graph pool (sampler temporaries)"] == 3 * 10 * (4 * 4 + 8)
     assert "folded LoRA weights (rollout copy)" not in g
+    assert "kept decoding buffers (graph engine)" not in estimate(x).phases["training"]
+    kept = estimate(replace(x, graph_kept_bytes=2.5 * sum(slot.values())))
+    assert kept.phases["training"]["kept decoding buffers (graph engine)"] == 2.5 * sum(slot.values())
+    assert kept.phases["generation"]["kept buffers of other shapes"] == 1.5 * sum(slot.values())
     folded = estimate(tiny_inputs(graph_decode=True, k=3, fold_lora=True)).phases["generation"]
     # every adapted linear once more, in the weights' dtype: the 1152 decoder linear parameters × 2 bytes
     assert folded["folded LoRA weights (rollout copy)"] == 1152 * 2
     qlora = estimate(tiny_inputs(graph_decode=True, fold_lora=True, load_in_4bit=True)).phases["generation"]
     assert "folded LoRA weights (rollout copy)" not in qlora  # 4-bit weights are not folded
+
+
+def test_the_graph_engine_keeps_what_the_peak_leaves_free():
+    """The rollout's slot kept between rollouts only where it does not raise the step's estimated peak. The reference
+    setup peaks in training (20.4 GiB against generation's 18.7): it keeps none. With 2 sequences a micro-batch
+    training drops to 17.7 GiB, and what generation's peak leaves over it, 18.7 − 17.7 = 1.0 GiB, is less than one
+    1.19 GiB slot: none. With 32 rows generating, generation (20.7) is far above every other phase: the rollout's
+    2.38 GiB stay."""
+    def budget_gib(**kw):
+        return graph_cache_budget(llama_inputs(graph_decode=True, **kw)) / GIB
+
+    assert budget_gib() == 0 and budget_gib(micro_batch_seqs=2) == 0
+    big = llama_inputs(graph_decode=True, micro_batch_seqs=2, gen_batch_seqs=32)
+    assert graph_cache_budget(big) == sum(graph_slot_bytes(big).values()) == pytest.approx(2.38 * GIB, rel=0.01)
+    for x in [llama_inputs(graph_decode=True, **kw) for kw in ({}, {"micro_batch_seqs": 2}, {"grad_checkpointing": False})] + [big]:
+        assert estimate(x).peak_bytes <= estimate(replace(x, graph_kept_bytes=0.0)).peak_bytes * (1 + 1e-9)
+
+
+@pytest.mark.parametrize("settings", [{}, {"repetition_penalty": 1.2, "presence_penalty": 0.3,
+                                           "stop_strings": ("\n\n",)}])
+def test_the_estimators_graph_slot_is_what_the_engine_allocates(settings):
+    """The estimator's kept-slot term equals the bytes the graph engine's `build_state` lays out for the same shape:
+    a Llama of a real layout (GQA, head_dim 16), 6 rows of prompts up to 70 tokens (the 128-column bucket), 9 new
+    tokens, fp32 and bf16."""
+    import torch
+    from transformers import AutoModelForCausalLM, LlamaConfig
+
+    from grpo.config import RolloutConfig
+    from grpo.models import graph_decode as G
+    from grpo.models.tokens import left_pad
+    from grpo.run.memory_inputs import inputs_from_config
+
+    config = LlamaConfig(vocab_size=97, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256)
+    rollout = RolloutConfig(k=3, max_new_tokens=9, **settings)
+    stops = tuple(range(3, 3 + 1 + len(rollout.stop_strings)))  # the end-of-turn id and one per stop string
+    rows = [list(range(5, 75)), list(range(5, 75)), list(range(5, 75)), [8, 9], [8, 9], [8, 9]]
+    for dtype in (torch.float32, torch.bfloat16):
+        model = AutoModelForCausalLM.from_config(config, attn_implementation="sdpa", dtype=dtype).eval()
+        ids_BP, mask_BP = left_pad(rows, 0, multiple_of=G.PROMPT_BUCKET)
+        sampling = G.StepSampling(rollout, do_sample=True, stop_ids=stops, pad_id=0)
+        with torch.no_grad():
+            state = G.build_state(model, ids_BP, mask_BP, torch.arange(6), sampling, 9, [], G.distinct_lists(rows))
+        cfg = _cfg_stand_in()
+        cfg.rollout = rollout
+        cfg.train.prompts_per_micro_step, cfg.train.grad_accum, cfg.data.max_prompt_tokens = 2, 1, 70
+        x = replace(inputs_from_config(cfg), shape=shape_from_hf_config(config.to_dict()), lora=False,
+                    weight_dtype="float32" if dtype == torch.float32 else "bfloat16")
+        assert x.gen_batch_seqs == 6 and x.graph_decode
+        assert sum(graph_slot_bytes(x).values()) == G.state_bytes(state), (dtype, graph_slot_bytes(x))
 
 
 def test_fold_auto_folds_only_where_the_peak_stays():

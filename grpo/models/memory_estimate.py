@@ -213,6 +213,15 @@ class EstimateInputs:
     fold_lora: bool = False
     """With graph_decode and LoRA (not 4-bit): each adapted weight folded into a copy for the rollout
     (rollout.fold_lora)."""
+    repetition_penalty: bool = False
+    """rollout.repetition_penalty ≠ 1: the graph engine keeps a (rows, vocab) bool of the tokens seen."""
+    count_penalties: bool = False
+    """rollout.presence_penalty or frequency_penalty: the graph engine keeps (rows, vocab) fp32 token counts."""
+    stop_ids: int = 1
+    """Token ids that end a completion (the end-of-turn token and rollout.stop_strings)."""
+    graph_kept_bytes: float | None = None
+    """Bytes of decoding buffers the graph engine keeps between rollouts (its slots: grpo/models/graph_decode.py
+    `GraphStep.keep_bytes`); None = what the run decides, `graph_cache_budget`."""
     cuda_overhead_gb: float = DEFAULT_CUDA_OVERHEAD_GB
     allocator_slack: float = DEFAULT_ALLOCATOR_SLACK
 
@@ -343,23 +352,43 @@ def _larger(a: dict[str, float], b: dict[str, float]) -> dict[str, float]:
 GRAPH_PROMPT_BUCKET = 64
 """The graph engine pads prompts to a multiple of this many columns (grpo/models/graph_decode.py PROMPT_BUCKET)."""
 SAMPLER_FP32_TEMPS = 4
-"""(rows, vocab) fp32 tensors alive at once in the graph step's sampler: the scores, a warped copy, the sorted copy of
-top-p and the float64 CDF (counted as two)."""
+"""(rows, vocab) fp32 tensors alive at once in the graph step's sampler: the scores, a warped copy, top-p's sorted
+copy and the race's values; with the hash's int64 bits beside them when the step runs uncompiled."""
 
 
-def graph_generation(x: EstimateInputs, counts: dict[str, int]) -> dict[str, float]:
-    """The graph engine's generation phase: KV buffers of the bucketed length (no growth), the prefill's cache of the
-    distinct prompts (copied into the buffers layer by layer), one layer's prefill temporaries, the sampler's
-    (rows, vocab) buffers, and the folded LoRA weights (every adapted linear, in the weights' dtype)."""
+def graph_slot_bytes(x: EstimateInputs) -> dict[str, float]:
+    """The buffers one slot of the graph engine keeps between rollouts, for rows = gen_batch_seqs, the prompt rounded
+    up to GRAPH_PROMPT_BUCKET and new_tokens columns: exactly what grpo/models/graph_decode.py `build_state`
+    allocates (its `state_bytes`; tests/test_memory.py checks the two agree)."""
     s, a = x.shape, act_bytes(x)
-    bucketed = -(-x.prompt_len // GRAPH_PROMPT_BUCKET) * GRAPH_PROMPT_BUCKET
-    kv_token = s.layers * 2 * s.kv_heads * s.head_dim * a
+    B, N = x.gen_batch_seqs, x.new_tokens
+    L = -(-x.prompt_len // GRAPH_PROMPT_BUCKET) * GRAPH_PROMPT_BUCKET + N
+    return {
+        "KV buffers": 2 * s.layers * B * s.kv_heads * L * s.head_dim * a,
+        "next-token logits": B * s.vocab * a,
+        "penalty buffers": B * s.vocab * ((1 if x.repetition_penalty else 0) + (4 if x.count_penalties else 0)),
+        # int64: the tokens out (B, N), next token, its position, the keys, the column index (L), t / n / the
+        # sanitiser's count, the stop ids; bool: the attended columns (B, L) and the running rows
+        "per-row buffers": 8 * (B * N + 3 * B + L + 3 + x.stop_ids) + B * L + B,
+    }
+
+
+def graph_generation(x: EstimateInputs, kept: float) -> dict[str, float]:
+    """The graph engine's generation phase: the rollout's slot (`graph_slot_bytes`) and the other shapes' slots kept
+    beside it (`kept` in all, the rollout's included), the prefill's cache of the distinct prompts (copied into the
+    slot layer by layer), one layer's prefill temporaries, the step's temporaries in the graph pool (the sampler's
+    (rows, vocab) tensors), and the folded LoRA weights (every adapted linear, in the weights' dtype: made for the
+    rollout, freed after it)."""
+    s = x.shape
+    kv_token = s.layers * 2 * s.kv_heads * s.head_dim * act_bytes(x)
     distinct = -(-x.gen_batch_seqs // x.k)
+    slot = sum(graph_slot_bytes(x).values())
     parts = {
-        "KV buffers (bucketed prompt + new tokens)": x.gen_batch_seqs * (bucketed + x.new_tokens) * kv_token,
+        "rollout buffers (bucketed KV, logits)": slot,
+        **({"kept buffers of other shapes": kept - slot} if kept > slot else {}),
         "prefill cache (distinct prompts)": distinct * x.prompt_len * kv_token,
         "prefill temporaries (1 layer)": _layer_temporaries(x, distinct * x.prompt_len, x.prompt_len, x.lora),
-        "sampler buffers": x.gen_batch_seqs * s.vocab * (a + SAMPLER_FP32_TEMPS * 4 + 1),
+        "graph pool (sampler temporaries)": x.gen_batch_seqs * s.vocab * (SAMPLER_FP32_TEMPS * 4 + 8),
     }
     if x.fold_lora and x.lora and not x.load_in_4bit:
         dims = linear_dims(s)
@@ -368,16 +397,31 @@ def graph_generation(x: EstimateInputs, counts: dict[str, int]) -> dict[str, flo
     return parts
 
 
+def graph_cache_budget(x: EstimateInputs) -> float:
+    """Bytes of decoding buffers the graph engine may keep between rollouts without raising the step's estimated
+    peak: the rollout's own slot when the other phases, which would hold it too, stay at or below the peak with it;
+    else 0 (each rollout then lays its buffers out anew). Never a second slot: the generation phase, holding the
+    rollout's slot anyway, would go past the peak with it whenever it is the peak, and when another phase is the
+    peak that phase has no room for one."""
+    est = estimate(replace(x, graph_kept_bytes=0.0))
+    others = max((est.total(p) for p in est.phases if p != "generation"), default=0)
+    slot = sum(graph_slot_bytes(x).values())
+    return slot if others + (1 + x.allocator_slack) * slot <= est.peak_bytes else 0.0
+
+
 def estimate(x: EstimateInputs) -> Estimate:
     """Bytes per part and phase for one RL step of `x` (see the module docstring for every formula)."""
     s, a = x.shape, act_bytes(x)
     counts = param_counts(s)
     n_train = lora_param_count(s, x.lora_r, x.lora_targets) if x.lora else counts["total"]
     persistent = _persistent(x, counts, n_train)
+    kept = 0.0
+    if x.graph_decode:
+        kept = x.graph_kept_bytes if x.graph_kept_bytes is not None else graph_cache_budget(x)
     seq = x.prompt_len + x.new_tokens
     kv = x.gen_batch_seqs * seq * s.layers * 2 * s.kv_heads * s.head_dim * a
     if x.graph_decode:
-        phases: dict[str, dict[str, float]] = {"generation": graph_generation(x, counts)}
+        phases: dict[str, dict[str, float]] = {"generation": graph_generation(x, kept)}
     else:
         phases = {"generation": {
             "KV cache": kv,
@@ -422,6 +466,9 @@ def estimate(x: EstimateInputs) -> Estimate:
     head = head_moment if x.fused_head else {"logits + grad": logits, "log-softmax chunk (fp32)": chunk}
     logits_moment = {**saved, "final norm": tokens * final_norm, **head}
     phases["training"] = _larger(logits_moment, layer_moment)
+    for phase in ("ref/old pass", "training"):
+        if kept and phase in phases:
+            phases[phase]["kept decoding buffers (graph engine)"] = kept
     non_context = sum(persistent.values()) - persistent["CUDA context"]
     for parts in phases.values():
         parts[f"allocator slack ({x.allocator_slack:.0%})"] = x.allocator_slack * (non_context + sum(parts.values()))

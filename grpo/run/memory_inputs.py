@@ -15,8 +15,8 @@ from grpo.models.hardware import choose_precision
 from grpo.core.kernels import DEFAULT_LOGPROB_CHUNK_ROWS
 from grpo.models.logprobs import shares_by_size
 from grpo.models.modeling import tiny_model_config
-from grpo.models.memory_estimate import GIB, KNOWN_SHAPES, EstimateInputs, ModelShape, estimate, lookup_known_shape, \
-    param_counts, shape_from_hf_config
+from grpo.models.memory_estimate import GIB, KNOWN_SHAPES, EstimateInputs, ModelShape, estimate, graph_cache_budget, \
+    graph_slot_bytes, lookup_known_shape, param_counts, shape_from_hf_config
 
 def resolve_shape(model_cfg: Any) -> ModelShape:
     """The model's shape: a local folder's config.json, builtin:tiny, or KNOWN_SHAPES; a clear error otherwise."""
@@ -77,6 +77,10 @@ def inputs_from_config(cfg: Any, compute_capability: tuple[int, int] = (8, 0)) -
         fused_head=bool(getattr(m, "fused_lm_head", True)), shared_prompt=_shares_prompts(cfg, shape),
         attention="eager" if getattr(m, "attn_implementation", "auto") == "eager" else "sdpa",
         graph_decode=graph, fold_lora=graph and getattr(cfg.rollout, "fold_lora", "off") == "on",
+        repetition_penalty=getattr(cfg.rollout, "repetition_penalty", 1.0) != 1.0,
+        count_penalties=bool(getattr(cfg.rollout, "presence_penalty", 0.0) or getattr(cfg.rollout, "frequency_penalty",
+                                                                                      0.0)),
+        stop_ids=1 + len(getattr(cfg.rollout, "stop_strings", ()) or ()),
     )
     if graph and m.lora and getattr(cfg.rollout, "fold_lora", "off") == "auto" and fold_keeps_peak(x)[0]:
         x = replace(x, fold_lora=True)
@@ -99,3 +103,19 @@ def lora_fold_choice(cfg: Any, capability: tuple[int, int]) -> tuple[bool, str]:
     if keeps:
         return True, f"the folded copy fits under the step's estimated peak ({without:.1f} GiB)"
     return False, f"the folded copy would raise the step's estimated peak from {without:.1f} to {folded:.1f} GiB"
+
+
+def graph_cache_choice(cfg: Any, capability: tuple[int, int]) -> tuple[int | None, str]:
+    """How many bytes of decoding buffers the graph engine keeps between rollouts on a GPU of that capability
+    (None: the engine's own bound, when there is no estimate) and why, from the estimate: what the step's peak phase
+    leaves free (`graph_cache_budget`)."""
+    try:
+        x = inputs_from_config(cfg, capability)
+        budget, slot = graph_cache_budget(x), sum(graph_slot_bytes(x).values())
+    except ValueError as err:  # a shape the estimator does not know
+        return None, f"the memory estimate is not available ({err})"
+    if budget < slot:
+        return 0, (f"laid out anew for each rollout (keeping its {slot / GIB:.2f} GiB between rollouts would raise the "
+                   "step's estimated peak), its step captured again each time")
+    return int(budget), (f"kept between rollouts ({slot / GIB:.2f} GiB, under the step's estimated peak): its "
+                         "captured step is replayed, not captured again")

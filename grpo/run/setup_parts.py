@@ -360,24 +360,29 @@ def check_sharding(cfg: C.Config, policy: Policy, dist: Dist) -> None:
         raise C.ConfigError("train.sharding=fsdp does not support " + "; ".join(problems), field="train.sharding")
 
 
-def choose_lora_fold(cfg: C.Config, policy: Policy, device: torch.device, announce: bool) -> None:
-    """rollout.fold_lora=auto on a GPU: fold LoRA for the graph engine's rollouts where the memory estimate says the
-    copy leaves the step's peak where it is (grpo/run/memory_inputs.py: `lora_fold_choice`), decided once and
-    printed; recorded on the model's graph step (grpo/models/graph_decode.py: `GraphStep.fold_auto`). The CPU folds
-    (host memory, nothing to estimate); on / off need no decision."""
+def choose_graph_memory(cfg: C.Config, policy: Policy, device: torch.device, announce: bool) -> None:
+    """What the graph engine may hold on a GPU, decided once from the memory estimate and recorded on the model's
+    graph step (grpo/models/graph_decode.py): rollout.fold_lora=auto folds LoRA for the rollouts where the copy leaves
+    the step's peak where it is (`lora_fold_choice`; on / off need no decision, the CPU folds: host memory, nothing to
+    estimate), and the decoding buffers kept between rollouts are what the step's peak phase leaves free
+    (`graph_cache_choice`). Printed once."""
     from grpo.models.graph_decode import graph_step_for
     from grpo.phases.generate import choose_engine
-    from grpo.run.memory_inputs import lora_fold_choice
+    from grpo.run.memory_inputs import graph_cache_choice, lora_fold_choice
 
-    if not policy.is_lora or cfg.rollout.fold_lora != "auto" or device.type != "cuda":
+    if device.type != "cuda" or choose_engine(policy.model, cfg.rollout.engine, cfg.rollout.cache_implementation,
+                                              cfg.train.sharding == "fsdp") != "graph":
         return
-    if choose_engine(policy.model, cfg.rollout.engine, cfg.rollout.cache_implementation,
-                     cfg.train.sharding == "fsdp") != "graph":
-        return
-    fold, why = lora_fold_choice(cfg, torch.cuda.get_device_capability(device))
-    graph_step_for(policy.model).fold_auto = fold
+    graph = graph_step_for(policy.model)
+    capability = torch.cuda.get_device_capability(device)
+    graph.keep_bytes, kept = graph_cache_choice(cfg, capability)
     if announce:
-        print(f"rollout.fold_lora=auto: {'folded' if fold else 'not folded'} for rollouts ({why})")
+        print(f"graph engine: decoding buffers {kept}")
+    if policy.is_lora and cfg.rollout.fold_lora == "auto":
+        fold, why = lora_fold_choice(cfg, capability)
+        graph.fold_auto = fold
+        if announce:
+            print(f"rollout.fold_lora=auto: {'folded' if fold else 'not folded'} for rollouts ({why})")
 
 
 def per_completion_sampling(rollout: C.RolloutConfig, dist: Dist) -> bool:
