@@ -461,3 +461,35 @@ def test_the_online_doctor_logs_memory_growth_and_clears_it_when_memory_levels_o
     assert fired["memory_growth"] == 10  # the first full window
     assert flags[10] == flags[25] == 1.0 and flags[40] == 0.0
     assert [a.code for a in doctor.cleared if a.code == "memory_growth"] == ["memory_growth"]
+
+
+def with_graph(rows: list[dict], compiled_at: set[int], captured_at: set[int] = frozenset()) -> list[dict]:
+    """The graph engine's per-step counts on every RL row: compiles at `compiled_at`, captures at `captured_at`."""
+    for row in rl(rows):
+        row["rollout/graph_compiles"] = float(row["step"] in compiled_at)
+        row["rollout/graph_captures"] = float(row["step"] in captured_at) + float(row["step"] in compiled_at)
+        row["rollout/graph_fallbacks"] = 0.0
+    return rows
+
+
+def test_a_graph_engine_that_keeps_recompiling_is_yellow():
+    """Compiles in the first window are the run's shapes being met: nothing. After it, three steps of a window that
+    compile (recompile_steps) are yellow; two are not; captures alone (buffers the update needs back, laid out and
+    captured at every rollout) are not a finding."""
+    assert found(with_graph(healthy(), {1, 2, 5, 9}), "graph_recompiling") == []
+    assert found(with_graph(healthy(), {1, 23, 28}), "graph_recompiling") == []
+    assert found(with_graph(healthy(), {1}, set(range(2, 31))), "graph_recompiling") == []
+    busy = found(with_graph(healthy(), {1, 22, 24, 29}), "graph_recompiling")
+    assert [f.level for f in busy] == ["yellow"]
+    assert "compiled its decoding step 3 times at 3 of the steps of steps 21-30" in busy[0].message
+    assert "data.max_prompt_tokens" in busy[0].suggestion
+
+
+def test_graph_codes_are_logged_only_by_runs_the_graph_engine_decodes():
+    plain, graph = Doctor(TH, BANDS, CONFIG), Doctor(TH, BANDS, CONFIG)
+    for row in healthy(12):
+        plain.update(row)
+    for row in with_graph(healthy(12), {1}):
+        graph.update(row)
+    assert "doctor/graph_recompiling" not in plain.metrics()
+    assert graph.metrics()["doctor/graph_recompiling"] == 0.0

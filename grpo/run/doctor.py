@@ -19,8 +19,9 @@ from collections import deque
 from dataclasses import dataclass, replace
 from typing import Any, Iterable, Mapping, Sequence
 
-from grpo.run.doctor_checks import (ONLINE_CODES, TOOL_CODES, WINDOW_CHECKS, Finding, HealthThresholds, Level, dead_step,
-                                heldout_gains, is_rl_row, mean, number, series, tasks_in, whole_run)
+from grpo.run.doctor_checks import (GRAPH_CODES, ONLINE_CODES, TOOL_CODES, WINDOW_CHECKS, Finding, HealthThresholds,
+                                    Level, dead_step, heldout_gains, is_rl_row, mean, number, series, tasks_in,
+                                    whole_run)
 
 __all__ = ["Alarm", "Doctor", "Finding", "HealthThresholds", "ONLINE_CODES", "VERDICT_TEXT", "check", "heldout_series",
            "replayed", "rl_steps", "series", "tasks_in", "verdict"]
@@ -218,7 +219,9 @@ class Doctor:
         codes = {code for code, _, _ in self.active}
         rollout = self.config.get("rollout") or {}
         tools = bool(rollout.get("tools") or rollout.get("environment_factory"))  # a run with tools logs their codes
-        out = {f"doctor/{code}": float(code in codes) for code in ONLINE_CODES + (TOOL_CODES if tools else ())}
+        graph = any("rollout/graph_compiles" in row for row in self.window)  # so does a run the graph engine decodes
+        out = {f"doctor/{code}": float(code in codes)
+               for code in ONLINE_CODES + (TOOL_CODES if tools else ()) + (GRAPH_CODES if graph else ())}
         out["doctor/red"] = float(sum(f.level == "red" for _, f in self.active.values()))
         return out
 

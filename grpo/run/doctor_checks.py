@@ -39,6 +39,8 @@ Window checks (rows = the last `recent_window` RL steps; "start" = the first win
                               token budget
   yellow  memory_growth       host memory (memory/host_rss_gb) rose in at least `memory_rise_steps` of the window's
                               steps, by more than `memory_growth_share` of its first step's and `memory_growth_min_gb`
+  yellow  graph_recompiling   (runs the graph engine decodes) it compiled its decoding step at `recompile_steps`
+                              or more steps of a window after the first
 End of run (grpo/run/doctor.check only): red skipped_steps / yellow restored_weights (the weight guard's counts), red
 reward_regressed / yellow reward_flat (held-out after RL vs before RL), yellow no_heldout (a trained task never
 evaluated). From the held-out greedy completions (`heldout_collapse`, read by grpo/run/report.py from evals/):
@@ -162,6 +164,11 @@ class HealthThresholds:
     memory_growth_min_gb: float = 0.05
     """...and at least this many GiB (5 MB a step over the default window): below it a small run's Python objects
     (the doctor's own window, a metrics row) move the share."""
+    recompile_steps: int = 3
+    """Steps of a window, after the first window, at which the graph engine compiled its decoding step that make a
+    run "keep recompiling": torch compiles a step for its first shape and once more for all shapes, so a run meets
+    its compiles in its first steps (tens of seconds each on a GPU); one per new sampling setting later; a step in
+    three is a step that never settles."""
 
 
 @dataclass(frozen=True)
@@ -184,6 +191,9 @@ ONLINE_CODES = ("no_learning_signal", "reward_stuck", "answer_collapse", "entrop
 """Codes the window checks can raise; `Doctor.metrics` logs each as doctor/<code> (1 when active) every step."""
 TOOL_CODES = ("tool_unused", "tool_failures", "tool_loops")
 """Codes of the tool checks (`_tools`), logged as doctor/<code> only by runs with tools (rollout.tools)."""
+GRAPH_CODES = ("graph_recompiling",)
+"""Codes of the graph engine's check (`_recompiling`), logged as doctor/<code> only by runs whose rollouts it decodes
+(their rows carry rollout/graph_compiles)."""
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -634,8 +644,29 @@ def _memory_growth(d: Window, _found: list[Finding]) -> list[Finding]:
                     "names the line)")]
 
 
+def _recompiling(d: Window, _found: list[Finding]) -> list[Finding]:
+    """The graph engine compiling its decoding step at `recompile_steps` or more steps of a window after the first
+    (rollout/graph_compiles: each step's count): its shapes never settle. Captures are not counted: a run whose
+    buffers the update needs captures at every rollout by design (tens of milliseconds), a compile costs tens of
+    seconds. Yellow: the run is right, only slower."""
+    if d.steps <= d.th.recent_window:
+        return []
+    counts = [number(r.get("rollout/graph_compiles")) or 0.0 for r in d.window]
+    busy = sum(c > 0 for c in counts)
+    if busy < d.th.recompile_steps:
+        return []
+    return [Finding("yellow", "graph_recompiling",
+                    f"the graph engine compiled its decoding step {int(sum(counts))} times at {busy} of the steps of "
+                    f"{d.span()} (rollout/graph_compiles): the rollouts' shapes keep changing, and every compile "
+                    "costs tens of seconds on a GPU",
+                    "keep the rollout's shapes few: its rows (prompts a step x rollout.k; dynamic sampling's extra "
+                    "rounds add others), its prompt bucket (the longest prompt, in steps of 64 tokens: "
+                    "data.max_prompt_tokens caps it) and its sampling settings; or rollout.engine=lean, which compiles "
+                    "nothing")]
+
+
 WINDOW_CHECKS = (_no_learning_signal, _reward_stuck, _answer_collapse, _entropy, _kl, _judge, _truncation, _zero_std,
-                 _non_finite, _tools, _memory_growth)
+                 _non_finite, _tools, _memory_growth, _recompiling)
 """In this order: a check sees the findings of the ones before it (zero_std_groups stays quiet under a red on the same
 evidence)."""
 
