@@ -1,12 +1,16 @@
 """The GPU check in one command: exactness, speed against TRL, a profile, the 8B LoRA case and the demo, on one card.
 
-    python benchmarks/gpu_check.py --out DIR          # one H100 / H200: at most 10 minutes, no network
+    python benchmarks/gpu_check.py --out DIR          # one H100 / H200: parts a-d in at most 8 minutes, no network
+    python benchmarks/gpu_check.py --out DIR --parts a,b,c,d,e      # with the demo on the card (e), 9.5 minutes
     python benchmarks/gpu_check.py --cpu --out DIR    # every part on tiny shapes on the CPU, under 3 minutes
 
 Needs trl and datasets (requirements/dev.txt) for part b's TRL run; a machine without network carries their wheels
 (../shared/measure-gpu/README.md shows how). Writes DIR/gpu_check.json (every figure, part by part, written after each
-part) and DIR/gpu_check.log (everything printed). Each part runs in its own subprocess with its own time budget: a
-part that fails or runs out of time is recorded with its error, and the next one runs.
+part) and DIR/gpu_check.log (everything printed), and ends with the goals table: each goal of the fast-on-the-card work
+(`GOALS`), its figure and pass / miss / not measured, with the card, torch and the commit ($GRPO_DUAL_COMMIT where the
+checkout has no .git). A DIR that holds an earlier report is refused, never written over. Each part runs in its own
+subprocess with its own time budget: a part that fails or runs out of time is recorded with its error, and the next
+one runs.
 
 a. exactness: each engine's tokens against transformers' `generate` on the same rows, fp32 then bf16, sampled and
    greedy: lean against generate with the same torch seed; graph against generate with the same per-row sampler keys
@@ -16,9 +20,10 @@ a. exactness: each engine's tokens against transformers' `generate` on the same 
    eager bf16 kernels bit for bit, so bf16 tokens may part where two tokens are within rounding. Also what folding
    LoRA for the rollout changes: the largest |Δ log-prob| of the rollout's tokens, folded against unfolded, in bf16.
 b. speed: decoding 64 rows x 128 forced tokens per engine in ms per decode step, against the memory-bandwidth floor
-   (weights + the mean KV cache read per step ÷ the measured copy bandwidth); and the RL step against TRL 1.16 on the
-   Qwen2.5-0.5B shape (vs_trl.py's cuda workload, one run each): the default path and each engine, s/step, the
-   spread of the kept cycles (max / min), peak memory, TRL's s/step ÷ ours.
+   (weights + the mean KV cache read per step ÷ the measured copy bandwidth), and what the graph engine did (compiles,
+   captures, fallbacks); and the RL step against TRL 1.16 on the Qwen2.5-0.5B shape (vs_trl.py's cuda workload, one
+   run each): the default path and the other engine, s/step, the spread of the kept cycles (max / min) on both sides,
+   peak memory, TRL's s/step ÷ ours, and each side's phases (generation, grading, reference, update; on CUDA events).
 c. profile: torch.profiler over one steady RL step cut to 8 decode steps (the update whole): the top ops by device
    time.
 d. the seed's shape: Llama-3-8B LoRA r 8 bf16 with checkpointing (gpu_memory.py's llama8b-lora-bf16-ckpt): s/step,
@@ -47,10 +52,13 @@ if __package__ in (None, ""):
 
 ROOT = Path(__file__).resolve().parents[1]
 PARTS = ("a", "b", "c", "d", "e")
-BUDGET_S = {"a": 120, "b": 210, "c": 75, "d": 90, "e": 90}
-"""Seconds per part on a GPU at most: 585 in all (the graph engine compiles its step once per process and shape,
-30-60 s for 24 layers; inductor's on-disk cache shortens the later ones). On an H200 (2026-11-27) part a's bf16 half
-and the demo ran past 60 s and 45 s; part d took 44 s."""
+DEFAULT_PARTS = ("a", "b", "c", "d")
+"""What a plain run does: the goals' parts, within 8 minutes. The demo on the card (e) is asked for by name."""
+BUDGET_S = {"a": 100, "b": 200, "c": 60, "d": 100, "e": 90}
+"""Seconds per part on a GPU at most: 460 for the default parts (the graph engine compiles its step once per process
+and settings, 30-60 s for 24 layers; inductor's on-disk cache shortens the later ones). On an H200 (2026-11-27) part a
+ran past 60 s, part b past 210 s with a compile that failed at every rollout (that retry is gone), part d took 44 s
+and the demo ran past 45 s."""
 CPU_BUDGET_S = {"a": 30, "b": 75, "c": 20, "d": 55, "e": 30}
 """On the CPU (tiny shapes, short runs; idle 2 cores): under 3 minutes in all."""
 CPU_DEMO = ["--max-steps", "2", "--sft.steps", "2", "--data.eval_size", "8"]
@@ -319,6 +327,8 @@ def part_b(cpu: bool, work: Path) -> dict[str, Any]:
     floor_ms = 1000 * (n_params * dtype.itemsize + kv_bytes) / bandwidth
     out["decode_floor_ms"] = floor_ms
     decode: dict[str, Any] = {}
+    from grpo.models.graph_decode import graph_counts
+
     for engine in ("lean", "hf", "graph"):
         times = []
         for rep in range(3):  # the first includes the graph engine's compile and capture
@@ -330,6 +340,8 @@ def part_b(cpu: bool, work: Path) -> dict[str, Any]:
         assert all(len(r) == new for r in ids), "not forced to full length"
         best = min(times[1:])
         decode[engine] = {"times_s": times, "ms_per_step": 1000 * best / new, "x_floor": 1000 * best / new / floor_ms}
+        if engine == "graph":  # what ran: compiled and captured once (three rollouts of one shape), no fallback
+            decode[engine]["counts"] = graph_counts(model)
         log("decode", engine, json.dumps(decode[engine]))
     out["decode"] = decode
     del model
@@ -346,10 +358,13 @@ def part_b(cpu: bool, work: Path) -> dict[str, Any]:
         spec = vs_trl.scenario("grpo", dict(base, ours_engine=engine or ""))
         t0 = time.perf_counter()
         r = vs_trl.spawn_run("trl" if engine is None else "ours", spec, step_dir, work / "vs_trl", label, threads)
-        keep = ("sec_per_step", "cycle_spread", "peak_rss_mib", "peak_cuda_mib", "cycle_times_s", "phases")
+        keep = ("sec_per_step", "cycle_spread", "peak_rss_mib", "peak_cuda_mib", "cycle_times_s", "phases",
+                "graph_counts")
         runs[label] = {k: r.get(k) for k in keep}
-        log(f"vs TRL: {label}: {r['sec_per_step']:.3f} s/step, spread {r.get('cycle_spread')} "
-            f"({time.perf_counter() - t0:.0f} s)")
+        runs[label]["phase_s"] = phase_medians("trl" if engine is None else "ours", r.get("phases") or {},
+                                               base["warmup_cycles"])
+        log(f"vs TRL: {label}: {r['sec_per_step']:.3f} s/step, spread {r.get('cycle_spread')}, phases (median s) "
+            f"{json.dumps(runs[label]['phase_s'])} ({time.perf_counter() - t0:.0f} s)")
     trl = runs["trl"]["sec_per_step"]
     for label, r in runs.items():
         if label != "trl":
@@ -358,6 +373,30 @@ def part_b(cpu: bool, work: Path) -> dict[str, Any]:
             if r.get(mem) and runs["trl"].get(mem):
                 r["peak_memory_over_trl"] = r[mem] / runs["trl"][mem]
     out["vs_trl"] = runs
+    return out
+
+
+PHASE_KEYS = {
+    "ours": {"generate": ("time/generate",), "grading": ("time/reward",),
+             "reference": ("time/ref_logps", "time/old_logps"), "update": ("time/update",)},
+    "trl": {"generate": ("generate",), "grading": ("reward",), "reference": ("no_grad_logps",), "update": ("train",)},
+}
+"""Each side's timed phases by common name (both on CUDA events on a GPU: grpo/run/step_owners.py StepTimer and
+vs_trl.py's `_instrument`): generation, grading (the reward functions), the no-grad reference / old-policy passes,
+and the update (TRL's: the cycle minus its generate-and-score, so its forward, backward and optimizer step)."""
+
+
+def phase_medians(side: str, phases: dict[str, list[float]], warmup: int) -> dict[str, float]:
+    """Median seconds per kept cycle of each common phase, and "rest" = grading + reference + update."""
+    import statistics
+
+    out = {}
+    for name, keys in PHASE_KEYS[side].items():
+        per_cycle = [sum(vals) for vals in zip(*(phases.get(k, []) for k in keys))][warmup:]
+        if per_cycle:
+            out[name] = statistics.median(per_cycle)
+    if all(k in out for k in ("grading", "reference", "update")):
+        out["rest"] = out["grading"] + out["reference"] + out["update"]
     return out
 
 
@@ -399,10 +438,11 @@ def part_d(cpu: bool, work: Path, budget_s: float) -> dict[str, Any]:
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=budget_s)
     log(proc.stdout[-3000:], proc.stderr[-2000:])
     results = json.loads((out_dir / "results.json").read_text())
-    from benchmarks.gpu_memory import NEW_TOKENS, TINY_NEW_TOKENS
+    from benchmarks.gpu_memory import NEW_TOKENS, TINY_NEW_TOKENS, derived
 
     new = TINY_NEW_TOKENS if cpu else NEW_TOKENS
     for r in results:
+        r.update(derived(r))  # error % of the estimate against the measured peak (reserved + CUDA context)
         gen_s = (r.get("timing_s") or {}).get("time/generate")
         if gen_s and r.get("params_numel"):
             # an upper bound (the prefill and the sampling are in it) against the weights read once per step
@@ -451,13 +491,28 @@ def child(args: argparse.Namespace) -> int:
     return 0
 
 
+def commit() -> str:
+    """The checkout's commit (git), else $GRPO_DUAL_COMMIT (a copy without .git, as a GPU machine gets), else
+    "unknown"."""
+    try:
+        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
+                             timeout=10)
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT, capture_output=True,
+                               text=True, timeout=10).stdout.strip()
+        if out.returncode == 0 and out.stdout.strip():
+            return out.stdout.strip() + (" + uncommitted changes" if dirty else "")
+    except (OSError, subprocess.SubprocessError):
+        pass
+    return os.environ.get("GRPO_DUAL_COMMIT", "unknown")
+
+
 def machine(cpu: bool) -> dict[str, Any]:
     import platform
 
     import torch
 
     info = {"date": time.strftime("%Y-%m-%d %H:%M"), "python": platform.python_version(), "torch": torch.__version__,
-            "device": "cpu" if cpu else torch.cuda.get_device_name()}
+            "device": "cpu" if cpu else torch.cuda.get_device_name(), "commit": commit()}
     for package in ("transformers", "trl", "peft"):
         try:
             info[package] = __import__(package).__version__
@@ -466,12 +521,32 @@ def machine(cpu: bool) -> dict[str, Any]:
     return info
 
 
+def out_problem(out: Path) -> str | None:
+    """Why --out cannot take this report (None = it can): a file, a folder holding an earlier report (never written
+    over), or one this process cannot create or write in."""
+    if out.exists() and not out.is_dir():
+        return f"--out {out} is a file; give a folder (it will hold gpu_check.json, gpu_check.log and work/)"
+    for name in ("gpu_check.json", "gpu_check.log"):
+        if (out / name).exists():
+            return (f"--out {out} holds an earlier report ({name}); give a new folder, e.g. --out "
+                    f"{out.parent / (out.name + '-2')}, so that it is kept")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        probe = out / ".gpu_check_write_test"
+        probe.write_text("")
+        probe.unlink()
+    except OSError as err:
+        return f"--out {out}: cannot write there ({err.strerror or err})"
+    return None
+
+
 def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(prog="gpu_check.py", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", required=True, help="folder for gpu_check.json and gpu_check.log")
     p.add_argument("--cpu", action="store_true", help="every part on tiny shapes on the CPU (< 3 min)")
-    p.add_argument("--parts", default=",".join(PARTS), help="comma list of the parts to run (default: a,b,c,d,e)")
+    p.add_argument("--parts", default=",".join(DEFAULT_PARTS),
+                   help=f"comma list of the parts to run, of {','.join(PARTS)} (default: {','.join(DEFAULT_PARTS)})")
     p.add_argument("--part", help=argparse.SUPPRESS)
     p.add_argument("--work", help=argparse.SUPPRESS)
     p.add_argument("--result", help=argparse.SUPPRESS)
@@ -488,6 +563,9 @@ def main(argv: list[str]) -> int:
     if unknown:
         raise SystemExit(f"--parts: unknown part(s) {unknown}; use some of {', '.join(PARTS)}")
     out = Path(args.out)
+    problem = out_problem(out)
+    if problem:
+        p.error(problem)
     work = out / "work"
     work.mkdir(parents=True, exist_ok=True)
     report: dict[str, Any] = {"machine": machine(args.cpu), "cpu": args.cpu, "parts": {}}
@@ -515,8 +593,109 @@ def main(argv: list[str]) -> int:
             (out / "gpu_check.json").write_text(json.dumps(report, indent=2, default=str))
             log(f"=== part {name}: {result['status']} in {result['wall_s']:.0f} s"
                 + (f": {result.get('error')}" if result["status"] != "ok" else ""))
+    report["goals"] = goals(report)
+    (out / "gpu_check.json").write_text(json.dumps(report, indent=2, default=str))
     log(summary(report))
     return 0 if all(r["status"] == "ok" for r in report["parts"].values()) else 1
+
+
+def _get(report: dict[str, Any], *path: Any) -> Any:
+    """report[path...] or None where a part did not run, failed, or lacks the figure."""
+    node: Any = report["parts"]
+    if node.get(path[0], {}).get("status") != "ok":
+        return None
+    for key in path:
+        if not isinstance(node, (dict, list)):
+            return None
+        try:
+            node = node[key]
+        except (KeyError, IndexError, TypeError):
+            return None
+    return node
+
+
+def _case_d(report: dict[str, Any]) -> dict[str, Any] | None:
+    cases = _get(report, "d", "cases") or []
+    return next((c for c in cases if c.get("status") == "ok"), None)
+
+
+def _rest_ratio(report: dict[str, Any]) -> float | None:
+    ours, trl = (_get(report, "b", "vs_trl", label, "phase_s", "rest") for label in ("ours-default", "trl"))
+    return ours / trl if ours is not None and trl else None
+
+
+def _compiled_and_captured(report: dict[str, Any]) -> tuple[str, bool | None]:
+    counts = _get(report, "b", "decode", "graph", "counts")
+    if not counts:
+        return "not measured", None
+    text = ", ".join(f"{k} {v}" for k, v in counts.items())
+    return text, counts.get("compiles", 0) >= 1 and counts.get("captures", 0) >= 1 and not counts.get("fallbacks")
+
+
+GOALS: list[tuple[str, Callable[[dict[str, Any]], tuple[str, bool | None]]]] = [
+    ("a. every engine's fp32 tokens are generate's", lambda r: ("not measured", None) if not _get(r, "a", "passes")
+     else (", ".join(f"{k} {'yes' if v else 'no'}" for k, v in _get(r, "a", "passes").items()),
+           all(_get(r, "a", "passes").values()))),
+    ("b. the decoding step compiled and captured, no fallback", _compiled_and_captured),
+    ("b. TRL's time per step over ours (default path) >= 2", lambda r: _at_least(
+        _get(r, "b", "vs_trl", "ours-default", "trl_time_over_ours"), 2.0, "{:.2f}x")),
+    ("b. decode <= 5x the floor (0.5B shape, graph engine)", lambda r: _at_most(
+        _get(r, "b", "decode", "graph", "x_floor"), 5.0, "{:.1f}x")),
+    ("b. kept cycles within 1.3x (ours, default path)", lambda r: _at_most(
+        _get(r, "b", "vs_trl", "ours-default", "cycle_spread"), 1.3, "{:.2f} (TRL " + (
+            f"{_get(r, 'b', 'vs_trl', 'trl', 'cycle_spread'):.2f})" if _get(r, "b", "vs_trl", "trl", "cycle_spread")
+            else "n/a)"))),
+    ("b. grading + reference + update <= TRL's", lambda r: _at_most(_rest_ratio(r), 1.0, "{:.2f}x TRL's")),
+    ("b. peak memory <= 0.7x TRL's", lambda r: _at_most(
+        _get(r, "b", "vs_trl", "ours-default", "peak_memory_over_trl"), 0.7, "{:.2f}x")),
+    ("d. decode <= 3x the floor (8B LoRA shape)", lambda r: _at_most(
+        (_case_d(r) or {}).get("decode_x_floor"), 3.0, "{:.1f}x")),
+    ("d. 8B estimate within 10 % (never under by more than 5 %)", lambda r: _estimate_goal(_case_d(r))),
+    ("e. the demo's verdict GREEN", lambda r: ("not measured", None) if _get(r, "e", "verdict") is None else (
+        _get(r, "e", "verdict"), _get(r, "e", "verdict") == "GREEN")),
+]
+"""The goals a GPU session checks (the fast-on-the-card issue's list), each read from the parts' figures: (what, a
+function of the report giving (the figure, pass / miss / None = not measured))."""
+
+
+def _at_most(value: float | None, bound: float, fmt: str) -> tuple[str, bool | None]:
+    return ("not measured", None) if value is None else (fmt.format(value), value <= bound)
+
+
+def _at_least(value: float | None, bound: float, fmt: str) -> tuple[str, bool | None]:
+    return ("not measured", None) if value is None else (fmt.format(value), value >= bound)
+
+
+def _estimate_goal(case: dict[str, Any] | None) -> tuple[str, bool | None]:
+    """The estimate against the measured peak (reserved + context, as gpu_memory.py reports): within 10 %, and an
+    estimate under the truth (an out-of-memory crash on the user's card) by at most 5 %."""
+    error = None if case is None else case.get("error_pct")
+    if error is None:
+        return "not measured", None
+    return f"{error:+.1f} %", -5.0 <= error <= 10.0
+
+
+def goals(report: dict[str, Any]) -> list[dict[str, Any]]:
+    """Each goal with its figure and "pass", "miss" or "not measured"."""
+    out = []
+    for goal, read in GOALS:
+        figure, ok = read(report)
+        out.append({"goal": goal, "figure": figure, "status": "not measured" if ok is None else
+                    ("pass" if ok else "miss")})
+    return out
+
+
+def goals_table(report: dict[str, Any]) -> str:
+    """The goals table: the card, torch and the commit, then one row per goal."""
+    m = report["machine"]
+    rows = goals(report)
+    width = max(len(r["goal"]) for r in rows)
+    head = (f"goals on {m['device']}, torch {m['torch']}, commit {m.get('commit')}, {m['date']}"
+            + (" (the CPU: the machinery runs; the goals are the GPU's)" if report["cpu"] else ""))
+    fig = max(len("figure"), *(len(r["figure"]) for r in rows))
+    lines = [head, f"{'goal':<{width}}  {'figure':<{fig}}  status", "-" * (width + fig + 16)]
+    lines += [f"{r['goal']:<{width}}  {r['figure']:<{fig}}  {r['status']}" for r in rows]
+    return "\n".join(lines)
 
 
 def summary(report: dict[str, Any]) -> str:
@@ -536,12 +715,16 @@ def summary(report: dict[str, Any]) -> str:
             f"{e} {d['ms_per_step']:.2f} ({d['x_floor']:.1f}x)" for e, d in b["decode"].items()))
         lines.append("   TRL s/step / ours: " + ", ".join(
             f"{label} {r['trl_time_over_ours']:.2f}x (spread {r['cycle_spread']:.2f})"
-            for label, r in b["vs_trl"].items() if label != "trl" and r.get("cycle_spread")))
+            for label, r in b["vs_trl"].items() if label != "trl" and r.get("cycle_spread"))
+            + f"; TRL's spread {b['vs_trl']['trl'].get('cycle_spread') or float('nan'):.2f}")
+        lines.append("   phases, median s per kept cycle: " + "; ".join(
+            f"{label} " + ", ".join(f"{k} {v:.3f}" for k, v in r.get("phase_s", {}).items())
+            for label, r in b["vs_trl"].items()))
     e = parts.get("e", {})
     if e.get("status") == "ok":
         lines.append(f"e. demo verdict: {e['verdict']}")
     lines.append("parts: " + ", ".join(f"{n} {r['status']}" for n, r in parts.items()))
-    return "\n".join(lines)
+    return "\n".join(lines + ["", goals_table(report)])
 
 
 if __name__ == "__main__":

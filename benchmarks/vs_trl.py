@@ -195,6 +195,7 @@ def run_ours(spec: BenchSpec, model_dir: str, out_dir: str) -> dict[str, Any]:
         cfg = _our_config(spec, model_dir, out_dir)
         run = grpo_train.setup(cfg)
         marks, phases = [(time.perf_counter(), time.process_time())], {k: [] for k in OUR_TIME_KEYS}
+        graph: dict[str, list[float]] = {}  # rollout/graph_* per cycle, when the graph engine decodes
         for step in range(1, spec.cycles + 1):
             metrics = grpo_train.rl_step(run, step)
             if run.device.type == "cuda":
@@ -202,13 +203,15 @@ def run_ours(spec: BenchSpec, model_dir: str, out_dir: str) -> dict[str, Any]:
             marks.append((time.perf_counter(), time.process_time()))
             for k in OUR_TIME_KEYS:
                 phases[k].append(metrics[k])
+            for k in (k for k in metrics if k.startswith("rollout/graph_")):
+                graph.setdefault(k[len("rollout/graph_"):], []).append(metrics[k])
         run.tracker.close()
     finally:  # an in-process caller (a test) keeps the owner as it was
         owners.generate_rollouts = shipped_generate
     wall, cpu = common.cycle_deltas(marks, 1)
     return {"cycle_times_s": wall, "cycle_cpu_s": cpu, "optimizer_steps": int(run.updater.scheduler.last_epoch),
             "rss_after_imports_mib": rss_imports, **common.length_counts(lengths), "phases": phases,
-            "peak_cuda_after_generate_mib": peak_after_generate_mib}
+            "peak_cuda_after_generate_mib": peak_after_generate_mib, "graph_counts": graph}
 
 
 def trl_dataset(spec: BenchSpec, model_dir: str, out_dir: str):
@@ -240,16 +243,27 @@ def _demo_reward(lengths: list[int]):
     return demo_rule_reward
 
 
-def _instrument(trainer, events: list[tuple[str, float, float]]) -> None:
-    """Wrap TRL's phase methods on the instance to record (phase, start, duration) events."""
+def _instrument(trainer, events: list[tuple[str, float, Any]]) -> None:
+    """Wrap TRL's phase methods on the instance to record (phase, host start, duration) events. On CUDA the duration
+    is a pair of CUDA events around the call, read after training (`resolve_events`): the host clock would charge a
+    phase's queued kernels to a later one, and our phase timers read CUDA events too (grpo/run/step_owners.py:
+    StepTimer)."""
     import torch
+
+    cuda = torch.cuda.is_available() and torch.cuda.is_initialized()
 
     def timed(name: str, fn, only_no_grad: bool = False):
         def wrapper(*args, **kwargs):
             t0 = time.perf_counter()
+            start = end = None
+            if cuda:
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start.record()
             out = fn(*args, **kwargs)
             if not only_no_grad or not torch.is_grad_enabled():
-                events.append((name, t0, time.perf_counter() - t0))
+                if cuda:
+                    end.record()
+                events.append((name, t0, (start, end) if cuda else time.perf_counter() - t0))
             return out
         return wrapper
 
@@ -258,6 +272,15 @@ def _instrument(trainer, events: list[tuple[str, float, float]]) -> None:
     trainer._get_per_token_logps_and_entropies = timed("no_grad_logps", trainer._get_per_token_logps_and_entropies,
                                                        only_no_grad=True)
     trainer._generate_and_score_completions = timed("generate_and_score", trainer._generate_and_score_completions)
+
+
+def resolve_events(events: list[tuple[str, float, Any]]) -> list[tuple[str, float, float]]:
+    """(phase, host start, seconds): CUDA event pairs read as elapsed device time (after a synchronize)."""
+    import torch
+
+    if any(isinstance(d, tuple) for _, _, d in events):
+        torch.cuda.synchronize()
+    return [(name, t0, d[0].elapsed_time(d[1]) / 1000 if isinstance(d, tuple) else d) for name, t0, d in events]
 
 
 def run_trl(spec: BenchSpec, model_dir: str, out_dir: str) -> dict[str, Any]:
@@ -289,11 +312,11 @@ def run_trl(spec: BenchSpec, model_dir: str, out_dir: str) -> dict[str, Any]:
     trainer = GRPOTrainer(model=model, reward_funcs=_demo_reward(lengths), args=GRPOConfig(**kwargs),
                           train_dataset=trl_dataset(spec, model_dir, out_dir), processing_class=tokenizer,
                           callbacks=[StepTimer()])
-    events: list[tuple[str, float, float]] = []
+    events: list[tuple[str, float, Any]] = []
     _instrument(trainer, events)
     trainer.train()
     wall, cpu = common.cycle_deltas(marks, spec.mu)  # a cycle = μ optimizer steps = one generation batch
-    phases = common.bucket_events(events, [w for w, _ in marks[::spec.mu]],
+    phases = common.bucket_events(resolve_events(events), [w for w, _ in marks[::spec.mu]],
                                   ("generate", "reward", "no_grad_logps", "generate_and_score"))
     phases["train"] = [c - g for c, g in zip(wall, phases["generate_and_score"])]
     return {"cycle_times_s": wall, "cycle_cpu_s": cpu, "optimizer_steps": int(trainer.state.global_step),

@@ -14,7 +14,8 @@ pytest.importorskip("trl")  # part b runs TRL's trainer beside ours
 
 def test_gpu_check_runs_every_part_on_the_cpu(tmp_path):
     proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu_check.py"), "--cpu", "--out",
-                           str(tmp_path)], cwd=ROOT, capture_output=True, text=True, timeout=600)
+                           str(tmp_path), "--parts", "a,b,c,d,e"], cwd=ROOT, capture_output=True, text=True,
+                          timeout=600)
     report = json.loads((tmp_path / "gpu_check.json").read_text())
     log = (tmp_path / "gpu_check.log").read_text()
     parts = report["parts"]
@@ -37,4 +38,33 @@ def test_gpu_check_runs_every_part_on_the_cpu(tmp_path):
     case = parts["d"]["cases"][0]
     assert case["status"] == "ok" and case["decode_x_floor"] > 1 and case["estimate"]
     assert parts["e"]["returncode"] == 0 and parts["e"]["verdict"].startswith("TOO SHORT TO JUDGE")
+    # b: each side's phases on the same names, the rest of the step (grading + reference + update) on both
+    for label in ("ours-default", "trl"):
+        assert set(runs[label]["phase_s"]) == {"generate", "grading", "reference", "update", "rest"}, label
+    assert runs["ours-graph"]["graph_counts"]["fallbacks"] == [0.0] * 3  # the graph engine's counts, cycle by cycle
     assert "gpu_check on cpu" in proc.stdout
+    # the goals table: every goal with a figure and a status, the card, torch and the commit
+    goals = {g["goal"]: g for g in report["goals"]}
+    assert len(goals) == 10 and all(g["status"] in ("pass", "miss", "not measured") for g in goals.values())
+    assert goals["e. the demo's verdict GREEN"]["figure"].startswith("TOO SHORT")
+    assert goals["b. decode <= 5x the floor (0.5B shape, graph engine)"]["status"] != "not measured"
+    assert "goals on cpu, torch" in proc.stdout and "commit " in proc.stdout
+    # a folder that holds a report is refused, not written over
+    again = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu_check.py"), "--cpu", "--out",
+                            str(tmp_path), "--parts", "e"], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert again.returncode == 2 and "holds an earlier report (gpu_check.json)" in again.stderr
+    assert json.loads((tmp_path / "gpu_check.json").read_text()) == report
+
+
+def test_gpu_check_refuses_an_out_it_cannot_write(tmp_path):
+    """--out naming a file, or a folder it cannot make or write in: a message naming it, exit 2, no traceback."""
+    script = str(ROOT / "benchmarks" / "gpu_check.py")
+    afile = tmp_path / "report.txt"
+    afile.write_text("keep me")
+    proc = subprocess.run([sys.executable, script, "--cpu", "--out", str(afile)], capture_output=True, text=True)
+    assert proc.returncode == 2 and "is a file; give a folder" in proc.stderr and "Traceback" not in proc.stderr
+    assert afile.read_text() == "keep me"
+    # a folder that cannot be made (its parent is a file: what a read-only disk gives as well, an OSError)
+    proc = subprocess.run([sys.executable, script, "--cpu", "--out", str(afile / "sub")], capture_output=True,
+                          text=True)
+    assert proc.returncode == 2 and "cannot write there" in proc.stderr and "Traceback" not in proc.stderr
