@@ -414,10 +414,10 @@ def decode_rows(model, rows, graph, keys, **kw):
                           is not None, capture=graph.backend is not None)[0]
 
 
-def test_five_rollouts_over_two_prompt_buckets_compile_twice_and_capture_twice(tok, monkeypatch):
-    """Rollouts alternating between two prompt buckets: the step is compiled twice (the first shape, then once for
-    every shape), each shape's buffers are laid out and captured once and refilled by its later rollouts, and every
-    rollout gives the tokens a fresh engine gives for the same keys."""
+def test_five_rollouts_over_two_prompt_buckets_compile_once_and_capture_twice(tok, monkeypatch):
+    """Rollouts alternating between two prompt buckets: the step is compiled once (on a stand-in whose rows and
+    columns are dynamic: one graph for every shape), each shape's buffers are laid out and captured once and refilled
+    by its later rollouts, and every rollout gives the tokens a fresh engine gives for the same keys."""
     torch._dynamo.reset()
     model = build_tiny_model(tok, seed=3, hidden=64, layers=2, heads=4, kv_heads=2)
     model.set_attn_implementation("sdpa")
@@ -425,12 +425,37 @@ def test_five_rollouts_over_two_prompt_buckets_compile_twice_and_capture_twice(t
     calls = [SHORT, LONG, SHORT, LONG, SHORT]
     keys = [[10 * i + r for r in range(3)] for i in range(len(calls))]
     kept = [decode_rows(model, rows, graph, k) for rows, k in zip(calls, keys)]
-    assert (graph.counts["compiles"], graph.counts["captures"], FakeCaptured.made) == (2, 2, 2), graph.counts
+    assert (graph.counts["compiles"], graph.counts["captures"], FakeCaptured.made) == (1, 2, 2), graph.counts
     assert len(graph.slots) == 2 and graph.counts["fallbacks"] == 0
     fresh = [G.decode_graph(model, rows, RolloutConfig(temperature=0.8, top_k=50, max_new_tokens=8), (3, 4), 0,
                             row_keys=k, graph=G.GraphStep(model), compile_step=False)[0] for rows, k in zip(calls, keys)]
     assert kept == fresh
     assert len({tuple(map(tuple, out)) for out in kept}) == len(calls)  # the keys made every rollout differ
+    torch._dynamo.reset()
+
+
+def test_no_rollout_buffer_outlives_its_slot_once_the_step_is_compiled(tok, monkeypatch):
+    """torch keeps the inputs it compiled a function on (its shape environment holds them); the step is compiled on a
+    small stand-in, so a rollout's KV buffers are freed with their slot: none is left after a greedy call (no slot
+    kept) nor after the kept slots are released. On an H200 a compile on the rollout's own buffers kept them alive."""
+    import gc
+
+    torch._dynamo.reset()
+    model = build_tiny_model(tok, seed=3, hidden=64, layers=2, heads=4, kv_heads=2)
+    model.set_attn_implementation("sdpa")
+    graph = replayed_engine(model, monkeypatch)
+
+    def alive(columns: int) -> int:
+        gc.collect()
+        return sum(isinstance(o, torch.Tensor) and o.dim() == 4 and o.shape[2] == columns for o in gc.get_objects())
+
+    G.decode_graph(model, LONG, RolloutConfig(max_new_tokens=8), (3, 4), 0, greedy=True, graph=graph,
+                   compile_step=True, capture=False)
+    assert graph.counts["compiles"] == 1 and alive(128 + 8) == 0
+    decode_rows(model, SHORT, graph, [1, 2, 3])
+    assert graph.counts["compiles"] == 2 and alive(64 + 8) == 2 * 2  # the kept slot: K and V of 2 layers
+    graph.release()
+    assert alive(64 + 8) == 0
     torch._dynamo.reset()
 
 

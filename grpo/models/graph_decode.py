@@ -65,8 +65,8 @@ import torch.nn.functional as F
 from grpo.config import RolloutConfig
 from grpo.models.decode import NAN_LOGIT, NEGINF_LOGIT, POSINF_LOGIT, check_keys
 from grpo.models.graph_capture import Captured, counting_backend
-from grpo.models.graph_state import (MUTABLE_FIELDS, DecodeState, StepSampling, build_state, copy_state, distinct_lists,
-                                     state_bytes)
+from grpo.models.graph_state import (MUTABLE_FIELDS, DecodeState, StepSampling, build_state, distinct_lists,
+                                     state_bytes, tracer_state)
 from grpo.models.modeling import base_model, generation_mode
 from grpo.models.sampling import keyed_choice
 from grpo.models.steppers import fast_steps_blocker
@@ -173,8 +173,8 @@ class Slot:
 
 
 class GraphStep:
-    """The decoding step of one model, as a function of (DecodeState) only: built once per model and reused by every
-    rollout (its compiled form is cached by torch for the shapes it has seen)."""
+    """The decoding step of one model, as a function of (DecodeState) only, built once per model and reused by every
+    rollout: its compiled forms (one per settings), its kept slots (one per shape) and what it did (`counts`)."""
 
     def __init__(self, model: torch.nn.Module):
         from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
@@ -197,9 +197,6 @@ class GraphStep:
         """compiles (graphs torch compiled), captures (a new slot's CUDA graph), recaptures (a kept slot's, again:
         the folded weights it reads were made anew), fallbacks (a compile or capture that failed): running totals
         over the run (`graph_counts`; the rollout/graph_* metrics are their steps' differences)."""
-        self.warmed: set[tuple] = set()
-        """The step keys whose step has run before a capture once (a capture needs one warm-up per compiled step, on
-        a side stream, to set up its workspace; later captures of it need none)."""
         self.slots: OrderedDict[tuple, Slot] = OrderedDict()
         """The kept slots, least recently used first, within `keep_bytes` (`trim`)."""
         self.keep_bytes: int | None = None
@@ -213,7 +210,7 @@ class GraphStep:
         tens of seconds a rollout on an H200 with torch 2.11)."""
         self.fold_auto: bool | None = None
         """What rollout.fold_lora=auto does for this model, decided once by the run (grpo/run/setup_parts.py:
-        `lora_fold_choice`, from the memory estimate); None = not decided: fold where the copies fit."""
+        `choose_graph_memory`, from the memory estimate); None = not decided: fold where the copies fit."""
 
     def modules(self) -> list[tuple[int, str, torch.nn.Module]]:
         """(layer, projection, module) of every projection the step calls, in `plan` order."""
@@ -402,16 +399,18 @@ def step_key(graph: GraphStep, sampling: StepSampling, device_type: str) -> tupl
 def _compiled_step(graph: GraphStep, sampling: StepSampling, state: DecodeState,
                    compile_step: bool) -> Callable[[DecodeState], None]:
     """The step for these settings: `torch.compile(fullgraph=True)` of GraphStep.step when `compile_step`, else the
-    eager function. One compiled function per settings (`step_key`): torch compiles it at the first shape it meets
-    and once more, for every shape, at the second (its automatic dynamic shapes). Each compile is counted
+    eager function. One compiled function per settings (`step_key`), compiled when it is made, on a small stand-in for
+    `state` whose rows and columns are dynamic (`tracer_state`): one graph serves every shape, and torch keeps the
+    stand-in, not a rollout's buffers. A compile error is raised here. Each compile is counted
     (`GraphStep.counts["compiles"]`)."""
     if not compile_step:
         return lambda s: graph.step(s, sampling)
     key = step_key(graph, sampling, state.out_BN.device.type)
     fn = graph.compiled.get(key)
     if fn is None:
-        fn = torch.compile(lambda s: graph.step(s, sampling), fullgraph=True, dynamic=None,
+        fn = torch.compile(lambda s: graph.step(s, sampling), fullgraph=True,
                            backend=counting_backend(graph.backend, graph.counts))
+        fn(tracer_state(state))
         graph.compiled[key] = fn
     return fn
 
@@ -432,16 +431,13 @@ def ready_step(graph: GraphStep, sampling: StepSampling, state: DecodeState, com
     fn = eager
     key = step_key(graph, sampling, state.out_BN.device.type)
     if compile_step and key not in graph.uncompilable:
-        fn = _compiled_step(graph, sampling, state, True)
-        if not capture:  # a compile error shows at the first call: try it on a copy of the state
-            try:
-                fn(copy_state(state))
-            except Exception as err:  # noqa: BLE001 - no compiler, an unsupported op...: the eager step
-                _warn_once(("compile", type(err).__name__), f"rollout.engine=graph: compiling the decoding step "
-                           f"failed ({type(err).__name__}: {str(err)[:300]}); decoding with the eager step")
-                graph.uncompilable.add(key)
-                graph.counts["fallbacks"] += 1
-                fn = eager
+        try:
+            fn = _compiled_step(graph, sampling, state, True)
+        except Exception as err:  # noqa: BLE001 - no compiler, an unsupported op...: the eager step
+            _warn_once(("compile", type(err).__name__), f"rollout.engine=graph: compiling the decoding step "
+                       f"failed ({type(err).__name__}: {str(err)[:300]}); decoding with the eager step")
+            graph.uncompilable.add(key)
+            graph.counts["fallbacks"] += 1
     if not capture:
         return fn
     for candidate in ([fn, eager] if fn is not eager else [eager]):

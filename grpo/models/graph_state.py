@@ -171,15 +171,46 @@ MUTABLE_FIELDS = ("K", "V", "logits_BV", "next_B", "pos_B1", "t", "n", "running_
 """The DecodeState fields a step writes."""
 
 
-def copy_state(state: DecodeState) -> DecodeState:
-    """A copy of `state` whose MUTABLE_FIELDS are clones (the rest shared): a step run on it leaves `state` as it
-    was."""
-    def clone(x: Any) -> Any:
-        if x is None:
-            return None
-        return [t.clone() for t in x] if isinstance(x, list) else x.clone()
+TRACER_ROWS = 7
+"""Rows of the stand-in state the step is compiled on (`tracer_state`): not 0 or 1 (torch specialises those sizes)
+and unlike any other size of the state (torch takes equal sizes for one symbol)."""
+TRACER_PROMPT_COLUMNS = 192
+"""Its prompt columns (three 64-column buckets): the column count then differs from every row count."""
 
-    return dataclasses.replace(state, **{f: clone(getattr(state, f)) for f in MUTABLE_FIELDS})
+
+def tracer_state(state: DecodeState) -> DecodeState:
+    """A small stand-in for `state`: the same tensors, dtypes and devices with TRACER_ROWS rows and
+    TRACER_PROMPT_COLUMNS + N columns, its row and column sizes marked dynamic, the folded weights shared. Compiling the
+    step on it gives one graph for every number of rows and prompt bucket, and what torch keeps of the inputs it
+    compiled on (its shape environment holds them: pytorch/pytorch#190093) is this, not a rollout's buffers, which
+    would then outlive their slot."""
+    B, N = TRACER_ROWS, state.out_BN.shape[1]
+    L, V = TRACER_PROMPT_COLUMNS + N, state.logits_BV.shape[1]
+
+    def like(t: torch.Tensor, *shape: int, fill: float | bool = 0) -> torch.Tensor:
+        return torch.full(shape, fill, dtype=t.dtype, device=t.device)
+
+    tracer = DecodeState(
+        K=[like(k, B, k.shape[1], L, k.shape[3]) for k in state.K], V=[like(v, B, v.shape[1], L, v.shape[3])
+                                                                       for v in state.V],
+        attend_BL=like(state.attend_BL, B, L, fill=True), cols_L=torch.arange(L, device=state.cols_L.device),
+        logits_BV=like(state.logits_BV, B, V), next_B=like(state.next_B, B), pos_B1=like(state.pos_B1, B, 1,
+                                                                                       fill=TRACER_PROMPT_COLUMNS),
+        t=torch.zeros_like(state.t), n=torch.full_like(state.n, TRACER_PROMPT_COLUMNS),
+        running_B=like(state.running_B, B, fill=True), keys_B=like(state.keys_B, B), out_BN=like(state.out_BN, B, N),
+        fixed=torch.zeros_like(state.fixed), stops=state.stops, folded=state.folded,
+        seen_BV=None if state.seen_BV is None else like(state.seen_BV, B, V),
+        counts_BV=None if state.counts_BV is None else like(state.counts_BV, B, V))
+    for t in [*tracer.K, *tracer.V]:
+        torch._dynamo.mark_dynamic(t, 0)
+        torch._dynamo.mark_dynamic(t, 2)
+    torch._dynamo.mark_dynamic(tracer.attend_BL, 1)
+    torch._dynamo.mark_dynamic(tracer.cols_L, 0)
+    for t in (tracer.attend_BL, tracer.logits_BV, tracer.next_B, tracer.pos_B1, tracer.running_B, tracer.keys_B,
+              tracer.out_BN, tracer.seen_BV, tracer.counts_BV):
+        if t is not None:
+            torch._dynamo.mark_dynamic(t, 0)
+    return tracer
 
 
 def distinct_lists(rows: Sequence[Sequence[int]]) -> tuple[list[int], list[int]] | None:
