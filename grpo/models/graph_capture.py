@@ -1,7 +1,7 @@
 """Compiling and capturing a decoding step over fixed buffers (the graph engine's, grpo/models/graph_decode.py).
 
     compile   torch.compile(step, fullgraph=True) with a backend that counts its compiles (`counting_backend`):
-              a step is compiled at the first shape it meets and once more, for every shape, at the second
+              (the graph engine compiles on a stand-in whose rows and columns are dynamic: one graph for every shape)
     capture   on CUDA, a CUDA graph of one call of the step (`Captured`): its kernels and their fixed addresses, so a
               replay is one launch; the buffers stay where they are and a new rollout writes into them
 

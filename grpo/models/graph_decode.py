@@ -26,10 +26,11 @@ on a tensor: it compiles as one graph (`torch.compile(fullgraph=True)`, tests/te
 replayed N times, so a decoding step costs one graph launch instead of a Python-dispatched kernel launch per op.
 Stopped rows keep running (masked), so the shapes never change within a rollout.
 
-Once per shape, not per rollout: a sampled rollout's buffers and captured step form a slot (`Slot`), kept per (settings,
-rows, prompt bucket) by the model's `GraphStep`; the next rollout of that shape writes its prompts and keys into the
-slot's buffers and replays. Compiles are per settings (torch's cache covers the shapes), captures per slot; both are
-counted (`GraphStep.counts`, the run's rollout/graph_* metrics). The slots kept between rollouts are bounded
+Once per shape, not per rollout: a sampled rollout's buffers and captured step form a slot (`Slot`), kept per
+(settings, rows, prompt bucket) by the model's `GraphStep`; the next rollout of that shape writes its prompts and keys
+into the slot's buffers and replays. Compiles are per settings, on a small stand-in whose rows and columns are dynamic
+(one graph for every shape; torch keeps the stand-in, not a rollout's buffers), captures per slot; both are counted
+(`GraphStep.counts`, the run's rollout/graph_* metrics). The slots kept between rollouts are bounded
 (`GraphStep.keep_bytes`: on a GPU what the step's peak phase leaves free, from the memory estimate; a CUDA
 out-of-memory error in the update frees them); greedy calls (evaluation batches, many shapes) keep none.
 

@@ -166,9 +166,9 @@ class HealthThresholds:
     (the doctor's own window, a metrics row) move the share."""
     recompile_steps: int = 3
     """Steps of a window, after the first window, at which the graph engine compiled its decoding step that make a
-    run "keep recompiling": torch compiles a step for its first shape and once more for all shapes, so a run meets
-    its compiles in its first steps (tens of seconds each on a GPU); one per new sampling setting later; a step in
-    three is a step that never settles."""
+    run "keep recompiling": the step is compiled once per sampling settings for every shape (sampled rollouts, greedy
+    evaluation), so a run meets its compiles in its first steps (tens of seconds each on a GPU); a shape torch cannot
+    serve from that graph (a batch of one row) adds one; a step in three is a step that never settles."""
 
 
 @dataclass(frozen=True)
