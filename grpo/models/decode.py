@@ -7,8 +7,8 @@ dropped from the model's batch.
     step t     scores_BV = processors(seq_BL, logits_BV)       (HF's order: repetition penalty, min-new-tokens mask,
                                                                 ours: penalties, sanitiser; then the warpers
                                                                 temperature, top-k, top-p, min-p)
-               next_B = multinomial(softmax(scores_BV)) when sampling (the inverse CDF at U(key_b, t) given
-                        per-completion keys: grpo/models/sampling.draw), argmax(scores_BV) otherwise
+               next_B = multinomial(softmax(scores_BV)) when sampling (given per-completion keys, the exponential
+                        race over row b's stream at step t: grpo/models/sampling.draw), argmax(scores_BV) otherwise
                next_B = pad_id on rows that already stopped;  a row stops when next ∈ stop_ids
                done when every row stopped, or after max_new_tokens tokens
     compaction when the rows still running fall to ≤ COMPACT_FRACTION of the rows the model computes, the KV cache
