@@ -652,7 +652,7 @@ GOALS: list[tuple[str, Callable[[dict[str, Any]], tuple[str, bool | None]]]] = [
         (_case_d(r) or {}).get("decode_x_floor"), 3.0, "{:.1f}x")),
     ("d. 8B estimate within 10 % (never under by more than 5 %)", lambda r: _estimate_goal(_case_d(r))),
     ("e. the demo's verdict GREEN", lambda r: ("not measured", None) if _get(r, "e", "verdict") is None else (
-        _get(r, "e", "verdict"), _get(r, "e", "verdict") == "GREEN")),
+        _get(r, "e", "verdict").split(":")[0], _get(r, "e", "verdict") == "GREEN")),
 ]
 """The goals a GPU session checks (the fast-on-the-card issue's list), each read from the parts' figures: (what, a
 function of the report giving (the figure, pass / miss / None = not measured))."""
