@@ -397,6 +397,19 @@ def graph_generation(x: EstimateInputs, kept: float) -> dict[str, float]:
     return parts
 
 
+def lean_generation(x: EstimateInputs) -> dict[str, float]:
+    """The generation phase of the lean loop and `generate`: a KV cache grown per step (one layer's copy while it
+    grows), one layer's prefill temporaries and the sampler's logits."""
+    s, a = x.shape, act_bytes(x)
+    kv = x.gen_batch_seqs * (x.prompt_len + x.new_tokens) * s.layers * 2 * s.kv_heads * s.head_dim * a
+    return {
+        "KV cache": kv,
+        "KV cache growth (torch.cat of 1 layer)": kv / s.layers,
+        "prefill temporaries (1 layer)": _layer_temporaries(x, x.gen_batch_seqs * x.prompt_len, x.prompt_len, x.lora),
+        "sampling logits (last position)": x.gen_batch_seqs * s.vocab * (a + 2 * 4),
+    }
+
+
 def graph_cache_budget(x: EstimateInputs) -> float:
     """Bytes of decoding buffers the graph engine may keep between rollouts without raising the step's estimated
     peak: the rollout's own slot when the other phases, which would hold it too, stay at or below the peak with it;
@@ -419,17 +432,8 @@ def estimate(x: EstimateInputs) -> Estimate:
     if x.graph_decode:
         kept = x.graph_kept_bytes if x.graph_kept_bytes is not None else graph_cache_budget(x)
     seq = x.prompt_len + x.new_tokens
-    kv = x.gen_batch_seqs * seq * s.layers * 2 * s.kv_heads * s.head_dim * a
-    if x.graph_decode:
-        phases: dict[str, dict[str, float]] = {"generation": graph_generation(x, kept)}
-    else:
-        phases = {"generation": {
-            "KV cache": kv,
-            "KV cache growth (torch.cat of 1 layer)": kv / s.layers,
-            "prefill temporaries (1 layer)": _layer_temporaries(x, x.gen_batch_seqs * x.prompt_len, x.prompt_len,
-                                                                x.lora),
-            "sampling logits (last position)": x.gen_batch_seqs * s.vocab * (a + 2 * 4),
-        }}
+    phases: dict[str, dict[str, float]] = {"generation": graph_generation(x, kept) if x.graph_decode
+                                           else lean_generation(x)}
     tokens = pass_tokens(x, x.micro_batch_seqs)
     shared = x.shared_prompt and x.k > 1
     kv_token = 2 * s.kv_heads * s.head_dim * a
