@@ -77,8 +77,8 @@ class OtherFlags:
                 j += 1
             if eq:
                 after = [inline]
-            if kind == "bool" and after and after[0].strip().lower() not in BOOL_WORDS:
-                after, j = [], i + 1  # `--use_peft out/`: the next word is not its value
+            if kind == "bool" and after and after[0].strip().lower() not in BOOL_WORDS:  # as TRL's parser refuses it
+                raise C.ConfigError(f"--{name} {after[0]}: use true or false (or --{name} alone for true)", field=name)
             if not after and kind != "bool":
                 where = "it ends the command line" if j >= len(words) else f"the flag {words[j]} follows it"
                 raise C.ConfigError(f"--{name} has no value: {where}; write --{name} VALUE", field=name)
@@ -94,6 +94,42 @@ class OtherFlags:
 
 BOOL_WORDS = ("1", "0", "true", "false", "yes", "no", "on", "off")
 """The values a bool flag takes (parse_value's)."""
+
+
+class FileTree(dict):
+    """A config tree read from a config file or another program's flags (`read_file`'s), with `origins`: each dotted
+    field it sets that came from another program's field -> (that field, its value, whether the dotted field holds the
+    value as it is). A rule a field breaks is then reported under the name the user wrote (`blamed`)."""
+
+    def __init__(self, tree: Mapping[str, Any] = (), origins: Mapping[str, tuple[str, Any, bool]] | None = None):
+        super().__init__(tree)
+        self.origins = dict(origins or {})
+
+
+def blamed(err: C.ConfigError, overrides: list[str], origins: Mapping[str, tuple[str, Any, bool]]) -> C.ConfigError:
+    """`err` about the field the user set. A field given by a --section.field flag is named as it is; a rule
+    between it and a field the file or preset set (`rollout.max_trajectory_tokens` under `--rollout.max_new_tokens`)
+    names the flag's field; a field another program's field set (`origins`: TRL's max_completion_length sets
+    rollout.max_new_tokens) is named as that field."""
+    field = err.field or ""
+    given = dict(o.split("=", 1) for o in overrides if "=" in o)
+    if not field or field in given:
+        return err
+    origin = origins.get(field)
+    whence = f"TRL's {origin[0]}={origin[1]!r}" if origin else "the config file or preset"
+    section = field.rpartition(".")[0]
+    for dotted, text in given.items():  # the rule names the other field as `name=value`: that one was given
+        if dotted.rpartition(".")[0] == section and f"{dotted.rpartition('.')[2]}=" in str(err):
+            instead = f", or set {origin[0]} instead" if origin else f", or set {field} too"
+            return C.ConfigError(f"config field `{dotted}` = {text!r} is invalid: it breaks the rule of `{field}` "
+                                 f"(from {whence}): {err.fix or err}; change --{dotted}{instead}", field=dotted)
+    if origin is None:
+        return err
+    name, value, direct = origin
+    if direct and err.fix:
+        return C.ConfigError(f"config field `{name}` = {value!r} is invalid: {err.fix} (TRL's {name} is "
+                             f"grpo-dual's {field})", field=name, fix=err.fix)
+    return C.ConfigError(f"{err} ({field} comes from TRL's {name}={value!r})", field=name)
 
 
 def unknown_flags(unknown: list[str], parser: argparse.ArgumentParser,
@@ -343,4 +379,4 @@ def parse_trainer_argv(argv: list[str], prog: str, description: str, more_help: 
     try:
         return C.load_config(preset, overrides + flags, tree), args
     except C.ConfigError as err:
-        raise other_names_hint(err, other) from None
+        raise other_names_hint(blamed(err, overrides, getattr(tree, "origins", {})), other) from None

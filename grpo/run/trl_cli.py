@@ -33,9 +33,9 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from grpo import config as C
-from grpo.config.command_line import BOOL_WORDS, OtherFlags
+from grpo.config.command_line import BOOL_WORDS, FileTree, OtherFlags
 from grpo.run.trl_config import DEFAULTS, ROWS, TABLE, from_trl, trl_field_names, translate
-from grpo.run.trl_rows import MIXTURE_TABLE, MODEL_TABLE, RECORDS, SCRIPT_TABLE, _set
+from grpo.run.trl_rows import MIXTURE_TABLE, MODEL_TABLE, RECORDS, SCRIPT_TABLE, apply_rows, typed_fields
 
 __all__ = ["from_trl", "read_config_file", "trl_flags"]
 """The face: a TRL GRPOConfig as a config tree (`from_trl`, train(args=...)), a --config file (`read_config_file`),
@@ -219,7 +219,8 @@ def read_config_file(path: str, flags: Mapping[str, Any] | None = None) -> dict[
         return tree
     if not tree and not set(given) & set(OTHER_RECORD_FIELDS):
         raise _not_here(given, "this command line is grpo-dual's")
-    return {"preset": TRL_PRESET, **translate_command_line({**tree, **given})}
+    translated = translate_command_line({**tree, **given})
+    return FileTree({"preset": TRL_PRESET, **translated}, translated.origins)
 
 
 def _set_environment(env: Any) -> None:
@@ -246,16 +247,18 @@ def _unknown(fields: Mapping[str, Any]) -> C.ConfigError | None:
                          f"field(s) {unknown}{C.did_you_mean(unknown, valid)}{why}", field=unknown[0])
 
 
-def translate_command_line(fields: Mapping[str, Any]) -> dict[str, Any]:
+def translate_command_line(fields: Mapping[str, Any]) -> FileTree:
     """TRL's fields of the four records (a `trl grpo` config file and flags, merged) as a grpo-dual config tree:
     GRPOConfig's (grpo/run/trl_config.translate), then DatasetMixtureConfig's, GRPOScriptArguments' and, when any of
-    its fields is given, ModelConfig's rows (grpo/run/trl_rows.py). Notes are printed to stderr."""
+    its fields is given, ModelConfig's rows (grpo/run/trl_rows.py). Every value is checked against its field's type
+    first; the tree's `origins` name the TRL field behind each grpo-dual field. Notes are printed to stderr."""
     fields = dict(fields)
     if "env" in fields:
         _set_environment(fields.pop("env"))
     problem = _unknown(fields)
     if problem is not None:
         raise problem
+    fields = typed_fields(fields, tuple(_rows()))  # before any row reads one: `max_steps: abc` names max_steps
     grpo = {k: v for k, v in fields.items() if k not in OTHER_RECORD_FIELDS}
     done = translate(grpo)
     values = {**DEFAULTS, **{row.trl: row.default for table in RECORDS.values() for row in table}, **fields}
@@ -263,14 +266,10 @@ def translate_command_line(fields: Mapping[str, Any]) -> dict[str, Any]:
     if set(fields) & {row.trl for row in MODEL_TABLE}:  # the model named TRL's way: ModelConfig whole
         tables.append(MODEL_TABLE)
     for table in tables:
-        for row in table:
-            if row.convert is not None:
-                row.convert(values[row.trl], values, done.tree, done.notes)
-            else:
-                _set(done.tree, row.ours, values[row.trl])
+        apply_rows(table, values, done.tree, done.notes, done.origins)
     if done.weights is not None and not (values["reward_funcs"] or values["reward_model_name_or_path"]):
         raise C.ConfigError("reward_weights need the reward functions they weigh: give reward_funcs (and/or "
                             "reward_model_name_or_path), or rewards.<task>=name:weight,...", field="reward_weights")
     for text in done.notes:
         print(f"TRL config: {text}", file=sys.stderr)
-    return done.tree
+    return FileTree(done.tree, done.origins)

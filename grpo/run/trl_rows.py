@@ -43,6 +43,96 @@ class Row:
     """What the field means here: the documentation."""
     convert: Converter | None = None
     """None: the value is copied into `ours` unchanged."""
+    copies: str = ""
+    """The grpo-dual field that holds this value as it is, when a converter writes it (`ours` for a row without one):
+    a rule of that field that the value breaks is reported under this TRL field's name."""
+
+    @property
+    def copied_into(self) -> str:
+        return self.copies or (self.ours if self.convert is None else "")
+
+
+TEXT_OR_LIST = "a name or a list of names"
+"""The type of the fields TRL takes as one word or several (reward_funcs, lora_target_modules)."""
+NUMBERS = "a list of numbers"
+"""The type of reward_weights."""
+FIELD_TYPES: dict[str, Any] = {
+    **dict.fromkeys(("steps_per_generation", "generation_batch_size", "max_tool_calling_iterations", "top_k",
+                     "save_total_limit", "num_completions_to_print", "num_generations_eval"), int | None),
+    **dict.fromkeys(("epsilon_high", "min_p", "eval_steps", "test_split_size"), float | None),
+    **dict.fromkeys(("warmup_steps", "logging_steps", "save_steps"), float),
+    **dict.fromkeys(("cache_implementation", "output_dir", "run_name", "dataset_name", "dataset_config",
+                     "reward_model_name_or_path", "model_name_or_path", "attn_implementation", "bnb_4bit_quant_storage",
+                     "dtype"), str | None),
+    "bf16": bool | None,
+    **dict.fromkeys(("reward_funcs", "lora_target_modules"), TEXT_OR_LIST),
+    "reward_weights": NUMBERS,
+    # checked by their rows' converters (tables, a list of tables, a word or a list, text or true / false, unset-only)
+    **dict.fromkeys(("lr_scheduler_kwargs", "generation_kwargs", "chat_template_kwargs", "model_init_kwargs",
+                     "report_to", "scale_rewards", "datasets", "delta", "lora_target_parameters",
+                     "lora_modules_to_save"), Any),
+}
+"""TRL 1.16's type of each field whose default does not tell it (None, or an int where TRL takes a float); every
+other field has its default's type."""
+
+
+def field_type(row: Row) -> Any:
+    """The type a value of `row`'s field must have (FIELD_TYPES, else its default's)."""
+    return FIELD_TYPES.get(row.trl, type(row.default))
+
+
+def typed(name: str, value: Any, kind: Any) -> Any:
+    """`value` of TRL field `name` as `kind` by the config's own rules (C.coerce_value: a number from its text, true /
+    false and nothing else for a bool, no float where an int is meant), or a ConfigError naming the field; checked
+    before any converter reads it."""
+    if kind is Any or value is None and kind not in (int, float, bool, str):
+        return value
+    if kind is TEXT_OR_LIST:
+        if isinstance(value, str) or (isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value)):
+            return value if isinstance(value, str) else list(value)
+        raise C.field_error(name, value, f"expected {TEXT_OR_LIST}")
+    if kind is NUMBERS:
+        if not isinstance(value, (list, tuple)):
+            raise C.field_error(name, value, "expected a list of numbers, one weight per reward function")
+        return [C.coerce_value(v, float, name) for v in value]
+    if kind in (str, str | None) and isinstance(value, (int, float)) and not isinstance(value, bool):
+        return str(value)  # `run_name: 2024` in a YAML file is a name
+    return C.coerce_value(value, kind, name)
+
+
+def typed_fields(fields: Mapping[str, Any], rows: tuple[Row, ...]) -> dict[str, Any]:
+    """`fields` with the value of every field of `rows` in it `typed`."""
+    kinds = {row.trl: field_type(row) for row in rows}
+    return {name: typed(name, value, kinds[name]) if name in kinds else value for name, value in fields.items()}
+
+
+def leaves(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """The dotted names of a nested tree's values, with the values."""
+    out: dict[str, Any] = {}
+    for key, value in tree.items():
+        dotted = f"{prefix}{key}"
+        out.update(leaves(value, f"{dotted}.") if isinstance(value, Mapping) and value else {dotted: value})
+    return out
+
+
+def apply_rows(rows: tuple[Row, ...], values: Mapping[str, Any], out: dict, notes: list,
+               origins: dict[str, tuple[str, Any, bool]]) -> None:
+    """Every row of `rows` applied to `out`; `origins` gets, for each grpo-dual field written, the TRL field it came
+    from, its value and whether the field holds it as it is (Row.copied_into): a rule that grpo-dual field breaks is
+    then reported under the TRL field the user wrote (grpo/config/command_line.py: `blamed`)."""
+    for row in rows:
+        before = leaves(out)
+        if row.convert is not None:
+            row.convert(values[row.trl], values, out, notes)
+        else:
+            _set(out, row.ours, values[row.trl])
+        for dotted, value in leaves(out).items():
+            if dotted not in before or before[dotted] != value:
+                origins[dotted] = (row.trl, values[row.trl], False)
+    written = leaves(out)
+    for row in rows:
+        if row.copied_into in written:
+            origins[row.copied_into] = (row.trl, values[row.trl], True)
 
 
 def _set(out: dict[str, Any], dotted: str, value: Any) -> None:

@@ -1,0 +1,159 @@
+"""The sixth reliability pass: TRL's command line as safe as our own. Each probe is an input a user gets wrong on the
+TRL command line, its settings or the tools beside them (the tiny model, examples/trl_grpo/math, 2 steps), and how it
+must end: exit status 2 with one line naming the field, the file and line or the row, no traceback, and no file
+outside the run's own folder changed (checksums before and after); or a run that goes on with a printed note.
+In-process `grpo_train.cli` runs; the end-to-end ones are marked slow."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from tests.trainer_helpers import cli_output
+
+ROOT = Path(__file__).resolve().parents[1]
+MATH = ROOT / "examples" / "trl_grpo" / "math"
+pytestmark = pytest.mark.usefixtures("one_thread")
+BASE = {"model_name_or_path": "builtin:tiny", "reward_funcs": ["tests.trainer_helpers.trl_length_reward"],
+        "max_steps": 2, "per_device_train_batch_size": 4, "num_generations": 4, "max_completion_length": 8,
+        "use_cpu": True, "save_strategy": "no"}
+"""The probes' TRL config file (its dataset_name and output_dir are each probe's folders): 2 RL steps of 1 prompt x
+4 completions of up to 8 tokens."""
+SMALL = ["--model.tiny_hidden", "32", "--model.tiny_layers", "1", "--model.tiny_heads", "2", "--data.eval_size", "2"]
+
+
+class User:
+    """A user's folder: the dataset (a copy of examples/trl_grpo/math), the config file, an output folder."""
+
+    def __init__(self, root: Path) -> None:
+        self.root, self.data, self.out = root, root / "math", root / "out"
+        shutil.copytree(MATH, self.data)
+        self.config = self.write_config()
+
+    def write_config(self, text: str = "", **fields) -> Path:
+        import yaml
+
+        path = self.root / "trl.yaml"
+        path.write_text(yaml.safe_dump({**BASE, "dataset_name": str(self.data), "output_dir": str(self.out),
+                                        **fields}) + text)
+        return path
+
+    def files(self) -> dict[str, str]:
+        """sha256 of every file under the user's folder but the output folder (the run's own) and the cache."""
+        return {str(p.relative_to(self.root)): hashlib.sha256(p.read_bytes()).hexdigest()
+                for p in sorted(self.root.rglob("*")) if p.is_file() and not p.is_relative_to(self.out)
+                and not p.is_relative_to(self.root / "cache")}
+
+
+@pytest.fixture
+def user(tmp_path, monkeypatch) -> User:
+    monkeypatch.setenv("GRPO_DUAL_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr("grpo.data.dataset_dicts.hub_reachable", lambda: (False, "https://huggingface.co"))
+    return User(tmp_path)
+
+
+def refused(user: User, *argv: str, config: bool = True) -> str:
+    """The one message of a start refused with exit status 2, no traceback, nothing of the user's changed, no model
+    loaded ("precision: ..." is printed as it loads)."""
+    before = user.files()
+    code, text = cli_output([*(["--config", str(user.config)] if config else []), *SMALL, *argv])
+    assert code == 2, text
+    assert "Traceback" not in text and "precision:" not in text, text
+    assert user.files() == before
+    return text
+
+
+# ------------------------------------------------------------------ 1. every TRL value checked before it is used
+TYPES = [
+    (["--max_steps", "abc"], "`max_steps` = 'abc' is invalid: expected int"),
+    (["--max_steps", "2.7"], "`max_steps` = 2.7 is invalid: expected int"),
+    (["--eval_steps", "abc"], "`eval_steps` = 'abc' is invalid: expected float"),
+    (["--learning_rate", "abc"], "`learning_rate` = 'abc' is invalid: expected float"),
+    (["--reward_weights", "abc"], "`reward_weights` = 'abc' is invalid: expected float"),
+    (["--num_generations", "[4]"], "`num_generations` = [4] is invalid: expected int"),
+    (["--use_peft", "maybe"], "--use_peft maybe: use true or false"),
+    (["--model_init_kwargs", "abc"], "GRPOConfig.model_init_kwargs='abc': give a table"),
+    (["--loss_type", "grpoo"], "(did you mean `grpo`?)"),
+]
+
+
+@pytest.mark.parametrize("argv,says", TYPES, ids=[" ".join(a) for a, _ in TYPES])
+def test_a_trl_flag_of_the_wrong_type_is_refused_naming_it(user, argv, says):
+    assert says in refused(user, *argv, "--print-config")
+
+
+YAML_TYPES = [
+    ({"use_peft": "maybe"}, "`use_peft` = 'maybe' is invalid: use true or false"),
+    ({"use_peft": 1}, "`use_peft` = 1 is invalid: expected bool"),
+    ({"max_steps": 2.7}, "`max_steps` = 2.7 is invalid: expected int"),
+    ({"per_device_train_batch_size": "abc"}, "`per_device_train_batch_size` = 'abc' is invalid: expected int"),
+    ({"num_generations": [4]}, "`num_generations` = [4] is invalid: expected int"),
+    ({"reward_weights": "abc"}, "`reward_weights` = 'abc' is invalid: expected a list of numbers"),
+    ({"lora_target_modules": 5}, "`lora_target_modules` = 5 is invalid: expected a name or a list of names"),
+    ({"report_to": 5}, "GRPOConfig.report_to=5: give none, tensorboard, wandb, all, or a list of them"),
+]
+
+
+@pytest.mark.parametrize("fields,says", YAML_TYPES, ids=[str(f) for f, _ in YAML_TYPES])
+def test_a_trl_config_value_of_the_wrong_type_is_refused_naming_it(user, fields, says):
+    user.config = user.write_config(**fields)
+    assert says in refused(user, "--print-config")
+
+
+def test_a_yaml_number_written_without_a_dot_is_read_as_the_number(user):
+    """PyYAML reads `1e-5` as text: the field's type makes it the number (as our own fields do)."""
+    user.config = user.write_config(learning_rate="1e-5")
+    code, text = cli_output(["--config", str(user.config), *SMALL, "--print-config"])
+    assert code == 0, text
+    assert json.loads(text[text.index("{"):])["train"]["lr"] == 1e-5
+
+
+# ------------------------------------------------------------------ 4. messages that name what the user set
+NAMED = [
+    (["--max_completion_length", "0"], "`max_completion_length` = 0 is invalid: use a positive integer (TRL's "
+     "max_completion_length is grpo-dual's rollout.max_new_tokens)"),
+    (["--gradient_accumulation_steps", "0"], "`gradient_accumulation_steps` = 0 is invalid"),
+    (["--learning_rate", "-1"], "`learning_rate` = -1.0 is invalid: use a learning rate in (0, 1]"),
+    (["--rollout.max_new_tokens", "100000000"], "`rollout.max_new_tokens` = '100000000' is invalid: it breaks the "
+     "rule of `rollout.max_trajectory_tokens` (from TRL's max_completion_length=8)"),
+    (["--resume_from_checkpoint", "out/grpo-dual/checkpoints/step_000002"], "grpo-dual resumes with --resume"),
+    (["--warmup_steps", "-1"], "GRPOConfig.warmup_steps=-1.0: use 0 (no warm-up)"),
+]
+
+
+@pytest.mark.parametrize("argv,says", NAMED, ids=[" ".join(a) for a, _ in NAMED])
+def test_a_rule_a_trl_value_breaks_names_the_field_the_user_set(user, argv, says):
+    assert says in refused(user, *argv, "--print-config")
+
+
+def test_each_trl_field_is_checked_as_the_type_trl_gives_it():
+    """FIELD_TYPES and the defaults agree with TRL 1.16's own annotations, field by field (walked from its dataclasses):
+    a number, a bool or text exactly; a list of names, reward_weights' numbers, or a table a converter reads."""
+    import dataclasses
+
+    trl = pytest.importorskip("trl")
+    from trl import DatasetMixtureConfig, ModelConfig
+    from trl.scripts.grpo import GRPOScriptArguments
+
+    from grpo.run.trl_config import TABLE
+    from grpo.run.trl_rows import NUMBERS, RECORDS, TEXT_OR_LIST, field_type
+
+    annotations = {f.name: str(f.type) for cls in (trl.GRPOConfig, GRPOScriptArguments, ModelConfig,
+                                                  DatasetMixtureConfig) for f in dataclasses.fields(cls)}
+    simple = {"<class 'int'>": int, "<class 'float'>": float, "<class 'bool'>": bool, "<class 'str'>": str,
+              "int | None": int, "float | None": float, "bool | None": bool, "str | None": str}
+    for row in [*TABLE, *(r for rows in RECORDS.values() for r in rows)]:
+        theirs, ours = annotations[row.trl], field_type(row)
+        if ours is __import__("typing").Any:  # a table, a list of tables, text or true / false: its converter reads it
+            assert row.convert is not None, row.trl
+        elif theirs in simple:  # None allowed or not: a row may map unset onto a value
+            base = simple[theirs]
+            assert ours in (base, base | None), (row.trl, theirs, ours)
+        elif "Strategy" in theirs or "SchedulerType" in theirs or "OptimizerNames" in theirs:
+            assert ours is str, (row.trl, theirs, ours)  # an enum of text
+        else:
+            assert ours in (TEXT_OR_LIST, NUMBERS), (row.trl, theirs, ours)
