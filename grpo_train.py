@@ -30,7 +30,7 @@ quiet_openmp()  # before torch loads libgomp, which reads it once: waiting threa
 import torch  # noqa: E402
 
 from grpo import config as C
-from grpo.config.command_line import command_typed, parse_trainer_argv, smoke_test_note
+from grpo.config.command_line import command_typed, parse_trainer_argv, repeated_note, smoke_test_note
 from grpo.core.health import TrainingUnstable
 from grpo.core.losses import losses_help
 from grpo.data.batching import TaskBalancedSampler, check_prompts_per_step
@@ -465,8 +465,9 @@ def cli(argv: list[str]) -> int:
     except C.ConfigError as e:
         print(f"config error: {e}", file=sys.stderr)
         return 2
-    if note := smoke_test_note(argv, cfg):  # --max-steps 3 on a preset with a long warm-up: say what still runs
-        print(note, file=sys.stderr)
+    for note in (smoke_test_note(argv, cfg), repeated_note(argv)):  # a short run's long warm-up; a field set twice
+        if note:
+            print(note, file=sys.stderr)
     if args.print_config:
         print(C.dumps(cfg))
         return 0

@@ -157,3 +157,35 @@ def test_each_trl_field_is_checked_as_the_type_trl_gives_it():
             assert ours is str, (row.trl, theirs, ours)  # an enum of text
         else:
             assert ours in (TEXT_OR_LIST, NUMBERS), (row.trl, theirs, ours)
+
+
+# ------------------------------------------------------------------ 3. repeats named
+def test_a_key_given_twice_in_a_config_file_is_refused_with_both_lines(user, tmp_path):
+    user.config = user.write_config("learning_rate: 1.0e-5\nmax_steps: 3\n")  # max_steps is in BASE too
+    text = refused(user, "--print-config")
+    assert f"--config {user.config}: line " in text and "`max_steps` is given twice (first at line " in text, text
+    path = tmp_path / "ours.json"
+    path.write_text('{"train": {"seed": 1, "lr": 0.01, "seed": 2}}')
+    code, text = cli_output(["--config", str(path), "--print-config"])
+    assert code == 2 and "`seed` is given twice in one table" in text and str(path) in text, text
+
+
+REPEATS = [
+    (["--reward_funcs", "a", "--reward_funcs", "b"], "--reward_funcs is given twice (a, then b): give it once; a list "
+     "flag takes several words: --reward_funcs a b"),
+    (["--learning_rate", "1e-5", "--learning_rate", "1e-4"], "--learning_rate is given twice (1e-5, then 1e-4)"),
+]
+
+
+@pytest.mark.parametrize("argv,says", REPEATS, ids=[" ".join(a) for a, _ in REPEATS])
+def test_a_trl_flag_given_twice_is_refused(user, argv, says):
+    assert says in refused(user, *argv, "--print-config")
+
+
+def test_config_given_twice_is_refused_and_our_own_flag_twice_is_named(user):
+    text = refused(user, "--config", str(user.config), "--print-config")  # a second --config after refused()'s
+    assert "--config is given 2 times" in text, text
+    code, text = cli_output(["--config", str(user.config), *SMALL, "--rollout.k", "4", "--rollout.k", "8",
+                             "--print-config"])
+    assert code == 0 and "the last value applies: rollout.k (4, 8: 8 applies)" in text, text
+    assert json.loads(text[text.index("{"):])["rollout"]["k"] == 8

@@ -67,6 +67,8 @@ class OtherFlags:
                 i += 1
                 continue
             if negated:
+                if name[3:] in taken:
+                    raise repeated_flag(name[3:], taken[name[3:]], "false", "bool")
                 taken[name[3:]] = "false"
                 i += 1
                 continue
@@ -82,7 +84,10 @@ class OtherFlags:
             if not after and kind != "bool":
                 where = "it ends the command line" if j >= len(words) else f"the flag {words[j]} follows it"
                 raise C.ConfigError(f"--{name} has no value: {where}; write --{name} VALUE", field=name)
-            taken[name] = after if kind == "list" else (after[0] if after else True)
+            value = after if kind == "list" else (after[0] if after else True)
+            if name in taken:  # argparse would keep the last silently
+                raise repeated_flag(name, taken[name], value, kind)
+            taken[name] = value
             i = j
         return taken, rest
 
@@ -94,6 +99,30 @@ class OtherFlags:
 
 BOOL_WORDS = ("1", "0", "true", "false", "yes", "no", "on", "off")
 """The values a bool flag takes (parse_value's)."""
+
+
+def _words(value: Any) -> str:
+    return " ".join(value) if isinstance(value, list) else "(alone)" if value is True else str(value)
+
+
+def repeated_flag(name: str, first: Any, then: Any, kind: str) -> C.ConfigError:
+    """A flag of another program given twice: refused, both values named (its parser would keep the last)."""
+    more = f"; a list flag takes several words: --{name} {_words(first)} {_words(then)}" if kind == "list" else ""
+    return C.ConfigError(f"--{name} is given twice ({_words(first)}, then {_words(then)}): give it once{more}",
+                         field=name)
+
+
+def repeated_note(argv: list[str]) -> str | None:
+    """One line naming each config field a command line sets more than once (--rollout.k 4 ... --rollout.k 8, or
+    --max-steps and --train.max_steps) and the value that applies (the last, as in every override); else None."""
+    overrides, _ = split_argv(argv)
+    values: dict[str, list[str]] = {}
+    for item in overrides:
+        key, _, value = item.partition("=")
+        values.setdefault(key, []).append(value)
+    repeats = [f"{key} ({', '.join(v)}: {v[-1]} applies)" for key, v in values.items() if len(v) > 1]
+    return f"note: set more than once on the command line, the last value applies: {'; '.join(repeats)}" \
+        if repeats else None
 
 
 class FileTree(dict):
@@ -366,6 +395,11 @@ def parse_trainer_argv(argv: list[str], prog: str, description: str, more_help: 
     args, unknown = parser.parse_known_args(rest)
     if unknown:
         raise unknown_flags(unknown, parser, other)
+    files = [v for i, a in enumerate(rest) for v in ([a.partition("=")[2]] if a.startswith("--config=") else
+                                                     rest[i + 1:i + 2] if a == "--config" else [])]
+    if len(files) > 1:  # argparse would keep the last silently
+        raise C.ConfigError(f"--config is given {len(files)} times ({', '.join(files)}): one config file a run; give "
+                            "the other's fields as flags", field="config")
     tree: dict[str, Any] = {}
     if args.config or theirs:
         if read_file is None:

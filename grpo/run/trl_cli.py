@@ -157,8 +157,46 @@ def flag_value(name: str, raw: Any) -> Any:
     return text
 
 
+class RepeatedKey(ValueError):
+    """A key given twice in one table of a config file (YAML and JSON parsers keep the last one silently)."""
+
+
+def _unique_pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """json.loads' object_pairs_hook: a table, or RepeatedKey for a key given twice."""
+    seen: set[str] = set()
+    for key, _ in pairs:
+        if key in seen:
+            raise RepeatedKey(f"`{key}` is given twice in one table; keep one")
+        seen.add(key)
+    return dict(pairs)
+
+
+def _yaml_tables(text: str) -> Any:
+    """yaml.safe_load of `text`, a key given twice in one mapping a RepeatedKey naming both lines."""
+    import yaml
+
+    class UniqueKeys(yaml.SafeLoader):
+        pass
+
+    def mapping(loader: UniqueKeys, node: Any) -> dict:
+        lines: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":  # `<<: *base`: its keys may be overridden on purpose
+                continue
+            key = loader.construct_object(key_node, deep=True)
+            if key in lines:
+                raise RepeatedKey(f"line {key_node.start_mark.line + 1}: `{key}` is given twice (first at line "
+                                  f"{lines[key]}); keep one")
+            lines[key] = key_node.start_mark.line + 1
+        return loader.construct_mapping(node, deep=True)
+
+    UniqueKeys.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, mapping)
+    return yaml.load(text, Loader=UniqueKeys)  # noqa: S506 - a SafeLoader subclass: no Python objects are built
+
+
 def read_file_tree(path: str) -> dict[str, Any]:
-    """A config file (YAML or JSON) as the table it holds; ConfigError naming --config when it cannot be read."""
+    """A config file (YAML or JSON) as the table it holds; ConfigError naming --config when it cannot be read, or a
+    key is given twice in one table (the parsers would keep the last silently)."""
     file = Path(path)
     if not file.is_file():
         raise C.ConfigError(f"--config {path}: no such file", field="config")
@@ -169,12 +207,9 @@ def read_file_tree(path: str) -> dict[str, Any]:
                             f"{err.object[err.start]:#04x}): give a YAML or JSON config saved as UTF-8",
                             field="config") from None
     try:
-        if file.suffix == ".json":
-            tree = json.loads(text)
-        else:
-            import yaml
-
-            tree = yaml.safe_load(text)
+        tree = json.loads(text, object_pairs_hook=_unique_pairs) if file.suffix == ".json" else _yaml_tables(text)
+    except RepeatedKey as err:
+        raise C.ConfigError(f"--config {path}: {err}", field="config") from None
     except Exception as err:  # json.JSONDecodeError, yaml.YAMLError: the parser's message names the line
         raise C.ConfigError(f"--config {path} is not valid {'JSON' if file.suffix == '.json' else 'YAML'}: "
                             f"{err}", field="config") from None
