@@ -189,3 +189,50 @@ def test_config_given_twice_is_refused_and_our_own_flag_twice_is_named(user):
                              "--print-config"])
     assert code == 0 and "the last value applies: rollout.k (4, 8: 8 applies)" in text, text
     assert json.loads(text[text.index("{"):])["rollout"]["k"] == 8
+
+
+# ------------------------------------------------------------------ 3. settings that cannot act named; threads bounded
+INERT = [
+    (["rollout.fold_lora=on"], "cpu", "rollout.fold_lora=on does nothing in this run: it folds LoRA adapters for the "
+     "graph engine's rollouts, and this run trains without LoRA (model.lora=false)"),
+    (["rollout.fold_lora=off", "model.lora=true"], "cpu", "only the graph engine folds LoRA, and rollout.engine=auto "
+     "picks it on a CUDA GPU only, and this run is on the CPU"),
+    (["rollout.fold_lora=on", "model.lora=true", "rollout.engine=lean"], "cuda", "this run decodes with the lean "
+     "engine (rollout.engine=lean)"),
+    (["rollout.engine=graph", "rollout.sampling_rng=global"], "cpu", "rollout.sampling_rng=global under "
+     "rollout.engine=graph: the graph engine always samples with its per-row sampler"),
+]
+
+
+@pytest.mark.parametrize("overrides,device,says", INERT, ids=[" ".join(o) for o, _, _ in INERT])
+def test_a_setting_that_cannot_act_in_the_run_is_named(overrides, device, says):
+    import torch
+
+    from grpo import config as C
+    from grpo.run.start_checks import inert_settings
+
+    assert [says in n for n in inert_settings(C.load_config("demo", overrides), torch.device(device))] == [True]
+    for quiet in (["rollout.fold_lora=on", "model.lora=true"], ["rollout.sampling_rng=global"], []):
+        assert not inert_settings(C.load_config("demo", quiet), torch.device("cuda" if quiet[:1] == [
+            "rollout.fold_lora=on"] else "cpu")), quiet  # graph may fold on a GPU; global is transformers' on the CPU
+
+
+def test_fp16_on_the_cpu_is_named_not_dropped_silently(user):
+    code, text = cli_output(["--config", str(user.config), *SMALL, "--fp16", "--print-config"])
+    assert code == 0 and text.count("GRPOConfig.fp16=True: not applied: this run is on the CPU") == 1, text
+    assert json.loads(text[text.index("{"):])["model"]["dtype"] == "float32"
+
+
+@pytest.mark.parametrize("threads", ["64", "100000", str(10**30)])
+def test_train_threads_above_the_processs_cpus_is_refused_before_the_data_loads(user, threads):
+    text = refused(user, "--train.threads", threads)
+    assert f"`train.threads` = {threads} is invalid: this process may use" in text, text
+    assert not user.out.exists()
+
+
+@pytest.mark.slow
+def test_a_run_with_a_setting_that_cannot_act_trains_and_says_so(user):
+    code, text = cli_output(["--config", str(user.config), *SMALL, "--rollout.fold_lora", "on"])
+    assert code == 0, text
+    assert "note: rollout.fold_lora=on does nothing in this run" in text, text
+    assert (user.out / "grpo-dual" / "final").is_dir()

@@ -459,7 +459,10 @@ def _dtype(value: Any, fields: Mapping[str, Any], out: dict, notes: list) -> Non
         name = stored or "auto"
     _set(out, "model.dtype", name)
     bf16 = (not fields["fp16"]) if fields["bf16"] is None else bool(fields["bf16"])  # GRPOConfig's __post_init__
-    if name == "float32" and bf16 and not on_cpu(fields):
+    if fields["fp16"] and not on_cpu(fields):  # (on the CPU GRPOConfig's row named it already)
+        note(notes, "GRPOConfig", "fp16", True, f"TRL autocasts the forward to float16 over ModelConfig.dtype={name} "
+             f"weights; grpo-dual has no autocast and computes in {name} here (dtype float16 gives float16 weights)")
+    elif name == "float32" and bf16 and not on_cpu(fields):
         note(notes, "GRPOConfig", "bf16", True, "TRL autocasts the forward to bfloat16 over ModelConfig.dtype="
              "float32 weights; grpo-dual has no autocast and computes in float32 here (dtype bfloat16 gives "
              "bfloat16 weights)")
