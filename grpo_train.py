@@ -53,7 +53,7 @@ from grpo.run.console import banner, preset_note
 from grpo.run.doctor_in_run import consult_doctor, doctor_line, doctor_stops, start_doctor
 from grpo.run.pareto import RUN_SUBDIR as PARETO_SUBDIR, ParetoFrontier, require_heldout_rows
 from grpo.run.plot import plot_run
-from grpo.run.start_checks import inert_settings
+from grpo.run.start_checks import check_start
 from grpo.run.report import build_report, format_report
 from grpo.run.fingerprints import input_fingerprints
 from grpo.run.run_folder import discarded_if_unstarted, expand_home, prepare_run_dir, release_run_dir
@@ -166,8 +166,7 @@ def setup(cfg: C.Config, *, callables: Mapping[str, Callable[..., Any]] | None =
     note = preset_note(cfg)
     if note and dist.is_main:
         print(note)
-    for line in inert_settings(cfg, device) if dist.is_main else []:  # a setting that cannot act here: said once
-        print(f"note: {line}", file=sys.stderr)
+    check_start(cfg, device, dist.is_main)  # settings that cannot act here (a note), LoRA targets the model lacks
     made_here = not run_dir.exists() and not cfg.train.run_name  # named after this start's clock: a retry gets another
     if dist.is_main:  # before any expensive work: one run folder, one run (locked until the run ends)
         prepare_run_dir(run_dir, cfg.checkpoint.resume, cfg.train.overwrite)

@@ -236,3 +236,111 @@ def test_a_run_with_a_setting_that_cannot_act_trains_and_says_so(user):
     assert code == 0, text
     assert "note: rollout.fold_lora=on does nothing in this run" in text, text
     assert (user.out / "grpo-dual" / "final").is_dir()
+
+
+# ------------------------------------------------------------------ 4. the user's own data file, line and row named
+def _rows(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def _write(path: Path, rows: list, bad: dict[int, str] | None = None) -> None:
+    lines = [json.dumps(r) for r in rows]
+    for number, text in (bad or {}).items():
+        lines[number - 1] = text
+    path.write_text("".join(line + "\n" for line in lines))
+
+
+def test_data_files_whose_columns_differ_say_so(user):
+    train = user.data / "train.jsonl"
+    _write(train, [{"question": r["prompt"][0]["content"], "solution": r["solution"]} for r in _rows(train)])
+    assert "because column names don't match" in refused(user, "--print-config")
+
+
+def test_an_empty_data_file_is_named(user):
+    (user.data / "train.jsonl").write_text("")
+    assert f"dataset_name: {user.data / 'train.jsonl'} is empty: it holds no rows" in refused(user, "--print-config")
+
+
+def test_a_malformed_line_is_named_with_its_file_and_line(user):
+    train = user.data / "train.jsonl"
+    _write(train, _rows(train), {7: '{"prompt": broken'})
+    text = refused(user, "--print-config")
+    assert f"dataset_name: {train}:7: not valid JSON (Expecting value): fix or delete that line" in text, text
+
+
+def test_rows_without_a_prompt_column_name_the_users_dataset_not_the_cache_copy(user):
+    for split in ("train", "test"):
+        path = user.data / f"{split}.jsonl"
+        _write(path, [{"question": r["prompt"][0]["content"], "solution": r["solution"]} for r in _rows(path)])
+    text = refused(user, "--print-config")
+    assert f"the rows of dataset_name='{user.data}' (split 'train') have no `prompt` column (its columns: " \
+           "['question', 'solution'])" in text and "cache" not in text, text
+
+
+def test_an_unknown_chat_role_names_the_dataset_split_and_row(user):
+    train = user.data / "train.jsonl"
+    rows = _rows(train)
+    rows[3]["prompt"][0]["role"] = "wizard"
+    _write(train, rows)
+    text = refused(user, "--print-config")
+    assert f"dataset_name='{user.data}', split 'train', row 4: message 1 of its prompt has the role 'wizard'" in text
+
+
+def test_an_unknown_chat_role_in_a_task_file_is_a_bad_row_named_by_file_and_line(tmp_path):
+    import warnings
+
+    from grpo.data.sources import TaskSource, load_source_samples
+
+    path = tmp_path / "qa.jsonl"
+    _write(path, [{"messages": [{"role": "wizard" if i == 1 else "user", "content": f"q{i}"}]} for i in range(3)])
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        samples, _ = load_source_samples("qa", TaskSource(path=str(path)))
+    assert [s.meta["line"] for s in samples] == [1, 3]
+    assert [str(w.message) for w in caught] == [f"{path}:2: skipped bad row: column 'messages' has a message of the "
+                                                "role 'wizard'; chat templates know system, user, assistant, tool (and "
+                                                "some developer, ipython, function)"]
+
+
+def test_a_role_the_models_template_refuses_names_the_row_not_jinja(tmp_path):
+    from grpo.core.records import Sample
+    from grpo.data.jsonio import DataFileError
+    from grpo.models.modeling import build_tiny_tokenizer
+    from grpo.run.setup_parts import prompt_tokens
+
+    tokenizer = build_tiny_tokenizer(["a question"])  # its template takes system, user, assistant and tool
+    sample = Sample(task="qa", id="1", messages=({"role": "developer", "content": "hi"},), gold={},
+                    meta={"source": str(tmp_path / "qa.jsonl"), "line": 9})
+    with pytest.raises(DataFileError, match=rf"^{tmp_path / 'qa.jsonl'} line 9 \(task 'qa', roles \['developer'\]\): "
+                                            "the model's chat template refuses its messages: unknown chat role"):
+        prompt_tokens(tokenizer, sample)
+
+
+@pytest.mark.parametrize("flag,what", [("--dataset_name", "dataset"), ("--model_name_or_path", "model")])
+def test_an_uncached_hub_id_offline_says_the_hub_is_off_and_it_is_not_cached(user, monkeypatch, flag, what):
+    from grpo.data.dataset_dicts import check_hub
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_HOME", str(user.root / "hf"))
+    monkeypatch.delenv("HF_HUB_CACHE", raising=False)
+    text = refused(user, flag, "someone/not-cached", "--print-config")
+    assert f"{flag[2:]}='someone/not-cached': the Hugging Face Hub is switched off here (HF_HUB_OFFLINE=1) and " \
+           f"someone/not-cached is not in the local Hugging Face cache ({user.root / 'hf' / 'hub'})" in text, text
+    (user.root / "hf" / "hub" / f"{what}s--someone--not-cached").mkdir(parents=True)
+    check_hub("someone/not-cached", flag[2:], what)  # cached: the offline load reads it
+
+
+def test_our_own_model_name_offline_and_uncached_says_so(tmp_path, monkeypatch):
+    from grpo.run.setup_parts import model_load_error
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    err = model_load_error("someone/not-cached", OSError("We couldn't connect to 'https://huggingface.co'"))
+    assert err.field == "model.name" and "cannot be loaded: the Hugging Face Hub is switched off here" in str(err)
+
+
+def test_lora_target_modules_the_model_lacks_are_named_before_it_loads(user):
+    text = refused(user, "--use_peft", "--lora_target_modules", "nonexistent_proj", "q_proj")
+    assert "`model.lora_target_modules` = ['nonexistent_proj', 'q_proj'] is invalid: builtin:tiny (llama) has no " \
+           "module named ['nonexistent_proj']" in text and "model.name" not in text, text
+    assert not user.out.exists()

@@ -1,14 +1,23 @@
 """What a run checks before its model loads, besides the config, the data and the graders: settings that cannot act
-in this run (named in a note, not refused: the run is still what was asked, less a no-op).
+in this run (named in a note, not refused: the run is still what was asked, less a no-op), and LoRA target modules
+the model does not have.
 
-    inert_settings(cfg, device)     the notes, one line each, naming the setting and why it does nothing here
+    check_start(cfg, device, announce)   all of them, in grpo_train.setup
+    inert_settings(cfg, device)          the notes, one line each, naming the setting and why it does nothing here
+    check_lora_targets(model)            model.lora_target_modules against the architecture's module names, where known
 """
 
 from __future__ import annotations
 
+import re
+import sys
 from typing import Any
 
 from grpo import config as C
+from grpo.run.trl_rows import ALL_LINEAR, model_architecture
+
+OTHER_TARGETS = ("embed_tokens", "lm_head")
+"""Modules besides the decoder's linear layers that peft may adapt in the architectures of ALL_LINEAR."""
 
 
 def _engine(rollout: C.RolloutConfig, sharding: str, device_type: str) -> str | None:
@@ -42,3 +51,33 @@ def inert_settings(cfg: C.Config, device: Any) -> list[str]:
                      "its per-row sampler (grpo/models/sampling.py), each row's key drawn from torch's RNG; "
                      "transformers' sampler, which global means on the lean and hf engines, is not used")
     return notes
+
+
+def check_lora_targets(model: C.ModelConfig) -> None:
+    """A plain module name in model.lora_target_modules that the model's architecture does not have (where it is
+    known here: builtin:tiny, the packaged models, a local folder's config.json of an architecture of ALL_LINEAR) is a
+    ConfigError naming the field and the modules it has, before the model loads; peft's own error would come after
+    the weights loaded and blame model.name. Suffixes ("self_attn.q_proj") and patterns are left to peft."""
+    if not model.lora:
+        return
+    try:
+        kind = model_architecture(model.name)
+    except (OSError, ValueError):  # a config.json that cannot be read: the model's load names it
+        return
+    if kind not in ALL_LINEAR:
+        return
+    known = [*ALL_LINEAR[kind], *OTHER_TARGETS]
+    plain = [t for t in model.lora_target_modules if re.fullmatch(r"\w+", t) and t != "all-linear"]
+    unknown = [t for t in plain if t not in known]
+    if unknown:
+        raise C.field_error("model.lora_target_modules", model.lora_target_modules,
+                            f"{model.name} ({kind}) has no module named {unknown}{C.did_you_mean(unknown, known)}: "
+                            f"its linear layers are {ALL_LINEAR[kind]} (TRL's lora_target_modules sets this field)")
+
+
+def check_start(cfg: C.Config, device: Any, announce: bool) -> None:
+    """What grpo_train.setup checks before the model loads, beside the data and the graders: each setting that cannot
+    act printed as a note (`announce`: this process speaks for the run), LoRA targets the model lacks refused."""
+    for line in inert_settings(cfg, device) if announce else []:
+        print(f"note: {line}", file=sys.stderr)
+    check_lora_targets(cfg.model)  # before the weights load: peft's own error would come after them

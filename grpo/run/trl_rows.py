@@ -23,6 +23,7 @@ from typing import Any, Callable, Mapping
 
 from grpo import config as C
 from grpo.data.dataset_dicts import MIXTURE_KEYS, check_hub, load_mixture, load_named
+from grpo.data.generic import CHAT_ROLES
 from grpo.data.tables import DataSourceError, looks_like_hub_id
 from grpo.grading import trl_rewards
 from grpo.run.row_files import write_rows
@@ -228,6 +229,29 @@ def _choose_splits(splits: Mapping[str, list], fields: Mapping[str, Any], where:
     return splits[train], None
 
 
+def _check_rows(rows: tuple[list, list | None], fields: Mapping[str, Any], shown: str) -> None:
+    """TRL's contract of a GRPO dataset, checked on the user's rows (the message names the dataset the user gave,
+    its split and row, not the copy written under the cache): a `prompt` column, and chat messages of known roles."""
+    record, field = ("DatasetMixtureConfig", "datasets") if shown.startswith("the mixture") else \
+        ("GRPOScriptArguments", "dataset_name")
+    splits = {str(fields["dataset_train_split"]): rows[0], str(fields["dataset_test_split"]): rows[1] or []}
+    for split, table in splits.items():
+        if table and not any("prompt" in row for row in table):
+            columns = sorted({key for row in table[:100] for key in row})
+            raise C.ConfigError(f"{record}.{field}: the rows of {shown} (split {split!r}) have no `prompt` column "
+                                f"(its columns: {columns}); TRL's GRPO reads each prompt from `prompt` (a text, or a "
+                                "list of chat messages): name the column so", field=field)
+        for number, row in enumerate(table, 1):
+            prompt = row.get("prompt")
+            for i, message in enumerate(prompt if isinstance(prompt, list) else []):
+                role = message.get("role") if isinstance(message, Mapping) else None
+                if role not in CHAT_ROLES:
+                    raise C.ConfigError(f"{record}.{field}: {shown}, split {split!r}, row {number}: message {i + 1} "
+                                        f"of its prompt has the role {role!r}; chat templates know "
+                                        f"{', '.join(CHAT_ROLES[:4])} (and some {', '.join(CHAT_ROLES[4:])})",
+                                        field=field)
+
+
 def _write_task(out: dict, task: str, rows: tuple[list, list | None], fields: Mapping[str, Any], where: str) -> None:
     """tasks.<task>: the training rows and the held-out rows (or none) written once (grpo/run/row_files.py)."""
     train, heldout = rows
@@ -257,6 +281,7 @@ def _dataset(value: Any, fields: Mapping[str, Any], out: dict, notes: list) -> N
     name = str(value)
     splits = _loaded(lambda: load_named(name, fields["dataset_config"], "dataset_name"))
     rows = _choose_splits(splits, fields, f"dataset_name={name!r}")
+    _check_rows(rows, fields, f"dataset_name={name!r}")
     _write_task(out, task_name(name), rows, fields, "dataset_name")
 
 
@@ -278,6 +303,7 @@ def _mixture(value: Any, fields: Mapping[str, Any], out: dict, notes: list) -> N
     splits = _loaded(lambda: load_mixture(value, None if size is None else float(size), int(fields["seed"]),
                                           "datasets"))
     rows = _choose_splits(splits, fields, "the mixture of `datasets`")
+    _check_rows(rows, fields, "the mixture of `datasets`")
     _write_task(out, task_name(value[0]["path"]) if len(value) == 1 else TRL_RUN_TASK, rows, fields, "datasets")
 
 
@@ -387,7 +413,7 @@ bind(SCRIPT_TABLE, "GRPOScriptArguments")
 # ----------------------------------------------------------------------------------------- the model
 LORA_DEFAULT_ARCHITECTURES = {"builtin:tiny": "llama"}
 """model.name values whose architecture is known without a folder (the packaged models: grpo/models/pretrained.py's
-CATALOG, all Llama-shaped, are added by `_architecture`)."""
+CATALOG, all Llama-shaped, are added by `model_architecture`)."""
 ALL_LINEAR = {"llama": ["down_proj", "gate_proj", "k_proj", "o_proj", "q_proj", "up_proj", "v_proj"],
               "mistral": ["down_proj", "gate_proj", "k_proj", "o_proj", "q_proj", "up_proj", "v_proj"],
               "qwen2": ["down_proj", "gate_proj", "k_proj", "o_proj", "q_proj", "up_proj", "v_proj"],
@@ -401,7 +427,7 @@ def _model_config(name: str) -> dict[str, Any] | None:
     return json.loads(path.read_text()) if path.is_file() else None
 
 
-def _architecture(name: str) -> str | None:
+def model_architecture(name: str) -> str | None:
     """The model_type of model.name `name` (config.json's; builtin:tiny and the packaged models are llama), or
     None when it cannot be read here (a Hub id)."""
     from grpo.models.pretrained import catalog_entry
@@ -481,7 +507,7 @@ def _lora_targets(value: Any, fields: Mapping[str, Any], out: dict, notes: list)
     names = [value] if isinstance(value, str) else None if value is None else [str(v) for v in value]
     model = fields["model_name_or_path"]
     if names is None or names == ["all-linear"]:
-        kind = _architecture(str(model)) if model is not None else None
+        kind = model_architecture(str(model)) if model is not None else None
         if names is None:
             from peft.utils.constants import TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING as PEFT_DEFAULTS
 
