@@ -47,7 +47,7 @@ from grpo.phases.environments import environment_rewards, resolve_environment
 from grpo.phases.tools import build_toolbox, resolve_tools
 from grpo.run import checkpoint_files as ckpt
 from grpo.run.api import loaded_model, python_config, with_tools
-from grpo.run.save_resume import check_resume, reference_weights, resume, save_checkpoint
+from grpo.run.save_resume import check_resume, reference_weights, resume, save_checkpoint, save_final_model
 from grpo.run.config_check import check_config
 from grpo.run.console import banner, preset_note
 from grpo.run.doctor_in_run import consult_doctor, doctor_line, doctor_stops, start_doctor
@@ -56,7 +56,8 @@ from grpo.run.plot import plot_run
 from grpo.run.start_checks import check_start
 from grpo.run.report import build_report, format_report
 from grpo.run.fingerprints import input_fingerprints
-from grpo.run.run_folder import discarded_if_unstarted, expand_home, prepare_run_dir, release_run_dir
+from grpo.run.run_folder import (discarded_if_unstarted, expand_home, prepare_run_dir, publish_final,
+                                 release_run_dir)
 from grpo.run.exits import USER_ERRORS, interrupted, user_error
 from grpo.run.setup_parts import (build_trackers, check_precision, check_sharding, check_task_entries, choose_device,
                                   choose_lora_fold, fit_prompts, load_samples, parse_task_mix, policy_from_config,
@@ -166,7 +167,7 @@ def setup(cfg: C.Config, *, callables: Mapping[str, Callable[..., Any]] | None =
     note = preset_note(cfg)
     if note and dist.is_main:
         print(note)
-    check_start(cfg, device, dist.is_main)  # settings that cannot act here (a note), LoRA targets the model lacks
+    check_start(cfg, run_dir, device, dist.is_main)  # no-op settings named; LoRA targets, the output folder
     made_here = not run_dir.exists() and not cfg.train.run_name  # named after this start's clock: a retry gets another
     if dist.is_main:  # before any expensive work: one run folder, one run (locked until the run ends)
         prepare_run_dir(run_dir, cfg.checkpoint.resume, cfg.train.overwrite)
@@ -329,9 +330,9 @@ def finish(run: Run) -> dict[str, Any]:
     state = run.dist.full_state(run.policy.model) if run.dist.sharded else None  # a collective when sharded
     if not run.dist.is_main:
         return {}
-    save_pretrained(run.policy, run.run_dir / "final", state)
+    final = save_final_model(run, state)
     if run.cfg.checkpoint.final_model_dir:  # TRL's output_dir: the model where trainer.save_model() leaves it
-        saved = save_pretrained(run.policy, expand_home(run.cfg.checkpoint.final_model_dir), state)
+        saved = publish_final(final, run.cfg.checkpoint.final_model_dir)
         print(f"final model{' (LoRA adapter)' if run.policy.is_lora else ''} and tokenizer: {saved}")
     report = build_report(run.run_dir)  # its pareto_best: the frontier's index, as run.progress.frontier wrote it
     print(format_report(report))

@@ -344,3 +344,78 @@ def test_lora_target_modules_the_model_lacks_are_named_before_it_loads(user):
     assert "`model.lora_target_modules` = ['nonexistent_proj', 'q_proj'] is invalid: builtin:tiny (llama) has no " \
            "module named ['nonexistent_proj']" in text and "model.name" not in text, text
     assert not user.out.exists()
+
+
+# ------------------------------------------------------------------ 2. no write over what the run did not create
+def _model_folder(root: Path) -> Path:
+    """A saved model folder (the tiny model's save_pretrained), the kind a user starts from."""
+    from grpo import config as C
+    from grpo.models.modeling import load_policy, save_pretrained
+
+    policy = load_policy(C.ModelConfig(name="builtin:tiny", tiny_hidden=32, tiny_layers=1, tiny_heads=2), seed=0,
+                         tiny_corpus=["What is 2 + 2?"])
+    return save_pretrained(policy, root / "model")
+
+
+def _another_run(root: Path) -> Path:
+    code, text = cli_output([*SMALL, "--max-steps", "1", "--sft.steps", "0", "--train.eval_every", "0",
+                             "--data.demo_size", "24", "--rollout.k", "2", "--train.prompts_per_micro_step", "2",
+                             "--rollout.max_new_tokens", "4", "--output-dir", str(root), "--run-name", "theirs"])
+    assert code == 0, text
+    return root / "theirs"
+
+
+FOREIGN = [
+    ("the starting model", lambda user: ["--model_name_or_path", str(_model_folder(user.root)), "--output_dir",
+                                         str(user.root / "model")], "is the folder of the model being trained"),
+    ("another run's folder", lambda user: ["--output_dir", str(_another_run(user.root))],
+     "it looks like another run's folder"),
+    ("the dataset", lambda user: ["--output_dir", str(user.data)], "(test.jsonl, train.jsonl): it looks like a "
+                                                                    "dataset's folder"),
+]
+
+
+@pytest.mark.parametrize("argv,says", [f[1:] for f in FOREIGN], ids=[f[0] for f in FOREIGN])
+def test_an_output_dir_holding_what_no_run_wrote_is_refused_before_the_model_loads(user, argv, says):
+    argv = argv(user)
+    folder = Path(argv[argv.index("--output_dir") + 1])
+    entries = sorted(p.name for p in folder.iterdir())
+    text = refused(user, *argv)  # the user's files (the model, the run, the data are under user.root) unchanged
+    assert says in text and "Choose another output folder" in text and "nothing in it was touched" in text, text
+    assert sorted(p.name for p in folder.iterdir()) == entries  # not even the run folder grpo-dual/ was made
+
+
+def test_an_output_dir_a_run_wrote_is_written_again_and_only_its_files(user, tmp_path):
+    from grpo.run.run_folder import FINAL_MANIFEST, check_final_model_dir, publish_final
+
+    final = tmp_path / "run" / "final"
+    final.mkdir(parents=True)
+    (final / "model.safetensors").write_bytes(b"full")
+    (final / "config.json").write_text("{}")
+    out = publish_final(final, tmp_path / "out")
+    assert sorted(p.name for p in out.iterdir()) == [FINAL_MANIFEST, "config.json", "model.safetensors"]
+    check_final_model_dir(out, out / "grpo-dual", "builtin:tiny")  # every file there is a run's: written again
+    (final / "model.safetensors").unlink()  # the next run trains an adapter
+    (final / "adapter_model.safetensors").write_bytes(b"adapter")
+    publish_final(final, out)
+    assert sorted(p.name for p in out.iterdir()) == [FINAL_MANIFEST, "adapter_model.safetensors", "config.json"]
+    (out / "notes.txt").write_text("mine")
+    with pytest.raises(ValueError, match=r"holds files no run wrote there \(notes.txt\)"):
+        check_final_model_dir(out, out / "grpo-dual", "builtin:tiny")
+    (out / "notes.txt").unlink()
+    (out / FINAL_MANIFEST).unlink()  # an output written before the manifest: its files match the run's final/
+    check_final_model_dir(out, tmp_path / "run", "builtin:tiny")
+
+
+@pytest.mark.slow
+def test_a_trl_output_dir_is_trained_into_again_with_overwrite_and_resumed(user):
+    argv = ["--config", str(user.config), *SMALL, "--save_strategy", "steps", "--save_steps", "1"]
+    assert cli_output(argv)[0] == 0
+    first = (user.out / "model.safetensors").read_bytes()
+    code, text = cli_output([*argv, "--overwrite", "--seed", "5"])
+    assert code == 0, text
+    assert (user.out / "model.safetensors").read_bytes() != first  # another seed: another model, written there
+    assert (user.out / "model.safetensors").read_bytes() == (user.out / "grpo-dual" / "final" /
+                                                              "model.safetensors").read_bytes()
+    code, text = cli_output([*argv, "--seed", "5", "--resume", "auto"])  # resumed from the finished run's checkpoint
+    assert code == 0, text

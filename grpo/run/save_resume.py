@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -17,7 +19,7 @@ import torch
 from grpo import config as C
 from grpo.core.losses import POLICY_LOSSES
 from grpo.models.distributed import Dist, rank_rng_state
-from grpo.models.modeling import Policy
+from grpo.models.modeling import Policy, save_pretrained
 from grpo.run import checkpoint_files as ckpt
 from grpo.run.fingerprints import input_changes
 from grpo.run.run_folder import run_started
@@ -80,6 +82,34 @@ def tied_names(model: torch.nn.Module) -> set[str]:
     for name, p in model.named_parameters(remove_duplicate=False):
         groups.setdefault(id(p), []).append(name)
     return {name for names in groups.values() if len(names) > 1 for name in names}
+
+
+FINAL_DIR = "final"
+"""The run folder's final model (save_pretrained's files): loadable with from_pretrained."""
+
+
+def save_final_model(run: Run, state: dict | None = None) -> Path:
+    """The final model into <run folder>/final, whole or not at all: written by save_pretrained into a temporary
+    folder beside it, then renamed over it (a resumed run's old final/ is replaced only by a complete one). A write
+    that fails (a full disk) removes the partial copy, freeing its space, and raises an OSError naming final/.
+    `state`: the whole model's weights gathered from FSDP shards."""
+    final = run.run_dir / FINAL_DIR
+    for stale in run.run_dir.glob(".tmp-final-*"):  # a save killed before its rename
+        shutil.rmtree(stale, ignore_errors=True)
+    tmp = run.run_dir / f".tmp-final-{os.getpid()}"
+    try:
+        save_pretrained(run.policy, tmp, state)
+    except OSError as err:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise OSError(err.errno, f"could not write the final model {final}: {err.strerror or err}") from None
+    if final.exists():
+        old = run.run_dir / f".old-final-{os.getpid()}"
+        os.replace(final, old)
+        os.replace(tmp, final)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        os.replace(tmp, final)
+    return final
 
 
 def checkpoint_state(run: Run, rng_ranks: list[dict[str, Any]] | None = None,

@@ -2,7 +2,7 @@
 in this run (named in a note, not refused: the run is still what was asked, less a no-op), and LoRA target modules
 the model does not have.
 
-    check_start(cfg, device, announce)   all of them, in grpo_train.setup
+    check_start(cfg, run_dir, device, announce)   all of them (and the output folder), in grpo_train.setup
     inert_settings(cfg, device)          the notes, one line each, naming the setting and why it does nothing here
     check_lora_targets(model)            model.lora_target_modules against the architecture's module names, where known
 """
@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import re
 import sys
+from pathlib import Path
 from typing import Any
 
 from grpo import config as C
+from grpo.run.run_folder import check_final_model_dir
 from grpo.run.trl_rows import ALL_LINEAR, model_architecture
 
 OTHER_TARGETS = ("embed_tokens", "lm_head")
@@ -75,9 +77,13 @@ def check_lora_targets(model: C.ModelConfig) -> None:
                             f"its linear layers are {ALL_LINEAR[kind]} (TRL's lora_target_modules sets this field)")
 
 
-def check_start(cfg: C.Config, device: Any, announce: bool) -> None:
-    """What grpo_train.setup checks before the model loads, beside the data and the graders: each setting that cannot
-    act printed as a note (`announce`: this process speaks for the run), LoRA targets the model lacks refused."""
+def check_start(cfg: C.Config, run_dir: Path, device: Any, announce: bool) -> None:
+    """What grpo_train.setup checks before the run folder is made and the model loads, beside the data and the
+    graders: each setting that cannot act printed as a note (`announce`: this process speaks for the run), LoRA
+    targets the model lacks refused, and checkpoint.final_model_dir (TRL's output_dir) refused when it holds what no
+    run wrote (grpo/run/run_folder.py: `check_final_model_dir`)."""
     for line in inert_settings(cfg, device) if announce else []:
         print(f"note: {line}", file=sys.stderr)
     check_lora_targets(cfg.model)  # before the weights load: peft's own error would come after them
+    if cfg.checkpoint.final_model_dir:  # never written over a model, a dataset or another run's files
+        check_final_model_dir(cfg.checkpoint.final_model_dir, run_dir, cfg.model.name)

@@ -654,7 +654,10 @@ What it leaves. `output_dir` holds the final model (or LoRA adapter) and its tok
 `trainer.save_model(output_dir)` leaves them: `AutoModelForCausalLM.from_pretrained(output_dir)` (with a LoRA
 adapter, `AutoPeftModelForCausalLM.from_pretrained(output_dir)`, or `PeftModel.from_pretrained(base, output_dir)`)
 loads it. grpo-dual's run folder is `output_dir/grpo-dual/`: config.json, metrics.jsonl, checkpoints/, the
-evaluations, report.json, and the final model again in final/.
+evaluations, report.json, and the final model again in final/. An `output_dir` that holds what no run wrote there
+(the model being trained, a dataset, another run's files, anything else) is refused before the model loads, nothing
+in it touched: give a new or empty folder. The files a run wrote at its top are listed in its `.grpo-dual-final`, so
+the same command may write them again (`--overwrite`, `--resume auto`).
 '''
 """docs/TRL.md's section on TRL's command line (grpo/run/trl_cli.py)."""
 
