@@ -419,3 +419,63 @@ def test_a_trl_output_dir_is_trained_into_again_with_overwrite_and_resumed(user)
                                                               "model.safetensors").read_bytes()
     code, text = cli_output([*argv, "--seed", "5", "--resume", "auto"])  # resumed from the finished run's checkpoint
     assert code == 0, text
+
+
+# ------------------------------------------------------------------ 5. the memory tool cannot say FITS wrongly
+def memory_tool(*argv: str) -> tuple[int, str]:
+    """(exit status, stderr + stdout) of `grpo-check-gpu-memory argv`, in this process."""
+    import contextlib
+    import io
+
+    from grpo.run.gpu_memory_check import check_gpu_memory
+
+    err, out = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(out):
+        try:
+            code = check_gpu_memory(list(argv))
+        except SystemExit as e:  # argparse's error: exit 2 with its message
+            code = e.code
+    return code, err.getvalue() + out.getvalue()
+
+
+@pytest.mark.parametrize("gib", ["0", "-5", "nan", "1e400", "inf", "abc"])
+def test_a_gpu_memory_that_is_no_cards_is_refused(gib):
+    code, text = memory_tool("--estimate", "--gpu-mem", gib)
+    assert code == 2 and "argument --gpu-mem:" in text and "FITS" not in text and "Traceback" not in text, text
+
+
+def test_a_small_gpu_memory_is_estimated_against_and_not_taken_as_unset():
+    code, text = memory_tool("--estimate", "--preset", "llama3-8b-dual", "--gpu-mem", "0.5")
+    assert code == 0 and "on 0.5 GiB (--gpu-mem)" in text and "DOES NOT FIT on a 0.5 GiB GPU" in text, text
+
+
+@pytest.mark.parametrize("content,says", [("garbage{", "is not JSON (Expecting value"),
+                                          ('{"hidden_size": "wide", "num_hidden_layers": 2}', "lacks"),
+                                          ("[1, 2]", "lacks")])
+def test_a_garbage_config_json_is_named_with_its_file(tmp_path, content, says):
+    (tmp_path / "config.json").write_text(content)
+    code, text = memory_tool("--estimate", "--set", f"model.name={tmp_path}")
+    assert code == 2 and says in text and "Traceback" not in text, text
+    assert f"{tmp_path / 'config.json'}" in text or f"config.json of '{tmp_path}'" in text, text
+
+
+def test_a_trl_config_is_estimated_as_the_trainer_runs_it(user):
+    """The tool reads `--config trl.yaml` and TRL's flags as the trainer does: the same estimate inputs as the
+    config the trainer prints for the same command line."""
+    from grpo import config as C
+    from grpo.run.gpu_memory_check import estimated_config
+    from grpo.run.memory_inputs import inputs_from_config
+
+    argv = ["--config", str(user.config), *SMALL, "--per_device_train_batch_size", "8", "--use_peft"]
+    code, text = cli_output([*argv, "--print-config"])
+    assert code == 0, text
+    trained = C.from_dict(json.loads(text[text.index("{"):]))
+    code, text = memory_tool("--estimate", *argv, "--gpu", "l4-24")
+    assert code == 0 and "ESTIMATE for builtin:tiny on l4-24" in text and "LoRA r=16" in text, text
+    assert "micro-batch 8 seqs" in text and "8 new tokens" in text, text
+    theirs = {"per_device_train_batch_size": "8", "use_peft": True}
+    estimated = estimated_config(None, str(user.config), theirs, SMALL_OVERRIDES)
+    assert inputs_from_config(estimated) == inputs_from_config(trained)
+
+
+SMALL_OVERRIDES = [f"{SMALL[i][2:]}={SMALL[i + 1]}" for i in range(0, len(SMALL), 2)]

@@ -14,12 +14,14 @@ writes rows in memory: the run's config.json names exactly the rows it trained o
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import dataclasses
 import importlib.util
 import json
 import re
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Iterator, Mapping
 
 from grpo import config as C
 from grpo.data.dataset_dicts import MIXTURE_KEYS, check_hub, load_mixture, load_named
@@ -192,11 +194,27 @@ def bind(table: tuple[Row, ...], record: str) -> None:
                     pass
 
 
+ESTIMATING: contextvars.ContextVar[bool] = contextvars.ContextVar("estimating", default=False)
+"""True while a TRL command line is translated for the GPU-memory estimate (grpo/run/gpu_memory_check.py): the run
+it describes is on a GPU whatever this machine has, and its dataset and model are not read (the estimate needs their
+shapes, not their rows; a Hub id's shape comes from the bundled table)."""
+
+
+@contextlib.contextmanager
+def estimating() -> Iterator[None]:
+    """Translate as for the GPU-memory estimate (ESTIMATING) inside the block."""
+    token = ESTIMATING.set(True)
+    try:
+        yield
+    finally:
+        ESTIMATING.reset(token)
+
+
 def on_cpu(fields: Mapping[str, Any]) -> bool:
-    """Whether the run will be on the CPU: GRPOConfig.use_cpu, or no CUDA device here."""
+    """Whether the run will be on the CPU: GRPOConfig.use_cpu, or no CUDA device here (a GPU, for an estimate)."""
     import torch
 
-    return bool(fields["use_cpu"]) or not torch.cuda.is_available()
+    return bool(fields["use_cpu"]) or (not ESTIMATING.get() and not torch.cuda.is_available())
 
 
 # ----------------------------------------------------------------------------------------- the dataset
@@ -279,6 +297,9 @@ def _dataset(value: Any, fields: Mapping[str, Any], out: dict, notes: list) -> N
     if not value:
         return
     name = str(value)
+    if ESTIMATING.get():  # the rows do not change the estimate: the task is named, nothing is read
+        _set(out, f"tasks.{task_name(name)}", {"path": name})
+        return
     splits = _loaded(lambda: load_named(name, fields["dataset_config"], "dataset_name"))
     rows = _choose_splits(splits, fields, f"dataset_name={name!r}")
     _check_rows(rows, fields, f"dataset_name={name!r}")
@@ -299,6 +320,9 @@ def _mixture(value: Any, fields: Mapping[str, Any], out: dict, notes: list) -> N
                                 field="datasets")
         if not entry.get("path"):
             raise error("DatasetMixtureConfig", "datasets", entry, f"datasets[{i}] needs a `path`")
+    if ESTIMATING.get():  # as for dataset_name
+        _set(out, f"tasks.{TRL_RUN_TASK}", {"path": str(value[0]["path"])})
+        return
     size = fields["test_split_size"]
     splits = _loaded(lambda: load_mixture(value, None if size is None else float(size), int(fields["seed"]),
                                           "datasets"))
@@ -348,7 +372,7 @@ def reward_term(name: str) -> str:
 def _rewards(value: Any, fields: Mapping[str, Any], out: dict, notes: list) -> None:
     funcs = [value] if isinstance(value, str) else list(value or [])
     model = fields["reward_model_name_or_path"]
-    if not funcs and not model:
+    if not funcs and not model or ESTIMATING.get():  # (the reward functions take no GPU memory of the policy's)
         return
     tasks = sorted(out.get("tasks", {}))
     if not tasks:
@@ -445,7 +469,8 @@ def _model_name(value: Any, fields: Mapping[str, Any], out: dict, notes: list) -
     from grpo.models.pretrained import catalog_entry
 
     local = Path(name).expanduser()
-    if not local.exists() and catalog_entry(name) is None and not name.startswith(("builtin:", "random:")):
+    if not local.exists() and catalog_entry(name) is None and not name.startswith(("builtin:", "random:")) and \
+            not ESTIMATING.get():  # an estimate reads a Hub id's shape from the bundled table
         if not looks_like_hub_id(name):
             raise error("ModelConfig", "model_name_or_path", name, "no such folder: give a model folder, a packaged "
                         "model (smollm2-135m-instruct) or a Hub id")
@@ -516,6 +541,10 @@ def _lora_targets(value: Any, fields: Mapping[str, Any], out: dict, notes: list)
         else:
             names = ALL_LINEAR.get(kind) if kind else None
             what = "peft's all-linear"
+        if names is None and fields["use_peft"] and ESTIMATING.get():  # a Hub id's bundled shape is Llama-style
+            names = ["q_proj", "v_proj"]
+            note(notes, "ModelConfig", "lora_target_modules", value, f"the estimate assumes q_proj, v_proj ({what} "
+                 "cannot be told here)")
         if names is None:
             if not fields["use_peft"]:
                 return
