@@ -167,7 +167,7 @@ def setup(cfg: C.Config, *, callables: Mapping[str, Callable[..., Any]] | None =
     note = preset_note(cfg)
     if note and dist.is_main:
         print(note)
-    check_start(cfg, run_dir, device, dist.is_main)  # no-op settings named; LoRA targets, the output folder
+    disk = check_start(cfg, run_dir, device, dist.is_main, checked.train_rows, checked.draws)  # no-ops named, disk
     made_here = not run_dir.exists() and not cfg.train.run_name  # named after this start's clock: a retry gets another
     if dist.is_main:  # before any expensive work: one run folder, one run (locked until the run ends)
         prepare_run_dir(run_dir, cfg.checkpoint.resume, cfg.train.overwrite)
@@ -195,7 +195,7 @@ def setup(cfg: C.Config, *, callables: Mapping[str, Callable[..., Any]] | None =
             dist.shard(policy.model)
             dist.shard(policy.ref_model)
         run = Run(cfg, run_dir, dist, policy, TaskSamples(train_rows, heldout),
-                  start=Start(inputs, resume_from, host))
+                  start=Start(inputs, resume_from, host, disk))
         build_owners(run, checked)
         if dist.is_main:
             (run_dir / "config.json").write_text(C.dumps(cfg))

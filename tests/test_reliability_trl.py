@@ -479,3 +479,78 @@ def test_a_trl_config_is_estimated_as_the_trainer_runs_it(user):
 
 
 SMALL_OVERRIDES = [f"{SMALL[i][2:]}={SMALL[i + 1]}" for i in range(0, len(SMALL), 2)]
+
+
+# ------------------------------------------------------------------ 6. a disk preflight
+def _free(monkeypatch, free_bytes: int) -> None:
+    """A file system with `free_bytes` free, as shutil.disk_usage reports it to the disk check."""
+    import collections
+
+    usage = collections.namedtuple("usage", "total used free")
+    monkeypatch.setattr("grpo.run.disk_plan.shutil.disk_usage", lambda path: usage(10**12, 10**12 - free_bytes,
+                                                                                     free_bytes))
+
+
+def test_a_run_whose_writes_do_not_fit_is_refused_before_the_model_loads_with_the_numbers(user, monkeypatch):
+    _free(monkeypatch, 3 * 10**6)
+    text = refused(user, "--save_strategy", "steps", "--save_steps", "1")
+    assert "not enough disk space: this run will write about " in text and "that file system has 3.0 MB free" in text
+    assert "final model " in text and "checkpoints (" in text and "choose another --output-dir" in text, text
+    assert not user.out.exists()
+
+
+def test_a_thin_margin_is_a_warning_and_the_plan_is_in_the_banner(user, monkeypatch):
+    from grpo.run.disk_plan import DiskPlan, check_disk
+
+    _free(monkeypatch, 40 * 10**6)
+    line = check_disk(DiskPlan({"final model": 30e6}, {user.out: 30e6}), resume=False)
+    assert "30.0 MB under" in line and "(40.0 MB free: warning, a thin margin" in line, line
+    _free(monkeypatch, 10**12)
+    code, text = cli_output(["--config", str(user.config), *SMALL])
+    assert code == 0 and "disk: this run writes about " in text and "warning" not in text, text
+
+
+@pytest.mark.slow
+def test_the_plan_is_an_upper_bound_of_what_a_run_writes_and_counts_the_model_without_loading_it(user):
+    """The parameter count from the shape is the loaded model's; a run with checkpoints every step, evaluations and
+    its output_dir copy writes less than planned (and not far less: the plan's parts are the run's)."""
+    from grpo import config as C
+    from grpo.models.modeling import load_policy
+    from grpo.run.disk_plan import _counts, plan_writes
+
+    argv = ["--config", str(user.config), *SMALL, "--save_strategy", "steps", "--save_steps", "1", "--eval_strategy",
+            "steps", "--eval_steps", "1", "--save_total_limit", "2", "--max_steps", "3"]
+    folder = _model_folder(user.root)  # a model folder: its config.json gives the count, exact
+    from_folder = C.ModelConfig(name=str(folder))
+    assert _counts(from_folder)[0] == sum(p.numel() for p in load_policy(from_folder, seed=0).model.parameters())
+    code, text = cli_output([*argv, "--print-config"])
+    cfg = C.from_dict(json.loads(text[text.index("{"):]))  # builtin:tiny: counted at its vocabulary's cap
+    code, text = cli_output(argv)
+    assert code == 0, text
+    written = sum(p.stat().st_size for p in user.out.rglob("*") if p.is_file())
+    planned = plan_writes(cfg, {"math": []}, user.out / "grpo-dual", "cpu").total()
+    assert written <= planned <= 4 * written, (written, planned)
+
+
+def _tmpfs(folder: Path, size: str):
+    """A tmpfs of `size` mounted on `folder` (root only), or a skip."""
+    import subprocess
+
+    folder.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(folder)], capture_output=True
+                      ).returncode:
+        pytest.skip("mounting a tmpfs needs root and a kernel that allows it")
+    return folder
+
+
+@pytest.mark.slow
+def test_on_a_small_file_system_the_demo_is_refused_before_it_trains(tmp_path):
+    import subprocess
+
+    small = _tmpfs(tmp_path / "small", "3m")
+    try:
+        code, text = cli_output(["--max-steps", "20", "--output-dir", str(small), "--run-name", "demo"])
+        assert code == 2 and "not enough disk space" in text and "that file system has 3.1 MB free" in text, text
+        assert "precision:" not in text and not (small / "demo").exists()
+    finally:
+        subprocess.run(["umount", str(small)], check=False)

@@ -2,7 +2,7 @@
 in this run (named in a note, not refused: the run is still what was asked, less a no-op), and LoRA target modules
 the model does not have.
 
-    check_start(cfg, run_dir, device, announce)   all of them (and the output folder), in grpo_train.setup
+    check_start(cfg, run_dir, ...)   all of them, the output folder and the disk space, in grpo_train.setup
     inert_settings(cfg, device)          the notes, one line each, naming the setting and why it does nothing here
     check_lora_targets(model)            model.lora_target_modules against the architecture's module names, where known
 """
@@ -12,9 +12,10 @@ from __future__ import annotations
 import re
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 from grpo import config as C
+from grpo.run.disk_plan import disk_line
 from grpo.run.run_folder import check_final_model_dir
 from grpo.run.trl_rows import ALL_LINEAR, model_architecture
 
@@ -77,13 +78,22 @@ def check_lora_targets(model: C.ModelConfig) -> None:
                             f"its linear layers are {ALL_LINEAR[kind]} (TRL's lora_target_modules sets this field)")
 
 
-def check_start(cfg: C.Config, run_dir: Path, device: Any, announce: bool) -> None:
+def check_start(cfg: C.Config, run_dir: Path, device: Any, announce: bool, train_rows: Mapping[str, list],
+                world: int) -> str:
     """What grpo_train.setup checks before the run folder is made and the model loads, beside the data and the
     graders: each setting that cannot act printed as a note (`announce`: this process speaks for the run), LoRA
-    targets the model lacks refused, and checkpoint.final_model_dir (TRL's output_dir) refused when it holds what no
-    run wrote (grpo/run/run_folder.py: `check_final_model_dir`)."""
+    targets the model lacks refused, checkpoint.final_model_dir (TRL's output_dir) refused when it holds what no run
+    wrote (grpo/run/run_folder.py: `check_final_model_dir`), and what the run will write against the free disk space
+    (grpo/run/disk_plan.py; `train_rows` and `world`, the draws a step, count its steps). Returns the banner's disk
+    line ("" where this process does not speak)."""
     for line in inert_settings(cfg, device) if announce else []:
         print(f"note: {line}", file=sys.stderr)
     check_lora_targets(cfg.model)  # before the weights load: peft's own error would come after them
     if cfg.checkpoint.final_model_dir:  # never written over a model, a dataset or another run's files
         check_final_model_dir(cfg.checkpoint.final_model_dir, run_dir, cfg.model.name)
+    if not announce:
+        return ""
+    disk = disk_line(cfg, train_rows, run_dir, getattr(device, "type", str(device)), world)
+    if "warning" in disk:
+        print(disk, file=sys.stderr)
+    return disk
