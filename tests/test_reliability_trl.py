@@ -554,3 +554,70 @@ def test_on_a_small_file_system_the_demo_is_refused_before_it_trains(tmp_path):
         assert "precision:" not in text and not (small / "demo").exists()
     finally:
         subprocess.run(["umount", str(small)], check=False)
+
+
+# ------------------------------------------------------------------ 7. an end that saves what matters first
+def _full(*args, **kwargs):
+    raise OSError(28, "No space left on device")
+
+
+def _loadable(folder: Path) -> None:
+    from transformers import AutoModelForCausalLM
+
+    assert AutoModelForCausalLM.from_pretrained(folder).num_parameters() > 0
+
+
+@pytest.mark.slow
+def test_optional_writes_that_fail_at_the_end_do_not_stop_the_final_model(user, monkeypatch):
+    monkeypatch.setattr("grpo.run.pareto.ParetoFrontier.offer", _full)  # the final model's Pareto point
+    monkeypatch.setattr("grpo_train.plot_run", _full)
+    code, text = cli_output(["--config", str(user.config), *SMALL])
+    assert code == 0 and "Traceback" not in text, text
+    assert "warning: could not write the Pareto point of step 2: [Errno 28] No space left on device" in text, text
+    assert "warning: could not write plot.png" in text, text
+    _loadable(user.out / "grpo-dual" / "final")
+    _loadable(user.out)  # TRL's output_dir
+    assert (user.out / "grpo-dual" / "report.json").is_file()
+
+
+@pytest.mark.slow
+def test_a_final_save_that_fails_names_the_last_checkpoint_and_resume_auto_writes_it(user, monkeypatch):
+    argv = ["--config", str(user.config), *SMALL, "--save_strategy", "steps", "--save_steps", "1"]
+    with monkeypatch.context() as patched:
+        patched.setattr("grpo.run.save_resume.save_pretrained", _full)  # the disk fills as the final model is written
+        code, text = cli_output(argv)
+    run_dir = user.out / "grpo-dual"
+    assert code == 1 and "Traceback" not in text, text
+    assert f"could not write the final model {run_dir / 'final'}: No space left on device. The last complete " \
+           f"checkpoint is {run_dir / 'checkpoints' / 'step_000002'}: free space, then run the same command with " \
+           "--resume auto (the run is finished there: it writes the final model without training again)" in text, text
+    assert not (run_dir / "final").exists() and not list(run_dir.glob(".tmp-final-*"))  # no torn copy left
+    rows = (run_dir / "metrics.jsonl").read_text()
+    code, text = cli_output([*argv, "--resume", "auto"])
+    assert code == 0, text
+    assert (run_dir / "metrics.jsonl").read_text() == rows  # nothing trained again
+    _loadable(run_dir / "final")
+    _loadable(user.out)
+
+
+@pytest.mark.slow
+def test_a_final_checkpoint_that_fails_still_saves_the_final_model_and_names_the_last_checkpoint(user, monkeypatch):
+    from grpo.run import checkpoint_files as ckpt
+
+    write_folder = ckpt._write_folder
+
+    def full_at_the_end(tmp, final, files, meta):  # the tensors are written, the rest does not fit
+        if meta["step"] == 3:
+            assert (tmp / ckpt.TENSORS).is_file()
+            _full()
+        return write_folder(tmp, final, files, meta)
+
+    monkeypatch.setattr(ckpt, "_write_folder", full_at_the_end)
+    code, text = cli_output(["--config", str(user.config), *SMALL, "--max_steps", "3", "--save_strategy", "steps",
+                             "--save_steps", "2"])
+    run_dir = user.out / "grpo-dual"
+    assert code == 0 and "warning: the final checkpoint could not be written" in text, text
+    assert f"The last complete checkpoint is {run_dir / 'checkpoints' / 'step_000002'}: free space, then run the same " \
+           "command with --resume auto (it trains on from there)" in text, text
+    assert not list((run_dir / "checkpoints").glob(".tmp-*"))  # the partial copy's space went back
+    _loadable(run_dir / "final")

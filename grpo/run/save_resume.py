@@ -128,19 +128,56 @@ def checkpoint_state(run: Run, rng_ranks: list[dict[str, Any]] | None = None,
             "rng_ranks": rng_ranks, "metrics_rows": run.tracker.rows_logged, "finished": run.progress.finished}
 
 
-def save_checkpoint(run: Run) -> Path:
-    """Rank 0 writes the checkpoint (weights are the same on every rank) with every rank's RNG state."""
+class FinalSaveError(OSError):
+    """The final model could not be written; the message names the last complete checkpoint to resume from."""
+
+
+def last_checkpoint_line(run: Run) -> str:
+    """Where a run whose final save failed can go on from: its newest complete checkpoint, and what --resume auto
+    does from it."""
+    complete = ckpt.list_complete(run.run_dir)
+    if not complete:
+        return ("No complete checkpoint was written (checkpoint.every=0 writes only the final one): free space and "
+                "train again, with checkpoint.every N to keep some")
+    newest = complete[-1]
+    finished = newest.name == f"{ckpt.PREFIX}{run.progress.step:06d}" and run.progress.finished
+    return (f"The last complete checkpoint is {newest}: free space, then run the same command with --resume auto ("
+            + ("the run is finished there: it writes the final model without training again)" if finished else
+               "it trains on from there)"))
+
+
+def save_final_checkpoint(run: Run) -> OSError | None:
+    """The checkpoint of the finished run; a write the disk refuses is returned, not raised: the final model, a third
+    of a checkpoint's size, is still worth writing (grpo_train.finish names it)."""
+    try:
+        save_checkpoint(run, final=True)
+    except OSError as err:
+        return err
+    return None
+
+
+def save_checkpoint(run: Run, final: bool = False) -> Path:
+    """Rank 0 writes the checkpoint (weights are the same on every rank) with every rank's RNG state. `final`: a
+    write the disk refuses is raised after every rank has left the collectives (save_final_checkpoint)."""
     rng_ranks = run.dist.gather(ckpt.rng_state())
     gathered = None
     if run.dist.sharded:  # collectives: every rank takes part, rank 0 receives the whole state
         gathered = (run.dist.full_state(run.policy.model),
                     run.dist.optimizer_state(run.policy.model, run.updater.optimizer))
-    folder = None
+    folder, failed = None, None
     if run.dist.is_main:
-        folder = ckpt.save(run.run_dir, run.progress.step, checkpoint_state(run, rng_ranks, gathered), C.to_dict(run.cfg),
-                           run.cfg.checkpoint.keep_last, inputs=run.start.inputs)
-        run_started(run.run_dir)  # a checkpoint to resume from: the folder is no longer restartable
-    return run.dist.broadcast(folder)  # also a barrier: no rank goes on before the checkpoint is complete
+        try:
+            folder = ckpt.save(run.run_dir, run.progress.step, checkpoint_state(run, rng_ranks, gathered),
+                               C.to_dict(run.cfg), run.cfg.checkpoint.keep_last, inputs=run.start.inputs)
+            run_started(run.run_dir)  # a checkpoint to resume from: the folder is no longer restartable
+        except OSError as err:
+            if not final:
+                raise
+            failed = err
+    folder = run.dist.broadcast(folder)  # also a barrier: no rank goes on before the checkpoint is complete
+    if failed is not None:
+        raise failed
+    return folder
 
 
 ACCEPTED = "accepted_changes.jsonl"
