@@ -86,6 +86,25 @@ def test_a_trl_flag_of_the_wrong_type_is_refused_naming_it(user, argv, says):
     assert says in refused(user, *argv, "--print-config")
 
 
+def _typed_rows(*kinds):
+    from grpo.run.trl_config import TABLE
+    from grpo.run.trl_rows import RECORDS, field_type
+
+    return [row.trl for row in [*TABLE, *(r for rows in RECORDS.values() for r in rows)]
+            if field_type(row) in kinds and row.trl != "datasets"]
+
+
+@pytest.mark.parametrize("field", _typed_rows(int, float, int | None, float | None, bool, bool | None))
+def test_every_numeric_or_bool_trl_flag_given_a_word_is_refused_naming_it(user, field):
+    """Every number and switch of TRL's four records (--max_steps abc was one of 14 numeric flags that ended in a
+    ValueError traceback; --use_peft maybe trained LoRA in a YAML)."""
+    from grpo.config.command_line import ALIASES
+
+    text = refused(user, f"--{field}", "abc", "--print-config")
+    named = ALIASES.get(field, field)  # --seed is also grpo-dual's own shortcut, train.seed
+    assert f"`{named}` = 'abc' is invalid: expected " in text or f"--{field} abc: use true or false" in text, text
+
+
 YAML_TYPES = [
     ({"use_peft": "maybe"}, "`use_peft` = 'maybe' is invalid: use true or false"),
     ({"use_peft": 1}, "`use_peft` = 1 is invalid: expected bool"),
