@@ -640,3 +640,15 @@ def test_a_final_checkpoint_that_fails_still_saves_the_final_model_and_names_the
            "command with --resume auto (it trains on from there)" in text, text
     assert not list((run_dir / "checkpoints").glob(".tmp-*"))  # the partial copy's space went back
     _loadable(run_dir / "final")
+
+
+def test_a_rule_between_a_flag_and_a_value_from_the_file_names_the_flag_and_nothing_else():
+    from grpo import config as C
+    from grpo.config.command_line import blamed
+
+    clash = C.field_error("rollout.max_trajectory_tokens", 8, "use 0 (no budget) or at least max_new_tokens=100")
+    err = blamed(clash, ["rollout.max_new_tokens=100"], {})
+    assert err.field == "rollout.max_new_tokens" and "set rollout.max_trajectory_tokens too" in str(err), err
+    other = C.field_error("rollout.top_p", 2.0, "a rule that mentions top_k=3")  # `k=` inside top_k: not rollout.k
+    assert blamed(other, ["rollout.k=8"], {}) is other
+    assert blamed(clash, ["rollout.max_trajectory_tokens=8"], {}) is clash  # the flag's own field: as it is

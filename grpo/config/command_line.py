@@ -16,6 +16,7 @@ import ast
 import dataclasses
 import difflib
 import inspect
+import re
 import sys
 import typing
 from pathlib import Path
@@ -148,7 +149,8 @@ def blamed(err: C.ConfigError, overrides: list[str], origins: Mapping[str, tuple
     whence = f"TRL's {origin[0]}={origin[1]!r}" if origin else "the config file or preset"
     section = field.rpartition(".")[0]
     for dotted, text in given.items():  # the rule names the other field as `name=value`: that one was given
-        if dotted.rpartition(".")[0] == section and f"{dotted.rpartition('.')[2]}=" in str(err):
+        if dotted.rpartition(".")[0] == section and re.search(rf"(?<![\w.]){re.escape(dotted.rpartition('.')[2])}=",
+                                                               str(err)):
             instead = f", or set {origin[0]} instead" if origin else f", or set {field} too"
             return C.ConfigError(f"config field `{dotted}` = {text!r} is invalid: it breaks the rule of `{field}` "
                                  f"(from {whence}): {err.fix or err}; change --{dotted}{instead}", field=dotted)
