@@ -422,6 +422,10 @@ def test_an_output_dir_a_run_wrote_is_written_again_and_only_its_files(user, tmp
     with pytest.raises(ValueError, match=r"holds files no run wrote there \(notes.txt\)"):
         check_final_model_dir(out, out / "grpo-dual", "builtin:tiny")
     (out / "notes.txt").unlink()
+    (out / ".config.json.tmp4242").write_text("{")  # a copy a killed final save left: the run's, and cleaned
+    check_final_model_dir(out, out / "grpo-dual", "builtin:tiny")
+    publish_final(final, out)
+    assert not (out / ".config.json.tmp4242").exists()
     (out / FINAL_MANIFEST).unlink()  # an output written before the manifest: its files match the run's final/
     check_final_model_dir(out, tmp_path / "run", "builtin:tiny")
 

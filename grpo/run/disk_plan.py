@@ -55,6 +55,8 @@ class DiskPlan:
 
     parts: dict[str, float] = field(default_factory=dict)
     folders: dict[Path, float] = field(default_factory=dict)
+    flat: set[Path] = field(default_factory=set)
+    """Folders written at their top only (checkpoint.final_model_dir, which may hold the run folder itself)."""
 
     def total(self) -> float:
         return sum(self.folders.values())
@@ -116,6 +118,7 @@ def plan_writes(cfg: C.Config, train_rows: Mapping[str, list], run_dir: Path, de
         folder = expand_home(cfg.checkpoint.final_model_dir)
         plan.parts["final model in checkpoint.final_model_dir"] = model_save
         plan.folders[folder] = plan.folders.get(folder, 0) + model_save
+        plan.flat.add(folder)
     return plan
 
 
@@ -127,11 +130,13 @@ def _existing(path: Path) -> Path:
     return path
 
 
-def _written(folder: Path) -> float:
-    """Bytes a run folder holds already (a resumed run's checkpoints, reference, Pareto points)."""
+def _written(folder: Path, flat: bool) -> float:
+    """Bytes a run folder holds already (a resumed run's checkpoints, reference, Pareto points); `flat`: the files
+    at its top only."""
     if not folder.is_dir():
         return 0.0
-    return float(sum(p.stat().st_size for p in folder.rglob("*") if p.is_file() and not p.is_symlink()))
+    files = folder.iterdir() if flat else folder.rglob("*")
+    return float(sum(p.stat().st_size for p in files if p.is_file() and not p.is_symlink()))
 
 
 def check_disk(plan: DiskPlan, resume: bool) -> str:
@@ -140,7 +145,7 @@ def check_disk(plan: DiskPlan, resume: bool) -> str:
     by_device: dict[int, tuple[Path, float]] = {}
     for folder, size in plan.folders.items():
         if resume:  # what the run folder holds already is counted as written
-            size = max(size - _written(folder), 0.0)
+            size = max(size - _written(folder, folder in plan.flat), 0.0)
         where = _existing(folder)
         device = os.stat(where).st_dev
         shown, before = by_device.get(device, (folder, 0.0))

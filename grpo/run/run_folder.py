@@ -36,6 +36,7 @@ import contextlib
 import filecmp
 import json
 import os
+import re
 import shutil
 import socket
 import tempfile
@@ -308,6 +309,15 @@ def _same_as_final(folder: Path, name: str, run_dir: Path) -> bool:
     return mine.is_file() and theirs.is_file() and filecmp.cmp(mine, theirs, shallow=False)
 
 
+def _partial(name: str, own: set[str]) -> bool:
+    """Whether `name` is a file publish_final was writing when it was stopped (`.NAME.tmpPID` of a listed NAME, or
+    the list's own temporary file)."""
+    if re.fullmatch(rf"{re.escape(FINAL_MANIFEST)}\.tmp\d+", name):
+        return True
+    match = re.fullmatch(r"\.(.+)\.tmp\d+", name)
+    return bool(match) and match.group(1) in own
+
+
 def _looks_like(entries: list[str]) -> str:
     """What a folder holding `entries` is, for the message: a model, a dataset, a run folder, or files."""
     if MARKER in entries or any(e in entries for e in ("metrics.jsonl", "checkpoints")):
@@ -335,6 +345,7 @@ def check_final_model_dir(folder: str | Path, run_dir: Path, model_name: str) ->
         return
     own = _written_by_a_run(folder)
     foreign = sorted(e.name for e in folder.iterdir() if e.name not in (FINAL_MANIFEST, *own)
+                     and not _partial(e.name, own)
                      and not (e.name == run_dir.name and run_dir.parent.resolve() == folder.resolve())
                      and not _same_as_final(folder, e.name, run_dir))
     if foreign:
@@ -355,6 +366,8 @@ def publish_final(final: Path, folder: str | Path) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     names = sorted(p.name for p in final.iterdir() if p.is_file())
     before = _written_by_a_run(folder)
+    for stale in [e for e in folder.iterdir() if _partial(e.name, before)]:  # a copy a stopped save left
+        stale.unlink(missing_ok=True)
     _write_manifest(folder, sorted(before | set(names)), final)
     for name in names:
         part = folder / f".{name}.tmp{os.getpid()}"
