@@ -530,7 +530,7 @@ def test_a_thin_margin_is_a_warning_and_the_plan_is_in_the_banner(user, monkeypa
     assert "30.0 MB under" in line and "(40.0 MB free: warning, a thin margin" in line, line
     _free(monkeypatch, 10**12)
     code, text = cli_output(["--config", str(user.config), *SMALL])
-    assert code == 0 and "disk: this run writes about " in text and "warning" not in text, text
+    assert code == 0 and "disk: this run writes about " in text and "a thin margin" not in text, text
 
 
 @pytest.mark.slow
