@@ -19,8 +19,10 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import shutil
 import sys
 import time
+from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 from grpo.models.host import cpu_share, memory_metrics, openmp_note, quiet_openmp, thread_count
@@ -30,7 +32,7 @@ quiet_openmp()  # before torch loads libgomp, which reads it once: waiting threa
 import torch  # noqa: E402
 
 from grpo import config as C
-from grpo.config.command_line import command_typed, parse_trainer_argv, smoke_test_note
+from grpo.config.command_line import command_typed, parse_trainer_argv, repeated_note, smoke_test_note
 from grpo.core.health import TrainingUnstable
 from grpo.core.losses import losses_help
 from grpo.data.batching import TaskBalancedSampler, check_prompts_per_step
@@ -47,15 +49,18 @@ from grpo.phases.environments import environment_rewards, resolve_environment
 from grpo.phases.tools import build_toolbox, resolve_tools
 from grpo.run import checkpoint_files as ckpt
 from grpo.run.api import loaded_model, python_config, with_tools
-from grpo.run.save_resume import check_resume, reference_weights, resume, save_checkpoint
+from grpo.run.save_resume import (FinalSaveError, check_resume, last_checkpoint_line, reference_weights, resume,
+                                  save_checkpoint, save_final_checkpoint, save_final_model)
 from grpo.run.config_check import check_config
 from grpo.run.console import banner, preset_note
 from grpo.run.doctor_in_run import consult_doctor, doctor_line, doctor_stops, start_doctor
 from grpo.run.pareto import RUN_SUBDIR as PARETO_SUBDIR, ParetoFrontier, require_heldout_rows
 from grpo.run.plot import plot_run
+from grpo.run.start_checks import check_start
 from grpo.run.report import build_report, format_report
 from grpo.run.fingerprints import input_fingerprints
-from grpo.run.run_folder import discarded_if_unstarted, expand_home, prepare_run_dir, release_run_dir
+from grpo.run.run_folder import (discarded_if_unstarted, expand_home, prepare_run_dir, publish_final,
+                                 release_run_dir)
 from grpo.run.exits import USER_ERRORS, interrupted, user_error
 from grpo.run.setup_parts import (build_trackers, check_precision, check_sharding, check_task_entries, choose_device,
                                   choose_graph_memory, fit_prompts, load_samples, parse_task_mix, policy_from_config,
@@ -165,6 +170,7 @@ def setup(cfg: C.Config, *, callables: Mapping[str, Callable[..., Any]] | None =
     note = preset_note(cfg)
     if note and dist.is_main:
         print(note)
+    disk = check_start(cfg, run_dir, device, dist.is_main, checked.train_rows, checked.draws)  # no-ops named, disk
     made_here = not run_dir.exists() and not cfg.train.run_name  # named after this start's clock: a retry gets another
     if dist.is_main:  # before any expensive work: one run folder, one run (locked until the run ends)
         prepare_run_dir(run_dir, cfg.checkpoint.resume, cfg.train.overwrite)
@@ -192,7 +198,7 @@ def setup(cfg: C.Config, *, callables: Mapping[str, Callable[..., Any]] | None =
             dist.shard(policy.model)
             dist.shard(policy.ref_model)
         run = Run(cfg, run_dir, dist, policy, TaskSamples(train_rows, heldout),
-                  start=Start(inputs, resume_from, host))
+                  start=Start(inputs, resume_from, host, disk))
         build_owners(run, checked)
         if dist.is_main:
             (run_dir / "config.json").write_text(C.dumps(cfg))
@@ -247,7 +253,7 @@ def evaluate_phase(run: Run, tag: str) -> dict[str, float]:
     results, scored = evaluate(run.policy.model, run.tokenizer, run.samples.heldout, run.cfg.rollout, run.generation.stop_ids,
                                scorer, synced_gpus=dist.sharded, tools=run.generation.toolbox)
     dist.reshard(run.policy.model)
-    offered = tag.startswith("step_") or tag == "after_rl"  # RL checkpoints compete for the Pareto frontier
+    offered = tag.startswith("step_")  # RL checkpoints compete for the Pareto frontier (after_rl's: `finish`)
     state = dist.full_state(run.policy.model) if dist.sharded and offered else None
     if not dist.is_main:
         dist.barrier()
@@ -320,30 +326,64 @@ def log_step(run: Run, step: int, metrics: dict[str, Any], scored: list) -> dict
     return metrics
 
 
-def finish(run: Run) -> dict[str, Any]:
-    """Save the final model (<run folder>/final, and checkpoint.final_model_dir when set), print the before/after
-    table, write report.json and plot.png (rank 0); the run folder's lock is released."""
+def finish(run: Run, failed: OSError | None = None) -> dict[str, Any]:
+    """Save what matters first: the final model (<run folder>/final, and checkpoint.final_model_dir when set); then
+    the optional writes, each of which may fail without losing it: the final model's Pareto point (the after_rl
+    evaluation), report.json and the before/after table, plot.png (rank 0). `failed`: the final checkpoint's write
+    error, named after the final model is saved. A final model that cannot be written is a FinalSaveError naming the
+    last complete checkpoint. The run folder's lock is released."""
     run.tracker.close()
     state = run.dist.full_state(run.policy.model) if run.dist.sharded else None  # a collective when sharded
     if not run.dist.is_main:
         return {}
-    save_pretrained(run.policy, run.run_dir / "final", state)
-    if run.cfg.checkpoint.final_model_dir:  # TRL's output_dir: the model where trainer.save_model() leaves it
-        saved = save_pretrained(run.policy, expand_home(run.cfg.checkpoint.final_model_dir), state)
-        print(f"final model{' (LoRA adapter)' if run.policy.is_lora else ''} and tokenizer: {saved}")
-    report = build_report(run.run_dir)  # its pareto_best: the frontier's index, as run.progress.frontier wrote it
-    print(format_report(report))
+    try:
+        final = save_final_model(run, state)
+        if run.cfg.checkpoint.final_model_dir:  # TRL's output_dir: the model where trainer.save_model() leaves it
+            saved = publish_final(final, run.cfg.checkpoint.final_model_dir)
+            print(f"final model{' (LoRA adapter)' if run.policy.is_lora else ''} and tokenizer: {saved}")
+    except OSError as err:
+        raise FinalSaveError(err.errno, f"{err.strerror or err}. {last_checkpoint_line(run)}") from None
+    if failed is not None:
+        print(f"warning: the final checkpoint could not be written ({failed}); the final model is saved in {final}. "
+              f"{last_checkpoint_line(run)}", file=sys.stderr)
+    offer_final_point(run, final)
+    report = optional_write("report.json", lambda: build_report(run.run_dir)) or {}  # pareto_best: the frontier's
+    if report:
+        print(format_report(report))
     best = report.get("pareto_best")
     if best is not None:
         print(f"Pareto frontier: {len(run.progress.frontier.points)} point(s); best by mean score: step {best['step']} "
               f"{ {t: round(v, 3) for t, v in best['scores'].items()} } -> {best['path']}")
-    try:
-        plot_run(run.run_dir)
-    except (OSError, ValueError, RuntimeError) as e:  # a plot must never lose a finished run
-        print(f"warning: could not draw the plot: {e}")
+    optional_write("plot.png", lambda: plot_run(run.run_dir))
     print(f"run folder: {run.run_dir}")
     release_run_dir(run.run_dir)
     return report
+
+
+def optional_write(what: str, write: Callable[[], Any]) -> Any:
+    """`write()`'s result, or None with a warning when it fails: an optional write (a full disk, a plot that cannot
+    be drawn) must never lose a finished run."""
+    try:
+        return write()
+    except (OSError, ValueError, RuntimeError) as err:
+        print(f"warning: could not write {what}: {err}", file=sys.stderr)
+        return None
+
+
+def offer_final_point(run: Run, final: Path) -> None:
+    """The final model offered to the Pareto frontier with its after_rl scores (a copy of final/), after it is
+    saved: a point that cannot be written is a warning. Offered again by a run resumed from its final checkpoint."""
+    results = run.progress.evals.get("after_rl")
+    frontier = run.progress.frontier
+    if not results or frontier is None or any(p.step == run.progress.step for p in frontier.points):
+        return
+
+    def copy_final(path: Path) -> None:
+        for item in final.iterdir():
+            shutil.copyfile(item, path / item.name)
+
+    optional_write(f"the Pareto point of step {run.progress.step}",
+                   lambda: frontier.offer(run.progress.step, results, save_fn=copy_final))
 
 
 def main(cfg: C.Config, run: Run | None = None) -> Run:
@@ -392,11 +432,12 @@ def main(cfg: C.Config, run: Run | None = None) -> Run:
                 return run
             if cfg.checkpoint.every and step % cfg.checkpoint.every == 0:
                 save_checkpoint(run)
+    failed = None
     if not run.progress.finished:  # else resumed from the final checkpoint: evaluated and saved already
         evaluate_phase(run, "after_rl")
         run.progress.finished = True
-        save_checkpoint(run)
-    finish(run)
+        failed = save_final_checkpoint(run)  # a full disk: the final model may still fit, `finish` says which
+    finish(run, failed)
     return run
 
 
@@ -465,8 +506,9 @@ def cli(argv: list[str]) -> int:
     except C.ConfigError as e:
         print(f"config error: {e}", file=sys.stderr)
         return 2
-    if note := smoke_test_note(argv, cfg):  # --max-steps 3 on a preset with a long warm-up: say what still runs
-        print(note, file=sys.stderr)
+    for note in (smoke_test_note(argv, cfg), repeated_note(argv)):  # a short run's long warm-up; a field set twice
+        if note:
+            print(note, file=sys.stderr)
     if args.print_config:
         print(C.dumps(cfg))
         return 0

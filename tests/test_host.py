@@ -64,7 +64,18 @@ def test_train_threads_zero_takes_the_cores_and_keeps_a_lower_count_set_before()
     assert thread_count(0, 4, share) == (2, "train.threads=0: 4 CPU(s) in its affinity mask, a cgroup CPU quota of 2")
     n, why = thread_count(0, 1, share)  # OMP_NUM_THREADS=1, or a test's torch.set_num_threads(1)
     assert n == 1 and "as set before the run" in why
-    assert thread_count(3, 1, share) == (3, "train.threads=3")
+    assert thread_count(2, 1, share) == (2, "train.threads=2")
+    n, why = thread_count(3, 1, share)  # more than the quota's cores: it runs, and says so
+    assert n == 3 and "more than the 2 whole core(s) this process may keep busy" in why and "oversubscribe" in why
+
+
+@pytest.mark.parametrize("threads", [5, 64, 100_000, 10**30])
+def test_train_threads_over_the_cpus_of_the_process_is_refused_naming_the_field(threads):
+    from grpo.config import ConfigError
+
+    with pytest.raises(ConfigError) as err:  # 100000 failed in the reward preflight, 10**30 with OverflowError
+        thread_count(threads, 1, CpuShare(4, 2.0))
+    assert err.value.field == "train.threads" and "may use 4 CPU(s)" in str(err.value) and "at most 2" in str(err.value)
 
 
 def test_openmp_is_asked_to_sleep_after_a_short_spin_unless_the_environment_says_how_it_waits():

@@ -342,7 +342,7 @@ def test_the_root_script_still_runs():
     assert out.returncode == 0, out.stderr
     assert "--estimate" in out.stdout and "grpo-check-gpu-memory" in out.stdout
     bad = _run("--preset", "demo")
-    assert bad.returncode == 2 and "--preset/--gpu/--gpu-mem/--set need --estimate" in bad.stderr
+    assert bad.returncode == 2 and "--preset/--config/--gpu/--gpu-mem/--set and config flags need --estimate" in bad.stderr
 
 
 # ------------------------------------------------------------------------------------------ the graph engine

@@ -387,6 +387,102 @@ def ckpt_crafted_newer(tmp, mp):
     return Outcome(err.getvalue())
 
 
+TRL_BASE = {"model_name_or_path": "builtin:tiny", "reward_funcs": ["tests.trainer_helpers.trl_length_reward"],
+            "max_steps": 1, "per_device_train_batch_size": 2, "num_generations": 2, "max_completion_length": 4,
+            "use_cpu": True, "save_strategy": "no"}
+SMALL = ["--model.tiny_hidden", "32", "--model.tiny_layers", "1", "--model.tiny_heads", "2", "--data.eval_size", "2"]
+
+
+def trl_file(tmp, mp, text: str = "", **fields) -> Path:
+    """A TRL config file over a copy of examples/trl_grpo/math (tmp/math), its output_dir tmp/out."""
+    import shutil
+
+    import yaml
+
+    mp.setenv("GRPO_DUAL_CACHE", str(tmp / "cache"))
+    mp.setattr("grpo.data.dataset_dicts.hub_reachable", lambda: (False, "https://huggingface.co"))
+    if not (tmp / "math").exists():
+        shutil.copytree(ROOT / "examples" / "trl_grpo" / "math", tmp / "math")
+    path = tmp / "trl.yaml"
+    path.write_text(yaml.safe_dump({**TRL_BASE, "dataset_name": str(tmp / "math"), "output_dir": str(tmp / "out"),
+                                    **fields}) + text)
+    return path
+
+
+def trl_type(tmp, mp):
+    return cli(["--config", str(trl_file(tmp, mp, max_steps=2.7)), *SMALL, "--print-config"])
+
+
+def trl_rule(tmp, mp):
+    return cli(["--config", str(trl_file(tmp, mp)), *SMALL, "--max_completion_length", "0", "--print-config"])
+
+
+def trl_repeats(tmp, mp):
+    return cli(["--config", str(trl_file(tmp, mp, "max_steps: 3\n")), *SMALL, "--print-config"])
+
+
+def inert(tmp, mp):
+    from grpo.run.start_checks import inert_settings
+
+    return Outcome("; ".join(inert_settings(C.load_config("demo", ["rollout.fold_lora=on"]), torch.device("cpu"))))
+
+
+def too_many_threads(tmp, mp):
+    return cli([*TINY, "--train.threads", "100000", "--output-dir", str(tmp)])
+
+
+def trl_data(tmp, mp):
+    path = trl_file(tmp, mp)
+    train = tmp / "math" / "train.jsonl"
+    lines = train.read_text().splitlines()
+    lines[6] = '{"prompt": broken'
+    train.write_text("\n".join(lines) + "\n")
+    return cli(["--config", str(path), *SMALL, "--print-config"])
+
+
+def offline_uncached(tmp, mp):
+    mp.setenv("HF_HUB_OFFLINE", "1")
+    mp.setenv("HF_HOME", str(tmp / "hf"))
+    mp.delenv("HF_HUB_CACHE", raising=False)
+    return cli(["--config", str(trl_file(tmp, mp)), *SMALL, "--dataset_name", "someone/not-cached", "--print-config"])
+
+
+def lora_targets(tmp, mp):
+    return cli(["--config", str(trl_file(tmp, mp)), *SMALL, "--use_peft", "--lora_target_modules", "nonexistent_proj"])
+
+
+def output_dir_foreign(tmp, mp):
+    return cli(["--config", str(trl_file(tmp, mp)), *SMALL, "--output_dir", str(tmp / "math")])
+
+
+def memory_tool(tmp, mp):
+    from grpo.run.gpu_memory_check import check_gpu_memory
+
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            code = check_gpu_memory(["--estimate", "--gpu-mem", "0"])
+        except SystemExit as e:
+            code = e.code
+    return Outcome(err.getvalue() + out.getvalue(), code)
+
+
+def disk_full(tmp, mp):
+    import collections
+
+    usage = collections.namedtuple("usage", "total used free")
+    mp.setattr("grpo.run.disk_plan.shutil.disk_usage", lambda path: usage(10**12, 10**12 - 3 * 10**6, 3 * 10**6))
+    return cli([*TINY, "--output-dir", str(tmp)])
+
+
+def disk_full_at_the_end(tmp, mp):
+    def full(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    mp.setattr("grpo.run.save_resume.save_pretrained", full)
+    return cli([*TINY, "--train.max_steps", "1", "--output-dir", str(tmp)])
+
+
 TRIALS = {
     "config value (type, range, choice)": config_error("--rollout.k", "1"),
     "config value of the wrong type": config_error("--train.lr", "abc"),
@@ -431,6 +527,24 @@ TRIALS = {
     "a judge setting a user gets wrong (no key in the variable, `judge.kind=anthropic` without its SDK, a key pasted "
     "into `judge.api_key_env`)": judge_settings,
     "checkpoints: a crafted or legacy folder newer than the good ones": ckpt_crafted_newer,
+    "a TRL value of the wrong type, in a config file or a flag (`max_steps: 2.7`, `--eval_steps abc`, `use_peft: "
+    "maybe`, `num_generations: [4]`, `--reward_weights abc`)": trl_type,
+    "a rule a TRL value breaks (checked by the rule of the grpo-dual field it sets), or a `--section.field` flag that "
+    "clashes with a value a TRL field set": trl_rule,
+    "a key given twice in one table of a config file; a TRL flag or `--config` given twice": trl_repeats,
+    "a setting that cannot act in this run (`rollout.fold_lora` without LoRA or off the graph engine, "
+    "`rollout.sampling_rng=global` under the graph engine; TRL's `fp16` on the CPU)": inert,
+    "`train.threads` above the CPUs the process may use": too_many_threads,
+    "a TRL dataset that cannot be used: an empty data file, a line that is not JSON, rows without TRL's `prompt` "
+    "column, a chat message of an unknown role": trl_data,
+    "a Hub id under `HF_HUB_OFFLINE=1` that is not in the local cache (a dataset, a model)": offline_uncached,
+    "LoRA target modules the model does not have": lora_targets,
+    "an output folder (`checkpoint.final_model_dir`, TRL's `output_dir`) holding what no run wrote there: the model "
+    "being trained, a dataset, another run's files, anything else": output_dir_foreign,
+    "the memory tool's `--gpu-mem` that is no card's (0, negative, nan, 1e400); a `config.json` that is not a "
+    "model's": memory_tool,
+    "a run whose planned writes do not fit the free space of a file system it writes to": disk_full,
+    "a disk that fills up at the end of a run": disk_full_at_the_end,
 }
 ROWS = table_rows()
 

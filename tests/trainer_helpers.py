@@ -39,6 +39,12 @@ def length_reward(completion: str, gold: dict) -> float:
     return min(len(completion), 24) / 24.0
 
 
+def trl_length_reward(completions: list, **kwargs: Any) -> list[float]:
+    """A TRL-style reward function (a batch of completions, TRL's keyword arguments): longer completions score
+    higher, capped, so a group's rewards differ."""
+    return [min(len(c if isinstance(c, str) else c[-1]["content"]), 24) / 24.0 for c in completions]
+
+
 def fast_config(out_dir, *extra: str, preset: str = "demo") -> C.Config:
     """A tiny, fast demo config (1 layer, short completions, no SFT, no eval) writing to `out_dir`."""
     base = [f"train.output_dir={out_dir}", "train.run_name=t", "model.tiny_hidden=32", "model.tiny_layers=1",

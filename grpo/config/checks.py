@@ -18,14 +18,17 @@ class ConfigError(ValueError):
     """A config value is wrong. The message names the field, the value and the fix; `field` is the dotted name of the
     field at fault (None for errors about no one field, e.g. an unknown preset)."""
 
-    def __init__(self, message: str, field: str | None = None):
+    def __init__(self, message: str, field: str | None = None, fix: str | None = None):
         super().__init__(message)
         self.field = field
+        self.fix = fix
+        """The fix alone (field_error's), so that a rule can be reported under another name: a TRL field checked by
+        the rule of the grpo-dual field it sets is named as the user wrote it."""
 
 
 def field_error(name: str, value: Any, fix: str) -> ConfigError:
     """The error for field `name` (dotted) holding `value`, with the fix; every field check raises this."""
-    return ConfigError(f"config field `{name}` = {value!r} is invalid: {fix}", field=name)
+    return ConfigError(f"config field `{name}` = {value!r} is invalid: {fix}", field=name, fix=fix)
 
 
 def _inside_folder(name: str) -> bool:

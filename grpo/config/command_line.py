@@ -16,6 +16,7 @@ import ast
 import dataclasses
 import difflib
 import inspect
+import re
 import sys
 import typing
 from pathlib import Path
@@ -67,6 +68,8 @@ class OtherFlags:
                 i += 1
                 continue
             if negated:
+                if name[3:] in taken:
+                    raise repeated_flag(name[3:], taken[name[3:]], "false", "bool")
                 taken[name[3:]] = "false"
                 i += 1
                 continue
@@ -77,12 +80,15 @@ class OtherFlags:
                 j += 1
             if eq:
                 after = [inline]
-            if kind == "bool" and after and after[0].strip().lower() not in BOOL_WORDS:
-                after, j = [], i + 1  # `--use_peft out/`: the next word is not its value
+            if kind == "bool" and after and after[0].strip().lower() not in BOOL_WORDS:  # as TRL's parser refuses it
+                raise C.ConfigError(f"--{name} {after[0]}: use true or false (or --{name} alone for true)", field=name)
             if not after and kind != "bool":
                 where = "it ends the command line" if j >= len(words) else f"the flag {words[j]} follows it"
                 raise C.ConfigError(f"--{name} has no value: {where}; write --{name} VALUE", field=name)
-            taken[name] = after if kind == "list" else (after[0] if after else True)
+            value = after if kind == "list" else (after[0] if after else True)
+            if name in taken:  # argparse would keep the last silently
+                raise repeated_flag(name, taken[name], value, kind)
+            taken[name] = value
             i = j
         return taken, rest
 
@@ -94,6 +100,67 @@ class OtherFlags:
 
 BOOL_WORDS = ("1", "0", "true", "false", "yes", "no", "on", "off")
 """The values a bool flag takes (parse_value's)."""
+
+
+def _words(value: Any) -> str:
+    return " ".join(value) if isinstance(value, list) else "(alone)" if value is True else str(value)
+
+
+def repeated_flag(name: str, first: Any, then: Any, kind: str) -> C.ConfigError:
+    """A flag of another program given twice: refused, both values named (its parser would keep the last)."""
+    more = f"; a list flag takes several words: --{name} {_words(first)} {_words(then)}" if kind == "list" else ""
+    return C.ConfigError(f"--{name} is given twice ({_words(first)}, then {_words(then)}): give it once{more}",
+                         field=name)
+
+
+def repeated_note(argv: list[str]) -> str | None:
+    """One line naming each config field a command line sets more than once (--rollout.k 4 ... --rollout.k 8, or
+    --max-steps and --train.max_steps) and the value that applies (the last, as in every override); else None."""
+    overrides, _ = split_argv(argv)
+    values: dict[str, list[str]] = {}
+    for item in overrides:
+        key, _, value = item.partition("=")
+        values.setdefault(key, []).append(value)
+    repeats = [f"{key} ({', '.join(v)}: {v[-1]} applies)" for key, v in values.items() if len(v) > 1]
+    return f"note: set more than once on the command line, the last value applies: {'; '.join(repeats)}" \
+        if repeats else None
+
+
+class FileTree(dict):
+    """A config tree read from a config file or another program's flags (`read_file`'s), with `origins`: each dotted
+    field it sets that came from another program's field -> (that field, its value, whether the dotted field holds the
+    value as it is). A rule a field breaks is then reported under the name the user wrote (`blamed`)."""
+
+    def __init__(self, tree: Mapping[str, Any] = (), origins: Mapping[str, tuple[str, Any, bool]] | None = None):
+        super().__init__(tree)
+        self.origins = dict(origins or {})
+
+
+def blamed(err: C.ConfigError, overrides: list[str], origins: Mapping[str, tuple[str, Any, bool]]) -> C.ConfigError:
+    """`err` about the field the user set. A field given by a --section.field flag is named as it is; a rule
+    between it and a field the file or preset set (`rollout.max_trajectory_tokens` under `--rollout.max_new_tokens`)
+    names the flag's field; a field another program's field set (`origins`: TRL's max_completion_length sets
+    rollout.max_new_tokens) is named as that field."""
+    field = err.field or ""
+    given = dict(o.split("=", 1) for o in overrides if "=" in o)
+    if not field or field in given:
+        return err
+    origin = origins.get(field)
+    whence = f"TRL's {origin[0]}={origin[1]!r}" if origin else "the config file or preset"
+    section = field.rpartition(".")[0]
+    for dotted, text in given.items():  # the rule names the other field as `name=value`: that one was given
+        if dotted.rpartition(".")[0] == section and re.search(rf"(?<![\w.]){re.escape(dotted.rpartition('.')[2])}=",
+                                                               str(err)):
+            instead = f", or set {origin[0]} instead" if origin else f", or set {field} too"
+            return C.ConfigError(f"config field `{dotted}` = {text!r} is invalid: it breaks the rule of `{field}` "
+                                 f"(from {whence}): {err.fix or err}; change --{dotted}{instead}", field=dotted)
+    if origin is None:
+        return err
+    name, value, direct = origin
+    if direct and err.fix:
+        return C.ConfigError(f"config field `{name}` = {value!r} is invalid: {err.fix} (TRL's {name} is "
+                             f"grpo-dual's {field})", field=name, fix=err.fix)
+    return C.ConfigError(f"{err} ({field} comes from TRL's {name}={value!r})", field=name)
 
 
 def unknown_flags(unknown: list[str], parser: argparse.ArgumentParser,
@@ -330,6 +397,11 @@ def parse_trainer_argv(argv: list[str], prog: str, description: str, more_help: 
     args, unknown = parser.parse_known_args(rest)
     if unknown:
         raise unknown_flags(unknown, parser, other)
+    files = [v for i, a in enumerate(rest) for v in ([a.partition("=")[2]] if a.startswith("--config=") else
+                                                     rest[i + 1:i + 2] if a == "--config" else [])]
+    if len(files) > 1:  # argparse would keep the last silently
+        raise C.ConfigError(f"--config is given {len(files)} times ({', '.join(files)}): one config file a run; give "
+                            "the other's fields as flags", field="config")
     tree: dict[str, Any] = {}
     if args.config or theirs:
         if read_file is None:
@@ -343,4 +415,4 @@ def parse_trainer_argv(argv: list[str], prog: str, description: str, more_help: 
     try:
         return C.load_config(preset, overrides + flags, tree), args
     except C.ConfigError as err:
-        raise other_names_hint(err, other) from None
+        raise other_names_hint(blamed(err, overrides, getattr(tree, "origins", {})), other) from None

@@ -20,6 +20,7 @@ Errors are DataSourceError naming `where` (the TRL field) and the fix; nothing i
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 from typing import Any, Mapping, Sequence
@@ -36,11 +37,48 @@ def _offline() -> bool:
     return any(os.environ.get(v, "").strip().lower() in ("1", "true", "yes", "on") for v in OFFLINE_VARS)
 
 
+def hub_cache() -> Path:
+    """The Hugging Face hub cache as huggingface_hub places it ($HF_HUB_CACHE, else $HF_HOME/hub, else
+    $XDG_CACHE_HOME/huggingface/hub, else ~/.cache/huggingface/hub), read from the environment now."""
+    if os.environ.get("HF_HUB_CACHE"):
+        return Path(os.environ["HF_HUB_CACHE"]).expanduser()
+    home = os.environ.get("HF_HOME") or str(Path(os.environ.get("XDG_CACHE_HOME") or "~/.cache") / "huggingface")
+    return Path(home).expanduser() / "hub"
+
+
+def cached_offline(name: str, what: str = "dataset") -> bool:
+    """Whether Hub id `name` has a copy in the local caches an offline load reads: the hub cache's
+    `datasets--owner--name` / `models--owner--name`, and for a dataset datasets' own cache (`owner___name`)."""
+    kind = "datasets" if what == "dataset" else "models"
+    if (hub_cache() / f"{kind}--{name.replace('/', '--')}").is_dir():
+        return True
+    if what != "dataset":
+        return False
+    home = os.environ.get("HF_HOME") or str(Path(os.environ.get("XDG_CACHE_HOME") or "~/.cache") / "huggingface")
+    folder = Path(os.environ.get("HF_DATASETS_CACHE") or Path(home) / "datasets").expanduser()
+    return (folder / name.replace("/", "___")).is_dir()
+
+
+def offline_message(name: str, where: str, what: str = "dataset") -> str | None:
+    """The reason Hub id `name` cannot load here when the Hub is switched off (HF_HUB_OFFLINE / HF_DATASETS_OFFLINE)
+    and it is not in the local cache; None when online or cached."""
+    if not _offline() or cached_offline(name, what):
+        return None
+    switch = next(v for v in OFFLINE_VARS if os.environ.get(v, "").strip().lower() in ("1", "true", "yes", "on"))
+    fix = ("datasets.load_dataset(NAME).save_to_disk(FOLDER)" if what == "dataset"
+           else "huggingface-cli download NAME --local-dir FOLDER")
+    return (f"{where}={name!r}: the Hugging Face Hub is switched off here ({switch}=1) and {name} is not in the local "
+            f"Hugging Face cache ({hub_cache()}): download the {what} where there is a network ({fix}) and give "
+            f"{where}=FOLDER, or unset {switch} to download it")
+
+
 def check_hub(name: str, where: str, what: str = "dataset") -> None:
     """A Hub id that cannot be read here: DataSourceError naming `where` with the fix (no network and no
-    HF_HUB_OFFLINE). Passes when HF_HUB_OFFLINE / HF_DATASETS_OFFLINE is set (the local cache is read) or the Hub
-    answers."""
+    HF_HUB_OFFLINE; or HF_HUB_OFFLINE and no copy in the local cache). Passes when the Hub answers, or when it is
+    switched off (HF_HUB_OFFLINE / HF_DATASETS_OFFLINE) and the local cache holds `name`."""
     if _offline():
+        if problem := offline_message(name, where, what):
+            raise DataSourceError(problem)
         return
     ok, endpoint = hub_reachable()
     if not ok:
@@ -61,15 +99,59 @@ def _splits(loaded: Any) -> dict[str, Rows]:
     return {"train": _rows(loaded)}
 
 
-def _load(where: str, call: str, *args: Any, **kwargs: Any) -> Any:
-    """datasets' `call` (load_dataset / load_from_disk); its failure as a DataSourceError naming `where`."""
+SCANNED_FILES = 200
+"""At most this many JSON files of a local dataset are read again to name the one that failed (a folder of shards)."""
+
+
+def _json_problem(file: Path) -> str | None:
+    """Why datasets' json builder cannot read `file`: empty, or its first line that is not JSON (`file:line`); None
+    when it reads as JSON (a whole-file array or object) or JSON lines."""
+    try:
+        text = file.read_text(encoding="utf-8-sig")
+    except (OSError, UnicodeDecodeError) as err:
+        return f"{file} cannot be read as UTF-8 text ({err})"
+    if not text.strip():
+        return f"{file} is empty: it holds no rows"
+    try:
+        json.loads(text)
+        return None
+    except ValueError:
+        pass
+    for number, line in enumerate(text.splitlines(), 1):
+        try:
+            if line.strip():
+                json.loads(line)
+        except ValueError as err:
+            return f"{file}:{number}: not valid JSON ({getattr(err, 'msg', err)}): fix or delete that line"
+    return None
+
+
+def _local_problem(local: Path | None) -> str | None:
+    """The file and line of a local JSON / JSON-lines dataset that datasets could not read (its own message names
+    neither: StopIteration for an empty file, DatasetGenerationError for a bad line); None when none is found."""
+    if local is None or not local.exists():
+        return None
+    files = [local] if local.is_file() else sorted(p for p in local.rglob("*") if p.is_file())
+    for file in [f for f in files if f.suffix.lower() in (".json", ".jsonl")][:SCANNED_FILES]:
+        if problem := _json_problem(file):
+            return problem
+    return None
+
+
+def _load(where: str, call: str, *args: Any, local: Path | None = None, **kwargs: Any) -> Any:
+    """datasets' `call` (load_dataset / load_from_disk); its failure as a DataSourceError naming `where` (and, for a
+    `local` JSON dataset, the file and line at fault)."""
     datasets = _datasets()
     shown = datasets.is_progress_bar_enabled()
     datasets.disable_progress_bars()  # one line per split and shard is noise on a command line
     try:
         return getattr(datasets, call)(*args, **kwargs)
     except Exception as err:  # datasets raises many types for "cannot read it"; all are the user's input
-        first = (str(err).strip().splitlines() or [type(err).__name__])[0][:300]
+        if problem := _local_problem(local):
+            raise DataSourceError(f"{where}: {problem}") from err
+        while err.__cause__ is not None and "error occurred while generating" in str(err):  # the real one is inside
+            err = err.__cause__
+        first = (" ".join(str(err).split()) or type(err).__name__)[:300]
         if "scripts are no longer supported" in first:
             first += (f" (datasets {datasets.__version__} runs no dataset scripts: run the script once with a "
                       "datasets < 4 and save_to_disk the result, or give its data files)")
@@ -89,11 +171,11 @@ def load_named(name: str, config: str | None, where: str) -> dict[str, Rows]:
             raise DataSourceError(f"{where}={name!r} is a file with suffix {local.suffix!r}; data files are "
                                   f"{', '.join(DATA_SUFFIXES)}, or give a folder or a save_to_disk folder")
         extra = {"delimiter": "\t"} if local.suffix.lower() == ".tsv" else {}
-        return _splits(_load(where, "load_dataset", builder, data_files=str(local), **extra))
+        return _splits(_load(where, "load_dataset", builder, data_files=str(local), local=local, **extra))
     if local.is_dir():
         if is_saved_dataset(local):
             return _splits(_load(where, "load_from_disk", str(local)))
-        return _splits(_load(where, "load_dataset", str(local), name=config))
+        return _splits(_load(where, "load_dataset", str(local), name=config, local=local))
     if not looks_like_hub_id(name):
         raise DataSourceError(f"{where}={name!r} does not exist: give a data file, a folder or a Hub id 'owner/name'")
     check_hub(name, where)
@@ -118,10 +200,12 @@ def load_mixture(entries: Sequence[Mapping[str, Any]], test_size: float | None, 
             check_hub(path, f"{here}.path")
         if local.is_file():  # a file as its builder reads it (datasets takes no file as a path)
             builder = "json" if local.suffix.lower() in (".json", ".jsonl") else BUILDER_OF_SUFFIX.get(local.suffix)
-            table = _load(here, "load_dataset", builder, data_files=str(local), split=entry.get("split") or "train")
+            table = _load(here, "load_dataset", builder, data_files=str(local), split=entry.get("split") or "train",
+                          local=local)
         else:
             table = _load(here, "load_dataset", path, name=entry.get("name"), data_dir=entry.get("data_dir"),
-                          data_files=entry.get("data_files"), split=entry.get("split") or "train")
+                          data_files=entry.get("data_files"), split=entry.get("split") or "train",
+                          local=local if local.is_dir() else None)
         if entry.get("columns") is not None:
             table = table.select_columns(list(entry["columns"]))
         tables.append(table)

@@ -21,6 +21,9 @@ from typing import Any, Protocol, Sequence
 from grpo.core.records import Sample
 from grpo.data.jsonio import content_id, fill_template
 
+CHAT_ROLES = ("system", "user", "assistant", "tool", "developer", "ipython", "function")
+"""The message roles chat templates know (Llama 3.1's ipython, OpenAI's developer and function among them): a row
+with another role is a bad row, named by file and line, before a chat template raises on it after the model loaded."""
 GOLD_COLUMN = "gold"  # a column holding the whole gold dict (the original JSONL row format)
 META_COLUMN = "meta"  # a column holding a dict kept as Sample.meta
 
@@ -51,6 +54,10 @@ def _messages(value: Any, column: str) -> list[dict[str, str]]:
             isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
             for m in value)):
         raise RowError(f"column {column!r} must be a non-empty list of {{'role': str, 'content': str}} objects")
+    unknown = [m["role"] for m in value if m["role"] not in CHAT_ROLES]
+    if unknown:
+        raise RowError(f"column {column!r} has a message of the role {unknown[0]!r}; chat templates know "
+                       f"{', '.join(CHAT_ROLES[:4])} (and some {', '.join(CHAT_ROLES[4:])})")
     if value[-1]["role"] == "assistant":
         raise RowError(f"column {column!r} ends with an assistant turn: the prompt must not hold the answer "
                        "(put it in the target column)")

@@ -151,9 +151,19 @@ def cpu_share() -> CpuShare:
 
 
 def thread_count(requested: int, current: int, share: CpuShare) -> tuple[int, str]:
-    """(torch's intra-op threads, why) for train.threads = `requested`: that number when > 0; 0 = the process's
-    whole cores (`CpuShare.cores`), kept at `current` (torch's count now) when that is lower, as OMP_NUM_THREADS or
-    an earlier torch.set_num_threads made it."""
+    """(torch's intra-op threads, why) for train.threads = `requested`: that number when > 0 (more than the CPUs of
+    the process's affinity mask is a ConfigError: such threads only wait for each other, and far more fail to start
+    or overflow; more than its whole cores is said in `why`: they oversubscribe them); 0 = the process's whole cores
+    (`CpuShare.cores`), kept at `current` (torch's count now) when that is lower, as OMP_NUM_THREADS or an earlier
+    torch.set_num_threads made it."""
+    if requested > share.affinity:
+        from grpo.config import field_error
+
+        raise field_error("train.threads", requested, f"this process may use {share.affinity} CPU(s) "
+                          f"({share.describe()}): use at most {share.cores}, or 0 (the cores it may use)")
+    if requested > share.cores:
+        return requested, (f"train.threads={requested}, more than the {share.cores} whole core(s) this process may "
+                           f"keep busy ({share.describe()}): its threads oversubscribe them")
     if requested > 0:
         return requested, f"train.threads={requested}"
     cores = share.cores

@@ -128,13 +128,17 @@ def save(run_dir: Path, step: int, state: dict[str, Any], config: dict[str, Any]
         shutil.rmtree(stale, ignore_errors=True)
     tmp = root / f".tmp-{PREFIX}{step:06d}-{os.getpid()}"
     tmp.mkdir()
-    with writing(tmp / TENSORS):
-        save_file(tensors, str(tmp / TENSORS))
-    files: dict[str, bytes | None] = {TENSORS: None, STATE_JSON: tree_json.encode(),
-                                      "config.json": json.dumps(config, indent=2).encode()}
-    if inputs is not None:
-        files[INPUTS] = json.dumps(inputs, indent=2).encode()
-    _write_folder(tmp, final, files, {"step": step})
+    try:
+        with writing(tmp / TENSORS):
+            save_file(tensors, str(tmp / TENSORS))
+        files: dict[str, bytes | None] = {TENSORS: None, STATE_JSON: tree_json.encode(),
+                                          "config.json": json.dumps(config, indent=2).encode()}
+        if inputs is not None:
+            files[INPUTS] = json.dumps(inputs, indent=2).encode()
+        _write_folder(tmp, final, files, {"step": step})
+    except Exception:  # a full disk: the partial copy's space goes back (the final model may still fit)
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
     for old in list_complete(run_dir)[:-keep_last]:
         remove_folder(old)
     return final

@@ -48,8 +48,7 @@ def banner(run: Run) -> str:
                                    f"beta {cfg.kl_for(t).beta:g}, {cfg.kl_for(t).controller} controller"
                                    + (f" [{cfg.kl_for(t).band_low:g}, {cfg.kl_for(t).band_high:g}]"
                                       if cfg.kl_for(t).controller == "band" else "") + ")" for t in run.tasks)]
-    if run.start.host:
-        lines.append(run.start.host)
+    lines += [line for line in (run.start.host, run.start.disk) if line]
     if run.device.type == "cuda":  # what the estimator predicts for this config, next to what the card has
         try:
             peak = estimate(inputs_from_config(cfg)).peak_bytes / 2**30

@@ -5,6 +5,13 @@ command `grpo-check-gpu-memory`; in a checkout `python check_gpu_memory.py` runs
     grpo-check-gpu-memory                                        # every GPU, every process, this process's allocator
     grpo-check-gpu-memory --estimate --preset llama3-8b-dual --gpu a100-40
     python check_gpu_memory.py --estimate --preset llama3-8b-dual --gpu-mem 24 --set model.load_in_4bit=true
+    grpo-check-gpu-memory --estimate --config grpo.yaml          # a config file, TRL's included, as the trainer reads it
+    grpo-check-gpu-memory --estimate --model_name_or_path Qwen/Qwen2.5-0.5B --per_device_train_batch_size 8 --gpu l4-24
+
+The config is built as the trainer builds it (grpo/config/command_line.py, grpo/run/trl_cli.py): --preset, --config
+(grpo-dual's sections or TRL's fields), TRL's flags, --section.field / --set overrides; a TRL command line is read as
+for a run on a GPU, its dataset not read (the rows do not change the estimate). --gpu-mem must be a finite number of
+GiB above 0: a tool meant to prevent out-of-memory crashes says FITS only against a real card.
 
 Inside a training process call `report_live()` (it never creates a CUDA context of its own).
 The estimate comes from grpo/models/memory_estimate.py (pure arithmetic; see its docstring for every formula and the phase model).
@@ -28,6 +35,25 @@ GPUS: dict[str, tuple[float, tuple[int, int]]] = {
     "v100-32": (32768 / 1024, (7, 0)),
     "t4-16": (15360 / 1024, (7, 5)),
 }
+MAX_GPU_GIB = 1e5
+"""The largest --gpu-mem taken (GiB): far above any card or node; a bigger number is a typo (1e400 is infinite)."""
+
+
+def gpu_gib(text: str) -> float:
+    """--gpu-mem's value: a finite number of GiB in (0, MAX_GPU_GIB] (argparse's type; its error names the option)."""
+    import argparse
+    import math
+
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of GiB, e.g. 24") from None
+    if not math.isfinite(value) or not 0 < value <= MAX_GPU_GIB:
+        raise argparse.ArgumentTypeError(f"{text} GiB is not a GPU's memory: give a number of GiB above 0 (and at "
+                                         f"most {MAX_GPU_GIB:g}), e.g. 24")
+    return value
+
+
 def report_live() -> str:
     """The live report: NVML view of all GPUs and processes + this process's torch allocator, or NO_GPU_LINE."""
     import torch
@@ -47,10 +73,11 @@ def estimate_report(cfg: Any, gpu: str | None, gpu_mem: float | None) -> str:
     """The estimate table for `cfg` on the named card (or `gpu_mem` GiB) and, if it does not fit, the 3 cheapest fixes."""
     from grpo.run.memory_inputs import inputs_from_config  # imports torch: not for --help or the live report
 
-    gpu_gb, cc = (gpu_mem, (8, 0)) if gpu_mem else GPUS[gpu or "a100-40"]
+    gpu_gb, cc = (gpu_mem, (8, 0)) if gpu_mem is not None else GPUS[gpu or "a100-40"]
     x = inputs_from_config(cfg, cc)
     est = estimate(x)
-    card = f"{gpu_mem:g} GiB (--gpu-mem)" if gpu_mem else f"{gpu or 'a100-40'} ({gpu_gb:.1f} GiB, cc {cc[0]}.{cc[1]})"
+    card = (f"{gpu_mem:g} GiB (--gpu-mem)" if gpu_mem is not None
+            else f"{gpu or 'a100-40'} ({gpu_gb:.1f} GiB, cc {cc[0]}.{cc[1]})")
     head = (f"ESTIMATE for {x.shape.name} on {card}: {x.weight_dtype}"
             f"{' + 4-bit nf4' if x.load_in_4bit else ''}, "
             f"{'LoRA r=' + str(x.lora_r) if x.lora else 'full fine-tuning'}, "
@@ -69,30 +96,59 @@ def check_gpu_memory(argv: list[str] | None = None) -> int:
     """The command line (`argv`: the arguments, default sys.argv[1:]); returns the exit status."""
     import argparse
 
+    from grpo.config import ConfigError
     from grpo.config.command_line import split_argv
-    from grpo.config import ConfigError, load_config
-    from grpo.run.config_check import check_config
 
     overrides, rest = split_argv(sys.argv[1:] if argv is None else argv)
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
-                                     epilog="Config overrides: --set section.field=value (repeatable).")
+                                     epilog="Config overrides: --set section.field=value (repeatable) or "
+                                            "--section.field VALUE; TRL's flags (--model_name_or_path, "
+                                            "--per_device_train_batch_size, ...) as grpo-dual's command line reads "
+                                            "them (docs/TRL.md).")
     parser.add_argument("--estimate", action="store_true", help="predict peak memory of a config instead of live use")
     parser.add_argument("--preset", default=None, help="config preset, e.g. llama3-8b-dual (default: demo)")
+    parser.add_argument("--config", metavar="FILE", default="",
+                        help="a YAML or JSON config file: grpo-dual's sections or TRL's fields, as grpo-dual reads it")
     group = parser.add_mutually_exclusive_group()
     group.add_argument("--gpu", choices=sorted(GPUS), default=None, help="target card (default a100-40)")
-    group.add_argument("--gpu-mem", type=float, default=None, help="target memory in GiB (bf16-capable GPU assumed)")
+    group.add_argument("--gpu-mem", type=gpu_gib, default=None,
+                       help="target memory in GiB, above 0 (bf16-capable GPU assumed)")
+    try:
+        theirs, rest = _trl_flags().take(rest, {"estimate", "preset", "config", "gpu", "gpu-mem", "help"})
+    except ConfigError as err:
+        print(f"check_gpu_memory: {err}", file=sys.stderr)
+        return 2
     args = parser.parse_args(rest)
     if not args.estimate:
-        if overrides or args.preset or args.gpu or args.gpu_mem:
-            parser.error("--preset/--gpu/--gpu-mem/--set need --estimate")
+        if overrides or args.preset or args.gpu or args.gpu_mem is not None or args.config or theirs:
+            parser.error("--preset/--config/--gpu/--gpu-mem/--set and config flags need --estimate")
         print(report_live())
         return 0
     try:
-        cfg = check_config(load_config(args.preset, overrides))
-        report = estimate_report(cfg, args.gpu, args.gpu_mem)
+        report = estimate_report(estimated_config(args.preset, args.config, theirs, overrides), args.gpu, args.gpu_mem)
     except (ConfigError, ValueError) as err:  # ConfigError is a ValueError; both name the field and the fix
         print(f"check_gpu_memory: {err}", file=sys.stderr)
         return 2
     print(report)
     return 0
 
+
+def _trl_flags() -> Any:
+    from grpo.run.trl_cli import trl_flags
+
+    return trl_flags()
+
+
+def estimated_config(preset: str | None, config_file: str, theirs: dict[str, Any], overrides: list[str]) -> Any:
+    """The Config a run of this command line would train with, read as the trainer reads it (a TRL command line as
+    for a run on a GPU, its rows not read: grpo/run/trl_rows.estimating), checked against the registries."""
+    from grpo.config import load_config
+    from grpo.run.config_check import check_config
+    from grpo.run.trl_cli import read_config_file
+    from grpo.run.trl_rows import estimating
+
+    tree: dict[str, Any] = {}
+    if config_file or theirs:
+        with estimating():
+            tree = read_config_file(config_file, theirs)
+    return check_config(load_config(preset or tree.get("preset"), overrides, tree))

@@ -29,8 +29,16 @@ def resolve_shape(model_cfg: Any) -> ModelShape:
         if not config_file.is_file():
             raise ValueError(f"model.name={name!r} is a folder without config.json: point it at a Hugging Face "
                              "model folder (the one holding config.json and the weights)")
-        d = json.loads(config_file.read_text())
-        return shape_from_hf_config(d.get("text_config", d), name=name)
+        try:
+            d = json.loads(config_file.read_text())
+        except (ValueError, UnicodeDecodeError) as err:  # JSONDecodeError is a ValueError
+            raise ValueError(f"{config_file} is not JSON ({err}): a model folder's config.json is") from None
+        try:
+            return shape_from_hf_config(d.get("text_config", d), name=name)
+        except (KeyError, TypeError, AttributeError) as err:  # a field the shape needs is missing or of another type
+            raise ValueError(f"{config_file} lacks what the estimate needs ({type(err).__name__}: {err}): a "
+                             "transformers model's config.json holds hidden_size, num_hidden_layers, "
+                             "num_attention_heads, intermediate_size and vocab_size") from None
     shape = lookup_known_shape(name)
     if shape is None:
         known = "\n  ".join(sorted(KNOWN_SHAPES))

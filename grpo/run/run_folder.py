@@ -33,8 +33,10 @@ Locking needs `fcntl` (POSIX); where it is missing (Windows) folders are not loc
 from __future__ import annotations
 
 import contextlib
+import filecmp
 import json
 import os
+import re
 import shutil
 import socket
 import tempfile
@@ -279,3 +281,105 @@ def discarded_if_unstarted(path: str | Path, enabled: bool) -> Iterator[None]:
             discard_unstarted(path)
         release_run_dir(path)
         raise
+
+
+# ----------------------------------------------------------------------------- the final model's own folder
+FINAL_MANIFEST = ".grpo-dual-final"
+"""Written into checkpoint.final_model_dir (TRL's output_dir) before the final model's files are put there: the
+names of the files a run wrote at its top (JSON), so that a later run may write them again and nothing else there."""
+MODEL_FILES = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
+               "special_tokens_map.json", "adapter_config.json")
+MODEL_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf", ".index.json")
+DATA_FILES = ("dataset_dict.json", "dataset_info.json", "state.json")
+DATA_SUFFIXES = (".jsonl", ".json", ".csv", ".tsv", ".parquet", ".arrow", ".txt")
+
+
+def _written_by_a_run(folder: Path) -> set[str]:
+    """The files of `folder` that a run's final save wrote (FINAL_MANIFEST's list; an empty set without it)."""
+    try:
+        names = json.loads((folder / FINAL_MANIFEST).read_text()).get("files", [])
+    except (OSError, ValueError, AttributeError):
+        return set()
+    return {str(n) for n in names} if isinstance(names, list) else set()
+
+
+def _same_as_final(folder: Path, name: str, run_dir: Path) -> bool:
+    """Whether folder/name is byte for byte the run's final/name (a final save before FINAL_MANIFEST existed)."""
+    mine, theirs = folder / name, run_dir / "final" / name
+    return mine.is_file() and theirs.is_file() and filecmp.cmp(mine, theirs, shallow=False)
+
+
+def _partial(name: str, own: set[str]) -> bool:
+    """Whether `name` is a file publish_final was writing when it was stopped (`.NAME.tmpPID` of a listed NAME, or
+    the list's own temporary file)."""
+    if re.fullmatch(rf"{re.escape(FINAL_MANIFEST)}\.tmp\d+", name):
+        return True
+    match = re.fullmatch(r"\.(.+)\.tmp\d+", name)
+    return bool(match) and match.group(1) in own
+
+
+def _looks_like(entries: list[str]) -> str:
+    """What a folder holding `entries` is, for the message: a model, a dataset, a run folder, or files."""
+    if MARKER in entries or any(e in entries for e in ("metrics.jsonl", "checkpoints")):
+        return "another run's folder"
+    if any(e in MODEL_FILES or e.endswith(MODEL_SUFFIXES) for e in entries):
+        return "a model's folder"
+    if any(e in DATA_FILES or e.endswith(DATA_SUFFIXES) for e in entries):
+        return "a dataset's folder"
+    return "a folder of other files"
+
+
+def check_final_model_dir(folder: str | Path, run_dir: Path, model_name: str) -> None:
+    """checkpoint.final_model_dir (TRL's output_dir) before anything is written or loaded: RunFolderError when it is
+    the folder of the model being trained, or holds an entry no run wrote there (a model, a dataset, another run's
+    files: anything but this run's own folder and the files FINAL_MANIFEST lists). The final save would write its
+    config.json and weights over them; nothing is ever written into such a folder."""
+    folder = expand_home(folder)
+    model = Path(model_name).expanduser()
+    if model.exists() and folder.exists() and os.path.samefile(model, folder):
+        raise RunFolderError(f"output folder {folder} (checkpoint.final_model_dir, TRL's output_dir) is the folder of "
+                             "the model being trained (model.name, TRL's model_name_or_path): the final model would "
+                             "be written over it. Choose another output folder (--output_dir); nothing in it was "
+                             "touched")
+    if not folder.is_dir():
+        return
+    own = _written_by_a_run(folder)
+    foreign = sorted(e.name for e in folder.iterdir() if e.name not in (FINAL_MANIFEST, *own)
+                     and not _partial(e.name, own)
+                     and not (e.name == run_dir.name and run_dir.parent.resolve() == folder.resolve())
+                     and not _same_as_final(folder, e.name, run_dir))
+    if foreign:
+        raise RunFolderError(f"output folder {folder} (checkpoint.final_model_dir, TRL's output_dir) holds files no "
+                             f"run wrote there ({_shown(foreign)}): it looks like {_looks_like(foreign)}, and the "
+                             "final model's config.json, weights and tokenizer would be written among them, over "
+                             "those of the same name. Choose another output folder (--output_dir: a new or empty "
+                             "one); nothing in it was touched")
+
+
+def publish_final(final: Path, folder: str | Path) -> Path:
+    """The files of the run's `final` folder copied to the top of `folder` (checkpoint.final_model_dir, where TRL's
+    trainer.save_model leaves them). FINAL_MANIFEST lists every name before any file appears; each file is written
+    under a temporary name and renamed into place, so the folder holds the old file or the new one, never a torn
+    one; files an earlier final save wrote that this one does not (a full model's weights after an adapter run)
+    are removed after."""
+    folder = expand_home(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    names = sorted(p.name for p in final.iterdir() if p.is_file())
+    before = _written_by_a_run(folder)
+    for stale in [e for e in folder.iterdir() if _partial(e.name, before)]:  # a copy a stopped save left
+        stale.unlink(missing_ok=True)
+    _write_manifest(folder, sorted(before | set(names)), final)
+    for name in names:
+        part = folder / f".{name}.tmp{os.getpid()}"
+        shutil.copyfile(final / name, part)
+        os.replace(part, folder / name)
+    for stale in sorted(before - set(names)):
+        (folder / stale).unlink(missing_ok=True)
+    _write_manifest(folder, names, final)
+    return folder
+
+
+def _write_manifest(folder: Path, names: list[str], final: Path) -> None:
+    tmp = folder / f"{FINAL_MANIFEST}.tmp{os.getpid()}"
+    tmp.write_text(json.dumps({"files": names, "from": str(final)}, indent=1) + "\n")
+    os.replace(tmp, folder / FINAL_MANIFEST)

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -17,7 +19,7 @@ import torch
 from grpo import config as C
 from grpo.core.losses import POLICY_LOSSES
 from grpo.models.distributed import Dist, rank_rng_state
-from grpo.models.modeling import Policy
+from grpo.models.modeling import Policy, save_pretrained
 from grpo.run import checkpoint_files as ckpt
 from grpo.run.fingerprints import input_changes
 from grpo.run.run_folder import run_started
@@ -82,6 +84,34 @@ def tied_names(model: torch.nn.Module) -> set[str]:
     return {name for names in groups.values() if len(names) > 1 for name in names}
 
 
+FINAL_DIR = "final"
+"""The run folder's final model (save_pretrained's files): loadable with from_pretrained."""
+
+
+def save_final_model(run: Run, state: dict | None = None) -> Path:
+    """The final model into <run folder>/final, whole or not at all: written by save_pretrained into a temporary
+    folder beside it, then renamed over it (a resumed run's old final/ is replaced only by a complete one). A write
+    that fails (a full disk) removes the partial copy, freeing its space, and raises an OSError naming final/.
+    `state`: the whole model's weights gathered from FSDP shards."""
+    final = run.run_dir / FINAL_DIR
+    for stale in run.run_dir.glob(".tmp-final-*"):  # a save killed before its rename
+        shutil.rmtree(stale, ignore_errors=True)
+    tmp = run.run_dir / f".tmp-final-{os.getpid()}"
+    try:
+        save_pretrained(run.policy, tmp, state)
+    except OSError as err:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise OSError(err.errno, f"could not write the final model {final}: {err.strerror or err}") from None
+    if final.exists():
+        old = run.run_dir / f".old-final-{os.getpid()}"
+        os.replace(final, old)
+        os.replace(tmp, final)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        os.replace(tmp, final)
+    return final
+
+
 def checkpoint_state(run: Run, rng_ranks: list[dict[str, Any]] | None = None,
                      gathered: tuple[dict, dict] | None = None) -> dict[str, Any]:
     """Everything needed to continue the run bit-for-bit. `rng_ranks`: every rank's RNG state (rank order);
@@ -98,19 +128,56 @@ def checkpoint_state(run: Run, rng_ranks: list[dict[str, Any]] | None = None,
             "rng_ranks": rng_ranks, "metrics_rows": run.tracker.rows_logged, "finished": run.progress.finished}
 
 
-def save_checkpoint(run: Run) -> Path:
-    """Rank 0 writes the checkpoint (weights are the same on every rank) with every rank's RNG state."""
+class FinalSaveError(OSError):
+    """The final model could not be written; the message names the last complete checkpoint to resume from."""
+
+
+def last_checkpoint_line(run: Run) -> str:
+    """Where a run whose final save failed can go on from: its newest complete checkpoint, and what --resume auto
+    does from it."""
+    complete = ckpt.list_complete(run.run_dir)
+    if not complete:
+        return ("No complete checkpoint was written (checkpoint.every=0 writes only the final one): free space and "
+                "train again, with checkpoint.every N to keep some")
+    newest = complete[-1]
+    finished = newest.name == f"{ckpt.PREFIX}{run.progress.step:06d}" and run.progress.finished
+    return (f"The last complete checkpoint is {newest}: free space, then run the same command with --resume auto ("
+            + ("the run is finished there: it writes the final model without training again)" if finished else
+               "it trains on from there)"))
+
+
+def save_final_checkpoint(run: Run) -> OSError | None:
+    """The checkpoint of the finished run; a write the disk refuses is returned, not raised: the final model, a third
+    of a checkpoint's size, is still worth writing (grpo_train.finish names it)."""
+    try:
+        save_checkpoint(run, final=True)
+    except OSError as err:
+        return err
+    return None
+
+
+def save_checkpoint(run: Run, final: bool = False) -> Path:
+    """Rank 0 writes the checkpoint (weights are the same on every rank) with every rank's RNG state. `final`: a
+    write the disk refuses is raised after every rank has left the collectives (save_final_checkpoint)."""
     rng_ranks = run.dist.gather(ckpt.rng_state())
     gathered = None
     if run.dist.sharded:  # collectives: every rank takes part, rank 0 receives the whole state
         gathered = (run.dist.full_state(run.policy.model),
                     run.dist.optimizer_state(run.policy.model, run.updater.optimizer))
-    folder = None
+    folder, failed = None, None
     if run.dist.is_main:
-        folder = ckpt.save(run.run_dir, run.progress.step, checkpoint_state(run, rng_ranks, gathered), C.to_dict(run.cfg),
-                           run.cfg.checkpoint.keep_last, inputs=run.start.inputs)
-        run_started(run.run_dir)  # a checkpoint to resume from: the folder is no longer restartable
-    return run.dist.broadcast(folder)  # also a barrier: no rank goes on before the checkpoint is complete
+        try:
+            folder = ckpt.save(run.run_dir, run.progress.step, checkpoint_state(run, rng_ranks, gathered),
+                               C.to_dict(run.cfg), run.cfg.checkpoint.keep_last, inputs=run.start.inputs)
+            run_started(run.run_dir)  # a checkpoint to resume from: the folder is no longer restartable
+        except OSError as err:
+            if not final:
+                raise
+            failed = err
+    folder = run.dist.broadcast(folder)  # also a barrier: no rank goes on before the checkpoint is complete
+    if failed is not None:
+        raise failed
+    return folder
 
 
 ACCEPTED = "accepted_changes.jsonl"

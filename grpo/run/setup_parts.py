@@ -24,6 +24,7 @@ from grpo import config as C
 from grpo.config import ConfigError
 from grpo.core.multi import ConflictMonitor
 from grpo.core.records import Sample
+from grpo.data.jsonio import DataFileError
 from grpo.models.distributed import Dist
 from grpo.models.logprobs import shared_prompt_blocker, shares_by_size
 from grpo.models.modeling import Policy
@@ -140,8 +141,6 @@ def _builtin_samples(data, seed: int, announce: bool = True) -> list[Sample]:
         from grpo.data.demo_tasks import make_demo_samples
 
         return _with_system(make_demo_samples(data.demo_size, seed=seed), data.system_prompt)
-    from grpo.data.jsonio import DataFileError
-
     system = data.system_prompt or None
     root = Path(data.data_dir)
     if not (root / "bbq").is_dir():  # every task data.source=dual names must have rows
@@ -186,8 +185,20 @@ def _with_system(samples: list[Sample], system_prompt: str) -> list[Sample]:
 def model_load_error(name: str, error: BaseException) -> ConfigError:
     """The ConfigError for a model.name that does not load (a missing path, a file that is no model folder, a hub id
     with no network, a pickle): the name and the loader's first line, no traceback."""
+    from grpo.data.dataset_dicts import offline_message
+    from grpo.data.tables import looks_like_hub_id
+
     first = (str(error).strip().splitlines() or [type(error).__name__])[0][:300]
     path = Path(name).expanduser()
+    hub_id = looks_like_hub_id(name) and not path.exists() and type(error).__name__ != "HubCacheError"
+    offline = offline_message(name, "model.name", "model") if hub_id else None  # (an unusable cache: named below)
+    if type(error).__name__ == "NoMatchingPeftModuleError" or first.startswith("Target modules"):  # peft's
+        return ConfigError(f"config field `model.lora_target_modules` is invalid: {first} (model {name!r}); name "
+                           "modules the model has (TRL's lora_target_modules sets this field)",
+                           field="model.lora_target_modules")
+    if offline is not None:  # transformers says only that it could not connect
+        return ConfigError(f"config field `model.name` = {name!r} cannot be loaded: {offline.split(': ', 1)[1]}",
+                           field="model.name")
     why = (f"{path} does not exist" if name.startswith(("/", ".", "~")) and not path.exists()
            else f"{path} is a file, not a model folder (config.json, weights as safetensors)" if path.is_file()
            else f"{type(error).__name__}: {first}")
@@ -498,15 +509,28 @@ def prompt_token_limit(max_prompt_tokens: int, max_new_tokens: int, positions: i
                    f"positions hold the prompt and rollout.max_new_tokens={max_new_tokens}")
 
 
+def prompt_tokens(tokenizer, sample: Sample) -> int:
+    """The length of `sample`'s prompt as rollouts encode it (grpo/models/tokens.encode_prompt); a row the chat
+    template refuses (an unknown role) is a DataFileError naming its file and line or row, not jinja2's
+    TemplateError."""
+    from grpo.models.tokens import TemplateError, encode_prompt
+
+    try:
+        return len(encode_prompt(tokenizer, sample.messages))
+    except TemplateError as err:
+        unit = "line" if "line" in sample.meta else "row"
+        where = f"{sample.meta.get('source', 'task ' + repr(sample.task))} {unit} {sample.meta.get(unit, '?')}"
+        raise DataFileError(f"{where} (task {sample.task!r}, roles {[m['role'] for m in sample.messages]}): the "
+                            f"model's chat template refuses its messages: {err}") from None
+
+
 def drop_long_prompts(rows: Mapping[str, list[Sample]], tokenizer, limit: int, what: str,
                       why: str = "", announce: bool = True) -> dict[str, list[Sample]]:
     """`rows` by task without the prompts longer than `limit` tokens after the chat template (the way rollouts
     encode them: grpo/models/tokens.encode_prompt); one line per task that lost rows, with the count (`announce`)."""
-    from grpo.models.tokens import encode_prompt
-
     kept: dict[str, list[Sample]] = {}
     for task, samples in rows.items():
-        kept[task] = [s for s in samples if len(encode_prompt(tokenizer, s.messages)) <= limit]
+        kept[task] = [s for s in samples if prompt_tokens(tokenizer, s) <= limit]
         dropped = len(samples) - len(kept[task])
         if dropped and announce:
             print(f"data.max_prompt_tokens: {dropped} of {len(samples)} {what} prompts of task {task!r} are longer "
@@ -514,7 +538,7 @@ def drop_long_prompts(rows: Mapping[str, list[Sample]], tokenizer, limit: int, w
         if samples and not kept[task]:
             raise ConfigError(f"config field `data.max_prompt_tokens` = {limit} is invalid: every {what} prompt of "
                               f"task {task!r} is longer{f' ({why})' if why else ''}; raise it (a longest prompt: "
-                              f"{max(len(encode_prompt(tokenizer, s.messages)) for s in samples)} tokens) or "
+                              f"{max(prompt_tokens(tokenizer, s) for s in samples)} tokens) or "
                               "shorten the prompts", field="data.max_prompt_tokens")
     return kept
 

@@ -67,6 +67,8 @@ class Start:
     """The checkpoint `setup` checked against this run's config and inputs (checkpoint.resume), which `main` loads."""
     host: str = ""
     """The banner's CPU line: torch's thread count and why (train.threads), how OpenMP waits (grpo/models/host.py)."""
+    disk: str = ""
+    """The banner's disk line: what the run will write and the free space (grpo/run/disk_plan.py)."""
 
 
 @dataclass

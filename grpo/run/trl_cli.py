@@ -33,9 +33,9 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from grpo import config as C
-from grpo.config.command_line import BOOL_WORDS, OtherFlags
+from grpo.config.command_line import BOOL_WORDS, FileTree, OtherFlags
 from grpo.run.trl_config import DEFAULTS, ROWS, TABLE, from_trl, trl_field_names, translate
-from grpo.run.trl_rows import MIXTURE_TABLE, MODEL_TABLE, RECORDS, SCRIPT_TABLE, _set
+from grpo.run.trl_rows import MIXTURE_TABLE, MODEL_TABLE, RECORDS, SCRIPT_TABLE, apply_rows, typed_fields
 
 __all__ = ["from_trl", "read_config_file", "trl_flags"]
 """The face: a TRL GRPOConfig as a config tree (`from_trl`, train(args=...)), a --config file (`read_config_file`),
@@ -157,8 +157,46 @@ def flag_value(name: str, raw: Any) -> Any:
     return text
 
 
+class RepeatedKey(ValueError):
+    """A key given twice in one table of a config file (YAML and JSON parsers keep the last one silently)."""
+
+
+def _unique_pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """json.loads' object_pairs_hook: a table, or RepeatedKey for a key given twice."""
+    seen: set[str] = set()
+    for key, _ in pairs:
+        if key in seen:
+            raise RepeatedKey(f"`{key}` is given twice in one table; keep one")
+        seen.add(key)
+    return dict(pairs)
+
+
+def _yaml_tables(text: str) -> Any:
+    """yaml.safe_load of `text`, a key given twice in one mapping a RepeatedKey naming both lines."""
+    import yaml
+
+    class UniqueKeys(yaml.SafeLoader):
+        pass
+
+    def mapping(loader: UniqueKeys, node: Any) -> dict:
+        lines: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":  # `<<: *base`: its keys may be overridden on purpose
+                continue
+            key = loader.construct_object(key_node, deep=True)
+            if key in lines:
+                raise RepeatedKey(f"line {key_node.start_mark.line + 1}: `{key}` is given twice (first at line "
+                                  f"{lines[key]}); keep one")
+            lines[key] = key_node.start_mark.line + 1
+        return loader.construct_mapping(node, deep=True)
+
+    UniqueKeys.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, mapping)
+    return yaml.load(text, Loader=UniqueKeys)  # noqa: S506 - a SafeLoader subclass: no Python objects are built
+
+
 def read_file_tree(path: str) -> dict[str, Any]:
-    """A config file (YAML or JSON) as the table it holds; ConfigError naming --config when it cannot be read."""
+    """A config file (YAML or JSON) as the table it holds; ConfigError naming --config when it cannot be read, or a
+    key is given twice in one table (the parsers would keep the last silently)."""
     file = Path(path)
     if not file.is_file():
         raise C.ConfigError(f"--config {path}: no such file", field="config")
@@ -169,12 +207,9 @@ def read_file_tree(path: str) -> dict[str, Any]:
                             f"{err.object[err.start]:#04x}): give a YAML or JSON config saved as UTF-8",
                             field="config") from None
     try:
-        if file.suffix == ".json":
-            tree = json.loads(text)
-        else:
-            import yaml
-
-            tree = yaml.safe_load(text)
+        tree = json.loads(text, object_pairs_hook=_unique_pairs) if file.suffix == ".json" else _yaml_tables(text)
+    except RepeatedKey as err:
+        raise C.ConfigError(f"--config {path}: {err}", field="config") from None
     except Exception as err:  # json.JSONDecodeError, yaml.YAMLError: the parser's message names the line
         raise C.ConfigError(f"--config {path} is not valid {'JSON' if file.suffix == '.json' else 'YAML'}: "
                             f"{err}", field="config") from None
@@ -219,7 +254,8 @@ def read_config_file(path: str, flags: Mapping[str, Any] | None = None) -> dict[
         return tree
     if not tree and not set(given) & set(OTHER_RECORD_FIELDS):
         raise _not_here(given, "this command line is grpo-dual's")
-    return {"preset": TRL_PRESET, **translate_command_line({**tree, **given})}
+    translated = translate_command_line({**tree, **given})
+    return FileTree({"preset": TRL_PRESET, **translated}, translated.origins)
 
 
 def _set_environment(env: Any) -> None:
@@ -246,16 +282,18 @@ def _unknown(fields: Mapping[str, Any]) -> C.ConfigError | None:
                          f"field(s) {unknown}{C.did_you_mean(unknown, valid)}{why}", field=unknown[0])
 
 
-def translate_command_line(fields: Mapping[str, Any]) -> dict[str, Any]:
+def translate_command_line(fields: Mapping[str, Any]) -> FileTree:
     """TRL's fields of the four records (a `trl grpo` config file and flags, merged) as a grpo-dual config tree:
     GRPOConfig's (grpo/run/trl_config.translate), then DatasetMixtureConfig's, GRPOScriptArguments' and, when any of
-    its fields is given, ModelConfig's rows (grpo/run/trl_rows.py). Notes are printed to stderr."""
+    its fields is given, ModelConfig's rows (grpo/run/trl_rows.py). Every value is checked against its field's type
+    first; the tree's `origins` name the TRL field behind each grpo-dual field. Notes are printed to stderr."""
     fields = dict(fields)
     if "env" in fields:
         _set_environment(fields.pop("env"))
     problem = _unknown(fields)
     if problem is not None:
         raise problem
+    fields = typed_fields(fields, tuple(_rows()))  # before any row reads one: `max_steps: abc` names max_steps
     grpo = {k: v for k, v in fields.items() if k not in OTHER_RECORD_FIELDS}
     done = translate(grpo)
     values = {**DEFAULTS, **{row.trl: row.default for table in RECORDS.values() for row in table}, **fields}
@@ -263,14 +301,10 @@ def translate_command_line(fields: Mapping[str, Any]) -> dict[str, Any]:
     if set(fields) & {row.trl for row in MODEL_TABLE}:  # the model named TRL's way: ModelConfig whole
         tables.append(MODEL_TABLE)
     for table in tables:
-        for row in table:
-            if row.convert is not None:
-                row.convert(values[row.trl], values, done.tree, done.notes)
-            else:
-                _set(done.tree, row.ours, values[row.trl])
+        apply_rows(table, values, done.tree, done.notes, done.origins)
     if done.weights is not None and not (values["reward_funcs"] or values["reward_model_name_or_path"]):
         raise C.ConfigError("reward_weights need the reward functions they weigh: give reward_funcs (and/or "
                             "reward_model_name_or_path), or rewards.<task>=name:weight,...", field="reward_weights")
     for text in done.notes:
         print(f"TRL config: {text}", file=sys.stderr)
-    return done.tree
+    return FileTree(done.tree, done.origins)

@@ -26,8 +26,8 @@ from typing import Any, Callable, Mapping
 from grpo import config as C
 from grpo.core.advantages import ADV_SCALES
 from grpo.core.losses import POLICY_LOSSES
-from grpo.run.trl_rows import (RECORDS, Converter, Row, _name, _noted, _only, _part_of, _set, bind, error, note,
-                                on_cpu)
+from grpo.run.trl_rows import (RECORDS, Converter, Row, _name, _noted, _only, _part_of, _set, apply_rows, bind, error,
+                                note, on_cpu, typed_fields)
 
 TRL_VERSION = "1.16"
 """The TRL release whose GRPOConfig TABLE translates (its defaults are TABLE's `default` column)."""
@@ -117,7 +117,9 @@ def _scheduler(value: Any, fields: Mapping[str, Any], out: dict, notes: list) ->
     name, warmup = str(_name(value)), float(fields["warmup_steps"])
     ours = {"linear": "linear", "cosine": "cosine", "constant": "constant", "constant_with_warmup": "constant"}
     if name not in ours:
-        raise _error("lr_scheduler_type", name, f"use one of {sorted(ours)}")
+        raise _error("lr_scheduler_type", name, f"use one of {sorted(ours)}{C.did_you_mean([name], ours)}")
+    if warmup < 0:
+        raise _error("warmup_steps", warmup, "use 0 (no warm-up), a share of the run in (0, 1) or whole steps >= 1")
     if fields.get("lr_scheduler_kwargs"):
         raise _error("lr_scheduler_kwargs", fields["lr_scheduler_kwargs"], "not translated; leave it unset")
     _set(out, "train.lr_scheduler", ours[name])
@@ -154,7 +156,7 @@ IS_LEVELS = {"token": "grpo", "sequence": "gspo"}
 
 def _loss_type(value: str, fields: Mapping[str, Any], out: dict, notes: list) -> None:
     if value not in LOSS_TYPE_AGG:
-        raise _error("loss_type", value, f"use one of {sorted(LOSS_TYPE_AGG)}")
+        raise _error("loss_type", value, f"use one of {sorted(LOSS_TYPE_AGG)}{C.did_you_mean([value], LOSS_TYPE_AGG)}")
     _set(out, "loss.agg_mode", LOSS_TYPE_AGG[value])
     level = fields["importance_sampling_level"]
     if level not in IS_LEVELS:  # TRL 1.16's GRPOTrainer._compute_loss raises ValueError for any other level
@@ -190,7 +192,8 @@ def _completion_length(value: int, fields: Mapping[str, Any], out: dict, notes: 
 
 def _tool_turns(value: int | None, fields: Mapping[str, Any], out: dict, notes: list) -> None:
     if value is None:  # TRL: no limit, the trajectory's length ends it; every round takes >= 1 token of that budget
-        _set(out, "rollout.max_tool_turns", int(fields["max_completion_length"]))
+        # (a max_completion_length < 1 is refused under its own name, as rollout.max_new_tokens)
+        _set(out, "rollout.max_tool_turns", max(1, int(fields["max_completion_length"])))
     elif int(value) < 1:
         raise _error("max_tool_calling_iterations", value, "grpo-dual runs at least one round of tool calls when it "
                      "has tools (rollout.max_tool_turns >= 1); use 1 or more, or pass no tools")
@@ -200,7 +203,11 @@ def _tool_turns(value: int | None, fields: Mapping[str, Any], out: dict, notes: 
 
 def _precision(value: Any, fields: Mapping[str, Any], out: dict, notes: list) -> None:
     bf16 = (not fields["fp16"]) if value is None else bool(value)  # TRL's __post_init__: bf16 unless fp16
-    if fields["fp16"]:
+    if fields["fp16"] and on_cpu(fields):  # fp16 training needs a CUDA GradScaler (grpo/models/hardware.py)
+        _set(out, "model.dtype", "float32")
+        _note(notes, "fp16", True, "not applied: this run is on the CPU, where grpo-dual trains in float32 "
+              "(model.dtype=float32); fp16 training needs a CUDA GPU's gradient scaler")
+    elif fields["fp16"]:
         _set(out, "model.dtype", "float16")
     elif bf16 and on_cpu(fields):
         _set(out, "model.dtype", "float32")
@@ -211,6 +218,14 @@ def _precision(value: Any, fields: Mapping[str, Any], out: dict, notes: list) ->
 
 
 def _model_init(value: Any, fields: Mapping[str, Any], out: dict, notes: list) -> None:
+    if isinstance(value, str):  # TRL takes the table as JSON text on its command line
+        try:
+            value = json.loads(value)
+        except ValueError:
+            raise _error("model_init_kwargs", value, "give a table (a JSON object on the command line), e.g. "
+                         '{"dtype": "bfloat16"}') from None
+    if value is not None and not isinstance(value, Mapping):
+        raise _error("model_init_kwargs", value, 'give a table, e.g. {"dtype": "bfloat16"}')
     kwargs = dict(value or {})
     dtype = kwargs.pop("dtype", kwargs.pop("torch_dtype", None))
     if dtype is not None:
@@ -272,6 +287,9 @@ def _evaluating(value: Any, fields: Mapping[str, Any], out: dict, notes: list) -
 
 
 def _report_to(value: Any, fields: Mapping[str, Any], out: dict, notes: list) -> None:
+    if not (value is None or isinstance(value, str) or isinstance(value, (list, tuple)) and all(
+            isinstance(v, str) for v in value)):
+        raise _error("report_to", value, "give none, tensorboard, wandb, all, or a list of them")
     names = {value} if isinstance(value, str) else set(value or [])
     unknown = names - {"tensorboard", "wandb", "none", "all"}
     if unknown:
@@ -314,7 +332,7 @@ TABLE: tuple[Row, ...] = (
       "micro_batch_size = it, the same optimizer step as on the whole batch; under several processes whose "
       "completions together hold whole groups, a group may span processes (split_groups)", _batch),
     R("gradient_accumulation_steps", "train.grad_accum", 1, "see per_device_train_batch_size",
-      _part_of("per_device_train_batch_size")),
+      _part_of("per_device_train_batch_size"), copies="train.grad_accum"),
     R("num_generations", "rollout.k", 8, "completions per prompt (the group)"),
     R("steps_per_generation", "", None, "unset (= gradient_accumulation_steps: one generation per optimizer step) "
       "only", _generation),
@@ -350,13 +368,13 @@ TABLE: tuple[Row, ...] = (
     # --- the loss
     R("beta", "kl.default (controller fixed, beta)", 0.0,
       "a fixed KL coefficient for every task without a kl.<task> entry of its own (0: no reference model pass)",
-      _beta),
+      _beta, copies="kl.default.beta"),
     R("use_bias_correction_kl", "loss.kl_importance_weight", True, "copied: the KL term times the importance ratio "
       "(its gradient too), as TRL", _part_of("beta")),
     R("epsilon", "loss.clip_low, loss.clip_high", 0.2, "the lower clip; also the upper one when epsilon_high is "
-      "unset, as in TRL", _epsilon),
+      "unset, as in TRL", _epsilon, copies="loss.clip_low"),
     R("epsilon_high", "loss.clip_high (loss.params.cispo_max_ratio under cispo)", None, "the upper clip (cispo: the "
-      "ratio's cap)", _part_of("epsilon")),
+      "ratio's cap)", _part_of("epsilon"), copies="loss.clip_high"),
     R("loss_type", "loss.agg_mode, loss.policy_loss", "dapo",
       "how the token losses are averaged (" + ", ".join(f"{k} -> {v}" for k, v in LOSS_TYPE_AGG.items())
       + "); cispo, sapo, vespo and luspo are also loss.policy_loss", _loss_type),
@@ -369,7 +387,7 @@ TABLE: tuple[Row, ...] = (
     R("top_entropy_quantile", "loss.top_entropy_quantile", 1.0, "copied"),
     R("entropy_coef", "loss.entropy_coef", 0.0, "copied; the bonus is averaged as the loss is (loss.agg_mode), TRL's "
       "over the tokens: under a loss_type that is not a token mean (grpo, dr_grpo, sapo, luspo) a note says so",
-      _entropy_coef),
+      _entropy_coef, copies="loss.entropy_coef"),
     R("use_adaptive_entropy", "loss.entropy_target", False, "true: loss.entropy_target = entropy_target; false: "
       "none", _adaptive_entropy),
     R("entropy_target", "loss.entropy_target", 0.2, "with use_adaptive_entropy (else TRL ignores it: a note)",
@@ -397,7 +415,7 @@ TABLE: tuple[Row, ...] = (
     # --- generation
     R("max_completion_length", "rollout.max_new_tokens, rollout.max_trajectory_tokens", 512, "copied into both: a "
       "reply's length, and with tools the whole trajectory's (replies, tool results and template text), as in TRL",
-      _completion_length),
+      _completion_length, copies="rollout.max_new_tokens"),
     R("max_tool_calling_iterations", "rollout.max_tool_turns", None, "copied: the rounds of tool calls a trajectory "
       "may run (TRL's loop runs a reply's calls and samples the next reply at most this many times; a reply that "
       "calls after the last round ends the trajectory, its calls not run, as in TRL); unset (TRL: no limit, the "
@@ -405,8 +423,8 @@ TABLE: tuple[Row, ...] = (
       _tool_turns),
     R("temperature", "rollout.temperature", 1.0, "copied"),
     R("top_p", "rollout.top_p", 1.0, "copied"),
-    R("top_k", "rollout.top_k", 0, "copied (0 and unset: off)", _none_is("rollout.top_k", 0)),
-    R("min_p", "rollout.min_p", None, "copied (unset: 0, off)", _none_is("rollout.min_p", 0.0)),
+    R("top_k", "rollout.top_k", 0, "copied (0 and unset: off)", _none_is("rollout.top_k", 0), copies="rollout.top_k"),
+    R("min_p", "rollout.min_p", None, "copied (unset: 0, off)", _none_is("rollout.min_p", 0.0), copies="rollout.min_p"),
     R("repetition_penalty", "rollout.repetition_penalty", 1.0, "copied"),
     R("cache_implementation", "rollout.cache_implementation", None, "copied (unset: dynamic)",
       _none_is("rollout.cache_implementation", "dynamic")),
@@ -463,6 +481,11 @@ TABLE: tuple[Row, ...] = (
 ROWS = {row.trl: row for row in TABLE}
 DEFAULTS = {row.trl: row.default for row in TABLE}
 """TRL 1.16's defaults of TABLE's fields: what a config file or dict that leaves one out gets."""
+INSTEAD = {"resume_from_checkpoint": "grpo-dual resumes with --resume (checkpoint.resume), on TRL's command line "
+                                     "too: --resume auto (the newest complete checkpoint of output_dir's run folder, "
+                                     f"output_dir/{TRL_RUN_FOLDER}) or --resume PATH (a checkpoint folder); drop "
+                                     "resume_from_checkpoint"}
+"""GRPOConfig fields outside TABLE that grpo-dual does by another setting: refused with it."""
 HANDLED_ELSEWHERE = {"reward_weights"}
 """Translated by the caller: the weights go with the reward functions (`train(rewards=...)`)."""
 bind(TABLE, "GRPOConfig")  # the rules that need their own name, default and record
@@ -477,6 +500,9 @@ class Translation:
     """reward_weights, or None."""
     notes: list[str]
     """Values applied differently from TRL, each with what grpo-dual does (printed by the caller)."""
+    origins: dict[str, tuple[str, Any, bool]] = dataclasses.field(default_factory=dict)
+    """Each grpo-dual field of `tree` -> (the TRL field it came from, that field's value, whether it holds the value
+    as it is): a rule the grpo-dual field breaks is reported under the TRL field (trl_rows.apply_rows)."""
 
 
 def trl_field_names() -> set[str] | None:
@@ -538,20 +564,21 @@ def translate(args: Any) -> Translation:
     """A GRPOConfig (object or dict) as a grpo-dual config tree: every TABLE row applied (TRL's defaults for what a
     dict leaves out). Raises ConfigError naming a field outside TABLE that is set, or a value a row refuses."""
     fields, others = all_fields(args)
+    instead = [name for name in others if name in INSTEAD]
+    if instead:
+        raise C.ConfigError(f"GRPOConfig.{instead[0]}={fields.get(instead[0], getattr(args, instead[0], None))!r}: "
+                            f"{INSTEAD[instead[0]]}", field=instead[0])
     if others:
         raise C.ConfigError(f"GRPOConfig fields grpo-dual cannot honour: {others} (docs/TRL.md lists what it "
                             f"translates); leave them at TRL's defaults", field=others[0])
+    fields = typed_fields(fields, TABLE)  # every value of the type TRL gives it, before any converter reads it
     out: dict[str, Any] = {}
     notes: list[str] = []
-    for row in TABLE:
-        value = fields[row.trl]
-        if row.convert is not None:
-            row.convert(value, fields, out, notes)
-        else:
-            _set(out, row.ours, value)
+    origins: dict[str, tuple[str, Any, bool]] = {}
+    apply_rows(TABLE, fields, out, notes, origins)
     _set(out, "data.prompt_format", "trl")  # string prompts as they are, messages through the chat template
     weights = fields.get("reward_weights")
-    return Translation(out, None if weights is None else [float(w) for w in weights], notes)
+    return Translation(out, None if weights is None else [float(w) for w in weights], notes, origins)
 
 
 def from_trl(args: Any) -> tuple[dict[str, Any], list[float] | None]:
@@ -627,7 +654,10 @@ What it leaves. `output_dir` holds the final model (or LoRA adapter) and its tok
 `trainer.save_model(output_dir)` leaves them: `AutoModelForCausalLM.from_pretrained(output_dir)` (with a LoRA
 adapter, `AutoPeftModelForCausalLM.from_pretrained(output_dir)`, or `PeftModel.from_pretrained(base, output_dir)`)
 loads it. grpo-dual's run folder is `output_dir/grpo-dual/`: config.json, metrics.jsonl, checkpoints/, the
-evaluations, report.json, and the final model again in final/.
+evaluations, report.json, and the final model again in final/. An `output_dir` that holds what no run wrote there
+(the model being trained, a dataset, another run's files, anything else) is refused before the model loads, nothing
+in it touched: give a new or empty folder. The files a run wrote at its top are listed in its `.grpo-dual-final`, so
+the same command may write them again (`--overwrite`, `--resume auto`).
 '''
 """docs/TRL.md's section on TRL's command line (grpo/run/trl_cli.py)."""
 

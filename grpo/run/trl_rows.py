@@ -14,15 +14,18 @@ writes rows in memory: the run's config.json names exactly the rows it trained o
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import dataclasses
 import importlib.util
 import json
 import re
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Iterator, Mapping
 
 from grpo import config as C
 from grpo.data.dataset_dicts import MIXTURE_KEYS, check_hub, load_mixture, load_named
+from grpo.data.generic import CHAT_ROLES
 from grpo.data.tables import DataSourceError, looks_like_hub_id
 from grpo.grading import trl_rewards
 from grpo.run.row_files import write_rows
@@ -43,6 +46,96 @@ class Row:
     """What the field means here: the documentation."""
     convert: Converter | None = None
     """None: the value is copied into `ours` unchanged."""
+    copies: str = ""
+    """The grpo-dual field that holds this value as it is, when a converter writes it (`ours` for a row without one):
+    a rule of that field that the value breaks is reported under this TRL field's name."""
+
+    @property
+    def copied_into(self) -> str:
+        return self.copies or (self.ours if self.convert is None else "")
+
+
+TEXT_OR_LIST = "a name or a list of names"
+"""The type of the fields TRL takes as one word or several (reward_funcs, lora_target_modules)."""
+NUMBERS = "a list of numbers"
+"""The type of reward_weights."""
+FIELD_TYPES: dict[str, Any] = {
+    **dict.fromkeys(("steps_per_generation", "generation_batch_size", "max_tool_calling_iterations", "top_k",
+                     "save_total_limit", "num_completions_to_print", "num_generations_eval"), int | None),
+    **dict.fromkeys(("epsilon_high", "min_p", "eval_steps", "test_split_size"), float | None),
+    **dict.fromkeys(("warmup_steps", "logging_steps", "save_steps"), float),
+    **dict.fromkeys(("cache_implementation", "output_dir", "run_name", "dataset_name", "dataset_config",
+                     "reward_model_name_or_path", "model_name_or_path", "attn_implementation", "bnb_4bit_quant_storage",
+                     "dtype"), str | None),
+    "bf16": bool | None,
+    **dict.fromkeys(("reward_funcs", "lora_target_modules"), TEXT_OR_LIST),
+    "reward_weights": NUMBERS,
+    # checked by their rows' converters (tables, a list of tables, a word or a list, text or true / false, unset-only)
+    **dict.fromkeys(("lr_scheduler_kwargs", "generation_kwargs", "chat_template_kwargs", "model_init_kwargs",
+                     "report_to", "scale_rewards", "datasets", "delta", "lora_target_parameters",
+                     "lora_modules_to_save"), Any),
+}
+"""TRL 1.16's type of each field whose default does not tell it (None, or an int where TRL takes a float); every
+other field has its default's type."""
+
+
+def field_type(row: Row) -> Any:
+    """The type a value of `row`'s field must have (FIELD_TYPES, else its default's)."""
+    return FIELD_TYPES.get(row.trl, type(row.default))
+
+
+def typed(name: str, value: Any, kind: Any) -> Any:
+    """`value` of TRL field `name` as `kind` by the config's own rules (C.coerce_value: a number from its text, true /
+    false and nothing else for a bool, no float where an int is meant), or a ConfigError naming the field; checked
+    before any converter reads it."""
+    if kind is Any or value is None and kind not in (int, float, bool, str):
+        return value
+    if kind is TEXT_OR_LIST:
+        if isinstance(value, str) or (isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value)):
+            return value if isinstance(value, str) else list(value)
+        raise C.field_error(name, value, f"expected {TEXT_OR_LIST}")
+    if kind is NUMBERS:
+        if not isinstance(value, (list, tuple)):
+            raise C.field_error(name, value, "expected a list of numbers, one weight per reward function")
+        return [C.coerce_value(v, float, name) for v in value]
+    if kind in (str, str | None) and isinstance(value, (int, float)) and not isinstance(value, bool):
+        return str(value)  # `run_name: 2024` in a YAML file is a name
+    return C.coerce_value(value, kind, name)
+
+
+def typed_fields(fields: Mapping[str, Any], rows: tuple[Row, ...]) -> dict[str, Any]:
+    """`fields` with the value of every field of `rows` in it `typed`."""
+    kinds = {row.trl: field_type(row) for row in rows}
+    return {name: typed(name, value, kinds[name]) if name in kinds else value for name, value in fields.items()}
+
+
+def leaves(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """The dotted names of a nested tree's values, with the values."""
+    out: dict[str, Any] = {}
+    for key, value in tree.items():
+        dotted = f"{prefix}{key}"
+        out.update(leaves(value, f"{dotted}.") if isinstance(value, Mapping) and value else {dotted: value})
+    return out
+
+
+def apply_rows(rows: tuple[Row, ...], values: Mapping[str, Any], out: dict, notes: list,
+               origins: dict[str, tuple[str, Any, bool]]) -> None:
+    """Every row of `rows` applied to `out`; `origins` gets, for each grpo-dual field written, the TRL field it came
+    from, its value and whether the field holds it as it is (Row.copied_into): a rule that grpo-dual field breaks is
+    then reported under the TRL field the user wrote (grpo/config/command_line.py: `blamed`)."""
+    for row in rows:
+        before = leaves(out)
+        if row.convert is not None:
+            row.convert(values[row.trl], values, out, notes)
+        else:
+            _set(out, row.ours, values[row.trl])
+        for dotted, value in leaves(out).items():
+            if dotted not in before or before[dotted] != value:
+                origins[dotted] = (row.trl, values[row.trl], False)
+    written = leaves(out)
+    for row in rows:
+        if row.copied_into in written:
+            origins[row.copied_into] = (row.trl, values[row.trl], True)
 
 
 def _set(out: dict[str, Any], dotted: str, value: Any) -> None:
@@ -101,11 +194,27 @@ def bind(table: tuple[Row, ...], record: str) -> None:
                     pass
 
 
+ESTIMATING: contextvars.ContextVar[bool] = contextvars.ContextVar("estimating", default=False)
+"""True while a TRL command line is translated for the GPU-memory estimate (grpo/run/gpu_memory_check.py): the run
+it describes is on a GPU whatever this machine has, and its dataset and model are not read (the estimate needs their
+shapes, not their rows; a Hub id's shape comes from the bundled table)."""
+
+
+@contextlib.contextmanager
+def estimating() -> Iterator[None]:
+    """Translate as for the GPU-memory estimate (ESTIMATING) inside the block."""
+    token = ESTIMATING.set(True)
+    try:
+        yield
+    finally:
+        ESTIMATING.reset(token)
+
+
 def on_cpu(fields: Mapping[str, Any]) -> bool:
-    """Whether the run will be on the CPU: GRPOConfig.use_cpu, or no CUDA device here."""
+    """Whether the run will be on the CPU: GRPOConfig.use_cpu, or no CUDA device here (a GPU, for an estimate)."""
     import torch
 
-    return bool(fields["use_cpu"]) or not torch.cuda.is_available()
+    return bool(fields["use_cpu"]) or (not ESTIMATING.get() and not torch.cuda.is_available())
 
 
 # ----------------------------------------------------------------------------------------- the dataset
@@ -138,6 +247,29 @@ def _choose_splits(splits: Mapping[str, list], fields: Mapping[str, Any], where:
     return splits[train], None
 
 
+def _check_rows(rows: tuple[list, list | None], fields: Mapping[str, Any], shown: str) -> None:
+    """TRL's contract of a GRPO dataset, checked on the user's rows (the message names the dataset the user gave,
+    its split and row, not the copy written under the cache): a `prompt` column, and chat messages of known roles."""
+    record, field = ("DatasetMixtureConfig", "datasets") if shown.startswith("the mixture") else \
+        ("GRPOScriptArguments", "dataset_name")
+    splits = {str(fields["dataset_train_split"]): rows[0], str(fields["dataset_test_split"]): rows[1] or []}
+    for split, table in splits.items():
+        if table and not any("prompt" in row for row in table):
+            columns = sorted({key for row in table[:100] for key in row})
+            raise C.ConfigError(f"{record}.{field}: the rows of {shown} (split {split!r}) have no `prompt` column "
+                                f"(its columns: {columns}); TRL's GRPO reads each prompt from `prompt` (a text, or a "
+                                "list of chat messages): name the column so", field=field)
+        for number, row in enumerate(table, 1):
+            prompt = row.get("prompt")
+            for i, message in enumerate(prompt if isinstance(prompt, list) else []):
+                role = message.get("role") if isinstance(message, Mapping) else None
+                if role not in CHAT_ROLES:
+                    raise C.ConfigError(f"{record}.{field}: {shown}, split {split!r}, row {number}: message {i + 1} "
+                                        f"of its prompt has the role {role!r}; chat templates know "
+                                        f"{', '.join(CHAT_ROLES[:4])} (and some {', '.join(CHAT_ROLES[4:])})",
+                                        field=field)
+
+
 def _write_task(out: dict, task: str, rows: tuple[list, list | None], fields: Mapping[str, Any], where: str) -> None:
     """tasks.<task>: the training rows and the held-out rows (or none) written once (grpo/run/row_files.py)."""
     train, heldout = rows
@@ -165,8 +297,12 @@ def _dataset(value: Any, fields: Mapping[str, Any], out: dict, notes: list) -> N
     if not value:
         return
     name = str(value)
+    if ESTIMATING.get():  # the rows do not change the estimate: the task is named, nothing is read
+        _set(out, f"tasks.{task_name(name)}", {"path": name})
+        return
     splits = _loaded(lambda: load_named(name, fields["dataset_config"], "dataset_name"))
     rows = _choose_splits(splits, fields, f"dataset_name={name!r}")
+    _check_rows(rows, fields, f"dataset_name={name!r}")
     _write_task(out, task_name(name), rows, fields, "dataset_name")
 
 
@@ -184,10 +320,14 @@ def _mixture(value: Any, fields: Mapping[str, Any], out: dict, notes: list) -> N
                                 field="datasets")
         if not entry.get("path"):
             raise error("DatasetMixtureConfig", "datasets", entry, f"datasets[{i}] needs a `path`")
+    if ESTIMATING.get():  # as for dataset_name
+        _set(out, f"tasks.{TRL_RUN_TASK}", {"path": str(value[0]["path"])})
+        return
     size = fields["test_split_size"]
     splits = _loaded(lambda: load_mixture(value, None if size is None else float(size), int(fields["seed"]),
                                           "datasets"))
     rows = _choose_splits(splits, fields, "the mixture of `datasets`")
+    _check_rows(rows, fields, "the mixture of `datasets`")
     _write_task(out, task_name(value[0]["path"]) if len(value) == 1 else TRL_RUN_TASK, rows, fields, "datasets")
 
 
@@ -232,7 +372,7 @@ def reward_term(name: str) -> str:
 def _rewards(value: Any, fields: Mapping[str, Any], out: dict, notes: list) -> None:
     funcs = [value] if isinstance(value, str) else list(value or [])
     model = fields["reward_model_name_or_path"]
-    if not funcs and not model:
+    if not funcs and not model or ESTIMATING.get():  # (the reward functions take no GPU memory of the policy's)
         return
     tasks = sorted(out.get("tasks", {}))
     if not tasks:
@@ -297,7 +437,7 @@ bind(SCRIPT_TABLE, "GRPOScriptArguments")
 # ----------------------------------------------------------------------------------------- the model
 LORA_DEFAULT_ARCHITECTURES = {"builtin:tiny": "llama"}
 """model.name values whose architecture is known without a folder (the packaged models: grpo/models/pretrained.py's
-CATALOG, all Llama-shaped, are added by `_architecture`)."""
+CATALOG, all Llama-shaped, are added by `model_architecture`)."""
 ALL_LINEAR = {"llama": ["down_proj", "gate_proj", "k_proj", "o_proj", "q_proj", "up_proj", "v_proj"],
               "mistral": ["down_proj", "gate_proj", "k_proj", "o_proj", "q_proj", "up_proj", "v_proj"],
               "qwen2": ["down_proj", "gate_proj", "k_proj", "o_proj", "q_proj", "up_proj", "v_proj"],
@@ -311,7 +451,7 @@ def _model_config(name: str) -> dict[str, Any] | None:
     return json.loads(path.read_text()) if path.is_file() else None
 
 
-def _architecture(name: str) -> str | None:
+def model_architecture(name: str) -> str | None:
     """The model_type of model.name `name` (config.json's; builtin:tiny and the packaged models are llama), or
     None when it cannot be read here (a Hub id)."""
     from grpo.models.pretrained import catalog_entry
@@ -329,7 +469,8 @@ def _model_name(value: Any, fields: Mapping[str, Any], out: dict, notes: list) -
     from grpo.models.pretrained import catalog_entry
 
     local = Path(name).expanduser()
-    if not local.exists() and catalog_entry(name) is None and not name.startswith(("builtin:", "random:")):
+    if not local.exists() and catalog_entry(name) is None and not name.startswith(("builtin:", "random:")) and \
+            not ESTIMATING.get():  # an estimate reads a Hub id's shape from the bundled table
         if not looks_like_hub_id(name):
             raise error("ModelConfig", "model_name_or_path", name, "no such folder: give a model folder, a packaged "
                         "model (smollm2-135m-instruct) or a Hub id")
@@ -369,7 +510,10 @@ def _dtype(value: Any, fields: Mapping[str, Any], out: dict, notes: list) -> Non
         name = stored or "auto"
     _set(out, "model.dtype", name)
     bf16 = (not fields["fp16"]) if fields["bf16"] is None else bool(fields["bf16"])  # GRPOConfig's __post_init__
-    if name == "float32" and bf16 and not on_cpu(fields):
+    if fields["fp16"] and not on_cpu(fields):  # (on the CPU GRPOConfig's row named it already)
+        note(notes, "GRPOConfig", "fp16", True, f"TRL autocasts the forward to float16 over ModelConfig.dtype={name} "
+             f"weights; grpo-dual has no autocast and computes in {name} here (dtype float16 gives float16 weights)")
+    elif name == "float32" and bf16 and not on_cpu(fields):
         note(notes, "GRPOConfig", "bf16", True, "TRL autocasts the forward to bfloat16 over ModelConfig.dtype="
              "float32 weights; grpo-dual has no autocast and computes in float32 here (dtype bfloat16 gives "
              "bfloat16 weights)")
@@ -388,7 +532,7 @@ def _lora_targets(value: Any, fields: Mapping[str, Any], out: dict, notes: list)
     names = [value] if isinstance(value, str) else None if value is None else [str(v) for v in value]
     model = fields["model_name_or_path"]
     if names is None or names == ["all-linear"]:
-        kind = _architecture(str(model)) if model is not None else None
+        kind = model_architecture(str(model)) if model is not None else None
         if names is None:
             from peft.utils.constants import TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING as PEFT_DEFAULTS
 
@@ -397,6 +541,10 @@ def _lora_targets(value: Any, fields: Mapping[str, Any], out: dict, notes: list)
         else:
             names = ALL_LINEAR.get(kind) if kind else None
             what = "peft's all-linear"
+        if names is None and fields["use_peft"] and ESTIMATING.get():  # a Hub id's bundled shape is Llama-style
+            names = ["q_proj", "v_proj"]
+            note(notes, "ModelConfig", "lora_target_modules", value, f"the estimate assumes q_proj, v_proj ({what} "
+                 "cannot be told here)")
         if names is None:
             if not fields["use_peft"]:
                 return
