@@ -67,6 +67,34 @@ def scaled_chunk(chunk: torch.Tensor, dtype: torch.dtype, temperature: float, fr
     return z if temperature == 1.0 else z.div_(temperature)
 
 
+def _softmax_statistics(logits_BTV: torch.Tensor, temperature: float, chunk_rows: int,
+                        with_mean: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """logsumexp(z/τ) per row and, `with_mean`, E_p[z/τ] = Σ softmax(z/τ)·z/τ, each (B, T) in the accumulation
+    dtype, computed row chunk by row chunk: the forward half of the chunked kernels below."""
+    B, T, _ = logits_BTV.shape
+    acc = accumulation_dtype(logits_BTV.dtype)
+    lse_BT = logits_BTV.new_empty((B, T), dtype=acc)
+    mean_BT = logits_BTV.new_empty((B, T), dtype=acc) if with_mean else None
+    for bs, ts in row_chunks((B, T), chunk_rows):
+        z = scaled_chunk(logits_BTV[bs, ts], acc, temperature)
+        lse = torch.logsumexp(z, dim=-1)
+        lse_BT[bs, ts] = lse
+        if with_mean:
+            mean_BT[bs, ts] = (torch.exp(z - lse.unsqueeze(-1)) * z).sum(-1)
+    return lse_BT, mean_BT
+
+
+def _chunked_gradient(logits_BTV: torch.Tensor, lse_BT: torch.Tensor, temperature: float, chunk_rows: int,
+                      chunk_grad) -> torch.Tensor:
+    """The logits' gradient written chunk by chunk into one tensor of their dtype: `chunk_grad(bs, ts, z)` gives a
+    chunk's gradient from its fresh z/τ (in the accumulation dtype; the softmax is recomputed from it, not saved):
+    the backward half of the chunked kernels below."""
+    grad_BTV = torch.empty_like(logits_BTV)
+    for bs, ts in row_chunks(tuple(lse_BT.shape), chunk_rows):
+        grad_BTV[bs, ts] = chunk_grad(bs, ts, scaled_chunk(logits_BTV[bs, ts], lse_BT.dtype, temperature))
+    return grad_BTV
+
+
 class _ChunkedTokenLogProb(torch.autograd.Function):
     """log p(y) = z_y/τ − logsumexp(z/τ) in fp32 row chunks. Backward writes d/dz = (onehot(y) − softmax(z/τ))·g/τ
     chunk by chunk straight into one gradient tensor of the logits' dtype; the softmax is recomputed, not saved."""
@@ -74,13 +102,9 @@ class _ChunkedTokenLogProb(torch.autograd.Function):
     @staticmethod
     def forward(ctx, logits_BTV: torch.Tensor, target_ids_BT: torch.Tensor, temperature: float,
                 chunk_rows: int) -> torch.Tensor:
-        B, T, _ = logits_BTV.shape
-        acc = accumulation_dtype(logits_BTV.dtype)
+        lse_BT, _ = _softmax_statistics(logits_BTV, temperature, chunk_rows, with_mean=False)
         target_BT1 = target_ids_BT.long().unsqueeze(-1)
-        lse_BT = logits_BTV.new_empty((B, T), dtype=acc)
-        for bs, ts in row_chunks((B, T), chunk_rows):
-            lse_BT[bs, ts] = torch.logsumexp(scaled_chunk(logits_BTV[bs, ts], acc, temperature), dim=-1)
-        target_logit_BT = logits_BTV.gather(-1, target_BT1).squeeze(-1).to(acc) / temperature
+        target_logit_BT = logits_BTV.gather(-1, target_BT1).squeeze(-1).to(lse_BT.dtype) / temperature
         ctx.save_for_backward(logits_BTV, target_BT1, lse_BT)
         ctx.temperature, ctx.chunk_rows = temperature, chunk_rows
         return target_logit_BT - lse_BT
@@ -89,13 +113,14 @@ class _ChunkedTokenLogProb(torch.autograd.Function):
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad_BT: torch.Tensor):
         logits_BTV, target_BT1, lse_BT = ctx.saved_tensors
-        grad_BTV = torch.empty_like(logits_BTV)
-        acc, tau = lse_BT.dtype, ctx.temperature
-        for bs, ts in row_chunks(tuple(lse_BT.shape), ctx.chunk_rows):
-            g_bt1 = grad_BT[bs, ts].to(acc).unsqueeze(-1) / tau
-            p = scaled_chunk(logits_BTV[bs, ts], acc, tau).sub_(lse_BT[bs, ts].unsqueeze(-1)).exp_()
-            grad_BTV[bs, ts] = p.mul_(-g_bt1).scatter_add_(-1, target_BT1[bs, ts], g_bt1)
-        return grad_BTV, None, None, None
+        tau = ctx.temperature
+
+        def chunk_grad(bs: slice, ts: slice, z: torch.Tensor) -> torch.Tensor:
+            g_bt1 = grad_BT[bs, ts].to(lse_BT.dtype).unsqueeze(-1) / tau
+            p = z.sub_(lse_BT[bs, ts].unsqueeze(-1)).exp_()
+            return p.mul_(-g_bt1).scatter_add_(-1, target_BT1[bs, ts], g_bt1)
+
+        return _chunked_gradient(logits_BTV, lse_BT, tau, ctx.chunk_rows, chunk_grad), None, None, None
 
 
 class _FusedHeadLogProb(torch.autograd.Function):
@@ -224,15 +249,7 @@ class _ChunkedEntropy(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, logits_BTV: torch.Tensor, temperature: float, chunk_rows: int) -> torch.Tensor:
-        B, T, _ = logits_BTV.shape
-        acc = accumulation_dtype(logits_BTV.dtype)
-        lse_BT = logits_BTV.new_empty((B, T), dtype=acc)
-        mean_BT = logits_BTV.new_empty((B, T), dtype=acc)
-        for bs, ts in row_chunks((B, T), chunk_rows):
-            z = scaled_chunk(logits_BTV[bs, ts], acc, temperature)
-            lse = torch.logsumexp(z, dim=-1)
-            lse_BT[bs, ts] = lse
-            mean_BT[bs, ts] = (torch.exp(z - lse.unsqueeze(-1)) * z).sum(-1)
+        lse_BT, mean_BT = _softmax_statistics(logits_BTV, temperature, chunk_rows, with_mean=True)
         ctx.save_for_backward(logits_BTV, lse_BT, mean_BT)
         ctx.temperature, ctx.chunk_rows = temperature, chunk_rows
         return lse_BT - mean_BT
@@ -241,14 +258,14 @@ class _ChunkedEntropy(torch.autograd.Function):
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad_BT: torch.Tensor):
         logits_BTV, lse_BT, mean_BT = ctx.saved_tensors
-        grad_BTV = torch.empty_like(logits_BTV)
-        acc = lse_BT.dtype
-        for bs, ts in row_chunks(tuple(lse_BT.shape), ctx.chunk_rows):
-            z = scaled_chunk(logits_BTV[bs, ts], acc, ctx.temperature)
+
+        def chunk_grad(bs: slice, ts: slice, z: torch.Tensor) -> torch.Tensor:
             p = torch.exp(z - lse_BT[bs, ts].unsqueeze(-1))
-            g = -p * (z - mean_BT[bs, ts].unsqueeze(-1)) * (grad_BT[bs, ts].to(acc).unsqueeze(-1) / ctx.temperature)
-            grad_BTV[bs, ts] = g.to(grad_BTV.dtype)
-        return grad_BTV, None, None
+            g = -p * (z - mean_BT[bs, ts].unsqueeze(-1)) * (grad_BT[bs, ts].to(lse_BT.dtype).unsqueeze(-1)
+                                                            / ctx.temperature)
+            return g.to(logits_BTV.dtype)
+
+        return _chunked_gradient(logits_BTV, lse_BT, ctx.temperature, ctx.chunk_rows, chunk_grad), None, None
 
 
 def entropy_from_logits(logits_BTV: torch.Tensor, chunk_size: int = DEFAULT_ENTROPY_CHUNK_ROWS,
