@@ -187,6 +187,36 @@ def label_quota(limit: int) -> int:
     return (limit + 1) // 2
 
 
+def _read_samples(read, subset: str, sample_of, limit: int | None, quota: int | None) -> LoadResult:
+    """The samples of `read`'s rows in file order (a row lacking its subset's fields, or that `sample_of` cannot
+    build, rejected with its line), at most `limit`, at most `quota` of each general_recognition label."""
+    result, seen_ids = LoadResult(), set()
+    taken: dict[str, int] = {"yes": 0, "no": 0}
+    for line, row in read.rows:
+        if limit is not None and len(result.samples) >= limit:
+            break
+        if quota is not None and taken.get(str(row.get("hallucination", "")).strip().lower(), 0) >= quota:
+            continue
+        missing = missing_fields(row, SUBSET_FIELDS[subset])
+        if missing:
+            read.reject(line, f"missing {subset} fields {missing}")
+            continue
+        try:
+            sample = sample_of(row)
+        except TemplateFieldError:
+            raise
+        except (KeyError, ValueError, TypeError, IndexError) as err:
+            read.reject(line, f"{type(err).__name__}: {err}")
+            continue
+        # A repeated id keeps its row but gets the line appended: ids must stay unique for the split and logs.
+        new_id = f"{sample.id}@line{line}" if sample.id in seen_ids else sample.id
+        seen_ids.add(new_id)
+        if quota is not None:
+            taken[sample.gold["hallucination"]] += 1
+        result.samples.append(replace(sample, id=new_id, meta={**sample.meta, "source": read.path, "line": line}))
+    return result
+
+
 def load_halueval(
     path: str | Path,
     subset: str | None = None,
@@ -219,38 +249,18 @@ def load_halueval(
             read.finish()
             raise ValueError(f"{path}: no row has the fields of any HaluEval subset {SUBSET_FIELDS}")
     tmpl = (RECOGNITION_TEMPLATES if recognition else HALUEVAL_TEMPLATES)[subset] if template is None else template
-    result, seen_ids = LoadResult(), set()
+
+    def sample_of(row: dict) -> Sample:
+        if recognition:
+            return recognition_sample(row, subset, task=task, template=tmpl, system_prompt=system_prompt,
+                                      max_doc_chars=max_doc_chars, seed=seed)[0]
+        return halueval_sample(row, subset, task=task, template=tmpl, system_prompt=system_prompt,
+                               max_doc_chars=max_doc_chars)[0]
+
     # general_recognition with a limit keeps its labels balanced (general is 815 "yes" to 3,692 "no": a reward for
     # plain accuracy on the first rows would pay answering "No" to everything): half the rows of each label.
     quota = label_quota(limit) if recognition and subset == "general" and limit is not None else None
-    taken: dict[str, int] = {"yes": 0, "no": 0}
-    for line, row in read.rows:
-        if limit is not None and len(result.samples) >= limit:
-            break
-        if quota is not None and taken.get(str(row.get("hallucination", "")).strip().lower(), 0) >= quota:
-            continue
-        missing = missing_fields(row, SUBSET_FIELDS[subset])
-        if missing:
-            read.reject(line, f"missing {subset} fields {missing}")
-            continue
-        try:
-            if recognition:
-                sample, _ = recognition_sample(row, subset, task=task, template=tmpl, system_prompt=system_prompt,
-                                               max_doc_chars=max_doc_chars, seed=seed)
-            else:
-                sample, _ = halueval_sample(row, subset, task=task, template=tmpl, system_prompt=system_prompt,
-                                            max_doc_chars=max_doc_chars)
-        except TemplateFieldError:
-            raise
-        except (KeyError, ValueError, TypeError, IndexError) as err:
-            read.reject(line, f"{type(err).__name__}: {err}")
-            continue
-        # A repeated id keeps its row but gets the line appended: ids must stay unique for the split and logs.
-        new_id = f"{sample.id}@line{line}" if sample.id in seen_ids else sample.id
-        seen_ids.add(new_id)
-        if quota is not None:
-            taken[sample.gold["hallucination"]] += 1
-        result.samples.append(replace(sample, id=new_id, meta={**sample.meta, "source": read.path, "line": line}))
+    result = _read_samples(read, subset, sample_of, limit, quota)
     read.finish()
     if not result.samples:
         # A file that gives no sample would silently drop its whole subset (or task) from the run.
