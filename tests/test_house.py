@@ -238,35 +238,100 @@ def test_a_token_is_drawn_three_calls_below_rl_step(tmp_path, monkeypatch):
         "generate", "generate_rollouts", "decode_graph"]
 
 
+def calls_below_rl_step(code, tmp_path: Path, *overrides: str) -> list[str]:
+    """The functions between `rl_step` and the first call of `code` (a function's __code__), however it is reached
+    (a bound partial, a closure), in a real step of the tiny model."""
+    import grpo_train as G
+    from tests.trainer_helpers import fast_config
+
+    run = G.setup(fast_config(tmp_path, "train.max_steps=1", *overrides))
+    stacks: list[list[str]] = []
+
+    def profiler(frame, event, arg):
+        if event == "call" and frame.f_code is code and not stacks:
+            names = []
+            while frame is not None and frame.f_code.co_name != "rl_step":
+                names.append(frame.f_code.co_name)
+                frame = frame.f_back
+            if frame is not None:
+                stacks.append(names[::-1])
+
+    sys.setprofile(profiler)
+    try:
+        G.rl_step(run, 1)
+    finally:
+        sys.setprofile(None)
+        run.tracker.close()
+    assert stacks, f"{code.co_name} was not called below rl_step"
+    return stacks[0]
+
+
+def test_the_grpo_clip_is_six_calls_below_rl_step(tmp_path):
+    """rl_step -> Updater.update -> update_passes -> _backward -> micro_batch_terms (through the step's bound
+    partial) -> the registered clipped loss, bound once per step with the loss section's clip -> the clamp's function.
+    The out-of-memory retry is inline in Updater.update, not a layer of its own."""
+    from grpo.core import losses
+
+    assert calls_below_rl_step(losses._clipped_policy_loss.__code__, tmp_path) == [
+        "update", "update_passes", "_backward", "micro_batch_terms", "loss_fn", "_clipped_policy_loss"]
+
+
 # ---------------------------------------------------------------------------------------------- the questions
-QUESTION_REF = re.compile(r"`(?P<path>[\w/]+\.py):(?P<line>\d+)` \(`(?P<symbol>[^`]+)`\)")
+QUESTION_REF = re.compile(r"`(?P<path>[\w/]+\.py)` `(?P<symbol>[\w.]+)`(?: \(`(?P<text>[^`]+)`\))?")
+QUESTIONS = ("GRPO clip", "GSPO ratio", "group normalisation", "sampled", "add a loss", "add a reward function",
+             "judge retry", "KL coefficient adapt")
+
+
+def symbol_source(path: Path, symbol: str) -> str | None:
+    """The source of `symbol` (a function, class or assigned name; `Class.method` for a method) in the Python file
+    `path`, or None when it is not defined there."""
+    text = path.read_text()
+    body = ast.parse(text).body
+    node = None
+    def defines(n: ast.stmt, name: str) -> bool:
+        if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            return n.name == name
+        targets = n.targets if isinstance(n, ast.Assign) else [n.target] if isinstance(n, ast.AnnAssign) else []
+        return any(isinstance(t, ast.Name) and t.id == name for t in targets)
+
+    for part in symbol.split("."):
+        node = next((n for n in body if defines(n, part)), None)
+        if node is None:
+            return None
+        body = getattr(node, "body", [])
+    return ast.get_source_segment(text, node)
 
 
 def wrong_refs(text: str) -> list[str]:
-    """Each `path:line` (`text`) of the questions section whose line does not hold that text."""
+    """Each `path` `symbol` (`text`) of the questions section whose file lacks the symbol, or whose symbol's source
+    lacks the text."""
     section = text.split("## A newcomer's questions", 1)[1].split("\n## ", 1)[0]
     refs = list(QUESTION_REF.finditer(section))
-    out = [] if refs else ["no `path:line` (`symbol`) reference found"]
+    out = [] if refs else ["no `path` `symbol` reference found"]
     for m in refs:
-        lines = (ROOT / m["path"]).read_text().splitlines()
-        line = int(m["line"])
-        if not 0 < line <= len(lines) or m["symbol"] not in lines[line - 1]:
+        path = ROOT / m["path"]
+        source = symbol_source(path, m["symbol"]) if path.is_file() else None
+        if source is None or (m["text"] and m["text"] not in source):
             out.append(m.group(0))
     return out
 
 
-def test_the_newcomers_questions_point_at_the_lines_that_answer_them():
+def test_the_newcomers_questions_point_at_the_symbols_that_answer_them():
     text = DESIGN.read_text()
     section = text.split("## A newcomer's questions", 1)[1].split("\n## ", 1)[0]
-    for question in ("GRPO clip", "GSPO ratio", "group normalisation", "sampled", "add a loss"):
+    for question in QUESTIONS:
         assert question in section, question
+    assert len(QUESTION_REF.findall(section)) >= len(QUESTIONS)
     assert not wrong_refs(text)
 
 
-def test_the_reference_check_reads_lines():
-    good = "## A newcomer's questions\n- x: `tests/test_house.py:1` (`newcomer`)\n"
-    bad = "## A newcomer's questions\n- x: `tests/test_house.py:2` (`nowhere_here`)\n"
-    assert wrong_refs(good) == [] and len(wrong_refs(bad)) == 1
+def test_the_reference_check_resolves_symbols_and_their_text():
+    good = ("## A newcomer's questions\n- x: `tests/test_house.py` `wrong_refs` (`QUESTION_REF.finditer`), "
+            "`grpo/core/kl_control.py` `BandKL.update`, `tests/test_house.py` `QUESTIONS`\n")
+    assert wrong_refs(good) == []
+    for bad in ("`tests/test_house.py` `nowhere_here`", "`tests/test_house.py` `wrong_refs` (`not in it`)",
+                "`grpo/core/kl_control.py` `BandKL.nothing`", "`grpo/none.py` `x`"):
+        assert len(wrong_refs(f"## A newcomer's questions\n- x: {bad}\n")) == 1, bad
     with pytest.raises(IndexError):
         wrong_refs("no section")
 

@@ -37,14 +37,16 @@ def test_each_option_trains_in_a_real_step(tmp_path, extra, key):
 
 def trained_batches(monkeypatch, run) -> list[tuple[list[str], torch.Tensor]]:
     """Each optimizer step's batch as (its rows' task names, its advantages), appended as G.rl_step trains."""
+    import grpo.run.step_owners as owners
+
     seen = []
-    real = run.updater.passes_with_oom_retry
+    real = owners.update_passes
 
-    def spy(batch, betas_N):
+    def spy(learner, batch, *args):
         seen.append(([run.tasks[i] for i in batch.task_ids_B.tolist()], batch.advantages_B.clone()))
-        return real(batch, betas_N)
+        return real(learner, batch, *args)
 
-    monkeypatch.setattr(run.updater, "passes_with_oom_retry", spy)
+    monkeypatch.setattr(owners, "update_passes", spy)
     return seen
 
 

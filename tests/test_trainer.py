@@ -266,13 +266,17 @@ def test_nan_loss_is_skipped_and_training_stops_after_k_bad_steps(tmp_path, monk
     from grpo.core.health import TrainingUnstable
 
     run = G.setup(fast_config(tmp_path, "train.max_consecutive_bad=2"))
-    real = U.policy_loss
+    real = U.bound_policy_loss
 
-    def nan_loss(*a, **k):
-        loss_BT, metrics = real(*a, **k)
-        return loss_BT * float("nan"), metrics
+    def nan_loss(loss):
+        bound = real(loss)
 
-    monkeypatch.setattr(U, "policy_loss", nan_loss)
+        def loss_fn(*tensors):
+            loss_BT, metrics = bound(*tensors)
+            return loss_BT * float("nan"), metrics
+        return loss_fn
+
+    monkeypatch.setattr(U, "bound_policy_loss", nan_loss)
     before = _params(run.policy.model)
     metrics = G.rl_step(run, 1)
     assert metrics["health/skipped"] == 1.0
@@ -280,6 +284,12 @@ def test_nan_loss_is_skipped_and_training_stops_after_k_bad_steps(tmp_path, monk
     with pytest.raises(TrainingUnstable) as err:
         G.rl_step(run, 2)
     assert "2" in str(err.value) and ("lr" in str(err.value) or "learning rate" in str(err.value))
+
+
+def passes(run, batch) -> dict[str, float]:
+    """The update's μ passes over `batch` with β 0, as Updater.update runs them."""
+    u = run.updater
+    return owners.update_passes(u.learner, batch, torch.zeros(2), u.loss, u.tasks, u.step_settings())
 
 
 def test_fused_lm_head_setting_reaches_the_training_pass(tmp_path, monkeypatch):
@@ -295,7 +305,7 @@ def test_fused_lm_head_setting_reaches_the_training_pass(tmp_path, monkeypatch):
                                   "kl.default.beta=0.0", "kl.default.controller=fixed"))
         assert run.cfg.model.fused_lm_head is fused
         batch = rollout_batch(run)
-        run.updater.passes(batch, torch.zeros(2))
+        passes(run, batch)
         assert bool(calls) is fused
 
 
@@ -318,7 +328,7 @@ def test_mu_passes_reuse_the_first_pass_log_probs_when_there_is_no_dropout(tmp_p
         batch = rollout_batch(run)
         if precomputed:
             batch.old_logps_BT = real(run.policy.model, batch, run.updater.micro_batch_seqs, 1.0)
-        metrics = run.updater.passes(batch, torch.zeros(2))
+        metrics = passes(run, batch)
         results.append((_params(run.policy.model), metrics["loss/ratio_max"]))
     (a, ratio_a), (b, ratio_b) = results
     assert all(torch.allclose(a[n], b[n], atol=1e-6) for n in a)

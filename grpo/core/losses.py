@@ -29,6 +29,7 @@ Metric values are 0-dim detached tensors (no host sync here); the loop converts 
 
 from __future__ import annotations
 
+import functools
 import inspect
 import math
 from dataclasses import dataclass
@@ -170,6 +171,16 @@ class LossSpec:
 
     def param(self, name: str) -> LossParam | None:
         return next((p for p in self.params if p.name == name), None)
+
+    def bind(self, params: dict[str, float], **fields: float | None) -> Callable[..., tuple[torch.Tensor,
+                                                                                        dict[str, torch.Tensor]]]:
+        """`fn` with its hyper-parameters bound once for an update: `params` (loss.params, its own) and, of `fields`
+        (the loss section's clip_low, clip_high, dual_clip), those it takes. What is left are the four tensors: the
+        update calls the loss itself, one frame below it. A parameter it does not take is an error naming it."""
+        unknown = sorted(set(params) - {p.name for p in self.params})
+        if unknown:
+            raise ValueError(f"policy loss {self.name!r} takes no {unknown}; its parameters: {self.arguments}")
+        return functools.partial(self.fn, **{name: fields[name] for name in self.fields if name in fields}, **params)
 
 
 POLICY_LOSSES: dict[str, LossSpec] = {}

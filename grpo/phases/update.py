@@ -16,6 +16,7 @@ of the whole batch, counted once up front, so micro-batching does not change the
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
@@ -23,8 +24,7 @@ from typing import Any, Callable, Sequence
 import torch
 
 from grpo.config import LossConfig
-from grpo.core.losses import (LOG_RATIOS, POLICY_LOSSES, aggregate, importance_ratio, kl_penalty, policy_loss,
-                               top_entropy_mask)
+from grpo.core.losses import LOG_RATIOS, POLICY_LOSSES, aggregate, importance_ratio, kl_penalty, top_entropy_mask
 from grpo.core.records import TrainBatch
 from grpo.models.distributed import Dist, as_float
 from grpo.models.logprobs import completion_logprobs
@@ -57,6 +57,7 @@ def adamw(params: list[torch.nn.Parameter], lr: float, weight_decay: float) -> t
 
 def micro_batch_terms(model: torch.nn.Module, mb: TrainBatch, betas_N: torch.Tensor, loss: LossConfig,
                       temperature: float, fused_head: bool, entropy_coef: float | None = None,
+                      loss_fn: Callable[..., tuple[torch.Tensor, dict[str, torch.Tensor]]] | None = None,
                       ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
     """Per-token loss terms of one micro-batch: (policy_BT, regulariser_BT = β_task·KL − c·entropy, mask_BT, parts).
 
@@ -64,6 +65,7 @@ def micro_batch_terms(model: torch.nn.Module, mb: TrainBatch, betas_N: torch.Ten
     temperature (rollout.temperature), so the log-probs are those of the distribution the rollouts came from.
     `fused_head` (model.fused_lm_head): apply the LM head inside the log-prob computation (grpo/core/kernels.py).
     `entropy_coef`: the adaptive entropy controller's coefficient for this step; None = loss.entropy_coef.
+    `loss_fn`: loss.policy_loss with its hyper-parameters bound (`bound_policy_loss`); None = bound here.
     """
     betas_B = betas_N.to(mb.advantages_B.device)[mb.task_ids_B]
     logps_BT, entropy_BT = completion_logprobs(model, mb.input_ids_BL, mb.attention_mask_BL, mb.prompt_len,
@@ -71,9 +73,8 @@ def micro_batch_terms(model: torch.nn.Module, mb: TrainBatch, betas_N: torch.Ten
                                                group_size=mb.group_size)
     mask_BT = mb.completion_mask_BT.to(logps_BT.dtype)
     old_BT = logps_BT.detach() if mb.old_logps_BT is None else mb.old_logps_BT
-    spec = POLICY_LOSSES[loss.policy_loss]  # its arguments: loss section fields (the clip) and its loss.params
-    params = {**{name: getattr(loss, name) for name in spec.fields}, **loss.params}
-    pg_BT, pg_metrics = policy_loss(loss.policy_loss, logps_BT, old_BT, mb.advantages_B, mask_BT, **params)
+    loss_fn = loss_fn or bound_policy_loss(loss)
+    pg_BT, pg_metrics = loss_fn(logps_BT, old_BT, mb.advantages_B, mask_BT)
     if mb.entropy_mask_BT is not None:  # top-entropy tokens only (loss.top_entropy_quantile); denominators unchanged
         pg_BT = pg_BT * mb.entropy_mask_BT.to(pg_BT.dtype)
     reg_BT = torch.zeros_like(pg_BT)
@@ -82,7 +83,7 @@ def micro_batch_terms(model: torch.nn.Module, mb: TrainBatch, betas_N: torch.Ten
     if mb.ref_logps_BT is not None:
         kl_BT = kl_penalty(logps_BT, mb.ref_logps_BT, loss.kl_estimator)
         if loss.kl_importance_weight:  # TRL's use_bias_correction_kl: times the loss's ratio, not detached
-            log_ratio_BT = LOG_RATIOS[spec.ratio](logps_BT, old_BT.detach(), mask_BT)
+            log_ratio_BT = LOG_RATIOS[POLICY_LOSSES[loss.policy_loss].ratio](logps_BT, old_BT.detach(), mask_BT)
             kl_BT = kl_BT * importance_ratio(log_ratio_BT)
         reg_BT = reg_BT + betas_B.to(kl_BT.dtype)[:, None] * kl_BT
         kl_value_BT = kl_penalty(logps_BT.detach(), mb.ref_logps_BT, KL_METRIC_ESTIMATOR)
@@ -94,6 +95,14 @@ def micro_batch_terms(model: torch.nn.Module, mb: TrainBatch, betas_N: torch.Ten
              "logps_BT": logps_BT.detach(),
              "mask_BT": mask_BT.detach(), **{k: torch.as_tensor(v).detach() for k, v in pg_metrics.items()}}
     return pg_BT, reg_BT, mask_BT, parts
+
+
+def bound_policy_loss(loss: LossConfig) -> Callable[..., tuple[torch.Tensor, dict[str, torch.Tensor]]]:
+    """loss.policy_loss with its hyper-parameters bound, once per update: the clip's (loss.clip_low, loss.clip_high,
+    loss.dual_clip) where it is a clipped loss, and its loss.params. It then takes (logps_BT, old_logps_BT,
+    advantages_B, mask_BT) and gives (loss_BT, metrics)."""
+    return POLICY_LOSSES[loss.policy_loss].bind(loss.params, clip_low=loss.clip_low, clip_high=loss.clip_high,
+                                                dual_clip=loss.dual_clip)
 
 
 Terms = Callable[[TrainBatch], tuple[torch.Tensor, torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]]
@@ -231,13 +240,12 @@ def update_passes(learner: Learner, batch: TrainBatch, betas_N: torch.Tensor, lo
     if loss.top_entropy_quantile < 1.0:
         metrics.update(select_top_entropy(model, batch, loss.top_entropy_quantile, settings, dist))
 
-    def terms(mb: TrainBatch):
-        return micro_batch_terms(model, mb, betas_N, loss, settings.temperature, settings.fused_head,
-                                 settings.entropy_coef)
-
-    def agg(loss_BT: torch.Tensor, mask_BT: torch.Tensor) -> torch.Tensor:
-        return aggregate(loss_BT, mask_BT, loss.agg_mode, num_tokens=num_tokens, num_seqs=num_seqs,
-                         constant=settings.agg_constant)
+    # one micro-batch's terms and its share of the step's loss, with everything else bound once for the step
+    terms: Terms = functools.partial(micro_batch_terms, model, betas_N=betas_N, loss=loss,
+                                     temperature=settings.temperature, fused_head=settings.fused_head,
+                                     entropy_coef=settings.entropy_coef, loss_fn=bound_policy_loss(loss))
+    agg: Aggregate = functools.partial(aggregate, mode=loss.agg_mode, num_tokens=num_tokens, num_seqs=num_seqs,
+                                       constant=settings.agg_constant)
 
     model.train()
     passes: list[dict[str, float]] = []

@@ -359,7 +359,7 @@ class Updater:
     @property
     def micro_batch_seqs(self) -> int:
         """Sequences per forward of every pass (old log-probs, reference, training): cfg.micro_batch_seqs, halved
-        after a CUDA out-of-memory retry (`passes_with_oom_retry`)."""
+        after a CUDA out-of-memory retry (`after_oom`)."""
         return self.settings.micro_batch_seqs
 
     @property
@@ -387,11 +387,18 @@ class Updater:
                 self.dist.reshard(ref_model)
 
     def update(self, batch: TrainBatch) -> dict[str, float]:
-        """The μ update passes with each task's current β, then the controllers' and the guard's bookkeeping:
+        """The μ update passes with each task's current β (grpo/phases/update.update_passes; on a CUDA out-of-memory
+        error once more with half the micro-batch: `after_oom`), then the controllers' and the guard's bookkeeping:
         loss/, kl/, entropy/, health/ (health/restored: the guard restored the weights), beta/ metrics."""
         betas_N = torch.tensor([self.controllers[t].value for t in self.tasks], dtype=torch.float32)
         self._restored = False
-        stats = self.passes_with_oom_retry(batch, betas_N)
+        try:
+            stats = {**update_passes(self.learner, batch, betas_N, self.loss, self.tasks, self.step_settings()),
+                     "health/oom_retries": 0.0}
+        except torch.OutOfMemoryError as err:
+            self.after_oom(err)
+            stats = {**update_passes(self.learner, batch, betas_N, self.loss, self.tasks, self.step_settings()),
+                     "health/oom_retries": 1.0}
         metrics = dict(stats)
         if self.entropy_control is not None:  # adaptive entropy control: the coefficient this step used, then update
             metrics["loss/entropy_coef"] = self.entropy_control.value
@@ -405,36 +412,34 @@ class Updater:
             skipped, restored, stats["health/grad_norm_max"], self.cfg.train.skip_grad_norm)))
         return metrics
 
-    def passes(self, batch: TrainBatch, betas_N: torch.Tensor) -> dict[str, float]:
-        """The μ update passes of one step (grpo/phases/update.update_passes), with the entropy coefficient of now."""
-        settings = self.settings if self.entropy_control is None else \
-            dataclasses.replace(self.settings, entropy_coef=self.entropy_control.value)
-        return update_passes(self.learner, batch, betas_N, self.loss, self.tasks, settings)
+    def step_settings(self) -> StepSettings:
+        """The update's plain values of other sections, with the entropy controller's coefficient of now."""
+        if self.entropy_control is None:
+            return self.settings
+        return dataclasses.replace(self.settings, entropy_coef=self.entropy_control.value)
 
-    def passes_with_oom_retry(self, batch: TrainBatch, betas_N: torch.Tensor) -> dict[str, float]:
-        """The μ update passes; on CUDA out-of-memory, report and retry once with half the micro-batch size, which
-        then stays the run's size for every later pass: old log-probs, reference and training."""
-        try:
-            return {**self.passes(batch, betas_N), "health/oom_retries": 0.0}
-        except torch.OutOfMemoryError as e:
-            self.optimizer.zero_grad(set_to_none=True)
-            peak = torch.cuda.max_memory_allocated() / 2**30 if torch.cuda.is_available() else float("nan")
-            size = self.micro_batch_seqs
-            half = max(1, size // 2)
-            print(f"CUDA out of memory in the update (peak allocated {peak:.1f} GiB): {str(e).splitlines()[0]}\n"
-                  f"  retrying this step once with micro-batch {half} sequences (was {size}).\n"
-                  f"  knobs that reduce memory: {'; '.join(OOM_KNOBS)}; see docs/MEMORY.md and "
-                  "`grpo-check-gpu-memory --estimate` (in a checkout: `python check_gpu_memory.py --estimate`)", file=sys.stderr, flush=True)
-            if half == size:
-                raise
-            freed = release_graph_slots(self.policy.model)  # and none kept from now on
-            if freed:
-                print(f"  the graph engine's kept decoding buffers ({freed / 2**30:.2f} GiB) are freed and no longer "
-                      "kept between rollouts", file=sys.stderr, flush=True)
-            if torch.cuda.is_available():
-                torch.cuda.empty_cache()  # once, after an OOM, to give the retry the freed blocks
-            self.settings = dataclasses.replace(self.settings, micro_batch_seqs=half)
-            return {**self.passes(batch, betas_N), "health/oom_retries": 1.0}
+    def after_oom(self, err: torch.OutOfMemoryError) -> None:
+        """After a CUDA out-of-memory error in the update: report it, halve the micro-batch size (the run's size for
+        every later pass: old log-probs, reference and training), free what the graph engine keeps and the cached
+        blocks, so that the step can run once more; re-raise when the micro-batch is one sequence already."""
+        self.optimizer.zero_grad(set_to_none=True)
+        peak = torch.cuda.max_memory_allocated() / 2**30 if torch.cuda.is_available() else float("nan")
+        size = self.micro_batch_seqs
+        half = max(1, size // 2)
+        print(f"CUDA out of memory in the update (peak allocated {peak:.1f} GiB): {str(err).splitlines()[0]}\n"
+              f"  retrying this step once with micro-batch {half} sequences (was {size}).\n"
+              f"  knobs that reduce memory: {'; '.join(OOM_KNOBS)}; see docs/MEMORY.md and "
+              "`grpo-check-gpu-memory --estimate` (in a checkout: `python check_gpu_memory.py --estimate`)",
+              file=sys.stderr, flush=True)
+        if half == size:
+            raise err
+        freed = release_graph_slots(self.policy.model)  # and none kept from now on
+        if freed:
+            print(f"  the graph engine's kept decoding buffers ({freed / 2**30:.2f} GiB) are freed and no longer "
+                  "kept between rollouts", file=sys.stderr, flush=True)
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()  # once, after an OOM, to give the retry the freed blocks
+        self.settings = dataclasses.replace(self.settings, micro_batch_seqs=half)
 
     def _after_optimizer_step(self) -> None:
         """Scheduler step, then the weight guard: NaN/Inf weights are replaced by the last good copy. Sharded, each
