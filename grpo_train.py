@@ -51,7 +51,7 @@ from grpo.run import checkpoint_files as ckpt
 from grpo.run.api import loaded_model, python_config, with_tools
 from grpo.run.save_resume import (FinalSaveError, check_resume, last_checkpoint_line, reference_weights, resume,
                                   save_checkpoint, save_final_checkpoint, save_final_model)
-from grpo.run.config_check import check_config
+from grpo.run.config_check import check_config, registries_help
 from grpo.run.console import banner, preset_note
 from grpo.run.doctor_in_run import consult_doctor, doctor_line, doctor_stops, start_doctor
 from grpo.run.pareto import RUN_SUBDIR as PARETO_SUBDIR, ParetoFrontier, require_heldout_rows
@@ -500,7 +500,8 @@ def cli(argv: list[str]) -> int:
     by SIGINT / SIGTERM (grpo/run/exits.py)."""
     try:
         cfg, args = parse_trainer_argv(argv, prog=command_typed(), description=__doc__,
-                                       more_help=losses_help() + graders_help(), read_file=read_config_file,
+                                       more_help=losses_help() + registries_help() + graders_help(),
+                                       read_file=read_config_file,
                                        other=trl_flags())
         check_config(cfg)
     except C.ConfigError as e:

@@ -376,3 +376,41 @@ def test_the_loop_sees_the_doctor_and_the_trl_translation_through_one_small_face
 def test_the_face_check_sees_what_goes_behind_or_beyond():
     source = "from a.face import ok, extra\nfrom a.inner import secret\n"
     assert face_breaches(source, "a.face", ("a.inner",), ["ok"]) == ["a.inner: ['secret']", "a.face.extra"]
+
+
+# ---------------------------------------------------------------------------------------------- one registry pattern
+def test_every_choice_by_name_is_one_kind_of_registry():
+    """Every config field chosen by name reads a `Registry` (grpo/core/registry.py) named after that field: the
+    config check, the errors (the field and the valid names) and --help come from it. Rule graders and KL controllers
+    too (checked per task)."""
+    from grpo.core.kl_control import KL_CONTROLLERS
+    from grpo.core.losses import POLICY_LOSSES
+    from grpo.core.registry import Registry
+    from grpo.core.rule_graders import GRADERS
+    from grpo.run.config_check import REGISTRY_FIELDS, registries_help
+
+    for dotted, registry in REGISTRY_FIELDS.items():
+        assert isinstance(registry, Registry) and registry.field == dotted, dotted
+        with pytest.raises(ValueError, match=re.escape(dotted) + r".*use one of \["):
+            registry.get("no such name")
+        assert all(registry.docs[name] for name in registry), dotted  # every name says what it is in --help
+    assert isinstance(KL_CONTROLLERS, Registry) and isinstance(GRADERS, Registry) and isinstance(POLICY_LOSSES, Registry)
+    assert "loss.policy_loss" in REGISTRY_FIELDS and REGISTRY_FIELDS["loss.policy_loss"] is POLICY_LOSSES
+    text = registries_help()
+    assert all(f"{dotted} (" in text for dotted in REGISTRY_FIELDS if dotted != "loss.policy_loss")
+
+
+def test_a_registry_refuses_a_name_twice_and_decorates():
+    from grpo.core.registry import Registry
+
+    names = Registry("x.choice", "thing")
+
+    @names.register("a", "the first")
+    def first():
+        """Docstring."""
+
+    names.register("b", value=None)  # None is a value one can register ("auto" has no code of its own)
+    assert list(names) == ["a", "b"] and names.get("a") is first and names.get("b") is None
+    with pytest.raises(ValueError, match="registered already"):
+        names.register("a", value=1)
+    assert names.unregister("b") is None and list(names) == ["a"]

@@ -79,7 +79,7 @@ def test_state_round_trips_mid_window(make):
 def test_make_controller_builds_and_validates():
     assert isinstance(make_controller("band", beta=0.1, low=0.01, high=0.05), BandKL)
     assert make_controller("fixed", beta=0.0).value == 0.0
-    with pytest.raises(ValueError, match="valid kinds"):
+    with pytest.raises(ValueError, match="unknown KL controller .*use one of"):
         make_controller("pid", beta=0.1)
     with pytest.raises(ValueError, match="accepted arguments"):
         make_controller("adaptive", beta=0.1, target=1.0)  # horizon missing

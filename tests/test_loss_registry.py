@@ -35,7 +35,7 @@ def scaled_loss():
         return loss_BT, {"loss/test_scale": torch.tensor(scale), "loss/test_ratio_mean": ratio_mean}
 
     yield loss_fn
-    del POLICY_LOSSES[NAME]
+    POLICY_LOSSES.unregister(NAME)
 
 
 def test_a_loss_registered_in_one_place_validates(scaled_loss):

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from grpo.core.clip_rules import CLIP_HIGH, CLIP_LOW, DUAL_CLIP, clip_problems
+
 from grpo.config.checks import (MAX_LOGIT_PENALTY, MAX_LOSS_WEIGHT, MAX_REPETITION_PENALTY, MIN_TEMPERATURE, _check,
                                 _one_of)
 
@@ -137,14 +139,10 @@ class RolloutConfig:
 
 
 def check_clip(clip_low: float, clip_high: float, dual_clip: float | None) -> None:
-    """The rules of the clipped losses' ratio bounds [1 - clip_low, 1 + clip_high] and dual clip, read by LossConfig
-    and by every call of a clipped loss (grpo/core/losses.py). A bound of 0 puts that side of the clip at ratio 1:
-    every token whose ratio moved the way its advantage pushes it is clipped, so after the first pass it gets no
-    gradient (and 1 - clip_low must stay > 0 to bound a ratio at all). A dual clip c <= 1 caps the loss of a
-    negative-advantage token at or below its on-policy value (ratio 1), not only where the ratio is large."""
-    _check(0 < clip_low < 1, "loss.clip_low", clip_low, "use a value in (0, 1), e.g. 0.2")
-    _check(clip_high > 0, "loss.clip_high", clip_high, "use a value > 0, e.g. 0.28")
-    _check(dual_clip is None or dual_clip > 1, "loss.dual_clip", dual_clip, "use None or a value > 1 (verl uses 3)")
+    """The clip's rules (grpo/core/clip_rules.py, which the clipped losses apply too), as the loss section's error:
+    the first rule broken, naming its field."""
+    for field_name, value, fix in clip_problems(clip_low, clip_high, dual_clip):
+        _check(False, field_name, value, fix)
 
 
 @dataclass
@@ -152,12 +150,12 @@ class LossConfig:
     policy_loss: str = "grpo"
     """The policy loss by name: grpo (token ratio), gspo (sequence ratio), gspo_token, luspo, cispo, sapo, vespo or
     one registered with register_policy_loss (grpo/core/losses.py); --help lists each with its parameters."""
-    clip_low: float = 0.2
+    clip_low: float = CLIP_LOW
     """Lower clip: ratio >= 1 - clip_low (GSPO's paper uses ~3e-4 since its ratio is a per-token geometric mean).
     The clipped losses only (grpo, gspo, gspo_token, luspo)."""
-    clip_high: float = 0.28
+    clip_high: float = CLIP_HIGH
     """Upper clip: ratio <= 1 + clip_high (DAPO clip-higher: larger than clip_low). The clipped losses only."""
-    dual_clip: float | None = None
+    dual_clip: float | None = DUAL_CLIP
     """Cap the loss of negative-advantage tokens at -c*A (verl uses c=3). None = off. The clipped losses only."""
     params: dict[str, float] = field(default_factory=dict)
     """The policy loss's own hyper-parameters by name, e.g. loss.params.cispo_max_ratio=3 (or --loss.params

@@ -19,12 +19,15 @@ Metric values are 0-dim detached tensors; the loop converts them with `float()`.
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Callable, Sequence
 
 import torch
 
-ADV_SCALES = ("group", "batch", "none")
-"""The advantage scalings (loss.adv_scale; grpo/run/config_check.py checks the config against this list)."""
+from grpo.core.registry import Registry
+
+ADV_SCALES: Registry[Callable[..., torch.Tensor]] = Registry("loss.adv_scale", "advantage scale")
+"""How the centred rewards are scaled into advantages, by name (loss.adv_scale): each takes (centered_GK, r_GK,
+valid_GK, mean_G, eps) and gives adv_GK."""
 
 REWARD_TIE_ATOL = 1e-8
 """Rewards within 1e-8 of each other are ties: float rewards that differ only by rounding (0.1 + 0.2 vs 0.3) must not
@@ -45,6 +48,30 @@ def _unbiased_std(x_GK: torch.Tensor, valid_GK: torch.Tensor, mean_G: torch.Tens
     return torch.where(count_G >= 2, var_G.sqrt(), torch.zeros_like(var_G))
 
 
+@ADV_SCALES.register("group", "divided by the group's std (GRPO)")
+def _group_scale(centered_GK: torch.Tensor, r_GK: torch.Tensor, valid_GK: torch.Tensor, mean_G: torch.Tensor,
+                 eps: float) -> torch.Tensor:
+    """Divided by the group's std (GRPO)."""
+    return centered_GK / (_unbiased_std(r_GK, valid_GK, mean_G).unsqueeze(-1) + eps)
+
+
+@ADV_SCALES.register("batch", "divided by the std of the whole batch's rewards (TRL's scale_rewards=batch)")
+def _batch_scale(centered_GK: torch.Tensor, r_GK: torch.Tensor, valid_GK: torch.Tensor, mean_G: torch.Tensor,
+                 eps: float) -> torch.Tensor:
+    """Divided by the std of the whole batch's rewards (REINFORCE++-style; TRL's scale_rewards="batch")."""
+    flat_valid = valid_GK.reshape(1, -1)
+    flat = r_GK.reshape(1, -1)
+    batch_mean = torch.where(flat_valid, flat, torch.zeros_like(flat)).sum(-1) / flat_valid.sum().clamp(min=1)
+    return centered_GK / (_unbiased_std(flat, flat_valid, batch_mean).squeeze() + eps)
+
+
+@ADV_SCALES.register("none", "not scaled: the centred rewards (Dr. GRPO)")
+def _no_scale(centered_GK: torch.Tensor, r_GK: torch.Tensor, valid_GK: torch.Tensor, mean_G: torch.Tensor,
+              eps: float) -> torch.Tensor:
+    """Not scaled: the centred rewards (Dr. GRPO)."""
+    return centered_GK
+
+
 def group_advantages(rewards_B: torch.Tensor | Sequence[float | None], group_size: int, scale: str = "group",
                      eps: float = 1e-6, clip: float | None = None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Advantages (B,) and `adv/*` metrics for rewards (B,) laid out as B/group_size groups of group_size.
@@ -52,8 +79,7 @@ def group_advantages(rewards_B: torch.Tensor | Sequence[float | None], group_siz
     Metrics: adv/frac_zero_std (groups with < 2 valid or all-equal rewards), adv/num_failed (NaN rewards),
     adv/mean, adv/std, adv/abs_max (over the advantages of valid rewards).
     """
-    if scale not in ADV_SCALES:
-        raise ValueError(f"group_advantages: unknown scale {scale!r}; valid: {list(ADV_SCALES)}")
+    scale_fn = ADV_SCALES.get(scale)
     if clip is not None and not clip > 0:
         raise ValueError(f"group_advantages: clip={clip!r} must be > 0, or None for no clipping")
     rewards = _as_rewards(rewards_B)
@@ -72,15 +98,7 @@ def group_advantages(rewards_B: torch.Tensor | Sequence[float | None], group_siz
     degenerate_G = (count_G < 2) | (r_max_G - r_min_G <= REWARD_TIE_ATOL)
 
     centered_GK = torch.where(valid_GK, r_GK - mean_G.unsqueeze(-1), zeros_GK)
-    if scale == "group":
-        adv_GK = centered_GK / (_unbiased_std(r_GK, valid_GK, mean_G).unsqueeze(-1) + eps)
-    elif scale == "batch":
-        flat_valid = valid_GK.reshape(1, -1)
-        flat = r_GK.reshape(1, -1)
-        batch_mean = torch.where(flat_valid, flat, torch.zeros_like(flat)).sum(-1) / flat_valid.sum().clamp(min=1)
-        adv_GK = centered_GK / (_unbiased_std(flat, flat_valid, batch_mean).squeeze() + eps)
-    else:
-        adv_GK = centered_GK
+    adv_GK = scale_fn(centered_GK, r_GK, valid_GK, mean_G, eps)
     adv_GK = torch.where(degenerate_G.unsqueeze(-1) | ~valid_GK, zeros_GK, adv_GK)
     if clip is not None:
         adv_GK = adv_GK.clamp(-clip, clip)
@@ -100,15 +118,20 @@ def group_advantages(rewards_B: torch.Tensor | Sequence[float | None], group_siz
     return advantages_B, metrics
 
 
-MULTI_OBJECTIVE_AGGREGATIONS = ("sum_then_normalize", "normalize_then_sum")
-"""How a task's reward terms reach the advantages (loss.multi_objective_aggregation; TRL's multi_objective_aggregation):
-sum_then_normalize = the task's reward (loss.reward_aggregation), then group advantages (the default) |
-normalize_then_sum = GDPO."""
+MULTI_OBJECTIVE_AGGREGATIONS: Registry[Callable[..., torch.Tensor] | None] = Registry(
+    "loss.multi_objective_aggregation", "multi-objective aggregation")
+"""How a task's reward terms reach the advantages, by name (loss.multi_objective_aggregation; TRL's
+multi_objective_aggregation): the function that turns the term matrix into rewards, or None for the task's reward
+itself (grpo/run/step_owners.py Rewarder.advantages)."""
+MULTI_OBJECTIVE_AGGREGATIONS.register("sum_then_normalize", "the task's reward (loss.reward_aggregation), then group "
+                                      "advantages", None)
 
 GDPO_EPS = 1e-4
 """The std floor of GDPO's per-term normalisation (TRL's 1e-4)."""
 
 
+@MULTI_OBJECTIVE_AGGREGATIONS.register("normalize_then_sum", "GDPO: each reward term normalised in its group, then "
+                                      "the weighted sum")
 def normalize_then_sum(values_BM: torch.Tensor, weights_BM: torch.Tensor, group_size: int,
                        eps: float = GDPO_EPS) -> torch.Tensor:
     """GDPO (TRL `multi_objective_aggregation="normalize_then_sum"`): every reward term is normalised within its

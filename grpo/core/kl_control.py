@@ -16,7 +16,7 @@ import math
 import statistics
 from typing import Any, Callable
 
-from grpo.config import TaskKLConfig
+from grpo.core.registry import Registry
 
 ADAPTIVE_ERROR_CLIP = 0.2
 """Ziegler et al. clip the proportional error to ±0.2 so one noisy KL estimate moves β by at most 20%·n/horizon."""
@@ -179,25 +179,30 @@ class BandKL:
         self.num_nan_ignored = int(state["num_nan_ignored"])
 
 
-KL_CONTROLLERS: dict[str, type] = {"fixed": FixedKL, "adaptive": AdaptiveKL, "band": BandKL}
+KL_CONTROLLERS: Registry[type] = Registry("kl.<task>.controller", "KL controller")
 """The controllers by name: the one list of the names kl.<task>.controller accepts."""
+KL_CONTROLLERS.register("fixed", "β stays at kl.<task>.beta", FixedKL)
+KL_CONTROLLERS.register("adaptive", "β steered towards kl.<task>.target (Ziegler et al.'s proportional controller)",
+                        AdaptiveKL)
+KL_CONTROLLERS.register("band", "β times up / down when the window's median KL leaves [band_low, band_high]", BandKL)
 CONTROLLER_KINDS = {cls: kind for kind, cls in KL_CONTROLLERS.items()}
 Controller = FixedKL | AdaptiveKL | BandKL
 
 CONFIG_FIELDS = {"low": "band_low", "high": "band_high"}
-"""Controller argument -> TaskKLConfig field, where the names differ."""
+"""Controller argument -> kl.<task> field (grpo/config TaskKLConfig), where the names differ."""
 NOT_CONFIGURED = frozenset({"n_steps"})
 """Controller arguments no config field sets: AdaptiveKL.n_steps stays 1 (one observation per RL step)."""
 
 
-def controller_args(section: TaskKLConfig) -> tuple[str, dict[str, Any]]:
-    """(kind, keyword arguments) of the controller a kl.<task> section describes: only the fields its kind uses."""
+def controller_args(section: Any) -> tuple[str, dict[str, Any]]:
+    """(kind, keyword arguments) of the controller a kl.<task> section (grpo/config TaskKLConfig, read by its field
+    names) describes: only the fields its kind uses."""
     kind = section.controller
     names = [p for p in inspect.signature(KL_CONTROLLERS[kind]).parameters if p not in NOT_CONFIGURED]
     return kind, {name: getattr(section, CONFIG_FIELDS.get(name, name)) for name in names}
 
 
-def controller_from_config(section: TaskKLConfig) -> Controller:
+def controller_from_config(section: Any) -> Controller:
     """The β controller of one task's kl section."""
     kind, kwargs = controller_args(section)
     return make_controller(kind, **kwargs)
@@ -209,9 +214,7 @@ def make_controller(kind: str, **kwargs: Any) -> Controller:
     Raises ValueError naming the kind and its accepted arguments for an unknown kind, missing or unknown arguments,
     or bad values.
     """
-    if kind not in KL_CONTROLLERS:
-        raise ValueError(f"make_controller: unknown KL controller {kind!r}; valid kinds: {sorted(KL_CONTROLLERS)}")
-    cls = KL_CONTROLLERS[kind]
+    cls = KL_CONTROLLERS.get(kind)
     signature = inspect.signature(cls)
     try:
         signature.bind(**kwargs)

@@ -37,7 +37,8 @@ from typing import Callable, NamedTuple
 
 import torch
 
-from grpo.config.rollout_loss import LossConfig, check_clip
+from grpo.core.clip_rules import CLIP_HIGH, CLIP_LOW, DUAL_CLIP, clip_problems
+from grpo.core.registry import Registry
 
 LOG_RATIO_CLAMP = 20.0
 """Log-ratios are clamped to ±20 before exp(): exp() overflows fp32 past ~88 and bf16/fp16 much earlier, and a
@@ -183,13 +184,12 @@ class LossSpec:
         return functools.partial(self.fn, **{name: fields[name] for name in self.fields if name in fields}, **params)
 
 
-POLICY_LOSSES: dict[str, LossSpec] = {}
+POLICY_LOSSES: Registry[LossSpec] = Registry("loss.policy_loss", "policy loss")
 """Policy losses by name (`loss.policy_loss`), each registered once by `register_policy_loss` beside its function."""
 
 CLIP_FIELDS = ("clip_low", "clip_high", "dual_clip")
 """The clipped losses' arguments: fields of the loss section itself (`loss.clip_low`, ...), shared by every clipped
-loss; their defaults and rules are LossConfig's and `check_clip`'s (grpo/config/rollout_loss.py), so they are not
-`loss.params`."""
+loss; their defaults and rules are grpo/core/clip_rules.py's (the loss section's too), so they are not `loss.params`."""
 
 TENSOR_ARGUMENTS = ("logps_BT", "old_logps_BT", "advantages_B", "mask_BT")
 """What every loss function takes first, in this order; its keyword arguments after them are its hyper-parameters."""
@@ -226,10 +226,10 @@ def register_policy_loss(name: str, *, ratio: str, doc: str, params: dict[str, t
             raise ValueError(f"{where}: {fn.__name__}'s hyper-parameters {sorted(taken)} need a doc and rule each in "
                              f"params (or be loss fields) and a float default (loss.params holds numbers as floats); "
                              f"undescribed {undescribed}, not taken {stray}, without a float default {no_default}")
-        POLICY_LOSSES[name] = LossSpec(
+        POLICY_LOSSES.register(name, doc, LossSpec(
             name=name, fn=fn, ratio=ratio, doc=" ".join(doc.split()),
             params=tuple(LossParam(p.name, p.default, *params[p.name]) for p in own if p.name not in fields),
-            fields=tuple(fields), agg_mode=agg_mode, metrics=tuple(metrics))
+            fields=tuple(fields), agg_mode=agg_mode, metrics=tuple(metrics)))
         return fn
 
     return register
@@ -239,9 +239,10 @@ def _clipped_policy_loss(log_ratio_BT: torch.Tensor, logps_BT: torch.Tensor, old
                          advantages_B: torch.Tensor, mask_BT: torch.Tensor, clip_low: float, clip_high: float,
                          dual_clip: float | None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """The PPO clipped surrogate shared by every ratio. Returns the per-token loss (0 on padding) and metrics.
-    The clip's rules are the loss section's (grpo/config/rollout_loss.py `check_clip`), so a call here and a config
+    The clip's rules are grpo/core/clip_rules.py's, which the loss section applies too: a call here and a config
     refuse the same values."""
-    check_clip(clip_low, clip_high, dual_clip)
+    for field_name, value, fix in clip_problems(clip_low, clip_high, dual_clip):
+        raise ValueError(f"{field_name}={value!r}: {fix}")
     adv_BT = _advantages_BT(advantages_B, logps_BT)
     ratio_BT = importance_ratio(log_ratio_BT)
     unclipped_BT = -adv_BT * ratio_BT
@@ -269,9 +270,8 @@ def clipped_loss(ratio: str) -> Callable[..., tuple[torch.Tensor, dict[str, torc
     log_ratio_fn = LOG_RATIOS[ratio]
 
     def loss_fn(logps_BT: torch.Tensor, old_logps_BT: torch.Tensor, advantages_B: torch.Tensor,
-                mask_BT: torch.Tensor, clip_low: float = LossConfig.clip_low,
-                clip_high: float = LossConfig.clip_high,
-                dual_clip: float | None = LossConfig.dual_clip) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+                mask_BT: torch.Tensor, clip_low: float = CLIP_LOW, clip_high: float = CLIP_HIGH,
+                dual_clip: float | None = DUAL_CLIP) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         log_ratio_BT = log_ratio_fn(logps_BT, old_logps_BT.detach(), mask_BT)
         return _clipped_policy_loss(log_ratio_BT, logps_BT, old_logps_BT.detach(), advantages_B, mask_BT,
                                     clip_low, clip_high, dual_clip)
@@ -399,9 +399,7 @@ def policy_loss(name: str, logps_BT: torch.Tensor, old_logps_BT: torch.Tensor, a
     losses add loss/clip_frac_low, loss/clip_frac_high (and loss/dual_clip_frac when dual_clip is set); 0-dim
     detached tensors.
     """
-    if name not in POLICY_LOSSES:
-        raise ValueError(f"policy_loss: unknown loss {name!r}; valid names: {sorted(POLICY_LOSSES)}")
-    spec = POLICY_LOSSES[name]
+    spec = POLICY_LOSSES.get(name)
     unknown = sorted(set(params) - set(spec.arguments))
     if unknown:
         raise ValueError(f"policy_loss: loss {name!r} takes no {unknown}; its parameters: {spec.arguments}")
@@ -470,12 +468,15 @@ def _seq_mean_token_sum_norm(loss_BT, mask_BT, num_tokens, num_seqs, constant):
     return per_seq_B.sum() / _num(num_seqs, torch.tensor(loss_BT.shape[0]), loss_BT)
 
 
-AGG_MODES: dict[str, Callable[..., torch.Tensor]] = {
-    "token-mean": _token_mean,
-    "seq-mean-token-mean": _seq_mean_token_mean,
-    "seq-mean-token-sum": _seq_mean_token_sum,
-    "seq-mean-token-sum-norm": _seq_mean_token_sum_norm,
-}
+AGG_MODES: Registry[Callable[..., torch.Tensor]] = Registry("loss.agg_mode", "loss aggregation")
+"""How a per-token loss becomes the step's scalar, by name (loss.agg_mode)."""
+AGG_MODES.register("token-mean", "Σ m·ℓ / tokens of the step (DAPO)", _token_mean)
+AGG_MODES.register("seq-mean-token-mean", "each sequence's token mean, averaged over the step's sequences (GRPO)",
+                   _seq_mean_token_mean)
+AGG_MODES.register("seq-mean-token-sum", "each sequence's token sum, averaged over the step's sequences",
+                   _seq_mean_token_sum)
+AGG_MODES.register("seq-mean-token-sum-norm", "each sequence's token sum over max_new_tokens, averaged (Dr. GRPO)",
+                   _seq_mean_token_sum_norm)
 
 
 def aggregate(loss_BT: torch.Tensor, mask_BT: torch.Tensor, mode: str, num_tokens: int | torch.Tensor | None = None,
@@ -487,11 +488,10 @@ def aggregate(loss_BT: torch.Tensor, mask_BT: torch.Tensor, mode: str, num_token
     batch's own counts are used (correct only when the batch is the whole step).
     constant: the Dr.GRPO normaliser for `seq-mean-token-sum-norm` (the maximum completion length).
     """
-    if mode not in AGG_MODES:
-        raise ValueError(f"aggregate: unknown mode {mode!r}; valid modes: {sorted(AGG_MODES)}")
+    mode_fn = AGG_MODES.get(mode)
     if loss_BT.shape != mask_BT.shape:
         raise ValueError(f"aggregate: loss_BT {tuple(loss_BT.shape)} and mask_BT {tuple(mask_BT.shape)} differ")
-    return AGG_MODES[mode](loss_BT, mask_BT.to(loss_BT.dtype), num_tokens, num_seqs, constant)
+    return mode_fn(loss_BT, mask_BT.to(loss_BT.dtype), num_tokens, num_seqs, constant)
 
 
 # ----------------------------------------------------------------------------------------------------- KL estimators
@@ -514,14 +514,15 @@ def _k3_plus(logps_BT: torch.Tensor, ref_logps_BT: torch.Tensor) -> torch.Tensor
     return k2_BT + (_k3(logps_BT, ref_logps_BT) - k2_BT).detach()
 
 
-KL_ESTIMATORS: dict[str, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = {
-    "k1": _k1,
-    "k2": _k2,
-    "k3": _k3,
-    "low_var_kl": _k3,  # verl's name for k3
-    "k3+": _k3_plus,
-    "low_var_kl+": _k3_plus,  # verl's name for k3+
-}
+KL_ESTIMATORS: Registry[Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = Registry("loss.kl_estimator",
+                                                                                          "KL estimator")
+"""Per-token KL(π‖π_ref) estimators by name (loss.kl_estimator), with verl's names beside Schulman's."""
+KL_ESTIMATORS.register("k1", "log π − log π_ref (unbiased, can be negative)", _k1)
+KL_ESTIMATORS.register("k2", "½ (log π − log π_ref)²", _k2)
+KL_ESTIMATORS.register("k3", "exp(ref − logp) − (ref − logp) − 1 (unbiased, ≥ 0)", _k3)
+KL_ESTIMATORS.register("low_var_kl", "verl's name for k3", _k3)
+KL_ESTIMATORS.register("k3+", "k3's value with k2's gradient", _k3_plus)
+KL_ESTIMATORS.register("low_var_kl+", "verl's name for k3+", _k3_plus)
 
 
 def kl_penalty(logps_BT: torch.Tensor, ref_logps_BT: torch.Tensor, estimator: str = "k3") -> torch.Tensor:
@@ -530,9 +531,8 @@ def kl_penalty(logps_BT: torch.Tensor, ref_logps_BT: torch.Tensor, estimator: st
     The reference log-probs are detached. k3 is ≥ 0 and finite for any finite inputs (log-ratio clamped to
     ±LOG_RATIO_CLAMP; beyond the clamp the gradient is 0).
     """
-    if estimator not in KL_ESTIMATORS:
-        raise ValueError(f"kl_penalty: unknown estimator {estimator!r}; valid: {sorted(KL_ESTIMATORS)}")
+    estimator_fn = KL_ESTIMATORS.get(estimator)
     if logps_BT.shape != ref_logps_BT.shape:
         raise ValueError(f"kl_penalty: logps_BT {tuple(logps_BT.shape)} and ref_logps_BT "
                          f"{tuple(ref_logps_BT.shape)} differ")
-    return KL_ESTIMATORS[estimator](logps_BT, ref_logps_BT.detach())
+    return estimator_fn(logps_BT, ref_logps_BT.detach())

@@ -26,9 +26,11 @@ tens of MB; for full fine-tuning of an 8B model it is 2 × 32 GB in fp32 for two
 from __future__ import annotations
 
 import math
-from typing import Iterable, Sequence
+from typing import Callable, Iterable, Sequence
 
 import torch
+
+from grpo.core.registry import Registry
 
 EPS_NORM = 1e-20
 """Below this squared norm a gradient counts as zero (no projection onto it, no direction for CAGrad)."""
@@ -38,8 +40,10 @@ CAGRAD_TOL = 1e-12
 """Stop the CAGrad weight iterations once the objective (on the normalised Gram matrix) moves less than this."""
 SQRT_EPS = 1e-18
 """Keeps √(w·Gw) differentiable at g_w = 0 on the normalised Gram matrix (entries ≤ 1)."""
-METHODS = ("sum", "pcgrad", "cagrad")
-"""How per-task gradients combine (multi.combine; grpo/run/config_check.py checks the config against this list)."""
+METHODS: Registry[Callable[..., tuple[torch.Tensor, dict[str, float]]]] = Registry("multi.combine",
+                                                                                   "gradient combination")
+"""How per-task gradients combine, by name (multi.combine): each takes (grads_ND, labels, c, generator, rescale)
+and gives (the combined gradient, its metrics)."""
 
 
 def task_labels(n_tasks: int, names: Sequence[str] | None) -> list[str]:
@@ -205,6 +209,29 @@ def cagrad(grads_ND: torch.Tensor, c: float = 0.5, rescale: bool = True) -> tupl
     return d_D, w_N
 
 
+@METHODS.register("sum", "the plain sum of the task gradients (no surgery)")
+def _sum(grads_ND: torch.Tensor, labels: list[str], c: float, generator: torch.Generator | None,
+         rescale: bool) -> tuple[torch.Tensor, dict[str, float]]:
+    """The plain sum of the task gradients (no surgery)."""
+    return grads_ND.sum(dim=0), {}
+
+
+@METHODS.register("pcgrad", "each task gradient loses its component along every other it conflicts with")
+def _pcgrad(grads_ND: torch.Tensor, labels: list[str], c: float, generator: torch.Generator | None,
+            rescale: bool) -> tuple[torch.Tensor, dict[str, float]]:
+    """PCGrad: each task gradient loses its component along every other it conflicts with (random task order)."""
+    combined_D, projections = pcgrad(grads_ND, generator)
+    return combined_D, {"multi/pcgrad/projections": float(projections)}
+
+
+@METHODS.register("cagrad", "the average gradient moved towards the least-improved task, within radius multi.cagrad_c")
+def _cagrad(grads_ND: torch.Tensor, labels: list[str], c: float, generator: torch.Generator | None,
+            rescale: bool) -> tuple[torch.Tensor, dict[str, float]]:
+    """CAGrad: the average gradient moved towards the least-improved task, within radius c."""
+    combined_D, w_N = cagrad(grads_ND, c, rescale)
+    return combined_D, {f"multi/cagrad_w/{labels[i]}": float(w_N[i]) for i in range(len(labels))}
+
+
 def combine(
     grads: Sequence[torch.Tensor] | torch.Tensor,
     method: str = "sum",
@@ -223,21 +250,14 @@ def combine(
     `multi/cagrad_w/<i>` (cagrad), `multi/combined_norm`, `multi/nonfinite`. A non-finite gradient skips the
     surgery (the plain sum is returned, so the health check sees the NaN) and sets `multi/nonfinite` = 1.
     """
-    if method not in METHODS:
-        raise ValueError(f"multi.combine: unknown method {method!r}; choose one of {METHODS}")
+    method_fn = METHODS.get(method)
     grads_ND = _stack(grads)
     labels = task_labels(grads_ND.shape[0], names)
     finite = bool(torch.isfinite(grads_ND).all())
     metrics = gradient_stats(grads_ND, names) if finite else {}
     metrics["multi/nonfinite"] = float(not finite)
-    if method == "sum" or not finite:
-        combined_D = grads_ND.sum(dim=0)
-    elif method == "pcgrad":
-        combined_D, projections = pcgrad(grads_ND, generator)
-        metrics["multi/pcgrad/projections"] = float(projections)
-    else:
-        combined_D, w_N = cagrad(grads_ND, c, cagrad_rescale)
-        metrics.update({f"multi/cagrad_w/{labels[i]}": float(w_N[i]) for i in range(len(labels))})
+    combined_D, more = (method_fn if finite else METHODS["sum"])(grads_ND, labels, c, generator, cagrad_rescale)
+    metrics.update(more)
     if extra is not None:
         if extra.shape != combined_D.shape:
             raise ValueError(

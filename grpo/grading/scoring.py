@@ -25,14 +25,18 @@ from typing import Any, Mapping
 import torch
 
 from grpo.core.records import Rollout, Scored
+from grpo.core.registry import Registry
 from grpo.grading.graders import JUDGE_TERM, MAX_ABS_REWARD, Grader, GraderError, resolve_graders
 from grpo.grading.judge import Judge, JudgeItem, JudgeResult
 
 __all__ = ["JUDGE_TERM", "RewardSpec", "score_rollouts", "term_matrix"]
 
 
-REWARD_AGGREGATIONS = ("sum", "mean")
-"""How a task's reward terms make its reward (loss.reward_aggregation); see the module docstring."""
+REWARD_AGGREGATIONS: Registry[None] = Registry("loss.reward_aggregation", "reward aggregation")
+"""How a task's weighted reward terms make its reward, by name (loss.reward_aggregation; `score_rollouts` applies
+it)."""
+REWARD_AGGREGATIONS.register("sum", "the weighted sum of the terms (TRL's)", None)
+REWARD_AGGREGATIONS.register("mean", "the weighted mean: the sum over the sum of the weights", None)
 
 
 @dataclass(frozen=True)

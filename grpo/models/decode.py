@@ -63,12 +63,6 @@ GENERATION_FIELDS_NOT_REPLAYED = (
 not apply. A model that sets one of them decodes with `generate` under `rollout.engine=auto`
 (see `fields_generate_would_add`)."""
 
-ENGINES = ("auto", "hf", "lean", "graph")
-"""How rollouts are decoded (rollout.engine): "hf" = transformers' `generate`; "lean" = `decode` here; "graph" = the
-fixed-shape step compiled and replayed (grpo/models/graph_decode.py); "auto" = on CUDA graph wherever it applies,
-else lean wherever it applies (`lean_blocker` says None), else hf. The one list of these names
-(grpo/run/config_check.py checks the config against it)."""
-
 Processor = Callable[[torch.LongTensor, torch.Tensor], torch.Tensor]
 
 NAN_LOGIT = -1e4

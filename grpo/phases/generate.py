@@ -32,16 +32,27 @@ from grpo.models.graph_decode import decode_graph, graph_blocker
 from grpo.models.modeling import generation_mode
 from grpo.models.sampling import SeededSampler
 from grpo.core.records import Rollout, Sample
+from grpo.core.registry import Registry
 from grpo.models.tokens import encode_prompt, left_pad, stop_token_id
 
-CACHE_IMPLEMENTATIONS = ("dynamic", "static")
-"""KV caches `generate` may use (rollout.cache_implementation; grpo/run/config_check.py checks against this list):
-dynamic grows per step; static is allocated once at prompt + max_new_tokens columns, which lets transformers
-compile the decoding step on CUDA (`_valid_auto_compile_criteria`)."""
+CACHE_IMPLEMENTATIONS: Registry[None] = Registry("rollout.cache_implementation", "KV cache of generate")
+"""KV caches `generate` may use, by name (rollout.cache_implementation; `decode_hf` passes it on)."""
+CACHE_IMPLEMENTATIONS.register("dynamic", "grown per step", None)
+CACHE_IMPLEMENTATIONS.register("static", "laid out once at prompt + max_new_tokens columns, which lets transformers "
+                               "compile its decoding step on CUDA (the hf engine only)", None)
 STATIC_PROMPT_BUCKET = 64
 """With the static cache, prompts are left-padded to a multiple of this many columns, so the cache (and the compiled
 decoding step) takes one of a few shapes instead of a new one, and a recompile, whenever the longest prompt changes.
 Padding is masked and position ids come from the mask, so the sampled ids and their log-probs stay the same."""
+
+ENGINES: Registry[Callable[..., Any] | None] = Registry("rollout.engine", "decoding engine")
+"""How rollouts are decoded, by name (rollout.engine): each a `Decoder` (below); "auto" has none of its own, it picks
+one per call (`choose_engine`)."""
+ENGINES.register("auto", "graph on CUDA where it applies, else lean where it applies, else hf", None)
+ENGINES.register("lean", "a Python loop over the model's one-token steps, stopped rows dropped (grpo/models/decode.py)",
+                 decode)
+ENGINES.register("graph", "one fixed-shape step, compiled and (CUDA) captured, replayed per token "
+                 "(grpo/models/graph_decode.py)", decode_graph)
 
 _WARNED: set[str] = set()
 
@@ -228,11 +239,11 @@ def decoder(model, rollout: RolloutConfig, greedy: bool, synced_gpus: bool = Fal
     grpo/models/decode.decode (the lean loop) or `decode_hf` (transformers' generate)."""
     cache_implementation = "dynamic" if greedy else rollout.cache_implementation
     engine = choose_engine(model, rollout.engine, cache_implementation, synced_gpus)
-    if engine == "hf":
-        return functools.partial(decode_hf, synced_gpus=synced_gpus)
-    return decode_graph if engine == "graph" else decode
+    fn = ENGINES.get(engine)
+    return functools.partial(fn, synced_gpus=synced_gpus) if engine == "hf" else fn
 
 
+@ENGINES.register("hf", "transformers' generate (with the seeded sampler when each completion has its own stream)")
 def decode_hf(model, rows: Sequence[Sequence[int]], rollout: RolloutConfig, stop_ids: Sequence[int], pad_id: int, *,
               greedy: bool, row_keys: Sequence[int] | None = None,
               synced_gpus: bool = False) -> tuple[list[list[int]], torch.Tensor | int]:

@@ -14,21 +14,21 @@ train.wandb_project, a judge.cache_path that is not a folder).
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Collection
+from typing import Any
 
 from grpo.config import Config, LossConfig, TaskKLConfig, did_you_mean, field_error
+from grpo.core.registry import Registry
 from grpo.core.advantages import ADV_SCALES, MULTI_OBJECTIVE_AGGREGATIONS
-from grpo.models.decode import ENGINES
 from grpo.core.kl_control import CONFIG_FIELDS, KL_CONTROLLERS, controller_args, controller_problem
 from grpo.core.losses import AGG_MODES, KL_ESTIMATORS, POLICY_LOSSES
 from grpo.core.multi import METHODS as COMBINE_METHODS
 from grpo.grading.judge import CACHE_FILE as JUDGE_CACHE_FILE
 from grpo.grading.reward_models import check_spec as check_reward_model
 from grpo.grading.scoring import REWARD_AGGREGATIONS
-from grpo.phases.generate import CACHE_IMPLEMENTATIONS
+from grpo.phases.generate import CACHE_IMPLEMENTATIONS, ENGINES
 from grpo.run.tracking import WANDB_MISSING, wandb_installed
 
-REGISTRY_FIELDS: dict[str, Collection[str]] = {
+REGISTRY_FIELDS: dict[str, Registry[Any]] = {
     "rollout.cache_implementation": CACHE_IMPLEMENTATIONS,
     "rollout.engine": ENGINES,
     "loss.policy_loss": POLICY_LOSSES,
@@ -39,7 +39,15 @@ REGISTRY_FIELDS: dict[str, Collection[str]] = {
     "loss.multi_objective_aggregation": MULTI_OBJECTIVE_AGGREGATIONS,
     "multi.combine": COMBINE_METHODS,
 }
-"""Dotted config field -> the registry whose names it must be one of (kl.<task>.controller: KL_CONTROLLERS)."""
+"""Dotted config field -> the registry whose names it must be one of (kl.<task>.controller: KL_CONTROLLERS, checked
+per task; the rule graders of rewards.<task>: GRADERS, resolved with the other graders)."""
+
+
+def registries_help() -> str:
+    """Every choice made by name, registry by registry, with its doc: the --help section the registries write."""
+    registries = [*REGISTRY_FIELDS.values(), KL_CONTROLLERS]
+    return "\n\nChoices by name (each registered beside its code):\n" + "\n".join(
+        "  " + r.help().replace("\n", "\n  ") for r in registries if r is not POLICY_LOSSES)
 
 
 def check_names(cfg: Config) -> None:

@@ -25,7 +25,7 @@ from typing import Any, Callable, Iterator
 import torch
 
 from grpo import config as C
-from grpo.core.advantages import group_advantages, normalize_then_sum
+from grpo.core.advantages import MULTI_OBJECTIVE_AGGREGATIONS, group_advantages
 from grpo.core.answers import step_answer_metrics
 from grpo.core.dapo import fill_informative_groups, overlong_penalty
 from grpo.core.entropy_control import AdaptiveEntropyCoef
@@ -296,8 +296,9 @@ class Rewarder:
         """Group advantages of the rewards (failed: NaN, left out of their group), aggregated per
         loss.multi_objective_aggregation and shaped by DAPO's overlong penalty; adv/ metrics into `metrics`."""
         rewards_B = torch.tensor([math.nan if s.reward is None else s.reward for s in scored], dtype=torch.float32)
-        if self.loss.multi_objective_aggregation == "normalize_then_sum":  # GDPO: each term normalised in its group
-            rewards_B = normalize_then_sum(*term_matrix(scored, self.specs), self.rollout.k)
+        combine_terms = MULTI_OBJECTIVE_AGGREGATIONS.get(self.loss.multi_objective_aggregation)
+        if combine_terms is not None:  # GDPO (normalize_then_sum): each term normalised in its group, then summed
+            rewards_B = combine_terms(*term_matrix(scored, self.specs), self.rollout.k)
         if self.rollout.overlong_buffer:  # DAPO's soft overlong punishment, on top of the graders' rewards
             penalty_B = overlong_penalty(torch.tensor([s.rollout.model_tokens for s in scored]),
                                          self.rollout.max_new_tokens, self.rollout.overlong_buffer,
