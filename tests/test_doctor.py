@@ -59,7 +59,7 @@ def test_healthy_run_is_green_and_too_short_below_min_steps():
     # 19 RL steps < min_steps 20: too short to judge, even with nothing wrong; 20 is enough
     assert check(healthy(19), TH, BANDS) == []
     level, reasons = verdict([], rl_steps(healthy(19)), TH)
-    assert level == "too_short" and reasons[0].startswith("too short to judge: 19 RL step(s)")
+    assert level == "too short to judge" and reasons[0].startswith("too short to judge: 19 RL step(s)")
     assert verdict([], rl_steps(healthy(20)), TH)[0] == "green"
 
 
@@ -67,7 +67,7 @@ def test_verdict_order_red_then_too_short_then_yellow():
     y, r = Finding("yellow", "truncation", "t", "s"), Finding("red", "non_finite", "n", "s")
     assert verdict([y]) == ("yellow", ["[yellow] truncation: t"])
     assert verdict([y, r], steps=3) == ("red", ["[red] non_finite: n", "[yellow] truncation: t"])  # red even if short
-    assert verdict([y], steps=3)[0] == "too_short" and verdict([y], steps=3)[1][1] == "[yellow] truncation: t"
+    assert verdict([y], steps=3)[0] == "too short to judge" and verdict([y], steps=3)[1][1] == "[yellow] truncation: t"
 
 
 def test_no_learning_signal_after_five_dead_steps_not_four():
@@ -91,7 +91,7 @@ def test_a_run_dead_from_its_first_step_is_yellow_until_five_steps_then_red():
     rows = set_last(healthy(4), "adv/frac_zero_std", 1.0, 4)
     (f,) = found(rows, "no_learning_signal")
     assert f.level == "yellow" and "in any of the 4 step(s) so far" in f.message and "red at 5 steps" in f.message
-    assert verdict(check(rows, TH, BANDS), rl_steps(rows), TH)[0] == "too_short"
+    assert verdict(check(rows, TH, BANDS), rl_steps(rows), TH)[0] == "too short to judge"
     doctor, fired = Doctor(TH, BANDS, CONFIG), []
     for row in set_last(healthy(6), "adv/frac_zero_std", 1.0, 6):
         fired += [(row["step"], f.level) for f in doctor.update(row) if f.code == "no_learning_signal"]
@@ -419,7 +419,7 @@ def test_no_warm_up_is_advised_when_the_warm_up_was_skipped_for_want_of_targets(
 
 def test_a_smoke_test_of_a_few_steps_is_too_short_unless_something_broke():
     regressed = Finding("red", "reward_regressed", "held-out fairness fell", "try ...", "fairness")
-    assert verdict([regressed], 5, TH)[0] == "too_short"
+    assert verdict([regressed], 5, TH)[0] == "too short to judge"
     assert verdict([regressed], 20, TH)[0] == "red"
     for code in ("non_finite", "no_learning_signal", "judge_failures", "kl_runaway"):
         assert verdict([regressed, Finding("red", code, "m", "s")], 5, TH)[0] == "red", code

@@ -280,10 +280,13 @@ def test_rewards_equal_trls_on_the_same_functions_and_rows_and_each_term_is_logg
 
 
 # --------------------------------------------------------------------------------- the newcomer's length reward
-def test_a_length_reward_smoke_test_logs_each_function_everywhere_and_is_too_short_to_judge(tmp_path, monkeypatch):
+def test_a_length_reward_smoke_test_logs_each_function_everywhere_and_is_too_short_to_judge(tmp_path, monkeypatch,
+                                                                                           capsys):
     """The newcomer's run: a TRL length reward (values around -10, not [0, 1]) and a second function, 5 RL steps,
     W&B in offline mode. Each function's mean and std reach metrics.jsonl, TensorBoard and W&B; the doctor finds no
-    zero-signal problem on that scale and calls 5 steps too short to judge (it said RED and "104% of the groups")."""
+    zero-signal problem on that scale and calls 5 steps too short to judge (it said RED and "104% of the groups"), in
+    the same words in the API's report and on the console (the API said "too_short" where the console said "TOO SHORT
+    TO JUDGE")."""
     pytest.importorskip("wandb")
     import grpo_train
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
@@ -307,7 +310,8 @@ def test_a_length_reward_smoke_test_logs_each_function_everywhere_and_is_too_sho
     assert {"rewards/caps/reward_len/mean", "rewards/caps/reward_words/std"} <= set(events.Tags()["scalars"])
     (wandb_file,) = (run.run_dir / "wandb").glob("offline-run-*/run-*.wandb")
     assert b"rewards/caps/reward_len/mean" in wandb_file.read_bytes()
-    assert run.report["verdict"] == "too_short", run.report["reasons"]
+    assert run.report["verdict"] == "too short to judge", run.report["reasons"]
+    assert "\nVerdict: TOO SHORT TO JUDGE: 5 RL step(s)" in capsys.readouterr().out
     assert not [f for f in run.report["findings"] if f["code"] == "zero_std_groups"]
 
 

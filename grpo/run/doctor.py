@@ -2,8 +2,9 @@
 (`Doctor.update` every RL step) and at the end of a run (`check`: the same Doctor replayed over metrics.jsonl, plus
 the whole-run counts and the held-out gains), and a verdict.
 
-Verdict (`verdict`): RED when any red finding is active at the end; else TOO SHORT TO JUDGE when the run has fewer
-than `min_steps` RL steps; else YELLOW for any warning; else GREEN, which needs every task's held-out reward to have
+Verdict (`verdict`), one word everywhere (report.json, `train()`'s run.report, and upper-cased on the console): red
+when any red finding is active at the end; else "too short to judge" when the run has fewer than `min_steps` RL
+steps; else yellow for any warning; else green, which needs every task's held-out reward to have
 risen (or to sit at the solved level) and no alarm. Each `Finding` names its evidence (steps, shares, values) and
 one next step: a config field and a value to try. A finding is active while its condition holds; `Doctor.update`
 returns the ones that became active at that step, and `Doctor.cleared` lists the ones that stopped holding.
@@ -23,11 +24,13 @@ from grpo.run.doctor_checks import (GRAPH_CODES, ONLINE_CODES, TOOL_CODES, WINDO
                                     Level, dead_step, heldout_gains, is_rl_row, mean, number, series, tasks_in,
                                     whole_run)
 
-__all__ = ["Alarm", "Doctor", "Finding", "HealthThresholds", "ONLINE_CODES", "VERDICT_TEXT", "check", "heldout_series",
+__all__ = ["Alarm", "Doctor", "Finding", "HealthThresholds", "ONLINE_CODES", "TOO_SHORT", "check", "heldout_series",
            "replayed", "rl_steps", "series", "tasks_in", "verdict"]
 
-LEVEL_ORDER = {"green": 0, "yellow": 1, "too_short": 2, "red": 3}
-VERDICT_TEXT = {"green": "GREEN", "yellow": "YELLOW", "too_short": "TOO SHORT TO JUDGE", "red": "RED"}
+TOO_SHORT = "too short to judge"
+"""The verdict of a run too short for the checks that compare its start with its end: the same words in report.json,
+the Python API and the console (which upper-cases every verdict)."""
+LEVEL_ORDER = {"green": 0, "yellow": 1, TOO_SHORT: 2, "red": 3}
 
 
 @dataclass(frozen=True)
@@ -286,9 +289,9 @@ group's rewards were equal: nothing could be learned, however short the run)."""
 
 def verdict(findings: Sequence[Finding], steps: int | None = None,
             thresholds: HealthThresholds | None = None) -> tuple[str, list[str]]:
-    """("green"|"yellow"|"too_short"|"red", reasons). Red when any finding is red, except a LEARNING_CODES finding
+    """("green"|"yellow"|TOO_SHORT|"red", reasons). Red when any finding is red, except a LEARNING_CODES finding
     in a run shorter than thresholds.min_steps (`steps`: RL steps of the run, None = not known), which is then
-    "too_short" as a run without a red finding is; else the worst level present; green needs no finding at all.
+    TOO_SHORT as a run without a red finding is; else the worst level present; green needs no finding at all.
     Reasons list red findings first."""
     th = thresholds or HealthThresholds()
     ordered = sorted(findings, key=lambda f: -LEVEL_ORDER[f.level])
@@ -297,7 +300,7 @@ def verdict(findings: Sequence[Finding], steps: int | None = None,
     if any(f.level == "red" and not (short and f.code in LEARNING_CODES) for f in ordered):
         return "red", reasons
     if short:
-        return "too_short", [f"too short to judge: {steps} RL step(s), at least {th.min_steps} are needed to compare "
+        return TOO_SHORT, [f"{TOO_SHORT}: {steps} RL step(s), at least {th.min_steps} are needed to compare "
                              "the start of training with its end (no red alarm of a broken run)"] + reasons
     if ordered:
         return ordered[0].level, reasons

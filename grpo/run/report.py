@@ -24,7 +24,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from grpo.run.doctor import VERDICT_TEXT, HealthThresholds, check, replayed, rl_steps, series, tasks_in, verdict
+from grpo.run.doctor import TOO_SHORT, HealthThresholds, check, replayed, rl_steps, series, tasks_in, verdict
 from grpo.run.doctor_checks import heldout_collapse, sampled_at_chance
 from grpo.run.pareto import RUN_SUBDIR as PARETO_SUBDIR, ParetoFrontier
 from grpo.run.tracking import read_metrics
@@ -182,8 +182,8 @@ def build_report(run_dir: str | Path, thresholds: HealthThresholds | None = None
     has it)}, tasks {task: {before_sft, after_sft, after_rl, delta, delta_sft, delta_rl}}, bbq {task: `bbq_table` row}, recognition {task:
     `recognition_table` row} (tasks with such rows only), pass_at_k (pass_at_k.json's figures, {} without it),
     findings [{level, code, message, suggestion, task, since}] (active at the end of the run; `since` = the step a
-    window finding fired at), suggestions [str], verdict "green"|"yellow"|"too_short"|"red"
-    (grpo/run/doctor.verdict), reasons [str], cleared [{code, task, level, first_step, last_step, message}] (alarms
+    window finding fired at), suggestions [str], verdict "green"|"yellow"|"too short to judge"|"red"
+    (grpo/run/doctor.verdict; the console shows the same words upper-cased), reasons [str], cleared [{code, task, level, first_step, last_step, message}] (alarms
     that fired during the run and stopped), pareto_best {step, scores, path} (the Pareto frontier's point with the best
     mean held-out score, from pareto/pareto.json; absent without one). A run without eval.json still gets its health
     findings; a run without metrics.jsonl raises FileNotFoundError naming the path.
@@ -255,8 +255,8 @@ def format_report(report: Mapping[str, Any]) -> str:
     lines = [f"Run {report['run_dir']}: {s['rows']} logged steps (last {s['last_step']}), "
              f"{s['time_total_s'] / 60:.1f} min of steps, {s['skipped_steps']} skipped, "
              f"{s['restored_steps']} restored" + _memory_cell(s),
-             f"Verdict: {VERDICT_TEXT.get(report['verdict'], report['verdict'].upper())}"
-             + (f": {report['reasons'][0].split(': ', 1)[-1]}" if report["verdict"] == "too_short" else ""), ""]
+             f"Verdict: {report['verdict'].upper()}"
+             + (f": {report['reasons'][0].split(': ', 1)[-1]}" if report["verdict"] == TOO_SHORT else ""), ""]
     header = ["task", "before_sft", "after_sft", "after_rl", "Δ sft", "Δ rl", "Δ total"]
     rows = [[task, _cell(r["before_sft"]), _cell(r["after_sft"]), _cell(r["after_rl"]),
              _cell(r["delta_sft"], True), _cell(r["delta_rl"], True), _cell(r["delta"], True)]
