@@ -459,6 +459,8 @@ def train(config: C.Config | str | Sequence[str] | None = None, *,
               dicts, in TRL's standard (prompt) or conversational (list of messages) form}.
     rewards:  {task: terms}; terms = "grader:weight,..." as in rewards.<task>, or a list of graders, each a
               function (per-row or TRL-style, no import path needed), a grader name, or a (grader, weight) pair.
+              A TRL-style function gets the keywords TRL passes and `task`, each completion's task name
+              (docs/CUSTOM_TASKS.md, 2.2); a misspelt name gets a "did you mean".
     model:    a model name (model.name); an already-loaded model with `processing_class` its tokenizer; or a
               (model, tokenizer) pair. A loaded model is trained in place.
     peft_config: a peft LoraConfig: its r, lora_alpha, lora_dropout and target_modules become model.lora_*.
