@@ -4,7 +4,7 @@
     python grpo_train.py --preset llama3-8b-dual           # Llama-3-8B-Instruct + LoRA on BBQ + HaluEval
     python grpo_train.py --rollout.k 8 --set loss.mu=2     # any config field, dotted
     python grpo_train.py --help | --print-config
-    grpo-dual ...                                          # the same, after `pip install .` (from any folder)
+    grpo-dual ...                                          # the same, from any folder (README's set-up installs it)
     grpo-dual --config grpo.yaml | --model_name_or_path M --dataset_name D --reward_funcs F ...
                                                            # TRL's `trl grpo` config file and flags (docs/TRL.md)
 

@@ -208,6 +208,8 @@ def test_readme_demo_command_pins_the_same_torch_and_runs_the_trainer():
         for req in re.findall(r"-r (\S+)", part):
             assert (ROOT / req).exists(), f"{req} (named in the README demo command) does not exist"
     assert parts[-1] == "python grpo_train.py"
+    installs = [p for p in parts if p.startswith("pip install")]  # the checkout as a package: `grpo-dual` on the PATH
+    assert len(installs) == 1 and re.search(r"(^| )-e \.( |$)", installs[0]), installs
     assert "-r ../requirements.txt" in (ROOT / "requirements" / "dev.txt").read_text()  # pip reads it from requirements/
 
 

@@ -638,7 +638,16 @@ grpo-dual \\
 
 `examples/trl_grpo/math` holds `train.jsonl` and `test.jsonl` (conversational prompts and a `solution` column, as
 `accuracy_reward` reads it): `datasets` takes the splits from the file names, the test split is the held-out set.
-tests/test_trl_command_line.py runs this command.
+The same run from TRL's config file (`examples/trl_grpo/grpo.yaml`, its output_dir smollm2-grpo-yaml), and the
+command's help:
+
+```bash
+grpo-dual --config examples/trl_grpo/grpo.yaml
+grpo-dual --help
+```
+
+The README's set-up installs `grpo-dual`; tests/test_install.py runs these commands as they are written here, from
+the repository root, after that set-up.
 
 What it reads. A TRL command line is one whose `--config` file holds TRL's fields, or that gives a field of
 GRPOScriptArguments, ModelConfig or DatasetMixtureConfig (`--model_name_or_path`, `--dataset_name`,
