@@ -26,8 +26,10 @@ from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 from grpo.models.host import cpu_share, memory_metrics, openmp_note, quiet_openmp, thread_count
+from grpo.models.third_party import quiet_third_party
 
 quiet_openmp()  # before torch loads libgomp, which reads it once: waiting threads sleep instead of spinning
+quiet_third_party()  # before a script builds its GRPOConfig: TRL's own default warns there (grpo/models/third_party.py)
 
 import torch  # noqa: E402
 
@@ -52,7 +54,7 @@ from grpo.run.api import loaded_model, python_config, with_tools
 from grpo.run.save_resume import (FinalSaveError, check_resume, last_checkpoint_line, reference_weights, resume,
                                   save_checkpoint, save_final_checkpoint, save_final_model)
 from grpo.run.config_check import check_config
-from grpo.run.console import banner, preset_note
+from grpo.run.console import banner, preset_note, warm_up
 from grpo.run.doctor_in_run import consult_doctor, doctor_line, doctor_stops, start_doctor
 from grpo.run.pareto import RUN_SUBDIR as PARETO_SUBDIR, ParetoFrontier, require_heldout_rows
 from grpo.run.plot import plot_run
@@ -95,7 +97,7 @@ class CheckedInputs:
 def prepare_process(threads_setting: int) -> str:
     """This process's torch thread count (train.threads: the cores it may use, not the machine's; setting it also
     pins MKL's count) and transformers' progress bars off (one progress display per phase is ours). Returns the
-    banner's CPU line."""
+    banner's CPU line (how OpenMP waits only where it costs something or the user set it: grpo/models/host.py)."""
     threads, why = thread_count(threads_setting, torch.get_num_threads(), cpu_share())
     if threads != torch.get_num_threads():
         torch.set_num_threads(threads)
@@ -103,7 +105,8 @@ def prepare_process(threads_setting: int) -> str:
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()
-    return f"CPU: {threads} torch thread(s) ({why}); {openmp_note()}"
+    waits = openmp_note()
+    return f"CPU: {threads} torch thread(s) ({why})" + (f"; {waits}" if waits else "")
 
 
 def check_inputs(cfg: C.Config, callables: Mapping[str, Callable[..., Any]] | None, dist: Dist) -> CheckedInputs:
@@ -167,7 +170,7 @@ def setup(cfg: C.Config, *, callables: Mapping[str, Callable[..., Any]] | None =
     name = dist.broadcast(cfg.train.run_name or f"{cfg.preset}-{time.strftime('%Y%m%d-%H%M%S')}")
     run_dir = expand_home(cfg.train.output_dir) / name  # `~/runs` given where no shell expanded it
     checked = check_inputs(cfg, callables, dist)  # data, graders, tools: stops here, before the folder or model
-    note = preset_note(cfg)
+    note = preset_note(cfg, checked.train_rows)
     if note and dist.is_main:
         print(note)
     disk = check_start(cfg, run_dir, device, dist.is_main, checked.train_rows, checked.draws)  # no-ops named, disk
@@ -208,8 +211,8 @@ def setup(cfg: C.Config, *, callables: Mapping[str, Callable[..., Any]] | None =
 
 
 def sft_phase(run: Run) -> list[float]:
-    """Completion-only SFT warm-up on the tasks' reference completions (skipped when sft.steps = 0, and with one line
-    saying so when no training row has a target: TRL-style prompt-only data)."""
+    """Completion-only SFT warm-up on the tasks' reference completions (skipped when sft.steps = 0, or when no
+    training row has a target: TRL-style prompt-only data, which the banner names)."""
     s = run.cfg.sft
     if s.steps == 0:
         return []
@@ -218,10 +221,7 @@ def sft_phase(run: Run) -> list[float]:
     encode = None if toolbox is None else (lambda messages: toolbox.encode_prompt(run.tokenizer, messages))
     examples = sft_examples(run.tokenizer, [x for t in run.tasks for x in run.samples.training[t]], system, s.max_target_tokens,
                             encode=encode)
-    if not examples:
-        if run.dist.is_main:
-            print(f"SFT warm-up skipped: no training row of {', '.join(run.tasks)} has a target (the column "
-                  "tasks.<task>.target_field names); sft.steps=0 says so up front")
+    if not examples:  # the banner said so (grpo/run/console.warm_up)
         run.tracker.log({"sft/skipped": 1.0}, 0)  # the doctor then advises no warm-up
         return []
     if s.max_examples:
@@ -396,7 +396,8 @@ def main(cfg: C.Config, run: Run | None = None) -> Run:
     if cfg.checkpoint.resume:
         resume(run, str(run.start.resume_from or cfg.checkpoint.resume))
     else:
-        say("evaluating before SFT ...", evaluate_phase(run, "before_sft"))
+        say(f"evaluating before {'SFT' if warm_up(cfg.sft.steps, run.samples.training).startswith('SFT') else 'training'}"
+            " ...", evaluate_phase(run, "before_sft"))
         if cfg.sft.steps and sft_phase(run):
             say("evaluating after SFT ...", evaluate_phase(run, "after_sft"))
         if cfg.train.pass_at_k:

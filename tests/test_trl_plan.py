@@ -359,14 +359,19 @@ def test_docs_trl_md_is_the_table():
     assert "+run = train(" in custom and "-trainer.train()" in custom  # the TRL script, before and after
 
 
-def test_bf16_means_bfloat16_weights_on_a_gpu_and_is_named_not_switched_on_on_the_cpu(monkeypatch):
-    """TRL resolves bf16=None to True (unless fp16). On a GPU: model.dtype bfloat16; on the CPU: float32 and a note
-    (never switched on silently where TRL's default leaves it True)."""
+def test_bf16_means_bfloat16_weights_on_a_gpu_and_is_named_not_switched_on_on_the_cpu(monkeypatch, tmp_path):
+    """TRL resolves bf16=None to True (unless fp16). On a GPU: model.dtype bfloat16; on the CPU: float32, and a note
+    only when bf16 was set true (TRL's default left unset is no request: every CPU run of a GPU-less machine printed
+    it, a GRPOConfig object's resolved True included)."""
+    on_cpu = translate({"use_cpu": True})
+    assert on_cpu.tree["model"]["dtype"] == "float32" and not [n for n in on_cpu.notes if "bf16" in n]
+    asked = translate({"use_cpu": True, "bf16": True})
+    assert asked.tree["model"]["dtype"] == "float32" and any(n.startswith("GRPOConfig.bf16=True") for n in asked.notes)
+    unset = translate(trl_args({}, tmp_path))  # the object holds bf16=True, TRL's resolved default
+    assert unset.tree["model"]["dtype"] == "float32" and not [n for n in unset.notes if "bf16" in n]
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     on_gpu = translate({})
     assert on_gpu.tree["model"]["dtype"] == "bfloat16" and not [n for n in on_gpu.notes if "bf16" in n]
-    on_cpu = translate({"use_cpu": True})
-    assert on_cpu.tree["model"]["dtype"] == "float32" and any(n.startswith("GRPOConfig.bf16=True") for n in on_cpu.notes)
     assert translate({"bf16": False}).tree["model"]["dtype"] == "float32"
     assert translate({"fp16": True}).tree["model"]["dtype"] == "float16"
     loaded = translate({"model_init_kwargs": {"torch_dtype": torch.float32, "attn_implementation": "eager"}}).tree

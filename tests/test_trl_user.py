@@ -104,7 +104,9 @@ def test_a_trl_dataset_trains_with_trl_reward_functions_and_skips_the_warm_up(tm
                            rewards={"caps": [reward_len, (reward_words, 0.5)]},
                            **{**SHORT, "train": {**SHORT["train"], "output_dir": str(tmp_path), "run_name": "r"}})
     out = capsys.readouterr().out
-    assert "SFT warm-up skipped: no training row of caps has a target" in out
+    header = out[:out.index("evaluating before training ...")]  # what will run, said before it runs
+    assert "no SFT warm-up (no training row has a target)" in header and "SFT 50 steps" not in out
+    assert "SFT warm-up skipped" not in out  # the header said it: no second line contradicting it
     assert run.progress.step == 2 and "after_sft" not in run.progress.evals and set(run.progress.evals) == {"before_sft", "after_rl"}
     assert seen and seen[0][1] == ("list" if conversational else "str")  # TRL passes messages for chat data
 
@@ -387,3 +389,51 @@ def test_max_steps_small_enough_for_a_smoke_test_says_how_to_shorten_the_rest(ca
     assert capsys.readouterr().err == ""  # shortened: nothing to say
     assert grpo_train.cli(["--preset", "smollm2-demo", "--print-config"]) == 0
     assert capsys.readouterr().err == ""  # the preset's own length is not a smoke test
+
+
+# ----------------------------------------------------------------------------------- third-party warnings, filtered
+WARNING_SCRIPT = """
+import warnings
+warnings.simplefilter("default")  # every warning once, as a script run with python -W default shows them
+import trl
+import grpo_train
+from peft import LoraConfig, get_peft_model
+from grpo.models.modeling import build_tiny_model, build_tiny_tokenizer, enable_checkpointing
+
+trl.GRPOConfig(output_dir="unused", use_cpu=True)
+model = build_tiny_model(build_tiny_tokenizer(["a b c"]), seed=0, hidden=32, layers=1, heads=2)
+enable_checkpointing(model)
+get_peft_model(model, LoraConfig(r=2, target_modules=["q_proj"], task_type="CAUSAL_LM"))
+print("done")
+"""
+"""A TRL-style script's start: TRL first, then grpo_train, a GRPOConfig, a LoRA model."""
+
+
+def test_the_warnings_that_say_nothing_to_the_user_are_filtered_and_no_other(tmp_path):
+    """TRL's GRPOConfig (its own default sets transformers' renamed gradient_checkpointing) and peft wrapping a model
+    (it asks for transformers' renamed is_gradient_checkpointing) warned in every TRL-style script; after `import
+    grpo_train` they are silent. Another FutureWarning of the same modules, or the same text from elsewhere, still
+    shows: the filters are one warning each (grpo/models/third_party.py)."""
+    import importlib
+    import subprocess
+    import sys
+    import warnings
+    from pathlib import Path
+
+    from grpo.models.third_party import QUIET, quiet_third_party
+
+    pytest.importorskip("trl")
+    root = Path(__file__).resolve().parents[1]
+    done = subprocess.run([sys.executable, "-c", WARNING_SCRIPT], cwd=root, capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0 and done.stdout.strip() == "done", done.stderr
+    assert "Warning" not in done.stderr, done.stderr
+    for category, module, message in QUIET:
+        importlib.import_module(module)
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            quiet_third_party()
+            warnings.warn_explicit(message + " here", category, "x.py", 1, module=module)  # the one filtered
+            warnings.warn_explicit("another deprecation", category, "x.py", 1, module=module)
+            warnings.warn_explicit(message + " here", category, "x.py", 1, module="my_script")
+        assert [str(w.message) for w in seen] == ["another deprecation", message + " here"], module

@@ -168,14 +168,14 @@ def check_disk(plan: DiskPlan, resume: bool) -> str:
 
 def disk_line(cfg: C.Config, train_rows: Mapping[str, list], run_dir: Path, device_type: str, world: int) -> str:
     """The disk check of grpo_train.setup, before the model loads: the plan's line (for the banner), a
-    DiskSpaceError when it cannot fit, or a line saying why there is no estimate."""
+    DiskSpaceError when it cannot fit, or "" when there is no estimate (a model whose shape is not known here before
+    it loads: the banner has nothing to say of it)."""
     from grpo.run.setup_parts import with_epochs
 
     try:
         counted = with_epochs(cfg, train_rows, world, announce=False)  # steps from the rows, as the run counts them
         plan = plan_writes(counted, train_rows, run_dir, device_type)
-    except (ValueError, OSError) as err:  # a shape not known here (a Hub id not bundled): nothing to estimate from
-        first = str(err).splitlines()[0] if str(err) else type(err).__name__
-        return f"disk: no estimate of what this run writes ({first})"
+    except (ValueError, OSError):  # a shape not known here (a Hub id not bundled): nothing to estimate from
+        return ""
     return check_disk(plan, bool(cfg.checkpoint.resume))
 

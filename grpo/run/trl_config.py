@@ -211,8 +211,9 @@ def _precision(value: Any, fields: Mapping[str, Any], out: dict, notes: list) ->
         _set(out, "model.dtype", "float16")
     elif bf16 and on_cpu(fields):
         _set(out, "model.dtype", "float32")
-        _note(notes, "bf16", True, "this run is on the CPU: grpo-dual trains in float32 here (model.dtype=float32); "
-              "set model.dtype=bfloat16 for bf16 weights")
+        if value is not None:  # asked for; TRL's own default (unset: bf16 unless fp16) is no request to name
+            _note(notes, "bf16", True, "this run is on the CPU: grpo-dual trains in float32 here (model.dtype="
+                  "float32); set model.dtype=bfloat16 for bf16 weights")
     else:
         _set(out, "model.dtype", "bfloat16" if bf16 else "float32")
 
@@ -432,7 +433,7 @@ TABLE: tuple[Row, ...] = (
     R("chat_template_kwargs", "", None, "unset only", _only(None, "the tokenizer's chat template is applied as it is")),
     # --- the model and the machine
     R("bf16", "model.dtype", None, "unset or true (TRL: true unless fp16): bfloat16 weights on a GPU; on the CPU "
-      "float32 and a note (grpo-dual does not switch bf16 on there); false: float32", _precision),
+      "float32 (grpo-dual does not switch bf16 on there; a note when bf16 is set true); false: float32", _precision),
     R("fp16", "model.dtype", False, "true: float16 (with a gradient scaler)", _part_of("bf16")),
     R("use_cpu", "train.device", False, "true: cpu; false: auto", _device),
     R("gradient_checkpointing", "model.gradient_checkpointing", True, "copied (TRL's default is on)"),
@@ -556,6 +557,8 @@ def all_fields(args: Any) -> tuple[dict[str, Any], list[str]]:
     others = sorted(f.name for f in fields if f.name not in ROWS and getattr(args, f.name) != (
         getattr(reference, f.name) if reference is not None else _field_default(f)))
     values = {name: getattr(args, name) for name in mine}
+    if values.get("bf16") == (not values.get("fp16")):  # what TRL's __post_init__ derives from bf16 left unset
+        values["bf16"] = None
     values["world_size"] = getattr(args, "world_size", 1)
     return {**DEFAULTS, **values}, others
 
