@@ -56,7 +56,7 @@ from grpo.run.save_resume import (FinalSaveError, check_resume, last_checkpoint_
 from grpo.run.config_check import check_config
 from grpo.run.console import banner, preset_note, warm_up
 from grpo.run.doctor_in_run import consult_doctor, doctor_line, doctor_stops, start_doctor
-from grpo.run.pareto import RUN_SUBDIR as PARETO_SUBDIR, ParetoFrontier, require_heldout_rows
+from grpo.run.pareto import RUN_SUBDIR as PARETO_SUBDIR, ParetoFrontier, check_evaluations, require_heldout_rows
 from grpo.run.plot import plot_run
 from grpo.run.start_checks import check_start
 from grpo.run.report import build_report, format_report
@@ -118,6 +118,7 @@ def check_inputs(cfg: C.Config, callables: Mapping[str, Callable[..., Any]] | No
     draws = prompt_copies(cfg, dist.world)  # prompts_per_step drawn for each process, or once for all (split_groups)
     check_prompts_per_step(train_rows, cfg.train.prompts_per_micro_step, cfg.train.grad_accum, draws)
     require_heldout_rows(train_rows, heldout, cfg.data.heldout_fraction)  # every task is evaluated: stop now if not
+    check_evaluations(cfg.train, heldout)  # evaluations asked for where nothing is held out
     specs = reward_specs(cfg.data.source, cfg.rewards, sorted(train_rows), custom=cfg.tasks,
                          aggregation=cfg.loss.reward_aggregation)
     check_task_entries(cfg.kl, sorted(train_rows))
@@ -396,9 +397,12 @@ def main(cfg: C.Config, run: Run | None = None) -> Run:
     if cfg.checkpoint.resume:
         resume(run, str(run.start.resume_from or cfg.checkpoint.resume))
     else:
-        say(f"evaluating before {'SFT' if warm_up(cfg.sft.steps, run.samples.training).startswith('SFT') else 'training'}"
-            " ...", evaluate_phase(run, "before_sft"))
-        if cfg.sft.steps and sft_phase(run):
+        evaluated = any(run.samples.heldout.values())  # none held out (TRL's split without an eval split): no evaluation
+        if evaluated:
+            say(f"evaluating before "
+                f"{'SFT' if warm_up(cfg.sft.steps, run.samples.training).startswith('SFT') else 'training'} ...",
+                evaluate_phase(run, "before_sft"))
+        if cfg.sft.steps and sft_phase(run) and evaluated:
             say("evaluating after SFT ...", evaluate_phase(run, "after_sft"))
         if cfg.train.pass_at_k:
             say(f"pass@{cfg.train.pass_at_k} before RL ...", pass_at_k_phase(run))
@@ -435,7 +439,8 @@ def main(cfg: C.Config, run: Run | None = None) -> Run:
                 save_checkpoint(run)
     failed = None
     if not run.progress.finished:  # else resumed from the final checkpoint: evaluated and saved already
-        evaluate_phase(run, "after_rl")
+        if any(run.samples.heldout.values()):
+            evaluate_phase(run, "after_rl")
         run.progress.finished = True
         failed = save_final_checkpoint(run)  # a full disk: the final model may still fit, `finish` says which
     finish(run, failed)
@@ -445,7 +450,7 @@ def main(cfg: C.Config, run: Run | None = None) -> Run:
 def train(config: C.Config | str | Sequence[str] | None = None, *,
           tasks: Mapping[str, Any] | None = None, rewards: Mapping[str, Any] | None = None,
           model: Any = None, processing_class: Any = None, peft_config: Any = None, args: Any = None,
-          tools: Sequence[Callable[..., Any] | str] | None = None,
+          eval_dataset: Any = None, tools: Sequence[Callable[..., Any] | str] | None = None,
           environment_factory: Callable[[], Any] | str | None = None, **sections: Mapping[str, Any]) -> Run:
     """The command line's run from Python (a notebook, a script): returns the finished Run, its `report` filled in.
 
@@ -467,7 +472,11 @@ def train(config: C.Config | str | Sequence[str] | None = None, *,
     peft_config: a peft LoraConfig: its r, lora_alpha, lora_dropout and target_modules become model.lora_*.
     args:     a TRL GRPOConfig (or a dict of its fields): the whole configuration, as in TRL, its defaults included
               (learning_rate -> train.lr, num_generations -> rollout.k, ...; docs/TRL.md); a field it cannot honour is
-              refused or named; reward_weights weigh each task's list of reward functions.
+              refused or named; reward_weights weigh each task's list of reward functions. As in TRL every row
+              trains (data.heldout_fraction=0): the held-out evaluations need eval_dataset (or a DatasetDict's
+              test split), else the verdict is judged from the training rewards.
+    eval_dataset: held-out rows, as TRL's eval_dataset: rows in memory for a run of one task, or {task: rows}
+              (tasks given as rows); evaluated before and after training (and every train.eval_every steps).
     tools:    functions the model may call in multi-turn rollouts (TRL's tools=[...]), described by their signature
               and docstring, or "module:function" strings; added to rollout.tools (grpo/phases/tools.py).
     environment_factory: a stateful task's environment (TRL's environment_factory): a class or function making one
@@ -479,7 +488,8 @@ def train(config: C.Config | str | Sequence[str] | None = None, *,
     GraderError (the reward preflight, before the model loads), ModelPackageMissing. For the phases one by one,
     call `setup`, `evaluate_phase`, `sft_phase`, `rl_step`, `finish` (notebooks/quickstart.ipynb)."""
     model = loaded_model(model, processing_class)
-    cfg, callables = python_config(config, tasks, rewards, model, sections, peft_config, trl_args=args)
+    cfg, callables = python_config(config, tasks, rewards, model, sections, peft_config, trl_args=args,
+                                   eval_dataset=eval_dataset)
     cfg, callables = with_tools(cfg, callables, tools, environment_factory)
     loaded = model if isinstance(model, tuple) else None
     if loaded is None:

@@ -214,7 +214,8 @@ def test_datasets_are_read_as_trls_script_reads_them(tmp_path):
 
     rows = write_jsonl(tmp_path / "rows.jsonl", ROWS_IN)
     one = translate_command_line({"dataset_name": str(rows), "use_cpu": True})
-    assert list(one["tasks"]) == ["rows"] and "heldout" not in one["tasks"]["rows"]  # hash split, as no test split
+    assert list(one["tasks"]) == ["rows"] and "heldout" not in one["tasks"]["rows"]  # no test split: every row trains
+    assert one["data"]["heldout_fraction"] == 0.0  # as in TRL, and the verdict is judged from the training rewards
     assert len(Path(one["tasks"]["rows"]["path"]).read_text().splitlines()) == len(ROWS_IN)
     saved = tmp_path / "saved"
     datasets.DatasetDict({"train": datasets.Dataset.from_list(ROWS_IN),

@@ -437,3 +437,38 @@ def test_the_warnings_that_say_nothing_to_the_user_are_filtered_and_no_other(tmp
             warnings.warn_explicit("another deprecation", category, "x.py", 1, module=module)
             warnings.warn_explicit(message + " here", category, "x.py", 1, module="my_script")
         assert [str(w.message) for w in seen] == ["another deprecation", message + " here"], module
+
+
+# ------------------------------------------------------------------------------------------- TRL's split, as in TRL
+def test_a_trl_config_trains_every_row_and_without_an_eval_split_is_judged_from_its_training_rewards(tmp_path,
+                                                                                                   capsys):
+    """A GRPOConfig over 16 rows, one epoch, one prompt a step: 16 RL steps over all 16 rows, as TRL trains them (3
+    of them went to a held-out split, so 13 steps); nothing is held out, no evaluation runs, and the verdict says it
+    was judged from the training rewards and how to get a held-out verdict. With eval_dataset the same run is
+    evaluated on those rows, and still trains all 16."""
+    trl = pytest.importorskip("trl")
+    import grpo_train
+
+    rows = datasets.Dataset.from_list([{"prompt": f"Say the number {i}."} for i in range(16)])
+    args = trl.GRPOConfig(output_dir=str(tmp_path / "out"), use_cpu=True, num_train_epochs=1,
+                          per_device_train_batch_size=4, num_generations=4, max_completion_length=4,
+                          learning_rate=1e-3, logging_steps=1, log_completions=True, report_to="none")
+    tiny = ["model.tiny_hidden=32", "model.tiny_layers=1", "model.tiny_heads=2"]
+    run = grpo_train.train(tiny, tasks={"numbers": rows}, rewards={"numbers": [reward_len]}, args=args)
+    out = capsys.readouterr().out
+    assert run.cfg.data.heldout_fraction == 0 and run.cfg.train.max_steps == 16
+    assert len(run.samples.training["numbers"]) == 16 and not run.samples.heldout
+    seen = {json.loads(line)["prompt"] for f in (run.run_dir / "samples").glob("*.jsonl")
+            for line in f.read_text().splitlines()}
+    assert seen == set(rows["prompt"])  # every row trained, once
+    assert run.progress.evals == {} and "evaluating" not in out
+    assert run.report["judged"].startswith("judged from the training rewards of numbers: no held-out rows")
+    assert "data.heldout_fraction" in run.report["judged"] and f"  ({run.report['judged']})" in out
+    assert not [f for f in run.report["findings"] if f["code"] == "no_heldout"]
+
+    held = datasets.Dataset.from_list([{"prompt": f"Say the letter {c}."} for c in "abcd"])
+    args.output_dir = str(tmp_path / "evaluated")
+    evaluated = grpo_train.train(tiny, tasks={"numbers": rows}, rewards={"numbers": [reward_len]}, args=args,
+                                 eval_dataset=held)
+    assert len(evaluated.samples.training["numbers"]) == 16 and len(evaluated.samples.heldout["numbers"]) == 4
+    assert set(evaluated.progress.evals) == {"before_sft", "after_rl"} and not evaluated.report["judged"]

@@ -109,6 +109,10 @@ def no_heldout(tmp, mp):
     return raised(require_heldout_rows, {"qa": [1, 2, 3]}, {}, 0.2)
 
 
+def nothing_held_out(tmp, mp):
+    return cli([*TINY, "--data.heldout_fraction", "0", "--train.eval_every", "5", "--train.output_dir", str(tmp)])
+
+
 def empty_scores(tmp, mp):
     from grpo.run.pareto import ParetoFrontier
 
@@ -493,6 +497,8 @@ TRIALS = {
     "a `kl.<task>` or `rewards.<task>` entry naming no task of the run (a typo)": task_name_typo,
     "data rows": data_rows,
     "a task without held-out rows (e.g. a JSONL task of 3 rows)": no_heldout,
+    "held-out evaluations asked for (`train.eval_every`, `train.eval_every_epoch`, `train.pass_at_k`) where no task "
+    "has held-out rows (`data.heldout_fraction=0`, TRL's split, and no eval split)": nothing_held_out,
     "Pareto scores of no task": empty_scores,
     "judge replies without a usable score": unusable_replies,
     "judge replies that are not JSON, or have no choices": garbage_replies,

@@ -260,7 +260,7 @@ def check(history: Sequence[Mapping[str, Any]], thresholds: HealthThresholds | N
     doctor = replayed(history, thresholds, kl_bands, evals, config)
     found = doctor.findings()
     found += whole_run(history, doctor.th, doctor.config, {f.code for f in found})
-    return found + heldout_gains(history, doctor.th, evals, doctor.config)
+    return found + heldout_gains(history, doctor.th, evals, doctor.config, doctor)
 
 
 def replayed(history: Sequence[Mapping[str, Any]], thresholds: HealthThresholds | None = None,
@@ -288,11 +288,12 @@ group's rewards were equal: nothing could be learned, however short the run)."""
 
 
 def verdict(findings: Sequence[Finding], steps: int | None = None,
-            thresholds: HealthThresholds | None = None) -> tuple[str, list[str]]:
+            thresholds: HealthThresholds | None = None, training_only: Sequence[str] = ()) -> tuple[str, list[str]]:
     """("green"|"yellow"|TOO_SHORT|"red", reasons). Red when any finding is red, except a LEARNING_CODES finding
     in a run shorter than thresholds.min_steps (`steps`: RL steps of the run, None = not known), which is then
     TOO_SHORT as a run without a red finding is; else the worst level present; green needs no finding at all.
-    Reasons list red findings first."""
+    Reasons list red findings first. `training_only`: the tasks judged from their training rewards (no held-out
+    rows: doctor_checks.judged_from_training), which the green reason names."""
     th = thresholds or HealthThresholds()
     ordered = sorted(findings, key=lambda f: -LEVEL_ORDER[f.level])
     reasons = [f"[{f.level}] {f.code}: {f.message}" for f in ordered]
@@ -304,4 +305,7 @@ def verdict(findings: Sequence[Finding], steps: int | None = None,
                              "the start of training with its end (no red alarm of a broken run)"] + reasons
     if ordered:
         return ordered[0].level, reasons
+    if training_only:
+        return "green", [f"every task's reward rose (or is solved): held-out, or the training reward for "
+                         f"{', '.join(training_only)}, which had no held-out rows; no health check fired"]
     return "green", ["every task's held-out reward rose (or is solved) and no health check fired"]

@@ -42,8 +42,9 @@ Window checks (rows = the last `recent_window` RL steps; "start" = the first win
   yellow  graph_recompiling   (runs the graph engine decodes) it compiled its decoding step at `recompile_steps`
                               or more steps of a window after the first
 End of run (grpo/run/doctor.check only): red skipped_steps / yellow restored_weights (the weight guard's counts), red
-reward_regressed / yellow reward_flat (held-out after RL vs before RL), yellow no_heldout (a trained task never
-evaluated). From the held-out greedy completions (`heldout_collapse`, read by grpo/run/report.py from evals/):
+reward_regressed / yellow reward_flat (held-out after RL vs before RL; for a task without held-out rows under
+data.heldout_fraction=0, TRL's split, the training reward's last window vs its first), yellow no_heldout (a trained
+task never evaluated). From the held-out greedy completions (`heldout_collapse`, read by grpo/run/report.py from evals/):
 red heldout_collapse when one answer class holds ≥ `collapse_share` of a task's after-RL evaluation, at least
 `collapse_rise` more than before RL, while its held-out reward is below `solved_reward` (yellow when it held that
 share before RL already). From the pass@K diagnostic before RL (pass_at_k.json, `sampled_at_chance`): yellow when a multiple-choice
@@ -710,9 +711,12 @@ def unit_scale_rewards(history: Sequence[Mapping[str, Any]], evals: Mapping[str,
     return bool(values) and all(0.0 <= v <= 1.0 for v in values)
 
 
-def heldout_gains(history: Sequence[Mapping[str, Any]], th: HealthThresholds, evals, config) -> list[Finding]:
+def heldout_gains(history: Sequence[Mapping[str, Any]], th: HealthThresholds, evals, config,
+                  doctor: Window | None = None) -> list[Finding]:
     """Held-out reward after RL against before RL, per trained task (eval.json when given, else the eval rows). A task
-    held at `solved_reward` or above with no change is not flat, on the unit scale only (`unit_scale_rewards`)."""
+    held at `solved_reward` or above with no change is not flat, on the unit scale only (`unit_scale_rewards`). A
+    trained task never evaluated is `no_heldout`, or, when nothing was held out on purpose (`judged_from_training`),
+    judged from its training rewards through `doctor` (the Doctor replayed over the history: `training_gains`)."""
     points: dict[str, tuple[float, float]] = {}
     if evals and "after_rl" in evals:
         before = evals.get("after_sft") or evals.get("before_sft") or {}
@@ -736,13 +740,56 @@ def heldout_gains(history: Sequence[Mapping[str, Any]], th: HealthThresholds, ev
                                f"-> {after:.3f} ({gain:+.3f})",
                                _try("train.max_steps", _scaled(config, "train.max_steps", 2, int),
                                     "train longer, once the window checks show a learning signal"), task))
-    trained = tasks_in(history, "reward/", "/mean")
-    seen = set(points) | {t for phase in (evals or {}).values() for t in phase} | set(tasks_in(history, "eval/", "/reward"))
-    for task in trained:
-        if task not in seen:
-            out.append(Finding("yellow", "no_heldout", f"{task} was trained but never evaluated on held-out prompts: "
-                               "whether it learned is unknown",
-                               _try("train.eval_every", 20, "held-out rewards during the run show learning"), task))
+    out += training_gains(doctor, unevaluated(history, evals)) if doctor is not None and \
+        judged_from_training(config) else []
+    for task in [] if judged_from_training(config) else unevaluated(history, evals):
+        out.append(Finding("yellow", "no_heldout", f"{task} was trained but never evaluated on held-out prompts: "
+                           "whether it learned is unknown",
+                           _try("train.eval_every", 20, "held-out rewards during the run show learning"), task))
+    return out
+
+
+def unevaluated(history: Sequence[Mapping[str, Any]], evals: Mapping[str, Mapping[str, Any]] | None) -> list[str]:
+    """The trained tasks no held-out evaluation scored (eval.json or the history's eval rows)."""
+    seen = {t for phase in (evals or {}).values() for t in phase} | set(tasks_in(history, "eval/", "/reward"))
+    return [task for task in tasks_in(history, "reward/", "/mean") if task not in seen]
+
+
+def judged_from_training(config: Mapping[str, Any]) -> bool:
+    """Whether a task without held-out rows was meant to be so (data.heldout_fraction=0: every row trains, TRL's
+    split): it is then judged from its training rewards, not flagged as never evaluated."""
+    return _setting(config, "data.heldout_fraction") == 0
+
+
+HOW_HELDOUT = ("for a held-out verdict, give an eval split (TRL's dataset_test_split or eval_dataset, a "
+               "DatasetDict's test split, tasks.<task>.heldout) or hold out a share of the rows (data.heldout_fraction, "
+               "e.g. 0.2)")
+"""How a run judged from its training rewards gets a held-out verdict (the report says it with the verdict)."""
+
+
+def training_gains(d: Window, tasks: Sequence[str]) -> list[Finding]:
+    """Tasks without held-out rows (data.heldout_fraction=0, no eval split), judged from their training rewards: the
+    last window's mean reward against the first full window's (the doctor's `start`), as reward_stuck compares them
+    (stuck_tolerance of the reward's spread). A fall beyond reward_regression_red (of the spread) is red
+    reward_regressed, no rise beyond the tolerance yellow reward_flat; a run shorter than a window has no start."""
+    out = []
+    for task in tasks:
+        key = f"reward/{task}/mean"
+        start, now = d.start.get(key), d.wmean(key)
+        if start is None or not math.isfinite(now):
+            continue
+        spread, gain = reward_spread(d, task), now - start
+        what = (f"training {task} reward {start:.3f} in the first window -> {now:.3f} in the last ({d.span()}, "
+                f"{gain:+.3f}); no held-out rows, so judged from the training rewards")
+        if gain < -d.th.reward_regression_red * spread:
+            out.append(Finding("red", "reward_regressed", f"{what}: it fell",
+                               _try("train.lr", _scaled(d.config, "train.lr", 0.5),
+                                    f"then read samples/ for reward hacking; {HOW_HELDOUT}"), task))
+        elif gain <= d.th.stuck_tolerance * spread and not (_unit_scale(d, task) and now >= d.th.solved_reward):
+            out.append(Finding("yellow", "reward_flat", f"{what}: it did not rise",
+                               _try("train.max_steps", _scaled(d.config, "train.max_steps", 2, int),
+                                    f"train longer, once the window checks show a learning signal; {HOW_HELDOUT}"),
+                               task))
     return out
 
 

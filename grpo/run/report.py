@@ -25,7 +25,8 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from grpo.run.doctor import TOO_SHORT, HealthThresholds, check, replayed, rl_steps, series, tasks_in, verdict
-from grpo.run.doctor_checks import heldout_collapse, sampled_at_chance
+from grpo.run.doctor_checks import (HOW_HELDOUT, heldout_collapse, judged_from_training, sampled_at_chance,
+                                    unevaluated)
 from grpo.run.pareto import RUN_SUBDIR as PARETO_SUBDIR, ParetoFrontier
 from grpo.run.tracking import read_metrics
 
@@ -183,7 +184,9 @@ def build_report(run_dir: str | Path, thresholds: HealthThresholds | None = None
     `recognition_table` row} (tasks with such rows only), pass_at_k (pass_at_k.json's figures, {} without it),
     findings [{level, code, message, suggestion, task, since}] (active at the end of the run; `since` = the step a
     window finding fired at), suggestions [str], verdict "green"|"yellow"|"too short to judge"|"red"
-    (grpo/run/doctor.verdict; the console shows the same words upper-cased), reasons [str], cleared [{code, task, level, first_step, last_step, message}] (alarms
+    (grpo/run/doctor.verdict; the console shows the same words upper-cased), judged (the line saying the verdict
+    was judged from the training rewards of the tasks without held-out rows, and how to get a held-out one; ""
+    when every task was evaluated), reasons [str], cleared [{code, task, level, first_step, last_step, message}] (alarms
     that fired during the run and stopped), pareto_best {step, scores, path} (the Pareto frontier's point with the best
     mean held-out score, from pareto/pareto.json; absent without one). A run without eval.json still gets its health
     findings; a run without metrics.jsonl raises FileNotFoundError naming the path.
@@ -199,10 +202,15 @@ def build_report(run_dir: str | Path, thresholds: HealthThresholds | None = None
                                  config)
     coverage = _load_json(run_dir / "pass_at_k.json")  # train.pass_at_k: the diagnostic before RL
     findings += sampled_at_chance(coverage, config)
-    level, reasons = verdict(findings, rl_steps(history), thresholds)
+    training_only = unevaluated(history, evals) if judged_from_training(config) else []
+    level, reasons = verdict(findings, rl_steps(history), thresholds, training_only)
     cleared = replayed(history, thresholds, bands, evals or None, config).cleared
     suggestions = list(dict.fromkeys(f.suggestion for f in findings))
-    if not evals:
+    judged = (f"judged from the training rewards of {', '.join(training_only)}: no held-out rows (every row trains, "
+              f"as in TRL); {HOW_HELDOUT}") if training_only else ""
+    if judged:
+        reasons.append(judged)
+    elif not evals:
         reasons.append("no eval.json: the before/after table is empty")
     report = {
         "run_dir": str(run_dir),
@@ -214,6 +222,7 @@ def build_report(run_dir: str | Path, thresholds: HealthThresholds | None = None
         "findings": [asdict(f) for f in findings],
         "suggestions": suggestions,
         "verdict": level,
+        "judged": judged,
         "reasons": reasons,
         "cleared": [asdict(a) for a in cleared],
     }
@@ -256,7 +265,8 @@ def format_report(report: Mapping[str, Any]) -> str:
              f"{s['time_total_s'] / 60:.1f} min of steps, {s['skipped_steps']} skipped, "
              f"{s['restored_steps']} restored" + _memory_cell(s),
              f"Verdict: {report['verdict'].upper()}"
-             + (f": {report['reasons'][0].split(': ', 1)[-1]}" if report["verdict"] == TOO_SHORT else ""), ""]
+             + (f": {report['reasons'][0].split(': ', 1)[-1]}" if report["verdict"] == TOO_SHORT else ""),
+             *([f"  ({report['judged']})"] if report.get("judged") else []), ""]
     header = ["task", "before_sft", "after_sft", "after_rl", "Δ sft", "Δ rl", "Δ total"]
     rows = [[task, _cell(r["before_sft"]), _cell(r["after_sft"]), _cell(r["after_rl"]),
              _cell(r["delta_sft"], True), _cell(r["delta_rl"], True), _cell(r["delta"], True)]

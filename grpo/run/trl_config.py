@@ -344,9 +344,8 @@ TABLE: tuple[Row, ...] = (
       "num_train_epochs decides", _steps),
     R("num_train_epochs", "train.num_epochs", 3.0,
       "passes over the training prompts when max_steps <= 0: ceil(num_train_epochs x (prompts // prompts a step)) RL "
-      "steps, as TRL counts them (the last incomplete batch of an epoch dropped), over the training rows: a task "
-      "without held-out rows of its own (a DatasetDict's test split, tasks.<task>.heldout) lends "
-      "data.heldout_fraction of its rows to grpo-dual's held-out evaluation; the prompts' order is grpo-dual's "
+      "steps, as TRL counts them (the last incomplete batch of an epoch dropped), over every training row, as in TRL "
+      "(data.heldout_fraction=0: the held-out rows are an eval split's only); the prompts' order is grpo-dual's "
       "task-balanced sampler's", _part_of("max_steps")),
     R("num_iterations", "loss.mu", 1, "optimizer steps per generation"),
     R("shuffle_dataset", "", True, "true only", _only(True, "the sampler always shuffles")),
@@ -580,6 +579,7 @@ def translate(args: Any) -> Translation:
     origins: dict[str, tuple[str, Any, bool]] = {}
     apply_rows(TABLE, fields, out, notes, origins)
     _set(out, "data.prompt_format", "trl")  # string prompts as they are, messages through the chat template
+    _set(out, "data.heldout_fraction", 0.0)  # TRL trains every row; it evaluates only an eval split it is given
     weights = fields.get("reward_weights")
     return Translation(out, None if weights is None else [float(w) for w in weights], notes, origins)
 
@@ -700,7 +700,11 @@ def markdown() -> str:
         "also hold the other records `trl grpo` reads (next section and the tables after GRPOConfig's).",
         "",
         "What grpo-dual adds keeps grpo-dual's defaults: the SFT warm-up (rows with a target), the doctor, the "
-        "graders, the held-out evaluations before and after training, the per-task KL bands of a preset. A config "
+        "graders, the held-out evaluations before and after training, the per-task KL bands of a preset. Every row of "
+        "the training split trains, as in TRL (`data.heldout_fraction=0`); the held-out evaluations run on an eval "
+        "split when one is given (dataset_test_split, a DatasetDict's test split, `train(eval_dataset=...)`), and "
+        "without one the verdict is judged from the training rewards and says how to get a held-out one (an eval "
+        "split, or `data.heldout_fraction`, e.g. 0.2, to hold out a share of the rows as grpo-dual does). A config "
         "file starts from the preset `custom` (your tasks only) unless `--preset` is given; command-line flags and "
         "`train(...)`'s sections override it. Prompts are handled as TRL does (`data.prompt_format=trl`): a string "
         "prompt (TRL's standard form) is tokenized as it is, a list of messages goes through the chat template. "

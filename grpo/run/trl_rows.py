@@ -243,7 +243,7 @@ def _choose_splits(splits: Mapping[str, list], fields: Mapping[str, Any], where:
     if test != "test":  # set on purpose: a name that is not there is a mistake, not TRL's default left alone
         raise error("GRPOScriptArguments", "dataset_test_split", test,
                     f"{where} has the splits {sorted(splits)}: name one of them, or leave it at 'test' (none: "
-                    "grpo-dual holds out data.heldout_fraction of the rows)")
+                    "every row trains, as in TRL, and the verdict is judged from the training rewards)")
     return splits[train], None
 
 
@@ -415,8 +415,8 @@ SCRIPT_TABLE: tuple[Row, ...] = (
     Row("dataset_train_split", "tasks.<task>.path", "train", "the split trained on", _part_of("dataset_name")),
     Row("dataset_test_split", "tasks.<task>.heldout", "test",
         "the held-out rows of grpo-dual's evaluations (before and after training, every eval_steps); without that "
-        "split grpo-dual holds out data.heldout_fraction of the rows (a split named on purpose must exist)",
-        _part_of("dataset_name")),
+        "split every row trains, as in TRL, and the verdict is judged from the training rewards (data.heldout_fraction "
+        "> 0 holds out a share of the rows instead); a split named on purpose must exist", _part_of("dataset_name")),
     Row("dataset_streaming", "", False, "false only", _only(False, "the rows are read into memory once")),
     Row("ignore_bias_buffers", "", False, "named in a note when true",
         _noted("TRL's GRPO script does not read it either (a DDP workaround of its DPO script)")),
