@@ -54,7 +54,7 @@ from grpo.run.api import loaded_model, python_config, with_tools
 from grpo.run.save_resume import (FinalSaveError, check_resume, last_checkpoint_line, reference_weights, resume,
                                   save_checkpoint, save_final_checkpoint, save_final_model)
 from grpo.run.config_check import check_config
-from grpo.run.console import banner, preset_note, warm_up
+from grpo.run.console import banner, preset_note, template_less, template_note, warm_up
 from grpo.run.doctor_in_run import consult_doctor, doctor_line, doctor_stops, start_doctor
 from grpo.run.pareto import RUN_SUBDIR as PARETO_SUBDIR, ParetoFrontier, check_evaluations, require_heldout_rows
 from grpo.run.plot import plot_run
@@ -387,6 +387,25 @@ def offer_final_point(run: Run, final: Path) -> None:
                    lambda: frontier.offer(run.progress.step, results, save_fn=copy_final))
 
 
+def before_rl(run: Run, say: Callable[..., Any]) -> None:
+    """A fresh run's phases before RL: the note on plain-string prompts for a chat model (logged for the doctor), the
+    held-out evaluation before SFT, the SFT warm-up and the evaluation after it, the pass@K diagnostic. Nothing is
+    evaluated where nothing is held out (TRL's split without an eval split)."""
+    cfg = run.cfg
+    raw = template_less(run)
+    if raw:
+        say(template_note(raw, cfg.model.name))
+        run.tracker.log(raw, 0)
+    evaluated = any(run.samples.heldout.values())
+    if evaluated:
+        first = "SFT" if warm_up(cfg.sft.steps, run.samples.training).startswith("SFT") else "training"
+        say(f"evaluating before {first} ...", evaluate_phase(run, "before_sft"))
+    if cfg.sft.steps and sft_phase(run) and evaluated:
+        say("evaluating after SFT ...", evaluate_phase(run, "after_sft"))
+    if cfg.train.pass_at_k:
+        say(f"pass@{cfg.train.pass_at_k} before RL ...", pass_at_k_phase(run))
+
+
 def main(cfg: C.Config, run: Run | None = None) -> Run:
     """The whole run: `setup` (unless `run` is one already set up, as `train` hands it in), evaluations, SFT, the
     RL loop with its evaluations and checkpoints, `finish`."""
@@ -397,15 +416,7 @@ def main(cfg: C.Config, run: Run | None = None) -> Run:
     if cfg.checkpoint.resume:
         resume(run, str(run.start.resume_from or cfg.checkpoint.resume))
     else:
-        evaluated = any(run.samples.heldout.values())  # none held out (TRL's split without an eval split): no evaluation
-        if evaluated:
-            say(f"evaluating before "
-                f"{'SFT' if warm_up(cfg.sft.steps, run.samples.training).startswith('SFT') else 'training'} ...",
-                evaluate_phase(run, "before_sft"))
-        if cfg.sft.steps and sft_phase(run) and evaluated:
-            say("evaluating after SFT ...", evaluate_phase(run, "after_sft"))
-        if cfg.train.pass_at_k:
-            say(f"pass@{cfg.train.pass_at_k} before RL ...", pass_at_k_phase(run))
+        before_rl(run, say)
     start_doctor(run)
     for f in run.doctor.findings() if run.doctor is not None else []:  # after a resume: active at the checkpoint
         say(doctor_line(f, f"active since step {f.since}, before the resume"), flush=True)

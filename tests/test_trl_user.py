@@ -472,3 +472,24 @@ def test_a_trl_config_trains_every_row_and_without_an_eval_split_is_judged_from_
                                  eval_dataset=held)
     assert len(evaluated.samples.training["numbers"]) == 16 and len(evaluated.samples.heldout["numbers"]) == 4
     assert set(evaluated.progress.evals) == {"before_sft", "after_rl"} and not evaluated.report["judged"]
+
+
+@pytest.mark.slow
+def test_the_readmes_python_example_runs_as_written(tmp_path):
+    """The README's Python example, copied into a script as it is (conversational prompts, a TRL reward function,
+    20 steps of the built-in model), runs from another folder and prints a verdict word."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    text = (root / "README.md").read_text()
+    code = text.split("## Your own tasks, from Python", 1)[1].split("```python\n", 1)[1].split("```", 1)[0]
+    (tmp_path / "example.py").write_text(code)
+    env = {"PYTHONPATH": str(root), "PATH": __import__("os").environ.get("PATH", ""), "OMP_NUM_THREADS": "1",
+           "HOME": str(tmp_path), "GRPO_DUAL_CACHE": str(tmp_path / "cache")}
+    done = subprocess.run([sys.executable, "example.py"], cwd=tmp_path, capture_output=True, text=True, timeout=900,
+                          env=env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.strip().splitlines()[-1] in ("green", "yellow", "red", "too short to judge")
+    assert "Warning" not in done.stderr, done.stderr

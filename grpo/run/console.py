@@ -9,6 +9,7 @@ import torch
 
 from grpo import config as C
 from grpo.core.records import Sample
+from grpo.models.tokens import raw_prompt
 from grpo.config.presets import CUSTOM_PRESET
 from grpo.models.memory_estimate import estimate
 from grpo.run.memory_inputs import inputs_from_config
@@ -39,6 +40,25 @@ def preset_note(cfg: C.Config, training: Mapping[str, Sequence[Sample]]) -> str 
     return (f"tasks {', '.join(sorted(cfg.tasks))}: the settings of {source}{cfg.preset!r} apply: K {cfg.rollout.k}, "
             f"max_new_tokens {cfg.rollout.max_new_tokens}, lr {cfg.train.lr:g}, {steps}, "
             f"{warm_up(cfg.sft.steps, training)}; {change} (docs/CUSTOM_TASKS.md)")
+
+
+def template_less(run: Run) -> dict[str, float]:
+    """data/<task>/raw_prompts: the share of each task's training rows whose prompt is a plain string tokenized
+    without the chat template the model has (data.prompt_format=trl, TRL's standard format), for the tasks that have
+    such rows; {} for a tokenizer without a template. The doctor reads it (grpo/run/doctor_checks.py,
+    empty_completions and template_less_prompts)."""
+    if getattr(run.tokenizer, "chat_template", None) is None:
+        return {}
+    shares = {task: sum(map(raw_prompt, rows)) / len(rows) for task, rows in run.samples.training.items() if rows}
+    return {f"data/{task}/raw_prompts": share for task, share in shares.items() if share}
+
+
+def template_note(shares: Mapping[str, float], model: str) -> str:
+    """The start's one line on `template_less`'s shares: what it does to the run and the fix."""
+    tasks = ", ".join(key.split("/")[1] for key in shares)
+    return (f"note: the prompts of {tasks} are plain strings and {model} has a chat template: they are tokenized "
+            "without it, as TRL does for standard-format data, and an instruct model often replies nothing to raw "
+            'text; give them as conversations ([{"role": "user", "content": text}]) or set data.prompt_format=chat')
 
 
 def banner(run: Run) -> str:

@@ -20,9 +20,9 @@ from collections import deque
 from dataclasses import dataclass, replace
 from typing import Any, Iterable, Mapping, Sequence
 
-from grpo.run.doctor_checks import (GRAPH_CODES, ONLINE_CODES, TOOL_CODES, WINDOW_CHECKS, Finding, HealthThresholds,
-                                    Level, dead_step, heldout_gains, is_rl_row, mean, number, series, tasks_in,
-                                    whole_run)
+from grpo.run.doctor_checks import (GRAPH_CODES, ONLINE_CODES, PROMPT_CODES, TOOL_CODES, WINDOW_CHECKS, Finding,
+                                    HealthThresholds, Level, dead_step, heldout_gains, is_rl_row, mean, number, series,
+                                    tasks_in, whole_run)
 
 __all__ = ["Alarm", "Doctor", "Finding", "HealthThresholds", "ONLINE_CODES", "TOO_SHORT", "check", "heldout_series",
            "replayed", "rl_steps", "series", "tasks_in", "verdict"]
@@ -113,6 +113,9 @@ class Doctor:
         self._prev_step = 0
         self.sft_loss_last: float | None = None
         self.sft_skipped = False
+        self.raw_prompts: dict[str, float] = {}
+        self.prompt_codes = False
+        """A prompt-format finding fired or plain-string prompts were logged: their doctor/<code> metrics are too."""
 
     # ----- feeding -----
     def update(self, metrics: Mapping[str, Any], evals: Mapping[str, Mapping[str, float]] | None = None) -> list[Finding]:
@@ -121,6 +124,9 @@ class Doctor:
         if number(metrics.get("sft/loss_last")) is not None:
             self.sft_loss_last = float(metrics["sft/loss_last"])
         self.sft_skipped = self.sft_skipped or bool(number(metrics.get("sft/skipped")))
+        for key, value in metrics.items():
+            if key.startswith("data/") and key.endswith("/raw_prompts") and number(value):
+                self.raw_prompts[key[len("data/"):-len("/raw_prompts")]] = float(value)
         for key, value in metrics.items():
             if key.startswith("eval/") and key.endswith("/reward") and number(value) is not None:
                 self.heldout.setdefault(key[len("eval/"):-len("/reward")], []).append((step, float(value)))
@@ -220,11 +226,13 @@ class Doctor:
         """doctor/<code> = 1.0 while a finding with that code is active (any task), else 0.0, for every code; and
         doctor/red = how many red findings are active. Scalars, so TensorBoard draws them."""
         codes = {code for code, _, _ in self.active}
+        self.prompt_codes = self.prompt_codes or bool(self.raw_prompts) or bool(codes & set(PROMPT_CODES))
         rollout = self.config.get("rollout") or {}
         tools = bool(rollout.get("tools") or rollout.get("environment_factory"))  # a run with tools logs their codes
         graph = any("rollout/graph_compiles" in row for row in self.window)  # so does a run the graph engine decodes
         out = {f"doctor/{code}": float(code in codes)
-               for code in ONLINE_CODES + (TOOL_CODES if tools else ()) + (GRAPH_CODES if graph else ())}
+               for code in ONLINE_CODES + (TOOL_CODES if tools else ()) + (GRAPH_CODES if graph else ())
+               + (PROMPT_CODES if self.prompt_codes else ())}
         out["doctor/red"] = float(sum(f.level == "red" for _, f in self.active.values()))
         return out
 

@@ -39,6 +39,10 @@ Window checks (rows = the last `recent_window` RL steps; "start" = the first win
                               token budget
   yellow  memory_growth       host memory (memory/host_rss_gb) rose in at least `memory_rise_steps` of the window's
                               steps, by more than `memory_growth_share` of its first step's and `memory_growth_min_gb`
+  red     empty_completions   more than `empty_red` of a task's completions empty over the window so far (yellow
+                              above `empty_share`), the cause named when its prompts are plain strings for a chat
+                              model (data/<task>/raw_prompts); yellow template_less_prompts: such prompts, replies not
+                              (yet) mostly empty
   yellow  graph_recompiling   (runs the graph engine decodes) it compiled its decoding step at `recompile_steps`
                               or more steps of a window after the first
 End of run (grpo/run/doctor.check only): red skipped_steps / yellow restored_weights (the weight guard's counts), red
@@ -63,7 +67,7 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Any, Iterable, Literal, Mapping, Protocol, Sequence
 
-from grpo.core.answers import answer_shares
+from grpo.core.answers import EMPTY_ANSWER, answer_shares
 
 Level = Literal["yellow", "red"]
 
@@ -165,6 +169,13 @@ class HealthThresholds:
     memory_growth_min_gb: float = 0.05
     """...and at least this many GiB (5 MB a step over the default window): below it a small run's Python objects
     (the doctor's own window, a metrics row) move the share."""
+    empty_share: float = 0.5
+    """Share of a task's completions over the window that hold no word (EMPTY_ANSWER, the answer class of a completion
+    with no text or only punctuation: the reply ended at once) above which they are "most": a yellow finding, the
+    prompts' format first suspected. A right reply is never empty, so such a task is mostly not answered."""
+    empty_red: float = 0.8
+    """...and red above this: a group of 8 then holds 1.6 non-empty replies on average, so most groups are all
+    empty, of one reward, and give no learning signal."""
     recompile_steps: int = 3
     """Steps of a window, after the first window, at which the graph engine compiled its decoding step that make a
     run "keep recompiling": the step is compiled once per sampling settings for every shape (sampled rollouts, greedy
@@ -192,6 +203,9 @@ ONLINE_CODES = ("no_learning_signal", "reward_stuck", "answer_collapse", "entrop
 """Codes the window checks can raise; `Doctor.metrics` logs each as doctor/<code> (1 when active) every step."""
 TOOL_CODES = ("tool_unused", "tool_failures", "tool_loops")
 """Codes of the tool checks (`_tools`), logged as doctor/<code> only by runs with tools (rollout.tools)."""
+PROMPT_CODES = ("empty_completions", "template_less_prompts")
+"""Codes of the prompt-format checks (`_empty_completions`), logged as doctor/<code> only by runs with plain-string
+prompts for a chat model (data/<task>/raw_prompts) or once one has fired."""
 GRAPH_CODES = ("graph_recompiling",)
 """Codes of the graph engine's check (`_recompiling`), logged as doctor/<code> only by runs whose rollouts it decodes
 (their rows carry rollout/graph_compiles)."""
@@ -224,6 +238,9 @@ class Window(Protocol):
     sft_loss_last: float | None
     sft_skipped: bool
     """The SFT warm-up was asked for and skipped: no training row has a target (metric sft/skipped)."""
+    raw_prompts: dict[str, float]
+    """task -> share of its training rows whose prompt is a plain string given to a model with a chat template,
+    tokenized without it (data.prompt_format=trl; metric data/<task>/raw_prompts, logged at the start)."""
 
     def wmean(self, key: str) -> float: ...
 
@@ -316,7 +333,8 @@ def _no_learning_signal(d: Window, _found: list[Finding]) -> list[Finding]:
     means = {t: d.wmean(f"reward/{t}/mean") for t in d.tasks()}
     rewards = ", ".join(f"{t} {r:.3f}" for t, r in means.items())
     never = bool(means) and all(r <= d.th.stuck_tolerance for r in means.values())
-    fix = (_format_fix(d) if never else
+    empty = [f for f in _found if f.code == "empty_completions"]  # the replies are empty: that is what to fix
+    fix = (empty[0].suggestion if empty else _format_fix(d) if never else
            _try("rollout.k", _scaled(d.config, "rollout.k", 2, int), "twice the samples per prompt give groups whose "
                 "rewards differ"))
     if d.dead.length < d.th.no_signal_steps:
@@ -395,6 +413,57 @@ def _reward_stuck(d: Window, _found: list[Finding]) -> list[Finding]:
     return out
 
 
+RAW_CAUSE = ("its prompts are plain strings and the model has a chat template: they are tokenized without it, as "
+             "TRL does for standard-format data, and an instruct model given raw text often ends its reply at once")
+"""Why a chat model's replies to plain-string prompts are empty or off-format (the issue it fixes: SmolLM2-135M-Instruct
+answered 75-88% of such rollouts and every greedy evaluation with nothing)."""
+RAW_FIX = ("give the prompts as conversations ([{\"role\": \"user\", \"content\": text}], TRL's conversational "
+           "format, which goes through the chat template) or apply the template to every prompt "
+           "(data.prompt_format=chat); a stronger KL pull or more samples cannot help")
+"""The fix of template-less prompts."""
+
+
+def empty_fix(raw: bool) -> str:
+    """The next step for replies that are mostly empty: the prompt format when the prompts were plain strings for a
+    chat model (`raw`), else what else ends a reply at once."""
+    return RAW_FIX if raw else ("read samples/: the replies hold no word; check the stop tokens "
+                                "(rollout.stop_strings, the tokenizer's EOS) and the prompt's template, or warm up on "
+                                "demonstrations of a reply (sft.steps)")
+
+
+def empty_share(rows: Sequence[Mapping[str, Any]], task: str) -> float:
+    """Mean share of a task's completions that held no word (EMPTY_ANSWER: no text, or only punctuation) over
+    `rows`: a step's top answer class and its share (grpo/core/answers.py) say it exactly when most were (that class
+    is then the top one); a step whose top class is another counts 0 (at most half of it was). NaN without a row of
+    the task."""
+    shares = [(number(r.get(f"rollout/{task}/top_share")) or 0.0) if r.get(f"rollout/{task}/top_answer") == EMPTY_ANSWER
+              else 0.0 for r in rows if f"rollout/{task}/top_answer" in r]
+    return mean(shares)
+
+
+def _empty_completions(d: Window, _found: list[Finding]) -> list[Finding]:
+    """Most of a task's completions empty over the window so far (from its first step: a broken format shows at once):
+    yellow above `empty_share`, red above `empty_red`, the cause named (plain-string prompts for a chat model) and
+    its fix, not a KL or sampling knob. Without empty replies, plain-string prompts for a chat model are yellow
+    template_less_prompts."""
+    out = []
+    for task in d.tasks():
+        share, raw = empty_share(d.window, task), d.raw_prompts.get(task, 0.0) > 0
+        cause = f"; {RAW_CAUSE}" if raw else ""
+        if math.isfinite(share) and share > d.th.empty_share:
+            out.append(Finding("red" if share > d.th.empty_red else "yellow", "empty_completions",
+                               f"{task}: {100 * share:.0f}% of its completions in {d.span()} held no word (empty, "
+                               f"or only punctuation: the reply ended at once or wrote nothing readable){cause}",
+                               empty_fix(raw), task))
+        elif raw:
+            out.append(Finding("yellow", "template_less_prompts",
+                               f"{task}: {100 * d.raw_prompts[task]:.0f}% of its training prompts are plain strings "
+                               "and the model has a chat template: they are tokenized without it, as TRL does for "
+                               "standard-format data, and an instruct model given raw text often replies nothing or "
+                               "off-format", RAW_FIX, task))
+    return out
+
+
 def _answer_collapse(d: Window, _found: list[Finding]) -> list[Finding]:
     th, out = d.th, []
     if len(d.window) < th.recent_window:
@@ -422,6 +491,7 @@ def _answer_collapse(d: Window, _found: list[Finding]) -> list[Finding]:
                 f"{task}: collapse onto `{answer}`: it is the top answer in {count} of {len(rows)} steps and "
                 f"{100 * share:.0f}% of the task's samples in {d.span()} ({100 * first:.0f}% in the first window); "
                 f"reward {now:.3f} {why}",
+                empty_fix(d.raw_prompts.get(task, 0.0) > 0) if answer == EMPTY_ANSWER else
                 _try(f"kl.{task}.beta", round(2 * beta, 6) if beta else "<2× now>",
                      "a stronger pull to the SFT reference keeps its mix of answers"),
                 task))
@@ -666,10 +736,10 @@ def _recompiling(d: Window, _found: list[Finding]) -> list[Finding]:
                     "nothing")]
 
 
-WINDOW_CHECKS = (_no_learning_signal, _reward_stuck, _answer_collapse, _entropy, _kl, _judge, _truncation, _zero_std,
-                 _non_finite, _tools, _memory_growth, _recompiling)
+WINDOW_CHECKS = (_empty_completions, _no_learning_signal, _reward_stuck, _answer_collapse, _entropy, _kl, _judge,
+                 _truncation, _zero_std, _non_finite, _tools, _memory_growth, _recompiling)
 """In this order: a check sees the findings of the ones before it (zero_std_groups stays quiet under a red on the same
-evidence)."""
+evidence; no_learning_signal names the fix of empty replies)."""
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -818,12 +888,14 @@ def heldout_collapse(answers: Mapping[str, Mapping[str, Sequence[str]]], evals: 
             continue
         risen = now.top_share >= first + th.collapse_rise
         letter_prior = len(now.top_answer) == 1 and not _setting(config or {}, "data.shuffle_options")
+        raw = any(number(row.get(f"data/{task}/raw_prompts")) for row in history)
         out.append(Finding(
             "red" if risen else "yellow", "heldout_collapse",
             f"{task}: `{now.top_answer}` is {100 * now.top_share:.0f}% of the held-out greedy answers after RL "
             f"({100 * first:.0f}% before RL{'' if before_phase else ': not evaluated'}); held-out reward {reward:.3f}"
             + (f" below the solved level {th.solved_reward:g}" if reward < th.solved_reward else
                " (not on the 0-1 scale, so not read as solved)"),
+            empty_fix(raw) if now.top_answer == EMPTY_ANSWER else
             _try("data.shuffle_options", "true", "options in a seeded order per row and epoch: one letter earns "
                  "nothing") if letter_prior else
             _try(f"kl.{task}.beta", "<2× now>", "a stronger pull to the SFT reference keeps its mix of answers"),
