@@ -1,12 +1,12 @@
 """grpo-dual trainer: SFT warm-up, then GRPO / GSPO with per-task KL control. Read it top to bottom.
 
-    python grpo_train.py                                   # the embedded offline demo (CPU, a few minutes)
-    python grpo_train.py --preset llama3-8b-dual           # Llama-3-8B-Instruct + LoRA on BBQ + HaluEval
-    python grpo_train.py --rollout.k 8 --set loss.mu=2     # any config field, dotted
-    python grpo_train.py --help | --print-config
-    grpo-dual ...                                          # the same, from any folder (README's set-up installs it)
-    grpo-dual --config grpo.yaml | --model_name_or_path M --dataset_name D --reward_funcs F ...
-                                                           # TRL's `trl grpo` config file and flags (docs/TRL.md)
+    python grpo_train.py  # the embedded offline demo (CPU, a few minutes)
+    python grpo_train.py --preset llama3-8b-dual  # Llama-3-8B-Instruct + LoRA on BBQ + HaluEval
+    python grpo_train.py --rollout.k 8 --set loss.mu=2  # any config field, dotted
+    python grpo_train.py --help | --help-all | --print-config
+    grpo-dual ...  # the same, from any folder (the README's set-up installs it)
+    grpo-dual --config grpo.yaml  # TRL's `trl grpo` config file (docs/TRL.md), or its flags:
+    grpo-dual --model_name_or_path M --dataset_name D --reward_funcs F ...
 
 In Jupyter, call the same functions cell by cell: `run = setup(cfg)`, `sft_phase(run)`, `rl_step(run, step)`,
 `evaluate_phase(run, "after_rl")`, `finish(run)`. Only this file (and the run layer that assembles a run from it)
@@ -72,6 +72,7 @@ from grpo.run.state import Run, Start, TaskSamples
 from grpo.run.step_owners import Generation, Rewarder, StepTimer, Updater, prompt_copies
 from grpo.run.trl_cli import read_config_file, trl_flags
 from grpo.run.tracking import NullTracker, format_step_line, progress, write_samples, write_scored
+from grpo.run.vocabulary import error_in_user_terms
 
 
 @dataclasses.dataclass
@@ -484,10 +485,8 @@ def train(config: C.Config | str | Sequence[str] | None = None, *,
     args:     a TRL GRPOConfig (or a dict of its fields): the whole configuration, as in TRL, its defaults included
               (learning_rate -> train.lr, num_generations -> rollout.k, ...; docs/TRL.md); a field it cannot honour is
               refused or named; reward_weights weigh each task's list of reward functions. As in TRL every row
-              trains (data.heldout_fraction=0): the held-out evaluations need eval_dataset (or a DatasetDict's
-              test split), else the verdict is judged from the training rewards.
-    eval_dataset: held-out rows, as TRL's eval_dataset: rows in memory for a run of one task, or {task: rows}
-              (tasks given as rows); evaluated before and after training (and every train.eval_every steps).
+              trains (data.heldout_fraction=0): held-out evaluations need eval_dataset or a DatasetDict's test split.
+    eval_dataset: held-out rows (TRL's eval_dataset): rows in memory for a run of one task, or {task: rows}.
     tools:    functions the model may call in multi-turn rollouts (TRL's tools=[...]), described by their signature
               and docstring, or "module:function" strings; added to rollout.tools (grpo/phases/tools.py).
     environment_factory: a stateful task's environment (TRL's environment_factory): a class or function making one
@@ -507,7 +506,10 @@ def train(config: C.Config | str | Sequence[str] | None = None, *,
         check_model_name(cfg.model.name)
         if cfg.model.load_in_4bit:
             check_4bit_available()
-    run = setup(cfg, callables=callables, model=loaded)
+    try:
+        run = setup(cfg, callables=callables, model=loaded)
+    except C.ConfigError as err:  # named as the user wrote it: TRL's field where a GRPOConfig set it
+        raise error_in_user_terms(err, C.to_dict(cfg)) from None
     try:
         main(cfg, run)
     finally:  # also after a failure: the same train(...) may run again at once, another process too
@@ -549,13 +551,13 @@ def cli(argv: list[str]) -> int:
         except ckpt.CheckpointError as e:  # a resume that cannot go on, named before the model loads
             return user_error(e, 1)  # exits as a checkpoint error found later did
         except USER_ERRORS as e:
-            return user_error(e, 2)
+            return user_error(error_in_user_terms(e, C.to_dict(cfg)), 2)  # TRL's flag where TRL's flags set it
         except (Interrupted, KeyboardInterrupt) as e:
             return interrupted(e, "during set-up")
         try:
             main(cfg, run)
-        except (*USER_ERRORS, ckpt.CheckpointError, TrainingUnstable) as e:
-            return user_error(e, 1)  # known failure modes get their message; the last checkpoint (if any) is intact
+        except (*USER_ERRORS, ckpt.CheckpointError, TrainingUnstable) as e:  # known failure modes get their message;
+            return user_error(error_in_user_terms(e, C.to_dict(cfg)), 1)  # the last checkpoint (if any) is intact
         except (Interrupted, KeyboardInterrupt) as e:
             return interrupted(e, f"in {run.run_dir}")
         finally:

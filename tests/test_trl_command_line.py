@@ -105,6 +105,11 @@ def test_a_trl_grpo_yaml_and_its_flags_plan_the_run_of_train_with_grpo_config_an
     assert set(from_yaml.tasks) == {"data"} and from_yaml.tasks["data"].heldout  # the test split is the held-out set
     for cfg in (from_yaml, from_flags):
         for section in ("model", "data", "rollout", "loss", "kl", "train", "sft", "checkpoint", "tasks"):
+            if section == "train":  # the same settings, named the user's way (flags here, fields for the object)
+                assert cfg.train.trl_names["rollout.k"] == "--num_generations"
+                assert from_api.train.trl_names["rollout.k"] == "num_generations"
+                assert dataclasses.replace(cfg.train, trl_names={}) == dataclasses.replace(from_api.train, trl_names={})
+                continue
             assert getattr(cfg, section) == getattr(from_api, section), section
         assert import_callable(cfg.rewards["data"]) is callables[from_api.rewards["data"]] is reward_len
     assert (from_yaml.model.lora, from_yaml.model.lora_r, from_yaml.train.lr, from_yaml.rollout.k) == (True, 4, 1e-4, 4)

@@ -278,6 +278,13 @@ def test_the_object_and_its_yaml_give_the_same_plan(name, tmp_path, capsys):
     assert from_yaml.preset == "custom" and set(from_yaml.tasks) == {"t"}  # the user's task only, not the demo's
     assert our_plan(from_yaml) == our_plan(from_object)
     for section in ("train", "rollout", "loss", "model", "checkpoint"):
+        if section == "train":  # the same settings, named the user's way: TRL's flags for the file, fields for the object
+            yaml_names, object_names = from_yaml.train.trl_names, from_object.train.trl_names
+            assert all(object_names.get(field) == name.removeprefix("--") for field, name in yaml_names.items())
+            assert {"rollout.k", "train.lr", "rollout.max_new_tokens"} <= set(yaml_names)
+            assert dataclasses.replace(from_yaml.train, trl_names={}) == dataclasses.replace(from_object.train,
+                                                                                            trl_names={})
+            continue
         assert getattr(from_yaml, section) == getattr(from_object, section), section
 
 

@@ -452,7 +452,12 @@ def offline_uncached(tmp, mp):
 
 
 def lora_targets(tmp, mp):
-    return cli(["--config", str(trl_file(tmp, mp)), *SMALL, "--use_peft", "--lora_target_modules", "nonexistent_proj"])
+    ours = cli([*TINY, "--train.output_dir", str(tmp / "ours"), "--model.lora", "true",
+                "--model.lora_target_modules", "nonexistent_proj"])
+    theirs = cli(["--config", str(trl_file(tmp, mp)), *SMALL, "--use_peft", "--lora_target_modules",
+                  "nonexistent_proj"])
+    assert ours.code == theirs.code, (ours, theirs)
+    return Outcome(ours.text + theirs.text, theirs.code)
 
 
 def output_dir_foreign(tmp, mp):

@@ -140,6 +140,11 @@ class TrainConfig:
     """pass@K diagnostic: completions sampled per held-out prompt (n >= pass_at_k)."""
     pass_threshold: float = 1.0
     """pass@K diagnostic: a completion is right when its reward is >= this."""
+    trl_names: dict[str, str] = field(default_factory=dict)
+    """The TRL field or flag behind each grpo-dual field a TRL config set as it is (rollout.k: --num_generations for
+    a `trl grpo` command line or file, num_generations for a GRPOConfig): the run's advice (the doctor's findings,
+    the verdict's next step, errors) names that, ours in brackets. Filled by the TRL translation, less the fields set
+    by grpo-dual's own flags or sections; {} for a run configured in grpo-dual's fields."""
 
     def __post_init__(self) -> None:
         for f in ("max_steps", "prompts_per_micro_step", "grad_accum", "max_consecutive_bad", "log_every"):

@@ -34,6 +34,7 @@ def python_config(config: C.Config | str | Sequence[str] | None, tasks: Mapping[
     them. `trl_args`: a GRPOConfig (or its dict), translated (grpo/run/trl_config.py) over the preset, under
     `config`'s overrides and the sections. `eval_dataset`: held-out rows, as TRL's (`eval_rows`)."""
     trl_tree, weights = from_trl(trl_args) if trl_args is not None else ({}, None)
+    overrides: list[str] = []
     if isinstance(config, C.Config):
         tree = deep_merge(C.to_dict(config), trl_tree)
     else:
@@ -62,6 +63,13 @@ def python_config(config: C.Config | str | Sequence[str] | None, tasks: Mapping[
         tree["model"]["name"] = getattr(model[0], "name_or_path", "") or f"python:{type(model[0]).__name__}"
     if peft_config is not None:
         tree["model"].update(lora_fields(peft_config))
+    set_here = {f"{name}.{key}" for name, fields in sections.items() for key in fields} | \
+        {o.split("=", 1)[0].strip() for o in overrides} | \
+        ({f"model.{key}" for key in lora_fields(peft_config)} if peft_config is not None else set()) | \
+        ({"model.name"} if model is not None else set())
+    names = tree.get("train", {}).get("trl_names") or {}
+    tree["train"]["trl_names"] = {f: n for f, n in names.items()  # ours where ours were given
+                                  if not any(f == g or f.startswith(f"{g}.") for g in set_here)}
     return check_config(C.from_dict(tree)), callables
 
 

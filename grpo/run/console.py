@@ -14,6 +14,7 @@ from grpo.config.presets import CUSTOM_PRESET
 from grpo.models.memory_estimate import estimate
 from grpo.run.memory_inputs import inputs_from_config
 from grpo.run.state import Run
+from grpo.run.vocabulary import in_user_terms
 
 
 def warm_up(sft_steps: int, training: Mapping[str, Sequence[Sample]]) -> str:
@@ -32,14 +33,17 @@ def preset_note(cfg: C.Config, training: Mapping[str, Sequence[Sample]]) -> str 
     settings chosen for another preset's tasks, e.g. the demo's 4-token answers)."""
     if not cfg.tasks:
         return None
-    change = ("override any of them, e.g. --rollout.max_new_tokens 64" if cfg.preset == CUSTOM_PRESET else
-              f"--preset {CUSTOM_PRESET} starts from settings made for your own tasks")
-    steps = f"{cfg.train.num_epochs:g} epochs" if cfg.train.num_epochs else f"{cfg.train.max_steps} RL steps"
+    change = (f"override any of them, e.g. rollout.max_new_tokens={2 * cfg.rollout.max_new_tokens}"
+              if cfg.preset == CUSTOM_PRESET else f"--preset {CUSTOM_PRESET} starts from settings made for your own "
+                                                  "tasks")
+    steps = f"train.num_epochs={cfg.train.num_epochs:g}" if cfg.train.num_epochs else \
+        f"train.max_steps={cfg.train.max_steps}"
     source = ("the TRL config (docs/TRL.md) and, for the rest, preset " if cfg.data.prompt_format == "trl"
               else "preset ")  # prompt_format trl: set by a GRPOConfig
-    return (f"tasks {', '.join(sorted(cfg.tasks))}: the settings of {source}{cfg.preset!r} apply: K {cfg.rollout.k}, "
-            f"max_new_tokens {cfg.rollout.max_new_tokens}, lr {cfg.train.lr:g}, {steps}, "
-            f"{warm_up(cfg.sft.steps, training)}; {change} (docs/CUSTOM_TASKS.md)")
+    return in_user_terms(f"tasks {', '.join(sorted(cfg.tasks))}: the settings of {source}{cfg.preset!r} apply: "
+                         f"rollout.k={cfg.rollout.k}, rollout.max_new_tokens={cfg.rollout.max_new_tokens}, "
+                         f"train.lr={cfg.train.lr:g}, {steps}, {warm_up(cfg.sft.steps, training)}; {change} "
+                         "(docs/CUSTOM_TASKS.md)", C.to_dict(cfg))
 
 
 def template_less(run: Run) -> dict[str, float]:

@@ -20,6 +20,7 @@ from collections import deque
 from dataclasses import dataclass, replace
 from typing import Any, Iterable, Mapping, Sequence
 
+from grpo.run.vocabulary import in_user_terms
 from grpo.run.doctor_checks import (GRAPH_CODES, ONLINE_CODES, PROMPT_CODES, TOOL_CODES, WINDOW_CHECKS, Finding,
                                     HealthThresholds, Level, dead_step, heldout_gains, is_rl_row, mean, number, series,
                                     tasks_in, whole_run)
@@ -85,8 +86,8 @@ class Doctor:
 
     `metrics` is one step's row as the trainer logs it; rows that are not RL steps (eval rows: eval/<task>/reward)
     only feed the held-out series. `evals` is eval.json's dict ({"before_sft"|"after_sft"|"step_N"|"after_rl": {task:
-    reward}}) and replaces that series when given. `config` (config.json's dict) only fills in the values of the
-    suggestions. A finding stays active while its condition holds; `cleared` lists the ones that stopped holding.
+    reward}}) and replaces that series when given. `config` (config.json's dict) fills in the values of the
+    suggestions, and its train.trl_names the words they are given in (`spoken`). A finding stays active while its condition holds; `cleared` lists the ones that stopped holding.
     """
 
     def __init__(self, thresholds: HealthThresholds | None = None,
@@ -210,17 +211,24 @@ class Doctor:
         keyed = {(f.code, f.task, f.level): f for f in now}  # a yellow that turns red fires again
         for key, (first, finding) in list(self.active.items()):
             if key not in keyed:
-                self.cleared.append(Alarm(finding.code, finding.task, finding.level, first, self._prev_step, finding.message))
+                self.cleared.append(Alarm(finding.code, finding.task, finding.level, first, self._prev_step,
+                                          in_user_terms(finding.message, self.config)))
                 del self.active[key]
-        fired = [f for key, f in keyed.items() if key not in self.active]
+        fired = [self.spoken(f) for key, f in keyed.items() if key not in self.active]
         for key, f in keyed.items():
             self.active[key] = (self.active[key][0] if key in self.active else step, f)
         self._prev_step = step
         return fired
 
     def findings(self) -> list[Finding]:
-        """The findings active now, in check order, each with the step it fired at (`since`)."""
-        return [replace(f, since=first) for first, f in self.active.values()]
+        """The findings active now, in check order, each with the step it fired at (`since`), in the user's words."""
+        return [self.spoken(replace(f, since=first)) for first, f in self.active.values()]
+
+    def spoken(self, f: Finding) -> Finding:
+        """A finding in the words the run was configured with: the TRL field or flag for each grpo-dual field a TRL
+        config set (train.trl_names; grpo/run/vocabulary.py), ours in brackets."""
+        return replace(f, message=in_user_terms(f.message, self.config),
+                       suggestion=in_user_terms(f.suggestion, self.config))
 
     def metrics(self) -> dict[str, float]:
         """doctor/<code> = 1.0 while a finding with that code is active (any task), else 0.0, for every code; and
@@ -267,8 +275,9 @@ def check(history: Sequence[Mapping[str, Any]], thresholds: HealthThresholds | N
     """
     doctor = replayed(history, thresholds, kl_bands, evals, config)
     found = doctor.findings()
-    found += whole_run(history, doctor.th, doctor.config, {f.code for f in found})
-    return found + heldout_gains(history, doctor.th, evals, doctor.config, doctor)
+    more = whole_run(history, doctor.th, doctor.config, {f.code for f in found})
+    more += heldout_gains(history, doctor.th, evals, doctor.config, doctor)
+    return found + [doctor.spoken(f) for f in more]
 
 
 def replayed(history: Sequence[Mapping[str, Any]], thresholds: HealthThresholds | None = None,

@@ -304,6 +304,15 @@ def _try(field_: str, value: Any, why: str) -> str:
     return f"try `{field_}={shown}`: {why}"
 
 
+def _longer(config: Mapping[str, Any], why: str) -> str:
+    """A run twice as long: twice train.num_epochs when the epochs decide the steps (TRL's num_train_epochs: then
+    train.max_steps is counted from them and setting it changes nothing), else twice train.max_steps."""
+    epochs = _setting(config, "train.num_epochs")
+    if isinstance(epochs, (int, float)) and epochs > 0:
+        return _try("train.num_epochs", float(2 * epochs), why)
+    return _try("train.max_steps", _scaled(config, "train.max_steps", 2, int), why)
+
+
 def _scaled(config: Mapping[str, Any], dotted: str, factor: float, cast=float) -> Any:
     value = _setting(config, dotted)
     return cast(value * factor) if isinstance(value, (int, float)) and not isinstance(value, bool) else f"<{factor:g}× now>"
@@ -808,8 +817,8 @@ def heldout_gains(history: Sequence[Mapping[str, Any]], th: HealthThresholds, ev
                                 and unit_scale_rewards(history, evals, task)):
             out.append(Finding("yellow", "reward_flat", f"held-out {task} reward did not rise during RL: {before:.3f} "
                                f"-> {after:.3f} ({gain:+.3f})",
-                               _try("train.max_steps", _scaled(config, "train.max_steps", 2, int),
-                                    "train longer, once the window checks show a learning signal"), task))
+                               _longer(config, "train longer, once the window checks show a learning signal"),
+                               task))
     out += training_gains(doctor, unevaluated(history, evals)) if doctor is not None and \
         judged_from_training(config) else []
     for task in [] if judged_from_training(config) else unevaluated(history, evals):
@@ -857,9 +866,8 @@ def training_gains(d: Window, tasks: Sequence[str]) -> list[Finding]:
                                     f"then read samples/ for reward hacking; {HOW_HELDOUT}"), task))
         elif gain <= d.th.stuck_tolerance * spread and not (_unit_scale(d, task) and now >= d.th.solved_reward):
             out.append(Finding("yellow", "reward_flat", f"{what}: it did not rise",
-                               _try("train.max_steps", _scaled(d.config, "train.max_steps", 2, int),
-                                    f"train longer, once the window checks show a learning signal; {HOW_HELDOUT}"),
-                               task))
+                               _longer(d.config, f"train longer, once the window checks show a learning signal; "
+                                                 f"{HOW_HELDOUT}"), task))
     return out
 
 

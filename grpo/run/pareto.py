@@ -124,8 +124,9 @@ def check_evaluations(train: Any, heldout: Mapping[str, Sequence[object]]) -> No
     why = ("no task of this run has held-out rows (data.heldout_fraction=0: every row trains, and none were given as "
            "held out): give held-out rows (tasks.<task>.heldout, a DatasetDict's test split, train(eval_dataset=...), "
            "TRL's dataset_test_split) or set data.heldout_fraction (e.g. 0.2), or")
-    for field, value, off in (("eval_every", train.eval_every, "0"), ("eval_every_epoch", train.eval_every_epoch,
-                                                                       "false"), ("pass_at_k", train.pass_at_k, "0")):
+    for field, value, off in (("eval_every", train.eval_every, "0 (TRL: eval_strategy=no)"),
+                              ("eval_every_epoch", train.eval_every_epoch, "false (TRL: eval_strategy=no)"),
+                              ("pass_at_k", train.pass_at_k, "0")):
         if value:
             raise C.ConfigError(f"config field `train.{field}` = {value!r} is invalid: it evaluates held-out prompts "
                                 f"and {why} set train.{field}={off}", field=f"train.{field}")

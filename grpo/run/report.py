@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
@@ -29,6 +29,7 @@ from grpo.run.doctor_checks import (HOW_HELDOUT, heldout_collapse, judged_from_t
                                     unevaluated)
 from grpo.run.pareto import RUN_SUBDIR as PARETO_SUBDIR, ParetoFrontier
 from grpo.run.tracking import read_metrics
+from grpo.run.vocabulary import in_user_terms
 
 ABSTENTION_RISE = 0.1
 """A rise of the "unknown" share on disambiguated rows this large (3 to 4 of the preset's 27-35 such held-out rows)
@@ -197,11 +198,11 @@ def build_report(run_dir: str | Path, thresholds: HealthThresholds | None = None
     measures = _load_json(run_dir / MEASURES_FILE)
     config = _load_json(run_dir / "config.json")
     bands = kl_bands(config, tasks_in(history, "kl/"))
-    findings = check(history, thresholds, bands, evals or None, config)
-    findings += heldout_collapse(heldout_answers(run_dir), evals, thresholds or HealthThresholds(), history,
-                                 config)
+    findings = check(history, thresholds, bands, evals or None, config)  # in the run's words (train.trl_names)
     coverage = _load_json(run_dir / "pass_at_k.json")  # train.pass_at_k: the diagnostic before RL
-    findings += sampled_at_chance(coverage, config)
+    findings += [replace(f, message=in_user_terms(f.message, config), suggestion=in_user_terms(f.suggestion, config))
+                 for f in heldout_collapse(heldout_answers(run_dir), evals, thresholds or HealthThresholds(), history,
+                                           config) + sampled_at_chance(coverage, config)]
     training_only = unevaluated(history, evals) if judged_from_training(config) else []
     level, reasons = verdict(findings, rl_steps(history), thresholds, training_only)
     cleared = replayed(history, thresholds, bands, evals or None, config).cleared

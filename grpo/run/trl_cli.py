@@ -35,7 +35,7 @@ from typing import Any, Mapping
 from grpo import config as C
 from grpo.config.command_line import BOOL_WORDS, FileTree, OtherFlags
 from grpo.run.trl_config import DEFAULTS, ROWS, TABLE, from_trl, trl_field_names, translate
-from grpo.run.trl_rows import MIXTURE_TABLE, MODEL_TABLE, RECORDS, SCRIPT_TABLE, apply_rows, typed_fields
+from grpo.run.trl_rows import MIXTURE_TABLE, MODEL_TABLE, RECORDS, SCRIPT_TABLE, apply_rows, typed_fields, user_names
 
 __all__ = ["from_trl", "read_config_file", "trl_flags"]
 """The face: a TRL GRPOConfig as a config tree (`from_trl`, train(args=...)), a --config file (`read_config_file`),
@@ -120,10 +120,14 @@ def _first_field(row: Any) -> str:
 
 
 def trl_flags() -> OtherFlags:
-    """TRL's flags as the command line reads them (grpo/config/command_line.py)."""
+    """TRL's flags as the command line reads them (grpo/config/command_line.py), with what each sets (the tables'
+    `ours`, GRPOConfig's then the other records', for --help)."""
     kinds = FlagKinds()
     return OtherFlags(kinds=kinds, negatable=frozenset(row.trl for row in _rows() if row.default is True),
-                      equivalents={row.trl: same for row in _rows() if (same := _first_field(row))})
+                      equivalents={row.trl: same for row in _rows() if (same := _first_field(row))},
+                      sets={row.trl: row.ours for row in _rows() if row.trl != "datasets"},
+                      when="read in a TRL command line: one with --model_name_or_path, --dataset_name or "
+                           "--reward_funcs, or a --config file of TRL's fields; docs/TRL.md has every rule")
 
 
 def flag_value(name: str, raw: Any) -> Any:
@@ -307,4 +311,5 @@ def translate_command_line(fields: Mapping[str, Any]) -> FileTree:
                             "reward_model_name_or_path), or rewards.<task>=name:weight,...", field="reward_weights")
     for text in done.notes:
         print(f"TRL config: {text}", file=sys.stderr)
+    done.tree.setdefault("train", {})["trl_names"] = user_names(done.origins, done.tree, flags=True)
     return FileTree(done.tree, done.origins)

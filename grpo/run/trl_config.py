@@ -27,7 +27,7 @@ from grpo import config as C
 from grpo.core.advantages import ADV_SCALES
 from grpo.core.losses import POLICY_LOSSES
 from grpo.run.trl_rows import (RECORDS, Converter, Row, _name, _noted, _only, _part_of, _set, apply_rows, bind, error,
-                                note, on_cpu, typed_fields)
+                                note, on_cpu, typed_fields, user_names)
 
 TRL_VERSION = "1.16"
 """The TRL release whose GRPOConfig TABLE translates (its defaults are TABLE's `default` column)."""
@@ -346,7 +346,7 @@ TABLE: tuple[Row, ...] = (
       "passes over the training prompts when max_steps <= 0: ceil(num_train_epochs x (prompts // prompts a step)) RL "
       "steps, as TRL counts them (the last incomplete batch of an epoch dropped), over every training row, as in TRL "
       "(data.heldout_fraction=0: the held-out rows are an eval split's only); the prompts' order is grpo-dual's "
-      "task-balanced sampler's", _part_of("max_steps")),
+      "task-balanced sampler's", _part_of("max_steps"), copies="train.num_epochs"),
     R("num_iterations", "loss.mu", 1, "optimizer steps per generation"),
     R("shuffle_dataset", "", True, "true only", _only(True, "the sampler always shuffles")),
     # --- the optimizer and its schedule
@@ -585,10 +585,12 @@ def translate(args: Any) -> Translation:
 
 
 def from_trl(args: Any) -> tuple[dict[str, Any], list[float] | None]:
-    """(grpo-dual config tree, reward_weights or None) of a GRPOConfig; its notes are printed to stderr."""
+    """(grpo-dual config tree, reward_weights or None) of a GRPOConfig, with train.trl_names (its field names: the
+    run's advice names them); its notes are printed to stderr."""
     done = translate(args)
     for text in done.notes:
         print(f"TRL config: {text}", file=sys.stderr)
+    _set(done.tree, "train.trl_names", user_names(done.origins, done.tree, flags=False))
     return done.tree, done.weights
 
 
@@ -642,7 +644,7 @@ grpo-dual \\
 `examples/trl_grpo/math` holds `train.jsonl` and `test.jsonl` (conversational prompts and a `solution` column, as
 `accuracy_reward` reads it): `datasets` takes the splits from the file names, the test split is the held-out set.
 The same run from TRL's config file (`examples/trl_grpo/grpo.yaml`, its output_dir smollm2-grpo-yaml), and the
-command's help:
+command's help (TRL's flags, each with the grpo-dual field it sets; `--help-all` lists every grpo-dual field too):
 
 ```bash
 grpo-dual --config examples/trl_grpo/grpo.yaml

@@ -138,6 +138,26 @@ def apply_rows(rows: tuple[Row, ...], values: Mapping[str, Any], out: dict, note
             origins[row.copied_into] = (row.trl, values[row.trl], True)
 
 
+def user_names(origins: Mapping[str, tuple[str, Any, bool]], tree: Mapping[str, Any], flags: bool) -> dict[str, str]:
+    """train.trl_names of a translation (grpo/run/vocabulary.py): each grpo-dual field of `tree` that holds its TRL
+    field's value as it is (max_steps under num_iterations=1, not under 2) -> that TRL field, as a flag (`flags`:
+    `--num_generations`, a command line or file) or a field name (a GRPOConfig). A field a converter derives
+    (train.prompts_per_micro_step from per_device_train_batch_size) is left out: a value of ours would be no value of
+    theirs."""
+    written = leaves(tree)
+    return {dotted: f"--{trl}" if flags else trl for dotted, (trl, value, _) in origins.items()
+            if dotted in written and _same(written[dotted], value)}
+
+
+def _same(ours: Any, theirs: Any) -> bool:
+    """A translated value that is the TRL value as it is (numbers by value, 2 == 2.0; a bool only as a bool)."""
+    if isinstance(ours, bool) or isinstance(theirs, bool):
+        return ours is theirs
+    if isinstance(ours, (int, float)) and isinstance(theirs, (int, float)):
+        return float(ours) == float(theirs)
+    return ours == theirs
+
+
 def _set(out: dict[str, Any], dotted: str, value: Any) -> None:
     *sections, name = dotted.split(".")
     node = out
