@@ -51,6 +51,7 @@ from grpo.phases.environments import environment_rewards, resolve_environment
 from grpo.phases.tools import build_toolbox, resolve_tools
 from grpo.run import checkpoint_files as ckpt
 from grpo.run.api import loaded_model, python_config, with_tools
+from grpo.run.best_model import keep_if_best, settle_best, stops_early
 from grpo.run.save_resume import (FinalSaveError, check_resume, last_checkpoint_line, reference_weights, resume,
                                   save_checkpoint, save_final_checkpoint, save_final_model)
 from grpo.run.config_check import check_config
@@ -119,7 +120,7 @@ def check_inputs(cfg: C.Config, callables: Mapping[str, Callable[..., Any]] | No
     draws = prompt_copies(cfg, dist.world)  # prompts_per_step drawn for each process, or once for all (split_groups)
     check_prompts_per_step(train_rows, cfg.train.prompts_per_micro_step, cfg.train.grad_accum, draws)
     require_heldout_rows(train_rows, heldout, cfg.data.heldout_fraction)  # every task is evaluated: stop now if not
-    check_evaluations(cfg.train, heldout)  # evaluations asked for where nothing is held out
+    check_evaluations(cfg.train, heldout, cfg.checkpoint.keep_best)  # evaluations asked for where nothing is held out
     specs = reward_specs(cfg.data.source, cfg.rewards, sorted(train_rows), custom=cfg.tasks,
                          aggregation=cfg.loss.reward_aggregation)
     check_task_entries(cfg.kl, sorted(train_rows))
@@ -271,6 +272,8 @@ def evaluate_phase(run: Run, tag: str) -> dict[str, float]:
                      **memory_metrics(run.device)}, run.progress.step)
     if offered:
         run.progress.frontier.offer(run.progress.step, results, save_fn=lambda path: save_pretrained(run.policy, path, state))
+        if run.cfg.checkpoint.keep_best:  # RUN/best/: the best evaluation's weights, for the final model
+            keep_if_best(run, run.progress.step, results, state)
     dist.barrier()
     return results
 
@@ -434,6 +437,8 @@ def main(cfg: C.Config, run: Run | None = None) -> Run:
                 say(format_step_line(metrics, run.tasks), flush=True)
             if cfg.train.eval_every and step % cfg.train.eval_every == 0 and step < cfg.train.max_steps:
                 evaluate_phase(run, f"step_{step}")
+                if stops_early(run):  # train.early_stopping_patience evaluations without an improvement
+                    break
             for f in run.progress.alarms:
                 say(doctor_line(f, f"step {step}"), flush=True)
             if doctor_stops(run):  # train.doctor=stop | restore and a red finding is active: on to the end of the run
@@ -453,6 +458,7 @@ def main(cfg: C.Config, run: Run | None = None) -> Run:
     if not run.progress.finished:  # else resumed from the final checkpoint: evaluated and saved already
         if any(run.samples.heldout.values()):
             evaluate_phase(run, "after_rl")
+            settle_best(run)  # checkpoint.keep_best: the best evaluation's weights, when they beat the last step's
         run.progress.finished = True
         failed = save_final_checkpoint(run)  # a full disk: the final model may still fit, `finish` says which
     finish(run, failed)

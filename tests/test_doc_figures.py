@@ -110,6 +110,8 @@ CLAIMS = [
     ("docs/GETTING_STARTED.md", "the training reward's last {10} steps against its first {10}",
      [lambda: TH.recent_window, lambda: TH.recent_window]),
     ("docs/GETTING_STARTED.md", "| `no_learning_signal` | red after {5} steps in a row", [lambda: TH.no_signal_steps]),
+    ("docs/GETTING_STARTED.md", "below its best evaluation during RL by more than {2} standard errors",
+     [lambda: symptoms.FELL_Z]),
     ("docs/GETTING_STARTED.md", "when the warm-up loss stayed above {1} nat per token", [lambda: symptoms.SFT_UNTAUGHT_LOSS]),
     ("docs/GETTING_STARTED.md", "never rose more than {0.05} above its first {10} steps (after at least {20} steps), with more "
                        "than {0.5} of its groups zero-std",

@@ -113,6 +113,18 @@ def nothing_held_out(tmp, mp):
     return cli([*TINY, "--data.heldout_fraction", "0", "--train.eval_every", "5", "--train.output_dir", str(tmp)])
 
 
+def best_without_evaluations(tmp, mp):
+    from grpo.run.trl_config import translate
+
+    outs = [cli([*TINY, "--checkpoint.keep_best", "true", "--train.output_dir", str(tmp / "a")]),
+            cli([*TINY, "--train.eval_every", "2", "--checkpoint.keep_best", "true", "--train.best_metric",
+                 "reward/fairnes", "--train.output_dir", str(tmp / "b")]),
+            raised(translate, {"load_best_model_at_end": True, "eval_strategy": "steps", "eval_steps": 5,
+                               "save_strategy": "epoch", "use_cpu": True})]
+    assert [o.code for o in outs] == [2, 2, None], outs
+    return Outcome(" ".join(o.text for o in outs), 2)
+
+
 def empty_scores(tmp, mp):
     from grpo.run.pareto import ParetoFrontier
 
@@ -504,6 +516,10 @@ TRIALS = {
     "a task without held-out rows (e.g. a JSONL task of 3 rows)": no_heldout,
     "held-out evaluations asked for (`train.eval_every`, `train.eval_every_epoch`, `train.pass_at_k`) where no task "
     "has held-out rows (`data.heldout_fraction=0`, TRL's split, and no eval split)": nothing_held_out,
+    "the best model or early stopping without an evaluation to rank (`checkpoint.keep_best`, "
+    "`train.early_stopping_patience` with `train.eval_every=0`), a `train.best_metric` naming no evaluated task, TRL's "
+    "`load_best_model_at_end` against transformers' rules (an eval strategy, the save strategy the same, `save_steps` a "
+    "multiple of `eval_steps`)": best_without_evaluations,
     "Pareto scores of no task": empty_scores,
     "judge replies without a usable score": unusable_replies,
     "judge replies that are not JSON, or have no choices": garbage_replies,

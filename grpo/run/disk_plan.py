@@ -11,11 +11,12 @@ the fix, not found out after hours of training when its final save fails; a thin
     Pareto points        = a model save per evaluation offered (every train.eval_every, and after RL), at most
                            multi.pareto_cap + 1 at once (a new point is saved before a crowded one is dropped)
     final model          = a model save in <run folder>/final, and one more in checkpoint.final_model_dir
+    best model           = a model save in <run folder>/best under checkpoint.keep_best
     metrics              = METRICS_BYTES_PER_STEP a step, EVAL_BYTES_PER_ROW a held-out row an evaluation, a plot
 
 A resumed run counts what its run folder holds already as written. The parameter count comes from the model's
 shape (grpo/run/memory_inputs.resolve_shape: builtin:tiny, a local folder's config.json, the bundled Hub shapes);
-a model whose shape is not known here gets no estimate, and the run says so.
+a model whose shape is not known here gets no estimate (and the banner no disk line).
 """
 
 from __future__ import annotations
@@ -111,6 +112,8 @@ def plan_writes(cfg: C.Config, train_rows: Mapping[str, list], run_dir: Path, de
         * model_save,
         "metrics and evaluations": steps * METRICS_BYTES_PER_STEP + evaluations * heldout_rows * EVAL_BYTES_PER_ROW
         + PLOT_BYTES})
+    if cfg.checkpoint.keep_best:  # the best evaluation's weights, kept until the final model is written
+        plan.parts["best model (best/)"] = model_save
     plan.folders[run_dir] = sum(plan.parts.values())
     if cfg.checkpoint.final_model_dir:
         from grpo.run.run_folder import expand_home

@@ -45,6 +45,9 @@ Window checks (rows = the last `recent_window` RL steps; "start" = the first win
                               (yet) mostly empty
   yellow  graph_recompiling   (runs the graph engine decodes) it compiled its decoding step at `recompile_steps`
                               or more steps of a window after the first
+From the per-prompt held-out rewards (`heldout_fell`, read by grpo/run/report.py from evals/): yellow heldout_fell when
+a task's held-out reward after RL is below its best evaluation during RL by more than FELL_Z standard errors of the
+per-prompt difference.
 End of run (grpo/run/doctor.check only): red skipped_steps / yellow restored_weights (the weight guard's counts), red
 reward_regressed / yellow reward_flat (held-out after RL vs before RL; for a task without held-out rows under
 data.heldout_fraction=0, TRL's split, the training reward's last window vs its first), yellow no_heldout (a trained
@@ -908,6 +911,46 @@ def heldout_collapse(answers: Mapping[str, Mapping[str, Sequence[str]]], evals: 
                  "nothing") if letter_prior else
             _try(f"kl.{task}.beta", "<2× now>", "a stronger pull to the SFT reference keeps its mix of answers"),
             task))
+    return out
+
+
+FELL_Z = 2.0
+"""How many standard errors of the per-prompt difference a held-out fall from its best must exceed to be a finding
+(more than its sampling error): a fall that large comes by chance about one time in 44 (one-sided, normal)."""
+
+
+def heldout_fell(rewards: Mapping[str, Mapping[str, Mapping[str, float]]], evals: Mapping[str, Mapping[str, Any]],
+                 config: Mapping[str, Any]) -> list[Finding]:
+    """A task whose held-out reward after RL is below its best evaluation during RL (eval.json's step_N) by more than
+    FELL_Z standard errors of the per-prompt difference: the same held-out prompts scored by both evaluations
+    (`rewards`: {phase: {task: {row id: reward}}}, evals/<phase>.jsonl), mean difference over its standard error.
+    Yellow: the run got there and lost it; the next step keeps it (a smaller step, a stronger KL pull, or the best
+    evaluation as the final model, checkpoint.keep_best). Silent without the per-prompt rewards of both."""
+    out = []
+    for task, now in (evals.get("after_rl") or {}).items():
+        points = [(int(tag[5:]), v) for tag, results in evals.items() if tag.startswith("step_") and tag[5:].isdigit()
+                  and (v := number(results.get(task))) is not None and math.isfinite(v)]
+        if number(now) is None or not points:
+            continue
+        best_step, best = max(points, key=lambda p: (p[1], -p[0]))  # the first of the best
+        at_best, at_end = (rewards.get(phase, {}).get(task) or {} for phase in (f"step_{best_step}", "after_rl"))
+        diffs = [at_best[i] - at_end[i] for i in at_best if i in at_end and all(
+            (x := number(r[i])) is not None and math.isfinite(x) for r in (at_best, at_end))]
+        if len(diffs) < 2 or mean(diffs) <= 0:
+            continue
+        spread = math.sqrt(math.fsum((d - mean(diffs)) ** 2 for d in diffs) / (len(diffs) - 1))
+        error = spread / math.sqrt(len(diffs))
+        if mean(diffs) <= FELL_Z * error:
+            continue
+        errors = f"{mean(diffs) / error:.1f} standard errors" if error else "every prompt alike"
+        out.append(Finding(
+            "yellow", "heldout_fell",
+            f"held-out {task} reward fell from its best {best:.3f} (step {best_step}) to {float(now):.3f} after RL: "
+            f"{-mean(diffs):+.3f} over {len(diffs)} prompts, {errors} of the per-prompt difference (more than "
+            f"{FELL_Z:g})",
+            _try("train.lr", _scaled(config, "train.lr", 0.5), f"smaller steps keep what RL reached at step "
+                 f"{best_step}; or a stronger pull to the reference (kl.{task}.beta twice, or a lower band), or the "
+                 "best evaluation as the final model: checkpoint.keep_best=true"), task))
     return out
 
 

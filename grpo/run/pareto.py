@@ -114,11 +114,18 @@ def require_heldout_rows(train: Mapping[str, Sequence[object]], heldout: Mapping
         raise ValueError("; ".join(problems))
 
 
-def check_evaluations(train: Any, heldout: Mapping[str, Sequence[object]]) -> None:
+def check_evaluations(train: Any, heldout: Mapping[str, Sequence[object]], keep_best: bool = False) -> None:
     """What needs held-out rows when no task has any (data.heldout_fraction=0 and no held-out rows given, TRL's
     split without an eval split): evaluations during RL (train.eval_every, train.eval_every_epoch) and the pass@K
     diagnostic (train.pass_at_k) are a ConfigError naming the field, as TRL refuses an eval_strategy without an
-    eval_dataset. `train`: the train section."""
+    eval_dataset. And a train.best_metric of one task (reward/<task>) that ranks evaluations (`keep_best`:
+    checkpoint.keep_best, or early stopping) names a task with held-out rows. `train`: the train section."""
+    task = train.best_metric.removeprefix("reward/")
+    if (keep_best or train.early_stopping_patience) and train.best_metric != "reward" and not heldout.get(task):
+        raise C.ConfigError(f"config field `train.best_metric` = {train.best_metric!r} is invalid: no task of this run "
+                            f"named {task!r} has held-out rows (evaluated: {sorted(t for t, r in heldout.items() if r)})"
+                            f"{C.did_you_mean([task], [t for t, r in heldout.items() if r])}; use reward (the mean) "
+                            "or reward/<one of them>", field="train.best_metric")
     if any(heldout.values()):
         return
     why = ("no task of this run has held-out rows (data.heldout_fraction=0: every row trains, and none were given as "

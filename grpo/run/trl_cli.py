@@ -58,9 +58,10 @@ LIST_FIELDS = {"reward_funcs", "lora_target_modules", "lora_target_parameters", 
                "reward_weights"}
 """The fields of the four records a flag gives as several words (`--reward_funcs a b`): TRL's list-typed ones."""
 STR_FIELDS = {"dataset_name", "dataset_config", "reward_model_name_or_path", "model_name_or_path",
-              "attn_implementation", "bnb_4bit_quant_storage", "output_dir", "run_name", "cache_implementation"}
+              "attn_implementation", "bnb_4bit_quant_storage", "output_dir", "run_name", "cache_implementation",
+              "metric_for_best_model"}
 """Fields without a default whose flag value stays text (`--dataset_config 1` names configuration "1")."""
-BOOL_FIELDS = {"bf16"}
+BOOL_FIELDS = {"bf16", "greater_is_better"}
 """Fields without a default that are bool (a bare `--bf16` is true)."""
 
 

@@ -287,6 +287,36 @@ def _evaluating(value: Any, fields: Mapping[str, Any], out: dict, notes: list) -
     _set(out, "train.eval_every_epoch", strategy == "epoch")  # resolved once the rows are loaded
 
 
+def _best_model(value: Any, fields: Mapping[str, Any], out: dict, notes: list) -> None:
+    metric, greater = fields["metric_for_best_model"], fields["greater_is_better"]
+    name = None if metric is None else str(metric).removeprefix("eval_")
+    if name == "loss" and value:  # transformers' default under load_best_model_at_end (a GRPOConfig holds it set)
+        _note(notes, "metric_for_best_model", metric, "grpo-dual's held-out evaluation scores greedy completions with "
+              "the reward functions and has no loss: the best model is the one of the best mean held-out reward "
+              "(metric_for_best_model=reward, greater_is_better=true)")
+        name, greater = "reward", True
+    if name not in (None, "reward"):
+        raise _error("metric_for_best_model", metric, "grpo-dual's held-out evaluation gives the mean held-out reward: "
+                     "use reward (or eval_reward); per task, train.best_metric=reward/<task>")
+    _set(out, "train.best_metric", "reward")
+    _set(out, "train.greater_is_better", True if greater is None else bool(greater))
+    _set(out, "checkpoint.keep_best", bool(value))
+    if not value:
+        return
+    evaluation, saving = str(_name(fields["eval_strategy"])), str(_name(fields["save_strategy"]))
+    if evaluation == "no":
+        raise _error("load_best_model_at_end", value, "it keeps the best held-out evaluation, and eval_strategy=no "
+                     "evaluates nothing during training: use eval_strategy=steps (with eval_steps) or epoch, and an "
+                     "eval split (dataset_test_split, eval_dataset)")
+    if saving != evaluation:  # transformers' TrainingArguments rule
+        raise _error("save_strategy", saving, f"load_best_model_at_end requires the save and eval strategy to match, "
+                     f"as in transformers: eval_strategy={evaluation}, so save_strategy={evaluation}")
+    eval_steps = fields["eval_steps"] if fields["eval_steps"] is not None else fields["logging_steps"]
+    if evaluation == "steps" and float(fields["save_steps"]) % float(eval_steps):
+        raise _error("save_steps", fields["save_steps"], f"load_best_model_at_end requires the saving steps to be a "
+                     f"multiple of the evaluation steps (eval_steps={eval_steps:g}), as in transformers")
+
+
 def _report_to(value: Any, fields: Mapping[str, Any], out: dict, notes: list) -> None:
     if not (value is None or isinstance(value, str) or isinstance(value, (list, tuple)) and all(
             isinstance(v, str) for v in value)):
@@ -467,6 +497,15 @@ TABLE: tuple[Row, ...] = (
       "eval_every = an epoch's RL steps, once the rows are loaded); no: train.eval_every=0 (grpo-dual still evaluates "
       "before and after training)", _evaluating),
     R("eval_steps", "train.eval_every", None, "see eval_strategy", _part_of("eval_strategy")),
+    R("load_best_model_at_end", "checkpoint.keep_best", False, "the final model (output_dir, final/) is the best "
+      "held-out evaluation's by metric_for_best_model, not the last step's, with transformers' rules: an eval_strategy "
+      "other than no, save_strategy the same, save_steps a multiple of eval_steps (refused by name otherwise); the "
+      "best's weights kept in the run folder's best/", _best_model, copies="checkpoint.keep_best"),
+    R("metric_for_best_model", "train.best_metric", None, "reward or eval_reward: the mean held-out reward; unset, "
+      "and transformers' default under load_best_model_at_end (the eval loss, which grpo-dual's greedy evaluation "
+      "has none of: a note), reward; another metric is refused", _part_of("load_best_model_at_end")),
+    R("greater_is_better", "train.greater_is_better", None, "copied (unset: true, as transformers derives it for a "
+      "metric that does not end in loss)", _part_of("load_best_model_at_end")),
     R("per_device_eval_batch_size", "", 8, "named in a note when set",
       _noted("grpo-dual's held-out evaluation is greedy, one completion per prompt, data.eval_size prompts")),
     R("num_generations_eval", "", None, "named in a note when set",
@@ -711,7 +750,12 @@ def markdown() -> str:
         "`train(...)`'s sections override it. Prompts are handled as TRL does (`data.prompt_format=trl`): a string "
         "prompt (TRL's standard form) is tokenized as it is, a list of messages goes through the chat template. "
         "Steps: TRL counts optimizer steps; grpo-dual's RL step is one "
-        "generation followed by `num_iterations` optimizer steps, and the rules below convert.",
+        "generation followed by `num_iterations` optimizer steps, and the rules below convert. "
+        "`load_best_model_at_end` puts the best evaluated model in output_dir (table below); transformers' "
+        "`EarlyStoppingCallback`, a trainer callback rather than a GRPOConfig field, is "
+        "`train.early_stopping_patience` and `train.early_stopping_threshold` here, with its rules "
+        "(`--train.early_stopping_patience 3`, or `train(..., train={\"early_stopping_patience\": 3})`). The run's "
+        "advice names TRL's fields and flags where they set what it advises, ours in brackets.",
         "",
         FROM_TRL_GRPO.rstrip("\n"),
         "",

@@ -68,6 +68,8 @@ FIELD_TYPES: dict[str, Any] = {
                      "reward_model_name_or_path", "model_name_or_path", "attn_implementation", "bnb_4bit_quant_storage",
                      "dtype"), str | None),
     "bf16": bool | None,
+    "greater_is_better": bool | None,
+    "metric_for_best_model": str | None,
     **dict.fromkeys(("reward_funcs", "lora_target_modules"), TEXT_OR_LIST),
     "reward_weights": NUMBERS,
     # checked by their rows' converters (tables, a list of tables, a word or a list, text or true / false, unset-only)
