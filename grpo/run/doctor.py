@@ -186,7 +186,8 @@ class Doctor:
         return mean(v for row in self.window if (v := number(row.get(key))) is not None)
 
     def span(self) -> str:
-        return f"steps {self.window[0].get('step', '?')}-{self.window[-1].get('step', '?')}"
+        first, last = self.window[0].get("step", "?"), self.window[-1].get("step", "?")
+        return f"step {last}" if first == last else f"steps {first}-{last}"
 
     def tasks(self) -> list[str]:
         return tasks_in(self.window, "reward/", "/mean")
