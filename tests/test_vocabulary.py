@@ -33,6 +33,8 @@ def test_a_grpo_dual_field_is_named_by_the_trl_flag_that_set_it_ours_in_brackets
                     "help; try `--beta <2× now>` (kl.default.beta): a stronger pull; kl.own.beta=0.1; "
                     "`rollout.temperature=1.5`")  # a task with its own kl entry, and a field TRL did not set: ours
     assert in_user_terms(said, FLAGS) == said  # once only: a field shown in brackets is left alone
+    four_bit = {"train": {"trl_names": {"model.load_in_4bit": "--load_in_4bit"}}}
+    assert in_user_terms("set model.load_in_4bit=true", four_bit) == "set --load_in_4bit true (model.load_in_4bit)"
     fields = {"train": {"trl_names": {"rollout.k": "num_generations"}}}  # a GRPOConfig: its field names
     assert in_user_terms("try `rollout.k=16`: x", fields) == "try `num_generations=16` (rollout.k): x"
     assert in_user_terms("try `rollout.k=16`: x", {"train": {}}) == "try `rollout.k=16`: x"  # our own config

@@ -178,8 +178,8 @@ def heldout_rewards(run_dir: Path) -> dict[str, dict[str, dict[str, float]]]:
     out: dict[str, dict[str, dict[str, float]]] = {}
     for path in sorted((run_dir / "evals").glob("*.jsonl")):
         for line in path.read_text().splitlines():
-            if line.strip():
-                row = json.loads(line)
+            row = json.loads(line) if line.strip() else {}
+            if "id" in row and "task" in row:  # a row without its prompt's id pairs with no other evaluation's
                 out.setdefault(path.stem, {}).setdefault(row["task"], {})[str(row["id"])] = row.get("reward")
     return out
 

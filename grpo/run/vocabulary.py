@@ -25,8 +25,8 @@ from typing import Any, Mapping
 from grpo import config as C
 
 SECTIONS = tuple(f.name for f in dataclasses.fields(C.Config) if f.name != "preset")
-FIELD = re.compile(r"(?P<open>`?)(?<![\w./<>-])(?P<field>(?:" + "|".join(SECTIONS) + r")\.[A-Za-z_<>]+"
-                   r"(?:\.[A-Za-z_<>]+)?)(?:=(?P<value><[^>]*>|[^\s`,;)]+))?(?P<close>`?)")
+FIELD = re.compile(r"(?P<open>`?)(?<![\w./<>-])(?P<field>(?:" + "|".join(SECTIONS) + r")\.[A-Za-z0-9_<>]+"
+                   r"(?:\.[A-Za-z0-9_<>]+)?)(?:=(?P<value><[^>]*>|[^\s`,;)]+))?(?P<close>`?)")
 """A grpo-dual field in a text, `section.field` (or `kl.<task>.field`), with its `=value` when it has one, and the
 backticks around it when it is quoted."""
 
