@@ -1,12 +1,12 @@
 """grpo-dual trainer: SFT warm-up, then GRPO / GSPO with per-task KL control. Read it top to bottom.
 
-    python grpo_train.py                                   # the embedded offline demo (CPU, a few minutes)
-    python grpo_train.py --preset llama3-8b-dual           # Llama-3-8B-Instruct + LoRA on BBQ + HaluEval
-    python grpo_train.py --rollout.k 8 --set loss.mu=2     # any config field, dotted
-    python grpo_train.py --help | --print-config
-    grpo-dual ...                                          # the same, after `pip install .` (from any folder)
-    grpo-dual --config grpo.yaml | --model_name_or_path M --dataset_name D --reward_funcs F ...
-                                                           # TRL's `trl grpo` config file and flags (docs/TRL.md)
+    python grpo_train.py  # the embedded offline demo (CPU, a few minutes)
+    python grpo_train.py --preset llama3-8b-dual  # Llama-3-8B-Instruct + LoRA on BBQ + HaluEval
+    python grpo_train.py --rollout.k 8 --set loss.mu=2  # any config field, dotted
+    python grpo_train.py --help | --help-all | --print-config
+    grpo-dual ...  # the same, from any folder (the README's set-up installs it)
+    grpo-dual --config grpo.yaml  # TRL's `trl grpo` config file (docs/TRL.md), or its flags:
+    grpo-dual --model_name_or_path M --dataset_name D --reward_funcs F ...
 
 In Jupyter, call the same functions cell by cell: `run = setup(cfg)`, `sft_phase(run)`, `rl_step(run, step)`,
 `evaluate_phase(run, "after_rl")`, `finish(run)`. Only this file (and the run layer that assembles a run from it)
@@ -26,8 +26,10 @@ from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 from grpo.models.host import cpu_share, memory_metrics, openmp_note, quiet_openmp, thread_count
+from grpo.models.third_party import quiet_third_party
 
 quiet_openmp()  # before torch loads libgomp, which reads it once: waiting threads sleep instead of spinning
+quiet_third_party()  # before a script builds its GRPOConfig: TRL's own default warns there (grpo/models/third_party.py)
 
 import torch  # noqa: E402
 
@@ -49,12 +51,13 @@ from grpo.phases.environments import environment_rewards, resolve_environment
 from grpo.phases.tools import build_toolbox, resolve_tools
 from grpo.run import checkpoint_files as ckpt
 from grpo.run.api import loaded_model, python_config, with_tools
+from grpo.run.best_model import keep_if_best, settle_best, stops_early
 from grpo.run.save_resume import (FinalSaveError, check_resume, last_checkpoint_line, reference_weights, resume,
                                   save_checkpoint, save_final_checkpoint, save_final_model)
 from grpo.run.config_check import check_config, registries_help
-from grpo.run.console import banner, preset_note
+from grpo.run.console import banner, preset_note, template_less, template_note, warm_up
 from grpo.run.doctor_in_run import consult_doctor, doctor_line, doctor_stops, start_doctor
-from grpo.run.pareto import RUN_SUBDIR as PARETO_SUBDIR, ParetoFrontier, require_heldout_rows
+from grpo.run.pareto import RUN_SUBDIR as PARETO_SUBDIR, ParetoFrontier, check_evaluations, require_heldout_rows
 from grpo.run.plot import plot_run
 from grpo.run.start_checks import check_start
 from grpo.run.report import build_report, format_report
@@ -70,6 +73,7 @@ from grpo.run.state import Run, Start, TaskSamples
 from grpo.run.step_owners import Generation, Rewarder, StepTimer, Updater, prompt_copies
 from grpo.run.trl_cli import read_config_file, trl_flags
 from grpo.run.tracking import NullTracker, format_step_line, progress, write_samples, write_scored
+from grpo.run.vocabulary import error_in_user_terms
 
 
 @dataclasses.dataclass
@@ -95,7 +99,7 @@ class CheckedInputs:
 def prepare_process(threads_setting: int) -> str:
     """This process's torch thread count (train.threads: the cores it may use, not the machine's; setting it also
     pins MKL's count) and transformers' progress bars off (one progress display per phase is ours). Returns the
-    banner's CPU line."""
+    banner's CPU line (how OpenMP waits only where it costs something or the user set it: grpo/models/host.py)."""
     threads, why = thread_count(threads_setting, torch.get_num_threads(), cpu_share())
     if threads != torch.get_num_threads():
         torch.set_num_threads(threads)
@@ -103,7 +107,8 @@ def prepare_process(threads_setting: int) -> str:
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()
-    return f"CPU: {threads} torch thread(s) ({why}); {openmp_note()}"
+    waits = openmp_note()
+    return f"CPU: {threads} torch thread(s) ({why})" + (f"; {waits}" if waits else "")
 
 
 def check_inputs(cfg: C.Config, callables: Mapping[str, Callable[..., Any]] | None, dist: Dist) -> CheckedInputs:
@@ -115,6 +120,7 @@ def check_inputs(cfg: C.Config, callables: Mapping[str, Callable[..., Any]] | No
     draws = prompt_copies(cfg, dist.world)  # prompts_per_step drawn for each process, or once for all (split_groups)
     check_prompts_per_step(train_rows, cfg.train.prompts_per_micro_step, cfg.train.grad_accum, draws)
     require_heldout_rows(train_rows, heldout, cfg.data.heldout_fraction)  # every task is evaluated: stop now if not
+    check_evaluations(cfg.train, heldout, cfg.checkpoint.keep_best)  # evaluations asked for where nothing is held out
     specs = reward_specs(cfg.data.source, cfg.rewards, sorted(train_rows), custom=cfg.tasks,
                          aggregation=cfg.loss.reward_aggregation)
     check_task_entries(cfg.kl, sorted(train_rows))
@@ -167,7 +173,7 @@ def setup(cfg: C.Config, *, callables: Mapping[str, Callable[..., Any]] | None =
     name = dist.broadcast(cfg.train.run_name or f"{cfg.preset}-{time.strftime('%Y%m%d-%H%M%S')}")
     run_dir = expand_home(cfg.train.output_dir) / name  # `~/runs` given where no shell expanded it
     checked = check_inputs(cfg, callables, dist)  # data, graders, tools: stops here, before the folder or model
-    note = preset_note(cfg)
+    note = preset_note(cfg, checked.train_rows)
     if note and dist.is_main:
         print(note)
     disk = check_start(cfg, run_dir, device, dist.is_main, checked.train_rows, checked.draws)  # no-ops named, disk
@@ -208,8 +214,8 @@ def setup(cfg: C.Config, *, callables: Mapping[str, Callable[..., Any]] | None =
 
 
 def sft_phase(run: Run) -> list[float]:
-    """Completion-only SFT warm-up on the tasks' reference completions (skipped when sft.steps = 0, and with one line
-    saying so when no training row has a target: TRL-style prompt-only data)."""
+    """Completion-only SFT warm-up on the tasks' reference completions (skipped when sft.steps = 0, or when no
+    training row has a target: TRL-style prompt-only data, which the banner names)."""
     s = run.cfg.sft
     if s.steps == 0:
         return []
@@ -218,10 +224,7 @@ def sft_phase(run: Run) -> list[float]:
     encode = None if toolbox is None else (lambda messages: toolbox.encode_prompt(run.tokenizer, messages))
     examples = sft_examples(run.tokenizer, [x for t in run.tasks for x in run.samples.training[t]], system, s.max_target_tokens,
                             encode=encode)
-    if not examples:
-        if run.dist.is_main:
-            print(f"SFT warm-up skipped: no training row of {', '.join(run.tasks)} has a target (the column "
-                  "tasks.<task>.target_field names); sft.steps=0 says so up front")
+    if not examples:  # the banner said so (grpo/run/console.warm_up)
         run.tracker.log({"sft/skipped": 1.0}, 0)  # the doctor then advises no warm-up
         return []
     if s.max_examples:
@@ -269,6 +272,8 @@ def evaluate_phase(run: Run, tag: str) -> dict[str, float]:
                      **memory_metrics(run.device)}, run.progress.step)
     if offered:
         run.progress.frontier.offer(run.progress.step, results, save_fn=lambda path: save_pretrained(run.policy, path, state))
+        if run.cfg.checkpoint.keep_best:  # RUN/best/: the best evaluation's weights, for the final model
+            keep_if_best(run, run.progress.step, results, state)
     dist.barrier()
     return results
 
@@ -386,6 +391,25 @@ def offer_final_point(run: Run, final: Path) -> None:
                    lambda: frontier.offer(run.progress.step, results, save_fn=copy_final))
 
 
+def before_rl(run: Run, say: Callable[..., Any]) -> None:
+    """A fresh run's phases before RL: the note on plain-string prompts for a chat model (logged for the doctor), the
+    held-out evaluation before SFT, the SFT warm-up and the evaluation after it, the pass@K diagnostic. Nothing is
+    evaluated where nothing is held out (TRL's split without an eval split)."""
+    cfg = run.cfg
+    raw = template_less(run)
+    if raw:
+        say(template_note(raw, cfg.model.name))
+        run.tracker.log(raw, 0)
+    evaluated = any(run.samples.heldout.values())
+    if evaluated:
+        first = "SFT" if warm_up(cfg.sft.steps, run.samples.training).startswith("SFT") else "training"
+        say(f"evaluating before {first} ...", evaluate_phase(run, "before_sft"))
+    if cfg.sft.steps and sft_phase(run) and evaluated:
+        say("evaluating after SFT ...", evaluate_phase(run, "after_sft"))
+    if cfg.train.pass_at_k:
+        say(f"pass@{cfg.train.pass_at_k} before RL ...", pass_at_k_phase(run))
+
+
 def main(cfg: C.Config, run: Run | None = None) -> Run:
     """The whole run: `setup` (unless `run` is one already set up, as `train` hands it in), evaluations, SFT, the
     RL loop with its evaluations and checkpoints, `finish`."""
@@ -396,11 +420,7 @@ def main(cfg: C.Config, run: Run | None = None) -> Run:
     if cfg.checkpoint.resume:
         resume(run, str(run.start.resume_from or cfg.checkpoint.resume))
     else:
-        say("evaluating before SFT ...", evaluate_phase(run, "before_sft"))
-        if cfg.sft.steps and sft_phase(run):
-            say("evaluating after SFT ...", evaluate_phase(run, "after_sft"))
-        if cfg.train.pass_at_k:
-            say(f"pass@{cfg.train.pass_at_k} before RL ...", pass_at_k_phase(run))
+        before_rl(run, say)
     start_doctor(run)
     for f in run.doctor.findings() if run.doctor is not None else []:  # after a resume: active at the checkpoint
         say(doctor_line(f, f"active since step {f.since}, before the resume"), flush=True)
@@ -417,6 +437,8 @@ def main(cfg: C.Config, run: Run | None = None) -> Run:
                 say(format_step_line(metrics, run.tasks), flush=True)
             if cfg.train.eval_every and step % cfg.train.eval_every == 0 and step < cfg.train.max_steps:
                 evaluate_phase(run, f"step_{step}")
+                if stops_early(run):  # train.early_stopping_patience evaluations without an improvement
+                    break
             for f in run.progress.alarms:
                 say(doctor_line(f, f"step {step}"), flush=True)
             if doctor_stops(run):  # train.doctor=stop | restore and a red finding is active: on to the end of the run
@@ -434,7 +456,9 @@ def main(cfg: C.Config, run: Run | None = None) -> Run:
                 save_checkpoint(run)
     failed = None
     if not run.progress.finished:  # else resumed from the final checkpoint: evaluated and saved already
-        evaluate_phase(run, "after_rl")
+        if any(run.samples.heldout.values()):
+            evaluate_phase(run, "after_rl")
+            settle_best(run)  # checkpoint.keep_best: the best evaluation's weights, when they beat the last step's
         run.progress.finished = True
         failed = save_final_checkpoint(run)  # a full disk: the final model may still fit, `finish` says which
     finish(run, failed)
@@ -444,7 +468,7 @@ def main(cfg: C.Config, run: Run | None = None) -> Run:
 def train(config: C.Config | str | Sequence[str] | None = None, *,
           tasks: Mapping[str, Any] | None = None, rewards: Mapping[str, Any] | None = None,
           model: Any = None, processing_class: Any = None, peft_config: Any = None, args: Any = None,
-          tools: Sequence[Callable[..., Any] | str] | None = None,
+          eval_dataset: Any = None, tools: Sequence[Callable[..., Any] | str] | None = None,
           environment_factory: Callable[[], Any] | str | None = None, **sections: Mapping[str, Any]) -> Run:
     """The command line's run from Python (a notebook, a script): returns the finished Run, its `report` filled in.
 
@@ -459,12 +483,16 @@ def train(config: C.Config | str | Sequence[str] | None = None, *,
               dicts, in TRL's standard (prompt) or conversational (list of messages) form}.
     rewards:  {task: terms}; terms = "grader:weight,..." as in rewards.<task>, or a list of graders, each a
               function (per-row or TRL-style, no import path needed), a grader name, or a (grader, weight) pair.
+              A TRL-style function gets the keywords TRL passes and `task`, each completion's task name
+              (docs/CUSTOM_TASKS.md, 2.2); a misspelt name gets a "did you mean".
     model:    a model name (model.name); an already-loaded model with `processing_class` its tokenizer; or a
               (model, tokenizer) pair. A loaded model is trained in place.
     peft_config: a peft LoraConfig: its r, lora_alpha, lora_dropout and target_modules become model.lora_*.
     args:     a TRL GRPOConfig (or a dict of its fields): the whole configuration, as in TRL, its defaults included
               (learning_rate -> train.lr, num_generations -> rollout.k, ...; docs/TRL.md); a field it cannot honour is
-              refused or named; reward_weights weigh each task's list of reward functions.
+              refused or named; reward_weights weigh each task's list of reward functions. As in TRL every row
+              trains (data.heldout_fraction=0): held-out evaluations need eval_dataset or a DatasetDict's test split.
+    eval_dataset: held-out rows (TRL's eval_dataset): rows in memory for a run of one task, or {task: rows}.
     tools:    functions the model may call in multi-turn rollouts (TRL's tools=[...]), described by their signature
               and docstring, or "module:function" strings; added to rollout.tools (grpo/phases/tools.py).
     environment_factory: a stateful task's environment (TRL's environment_factory): a class or function making one
@@ -476,14 +504,18 @@ def train(config: C.Config | str | Sequence[str] | None = None, *,
     GraderError (the reward preflight, before the model loads), ModelPackageMissing. For the phases one by one,
     call `setup`, `evaluate_phase`, `sft_phase`, `rl_step`, `finish` (notebooks/quickstart.ipynb)."""
     model = loaded_model(model, processing_class)
-    cfg, callables = python_config(config, tasks, rewards, model, sections, peft_config, trl_args=args)
+    cfg, callables = python_config(config, tasks, rewards, model, sections, peft_config, trl_args=args,
+                                   eval_dataset=eval_dataset)
     cfg, callables = with_tools(cfg, callables, tools, environment_factory)
     loaded = model if isinstance(model, tuple) else None
     if loaded is None:
         check_model_name(cfg.model.name)
         if cfg.model.load_in_4bit:
             check_4bit_available()
-    run = setup(cfg, callables=callables, model=loaded)
+    try:
+        run = setup(cfg, callables=callables, model=loaded)
+    except C.ConfigError as err:  # named as the user wrote it: TRL's field where a GRPOConfig set it
+        raise error_in_user_terms(err, C.to_dict(cfg)) from None
     try:
         main(cfg, run)
     finally:  # also after a failure: the same train(...) may run again at once, another process too
@@ -526,13 +558,13 @@ def cli(argv: list[str]) -> int:
         except ckpt.CheckpointError as e:  # a resume that cannot go on, named before the model loads
             return user_error(e, 1)  # exits as a checkpoint error found later did
         except USER_ERRORS as e:
-            return user_error(e, 2)
+            return user_error(error_in_user_terms(e, C.to_dict(cfg)), 2)  # TRL's flag where TRL's flags set it
         except (Interrupted, KeyboardInterrupt) as e:
             return interrupted(e, "during set-up")
         try:
             main(cfg, run)
-        except (*USER_ERRORS, ckpt.CheckpointError, TrainingUnstable) as e:
-            return user_error(e, 1)  # known failure modes get their message; the last checkpoint (if any) is intact
+        except (*USER_ERRORS, ckpt.CheckpointError, TrainingUnstable) as e:  # known failure modes get their message;
+            return user_error(error_in_user_terms(e, C.to_dict(cfg)), 1)  # the last checkpoint (if any) is intact
         except (Interrupted, KeyboardInterrupt) as e:
             return interrupted(e, f"in {run.run_dir}")
         finally:

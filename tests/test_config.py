@@ -84,7 +84,7 @@ def _cli(*args):
 
 
 def test_cli_help_print_config_and_errors():
-    out = _cli("--help")
+    out = _cli("--help-all")
     assert out.returncode == 0
     for field in ("--rollout.k", "--loss.policy_loss", "--kl.<task>.band_high", "--judge.base_url",
                   "--multi.combine", "--checkpoint.resume", "--sft.max_examples"):

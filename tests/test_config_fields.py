@@ -185,6 +185,12 @@ BAD: list[tuple[str, Any, dict[str, Any]]] = [
     ("multi.pareto_cap", 0, {}),
     ("checkpoint.every", -1, {}),
     ("checkpoint.keep_last", -1, {}),
+    ("checkpoint.keep_best", True, {"train.eval_every": 0}),  # no evaluation during RL to keep the best of
+    ("train.best_metric", "loss", {}),
+    ("train.best_metric", "reward/", {}),
+    ("train.early_stopping_patience", -1, {}),
+    ("train.early_stopping_patience", 3, {"train.eval_every": 0}),  # no evaluation to count
+    ("train.early_stopping_threshold", -0.1, {}),
     ("checkpoint.accept_changes", True, {}),  # without checkpoint.resume
     ("train.overwrite", True, {"checkpoint.resume": "auto"}),
     ("kl", {"fairness": C.TaskKLConfig()}, {}),  # no `default` entry

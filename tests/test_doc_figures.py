@@ -105,7 +105,13 @@ CLAIMS = [
     ("docs/GETTING_STARTED.md", "no red finding, but fewer than {20} RL steps: the checks compare the first {10} steps with the "
                        "last {10}", [lambda: TH.min_steps, lambda: TH.recent_window, lambda: TH.recent_window]),
     ("docs/GETTING_STARTED.md", "(or sits at the solved level, {0.9} for 0..1 rewards)", [lambda: TH.solved_reward]),
+    ("docs/GETTING_STARTED.md", "| `empty_completions` | red above {80}%, yellow above {50}% |",
+     [lambda: pct(TH.empty_red), lambda: pct(TH.empty_share)]),
+    ("docs/GETTING_STARTED.md", "the training reward's last {10} steps against its first {10}",
+     [lambda: TH.recent_window, lambda: TH.recent_window]),
     ("docs/GETTING_STARTED.md", "| `no_learning_signal` | red after {5} steps in a row", [lambda: TH.no_signal_steps]),
+    ("docs/GETTING_STARTED.md", "below its best evaluation during RL by more than {2} standard errors",
+     [lambda: symptoms.FELL_Z]),
     ("docs/GETTING_STARTED.md", "when the warm-up loss stayed above {1} nat per token", [lambda: symptoms.SFT_UNTAUGHT_LOSS]),
     ("docs/GETTING_STARTED.md", "never rose more than {0.05} above its first {10} steps (after at least {20} steps), with more "
                        "than {0.5} of its groups zero-std",

@@ -9,6 +9,7 @@ docs/BUG_FIXES.md, docs/MEMORY.md, docs/DESIGN.md, docs/SCALING.md, docs/RESULTS
 from __future__ import annotations
 
 import dataclasses
+import os
 import re
 import shlex
 import subprocess
@@ -30,7 +31,7 @@ DOC_NAMES = ["README.md", *ROOT_GUIDES, "docs/README.md", *ROOT_GUIDES.values(),
              "docs/RESULTS.md"]
 DOCS = {name: (ROOT / name).read_text() for name in DOC_NAMES if (ROOT / name).exists()}
 FILE_SUFFIXES = {"py", "md", "txt", "json", "jsonl", "sh", "png", "csv", "pt", "sqlite", "ipynb", "toml", "jinja"}
-ENTRY_FLAGS = {"--preset", "--print-config", "--help", "-h"}  # handled by grpo_train.cli itself, not config fields
+ENTRY_FLAGS = {"--preset", "--print-config", "--help", "--help-all", "-h"}  # handled by grpo_train.cli itself, not config fields
 
 
 # ------------------------------------------------------------------------------------------------------- helpers
@@ -208,6 +209,8 @@ def test_readme_demo_command_pins_the_same_torch_and_runs_the_trainer():
         for req in re.findall(r"-r (\S+)", part):
             assert (ROOT / req).exists(), f"{req} (named in the README demo command) does not exist"
     assert parts[-1] == "python grpo_train.py"
+    installs = [p for p in parts if p.startswith("pip install")]  # the checkout as a package: `grpo-dual` on the PATH
+    assert len(installs) == 1 and re.search(r"(^| )-e \.( |$)", installs[0]), installs
     assert "-r ../requirements.txt" in (ROOT / "requirements" / "dev.txt").read_text()  # pip reads it from requirements/
 
 
@@ -282,8 +285,8 @@ def test_every_documented_trainer_command_builds_a_valid_config():
 
 
 def test_help_exits_zero_and_lists_every_field():
-    out = subprocess.run([sys.executable, "grpo_train.py", "--help"], cwd=ROOT, capture_output=True, text=True,
-                         timeout=120)
+    out = subprocess.run([sys.executable, "grpo_train.py", "--help-all"], cwd=ROOT, capture_output=True, text=True,
+                         timeout=120, env={**os.environ, "COLUMNS": "400"})  # a line each, as the checks read them
     assert out.returncode == 0, out.stderr
     missing = []
     for name, cls in SECTIONS.items():
@@ -298,8 +301,32 @@ def test_help_exits_zero_and_lists_every_field():
     assert "--train.max_steps (int, default 120, set by preset demo): " in out.stdout
     from grpo.grading.graders import builtin_graders  # --help lists the graders rewards.<task> can name
 
-    graders = out.stdout.split("Built-in graders for rewards.<task>", 1)[1]
+    graders = out.stdout.split("Built-in graders for rewards.<task>", 1)[1].split("\n\n", 1)[0]
     assert [line.split(":")[0].strip() for line in graders.strip().splitlines()[1:]] == list(builtin_graders())
+
+
+@pytest.mark.parametrize("columns", [60, 80, 120])
+def test_help_fits_the_terminal_and_maps_each_trl_flag_to_what_it_sets(columns):
+    """--help and --help-all wrap to the terminal (COLUMNS, as argparse reads it): no line is wider (they ran to 935
+    characters). --help is short (no field list: --help-all has it) and has TRL's flags, each with the grpo-dual
+    field(s) it sets, generated from the TRL tables (grpo/run/trl_config.py TABLE, grpo/run/trl_rows.py RECORDS)."""
+    from grpo.run.trl_config import TABLE
+    from grpo.run.trl_rows import RECORDS
+
+    env = {**os.environ, "COLUMNS": str(columns)}
+    short, full = (subprocess.run([sys.executable, "grpo_train.py", flag], cwd=ROOT, capture_output=True, text=True,
+                                  timeout=120, env=env) for flag in ("--help", "--help-all"))
+    assert short.returncode == 0 and full.returncode == 0, short.stderr + full.stderr
+    for out in (short.stdout, full.stdout):
+        assert max(map(len, out.splitlines())) <= columns, [line for line in out.splitlines() if len(line) > columns]
+    assert "--train.max_steps (int" not in short.stdout and "--train.max_steps (int" in full.stdout
+    assert len(short.stdout.splitlines()) < len(full.stdout.splitlines()) / 3
+    flat = " ".join(short.stdout.split())  # the section unwrapped
+    for row in [*TABLE, *(r for rows in RECORDS.values() for r in rows)]:
+        if row.trl == "datasets":  # a config file's list of tables, no flag
+            continue
+        assert (f"--{row.trl} -> {' '.join(row.ours.split())}" if row.ours else f"--{row.trl}") in flat, row.trl
+    assert "--num_generations -> rollout.k" in flat and "--learning_rate -> train.lr" in flat
 
 
 HELP_LINE = re.compile(r"^  --([a-z_]+)\.([a-z_0-9<>]+)(?:\.([a-z_0-9]+))? \([^,]+, default (.*?)(, set by preset [\w-]+)?\): ",
@@ -332,8 +359,8 @@ def test_help_shows_every_fields_value_under_the_preset(preset):
 
 
 def test_help_with_a_preset_shows_that_presets_values():
-    out = subprocess.run([sys.executable, "grpo_train.py", "--preset", "llama3-8b-dual", "--help"], cwd=ROOT,
-                         capture_output=True, text=True, timeout=120)
+    out = subprocess.run([sys.executable, "grpo_train.py", "--preset", "llama3-8b-dual", "--help-all"], cwd=ROOT,
+                         capture_output=True, text=True, timeout=120, env={**os.environ, "COLUMNS": "400"})
     assert out.returncode == 0, out.stderr
     assert "Config fields with their values under --preset llama3-8b-dual" in out.stdout
     assert ("--model.name (str, default 'meta-llama/Meta-Llama-3-8B-Instruct', set by preset llama3-8b-dual): "

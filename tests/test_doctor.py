@@ -59,7 +59,7 @@ def test_healthy_run_is_green_and_too_short_below_min_steps():
     # 19 RL steps < min_steps 20: too short to judge, even with nothing wrong; 20 is enough
     assert check(healthy(19), TH, BANDS) == []
     level, reasons = verdict([], rl_steps(healthy(19)), TH)
-    assert level == "too_short" and reasons[0].startswith("too short to judge: 19 RL step(s)")
+    assert level == "too short to judge" and reasons[0].startswith("too short to judge: 19 RL step(s)")
     assert verdict([], rl_steps(healthy(20)), TH)[0] == "green"
 
 
@@ -67,7 +67,7 @@ def test_verdict_order_red_then_too_short_then_yellow():
     y, r = Finding("yellow", "truncation", "t", "s"), Finding("red", "non_finite", "n", "s")
     assert verdict([y]) == ("yellow", ["[yellow] truncation: t"])
     assert verdict([y, r], steps=3) == ("red", ["[red] non_finite: n", "[yellow] truncation: t"])  # red even if short
-    assert verdict([y], steps=3)[0] == "too_short" and verdict([y], steps=3)[1][1] == "[yellow] truncation: t"
+    assert verdict([y], steps=3)[0] == "too short to judge" and verdict([y], steps=3)[1][1] == "[yellow] truncation: t"
 
 
 def test_no_learning_signal_after_five_dead_steps_not_four():
@@ -91,7 +91,7 @@ def test_a_run_dead_from_its_first_step_is_yellow_until_five_steps_then_red():
     rows = set_last(healthy(4), "adv/frac_zero_std", 1.0, 4)
     (f,) = found(rows, "no_learning_signal")
     assert f.level == "yellow" and "in any of the 4 step(s) so far" in f.message and "red at 5 steps" in f.message
-    assert verdict(check(rows, TH, BANDS), rl_steps(rows), TH)[0] == "too_short"
+    assert verdict(check(rows, TH, BANDS), rl_steps(rows), TH)[0] == "too short to judge"
     doctor, fired = Doctor(TH, BANDS, CONFIG), []
     for row in set_last(healthy(6), "adv/frac_zero_std", 1.0, 6):
         fired += [(row["step"], f.level) for f in doctor.update(row) if f.code == "no_learning_signal"]
@@ -419,7 +419,7 @@ def test_no_warm_up_is_advised_when_the_warm_up_was_skipped_for_want_of_targets(
 
 def test_a_smoke_test_of_a_few_steps_is_too_short_unless_something_broke():
     regressed = Finding("red", "reward_regressed", "held-out fairness fell", "try ...", "fairness")
-    assert verdict([regressed], 5, TH)[0] == "too_short"
+    assert verdict([regressed], 5, TH)[0] == "too short to judge"
     assert verdict([regressed], 20, TH)[0] == "red"
     for code in ("non_finite", "no_learning_signal", "judge_failures", "kl_runaway"):
         assert verdict([regressed, Finding("red", code, "m", "s")], 5, TH)[0] == "red", code
@@ -493,3 +493,74 @@ def test_graph_codes_are_logged_only_by_runs_the_graph_engine_decodes():
         graph.update(row)
     assert "doctor/graph_recompiling" not in plain.metrics()
     assert graph.metrics()["doctor/graph_recompiling"] == 0.0
+
+
+# ------------------------------------------------------------------------------ empty or template-less completions
+def test_mostly_empty_completions_are_named_with_their_cause_and_fix_not_a_kl_knob():
+    """Most of a task's completions empty over the window (the reply ended at once): yellow above half, red above
+    80%, from the first step (a broken format shows at once); with plain-string prompts for a chat model (logged as
+    data/<task>/raw_prompts) the cause and the fix are the prompt format, not "double beta" (what heldout_collapse
+    and answer_collapse said for an all-empty SmolLM2 run). At exactly the thresholds it does not fire."""
+    from grpo.run.doctor_checks import RAW_FIX
+
+    def emptied(share: float, n: int = STEPS) -> list[dict]:
+        return set_last(set_last(healthy(), "rollout/fairness/top_answer", "<empty>", n),
+                        "rollout/fairness/top_share", share, n)
+
+    assert not found(emptied(0.5), "empty_completions")  # half: not "most"
+    (warn,) = found(emptied(0.6), "empty_completions")
+    assert warn.level == "yellow" and "60% of its completions" in warn.message and "held no word" in warn.message
+    assert "stop tokens" in warn.suggestion and "kl." not in warn.suggestion
+    assert found(emptied(0.8), "empty_completions")[0].level == "yellow"
+    (red,) = found(emptied(0.9), "empty_completions")
+    assert red.level == "red" and "plain strings" not in red.message
+    raw = [{"step": 0, "data/fairness/raw_prompts": 1.0}] + emptied(0.9)
+    (named,) = found(raw, "empty_completions")
+    assert "its prompts are plain strings and the model has a chat template" in named.message
+    assert named.suggestion == RAW_FIX and "conversations" in RAW_FIX and "data.prompt_format=chat" in RAW_FIX
+    assert not found(raw, "template_less_prompts")  # the same evidence: one finding
+    doctor = Doctor(TH, BANDS, CONFIG)
+    fired = [f.code for row in emptied(0.9)[:2] for f in doctor.update(row)]
+    assert fired == ["empty_completions"]  # at the first RL step
+    from grpo.run.doctor_checks import empty_fix, heldout_collapse
+
+    answers = {"before_sft": {"fairness": ["Answer: a", "Answer: b", "Answer: c", ""]},
+               "after_rl": {"fairness": ["", "", "", "Answer: a"]}}
+    evals = {"before_sft": {"fairness": 0.3}, "after_rl": {"fairness": 0.1}}
+    (held,) = heldout_collapse(answers, evals, TH, raw, CONFIG)  # greedy replies 75% empty after RL
+    assert held.suggestion == RAW_FIX and "kl." not in held.suggestion
+    (plain,) = heldout_collapse(answers, evals, TH, healthy(), CONFIG)
+    assert plain.suggestion == empty_fix(False) and "kl." not in plain.suggestion
+
+
+def test_plain_string_prompts_for_a_chat_model_are_a_warning_and_their_metrics_appear_only_then():
+    """Plain-string prompts for a chat model whose replies are not (yet) mostly empty: yellow template_less_prompts
+    with the fix. doctor/empty_completions and doctor/template_less_prompts are logged only by such a run (or once
+    one fires): a run without them (the demo) logs the same keys as before."""
+    rows = [{"step": 0, "data/fairness/raw_prompts": 0.75}] + healthy()
+    (warn,) = found(rows, "template_less_prompts")
+    assert warn.level == "yellow" and "75% of its training prompts are plain strings" in warn.message
+    doctor = Doctor(TH, BANDS, CONFIG)
+    for row in rows[:3]:
+        doctor.update(row)
+    assert {"doctor/empty_completions", "doctor/template_less_prompts"} <= set(doctor.metrics())
+    assert doctor.metrics()["doctor/template_less_prompts"] == 1.0
+    plain = Doctor(TH, BANDS, CONFIG)
+    for row in healthy()[:3]:
+        plain.update(row)
+    assert set(plain.metrics()) == {f"doctor/{code}" for code in ONLINE_CODES} | {"doctor/red"}
+    assert not found(healthy(), "empty_completions") + found(healthy(), "template_less_prompts")
+
+
+@pytest.mark.parametrize("fixture", ["run_seed0", "run_seed1", "run_demo", "run_notebook"])
+def test_the_demos_records_have_no_empty_or_template_less_completions(fixture):
+    """The demo's real runs (tests/fixtures): its replies are never mostly empty and its prompts go through the chat
+    template, so neither finding fires and no prompt-format metric would be logged."""
+    import json
+    from pathlib import Path
+
+    folder = Path(__file__).parent / "fixtures" / fixture
+    rows = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    config = json.loads((folder / "config.json").read_text())
+    assert not [f for f in check(rows, TH, config=config) if f.code in ("empty_completions", "template_less_prompts")]
+    assert not any(k.startswith("data/") and k.endswith("/raw_prompts") for row in rows for k in row)

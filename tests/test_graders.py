@@ -258,6 +258,29 @@ def test_resolve_grader_by_name_module_path_and_errors():
         resolve_grader("no_such_pkg.mod:f")
     with pytest.raises(GraderError, match="has no callable 'missing'"):
         resolve_grader("grpo.core.rule_graders:missing")
+
+
+def test_a_misspelt_reward_function_name_gets_a_did_you_mean(tmp_path):
+    """A reward term naming a function its module lacks (a file path, a module path, TRL's import path), or a name
+    that is no grader, gets the closest function or grader (a misspelt flag got one; a misspelt function did not)."""
+    path = write(tmp_path / "rewards.py", '''
+        import math
+        from os.path import join
+
+        def reward_len(completions, **kwargs):
+            return [-abs(20 - len(c)) for c in completions]
+        ''')
+    with pytest.raises(GraderError, match=r"has no callable 'reward_lenn' \(did you mean `reward_len`\?\)"):
+        resolve_grader(f"{path}:reward_lenn")
+    with pytest.raises(GraderError, match=r"has no callable 'token_f2' \(did you mean `token_f1`\?\)"):
+        resolve_grader("grpo.core.rule_graders:token_f2")
+    with pytest.raises(GraderError) as err:  # what the module imports is not offered: `join` is os.path's
+        resolve_grader(f"{path}:joinn")
+    assert "did you mean" not in str(err.value)
+    with pytest.raises(GraderError, match=r"grader 'bbq_rul': not a known grader \(did you mean `bbq_rule`\?\)"):
+        resolve_grader("bbq_rul")
+    with pytest.raises(GraderError, match=r"did you mean `my_reward`\?"):
+        resolve_grader("my_rewrd", callables={"my_reward": lambda completion, gold: 1.0})
     assert set(builtin_graders()) == set(GRADERS) | {"llm_judge"} and all(builtin_graders().values())
 
 

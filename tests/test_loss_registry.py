@@ -50,10 +50,11 @@ def test_a_loss_registered_in_one_place_validates(scaled_loss):
     assert err.value.field == "loss.params.scale" and f"it is {NAME}'s" in str(err.value)
 
 
-def test_a_loss_registered_in_one_place_is_listed_in_help(scaled_loss):
+def test_a_loss_registered_in_one_place_is_listed_in_help(scaled_loss, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "400")  # a line each, as the assertions read them (the help wraps to the terminal)
     std = io.StringIO()
     with contextlib.redirect_stdout(std), pytest.raises(SystemExit) as done:
-        grpo_train.cli(["--help"])
+        grpo_train.cli(["--help-all"])
     assert done.value.code == 0
     text = std.getvalue()
     assert f"  {NAME} (token ratio): GRPO's unclipped token loss times a scale (a test's loss)" in text

@@ -363,8 +363,8 @@ def test_our_own_model_name_offline_and_uncached_says_so(tmp_path, monkeypatch):
 
 def test_lora_target_modules_the_model_lacks_are_named_before_it_loads(user):
     text = refused(user, "--use_peft", "--lora_target_modules", "nonexistent_proj", "q_proj")
-    assert "`model.lora_target_modules` = ['nonexistent_proj', 'q_proj'] is invalid: builtin:tiny (llama) has no " \
-           "module named ['nonexistent_proj']" in text and "model.name" not in text, text
+    assert "`--lora_target_modules` (model.lora_target_modules) = ['nonexistent_proj', 'q_proj'] is invalid: " \
+           "builtin:tiny (llama) has no module named ['nonexistent_proj']" in text and "model.name" not in text, text
     assert not user.out.exists()
 
 

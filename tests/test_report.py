@@ -97,7 +97,7 @@ def test_lora_run_with_zero_reward_at_every_step_is_red(tmp_path):
 
 def test_notebook_three_steps_are_too_short_to_judge(tmp_path):
     report = real_run(tmp_path, "run_notebook")
-    assert report["verdict"] == "too_short"
+    assert report["verdict"] == "too short to judge"
     assert report["reasons"][0].startswith("too short to judge: 3 RL step(s)")
     (signal,) = [f for f in report["findings"] if f["code"] == "no_learning_signal"]  # its 3 steps had loss 0, gnorm 0
     assert signal["level"] == "yellow" and "in any of the 3 step(s) so far" in signal["message"]
@@ -162,7 +162,7 @@ def test_the_notebooks_three_steps_are_too_short_to_judge(tmp_path):
     the trainer: no red finding in 3 steps, so TOO SHORT TO JUDGE, not a colour."""
     run_dir = demo_run(tmp_path, "train.max_steps=3", "sft.steps=5", "data.eval_size=8")
     report = json.loads((run_dir / "report.json").read_text())
-    assert report["verdict"] == "too_short", report["reasons"]
+    assert report["verdict"] == "too short to judge", report["reasons"]
     assert report["reasons"][0].startswith("too short to judge: 3 RL step(s), at least 20 are needed")
     assert format_report(report).splitlines()[1].startswith("Verdict: TOO SHORT TO JUDGE: 3 RL step(s)")
 

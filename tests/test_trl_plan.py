@@ -278,6 +278,13 @@ def test_the_object_and_its_yaml_give_the_same_plan(name, tmp_path, capsys):
     assert from_yaml.preset == "custom" and set(from_yaml.tasks) == {"t"}  # the user's task only, not the demo's
     assert our_plan(from_yaml) == our_plan(from_object)
     for section in ("train", "rollout", "loss", "model", "checkpoint"):
+        if section == "train":  # the same settings, named the user's way: TRL's flags for the file, fields for the object
+            yaml_names, object_names = from_yaml.train.trl_names, from_object.train.trl_names
+            assert all(object_names.get(field) == name.removeprefix("--") for field, name in yaml_names.items())
+            assert {"rollout.k", "train.lr", "rollout.max_new_tokens"} <= set(yaml_names)
+            assert dataclasses.replace(from_yaml.train, trl_names={}) == dataclasses.replace(from_object.train,
+                                                                                            trl_names={})
+            continue
         assert getattr(from_yaml, section) == getattr(from_object, section), section
 
 
@@ -359,14 +366,19 @@ def test_docs_trl_md_is_the_table():
     assert "+run = train(" in custom and "-trainer.train()" in custom  # the TRL script, before and after
 
 
-def test_bf16_means_bfloat16_weights_on_a_gpu_and_is_named_not_switched_on_on_the_cpu(monkeypatch):
-    """TRL resolves bf16=None to True (unless fp16). On a GPU: model.dtype bfloat16; on the CPU: float32 and a note
-    (never switched on silently where TRL's default leaves it True)."""
+def test_bf16_means_bfloat16_weights_on_a_gpu_and_is_named_not_switched_on_on_the_cpu(monkeypatch, tmp_path):
+    """TRL resolves bf16=None to True (unless fp16). On a GPU: model.dtype bfloat16; on the CPU: float32, and a note
+    only when bf16 was set true (TRL's default left unset is no request: every CPU run of a GPU-less machine printed
+    it, a GRPOConfig object's resolved True included)."""
+    on_cpu = translate({"use_cpu": True})
+    assert on_cpu.tree["model"]["dtype"] == "float32" and not [n for n in on_cpu.notes if "bf16" in n]
+    asked = translate({"use_cpu": True, "bf16": True})
+    assert asked.tree["model"]["dtype"] == "float32" and any(n.startswith("GRPOConfig.bf16=True") for n in asked.notes)
+    unset = translate(trl_args({}, tmp_path))  # the object holds bf16=True, TRL's resolved default
+    assert unset.tree["model"]["dtype"] == "float32" and not [n for n in unset.notes if "bf16" in n]
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     on_gpu = translate({})
     assert on_gpu.tree["model"]["dtype"] == "bfloat16" and not [n for n in on_gpu.notes if "bf16" in n]
-    on_cpu = translate({"use_cpu": True})
-    assert on_cpu.tree["model"]["dtype"] == "float32" and any(n.startswith("GRPOConfig.bf16=True") for n in on_cpu.notes)
     assert translate({"bf16": False}).tree["model"]["dtype"] == "float32"
     assert translate({"fp16": True}).tree["model"]["dtype"] == "float16"
     loaded = translate({"model_init_kwargs": {"torch_dtype": torch.float32, "attn_implementation": "eager"}}).tree

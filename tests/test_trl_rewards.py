@@ -164,8 +164,9 @@ def test_log_extra_columns_reach_the_logged_completions_of_a_run(tmp_path):
                               per_device_train_batch_size=4, num_generations=2, logging_steps=1,
                               log_completions=True, gradient_checkpointing=False)
     run = grpo_train.train(["model.tiny_hidden=32", "model.tiny_layers=1", "model.tiny_heads=2", "sft.steps=0",
-                            "data.eval_size=2"], tasks={"caps": ROWS}, rewards={"caps": [reward_len, reward_words]},
-                           args=args)
+                            "data.eval_size=2"], tasks={"caps": ROWS[:-2]}, rewards={"caps": [reward_len, reward_words]},
+                           args=args, eval_dataset=ROWS[-2:])  # TRL evaluates an eval_dataset only
+    assert len(run.samples.training["caps"]) == len(ROWS) - 2
     for step in (1, 2):
         rows = [json.loads(line) for line in (run.run_dir / "samples" / f"step_{step:06d}.jsonl").open()]
         assert len(rows) == 4

@@ -81,9 +81,11 @@ def test_a_trl_config_trains_its_epochs_schedule_checkpoints_and_logging_into_ou
     from grpo.grading.graders import set_trainer_state
 
     set_trainer_state(5, 4)  # what an earlier run in this process left: a new run must not show it to its rewards
-    run = grpo_train.train(SMALL, tasks={"caps": ROWS}, rewards={"caps": [reward_len, curriculum]}, args=args)
-    # 24 rows minus the held-out ones, 2 prompts a step, 2 epochs
+    run = grpo_train.train(SMALL, tasks={"caps": ROWS[:20]}, rewards={"caps": [reward_len, curriculum]}, args=args,
+                           eval_dataset=ROWS[20:])  # TRL evaluates an eval_dataset; every training row trains
+    # 20 rows, 2 prompts a step, 2 epochs
     n_train = len(run.samples.training["caps"])
+    assert n_train == 20
     steps = 2 * (n_train // 2)
     assert run.progress.step == steps and run.run_dir == tmp_path / "out" / "grpo-dual"  # the run folder, inside output_dir
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -120,7 +122,8 @@ def test_save_and_eval_strategy_epoch_checkpoint_and_evaluate_at_each_epochs_end
 
     args = grpo_config(tmp_path, num_train_epochs=3, per_device_train_batch_size=4, num_generations=2,
                        save_strategy="epoch", eval_strategy="epoch", save_total_limit=None, learning_rate=1e-3)
-    run = grpo_train.train(SMALL, tasks={"caps": ROWS[:10]}, rewards={"caps": [reward_len]}, args=args)
+    run = grpo_train.train(SMALL, tasks={"caps": ROWS[:10]}, rewards={"caps": [reward_len]}, args=args,
+                           eval_dataset=ROWS[10:12])
     per_epoch = len(run.samples.training["caps"]) // 2
     assert per_epoch >= 2 and run.progress.step == 3 * per_epoch
     assert (run.cfg.checkpoint.every, run.cfg.train.eval_every) == (per_epoch, per_epoch)

@@ -104,7 +104,9 @@ def test_a_trl_dataset_trains_with_trl_reward_functions_and_skips_the_warm_up(tm
                            rewards={"caps": [reward_len, (reward_words, 0.5)]},
                            **{**SHORT, "train": {**SHORT["train"], "output_dir": str(tmp_path), "run_name": "r"}})
     out = capsys.readouterr().out
-    assert "SFT warm-up skipped: no training row of caps has a target" in out
+    header = out[:out.index("evaluating before training ...")]  # what will run, said before it runs
+    assert "no SFT warm-up (no training row has a target)" in header and "SFT 50 steps" not in out
+    assert "SFT warm-up skipped" not in out  # the header said it: no second line contradicting it
     assert run.progress.step == 2 and "after_sft" not in run.progress.evals and set(run.progress.evals) == {"before_sft", "after_rl"}
     assert seen and seen[0][1] == ("list" if conversational else "str")  # TRL passes messages for chat data
 
@@ -280,10 +282,13 @@ def test_rewards_equal_trls_on_the_same_functions_and_rows_and_each_term_is_logg
 
 
 # --------------------------------------------------------------------------------- the newcomer's length reward
-def test_a_length_reward_smoke_test_logs_each_function_everywhere_and_is_too_short_to_judge(tmp_path, monkeypatch):
+def test_a_length_reward_smoke_test_logs_each_function_everywhere_and_is_too_short_to_judge(tmp_path, monkeypatch,
+                                                                                           capsys):
     """The newcomer's run: a TRL length reward (values around -10, not [0, 1]) and a second function, 5 RL steps,
     W&B in offline mode. Each function's mean and std reach metrics.jsonl, TensorBoard and W&B; the doctor finds no
-    zero-signal problem on that scale and calls 5 steps too short to judge (it said RED and "104% of the groups")."""
+    zero-signal problem on that scale and calls 5 steps too short to judge (it said RED and "104% of the groups"), in
+    the same words in the API's report and on the console (the API said "too_short" where the console said "TOO SHORT
+    TO JUDGE")."""
     pytest.importorskip("wandb")
     import grpo_train
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
@@ -307,7 +312,8 @@ def test_a_length_reward_smoke_test_logs_each_function_everywhere_and_is_too_sho
     assert {"rewards/caps/reward_len/mean", "rewards/caps/reward_words/std"} <= set(events.Tags()["scalars"])
     (wandb_file,) = (run.run_dir / "wandb").glob("offline-run-*/run-*.wandb")
     assert b"rewards/caps/reward_len/mean" in wandb_file.read_bytes()
-    assert run.report["verdict"] == "too_short", run.report["reasons"]
+    assert run.report["verdict"] == "too short to judge", run.report["reasons"]
+    assert "\nVerdict: TOO SHORT TO JUDGE: 5 RL step(s)" in capsys.readouterr().out
     assert not [f for f in run.report["findings"] if f["code"] == "zero_std_groups"]
 
 
@@ -383,3 +389,107 @@ def test_max_steps_small_enough_for_a_smoke_test_says_how_to_shorten_the_rest(ca
     assert capsys.readouterr().err == ""  # shortened: nothing to say
     assert grpo_train.cli(["--preset", "smollm2-demo", "--print-config"]) == 0
     assert capsys.readouterr().err == ""  # the preset's own length is not a smoke test
+
+
+# ----------------------------------------------------------------------------------- third-party warnings, filtered
+WARNING_SCRIPT = """
+import warnings
+warnings.simplefilter("default")  # every warning once, as a script run with python -W default shows them
+import trl
+import grpo_train
+from peft import LoraConfig, get_peft_model
+from grpo.models.modeling import build_tiny_model, build_tiny_tokenizer, enable_checkpointing
+
+trl.GRPOConfig(output_dir="unused", use_cpu=True)
+model = build_tiny_model(build_tiny_tokenizer(["a b c"]), seed=0, hidden=32, layers=1, heads=2)
+enable_checkpointing(model)
+get_peft_model(model, LoraConfig(r=2, target_modules=["q_proj"], task_type="CAUSAL_LM"))
+print("done")
+"""
+"""A TRL-style script's start: TRL first, then grpo_train, a GRPOConfig, a LoRA model."""
+
+
+def test_the_warnings_that_say_nothing_to_the_user_are_filtered_and_no_other(tmp_path):
+    """TRL's GRPOConfig (its own default sets transformers' renamed gradient_checkpointing) and peft wrapping a model
+    (it asks for transformers' renamed is_gradient_checkpointing) warned in every TRL-style script; after `import
+    grpo_train` they are silent. Another FutureWarning of the same modules, or the same text from elsewhere, still
+    shows: the filters are one warning each (grpo/models/third_party.py)."""
+    import importlib
+    import subprocess
+    import sys
+    import warnings
+    from pathlib import Path
+
+    from grpo.models.third_party import QUIET, quiet_third_party
+
+    pytest.importorskip("trl")
+    root = Path(__file__).resolve().parents[1]
+    done = subprocess.run([sys.executable, "-c", WARNING_SCRIPT], cwd=root, capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0 and done.stdout.strip() == "done", done.stderr
+    assert "Warning" not in done.stderr, done.stderr
+    for category, module, message in QUIET:
+        importlib.import_module(module)
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            quiet_third_party()
+            warnings.warn_explicit(message + " here", category, "x.py", 1, module=module)  # the one filtered
+            warnings.warn_explicit("another deprecation", category, "x.py", 1, module=module)
+            warnings.warn_explicit(message + " here", category, "x.py", 1, module="my_script")
+        assert [str(w.message) for w in seen] == ["another deprecation", message + " here"], module
+
+
+# ------------------------------------------------------------------------------------------- TRL's split, as in TRL
+def test_a_trl_config_trains_every_row_and_without_an_eval_split_is_judged_from_its_training_rewards(tmp_path,
+                                                                                                   capsys):
+    """A GRPOConfig over 16 rows, one epoch, one prompt a step: 16 RL steps over all 16 rows, as TRL trains them (3
+    of them went to a held-out split, so 13 steps); nothing is held out, no evaluation runs, and the verdict says it
+    was judged from the training rewards and how to get a held-out verdict. With eval_dataset the same run is
+    evaluated on those rows, and still trains all 16."""
+    trl = pytest.importorskip("trl")
+    import grpo_train
+
+    rows = datasets.Dataset.from_list([{"prompt": f"Say the number {i}."} for i in range(16)])
+    args = trl.GRPOConfig(output_dir=str(tmp_path / "out"), use_cpu=True, num_train_epochs=1,
+                          per_device_train_batch_size=4, num_generations=4, max_completion_length=4,
+                          learning_rate=1e-3, logging_steps=1, log_completions=True, report_to="none")
+    tiny = ["model.tiny_hidden=32", "model.tiny_layers=1", "model.tiny_heads=2"]
+    run = grpo_train.train(tiny, tasks={"numbers": rows}, rewards={"numbers": [reward_len]}, args=args)
+    out = capsys.readouterr().out
+    assert run.cfg.data.heldout_fraction == 0 and run.cfg.train.max_steps == 16
+    assert len(run.samples.training["numbers"]) == 16 and not run.samples.heldout
+    seen = {json.loads(line)["prompt"] for f in (run.run_dir / "samples").glob("*.jsonl")
+            for line in f.read_text().splitlines()}
+    assert seen == set(rows["prompt"])  # every row trained, once
+    assert run.progress.evals == {} and "evaluating" not in out
+    assert run.report["judged"].startswith("judged from the training rewards of numbers: no held-out rows")
+    assert "data.heldout_fraction" in run.report["judged"] and f"  ({run.report['judged']})" in out
+    assert not [f for f in run.report["findings"] if f["code"] == "no_heldout"]
+
+    held = datasets.Dataset.from_list([{"prompt": f"Say the letter {c}."} for c in "abcd"])
+    args.output_dir = str(tmp_path / "evaluated")
+    evaluated = grpo_train.train(tiny, tasks={"numbers": rows}, rewards={"numbers": [reward_len]}, args=args,
+                                 eval_dataset=held)
+    assert len(evaluated.samples.training["numbers"]) == 16 and len(evaluated.samples.heldout["numbers"]) == 4
+    assert set(evaluated.progress.evals) == {"before_sft", "after_rl"} and not evaluated.report["judged"]
+
+
+@pytest.mark.slow
+def test_the_readmes_python_example_runs_as_written(tmp_path):
+    """The README's Python example, copied into a script as it is (conversational prompts, a TRL reward function,
+    20 steps of the built-in model), runs from another folder and prints a verdict word."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    text = (root / "README.md").read_text()
+    code = text.split("## Your own tasks, from Python", 1)[1].split("```python\n", 1)[1].split("```", 1)[0]
+    (tmp_path / "example.py").write_text(code)
+    env = {"PYTHONPATH": str(root), "PATH": __import__("os").environ.get("PATH", ""), "OMP_NUM_THREADS": "1",
+           "HOME": str(tmp_path), "GRPO_DUAL_CACHE": str(tmp_path / "cache")}
+    done = subprocess.run([sys.executable, "example.py"], cwd=tmp_path, capture_output=True, text=True, timeout=900,
+                          env=env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.strip().splitlines()[-1] in ("green", "yellow", "red", "too short to judge")
+    assert "Warning" not in done.stderr, done.stderr

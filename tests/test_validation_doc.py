@@ -109,6 +109,22 @@ def no_heldout(tmp, mp):
     return raised(require_heldout_rows, {"qa": [1, 2, 3]}, {}, 0.2)
 
 
+def nothing_held_out(tmp, mp):
+    return cli([*TINY, "--data.heldout_fraction", "0", "--train.eval_every", "5", "--train.output_dir", str(tmp)])
+
+
+def best_without_evaluations(tmp, mp):
+    from grpo.run.trl_config import translate
+
+    outs = [cli([*TINY, "--checkpoint.keep_best", "true", "--train.output_dir", str(tmp / "a")]),
+            cli([*TINY, "--train.eval_every", "2", "--checkpoint.keep_best", "true", "--train.best_metric",
+                 "reward/fairnes", "--train.output_dir", str(tmp / "b")]),
+            raised(translate, {"load_best_model_at_end": True, "eval_strategy": "steps", "eval_steps": 5,
+                               "save_strategy": "epoch", "use_cpu": True})]
+    assert [o.code for o in outs] == [2, 2, None], outs
+    return Outcome(" ".join(o.text for o in outs), 2)
+
+
 def empty_scores(tmp, mp):
     from grpo.run.pareto import ParetoFrontier
 
@@ -448,7 +464,12 @@ def offline_uncached(tmp, mp):
 
 
 def lora_targets(tmp, mp):
-    return cli(["--config", str(trl_file(tmp, mp)), *SMALL, "--use_peft", "--lora_target_modules", "nonexistent_proj"])
+    ours = cli([*TINY, "--train.output_dir", str(tmp / "ours"), "--model.lora", "true",
+                "--model.lora_target_modules", "nonexistent_proj"])
+    theirs = cli(["--config", str(trl_file(tmp, mp)), *SMALL, "--use_peft", "--lora_target_modules",
+                  "nonexistent_proj"])
+    assert ours.code == theirs.code, (ours, theirs)
+    return Outcome(ours.text + theirs.text, theirs.code)
 
 
 def output_dir_foreign(tmp, mp):
@@ -493,6 +514,12 @@ TRIALS = {
     "a `kl.<task>` or `rewards.<task>` entry naming no task of the run (a typo)": task_name_typo,
     "data rows": data_rows,
     "a task without held-out rows (e.g. a JSONL task of 3 rows)": no_heldout,
+    "held-out evaluations asked for (`train.eval_every`, `train.eval_every_epoch`, `train.pass_at_k`) where no task "
+    "has held-out rows (`data.heldout_fraction=0`, TRL's split, and no eval split)": nothing_held_out,
+    "the best model or early stopping without an evaluation to rank (`checkpoint.keep_best`, "
+    "`train.early_stopping_patience` with `train.eval_every=0`), a `train.best_metric` naming no evaluated task, TRL's "
+    "`load_best_model_at_end` against transformers' rules (an eval strategy, the save strategy the same, `save_steps` a "
+    "multiple of `eval_steps`)": best_without_evaluations,
     "Pareto scores of no task": empty_scores,
     "judge replies without a usable score": unusable_replies,
     "judge replies that are not JSON, or have no choices": garbage_replies,

@@ -4,7 +4,7 @@
     --seed 3 (a shortcut, ALIASES)                            -> "train.seed=3"
     --learning_rate 1e-5, --use_peft, --reward_funcs a b      -> another program's flags (`OtherFlags`: TRL's `trl grpo`
                                                                  flags, which the run layer translates), when given
-    anything else (--preset, --print-config, ...)             -> left for the entry point's own argparse parser
+    anything else (--preset, --print-config, --help-all, ...) -> left for the entry point's own argparse parser
 
 Standard library only; the schema and its validation are grpo/config/sections.py's (and its parts'), `load_config` grpo/config/__init__.py's, the presets grpo/config/presets.py's.
 """
@@ -18,6 +18,7 @@ import difflib
 import inspect
 import re
 import sys
+import textwrap
 import typing
 from pathlib import Path
 from typing import Any, Callable, Mapping
@@ -52,6 +53,11 @@ class OtherFlags:
     """flag name -> the --section.field that means the same here (for "did you mean" where the flags are not read)."""
     owner: str = "TRL"
     """Whose flags they are, for messages."""
+    sets: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    """flag name -> the grpo-dual field(s) it sets ("" for none: it is refused unless left at its default, or named
+    in a note), for --help; in the order the help lists them."""
+    when: str = ""
+    """When these flags are read, for --help."""
 
     def take(self, words: list[str], own: set[str] = frozenset()) -> tuple[dict[str, Any], list[str]]:
         """(the flags' values: a string, a list of strings or True, the words left). `own`: the entry point's own
@@ -184,7 +190,7 @@ def unknown_flags(unknown: list[str], parser: argparse.ArgumentParser,
             guesses.append(f"--{ours[0]}")
     hint = f" (did you mean {', '.join(guesses)}?)" if guesses else ""
     return C.ConfigError(f"unrecognized argument(s) {' '.join(unknown)}{hint}: `{command_typed()} --help` lists the "
-                         "flags and every config field", field=flags[0] if flags else None)
+                         "flags, `--help-all` every config field", field=flags[0] if flags else None)
 
 
 def other_names_hint(err: C.ConfigError, other: OtherFlags | None) -> C.ConfigError:
@@ -267,7 +273,7 @@ def split_argv(argv: list[str]) -> tuple[list[str], list[str]]:
             key = body.split("=", 1)[0]
             if key in sections and key not in ALIASES:  # `--rollout 8`: a section has no value of its own
                 raise C.ConfigError(f"`{key}` is a config section, not a field: write --{key}.<field> VALUE "
-                                    f"({command_typed()} --help lists the fields)", field=key)
+                                    f"({command_typed()} --help-all lists the fields)", field=key)
             if "." in key or key in ALIASES:
                 if "=" in body:
                     overrides.append(_dotted(body))
@@ -326,7 +332,7 @@ def describe_fields(preset: str = DEFAULT_PRESET) -> str:
             elif sname == "rewards":
                 lines += [f"  preset {preset} sets rewards.{task} = {spec!r}" for task, spec in cfg.rewards.items()]
                 # the command line imports no grpo module (docs/DESIGN.md): grpo_train adds the built-in graders
-                lines.append("  a grader is a built-in name (listed at the end of grpo_train.py --help), llm_judge, a "
+                lines.append("  a grader is a built-in name (listed at the end of grpo_train.py --help-all), llm_judge, a "
                              "reward_models name, package.module:function or path/to/file.py:function")
             else:
                 cls = C.DICT_SECTIONS[sname]
@@ -355,15 +361,83 @@ def preset_in(argv: list[str]) -> str:
     return finder.parse_known_args(argv)[0].preset
 
 
-def trainer_parser(prog: str, description: str, preset: str = DEFAULT_PRESET,
-                   more_help: str = "") -> argparse.ArgumentParser:
-    """grpo_train.py's own flags (--preset, --print-config), with every config field and its value under `preset`
-    described in the epilog, then `more_help` (what the entry point adds: the built-in graders)."""
-    parser = argparse.ArgumentParser(
-        prog=prog, formatter_class=argparse.RawDescriptionHelpFormatter, description=description,
-        epilog=f"Config fields with their values under --preset {preset} (`--preset NAME --help` shows another "
-               "preset's; override any with --section.field VALUE or --set section.field=VALUE; shortcuts: "
-               + ", ".join(f"--{k}" for k in ALIASES) + "):" + describe_fields(preset) + more_help)
+def wrapped(text: str, width: int) -> str:
+    """`text` laid out within `width` columns, at word boundaries (a longer word broken): --help fits the terminal.
+    Consecutive unindented lines are a paragraph, filled as one; an indented line (a command, a field) is wrapped
+    alone, its continuation lines indented 4 more than it; blank lines stay."""
+    out: list[str] = []
+    prose: list[str] = []
+
+    def fill(lines: list[str], indent: str = "") -> None:
+        out.extend(textwrap.wrap(" ".join(lines), width, subsequent_indent=indent, break_on_hyphens=False))
+
+    for line in text.splitlines():
+        if line and not line[0].isspace():
+            prose.append(line)
+            continue
+        if prose:
+            fill(prose)
+            prose = []
+        if len(line) <= width:
+            out.append(line)
+        else:
+            indent = " " * min(len(line) - len(line.lstrip()) + 4, width // 2)
+            out.extend(textwrap.wrap(line, width, subsequent_indent=indent, break_on_hyphens=False))
+    if prose:
+        fill(prose)
+    return "\n".join(out)
+
+
+class WrappedHelp(argparse.RawDescriptionHelpFormatter):
+    """argparse's formatter with the description and the epilog laid out as written, each line wrapped to the
+    terminal's width (COLUMNS, as argparse reads it) instead of running past it."""
+
+    def _fill_text(self, text: str, width: int, indent: str) -> str:
+        return "\n".join(indent + line for line in wrapped(text, max(width, 20)).splitlines())
+
+
+class HelpAll(argparse.Action):
+    """--help-all: the help with every config field, the losses and the graders (`text`: that epilog, built when
+    asked), then exit."""
+
+    def __init__(self, option_strings: list[str], dest: str, text: Callable[[], str], **kwargs: Any):
+        super().__init__(option_strings, dest=argparse.SUPPRESS, default=argparse.SUPPRESS, nargs=0, **kwargs)
+        self.text = text
+
+    def __call__(self, parser, namespace, values, option_string=None) -> None:
+        parser.epilog = self.text()
+        parser.print_help()
+        parser.exit()
+
+
+def other_flags_help(other: OtherFlags) -> str:
+    """--help's section on another program's flags (TRL's): when they are read, then one line per flag, `--flag
+    -> what it sets`, and the flags that set nothing here."""
+    setting = {flag: ours for flag, ours in other.sets.items() if ours}
+    nothing = [f"--{flag}" for flag, ours in other.sets.items() if not ours]
+    column = max(map(len, setting), default=0) + 2
+    return (f"\n\n{other.owner}'s flags, each with what it sets here ({other.when}):\n"
+            + "\n".join(f"  {'--' + flag:<{column}} -> {ours}" for flag, ours in setting.items())
+            + (f"\n{other.owner}'s flags that set nothing here (refused unless left at {other.owner}'s default, or "
+               f"named in a note):\n  " + ", ".join(nothing) if nothing else ""))
+
+
+def trainer_parser(prog: str, description: str, preset: str = DEFAULT_PRESET, more_help: str = "",
+                   other: OtherFlags | None = None) -> argparse.ArgumentParser:
+    """grpo_train.py's own flags (--preset, --print-config, --help-all); --help shows how config fields are set and
+    `other`'s flags (TRL's) with what each sets, --help-all every config field and its value under `preset`, then
+    `more_help` (what the entry point adds: the losses, the built-in graders). Both wrap to the terminal's width."""
+    how = ("Config fields: any field is a flag, --section.field VALUE (or --set section.field=VALUE), over the preset "
+           "and a --config file; shortcuts: " + ", ".join(f"--{k}" for k in ALIASES) + ". --help-all lists every "
+           f"field with its documentation and its value under --preset {preset} (--preset NAME --help-all: "
+           "another preset's), the policy losses and the graders.")
+    parser = argparse.ArgumentParser(prog=prog, formatter_class=WrappedHelp, description=description,
+                                     epilog=how + (other_flags_help(other) if other is not None else ""))
+    parser.add_argument("--help-all", action=HelpAll, help="show the help with every config field and exit",
+                        text=lambda: f"Config fields with their values under --preset {preset} (override any with "
+                                     "--section.field VALUE or --set section.field=VALUE; shortcuts: "
+                                     + ", ".join(f"--{k}" for k in ALIASES) + "):" + describe_fields(preset)
+                                     + more_help + (other_flags_help(other) if other is not None else ""))
     parser.add_argument("--preset", default=DEFAULT_PRESET, help=f"one of {sorted(PRESETS)} (default: {DEFAULT_PRESET})")
     parser.add_argument("--config", metavar="FILE", default="",
                         help="a YAML or JSON config file: grpo-dual's sections, or the fields of TRL's `trl grpo` "
@@ -391,7 +465,7 @@ def parse_trainer_argv(argv: list[str], prog: str, description: str, more_help: 
     point's: TRL's fields are translated above this layer; path "" when only flags are given); its "preset" applies
     unless --preset is given. The --section.field flags override what it gives."""
     overrides, rest = split_argv(argv)
-    parser = trainer_parser(prog, description, preset_in(rest), more_help)
+    parser = trainer_parser(prog, description, preset_in(rest), more_help, other)
     own = {o[2:] for action in parser._actions for o in action.option_strings if o.startswith("--")}
     theirs, rest = other.take(rest, own) if other is not None else ({}, rest)
     args, unknown = parser.parse_known_args(rest)
@@ -409,6 +483,9 @@ def parse_trainer_argv(argv: list[str], prog: str, description: str, more_help: 
         tree = read_file(args.config, theirs)
     given = any(a == "--preset" or a.startswith("--preset=") for a in rest)
     preset = args.preset if given or "preset" not in tree else str(tree["preset"])
+    if isinstance(tree.get("train"), dict) and tree["train"].get("trl_names"):  # a field given as --section.field
+        flagged = {o.split("=", 1)[0] for o in overrides}  # is named as the user wrote it, not by TRL's flag
+        tree["train"]["trl_names"] = {f: n for f, n in tree["train"]["trl_names"].items() if f not in flagged}
     args.preset = preset
     flags = (["train.overwrite=true"] if args.overwrite else []) + \
         (["checkpoint.accept_changes=true"] if args.accept_changes else [])

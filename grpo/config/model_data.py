@@ -117,7 +117,10 @@ class DataConfig:
     demo_size: int = 400
     """Synthetic demo: prompts generated per task (before the held-out split)."""
     heldout_fraction: float = 0.2
-    """Share of rows held out for evaluation, chosen by a hash of each row's id (stable across runs)."""
+    """Share of rows held out for evaluation, chosen by a hash of each row's id (stable across runs). 0 = none: every
+    row trains, as TRL trains every row of its training split (a TRL config sets 0); a task is then evaluated only on
+    the held-out rows it is given (tasks.<task>.heldout, a DatasetDict's test split, TRL's dataset_test_split or
+    train(eval_dataset=...)), and one without any is judged from its training rewards."""
     eval_size: int = 32
     """Held-out prompts per task used by each evaluation."""
     system_prompt: str = ""
@@ -136,8 +139,8 @@ class DataConfig:
     def __post_init__(self) -> None:
         _check(not self.task_mix or all(p.count(":") == 1 for p in self.task_mix.split(",")), "data.task_mix",
                self.task_mix, 'write task:weight pairs, e.g. "fairness:1,hallucination:2"')
-        _check(0.0 < self.heldout_fraction < 1.0, "data.heldout_fraction", self.heldout_fraction,
-               "use a fraction in (0, 1), e.g. 0.2")
+        _check(0.0 <= self.heldout_fraction < 1.0, "data.heldout_fraction", self.heldout_fraction,
+               "use a fraction in [0, 1), e.g. 0.2 (0: no rows held out, every row trains)")
         _one_of("data.prompt_format", self.prompt_format, PROMPT_FORMATS)
         _check(0.0 <= self.bbq_ambiguous_share < 1.0, "data.bbq_ambiguous_share", self.bbq_ambiguous_share,
                "use 0 (as loaded) or a share in (0, 1), e.g. 0.333")

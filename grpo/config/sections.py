@@ -94,6 +94,19 @@ class TrainConfig:
     """True: evaluate at the end of each pass over the training prompts instead of every eval_every steps (TRL's
     eval_strategy=epoch): set-up sets eval_every to the RL steps of an epoch (training prompts // prompts a step over
     every process) once the rows are loaded."""
+    best_metric: str = "reward"
+    """The metric that ranks a run's held-out evaluations, for checkpoint.keep_best and early stopping (TRL's
+    metric_for_best_model): reward = the mean held-out reward over the tasks | reward/<task> = one task's."""
+    greater_is_better: bool = True
+    """Whether a larger best_metric is the better one (TRL's greater_is_better)."""
+    early_stopping_patience: int = 0
+    """Stop RL after this many held-out evaluations in a row (every eval_every steps) that do not beat the best
+    best_metric so far by more than early_stopping_threshold, as transformers' EarlyStoppingCallback; then the
+    after-RL evaluation, the final checkpoint and the report, whose verdict names the stop. 0 = off. Needs
+    evaluations during RL (eval_every or eval_every_epoch)."""
+    early_stopping_threshold: float = 0.0
+    """How much an evaluation must beat the best so far by to count as an improvement (EarlyStoppingCallback's
+    early_stopping_threshold); the best itself moves with any improvement, as in transformers."""
     log_every: int = 1
     """Console line every N steps (metrics.jsonl always gets every step)."""
     sample_every: int = 10
@@ -140,6 +153,11 @@ class TrainConfig:
     """pass@K diagnostic: completions sampled per held-out prompt (n >= pass_at_k)."""
     pass_threshold: float = 1.0
     """pass@K diagnostic: a completion is right when its reward is >= this."""
+    trl_names: dict[str, str] = field(default_factory=dict)
+    """The TRL field or flag behind each grpo-dual field a TRL config set as it is (rollout.k: --num_generations for
+    a `trl grpo` command line or file, num_generations for a GRPOConfig): the run's advice (the doctor's findings,
+    the verdict's next step, errors) names that, ours in brackets. Filled by the TRL translation, less the fields set
+    by grpo-dual's own flags or sections; {} for a run configured in grpo-dual's fields."""
 
     def __post_init__(self) -> None:
         for f in ("max_steps", "prompts_per_micro_step", "grad_accum", "max_consecutive_bad", "log_every"):
@@ -167,8 +185,19 @@ class TrainConfig:
         _check(self.skip_grad_norm > 0, "train.skip_grad_norm", self.skip_grad_norm, "use a value > 0")
         _check(self.reward_timeout_s > 0, "train.reward_timeout_s", self.reward_timeout_s,
                "use a number of seconds > 0, e.g. 300")
-        for f in ("warmup_steps", "eval_every", "sample_every", "dynamic_sampling_max_rounds", "pass_at_k"):
+        for f in ("warmup_steps", "eval_every", "sample_every", "dynamic_sampling_max_rounds", "pass_at_k",
+                  "early_stopping_patience"):
             _check(getattr(self, f) >= 0, f"train.{f}", getattr(self, f), "use an integer >= 0 (0 = off)")
+        task = self.best_metric.removeprefix("reward/")
+        _check(self.best_metric == "reward" or (self.best_metric.startswith("reward/") and task and "/" not in task),
+               "train.best_metric", self.best_metric, "use reward (the mean held-out reward over the tasks) or "
+               "reward/<task> (one task's): the held-out evaluation's metrics")
+        _check(self.early_stopping_threshold >= 0, "train.early_stopping_threshold", self.early_stopping_threshold,
+               "use a margin >= 0 (0: any improvement counts)")
+        _check(not self.early_stopping_patience or self.eval_every or self.eval_every_epoch,
+               "train.early_stopping_patience", self.early_stopping_patience,
+               "it counts held-out evaluations during RL, which train.eval_every=0 turns off: set train.eval_every "
+               "(e.g. 20) too, or leave it at 0")
         _check(self.dynamic_sampling or not self.dynamic_sampling_keep_kl, "train.dynamic_sampling_keep_kl",
                self.dynamic_sampling_keep_kl, "it applies to dynamic sampling only: set train.dynamic_sampling=true "
                "too, or leave it off")
@@ -288,6 +317,12 @@ class CheckpointConfig:
     """Resume although the config, a data file, a task's rows or a reward function's source differ from the
     checkpoint's: each change is printed and recorded in the run folder's accepted_changes.jsonl. Off: such a resume
     stops before the model loads, naming every change. --accept-changes."""
+    keep_best: bool = False
+    """The final model (final/, and final_model_dir) is the one of the best held-out evaluation of RL by
+    train.best_metric (the evaluations every train.eval_every steps and the last step's), not the last step's, as
+    transformers' load_best_model_at_end (TRL's): a later evaluation replaces the best only when strictly better.
+    The best's weights are kept in the run folder's best/ as it is evaluated. Needs evaluations during RL
+    (train.eval_every or train.eval_every_epoch)."""
 
     def __post_init__(self) -> None:
         _check(self.every >= 0, "checkpoint.every", self.every, "use an integer >= 0 (0 = only at the end)")
@@ -326,6 +361,9 @@ class Config:
                 _check(getattr(section, f) <= MAX_LOSS_WEIGHT, f"kl.{task}.{f}", getattr(section, f),
                        f"use a KL coefficient <= {MAX_LOSS_WEIGHT:g} (0.001 to 0.1 is common): above it the KL term "
                        "outweighs every reward and its gradient heads for overflow")
+        _check(not self.checkpoint.keep_best or self.train.eval_every or self.train.eval_every_epoch,
+               "checkpoint.keep_best", self.checkpoint.keep_best, "it keeps the best held-out evaluation during RL, "
+               "which train.eval_every=0 turns off: set train.eval_every (e.g. 20) too, or leave it off")
         _check(not (self.train.overwrite and self.checkpoint.resume), "train.overwrite", self.train.overwrite,
                f"--overwrite starts the run over (deleting its folder's contents) and --resume "
                f"{self.checkpoint.resume} continues it: give one of them")

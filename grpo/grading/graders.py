@@ -13,7 +13,8 @@ A reward term names its grader (`rewards.<task> = "name:weight,..."`); `resolve_
             function naming prompts / completions / completion_ids, or taking only **kwargs. It gets what TRL's
             GRPOTrainer passes: prompts and completions as strings, or, for rows given as messages (TRL's
             conversational format), as message lists; the completion token ids; the row's columns (its gold
-            fields, and `task`) as keyword lists; TRL's `trainer_state`, `log_extra`, `log_metric`; and, as TRL,
+            fields, and `task`: each completion's task name, which TRL does not pass, unless the rows have a `task`
+            column of their own) as keyword lists; TRL's `trainer_state`, `log_extra`, `log_metric`; and, as TRL,
             `environments` only in a run with an environment factory (rollout.environment_factory). `async def`
             functions are awaited. A function without **kwargs gets only the arguments it names.
 Values (the range contract): None = "cannot grade this completion" (the reward becomes None: left out of its group,
@@ -61,6 +62,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 import torch
 
+from grpo.config import did_you_mean
 from grpo.core.records import Rollout, Sample
 from grpo.core.rule_graders import GRADERS
 
@@ -429,7 +431,9 @@ def import_callable(ref: str) -> Callable[..., Any]:
             raise GraderError(f"importing module {source!r} raised {type(err).__name__}: {err}") from err
     fn = getattr(module, attr, None)
     if not callable(fn):
-        raise GraderError(f"{source!r} has no callable {attr!r}")
+        own = [name for name, value in vars(module).items() if callable(value) and not name.startswith("_")
+               and getattr(value, "__module__", None) == module.__name__]  # its own functions, not its imports
+        raise GraderError(f"{source!r} has no callable {attr!r}{did_you_mean([attr], own)}")
     return fn
 
 
@@ -468,8 +472,9 @@ def resolve_grader(name: str, callables: Mapping[str, Callable[..., Any]] | None
             return Grader(name=name, kind="reward_model", fn=model.scores, bounds=BOUNDED.get(spec.normalize))
         if ":" not in name:
             known = sorted(GRADERS) + sorted(reward_models or {}) + sorted(callables or {})
-            raise GraderError(f"not a known grader: use a built-in ({', '.join(known)}), {JUDGE_TERM!r}, a reward "
-                              "model folder, 'package.module:function' or 'path/to/file.py:function'")
+            raise GraderError(f"not a known grader{did_you_mean([name], [*known, JUDGE_TERM])}: use a built-in "
+                              f"({', '.join(known)}), {JUDGE_TERM!r}, a reward model folder, 'package.module:function' "
+                              "or 'path/to/file.py:function'")
         try:
             return wrap(name, import_callable(name))
         except GraderError:

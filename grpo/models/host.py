@@ -49,29 +49,35 @@ def _named(environ: Mapping[str, str]) -> str:
     return ", ".join(f"{k}={environ[k]}" for k in OPENMP_WAIT if environ.get(k))
 
 
+SPINNING = ("OpenMP threads spin while they wait (torch was imported before grpo_train): measured 1.6x the time "
+            "beside one busy process, 2.9x beside two (benchmarks/RESULTS.md)")
+"""The banner's note when torch loaded OpenMP before `quiet_openmp` could ask: what spinning cost the demo beside
+busy neighbours on 2 cores (benchmarks/RESULTS.md, "Beside busy neighbours": 627b4ca, which spun, against the code
+that asks, 2.42x / 1.56x and 5.91x / 2.06x of the idle time); alone it costs nothing."""
+
+
 def quiet_openmp(environ: MutableMapping[str, str] = os.environ, loaded: bool | None = None) -> str:
     """Ask OpenMP's idle threads to sleep after a short spin (OPENMP_WAIT), unless the environment already says how
-    they wait (OMP_WAIT_POLICY or GOMP_SPINCOUNT). Returns how OpenMP waits in this process, the line `openmp_note`
-    gives. Effective only before the OpenMP runtime loads (before `import torch`), which reads them once; after, they
-    reach child processes only, and the line says so."""
+    they wait (OMP_WAIT_POLICY or GOMP_SPINCOUNT). Returns what the banner says of it, `openmp_note`'s line: nothing
+    when the wait is ours (nothing for the user to do), the user's own setting, or SPINNING. Effective only before
+    the OpenMP runtime loads (before `import torch`), which reads them once; after, they reach child processes only."""
     loaded = libgomp_loaded() if loaded is None else loaded
     if own := _named(environ):
         note = f"OpenMP waits as {own} says"
     else:
         environ.update(OPENMP_WAIT)
-        asked = _named(environ)
-        note = (f"OpenMP threads sleep after a short spin while they wait ({asked})" if not loaded else
-                f"OpenMP threads spin while they wait: torch was imported before grpo_train, whose {asked} reach "
-                "only child processes now (import grpo_train first, or set them in the shell)")
+        note = SPINNING if loaded else ""
     _openmp["note"] = note
     return note
 
 
 def openmp_note() -> str:
-    """How OpenMP waits in this process, as `quiet_openmp` left it (its default when nothing called it)."""
+    """What the banner says of OpenMP's wait in this process, as `quiet_openmp` left it ("" when it asked in time;
+    when nothing called it, the user's setting or SPINNING)."""
     own = _named(os.environ)
-    return _openmp.get("note") or (f"OpenMP waits as {own} says" if own else
-                                   "OpenMP threads spin while they wait (its default)")
+    if "note" in _openmp:
+        return _openmp["note"]
+    return f"OpenMP waits as {own} says" if own else SPINNING
 
 
 # ------------------------------------------------------------------------------------------------ the CPU share

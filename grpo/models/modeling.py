@@ -454,11 +454,18 @@ def rebase_reference(policy: Policy, seed: int = 0) -> Policy:
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = get_peft_model(merged, lora_config)
-    if getattr(merged, "is_gradient_checkpointing", False):
+    if activation_checkpointing(merged):
         model.enable_input_require_grads()
     model.train(was_training)
     return Policy(model=model, tokenizer=policy.tokenizer, is_lora=True, ref_model=None, name=policy.name,
                   grad_scaler=policy.grad_scaler)
+
+
+def activation_checkpointing(model: Any) -> bool:
+    """Whether activation (gradient) checkpointing is on: transformers 5's is_activation_checkpointing, the older
+    is_gradient_checkpointing where that is all there is (transformers 5 warns that the old name is deprecated)."""
+    flag = getattr(model, "is_activation_checkpointing", None)
+    return bool(getattr(model, "is_gradient_checkpointing", False) if flag is None else flag)
 
 
 def save_pretrained(policy: Policy, out_dir: str | Path, state_dict: dict | None = None,

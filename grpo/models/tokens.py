@@ -51,9 +51,14 @@ def raw_prompts(samples: Sequence[Any]) -> list[Any]:
     conversational rows keep their messages and the chat template."""
     from dataclasses import replace
 
-    return [s if s.conversational or (len(s.messages) == 1 and s.messages[0].get("role") == RAW_ROLE) else
+    return [s if s.conversational or raw_prompt(s) else
             replace(s, messages=({"role": RAW_ROLE, "content": SYSTEM_JOIN.join(m["content"] for m in s.messages)},))
             for s in samples]
+
+
+def raw_prompt(sample: Any) -> bool:
+    """Whether a Sample's prompt is text tokenized as it is, without the chat template (`raw_prompts`)."""
+    return len(sample.messages) == 1 and sample.messages[0].get("role") == RAW_ROLE
 
 
 def _with_system(messages: Sequence[Mapping[str, str]], system_prompt: str | None) -> list[dict[str, str]]:

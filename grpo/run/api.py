@@ -29,11 +29,12 @@ HELDOUT_SPLITS = ("test", "validation", "eval")
 def python_config(config: C.Config | str | Sequence[str] | None, tasks: Mapping[str, Any] | None,
                   rewards: Mapping[str, Any] | None, model: str | tuple[Any, Any] | None,
                   sections: Mapping[str, Mapping[str, Any]], peft_config: Any = None,
-                  trl_args: Any = None) -> tuple[C.Config, dict[str, Callable[..., Any]]]:
+                  trl_args: Any = None, eval_dataset: Any = None) -> tuple[C.Config, dict[str, Callable[..., Any]]]:
     """`train`'s arguments as one checked Config and the reward functions by the names its rewards.<task> give
     them. `trl_args`: a GRPOConfig (or its dict), translated (grpo/run/trl_config.py) over the preset, under
-    `config`'s overrides and the sections."""
+    `config`'s overrides and the sections. `eval_dataset`: held-out rows, as TRL's (`eval_rows`)."""
     trl_tree, weights = from_trl(trl_args) if trl_args is not None else ({}, None)
+    overrides: list[str] = []
     if isinstance(config, C.Config):
         tree = deep_merge(C.to_dict(config), trl_tree)
     else:
@@ -47,8 +48,9 @@ def python_config(config: C.Config | str | Sequence[str] | None, tasks: Mapping[
             raise C.ConfigError(f"train(..., {name}=...) must be a dict of the section's fields, e.g. "
                                 f"train(rollout={{'k': 8}}); got {fields!r}", field=name)
         tree[name] = {**tree.get(name, {}), **fields} if isinstance(tree.get(name), dict) else fields
+    evals = eval_rows(eval_dataset, list(tasks or {}))
     for task, source in (tasks or {}).items():
-        tree["tasks"][task] = task_section(task, source)
+        tree["tasks"][task] = task_section(task, source, evals.get(task))
     callables: dict[str, Callable[..., Any]] = {}
     for task, terms in (rewards or {}).items():
         tree["rewards"][task] = reward_terms(task, terms, callables, set(tree.get("reward_models", {})))
@@ -61,6 +63,13 @@ def python_config(config: C.Config | str | Sequence[str] | None, tasks: Mapping[
         tree["model"]["name"] = getattr(model[0], "name_or_path", "") or f"python:{type(model[0]).__name__}"
     if peft_config is not None:
         tree["model"].update(lora_fields(peft_config))
+    set_here = {f"{name}.{key}" for name, fields in sections.items() for key in fields} | \
+        {o.split("=", 1)[0].strip() for o in overrides} | \
+        ({f"model.{key}" for key in lora_fields(peft_config)} if peft_config is not None else set()) | \
+        ({"model.name"} if model is not None else set())
+    names = tree.get("train", {}).get("trl_names") or {}
+    tree["train"]["trl_names"] = {f: n for f, n in names.items()  # ours where ours were given
+                                  if not any(f == g or f.startswith(f"{g}.") for g in set_here)}
     return check_config(C.from_dict(tree)), callables
 
 
@@ -119,9 +128,39 @@ def weighted(rewards: Mapping[str, Any] | None, weights: list[float]) -> dict[st
     return out
 
 
-def task_section(task: str, source: Any) -> dict[str, Any]:
+def eval_rows(eval_dataset: Any, tasks: list[str]) -> dict[str, Any]:
+    """`train(eval_dataset=...)` by task: TRL's eval_dataset (rows in memory: a Dataset, a DataFrame or a list of
+    dicts) for a run of one task, or {task: rows}. ConfigError naming eval_dataset for rows of several tasks without
+    their names, or a task that is not the run's."""
+    if eval_dataset is None:
+        return {}
+    if isinstance(eval_dataset, Mapping) and not is_dataset_dict(eval_dataset):
+        unknown = sorted(set(eval_dataset) - set(tasks))
+        if unknown:
+            raise C.ConfigError(f"train(eval_dataset={{...}}) names {unknown}, which are not tasks of train(tasks=...) "
+                                f"({', '.join(tasks)}){C.did_you_mean(unknown, tasks)}", field="eval_dataset")
+        return dict(eval_dataset)
+    if len(tasks) != 1:
+        raise C.ConfigError(f"train(eval_dataset=rows) is for a run of one task; this run has {len(tasks)} "
+                            f"({', '.join(tasks)}): give eval_dataset={{task: rows, ...}}", field="eval_dataset")
+    return {tasks[0]: eval_dataset}
+
+
+def task_section(task: str, source: Any, eval_dataset: Any = None) -> dict[str, Any]:
     """The tasks.<task> fields for one `train(tasks=...)` entry: a path; a TaskSourceConfig or a dict of its fields
-    (whose `path` may itself be rows in memory); or rows in memory (Dataset, DatasetDict, DataFrame, list of dicts)."""
+    (whose `path` may itself be rows in memory); or rows in memory (Dataset, DatasetDict, DataFrame, list of dicts).
+    `eval_dataset`: the task's held-out rows in memory (TRL's eval_dataset), for a task given as rows."""
+    if eval_dataset is not None:
+        if isinstance(source, (str, Path, Mapping)) and not is_dataset_dict(source) or \
+                dataclasses.is_dataclass(source):
+            raise C.ConfigError(f"train(eval_dataset=...) for task {task!r}, whose rows come from a file or source: "
+                                f"name its held-out file as tasks.{task}.heldout instead", field="eval_dataset")
+        train_rows, given = rows_in_memory(task, source)
+        if given is not None:
+            raise C.ConfigError(f"task {task!r} has held-out rows twice: its DatasetDict's test split and "
+                                "train(eval_dataset=...); give one", field="eval_dataset")
+        folder = write_rows(train_rows, rows_in_memory(task, eval_dataset)[0])
+        return {"path": str(folder / "train.jsonl"), "heldout": str(folder / "heldout.jsonl")}
     if isinstance(source, (str, Path)):
         return {"path": str(source)}
     if dataclasses.is_dataclass(source) and not isinstance(source, type):

@@ -11,11 +11,12 @@ the fix, not found out after hours of training when its final save fails; a thin
     Pareto points        = a model save per evaluation offered (every train.eval_every, and after RL), at most
                            multi.pareto_cap + 1 at once (a new point is saved before a crowded one is dropped)
     final model          = a model save in <run folder>/final, and one more in checkpoint.final_model_dir
+    best model           = a model save in <run folder>/best under checkpoint.keep_best
     metrics              = METRICS_BYTES_PER_STEP a step, EVAL_BYTES_PER_ROW a held-out row an evaluation, a plot
 
 A resumed run counts what its run folder holds already as written. The parameter count comes from the model's
 shape (grpo/run/memory_inputs.resolve_shape: builtin:tiny, a local folder's config.json, the bundled Hub shapes);
-a model whose shape is not known here gets no estimate, and the run says so.
+a model whose shape is not known here gets no estimate (and the banner no disk line).
 """
 
 from __future__ import annotations
@@ -111,6 +112,8 @@ def plan_writes(cfg: C.Config, train_rows: Mapping[str, list], run_dir: Path, de
         * model_save,
         "metrics and evaluations": steps * METRICS_BYTES_PER_STEP + evaluations * heldout_rows * EVAL_BYTES_PER_ROW
         + PLOT_BYTES})
+    if cfg.checkpoint.keep_best:  # the best evaluation's weights, kept until the final model is written
+        plan.parts["best model (best/)"] = model_save
     plan.folders[run_dir] = sum(plan.parts.values())
     if cfg.checkpoint.final_model_dir:
         from grpo.run.run_folder import expand_home
@@ -168,14 +171,14 @@ def check_disk(plan: DiskPlan, resume: bool) -> str:
 
 def disk_line(cfg: C.Config, train_rows: Mapping[str, list], run_dir: Path, device_type: str, world: int) -> str:
     """The disk check of grpo_train.setup, before the model loads: the plan's line (for the banner), a
-    DiskSpaceError when it cannot fit, or a line saying why there is no estimate."""
+    DiskSpaceError when it cannot fit, or "" when there is no estimate (a model whose shape is not known here before
+    it loads: the banner has nothing to say of it)."""
     from grpo.run.setup_parts import with_epochs
 
     try:
         counted = with_epochs(cfg, train_rows, world, announce=False)  # steps from the rows, as the run counts them
         plan = plan_writes(counted, train_rows, run_dir, device_type)
-    except (ValueError, OSError) as err:  # a shape not known here (a Hub id not bundled): nothing to estimate from
-        first = str(err).splitlines()[0] if str(err) else type(err).__name__
-        return f"disk: no estimate of what this run writes ({first})"
+    except (ValueError, OSError):  # a shape not known here (a Hub id not bundled): nothing to estimate from
+        return ""
     return check_disk(plan, bool(cfg.checkpoint.resume))
 

@@ -2,8 +2,9 @@
 (`Doctor.update` every RL step) and at the end of a run (`check`: the same Doctor replayed over metrics.jsonl, plus
 the whole-run counts and the held-out gains), and a verdict.
 
-Verdict (`verdict`): RED when any red finding is active at the end; else TOO SHORT TO JUDGE when the run has fewer
-than `min_steps` RL steps; else YELLOW for any warning; else GREEN, which needs every task's held-out reward to have
+Verdict (`verdict`), one word everywhere (report.json, `train()`'s run.report, and upper-cased on the console): red
+when any red finding is active at the end; else "too short to judge" when the run has fewer than `min_steps` RL
+steps; else yellow for any warning; else green, which needs every task's held-out reward to have
 risen (or to sit at the solved level) and no alarm. Each `Finding` names its evidence (steps, shares, values) and
 one next step: a config field and a value to try. A finding is active while its condition holds; `Doctor.update`
 returns the ones that became active at that step, and `Doctor.cleared` lists the ones that stopped holding.
@@ -19,15 +20,18 @@ from collections import deque
 from dataclasses import dataclass, replace
 from typing import Any, Iterable, Mapping, Sequence
 
-from grpo.run.doctor_checks import (GRAPH_CODES, ONLINE_CODES, TOOL_CODES, WINDOW_CHECKS, Finding, HealthThresholds,
-                                    Level, dead_step, heldout_gains, is_rl_row, mean, number, series, tasks_in,
-                                    whole_run)
+from grpo.run.vocabulary import in_user_terms
+from grpo.run.doctor_checks import (GRAPH_CODES, ONLINE_CODES, PROMPT_CODES, TOOL_CODES, WINDOW_CHECKS, Finding,
+                                    HealthThresholds, Level, dead_step, heldout_gains, is_rl_row, mean, number, series,
+                                    tasks_in, whole_run)
 
-__all__ = ["Alarm", "Doctor", "Finding", "HealthThresholds", "ONLINE_CODES", "VERDICT_TEXT", "check", "heldout_series",
+__all__ = ["Alarm", "Doctor", "Finding", "HealthThresholds", "ONLINE_CODES", "TOO_SHORT", "check", "heldout_series",
            "replayed", "rl_steps", "series", "tasks_in", "verdict"]
 
-LEVEL_ORDER = {"green": 0, "yellow": 1, "too_short": 2, "red": 3}
-VERDICT_TEXT = {"green": "GREEN", "yellow": "YELLOW", "too_short": "TOO SHORT TO JUDGE", "red": "RED"}
+TOO_SHORT = "too short to judge"
+"""The verdict of a run too short for the checks that compare its start with its end: the same words in report.json,
+the Python API and the console (which upper-cases every verdict)."""
+LEVEL_ORDER = {"green": 0, "yellow": 1, TOO_SHORT: 2, "red": 3}
 
 
 @dataclass(frozen=True)
@@ -82,8 +86,8 @@ class Doctor:
 
     `metrics` is one step's row as the trainer logs it; rows that are not RL steps (eval rows: eval/<task>/reward)
     only feed the held-out series. `evals` is eval.json's dict ({"before_sft"|"after_sft"|"step_N"|"after_rl": {task:
-    reward}}) and replaces that series when given. `config` (config.json's dict) only fills in the values of the
-    suggestions. A finding stays active while its condition holds; `cleared` lists the ones that stopped holding.
+    reward}}) and replaces that series when given. `config` (config.json's dict) fills in the values of the
+    suggestions, and its train.trl_names the words they are given in (`spoken`). A finding stays active while its condition holds; `cleared` lists the ones that stopped holding.
     """
 
     def __init__(self, thresholds: HealthThresholds | None = None,
@@ -110,6 +114,9 @@ class Doctor:
         self._prev_step = 0
         self.sft_loss_last: float | None = None
         self.sft_skipped = False
+        self.raw_prompts: dict[str, float] = {}
+        self.prompt_codes = False
+        """A prompt-format finding fired or plain-string prompts were logged: their doctor/<code> metrics are too."""
 
     # ----- feeding -----
     def update(self, metrics: Mapping[str, Any], evals: Mapping[str, Mapping[str, float]] | None = None) -> list[Finding]:
@@ -118,6 +125,9 @@ class Doctor:
         if number(metrics.get("sft/loss_last")) is not None:
             self.sft_loss_last = float(metrics["sft/loss_last"])
         self.sft_skipped = self.sft_skipped or bool(number(metrics.get("sft/skipped")))
+        for key, value in metrics.items():
+            if key.startswith("data/") and key.endswith("/raw_prompts") and number(value):
+                self.raw_prompts[key[len("data/"):-len("/raw_prompts")]] = float(value)
         for key, value in metrics.items():
             if key.startswith("eval/") and key.endswith("/reward") and number(value) is not None:
                 self.heldout.setdefault(key[len("eval/"):-len("/reward")], []).append((step, float(value)))
@@ -176,7 +186,8 @@ class Doctor:
         return mean(v for row in self.window if (v := number(row.get(key))) is not None)
 
     def span(self) -> str:
-        return f"steps {self.window[0].get('step', '?')}-{self.window[-1].get('step', '?')}"
+        first, last = self.window[0].get("step", "?"), self.window[-1].get("step", "?")
+        return f"step {last}" if first == last else f"steps {first}-{last}"
 
     def tasks(self) -> list[str]:
         return tasks_in(self.window, "reward/", "/mean")
@@ -201,27 +212,36 @@ class Doctor:
         keyed = {(f.code, f.task, f.level): f for f in now}  # a yellow that turns red fires again
         for key, (first, finding) in list(self.active.items()):
             if key not in keyed:
-                self.cleared.append(Alarm(finding.code, finding.task, finding.level, first, self._prev_step, finding.message))
+                self.cleared.append(Alarm(finding.code, finding.task, finding.level, first, self._prev_step,
+                                          in_user_terms(finding.message, self.config)))
                 del self.active[key]
-        fired = [f for key, f in keyed.items() if key not in self.active]
+        fired = [self.spoken(f) for key, f in keyed.items() if key not in self.active]
         for key, f in keyed.items():
             self.active[key] = (self.active[key][0] if key in self.active else step, f)
         self._prev_step = step
         return fired
 
     def findings(self) -> list[Finding]:
-        """The findings active now, in check order, each with the step it fired at (`since`)."""
-        return [replace(f, since=first) for first, f in self.active.values()]
+        """The findings active now, in check order, each with the step it fired at (`since`), in the user's words."""
+        return [self.spoken(replace(f, since=first)) for first, f in self.active.values()]
+
+    def spoken(self, f: Finding) -> Finding:
+        """A finding in the words the run was configured with: the TRL field or flag for each grpo-dual field a TRL
+        config set (train.trl_names; grpo/run/vocabulary.py), ours in brackets."""
+        return replace(f, message=in_user_terms(f.message, self.config),
+                       suggestion=in_user_terms(f.suggestion, self.config))
 
     def metrics(self) -> dict[str, float]:
         """doctor/<code> = 1.0 while a finding with that code is active (any task), else 0.0, for every code; and
         doctor/red = how many red findings are active. Scalars, so TensorBoard draws them."""
         codes = {code for code, _, _ in self.active}
+        self.prompt_codes = self.prompt_codes or bool(self.raw_prompts) or bool(codes & set(PROMPT_CODES))
         rollout = self.config.get("rollout") or {}
         tools = bool(rollout.get("tools") or rollout.get("environment_factory"))  # a run with tools logs their codes
         graph = any("rollout/graph_compiles" in row for row in self.window)  # so does a run the graph engine decodes
         out = {f"doctor/{code}": float(code in codes)
-               for code in ONLINE_CODES + (TOOL_CODES if tools else ()) + (GRAPH_CODES if graph else ())}
+               for code in ONLINE_CODES + (TOOL_CODES if tools else ()) + (GRAPH_CODES if graph else ())
+               + (PROMPT_CODES if self.prompt_codes else ())}
         out["doctor/red"] = float(sum(f.level == "red" for _, f in self.active.values()))
         return out
 
@@ -256,8 +276,9 @@ def check(history: Sequence[Mapping[str, Any]], thresholds: HealthThresholds | N
     """
     doctor = replayed(history, thresholds, kl_bands, evals, config)
     found = doctor.findings()
-    found += whole_run(history, doctor.th, doctor.config, {f.code for f in found})
-    return found + heldout_gains(history, doctor.th, evals, doctor.config)
+    more = whole_run(history, doctor.th, doctor.config, {f.code for f in found})
+    more += heldout_gains(history, doctor.th, evals, doctor.config, doctor)
+    return found + [doctor.spoken(f) for f in more]
 
 
 def replayed(history: Sequence[Mapping[str, Any]], thresholds: HealthThresholds | None = None,
@@ -285,11 +306,12 @@ group's rewards were equal: nothing could be learned, however short the run)."""
 
 
 def verdict(findings: Sequence[Finding], steps: int | None = None,
-            thresholds: HealthThresholds | None = None) -> tuple[str, list[str]]:
-    """("green"|"yellow"|"too_short"|"red", reasons). Red when any finding is red, except a LEARNING_CODES finding
+            thresholds: HealthThresholds | None = None, training_only: Sequence[str] = ()) -> tuple[str, list[str]]:
+    """("green"|"yellow"|TOO_SHORT|"red", reasons). Red when any finding is red, except a LEARNING_CODES finding
     in a run shorter than thresholds.min_steps (`steps`: RL steps of the run, None = not known), which is then
-    "too_short" as a run without a red finding is; else the worst level present; green needs no finding at all.
-    Reasons list red findings first."""
+    TOO_SHORT as a run without a red finding is; else the worst level present; green needs no finding at all.
+    Reasons list red findings first. `training_only`: the tasks judged from their training rewards (no held-out
+    rows: doctor_checks.judged_from_training), which the green reason names."""
     th = thresholds or HealthThresholds()
     ordered = sorted(findings, key=lambda f: -LEVEL_ORDER[f.level])
     reasons = [f"[{f.level}] {f.code}: {f.message}" for f in ordered]
@@ -297,8 +319,11 @@ def verdict(findings: Sequence[Finding], steps: int | None = None,
     if any(f.level == "red" and not (short and f.code in LEARNING_CODES) for f in ordered):
         return "red", reasons
     if short:
-        return "too_short", [f"too short to judge: {steps} RL step(s), at least {th.min_steps} are needed to compare "
+        return TOO_SHORT, [f"{TOO_SHORT}: {steps} RL step(s), at least {th.min_steps} are needed to compare "
                              "the start of training with its end (no red alarm of a broken run)"] + reasons
     if ordered:
         return ordered[0].level, reasons
+    if training_only:
+        return "green", [f"every task's reward rose (or is solved): held-out, or the training reward for "
+                         f"{', '.join(training_only)}, which had no held-out rows; no health check fired"]
     return "green", ["every task's held-out reward rose (or is solved) and no health check fired"]

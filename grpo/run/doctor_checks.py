@@ -39,11 +39,19 @@ Window checks (rows = the last `recent_window` RL steps; "start" = the first win
                               token budget
   yellow  memory_growth       host memory (memory/host_rss_gb) rose in at least `memory_rise_steps` of the window's
                               steps, by more than `memory_growth_share` of its first step's and `memory_growth_min_gb`
+  red     empty_completions   more than `empty_red` of a task's completions empty over the window so far (yellow
+                              above `empty_share`), the cause named when its prompts are plain strings for a chat
+                              model (data/<task>/raw_prompts); yellow template_less_prompts: such prompts, replies not
+                              (yet) mostly empty
   yellow  graph_recompiling   (runs the graph engine decodes) it compiled its decoding step at `recompile_steps`
                               or more steps of a window after the first
+From the per-prompt held-out rewards (`heldout_fell`, read by grpo/run/report.py from evals/): yellow heldout_fell when
+a task's held-out reward after RL is below its best evaluation during RL by more than FELL_Z standard errors of the
+per-prompt difference.
 End of run (grpo/run/doctor.check only): red skipped_steps / yellow restored_weights (the weight guard's counts), red
-reward_regressed / yellow reward_flat (held-out after RL vs before RL), yellow no_heldout (a trained task never
-evaluated). From the held-out greedy completions (`heldout_collapse`, read by grpo/run/report.py from evals/):
+reward_regressed / yellow reward_flat (held-out after RL vs before RL; for a task without held-out rows under
+data.heldout_fraction=0, TRL's split, the training reward's last window vs its first), yellow no_heldout (a trained
+task never evaluated). From the held-out greedy completions (`heldout_collapse`, read by grpo/run/report.py from evals/):
 red heldout_collapse when one answer class holds ≥ `collapse_share` of a task's after-RL evaluation, at least
 `collapse_rise` more than before RL, while its held-out reward is below `solved_reward` (yellow when it held that
 share before RL already). From the pass@K diagnostic before RL (pass_at_k.json, `sampled_at_chance`): yellow when a multiple-choice
@@ -62,7 +70,7 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Any, Iterable, Literal, Mapping, Protocol, Sequence
 
-from grpo.core.answers import answer_shares
+from grpo.core.answers import EMPTY_ANSWER, answer_shares
 
 Level = Literal["yellow", "red"]
 
@@ -164,6 +172,13 @@ class HealthThresholds:
     memory_growth_min_gb: float = 0.05
     """...and at least this many GiB (5 MB a step over the default window): below it a small run's Python objects
     (the doctor's own window, a metrics row) move the share."""
+    empty_share: float = 0.5
+    """Share of a task's completions over the window that hold no word (EMPTY_ANSWER, the answer class of a completion
+    with no text or only punctuation: the reply ended at once) above which they are "most": a yellow finding, the
+    prompts' format first suspected. A right reply is never empty, so such a task is mostly not answered."""
+    empty_red: float = 0.8
+    """...and red above this: a group of 8 then holds 1.6 non-empty replies on average, so most groups are all
+    empty, of one reward, and give no learning signal."""
     recompile_steps: int = 3
     """Steps of a window, after the first window, at which the graph engine compiled its decoding step that make a
     run "keep recompiling": the step is compiled once per sampling settings for every shape (sampled rollouts, greedy
@@ -191,6 +206,9 @@ ONLINE_CODES = ("no_learning_signal", "reward_stuck", "answer_collapse", "entrop
 """Codes the window checks can raise; `Doctor.metrics` logs each as doctor/<code> (1 when active) every step."""
 TOOL_CODES = ("tool_unused", "tool_failures", "tool_loops")
 """Codes of the tool checks (`_tools`), logged as doctor/<code> only by runs with tools (rollout.tools)."""
+PROMPT_CODES = ("empty_completions", "template_less_prompts")
+"""Codes of the prompt-format checks (`_empty_completions`), logged as doctor/<code> only by runs with plain-string
+prompts for a chat model (data/<task>/raw_prompts) or once one has fired."""
 GRAPH_CODES = ("graph_recompiling",)
 """Codes of the graph engine's check (`_recompiling`), logged as doctor/<code> only by runs whose rollouts it decodes
 (their rows carry rollout/graph_compiles)."""
@@ -223,6 +241,9 @@ class Window(Protocol):
     sft_loss_last: float | None
     sft_skipped: bool
     """The SFT warm-up was asked for and skipped: no training row has a target (metric sft/skipped)."""
+    raw_prompts: dict[str, float]
+    """task -> share of its training rows whose prompt is a plain string given to a model with a chat template,
+    tokenized without it (data.prompt_format=trl; metric data/<task>/raw_prompts, logged at the start)."""
 
     def wmean(self, key: str) -> float: ...
 
@@ -286,6 +307,15 @@ def _try(field_: str, value: Any, why: str) -> str:
     return f"try `{field_}={shown}`: {why}"
 
 
+def _longer(config: Mapping[str, Any], why: str) -> str:
+    """A run twice as long: twice train.num_epochs when the epochs decide the steps (TRL's num_train_epochs: then
+    train.max_steps is counted from them and setting it changes nothing), else twice train.max_steps."""
+    epochs = _setting(config, "train.num_epochs")
+    if isinstance(epochs, (int, float)) and epochs > 0:
+        return _try("train.num_epochs", float(2 * epochs), why)
+    return _try("train.max_steps", _scaled(config, "train.max_steps", 2, int), why)
+
+
 def _scaled(config: Mapping[str, Any], dotted: str, factor: float, cast=float) -> Any:
     value = _setting(config, dotted)
     return cast(value * factor) if isinstance(value, (int, float)) and not isinstance(value, bool) else f"<{factor:g}× now>"
@@ -315,7 +345,8 @@ def _no_learning_signal(d: Window, _found: list[Finding]) -> list[Finding]:
     means = {t: d.wmean(f"reward/{t}/mean") for t in d.tasks()}
     rewards = ", ".join(f"{t} {r:.3f}" for t, r in means.items())
     never = bool(means) and all(r <= d.th.stuck_tolerance for r in means.values())
-    fix = (_format_fix(d) if never else
+    empty = [f for f in _found if f.code == "empty_completions"]  # the replies are empty: that is what to fix
+    fix = (empty[0].suggestion if empty else _format_fix(d) if never else
            _try("rollout.k", _scaled(d.config, "rollout.k", 2, int), "twice the samples per prompt give groups whose "
                 "rewards differ"))
     if d.dead.length < d.th.no_signal_steps:
@@ -394,6 +425,57 @@ def _reward_stuck(d: Window, _found: list[Finding]) -> list[Finding]:
     return out
 
 
+RAW_CAUSE = ("its prompts are plain strings and the model has a chat template: they are tokenized without it, as "
+             "TRL does for standard-format data, and an instruct model given raw text often ends its reply at once")
+"""Why a chat model's replies to plain-string prompts are empty or off-format (the issue it fixes: SmolLM2-135M-Instruct
+answered 75-88% of such rollouts and every greedy evaluation with nothing)."""
+RAW_FIX = ("give the prompts as conversations ([{\"role\": \"user\", \"content\": text}], TRL's conversational "
+           "format, which goes through the chat template) or apply the template to every prompt "
+           "(data.prompt_format=chat); a stronger KL pull or more samples cannot help")
+"""The fix of template-less prompts."""
+
+
+def empty_fix(raw: bool) -> str:
+    """The next step for replies that are mostly empty: the prompt format when the prompts were plain strings for a
+    chat model (`raw`), else what else ends a reply at once."""
+    return RAW_FIX if raw else ("read samples/: the replies hold no word; check the stop tokens "
+                                "(rollout.stop_strings, the tokenizer's EOS) and the prompt's template, or warm up on "
+                                "demonstrations of a reply (sft.steps)")
+
+
+def empty_share(rows: Sequence[Mapping[str, Any]], task: str) -> float:
+    """Mean share of a task's completions that held no word (EMPTY_ANSWER: no text, or only punctuation) over
+    `rows`: a step's top answer class and its share (grpo/core/answers.py) say it exactly when most were (that class
+    is then the top one); a step whose top class is another counts 0 (at most half of it was). NaN without a row of
+    the task."""
+    shares = [(number(r.get(f"rollout/{task}/top_share")) or 0.0) if r.get(f"rollout/{task}/top_answer") == EMPTY_ANSWER
+              else 0.0 for r in rows if f"rollout/{task}/top_answer" in r]
+    return mean(shares)
+
+
+def _empty_completions(d: Window, _found: list[Finding]) -> list[Finding]:
+    """Most of a task's completions empty over the window so far (from its first step: a broken format shows at once):
+    yellow above `empty_share`, red above `empty_red`, the cause named (plain-string prompts for a chat model) and
+    its fix, not a KL or sampling knob. Without empty replies, plain-string prompts for a chat model are yellow
+    template_less_prompts."""
+    out = []
+    for task in d.tasks():
+        share, raw = empty_share(d.window, task), d.raw_prompts.get(task, 0.0) > 0
+        cause = f"; {RAW_CAUSE}" if raw else ""
+        if math.isfinite(share) and share > d.th.empty_share:
+            out.append(Finding("red" if share > d.th.empty_red else "yellow", "empty_completions",
+                               f"{task}: {100 * share:.0f}% of its completions in {d.span()} held no word (empty, "
+                               f"or only punctuation: the reply ended at once or wrote nothing readable){cause}",
+                               empty_fix(raw), task))
+        elif raw:
+            out.append(Finding("yellow", "template_less_prompts",
+                               f"{task}: {100 * d.raw_prompts[task]:.0f}% of its training prompts are plain strings "
+                               "and the model has a chat template: they are tokenized without it, as TRL does for "
+                               "standard-format data, and an instruct model given raw text often replies nothing or "
+                               "off-format", RAW_FIX, task))
+    return out
+
+
 def _answer_collapse(d: Window, _found: list[Finding]) -> list[Finding]:
     th, out = d.th, []
     if len(d.window) < th.recent_window:
@@ -421,6 +503,7 @@ def _answer_collapse(d: Window, _found: list[Finding]) -> list[Finding]:
                 f"{task}: collapse onto `{answer}`: it is the top answer in {count} of {len(rows)} steps and "
                 f"{100 * share:.0f}% of the task's samples in {d.span()} ({100 * first:.0f}% in the first window); "
                 f"reward {now:.3f} {why}",
+                empty_fix(d.raw_prompts.get(task, 0.0) > 0) if answer == EMPTY_ANSWER else
                 _try(f"kl.{task}.beta", round(2 * beta, 6) if beta else "<2× now>",
                      "a stronger pull to the SFT reference keeps its mix of answers"),
                 task))
@@ -665,10 +748,10 @@ def _recompiling(d: Window, _found: list[Finding]) -> list[Finding]:
                     "nothing")]
 
 
-WINDOW_CHECKS = (_no_learning_signal, _reward_stuck, _answer_collapse, _entropy, _kl, _judge, _truncation, _zero_std,
-                 _non_finite, _tools, _memory_growth, _recompiling)
+WINDOW_CHECKS = (_empty_completions, _no_learning_signal, _reward_stuck, _answer_collapse, _entropy, _kl, _judge,
+                 _truncation, _zero_std, _non_finite, _tools, _memory_growth, _recompiling)
 """In this order: a check sees the findings of the ones before it (zero_std_groups stays quiet under a red on the same
-evidence)."""
+evidence; no_learning_signal names the fix of empty replies)."""
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -710,9 +793,12 @@ def unit_scale_rewards(history: Sequence[Mapping[str, Any]], evals: Mapping[str,
     return bool(values) and all(0.0 <= v <= 1.0 for v in values)
 
 
-def heldout_gains(history: Sequence[Mapping[str, Any]], th: HealthThresholds, evals, config) -> list[Finding]:
+def heldout_gains(history: Sequence[Mapping[str, Any]], th: HealthThresholds, evals, config,
+                  doctor: Window | None = None) -> list[Finding]:
     """Held-out reward after RL against before RL, per trained task (eval.json when given, else the eval rows). A task
-    held at `solved_reward` or above with no change is not flat, on the unit scale only (`unit_scale_rewards`)."""
+    held at `solved_reward` or above with no change is not flat, on the unit scale only (`unit_scale_rewards`). A
+    trained task never evaluated is `no_heldout`, or, when nothing was held out on purpose (`judged_from_training`),
+    judged from its training rewards through `doctor` (the Doctor replayed over the history: `training_gains`)."""
     points: dict[str, tuple[float, float]] = {}
     if evals and "after_rl" in evals:
         before = evals.get("after_sft") or evals.get("before_sft") or {}
@@ -734,15 +820,57 @@ def heldout_gains(history: Sequence[Mapping[str, Any]], th: HealthThresholds, ev
                                 and unit_scale_rewards(history, evals, task)):
             out.append(Finding("yellow", "reward_flat", f"held-out {task} reward did not rise during RL: {before:.3f} "
                                f"-> {after:.3f} ({gain:+.3f})",
-                               _try("train.max_steps", _scaled(config, "train.max_steps", 2, int),
-                                    "train longer, once the window checks show a learning signal"), task))
-    trained = tasks_in(history, "reward/", "/mean")
-    seen = set(points) | {t for phase in (evals or {}).values() for t in phase} | set(tasks_in(history, "eval/", "/reward"))
-    for task in trained:
-        if task not in seen:
-            out.append(Finding("yellow", "no_heldout", f"{task} was trained but never evaluated on held-out prompts: "
-                               "whether it learned is unknown",
-                               _try("train.eval_every", 20, "held-out rewards during the run show learning"), task))
+                               _longer(config, "train longer, once the window checks show a learning signal"),
+                               task))
+    out += training_gains(doctor, unevaluated(history, evals)) if doctor is not None and \
+        judged_from_training(config) else []
+    for task in [] if judged_from_training(config) else unevaluated(history, evals):
+        out.append(Finding("yellow", "no_heldout", f"{task} was trained but never evaluated on held-out prompts: "
+                           "whether it learned is unknown",
+                           _try("train.eval_every", 20, "held-out rewards during the run show learning"), task))
+    return out
+
+
+def unevaluated(history: Sequence[Mapping[str, Any]], evals: Mapping[str, Mapping[str, Any]] | None) -> list[str]:
+    """The trained tasks no held-out evaluation scored (eval.json or the history's eval rows)."""
+    seen = {t for phase in (evals or {}).values() for t in phase} | set(tasks_in(history, "eval/", "/reward"))
+    return [task for task in tasks_in(history, "reward/", "/mean") if task not in seen]
+
+
+def judged_from_training(config: Mapping[str, Any]) -> bool:
+    """Whether a task without held-out rows was meant to be so (data.heldout_fraction=0: every row trains, TRL's
+    split): it is then judged from its training rewards, not flagged as never evaluated."""
+    return _setting(config, "data.heldout_fraction") == 0
+
+
+HOW_HELDOUT = ("for a held-out verdict, give an eval split (TRL's dataset_test_split or eval_dataset, a "
+               "DatasetDict's test split, tasks.<task>.heldout) or hold out a share of the rows (data.heldout_fraction, "
+               "e.g. 0.2)")
+"""How a run judged from its training rewards gets a held-out verdict (the report says it with the verdict)."""
+
+
+def training_gains(d: Window, tasks: Sequence[str]) -> list[Finding]:
+    """Tasks without held-out rows (data.heldout_fraction=0, no eval split), judged from their training rewards: the
+    last window's mean reward against the first full window's (the doctor's `start`), as reward_stuck compares them
+    (stuck_tolerance of the reward's spread). A fall beyond reward_regression_red (of the spread) is red
+    reward_regressed, no rise beyond the tolerance yellow reward_flat; a run shorter than a window has no start."""
+    out = []
+    for task in tasks:
+        key = f"reward/{task}/mean"
+        start, now = d.start.get(key), d.wmean(key)
+        if start is None or not math.isfinite(now):
+            continue
+        spread, gain = reward_spread(d, task), now - start
+        what = (f"training {task} reward {start:.3f} in the first window -> {now:.3f} in the last ({d.span()}, "
+                f"{gain:+.3f}); no held-out rows, so judged from the training rewards")
+        if gain < -d.th.reward_regression_red * spread:
+            out.append(Finding("red", "reward_regressed", f"{what}: it fell",
+                               _try("train.lr", _scaled(d.config, "train.lr", 0.5),
+                                    f"then read samples/ for reward hacking; {HOW_HELDOUT}"), task))
+        elif gain <= d.th.stuck_tolerance * spread and not (_unit_scale(d, task) and now >= d.th.solved_reward):
+            out.append(Finding("yellow", "reward_flat", f"{what}: it did not rise",
+                               _longer(d.config, f"train longer, once the window checks show a learning signal; "
+                                                 f"{HOW_HELDOUT}"), task))
     return out
 
 
@@ -771,16 +899,58 @@ def heldout_collapse(answers: Mapping[str, Mapping[str, Sequence[str]]], evals: 
             continue
         risen = now.top_share >= first + th.collapse_rise
         letter_prior = len(now.top_answer) == 1 and not _setting(config or {}, "data.shuffle_options")
+        raw = any(number(row.get(f"data/{task}/raw_prompts")) for row in history)
         out.append(Finding(
             "red" if risen else "yellow", "heldout_collapse",
             f"{task}: `{now.top_answer}` is {100 * now.top_share:.0f}% of the held-out greedy answers after RL "
             f"({100 * first:.0f}% before RL{'' if before_phase else ': not evaluated'}); held-out reward {reward:.3f}"
             + (f" below the solved level {th.solved_reward:g}" if reward < th.solved_reward else
                " (not on the 0-1 scale, so not read as solved)"),
+            empty_fix(raw) if now.top_answer == EMPTY_ANSWER else
             _try("data.shuffle_options", "true", "options in a seeded order per row and epoch: one letter earns "
                  "nothing") if letter_prior else
             _try(f"kl.{task}.beta", "<2× now>", "a stronger pull to the SFT reference keeps its mix of answers"),
             task))
+    return out
+
+
+FELL_Z = 2.0
+"""How many standard errors of the per-prompt difference a held-out fall from its best must exceed to be a finding
+(more than its sampling error): a fall that large comes by chance about one time in 44 (one-sided, normal)."""
+
+
+def heldout_fell(rewards: Mapping[str, Mapping[str, Mapping[str, float]]], evals: Mapping[str, Mapping[str, Any]],
+                 config: Mapping[str, Any]) -> list[Finding]:
+    """A task whose held-out reward after RL is below its best evaluation during RL (eval.json's step_N) by more than
+    FELL_Z standard errors of the per-prompt difference: the same held-out prompts scored by both evaluations
+    (`rewards`: {phase: {task: {row id: reward}}}, evals/<phase>.jsonl), mean difference over its standard error.
+    Yellow: the run got there and lost it; the next step keeps it (a smaller step, a stronger KL pull, or the best
+    evaluation as the final model, checkpoint.keep_best). Silent without the per-prompt rewards of both."""
+    out = []
+    for task, now in (evals.get("after_rl") or {}).items():
+        points = [(int(tag[5:]), v) for tag, results in evals.items() if tag.startswith("step_") and tag[5:].isdigit()
+                  and (v := number(results.get(task))) is not None and math.isfinite(v)]
+        if number(now) is None or not points:
+            continue
+        best_step, best = max(points, key=lambda p: (p[1], -p[0]))  # the first of the best
+        at_best, at_end = (rewards.get(phase, {}).get(task) or {} for phase in (f"step_{best_step}", "after_rl"))
+        diffs = [at_best[i] - at_end[i] for i in at_best if i in at_end and all(
+            (x := number(r[i])) is not None and math.isfinite(x) for r in (at_best, at_end))]
+        if len(diffs) < 2 or mean(diffs) <= 0:
+            continue
+        spread = math.sqrt(math.fsum((d - mean(diffs)) ** 2 for d in diffs) / (len(diffs) - 1))
+        error = spread / math.sqrt(len(diffs))
+        if mean(diffs) <= FELL_Z * error:
+            continue
+        errors = f"{mean(diffs) / error:.1f} standard errors" if error else "every prompt alike"
+        out.append(Finding(
+            "yellow", "heldout_fell",
+            f"held-out {task} reward fell from its best {best:.3f} (step {best_step}) to {float(now):.3f} after RL: "
+            f"{-mean(diffs):+.3f} over {len(diffs)} prompts, {errors} of the per-prompt difference (more than "
+            f"{FELL_Z:g})",
+            _try("train.lr", _scaled(config, "train.lr", 0.5), f"smaller steps keep what RL reached at step "
+                 f"{best_step}; or a stronger pull to the reference (kl.{task}.beta twice, or a lower band), or the "
+                 "best evaluation as the final model: checkpoint.keep_best=true"), task))
     return out
 
 

@@ -23,7 +23,9 @@ import re
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
+
+from grpo import config as C
 
 MARKER = ".pareto_point"
 """File written into each point's folder; only folders holding it are ever deleted."""
@@ -94,12 +96,13 @@ def crowding_distances(points: Sequence[Mapping[str, float]]) -> list[float]:
 
 def require_heldout_rows(train: Mapping[str, Sequence[object]], heldout: Mapping[str, Sequence[object]],
                          heldout_fraction: float) -> None:
-    """Every task needs training rows and held-out rows: evaluations, the report and the frontier compare held-out
-    scores per task. Raises ValueError naming each task that lacks either, before any training starts."""
+    """Every task needs training rows, and held-out rows unless `heldout_fraction` is 0 (none held out on purpose,
+    TRL's split: such a task is judged from its training rewards): evaluations, the report and the frontier compare
+    held-out scores per task. Raises ValueError naming each task that lacks them, before any training starts."""
     problems = []
     for task in sorted(set(train) | set(heldout)):
         n_train, n_held = len(train.get(task, ())), len(heldout.get(task, ()))
-        if n_held == 0:
+        if n_held == 0 and heldout_fraction > 0:
             problems.append(f"task {task!r} has {n_train} rows and none held out for evaluation (data.heldout_fraction"
                             f"={heldout_fraction:g} of the rows, picked by a hash of each row's id): give it more "
                             f"rows (about {math.ceil(1 / heldout_fraction)} per held-out row) or raise "
@@ -109,6 +112,31 @@ def require_heldout_rows(train: Mapping[str, Sequence[object]], heldout: Mapping
                             "rows or lower data.heldout_fraction")
     if problems:
         raise ValueError("; ".join(problems))
+
+
+def check_evaluations(train: Any, heldout: Mapping[str, Sequence[object]], keep_best: bool = False) -> None:
+    """What needs held-out rows when no task has any (data.heldout_fraction=0 and no held-out rows given, TRL's
+    split without an eval split): evaluations during RL (train.eval_every, train.eval_every_epoch) and the pass@K
+    diagnostic (train.pass_at_k) are a ConfigError naming the field, as TRL refuses an eval_strategy without an
+    eval_dataset. And a train.best_metric of one task (reward/<task>) that ranks evaluations (`keep_best`:
+    checkpoint.keep_best, or early stopping) names a task with held-out rows. `train`: the train section."""
+    task = train.best_metric.removeprefix("reward/")
+    if (keep_best or train.early_stopping_patience) and train.best_metric != "reward" and not heldout.get(task):
+        raise C.ConfigError(f"config field `train.best_metric` = {train.best_metric!r} is invalid: no task of this run "
+                            f"named {task!r} has held-out rows (evaluated: {sorted(t for t, r in heldout.items() if r)})"
+                            f"{C.did_you_mean([task], [t for t, r in heldout.items() if r])}; use reward (the mean) "
+                            "or reward/<one of them>", field="train.best_metric")
+    if any(heldout.values()):
+        return
+    why = ("no task of this run has held-out rows (data.heldout_fraction=0: every row trains, and none were given as "
+           "held out): give held-out rows (tasks.<task>.heldout, a DatasetDict's test split, train(eval_dataset=...), "
+           "TRL's dataset_test_split) or set data.heldout_fraction (e.g. 0.2), or")
+    for field, value, off in (("eval_every", train.eval_every, "0 (TRL: eval_strategy=no)"),
+                              ("eval_every_epoch", train.eval_every_epoch, "false (TRL: eval_strategy=no)"),
+                              ("pass_at_k", train.pass_at_k, "0")):
+        if value:
+            raise C.ConfigError(f"config field `train.{field}` = {value!r} is invalid: it evaluates held-out prompts "
+                                f"and {why} set train.{field}={off}", field=f"train.{field}")
 
 
 class ParetoFrontier:

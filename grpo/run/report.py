@@ -20,14 +20,17 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from grpo.run.doctor import VERDICT_TEXT, HealthThresholds, check, replayed, rl_steps, series, tasks_in, verdict
-from grpo.run.doctor_checks import heldout_collapse, sampled_at_chance
+from grpo.run.doctor import (TOO_SHORT, Finding, HealthThresholds, check, replayed, rl_steps, series, tasks_in,
+                             verdict)
+from grpo.run.doctor_checks import (HOW_HELDOUT, heldout_collapse, heldout_fell, judged_from_training,
+                                    sampled_at_chance, unevaluated)
 from grpo.run.pareto import RUN_SUBDIR as PARETO_SUBDIR, ParetoFrontier
 from grpo.run.tracking import read_metrics
+from grpo.run.vocabulary import in_user_terms
 
 ABSTENTION_RISE = 0.1
 """A rise of the "unknown" share on disambiguated rows this large (3 to 4 of the preset's 27-35 such held-out rows)
@@ -156,6 +159,31 @@ def heldout_answers(run_dir: Path) -> dict[str, dict[str, list[str]]]:
     return out
 
 
+def early_stop(history: Sequence[Mapping[str, Any]], config: Mapping[str, Any]) -> str:
+    """Why RL ended before train.max_steps when early stopping ended it (the row early_stopping/* it logged:
+    grpo/run/best_model.stops_early), in the run's words; "" otherwise."""
+    row = next((r for r in history if r.get("early_stopping/stopped")), None)
+    if row is None:
+        return ""
+    train = config.get("train") or {}
+    return in_user_terms(f"stopped early after step {row.get('step')}: {int(row['early_stopping/patience'])} "
+                         f"evaluations in a row did not improve train.best_metric={train.get('best_metric')} by more "
+                         f"than train.early_stopping_threshold={train.get('early_stopping_threshold')} over its best "
+                         f"{row['early_stopping/best']:.4g} (step {int(row['early_stopping/best_step'])}): "
+                         f"train.early_stopping_patience={train.get('early_stopping_patience')}", config)
+
+
+def heldout_rewards(run_dir: Path) -> dict[str, dict[str, dict[str, float]]]:
+    """{phase: {task: {row id: reward}}} from every RUN_DIR/evals/<phase>.jsonl (the evaluations during RL too)."""
+    out: dict[str, dict[str, dict[str, float]]] = {}
+    for path in sorted((run_dir / "evals").glob("*.jsonl")):
+        for line in path.read_text().splitlines():
+            row = json.loads(line) if line.strip() else {}
+            if "id" in row and "task" in row:  # a row without its prompt's id pairs with no other evaluation's
+                out.setdefault(path.stem, {}).setdefault(row["task"], {})[str(row["id"])] = row.get("reward")
+    return out
+
+
 def _peak(history: list[dict[str, Any]], key: str) -> float | None:
     values = [v for _, v in series(history, key) if math.isfinite(v)]
     return max(values) if values else None
@@ -174,6 +202,20 @@ def _summary(history: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
+def all_findings(run_dir: Path, history: list[dict[str, Any]], evals: Mapping[str, Any], config: Mapping[str, Any],
+                 thresholds: HealthThresholds | None, bands: Mapping[str, tuple[float, float]],
+                 coverage: Mapping[str, Any]) -> list[Finding]:
+    """The run's findings, in its words (train.trl_names): the doctor's over the history (window and end of run),
+    then those read from the run folder's evaluations (evals/: the held-out greedy answers, the per-prompt rewards)
+    and the pass@K diagnostic before RL."""
+    findings = check(history, thresholds, bands, evals or None, config)
+    return findings + [replace(f, message=in_user_terms(f.message, config),
+                               suggestion=in_user_terms(f.suggestion, config))
+                       for f in heldout_collapse(heldout_answers(run_dir), evals, thresholds or HealthThresholds(),
+                                                 history, config) + heldout_fell(heldout_rewards(run_dir), evals, config)
+                       + sampled_at_chance(coverage, config)]
+
+
 def build_report(run_dir: str | Path, thresholds: HealthThresholds | None = None) -> dict[str, Any]:
     """Build the report of a run folder, write it to RUN_DIR/report.json, and return it.
 
@@ -182,8 +224,11 @@ def build_report(run_dir: str | Path, thresholds: HealthThresholds | None = None
     has it)}, tasks {task: {before_sft, after_sft, after_rl, delta, delta_sft, delta_rl}}, bbq {task: `bbq_table` row}, recognition {task:
     `recognition_table` row} (tasks with such rows only), pass_at_k (pass_at_k.json's figures, {} without it),
     findings [{level, code, message, suggestion, task, since}] (active at the end of the run; `since` = the step a
-    window finding fired at), suggestions [str], verdict "green"|"yellow"|"too_short"|"red"
-    (grpo/run/doctor.verdict), reasons [str], cleared [{code, task, level, first_step, last_step, message}] (alarms
+    window finding fired at), suggestions [str], verdict "green"|"yellow"|"too short to judge"|"red"
+    (grpo/run/doctor.verdict; the console shows the same words upper-cased), judged (the line saying the verdict
+    was judged from the training rewards of the tasks without held-out rows, and how to get a held-out one; ""
+    when every task was evaluated), stopped_early (why early stopping ended RL, also the first reason; "" when it did
+    not), reasons [str], cleared [{code, task, level, first_step, last_step, message}] (alarms
     that fired during the run and stopped), pareto_best {step, scores, path} (the Pareto frontier's point with the best
     mean held-out score, from pareto/pareto.json; absent without one). A run without eval.json still gets its health
     findings; a run without metrics.jsonl raises FileNotFoundError naming the path.
@@ -194,15 +239,20 @@ def build_report(run_dir: str | Path, thresholds: HealthThresholds | None = None
     measures = _load_json(run_dir / MEASURES_FILE)
     config = _load_json(run_dir / "config.json")
     bands = kl_bands(config, tasks_in(history, "kl/"))
-    findings = check(history, thresholds, bands, evals or None, config)
-    findings += heldout_collapse(heldout_answers(run_dir), evals, thresholds or HealthThresholds(), history,
-                                 config)
     coverage = _load_json(run_dir / "pass_at_k.json")  # train.pass_at_k: the diagnostic before RL
-    findings += sampled_at_chance(coverage, config)
-    level, reasons = verdict(findings, rl_steps(history), thresholds)
+    findings = all_findings(run_dir, history, evals, config, thresholds, bands, coverage)
+    training_only = unevaluated(history, evals) if judged_from_training(config) else []
+    level, reasons = verdict(findings, rl_steps(history), thresholds, training_only)
     cleared = replayed(history, thresholds, bands, evals or None, config).cleared
     suggestions = list(dict.fromkeys(f.suggestion for f in findings))
-    if not evals:
+    judged = (f"judged from the training rewards of {', '.join(training_only)}: no held-out rows (every row trains, "
+              f"as in TRL); {HOW_HELDOUT}") if training_only else ""
+    if judged:
+        reasons.append(judged)
+    stopped = early_stop(history, config)
+    if stopped:
+        reasons.insert(0, stopped)
+    elif not evals:
         reasons.append("no eval.json: the before/after table is empty")
     report = {
         "run_dir": str(run_dir),
@@ -214,6 +264,8 @@ def build_report(run_dir: str | Path, thresholds: HealthThresholds | None = None
         "findings": [asdict(f) for f in findings],
         "suggestions": suggestions,
         "verdict": level,
+        "judged": judged,
+        "stopped_early": stopped,
         "reasons": reasons,
         "cleared": [asdict(a) for a in cleared],
     }
@@ -255,8 +307,10 @@ def format_report(report: Mapping[str, Any]) -> str:
     lines = [f"Run {report['run_dir']}: {s['rows']} logged steps (last {s['last_step']}), "
              f"{s['time_total_s'] / 60:.1f} min of steps, {s['skipped_steps']} skipped, "
              f"{s['restored_steps']} restored" + _memory_cell(s),
-             f"Verdict: {VERDICT_TEXT.get(report['verdict'], report['verdict'].upper())}"
-             + (f": {report['reasons'][0].split(': ', 1)[-1]}" if report["verdict"] == "too_short" else ""), ""]
+             f"Verdict: {report['verdict'].upper()}"
+             + (f": {report['reasons'][0].split(': ', 1)[-1]}" if report["verdict"] == TOO_SHORT else ""),
+             *([f"  ({report['judged']})"] if report.get("judged") else []),
+             *([f"  ({report['stopped_early']})"] if report.get("stopped_early") else []), ""]
     header = ["task", "before_sft", "after_sft", "after_rl", "Δ sft", "Δ rl", "Δ total"]
     rows = [[task, _cell(r["before_sft"]), _cell(r["after_sft"]), _cell(r["after_rl"]),
              _cell(r["delta_sft"], True), _cell(r["delta_rl"], True), _cell(r["delta"], True)]

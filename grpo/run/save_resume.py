@@ -39,7 +39,13 @@ def restore_best(run: Run) -> Path | None:
     where = run.dist.broadcast(None if best is None else str(best.path))
     if where is None:
         return None
-    folder = Path(where)
+    return load_weights(run, Path(where))
+
+
+def load_weights(run: Run, folder: Path) -> Path:
+    """Load the weights save_pretrained wrote into `folder` (a Pareto point, the best evaluation's copy) into the
+    policy in place, on every rank (each reads the same files); the weight guard's last good copy becomes these.
+    A folder that does not fit the policy (another adapter or model) is a CheckpointError naming it."""
     model = run.policy.model
     if run.policy.is_lora:  # the point is the adapter (save_pretrained of a PEFT model)
         from peft import set_peft_model_state_dict
@@ -48,14 +54,14 @@ def restore_best(run: Run) -> Path | None:
         result = set_peft_model_state_dict(model, state)
         trainable = sum(p.requires_grad for p in model.parameters())
         if result.unexpected_keys or len(state) != trainable:
-            raise ckpt.CheckpointError(f"Pareto point {folder} does not fit this adapter: {len(state)} tensors for "
+            raise ckpt.CheckpointError(f"saved weights {folder} do not fit this adapter: {len(state)} tensors for "
                                        f"{trainable} trainable ones, unexpected {list(result.unexpected_keys)[:5]}")
     else:
         state = saved_weights(folder, "model")
         names = set(model.state_dict())
         missing, unexpected = names - set(state) - tied_names(model), set(state) - names
         if missing or unexpected:  # a tied output embedding is saved once, under the input embedding's name
-            raise ckpt.CheckpointError(f"Pareto point {folder} does not fit this model: missing {sorted(missing)[:5]}, "
+            raise ckpt.CheckpointError(f"saved weights {folder} do not fit this model: missing {sorted(missing)[:5]}, "
                                        f"unexpected {sorted(unexpected)[:5]}")
         run.dist.load_full_state(model, state, strict=False)
     run.updater.guard.snapshot()

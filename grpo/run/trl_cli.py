@@ -35,7 +35,7 @@ from typing import Any, Mapping
 from grpo import config as C
 from grpo.config.command_line import BOOL_WORDS, FileTree, OtherFlags
 from grpo.run.trl_config import DEFAULTS, ROWS, TABLE, from_trl, trl_field_names, translate
-from grpo.run.trl_rows import MIXTURE_TABLE, MODEL_TABLE, RECORDS, SCRIPT_TABLE, apply_rows, typed_fields
+from grpo.run.trl_rows import MIXTURE_TABLE, MODEL_TABLE, RECORDS, SCRIPT_TABLE, apply_rows, typed_fields, user_names
 
 __all__ = ["from_trl", "read_config_file", "trl_flags"]
 """The face: a TRL GRPOConfig as a config tree (`from_trl`, train(args=...)), a --config file (`read_config_file`),
@@ -58,9 +58,10 @@ LIST_FIELDS = {"reward_funcs", "lora_target_modules", "lora_target_parameters", 
                "reward_weights"}
 """The fields of the four records a flag gives as several words (`--reward_funcs a b`): TRL's list-typed ones."""
 STR_FIELDS = {"dataset_name", "dataset_config", "reward_model_name_or_path", "model_name_or_path",
-              "attn_implementation", "bnb_4bit_quant_storage", "output_dir", "run_name", "cache_implementation"}
+              "attn_implementation", "bnb_4bit_quant_storage", "output_dir", "run_name", "cache_implementation",
+              "metric_for_best_model"}
 """Fields without a default whose flag value stays text (`--dataset_config 1` names configuration "1")."""
-BOOL_FIELDS = {"bf16"}
+BOOL_FIELDS = {"bf16", "greater_is_better"}
 """Fields without a default that are bool (a bare `--bf16` is true)."""
 
 
@@ -120,10 +121,14 @@ def _first_field(row: Any) -> str:
 
 
 def trl_flags() -> OtherFlags:
-    """TRL's flags as the command line reads them (grpo/config/command_line.py)."""
+    """TRL's flags as the command line reads them (grpo/config/command_line.py), with what each sets (the tables'
+    `ours`, GRPOConfig's then the other records', for --help)."""
     kinds = FlagKinds()
     return OtherFlags(kinds=kinds, negatable=frozenset(row.trl for row in _rows() if row.default is True),
-                      equivalents={row.trl: same for row in _rows() if (same := _first_field(row))})
+                      equivalents={row.trl: same for row in _rows() if (same := _first_field(row))},
+                      sets={row.trl: row.ours for row in _rows() if row.trl != "datasets"},
+                      when="read in a TRL command line: one with --model_name_or_path, --dataset_name or "
+                           "--reward_funcs, or a --config file of TRL's fields; docs/TRL.md has every rule")
 
 
 def flag_value(name: str, raw: Any) -> Any:
@@ -307,4 +312,5 @@ def translate_command_line(fields: Mapping[str, Any]) -> FileTree:
                             "reward_model_name_or_path), or rewards.<task>=name:weight,...", field="reward_weights")
     for text in done.notes:
         print(f"TRL config: {text}", file=sys.stderr)
+    done.tree.setdefault("train", {})["trl_names"] = user_names(done.origins, done.tree, flags=True)
     return FileTree(done.tree, done.origins)

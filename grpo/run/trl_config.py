@@ -27,7 +27,7 @@ from grpo import config as C
 from grpo.core.advantages import ADV_SCALES
 from grpo.core.losses import POLICY_LOSSES
 from grpo.run.trl_rows import (RECORDS, Converter, Row, _name, _noted, _only, _part_of, _set, apply_rows, bind, error,
-                                note, on_cpu, typed_fields)
+                                note, on_cpu, typed_fields, user_names)
 
 TRL_VERSION = "1.16"
 """The TRL release whose GRPOConfig TABLE translates (its defaults are TABLE's `default` column)."""
@@ -211,8 +211,9 @@ def _precision(value: Any, fields: Mapping[str, Any], out: dict, notes: list) ->
         _set(out, "model.dtype", "float16")
     elif bf16 and on_cpu(fields):
         _set(out, "model.dtype", "float32")
-        _note(notes, "bf16", True, "this run is on the CPU: grpo-dual trains in float32 here (model.dtype=float32); "
-              "set model.dtype=bfloat16 for bf16 weights")
+        if value is not None:  # asked for; TRL's own default (unset: bf16 unless fp16) is no request to name
+            _note(notes, "bf16", True, "this run is on the CPU: grpo-dual trains in float32 here (model.dtype="
+                  "float32); set model.dtype=bfloat16 for bf16 weights")
     else:
         _set(out, "model.dtype", "bfloat16" if bf16 else "float32")
 
@@ -286,6 +287,36 @@ def _evaluating(value: Any, fields: Mapping[str, Any], out: dict, notes: list) -
     _set(out, "train.eval_every_epoch", strategy == "epoch")  # resolved once the rows are loaded
 
 
+def _best_model(value: Any, fields: Mapping[str, Any], out: dict, notes: list) -> None:
+    metric, greater = fields["metric_for_best_model"], fields["greater_is_better"]
+    name = None if metric is None else str(metric).removeprefix("eval_")
+    if name == "loss" and value:  # transformers' default under load_best_model_at_end (a GRPOConfig holds it set)
+        _note(notes, "metric_for_best_model", metric, "grpo-dual's held-out evaluation scores greedy completions with "
+              "the reward functions and has no loss: the best model is the one of the best mean held-out reward "
+              "(metric_for_best_model=reward, greater_is_better=true)")
+        name, greater = "reward", True
+    if name not in (None, "reward"):
+        raise _error("metric_for_best_model", metric, "grpo-dual's held-out evaluation gives the mean held-out reward: "
+                     "use reward (or eval_reward); per task, train.best_metric=reward/<task>")
+    _set(out, "train.best_metric", "reward")
+    _set(out, "train.greater_is_better", True if greater is None else bool(greater))
+    _set(out, "checkpoint.keep_best", bool(value))
+    if not value:
+        return
+    evaluation, saving = str(_name(fields["eval_strategy"])), str(_name(fields["save_strategy"]))
+    if evaluation == "no":
+        raise _error("load_best_model_at_end", value, "it keeps the best held-out evaluation, and eval_strategy=no "
+                     "evaluates nothing during training: use eval_strategy=steps (with eval_steps) or epoch, and an "
+                     "eval split (dataset_test_split, eval_dataset)")
+    if saving != evaluation:  # transformers' TrainingArguments rule
+        raise _error("save_strategy", saving, f"load_best_model_at_end requires the save and eval strategy to match, "
+                     f"as in transformers: eval_strategy={evaluation}, so save_strategy={evaluation}")
+    eval_steps = fields["eval_steps"] if fields["eval_steps"] is not None else fields["logging_steps"]
+    if evaluation == "steps" and float(fields["save_steps"]) % float(eval_steps):
+        raise _error("save_steps", fields["save_steps"], f"load_best_model_at_end requires the saving steps to be a "
+                     f"multiple of the evaluation steps (eval_steps={eval_steps:g}), as in transformers")
+
+
 def _report_to(value: Any, fields: Mapping[str, Any], out: dict, notes: list) -> None:
     if not (value is None or isinstance(value, str) or isinstance(value, (list, tuple)) and all(
             isinstance(v, str) for v in value)):
@@ -343,10 +374,9 @@ TABLE: tuple[Row, ...] = (
       "num_train_epochs decides", _steps),
     R("num_train_epochs", "train.num_epochs", 3.0,
       "passes over the training prompts when max_steps <= 0: ceil(num_train_epochs x (prompts // prompts a step)) RL "
-      "steps, as TRL counts them (the last incomplete batch of an epoch dropped), over the training rows: a task "
-      "without held-out rows of its own (a DatasetDict's test split, tasks.<task>.heldout) lends "
-      "data.heldout_fraction of its rows to grpo-dual's held-out evaluation; the prompts' order is grpo-dual's "
-      "task-balanced sampler's", _part_of("max_steps")),
+      "steps, as TRL counts them (the last incomplete batch of an epoch dropped), over every training row, as in TRL "
+      "(data.heldout_fraction=0: the held-out rows are an eval split's only); the prompts' order is grpo-dual's "
+      "task-balanced sampler's", _part_of("max_steps"), copies="train.num_epochs"),
     R("num_iterations", "loss.mu", 1, "optimizer steps per generation"),
     R("shuffle_dataset", "", True, "true only", _only(True, "the sampler always shuffles")),
     # --- the optimizer and its schedule
@@ -432,7 +462,7 @@ TABLE: tuple[Row, ...] = (
     R("chat_template_kwargs", "", None, "unset only", _only(None, "the tokenizer's chat template is applied as it is")),
     # --- the model and the machine
     R("bf16", "model.dtype", None, "unset or true (TRL: true unless fp16): bfloat16 weights on a GPU; on the CPU "
-      "float32 and a note (grpo-dual does not switch bf16 on there); false: float32", _precision),
+      "float32 (grpo-dual does not switch bf16 on there; a note when bf16 is set true); false: float32", _precision),
     R("fp16", "model.dtype", False, "true: float16 (with a gradient scaler)", _part_of("bf16")),
     R("use_cpu", "train.device", False, "true: cpu; false: auto", _device),
     R("gradient_checkpointing", "model.gradient_checkpointing", True, "copied (TRL's default is on)"),
@@ -467,6 +497,15 @@ TABLE: tuple[Row, ...] = (
       "eval_every = an epoch's RL steps, once the rows are loaded); no: train.eval_every=0 (grpo-dual still evaluates "
       "before and after training)", _evaluating),
     R("eval_steps", "train.eval_every", None, "see eval_strategy", _part_of("eval_strategy")),
+    R("load_best_model_at_end", "checkpoint.keep_best", False, "the final model (output_dir, final/) is the best "
+      "held-out evaluation's by metric_for_best_model, not the last step's, with transformers' rules: an eval_strategy "
+      "other than no, save_strategy the same, save_steps a multiple of eval_steps (refused by name otherwise); the "
+      "best's weights kept in the run folder's best/", _best_model, copies="checkpoint.keep_best"),
+    R("metric_for_best_model", "train.best_metric", None, "reward or eval_reward: the mean held-out reward; unset, "
+      "and transformers' default under load_best_model_at_end (the eval loss, which grpo-dual's greedy evaluation "
+      "has none of: a note), reward; another metric is refused", _part_of("load_best_model_at_end")),
+    R("greater_is_better", "train.greater_is_better", None, "copied (unset: true, as transformers derives it for a "
+      "metric that does not end in loss)", _part_of("load_best_model_at_end")),
     R("per_device_eval_batch_size", "", 8, "named in a note when set",
       _noted("grpo-dual's held-out evaluation is greedy, one completion per prompt, data.eval_size prompts")),
     R("num_generations_eval", "", None, "named in a note when set",
@@ -556,6 +595,8 @@ def all_fields(args: Any) -> tuple[dict[str, Any], list[str]]:
     others = sorted(f.name for f in fields if f.name not in ROWS and getattr(args, f.name) != (
         getattr(reference, f.name) if reference is not None else _field_default(f)))
     values = {name: getattr(args, name) for name in mine}
+    if values.get("bf16") == (not values.get("fp16")):  # what TRL's __post_init__ derives from bf16 left unset
+        values["bf16"] = None
     values["world_size"] = getattr(args, "world_size", 1)
     return {**DEFAULTS, **values}, others
 
@@ -577,15 +618,18 @@ def translate(args: Any) -> Translation:
     origins: dict[str, tuple[str, Any, bool]] = {}
     apply_rows(TABLE, fields, out, notes, origins)
     _set(out, "data.prompt_format", "trl")  # string prompts as they are, messages through the chat template
+    _set(out, "data.heldout_fraction", 0.0)  # TRL trains every row; it evaluates only an eval split it is given
     weights = fields.get("reward_weights")
     return Translation(out, None if weights is None else [float(w) for w in weights], notes, origins)
 
 
 def from_trl(args: Any) -> tuple[dict[str, Any], list[float] | None]:
-    """(grpo-dual config tree, reward_weights or None) of a GRPOConfig; its notes are printed to stderr."""
+    """(grpo-dual config tree, reward_weights or None) of a GRPOConfig, with train.trl_names (its field names: the
+    run's advice names them); its notes are printed to stderr."""
     done = translate(args)
     for text in done.notes:
         print(f"TRL config: {text}", file=sys.stderr)
+    _set(done.tree, "train.trl_names", user_names(done.origins, done.tree, flags=False))
     return done.tree, done.weights
 
 
@@ -638,7 +682,16 @@ grpo-dual \\
 
 `examples/trl_grpo/math` holds `train.jsonl` and `test.jsonl` (conversational prompts and a `solution` column, as
 `accuracy_reward` reads it): `datasets` takes the splits from the file names, the test split is the held-out set.
-tests/test_trl_command_line.py runs this command.
+The same run from TRL's config file (`examples/trl_grpo/grpo.yaml`, its output_dir smollm2-grpo-yaml), and the
+command's help (TRL's flags, each with the grpo-dual field it sets; `--help-all` lists every grpo-dual field too):
+
+```bash
+grpo-dual --config examples/trl_grpo/grpo.yaml
+grpo-dual --help
+```
+
+The README's set-up installs `grpo-dual`; tests/test_install.py runs these commands as they are written here, from
+the repository root, after that set-up.
 
 What it reads. A TRL command line is one whose `--config` file holds TRL's fields, or that gives a field of
 GRPOScriptArguments, ModelConfig or DatasetMixtureConfig (`--model_name_or_path`, `--dataset_name`,
@@ -688,12 +741,21 @@ def markdown() -> str:
         "also hold the other records `trl grpo` reads (next section and the tables after GRPOConfig's).",
         "",
         "What grpo-dual adds keeps grpo-dual's defaults: the SFT warm-up (rows with a target), the doctor, the "
-        "graders, the held-out evaluations before and after training, the per-task KL bands of a preset. A config "
+        "graders, the held-out evaluations before and after training, the per-task KL bands of a preset. Every row of "
+        "the training split trains, as in TRL (`data.heldout_fraction=0`); the held-out evaluations run on an eval "
+        "split when one is given (dataset_test_split, a DatasetDict's test split, `train(eval_dataset=...)`), and "
+        "without one the verdict is judged from the training rewards and says how to get a held-out one (an eval "
+        "split, or `data.heldout_fraction`, e.g. 0.2, to hold out a share of the rows as grpo-dual does). A config "
         "file starts from the preset `custom` (your tasks only) unless `--preset` is given; command-line flags and "
         "`train(...)`'s sections override it. Prompts are handled as TRL does (`data.prompt_format=trl`): a string "
         "prompt (TRL's standard form) is tokenized as it is, a list of messages goes through the chat template. "
         "Steps: TRL counts optimizer steps; grpo-dual's RL step is one "
-        "generation followed by `num_iterations` optimizer steps, and the rules below convert.",
+        "generation followed by `num_iterations` optimizer steps, and the rules below convert. "
+        "`load_best_model_at_end` puts the best evaluated model in output_dir (table below); transformers' "
+        "`EarlyStoppingCallback`, a trainer callback rather than a GRPOConfig field, is "
+        "`train.early_stopping_patience` and `train.early_stopping_threshold` here, with its rules "
+        "(`--train.early_stopping_patience 3`, or `train(..., train={\"early_stopping_patience\": 3})`). The run's "
+        "advice names TRL's fields and flags where they set what it advises, ours in brackets.",
         "",
         FROM_TRL_GRPO.rstrip("\n"),
         "",

@@ -68,6 +68,8 @@ FIELD_TYPES: dict[str, Any] = {
                      "reward_model_name_or_path", "model_name_or_path", "attn_implementation", "bnb_4bit_quant_storage",
                      "dtype"), str | None),
     "bf16": bool | None,
+    "greater_is_better": bool | None,
+    "metric_for_best_model": str | None,
     **dict.fromkeys(("reward_funcs", "lora_target_modules"), TEXT_OR_LIST),
     "reward_weights": NUMBERS,
     # checked by their rows' converters (tables, a list of tables, a word or a list, text or true / false, unset-only)
@@ -136,6 +138,26 @@ def apply_rows(rows: tuple[Row, ...], values: Mapping[str, Any], out: dict, note
     for row in rows:
         if row.copied_into in written:
             origins[row.copied_into] = (row.trl, values[row.trl], True)
+
+
+def user_names(origins: Mapping[str, tuple[str, Any, bool]], tree: Mapping[str, Any], flags: bool) -> dict[str, str]:
+    """train.trl_names of a translation (grpo/run/vocabulary.py): each grpo-dual field of `tree` that holds its TRL
+    field's value as it is (max_steps under num_iterations=1, not under 2) -> that TRL field, as a flag (`flags`:
+    `--num_generations`, a command line or file) or a field name (a GRPOConfig). A field a converter derives
+    (train.prompts_per_micro_step from per_device_train_batch_size) is left out: a value of ours would be no value of
+    theirs."""
+    written = leaves(tree)
+    return {dotted: f"--{trl}" if flags else trl for dotted, (trl, value, _) in origins.items()
+            if dotted in written and _same(written[dotted], value)}
+
+
+def _same(ours: Any, theirs: Any) -> bool:
+    """A translated value that is the TRL value as it is (numbers by value, 2 == 2.0; a bool only as a bool)."""
+    if isinstance(ours, bool) or isinstance(theirs, bool):
+        return ours is theirs
+    if isinstance(ours, (int, float)) and isinstance(theirs, (int, float)):
+        return float(ours) == float(theirs)
+    return ours == theirs
 
 
 def _set(out: dict[str, Any], dotted: str, value: Any) -> None:
@@ -243,7 +265,7 @@ def _choose_splits(splits: Mapping[str, list], fields: Mapping[str, Any], where:
     if test != "test":  # set on purpose: a name that is not there is a mistake, not TRL's default left alone
         raise error("GRPOScriptArguments", "dataset_test_split", test,
                     f"{where} has the splits {sorted(splits)}: name one of them, or leave it at 'test' (none: "
-                    "grpo-dual holds out data.heldout_fraction of the rows)")
+                    "every row trains, as in TRL, and the verdict is judged from the training rewards)")
     return splits[train], None
 
 
@@ -415,8 +437,8 @@ SCRIPT_TABLE: tuple[Row, ...] = (
     Row("dataset_train_split", "tasks.<task>.path", "train", "the split trained on", _part_of("dataset_name")),
     Row("dataset_test_split", "tasks.<task>.heldout", "test",
         "the held-out rows of grpo-dual's evaluations (before and after training, every eval_steps); without that "
-        "split grpo-dual holds out data.heldout_fraction of the rows (a split named on purpose must exist)",
-        _part_of("dataset_name")),
+        "split every row trains, as in TRL, and the verdict is judged from the training rewards (data.heldout_fraction "
+        "> 0 holds out a share of the rows instead); a split named on purpose must exist", _part_of("dataset_name")),
     Row("dataset_streaming", "", False, "false only", _only(False, "the rows are read into memory once")),
     Row("ignore_bias_buffers", "", False, "named in a note when true",
         _noted("TRL's GRPO script does not read it either (a DDP workaround of its DPO script)")),
