@@ -69,7 +69,7 @@ from grpo.run.setup_parts import (build_trackers, check_precision, check_shardin
                                   choose_graph_memory, fit_prompts, load_samples, parse_task_mix, policy_from_config,
                                   reward_specs, seed_everything, split_by_task, stop_token_ids, with_epochs)
 from grpo.run.signals import Interrupted, StopRequest, signals_raise
-from grpo.run.state import Run, Start, TaskSamples
+from grpo.run.record import Run, Start, TaskSamples
 from grpo.run.step_owners import Generation, Rewarder, StepTimer, Updater, prompt_copies
 from grpo.run.trl_cli import read_config_file, trl_flags
 from grpo.run.tracking import NullTracker, format_step_line, progress, write_samples, write_scored

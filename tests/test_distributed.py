@@ -133,7 +133,7 @@ def test_a_finished_command_line_run_destroys_the_process_group_after_a_barrier(
     # a rank that leaves without destroy_process_group can abort at exit ("terminate called without an active
     # exception", SIGABRT: seen once in test_two_processes_stop_together_and_restore_on_every_rank under load)
     import grpo_train as G
-    from grpo.run.state import Progress
+    from grpo.run.record import Progress
 
     calls = []
     monkeypatch.setattr(torch.distributed, "is_initialized", lambda: True)

@@ -22,7 +22,7 @@ MAX_RUN_FIELDS = 12
 
 # ---------------------------------------------------------------------------------------------- the module table
 def module_of(path: Path) -> str:
-    """'grpo.run.state' for grpo/run/state.py, 'grpo_train' for grpo_train.py."""
+    """'grpo.run.record' for grpo/run/record.py, 'grpo_train' for grpo_train.py."""
     rel = path.relative_to(ROOT).with_suffix("")
     parts = list(rel.parts)
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
@@ -101,9 +101,9 @@ def test_every_module_a_step_imports_is_in_designs_module_table():
 
 
 def test_the_table_check_reads_files_and_folders():
-    text = "| module | line |\n|---|---|\n| `grpo_train.py` | x |\n| `grpo/run/state.py`, `grpo/grading/rubrics/` | y |\n"
-    assert table_paths(text) == {"grpo_train.py", "grpo/run/state.py", "grpo/grading/rubrics/"}
-    assert missing_from_table({"grpo_train", "grpo.run.state", "grpo.run.tracking", "grpo.run"},
+    text = "| module | line |\n|---|---|\n| `grpo_train.py` | x |\n| `grpo/run/record.py`, `grpo/grading/rubrics/` | y |\n"
+    assert table_paths(text) == {"grpo_train.py", "grpo/run/record.py", "grpo/grading/rubrics/"}
+    assert missing_from_table({"grpo_train", "grpo.run.record", "grpo.run.tracking", "grpo.run"},
                               table_paths(text)) == ["grpo/run/tracking.py"]
 
 
@@ -128,7 +128,7 @@ def test_the_size_check_counts_a_function_from_def_to_its_last_line():
 
 # ---------------------------------------------------------------------------------------------- the Run record
 def test_run_holds_at_most_12_fields():
-    from grpo.run.state import Run
+    from grpo.run.record import Run
 
     names = [f.name for f in dataclasses.fields(Run)]
     assert len(names) <= MAX_RUN_FIELDS, names

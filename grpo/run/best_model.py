@@ -26,7 +26,7 @@ from typing import Any, Mapping, Sequence
 
 from grpo import config as C
 from grpo.models.modeling import save_pretrained
-from grpo.run.state import Run
+from grpo.run.record import Run
 from grpo.run.vocabulary import in_user_terms
 
 BEST_SUBDIR = "best"

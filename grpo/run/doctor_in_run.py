@@ -11,7 +11,7 @@ from grpo import config as C
 from grpo.run.doctor import Doctor, Finding
 from grpo.run.save_resume import restore_best
 from grpo.run.report import kl_bands
-from grpo.run.state import Run
+from grpo.run.record import Run
 from grpo.run.tracking import METRICS_FILE, read_metrics
 
 __all__ = ["start_doctor", "consult_doctor", "doctor_line", "doctor_stops"]

@@ -23,7 +23,7 @@ from grpo.models.modeling import Policy, save_pretrained
 from grpo.run import checkpoint_files as ckpt
 from grpo.run.fingerprints import input_changes
 from grpo.run.run_folder import run_started
-from grpo.run.state import Run
+from grpo.run.record import Run
 
 
 def reference_weights(policy: Policy, dist: Dist) -> dict[str, torch.Tensor]:

@@ -8,18 +8,20 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from grpo import config as C
-from grpo.run.doctor import Doctor, Finding
 from grpo.core.records import Sample
 from grpo.models.distributed import Dist
 from grpo.models.modeling import Policy
-from grpo.run.pareto import ParetoFrontier
-from grpo.run.step_owners import Generation, Rewarder, Updater
-from grpo.run.tracking import Tracker
+
+if TYPE_CHECKING:  # the record names the wings' types; importing them would put the record above the wings
+    from grpo.run.doctor import Doctor, Finding
+    from grpo.run.pareto import ParetoFrontier
+    from grpo.run.step_owners import Generation, Rewarder, Updater
+    from grpo.run.tracking import Tracker
 
 
 @dataclass
