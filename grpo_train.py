@@ -16,7 +16,6 @@ scoring, update: grpo/run/step_owners.py); `rl_step` passes records between them
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import math
 import shutil
@@ -25,7 +24,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
-from grpo.models.host import cpu_share, memory_metrics, openmp_note, quiet_openmp, thread_count
+from grpo.models.host import memory_metrics, quiet_openmp
 from grpo.models.third_party import quiet_third_party
 
 quiet_openmp()  # before torch loads libgomp, which reads it once: waiting threads sleep instead of spinning
@@ -34,129 +33,35 @@ quiet_third_party()  # before a script builds its GRPOConfig: TRL's own default 
 import torch  # noqa: E402
 
 from grpo import config as C
-from grpo.config.command_line import command_typed, parse_trainer_argv, repeated_note, smoke_test_note
-from grpo.core.health import TrainingUnstable
-from grpo.core.losses import losses_help
-from grpo.data.batching import TaskBalancedSampler, check_prompts_per_step
-from grpo.grading.graders import graders_help, preflight, set_trainer_state, term_names
-from grpo.grading.judge import Judge
-from grpo.grading.scoring import check_fallback_share
-from grpo.models.distributed import Dist, make_dist, relaunch_on_cpu, requested_cpu_processes
-from grpo.models.modeling import check_4bit_available, rebase_reference, save_pretrained
-from grpo.models.pretrained import ModelPackageMissing, check_model_name
-from grpo.phases.coverage import pass_at_k_eval
-from grpo.phases.evaluate import evaluate, part_means, record_measures, unscored
-from grpo.phases.sft import run_sft, sft_examples, stratified
-from grpo.phases.environments import environment_rewards, resolve_environment
-from grpo.phases.tools import build_toolbox, resolve_tools
-from grpo.run import checkpoint_files as ckpt
+from grpo.phases import evaluate, part_means, pass_at_k_eval, record_measures, run_sft, sft_examples, stratified, unscored
 from grpo.run.api import loaded_model, python_config, with_tools
-from grpo.run.best_model import keep_if_best, settle_best, stops_early
+from grpo.run.assembly import (ModelPackageMissing, banner, build_owners, check_config, check_inputs,
+                               check_model_available, check_precision, check_sharding, check_start,
+                               choose_graph_memory, fit_prompts, parse_command_line, policy_from_config, prepare_process,
+                               preset_note, processes, relaunch_if_asked, seed_everything, template_less, template_note,
+                               warm_up, with_epochs)
+from grpo.run.checkpoint_files import CheckpointError, save_reference
+from grpo.run.best_model import offer_evaluation, settle_best, stops_early
 from grpo.run.save_resume import (FinalSaveError, check_resume, last_checkpoint_line, reference_weights, resume,
                                   save_checkpoint, save_final_checkpoint, save_final_model)
-from grpo.run.config_check import check_config, registries_help
-from grpo.run.console import banner, preset_note, template_less, template_note, warm_up
-from grpo.run.doctor_in_run import consult_doctor, doctor_line, doctor_stops, start_doctor
-from grpo.run.pareto import RUN_SUBDIR as PARETO_SUBDIR, ParetoFrontier, check_evaluations, require_heldout_rows
-from grpo.run.plot import plot_run
-from grpo.run.start_checks import check_start
-from grpo.run.report import build_report, format_report
-from grpo.run.fingerprints import input_fingerprints
 from grpo.run.run_folder import (discarded_if_unstarted, expand_home, prepare_run_dir, publish_final,
                                  release_run_dir)
-from grpo.run.exits import USER_ERRORS, interrupted, user_error
-from grpo.run.setup_parts import (build_trackers, check_precision, check_sharding, check_task_entries, choose_device,
-                                  choose_graph_memory, fit_prompts, load_samples, parse_task_mix, policy_from_config,
-                                  reward_specs, seed_everything, split_by_task, stop_token_ids, with_epochs)
-from grpo.run.signals import Interrupted, StopRequest, signals_raise
+from grpo.run.doctor_in_run import consult_doctor, doctor_line, doctor_stops, start_doctor
+from grpo.run.plot import plot_run
+from grpo.run.report import build_report, format_report
+from grpo.run.exits import RUN_FAILURES, USER_ERRORS, interrupted, user_error
 from grpo.run.record import Run, Start, TaskSamples
-from grpo.run.step_owners import Generation, Rewarder, StepTimer, Updater, prompt_copies
-from grpo.run.trl_cli import read_config_file, trl_flags
-from grpo.run.tracking import NullTracker, format_step_line, progress, write_samples, write_scored
+from grpo.run.signals import Interrupted, StopRequest, signals_raise
+from grpo.run.step_owners import StepTimer
+from grpo.run.tracking import format_step_line, progress, write_samples, write_scored
 from grpo.run.vocabulary import error_in_user_terms
-
-
-@dataclasses.dataclass
-class CheckedInputs:
-    """What `check_inputs` read and tried before the run folder or the model: the data and the reward side."""
-
-    rows: Any
-    """The loaded rows (grpo/run/setup_parts.load_samples): .train, .heldout, .every."""
-    train_rows: dict[str, list]
-    heldout: dict[str, list]
-    specs: dict[str, Any]
-    """Each task's reward terms (rewards.<task>, else the source's defaults)."""
-    graders: dict[str, Any]
-    """Every reward term's grader, resolved and tried on a real row."""
-    environments: Any
-    """The environment factory's description (rollout.environment_factory), or None."""
-    callables: Mapping[str, Callable[..., Any]] | None
-    """The run's functions by name, with the environment's get_reward when it has one."""
-    draws: int
-    """How many times a step draws prompts_per_step prompts (`prompt_copies`)."""
-
-
-def prepare_process(threads_setting: int) -> str:
-    """This process's torch thread count (train.threads: the cores it may use, not the machine's; setting it also
-    pins MKL's count) and transformers' progress bars off (one progress display per phase is ours). Returns the
-    banner's CPU line (how OpenMP waits only where it costs something or the user set it: grpo/models/host.py)."""
-    threads, why = thread_count(threads_setting, torch.get_num_threads(), cpu_share())
-    if threads != torch.get_num_threads():
-        torch.set_num_threads(threads)
-    # transformers is imported when the first model is built, not when this module is (--help stays fast)
-    from transformers.utils import logging as hf_logging
-
-    hf_logging.disable_progress_bar()
-    waits = openmp_note()
-    return f"CPU: {threads} torch thread(s) ({why})" + (f"; {waits}" if waits else "")
-
-
-def check_inputs(cfg: C.Config, callables: Mapping[str, Callable[..., Any]] | None, dist: Dist) -> CheckedInputs:
-    """Load the data and resolve and try every grader of every task on a real row, the tools and the environment: a
-    bad source, grader or tool stops the run here (DataFileError / GraderError / ToolError), before the run folder
-    is touched or the model loads."""
-    rows = load_samples(cfg.data, cfg.train.seed, cfg.tasks, announce=dist.is_main)  # every rank loads, one speaks
-    train_rows, heldout = split_by_task(rows.train, rows.heldout, cfg.data, cap=False)  # capped by fit_prompts
-    draws = prompt_copies(cfg, dist.world)  # prompts_per_step drawn for each process, or once for all (split_groups)
-    check_prompts_per_step(train_rows, cfg.train.prompts_per_micro_step, cfg.train.grad_accum, draws)
-    require_heldout_rows(train_rows, heldout, cfg.data.heldout_fraction)  # every task is evaluated: stop now if not
-    check_evaluations(cfg.train, heldout, cfg.checkpoint.keep_best)  # evaluations asked for where nothing is held out
-    specs = reward_specs(cfg.data.source, cfg.rewards, sorted(train_rows), custom=cfg.tasks,
-                         aggregation=cfg.loss.reward_aggregation)
-    check_task_entries(cfg.kl, sorted(train_rows))
-    # a tool or an environment that cannot be imported or described stops the run here
-    tool_names = [t.name for t in resolve_tools(cfg.rollout.tools, callables)]
-    environments = resolve_environment(cfg.rollout.environment_factory, callables, tool_names)  # None without
-    specs, callables = environment_rewards(specs, callables, environments)  # its get_reward: a term of each task
-    # the judge's rubrics are tried without its cache, which lives in the run folder
-    set_trainer_state(0, 0)  # a run in the same process (a notebook, a test) left its own: each run starts from none
-    graders = preflight(specs, train_rows, judge=Judge.from_config(dataclasses.replace(cfg.judge, cache_path=""), None),
-                        callables=callables, reward_models=cfg.reward_models, device=dist.device,
-                        timeout_s=cfg.train.reward_timeout_s,
-                        environment=environments.preflight if environments is not None else None)
-    return CheckedInputs(rows, train_rows, heldout, specs, graders, environments, callables, draws)
-
-
-def build_owners(run: Run, checked: CheckedInputs) -> None:
-    """The run's tracker, the three owners of its RL step and its Pareto frontier."""
-    cfg, policy, dist, run_dir = run.cfg, run.policy, run.dist, run.run_dir
-    run.tracker = build_trackers(cfg.train, run_dir) if dist.is_main else NullTracker()
-    toolbox = build_toolbox(cfg.rollout, policy.tokenizer, checked.callables, checked.environments)  # rollout.tools; None without
-    sampler = TaskBalancedSampler(run.samples.training, seed=cfg.train.seed, mix=parse_task_mix(cfg.data.task_mix))
-    run.generation = Generation(policy, cfg.rollout, dist, sampler, stop_token_ids(cfg.rollout, policy.tokenizer),
-                                toolbox, prompts_per_step=cfg.prompts_per_step, train=cfg.train)
-    run.rewarder = Rewarder(checked.specs, checked.graders, Judge.from_config(cfg.judge, run_dir), run.tasks, dist,
-                            rollout=cfg.rollout, loss=cfg.loss, tool_names=toolbox.names if toolbox else None,
-                            total_updates=cfg.total_updates)
-    run.updater = Updater(cfg, policy, dist, run.tasks, run.device)
-    run.progress.frontier = ParetoFrontier(cfg.multi.pareto_cap, run_dir / PARETO_SUBDIR)
 
 
 def setup(cfg: C.Config, *, callables: Mapping[str, Callable[..., Any]] | None = None,
           model: tuple[Any, Any] | None = None) -> Run:
     """Build the model, data, optimizer, controllers and trackers of a run; write its resolved config.
 
-    Order: the config is checked against the registries (grpo/run/config_check.py); the data are loaded and every
+    Order: the config is checked against the registries (grpo/run/assembly/config_check.py); the data are loaded and every
     grader of every task is resolved and tried on a real row (grpo.grading.graders.preflight): a bad source or grader
     stops the run with DataFileError / GraderError before the run folder is touched or the model loads. Then the
     run folder, the policy, the rest. `callables`: reward functions by the names rewards.<task> gives them (the
@@ -168,8 +73,8 @@ def setup(cfg: C.Config, *, callables: Mapping[str, Callable[..., Any]] | None =
     check_config(cfg)
     seed_everything(cfg.train.seed)
     host = prepare_process(cfg.train.threads)
-    dist, dist_device = make_dist(cfg.train.device, cfg.train.sharding)
-    device = dist.device = dist_device or choose_device(cfg.train.device)
+    dist = processes(cfg.train)
+    device = dist.device
     name = dist.broadcast(cfg.train.run_name or f"{cfg.preset}-{time.strftime('%Y%m%d-%H%M%S')}")
     run_dir = expand_home(cfg.train.output_dir) / name  # `~/runs` given where no shell expanded it
     checked = check_inputs(cfg, callables, dist)  # data, graders, tools: stops here, before the folder or model
@@ -184,8 +89,7 @@ def setup(cfg: C.Config, *, callables: Mapping[str, Callable[..., Any]] | None =
     with discarded_if_unstarted(run_dir, dist.is_main and made_here):  # a failed build leaves no empty folder
         inputs, resume_from = {}, None
         if dist.is_main:  # what the run starts with: a resume goes on only from the same, or names what changed
-            inputs = input_fingerprints(cfg.data, cfg.tasks, checked.rows.every, checked.graders,
-                                        term_names(checked.specs))
+            inputs = checked.fingerprints(cfg)
             if cfg.checkpoint.resume:
                 resume_from = check_resume(run_dir, cfg, inputs)
         resume_from = dist.broadcast(resume_from)
@@ -224,21 +128,17 @@ def sft_phase(run: Run) -> list[float]:
     encode = None if toolbox is None else (lambda messages: toolbox.encode_prompt(run.tokenizer, messages))
     examples = sft_examples(run.tokenizer, [x for t in run.tasks for x in run.samples.training[t]], system, s.max_target_tokens,
                             encode=encode)
-    if not examples:  # the banner said so (grpo/run/console.warm_up)
+    if not examples:  # the banner said so (grpo/run/assembly/console.warm_up)
         run.tracker.log({"sft/skipped": 1.0}, 0)  # the doctor then advises no warm-up
         return []
     if s.max_examples:
         examples = stratified([x for t in run.tasks for x in run.samples.training[t] if x.target], examples, s.max_examples)
     losses = run_sft(run.policy, examples, s, device=run.device, seed=run.cfg.train.seed,
                      progress=lambda it: progress(it, "SFT", enabled=run.dist.is_main), dist=run.dist)
-    # RL is regularised towards the SFT model, not the pre-SFT one: rebase the reference in place (every owner holds
-    # this policy), then restart the update's optimizer (under LoRA the trainable parameters are new objects).
-    rebased = rebase_reference(run.policy, seed=run.cfg.train.seed)
-    run.policy.model, run.policy.ref_model = rebased.model, rebased.ref_model
-    run.updater.restart()
+    run.updater.after_sft(run.cfg.train.seed)  # RL is regularised towards the SFT model from here on
     weights = reference_weights(run.policy, run.dist)  # a collective when sharded
     if run.dist.is_main:
-        ckpt.save_reference(run.run_dir, weights)
+        save_reference(run.run_dir, weights)
     run.dist.barrier()
     run.tracker.log({"sft/loss_first": losses[0], "sft/loss_last": losses[-1], **memory_metrics(run.device)}, 0)
     return losses
@@ -271,9 +171,7 @@ def evaluate_phase(run: Run, tag: str) -> dict[str, float]:
     run.tracker.log({**{f"eval/{t}/reward": r for t, r in results.items()}, **parts, **measured,
                      **memory_metrics(run.device)}, run.progress.step)
     if offered:
-        run.progress.frontier.offer(run.progress.step, results, save_fn=lambda path: save_pretrained(run.policy, path, state))
-        if run.cfg.checkpoint.keep_best:  # RUN/best/: the best evaluation's weights, for the final model
-            keep_if_best(run, run.progress.step, results, state)
+        offer_evaluation(run, results, state)  # the Pareto frontier; best/ with checkpoint.keep_best
     dist.barrier()
     return results
 
@@ -324,7 +222,7 @@ def log_step(run: Run, step: int, metrics: dict[str, Any], scored: list) -> dict
     metrics = {k: v if isinstance(v, (str, int)) else float(v) for k, v in metrics.items()}
     metrics.update(consult_doctor(run, metrics))
     run.tracker.log(metrics, step)
-    check_fallback_share(metrics, run.cfg.judge.max_fallback_share, step)  # the judge stopped answering: stop
+    run.rewarder.stop_if_judge_silent(metrics, run.cfg.judge.max_fallback_share, step)  # the judge stopped answering: stop
     every = run.cfg.train.sample_every
     if every and step % every == 0 and run.dist.is_main:
         write_samples(run.run_dir, run.tracker, scored, step)
@@ -509,9 +407,7 @@ def train(config: C.Config | str | Sequence[str] | None = None, *,
     cfg, callables = with_tools(cfg, callables, tools, environment_factory)
     loaded = model if isinstance(model, tuple) else None
     if loaded is None:
-        check_model_name(cfg.model.name)
-        if cfg.model.load_in_4bit:
-            check_4bit_available()
+        check_model_available(cfg.model)
     try:
         run = setup(cfg, callables=callables, model=loaded)
     except C.ConfigError as err:  # named as the user wrote it: TRL's field where a GRPOConfig set it
@@ -531,31 +427,22 @@ def cli(argv: list[str]) -> int:
     found while setting up (config, data, graders, judge, run folder, model.name); 1 a run failure; 130 / 143 stopped
     by SIGINT / SIGTERM (grpo/run/exits.py)."""
     try:
-        cfg, args = parse_trainer_argv(argv, prog=command_typed(), description=__doc__,
-                                       more_help=losses_help() + registries_help() + graders_help(),
-                                       read_file=read_config_file,
-                                       other=trl_flags())
-        check_config(cfg)
+        cfg, args = parse_command_line(argv, __doc__)  # our sections, TRL's flags and config files, checked
     except C.ConfigError as e:
         print(f"config error: {e}", file=sys.stderr)
         return 2
-    for note in (smoke_test_note(argv, cfg), repeated_note(argv)):  # a short run's long warm-up; a field set twice
-        if note:
-            print(note, file=sys.stderr)
     if args.print_config:
         print(C.dumps(cfg))
         return 0
     try:
-        check_model_name(cfg.model.name)  # a packaged model whose package is missing: one line, before any work
-        if cfg.model.load_in_4bit:
-            check_4bit_available()  # no bitsandbytes or no CUDA GPU: before the data, the run folder, the model
+        check_model_available(cfg.model)  # a missing package, 4-bit without bitsandbytes or a GPU: before any work
     except (ModelPackageMissing, C.ConfigError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     with signals_raise():  # Ctrl-C / SIGTERM before or after the RL loop: a message and 130 / 143
         try:
             run = setup(cfg)  # data, graders, judge, run folder, model: what fails here is the user's input
-        except ckpt.CheckpointError as e:  # a resume that cannot go on, named before the model loads
+        except CheckpointError as e:  # a resume that cannot go on, named before the model loads
             return user_error(e, 1)  # exits as a checkpoint error found later did
         except USER_ERRORS as e:
             return user_error(error_in_user_terms(e, C.to_dict(cfg)), 2)  # TRL's flag where TRL's flags set it
@@ -563,7 +450,7 @@ def cli(argv: list[str]) -> int:
             return interrupted(e, "during set-up")
         try:
             main(cfg, run)
-        except (*USER_ERRORS, ckpt.CheckpointError, TrainingUnstable) as e:  # known failure modes get their message;
+        except (*RUN_FAILURES, CheckpointError) as e:  # known failure modes get their message;
             return user_error(error_in_user_terms(e, C.to_dict(cfg)), 1)  # the last checkpoint (if any) is intact
         except (Interrupted, KeyboardInterrupt) as e:
             return interrupted(e, f"in {run.run_dir}")
@@ -575,9 +462,7 @@ def cli(argv: list[str]) -> int:
 
 def command() -> int:
     """`python grpo_train.py ...` and the installed `grpo-dual ...` command: the command line of this process."""
-    n_processes = requested_cpu_processes()  # reads the launcher's command line once
-    if n_processes > 1:  # `accelerate launch --cpu --num_processes N` started only this one
-        relaunch_on_cpu(n_processes, sys.argv[0], sys.argv[1:])
+    relaunch_if_asked(sys.argv)  # `accelerate launch --cpu --num_processes N` started only this one
     return cli(sys.argv[1:])
 
 

@@ -165,7 +165,7 @@ class PhaseMeter:
 
 def estimate_for(cfg: Any, prompt_len: int, cc: tuple[int, int]) -> dict[str, Any]:
     """The estimator's prediction for `cfg` at the measured prompt length (random:<shape> → the shape's name)."""
-    from grpo.run.memory_inputs import inputs_from_config
+    from grpo.run.assembly.memory_inputs import inputs_from_config
     from grpo.models.memory_estimate import estimate, format_table
 
     shape_cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, name=cfg.model.name[len("random:"):]))

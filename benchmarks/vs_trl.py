@@ -218,8 +218,8 @@ def trl_dataset(spec: BenchSpec, model_dir: str, out_dir: str):
     """The same training prompt pool our run draws from (same demo samples, same held-out split), as TRL rows."""
     from datasets import Dataset
 
-    from grpo.run.setup_parts import load_samples
-    from grpo_train import split_by_task
+    from grpo.run.assembly.samples import load_samples
+    from grpo.run.assembly.samples import split_by_task
 
     cfg = _our_config(spec, model_dir, out_dir)
     rows = load_samples(cfg.data, cfg.train.seed, cfg.tasks)

@@ -66,7 +66,7 @@ def test_at_a_third_a_context_blind_answer_earns_the_same_whatever_it_abstains()
 @needs_bbq
 def test_the_share_thins_training_rows_only():
     from grpo.config.command_line import parse_trainer_argv
-    from grpo.run.setup_parts import load_samples
+    from grpo.run.assembly.samples import load_samples
 
     args = ["--preset", "smollm2-dual", "--data.data_dir", str(DATA), "--data.halueval_per_subset", "20"]
     plain = load_samples(parse_trainer_argv(args, "t", "t")[0].data, 0)
@@ -81,7 +81,7 @@ def test_the_share_thins_training_rows_only():
 
 def test_the_share_is_checked_and_needs_bbq_rows(tmp_path):
     from grpo.config.command_line import parse_trainer_argv
-    from grpo.run.setup_parts import load_samples
+    from grpo.run.assembly.samples import load_samples
 
     with pytest.raises(ConfigError, match="data.bbq_ambiguous_share") as bad:
         parse_trainer_argv(["--data.bbq_ambiguous_share", "1.0"], "t", "t")
@@ -103,7 +103,7 @@ def test_the_share_is_checked_and_needs_bbq_rows(tmp_path):
 def test_only_the_announcing_process_prints_what_loading_did(capsys):
     # under accelerate every rank loads the same rows; the lines are printed once, by rank 0 (announce=dist.is_main)
     from grpo.config.command_line import parse_trainer_argv
-    from grpo.run.setup_parts import load_samples
+    from grpo.run.assembly.samples import load_samples
 
     args = ["--preset", "smollm2-dual", "--data.data_dir", str(DATA), "--data.halueval_per_subset", "20",
             "--data.bbq_ambiguous_share", "0.333", "--data.halueval_subsets", "general_recognition,qa"]

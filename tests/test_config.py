@@ -12,7 +12,7 @@ from grpo import config as C
 from grpo.config.command_line import split_argv
 from grpo.config.presets import PRESETS
 from grpo.core.losses import POLICY_LOSSES
-from grpo.run.config_check import check_config
+from grpo.run.assembly.config_check import check_config
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -106,10 +106,10 @@ def test_a_band_controller_with_up_1_is_refused_at_the_command_line_naming_the_f
 
 
 def test_every_registry_name_is_accepted_and_nothing_else():
-    """The config accepts exactly the names each registry holds (grpo/run/config_check.py REGISTRY_FIELDS)."""
+    """The config accepts exactly the names each registry holds (grpo/run/assembly/config_check.py REGISTRY_FIELDS)."""
     import dataclasses
 
-    from grpo.run.config_check import REGISTRY_FIELDS
+    from grpo.run.assembly.config_check import REGISTRY_FIELDS
     from grpo.core.kl_control import KL_CONTROLLERS, controller_from_config
 
     for dotted, names in REGISTRY_FIELDS.items():

@@ -1,5 +1,5 @@
 """Every config check names the field at fault: one bad value per check, and meta-tests that every check in the code
-(the `_check` / `_one_of` call sites of every grpo/config module, the registry fields of grpo/run/config_check.py,
+(the `_check` / `_one_of` call sites of every grpo/config module, the registry fields of grpo/run/assembly/config_check.py,
 every rule of the KL controllers) has its row here. A new check without a row fails `test_every_*`."""
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import pytest
 import grpo.config
 from grpo.config import checks
 from grpo import config as C
-from grpo.run.config_check import REGISTRY_FIELDS, check_config
+from grpo.run.assembly.config_check import REGISTRY_FIELDS, check_config
 from grpo.core.kl_control import CONFIG_FIELDS, NOT_CONFIGURED, RULES, controller_args, controller_problem
 from grpo.core.losses import AGG_MODES, POLICY_LOSSES
 

@@ -233,7 +233,7 @@ def test_halueval_file_that_is_not_json_stops_the_run_naming_the_file(tmp_path):
     drop the whole task from the run."""
     from types import SimpleNamespace
 
-    from grpo.run.setup_parts import load_samples
+    from grpo.run.assembly.samples import load_samples
     from grpo.data.jsonio import DataFileError
 
     bad = tmp_path / "halueval" / "qa_data.json"

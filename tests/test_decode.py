@@ -249,7 +249,7 @@ def test_the_engine_is_chosen_by_what_applies(model, tok):
 
 
 def test_config_refuses_an_engine_that_cannot_apply():
-    from grpo.run.config_check import check_config
+    from grpo.run.assembly.config_check import check_config
 
     with pytest.raises(ConfigError, match="rollout.engine"):
         RolloutConfig(engine="lean", cache_implementation="static")

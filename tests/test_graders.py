@@ -390,7 +390,7 @@ def test_a_rewards_entry_for_no_task_of_the_run_is_an_error_naming_it():
     """rewards.<task> with a misspelt task: the task it meant would train on its defaults while the entry is ignored;
     the entries presets carry for the built-in tasks may stay in a run of your own tasks."""
     from grpo import config as C
-    from grpo.run.setup_parts import reward_specs
+    from grpo.run.assembly.reward_setup import reward_specs
 
     with pytest.raises(C.ConfigError, match=r"config field `rewards.reveiws` names no task of this run \(its tasks: "
                                             r"reviews\)") as err:
@@ -404,7 +404,7 @@ def test_a_kl_entry_for_no_task_of_the_run_is_an_error_naming_it():
     """kl.fairnes.beta=0.5 is an error naming the entry: ignored, a misspelt entry leaves fairness training on
     kl.default."""
     from grpo import config as C
-    from grpo.run.setup_parts import check_task_entries
+    from grpo.run.assembly.reward_setup import check_task_entries
 
     with pytest.raises(C.ConfigError, match=r"config field `kl.fairnes` names no task of this run \(its tasks: "
                                             r"fairness, hallucination\)") as err:

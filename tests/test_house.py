@@ -1,7 +1,8 @@
 """The house a newcomer walks, read from the source: every module a step imports has its line in
-docs/DESIGN.md's table; no function of grpo/phases, grpo/run or the entry point runs past 60 lines; `Run` holds at
+docs/DESIGN.md's table; no module of the package runs past 600 lines and no function past 60; `Run` holds at
 most 12 fields; a public name names one thing; from `rl_step` to the line that draws a token is three calls; the
-newcomer's questions in DESIGN.md point at the lines that answer them. Each check is also run on a crafted case."""
+newcomer's questions in DESIGN.md point at the lines that answer them; the entry point imports the wings of grpo/run/
+through their faces, and the wings load in one order. Each check is also run on a crafted case."""
 
 from __future__ import annotations
 
@@ -114,9 +115,8 @@ def long_functions(source: str, where: str, limit: int = MAX_LINES) -> list[str]
             if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.end_lineno - n.lineno + 1 > limit]
 
 
-def test_no_function_on_the_steps_path_is_over_60_lines():
-    files = sorted((ROOT / "grpo" / "phases").glob("*.py")) + sorted((ROOT / "grpo" / "run").glob("*.py")) + [
-        ROOT / "grpo_train.py", ROOT / "grpo" / "models" / "decode.py", ROOT / "grpo" / "models" / "graph_decode.py"]
+def test_no_function_of_the_package_is_over_60_lines():
+    files = sorted((ROOT / "grpo").rglob("*.py")) + [ROOT / "grpo_train.py"]
     found = [f for p in files for f in long_functions(p.read_text(), str(p.relative_to(ROOT)))]
     assert not found, found
 
@@ -336,48 +336,6 @@ def test_the_reference_check_resolves_symbols_and_their_text():
         wrong_refs("no section")
 
 
-# ---------------------------------------------------------------------------------------------- the faces
-FACES = {"the run doctor": ("grpo.run.doctor_in_run", ("grpo.run.doctor", "grpo.run.doctor_checks")),
-         "TRL's translation": ("grpo.run.trl_cli", ("grpo.run.trl_config", "grpo.run.trl_rows"))}
-"""Each: (its face, the modules behind it)."""
-MAX_FACE_NAMES = 4
-
-
-def names_imported(source: str) -> dict[str, set[str]]:
-    """Module -> the names `from module import ...` takes from it, anywhere in `source`."""
-    out: dict[str, set[str]] = {}
-    for node in ast.walk(ast.parse(source)):
-        if isinstance(node, ast.ImportFrom) and node.module:
-            out.setdefault(node.module, set()).update(a.name for a in node.names)
-        elif isinstance(node, ast.Import):
-            for a in node.names:
-                out.setdefault(a.name, set()).add("*")
-    return out
-
-
-def face_breaches(source: str, face: str, behind: tuple[str, ...], public: list[str]) -> list[str]:
-    """What `source` takes from behind a face, or from the face beyond its `__all__`."""
-    taken = names_imported(source)
-    out = [f"{m}: {sorted(taken[m])}" for m in behind if m in taken]
-    out += [f"{face}.{n}" for n in sorted(taken.get(face, set()) - set(public))]
-    return out
-
-
-def test_the_loop_sees_the_doctor_and_the_trl_translation_through_one_small_face_each():
-    import importlib
-
-    for what, (face, behind) in FACES.items():
-        public = importlib.import_module(face).__all__
-        assert len(public) <= MAX_FACE_NAMES, (what, public)
-        for reader in (ROOT / "grpo_train.py", ROOT / "grpo" / "run" / "api.py"):
-            assert not face_breaches(reader.read_text(), face, behind, public), (what, reader.name)
-
-
-def test_the_face_check_sees_what_goes_behind_or_beyond():
-    source = "from a.face import ok, extra\nfrom a.inner import secret\n"
-    assert face_breaches(source, "a.face", ("a.inner",), ["ok"]) == ["a.inner: ['secret']", "a.face.extra"]
-
-
 # ---------------------------------------------------------------------------------------------- one registry pattern
 def test_every_choice_by_name_is_one_kind_of_registry():
     """Every config field chosen by name reads a `Registry` (grpo/core/registry.py) named after that field: the
@@ -387,7 +345,7 @@ def test_every_choice_by_name_is_one_kind_of_registry():
     from grpo.core.losses import POLICY_LOSSES
     from grpo.core.registry import Registry
     from grpo.core.rule_graders import GRADERS
-    from grpo.run.config_check import REGISTRY_FIELDS, registries_help
+    from grpo.run.assembly.config_check import REGISTRY_FIELDS, registries_help
 
     for dotted, registry in REGISTRY_FIELDS.items():
         assert isinstance(registry, Registry) and registry.field == dotted, dotted
@@ -414,3 +372,173 @@ def test_a_registry_refuses_a_name_twice_and_decorates():
     with pytest.raises(ValueError, match="registered already"):
         names.register("a", value=1)
     assert names.unregister("b") is None and list(names) == ["a"]
+
+
+# ---------------------------------------------------------------------------------------------- wings and faces
+WINGS = ("grpo.run.trl", "grpo.run.checkpoint", "grpo.run.doctor", "grpo.run.assembly")
+"""grpo/run/'s sub-packages, each behind its face (its __init__.py: imports and __all__)."""
+FACES = (*WINGS, "grpo.phases")
+LOOP_MODULES = {"grpo.run.record", "grpo.run.step_owners", "grpo.run.tracking", "grpo.run.signals",
+                "grpo.run.exits", "grpo.run.api"}
+"""The loop's own modules at grpo/run/'s top: the Run record, the step's owners, tracking, how a run stops."""
+BEFORE_TORCH = {"grpo.models.host", "grpo.models.third_party"}
+"""What the entry point calls before torch loads (OpenMP's wait policy, warning filters)."""
+MAX_ENTRY_MODULES = 14
+
+
+def top_level_imports(source: str, module: str) -> list[tuple[str, list[str]]]:
+    """(module imported from, names) for each import the module runs when it is imported: its body's, not a
+    function's and not one under `if TYPE_CHECKING:`. `from a import b` is ("a", ["b"]), relative imports resolved."""
+    out: list[tuple[str, list[str]]] = []
+
+    def visit(body: list[ast.stmt]) -> None:
+        for n in body:
+            if isinstance(n, ast.Import):
+                out.extend((a.name, []) for a in n.names)
+            elif isinstance(n, ast.ImportFrom):
+                stem = ".".join(module.split(".")[:-n.level] + ([n.module] if n.module else [])) if n.level else n.module
+                out.append((stem, [a.name for a in n.names]))
+            elif isinstance(n, ast.If) and "TYPE_CHECKING" not in ast.unparse(n.test):
+                visit(n.body)
+                visit(n.orelse)
+            elif isinstance(n, (ast.Try, ast.With)):
+                visit(n.body)
+
+    visit(ast.parse(source).body)
+    return out
+
+
+def face_names(package: str) -> list[str] | None:
+    """A package's `__all__` (its face), or None when its __init__.py has none."""
+    for n in ast.parse(path_of(package).read_text()).body:
+        if isinstance(n, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "__all__" for t in n.targets):
+            return list(ast.literal_eval(n.value))
+    return None
+
+
+def entry_point_problems(imports: list[tuple[str, list[str]]]) -> list[str]:
+    """What the entry point imports besides the faces (names in their __all__), the loop's modules and what runs
+    before torch; and more than MAX_ENTRY_MODULES project modules."""
+    out, modules = [], set()
+    for module, names in imports:
+        if module == "grpo" and names == ["config"]:
+            module = "grpo.config"
+        if not module.startswith("grpo"):
+            continue
+        modules.add(module)
+        if module in FACES:
+            exported = face_names(module) or []
+            out += [f"{module}.{n} is not in its face's __all__" for n in names if n not in exported]
+        elif module not in LOOP_MODULES | BEFORE_TORCH | {"grpo.config"}:
+            out.append(f"{module} is neither a wing's face nor one of the loop's modules")
+    if len(modules) > MAX_ENTRY_MODULES:
+        out.append(f"{len(modules)} project modules imported (at most {MAX_ENTRY_MODULES}): {sorted(modules)}")
+    return out
+
+
+def test_the_entry_point_imports_the_wings_faces():
+    imports = top_level_imports((ROOT / "grpo_train.py").read_text(), "grpo_train")
+    assert not entry_point_problems(imports)
+    assert {m for m, _ in imports} >= set(WINGS)  # every wing is reached through its face
+
+
+def test_the_entry_point_check_names_what_goes_round_a_face():
+    imports = [("grpo.run.doctor", ["plot_run"]), ("grpo.run.doctor.plot", ["plot_run"]),
+               ("grpo.run.assembly", ["no_such_name"]), ("torch", [])]
+    assert entry_point_problems(imports) == ["grpo.run.doctor.plot is neither a wing's face nor one of the loop's "
+                                             "modules", "grpo.run.assembly.no_such_name is not in its face's __all__"]
+
+
+def face_problems(package: str) -> list[str]:
+    """A face holds a docstring, imports from its own package's modules and `__all__`, nothing else; `__all__`
+    lists exactly the names it imports."""
+    text = path_of(package).read_text()
+    body = ast.parse(text).body
+    out, imported = [], []
+    for n in body[1:] if body and isinstance(body[0], ast.Expr) else (body or [None]):
+        if isinstance(n, ast.ImportFrom):
+            imported += [a.asname or a.name for a in n.names]
+        elif not (isinstance(n, ast.Assign) and [t.id for t in n.targets if isinstance(t, ast.Name)] == ["__all__"]):
+            out.append(f"{package}: line {getattr(n, 'lineno', 0)} is neither an import nor __all__")
+    exported = face_names(package)
+    if exported is None:
+        out.append(f"{package} has no __all__")
+    elif sorted(exported) != sorted(imported):
+        out.append(f"{package}: __all__ {sorted(set(exported) ^ set(imported))} differ from its imports")
+    return out
+
+
+def test_every_face_holds_only_its_imports_and_their_names():
+    found = [p for face in FACES for p in face_problems(face)]
+    assert not found, found
+
+
+def wing_of(module: str) -> str:
+    """grpo.run.doctor for grpo.run.doctor.report (a wing's module), the module itself elsewhere."""
+    parts = module.split(".")
+    return ".".join(parts[:3]) if parts[:2] == ["grpo", "run"] and len(parts) > 3 else module
+
+
+def wing_edges(modules: list[str]) -> dict[str, set[str]]:
+    """Which wing or top-level run module imports which, when it is imported (not inside a function, not for types
+    only): the order eager faces load in."""
+    edges: dict[str, set[str]] = {}
+    for module in modules:
+        for target, names in top_level_imports(path_of(module).read_text(), module):
+            for t in [f"{target}.{n}" if path_of(f"{target}.{n}") else target for n in names] or [target]:
+                if t.startswith("grpo.run.") and wing_of(t) != wing_of(module):
+                    edges.setdefault(wing_of(module), set()).add(wing_of(t))
+    return edges
+
+
+def a_cycle(edges: dict[str, set[str]]) -> list[str]:
+    """One cycle of the graph as a path (first node repeated at its end), or [] when there is none."""
+    state: dict[str, int] = {}
+    path: list[str] = []
+
+    def walk(node: str) -> list[str]:
+        state[node] = 1
+        path.append(node)
+        for nxt in sorted(edges.get(node, ())):
+            if state.get(nxt) == 1:
+                return path[path.index(nxt):] + [nxt]
+            if nxt not in state and (found := walk(nxt)):
+                return found
+        state[node] = 2
+        path.pop()
+        return []
+
+    for node in sorted(edges):
+        if node not in state and (found := walk(node)):
+            return found
+    return []
+
+
+def face_users(modules: list[str]) -> list[str]:
+    """Modules of the package that import a name through a wing's face instead of from the module that holds it."""
+    return [f"{m} imports {t}.{n}" for m in modules for t, names in top_level_imports(path_of(m).read_text(), m)
+            for n in names if t in WINGS and not path_of(f"{t}.{n}") and not m.startswith(t)]
+
+
+def test_the_wings_load_in_one_order_and_import_modules_not_faces():
+    modules = [module_of(p) for p in sorted((ROOT / "grpo").rglob("*.py"))]
+    assert not a_cycle(wing_edges(modules))
+    assert not face_users(modules)
+    assert wing_edges(["grpo.run.assembly.owners"])["grpo.run.assembly"] >= {"grpo.run.step_owners"}
+
+
+def test_the_cycle_check_finds_a_cycle_through_three_wings():
+    assert a_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == ["a", "b", "c", "a"]
+    assert a_cycle({"a": {"b"}, "b": {"c"}, "d": {"a", "c"}}) == []
+    assert wing_of("grpo.run.doctor.report") == "grpo.run.doctor" and wing_of("grpo.run.record") == "grpo.run.record"
+
+
+# ---------------------------------------------------------------------------------------------- module sizes
+MAX_MODULE_LINES = 600
+
+
+def test_no_module_of_the_package_is_over_600_lines():
+    files = sorted((ROOT / "grpo").rglob("*.py")) + [ROOT / "grpo_train.py"]
+    found = [f"{p.relative_to(ROOT)} ({n} lines)" for p in files
+             if (n := len(p.read_text().splitlines())) > MAX_MODULE_LINES]
+    assert not found, found

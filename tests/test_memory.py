@@ -1,4 +1,4 @@
-"""grpo/models/memory_estimate.py arithmetic on hand-worked shapes, the phase model, the fixes, and check_gpu_memory.py's CLI (grpo/run/gpu_memory_check.py)."""
+"""grpo/models/memory_estimate.py arithmetic on hand-worked shapes, the phase model, the fixes, and check_gpu_memory.py's CLI (grpo/run/assembly/gpu_memory_check.py)."""
 
 import os
 import re
@@ -268,7 +268,7 @@ def _cfg_stand_in(**model_kw):
 
 
 def test_inputs_from_config_stand_in():
-    from grpo.run.memory_inputs import inputs_from_config
+    from grpo.run.assembly.memory_inputs import inputs_from_config
 
     x = inputs_from_config(_cfg_stand_in())
     assert (x.micro_batch_seqs, x.gen_batch_seqs, x.prompt_len, x.new_tokens) == (8, 16, 512, 96)
@@ -283,7 +283,7 @@ def test_inputs_from_config_stand_in():
 
 
 def test_shape_from_local_folder(tmp_path):
-    from grpo.run.memory_inputs import resolve_shape
+    from grpo.run.assembly.memory_inputs import resolve_shape
 
     (tmp_path / "config.json").write_text('{"hidden_size": 8, "num_hidden_layers": 2, "num_attention_heads": 2, '
                                           '"num_key_value_heads": 1, "intermediate_size": 16, "vocab_size": 10}')
@@ -329,11 +329,11 @@ def test_the_installed_commands_name_importable_callables():
     import tomllib
 
     scripts = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
-    assert scripts["grpo-check-gpu-memory"] == "grpo.run.gpu_memory_check:check_gpu_memory"
+    assert scripts["grpo-check-gpu-memory"] == "grpo.run.assembly.gpu_memory_check:check_gpu_memory"
     for name, target in scripts.items():
         module, _, attr = target.partition(":")
         assert callable(getattr(importlib.import_module(module), attr)), f"{name} = {target!r} is not a callable"
-    assert "from grpo.run.gpu_memory_check import check_gpu_memory" in (ROOT / "check_gpu_memory.py").read_text()
+    assert "from grpo.run.assembly.gpu_memory_check import check_gpu_memory" in (ROOT / "check_gpu_memory.py").read_text()
 
 
 def test_the_root_script_still_runs():
@@ -409,7 +409,7 @@ def test_the_estimators_graph_slot_is_what_the_engine_allocates(settings):
     from grpo.config import RolloutConfig
     from grpo.models import graph_decode as G
     from grpo.models.tokens import left_pad
-    from grpo.run.memory_inputs import inputs_from_config
+    from grpo.run.assembly.memory_inputs import inputs_from_config
 
     config = LlamaConfig(vocab_size=97, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
                          num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256)
@@ -435,7 +435,7 @@ def test_fold_auto_folds_only_where_the_peak_stays():
     """rollout.fold_lora=auto on a GPU: Llama-3-8B's 13 GiB copy would raise the seed config's peak, so it is not
     folded; a 2-layer LoRA model's copy fits under its training peak, so it is; the estimate follows the choice,
     and rollout.fold_lora=off is a fix the estimator offers."""
-    from grpo.run.memory_inputs import fold_keeps_peak, inputs_from_config, lora_fold_choice
+    from grpo.run.assembly.memory_inputs import fold_keeps_peak, inputs_from_config, lora_fold_choice
 
     keeps, without, folded = fold_keeps_peak(llama_inputs(graph_decode=True))
     copy = estimate(llama_inputs(graph_decode=True, fold_lora=True)).phases["generation"][

@@ -19,7 +19,7 @@ from functools import cache
 import pytest
 
 from conftest import ROOT
-from grpo.run import gpu_memory_check
+from grpo.run.assembly import gpu_memory_check
 
 DOC = (ROOT / "docs" / "MEMORY.md").read_text()
 OFF = ("model.fused_lm_head=false", "model.shared_prompt_forward=off")
@@ -34,7 +34,7 @@ def figures(*sets: str, gpu: str = "a100-40", **changes) -> dict:
     `changes` set inputs the command line cannot (logits_to_keep, the k-bit fp32 upcast)."""
     from grpo.config import load_config
     from grpo.models.memory_estimate import GIB, estimate
-    from grpo.run.memory_inputs import inputs_from_config
+    from grpo.run.assembly.memory_inputs import inputs_from_config
 
     gpu_gib, capability = gpu_memory_check.GPUS[gpu]
     x = inputs_from_config(load_config("llama3-8b-dual", list(sets)), capability)

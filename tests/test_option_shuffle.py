@@ -102,7 +102,7 @@ def test_each_epoch_shows_its_own_order_and_the_sampler_uses_it():
 @needs_bbq
 def test_data_shuffle_options_reaches_the_builtin_bbq_source():
     from grpo.config.command_line import parse_trainer_argv
-    from grpo.run.setup_parts import load_samples
+    from grpo.run.assembly.samples import load_samples
 
     args = ["--data.source", "dual", "--data.data_dir", str(BBQ_DIR.parent), "--data.bbq_categories", "Age",
             "--data.bbq_per_category", "8", "--data.halueval_subsets", "general", "--data.halueval_per_subset", "2"]
@@ -162,7 +162,7 @@ def test_the_evaluated_rows_make_every_one_letter_answer_score_a_third_in_each_c
 @needs_bbq
 def test_a_run_evaluates_the_balanced_rows():
     from grpo.config.command_line import parse_trainer_argv
-    from grpo.run.setup_parts import load_samples, split_by_task
+    from grpo.run.assembly.samples import load_samples, split_by_task
 
     cfg = parse_trainer_argv(["--preset", "smollm2-dual", "--data.data_dir", str(BBQ_DIR.parent)], "t", "t")[0]
     rows = load_samples(cfg.data, cfg.train.seed)

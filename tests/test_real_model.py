@@ -439,9 +439,8 @@ def test_smollm2_dual_warm_up_demonstrates_both_tasks_within_the_target_cap(conv
     from collections import Counter
 
     from grpo import config as C
-    import grpo_train as G
-    from grpo.phases.sft import sft_examples
-    from grpo.run.setup_parts import load_samples
+    from grpo.phases.sft import sft_examples, stratified
+    from grpo.run.assembly.samples import load_samples, split_by_task
     from tests.conftest import SHARED_DATA
 
     from transformers import AutoTokenizer
@@ -451,13 +450,13 @@ def test_smollm2_dual_warm_up_demonstrates_both_tasks_within_the_target_cap(conv
     tokenizer = AutoTokenizer.from_pretrained(converted)
     cfg = C.load_config("smollm2-dual", [f"data.data_dir={SHARED_DATA}"])
     rows = load_samples(cfg.data, 0, cfg.tasks)
-    train, _ = G.split_by_task(rows.train, rows.heldout, cfg.data)
+    train, _ = split_by_task(rows.train, rows.heldout, cfg.data)
     with_target = [x for t in sorted(train) for x in train[t] if x.target]
     whole = sft_examples(tokenizer, with_target, None)
     cut = sft_examples(tokenizer, with_target, None, cfg.sft.max_target_tokens)
     assert max(len(c) for _, c in whole) > cfg.sft.max_target_tokens  # BBQ's quoted evidence: the cap matters
     assert max(len(c) for _, c in cut) <= cfg.sft.max_target_tokens + 1
-    picked = G.stratified(with_target, list(range(len(with_target))), cfg.sft.max_examples)
+    picked = stratified(with_target, list(range(len(with_target))), cfg.sft.max_examples)
     # five answer classes in turn: BBQ's three letters and the recognition verdicts "Yes" / "No"
     answers = Counter(with_target[i].target.split()[1] for i in picked)
     assert set(answers) == {"A", "B", "C", "Yes", "No"} and sum(answers.values()) == cfg.sft.max_examples

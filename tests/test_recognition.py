@@ -116,7 +116,7 @@ def test_an_unknown_subset_names_the_valid_ones():
 @needs_general
 def test_data_halueval_subsets_general_recognition_reads_the_general_file():
     from grpo.config.command_line import parse_trainer_argv
-    from grpo.run.setup_parts import load_samples
+    from grpo.run.assembly.samples import load_samples
 
     args = ["--data.source", "dual", "--data.data_dir", str(SHARED_DATA), "--data.bbq_categories", "Age",
             "--data.bbq_per_category", "4", "--data.halueval_subsets", "general_recognition,general",

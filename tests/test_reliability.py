@@ -19,7 +19,7 @@ import pytest
 
 import grpo_train as G
 from grpo.core.records import Sample
-from grpo.run.setup_parts import duplicate_report, load_samples
+from grpo.run.assembly.samples import duplicate_report, load_samples
 from grpo import config as C
 from tests.trainer_helpers import TINY_CLI as TINY, blocks_fresh_start, cli_output
 
@@ -223,7 +223,7 @@ def test_prompts_over_max_prompt_tokens_are_dropped_with_a_count(tmp_path):
 def test_drop_long_prompts_keeps_exactly_the_prompts_that_fit():
     from grpo.models.modeling import build_tiny_tokenizer
     from grpo.models.tokens import encode_prompt
-    from grpo.run.setup_parts import drop_long_prompts
+    from grpo.run.assembly.samples import drop_long_prompts
 
     tok = build_tiny_tokenizer()
     rows = {"qa": [_sample(str(i), "word " * i) for i in range(0, 60, 5)]}
@@ -247,7 +247,7 @@ def test_drop_long_prompts_keeps_exactly_the_prompts_that_fit():
                          "rollout.max_new_tokens=96")),
 ])
 def test_prompt_token_limit_fits_the_model_positions(prompt, new, positions, expected):
-    from grpo.run.setup_parts import prompt_token_limit
+    from grpo.run.assembly.samples import prompt_token_limit
 
     assert prompt_token_limit(prompt, new, positions) == expected
 

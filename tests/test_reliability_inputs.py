@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from grpo import config as C
-from grpo.run.config_check import check_config
+from grpo.run.assembly.config_check import check_config
 from tests.trainer_helpers import TINY_CLI as TINY, cli_output
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -202,7 +202,7 @@ def test_a_huge_seed_on_the_command_line_is_refused_naming_train_seed(seed):
 
 
 def test_the_largest_accepted_seed_seeds_every_generator():
-    from grpo.run.setup_parts import seed_everything
+    from grpo.run.assembly.process import seed_everything
 
     assert C.load_config("demo", [f"train.seed={C.MAX_SEED}"]).train.seed == C.MAX_SEED
     seed_everything(C.MAX_SEED)  # numpy's np.random.seed refuses MAX_SEED + 1

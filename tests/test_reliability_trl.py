@@ -228,7 +228,7 @@ def test_a_setting_that_cannot_act_in_the_run_is_named(overrides, device, says):
     import torch
 
     from grpo import config as C
-    from grpo.run.start_checks import inert_settings
+    from grpo.run.assembly.start_checks import inert_settings
 
     assert [says in n for n in inert_settings(C.load_config("demo", overrides), torch.device(device))] == [True]
     for quiet in (["rollout.fold_lora=on", "model.lora=true"], ["rollout.sampling_rng=global"], []):
@@ -328,7 +328,7 @@ def test_a_role_the_models_template_refuses_names_the_row_not_jinja(tmp_path):
     from grpo.core.records import Sample
     from grpo.data.jsonio import DataFileError
     from grpo.models.modeling import build_tiny_tokenizer
-    from grpo.run.setup_parts import prompt_tokens
+    from grpo.run.assembly.samples import prompt_tokens
 
     tokenizer = build_tiny_tokenizer(["a question"])  # its template takes system, user, assistant and tool
     sample = Sample(task="qa", id="1", messages=({"role": "developer", "content": "hi"},), gold={},
@@ -353,7 +353,7 @@ def test_an_uncached_hub_id_offline_says_the_hub_is_off_and_it_is_not_cached(use
 
 
 def test_our_own_model_name_offline_and_uncached_says_so(tmp_path, monkeypatch):
-    from grpo.run.setup_parts import model_load_error
+    from grpo.run.assembly.model_loading import model_load_error
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
@@ -453,7 +453,7 @@ def memory_tool(*argv: str) -> tuple[int, str]:
     import contextlib
     import io
 
-    from grpo.run.gpu_memory_check import check_gpu_memory
+    from grpo.run.assembly.gpu_memory_check import check_gpu_memory
 
     err, out = io.StringIO(), io.StringIO()
     with contextlib.redirect_stderr(err), contextlib.redirect_stdout(out):
@@ -489,8 +489,8 @@ def test_a_trl_config_is_estimated_as_the_trainer_runs_it(user):
     """The tool reads `--config trl.yaml` and TRL's flags as the trainer does: the same estimate inputs as the
     config the trainer prints for the same command line."""
     from grpo import config as C
-    from grpo.run.gpu_memory_check import estimated_config
-    from grpo.run.memory_inputs import inputs_from_config
+    from grpo.run.assembly.gpu_memory_check import estimated_config
+    from grpo.run.assembly.memory_inputs import inputs_from_config
 
     argv = ["--config", str(user.config), *SMALL, "--per_device_train_batch_size", "8", "--use_peft"]
     code, text = cli_output([*argv, "--print-config"])
@@ -513,7 +513,7 @@ def _free(monkeypatch, free_bytes: int) -> None:
     import collections
 
     usage = collections.namedtuple("usage", "total used free")
-    monkeypatch.setattr("grpo.run.disk_plan.shutil.disk_usage", lambda path: usage(10**12, 10**12 - free_bytes,
+    monkeypatch.setattr("grpo.run.assembly.disk_plan.shutil.disk_usage", lambda path: usage(10**12, 10**12 - free_bytes,
                                                                                      free_bytes))
 
 
@@ -526,7 +526,7 @@ def test_a_run_whose_writes_do_not_fit_is_refused_before_the_model_loads_with_th
 
 
 def test_a_thin_margin_is_a_warning_and_the_plan_is_in_the_banner(user, monkeypatch):
-    from grpo.run.disk_plan import DiskPlan, check_disk
+    from grpo.run.assembly.disk_plan import DiskPlan, check_disk
 
     _free(monkeypatch, 40 * 10**6)
     line = check_disk(DiskPlan({"final model": 30e6}, {user.out: 30e6}), resume=False)
@@ -542,7 +542,7 @@ def test_the_plan_is_an_upper_bound_of_what_a_run_writes_and_counts_the_model_wi
     its output_dir copy writes less than planned (and not far less: the plan's parts are the run's)."""
     from grpo import config as C
     from grpo.models.modeling import load_policy
-    from grpo.run.disk_plan import _counts, plan_writes
+    from grpo.run.assembly.disk_plan import _counts, plan_writes
 
     argv = ["--config", str(user.config), *SMALL, "--save_strategy", "steps", "--save_steps", "1", "--eval_strategy",
             "steps", "--eval_steps", "1", "--save_total_limit", "2", "--max_steps", "3"]

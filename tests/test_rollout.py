@@ -250,7 +250,7 @@ def test_cache_implementation_reaches_the_generation_config(model, tok, samples,
     greedy_complete(model, tok, samples, RolloutConfig(max_new_tokens=3, cache_implementation="static", engine="hf"))
     assert seen["generation_config"].cache_implementation is None
     from grpo.config import Config
-    from grpo.run.config_check import check_config
+    from grpo.run.assembly.config_check import check_config
 
     with pytest.raises(ConfigError, match="rollout.cache_implementation"):
         check_config(Config(rollout=RolloutConfig(cache_implementation="paged")))
@@ -317,7 +317,8 @@ def test_every_rollout_setting_is_read_by_the_code_it_configures(model, tok, sam
 
     from grpo.models.distributed import Dist
     from grpo.phases.tools import build_toolbox
-    from grpo.run.setup_parts import per_completion_sampling, stop_token_ids
+    from grpo.run.step_owners import per_completion_sampling
+    from grpo.run.assembly.owners import stop_token_ids
 
     read: set[str] = set()
 

@@ -209,7 +209,7 @@ def test_shared_prompts_apply_only_where_the_kv_cache_survives(model):
 
 def test_the_entry_point_decides_by_mode_size_and_blockers_and_refuses_what_cannot_apply(model, monkeypatch):
     import grpo.models.logprobs
-    from grpo.run.setup_parts import shares_prompts
+    from grpo.run.step_owners import shares_prompts
 
     dist = SimpleNamespace(is_main=True)
     cfg = C.load_config("demo", [])

@@ -188,9 +188,9 @@ def guesses_sometimes(monkeypatch):
 
 def keep_tokenizer(monkeypatch, fixture):
     import grpo_train
-    from grpo.run import setup_parts
+    from grpo.run.assembly import model_loading
 
-    real = setup_parts.policy_from_config
+    real = model_loading.policy_from_config
 
     def policy(*args, **kwargs):
         p = real(*args, **kwargs)

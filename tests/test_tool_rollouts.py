@@ -387,9 +387,9 @@ def calls_sometimes(monkeypatch):
 def test_train_with_tools_runs_logs_tool_metrics_and_rewards_see_the_trajectory(tmp_path, calls_sometimes,
                                                                                 monkeypatch):
     import grpo_train
-    from grpo.run import setup_parts
+    from grpo.run.assembly import model_loading
 
-    real_policy = setup_parts.policy_from_config
+    real_policy = model_loading.policy_from_config
 
     def policy(*args, **kwargs):  # the tokenizer the run builds, for the forcing fixture
         p = real_policy(*args, **kwargs)
@@ -437,9 +437,9 @@ def test_a_tool_that_cannot_be_imported_stops_the_run_before_the_model_loads(tmp
 def test_resume_with_a_deterministic_tool_is_bit_identical(tmp_path, calls_sometimes, monkeypatch):
     """2N steps in one go == N steps, then resume, then N steps, with tool turns in the rollouts."""
     import grpo_train as G
-    from grpo.run import setup_parts
+    from grpo.run.assembly import model_loading
 
-    real_policy = setup_parts.policy_from_config
+    real_policy = model_loading.policy_from_config
 
     def policy(*args, **kwargs):
         p = real_policy(*args, **kwargs)

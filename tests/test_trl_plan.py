@@ -17,7 +17,8 @@ import torch
 
 from grpo import config as C
 from grpo.run.api import python_config
-from grpo.run.setup_parts import build_optimizer, with_epochs
+from grpo.run.step_owners import build_optimizer
+from grpo.run.assembly.samples import with_epochs
 from grpo.run.trl_config import DEFAULTS, ROWS, TABLE, markdown, translate
 
 trl = pytest.importorskip("trl")
@@ -390,7 +391,7 @@ def test_bf16_means_bfloat16_weights_on_a_gpu_and_is_named_not_switched_on_on_th
 
 
 def test_the_memory_estimate_sees_a_micro_batch_that_splits_a_group():
-    from grpo.run.memory_inputs import inputs_from_config
+    from grpo.run.assembly.memory_inputs import inputs_from_config
 
     cfg = C.from_dict(C.config_tree("custom", [], translate(
         {"per_device_train_batch_size": 4, "num_generations": 8, "gradient_accumulation_steps": 2}).tree))

@@ -56,7 +56,7 @@ def spy(seen: list):
 def our_sample(tmp_path, conversational: bool):
     """The first row of ROWS as grpo-dual loads it (python_config + load_samples), and as TRL's dataset holds it."""
     from grpo.run.api import python_config
-    from grpo.run.setup_parts import load_samples
+    from grpo.run.assembly.samples import load_samples
 
     rows = [{**r, "prompt": [{"role": "user", "content": r["prompt"]}]} if conversational else r for r in ROWS]
     with warnings.catch_warnings():

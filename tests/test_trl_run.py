@@ -170,7 +170,7 @@ def test_prompts_are_handled_as_trl_handles_them(tmp_path):
     from grpo.models.modeling import build_tiny_tokenizer
     from grpo.models.tokens import encode_prompt
     from grpo.run.api import python_config
-    from grpo.run.setup_parts import load_samples
+    from grpo.run.assembly.samples import load_samples
 
     chat = [{"prompt": [{"role": "user", "content": r["prompt"]}]} for r in ROWS]
     cfg, _ = python_config(None, {"plain": ROWS, "chat": chat}, {"plain": [reward_len], "chat": [reward_len]}, None,

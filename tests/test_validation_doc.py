@@ -359,7 +359,7 @@ def dual_missing_task(tmp, mp):
 
 def duplicate_rows(tmp, mp):
     from grpo.core.records import Sample
-    from grpo.run.setup_parts import duplicate_report
+    from grpo.run.assembly.samples import duplicate_report
 
     rows = [Sample(task="qa", id=i, messages=({"role": "user", "content": "q"},)) for i in "abcabc"]
     return Outcome("\n".join(f"warning: {line}" for line in duplicate_report(rows)))
@@ -438,7 +438,7 @@ def trl_repeats(tmp, mp):
 
 
 def inert(tmp, mp):
-    from grpo.run.start_checks import inert_settings
+    from grpo.run.assembly.start_checks import inert_settings
 
     return Outcome("; ".join(inert_settings(C.load_config("demo", ["rollout.fold_lora=on"]), torch.device("cpu"))))
 
@@ -477,7 +477,7 @@ def output_dir_foreign(tmp, mp):
 
 
 def memory_tool(tmp, mp):
-    from grpo.run.gpu_memory_check import check_gpu_memory
+    from grpo.run.assembly.gpu_memory_check import check_gpu_memory
 
     out, err = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
@@ -492,7 +492,7 @@ def disk_full(tmp, mp):
     import collections
 
     usage = collections.namedtuple("usage", "total used free")
-    mp.setattr("grpo.run.disk_plan.shutil.disk_usage", lambda path: usage(10**12, 10**12 - 3 * 10**6, 3 * 10**6))
+    mp.setattr("grpo.run.assembly.disk_plan.shutil.disk_usage", lambda path: usage(10**12, 10**12 - 3 * 10**6, 3 * 10**6))
     return cli([*TINY, "--output-dir", str(tmp)])
 
 

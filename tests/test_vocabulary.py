@@ -48,9 +48,9 @@ def test_the_names_come_from_the_translation_and_a_field_given_our_way_keeps_our
     num_iterations=1, not 2; no derived field), as flags for a command line and as field names for a GRPOConfig; a
     --section.field flag or a train(section=...) over a TRL value drops it (changing the TRL flag would change
     nothing)."""
-    import grpo_train
+    from grpo.config.command_line import parse_trainer_argv
     from grpo.run.api import python_config
-    from grpo.run.trl_cli import read_config_file
+    from grpo.run.trl_cli import read_config_file, trl_flags
 
     path = tmp_path / "grpo.yaml"
     path.write_text("model_name_or_path: builtin:tiny\nnum_generations: 4\nmax_steps: 6\nlearning_rate: 1.0e-4\n"
@@ -58,9 +58,8 @@ def test_the_names_come_from_the_translation_and_a_field_given_our_way_keeps_our
     names = read_config_file(str(path))["train"]["trl_names"]
     assert names["rollout.k"] == "--num_generations" and names["train.max_steps"] == "--max_steps"
     assert names["train.lr"] == "--learning_rate" and "train.prompts_per_micro_step" not in names  # derived: 8 / 4
-    cfg, args = grpo_train.parse_trainer_argv(["--config", str(path), "--rollout.k", "8"], prog="grpo-dual",
-                                              description="", read_file=read_config_file,
-                                              other=grpo_train.trl_flags())
+    cfg, args = parse_trainer_argv(["--config", str(path), "--rollout.k", "8"], prog="grpo-dual", description="",
+                                   read_file=read_config_file, other=trl_flags())
     assert "rollout.k" not in cfg.train.trl_names and cfg.train.trl_names["train.lr"] == "--learning_rate"
     path.write_text(path.read_text() + "num_iterations: 2\n")
     assert "train.max_steps" not in read_config_file(str(path))["train"]["trl_names"]  # 3 RL steps are not 6

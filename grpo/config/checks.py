@@ -56,7 +56,7 @@ def _one_of(name: str, value: Any, allowed: typing.Iterable[str]) -> None:
 
 # Names implemented by a registry (policy losses, aggregation modes, KL estimators, advantage scales, KL controllers,
 # combine methods, decoding engines, cache implementations) are checked against that registry by
-# grpo/run/config_check.py, which every entry point runs right after building the Config: this module imports no torch.
+# grpo/run/assembly/config_check.py, which every entry point runs right after building the Config: this module imports no torch.
 SHARED_PROMPT_MODES = ("auto", "on", "off")
 JUDGE_RATE_MAX_STEP_S = 3600.0
 """The longest judge.rate_limit_per_s may hold one RL step's judge calls (seqs_per_step / rate): a rate slower than
@@ -98,5 +98,5 @@ group normalisation) times a ratio near 1, the KL and entropy terms are in nats 
 outweighs the reward as soon as it exceeds 1e-3 nats, so a larger weight only freezes (or flattens) the policy while
 its gradient heads for fp32's limit (1e300 x a gradient is inf: NaN weights or every step skipped)."""
 MAX_SEED = 2**32 - 1
-"""Largest train.seed: grpo/run/setup_parts.seed_everything seeds numpy's global RNG, which takes [0, 2**32)
+"""Largest train.seed: grpo/run/assembly/process.seed_everything seeds numpy's global RNG, which takes [0, 2**32)
 (torch.manual_seed takes [-2**63, 2**64), Python's random any integer): the narrowest of the three."""

@@ -14,7 +14,7 @@ from grpo.config.checks import LLAMA_LORA_TARGETS, SHARED_PROMPT_MODES, TINY_MIN
 from grpo.config.templates import problem as template_problem
 
 PROMPT_FORMATS = ("chat", "trl")
-"""data.prompt_format values (grpo/models/tokens.encode_prompt; grpo/run/setup_parts.load_samples)."""
+"""data.prompt_format values (grpo/models/tokens.encode_prompt; grpo/run/assembly/samples.load_samples)."""
 
 
 @dataclass
@@ -131,7 +131,7 @@ class DataConfig:
     (conversational) goes through the template. A TRL GRPOConfig sets trl."""
     max_prompt_tokens: int = 512
     """Prompts longer than this (after the chat template) are dropped with a count per task, once the model is loaded
-    (grpo/run/setup_parts.fit_prompts); lowered, with a message, where the model's positions
+    (grpo/run/assembly/samples.fit_prompts); lowered, with a message, where the model's positions
     (config.max_position_embeddings) cannot hold it plus rollout.max_new_tokens."""
     task_mix: str = ""
     """Share of each task in every RL batch, "fairness:1,hallucination:2"; empty = equal shares."""
@@ -212,7 +212,7 @@ class TaskSourceConfig:
 class RewardModelConfig:
     """A reward model that reward terms name as <name>:weight (grpo/grading/reward_models.py reads it;
     docs/CUSTOM_TASKS.md): --reward_models.<name>.path DIR. Checked by `validate` (ranges, naming
-    `reward_models.<name>.<field>`) and grpo/run/config_check.py (`normalize` and `dtype` against their registries)."""
+    `reward_models.<name>.<field>`) and grpo/run/assembly/config_check.py (`normalize` and `dtype` against their registries)."""
 
     path: str = ""
     """Folder of a transformers AutoModelForSequenceClassification and its tokenizer (save_pretrained)."""

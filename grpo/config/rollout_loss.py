@@ -5,7 +5,7 @@ file's source) and their checks.
 Standard library only; `ConfigError`, `_check` and the bounds are grpo/config/checks.py's, the whole `Config`
 grpo/config/sections.py's, and grpo/config/__init__.py re-exports every name (`C.RolloutConfig`, ...). Names a
 registry implements (losses, aggregation modes, KL estimators, controllers, engines) are checked against it by
-grpo/run/config_check.py.
+grpo/run/assembly/config_check.py.
 """
 
 from __future__ import annotations
@@ -224,7 +224,7 @@ class LossConfig:
                "adaptive entropy control needs entropy_coef_min <= entropy_coef <= entropy_coef_max")
         _check(0 < self.top_entropy_quantile <= 1, "loss.top_entropy_quantile", self.top_entropy_quantile,
                "use a share in (0, 1], e.g. 0.2 (1 = every token)")
-        # loss.params and the agg_mode a loss needs: the loss registry's rules, applied by grpo/run/config_check.py
+        # loss.params and the agg_mode a loss needs: the loss registry's rules, applied by grpo/run/assembly/config_check.py
 
 
 @dataclass
@@ -253,7 +253,7 @@ class TaskKLConfig:
     beta_max: float = 1.0
     """Upper bound on beta (at most 1e3, MAX_LOSS_WEIGHT)."""
 
-    # The rules on these values belong to the controllers (grpo/core/kl_control.py RULES): grpo/run/config_check.py applies
+    # The rules on these values belong to the controllers (grpo/core/kl_control.py RULES): grpo/run/assembly/config_check.py applies
     # them to each kl.<task> section with the field named, so the config cannot accept what a controller refuses.
 
 

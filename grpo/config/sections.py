@@ -9,7 +9,7 @@ reward_models.<name> sections grpo/config/model_data.py's; rollout, loss, kl.<ta
 grpo/config/rollout_loss.py's.
 Validation happens in `__post_init__`; every error is a `ConfigError` that names the field, the bad value and the fix.
 Names that a registry implements (loss names, controllers, engines, ...) are checked against that registry by
-grpo/run/config_check.py, which the entry points run right after `load_config`. Building a Config from presets,
+grpo/run/assembly/config_check.py, which the entry points run right after `load_config`. Building a Config from presets,
 overrides and files, and writing it back, is grpo/config/__init__.py's (which re-exports every name of these modules).
 Only the entry point sees the whole Config; each module receives its section or plain values.
 """
@@ -24,7 +24,7 @@ from grpo.config.model_data import DataConfig, ModelConfig, RewardModelConfig, T
 from grpo.config.rollout_loss import LossConfig, MultiConfig, RolloutConfig, TaskKLConfig
 
 LR_SCHEDULERS = ("constant", "linear", "cosine")
-"""train.lr_scheduler values (grpo/run/setup_parts.lr_factor computes each)."""
+"""train.lr_scheduler values (grpo/run/step_owners.lr_factor computes each)."""
 
 
 @dataclass
@@ -356,7 +356,7 @@ class Config:
 
     def __post_init__(self) -> None:
         _check("default" in self.kl, "kl", sorted(self.kl), "keep a `default` entry for tasks without their own")
-        for task, section in self.kl.items():  # the controllers' own rules: grpo/run/config_check.py
+        for task, section in self.kl.items():  # the controllers' own rules: grpo/run/assembly/config_check.py
             for f in ("beta", "beta_max"):
                 _check(getattr(section, f) <= MAX_LOSS_WEIGHT, f"kl.{task}.{f}", getattr(section, f),
                        f"use a KL coefficient <= {MAX_LOSS_WEIGHT:g} (0.001 to 0.1 is common): above it the KL term "

@@ -55,7 +55,7 @@ RULES: dict[str, tuple[Rule, ...]] = {
              ("window", lambda a: int(a["window"]) == a["window"], "must be a whole number of updates")),
 }
 """Every rule on each controller's arguments, checked in order; the one home of these rules: the constructors
-raise on the first broken one, and the config check (grpo/run/config_check.py) reports it under the config field."""
+raise on the first broken one, and the config check (grpo/run/assembly/config_check.py) reports it under the config field."""
 
 
 def controller_problem(kind: str, **kwargs: Any) -> tuple[str, str] | None:

@@ -22,7 +22,7 @@ Formulas (one line each, with the source):
 
 Each policy loss is registered once, beside its function, by `register_policy_loss` (verl's decorator): its name, ratio,
 hyper-parameters with their defaults, rules and docs, the loss-section fields it takes and its metrics. The config
-check (grpo/run/config_check.py), --help (`losses_help`), the update and TRL's loss_type read POLICY_LOSSES.
+check (grpo/run/assembly/config_check.py), --help (`losses_help`), the update and TRL's loss_type read POLICY_LOSSES.
 
 Metric values are 0-dim detached tensors (no host sync here); the loop converts them with `float()`.
 """
@@ -139,7 +139,7 @@ def at_least(bound: float) -> Rule:
 @dataclass(frozen=True)
 class LossParam:
     """A loss's own hyper-parameter, set as `loss.params.<name>`: default and type from the loss function's
-    signature, doc and rule from its registration (grpo/run/config_check.py applies the rule, naming the field)."""
+    signature, doc and rule from its registration (grpo/run/assembly/config_check.py applies the rule, naming the field)."""
     name: str
     default: float
     doc: str
@@ -199,7 +199,7 @@ def register_policy_loss(name: str, *, ratio: str, doc: str, params: dict[str, t
                          fields: tuple[str, ...] = (), agg_mode: str | None = None,
                          metrics: tuple[str, ...] = ()) -> Callable[[Callable], Callable]:
     """Decorator: register `fn(logps_BT, old_logps_BT, advantages_B, mask_BT, **hyper-parameters)` as the policy loss
-    `name` (verl's `register_policy_loss`). That is all a new loss needs: the config check (grpo/run/config_check.py),
+    `name` (verl's `register_policy_loss`). That is all a new loss needs: the config check (grpo/run/assembly/config_check.py),
     --help (`losses_help`), the update (grpo/phases/update.py) and TRL's `loss_type` read it from here.
 
     params: doc and Rule of each hyper-parameter of `fn` that is its own (`loss.params.<name>`); its default and type

@@ -70,7 +70,7 @@ a reward term names it as `<name>`, or gives a folder path, which uses the secti
 
 def check_spec(spec: RewardModelSpec, where: str) -> None:
     """The section's ranges (its `validate`) and its names against the registries above; ConfigError naming
-    `<where>.<field>`, the bad value and the fix. grpo/run/config_check.py runs it on every reward_models entry."""
+    `<where>.<field>`, the bad value and the fix. grpo/run/assembly/config_check.py runs it on every reward_models entry."""
     spec.validate(where)
     if spec.normalize not in NORMALIZERS:
         raise field_error(f"{where}.normalize", spec.normalize, f"use one of {sorted(NORMALIZERS)}")

@@ -201,7 +201,7 @@ class GraphStep:
         self.slots: OrderedDict[tuple, Slot] = OrderedDict()
         """The kept slots, least recently used first, within `keep_bytes` (`trim`)."""
         self.keep_bytes: int | None = None
-        """How many bytes of slots stay between rollouts, decided once by the run on a GPU (grpo/run/setup_parts.py:
+        """How many bytes of slots stay between rollouts, decided once by the run on a GPU (grpo/run/assembly/model_loading.py:
         `choose_graph_memory`, from the memory estimate: what the step's peak phase leaves free); None = at most
         GRAPH_CACHE_SLOTS times the largest slot."""
         self._pool: Any = None
@@ -210,7 +210,7 @@ class GraphStep:
         step at once (a failed compile is tried again at every call of the compiled function, and fails again,
         tens of seconds a rollout on an H200 with torch 2.11)."""
         self.fold_auto: bool | None = None
-        """What rollout.fold_lora=auto does for this model, decided once by the run (grpo/run/setup_parts.py:
+        """What rollout.fold_lora=auto does for this model, decided once by the run (grpo/run/assembly/model_loading.py:
         `choose_graph_memory`, from the memory estimate); None = not decided: fold where the copies fit."""
 
     def modules(self) -> list[tuple[int, str, torch.nn.Module]]:

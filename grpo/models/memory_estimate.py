@@ -166,7 +166,7 @@ def lora_param_count(shape: ModelShape, r: int, targets: tuple[str, ...] | list[
 
 @dataclass(frozen=True)
 class EstimateInputs:
-    """Plain values that decide memory; `grpo/run/memory_inputs.py: inputs_from_config` builds one from the Config."""
+    """Plain values that decide memory; `grpo/run/assembly/memory_inputs.py: inputs_from_config` builds one from the Config."""
 
     shape: ModelShape
     micro_batch_seqs: int

@@ -187,7 +187,7 @@ def generate_rollouts(model, tokenizer, samples: Sequence[Sample], rollout: Roll
                       draw: Draw = Draw(), synced_gpus: bool = False) -> tuple[list[Rollout], dict[str, float]]:
     """`draw.k(rollout)` completions per sample (rollout.k sampled ones, or one greedy one: see `Draw`) from ONE
     batched decode by the engine `decoder` picks (rollout.engine). `stop_ids`: the ids that end a completion (kept
-    as its last id; `grpo.run.setup_parts.stop_token_ids` resolves rollout.stop_strings); None = the tokenizer's
+    as its last id; `grpo.run.assembly.owners.stop_token_ids` resolves rollout.stop_strings); None = the tokenizer's
     end-of-turn / EOS token.
 
     Returns the rollouts (samples[i]'s K rollouts at [i*K, (i+1)*K)) and metrics (see `rollout_metrics`, plus

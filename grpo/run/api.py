@@ -18,7 +18,7 @@ from grpo import config as C
 from grpo.config.presets import CUSTOM_PRESET
 from grpo.phases.environments import factory_spec
 from grpo.phases.tools import tool_specs
-from grpo.run.config_check import check_config
+from grpo.run.assembly.config_check import check_config
 from grpo.run.row_files import write_rows
 from grpo.run.trl_cli import from_trl
 

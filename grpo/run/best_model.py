@@ -178,3 +178,13 @@ def _relabel(run: Run, step: int) -> None:
         shutil.copyfile(evals / "after_rl.jsonl", evals / f"{last}.jsonl")
     if (evals / f"step_{step}.jsonl").is_file():
         shutil.copyfile(evals / f"step_{step}.jsonl", evals / "after_rl.jsonl")
+
+
+def offer_evaluation(run: Run, results: dict[str, float], state: dict[str, Any] | None) -> None:
+    """An RL step's held-out evaluation: its weights offered to the Pareto frontier (saved as a point if they join it)
+    and, with checkpoint.keep_best, kept in best/ when they are the best so far. `state`: the full weights when
+    sharded, else None."""
+    step = run.progress.step
+    run.progress.frontier.offer(step, results, save_fn=lambda path: save_pretrained(run.policy, path, state))
+    if run.cfg.checkpoint.keep_best:  # RUN/best/: the best evaluation's weights, for the final model
+        keep_if_best(run, step, results, state)

@@ -12,6 +12,7 @@ import signal
 import sys
 
 from grpo.config import ConfigError
+from grpo.core.health import TrainingUnstable
 from grpo.data.jsonio import DataFileError
 from grpo.grading.graders import GraderError
 from grpo.run.signals import Interrupted
@@ -20,6 +21,10 @@ USER_ERRORS: tuple[type[BaseException], ...] = (ValueError, KeyError, OSError, I
                                                 EOFError)
 """ValueError covers ConfigError, DataFileError, GraderError, RunFolderError, CheckpointError's and transformers'
 validation errors; OSError covers missing files, full disks, permission errors (their message names the path)."""
+
+RUN_FAILURES: tuple[type[BaseException], ...] = (*USER_ERRORS, TrainingUnstable)
+"""What ends a run after set-up with its one-line message and exit 1 (a bad weight step that the guard could not
+restore from, besides the user's errors); the last checkpoint, if any, is intact."""
 
 
 def user_error(error: BaseException, code: int) -> int:

@@ -70,7 +70,7 @@ class Start:
     host: str = ""
     """The banner's CPU line: torch's thread count and why (train.threads), how OpenMP waits (grpo/models/host.py)."""
     disk: str = ""
-    """The banner's disk line: what the run will write and the free space (grpo/run/disk_plan.py)."""
+    """The banner's disk line: what the run will write and the free space (grpo/run/assembly/disk_plan.py)."""
 
 
 @dataclass

@@ -36,17 +36,18 @@ from grpo.core.tool_calls import tool_metrics
 from grpo.data.batching import TaskBalancedSampler
 from grpo.grading.graders import Grader, reward_logs, set_trainer_state
 from grpo.grading.judge import Judge
-from grpo.grading.scoring import (RewardSpec, fallback_shares, per_step_counts, reward_metrics, score_rollouts,
+from grpo.grading.scoring import (RewardSpec, check_fallback_share, fallback_shares, per_step_counts, reward_metrics, score_rollouts,
                                   term_matrix)
 from grpo.models.distributed import Dist
 from grpo.models.graph_decode import GRAPH_COUNTS, graph_counts, release_graph_slots
-from grpo.models.modeling import Policy, has_dropout, reference
+from grpo.models.modeling import Policy, has_dropout, rebase_reference, reference
 from grpo.models.sampling import row_keys
 from grpo.phases.batch import batch_logprobs, build_train_batch
 from grpo.phases.generate import Draw, generate_rollouts, rollout_metrics
 from grpo.phases.tools import ToolBox, tool_rollouts
-from grpo.phases.update import Learner, StepSettings, TaskGradientSurgery, update_passes
-from grpo.run.setup_parts import build_optimizer, build_surgery, per_completion_sampling, shares_prompts
+from grpo.phases.update import Learner, StepSettings, TaskGradientSurgery, adamw, update_passes
+from grpo.core.multi import ConflictMonitor
+from grpo.models.logprobs import shared_prompt_blocker, shares_by_size
 
 
 class StepTimer:
@@ -257,6 +258,12 @@ class Rewarder:
         self.counters: dict[str, float] = {}
         """Running totals the step metrics are differences of (the judge's counters); checkpointed."""
 
+    @staticmethod
+    def stop_if_judge_silent(metrics: dict[str, Any], max_share: float, step: int) -> None:
+        """judge.max_fallback_share: a task whose judge answered too few of the step's completions (its fallback
+        grader scored them) stops the run, after the step is logged."""
+        check_fallback_share(metrics, max_share, step)
+
     def score(self, rollouts: list[Rollout], step: int | None = None) -> tuple[list[Scored], dict[str, float]]:
         """Each rollout's reward (None: failed) and this batch's scoring counts. `step`: the first scoring of an RL
         step, which tells reward functions TRL's trainer_state (and drops what log_metric got before)."""
@@ -341,6 +348,14 @@ class Updater:
         split = cfg.train.split_groups and dist.active  # a process may hold part of a group: no prompt to share
         self.share_prompts = not split and shares_prompts(cfg, self.train_model, dist)
         """Forward passes encode each prompt once for its K completions (see `shares_prompts`)."""
+
+    def after_sft(self, seed: int) -> None:
+        """After SFT: RL is regularised towards the SFT model, not the pre-SFT one. The reference is rebased in place
+        (every owner holds this policy), then the optimizer restarts (under LoRA the trainable parameters are new
+        objects)."""
+        rebased = rebase_reference(self.policy, seed=seed)
+        self.policy.model, self.policy.ref_model = rebased.model, rebased.ref_model
+        self.restart()
 
     def restart(self) -> None:
         """Optimizer, scheduler, weight guard and gradient surgery for the policy's current trainable parameters,
@@ -452,3 +467,60 @@ class Updater:
         else:
             bad = self.guard.restore_if_bad()
         self._restored = self._restored or bad
+
+
+def shares_prompts(cfg: C.Config, train_model: torch.nn.Module, dist: Dist) -> bool:
+    """Whether the forward passes encode each prompt once for its K completions (model.shared_prompt_forward),
+    decided once: what blocks it (grpo/models/logprobs.shared_prompt_blocker) does not change during a run."""
+    mode = cfg.model.shared_prompt_forward
+    if mode == "off":
+        return False
+    why = shared_prompt_blocker(train_model, training=True)
+    if why is not None:
+        if mode == "on":
+            raise C.ConfigError(f"model.shared_prompt_forward=on cannot apply here: {why}. Use auto (it turns "
+                                "itself off) or off", field="model.shared_prompt_forward")
+        if dist.is_main:
+            print(f"model.shared_prompt_forward=auto: off for this run ({why}); every row encodes its own prompt")
+        return False
+    return shares_by_size(mode, sum(p.numel() for p in train_model.parameters()))
+
+
+def per_completion_sampling(rollout: C.RolloutConfig, dist: Dist) -> bool:
+    """Whether rollouts draw from per-completion streams (rollout.sampling_rng; auto = when several processes)."""
+    mode = rollout.sampling_rng
+    return mode == "per_completion" or (mode == "auto" and dist.active)
+
+
+def build_surgery(cfg: C.Config, params: list[torch.nn.Parameter], tasks: list[str]):
+    """PCGrad / CAGrad over per-task gradients when multi.combine asks for it (and there are several tasks)."""
+    if cfg.multi.combine == "sum" or len(tasks) < 2:
+        return None
+    monitor = ConflictMonitor(mode=cfg.multi.switch, threshold=cfg.multi.threshold, patience=cfg.multi.patience,
+                              release=cfg.multi.release)
+    return TaskGradientSurgery(params, tasks, cfg.multi.combine, cfg.multi.cagrad_c, monitor,
+                               policy_only=cfg.multi.policy_only, seed=cfg.train.seed)
+
+
+def build_optimizer(train: C.TrainConfig, params: list[torch.nn.Parameter], total_updates: int):
+    """AdamW over the trainable parameters, with train.lr_scheduler over the RL phase's `total_updates` optimizer
+    steps after its warm-up (warmup_steps, or warmup_ratio of the steps)."""
+    optimizer = adamw(params, lr=train.lr, weight_decay=train.weight_decay)
+    warmup = train.warmup_steps or math.ceil(total_updates * train.warmup_ratio)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda n: lr_factor(n, train.lr_scheduler, warmup, total_updates))
+    return optimizer, scheduler
+
+
+def lr_factor(n: int, schedule: str, warmup: int, total: int) -> float:
+    """The learning rate of optimizer step n (0-based) as a share of train.lr: transformers' get_scheduler formulas
+    (get_constant_schedule_with_warmup, get_linear_schedule_with_warmup, get_cosine_schedule_with_warmup with half a
+    cycle), so TRL's, under any of C.LR_SCHEDULERS."""
+    if n < warmup:
+        return n / max(1, warmup)
+    if schedule == "constant":
+        return 1.0
+    if schedule == "linear":
+        return max(0.0, (total - n) / max(1, total - warmup))
+    progress = (n - warmup) / max(1, total - warmup)
+    return max(0.0, 0.5 * (1.0 + math.cos(math.pi * progress)))

@@ -263,7 +263,7 @@ WANDB_MODULE = "wandb"
 
 
 WANDB_MISSING = "Weights & Biases is not installed: `pip install wandb`, or leave train.wandb_project empty"
-"""What to do when train.wandb_project is set and `wandb` is missing (grpo/run/config_check.py says it up front)."""
+"""What to do when train.wandb_project is set and `wandb` is missing (grpo/run/assembly/config_check.py says it up front)."""
 
 
 def wandb_installed() -> bool:

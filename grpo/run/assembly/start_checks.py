@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from grpo import config as C
-from grpo.run.disk_plan import disk_line
+from grpo.run.assembly.disk_plan import disk_line
 from grpo.run.run_folder import check_final_model_dir
 from grpo.run.trl_rows import ALL_LINEAR, model_architecture
 
@@ -84,7 +84,7 @@ def check_start(cfg: C.Config, run_dir: Path, device: Any, announce: bool, train
     graders: each setting that cannot act printed as a note (`announce`: this process speaks for the run), LoRA
     targets the model lacks refused, checkpoint.final_model_dir (TRL's output_dir) refused when it holds what no run
     wrote (grpo/run/run_folder.py: `check_final_model_dir`), and what the run will write against the free disk space
-    (grpo/run/disk_plan.py; `train_rows` and `world`, the draws a step, count its steps). Returns the banner's disk
+    (grpo/run/assembly/disk_plan.py; `train_rows` and `world`, the draws a step, count its steps). Returns the banner's disk
     line ("" where this process does not speak)."""
     for line in inert_settings(cfg, device) if announce else []:
         print(f"note: {line}", file=sys.stderr)

@@ -12,7 +12,7 @@ from grpo.core.records import Sample
 from grpo.models.tokens import raw_prompt
 from grpo.config.presets import CUSTOM_PRESET
 from grpo.models.memory_estimate import estimate
-from grpo.run.memory_inputs import inputs_from_config
+from grpo.run.assembly.memory_inputs import inputs_from_config
 from grpo.run.record import Run
 from grpo.run.vocabulary import in_user_terms
 

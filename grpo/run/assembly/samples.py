@@ -1,5 +1,6 @@
-"""Building a run's parts from config sections: device, data, policy, rewards, judge, trackers, stop tokens, the
-optimizer and its companions, and the run-wide decisions taken once (prompt sharing, sampling streams, sharding).
+"""The prompts a run trains and evaluates on: the rows loaded from the data section (`load_samples`: sources, BBQ's
+thinning, duplicates named), split per task into training and held-out (`split_by_task`), prompts too long for the
+model dropped (`fit_prompts`), train.num_epochs counted into steps (`with_epochs`), the task mix parsed.
 
 The entry point hands each function one config section (or plain values); nothing here reads a global.
 """
@@ -8,35 +9,18 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import os
-import pickle
-import random
 import sys
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
-import numpy as np
-import torch
 
 from grpo import config as C
 from grpo.config import ConfigError
-from grpo.core.multi import ConflictMonitor
 from grpo.core.records import Sample
 from grpo.data.jsonio import DataFileError
-from grpo.models.distributed import Dist
-from grpo.models.logprobs import shared_prompt_blocker, shares_by_size
 from grpo.models.modeling import Policy
-from grpo.phases.update import TaskGradientSurgery, adamw
-
-
-def choose_device(requested: str) -> torch.device:
-    if requested == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if requested.startswith("cuda") and not torch.cuda.is_available():
-        raise ValueError(f"train.device={requested!r} but no CUDA GPU is visible: use train.device=cpu or auto")
-    return torch.device(requested)
 
 
 @dataclass(frozen=True)
@@ -182,244 +166,6 @@ def _with_system(samples: list[Sample], system_prompt: str) -> list[Sample]:
             for s in samples]
 
 
-def model_load_error(name: str, error: BaseException) -> ConfigError:
-    """The ConfigError for a model.name that does not load (a missing path, a file that is no model folder, a hub id
-    with no network, a pickle): the name and the loader's first line, no traceback."""
-    from grpo.data.dataset_dicts import offline_message
-    from grpo.data.tables import looks_like_hub_id
-
-    first = (str(error).strip().splitlines() or [type(error).__name__])[0][:300]
-    path = Path(name).expanduser()
-    hub_id = looks_like_hub_id(name) and not path.exists() and type(error).__name__ != "HubCacheError"
-    offline = offline_message(name, "model.name", "model") if hub_id else None  # (an unusable cache: named below)
-    if type(error).__name__ == "NoMatchingPeftModuleError" or first.startswith("Target modules"):  # peft's
-        return ConfigError(f"config field `model.lora_target_modules` is invalid: {first} (model {name!r}); name "
-                           "modules the model has (TRL's lora_target_modules sets this field)",
-                           field="model.lora_target_modules")
-    if offline is not None:  # transformers says only that it could not connect
-        return ConfigError(f"config field `model.name` = {name!r} cannot be loaded: {offline.split(': ', 1)[1]}",
-                           field="model.name")
-    why = (f"{path} does not exist" if name.startswith(("/", ".", "~")) and not path.exists()
-           else f"{path} is a file, not a model folder (config.json, weights as safetensors)" if path.is_file()
-           else f"{type(error).__name__}: {first}")
-    return ConfigError(f"config field `model.name` = {name!r} cannot be loaded: {why}; give builtin:tiny, a packaged "
-                       "model name, a local model folder or a hub id", field="model.name")
-
-
-def policy_from_config(model_cfg, device: torch.device, corpus: Iterable[str], seed: int,
-                       loaded: tuple[Any, Any] | None = None):
-    """Load the policy named by the model section, with precision and attention chosen for this machine; or, with
-    `loaded` = (model, tokenizer) handed in from Python, train that model (in place, in its own dtype and attention)
-    with the section's LoRA, checkpointing and compile settings."""
-    from grpo.models.hardware import choose_attention, choose_precision, detect_capabilities
-    from grpo.models.modeling import load_policy, policy_from_model, ready_for_batches
-
-    on_cuda = device.type == "cuda"
-    if loaded is not None:
-        model, tokenizer = loaded
-        ready_for_batches(model, tokenizer)
-        dtype = next(model.parameters()).dtype
-        use_scaler = dtype == torch.float16  # as choose_precision decides for fp16 weights: loss scaling
-        policy = policy_from_model(model, tokenizer, model_cfg, seed=seed)
-    else:
-        caps = detect_capabilities()
-        dtype, use_scaler, dtype_why = choose_precision(model_cfg.dtype, on_cuda,
-                                                        bool(caps.get("bf16_supported")) and on_cuda,
-                                                        full_finetune=not model_cfg.lora)
-        attn, attn_why = choose_attention(model_cfg.attn_implementation, bool(caps.get("flash_attn_importable")),
-                                          caps.get("compute_capability") if on_cuda else None, dtype)
-        if os.environ.get("RANK", "0") == "0":  # one line per run, not per data-parallel process
-            print(f"precision: {dtype} ({dtype_why}); attention: {attn} ({attn_why})")
-        try:
-            policy = load_policy(model_cfg, dtype=dtype, attn_implementation=attn, seed=seed, tiny_corpus=list(corpus))
-        except (OSError, ValueError, ImportError, pickle.UnpicklingError, EOFError) as e:
-            raise model_load_error(model_cfg.name, e) from None
-    policy.grad_scaler = torch.amp.GradScaler("cuda") if use_scaler and on_cuda else None
-    if model_cfg.compile:
-        # In place (parameter names unchanged, so checkpoints stay compatible); dynamic shapes because every
-        # step has other prompt and completion lengths. Off by default: not yet measured to pay.
-        policy.model.compile(dynamic=True)
-        print("model.compile: the model forward is compiled with torch.compile(dynamic=True)")
-    if not model_cfg.load_in_4bit:
-        policy.model.to(device)
-        if policy.ref_model is not None:
-            policy.ref_model.to(device)
-    return policy
-
-
-def parse_reward_spec(task: str, text: str) -> tuple[list[tuple[str, float]], str | None]:
-    """"grader:w,module:fn:w|fallback" -> ([(grader, w), ...], fallback). A term without :w has weight 1."""
-    body, _, fallback = text.partition("|")
-    terms = []
-    for part in (p.strip() for p in body.split(",") if p.strip()):
-        name, _, weight = part.rpartition(":")
-        try:
-            terms.append((name, float(weight)) if name else (part, 1.0))
-        except ValueError:
-            terms.append((part, 1.0))
-    if not terms:
-        raise ConfigError(f"config field `rewards.{task}` = {text!r} is invalid: give grader:weight terms, e.g. "
-                          "bbq_rule:1.0,format:0.2", field=f"rewards.{task}")
-    return terms, (fallback.strip() or None)
-
-
-BUILTIN_TASKS = ("fairness", "hallucination")
-"""The built-in sources' task names (demo, dual), whose kl.<task> / rewards.<task> entries presets carry: they may
-stay in a run that trains only your own tasks."""
-
-
-def check_task_entries(kl_tasks: Iterable[str], tasks: list[str]) -> None:
-    """A kl.<task> entry naming no task of the run (besides kl.default and the built-in tasks) is a ConfigError
-    naming it: a misspelt task (kl.fairnes) would leave the real task on kl.default, silently."""
-    unknown = sorted(set(kl_tasks) - {"default", *BUILTIN_TASKS} - set(tasks))
-    if unknown:
-        raise ConfigError(f"config field `kl.{unknown[0]}` names no task of this run (its tasks: {', '.join(tasks)}): "
-                          "fix the task's name or drop the entry", field=f"kl.{unknown[0]}")
-
-
-def reward_specs(source: str, rewards: Mapping[str, str], tasks: list[str],
-                 custom: Iterable[str] = (), aggregation: str = "mean") -> dict[str, Any]:
-    """A RewardSpec per task: its rewards.<task> entry, else the built-in source's default terms (the demo's
-    graders; BBQ's and HaluEval's for tasks named fairness / hallucination). `custom`: the tasks.<task> names,
-    which have no default: a custom task without rewards.<task> is a ConfigError naming that field.
-    `aggregation`: loss.reward_aggregation, how each task's terms make its reward."""
-    from grpo.data.demo_tasks import DEMO_REWARDS
-    from grpo.grading.scoring import RewardSpec
-
-    defaults = DEMO_REWARDS if source == "demo" else {"fairness": "bbq_rule:1.0,format:0.2",
-                                                      "hallucination": "halueval_rule:1.0,format:0.2"}
-    custom = set(custom)
-    # a misspelt task name would otherwise leave that task on its defaults, silently; the built-in tasks' entries
-    # that presets carry (fairness, hallucination) may stay when the run trains only your own tasks
-    unknown = sorted(set(rewards) - set(tasks) - set(DEMO_REWARDS) - set(BUILTIN_TASKS))
-    if unknown:
-        raise ConfigError(f"config field `rewards.{unknown[0]}` names no task of this run (its tasks: "
-                          f"{', '.join(tasks)}): fix the task's name or drop the entry", field=f"rewards.{unknown[0]}")
-    specs = {}
-    for task in tasks:
-        text = rewards.get(task) or (None if task in custom else defaults.get(task))
-        if text is None:
-            raise ConfigError(f"task {task!r} has no reward terms: add rewards.{task}=grader:weight, e.g. "
-                              f"--set rewards.{task}=path/to/rewards.py:my_reward:1.0 (docs/CUSTOM_TASKS.md "
-                              f"lists the built-in graders)", field=f"rewards.{task}")
-        terms, fallback = parse_reward_spec(task, text)
-        try:
-            specs[task] = RewardSpec(task=task, terms=tuple(terms), fallback=fallback, aggregation=aggregation)
-        except ValueError as err:  # a weight <= 0, the judge as its own fallback
-            raise ConfigError(f"config field `rewards.{task}` = {text!r} is invalid: {err}",
-                              field=f"rewards.{task}") from None
-    return specs
-
-
-def build_trackers(train_cfg, run_dir: Path):
-    from grpo.run.tracking import make_trackers
-
-    return make_trackers(run_dir, tensorboard=train_cfg.tensorboard, wandb_project=train_cfg.wandb_project or None)
-
-
-def stop_token_ids(rollout_cfg, tokenizer) -> tuple[int, ...]:
-    """The ids that end a rollout: the tokenizer's end-of-turn / EOS token, then each of rollout.stop_strings
-    (each must be one token of the tokenizer), without repeats."""
-    from grpo.models.tokens import stop_token_id
-
-    stops = [stop_token_id(tokenizer)]
-    for text in rollout_cfg.stop_strings:
-        ids = tokenizer.convert_tokens_to_ids(text)
-        if ids is None or ids == tokenizer.unk_token_id:
-            encoded = tokenizer.encode(text, add_special_tokens=False)
-            if len(encoded) != 1:
-                raise ValueError(f"rollout.stop_strings entry {text!r} is {len(encoded)} tokens; each stop must be "
-                                 "exactly one token of the tokenizer")
-            ids = encoded[0]
-        stops.append(int(ids))
-    return tuple(dict.fromkeys(stops))
-
-
-def seed_everything(seed: int) -> None:
-    random.seed(seed)
-    np.random.seed(seed)
-    torch.manual_seed(seed)
-
-
-def shares_prompts(cfg: C.Config, train_model: torch.nn.Module, dist: Dist) -> bool:
-    """Whether the forward passes encode each prompt once for its K completions (model.shared_prompt_forward),
-    decided once: what blocks it (grpo/models/logprobs.shared_prompt_blocker) does not change during a run."""
-    mode = cfg.model.shared_prompt_forward
-    if mode == "off":
-        return False
-    why = shared_prompt_blocker(train_model, training=True)
-    if why is not None:
-        if mode == "on":
-            raise C.ConfigError(f"model.shared_prompt_forward=on cannot apply here: {why}. Use auto (it turns "
-                                "itself off) or off", field="model.shared_prompt_forward")
-        if dist.is_main:
-            print(f"model.shared_prompt_forward=auto: off for this run ({why}); every row encodes its own prompt")
-        return False
-    return shares_by_size(mode, sum(p.numel() for p in train_model.parameters()))
-
-
-def check_sharding(cfg: C.Config, policy: Policy, dist: Dist) -> None:
-    """What FSDP sharding supports: full fine-tuning in bf16 / fp32 with the summed loss."""
-    problems = [why for bad, why in [
-        (cfg.model.lora or cfg.model.load_in_4bit, "LoRA / QLoRA (model.lora=false: sharding is for full fine-tuning; "
-                                                   "an adapter fits every process, use train.sharding=none)"),
-        (cfg.multi.combine != "sum", "per-task gradient surgery (multi.combine=sum)"),
-        (policy.grad_scaler is not None, "fp16 loss scaling (model.dtype=bfloat16 or float32)"),
-        (cfg.sft.steps > 0 and cfg.sft.batch_size % dist.world != 0,
-         f"an SFT batch that does not split evenly over {dist.world} processes (sft.batch_size)")] if bad]
-    if problems:
-        raise C.ConfigError("train.sharding=fsdp does not support " + "; ".join(problems), field="train.sharding")
-
-
-def choose_graph_memory(cfg: C.Config, policy: Policy, device: torch.device, announce: bool) -> None:
-    """What the graph engine may hold on a GPU, decided once from the memory estimate and recorded on the model's
-    graph step (grpo/models/graph_decode.py): rollout.fold_lora=auto folds LoRA for the rollouts where the copy leaves
-    the step's peak where it is (`lora_fold_choice`; on / off need no decision, the CPU folds: host memory, nothing to
-    estimate), and the decoding buffers kept between rollouts are what the step's peak phase leaves free
-    (`graph_cache_choice`). Printed once."""
-    from grpo.models.graph_decode import graph_step_for
-    from grpo.phases.generate import choose_engine
-    from grpo.run.memory_inputs import graph_cache_choice, lora_fold_choice
-
-    if device.type != "cuda" or choose_engine(policy.model, cfg.rollout.engine, cfg.rollout.cache_implementation,
-                                              cfg.train.sharding == "fsdp") != "graph":
-        return
-    graph = graph_step_for(policy.model)
-    capability = torch.cuda.get_device_capability(device)
-    graph.keep_bytes, kept = graph_cache_choice(cfg, capability)
-    if announce:
-        print(f"graph engine: decoding buffers {kept}")
-    if policy.is_lora and cfg.rollout.fold_lora == "auto":
-        fold, why = lora_fold_choice(cfg, capability)
-        graph.fold_auto = fold
-        if announce:
-            print(f"rollout.fold_lora=auto: {'folded' if fold else 'not folded'} for rollouts ({why})")
-
-
-def per_completion_sampling(rollout: C.RolloutConfig, dist: Dist) -> bool:
-    """Whether rollouts draw from per-completion streams (rollout.sampling_rng; auto = when several processes)."""
-    mode = rollout.sampling_rng
-    return mode == "per_completion" or (mode == "auto" and dist.active)
-
-
-def check_precision(multi: C.MultiConfig, policy: Policy) -> None:
-    """multi.combine other than sum needs bf16 or fp32 weights: the per-task gradients are not loss-scaled."""
-    if policy.grad_scaler is not None and multi.combine != "sum":
-        raise C.ConfigError(f"multi.combine={multi.combine!r} needs bf16 or fp32 weights: the per-task gradients are "
-                            "not loss-scaled, so fp16 (this GPU has no bf16) would under- or overflow; use "
-                            "multi.combine=sum or model.dtype=float32", field="multi.combine")
-
-
-def build_surgery(cfg: C.Config, params: list[torch.nn.Parameter], tasks: list[str]):
-    """PCGrad / CAGrad over per-task gradients when multi.combine asks for it (and there are several tasks)."""
-    if cfg.multi.combine == "sum" or len(tasks) < 2:
-        return None
-    monitor = ConflictMonitor(mode=cfg.multi.switch, threshold=cfg.multi.threshold, patience=cfg.multi.patience,
-                              release=cfg.multi.release)
-    return TaskGradientSurgery(params, tasks, cfg.multi.combine, cfg.multi.cagrad_c, monitor,
-                               policy_only=cfg.multi.policy_only, seed=cfg.train.seed)
-
-
 def parse_task_mix(text: str) -> dict[str, float] | None:
     """"a:1,b:2" -> {"a": 1.0, "b": 2.0}; empty -> None (equal shares)."""
     if not text:
@@ -429,16 +175,6 @@ def parse_task_mix(text: str) -> dict[str, float] | None:
         return {task.strip(): float(w) for task, w in pairs}
     except ValueError:
         raise C.ConfigError(f"config field `data.task_mix` = {text!r} is invalid: weights must be numbers") from None
-
-
-def build_optimizer(train: C.TrainConfig, params: list[torch.nn.Parameter], total_updates: int):
-    """AdamW over the trainable parameters, with train.lr_scheduler over the RL phase's `total_updates` optimizer
-    steps after its warm-up (warmup_steps, or warmup_ratio of the steps)."""
-    optimizer = adamw(params, lr=train.lr, weight_decay=train.weight_decay)
-    warmup = train.warmup_steps or math.ceil(total_updates * train.warmup_ratio)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lambda n: lr_factor(n, train.lr_scheduler, warmup, total_updates))
-    return optimizer, scheduler
 
 
 def epoch_steps(n_prompts: int, prompts_per_step: int, epochs: float) -> int:
@@ -481,20 +217,6 @@ def with_epochs(cfg: C.Config, train: Mapping[str, list], world: int, announce: 
                             f"step, {n_prompts // per_step} steps an epoch -> {steps} RL steps ({steps * cfg.loss.mu} "
                             "optimizer steps)", C.to_dict(cfg)))
     return dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, max_steps=steps))
-
-
-def lr_factor(n: int, schedule: str, warmup: int, total: int) -> float:
-    """The learning rate of optimizer step n (0-based) as a share of train.lr: transformers' get_scheduler formulas
-    (get_constant_schedule_with_warmup, get_linear_schedule_with_warmup, get_cosine_schedule_with_warmup with half a
-    cycle), so TRL's, under any of C.LR_SCHEDULERS."""
-    if n < warmup:
-        return n / max(1, warmup)
-    if schedule == "constant":
-        return 1.0
-    if schedule == "linear":
-        return max(0.0, (total - n) / max(1, total - warmup))
-    progress = (n - warmup) / max(1, total - warmup)
-    return max(0.0, 0.5 * (1.0 + math.cos(math.pi * progress)))
 
 
 def prompt_token_limit(max_prompt_tokens: int, max_new_tokens: int, positions: int | None) -> tuple[int, str]:
@@ -569,7 +291,7 @@ def evaluated_rows(rows: list[Sample], data: C.DataConfig) -> list[Sample]:
 
 def split_by_task(train_list: list[Sample], held_list: list[Sample], data: C.DataConfig,
                   cap: bool = True) -> tuple[dict, dict]:
-    """Train and held-out samples by task (grpo/run/setup_parts.load_samples split them); held-out capped at
+    """Train and held-out samples by task (grpo/run/assembly/samples.load_samples split them); held-out capped at
     data.eval_size per task unless `cap` is False (grpo_train.setup caps after `fit_prompts` dropped the long ones)."""
     train: dict[str, list[Sample]] = {}
     heldout: dict[str, list[Sample]] = {}

@@ -71,7 +71,7 @@ def report_live() -> str:
 
 def estimate_report(cfg: Any, gpu: str | None, gpu_mem: float | None) -> str:
     """The estimate table for `cfg` on the named card (or `gpu_mem` GiB) and, if it does not fit, the 3 cheapest fixes."""
-    from grpo.run.memory_inputs import inputs_from_config  # imports torch: not for --help or the live report
+    from grpo.run.assembly.memory_inputs import inputs_from_config  # imports torch: not for --help or the live report
 
     gpu_gb, cc = (gpu_mem, (8, 0)) if gpu_mem is not None else GPUS[gpu or "a100-40"]
     x = inputs_from_config(cfg, cc)
@@ -143,7 +143,7 @@ def estimated_config(preset: str | None, config_file: str, theirs: dict[str, Any
     """The Config a run of this command line would train with, read as the trainer reads it (a TRL command line as
     for a run on a GPU, its rows not read: grpo/run/trl_rows.estimating), checked against the registries."""
     from grpo.config import load_config
-    from grpo.run.config_check import check_config
+    from grpo.run.assembly.config_check import check_config
     from grpo.run.trl_cli import read_config_file
     from grpo.run.trl_rows import estimating
 

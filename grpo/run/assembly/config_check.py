@@ -6,27 +6,31 @@ rollout_loss.py) check what needs no code (ranges, types, combinations of fields
 holds, and a kl.<task> section when its controller accepts its arguments (grpo/core/kl_control.py RULES): those checks
 live here, next to the registries, and each entry point runs
 `check_config` right after building the Config, before any model or data is loaded (grpo_train.setup / cli,
-grpo/run/gpu_memory_check.py). Every error is a ConfigError naming the field, the bad value and the fix. `check_installed` adds
+grpo/run/assembly/gpu_memory_check.py). Every error is a ConfigError naming the field, the bad value and the fix. `check_installed` adds
 what a config asks of this machine that a look can tell before any data or model is loaded (the W&B package for
 train.wandb_project, a judge.cache_path that is not a folder).
 """
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Any
 
 from grpo.config import Config, LossConfig, TaskKLConfig, did_you_mean, field_error
+from grpo.config.command_line import command_typed, parse_trainer_argv, repeated_note, smoke_test_note
 from grpo.core.registry import Registry
 from grpo.core.advantages import ADV_SCALES, MULTI_OBJECTIVE_AGGREGATIONS
 from grpo.core.kl_control import CONFIG_FIELDS, KL_CONTROLLERS, controller_args, controller_problem
-from grpo.core.losses import AGG_MODES, KL_ESTIMATORS, POLICY_LOSSES
+from grpo.core.losses import AGG_MODES, KL_ESTIMATORS, POLICY_LOSSES, losses_help
 from grpo.core.multi import METHODS as COMBINE_METHODS
+from grpo.grading.graders import graders_help
 from grpo.grading.judge import CACHE_FILE as JUDGE_CACHE_FILE
 from grpo.grading.reward_models import check_spec as check_reward_model
 from grpo.grading.scoring import REWARD_AGGREGATIONS
 from grpo.phases.generate import CACHE_IMPLEMENTATIONS, ENGINES
 from grpo.run.tracking import WANDB_MISSING, wandb_installed
+from grpo.run.trl_cli import read_config_file, trl_flags
 
 REGISTRY_FIELDS: dict[str, Registry[Any]] = {
     "rollout.cache_implementation": CACHE_IMPLEMENTATIONS,
@@ -48,6 +52,24 @@ def registries_help() -> str:
     registries = [*REGISTRY_FIELDS.values(), KL_CONTROLLERS]
     return "\n\nChoices by name (each registered beside its code):\n" + "\n".join(
         "  " + r.help().replace("\n", "\n  ") for r in registries if r is not POLICY_LOSSES)
+
+
+def choices_help() -> str:
+    """--help-all's choices: the policy losses with their parameters, every other registry, the graders by name."""
+    return losses_help() + registries_help() + graders_help()
+
+
+def parse_command_line(argv: list[str], description: str) -> tuple[Config, Any]:
+    """The trainer's command line as one checked Config and argparse's namespace: grpo-dual's sections and flags, a
+    `--config` file of ours or of TRL's records, TRL's flags (grpo/config/command_line.py, grpo/run/trl_cli.py);
+    then the notes on a short run's long warm-up and on a field set twice. A ConfigError names the field."""
+    cfg, args = parse_trainer_argv(argv, prog=command_typed(), description=description, more_help=choices_help(),
+                                   read_file=read_config_file, other=trl_flags())
+    check_config(cfg)
+    for note in (smoke_test_note(argv, cfg), repeated_note(argv)):
+        if note:
+            print(note, file=sys.stderr)
+    return cfg, args
 
 
 def check_names(cfg: Config) -> None:

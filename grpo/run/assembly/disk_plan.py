@@ -15,7 +15,7 @@ the fix, not found out after hours of training when its final save fails; a thin
     metrics              = METRICS_BYTES_PER_STEP a step, EVAL_BYTES_PER_ROW a held-out row an evaluation, a plot
 
 A resumed run counts what its run folder holds already as written. The parameter count comes from the model's
-shape (grpo/run/memory_inputs.resolve_shape: builtin:tiny, a local folder's config.json, the bundled Hub shapes);
+shape (grpo/run/assembly/memory_inputs.resolve_shape: builtin:tiny, a local folder's config.json, the bundled Hub shapes);
 a model whose shape is not known here gets no estimate (and the banner no disk line).
 """
 
@@ -75,7 +75,7 @@ def _weight_bytes(dtype: str, device_type: str) -> int:
 def _counts(model: C.ModelConfig) -> tuple[int, int, int]:
     """(all weights, trainable weights, vocabulary) from the model's shape; ValueError when it is not known here."""
     from grpo.models.memory_estimate import lora_param_count, param_counts
-    from grpo.run.memory_inputs import resolve_shape
+    from grpo.run.assembly.memory_inputs import resolve_shape
 
     shape = resolve_shape(model)
     total = param_counts(shape)["total"]
@@ -91,7 +91,7 @@ def _saves(every: int, steps: int) -> int:
 
 def plan_writes(cfg: C.Config, train_rows: Mapping[str, list], run_dir: Path, device_type: str) -> DiskPlan:
     """The bytes `cfg`'s run writes (module docstring) into `run_dir` and checkpoint.final_model_dir; ValueError when
-    the model's shape is not known here. `cfg` has its steps counted from the rows (setup_parts.with_epochs)."""
+    the model's shape is not known here. `cfg` has its steps counted from the rows (samples.with_epochs)."""
     total, trainable, vocab = _counts(cfg.model)
     per = _weight_bytes(cfg.model.dtype, device_type)
     tokenizer = vocab * TOKENIZER_BYTES_PER_TOKEN
@@ -173,7 +173,7 @@ def disk_line(cfg: C.Config, train_rows: Mapping[str, list], run_dir: Path, devi
     """The disk check of grpo_train.setup, before the model loads: the plan's line (for the banner), a
     DiskSpaceError when it cannot fit, or "" when there is no estimate (a model whose shape is not known here before
     it loads: the banner has nothing to say of it)."""
-    from grpo.run.setup_parts import with_epochs
+    from grpo.run.assembly.samples import with_epochs
 
     try:
         counted = with_epochs(cfg, train_rows, world, announce=False)  # steps from the rows, as the run counts them
