@@ -1,0 +1,1 @@
+"""TRL's surface (being assembled)."""
