@@ -71,9 +71,8 @@ from grpo.run.setup_parts import (build_trackers, check_precision, check_shardin
 from grpo.run.signals import Interrupted, StopRequest, signals_raise
 from grpo.run.record import Run, Start, TaskSamples
 from grpo.run.step_owners import Generation, Rewarder, StepTimer, Updater, prompt_copies
-from grpo.run.trl_cli import read_config_file, trl_flags
+from grpo.run.trl import error_in_user_terms, read_config_file, trl_flags
 from grpo.run.tracking import NullTracker, format_step_line, progress, write_samples, write_scored
-from grpo.run.vocabulary import error_in_user_terms
 
 
 @dataclasses.dataclass

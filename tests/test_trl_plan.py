@@ -18,7 +18,9 @@ import torch
 from grpo import config as C
 from grpo.run.api import python_config
 from grpo.run.setup_parts import build_optimizer, with_epochs
-from grpo.run.trl_config import DEFAULTS, ROWS, TABLE, markdown, translate
+from grpo.run.trl.config_table import DEFAULTS, ROWS, TABLE
+from grpo.run.trl.docs import markdown
+from grpo.run.trl.translation import translate
 
 trl = pytest.importorskip("trl")
 transformers = pytest.importorskip("transformers")
