@@ -54,7 +54,7 @@ from grpo.run.record import Run, Start, TaskSamples
 from grpo.run.signals import Interrupted, StopRequest, signals_raise
 from grpo.run.step_owners import StepTimer
 from grpo.run.tracking import format_step_line, progress, write_samples, write_scored
-from grpo.run.vocabulary import error_in_user_terms
+from grpo.run.trl import error_in_user_terms
 
 
 def setup(cfg: C.Config, *, callables: Mapping[str, Callable[..., Any]] | None = None,

@@ -116,7 +116,7 @@ def test_early_stopping_ends_rl_after_patience_evaluations_without_an_improvemen
 
 
 def test_trls_best_model_fields_translate_with_transformers_rules(tmp_path):
-    from grpo.run.trl_config import translate
+    from grpo.run.trl.translation import translate
 
     trl = pytest.importorskip("trl")
     done = translate({"load_best_model_at_end": True, "metric_for_best_model": "eval_reward", "eval_strategy": "steps",

@@ -192,7 +192,7 @@ def test_split_groups_is_checked_before_the_model_loads_and_trl_maps_onto_it(tmp
     from trl import GRPOConfig
 
     from grpo.run.step_owners import prompt_copies
-    from grpo.run.trl_config import translate
+    from grpo.run.trl.translation import translate
     from tests.trainer_helpers import fast_config
 
     split = fast_config(tmp_path, "train.split_groups=true", "train.prompts_per_micro_step=3", "rollout.k=2")

@@ -309,9 +309,9 @@ def test_help_exits_zero_and_lists_every_field():
 def test_help_fits_the_terminal_and_maps_each_trl_flag_to_what_it_sets(columns):
     """--help and --help-all wrap to the terminal (COLUMNS, as argparse reads it): no line is wider (they ran to 935
     characters). --help is short (no field list: --help-all has it) and has TRL's flags, each with the grpo-dual
-    field(s) it sets, generated from the TRL tables (grpo/run/trl_config.py TABLE, grpo/run/trl_rows.py RECORDS)."""
-    from grpo.run.trl_config import TABLE
-    from grpo.run.trl_rows import RECORDS
+    field(s) it sets, generated from the TRL tables (grpo/run/trl/config_table.py TABLE, grpo/run/trl/record_tables.py RECORDS)."""
+    from grpo.run.trl.config_table import TABLE
+    from grpo.run.trl.record_tables import RECORDS
 
     env = {**os.environ, "COLUMNS": str(columns)}
     short, full = (subprocess.run([sys.executable, "grpo_train.py", flag], cwd=ROOT, capture_output=True, text=True,

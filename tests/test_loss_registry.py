@@ -15,7 +15,7 @@ import grpo_train
 from grpo import config as C
 from grpo.core.losses import POLICY_LOSSES, above, register_policy_loss
 from grpo.run.assembly.config_check import check_config, check_loss_params
-from grpo.run.trl_config import translate
+from grpo.run.trl.translation import translate
 from tests.trainer_helpers import TINY_CLI, cli_output
 
 NAME = "test_scaled"

@@ -87,8 +87,9 @@ def test_a_trl_flag_of_the_wrong_type_is_refused_naming_it(user, argv, says):
 
 
 def _typed_rows(*kinds):
-    from grpo.run.trl_config import TABLE
-    from grpo.run.trl_rows import RECORDS, field_type
+    from grpo.run.trl.config_table import TABLE
+    from grpo.run.trl.record_tables import RECORDS
+    from grpo.run.trl.rows import field_type
 
     return [row.trl for row in [*TABLE, *(r for rows in RECORDS.values() for r in rows)]
             if field_type(row) in kinds and row.trl != "datasets"]
@@ -158,8 +159,9 @@ def test_each_trl_field_is_checked_as_the_type_trl_gives_it():
     from trl import DatasetMixtureConfig, ModelConfig
     from trl.scripts.grpo import GRPOScriptArguments
 
-    from grpo.run.trl_config import TABLE
-    from grpo.run.trl_rows import NUMBERS, RECORDS, TEXT_OR_LIST, field_type
+    from grpo.run.trl.config_table import TABLE
+    from grpo.run.trl.record_tables import RECORDS
+    from grpo.run.trl.rows import NUMBERS, TEXT_OR_LIST, field_type
 
     annotations = {f.name: str(f.type) for cls in (trl.GRPOConfig, GRPOScriptArguments, ModelConfig,
                                                   DatasetMixtureConfig) for f in dataclasses.fields(cls)}

@@ -14,7 +14,7 @@ from grpo.core.records import Sample
 from grpo.models.modeling import build_tiny_model, build_tiny_tokenizer
 from grpo.phases import tools as T
 from grpo.phases.generate import GREEDY
-from grpo.run.trl_config import translate
+from grpo.run.trl.translation import translate
 from tests.trainer_helpers import call_text
 
 trl = pytest.importorskip("trl")

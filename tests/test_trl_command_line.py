@@ -19,9 +19,10 @@ import pytest
 import torch
 
 from grpo import config as C
-from grpo.run.trl_cli import OTHER_RECORD_FIELDS, flag_value, read_config_file, translate_command_line, trl_flags
-from grpo.run.trl_config import INSTEAD, ROWS, TABLE
-from grpo.run.trl_rows import MODEL_TABLE, RECORDS
+from grpo.run.trl.command_line import (OTHER_RECORD_FIELDS, flag_value, read_config_file, translate_command_line,
+                                       trl_flags)
+from grpo.run.trl.config_table import INSTEAD, ROWS, TABLE
+from grpo.run.trl.record_tables import MODEL_TABLE, RECORDS
 
 trl = pytest.importorskip("trl")
 ROOT = Path(__file__).resolve().parents[1]
@@ -126,7 +127,7 @@ def test_every_field_of_trls_four_records_is_planned_or_refused_by_name(tmp_path
     from trl import DatasetMixtureConfig, ModelConfig
     from trl.scripts.grpo import GRPOScriptArguments
 
-    from grpo.run.trl_cli import _kind_of_type
+    from grpo.run.trl.command_line import _kind_of_type
 
     kinds = trl_flags().kinds
     for cls, record in ((GRPOScriptArguments, "GRPOScriptArguments"), (ModelConfig, "ModelConfig"),

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from grpo import config as C
-from grpo.run.trl_config import translate
+from grpo.run.trl.translation import translate
 
 trl = pytest.importorskip("trl")
 ROWS = [{"prompt": f"Write the word number {i} in capitals."} for i in range(24)]

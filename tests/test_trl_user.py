@@ -152,7 +152,7 @@ def test_an_unknown_flag_gets_a_did_you_mean_naming_the_command_typed(capsys, mo
 # ------------------------------------------------------------------------------------------ TRL's GRPOConfig
 def test_a_grpo_config_is_translated_field_by_field_and_untranslatable_fields_are_named():
     trl = pytest.importorskip("trl")
-    from grpo.run.trl_config import from_trl
+    from grpo.run.trl.translation import from_trl
 
     args = trl.GRPOConfig(output_dir="out", use_cpu=True, bf16=False, learning_rate=1e-4, num_generations=4,
                           per_device_train_batch_size=16, gradient_accumulation_steps=2, beta=0.02, epsilon=0.25,

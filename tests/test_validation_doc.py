@@ -114,7 +114,7 @@ def nothing_held_out(tmp, mp):
 
 
 def best_without_evaluations(tmp, mp):
-    from grpo.run.trl_config import translate
+    from grpo.run.trl.translation import translate
 
     outs = [cli([*TINY, "--checkpoint.keep_best", "true", "--train.output_dir", str(tmp / "a")]),
             cli([*TINY, "--train.eval_every", "2", "--checkpoint.keep_best", "true", "--train.best_metric",

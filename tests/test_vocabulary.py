@@ -1,5 +1,5 @@
 """One vocabulary per run: a run configured through TRL's fields (a GRPOConfig, a `trl grpo` file or flags) gets its
-advice in TRL's words, ours in brackets (grpo/run/vocabulary.py): the names come from the TRL tables' translation
+advice in TRL's words, ours in brackets (grpo/run/trl/vocabulary.py): the names come from the TRL tables' translation
 (train.trl_names), a field the user set with grpo-dual's own flag or section keeps ours, and the doctor's findings,
 the verdict's next step, the start's notes and the errors after set-up use them."""
 
@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from grpo import config as C
-from grpo.run.vocabulary import error_in_user_terms, in_user_terms
+from grpo.run.trl.vocabulary import error_in_user_terms, in_user_terms
 
 trl = pytest.importorskip("trl")
 datasets = pytest.importorskip("datasets")  # at collection: its log handler keeps the stderr it was imported under
@@ -50,7 +50,7 @@ def test_the_names_come_from_the_translation_and_a_field_given_our_way_keeps_our
     nothing)."""
     from grpo.config.command_line import parse_trainer_argv
     from grpo.run.api import python_config
-    from grpo.run.trl_cli import read_config_file, trl_flags
+    from grpo.run.trl.command_line import read_config_file, trl_flags
 
     path = tmp_path / "grpo.yaml"
     path.write_text("model_name_or_path: builtin:tiny\nnum_generations: 4\nmax_steps: 6\nlearning_rate: 1.0e-4\n"

@@ -42,7 +42,7 @@ def command_typed(argv0: str | None = None) -> str:
 @dataclasses.dataclass(frozen=True)
 class OtherFlags:
     """Another program's flags an entry point reads besides its own: TRL's `trl grpo` flags (the run layer builds it,
-    grpo/run/trl_cli.py, and translates what they set). The words are only taken apart here."""
+    grpo/run/trl/command_line.py, and translates what they set). The words are only taken apart here."""
 
     kinds: Mapping[str, str]
     """flag name (without --) -> "bool" (a bare flag is true, or one of true/false follows), "list" (the words up to

@@ -310,9 +310,9 @@ class CheckpointConfig:
     final_model_dir: str = ""
     """Also save the final model (or LoRA adapter) and its tokenizer into this folder, loadable with
     from_pretrained(folder) as after TRL's trainer.save_model(folder); "" = only <run folder>/final. A TRL config's
-    output_dir sets it (grpo/run/trl_config.py). A folder holding what no run wrote there (the model being trained,
-    a dataset, another run's files) is refused before the model loads; the files a run wrote are listed in its
-    .grpo-dual-final."""
+    output_dir sets it (grpo/run/trl/config_rules.py). A folder holding what no run wrote there (the model being
+    trained, a dataset, another run's files) is refused before the model loads; the files a run wrote are listed in
+    its .grpo-dual-final."""
     accept_changes: bool = False
     """Resume although the config, a data file, a task's rows or a reward function's source differ from the
     checkpoint's: each change is printed and recorded in the run folder's accepted_changes.jsonl. Off: such a resume

@@ -3,8 +3,8 @@ tasks.<task> sections, files, or rows in memory (a datasets Dataset / DatasetDic
 dicts); reward functions entered under names of their own; a model by name or already loaded; a peft LoraConfig.
 
 Rows in memory are written once, as JSON lines, into a folder named by their sha256 under
-$GRPO_DUAL_CACHE/datasets (else ~/.cache/grpo-dual/datasets; grpo/run/row_files.py): the run's config.json then names a
-file that holds exactly those rows, so the run can be resumed and repeated like one from a file.
+$GRPO_DUAL_CACHE/datasets (else ~/.cache/grpo-dual/datasets; grpo/run/trl/row_files.py): the run's config.json then
+names a file that holds exactly those rows, so the run can be resumed and repeated like one from a file.
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ from grpo.config.presets import CUSTOM_PRESET
 from grpo.phases.environments import factory_spec
 from grpo.phases.tools import tool_specs
 from grpo.run.assembly.config_check import check_config
-from grpo.run.row_files import write_rows
-from grpo.run.trl_cli import from_trl
+from grpo.run.trl.row_files import write_rows
+from grpo.run.trl.translation import from_trl
 
 HELDOUT_SPLITS = ("test", "validation", "eval")
 """The split of a DatasetDict that becomes the held-out rows (the first present), as TRL's eval_dataset."""
@@ -31,7 +31,7 @@ def python_config(config: C.Config | str | Sequence[str] | None, tasks: Mapping[
                   sections: Mapping[str, Mapping[str, Any]], peft_config: Any = None,
                   trl_args: Any = None, eval_dataset: Any = None) -> tuple[C.Config, dict[str, Callable[..., Any]]]:
     """`train`'s arguments as one checked Config and the reward functions by the names its rewards.<task> give
-    them. `trl_args`: a GRPOConfig (or its dict), translated (grpo/run/trl_config.py) over the preset, under
+    them. `trl_args`: a GRPOConfig (or its dict), translated (grpo/run/trl/translation.py) over the preset, under
     `config`'s overrides and the sections. `eval_dataset`: held-out rows, as TRL's (`eval_rows`)."""
     trl_tree, weights = from_trl(trl_args) if trl_args is not None else ({}, None)
     overrides: list[str] = []

@@ -27,7 +27,7 @@ from typing import Any, Mapping, Sequence
 from grpo import config as C
 from grpo.models.modeling import save_pretrained
 from grpo.run.record import Run
-from grpo.run.vocabulary import in_user_terms
+from grpo.run.trl.vocabulary import in_user_terms
 
 BEST_SUBDIR = "best"
 """The run folder's copy of the best evaluated model (checkpoint.keep_best)."""

@@ -20,7 +20,7 @@ from collections import deque
 from dataclasses import dataclass, replace
 from typing import Any, Iterable, Mapping, Sequence
 
-from grpo.run.vocabulary import in_user_terms
+from grpo.run.trl.vocabulary import in_user_terms
 from grpo.run.doctor_checks import (GRAPH_CODES, ONLINE_CODES, PROMPT_CODES, TOOL_CODES, WINDOW_CHECKS, Finding,
                                     HealthThresholds, Level, dead_step, heldout_gains, is_rl_row, mean, number, series,
                                     tasks_in, whole_run)
@@ -227,7 +227,7 @@ class Doctor:
 
     def spoken(self, f: Finding) -> Finding:
         """A finding in the words the run was configured with: the TRL field or flag for each grpo-dual field a TRL
-        config set (train.trl_names; grpo/run/vocabulary.py), ours in brackets."""
+        config set (train.trl_names; grpo/run/trl/vocabulary.py), ours in brackets."""
         return replace(f, message=in_user_terms(f.message, self.config),
                        suggestion=in_user_terms(f.suggestion, self.config))
 

@@ -30,7 +30,7 @@ from grpo.run.doctor_checks import (HOW_HELDOUT, heldout_collapse, heldout_fell,
                                     sampled_at_chance, unevaluated)
 from grpo.run.pareto import RUN_SUBDIR as PARETO_SUBDIR, ParetoFrontier
 from grpo.run.tracking import read_metrics
-from grpo.run.vocabulary import in_user_terms
+from grpo.run.trl.vocabulary import in_user_terms
 
 ABSTENTION_RISE = 0.1
 """A rise of the "unknown" share on disambiguated rows this large (3 to 4 of the preset's 27-35 such held-out rows)

@@ -30,7 +30,7 @@ from grpo.grading.reward_models import check_spec as check_reward_model
 from grpo.grading.scoring import REWARD_AGGREGATIONS
 from grpo.phases.generate import CACHE_IMPLEMENTATIONS, ENGINES
 from grpo.run.tracking import WANDB_MISSING, wandb_installed
-from grpo.run.trl_cli import read_config_file, trl_flags
+from grpo.run.trl.command_line import read_config_file, trl_flags
 
 REGISTRY_FIELDS: dict[str, Registry[Any]] = {
     "rollout.cache_implementation": CACHE_IMPLEMENTATIONS,
@@ -61,7 +61,7 @@ def choices_help() -> str:
 
 def parse_command_line(argv: list[str], description: str) -> tuple[Config, Any]:
     """The trainer's command line as one checked Config and argparse's namespace: grpo-dual's sections and flags, a
-    `--config` file of ours or of TRL's records, TRL's flags (grpo/config/command_line.py, grpo/run/trl_cli.py);
+    `--config` file of ours or of TRL's records, TRL's flags (grpo/config/command_line.py, grpo/run/trl/command_line.py);
     then the notes on a short run's long warm-up and on a field set twice. A ConfigError names the field."""
     cfg, args = parse_trainer_argv(argv, prog=command_typed(), description=description, more_help=choices_help(),
                                    read_file=read_config_file, other=trl_flags())

@@ -14,7 +14,7 @@ from grpo.config.presets import CUSTOM_PRESET
 from grpo.models.memory_estimate import estimate
 from grpo.run.assembly.memory_inputs import inputs_from_config
 from grpo.run.record import Run
-from grpo.run.vocabulary import in_user_terms
+from grpo.run.trl.vocabulary import in_user_terms
 
 
 def warm_up(sft_steps: int, training: Mapping[str, Sequence[Sample]]) -> str:

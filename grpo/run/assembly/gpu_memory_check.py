@@ -8,9 +8,9 @@ command `grpo-check-gpu-memory`; in a checkout `python check_gpu_memory.py` runs
     grpo-check-gpu-memory --estimate --config grpo.yaml          # a config file, TRL's included, as the trainer reads it
     grpo-check-gpu-memory --estimate --model_name_or_path Qwen/Qwen2.5-0.5B --per_device_train_batch_size 8 --gpu l4-24
 
-The config is built as the trainer builds it (grpo/config/command_line.py, grpo/run/trl_cli.py): --preset, --config
-(grpo-dual's sections or TRL's fields), TRL's flags, --section.field / --set overrides; a TRL command line is read as
-for a run on a GPU, its dataset not read (the rows do not change the estimate). --gpu-mem must be a finite number of
+The config is built as the trainer builds it (grpo/config/command_line.py, grpo/run/trl/command_line.py): --preset,
+--config (grpo-dual's sections or TRL's fields), TRL's flags, --section.field / --set overrides; a TRL command line is
+read as for a run on a GPU, its dataset not read (the rows do not change the estimate). --gpu-mem must be a finite number of
 GiB above 0: a tool meant to prevent out-of-memory crashes says FITS only against a real card.
 
 Inside a training process call `report_live()` (it never creates a CUDA context of its own).
@@ -134,18 +134,18 @@ def check_gpu_memory(argv: list[str] | None = None) -> int:
 
 
 def _trl_flags() -> Any:
-    from grpo.run.trl_cli import trl_flags
+    from grpo.run.trl.command_line import trl_flags
 
     return trl_flags()
 
 
 def estimated_config(preset: str | None, config_file: str, theirs: dict[str, Any], overrides: list[str]) -> Any:
     """The Config a run of this command line would train with, read as the trainer reads it (a TRL command line as
-    for a run on a GPU, its rows not read: grpo/run/trl_rows.estimating), checked against the registries."""
+    for a run on a GPU, its rows not read: grpo/run/trl/rows.py: estimating), checked against the registries."""
     from grpo.config import load_config
     from grpo.run.assembly.config_check import check_config
-    from grpo.run.trl_cli import read_config_file
-    from grpo.run.trl_rows import estimating
+    from grpo.run.trl.command_line import read_config_file
+    from grpo.run.trl.rows import estimating
 
     tree: dict[str, Any] = {}
     if config_file or theirs:

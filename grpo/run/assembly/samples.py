@@ -211,7 +211,7 @@ def with_epochs(cfg: C.Config, train: Mapping[str, list], world: int, announce: 
         raise C.ConfigError(f"train.num_epochs={cfg.train.num_epochs}: {n_prompts} training prompts hold no whole RL "
                             f"step of {per_step} prompts; lower the batch or give more rows", field="train.num_epochs")
     if announce:
-        from grpo.run.vocabulary import in_user_terms
+        from grpo.run.trl.vocabulary import in_user_terms
 
         print(in_user_terms(f"train.num_epochs={cfg.train.num_epochs:g}: {n_prompts} training prompts, {per_step} a "
                             f"step, {n_prompts // per_step} steps an epoch -> {steps} RL steps ({steps * cfg.loss.mu} "

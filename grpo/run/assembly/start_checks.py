@@ -17,7 +17,7 @@ from typing import Any, Mapping
 from grpo import config as C
 from grpo.run.assembly.disk_plan import disk_line
 from grpo.run.run_folder import check_final_model_dir
-from grpo.run.trl_rows import ALL_LINEAR, model_architecture
+from grpo.run.trl.record_tables import ALL_LINEAR, model_architecture
 
 OTHER_TARGETS = ("embed_tokens", "lm_head")
 """Modules besides the decoder's linear layers that peft may adapt in the architectures of ALL_LINEAR."""

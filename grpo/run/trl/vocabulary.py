@@ -2,7 +2,7 @@
 
 A run configured through TRL's fields (a GRPOConfig, a `trl grpo` config file or its flags) records, in
 train.trl_names, the TRL field or flag behind each grpo-dual field that holds its value as it is (the translation's
-origins, grpo/run/trl_rows.py: `user_names`). `in_user_terms` rewrites a text that names grpo-dual fields (a doctor
+origins, grpo/run/trl/rows.py: `user_names`). `in_user_terms` rewrites a text that names grpo-dual fields (a doctor
 finding, the verdict's next step, an error) so that each such field is named as the user wrote it, ours in brackets:
 
     try `rollout.k=16`: ...        ->  try `--num_generations 16` (rollout.k): ...     (a command line or file)

@@ -12,15 +12,16 @@ variables, set as TRL sets them). TRL's flags are the same fields; they are read
 are over the file (TRL's precedence); grpo-dual's own --section.field flags are over both. Elsewhere a TRL flag gets
 "did you mean" its grpo-dual field (--learning_rate: --train.lr).
 
-Each record means what it means in TRL, its defaults included: GRPOConfig whole (grpo/run/trl_config.py TABLE),
+Each record means what it means in TRL, its defaults included: GRPOConfig whole (grpo/run/trl/config_table.py TABLE),
 GRPOScriptArguments and DatasetMixtureConfig whole, ModelConfig whole when any of its fields is given (else the model
-is grpo-dual's: the preset's or --model.*); their tables are grpo/run/trl_rows.py's, all four documented in
+is grpo-dual's: the preset's or --model.*); their tables are grpo/run/trl/record_tables.py's, all four documented in
 docs/TRL.md. A field grpo-dual cannot apply is refused by name with why; one it applies differently is named in a
 printed note; a field of none of the four gets "did you mean" across TRL's names. The run starts from the preset
 `custom` (your tasks only) unless --preset is given.
 
-This module is the translation's one face: the entry point and the Python API use `__all__` and nothing else of
-grpo/run/trl_config.py or trl_rows.py.
+The entry point takes what it needs of this module through the wing's face (grpo/run/trl/__init__.py); neither it
+nor the Python API (grpo/run/api.py, which takes `from_trl` from translation.py) takes anything of the tables behind
+them (config_table.py, config_rules.py, record_tables.py, rows.py).
 """
 
 from __future__ import annotations
@@ -34,12 +35,10 @@ from typing import Any, Mapping
 
 from grpo import config as C
 from grpo.config.command_line import BOOL_WORDS, FileTree, OtherFlags
-from grpo.run.trl_config import DEFAULTS, ROWS, TABLE, from_trl, trl_field_names, translate
-from grpo.run.trl_rows import MIXTURE_TABLE, MODEL_TABLE, RECORDS, SCRIPT_TABLE, apply_rows, typed_fields, user_names
-
-__all__ = ["from_trl", "read_config_file", "trl_flags"]
-"""The face: a TRL GRPOConfig as a config tree (`from_trl`, train(args=...)), a --config file (`read_config_file`),
-TRL's flags for the command line (`trl_flags`)."""
+from grpo.run.trl.config_table import DEFAULTS, ROWS, TABLE
+from grpo.run.trl.record_tables import MIXTURE_TABLE, MODEL_TABLE, RECORDS, SCRIPT_TABLE
+from grpo.run.trl.rows import apply_rows, typed_fields, user_names
+from grpo.run.trl.translation import translate, trl_field_names
 
 TRL_PRESET = "custom"
 """The preset under a TRL config file or command line (unless --preset is given): the user's own tasks, nothing
@@ -289,9 +288,10 @@ def _unknown(fields: Mapping[str, Any]) -> C.ConfigError | None:
 
 def translate_command_line(fields: Mapping[str, Any]) -> FileTree:
     """TRL's fields of the four records (a `trl grpo` config file and flags, merged) as a grpo-dual config tree:
-    GRPOConfig's (grpo/run/trl_config.translate), then DatasetMixtureConfig's, GRPOScriptArguments' and, when any of
-    its fields is given, ModelConfig's rows (grpo/run/trl_rows.py). Every value is checked against its field's type
-    first; the tree's `origins` name the TRL field behind each grpo-dual field. Notes are printed to stderr."""
+    GRPOConfig's (grpo/run/trl/translation.py: translate), then DatasetMixtureConfig's, GRPOScriptArguments' and,
+    when any of its fields is given, ModelConfig's rows (grpo/run/trl/record_tables.py). Every value is checked
+    against its field's type first; the tree's `origins` name the TRL field behind each grpo-dual field. Notes are
+    printed to stderr."""
     fields = dict(fields)
     if "env" in fields:
         _set_environment(fields.pop("env"))

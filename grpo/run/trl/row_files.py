@@ -1,7 +1,7 @@
 """Rows in memory as files: written once, as JSON lines, into a folder named by their sha256 under
 $GRPO_DUAL_CACHE/datasets (else ~/.cache/grpo-dual/datasets), so a run's config.json names a file that holds exactly
 those rows and the run can be resumed and repeated like one from a file (`train(tasks={...: rows})`, grpo/run/api.py;
-a TRL command line's dataset, grpo/run/trl_rows.py)."""
+a TRL command line's dataset, grpo/run/trl/record_tables.py)."""
 
 from __future__ import annotations
 
