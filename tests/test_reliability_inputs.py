@@ -383,7 +383,7 @@ def test_a_csv_task_under_an_unusable_datasets_cache_names_the_variable(tmp_path
 
 @pytest.mark.parametrize("where", ["inside", "the folder", "a parent"])
 def test_cache_error_names_a_file_error_on_the_cache_or_its_parents(tmp_path, monkeypatch, where):
-    from grpo.data.files import cache_error
+    from grpo.core.plumbing import cache_error
 
     cache = tmp_path / "home" / ".cache" / "huggingface"
     path = {"inside": cache / "token", "the folder": cache, "a parent": tmp_path / "home"}[where]

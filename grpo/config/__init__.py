@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import difflib
 import json
 import math
 import types
@@ -27,6 +26,7 @@ from grpo.config.checks import _check, _one_of  # noqa: F401  (not covered by *;
 from grpo.config.model_data import *  # noqa: F401,F403
 from grpo.config.rollout_loss import *  # noqa: F401,F403
 from grpo.config.sections import *  # noqa: F401,F403
+from grpo.core.plumbing import did_you_mean
 
 
 # ----------------------------------------------------------------------------------------------------- building
@@ -130,14 +130,6 @@ def _table(values: Any, where: str, how: str) -> dict:
         raise ConfigError(f"config field `{where}` = {values!r} is invalid: `{where}` is a section, not a value; "
                           f"write {how}", field=where)
     return values
-
-
-def did_you_mean(unknown: typing.Iterable[str], valid: typing.Iterable[str], where: str = "") -> str:
-    """" (did you mean `rollout.k`?)" for the unknown names that are close to a valid one (a typo), else ""."""
-    prefix = f"{where}." if where else ""
-    guesses = [f"`{prefix}{match[0]}`" for name in unknown
-               if (match := difflib.get_close_matches(name, sorted(valid), n=1, cutoff=0.6))]
-    return f" (did you mean {', '.join(guesses)}?)" if guesses else ""
 
 
 def _coerce_section(cls: type, values: dict[str, Any], where: str) -> Any:

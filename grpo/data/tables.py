@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
-from grpo.data.files import cache_error
+from grpo.core.plumbing import cache_error
 from grpo.data.jsonio import DataFileError, RecordsRead, read_records
 
 JSON_SUFFIXES = (".jsonl", ".json")

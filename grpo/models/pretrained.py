@@ -33,8 +33,8 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 from grpo.config import ConfigError
-from grpo.data.files import fsync as _fsync
-from grpo.data.files import sha256 as _sha256
+from grpo.core.plumbing import fsync as _fsync
+from grpo.core.plumbing import sha256 as _sha256
 
 
 @dataclass(frozen=True)

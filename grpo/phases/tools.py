@@ -31,10 +31,10 @@ from typing import Any, Callable, Mapping, Sequence
 import torch
 
 from grpo.config import ConfigError, RolloutConfig
+from grpo.core.plumbing import UserCodeError, import_callable
 from grpo.core.records import Rollout, Sample
 from grpo.core.tool_calls import (DEFAULT_FORMAT, CallFormat, ToolCall, Trajectory, parse_tool_calls, tool_instructions,
                                   tool_metrics)
-from grpo.grading.graders import GraderError, import_callable
 from grpo.models.sampling import splitmix64_int
 from grpo.models.tokens import SYSTEM_JOIN, _ids_from_template, _with_system, encode_prompt, stop_token_id
 from grpo.phases.environments import Environments, ToolError, callable_spec, resolve_environment, tool_schema
@@ -71,11 +71,11 @@ def resolve_tools(specs: Sequence[str | Callable[..., Any]], callables: Mapping[
             elif ":" in spec:
                 fn = import_callable(spec)
             else:
-                raise GraderError("write 'package.module:function' or 'path/to/file.py:function' (or pass the "
-                                  "function itself: train(tools=[fn]))")
+                raise ToolError("write 'package.module:function' or 'path/to/file.py:function' (or pass the "
+                                "function itself: train(tools=[fn]))")
             schema = tool_schema(fn)
             tool = Tool(name=schema["function"]["name"], fn=fn, schema=schema)
-        except (GraderError, ToolError) as err:
+        except (UserCodeError, ToolError) as err:
             raise ConfigError(f"config field `{field_name}`: tool {spec!r}: {err}", field=field_name) from err
         if any(t.name == tool.name for t in tools):
             raise ConfigError(f"config field `{field_name}`: two tools are named {tool.name!r}; rename one",

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from grpo import config as C
-from grpo.data.files import sha256
+from grpo.core.plumbing import sha256
 from grpo.core.records import Sample
 from grpo.grading.graders import USER_KINDS
 
