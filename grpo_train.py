@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
-from grpo.models.host import cpu_share, memory_metrics, openmp_note, quiet_openmp, thread_count
+from grpo.models.host_resources import cpu_share, memory_metrics, openmp_note, quiet_openmp, thread_count
 from grpo.models.third_party import quiet_third_party
 
 quiet_openmp()  # before torch loads libgomp, which reads it once: waiting threads sleep instead of spinning
@@ -99,7 +99,7 @@ class CheckedInputs:
 def prepare_process(threads_setting: int) -> str:
     """This process's torch thread count (train.threads: the cores it may use, not the machine's; setting it also
     pins MKL's count) and transformers' progress bars off (one progress display per phase is ours). Returns the
-    banner's CPU line (how OpenMP waits only where it costs something or the user set it: grpo/models/host.py)."""
+    banner's CPU line (how OpenMP waits only where it costs something or the user set it: grpo/models/host_resources.py)."""
     threads, why = thread_count(threads_setting, torch.get_num_threads(), cpu_share())
     if threads != torch.get_num_threads():
         torch.set_num_threads(threads)
@@ -312,7 +312,7 @@ def rl_step(run: Run, step: int) -> dict[str, float]:
         run.updater.reference_logps(batch)
     with timer("update"):
         stats = run.updater.update(batch)  # μ passes, then the β / entropy controllers and the weight guard
-    memory = memory_metrics(run.device)  # memory/: after handing back what the step freed (grpo/models/host.py)
+    memory = memory_metrics(run.device)  # memory/: after handing back what the step freed (grpo/models/host_resources.py)
     return log_step(run, step, {**rewarded.metrics, **stats, "step": step, **timer.metrics(), "lr": run.updater.lr,
                                 **memory}, rewarded.everyone)
 

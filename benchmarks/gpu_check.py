@@ -118,7 +118,7 @@ def build_model_dir(work: Path, shape_name: str, layers: int | None = None) -> P
 
 
 def samples():
-    from grpo.core.records import Sample
+    from grpo.core.step_types import Sample
 
     return [Sample("fairness", str(i), ({"role": "user", "content": p},)) for i, p in enumerate(PROMPTS)]
 

@@ -309,7 +309,7 @@ def test_every_check_in_config_py_has_a_row(monkeypatch):
     check reports has a row."""
     modules = [importlib.import_module("grpo.config" if path.stem == "__init__" else f"grpo.config.{path.stem}")
                for path in sorted(CONFIG_DIR.glob("*.py")) if re.search(r"\b_(check|one_of)\(", path.read_text())]
-    assert {"checks", "model_data", "rollout_loss", "sections", "config"} <= {m.__name__.split(".")[-1]
+    assert {"checks", "input_sections", "algorithm_sections", "sections", "config"} <= {m.__name__.split(".")[-1]
                                                                            for m in modules}
     sites: set[tuple[str, int]] = set()  # (file name, line)
     for module in modules:

@@ -13,7 +13,7 @@ import pytest
 
 from conftest import SHARED_DATA
 from grpo.data.loading import DataSpec, load_bbq, load_halueval, load_task, split_samples
-from grpo.data.jsonio import read_records
+from grpo.data.json_rows import read_records
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 BBQ_DIR = SHARED_DATA / "bbq"
@@ -234,7 +234,7 @@ def test_halueval_file_that_is_not_json_stops_the_run_naming_the_file(tmp_path):
     from types import SimpleNamespace
 
     from grpo.run.setup_parts import load_samples
-    from grpo.data.jsonio import DataFileError
+    from grpo.data.json_rows import DataFileError
 
     bad = tmp_path / "halueval" / "qa_data.json"
     bad.parent.mkdir()

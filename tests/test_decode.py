@@ -15,7 +15,7 @@ from grpo.models.decode import (
     sampling_processors,
 )
 from grpo.models.modeling import build_tiny_model, build_tiny_tokenizer
-from grpo.core.records import Sample
+from grpo.core.step_types import Sample
 from grpo.phases.generate import Draw, choose_engine, generate_rollouts, greedy_complete
 from grpo.models.sampling import row_keys
 
@@ -92,11 +92,11 @@ def test_lean_loop_samples_what_generate_samples(model, tok, stops, greedy_stops
     runs through several compactions), with the prefill computed once per distinct prompt. Both kinds of decoding step: the Llama family's FastSteps, and the model's
     whole forward (HFSteps, what every other model gets)."""
     import grpo.models.decode
-    import grpo.models.steppers
+    import grpo.models.decode_steps
 
     monkeypatch.setattr(grpo.models.decode, "COMPACT_FRACTION", 0.99)
     if steps == "HFSteps":
-        monkeypatch.setattr(grpo.models.steppers, "FAST_STEP_ARCHITECTURES", frozenset())
+        monkeypatch.setattr(grpo.models.decode_steps, "FAST_STEP_ARCHITECTURES", frozenset())
     made: list[str] = []
     shipped = grpo.models.decode.make_steps
 

@@ -12,7 +12,7 @@ from grpo.core.health import TrainingUnstable, WeightGuard, bad_step_reason
 def _one_update(monkeypatch, skip_grad_norm, scale=1.0):
     """One update_passes of a single weight w (log-probs w·base; the forward replaced), its metrics and w after it."""
     from grpo.config import LossConfig
-    from grpo.core.records import TrainBatch
+    from grpo.core.step_types import TrainBatch
     from grpo.phases import update
 
     w = torch.nn.Parameter(torch.tensor(1.0))

@@ -198,7 +198,7 @@ def reachable(name: str) -> set[str]:
 
 
 def test_decoding_does_not_import_the_training_forward():
-    assert "grpo.models.logprobs" not in reachable("grpo.models.decode") | reachable("grpo.models.steppers")
+    assert "grpo.models.logprobs" not in reachable("grpo.models.decode") | reachable("grpo.models.decode_steps")
     assert "grpo.models.model_calls" in reachable("grpo.models.decode")  # what both share lives below them
 
 
@@ -259,14 +259,14 @@ def test_a_module_outside_the_layers_is_caught(tmp_path):
 
 
 def test_an_import_between_layers_kept_apart_is_caught(tmp_path):
-    write_tree(tmp_path, {**BASE, "grpo/data/jsonio.py": "import json\n", "grpo/grading/graders.py": "import math\n",
+    write_tree(tmp_path, {**BASE, "grpo/data/json_rows.py": "import json\n", "grpo/grading/graders.py": "import math\n",
                           "grpo/models/pretrained.py": "from grpo.core import losses\n",
                           "grpo/phases/tools.py": "from grpo.models import pretrained\n"})
     assert apart_imports(import_graph(tmp_path)) == []
-    write_tree(tmp_path, {"grpo/models/pretrained.py": "def f():\n    from grpo.data.jsonio import sha256\n",
+    write_tree(tmp_path, {"grpo/models/pretrained.py": "def f():\n    from grpo.data.json_rows import sha256\n",
                           "grpo/phases/tools.py": "from grpo.grading import graders\n"})
     assert [line.split(" (")[0] for line in apart_imports(import_graph(tmp_path))] == [
-        "grpo.models.pretrained -> grpo.data.jsonio", "grpo.phases.tools -> grpo.grading.graders"]
+        "grpo.models.pretrained -> grpo.data.json_rows", "grpo.phases.tools -> grpo.grading.graders"]
     assert upward_imports(import_graph(tmp_path)) == []  # both point down: only APART names them
 
 
@@ -274,6 +274,6 @@ def test_the_floor_check_names_numpy_config_and_data(tmp_path):
     write_tree(tmp_path, {**BASE, "grpo/core/plumbing.py": "import os\nimport torch.nn\nfrom grpo.core import losses\n"})
     assert outside_the_floor(package_modules(tmp_path)) == {}
     write_tree(tmp_path, {"grpo/core/plumbing.py": "import numpy as np\nfrom grpo.config import Config\n"
-                                                   "def f():\n    from grpo.data import jsonio\n"})
+                                                   "def f():\n    from grpo.data import json_rows\n"})
     assert outside_the_floor(package_modules(tmp_path)) == {"grpo.core.plumbing": {"numpy", "grpo.config",
                                                                                     "grpo.data"}}

@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from grpo.core.multi import (
+from grpo.core.gradient_surgery import (
     ConflictMonitor,
     TaskGradAccumulator,
     assign_flat_grad,

@@ -59,7 +59,7 @@ def policy(converted):
 
 
 def user(text: str, i: int = 0):
-    from grpo.core.records import Sample
+    from grpo.core.step_types import Sample
 
     return Sample("fairness", str(i), ({"role": "user", "content": text},))
 
@@ -111,7 +111,7 @@ def test_the_end_of_turn_token_stops_a_rollout_and_is_trained_on_though_it_is_al
     import torch
 
     from grpo.phases.batch import build_train_batch
-    from grpo.core.records import Scored
+    from grpo.core.step_types import Scored
     from grpo.config import RolloutConfig
     from grpo.phases.generate import greedy_complete
 

@@ -153,7 +153,7 @@ def test_a_template_that_reaches_into_objects_is_refused_at_config_load(template
 
 def test_templates_are_filled_by_plain_substitution_only():
     from grpo.config.templates import TemplateError, fill, placeholders
-    from grpo.data.jsonio import TemplateFieldError, fill_template
+    from grpo.data.row_fields import TemplateFieldError, fill_template
 
     row = {"q": "What is 2+2?", "n": 3, "items": [1, 2]}
     assert fill_template("Q: {q} ({n}) {items} {{literal}}", row, "t") == "Q: What is 2+2? (3) [1, 2] {literal}"
@@ -279,7 +279,7 @@ def test_log_probs_and_their_gradient_stay_finite_at_the_smallest_temperature():
 
 
 def test_a_rollout_of_the_tiny_model_at_every_sampling_bound_runs():
-    from grpo.core.records import Sample
+    from grpo.core.step_types import Sample
     from grpo.models.modeling import build_tiny_model, build_tiny_tokenizer
     from grpo.phases.generate import Draw, generate_rollouts
 

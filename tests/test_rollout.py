@@ -5,7 +5,7 @@ import torch
 
 from grpo.config import ConfigError, ModelConfig, RolloutConfig
 from grpo.models.modeling import build_tiny_model, build_tiny_tokenizer
-from grpo.core.records import Rollout, Sample
+from grpo.core.step_types import Rollout, Sample
 from grpo.models.decode import (
     NAN_LOGIT,
     NEGINF_LOGIT,

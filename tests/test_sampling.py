@@ -9,7 +9,7 @@ import torch
 
 from grpo.config import RolloutConfig
 from grpo.models.modeling import build_tiny_model, build_tiny_tokenizer
-from grpo.core.records import Sample
+from grpo.core.step_types import Sample
 from grpo.phases.generate import Draw, generate_rollouts, greedy_complete
 from grpo.models.sampling import (SeededSampler, keyed_choice, race_scores, row_keys, splitmix64, splitmix64_int,
                                   uniforms)

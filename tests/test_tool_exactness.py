@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from grpo.config import RolloutConfig
-from grpo.core.records import Rollout, Sample
+from grpo.core.step_types import Rollout, Sample
 from grpo.models.modeling import build_tiny_model, build_tiny_tokenizer
 from grpo.phases import tools as T
 from grpo.phases.generate import GREEDY

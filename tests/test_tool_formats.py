@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from grpo.config import RolloutConfig
-from grpo.core.records import Sample
+from grpo.core.step_types import Sample
 from grpo.core.tool_calls import DEFAULT_FORMAT, CallFormat, parse_tool_calls
 from grpo.models.modeling import build_tiny_model, build_tiny_tokenizer
 from grpo.phases import tools as T

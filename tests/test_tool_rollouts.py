@@ -16,7 +16,7 @@ import torch
 
 from grpo.config import ConfigError, LossConfig, RolloutConfig
 from grpo.core.losses import aggregate, kl_penalty, policy_loss
-from grpo.core.records import Sample, Scored
+from grpo.core.step_types import Sample, Scored
 from grpo.core.tool_calls import parse_tool_calls
 from grpo.models.modeling import build_tiny_model, build_tiny_tokenizer
 from grpo.phases import tools as T

@@ -10,7 +10,7 @@ from types import SimpleNamespace
 import pytest
 
 from grpo.config import ConfigError, RolloutConfig
-from grpo.core.records import Sample
+from grpo.core.step_types import Sample
 from grpo.models.modeling import build_tiny_model, build_tiny_tokenizer
 from grpo.phases import tools as T
 from grpo.phases.generate import GREEDY

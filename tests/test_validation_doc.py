@@ -358,7 +358,7 @@ def dual_missing_task(tmp, mp):
 
 
 def duplicate_rows(tmp, mp):
-    from grpo.core.records import Sample
+    from grpo.core.step_types import Sample
     from grpo.run.setup_parts import duplicate_report
 
     rows = [Sample(task="qa", id=i, messages=({"role": "user", "content": "q"},)) for i in "abcabc"]

@@ -2,8 +2,8 @@
 back (`load_config`, `from_dict`, `to_dict`, `dumps`); values parsed into each field's declared type.
 
 The section dataclasses, their field docstrings and their checks are grpo/config/sections.py's (the whole `Config`;
-train, sft, judge, checkpoint), grpo/config/model_data.py's (model, data, tasks.<task>, reward_models.<name>) and
-grpo/config/rollout_loss.py's (rollout, loss, kl.<task>, multi), `ConfigError`, `_check` and the bounds
+train, sft, judge, checkpoint), grpo/config/input_sections.py's (model, data, tasks.<task>, reward_models.<name>) and
+grpo/config/algorithm_sections.py's (rollout, loss, kl.<task>, multi), `ConfigError`, `_check` and the bounds
 grpo/config/checks.py's; every name of them is re-exported here, the package itself, so `from grpo import config as
 C` and `C.Config`, `C.LossConfig`, `C.ConfigError`, ... are the one way in. Overrides use dotted names, `load_config("demo", ["rollout.k=8", "kl.fairness.beta=0.2",
 "rewards.fairness=bbq_rule:1,format:0.2"])`; the presets are grpo/config/presets.py's, the command line
@@ -23,8 +23,8 @@ from typing import Any
 from grpo.config.presets import DEMO_KL, PRESETS
 from grpo.config.checks import *  # noqa: F401,F403  every config name stays C.<name> (the one way in)
 from grpo.config.checks import _check, _one_of  # noqa: F401  (not covered by *; tests patch C._check)
-from grpo.config.model_data import *  # noqa: F401,F403
-from grpo.config.rollout_loss import *  # noqa: F401,F403
+from grpo.config.input_sections import *  # noqa: F401,F403
+from grpo.config.algorithm_sections import *  # noqa: F401,F403
 from grpo.config.sections import *  # noqa: F401,F403
 from grpo.core.plumbing import did_you_mean
 

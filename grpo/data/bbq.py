@@ -20,8 +20,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from grpo.core.records import Sample
-from grpo.data.jsonio import LoadResult, RecordsRead, fill_template, missing_fields, read_records
+from grpo.core.step_types import Sample
+from grpo.data.json_rows import LoadResult, RecordsRead, read_records
+from grpo.data.row_fields import fill_template, missing_fields
 
 BBQ_CATEGORIES = (
     "Age", "Disability_status", "Gender_identity", "Nationality", "Physical_appearance", "Race_ethnicity",

@@ -60,8 +60,8 @@ from typing import Any, Callable, Mapping, Sequence
 import torch
 
 from grpo.core.plumbing import UserCodeError, did_you_mean, import_callable
-from grpo.core.records import Rollout, Sample
 from grpo.core.rule_graders import GRADERS
+from grpo.core.step_types import Rollout, Sample
 
 JUDGE_TERM = "llm_judge"
 RULE_BOUNDS = (0.0, 1.0)

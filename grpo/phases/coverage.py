@@ -8,7 +8,7 @@ from typing import Callable, Sequence
 
 from grpo.config import RolloutConfig, TrainConfig
 from grpo.core.pass_at_k import guess_pass_at_k, mean_pass_at_k
-from grpo.core.records import Rollout, Sample, Scored
+from grpo.core.step_types import Rollout, Sample, Scored
 from grpo.phases.generate import Draw, generate_rollouts
 
 

@@ -24,7 +24,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 from grpo.config import ConfigError
 from grpo.core.plumbing import UserCodeError, import_callable, importable_ref
-from grpo.core.records import Sample
+from grpo.core.step_types import Sample
 
 RESERVED = ("reset", "get_reward")
 """Methods of an environment that are not tools (TRL 1.16's)."""

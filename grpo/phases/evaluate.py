@@ -8,8 +8,8 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 from grpo.config import RolloutConfig
 from grpo.core.bbq_measures import bbq_answer, bbq_measures, flat_measures
 from grpo.core.recognition_measures import recognition_measures
-from grpo.core.records import Rollout, Sample, Scored
 from grpo.core.rule_graders import recognition_verdict
+from grpo.core.step_types import Rollout, Sample, Scored
 from grpo.models.tokens import encode_prompt
 from grpo.phases.generate import GREEDY, greedy_complete
 from grpo.phases.tools import ToolBox, tool_rollouts

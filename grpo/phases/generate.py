@@ -31,7 +31,7 @@ from grpo.models.decode import check_keys, decode, lean_blocker, ours
 from grpo.models.graph_decode import decode_graph, graph_blocker
 from grpo.models.modeling import generation_mode
 from grpo.models.sampling import SeededSampler
-from grpo.core.records import Rollout, Sample
+from grpo.core.step_types import Rollout, Sample
 from grpo.core.registry import Registry
 from grpo.models.tokens import encode_prompt, left_pad, stop_token_id
 

@@ -32,7 +32,7 @@ import torch
 
 from grpo.config import ConfigError, RolloutConfig
 from grpo.core.plumbing import UserCodeError, import_callable
-from grpo.core.records import Rollout, Sample
+from grpo.core.step_types import Rollout, Sample
 from grpo.core.tool_calls import (DEFAULT_FORMAT, CallFormat, ToolCall, Trajectory, parse_tool_calls, tool_instructions,
                                   tool_metrics)
 from grpo.models.sampling import splitmix64_int

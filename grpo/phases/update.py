@@ -25,7 +25,7 @@ import torch
 
 from grpo.config import LossConfig
 from grpo.core.losses import LOG_RATIOS, POLICY_LOSSES, aggregate, importance_ratio, kl_penalty, top_entropy_mask
-from grpo.core.records import TrainBatch
+from grpo.core.step_types import TrainBatch
 from grpo.models.distributed import Dist, as_float
 from grpo.models.logprobs import completion_logprobs
 from grpo.phases.batch import batch_entropies
@@ -349,7 +349,7 @@ def select_top_entropy(model: torch.nn.Module, batch: TrainBatch, quantile: floa
 
 
 class TaskGradientSurgery:
-    """Per-task gradients, accumulated over the micro-batches of one optimizer step, combined once (grpo/core/multi.py).
+    """Per-task gradients, accumulated over the micro-batches of one optimizer step, combined once (grpo/core/gradient_surgery.py).
 
     Per micro-batch: one forward, then one backward per task present (its policy loss, normalised by the whole
     step's token count) and one for the KL/entropy terms, which are added after the surgery when `policy_only`.
@@ -359,7 +359,7 @@ class TaskGradientSurgery:
 
     def __init__(self, params: Sequence[torch.nn.Parameter], tasks: Sequence[str], method: str, c: float,
                  monitor, policy_only: bool, seed: int):
-        from grpo.core.multi import TaskGradAccumulator
+        from grpo.core.gradient_surgery import TaskGradAccumulator
 
         self.params, self.tasks, self.method, self.c = list(params), list(tasks), method, c
         self.monitor, self.policy_only = monitor, policy_only
@@ -368,7 +368,7 @@ class TaskGradientSurgery:
 
     def __call__(self, micro_batches: Sequence[TrainBatch], terms: Terms, agg: Aggregate, stats: "_StepStats",
                  dist: Any = None) -> dict[str, float]:
-        from grpo.core.multi import assign_flat_grad, combine, flat_grad, gradient_stats
+        from grpo.core.gradient_surgery import assign_flat_grad, combine, flat_grad, gradient_stats
 
         extra = None
         for mb in micro_batches:

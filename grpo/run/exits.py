@@ -12,7 +12,7 @@ import signal
 import sys
 
 from grpo.config import ConfigError
-from grpo.data.jsonio import DataFileError
+from grpo.data.json_rows import DataFileError
 from grpo.grading.graders import GraderError
 from grpo.run.signals import Interrupted
 

@@ -22,9 +22,9 @@ import torch
 
 from grpo import config as C
 from grpo.config import ConfigError
-from grpo.core.multi import ConflictMonitor
-from grpo.core.records import Sample
-from grpo.data.jsonio import DataFileError
+from grpo.core.gradient_surgery import ConflictMonitor
+from grpo.core.step_types import Sample
+from grpo.data.json_rows import DataFileError
 from grpo.models.distributed import Dist
 from grpo.models.logprobs import shared_prompt_blocker, shares_by_size
 from grpo.models.modeling import Policy

@@ -26,12 +26,12 @@ import torch
 
 from grpo import config as C
 from grpo.core.advantages import MULTI_OBJECTIVE_AGGREGATIONS, group_advantages
-from grpo.core.answers import step_answer_metrics
+from grpo.core.answer_metrics import step_answer_metrics
 from grpo.core.dapo import fill_informative_groups, overlong_penalty
 from grpo.core.entropy_control import AdaptiveEntropyCoef
 from grpo.core.health import WeightGuard, bad_step_reason
 from grpo.core.kl_control import Controller, controller_from_config
-from grpo.core.records import Rollout, Sample, Scored, TrainBatch
+from grpo.core.step_types import Rollout, Sample, Scored, TrainBatch
 from grpo.core.tool_calls import tool_metrics
 from grpo.data.batching import TaskBalancedSampler
 from grpo.grading.graders import Grader, reward_logs, set_trainer_state
