@@ -6,7 +6,7 @@
                                                                  flags, which the run layer translates), when given
     anything else (--preset, --print-config, --help-all, ...) -> left for the entry point's own argparse parser
 
-Standard library only; the schema and its validation are grpo/config/sections.py's (and its parts'), `load_config` grpo/config/__init__.py's, the presets grpo/config/presets.py's.
+Standard library only; the schema and its validation are grpo/config/sections.py's (and its parts'), `load_config` grpo/config/building.py's, the presets grpo/config/presets.py's.
 """
 
 from __future__ import annotations

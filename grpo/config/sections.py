@@ -10,7 +10,7 @@ grpo/config/algorithm_sections.py's.
 Validation happens in `__post_init__`; every error is a `ConfigError` that names the field, the bad value and the fix.
 Names that a registry implements (loss names, controllers, engines, ...) are checked against that registry by
 grpo/run/config_check.py, which the entry points run right after `load_config`. Building a Config from presets,
-overrides and files, and writing it back, is grpo/config/__init__.py's (which re-exports every name of these modules).
+overrides and files, and writing it back, is grpo/config/building.py's (grpo/config/__init__.py re-exports every name).
 Only the entry point sees the whole Config; each module receives its section or plain values.
 """
 
