@@ -35,7 +35,7 @@ import torch  # noqa: E402
 
 from grpo import config as C
 from grpo.config.command_line import command_typed, parse_trainer_argv, repeated_note, smoke_test_note
-from grpo.core.health import TrainingUnstable
+from grpo.core.weight_guard import TrainingUnstable
 from grpo.core.losses import losses_help
 from grpo.data.batching import TaskBalancedSampler, check_prompts_per_step
 from grpo.grading.graders import graders_help, preflight, set_trainer_state, term_names
@@ -67,7 +67,7 @@ from grpo.run.run_folder import (discarded_if_unstarted, expand_home, prepare_ru
 from grpo.run.exits import USER_ERRORS, interrupted, user_error
 from grpo.run.setup_parts import (build_trackers, check_precision, check_sharding, check_task_entries, choose_device,
                                   choose_graph_memory, fit_prompts, load_samples, parse_task_mix, policy_from_config,
-                                  reward_specs, seed_everything, split_by_task, stop_token_ids, with_epochs)
+                                  reward_specs, seed_everything, group_by_task, stop_token_ids, with_epochs)
 from grpo.run.signals import Interrupted, StopRequest, signals_raise
 from grpo.run.record import Run, Start, TaskSamples
 from grpo.run.step_owners import Generation, Rewarder, StepTimer, Updater, prompt_copies
@@ -116,7 +116,7 @@ def check_inputs(cfg: C.Config, callables: Mapping[str, Callable[..., Any]] | No
     bad source, grader or tool stops the run here (DataFileError / GraderError / ToolError), before the run folder
     is touched or the model loads."""
     rows = load_samples(cfg.data, cfg.train.seed, cfg.tasks, announce=dist.is_main)  # every rank loads, one speaks
-    train_rows, heldout = split_by_task(rows.train, rows.heldout, cfg.data, cap=False)  # capped by fit_prompts
+    train_rows, heldout = group_by_task(rows.train, rows.heldout, cfg.data, cap=False)  # capped by fit_prompts
     draws = prompt_copies(cfg, dist.world)  # prompts_per_step drawn for each process, or once for all (split_groups)
     check_prompts_per_step(train_rows, cfg.train.prompts_per_micro_step, cfg.train.grad_accum, draws)
     require_heldout_rows(train_rows, heldout, cfg.data.heldout_fraction)  # every task is evaluated: stop now if not

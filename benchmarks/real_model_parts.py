@@ -57,7 +57,7 @@ def main(argv: list[str] | None = None) -> int:
     from grpo.models.decode import LoopSwitches, decode
     from grpo.models.logprobs import no_logits
     from grpo.models.pretrained import resolve_model_name
-    from grpo.core.health import WeightGuard
+    from grpo.core.weight_guard import WeightGuard
     from grpo.phases.update import adamw
 
     torch.set_num_threads(args.threads)

@@ -133,7 +133,7 @@ def test_the_end_of_turn_token_stops_a_rollout_and_is_trained_on_though_it_is_al
 def test_the_lean_loop_with_fast_steps_decodes_what_generate_decodes(policy, do_sample, monkeypatch):
     import grpo.models.decode
     from grpo.config import RolloutConfig
-    from grpo.phases.generate import Draw, generate_rollouts, greedy_complete
+    from grpo.phases.generate import SamplingPlan, generate_rollouts, greedy_complete
 
     made: list[str] = []
     shipped = grpo.models.decode.make_steps
@@ -145,7 +145,7 @@ def test_the_lean_loop_with_fast_steps_decodes_what_generate_decodes(policy, do_
         rollout_cfg = RolloutConfig(k=2, max_new_tokens=8, temperature=1.0, engine=engine)
         if do_sample:
             rollouts, _ = generate_rollouts(policy.model, policy.tokenizer, samples, rollout_cfg,
-                                            draw=Draw(generator_seed=7))
+                                            plan=SamplingPlan(generator_seed=7))
         else:  # greedy: one completion per prompt, each prompt twice so rows still leave the batch midway
             rollouts, _ = greedy_complete(policy.model, policy.tokenizer, [s for s in samples for _ in range(2)],
                                           rollout_cfg)
@@ -451,7 +451,7 @@ def test_smollm2_dual_warm_up_demonstrates_both_tasks_within_the_target_cap(conv
     tokenizer = AutoTokenizer.from_pretrained(converted)
     cfg = C.load_config("smollm2-dual", [f"data.data_dir={SHARED_DATA}"])
     rows = load_samples(cfg.data, 0, cfg.tasks)
-    train, _ = G.split_by_task(rows.train, rows.heldout, cfg.data)
+    train, _ = G.group_by_task(rows.train, rows.heldout, cfg.data)
     with_target = [x for t in sorted(train) for x in train[t] if x.target]
     whole = sft_examples(tokenizer, with_target, None)
     cut = sft_examples(tokenizer, with_target, None, cfg.sft.max_target_tokens)

@@ -281,7 +281,7 @@ def test_log_probs_and_their_gradient_stay_finite_at_the_smallest_temperature():
 def test_a_rollout_of_the_tiny_model_at_every_sampling_bound_runs():
     from grpo.core.step_types import Sample
     from grpo.models.modeling import build_tiny_model, build_tiny_tokenizer
-    from grpo.phases.generate import Draw, generate_rollouts
+    from grpo.phases.generate import SamplingPlan, generate_rollouts
 
     tok = build_tiny_tokenizer(["the answer is yes", "the answer is no"] * 5, vocab_size=300)
     model = build_tiny_model(tok, seed=0, hidden=32, layers=1, heads=2, kv_heads=1)
@@ -289,7 +289,7 @@ def test_a_rollout_of_the_tiny_model_at_every_sampling_bound_runs():
     rollout = C.RolloutConfig(k=2, max_new_tokens=6, temperature=C.MIN_TEMPERATURE,
                               repetition_penalty=1 / C.MAX_REPETITION_PENALTY,
                               presence_penalty=-C.MAX_LOGIT_PENALTY, frequency_penalty=-C.MAX_LOGIT_PENALTY)
-    rollouts, metrics = generate_rollouts(model, tok, samples, rollout, draw=Draw(generator_seed=0))
+    rollouts, metrics = generate_rollouts(model, tok, samples, rollout, plan=SamplingPlan(generator_seed=0))
     assert len(rollouts) == 2 and metrics["rollout/nonfinite_logit_rows"] == 0
 
 

@@ -269,7 +269,7 @@ def torn_metrics(tmp, mp):
 
 
 def numerics(tmp, mp):
-    from grpo.core.health import WeightGuard
+    from grpo.core.weight_guard import WeightGuard
 
     guard = WeightGuard([torch.nn.Parameter(torch.ones(2))], max_consecutive=5)
 

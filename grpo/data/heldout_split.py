@@ -27,7 +27,7 @@ def content_id(*parts: str) -> str:
     return hashlib.sha256(joined.encode("utf-8")).hexdigest()[:HASH_HEX_DIGITS]
 
 
-def split_by_id(
+def split_heldout(
     items: Sequence[T], ids: Sequence[str], heldout_fraction: float, salt: str = ""
 ) -> tuple[list[T], list[T]]:
     """(train, heldout) keeping input order; an item is held out iff stable_hash01(id, salt) < heldout_fraction."""

@@ -26,7 +26,7 @@ from typing import Mapping, Sequence
 from grpo.config import TaskSourceConfig
 from grpo.core.step_types import Sample
 from grpo.data.generic import RowError, row_to_sample
-from grpo.data.heldout_split import split_by_id
+from grpo.data.heldout_split import split_heldout
 from grpo.data.json_rows import LoadResult, RecordsRead
 from grpo.data.row_fields import TemplateFieldError
 from grpo.data.tables import DATA_SUFFIXES, DataSourceError, looks_like_hub_id, read_tables
@@ -154,7 +154,7 @@ def load_sources(sources: Mapping[str, TaskSource], heldout_fraction: float, sys
         samples, metrics = load_source_samples(task, source, system_prompt)
         loaded.metrics.update({k: v for k, v in metrics.items() if k.endswith("/skipped")})
         if not source.heldout:
-            train, heldout = split_by_id(samples, [s.id for s in samples], heldout_fraction, salt)
+            train, heldout = split_heldout(samples, [s.id for s in samples], heldout_fraction, salt)
         else:
             where = _name(task, source)
             path, split = _heldout_location(source, where)

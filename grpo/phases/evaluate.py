@@ -38,7 +38,7 @@ def evaluate(model, tokenizer, samples_by_task: dict[str, Sequence[Sample]], rol
                                               stop_ids, system_prompt=system_prompt, synced_gpus=synced_gpus)
             else:
                 rollouts, _ = tool_rollouts(model, tokenizer, [samples[i] for i in batch], rollout, stop_ids,
-                                            tools=tools, system_prompt=system_prompt, draw=GREEDY,
+                                            tools=tools, system_prompt=system_prompt, plan=GREEDY,
                                             synced_gpus=synced_gpus)
             by_index.update(zip(batch, score(rollouts), strict=True))
         scored = [by_index[i] for i in range(len(samples))]

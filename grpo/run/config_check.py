@@ -21,7 +21,7 @@ from grpo.core.registry import Registry
 from grpo.core.advantages import ADV_SCALES, MULTI_OBJECTIVE_AGGREGATIONS
 from grpo.core.kl_control import CONFIG_FIELDS, KL_CONTROLLERS, controller_args, controller_problem
 from grpo.core.losses import AGG_MODES, KL_ESTIMATORS, POLICY_LOSSES
-from grpo.core.gradient_surgery import METHODS as COMBINE_METHODS
+from grpo.core.gradient_surgery import SURGERY_METHODS
 from grpo.grading.judge import CACHE_FILE as JUDGE_CACHE_FILE
 from grpo.grading.reward_models import check_spec as check_reward_model
 from grpo.grading.scoring import REWARD_AGGREGATIONS
@@ -37,7 +37,7 @@ REGISTRY_FIELDS: dict[str, Registry[Any]] = {
     "loss.adv_scale": ADV_SCALES,
     "loss.reward_aggregation": REWARD_AGGREGATIONS,
     "loss.multi_objective_aggregation": MULTI_OBJECTIVE_AGGREGATIONS,
-    "multi.combine": COMBINE_METHODS,
+    "multi.combine": SURGERY_METHODS,
 }
 """Dotted config field -> the registry whose names it must be one of (kl.<task>.controller: KL_CONTROLLERS, checked
 per task; the rule graders of rewards.<task>: GRADERS, resolved with the other graders)."""

@@ -56,7 +56,7 @@ def load_samples(data, seed: int, tasks: Mapping[str, Any] | None = None, *, ann
     A task name given by both (tasks.fairness beside data.source=demo) is a ConfigError naming tasks.<task>.
     `announce`: print the notes and warnings on the rows (False on every process of a run but the first: each loads
     the same rows and would print the same lines)."""
-    from grpo.data.loading import split_samples
+    from grpo.data.loading import split_heldout_samples
     from grpo.data.sources import TaskSource, load_source_samples, load_sources
     from grpo.models.tokens import raw_prompts
 
@@ -67,7 +67,7 @@ def load_samples(data, seed: int, tasks: Mapping[str, Any] | None = None, *, ann
         builtin = []
     else:  # one source whose rows name their tasks: the `task` column (the original JSONL task file)
         builtin, _ = load_source_samples("", TaskSource(path=data.source, task_field="task"), data.system_prompt)
-    train, heldout = split_samples(builtin, data.heldout_fraction)
+    train, heldout = split_heldout_samples(builtin, data.heldout_fraction)
     if data.bbq_ambiguous_share:
         train = _thinned_bbq(train, data, seed, announce)
     clash = sorted({s.task for s in builtin} & set(tasks))
@@ -567,7 +567,7 @@ def evaluated_rows(rows: list[Sample], data: C.DataConfig) -> list[Sample]:
     return balanced_heldout(rows[:data.eval_size])
 
 
-def split_by_task(train_list: list[Sample], held_list: list[Sample], data: C.DataConfig,
+def group_by_task(train_list: list[Sample], held_list: list[Sample], data: C.DataConfig,
                   cap: bool = True) -> tuple[dict, dict]:
     """Train and held-out samples by task (grpo/run/setup_parts.load_samples split them); held-out capped at
     data.eval_size per task unless `cap` is False (grpo_train.setup caps after `fit_prompts` dropped the long ones)."""
