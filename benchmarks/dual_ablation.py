@@ -372,14 +372,14 @@ SHORT = ("BBQ accuracy (ambiguous + disambiguated)", "BBQ acc_ambig", "BBQ acc_d
 
 def top_answer_share(run_dir: Path, phase: str, task: str = "fairness") -> float | None:
     """Share of the task's held-out greedy answers (evals/<phase>.jsonl) that are its most common letter, read as the
-    doctor reads them (grpo/core/answers.answer_class reduces "Answer: C", "(c)" and "B) Not known" to the bare
+    doctor reads them (grpo/core/answer_metrics.answer_class reduces "Answer: C", "(c)" and "B) Not known" to the bare
     letter); a reply without a letter answer counts against every letter, so free text before SFT reads as the small
     share it is. None without that file. With BBQ's options shuffled, a share far above 1/3 is a letter picked
     whatever the options say."""
     path = run_dir / "evals" / f"{phase}.jsonl"
     if not has_record(path):
         return None
-    from grpo.core.answers import answer_class
+    from grpo.core.answer_metrics import answer_class
 
     rows = [json.loads(line) for line in read_record(path).splitlines() if line.strip()]
     answers = [answer_class(r["completion"]) for r in rows if r["task"] == task]

@@ -118,7 +118,7 @@ def build_model_dir(work: Path, shape_name: str, layers: int | None = None) -> P
 
 
 def samples():
-    from grpo.core.records import Sample
+    from grpo.core.step_types import Sample
 
     return [Sample("fairness", str(i), ({"role": "user", "content": p},)) for i, p in enumerate(PROMPTS)]
 
@@ -126,14 +126,14 @@ def samples():
 def rollout_ids(model, tok, engine: str, new: int, *, seed: int = 0, keys=None, greedy: bool = False,
                 forced: bool = False) -> list[list[int]]:
     from grpo.config import RolloutConfig
-    from grpo.phases.generate import Draw, generate_rollouts, greedy_complete
+    from grpo.phases.generate import SamplingPlan, generate_rollouts, greedy_complete
 
     cfg = RolloutConfig(k=K, max_new_tokens=new, min_new_tokens=new if forced else 0, engine=engine)
     stops = [tok.pad_token_id]
     if greedy:
         rollouts, _ = greedy_complete(model, tok, samples(), cfg, stops)
     else:
-        rollouts, _ = generate_rollouts(model, tok, samples(), cfg, stops, draw=Draw(generator_seed=seed,
+        rollouts, _ = generate_rollouts(model, tok, samples(), cfg, stops, plan=SamplingPlan(generator_seed=seed,
                                                                                     row_keys=keys))
     return [list(r.completion_ids) for r in rollouts]
 

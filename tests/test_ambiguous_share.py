@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from grpo.config import ConfigError
-from grpo.core.records import Sample
 from grpo.core.rule_graders import LETTERS, bbq_rule
+from grpo.core.step_types import Sample
 from grpo.data.bbq import condition_counts, load_bbq, with_ambiguous_share
 
 DATA = Path(__file__).resolve().parents[1] / ".." / "shared" / "data"

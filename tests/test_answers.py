@@ -1,10 +1,10 @@
-"""grpo.core.answers: answer classes of completions, their shares per step, and per-task zero-std groups."""
+"""grpo.core.answer_metrics: answer classes of completions, their shares per step, and per-task zero-std groups."""
 
 import math
 
 import pytest
 
-from grpo.core.answers import (ANSWER_CLASS_CHARS, EMPTY_ANSWER, AnswerShares, answer_class, answer_shares,
+from grpo.core.answer_metrics import (ANSWER_CLASS_CHARS, EMPTY_ANSWER, AnswerShares, answer_class, answer_shares,
                           step_answer_metrics, zero_std_fraction)
 
 

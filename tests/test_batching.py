@@ -7,7 +7,7 @@ from collections import Counter
 import pytest
 
 from grpo.data.batching import TaskBalancedSampler
-from grpo.core.records import Sample
+from grpo.core.step_types import Sample
 
 
 def _samples(task: str, n: int) -> list[Sample]:

@@ -125,7 +125,7 @@ def test_every_shared_bbq_row_has_one_target_option():
 
 
 def _scored(task, category, cond, pol, target, label, unknown, text):
-    from grpo.core.records import Rollout, Sample, Scored
+    from grpo.core.step_types import Rollout, Sample, Scored
 
     gold = {"label_letter": label, "unknown_letter": unknown, "target_letter": target, "answers": ["x", "y", "z"],
             "context_condition": cond, "question_polarity": pol}
@@ -135,7 +135,7 @@ def _scored(task, category, cond, pol, target, label, unknown, text):
 
 
 def test_record_measures_puts_one_evaluations_bbq_measures_under_its_tag_and_returns_metrics():
-    from grpo.core.records import Rollout, Sample, Scored
+    from grpo.core.step_types import Rollout, Sample, Scored
     from grpo.phases.evaluate import record_measures
 
     scored = [

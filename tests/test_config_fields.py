@@ -277,7 +277,7 @@ def float_fields() -> list[str]:
     return out
 
 
-# inf and nan are refused for every float field, whichever way they come in (config._finite), also for the KL fields
+# inf and nan are refused for every float field, whichever way they come in (building._finite), also for the KL fields
 # the task's controller does not read (the fixed controller ignores target / band_high / up / beta_max)
 NON_FINITE = [(name, (math.inf, -math.inf, math.nan)[i % 3], FIXED if name.startswith("kl.") else {})
               for i, name in enumerate(float_fields())]
@@ -304,12 +304,12 @@ def test_a_bad_value_is_reported_under_its_own_field(dotted, value, extra):
 
 
 def test_every_check_in_config_py_has_a_row(monkeypatch):
-    """Every `_check` / `_one_of` call site of the config layer (sections.py and its parts, the package's
-    __init__.py: every grpo/config module that calls them) runs while the rows are built, and every field name a
+    """Every `_check` / `_one_of` call site of the config layer (sections.py and its parts, building.py: every
+    grpo/config module that calls them) runs while the rows are built, and every field name a
     check reports has a row."""
     modules = [importlib.import_module("grpo.config" if path.stem == "__init__" else f"grpo.config.{path.stem}")
                for path in sorted(CONFIG_DIR.glob("*.py")) if re.search(r"\b_(check|one_of)\(", path.read_text())]
-    assert {"checks", "model_data", "rollout_loss", "sections", "config"} <= {m.__name__.split(".")[-1]
+    assert {"checks", "input_sections", "algorithm_sections", "sections", "building"} <= {m.__name__.split(".")[-1]
                                                                            for m in modules}
     sites: set[tuple[str, int]] = set()  # (file name, line)
     for module in modules:
@@ -366,7 +366,7 @@ def test_every_controller_rule_has_a_row():
     """Each rule of each KL controller on an argument the config sets is the one a row breaks."""
     broken = set()
     for dotted, value, extra in BAD:
-        if (dotted, value, extra) in NON_FINITE + BOUNDS:  # refused before any controller rule (config._finite, bounds)
+        if (dotted, value, extra) in NON_FINITE + BOUNDS:  # refused before any controller rule (building._finite, bounds)
             continue
         if dotted.startswith("kl.default.") and dotted != "kl.default.controller":
             section = dataclasses.replace(C.TaskKLConfig(), **C.to_dict(C.load_config("demo"))["kl"]["default"])

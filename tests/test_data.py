@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from conftest import SHARED_DATA
-from grpo.data.loading import DataSpec, load_bbq, load_halueval, load_task, split_samples
-from grpo.data.jsonio import read_records
+from grpo.data.loading import DataSpec, load_bbq, load_halueval, load_task, split_heldout_samples
+from grpo.data.json_rows import read_records
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 BBQ_DIR = SHARED_DATA / "bbq"
@@ -206,20 +206,20 @@ def _by_hand(sample_id: str, salt: str, fraction: float) -> bool:
 
 @needs_bbq
 def test_split_is_stable_order_free_and_close_to_fraction(all_bbq):
-    train, heldout = split_samples(all_bbq, 0.2, salt="s")
+    train, heldout = split_heldout_samples(all_bbq, 0.2, salt="s")
     assert len(train) + len(heldout) == len(all_bbq)
     # Binomial(11956, 0.2): sd = sqrt(n·p·(1-p)) ≈ 43.7 rows; 4 sd ≈ 175 rows ≈ 0.0146 of n.
     assert abs(len(heldout) / len(all_bbq) - 0.2) < 0.0146
     assert {s.id for s in heldout} == {s.id for s in all_bbq if _by_hand(s.id, "s", 0.2)}
     shuffled = list(all_bbq)
     random.Random(0).shuffle(shuffled)
-    _, heldout2 = split_samples(shuffled, 0.2, salt="s")
+    _, heldout2 = split_heldout_samples(shuffled, 0.2, salt="s")
     assert {s.id for s in heldout2} == {s.id for s in heldout}
-    _, other_salt = split_samples(all_bbq, 0.2, salt="t")
+    _, other_salt = split_heldout_samples(all_bbq, 0.2, salt="t")
     assert {s.id for s in other_salt} != {s.id for s in heldout}
-    assert split_samples(all_bbq[:10], 0.0)[1] == []
+    assert split_heldout_samples(all_bbq[:10], 0.0)[1] == []
     with pytest.raises(ValueError, match="heldout_fraction"):
-        split_samples(all_bbq, 1.0)
+        split_heldout_samples(all_bbq, 1.0)
 
 
 def test_template_naming_an_absent_field_is_a_config_error_not_a_skipped_row():
@@ -234,7 +234,7 @@ def test_halueval_file_that_is_not_json_stops_the_run_naming_the_file(tmp_path):
     from types import SimpleNamespace
 
     from grpo.run.assembly.samples import load_samples
-    from grpo.data.jsonio import DataFileError
+    from grpo.data.json_rows import DataFileError
 
     bad = tmp_path / "halueval" / "qa_data.json"
     bad.parent.mkdir()

@@ -15,8 +15,8 @@ from grpo.models.decode import (
     sampling_processors,
 )
 from grpo.models.modeling import build_tiny_model, build_tiny_tokenizer
-from grpo.core.records import Sample
-from grpo.phases.generate import Draw, choose_engine, generate_rollouts, greedy_complete
+from grpo.core.step_types import Sample
+from grpo.phases.generate import SamplingPlan, choose_engine, generate_rollouts, greedy_complete
 from grpo.models.sampling import row_keys
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
@@ -47,7 +47,7 @@ def model(request, tok):
 def stops(model, tok):
     """The three tokens the model samples most: as stop ids they end completions at many different lengths."""
     rollout = RolloutConfig(k=K, max_new_tokens=NEW, engine="hf")
-    rollouts, _ = generate_rollouts(model, tok, SAMPLES, rollout, [tok.pad_token_id], draw=Draw(generator_seed=0))
+    rollouts, _ = generate_rollouts(model, tok, SAMPLES, rollout, [tok.pad_token_id], plan=SamplingPlan(generator_seed=0))
     ids, counts = torch.tensor([t for r in rollouts for t in r.completion_ids]).unique(return_counts=True)
     return ids[counts.argsort(descending=True)[:3]].tolist()
 
@@ -92,11 +92,11 @@ def test_lean_loop_samples_what_generate_samples(model, tok, stops, greedy_stops
     runs through several compactions), with the prefill computed once per distinct prompt. Both kinds of decoding step: the Llama family's FastSteps, and the model's
     whole forward (HFSteps, what every other model gets)."""
     import grpo.models.decode
-    import grpo.models.steppers
+    import grpo.models.decode_steps
 
     monkeypatch.setattr(grpo.models.decode, "COMPACT_FRACTION", 0.99)
     if steps == "HFSteps":
-        monkeypatch.setattr(grpo.models.steppers, "FAST_STEP_ARCHITECTURES", frozenset())
+        monkeypatch.setattr(grpo.models.decode_steps, "FAST_STEP_ARCHITECTURES", frozenset())
     made: list[str] = []
     shipped = grpo.models.decode.make_steps
 
@@ -116,7 +116,7 @@ def test_lean_loop_samples_what_generate_samples(model, tok, stops, greedy_stops
                 if name == "greedy":
                     rollouts, _ = greedy_complete(model, tok, SAMPLES, rollout, greedy_stops)
                 else:
-                    rollouts, _ = generate_rollouts(model, tok, SAMPLES, rollout, stops, draw=Draw(generator_seed=seed))
+                    rollouts, _ = generate_rollouts(model, tok, SAMPLES, rollout, stops, plan=SamplingPlan(generator_seed=seed))
                 out[engine] = [(r.completion_ids, r.stopped) for r in rollouts], list(sizes)
             assert out["lean"][0] == out["hf"][0], (name, seed)
             lean_sizes = out["lean"][1]
@@ -149,7 +149,7 @@ def test_lean_loop_with_per_completion_keys_equals_generate(model, tok, stops):
     keys = row_keys(0, 1, range(len(SAMPLES)), K)
     out = {engine: generate_rollouts(model, tok, SAMPLES, RolloutConfig(k=K, max_new_tokens=NEW, top_p=0.95,
                                                                          engine=engine), stops,
-                                     draw=Draw(row_keys=keys))[0]
+                                     plan=SamplingPlan(row_keys=keys))[0]
            for engine in ("hf", "lean")}
     assert [r.completion_ids for r in out["lean"]] == [r.completion_ids for r in out["hf"]]
 
@@ -160,9 +160,9 @@ def test_deferred_stop_checks_change_nothing(model, tok, stops, monkeypatch):
     import grpo.models.decode
 
     rollout = RolloutConfig(k=K, max_new_tokens=NEW, engine="lean")
-    every_step = generate_rollouts(model, tok, SAMPLES, rollout, stops, draw=Draw(generator_seed=1))[0]
+    every_step = generate_rollouts(model, tok, SAMPLES, rollout, stops, plan=SamplingPlan(generator_seed=1))[0]
     monkeypatch.setattr(grpo.models.decode, "_sync_every", lambda device: 3)
-    deferred = generate_rollouts(model, tok, SAMPLES, rollout, stops, draw=Draw(generator_seed=1))[0]
+    deferred = generate_rollouts(model, tok, SAMPLES, rollout, stops, plan=SamplingPlan(generator_seed=1))[0]
     assert [(r.completion_ids, r.stopped) for r in deferred] == [(r.completion_ids, r.stopped) for r in every_step]
 
 
@@ -276,5 +276,5 @@ def test_sliding_window_models_decode_like_generate(tok):
     for engine in ("hf", "lean"):
         rollout = RolloutConfig(k=2, max_new_tokens=NEW, min_new_tokens=NEW, engine=engine)
         out[engine] = [r.completion_ids
-                       for r in generate_rollouts(model, tok, SAMPLES, rollout, draw=Draw(generator_seed=3))[0]]
+                       for r in generate_rollouts(model, tok, SAMPLES, rollout, plan=SamplingPlan(generator_seed=3))[0]]
     assert out["lean"] == out["hf"]

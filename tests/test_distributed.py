@@ -157,7 +157,7 @@ def test_a_finished_command_line_run_destroys_the_process_group_after_a_barrier(
     assert calls == ["barrier", "destroy"]  # after the run, on every rank
 
     def fails(cfg, run):
-        from grpo.core.health import TrainingUnstable
+        from grpo.core.weight_guard import TrainingUnstable
 
         raise TrainingUnstable("weights went non-finite")
 

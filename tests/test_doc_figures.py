@@ -151,7 +151,7 @@ CLAIMS = [
 
 
 def symptoms_answer_chars() -> int:
-    from grpo.core.answers import ANSWER_CLASS_CHARS
+    from grpo.core.answer_metrics import ANSWER_CLASS_CHARS
 
     return ANSWER_CLASS_CHARS
 

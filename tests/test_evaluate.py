@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 
 from grpo.phases.evaluate import part_means
-from grpo.core.records import Rollout, Sample, Scored
+from grpo.core.step_types import Rollout, Sample, Scored
 
 
 def _scored(task: str, reward: float | None, parts: dict) -> Scored:

@@ -228,7 +228,7 @@ FOUND = [
                  id="--rewards.qa.x 1 (was accepted as the reward spec \"{'x': '1'}\")"),
     pytest.param(lambda tmp: assert_samples_or_named_error(tmp / "deep.jsonl", ['{"task": "t", "prompt": "x", "g": '
                                                                                + "[" * 1000 + "]" * 1000 + "}"]),
-                 id="a row nested 1000 deep, alone (was a RecursionError from grpo/data/jsonio.py)"),
+                 id="a row nested 1000 deep, alone (was a RecursionError from grpo/data/json_rows.py)"),
     pytest.param(_deep, id="a row nested 1000 deep between good rows"),
     pytest.param(_bom, id="a UTF-8 BOM (cost the first row)"),
     pytest.param(_not_utf8, id="a file that is not UTF-8 (was a bare UnicodeDecodeError)"),

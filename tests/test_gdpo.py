@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from grpo.core.advantages import group_advantages, normalize_then_sum
-from grpo.core.records import Rollout, Sample, Scored
+from grpo.core.step_types import Rollout, Sample, Scored
 from grpo.grading.scoring import JUDGE_TERM, RewardSpec, term_matrix
 
 F64 = torch.float64

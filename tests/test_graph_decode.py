@@ -13,7 +13,7 @@ from grpo.models import graph_decode as G
 from grpo.models.modeling import build_tiny_model, build_tiny_tokenizer, generation_mode
 from grpo.models.sampling import row_keys
 from grpo.models.tokens import left_pad
-from grpo.phases.generate import Draw, choose_engine, generate_rollouts, greedy_complete
+from grpo.phases.generate import SamplingPlan, choose_engine, generate_rollouts, greedy_complete
 from tests.test_decode import CORPUS, K, NEW, SAMPLES, stops  # noqa: F401 - stops: a fixture (the same prompts)
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
@@ -44,7 +44,7 @@ def completions(model, tok, engine, stops, settings, keys=None, seed=0, greedy=F
         rollouts, metrics = greedy_complete(model, tok, SAMPLES, rollout, stops)
     else:
         rollouts, metrics = generate_rollouts(model, tok, SAMPLES, rollout, stops,
-                                              draw=Draw(generator_seed=seed, row_keys=keys))
+                                              plan=SamplingPlan(generator_seed=seed, row_keys=keys))
     return [(r.completion_ids, r.stopped) for r in rollouts], metrics
 
 
@@ -301,11 +301,11 @@ def test_the_step_compiles_as_one_graph_that_samples_what_generate_samples(tok):
     try:
         grpo.phases.generate.decode_graph = lambda *a, **kw: shipped(*a, **kw, compile_step=True)
         out = generate_rollouts(model, tok, SAMPLES, rollout.__class__(**{**rollout.__dict__, "engine": "graph"}),
-                                [3, 4], draw=Draw(row_keys=keys))[0]
+                                [3, 4], plan=SamplingPlan(row_keys=keys))[0]
     finally:
         grpo.phases.generate.decode_graph = shipped
     hf = generate_rollouts(model, tok, SAMPLES, rollout.__class__(**{**rollout.__dict__, "engine": "hf"}), [3, 4],
-                           draw=Draw(row_keys=keys))[0]
+                           plan=SamplingPlan(row_keys=keys))[0]
     assert [r.completion_ids for r in out] == [r.completion_ids for r in hf]
 
 

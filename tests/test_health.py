@@ -1,4 +1,4 @@
-"""The step guard: update_passes's skip of a bad gradient norm, grpo.core.health's WeightGuard. The checks over the metric
+"""The step guard: update_passes's skip of a bad gradient norm, grpo.core.weight_guard's WeightGuard. The checks over the metric
 history are in test_doctor.py."""
 
 import math
@@ -6,13 +6,13 @@ import math
 import pytest
 import torch
 
-from grpo.core.health import TrainingUnstable, WeightGuard, bad_step_reason
+from grpo.core.weight_guard import TrainingUnstable, WeightGuard, bad_step_reason
 
 
 def _one_update(monkeypatch, skip_grad_norm, scale=1.0):
     """One update_passes of a single weight w (log-probs w·base; the forward replaced), its metrics and w after it."""
     from grpo.config import LossConfig
-    from grpo.core.records import TrainBatch
+    from grpo.core.step_types import TrainBatch
     from grpo.phases import update
 
     w = torch.nn.Parameter(torch.tensor(1.0))
@@ -113,7 +113,7 @@ def test_weight_guard_rejects_no_trainable_params():
 
 
 def test_weight_guard_auto_keeps_a_full_model_copy_off_the_gpu():
-    from grpo.core.health import ON_DEVICE_SNAPSHOT_BYTES, snapshot_device
+    from grpo.core.weight_guard import ON_DEVICE_SNAPSHOT_BYTES, snapshot_device
 
     gpu = torch.device("cuda", 0)
     assert snapshot_device(ON_DEVICE_SNAPSHOT_BYTES, gpu) == gpu  # a LoRA adapter stays on the GPU

@@ -1,4 +1,4 @@
-"""The host a run gets (grpo/models/host.py): the CPU share from the affinity mask and the cgroup quota (v1 and v2,
+"""The host a run gets (grpo/models/host_resources.py): the CPU share from the affinity mask and the cgroup quota (v1 and v2,
 read from crafted trees), torch's thread count from train.threads, the OpenMP wait policy, the memory readers."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ import sys
 
 import pytest
 
-from grpo.models import host
-from grpo.models.host import CpuShare, cgroup_cpu_quota, host_memory, quiet_openmp, thread_count
+from grpo.models import host_resources
+from grpo.models.host_resources import CpuShare, cgroup_cpu_quota, host_memory, quiet_openmp, thread_count
 
 
 def write(path, text):
@@ -90,8 +90,8 @@ def test_openmp_is_asked_to_sleep_after_a_short_spin_unless_the_environment_says
     env = {}
     note = quiet_openmp(env, loaded=True)  # torch came first: only child processes get it, and the line says so
     assert env == {"OMP_WAIT_POLICY": "PASSIVE", "GOMP_SPINCOUNT": "1000"}
-    assert note == host.SPINNING and "spin" in note and "1.6x" in note and "import grpo_train first" not in note
-    results = (host.Path(__file__).parents[1] / "benchmarks" / "RESULTS.md").read_text()
+    assert note == host_resources.SPINNING and "spin" in note and "1.6x" in note and "import grpo_train first" not in note
+    results = (host_resources.Path(__file__).parents[1] / "benchmarks" / "RESULTS.md").read_text()
     assert "| 2.42× | 5.91× |" in results and "| 1.56× | 2.06× |" in results  # the measurement the line cites
     assert f"{2.42 / 1.56:.1f}x" in note and f"{5.91 / 2.06:.1f}x" in note
 
@@ -100,10 +100,10 @@ def test_openmp_is_asked_to_sleep_after_a_short_spin_unless_the_environment_says
 def test_the_trainer_started_from_the_command_line_asks_before_torch_loads_openmp():
     import subprocess
 
-    code = ("import os, grpo_train; from grpo.models.host import openmp_note; "
+    code = ("import os, grpo_train; from grpo.models.host_resources import openmp_note; "
             "print(os.environ['OMP_WAIT_POLICY'], os.environ['GOMP_SPINCOUNT'], openmp_note())")
     env = {k: v for k, v in __import__("os").environ.items() if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")}
-    out = subprocess.run([sys.executable, "-c", code], cwd=host.Path(__file__).parents[1], env=env,
+    out = subprocess.run([sys.executable, "-c", code], cwd=host_resources.Path(__file__).parents[1], env=env,
                          capture_output=True, text=True, check=True).stdout
     assert out.strip() == "PASSIVE 1000", out  # asked before torch loaded: the banner has nothing to say of it
 
@@ -117,20 +117,20 @@ def test_host_memory_reads_the_resident_set_and_its_peak(tmp_path):
 def test_memory_metrics_on_the_cpu_are_the_host_ones():
     import torch
 
-    metrics = host.memory_metrics(torch.device("cpu"))
+    metrics = host_resources.memory_metrics(torch.device("cpu"))
     assert set(metrics) == {"memory/host_rss_gb", "memory/host_peak_gb"}
     assert 0 < metrics["memory/host_rss_gb"] <= metrics["memory/host_peak_gb"]
 
 
-@pytest.mark.skipif(not sys.platform.startswith("linux") or host._libc() is None
-                    or getattr(host._libc(), "mallinfo2", None) is None, reason="glibc 2.33+ only")
+@pytest.mark.skipif(not sys.platform.startswith("linux") or host_resources._libc() is None
+                    or getattr(host_resources._libc(), "mallinfo2", None) is None, reason="glibc 2.33+ only")
 def test_freed_memory_is_handed_back_only_when_there_is_enough_of_it():
     """300 MB of 100 KB blocks (below glibc's mmap threshold: they live in its heap) freed under one block still held
     at the top, so glibc cannot shrink the heap by itself: the resident set stays until `release_freed_memory`."""
     blocks = [bytearray(100_000) for _ in range(3000)]
     last = bytearray(100_000)  # noqa: F841 - pins the top of the heap
     del blocks
-    held = host.host_memory()["memory/host_rss_gb"]
-    assert not host.release_freed_memory()  # below TRIM_FROM_BYTES (512 MB) free: kept, to be reused
-    assert host.release_freed_memory(at_least=2**26)
-    assert held - host.host_memory()["memory/host_rss_gb"] > 0.2
+    held = host_resources.host_memory()["memory/host_rss_gb"]
+    assert not host_resources.release_freed_memory()  # below TRIM_FROM_BYTES (512 MB) free: kept, to be reused
+    assert host_resources.release_freed_memory(at_least=2**26)
+    assert held - host_resources.host_memory()["memory/host_rss_gb"] > 0.2

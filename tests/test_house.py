@@ -135,14 +135,27 @@ def test_run_holds_at_most_12_fields():
 
 
 # ---------------------------------------------------------------------------------------------- names
-def definitions(files: list[Path]) -> dict[str, list[str]]:
-    """Public top-level function and class name -> the modules (file stems with their folder) that define it."""
+def definitions(files: list[Path], root: Path = ROOT) -> dict[str, list[str]]:
+    """Public top-level function, class and type-alias name -> the modules (file stems with their folder) that define
+    it. A type alias is a capitalised, not all-capitals name assigned at module level (`Row = tuple[int, dict]`,
+    `Row: TypeAlias = ...`, `type Row = ...`): all-capitals names are constants, `T = TypeVar("T")` among them."""
     out: dict[str, list[str]] = {}
     for p in files:
         for n in ast.parse(p.read_text()).body:
-            if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and not n.name.startswith("_"):
-                out.setdefault(n.name, []).append(str(p.relative_to(ROOT)))
+            for name in defined_names(n):
+                if not name.startswith("_"):
+                    out.setdefault(name, []).append(str(p.relative_to(root)))
     return out
+
+
+def defined_names(node: ast.stmt) -> list[str]:
+    """The names a module-level statement defines as a function, a class or a type alias."""
+    if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+        return [node.name]
+    if sys.version_info >= (3, 12) and isinstance(node, ast.TypeAlias):
+        return [node.name.id]
+    targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(node, ast.AnnAssign) else []
+    return [t.id for t in targets if isinstance(t, ast.Name) and t.id[:1].isupper() and not t.id.isupper()]
 
 
 def _key(name: str) -> str:
@@ -151,7 +164,8 @@ def _key(name: str) -> str:
 
 def name_clashes(defined: dict[str, list[str]], modules: list[str]) -> list[str]:
     """A public name defined by two modules; a public name that is also the name of a module (case and underscores
-    aside) other than the one that defines it (`Scoring` in step_owners.py beside grading/scoring.py)."""
+    aside) other than the one that defines it (`Scoring` in step_owners.py beside grading/scoring.py); two public
+    names that differ only in case (`Draw` beside `draw`)."""
     out = [f"{name} is defined in {where}" for name, where in sorted(defined.items()) if len(where) > 1]
     stems = {}
     for m in modules:
@@ -160,6 +174,12 @@ def name_clashes(defined: dict[str, list[str]], modules: list[str]) -> list[str]
         named_after = [m for m in stems.get(_key(name), []) if m not in where]
         if named_after:
             out.append(f"{name} ({', '.join(where)}) has the name of the module {', '.join(named_after)}")
+    spellings: dict[str, list[str]] = {}
+    for name in sorted(defined):
+        spellings.setdefault(name.lower(), []).append(name)
+    for names in spellings.values():
+        if len(names) > 1:
+            out.append(" and ".join(f"{n} ({', '.join(defined[n])})" for n in names) + " differ only in case")
     return out
 
 
@@ -174,13 +194,21 @@ def package_files() -> list[Path]:
     return sorted((ROOT / "grpo").rglob("*.py")) + [ROOT / "grpo_train.py"]
 
 
+RUN_NAMES_TO_RENAME = {
+    "Interrupted (grpo/run/signals.py) and interrupted (grpo/run/exits.py) differ only in case",
+    "Progress (grpo/run/record.py) and progress (grpo/run/tracking.py) differ only in case",
+}
+"""What the case check found in grpo/run/ while its modules were being moved into wings: each is renamed there, and
+its line here removed, once the move is merged. Nothing may be added to it."""
+
+
 def test_a_public_name_names_one_thing():
     from grpo.run.step_owners import Generation, Rewarder, Updater
 
     files = package_files()
     defined = definitions(files)
     modules = [str(p.relative_to(ROOT)) for p in files if p.name != "__init__.py"]
-    assert not name_clashes(defined, modules)
+    assert not set(name_clashes(defined, modules)) - RUN_NAMES_TO_RENAME
     functions = {name for name, where in defined.items() if name[0].islower()}
     assert not owner_method_clashes([Generation, Rewarder, Updater], functions)
 
@@ -197,6 +225,21 @@ def test_the_name_checks_see_twins_module_names_and_owner_methods():
         def update(self): ...
 
     assert owner_method_clashes([Updater], {"train", "setup"}) == ["Updater.train"]
+
+
+def test_the_name_checks_see_type_aliases_and_names_that_differ_only_in_case(tmp_path):
+    files = {"data/bbq.py": "Row = tuple[int, dict]\nMAX_ROWS = 3\nT = 1\n_Private = int\n",
+             "run/rows.py": "class Row:\n    pass\n", "phases/generate.py": "class Draw:\n    pass\n",
+             "models/sampling.py": "from typing import TypeAlias\nKeys: TypeAlias = list[int]\ndef draw(): ...\n"}
+    for rel, text in files.items():
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text(text)
+    defined = definitions(sorted(tmp_path.rglob("*.py")), tmp_path)
+    assert defined == {"Row": ["data/bbq.py", "run/rows.py"], "Draw": ["phases/generate.py"],
+                       "Keys": ["models/sampling.py"], "draw": ["models/sampling.py"]}
+    assert name_clashes(defined, []) == [
+        "Row is defined in ['data/bbq.py', 'run/rows.py']",
+        "Draw (phases/generate.py) and draw (models/sampling.py) differ only in case"]
 
 
 # ---------------------------------------------------------------------------------------------- the rollout path
@@ -381,7 +424,7 @@ FACES = (*WINGS, "grpo.phases")
 LOOP_MODULES = {"grpo.run.record", "grpo.run.step_owners", "grpo.run.tracking", "grpo.run.signals",
                 "grpo.run.exits", "grpo.run.api"}
 """The loop's own modules at grpo/run/'s top: the Run record, the step's owners, tracking, how a run stops."""
-BEFORE_TORCH = {"grpo.models.host", "grpo.models.third_party"}
+BEFORE_TORCH = {"grpo.models.host_resources", "grpo.models.third_party"}
 """What the entry point calls before torch loads (OpenMP's wait policy, warning filters)."""
 MAX_ENTRY_MODULES = 14
 

@@ -16,7 +16,7 @@ import pytest
 
 from grpo.config import JudgeConfig
 from grpo.grading.judge import Judge, JudgeItem, RateLimiter
-from grpo.core.records import Rollout, Sample
+from grpo.core.step_types import Rollout, Sample
 from grpo.grading.rubrics import JudgeReplyError, load_rubric, parse_score
 from grpo.grading.scoring import RewardSpec, score_rollouts
 from judge_server import JudgeServer, Reply

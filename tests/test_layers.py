@@ -9,6 +9,7 @@ Every import counts, also one inside a function or under `if TYPE_CHECKING:`: a 
 from __future__ import annotations
 
 import ast
+import sys
 from pathlib import Path
 
 import pytest
@@ -17,6 +18,9 @@ ROOT = Path(__file__).resolve().parents[1]
 LAYERS = ("core", "config", "data", "models", "grading", "phases", "run")
 """grpo's sub-packages from the bottom up (docs/DESIGN.md): a module may import its own layer and the ones before it."""
 ENTRY_POINTS = {"grpo_train", "check_gpu_memory"}
+APART = {("models", "data"): "the models need only core's file plumbing (grpo/core/plumbing.py), not the tasks' rows",
+         ("phases", "grading"): "the tools import the user's code through core (grpo/core/plumbing.py), not the graders"}
+"""Layers that stand one above the other and still do not import each other: importer's layer, imported's -> why."""
 
 
 def package_modules(root: Path, package: str = "grpo") -> dict[str, Path]:
@@ -79,6 +83,12 @@ def upward_imports(graph: dict[str, set[str]]) -> list[str]:
     return bad
 
 
+def apart_imports(graph: dict[str, set[str]]) -> list[str]:
+    """"importer -> imported (why)" for every import between two layers that APART keeps apart."""
+    return [f"{module} -> {dep} ({APART[layer_of(module), layer_of(dep)]})" for module, deps in sorted(graph.items())
+            for dep in sorted(deps) if (layer_of(module), layer_of(dep)) in APART]
+
+
 def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     """The strongly connected components of more than one module (Tarjan), each sorted."""
     index: dict[str, int] = {}
@@ -122,6 +132,10 @@ def test_every_import_points_down_the_layers():
     assert not upward_imports(GRAPH), upward_imports(GRAPH)
 
 
+def test_the_models_import_no_data_and_the_phases_no_grading():
+    assert not apart_imports(GRAPH), apart_imports(GRAPH)
+
+
 def test_no_modules_import_each_other_in_a_cycle():
     assert not cycles(GRAPH), cycles(GRAPH)
 
@@ -139,23 +153,29 @@ def imported_names(path: Path) -> set[str]:
         {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
 
 
-def test_core_is_a_pure_bottom_floor():
-    """grpo/core (records and pure maths) imports only torch, the standard library and itself: no config, no file
-    helper, no model code. The clip's rules, which the loss section reads too, live in it (core/clip_rules.py)."""
-    import sys
-
-    modules = package_modules(ROOT)
+def outside_the_floor(modules: dict[str, Path]) -> dict[str, set[str]]:
+    """Core module -> what it imports besides torch, the standard library (sys.stdlib_module_names) and grpo.core."""
+    out = {}
     for name, path in modules.items():
         if layer_of(name) != "core":
             continue
         outside = {n for n in imported_names(path) if n.split(".")[0] != "torch" and n.split(".")[0] not in
-                   sys.stdlib_module_names and not n.startswith(("grpo.core.", "__future__"))}
-        assert not outside, (name, outside)
+                   sys.stdlib_module_names and n != "grpo.core" and not n.startswith(("grpo.core.", "__future__"))}
+        if outside:
+            out[name] = outside
+    return out
+
+
+def test_core_is_a_pure_bottom_floor():
+    """grpo/core (records, pure maths and the file and import plumbing) imports only torch, the standard library
+    and itself: no numpy, no config, no model code. The clip's rules, which the loss section reads too, live in it
+    (core/clip_rules.py), and so does the plumbing the models and the phases share (core/plumbing.py)."""
+    assert not outside_the_floor(package_modules(ROOT)), outside_the_floor(package_modules(ROOT))
 
 
 def test_the_config_layer_imports_no_torch():
     """The config layer (the Config, presets, the command line) imports no torch, and of the other layers only the
-    torch-free modules of core (the clip's rules): the command line and the memory estimate's inputs stay light."""
+    torch-free modules of core (the clip's rules, the plumbing's did_you_mean): the command line and the memory estimate's inputs stay light."""
     modules = package_modules(ROOT)
     for name, path in modules.items():
         if layer_of(name) != "config":
@@ -178,7 +198,7 @@ def reachable(name: str) -> set[str]:
 
 
 def test_decoding_does_not_import_the_training_forward():
-    assert "grpo.models.logprobs" not in reachable("grpo.models.decode") | reachable("grpo.models.steppers")
+    assert "grpo.models.logprobs" not in reachable("grpo.models.decode") | reachable("grpo.models.decode_steps")
     assert "grpo.models.model_calls" in reachable("grpo.models.decode")  # what both share lives below them
 
 
@@ -236,3 +256,24 @@ def test_a_cycle_inside_one_layer_is_caught(tmp_path):
 def test_a_module_outside_the_layers_is_caught(tmp_path):
     write_tree(tmp_path, {**BASE, "grpo/utils.py": "import os\n"})
     assert upward_imports(import_graph(tmp_path)) == ["grpo.utils: not in a layer " + str(LAYERS)]
+
+
+def test_an_import_between_layers_kept_apart_is_caught(tmp_path):
+    write_tree(tmp_path, {**BASE, "grpo/data/json_rows.py": "import json\n", "grpo/grading/graders.py": "import math\n",
+                          "grpo/models/pretrained.py": "from grpo.core import losses\n",
+                          "grpo/phases/tools.py": "from grpo.models import pretrained\n"})
+    assert apart_imports(import_graph(tmp_path)) == []
+    write_tree(tmp_path, {"grpo/models/pretrained.py": "def f():\n    from grpo.data.json_rows import sha256\n",
+                          "grpo/phases/tools.py": "from grpo.grading import graders\n"})
+    assert [line.split(" (")[0] for line in apart_imports(import_graph(tmp_path))] == [
+        "grpo.models.pretrained -> grpo.data.json_rows", "grpo.phases.tools -> grpo.grading.graders"]
+    assert upward_imports(import_graph(tmp_path)) == []  # both point down: only APART names them
+
+
+def test_the_floor_check_names_numpy_config_and_data(tmp_path):
+    write_tree(tmp_path, {**BASE, "grpo/core/plumbing.py": "import os\nimport torch.nn\nfrom grpo.core import losses\n"})
+    assert outside_the_floor(package_modules(tmp_path)) == {}
+    write_tree(tmp_path, {"grpo/core/plumbing.py": "import numpy as np\nfrom grpo.config import Config\n"
+                                                   "def f():\n    from grpo.data import json_rows\n"})
+    assert outside_the_floor(package_modules(tmp_path)) == {"grpo.core.plumbing": {"numpy", "grpo.config",
+                                                                                    "grpo.data"}}

@@ -176,7 +176,7 @@ CLIPPED = [name for name, spec in POLICY_LOSSES.items() if spec.fields == CLIP_F
 def test_the_clipped_losses_and_the_loss_section_share_the_clip_defaults_and_rules(name):
     """A clip the loss section refuses, a clipped loss called directly refuses too (a bound of 0 pins that side of
     the ratio at 1), and both accept the same values; the loss's defaults are the section's."""
-    from grpo.config.rollout_loss import LossConfig
+    from grpo.config.algorithm_sections import LossConfig
 
     signature = inspect.signature(POLICY_LOSSES[name].fn).parameters
     assert {f: signature[f].default for f in CLIP_FIELDS} == {f: getattr(LossConfig(), f) for f in CLIP_FIELDS}
@@ -219,8 +219,8 @@ def test_every_loss_takes_its_ratio_from_importance_ratio_clamped_on_both_sides(
 def test_the_kl_importance_weight_is_the_losss_clamped_ratio(monkeypatch):
     """loss.kl_importance_weight multiplies each token's KL by the loss's ratio, clamped as the loss clamps it: at a
     log-ratio of −30 the weight is e^−20, the ratio the policy loss itself uses there, not e^−30."""
-    from grpo.config.rollout_loss import LossConfig
-    from grpo.core.records import TrainBatch
+    from grpo.config.algorithm_sections import LossConfig
+    from grpo.core.step_types import TrainBatch
     from grpo.phases import update
 
     logps_BT = torch.tensor([[-31.0, -1.0]])

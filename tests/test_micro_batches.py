@@ -9,7 +9,7 @@ from grpo.config import LossConfig
 from grpo.phases.batch import batch_logprobs
 from grpo.models.logprobs import completion_logprobs
 from grpo.models.modeling import build_tiny_model, build_tiny_tokenizer
-from grpo.core.records import TrainBatch
+from grpo.core.step_types import TrainBatch
 from grpo.models.tokens import collate
 from grpo.phases.update import Learner, StepSettings, update_passes
 

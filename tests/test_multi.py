@@ -5,12 +5,12 @@ import math
 import pytest
 import torch
 
-from grpo.core.multi import (
+from grpo.core.gradient_surgery import (
     ConflictMonitor,
     TaskGradAccumulator,
+    apply_surgery,
     assign_flat_grad,
     cagrad_objective,
-    combine,
     flat_grad,
     gradient_stats,
 )
@@ -36,7 +36,7 @@ def close(a, b, tol=1e-9):
     ],
 )
 def test_pcgrad_two_tasks_by_hand(g1, g2, expected):
-    d, m = combine([t(*g1), t(*g2)], "pcgrad")
+    d, m = apply_surgery([t(*g1), t(*g2)], "pcgrad")
     close(d, expected)
     assert m["multi/conflict"] == float(g1[0] * g2[0] + g1[1] * g2[1] < 0)
 
@@ -48,8 +48,8 @@ def test_pcgrad_projects_on_original_gradients_three_tasks():
     order_23, order_32 = t(0.25, 1.5, 1.25), t(0.25, 1.25, 1.5)
     seen = set()
     for seed in range(20):
-        d1, _ = combine(grads, "pcgrad", generator=torch.Generator().manual_seed(seed))
-        d2, _ = combine(grads, "pcgrad", generator=torch.Generator().manual_seed(seed))
+        d1, _ = apply_surgery(grads, "pcgrad", generator=torch.Generator().manual_seed(seed))
+        d2, _ = apply_surgery(grads, "pcgrad", generator=torch.Generator().manual_seed(seed))
         close(d1, d2, 0.0)  # same generator seed, same order, same answer
         matches = [i for i, e in enumerate((order_23, order_32)) if torch.allclose(d1, e, atol=1e-12)]
         assert len(matches) == 1, d1
@@ -59,7 +59,7 @@ def test_pcgrad_projects_on_original_gradients_three_tasks():
 
 def test_pcgrad_equals_sum_without_conflict():
     g = torch.rand(4, 50, dtype=torch.float64)  # all entries ≥ 0: every pair has dot ≥ 0
-    d, m = combine(g, "pcgrad")
+    d, m = apply_surgery(g, "pcgrad")
     close(d, g.sum(0))
     assert m["multi/pcgrad/projections"] == 0
 
@@ -68,20 +68,20 @@ def test_pcgrad_equals_sum_without_conflict():
 def test_cagrad_hand_cases():
     c = 0.5
     # equal gradients: g_w = g for every w, d_mean = g + c‖g‖/‖g‖ g = 1.5 g; × N=2 / (1 + .25) = 2.4 g
-    d, _ = combine([t(3.0, 4.0), t(3.0, 4.0)], "cagrad", c=c)
+    d, _ = apply_surgery([t(3.0, 4.0), t(3.0, 4.0)], "cagrad", c=c)
     close(d, (7.2, 9.6))
     # orthogonal unit gradients: by symmetry w = (.5,.5), g_w = g0 = (.5,.5), d_mean = 1.5 g0 → × 2 / 1.25
-    d, m = combine([t(1.0, 0.0), t(0.0, 1.0)], "cagrad", c=c)
+    d, m = apply_surgery([t(1.0, 0.0), t(0.0, 1.0)], "cagrad", c=c)
     close(d, (1.2, 1.2))
     assert m["multi/cagrad_w/0"] == pytest.approx(0.5, abs=1e-9)
     # opposed: g0 = 0 so φ = 0 and d = 0
-    d, _ = combine([t(1.0, 0.0), t(-1.0, 0.0)], "cagrad", c=c)
+    d, _ = apply_surgery([t(1.0, 0.0), t(-1.0, 0.0)], "cagrad", c=c)
     close(d, (0.0, 0.0))
 
 
 def test_cagrad_with_c_zero_is_sum():
     g = torch.randn(3, 20, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
-    d, _ = combine(g, "cagrad", c=0.0)
+    d, _ = apply_surgery(g, "cagrad", c=0.0)
     close(d, g.sum(0), 1e-12)
 
 
@@ -106,7 +106,7 @@ def test_cagrad_weights_minimise_dual_objective(n_tasks, steps, seed):
     g = torch.randn(n_tasks, 6, dtype=torch.float64, generator=gen)
     g[1] = -0.7 * g[0] + 0.3 * g[1]  # make a real conflict
     c = 0.5
-    _, m = combine(g, "cagrad", c=c)
+    _, m = apply_surgery(g, "cagrad", c=c)
     w = torch.tensor([m[f"multi/cagrad_w/{i}"] for i in range(n_tasks)], dtype=torch.float64)
     assert w.min() >= 0 and float(w.sum()) == pytest.approx(1.0, abs=1e-9)
     gram = g @ g.T
@@ -119,7 +119,7 @@ def test_cagrad_maximises_worst_task_improvement_in_ball(seed):
     gen = torch.Generator().manual_seed(seed)
     n_tasks, dim, c = 2 + seed % 2, 3, 0.6
     g = torch.randn(n_tasks, dim, dtype=torch.float64, generator=gen)
-    d, _ = combine(g, "cagrad", c=c)
+    d, _ = apply_surgery(g, "cagrad", c=c)
     d_mean = d * (1 + c * c) / n_tasks  # undo the scale convention
     g0 = g.mean(0)
     radius = c * float(g0.norm())
@@ -161,11 +161,11 @@ def test_sum_is_gradient_of_summed_loss_and_extra_is_added():
     model.zero_grad()
     (_task_loss(model, x, y, task, 0, len(x)) + _task_loss(model, x, y, task, 1, len(x))).backward()
     full = flat_grad(params)
-    d, _ = combine(per_task, "sum")
+    d, _ = apply_surgery(per_task, "sum")
     torch.testing.assert_close(d, full)
     extra = torch.arange(full.numel(), dtype=torch.float32)
-    d2, _ = combine(per_task, "pcgrad", extra=extra)
-    d3, _ = combine(per_task, "pcgrad")
+    d2, _ = apply_surgery(per_task, "pcgrad", extra=extra)
+    d3, _ = apply_surgery(per_task, "pcgrad")
     torch.testing.assert_close(d2, d3 + extra)
     assign_flat_grad(params, d)
     torch.testing.assert_close(flat_grad(params), full)
@@ -188,8 +188,8 @@ def test_accumulated_micro_batches_equal_full_batch(method):
         full.append(flat_grad(params))
     torch.testing.assert_close(acc.stack(), torch.stack(full))
     gen = lambda: torch.Generator().manual_seed(0)  # noqa: E731
-    d_acc, _ = combine(acc.stack(), method, generator=gen())
-    d_full, _ = combine(full, method, generator=gen())
+    d_acc, _ = apply_surgery(acc.stack(), method, generator=gen())
+    d_full, _ = apply_surgery(full, method, generator=gen())
     torch.testing.assert_close(d_acc, d_full)
     acc.reset()
     assert float(acc.stack().abs().sum()) == 0.0 and acc.counts_N == [0, 0]
@@ -201,10 +201,10 @@ def test_metric_keys_with_names_and_nonfinite():
     assert m["multi/norm/hallucination"] == pytest.approx(math.sqrt(2))
     assert m["multi/conflict"] == 1.0 and m["multi/cos_min"] == pytest.approx(-1 / math.sqrt(2))
     assert "multi/cos/0_1" in gradient_stats([t(1.0, 0.0), t(0.0, 1.0)])
-    d, m = combine([t(float("nan"), 0.0), t(1.0, 1.0)], "cagrad")
+    d, m = apply_surgery([t(float("nan"), 0.0), t(1.0, 1.0)], "cagrad")
     assert m["multi/nonfinite"] == 1.0 and math.isnan(float(d[0]))
     with pytest.raises(ValueError, match="task names"):
-        combine([t(1.0), t(2.0)], "sum", names=["a"])
+        apply_surgery([t(1.0), t(2.0)], "sum", names=["a"])
 
 
 # ---- ConflictMonitor -------------------------------------------------------------------------------------------

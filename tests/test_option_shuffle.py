@@ -162,11 +162,11 @@ def test_the_evaluated_rows_make_every_one_letter_answer_score_a_third_in_each_c
 @needs_bbq
 def test_a_run_evaluates_the_balanced_rows():
     from grpo.config.command_line import parse_trainer_argv
-    from grpo.run.assembly.samples import load_samples, split_by_task
+    from grpo.run.assembly.samples import load_samples, group_by_task
 
     cfg = parse_trainer_argv(["--preset", "smollm2-dual", "--data.data_dir", str(BBQ_DIR.parent)], "t", "t")[0]
     rows = load_samples(cfg.data, cfg.train.seed)
-    _, heldout = split_by_task(rows.train, rows.heldout, cfg.data)
+    _, heldout = group_by_task(rows.train, rows.heldout, cfg.data)
     bbq = heldout["fairness"]
     assert len(bbq) == cfg.data.eval_size
     for condition in ("ambig", "disambig"):

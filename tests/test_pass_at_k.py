@@ -10,7 +10,7 @@ import torch
 
 import grpo_train as G
 from grpo.core.pass_at_k import guess_pass_at_k, mean_pass_at_k, pass_at_k
-from grpo.core.records import Scored
+from grpo.core.step_types import Scored
 from grpo.phases.coverage import pass_at_k_eval
 from tests.trainer_helpers import fast_config
 

@@ -59,7 +59,7 @@ def policy(converted):
 
 
 def user(text: str, i: int = 0):
-    from grpo.core.records import Sample
+    from grpo.core.step_types import Sample
 
     return Sample("fairness", str(i), ({"role": "user", "content": text},))
 
@@ -111,7 +111,7 @@ def test_the_end_of_turn_token_stops_a_rollout_and_is_trained_on_though_it_is_al
     import torch
 
     from grpo.phases.batch import build_train_batch
-    from grpo.core.records import Scored
+    from grpo.core.step_types import Scored
     from grpo.config import RolloutConfig
     from grpo.phases.generate import greedy_complete
 
@@ -133,7 +133,7 @@ def test_the_end_of_turn_token_stops_a_rollout_and_is_trained_on_though_it_is_al
 def test_the_lean_loop_with_fast_steps_decodes_what_generate_decodes(policy, do_sample, monkeypatch):
     import grpo.models.decode
     from grpo.config import RolloutConfig
-    from grpo.phases.generate import Draw, generate_rollouts, greedy_complete
+    from grpo.phases.generate import SamplingPlan, generate_rollouts, greedy_complete
 
     made: list[str] = []
     shipped = grpo.models.decode.make_steps
@@ -145,7 +145,7 @@ def test_the_lean_loop_with_fast_steps_decodes_what_generate_decodes(policy, do_
         rollout_cfg = RolloutConfig(k=2, max_new_tokens=8, temperature=1.0, engine=engine)
         if do_sample:
             rollouts, _ = generate_rollouts(policy.model, policy.tokenizer, samples, rollout_cfg,
-                                            draw=Draw(generator_seed=7))
+                                            plan=SamplingPlan(generator_seed=7))
         else:  # greedy: one completion per prompt, each prompt twice so rows still leave the batch midway
             rollouts, _ = greedy_complete(policy.model, policy.tokenizer, [s for s in samples for _ in range(2)],
                                           rollout_cfg)
@@ -440,7 +440,7 @@ def test_smollm2_dual_warm_up_demonstrates_both_tasks_within_the_target_cap(conv
 
     from grpo import config as C
     from grpo.phases.sft import sft_examples, stratified
-    from grpo.run.assembly.samples import load_samples, split_by_task
+    from grpo.run.assembly.samples import load_samples, group_by_task
     from tests.conftest import SHARED_DATA
 
     from transformers import AutoTokenizer
@@ -450,7 +450,7 @@ def test_smollm2_dual_warm_up_demonstrates_both_tasks_within_the_target_cap(conv
     tokenizer = AutoTokenizer.from_pretrained(converted)
     cfg = C.load_config("smollm2-dual", [f"data.data_dir={SHARED_DATA}"])
     rows = load_samples(cfg.data, 0, cfg.tasks)
-    train, _ = split_by_task(rows.train, rows.heldout, cfg.data)
+    train, _ = group_by_task(rows.train, rows.heldout, cfg.data)
     with_target = [x for t in sorted(train) for x in train[t] if x.target]
     whole = sft_examples(tokenizer, with_target, None)
     cut = sft_examples(tokenizer, with_target, None, cfg.sft.max_target_tokens)

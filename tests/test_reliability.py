@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 import grpo_train as G
-from grpo.core.records import Sample
+from grpo.core.step_types import Sample
 from grpo.run.assembly.samples import duplicate_report, load_samples
 from grpo import config as C
 from tests.trainer_helpers import TINY_CLI as TINY, blocks_fresh_start, cli_output
@@ -120,7 +120,7 @@ def test_duplicate_rows_and_ids_are_warned_with_counts(tmp_path, kind):
 def test_all_rows_sharing_one_id_names_the_id_in_the_error(tmp_path):
     rows = [{"task": "qa", "id": "same", "prompt": f"question {i}?"} for i in range(20)]
     path = _jsonl(tmp_path / "rows.jsonl", rows)
-    from grpo.data.jsonio import stable_hash01
+    from grpo.data.heldout_split import stable_hash01
 
     frac = 0.5 if stable_hash01("same") < 0.5 else 0.99  # the one id lands on the held-out side
     assert stable_hash01("same") < frac
@@ -322,8 +322,8 @@ def test_a_working_judge_is_called_once_per_judged_task_before_the_model(tmp_pat
 
 
 def test_fallback_shares_count_the_fallback_providers():
-    from grpo.core.records import Rollout
-    from grpo.core.records import Scored
+    from grpo.core.step_types import Rollout
+    from grpo.core.step_types import Scored
     from grpo.grading.scoring import RewardSpec, check_fallback_share, fallback_shares
 
     def scored(task, provider):

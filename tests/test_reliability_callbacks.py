@@ -21,7 +21,7 @@ import torch
 
 from grpo import config as C
 from grpo.core.advantages import group_advantages
-from grpo.core.records import Rollout, Sample
+from grpo.core.step_types import Rollout, Sample
 from grpo.data.batching import check_prompts_per_step
 from grpo.data.sources import TaskSource, load_sources
 from grpo.data.tables import DataSourceError, read_tables

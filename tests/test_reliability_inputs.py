@@ -153,7 +153,7 @@ def test_a_template_that_reaches_into_objects_is_refused_at_config_load(template
 
 def test_templates_are_filled_by_plain_substitution_only():
     from grpo.config.templates import TemplateError, fill, placeholders
-    from grpo.data.jsonio import TemplateFieldError, fill_template
+    from grpo.data.row_fields import TemplateFieldError, fill_template
 
     row = {"q": "What is 2+2?", "n": 3, "items": [1, 2]}
     assert fill_template("Q: {q} ({n}) {items} {{literal}}", row, "t") == "Q: What is 2+2? (3) [1, 2] {literal}"
@@ -279,9 +279,9 @@ def test_log_probs_and_their_gradient_stay_finite_at_the_smallest_temperature():
 
 
 def test_a_rollout_of_the_tiny_model_at_every_sampling_bound_runs():
-    from grpo.core.records import Sample
+    from grpo.core.step_types import Sample
     from grpo.models.modeling import build_tiny_model, build_tiny_tokenizer
-    from grpo.phases.generate import Draw, generate_rollouts
+    from grpo.phases.generate import SamplingPlan, generate_rollouts
 
     tok = build_tiny_tokenizer(["the answer is yes", "the answer is no"] * 5, vocab_size=300)
     model = build_tiny_model(tok, seed=0, hidden=32, layers=1, heads=2, kv_heads=1)
@@ -289,7 +289,7 @@ def test_a_rollout_of_the_tiny_model_at_every_sampling_bound_runs():
     rollout = C.RolloutConfig(k=2, max_new_tokens=6, temperature=C.MIN_TEMPERATURE,
                               repetition_penalty=1 / C.MAX_REPETITION_PENALTY,
                               presence_penalty=-C.MAX_LOGIT_PENALTY, frequency_penalty=-C.MAX_LOGIT_PENALTY)
-    rollouts, metrics = generate_rollouts(model, tok, samples, rollout, draw=Draw(generator_seed=0))
+    rollouts, metrics = generate_rollouts(model, tok, samples, rollout, plan=SamplingPlan(generator_seed=0))
     assert len(rollouts) == 2 and metrics["rollout/nonfinite_logit_rows"] == 0
 
 
@@ -383,7 +383,7 @@ def test_a_csv_task_under_an_unusable_datasets_cache_names_the_variable(tmp_path
 
 @pytest.mark.parametrize("where", ["inside", "the folder", "a parent"])
 def test_cache_error_names_a_file_error_on_the_cache_or_its_parents(tmp_path, monkeypatch, where):
-    from grpo.data.files import cache_error
+    from grpo.core.plumbing import cache_error
 
     cache = tmp_path / "home" / ".cache" / "huggingface"
     path = {"inside": cache / "token", "the folder": cache, "a parent": tmp_path / "home"}[where]

@@ -246,7 +246,7 @@ def test_fp16_on_the_cpu_is_named_not_dropped_silently(user):
 
 @pytest.mark.parametrize("over", [1, 100_000, 10**30])
 def test_train_threads_above_the_processs_cpus_is_refused_before_the_data_loads(user, over):
-    from grpo.models.host import cpu_share
+    from grpo.models.host_resources import cpu_share
 
     threads = str(cpu_share().affinity + over)  # 64 on 2 CPUs ran silently, 100000 and 10**30 failed late
     text = refused(user, "--train.threads", threads)
@@ -327,8 +327,8 @@ def test_an_unknown_chat_role_in_a_task_file_is_a_bad_row_named_by_file_and_line
 
 
 def test_a_role_the_models_template_refuses_names_the_row_not_jinja(tmp_path):
-    from grpo.core.records import Sample
-    from grpo.data.jsonio import DataFileError
+    from grpo.core.step_types import Sample
+    from grpo.data.json_rows import DataFileError
     from grpo.models.modeling import build_tiny_tokenizer
     from grpo.run.assembly.samples import prompt_tokens
 

@@ -5,7 +5,7 @@ import torch
 
 from grpo.config import ConfigError, ModelConfig, RolloutConfig
 from grpo.models.modeling import build_tiny_model, build_tiny_tokenizer
-from grpo.core.records import Rollout, Sample
+from grpo.core.step_types import Rollout, Sample
 from grpo.models.decode import (
     NAN_LOGIT,
     NEGINF_LOGIT,
@@ -14,7 +14,7 @@ from grpo.models.decode import (
     SanitizeLogitsProcessor,
 )
 from grpo.phases.generate import (
-    Draw,
+    SamplingPlan,
     STATIC_PROMPT_BUCKET,
     build_generation_config,
     generate_rollouts,
@@ -57,7 +57,7 @@ def greedy(model, tok, samples, **kw):
 
 def sample(model, tok, samples, seed, k=2, **kw):
     rollout = RolloutConfig(k=k, max_new_tokens=NEW, min_new_tokens=NEW, **kw)
-    return generate_rollouts(model, tok, samples, rollout, draw=Draw(generator_seed=seed))[0]
+    return generate_rollouts(model, tok, samples, rollout, plan=SamplingPlan(generator_seed=seed))[0]
 
 
 def repeat(ids, k=2):

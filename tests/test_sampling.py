@@ -9,8 +9,8 @@ import torch
 
 from grpo.config import RolloutConfig
 from grpo.models.modeling import build_tiny_model, build_tiny_tokenizer
-from grpo.core.records import Sample
-from grpo.phases.generate import Draw, generate_rollouts, greedy_complete
+from grpo.core.step_types import Sample
+from grpo.phases.generate import SamplingPlan, generate_rollouts, greedy_complete
 from grpo.models.sampling import (SeededSampler, keyed_choice, race_scores, row_keys, splitmix64, splitmix64_int,
                                   uniforms)
 
@@ -149,7 +149,7 @@ SAMPLES = [Sample("fairness", str(i), ({"role": "user", "content": text},))
 
 def seeded(model, tok, samples, indices, step=1, **kw):
     rollout = RolloutConfig(k=3, max_new_tokens=10, min_new_tokens=10, **kw)
-    rollouts, _ = generate_rollouts(model, tok, samples, rollout, draw=Draw(row_keys=row_keys(0, step, indices, 3)))
+    rollouts, _ = generate_rollouts(model, tok, samples, rollout, plan=SamplingPlan(row_keys=row_keys(0, step, indices, 3)))
     return [r.completion_ids for r in rollouts]
 
 
@@ -183,7 +183,7 @@ def test_seeded_token_frequencies_follow_the_model(model, tok):
         p = torch.softmax(model(torch.tensor([prompt])).logits[0, -1].double(), -1)
     n = 600
     rollout = RolloutConfig(k=n, max_new_tokens=1)  # no min_new_tokens: the stop token keeps its probability
-    rollouts, _ = generate_rollouts(model, tok, SAMPLES[:1], rollout, draw=Draw(row_keys=row_keys(3, 0, [0], n)))
+    rollouts, _ = generate_rollouts(model, tok, SAMPLES[:1], rollout, plan=SamplingPlan(row_keys=row_keys(3, 0, [0], n)))
     counts = torch.bincount(torch.tensor([r.completion_ids[0] for r in rollouts]), minlength=p.numel()).double()
     top = torch.argsort(p, descending=True)[:3]  # the three likeliest tokens: observed share within 4.5 sigma
     for v in top.tolist():

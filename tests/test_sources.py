@@ -13,7 +13,7 @@ import pytest
 datasets = pytest.importorskip("datasets")
 
 from grpo.data.sources import DataSourceError, TaskSource, load_source_samples, load_sources  # noqa: E402
-from grpo.data.jsonio import stable_hash01  # noqa: E402
+from grpo.data.heldout_split import stable_hash01  # noqa: E402
 from grpo.data.tables import HUB_PROBE_TIMEOUT_S  # noqa: E402
 
 ROWS = [
@@ -223,7 +223,7 @@ def test_the_custom_tasks_doc_example_loads_and_its_reward_agrees_with_its_targe
     import re
     from pathlib import Path
 
-    from grpo.core.records import Rollout
+    from grpo.core.step_types import Rollout
 
     root = Path(__file__).resolve().parents[1]
     blocks = re.findall(r"```python\n(.*?)```", (root / "docs" / "CUSTOM_TASKS.md").read_text(), re.S)

@@ -1,4 +1,4 @@
-"""The lean loop's decoding steps (grpo/models/steppers.py): FastSteps, the Llama family's layers called one by one over
+"""The lean loop's decoding steps (grpo/models/decode_steps.py): FastSteps, the Llama family's layers called one by one over
 in-place KV buffers, gives the logits of the model's whole forward bit for bit; and it is only used where it applies."""
 
 import pytest
@@ -13,7 +13,7 @@ from transformers import (
     Qwen3Config,
 )
 
-from grpo.models.steppers import FastSteps, HFSteps, fast_steps_blocker, make_steps
+from grpo.models.decode_steps import FastSteps, HFSteps, fast_steps_blocker, make_steps
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 V = 97

@@ -11,7 +11,7 @@ import torch
 
 from grpo.config import LossConfig
 from grpo.core.losses import top_entropy_mask
-from grpo.core.records import Rollout, Sample, Scored
+from grpo.core.step_types import Rollout, Sample, Scored
 from grpo.models.modeling import build_tiny_model, build_tiny_tokenizer
 from grpo.phases.batch import batch_entropies, build_train_batch
 from grpo.phases.update import Learner, StepSettings, update_passes

@@ -9,7 +9,7 @@ import json
 import pytest
 
 from grpo.config import ConfigError, RolloutConfig
-from grpo.core.records import Sample
+from grpo.core.step_types import Sample
 from grpo.models.modeling import build_tiny_model, build_tiny_tokenizer
 from grpo.phases import environments as E
 from grpo.phases import tools as T
@@ -241,7 +241,7 @@ def test_a_rollout_crosses_processes_without_its_environment():
     import pickle
     import threading
 
-    from grpo.core.records import Rollout
+    from grpo.core.step_types import Rollout
 
     game = GuessingGame()
     game.lock = threading.Lock()

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from grpo.config import RolloutConfig
-from grpo.core.records import Sample
+from grpo.core.step_types import Sample
 from grpo.core.tool_calls import DEFAULT_FORMAT, CallFormat, parse_tool_calls
 from grpo.models.modeling import build_tiny_model, build_tiny_tokenizer
 from grpo.phases import tools as T
@@ -159,7 +159,7 @@ def test_a_rollout_reads_and_runs_a_call_in_the_templates_own_format(template, m
 
     monkeypatch.setattr(T, "decoder", lambda *a, **k: fake)
     sample = Sample(task="calc", id="0", messages=({"role": "user", "content": "What is 12*3?"},))
-    [r], _ = T.tool_rollouts(model, tok, [sample], RolloutConfig(max_new_tokens=64), tools=box, draw=GREEDY)
+    [r], _ = T.tool_rollouts(model, tok, [sample], RolloutConfig(max_new_tokens=64), tools=box, plan=GREEDY)
     assert [m["role"] for m in r.messages] == ["assistant", "tool", "assistant"] and r.messages[1]["content"] == "36"
     assert r.messages[0]["tool_calls"][0]["function"] == {"name": "calculator", "arguments": {"expression": "12*3"}}
     assert (r.tool_use.n_calls, r.tool_use.n_failures, r.text) == (1, 0, "the answer is 36")

@@ -16,12 +16,12 @@ import torch
 
 from grpo.config import ConfigError, LossConfig, RolloutConfig
 from grpo.core.losses import aggregate, kl_penalty, policy_loss
-from grpo.core.records import Sample, Scored
+from grpo.core.step_types import Sample, Scored
 from grpo.core.tool_calls import parse_tool_calls
 from grpo.models.modeling import build_tiny_model, build_tiny_tokenizer
 from grpo.phases import tools as T
 from grpo.phases.batch import batch_logprobs, build_train_batch
-from grpo.phases.generate import GREEDY, Draw
+from grpo.phases.generate import GREEDY, SamplingPlan
 from grpo.phases.update import micro_batch_terms
 from tests.trainer_helpers import assert_resume_is_bit_identical, call_text, fast_config
 
@@ -135,7 +135,7 @@ def test_the_turn_limit_ends_a_trajectory_that_keeps_calling(tok, model, box, mo
     call = reply(tok, call_text("calculator", {"expression": "2*3"}))
     scripted(monkeypatch, [[call, call, call]])
     [r], metrics = T.tool_rollouts(model, tok, [sample()], RolloutConfig(k=2, max_tool_turns=2), tools=box,
-                                   draw=GREEDY)
+                                   plan=GREEDY)
     assert r.tool_use.turns == 3 and r.tool_use.cut_by_limit and r.tool_use.n_calls == 3  # the last call never ran
     assert [m["role"] for m in r.messages] == ["assistant", "tool", "assistant", "tool", "assistant"]
     assert metrics["tools/cut_by_limit"] == 1.0 and metrics["tools/turns"] == 3.0
@@ -145,7 +145,7 @@ def test_the_token_budget_ends_a_trajectory_before_a_result_it_cannot_hold(tok, 
     call = reply(tok, call_text("calculator", {"expression": "2*3"}))
     scripted(monkeypatch, [[call]])
     rollout = RolloutConfig(k=2, max_new_tokens=len(call), max_trajectory_tokens=len(call) + 2)
-    [r], _ = T.tool_rollouts(model, tok, [sample()], rollout, tools=box, draw=GREEDY)
+    [r], _ = T.tool_rollouts(model, tok, [sample()], rollout, tools=box, plan=GREEDY)
     assert list(r.completion_ids) == call and r.tool_use.cut_by_limit and r.tool_use.n_calls == 1
 
 
@@ -185,7 +185,7 @@ def test_tool_rollouts_on_the_tiny_model_decode_every_turn_from_the_exact_ids(to
     monkeypatch.setattr(T, "decoder", lambda *a, **k: first_turn_calls)
     keys = [11, 12, 13, 14]
     rollouts, metrics = T.tool_rollouts(model, tok, [sample(0), sample(1)], RolloutConfig(k=2, max_new_tokens=8),
-                                        tools=box, draw=Draw(row_keys=keys))
+                                        tools=box, plan=SamplingPlan(row_keys=keys))
     assert len(seen) == 2 and seen[0][1] == keys and seen[1][1] == T.turn_keys([11, 13], 1)
     for i in (0, 2):
         suffix = T.tool_suffix_ids(tok, [{"role": "tool", "name": "calculator", "content": "12"}])

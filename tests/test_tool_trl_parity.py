@@ -10,7 +10,7 @@ from types import SimpleNamespace
 import pytest
 
 from grpo.config import ConfigError, RolloutConfig
-from grpo.core.records import Sample
+from grpo.core.step_types import Sample
 from grpo.models.modeling import build_tiny_model, build_tiny_tokenizer
 from grpo.phases import tools as T
 from grpo.phases.generate import GREEDY
@@ -94,7 +94,7 @@ def our_rounds(tok, model, monkeypatch, max_tool_turns: int, cap: int = 50) -> t
     box = T.ToolBox(T.resolve_tools([ping]), timeout_s=5.0, max_result_tokens=16)
     RUNS.clear()
     T.tool_rollouts(model, tok, [Sample(task="t", id="0", messages=({"role": "user", "content": "go"},))],
-                    RolloutConfig(max_new_tokens=64, max_tool_turns=max_tool_turns), tools=box, draw=GREEDY)
+                    RolloutConfig(max_new_tokens=64, max_tool_turns=max_tool_turns), tools=box, plan=GREEDY)
     return len(RUNS), len(replies)
 
 

@@ -263,7 +263,7 @@ def test_nan_loss_is_skipped_and_training_stops_after_k_bad_steps(tmp_path, monk
     """An injected NaN loss is caught (the step is skipped, weights untouched); K bad steps in a row stop the run
     with a message that names what to change."""
     import grpo.phases.update as U
-    from grpo.core.health import TrainingUnstable
+    from grpo.core.weight_guard import TrainingUnstable
 
     run = G.setup(fast_config(tmp_path, "train.max_consecutive_bad=2"))
     real = U.bound_policy_loss

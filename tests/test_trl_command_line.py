@@ -84,7 +84,7 @@ def test_a_trl_grpo_yaml_and_its_flags_plan_the_run_of_train_with_grpo_config_an
     import datasets
     import peft
 
-    from grpo.grading.graders import import_callable
+    from grpo.core.plumbing import import_callable
     from grpo.run.api import python_config
 
     path = trl_yaml(tmp_path)
@@ -247,8 +247,8 @@ def test_datasets_are_read_as_trls_script_reads_them(tmp_path):
 
 
 def test_reward_funcs_are_trls_registry_or_import_paths_weighed_by_reward_weights(tmp_path, monkeypatch, capsys):
+    from grpo.core.plumbing import import_callable
     from grpo.grading import trl_rewards
-    from grpo.grading.graders import import_callable
 
     rows = write_jsonl(tmp_path / "rows.jsonl", ROWS_IN)
     (tmp_path / "my_rewards.py").write_text("def short(completions, **kw):\n    return [0.0 for _ in completions]\n")

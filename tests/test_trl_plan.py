@@ -214,7 +214,7 @@ def test_our_loss_is_trls_compute_loss(name, tmp_path, monkeypatch):
     advantages and mask, for every loss_type TABLE translates: off-policy ratios (some clipped), negative and positive
     advantages, completions of different lengths."""
     from grpo.core.losses import aggregate
-    from grpo.core.records import TrainBatch
+    from grpo.core.step_types import TrainBatch
     from grpo.phases import update
 
     args = trl_args({"max_steps": 1, **LOSSES[name]}, tmp_path)

@@ -269,7 +269,7 @@ def torn_metrics(tmp, mp):
 
 
 def numerics(tmp, mp):
-    from grpo.core.health import WeightGuard
+    from grpo.core.weight_guard import WeightGuard
 
     guard = WeightGuard([torch.nn.Parameter(torch.ones(2))], max_consecutive=5)
 
@@ -358,7 +358,7 @@ def dual_missing_task(tmp, mp):
 
 
 def duplicate_rows(tmp, mp):
-    from grpo.core.records import Sample
+    from grpo.core.step_types import Sample
     from grpo.run.assembly.samples import duplicate_report
 
     rows = [Sample(task="qa", id=i, messages=({"role": "user", "content": "q"},)) for i in "abcabc"]

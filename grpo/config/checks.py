@@ -1,8 +1,8 @@
 """The config layer's base: `ConfigError`, the field checks every section runs (`_check`, `_one_of`, naming the field,
 the bad value and the fix) and the bounds on numbers that scale logits, losses and weights, with the reason for each.
 
-Standard library only. The section dataclasses are grpo/config/model_data.py's (model, data, tasks.<task>,
-reward_models.<name>), grpo/config/rollout_loss.py's (rollout, loss, kl.<task>, multi) and grpo/config/sections.py's
+Standard library only. The section dataclasses are grpo/config/input_sections.py's (model, data, tasks.<task>,
+reward_models.<name>), grpo/config/algorithm_sections.py's (rollout, loss, kl.<task>, multi) and grpo/config/sections.py's
 (train, sft, judge, checkpoint and the whole `Config`); grpo/config/__init__.py re-exports every name of them.
 """
 

@@ -6,7 +6,7 @@
                                                                  flags, which the run layer translates), when given
     anything else (--preset, --print-config, --help-all, ...) -> left for the entry point's own argparse parser
 
-Standard library only; the schema and its validation are grpo/config/sections.py's (and its parts'), `load_config` grpo/config/__init__.py's, the presets grpo/config/presets.py's.
+Standard library only; the schema and its validation are grpo/config/sections.py's (and its parts'), `load_config` grpo/config/building.py's, the presets grpo/config/presets.py's.
 """
 
 from __future__ import annotations
@@ -295,7 +295,7 @@ DEFAULT_PRESET = "demo"
 def describe_fields(preset: str = DEFAULT_PRESET) -> str:
     """Every field with its type, its value under `preset` (what a run gets without an override; "set by preset X"
     where the preset changes the dataclass default) and its docstring (read from the source of the module that defines
-    each section class: grpo/config/sections.py, model_data.py, rollout_loss.py), for --help.
+    each section class: grpo/config/sections.py, input_sections.py, algorithm_sections.py), for --help.
     Per-task sections: the generic `kl.<task>` fields with the preset's kl.default values, then the preset's own
     `kl.<task>` and `rewards.<task>` entries. Raises ConfigError for an unknown preset."""
     docs: dict[str, dict[str, str]] = {}

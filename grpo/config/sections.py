@@ -5,8 +5,8 @@ each class's module) and their checks.
 
 Standard library only, the bottom layer: grpo modules may import it, it imports nothing of theirs. The config in parts:
 `ConfigError`, `_check` and the bounds are grpo/config/checks.py's; the model, data, tasks.<task> and
-reward_models.<name> sections grpo/config/model_data.py's; rollout, loss, kl.<task> and multi
-grpo/config/rollout_loss.py's.
+reward_models.<name> sections grpo/config/input_sections.py's; rollout, loss, kl.<task> and multi
+grpo/config/algorithm_sections.py's.
 Validation happens in `__post_init__`; every error is a `ConfigError` that names the field, the bad value and the fix.
 Names that a registry implements (loss names, controllers, engines, ...) are checked against that registry by
 grpo/run/assembly/config_check.py, which the entry points run right after `load_config`. Building a Config from presets,
@@ -20,8 +20,8 @@ from dataclasses import dataclass, field
 
 from grpo.config.checks import (JUDGE_RATE_MAX_STEP_S, MAX_LOSS_WEIGHT, MAX_LR, MAX_SEED, _check, _env_name,
                                  _inside_folder, _one_of)
-from grpo.config.model_data import DataConfig, ModelConfig, RewardModelConfig, TaskSourceConfig
-from grpo.config.rollout_loss import LossConfig, MultiConfig, RolloutConfig, TaskKLConfig
+from grpo.config.input_sections import DataConfig, ModelConfig, RewardModelConfig, TaskSourceConfig
+from grpo.config.algorithm_sections import LossConfig, MultiConfig, RolloutConfig, TaskKLConfig
 
 LR_SCHEDULERS = ("constant", "linear", "cosine")
 """train.lr_scheduler values (grpo/run/step_owners.lr_factor computes each)."""
@@ -83,7 +83,7 @@ class TrainConfig:
     """torch's intra-op CPU threads. 0 = the whole cores this process may use: its CPU affinity mask, capped by its
     cgroup CPU quota (a container's --cpus) rounded down, not the machine's core count; a lower count set before the
     run (OMP_NUM_THREADS, torch.set_num_threads) is kept. The start of the run prints the count and why
-    (grpo/models/host.py)."""
+    (grpo/models/host_resources.py)."""
     sharding: str = "auto"
     """Under several processes: none (every process holds the whole model, DDP) | fsdp (FSDP2 full shard of the
     model and the reference over the processes; full fine-tuning, multi.combine=sum) | auto (fsdp when the

@@ -5,7 +5,7 @@ A template is text with `{name}` placeholders, each replaced by the named field'
 items and `{a!r:>{b}}` through conversions and nested specs: a template read from a config file or a data folder must
 never reach into the objects it is filled from, so every placeholder that is not one plain name is refused, when the
 config is loaded (grpo/config/settings.TaskSourceConfig.validate) and again when the template is filled.
-Standard library only, beside grpo/config/__init__.py.
+Standard library only, beside grpo/config/building.py.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """The clipped policy losses' ratio bounds: their defaults and their rules, in one place that the loss section of the
-config (grpo/config/rollout_loss.py LossConfig) and the losses themselves (grpo/core/losses.py) both read, so a config
+config (grpo/config/algorithm_sections.py LossConfig) and the losses themselves (grpo/core/losses.py) both read, so a config
 and a direct call refuse the same values. Standard library only: the config layer stays free of torch.
 
 A bound of 0 puts that side of the clip at ratio 1: every token whose ratio moved the way its advantage pushes it is

@@ -27,7 +27,7 @@ BAND_BETA_MAX = 10.0
 """Default ceiling for BandKL: past ~10 the KL term swamps any reward signal of order 1."""
 
 
-Rule = tuple[str, Callable[[dict[str, Any]], bool], str]
+ArgumentRule = tuple[str, Callable[[dict[str, Any]], bool], str]
 """(argument, predicate over all the arguments, what a valid value looks like)."""
 
 
@@ -35,11 +35,11 @@ def _finite(v: Any) -> bool:
     return isinstance(v, (int, float)) and math.isfinite(v)
 
 
-def _positive(name: str) -> Rule:
+def _positive(name: str) -> ArgumentRule:
     return name, lambda a: _finite(a[name]) and a[name] > 0, "must be a finite number > 0"
 
 
-RULES: dict[str, tuple[Rule, ...]] = {
+RULES: dict[str, tuple[ArgumentRule, ...]] = {
     "fixed": (("beta", lambda a: _finite(a["beta"]) and a["beta"] >= 0,
                "must be a finite number ≥ 0 (0 disables the KL term)"),),
     "adaptive": (_positive("beta"), _positive("target"), _positive("horizon"), _positive("n_steps")),

@@ -11,7 +11,7 @@ import random
 from typing import Any, Mapping, Sequence
 
 from grpo.config import field_error
-from grpo.core.records import Sample
+from grpo.core.step_types import Sample
 from grpo.data.bbq import for_epoch
 
 

@@ -20,8 +20,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from grpo.core.records import Sample
-from grpo.data.jsonio import LoadResult, RecordsRead, fill_template, missing_fields, read_records
+from grpo.core.step_types import Sample
+from grpo.data.json_rows import LoadResult, RecordsRead, read_records
+from grpo.data.row_fields import fill_template, missing_fields
 
 BBQ_CATEGORIES = (
     "Age", "Disability_status", "Gender_identity", "Nationality", "Physical_appearance", "Race_ethnicity",
@@ -266,10 +267,10 @@ def with_ambiguous_share(samples: Sequence[Sample], share: float, seed: int) -> 
     return [s for i, s in enumerate(samples) if i not in dropped]
 
 
-Row = tuple[int, dict[str, Any]]  # (1-based line, parsed row)
+NumberedRow = tuple[int, dict[str, Any]]  # (1-based line, parsed row)
 
 
-def stratified_pick(rows: list[Row], n: int | None, seed: int, category: str) -> list[Row]:
+def stratified_pick(rows: list[NumberedRow], n: int | None, seed: int, category: str) -> list[NumberedRow]:
     """n rows spread equally over the 4 CELLS (deterministic given seed), in file order; all when n is None.
 
     Raises ValueError when a cell has fewer rows than its share (ask for a smaller n)."""
@@ -291,9 +292,9 @@ def stratified_pick(rows: list[Row], n: int | None, seed: int, category: str) ->
     return [rows[i] for i in sorted(picked)]  # file order: reproducible and easy to trace back
 
 
-def _valid_rows(read: RecordsRead) -> list[Row]:
+def _valid_rows(read: RecordsRead) -> list[NumberedRow]:
     """Rows with every required field, a known cell, a 0-2 label and exactly one unknown option."""
-    good: list[Row] = []
+    good: list[NumberedRow] = []
     for line, row in read.rows:
         missing = missing_fields(row, REQUIRED)
         if missing:

@@ -23,7 +23,7 @@ from __future__ import annotations
 import random
 import re
 
-from grpo.core.records import Sample
+from grpo.core.step_types import Sample
 
 OLDER = ["grandpa", "grandma"]
 YOUNGER = ["boy", "girl"]

@@ -18,8 +18,9 @@ from __future__ import annotations
 import json
 from typing import Any, Protocol, Sequence
 
-from grpo.core.records import Sample
-from grpo.data.jsonio import content_id, fill_template
+from grpo.core.step_types import Sample
+from grpo.data.heldout_split import content_id
+from grpo.data.row_fields import fill_template
 
 CHAT_ROLES = ("system", "user", "assistant", "tool", "developer", "ipython", "function")
 """The message roles chat templates know (Llama 3.1's ipython, OpenAI's developer and function among them): a row

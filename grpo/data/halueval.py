@@ -22,11 +22,11 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from grpo.core.records import Sample
+from grpo.core.step_types import Sample
 from grpo.core.rule_graders import token_f1
-from grpo.data.jsonio import (
-    DataFileError, LoadResult, TemplateFieldError, content_id, fill_template, missing_fields, read_records,
-)
+from grpo.data.heldout_split import content_id
+from grpo.data.json_rows import DataFileError, LoadResult, read_records
+from grpo.data.row_fields import TemplateFieldError, fill_template, missing_fields
 
 SUBSET_FIELDS: dict[str, tuple[str, ...]] = {
     "qa": ("knowledge", "question", "right_answer", "hallucinated_answer"),

@@ -1,7 +1,7 @@
 """Task data: one `DataSpec` (a config section, plain values) -> Samples, and the stable train / held-out split.
 
     load_task(spec) -> (samples, {"data/<task>/rows": n, "data/<task>/skipped": k})
-    split_samples(samples, heldout_fraction, salt) -> (train, heldout)
+    split_heldout_samples(samples, heldout_fraction, salt) -> (train, heldout)
 
 Split rule: held out iff int(sha256(salt:id)[:16 hex], 16) / 2**64 < heldout_fraction (stable on every machine).
 Loaders live in grpo/data/ (bbq.py, halueval.py); their prompt templates are module constants (BBQ_TEMPLATE,
@@ -15,17 +15,18 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Sequence
 
-from grpo.core.records import Sample
+from grpo.core.step_types import Sample
 from grpo.data.sources import DataSourceError, TaskSource, load_source_samples, load_sources
 from grpo.data.bbq import BBQ_CATEGORIES, BBQ_TEMPLATE, load_bbq
 from grpo.data.generic import row_to_sample
 from grpo.data.halueval import DEFAULT_MAX_DOC_CHARS, HALUEVAL_TEMPLATES, load_halueval
-from grpo.data.jsonio import DataFileError, LoadResult, read_records, split_by_id, stable_hash01
+from grpo.data.heldout_split import split_heldout, stable_hash01
+from grpo.data.json_rows import DataFileError, LoadResult, read_records
 
 __all__ = [
     "BBQ_CATEGORIES", "BBQ_TEMPLATE", "HALUEVAL_TEMPLATES", "DataFileError", "DataSourceError", "DataSpec",
     "LoadResult", "TaskSource", "load_bbq", "load_halueval", "load_source_samples", "load_sources", "load_task",
-    "read_records", "row_to_sample", "split_samples", "stable_hash01",
+    "read_records", "row_to_sample", "split_heldout_samples", "stable_hash01",
 ]
 
 KINDS = ("bbq", "halueval", "jsonl", "hf")
@@ -111,10 +112,10 @@ def _as_source(spec: DataSpec) -> TaskSource:
                       prompt_field=spec.hf_prompt_field, id_field=spec.hf_id_field, **common)
 
 
-def split_samples(
+def split_heldout_samples(
     samples: Sequence[Sample], heldout_fraction: float, salt: str = ""
 ) -> tuple[list[Sample], list[Sample]]:
     """(train, heldout), order kept: a sample is held out iff stable_hash01(sample.id, salt) < heldout_fraction.
 
     The side of an id never depends on the other rows, their order, the machine or the Python process."""
-    return split_by_id(list(samples), [s.id for s in samples], heldout_fraction, salt)
+    return split_heldout(list(samples), [s.id for s in samples], heldout_fraction, salt)

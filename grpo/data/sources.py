@@ -8,7 +8,7 @@ The task's name is the key (as for `kl.<task>` and `rewards.<task>`), never a fi
 Every form a source may take (a JSON / JSONL / CSV / Parquet file, a folder of them, a datasets builder over local
 files, a save_to_disk folder, a Hub id) is read by grpo/data/tables.py; every row then goes through the one
 column mapping of grpo/data/generic.py. Held-out rows: the source's `heldout` (a split name, or a second file or
-folder) when given, else the stable hash split of grpo/data/jsonio.py (a row is held out iff
+folder) when given, else the stable hash split of grpo/data/heldout_split.py (a row is held out iff
 sha256(salt:id) / 2**64 < heldout_fraction), per source, so adding a task never moves another task's rows.
 
 Errors: a source that cannot be read, a mapping that names a column the table lacks, or a source that yields no
@@ -24,9 +24,11 @@ from pathlib import Path
 from typing import Mapping, Sequence
 
 from grpo.config import TaskSourceConfig
-from grpo.core.records import Sample
+from grpo.core.step_types import Sample
 from grpo.data.generic import RowError, row_to_sample
-from grpo.data.jsonio import LoadResult, RecordsRead, TemplateFieldError, split_by_id
+from grpo.data.heldout_split import split_heldout
+from grpo.data.json_rows import LoadResult, RecordsRead
+from grpo.data.row_fields import TemplateFieldError
 from grpo.data.tables import DATA_SUFFIXES, DataSourceError, looks_like_hub_id, read_tables
 
 __all__ = ["DataSourceError", "Loaded", "TaskSource", "load_source_samples", "load_sources"]
@@ -152,7 +154,7 @@ def load_sources(sources: Mapping[str, TaskSource], heldout_fraction: float, sys
         samples, metrics = load_source_samples(task, source, system_prompt)
         loaded.metrics.update({k: v for k, v in metrics.items() if k.endswith("/skipped")})
         if not source.heldout:
-            train, heldout = split_by_id(samples, [s.id for s in samples], heldout_fraction, salt)
+            train, heldout = split_heldout(samples, [s.id for s in samples], heldout_fraction, salt)
         else:
             where = _name(task, source)
             path, split = _heldout_location(source, where)

@@ -6,7 +6,7 @@ Forms, detected from the path in this order:
   a save_to_disk folder     datasets.load_from_disk (a Dataset, or a DatasetDict and its split)
   a folder of data files    every .jsonl / .json / .csv / .tsv / .parquet / .arrow file under it, in path order,
                             each read as below
-  a .jsonl / .json file     grpo/data/jsonio.read_records: JSON lines, one array, or concatenated objects
+  a .jsonl / .json file     grpo/data/json_rows.read_records: JSON lines, one array, or concatenated objects
   a .csv / .tsv file        datasets "csv" builder, every column read as text; a UTF-8 byte-order mark (Excel's
                             "CSV UTF-8") is dropped; a row whose field count differs from the header's is an
                             error naming <file>:<line> (checked first: datasets' own error names no line)
@@ -34,8 +34,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
-from grpo.data.files import cache_error
-from grpo.data.jsonio import DataFileError, RecordsRead, read_records
+from grpo.core.plumbing import cache_error
+from grpo.data.json_rows import DataFileError, RecordsRead, read_records
 
 JSON_SUFFIXES = (".jsonl", ".json")
 BUILDER_OF_SUFFIX = {".csv": "csv", ".tsv": "csv", ".parquet": "parquet", ".arrow": "arrow"}

@@ -46,9 +46,6 @@ fixed text as completions) before the policy is loaded; every problem found is r
 from __future__ import annotations
 
 import asyncio
-import hashlib
-import importlib
-import importlib.util
 import inspect
 import json
 import math
@@ -62,9 +59,9 @@ from typing import Any, Callable, Mapping, Sequence
 
 import torch
 
-from grpo.config import did_you_mean
-from grpo.core.records import Rollout, Sample
+from grpo.core.plumbing import UserCodeError, did_you_mean, import_callable
 from grpo.core.rule_graders import GRADERS
+from grpo.core.step_types import Rollout, Sample
 
 JUDGE_TERM = "llm_judge"
 RULE_BOUNDS = (0.0, 1.0)
@@ -83,7 +80,6 @@ PREFLIGHT_TEXT = "I am not sure."  # an arbitrary reply: a grader must cope with
 TRAINER_STATE: dict[str, Any] = {"global_step": 0, "max_steps": 0}
 """What a reward function's `trainer_state` says (TRL passes its TrainerState): the optimizer steps taken before this
 step's completions were scored, and the run's; the trainer sets it before it scores each step (`set_trainer_state`)."""
-FILE_MODULE_PREFIX = "_grpo_grader_"  # private module names for graders imported from a file path
 USER_KINDS = ("row", "batched")
 """The grader kinds that are user functions: called under the time limit (module docstring)."""
 MAX_ABS_REWARD = 1e15
@@ -392,63 +388,6 @@ class Grader:
             raise GraderError(_exit_problem(err)) from err
 
 
-def _file_module(path: Path) -> Any:
-    """The module of a .py file under a private name (`FILE_MODULE_PREFIX` + stem + hash of the path), imported
-    once per process; sys.path stays as it is, so the file cannot shadow any other import."""
-    name = f"{FILE_MODULE_PREFIX}{path.stem}_{hashlib.sha256(str(path).encode()).hexdigest()[:8]}"
-    if name in sys.modules:
-        return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, path)
-    if spec is None or spec.loader is None:
-        raise GraderError(f"{path} cannot be imported as Python source")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module  # dataclasses and pickle look a class's module up here while the file runs
-    try:
-        spec.loader.exec_module(module)
-    except Exception as err:  # whatever the file raises at import is the user's error to see, named
-        del sys.modules[name]
-        raise GraderError(f"importing {path} raised {type(err).__name__}: {err}") from err
-    return module
-
-
-def import_callable(ref: str) -> Callable[..., Any]:
-    """The function of "package.module:function" or "path/to/file.py:function"."""
-    source, sep, attr = ref.rpartition(":")
-    if not sep or not source or not attr:
-        raise GraderError("write a module path 'package.module:function' or a file path 'path/to/file.py:function'")
-    if source.endswith(".py") or "/" in source or "\\" in source:
-        path = Path(source).expanduser().resolve()
-        if not path.is_file():
-            raise GraderError(f"file {path} not found")
-        module = _file_module(path)
-    else:
-        try:
-            module = importlib.import_module(source)
-        except ImportError as err:
-            raise GraderError(f"cannot import module {source!r} ({err}); give a file path 'path/to/file.py:{attr}' "
-                              "to import a file that is not on the Python path") from err
-        except Exception as err:  # the module itself failed while importing
-            raise GraderError(f"importing module {source!r} raised {type(err).__name__}: {err}") from err
-    fn = getattr(module, attr, None)
-    if not callable(fn):
-        own = [name for name, value in vars(module).items() if callable(value) and not name.startswith("_")
-               and getattr(value, "__module__", None) == module.__name__]  # its own functions, not its imports
-        raise GraderError(f"{source!r} has no callable {attr!r}{did_you_mean([attr], own)}")
-    return fn
-
-
-def importable_ref(fn: Any) -> str | None:
-    """"module:name" when `import_callable` of it gives `fn` back (a config file can then name it and a resumed run
-    find it again); None for a function of __main__, a notebook, a closure or a method."""
-    module, name = getattr(fn, "__module__", None), getattr(fn, "__qualname__", "")
-    if module in (None, "__main__") or not name or "." in name:
-        return None
-    try:
-        return f"{module}:{name}" if import_callable(f"{module}:{name}") is fn else None
-    except GraderError:
-        return None
-
-
 def wrap(name: str, fn: Callable[..., Any]) -> Grader:
     """A user function as a Grader, its kind read from its signature."""
     return Grader(name=name, kind=grader_kind(fn), fn=fn)
@@ -477,14 +416,14 @@ def resolve_grader(name: str, callables: Mapping[str, Callable[..., Any]] | None
                               "or 'path/to/file.py:function'")
         try:
             return wrap(name, import_callable(name))
-        except GraderError:
+        except (GraderError, UserCodeError):
             misread = _misread_weight(name, callables, reward_models)
             if misread is None:
                 raise
             grader, weight = misread
             raise GraderError(f"{weight!r} is not a number: a reward term is grader:weight, e.g. '{grader}:1.0' "
                               "(the weight is optional)") from None
-    except GraderError as err:
+    except (GraderError, UserCodeError) as err:
         raise GraderError(f"grader {name!r}: {err}") from err.__cause__
     except ValueError as err:  # a reward model that does not load
         raise GraderError(f"grader {name!r}: {err}") from err

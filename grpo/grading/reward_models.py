@@ -22,7 +22,7 @@ from typing import Any, Callable, Sequence
 import torch
 
 from grpo.config import RewardModelConfig, field_error
-from grpo.core.records import Rollout
+from grpo.core.step_types import Rollout
 
 PROMPT_JOIN = "\n\n"  # between message contents when the reward model's tokenizer has no chat template
 

@@ -24,7 +24,7 @@ from typing import Any, Mapping
 
 import torch
 
-from grpo.core.records import Rollout, Scored
+from grpo.core.step_types import Rollout, Scored
 from grpo.core.registry import Registry
 from grpo.grading.graders import JUDGE_TERM, MAX_ABS_REWARD, Grader, GraderError, resolve_graders
 from grpo.grading.judge import Judge, JudgeItem, JudgeResult

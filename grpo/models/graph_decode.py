@@ -70,7 +70,7 @@ from grpo.models.graph_state import (MUTABLE_FIELDS, DecodeState, StepSampling, 
                                      state_bytes, tracer_state)
 from grpo.models.modeling import base_model, generation_mode
 from grpo.models.sampling import keyed_choice
-from grpo.models.steppers import fast_steps_blocker
+from grpo.models.decode_steps import fast_steps_blocker
 from grpo.models.tokens import left_pad
 
 PROMPT_BUCKET = 64

@@ -1,6 +1,6 @@
 """Per-token log-probs of the sampled completion tokens: the one place that runs the model for training.
 
-Layout (see grpo/core/records.py): `input_ids_BL = [left-padded prompt (P columns) | right-padded completion (T columns)]`.
+Layout (see grpo/core/step_types.py): `input_ids_BL = [left-padded prompt (P columns) | right-padded completion (T columns)]`.
 The logits at column P − 1 + t predict completion token t.
 
 Formulas (one line each, with the source):

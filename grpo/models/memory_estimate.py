@@ -239,7 +239,7 @@ class EstimateInputs:
 
 
 @dataclass(frozen=True)
-class Estimate:
+class MemoryEstimate:
     """Bytes per part: `persistent` parts live in every phase, `phases[name]` parts only in that phase."""
 
     persistent: dict[str, int]
@@ -422,7 +422,7 @@ def graph_cache_budget(x: EstimateInputs) -> float:
     return slot if others + (1 + x.allocator_slack) * slot <= est.peak_bytes else 0.0
 
 
-def estimate(x: EstimateInputs) -> Estimate:
+def estimate(x: EstimateInputs) -> MemoryEstimate:
     """Bytes per part and phase for one RL step of `x` (see the module docstring for every formula)."""
     s, a = x.shape, act_bytes(x)
     counts = param_counts(s)
@@ -477,11 +477,11 @@ def estimate(x: EstimateInputs) -> Estimate:
     for parts in phases.values():
         parts[f"allocator slack ({x.allocator_slack:.0%})"] = x.allocator_slack * (non_context + sum(parts.values()))
     as_int = lambda d: {k: int(round(v)) for k, v in d.items()}  # noqa: E731
-    return Estimate(as_int(persistent), {p: as_int(d) for p, d in phases.items()},
+    return MemoryEstimate(as_int(persistent), {p: as_int(d) for p, d in phases.items()},
                     {"base": counts["total"], "trainable": n_train})
 
 
-def fits(est: Estimate, gpu_gb: float) -> bool:
+def fits(est: MemoryEstimate, gpu_gb: float) -> bool:
     """The peak phase fits in `gpu_gb` GiB."""
     return est.peak_bytes <= gpu_gb * GIB
 
@@ -569,7 +569,7 @@ def cheapest_fixes(x: EstimateInputs, gpu_gb: float, n: int = 3, max_combo: int 
     return lines
 
 
-def format_table(est: Estimate, gpu_gb: float | None = None) -> str:
+def format_table(est: MemoryEstimate, gpu_gb: float | None = None) -> str:
     """A plain-text table: persistent parts, then each phase's own parts and total, the peak, and the verdict."""
     gib = lambda b: f"{b / GIB:9.2f}"  # noqa: E731
     width = max(len(k) for d in [est.persistent, *est.phases.values()] for k in d) + 4

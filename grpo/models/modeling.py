@@ -22,7 +22,7 @@ import torch
 from torch import nn
 
 from grpo.config import ModelConfig, field_error  # load_policy reads the model section itself (one home)
-from grpo.data.files import cache_error, writing
+from grpo.core.plumbing import cache_error, writing
 
 TINY_NAME = "builtin:tiny"
 """`load_policy` name that builds the tiny model and tokenizer in code (tests and CPU smoke runs)."""

@@ -33,8 +33,8 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 from grpo.config import ConfigError
-from grpo.data.files import fsync as _fsync
-from grpo.data.files import sha256 as _sha256
+from grpo.core.plumbing import fsync as _fsync
+from grpo.core.plumbing import sha256 as _sha256
 
 
 @dataclass(frozen=True)
@@ -69,7 +69,7 @@ HASH_PREFIX_CHARS = 12
 CONVERTER_MODULE = "gguf"
 """Module that transformers' GGUF loader imports; needed only while converting."""
 
-Converter = Callable[[Path, Path], None]
+GgufConverter = Callable[[Path, Path], None]
 """(source GGUF, empty output folder) -> None: writes the Hugging Face files of the model into the folder."""
 
 
@@ -169,7 +169,7 @@ def _writable(root: Path) -> None:
         raise ModelCacheError(f"model cache {root} is not writable ({e}); {cache_fix()}") from None
 
 
-def resolve_model_name(name: str, root: Path | None = None, convert: Converter | None = None) -> str:
+def resolve_model_name(name: str, root: Path | None = None, convert: GgufConverter | None = None) -> str:
     """The local folder to load for model.name `name`: a catalog name is converted on first use (see the module
     docstring) and its cache folder returned; any other name comes back unchanged. `root`: the cache folder
     (default `cache_root()`); `convert`: the converter (default `convert_gguf`)."""
@@ -222,7 +222,7 @@ def _write_checksums(folder: Path, source: Path, source_sha: str) -> None:
     _fsync(folder)
 
 
-def ensure_converted(folder: Path, source: Path, source_sha: str, convert: Converter) -> Path:
+def ensure_converted(folder: Path, source: Path, source_sha: str, convert: GgufConverter) -> Path:
     """`folder`, converted from `source` if it is not already complete: under a file lock (other processes wait),
     into a temporary folder beside it that is checksummed, fsynced and renamed into place. A corrupt `folder` is
     removed and rebuilt; leftovers of conversions killed midway are removed."""
@@ -263,7 +263,7 @@ def _try_acquire(lock) -> bool:
         return False
 
 
-def _convert_into_place(folder: Path, source: Path, source_sha: str, convert: Converter) -> Path:
+def _convert_into_place(folder: Path, source: Path, source_sha: str, convert: GgufConverter) -> Path:
     tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}.tmp-", dir=folder.parent))
     t0 = time.perf_counter()
     print(f"converting {source.name} ({source.stat().st_size / 2**20:.0f} MiB) into {folder} once (about a minute "

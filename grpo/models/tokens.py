@@ -4,7 +4,7 @@ the ids scored in training are exactly the ids that were sampled, with the same 
     prompt ids  = apply_chat_template([system?] + messages, add_generation_prompt=True)
     SFT example = (prompt ids, tokenize(target) + [EOS])   # EOS = end of turn = the RL stage's stop token
     batch row   = [left-padded prompt (P) | right-padded completion (T)]; completion token t sits at column P + t
-                  and its log-prob comes from the logits at column P - 1 + t              (grpo/core/records.py TrainBatch)
+                  and its log-prob comes from the logits at column P - 1 + t              (grpo/core/step_types.py TrainBatch)
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ from typing import Sequence
 import torch
 
 from grpo.models.logprobs import completion_logprobs
-from grpo.core.records import Scored, TrainBatch
+from grpo.core.step_types import Scored, TrainBatch
 from grpo.models.tokens import collate, right_pad
 
 

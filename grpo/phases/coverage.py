@@ -8,8 +8,8 @@ from typing import Callable, Sequence
 
 from grpo.config import RolloutConfig, TrainConfig
 from grpo.core.pass_at_k import guess_pass_at_k, mean_pass_at_k
-from grpo.core.records import Rollout, Sample, Scored
-from grpo.phases.generate import Draw, generate_rollouts
+from grpo.core.step_types import Rollout, Sample, Scored
+from grpo.phases.generate import SamplingPlan, generate_rollouts
 
 
 def pass_at_k_eval(model, tokenizer, samples_by_task: dict[str, Sequence[Sample]], rollout: RolloutConfig,
@@ -32,7 +32,7 @@ def pass_at_k_eval(model, tokenizer, samples_by_task: dict[str, Sequence[Sample]
         for start in range(0, len(samples), prompts_per_batch):
             chunk = list(samples[start:start + prompts_per_batch])
             rollouts, _ = generate_rollouts(model, tokenizer, chunk, sampling, stop_ids,
-                                            draw=Draw(generator_seed=seed + batch_index))
+                                            plan=SamplingPlan(generator_seed=seed + batch_index))
             batch_index += 1
             scored = score(rollouts)
             for i in range(len(chunk)):

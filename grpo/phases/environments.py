@@ -23,7 +23,8 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Mapping, Sequence
 
 from grpo.config import ConfigError
-from grpo.core.records import Sample
+from grpo.core.plumbing import UserCodeError, import_callable, importable_ref
+from grpo.core.step_types import Sample
 
 RESERVED = ("reset", "get_reward")
 """Methods of an environment that are not tools (TRL 1.16's)."""
@@ -173,11 +174,9 @@ def resolve_environment(spec: str, callables: Mapping[str, Callable[..., Any]] |
     "path/to/file.py:Class" or a name of `callables` (a factory handed to `train(environment_factory=...)`)."""
     if not spec:
         return None
-    from grpo.grading.graders import GraderError, import_callable
-
     try:
         factory = callables[spec] if callables and spec in callables else import_callable(spec)
-    except GraderError as err:
+    except UserCodeError as err:
         raise EnvironmentFailure(f"config field `{FIELD}`: {spec!r}: {err}") from err
     return build_environments(factory, tool_names)
 
@@ -187,8 +186,6 @@ def callable_spec(entry: Callable[..., Any] | str, fallback: str) -> tuple[str, 
     it and the callables that string needs: a string stays itself; an importable one is "module:name" (config.json
     then names it, and a resumed run finds it again); any other (defined in __main__, a notebook, a closure) is
     entered under its own name (`fallback` when it has none) with itself in the mapping."""
-    from grpo.grading.graders import importable_ref
-
     if isinstance(entry, str):
         return entry, {}
     ref = importable_ref(entry)

@@ -8,8 +8,8 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 from grpo.config import RolloutConfig
 from grpo.core.bbq_measures import bbq_answer, bbq_measures, flat_measures
 from grpo.core.recognition_measures import recognition_measures
-from grpo.core.records import Rollout, Sample, Scored
 from grpo.core.rule_graders import recognition_verdict
+from grpo.core.step_types import Rollout, Sample, Scored
 from grpo.models.tokens import encode_prompt
 from grpo.phases.generate import GREEDY, greedy_complete
 from grpo.phases.tools import ToolBox, tool_rollouts
@@ -38,7 +38,7 @@ def evaluate(model, tokenizer, samples_by_task: dict[str, Sequence[Sample]], rol
                                               stop_ids, system_prompt=system_prompt, synced_gpus=synced_gpus)
             else:
                 rollouts, _ = tool_rollouts(model, tokenizer, [samples[i] for i in batch], rollout, stop_ids,
-                                            tools=tools, system_prompt=system_prompt, draw=GREEDY,
+                                            tools=tools, system_prompt=system_prompt, plan=GREEDY,
                                             synced_gpus=synced_gpus)
             by_index.update(zip(batch, score(rollouts), strict=True))
         scored = [by_index[i] for i in range(len(samples))]

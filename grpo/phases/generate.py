@@ -31,7 +31,7 @@ from grpo.models.decode import check_keys, decode, lean_blocker, ours
 from grpo.models.graph_decode import decode_graph, graph_blocker
 from grpo.models.modeling import generation_mode
 from grpo.models.sampling import SeededSampler
-from grpo.core.records import Rollout, Sample
+from grpo.core.step_types import Rollout, Sample
 from grpo.core.registry import Registry
 from grpo.models.tokens import encode_prompt, left_pad, stop_token_id
 
@@ -46,7 +46,7 @@ decoding step) takes one of a few shapes instead of a new one, and a recompile, 
 Padding is masked and position ids come from the mask, so the sampled ids and their log-probs stay the same."""
 
 ENGINES: Registry[Callable[..., Any] | None] = Registry("rollout.engine", "decoding engine")
-"""How rollouts are decoded, by name (rollout.engine): each a `Decoder` (below); "auto" has none of its own, it picks
+"""How rollouts are decoded, by name (rollout.engine): each a `DecodeEngine` (below); "auto" has none of its own, it picks
 one per call (`choose_engine`)."""
 ENGINES.register("auto", "graph on CUDA where it applies, else lean where it applies, else hf", None)
 ENGINES.register("lean", "a Python loop over the model's one-token steps, stopped rows dropped (grpo/models/decode.py)",
@@ -159,7 +159,7 @@ def choose_engine(model, engine: str, cache_implementation: str, synced_gpus: bo
 
 
 @dataclass(frozen=True)
-class Draw:
+class SamplingPlan:
     """How one rollout call draws its completions; the run's sampling settings are its `rollout` section."""
 
     greedy: bool = False
@@ -178,14 +178,14 @@ class Draw:
         return 1 if self.greedy else self.per_sample or rollout.k  # rollout.k >= 2: RolloutConfig checks it
 
 
-GREEDY = Draw(greedy=True)
-"""The evaluation's draw: one top-1 completion per sample."""
+GREEDY = SamplingPlan(greedy=True)
+"""The evaluation's plan: one top-1 completion per sample."""
 
 
 def generate_rollouts(model, tokenizer, samples: Sequence[Sample], rollout: RolloutConfig,
                       stop_ids: Sequence[int] | None = None, *, system_prompt: str | None = None,
-                      draw: Draw = Draw(), synced_gpus: bool = False) -> tuple[list[Rollout], dict[str, float]]:
-    """`draw.k(rollout)` completions per sample (rollout.k sampled ones, or one greedy one: see `Draw`) from ONE
+                      plan: SamplingPlan = SamplingPlan(), synced_gpus: bool = False) -> tuple[list[Rollout], dict[str, float]]:
+    """`plan.k(rollout)` completions per sample (rollout.k sampled ones, or one greedy one: see `SamplingPlan`) from ONE
     batched decode by the engine `decoder` picks (rollout.engine). `stop_ids`: the ids that end a completion (kept
     as its last id; `grpo.run.assembly.owners.stop_token_ids` resolves rollout.stop_strings); None = the tokenizer's
     end-of-turn / EOS token.
@@ -194,17 +194,17 @@ def generate_rollouts(model, tokenizer, samples: Sequence[Sample], rollout: Roll
     `rollout/nonfinite_logit_rows`: sampler steps × rows whose logits the sanitiser had to fix).
     `synced_gpus`: keep decoding until every process is done (FSDP: each forward is a collective).
     """
-    k = draw.k(rollout)
+    k = plan.k(rollout)
     if not samples:
         raise ValueError("generate_rollouts: no samples given")
     stop_ids = [int(i) for i in stop_ids or ()] or [stop_token_id(tokenizer)]
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else stop_ids[0]
     prompts = [encode_prompt(tokenizer, s.messages, system_prompt) for s in samples]
     repeated = [p for p in prompts for _ in range(k)]
-    decode_with = decoder(model, rollout, draw.greedy, synced_gpus)
-    with _seeded(draw.generator_seed, next(model.parameters()).device):
-        completions, rows_fixed = decode_with(model, repeated, rollout, stop_ids, pad_id, greedy=draw.greedy,
-                                              row_keys=draw.row_keys)
+    decode_with = decoder(model, rollout, plan.greedy, synced_gpus)
+    with _seeded(plan.generator_seed, next(model.parameters()).device):
+        completions, rows_fixed = decode_with(model, repeated, rollout, stop_ids, pad_id, greedy=plan.greedy,
+                                              row_keys=plan.row_keys)
 
     rollouts = []
     for row, (prompt, raw) in enumerate(zip(repeated, completions)):
@@ -225,16 +225,16 @@ def greedy_complete(model, tokenizer, samples: Sequence[Sample], rollout: Rollou
 
     Always with the dynamic cache: evaluation batches vary in size, and every new shape would recompile the static
     cache's compiled decoding step."""
-    return generate_rollouts(model, tokenizer, samples, rollout, stop_ids, system_prompt=system_prompt, draw=GREEDY,
+    return generate_rollouts(model, tokenizer, samples, rollout, stop_ids, system_prompt=system_prompt, plan=GREEDY,
                              synced_gpus=synced_gpus)
 
 
-Decoder = Callable[..., tuple[list[list[int]], Any]]
+DecodeEngine = Callable[..., tuple[list[list[int]], Any]]
 """An engine: (model, rows, rollout, stop_ids, pad_id, *, greedy, row_keys) -> (the raw new ids of each row, the
 sanitiser's count of fixed logit rows). Rows are token ids, unpadded; cut the new ids with `cut_completion`."""
 
 
-def decoder(model, rollout: RolloutConfig, greedy: bool, synced_gpus: bool = False) -> Decoder:
+def decoder(model, rollout: RolloutConfig, greedy: bool, synced_gpus: bool = False) -> DecodeEngine:
     """The engine that decodes this call (`choose_engine`): grpo/models/graph_decode.decode_graph,
     grpo/models/decode.decode (the lean loop) or `decode_hf` (transformers' generate)."""
     cache_implementation = "dynamic" if greedy else rollout.cache_implementation

@@ -13,8 +13,8 @@ from typing import Any, Callable, Iterable, Sequence
 import torch
 
 from grpo.config import SFTConfig
-from grpo.core.answers import answer_class
-from grpo.core.records import Sample
+from grpo.core.answer_metrics import answer_class
+from grpo.core.step_types import Sample
 from grpo.models.logprobs import completion_logprobs
 from grpo.models.modeling import Policy
 from grpo.models.tokens import collate, sft_example
@@ -114,7 +114,7 @@ replies, each its own class): `stratified` counts all its targets as one class."
 
 def stratified(samples: list[Sample], examples: list, n: int) -> list:
     """`n` of `examples` (parallel to `samples`), round-robin over (task, answer class) so that every answer of every
-    task is demonstrated before any is repeated; the class is grpo.core.answers.answer_class of the target. A free-form
+    task is demonstrated before any is repeated; the class is grpo.core.answer_metrics.answer_class of the target. A free-form
     task (more than FREE_FORM_CLASSES classes) is one class: else its answers, every one its own class, took every
     demonstration from the tasks with a few answers."""
     classes_per_task = Counter(task for task, _ in {(s.task, answer_class(s.target or "")) for s in samples})

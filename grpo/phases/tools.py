@@ -31,14 +31,14 @@ from typing import Any, Callable, Mapping, Sequence
 import torch
 
 from grpo.config import ConfigError, RolloutConfig
-from grpo.core.records import Rollout, Sample
+from grpo.core.plumbing import UserCodeError, import_callable
+from grpo.core.step_types import Rollout, Sample
 from grpo.core.tool_calls import (DEFAULT_FORMAT, CallFormat, ToolCall, Trajectory, parse_tool_calls, tool_instructions,
                                   tool_metrics)
-from grpo.grading.graders import GraderError, import_callable
 from grpo.models.sampling import splitmix64_int
 from grpo.models.tokens import SYSTEM_JOIN, _ids_from_template, _with_system, encode_prompt, stop_token_id
 from grpo.phases.environments import Environments, ToolError, callable_spec, resolve_environment, tool_schema
-from grpo.phases.generate import Draw, _seeded, cut_completion, decoder, rollout_metrics
+from grpo.phases.generate import SamplingPlan, _seeded, cut_completion, decoder, rollout_metrics
 
 CUT_MARK = " …[cut]"
 """Appended to a tool result cut to rollout.max_tool_result_tokens, so the model can tell a cut result from a whole
@@ -71,11 +71,11 @@ def resolve_tools(specs: Sequence[str | Callable[..., Any]], callables: Mapping[
             elif ":" in spec:
                 fn = import_callable(spec)
             else:
-                raise GraderError("write 'package.module:function' or 'path/to/file.py:function' (or pass the "
-                                  "function itself: train(tools=[fn]))")
+                raise ToolError("write 'package.module:function' or 'path/to/file.py:function' (or pass the "
+                                "function itself: train(tools=[fn]))")
             schema = tool_schema(fn)
             tool = Tool(name=schema["function"]["name"], fn=fn, schema=schema)
-        except (GraderError, ToolError) as err:
+        except (UserCodeError, ToolError) as err:
             raise ConfigError(f"config field `{field_name}`: tool {spec!r}: {err}", field=field_name) from err
         if any(t.name == tool.name for t in tools):
             raise ConfigError(f"config field `{field_name}`: two tools are named {tool.name!r}; rename one",
@@ -349,9 +349,9 @@ def turn_keys(keys: Sequence[int] | None, turn: int) -> list[int] | None:
 
 def tool_rollouts(model, tokenizer, samples: Sequence[Sample], rollout: RolloutConfig,
                   stop_ids: Sequence[int] | None = None, *, tools: ToolBox, system_prompt: str | None = None,
-                  draw: Draw = Draw(), synced_gpus: bool = False) -> tuple[list[Rollout], dict[str, float]]:
-    """`generate_rollouts` with tool turns: `draw.k(rollout)` trajectories per sample, sampled (row keys: the first
-    reply's are `draw.row_keys`, later ones derived per turn) or, `draw.greedy`, one greedy trajectory per sample as
+                  plan: SamplingPlan = SamplingPlan(), synced_gpus: bool = False) -> tuple[list[Rollout], dict[str, float]]:
+    """`generate_rollouts` with tool turns: `plan.k(rollout)` trajectories per sample, sampled (row keys: the first
+    reply's are `plan.row_keys`, later ones derived per turn) or, `plan.greedy`, one greedy trajectory per sample as
     `greedy_complete`.
     Returns Rollouts whose completion is the whole trajectory (`model_mask`, `messages`, `tool_use` set; `text` is the
     last reply) and the rollout/ metrics plus tools/ (grpo.core.tool_calls.tool_metrics)."""
@@ -360,7 +360,7 @@ def tool_rollouts(model, tokenizer, samples: Sequence[Sample], rollout: RolloutC
                          "use train.sharding=none")
     if not samples:
         raise ValueError("tool_rollouts: no samples given")
-    k, row_keys = draw.k(rollout), draw.row_keys
+    k, row_keys = plan.k(rollout), plan.row_keys
     stop_ids = [int(i) for i in stop_ids or ()] or [stop_token_id(tokenizer)]
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else stop_ids[0]
     envs: list[Any] = [None] * (len(samples) * k)
@@ -377,15 +377,15 @@ def tool_rollouts(model, tokenizer, samples: Sequence[Sample], rollout: RolloutC
     stopped = [False] * len(trajs)
     last = [""] * len(trajs)
     rows_fixed: torch.Tensor | int = 0
-    decode_with = decoder(model, rollout, draw.greedy, synced_gpus)
-    with _seeded(draw.generator_seed, next(model.parameters()).device):
+    decode_with = decoder(model, rollout, plan.greedy, synced_gpus)
+    with _seeded(plan.generator_seed, next(model.parameters()).device):
         for turn in range(rollout.max_tool_turns + 1):
             active = [i for i, t in enumerate(trajs) if not t.done]
             if not active:
                 break
             keys = turn_keys(None if row_keys is None else [row_keys[i] for i in active], turn)
             raw, fixed = decode_with(model, [repeated[i] + trajs[i].ids for i in active], rollout, stop_ids, pad_id,
-                                     greedy=draw.greedy, row_keys=keys)
+                                     greedy=plan.greedy, row_keys=keys)
             rows_fixed = rows_fixed + fixed
             for i, new in zip(active, raw):
                 stopped[i], last[i] = _take_turn(trajs[i], new, turn, tokenizer, rollout, tools, stop_ids, envs[i])

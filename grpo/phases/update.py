@@ -25,7 +25,7 @@ import torch
 
 from grpo.config import LossConfig
 from grpo.core.losses import LOG_RATIOS, POLICY_LOSSES, aggregate, importance_ratio, kl_penalty, top_entropy_mask
-from grpo.core.records import TrainBatch
+from grpo.core.step_types import TrainBatch
 from grpo.models.distributed import Dist, as_float
 from grpo.models.logprobs import completion_logprobs
 from grpo.phases.batch import batch_entropies
@@ -107,7 +107,7 @@ def bound_policy_loss(loss: LossConfig) -> Callable[..., tuple[torch.Tensor, dic
 
 Terms = Callable[[TrainBatch], tuple[torch.Tensor, torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]]
 """One micro-batch -> (policy_BT, regulariser_BT, mask_BT, parts): `micro_batch_terms` with the step's settings."""
-Aggregate = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+BoundAggregate = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 """(loss_BT, mask_BT) -> the scalar share of the optimizer step's loss (`aggregate` with the step's counts)."""
 
 
@@ -187,7 +187,7 @@ class Learner:
     """The trainable parameters: their gradient norm is clipped (and checked) together."""
     on_step: Callable[[], None] | None = None
     """Runs after each optimizer step that was taken (the LR scheduler, the weight guard)."""
-    grad_combiner: Callable[..., dict[str, float]] | None = None
+    surgery: Callable[..., dict[str, float]] | None = None
     """Replaces the plain accumulation (per-task gradient surgery, `TaskGradientSurgery`); None = summed loss."""
     scaler: "torch.amp.GradScaler | None" = None
     """A GradScaler for fp16 weights (loss scaling; gradients are unscaled before clipping)."""
@@ -221,8 +221,8 @@ def update_passes(learner: Learner, batch: TrainBatch, betas_N: torch.Tensor, lo
     controllers steer); the ratio / clip metrics (PER_PASS_PREFIXES) cover all μ passes: mean of the means, max of
     the maxima, min of the minima. `health/grad_norm` is the first pass's, `health/grad_norm_max` the largest.
 
-    A grad combiner is called as grad_combiner(micro_batches, terms, agg, stats, dist=dist) (see `Terms`,
-    `Aggregate`). With μ > 1 and `batch.old_logps_BT` None, the first pass's own log-probs (detached) become the old
+    The surgery is called as surgery(micro_batches, terms, agg, stats, dist=dist) (see `Terms`,
+    `BoundAggregate`). With μ > 1 and `batch.old_logps_BT` None, the first pass's own log-probs (detached) become the old
     log-probs of the later passes: the caller skips the separate old-log-prob forward when train mode has no dropout,
     because the first pass then computes exactly those values.
     With `learner.dist`, `batch` is this rank's share; token and sequence counts are summed over ranks, and gradients
@@ -244,7 +244,7 @@ def update_passes(learner: Learner, batch: TrainBatch, betas_N: torch.Tensor, lo
     terms: Terms = functools.partial(micro_batch_terms, model, betas_N=betas_N, loss=loss,
                                      temperature=settings.temperature, fused_head=settings.fused_head,
                                      entropy_coef=settings.entropy_coef, loss_fn=bound_policy_loss(loss))
-    agg: Aggregate = functools.partial(aggregate, mode=loss.agg_mode, num_tokens=num_tokens, num_seqs=num_seqs,
+    agg: BoundAggregate = functools.partial(aggregate, mode=loss.agg_mode, num_tokens=num_tokens, num_seqs=num_seqs,
                                        constant=settings.agg_constant)
 
     model.train()
@@ -254,9 +254,9 @@ def update_passes(learner: Learner, batch: TrainBatch, betas_N: torch.Tensor, lo
         learner.optimizer.zero_grad(set_to_none=True)
         stats = _StepStats(len(tasks), batch.advantages_B.device)
         micro = list(batch.micro_batches(settings.micro_batch_seqs))
-        if learner.grad_combiner is not None:
+        if learner.surgery is not None:
             with dist.no_sync(model) if dist is not None else contextlib.nullcontext():  # it sums per-task grads
-                metrics.update(learner.grad_combiner(micro, terms, agg, stats, dist=dist))
+                metrics.update(learner.surgery(micro, terms, agg, stats, dist=dist))
         else:
             _backward(learner, micro, terms, agg, stats, world)
         norms.append(_optimizer_step(learner, settings))
@@ -349,7 +349,7 @@ def select_top_entropy(model: torch.nn.Module, batch: TrainBatch, quantile: floa
 
 
 class TaskGradientSurgery:
-    """Per-task gradients, accumulated over the micro-batches of one optimizer step, combined once (grpo/core/multi.py).
+    """Per-task gradients, accumulated over the micro-batches of one optimizer step, combined once (grpo/core/gradient_surgery.py).
 
     Per micro-batch: one forward, then one backward per task present (its policy loss, normalised by the whole
     step's token count) and one for the KL/entropy terms, which are added after the surgery when `policy_only`.
@@ -359,16 +359,16 @@ class TaskGradientSurgery:
 
     def __init__(self, params: Sequence[torch.nn.Parameter], tasks: Sequence[str], method: str, c: float,
                  monitor, policy_only: bool, seed: int):
-        from grpo.core.multi import TaskGradAccumulator
+        from grpo.core.gradient_surgery import TaskGradAccumulator
 
         self.params, self.tasks, self.method, self.c = list(params), list(tasks), method, c
         self.monitor, self.policy_only = monitor, policy_only
         self.acc = TaskGradAccumulator(self.params, len(self.tasks))
         self.generator = torch.Generator().manual_seed(seed)
 
-    def __call__(self, micro_batches: Sequence[TrainBatch], terms: Terms, agg: Aggregate, stats: "_StepStats",
+    def __call__(self, micro_batches: Sequence[TrainBatch], terms: Terms, agg: BoundAggregate, stats: "_StepStats",
                  dist: Any = None) -> dict[str, float]:
-        from grpo.core.multi import assign_flat_grad, combine, flat_grad, gradient_stats
+        from grpo.core.gradient_surgery import assign_flat_grad, apply_surgery, flat_grad, gradient_stats
 
         extra = None
         for mb in micro_batches:
@@ -399,7 +399,7 @@ class TaskGradientSurgery:
                 extra = dist.sum(extra)
         metrics = gradient_stats(grads_ND, self.tasks)
         active = self.monitor.update(metrics.get("multi/cos_min", float("nan")))
-        combined_D, m = combine(grads_ND, self.method if active else "sum", c=self.c, generator=self.generator,
+        combined_D, m = apply_surgery(grads_ND, self.method if active else "sum", c=self.c, generator=self.generator,
                                 names=self.tasks, extra=extra)
         assign_flat_grad(self.params, combined_D)
         self.acc.reset()

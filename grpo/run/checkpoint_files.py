@@ -35,9 +35,9 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
-from grpo.data.files import fsync as _fsync
-from grpo.data.files import sha256 as _sha256
-from grpo.data.files import writing
+from grpo.core.plumbing import fsync as _fsync
+from grpo.core.plumbing import sha256 as _sha256
+from grpo.core.plumbing import writing
 from grpo.run.treecodec import TreeCodecError, decode_tree, encode_tree
 
 FORMAT_VERSION = 2

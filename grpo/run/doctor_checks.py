@@ -11,7 +11,7 @@ Window checks (rows = the last `recent_window` RL steps; "start" = the first win
                               that, while no step of the run had a signal)
   red     reward_stuck        a task's mean reward never rose more than `stuck_tolerance` above its start and is
                               still there, with more than `zero_std_max` of its groups zero-std
-  red     answer_collapse     one answer class (rollout/<task>/top_answer, grpo/core/answers.py) is the top answer in most
+  red     answer_collapse     one answer class (rollout/<task>/top_answer, grpo/core/answer_metrics.py) is the top answer in most
                               window steps and holds ≥ `collapse_share` of the task's samples on average, at least
                               `collapse_rise` more than the top share of the first window, while the task's reward is
                               more than `collapse_reward_gap` below its best window or below `solved_reward` (one
@@ -70,7 +70,7 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Any, Iterable, Literal, Mapping, Protocol, Sequence
 
-from grpo.core.answers import EMPTY_ANSWER, answer_shares
+from grpo.core.answer_metrics import EMPTY_ANSWER, answer_shares
 
 Level = Literal["yellow", "red"]
 
@@ -165,7 +165,7 @@ class HealthThresholds:
     memory_rise_steps: float = 0.8
     """Share of a window's steps at which host memory (memory/host_rss_gb) must have risen for it to be "growing step
     over step": a leak adds at every step, while a run's working set (and what its allocator keeps free, up to
-    grpo/models/host.py's TRIM_FROM_BYTES) moves up and down around a level."""
+    grpo/models/host_resources.py's TRIM_FROM_BYTES) moves up and down around a level."""
     memory_growth_share: float = 0.1
     """How much host memory must have grown over that window, as a share of its first step's: 10 % in 10 steps is a
     run that doubles its memory every ~100 steps."""
@@ -445,7 +445,7 @@ def empty_fix(raw: bool) -> str:
 
 def empty_share(rows: Sequence[Mapping[str, Any]], task: str) -> float:
     """Mean share of a task's completions that held no word (EMPTY_ANSWER: no text, or only punctuation) over
-    `rows`: a step's top answer class and its share (grpo/core/answers.py) say it exactly when most were (that class
+    `rows`: a step's top answer class and its share (grpo/core/answer_metrics.py) say it exactly when most were (that class
     is then the top one); a step whose top class is another counts 0 (at most half of it was). NaN without a row of
     the task."""
     shares = [(number(r.get(f"rollout/{task}/top_share")) or 0.0) if r.get(f"rollout/{task}/top_answer") == EMPTY_ANSWER

@@ -12,8 +12,8 @@ import signal
 import sys
 
 from grpo.config import ConfigError
-from grpo.core.health import TrainingUnstable
-from grpo.data.jsonio import DataFileError
+from grpo.core.weight_guard import TrainingUnstable
+from grpo.data.json_rows import DataFileError
 from grpo.grading.graders import GraderError
 from grpo.run.signals import Interrupted
 

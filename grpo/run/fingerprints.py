@@ -22,8 +22,8 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from grpo import config as C
-from grpo.data.files import sha256
-from grpo.core.records import Sample
+from grpo.core.plumbing import sha256
+from grpo.core.step_types import Sample
 from grpo.grading.graders import USER_KINDS
 
 SHORT_HASH = 12  # enough hex digits to tell two versions apart in a message

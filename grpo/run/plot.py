@@ -124,7 +124,7 @@ def _panel_truncation(ax, history, tasks, colors) -> None:
 
 
 def _panel_answers(ax, history, tasks, colors) -> None:
-    """Share of each step's most common answer class per task (grpo/core/answers.py), and the doctor's collapse limit; the
+    """Share of each step's most common answer class per task (grpo/core/answer_metrics.py), and the doctor's collapse limit; the
     steps where the doctor had a red alarm (doctor/red > 0) shaded."""
     _panel_per_task(ax, history, tasks, colors, "rollout/{task}/top_share", "Top answer share (collapse -> 1); "
                     "red alarms shaded", "fraction")

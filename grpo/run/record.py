@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from grpo import config as C
-from grpo.core.records import Sample
+from grpo.core.step_types import Sample
 from grpo.models.distributed import Dist
 from grpo.models.modeling import Policy
 
@@ -68,7 +68,7 @@ class Start:
     resume_from: Path | None = None
     """The checkpoint `setup` checked against this run's config and inputs (checkpoint.resume), which `main` loads."""
     host: str = ""
-    """The banner's CPU line: torch's thread count and why (train.threads), how OpenMP waits (grpo/models/host.py)."""
+    """The banner's CPU line: torch's thread count and why (train.threads), how OpenMP waits (grpo/models/host_resources.py)."""
     disk: str = ""
     """The banner's disk line: what the run will write and the free space (grpo/run/assembly/disk_plan.py)."""
 

@@ -26,12 +26,12 @@ import torch
 
 from grpo import config as C
 from grpo.core.advantages import MULTI_OBJECTIVE_AGGREGATIONS, group_advantages
-from grpo.core.answers import step_answer_metrics
+from grpo.core.answer_metrics import step_answer_metrics
 from grpo.core.dapo import fill_informative_groups, overlong_penalty
 from grpo.core.entropy_control import AdaptiveEntropyCoef
-from grpo.core.health import WeightGuard, bad_step_reason
+from grpo.core.weight_guard import WeightGuard, bad_step_reason
 from grpo.core.kl_control import Controller, controller_from_config
-from grpo.core.records import Rollout, Sample, Scored, TrainBatch
+from grpo.core.step_types import Rollout, Sample, Scored, TrainBatch
 from grpo.core.tool_calls import tool_metrics
 from grpo.data.batching import TaskBalancedSampler
 from grpo.grading.graders import Grader, reward_logs, set_trainer_state
@@ -43,10 +43,10 @@ from grpo.models.graph_decode import GRAPH_COUNTS, graph_counts, release_graph_s
 from grpo.models.modeling import Policy, has_dropout, rebase_reference, reference
 from grpo.models.sampling import row_keys
 from grpo.phases.batch import batch_logprobs, build_train_batch
-from grpo.phases.generate import Draw, generate_rollouts, rollout_metrics
+from grpo.phases.generate import SamplingPlan, generate_rollouts, rollout_metrics
 from grpo.phases.tools import ToolBox, tool_rollouts
 from grpo.phases.update import Learner, StepSettings, TaskGradientSurgery, adamw, update_passes
-from grpo.core.multi import ConflictMonitor
+from grpo.core.gradient_surgery import ConflictMonitor
 from grpo.models.logprobs import shared_prompt_blocker, shares_by_size
 
 
@@ -141,7 +141,7 @@ class Generation:
         """The step's completions, not its prompts, are shared out: a group may span processes (train.split_groups)."""
         return self.train.split_groups and self.dist.active
 
-    def prompts(self, step: int, round_: int = 0) -> tuple[list[Sample], Draw]:
+    def prompts(self, step: int, round_: int = 0) -> tuple[list[Sample], SamplingPlan]:
         """The samples this process rolls out and how. Round 0: the step's GLOBAL batch is drawn identically on every
         process, and this one takes its contiguous share of its prompts or (train.split_groups) of its completions,
         prompt-major: prompt i's sample j is row i·K + j. A later round (dynamic sampling, one process) draws
@@ -149,28 +149,28 @@ class Generation:
         if round_:
             samples = self.sampler.next_batch(self.prompts_per_step)
             n = len(samples)
-            return samples, Draw(row_keys=self.keys(step, range(round_ * n, (round_ + 1) * n)))
+            return samples, SamplingPlan(row_keys=self.keys(step, range(round_ * n, (round_ + 1) * n)))
         if not self.split:
             everyone = self.sampler.next_batch(self.prompts_per_step * self.dist.world)
             mine = self.dist.share(len(everyone))
-            return everyone[mine], Draw(row_keys=self.keys(step, range(mine.start, mine.stop)))
+            return everyone[mine], SamplingPlan(row_keys=self.keys(step, range(mine.start, mine.stop)))
         everyone, k = self.sampler.next_batch(self.prompts_per_step), self.rollout.k
         rows = completion_share(len(everyone), k, self.dist.world, self.dist.rank)
         keys = self.keys(step, range(len(everyone)))
         return ([everyone[row // k] for row in rows],
-                Draw(per_sample=1, row_keys=None if keys is None else keys[rows.start:rows.stop]))
+                SamplingPlan(per_sample=1, row_keys=None if keys is None else keys[rows.start:rows.stop]))
 
     def generate(self, step: int, round_: int = 0) -> tuple[list[Rollout], dict[str, float]]:
         """This process's rollouts of the step (`prompts`) and their rollout/ metrics: single-turn by
         grpo/phases/generate.generate_rollouts, with tools by grpo/phases/tools.tool_rollouts. The system prompt
         (data.system_prompt) is already the first message of every sample."""
-        samples, draw = self.prompts(step, round_)
+        samples, plan = self.prompts(step, round_)
         model, tokenizer = self.policy.model, self.policy.tokenizer
         if self.toolbox is None:
-            out = generate_rollouts(model, tokenizer, samples, self.rollout, self.stop_ids, draw=draw,
+            out = generate_rollouts(model, tokenizer, samples, self.rollout, self.stop_ids, plan=plan,
                                     synced_gpus=self.dist.sharded)
         else:
-            out = tool_rollouts(model, tokenizer, samples, self.rollout, self.stop_ids, tools=self.toolbox, draw=draw,
+            out = tool_rollouts(model, tokenizer, samples, self.rollout, self.stop_ids, tools=self.toolbox, plan=plan,
                                 synced_gpus=self.dist.sharded)
         self.dist.reshard(model)  # after every no-grad pass of a sharded model (see Dist.reshard)
         if round_ == 0:
@@ -369,7 +369,7 @@ class Updater:
         self.train_model, self.optimizer = self.dist.prepare(self.policy.model, optimizer)
         """The model the update runs through: the policy's model, or accelerate's DDP / FSDP wrapper of it."""
         self.learner = Learner(self.train_model or self.policy.model, self.optimizer, params,
-                               on_step=self._after_optimizer_step, grad_combiner=self.surgery,
+                               on_step=self._after_optimizer_step, surgery=self.surgery,
                                scaler=self.policy.grad_scaler, dist=self.dist)
 
     @property

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterable, Iterator, Mapping, Protocol, Sequence, TextIO
 
 if TYPE_CHECKING:
-    from grpo.core.records import Scored
+    from grpo.core.step_types import Scored
 
 METRICS_FILE = "metrics.jsonl"
 CSV_FILE = "metrics.csv"

@@ -1,7 +1,7 @@
 """The config checks that need the code: names against the registries that own them, and the KL controllers' rules.
 
-The config layer is standard library only, so its section dataclasses (grpo/config/sections.py, model_data.py,
-rollout_loss.py) check what needs no code (ranges, types, combinations of fields) in `__post_init__`. A name such as
+The config layer is standard library only, so its section dataclasses (grpo/config/sections.py, input_sections.py,
+algorithm_sections.py) check what needs no code (ranges, types, combinations of fields) in `__post_init__`. A name such as
 `loss.policy_loss` is valid when the registry that implements it holds it (grpo/core/losses.py POLICY_LOSSES, ...), `loss.params` when the chosen loss's registration takes each and its rule
 holds, and a kl.<task> section when its controller accepts its arguments (grpo/core/kl_control.py RULES): those checks
 live here, next to the registries, and each entry point runs
@@ -23,7 +23,7 @@ from grpo.core.registry import Registry
 from grpo.core.advantages import ADV_SCALES, MULTI_OBJECTIVE_AGGREGATIONS
 from grpo.core.kl_control import CONFIG_FIELDS, KL_CONTROLLERS, controller_args, controller_problem
 from grpo.core.losses import AGG_MODES, KL_ESTIMATORS, POLICY_LOSSES, losses_help
-from grpo.core.multi import METHODS as COMBINE_METHODS
+from grpo.core.gradient_surgery import SURGERY_METHODS
 from grpo.grading.graders import graders_help
 from grpo.grading.judge import CACHE_FILE as JUDGE_CACHE_FILE
 from grpo.grading.reward_models import check_spec as check_reward_model
@@ -41,7 +41,7 @@ REGISTRY_FIELDS: dict[str, Registry[Any]] = {
     "loss.adv_scale": ADV_SCALES,
     "loss.reward_aggregation": REWARD_AGGREGATIONS,
     "loss.multi_objective_aggregation": MULTI_OBJECTIVE_AGGREGATIONS,
-    "multi.combine": COMBINE_METHODS,
+    "multi.combine": SURGERY_METHODS,
 }
 """Dotted config field -> the registry whose names it must be one of (kl.<task>.controller: KL_CONTROLLERS, checked
 per task; the rule graders of rewards.<task>: GRADERS, resolved with the other graders)."""

@@ -8,7 +8,7 @@ from typing import Mapping, Sequence
 import torch
 
 from grpo import config as C
-from grpo.core.records import Sample
+from grpo.core.step_types import Sample
 from grpo.models.tokens import raw_prompt
 from grpo.config.presets import CUSTOM_PRESET
 from grpo.models.memory_estimate import estimate

@@ -16,7 +16,7 @@ from grpo.phases.tools import resolve_tools
 from grpo.run.fingerprints import input_fingerprints
 from grpo.run.pareto import check_evaluations, require_heldout_rows
 from grpo.run.assembly.reward_setup import check_task_entries, reward_specs
-from grpo.run.assembly.samples import load_samples, split_by_task
+from grpo.run.assembly.samples import load_samples, group_by_task
 from grpo.run.step_owners import prompt_copies
 
 
@@ -50,7 +50,7 @@ def check_inputs(cfg: C.Config, callables: Mapping[str, Callable[..., Any]] | No
     bad source, grader or tool stops the run here (DataFileError / GraderError / ToolError), before the run folder
     is touched or the model loads."""
     rows = load_samples(cfg.data, cfg.train.seed, cfg.tasks, announce=dist.is_main)  # every rank loads, one speaks
-    train_rows, heldout = split_by_task(rows.train, rows.heldout, cfg.data, cap=False)  # capped by fit_prompts
+    train_rows, heldout = group_by_task(rows.train, rows.heldout, cfg.data, cap=False)  # capped by fit_prompts
     draws = prompt_copies(cfg, dist.world)  # prompts_per_step drawn for each process, or once for all (split_groups)
     check_prompts_per_step(train_rows, cfg.train.prompts_per_micro_step, cfg.train.grad_accum, draws)
     require_heldout_rows(train_rows, heldout, cfg.data.heldout_fraction)  # every task is evaluated: stop now if not

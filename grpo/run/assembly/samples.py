@@ -1,5 +1,5 @@
 """The prompts a run trains and evaluates on: the rows loaded from the data section (`load_samples`: sources, BBQ's
-thinning, duplicates named), split per task into training and held-out (`split_by_task`), prompts too long for the
+thinning, duplicates named), split per task into training and held-out (`group_by_task`), prompts too long for the
 model dropped (`fit_prompts`), train.num_epochs counted into steps (`with_epochs`), the task mix parsed.
 
 The entry point hands each function one config section (or plain values); nothing here reads a global.
@@ -18,8 +18,8 @@ from typing import Any, Iterable, Mapping
 
 from grpo import config as C
 from grpo.config import ConfigError
-from grpo.core.records import Sample
-from grpo.data.jsonio import DataFileError
+from grpo.core.step_types import Sample
+from grpo.data.json_rows import DataFileError
 from grpo.models.modeling import Policy
 
 
@@ -40,7 +40,7 @@ def load_samples(data, seed: int, tasks: Mapping[str, Any] | None = None, *, ann
     A task name given by both (tasks.fairness beside data.source=demo) is a ConfigError naming tasks.<task>.
     `announce`: print the notes and warnings on the rows (False on every process of a run but the first: each loads
     the same rows and would print the same lines)."""
-    from grpo.data.loading import split_samples
+    from grpo.data.loading import split_heldout_samples
     from grpo.data.sources import TaskSource, load_source_samples, load_sources
     from grpo.models.tokens import raw_prompts
 
@@ -51,7 +51,7 @@ def load_samples(data, seed: int, tasks: Mapping[str, Any] | None = None, *, ann
         builtin = []
     else:  # one source whose rows name their tasks: the `task` column (the original JSONL task file)
         builtin, _ = load_source_samples("", TaskSource(path=data.source, task_field="task"), data.system_prompt)
-    train, heldout = split_samples(builtin, data.heldout_fraction)
+    train, heldout = split_heldout_samples(builtin, data.heldout_fraction)
     if data.bbq_ambiguous_share:
         train = _thinned_bbq(train, data, seed, announce)
     clash = sorted({s.task for s in builtin} & set(tasks))
@@ -289,7 +289,7 @@ def evaluated_rows(rows: list[Sample], data: C.DataConfig) -> list[Sample]:
     return balanced_heldout(rows[:data.eval_size])
 
 
-def split_by_task(train_list: list[Sample], held_list: list[Sample], data: C.DataConfig,
+def group_by_task(train_list: list[Sample], held_list: list[Sample], data: C.DataConfig,
                   cap: bool = True) -> tuple[dict, dict]:
     """Train and held-out samples by task (grpo/run/assembly/samples.load_samples split them); held-out capped at
     data.eval_size per task unless `cap` is False (grpo_train.setup caps after `fit_prompts` dropped the long ones)."""

@@ -40,7 +40,7 @@ CAGRAD_TOL = 1e-12
 """Stop the CAGrad weight iterations once the objective (on the normalised Gram matrix) moves less than this."""
 SQRT_EPS = 1e-18
 """Keeps √(w·Gw) differentiable at g_w = 0 on the normalised Gram matrix (entries ≤ 1)."""
-METHODS: Registry[Callable[..., tuple[torch.Tensor, dict[str, float]]]] = Registry("multi.combine",
+SURGERY_METHODS: Registry[Callable[..., tuple[torch.Tensor, dict[str, float]]]] = Registry("multi.combine",
                                                                                    "gradient combination")
 """How per-task gradients combine, by name (multi.combine): each takes (grads_ND, labels, c, generator, rescale)
 and gives (the combined gradient, its metrics)."""
@@ -209,14 +209,14 @@ def cagrad(grads_ND: torch.Tensor, c: float = 0.5, rescale: bool = True) -> tupl
     return d_D, w_N
 
 
-@METHODS.register("sum", "the plain sum of the task gradients (no surgery)")
+@SURGERY_METHODS.register("sum", "the plain sum of the task gradients (no surgery)")
 def _sum(grads_ND: torch.Tensor, labels: list[str], c: float, generator: torch.Generator | None,
          rescale: bool) -> tuple[torch.Tensor, dict[str, float]]:
     """The plain sum of the task gradients (no surgery)."""
     return grads_ND.sum(dim=0), {}
 
 
-@METHODS.register("pcgrad", "each task gradient loses its component along every other it conflicts with")
+@SURGERY_METHODS.register("pcgrad", "each task gradient loses its component along every other it conflicts with")
 def _pcgrad(grads_ND: torch.Tensor, labels: list[str], c: float, generator: torch.Generator | None,
             rescale: bool) -> tuple[torch.Tensor, dict[str, float]]:
     """PCGrad: each task gradient loses its component along every other it conflicts with (random task order)."""
@@ -224,7 +224,7 @@ def _pcgrad(grads_ND: torch.Tensor, labels: list[str], c: float, generator: torc
     return combined_D, {"multi/pcgrad/projections": float(projections)}
 
 
-@METHODS.register("cagrad", "the average gradient moved towards the least-improved task, within radius multi.cagrad_c")
+@SURGERY_METHODS.register("cagrad", "the average gradient moved towards the least-improved task, within radius multi.cagrad_c")
 def _cagrad(grads_ND: torch.Tensor, labels: list[str], c: float, generator: torch.Generator | None,
             rescale: bool) -> tuple[torch.Tensor, dict[str, float]]:
     """CAGrad: the average gradient moved towards the least-improved task, within radius c."""
@@ -232,7 +232,7 @@ def _cagrad(grads_ND: torch.Tensor, labels: list[str], c: float, generator: torc
     return combined_D, {f"multi/cagrad_w/{labels[i]}": float(w_N[i]) for i in range(len(labels))}
 
 
-def combine(
+def apply_surgery(
     grads: Sequence[torch.Tensor] | torch.Tensor,
     method: str = "sum",
     c: float = 0.5,
@@ -250,13 +250,13 @@ def combine(
     `multi/cagrad_w/<i>` (cagrad), `multi/combined_norm`, `multi/nonfinite`. A non-finite gradient skips the
     surgery (the plain sum is returned, so the health check sees the NaN) and sets `multi/nonfinite` = 1.
     """
-    method_fn = METHODS.get(method)
+    method_fn = SURGERY_METHODS.get(method)
     grads_ND = _stack(grads)
     labels = task_labels(grads_ND.shape[0], names)
     finite = bool(torch.isfinite(grads_ND).all())
     metrics = gradient_stats(grads_ND, names) if finite else {}
     metrics["multi/nonfinite"] = float(not finite)
-    combined_D, more = (method_fn if finite else METHODS["sum"])(grads_ND, labels, c, generator, cagrad_rescale)
+    combined_D, more = (method_fn if finite else SURGERY_METHODS["sum"])(grads_ND, labels, c, generator, cagrad_rescale)
     metrics.update(more)
     if extra is not None:
         if extra.shape != combined_D.shape:

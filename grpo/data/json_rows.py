@@ -1,4 +1,4 @@
-"""Reading JSON record files robustly, and the deterministic train / held-out split.
+"""Reading JSON record files robustly.
 
 Accepted layouts (all seen in the wild for the same datasets):
   - JSON lines: one object per line;
@@ -11,29 +11,21 @@ levels deep (Python's decoder would raise RecursionError on it). A file in which
 that is not UTF-8, is not a data file at all: `DataFileError`, naming the file, stops the run before anything is
 built. A UTF-8 byte-order mark at the start of the file is dropped.
 
-Split rule: u = int(sha256(salt + ":" + id)[:16 hex], 16) / 2**64; the row is held out iff u < fraction
-(a stable uniform hash; Python's hash() is salted per process, so it is not used).
+The rows' template fields are grpo/data/row_fields.py's; the train / held-out split grpo/data/heldout_split.py's.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Sequence, TypeVar
-
-from grpo.config import templates
+from typing import Any
 
 MAX_WARNINGS_PER_FILE = 5  # enough to see the pattern of a broken file without flooding the log
 MAX_DEPTH = 64
 """Deepest nesting of lists / objects a row may have. Real rows nest a few levels; a row nested ~1000 deep makes
 Python's JSON decoder (and every later recursive walk: copying, json.dumps of the samples) raise RecursionError."""
-HASH_HEX_DIGITS = 16  # 64 bits of the digest: split fractions are exact to ~1e-19
-_HASH_SPACE = float(16**HASH_HEX_DIGITS)
-
-T = TypeVar("T")
 
 
 class DataFileError(ValueError):
@@ -80,7 +72,7 @@ class LoadResult:
     """Samples of one loader call, plus how many source rows were skipped as bad (already warned about)."""
 
     samples: list[Any] = field(default_factory=list)
-    """grpo.core.records.Sample objects."""
+    """grpo.core.step_types.Sample objects."""
     skipped: int = 0
 
 
@@ -181,52 +173,3 @@ def read_records(path: str | Path) -> RecordsRead:
             "concatenated objects"
         )
     return read
-
-
-class TemplateFieldError(ValueError):
-    """A prompt template names a field the rows do not have: a configuration error, never a skipped row."""
-
-
-def fill_template(template: str, fields: dict[str, Any], where: str) -> str:
-    """`template` with each {field} replaced by that field's text: plain substitution only (grpo/config/templates.py
-    refuses attribute access, indexing, conversions and format specs), with a clear error naming `where` when a
-    placeholder is not a plain name or names an absent field."""
-    try:
-        return templates.fill(template, fields, where)
-    except templates.TemplateError as err:
-        raise TemplateFieldError(str(err)) from None
-    except KeyError as err:
-        raise TemplateFieldError(
-            f"{where}: the prompt template uses {{{err.args[0]}}}, but rows only have the fields {sorted(fields)}; "
-            "fix the template (double literal braces)"
-        ) from err
-
-
-def missing_fields(row: dict[str, Any], required: Iterable[str]) -> list[str]:
-    """The required fields that are absent or None in `row`."""
-    return [name for name in required if row.get(name) is None]
-
-
-def stable_hash01(key: str, salt: str = "") -> float:
-    """A uniform number in [0, 1) from sha256(salt:key): identical on every machine and run."""
-    digest = hashlib.sha256(f"{salt}:{key}".encode("utf-8")).hexdigest()
-    return int(digest[:HASH_HEX_DIGITS], 16) / _HASH_SPACE
-
-
-def content_id(*parts: str) -> str:
-    """A short stable id for a row that has none: sha256 of its identifying text."""
-    joined = "\x1f".join(parts)  # unit separator: ("ab", "c") and ("a", "bc") hash differently
-    return hashlib.sha256(joined.encode("utf-8")).hexdigest()[:HASH_HEX_DIGITS]
-
-
-def split_by_id(
-    items: Sequence[T], ids: Sequence[str], heldout_fraction: float, salt: str = ""
-) -> tuple[list[T], list[T]]:
-    """(train, heldout) keeping input order; an item is held out iff stable_hash01(id, salt) < heldout_fraction."""
-    if not 0.0 <= heldout_fraction < 1.0:
-        raise ValueError(f"heldout_fraction={heldout_fraction!r} must be in [0, 1): e.g. 0.1 holds out ~10%")
-    train: list[T] = []
-    heldout: list[T] = []
-    for item, key in zip(items, ids, strict=True):
-        (heldout if stable_hash01(key, salt) < heldout_fraction else train).append(item)
-    return train, heldout
