@@ -49,11 +49,11 @@ from grpo.run.run_folder import (discarded_if_unstarted, expand_home, prepare_ru
 from grpo.run.doctor_in_run import consult_doctor, doctor_line, doctor_stops, start_doctor
 from grpo.run.plot import plot_run
 from grpo.run.report import build_report, format_report
-from grpo.run.exits import RUN_FAILURES, USER_ERRORS, interrupted, user_error
+from grpo.run.exits import RUN_FAILURES, USER_ERRORS, exit_interrupted, user_error
 from grpo.run.record import Run, Start, TaskSamples
 from grpo.run.signals import Interrupted, StopRequest, signals_raise
 from grpo.run.step_owners import StepTimer
-from grpo.run.tracking import format_step_line, progress, write_samples, write_scored
+from grpo.run.tracking import format_step_line, progress_bar, write_samples, write_scored
 from grpo.run.trl import error_in_user_terms
 
 
@@ -134,7 +134,7 @@ def sft_phase(run: Run) -> list[float]:
     if s.max_examples:
         examples = stratified([x for t in run.tasks for x in run.samples.training[t] if x.target], examples, s.max_examples)
     losses = run_sft(run.policy, examples, s, device=run.device, seed=run.cfg.train.seed,
-                     progress=lambda it: progress(it, "SFT", enabled=run.dist.is_main), dist=run.dist)
+                     progress=lambda it: progress_bar(it, "SFT", enabled=run.dist.is_main), dist=run.dist)
     run.updater.after_sft(run.cfg.train.seed)  # RL is regularised towards the SFT model from here on
     weights = reference_weights(run.policy, run.dist)  # a collective when sharded
     if run.dist.is_main:
@@ -324,7 +324,7 @@ def main(cfg: C.Config, run: Run | None = None) -> Run:
         say(doctor_line(f, f"active since step {f.since}, before the resume"), flush=True)
     stop = StopRequest()
     with stop.installed():
-        bar = progress(range(run.progress.step + 1, cfg.train.max_steps + 1), "RL", enabled=run.dist.is_main)
+        bar = progress_bar(range(run.progress.step + 1, cfg.train.max_steps + 1), "RL", enabled=run.dist.is_main)
         for step in bar:
             metrics = rl_step(run, step)
             if hasattr(bar, "set_postfix_str"):  # a tqdm bar on a terminal: per-task reward / KL / β in the postfix
@@ -447,13 +447,13 @@ def cli(argv: list[str]) -> int:
         except USER_ERRORS as e:
             return user_error(error_in_user_terms(e, C.to_dict(cfg)), 2)  # TRL's flag where TRL's flags set it
         except (Interrupted, KeyboardInterrupt) as e:
-            return interrupted(e, "during set-up")
+            return exit_interrupted(e, "during set-up")
         try:
             main(cfg, run)
         except (*RUN_FAILURES, CheckpointError) as e:  # known failure modes get their message;
             return user_error(error_in_user_terms(e, C.to_dict(cfg)), 1)  # the last checkpoint (if any) is intact
         except (Interrupted, KeyboardInterrupt) as e:
-            return interrupted(e, f"in {run.run_dir}")
+            return exit_interrupted(e, f"in {run.run_dir}")
         finally:
             release_run_dir(run.run_dir)  # the run folder's lock (a no-op once `finish` released it)
         run.dist.close()  # every rank got here: they leave together (Dist.close)

@@ -194,21 +194,13 @@ def package_files() -> list[Path]:
     return sorted((ROOT / "grpo").rglob("*.py")) + [ROOT / "grpo_train.py"]
 
 
-RUN_NAMES_TO_RENAME = {
-    "Interrupted (grpo/run/signals.py) and interrupted (grpo/run/exits.py) differ only in case",
-    "Progress (grpo/run/record.py) and progress (grpo/run/tracking.py) differ only in case",
-}
-"""What the case check found in grpo/run/ while its modules were being moved into wings: each is renamed there, and
-its line here removed, once the move is merged. Nothing may be added to it."""
-
-
 def test_a_public_name_names_one_thing():
     from grpo.run.step_owners import Generation, Rewarder, Updater
 
     files = package_files()
     defined = definitions(files)
     modules = [str(p.relative_to(ROOT)) for p in files if p.name != "__init__.py"]
-    assert not set(name_clashes(defined, modules)) - RUN_NAMES_TO_RENAME
+    assert not name_clashes(defined, modules)
     functions = {name for name, where in defined.items() if name[0].islower()}
     assert not owner_method_clashes([Generation, Rewarder, Updater], functions)
 

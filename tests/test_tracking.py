@@ -12,7 +12,7 @@ import torch
 
 from grpo.run.doctor import check
 from grpo.run.tracking import (JsonlTracker, MultiTracker, NullTracker, TensorBoardTracker, WandbTracker,
-                           format_step_line, make_trackers, progress, read_metrics, scalars)
+                           format_step_line, make_trackers, progress_bar, read_metrics, scalars)
 
 
 def read_csv(path):
@@ -130,7 +130,7 @@ def test_format_step_line():
 
 def test_progress_without_tty_prints_about_ten_lines():
     out = io.StringIO()  # not a TTY
-    assert list(progress(20, "rollouts", stream=out)) == list(range(20))
+    assert list(progress_bar(20, "rollouts", stream=out)) == list(range(20))
     lines = out.getvalue().splitlines()
     # total 20 -> a line every 2 items: 2, 4, ..., 18 (9 lines), then one "done" line
     assert len(lines) == 10
@@ -139,7 +139,7 @@ def test_progress_without_tty_prints_about_ten_lines():
 
 def test_progress_disabled_is_silent_and_tty_uses_one_tqdm_bar():
     out = io.StringIO()
-    assert list(progress([3, 4], "x", enabled=False, stream=out)) == [3, 4]
+    assert list(progress_bar([3, 4], "x", enabled=False, stream=out)) == [3, 4]
     assert out.getvalue() == ""
 
     class FakeTTY(io.StringIO):
@@ -147,7 +147,7 @@ def test_progress_disabled_is_silent_and_tty_uses_one_tqdm_bar():
             return True
 
     tty = FakeTTY()
-    bar = progress([1, 2, 3], "train", stream=tty)
+    bar = progress_bar([1, 2, 3], "train", stream=tty)
     from tqdm.std import tqdm
 
     assert isinstance(bar, tqdm) and list(bar) == [1, 2, 3]

@@ -28,7 +28,7 @@ from typing import Any, Mapping, Sequence
 from grpo.data.tables import (BUILDER_OF_SUFFIX, DATA_SUFFIXES, OFFLINE_VARS, DataSourceError, _datasets,
                               hub_reachable, is_saved_dataset, looks_like_hub_id)
 
-Rows = list[dict[str, Any]]
+DictRows = list[dict[str, Any]]
 MIXTURE_KEYS = ("path", "name", "data_dir", "data_files", "split", "columns", "fraction")
 """The fields of TRL's DatasetConfig (trl/scripts/utils.py), one entry of DatasetMixtureConfig.datasets."""
 
@@ -89,11 +89,11 @@ def check_hub(name: str, where: str, what: str = "dataset") -> None:
                               f"and give {where}=FOLDER, or set HF_HUB_OFFLINE=1 to read the local Hugging Face cache")
 
 
-def _rows(table: Any) -> Rows:
+def _rows(table: Any) -> DictRows:
     return [dict(row) for row in table]
 
 
-def _splits(loaded: Any) -> dict[str, Rows]:
+def _splits(loaded: Any) -> dict[str, DictRows]:
     if hasattr(loaded, "keys"):  # a DatasetDict
         return {str(split): _rows(loaded[split]) for split in loaded.keys()}
     return {"train": _rows(loaded)}
@@ -162,7 +162,7 @@ def _load(where: str, call: str, *args: Any, local: Path | None = None, **kwargs
             datasets.enable_progress_bars()
 
 
-def load_named(name: str, config: str | None, where: str) -> dict[str, Rows]:
+def load_named(name: str, config: str | None, where: str) -> dict[str, DictRows]:
     """`dataset_name` (+ `dataset_config`) as TRL's script loads it (module docstring), every split's rows."""
     local = Path(name).expanduser()
     if local.is_file():
@@ -183,7 +183,7 @@ def load_named(name: str, config: str | None, where: str) -> dict[str, Rows]:
 
 
 def load_mixture(entries: Sequence[Mapping[str, Any]], test_size: float | None, seed: int,
-                 where: str) -> dict[str, Rows]:
+                 where: str) -> dict[str, DictRows]:
     """TRL's get_dataset(DatasetMixtureConfig) (module docstring): {"train": rows} or, with `test_size`,
     {"train", "test"} split by datasets' train_test_split with `seed`."""
     datasets = _datasets()

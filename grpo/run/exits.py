@@ -2,7 +2,7 @@
 
 `USER_ERRORS` are the exception classes bad input produces (a config value, a data file, a grader, a model path, a
 missing SDK, an unreadable or full disk, a pickle given as a model); `user_error` prints one line and returns the exit
-status the caller chose (2 before the model loads, 1 after). `interrupted`: Ctrl-C / SIGTERM outside the RL loop.
+status the caller chose (2 before the model loads, 1 after). `exit_interrupted`: Ctrl-C / SIGTERM outside the RL loop.
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ def user_error(error: BaseException, code: int) -> int:
     return code
 
 
-def interrupted(error: BaseException, where: str) -> int:
+def exit_interrupted(error: BaseException, where: str) -> int:
     """Ctrl-C (KeyboardInterrupt or Interrupted(SIGINT)) -> 130, SIGTERM -> 143, with one line saying where."""
     signum = error.signum if isinstance(error, Interrupted) else signal.SIGINT
     print(f"\ninterrupted by {signal.Signals(signum).name} {where}: no checkpoint written since the last one; a run "

@@ -401,7 +401,7 @@ def _plain_progress(items: Iterable[Any], total: int | None, desc: str, stream: 
           flush=True)
 
 
-def progress(iterable_or_total: Iterable[Any] | int, desc: str, enabled: bool = True,
+def progress_bar(iterable_or_total: Iterable[Any] | int, desc: str, enabled: bool = True,
              stream: TextIO | None = None) -> Iterable[Any]:
     """Iterate with one progress display per phase.
 
