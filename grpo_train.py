@@ -56,11 +56,10 @@ from grpo.run.save_resume import (FinalSaveError, check_resume, last_checkpoint_
                                   save_checkpoint, save_final_checkpoint, save_final_model)
 from grpo.run.config_check import check_config, registries_help
 from grpo.run.console import banner, preset_note, template_less, template_note, warm_up
-from grpo.run.doctor_in_run import consult_doctor, doctor_line, doctor_stops, start_doctor
+from grpo.run.doctor import (build_report, consult_doctor, doctor_line, doctor_stops, format_report, plot_run,
+                              start_doctor)
 from grpo.run.pareto import RUN_SUBDIR as PARETO_SUBDIR, ParetoFrontier, check_evaluations, require_heldout_rows
-from grpo.run.plot import plot_run
 from grpo.run.start_checks import check_start
-from grpo.run.report import build_report, format_report
 from grpo.run.fingerprints import input_fingerprints
 from grpo.run.run_folder import (discarded_if_unstarted, expand_home, prepare_run_dir, publish_final,
                                  release_run_dir)

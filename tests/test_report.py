@@ -1,4 +1,4 @@
-"""grpo.run.report on the fixture run: deltas worked out from eval.json by hand, findings and verdict."""
+"""grpo.run.doctor.report on the fixture run: deltas worked out from eval.json by hand, findings and verdict."""
 
 import json
 import shutil
@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from grpo.run.doctor_checks import HealthThresholds
-from grpo.run.report import build_report, format_report
+from grpo.run.doctor.report import build_report, format_report
+from grpo.run.doctor.thresholds import DoctorThresholds
 
 FIXTURE = Path(__file__).resolve().parent / "fixtures" / "run_demo"
 
@@ -36,7 +36,7 @@ def test_report_deltas_findings_and_verdict(run_dir):
 
 
 def test_thresholds_change_the_verdict(run_dir):
-    report = build_report(run_dir, HealthThresholds(kl_band_patience=31))  # the excursion lasts 30 steps
+    report = build_report(run_dir, DoctorThresholds(kl_band_patience=31))  # the excursion lasts 30 steps
     assert report["verdict"] == "green" and report["findings"] == []
 
 
