@@ -40,6 +40,16 @@ def test_thresholds_change_the_verdict(run_dir):
     assert report["verdict"] == "green" and report["findings"] == []
 
 
+def test_the_report_command_prints_the_summary_or_exits_2(run_dir, tmp_path, capsys):
+    from grpo.run.doctor.__main__ import doctor_cli
+
+    doctor_cli(["report", str(run_dir)])  # python -m grpo.run.doctor report RUN_DIR
+    assert capsys.readouterr().out.strip() == format_report(json.loads((run_dir / "report.json").read_text()))
+    with pytest.raises(SystemExit) as exit_:
+        doctor_cli(["report", str(tmp_path / "nope")])
+    assert exit_.value.code == 2 and "error: " in capsys.readouterr().err
+
+
 def test_format_report_is_an_aligned_table(run_dir):
     text = format_report(build_report(run_dir))
     lines = text.splitlines()
