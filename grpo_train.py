@@ -46,9 +46,7 @@ from grpo.run.save_resume import (FinalSaveError, check_resume, last_checkpoint_
                                   save_checkpoint, save_final_checkpoint, save_final_model)
 from grpo.run.run_folder import (discarded_if_unstarted, expand_home, prepare_run_dir, publish_final,
                                  release_run_dir)
-from grpo.run.doctor_in_run import consult_doctor, doctor_line, doctor_stops, start_doctor
-from grpo.run.plot import plot_run
-from grpo.run.report import build_report, format_report
+from grpo.run.doctor import build_report, consult_doctor, doctor_line, doctor_stops, format_report, plot_run, start_doctor
 from grpo.run.exits import RUN_FAILURES, USER_ERRORS, exit_interrupted, user_error
 from grpo.run.record import Run, Start, TaskSamples
 from grpo.run.signals import Interrupted, StopRequest, signals_raise

@@ -14,7 +14,7 @@ benchmarks/RESULTS.md's "Dual objective on SmolLM2" section.
     python benchmarks/dual_ablation.py --runs DIR ... --keep DEST      # also copy each run's records to DEST/<run>
                                                                        # (the .jsonl records gzipped, as git keeps them)
     python benchmarks/dual_ablation.py --runs KEPT ... --unpack DEST   # a kept copy back as a plain run folder, for
-                                                                       # `python -m grpo.run.plot DEST/<run>` (curves)
+                                                                       # `python -m grpo.run.doctor plot DEST/<run>` (curves)
 
 Every figure is the RL phase's: after SFT -> after RL (before SFT -> after RL for a run without SFT, sft.steps 0),
 greedy held-out answers, graded by gold labels (measures.json, written by every evaluation):
@@ -144,7 +144,7 @@ def read_run(run_dir: Path) -> tuple[str, int, dict[str, Any]]:
 
 KEPT = ("config.json", "measures.json", "report.json", "eval.json", "metrics.jsonl", "pass_at_k.json",
         "evals/before_sft.jsonl", "evals/after_sft.jsonl", "evals/after_rl.jsonl")
-"""The records `--keep` copies: enough to rebuild every table here, the curves (`python -m grpo.run.plot` on an
+"""The records `--keep` copies: enough to rebuild every table here, the curves (`python -m grpo.run.doctor plot` on an
 unpacked copy: plot.png is not kept) and the greedy answers. The .jsonl ones are kept gzipped (`PACKED`)."""
 PACKED = ".jsonl"
 """Records of this suffix are kept gzipped (benchmarks/common.write_packed): held-out replies and step metrics are
@@ -175,7 +175,7 @@ def keep(run_dir: Path, dest: Path) -> Path:
 
 def unpack(kept_dir: Path, dest: Path) -> Path:
     """A kept copy (`keep`) as a plain run folder dest/<run name>: every file copied, each gzipped record written
-    plain, so that what reads a trainer's run folder (`python -m grpo.run.plot`, `python -m grpo.run.report`) reads
+    plain, so that what reads a trainer's run folder (`python -m grpo.run.doctor plot`, `python -m grpo.run.doctor report`) reads
     it."""
     out = dest / kept_dir.name
     for path in sorted(p for p in kept_dir.rglob("*") if p.is_file()):
@@ -450,7 +450,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--keep", type=Path, help="copy each run's records (config, measures, report, metrics, greedy "
                                               "answers; the .jsonl ones gzipped) to KEEP/<run>")
     ap.add_argument("--unpack", type=Path, help="write each kept run (--runs) as a plain run folder UNPACK/<run>, "
-                                                "which `python -m grpo.run.plot` draws")
+                                                "which `python -m grpo.run.doctor plot` draws")
     args = ap.parse_args(argv)
     if args.runs:
         dirs = args.runs

@@ -179,7 +179,7 @@ def demo_run_dir(tmp_path):
 
 
 def test_report_says_whether_rl_reduced_bias_without_losing_disambiguated_accuracy(demo_run_dir):
-    from grpo.run.report import build_report, format_report
+    from grpo.run.doctor.report import build_report, format_report
 
     _write_bbq(demo_run_dir, {"before_sft": _m(0.3, 0.4, 0.4, 0.2), "after_sft": _m(0.5, 0.5, -0.3, 0.1),
                               "after_rl": _m(0.8, 0.6, 0.1, 0.05)})
@@ -201,7 +201,7 @@ def test_report_says_whether_rl_reduced_bias_without_losing_disambiguated_accura
 def test_report_names_a_rise_of_unknown_on_disambiguated_rows_as_abstention(demo_run_dir):
     """The preset's K 16 screen on seed 1: acc_ambig 0.290 -> 0.516 with "unknown" on disambiguated rows 0.364 ->
     0.485 (+0.121 >= ABSTENTION_RISE): its BBQ gain is abstention. A rise of 0.09 is not named."""
-    from grpo.run.report import ABSTENTION_RISE, build_report
+    from grpo.run.doctor.report import ABSTENTION_RISE, build_report
 
     def m(acc_ambig, acc_disambig, s_amb, unknown_disambig):
         return {**_m(acc_ambig, acc_disambig, s_amb, 0.0), "unknown_disambig": unknown_disambig}
@@ -217,7 +217,7 @@ def test_report_names_a_rise_of_unknown_on_disambiguated_rows_as_abstention(demo
 
 
 def test_report_flags_an_always_unknown_model(demo_run_dir):
-    from grpo.run.report import build_report, format_report
+    from grpo.run.doctor.report import build_report, format_report
 
     _write_bbq(demo_run_dir, {"after_sft": _m(0.5, 0.5, 0.3, 0.1),
                               "after_rl": _m(1.0, 0.0, 0.0, None, unknown_disambig=1.0)})
@@ -229,7 +229,7 @@ def test_report_flags_an_always_unknown_model(demo_run_dir):
 
 
 def test_report_without_measures_json_has_empty_measure_sections(demo_run_dir):
-    from grpo.run.report import build_report, format_report
+    from grpo.run.doctor.report import build_report, format_report
 
     report = build_report(demo_run_dir)
     assert report["bbq"] == {} and report["recognition"] == {}
@@ -242,7 +242,7 @@ def test_the_eval_panel_draws_bbq_accuracy_per_condition():
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from grpo.run.plot import _panel_eval
+    from grpo.run.doctor.plot import _panel_eval
 
     history = [{"step": 0, "eval/fairness/reward": 0.4, "eval/fairness/bbq/acc_ambig": 0.25,
                 "eval/fairness/bbq/acc_disambig": 0.5},

@@ -15,7 +15,7 @@ import torch
 
 from grpo import config as C
 from grpo.run.best_model import best_of_run, better, patience_count, step_evaluations
-from grpo.run.doctor_checks import FELL_Z, heldout_fell
+from grpo.run.doctor.end_checks import FELL_Z, heldout_fell
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 PEAKED = ["model.tiny_hidden=64", "model.tiny_layers=1", "model.tiny_heads=2", "data.demo_size=48", "data.eval_size=8",

@@ -17,12 +17,12 @@ import pytest
 
 from grpo import config as C
 from conftest import ROOT
-from grpo.run import doctor_checks as symptoms
-from grpo.run.doctor import HealthThresholds
+from grpo.run.doctor import end_checks, window_checks
+from grpo.run.doctor.thresholds import ONLINE_CODES, DoctorThresholds
 from grpo.core.kernels import DEFAULT_LOGPROB_CHUNK_ROWS
 from grpo.models.memory_estimate import DEFAULT_ALLOCATOR_SLACK, DEFAULT_CUDA_OVERHEAD_GB
 
-TH = HealthThresholds()
+TH = DoctorThresholds()
 DOCS = {name: " ".join((ROOT / name).read_text().split())
         for name in ("README.md", "docs/GETTING_STARTED.md", "docs/MEMORY.md", "docs/SCALING.md", "docs/RESULTS.md")}
 DTYPE_WORDS = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}
@@ -111,19 +111,19 @@ CLAIMS = [
      [lambda: TH.recent_window, lambda: TH.recent_window]),
     ("docs/GETTING_STARTED.md", "| `no_learning_signal` | red after {5} steps in a row", [lambda: TH.no_signal_steps]),
     ("docs/GETTING_STARTED.md", "below its best evaluation during RL by more than {2} standard errors",
-     [lambda: symptoms.FELL_Z]),
-    ("docs/GETTING_STARTED.md", "when the warm-up loss stayed above {1} nat per token", [lambda: symptoms.SFT_UNTAUGHT_LOSS]),
+     [lambda: end_checks.FELL_Z]),
+    ("docs/GETTING_STARTED.md", "when the warm-up loss stayed above {1} nat per token", [lambda: window_checks.SFT_UNTAUGHT_LOSS]),
     ("docs/GETTING_STARTED.md", "never rose more than {0.05} above its first {10} steps (after at least {20} steps), with more "
                        "than {0.5} of its groups zero-std",
      [lambda: TH.stuck_tolerance, lambda: TH.recent_window, lambda: TH.min_steps, lambda: TH.zero_std_max]),
     ("docs/GETTING_STARTED.md", "the top answer in at least {50}% of the last {10} steps and holds at least {0.6} of the task's "
                        "samples, {0.1} more than in the first {10} steps, while the reward is {0.05} below its best",
-     [lambda: pct(symptoms.COLLAPSE_DOMINANCE), lambda: TH.recent_window, lambda: TH.collapse_share,
+     [lambda: pct(window_checks.COLLAPSE_DOMINANCE), lambda: TH.recent_window, lambda: TH.collapse_share,
       lambda: TH.collapse_rise, lambda: TH.recent_window, lambda: TH.collapse_reward_gap]),
     ("docs/GETTING_STARTED.md", "entropy below {0.05} nats or down more than {80}% from the first {10} steps, while the held-out "
                        "reward fell {0.05} below its best or stalled below the solved level over {3} evaluations",
      [lambda: TH.entropy_floor, lambda: pct(TH.entropy_drop_max), lambda: TH.recent_window, lambda: TH.heldout_drop,
-      lambda: symptoms.STALL_EVALS]),
+      lambda: window_checks.STALL_EVALS]),
     ("docs/GETTING_STARTED.md", "KL above {3}× its band's top ({1} nat without a band) for {20} steps in a row",
      [lambda: TH.kl_runaway_factor, lambda: TH.kl_runaway_nats, lambda: TH.kl_band_patience]),
     ("docs/GETTING_STARTED.md", "KL outside its band for {20} steps in a row", [lambda: TH.kl_band_patience]),
@@ -186,14 +186,15 @@ def test_doc_figure_equals_the_code(doc, claim, sources):
 
 
 def finding_codes() -> set[str]:
-    """Every finding code grpo/run/doctor_checks.py can raise (the window checks and the end-of-run ones)."""
-    source = (ROOT / "grpo" / "run" / "doctor_checks.py").read_text()
+    """Every finding code grpo/run/doctor/ can raise (the window checks and the end-of-run ones)."""
+    source = "".join((ROOT / "grpo" / "run" / "doctor" / f"{name}.py").read_text()
+                     for name in ("window_checks", "end_checks"))
     return set(re.findall(r'Finding\(\s*(?:"(?:red|yellow)"|level),\s*"(\w+)"', source))
 
 
 def test_every_finding_has_a_row_in_the_getting_started_doctor_table():
     codes = finding_codes()
-    assert set(symptoms.ONLINE_CODES) <= codes and {"skipped_steps", "reward_regressed", "no_heldout"} <= codes
+    assert set(ONLINE_CODES) <= codes and {"skipped_steps", "reward_regressed", "no_heldout"} <= codes
     table = DOCS["docs/GETTING_STARTED.md"].split("| finding | level |", 1)[1]
     rows = set(re.findall(r"\| ((?:`\w+`(?:, )?)+) \|", table))
     documented = {code for row in rows for code in re.findall(r"`(\w+)`", row)}

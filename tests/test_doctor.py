@@ -1,4 +1,4 @@
-"""grpo.run.doctor on crafted metric histories: every finding fires at the edge of its threshold and not just inside it,
+"""grpo.run.doctor (the Doctor and its checks) on crafted metric histories: every finding fires at the edge of its threshold and not just inside it,
 the verdict's levels, and the online Doctor's firing / clearing / metrics.
 
 The base history is a healthy 30-step run (window 10, min_steps 20): reward rising, held-out rising, entropy 1 nat,
@@ -7,11 +7,12 @@ answers rotating over three classes; each test changes one series and says by ha
 
 import pytest
 
-from grpo.run.doctor import (ONLINE_CODES, Doctor, Finding, HealthThresholds, check, heldout_series, rl_steps, verdict)
+from grpo.run.doctor.verdict import (ONLINE_CODES, Doctor, DoctorThresholds, Finding, check, heldout_series, rl_steps,
+                                     verdict)
 
 BANDS = {"fairness": (0.01, 0.08)}
 STEPS = 30
-TH = HealthThresholds()
+TH = DoctorThresholds()
 CONFIG = {"rollout": {"k": 6, "max_new_tokens": 4}, "train": {"lr": 5e-4, "max_steps": 120},
           "sft": {"steps": 35, "lr": 1e-3}, "loss": {"entropy_coef": 0.0}, "judge": {"timeout_s": 20.0}}
 
@@ -375,7 +376,7 @@ def test_doctor_reads_heldout_from_eval_json_phases():
 
 def test_thresholds_must_be_positive():
     with pytest.raises(ValueError, match="recent_window=0"):
-        Doctor(HealthThresholds(recent_window=0))
+        Doctor(DoctorThresholds(recent_window=0))
 
 
 # ------------------------------------------------------------------------------------------------ any reward scale
@@ -501,7 +502,7 @@ def test_mostly_empty_completions_are_named_with_their_cause_and_fix_not_a_kl_kn
     80%, from the first step (a broken format shows at once); with plain-string prompts for a chat model (logged as
     data/<task>/raw_prompts) the cause and the fix are the prompt format, not "double beta" (what heldout_collapse
     and answer_collapse said for an all-empty SmolLM2 run). At exactly the thresholds it does not fire."""
-    from grpo.run.doctor_checks import RAW_FIX
+    from grpo.run.doctor.window_checks import RAW_FIX
 
     def emptied(share: float, n: int = STEPS) -> list[dict]:
         return set_last(set_last(healthy(), "rollout/fairness/top_answer", "<empty>", n),
@@ -522,7 +523,8 @@ def test_mostly_empty_completions_are_named_with_their_cause_and_fix_not_a_kl_kn
     doctor = Doctor(TH, BANDS, CONFIG)
     fired = [f.code for row in emptied(0.9)[:2] for f in doctor.update(row)]
     assert fired == ["empty_completions"]  # at the first RL step
-    from grpo.run.doctor_checks import empty_fix, heldout_collapse
+    from grpo.run.doctor.end_checks import heldout_collapse
+    from grpo.run.doctor.window_checks import empty_fix
 
     answers = {"before_sft": {"fairness": ["Answer: a", "Answer: b", "Answer: c", ""]},
                "after_rl": {"fairness": ["", "", "", "Answer: a"]}}

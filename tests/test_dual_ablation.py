@@ -140,7 +140,7 @@ def test_a_kept_copy_reads_as_its_run_with_the_runs_wall_time(tmp_path):
 
 
 def test_an_unpacked_copy_is_a_plain_run_folder_the_plot_draws(tmp_path):
-    from grpo.run.plot import plot_run
+    from grpo.run.doctor.plot import plot_run
 
     m = _load("benchmarks/dual_ablation.py")
     run = _letters_run(tmp_path, orders=[(0, 1, 2)] * 4)

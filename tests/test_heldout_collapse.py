@@ -6,9 +6,10 @@ import json
 import shutil
 from pathlib import Path
 
-from grpo.run.doctor_checks import HealthThresholds, heldout_collapse
+from grpo.run.doctor.end_checks import heldout_collapse
+from grpo.run.doctor.thresholds import DoctorThresholds
 
-TH = HealthThresholds()  # collapse_share 0.6, collapse_rise, solved_reward 0.9
+TH = DoctorThresholds()  # collapse_share 0.6, collapse_rise, solved_reward 0.9
 
 
 def replies(**counts):
@@ -61,7 +62,7 @@ def test_a_collapse_that_was_there_before_rl_is_yellow():
 
 
 def test_the_report_reads_evals_and_turns_red(tmp_path):
-    from grpo.run.report import build_report
+    from grpo.run.doctor.report import build_report
 
     run_dir = tmp_path / "run"
     shutil.copytree(Path(__file__).resolve().parent / "fixtures" / "run_demo", run_dir,
@@ -80,7 +81,7 @@ def test_one_letter_before_each_rows_own_option_text_is_one_answer(tmp_path):
     """The `nosft` runs of benchmarks/RESULTS.md: after RL every BBQ reply opens with "B)" and goes on with one of that
     row's options, a different text on each row; the doctor must see one answer there, not 64."""
     from conftest import ROOT, load_script
-    from grpo.run.report import heldout_answers
+    from grpo.run.doctor.report import heldout_answers
 
     kept = ROOT / "benchmarks" / "results" / "dual_ablation_balanced" / "nosft-s1"  # its records gzipped, as kept
     run = load_script("benchmarks/dual_ablation.py").unpack(kept, tmp_path)  # as the run wrote them

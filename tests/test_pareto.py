@@ -67,10 +67,10 @@ def test_offer_keeps_folders_and_index_in_sync(tmp_path):
 
 
 def test_a_report_rebuilt_from_the_run_folder_names_the_best_pareto_point(tmp_path):
-    # the report of `python -m grpo.run.report RUN` (no Run object) says which checkpoint is best, as finish() does
+    # the report of `python -m grpo.run.doctor report RUN` (no Run object) says which checkpoint is best, as finish() does
     import shutil
 
-    from grpo.run.report import build_report
+    from grpo.run.doctor.report import build_report
 
     run_dir = tmp_path / "run"
     shutil.copytree(Path(__file__).resolve().parent / "fixtures" / "run_demo", run_dir,

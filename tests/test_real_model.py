@@ -481,7 +481,7 @@ def test_the_readme_example_trains_smollm2_and_plain_string_prompts_get_the_prom
     the cause and the fix, not a KL knob (the doctor advised doubling beta on such a run)."""
     trl = pytest.importorskip("trl")
     from grpo_train import train
-    from grpo.run.doctor_checks import RAW_FIX
+    from grpo.run.doctor.window_checks import RAW_FIX
 
     head, _ = readme_example()
     scope: dict = {}

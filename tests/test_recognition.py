@@ -152,7 +152,7 @@ def test_record_measures_reports_balanced_accuracy_per_task_and_subset():
 def test_report_tables_recognition_balanced_accuracy(tmp_path):
     import shutil
 
-    from grpo.run.report import build_report, format_report
+    from grpo.run.doctor.report import build_report, format_report
 
     run_dir = tmp_path / "run"
     shutil.copytree(Path(__file__).resolve().parent / "fixtures" / "run_demo", run_dir,

@@ -407,7 +407,7 @@ def test_resume_auto_skips_a_newer_unusable_folder_and_says_so(tmp_path, kind, c
 # ------------------------------------------------------------------------------------- the doctor on None / inf rewards
 @pytest.mark.parametrize("value", [float("nan"), float("inf")], ids=["rewards-none", "rewards-infinite"])
 def test_the_doctor_does_not_advise_a_learning_rate_for_broken_rewards(value):
-    from grpo.run.doctor import check
+    from grpo.run.doctor.verdict import check
     from tests.test_doctor import BANDS, CONFIG, TH, healthy, rl
 
     rows = healthy()

@@ -38,7 +38,7 @@ def test_kept_run_records_carry_no_plots_and_no_plain_jsonl():
     names = tracked(*RECORD_FOLDERS)
     assert names, f"no tracked files under {RECORD_FOLDERS}"
     plots = [n for n in names if n.endswith(".png")]
-    assert not plots, f"plots are regenerated (`python -m grpo.run.plot RUN_DIR`), not kept: {plots}"
+    assert not plots, f"plots are regenerated (`python -m grpo.run.doctor plot RUN_DIR`), not kept: {plots}"
     plain = [n for n in names if n.endswith(".jsonl")]
     assert not plain, f"kept .jsonl records go gzipped (benchmarks/dual_ablation.py --keep): {plain}"
 

@@ -1,4 +1,4 @@
-"""grpo.run.report on the fixture run: deltas worked out from eval.json by hand, findings and verdict."""
+"""grpo.run.doctor.report on the fixture run: deltas worked out from eval.json by hand, findings and verdict."""
 
 import json
 import shutil
@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from grpo.run.doctor_checks import HealthThresholds
-from grpo.run.report import build_report, format_report
+from grpo.run.doctor.report import build_report, format_report
+from grpo.run.doctor.thresholds import DoctorThresholds
 
 FIXTURE = Path(__file__).resolve().parent / "fixtures" / "run_demo"
 
@@ -36,8 +36,18 @@ def test_report_deltas_findings_and_verdict(run_dir):
 
 
 def test_thresholds_change_the_verdict(run_dir):
-    report = build_report(run_dir, HealthThresholds(kl_band_patience=31))  # the excursion lasts 30 steps
+    report = build_report(run_dir, DoctorThresholds(kl_band_patience=31))  # the excursion lasts 30 steps
     assert report["verdict"] == "green" and report["findings"] == []
+
+
+def test_the_report_command_prints_the_summary_or_exits_2(run_dir, tmp_path, capsys):
+    from grpo.run.doctor.__main__ import doctor_cli
+
+    doctor_cli(["report", str(run_dir)])  # python -m grpo.run.doctor report RUN_DIR
+    assert capsys.readouterr().out.strip() == format_report(json.loads((run_dir / "report.json").read_text()))
+    with pytest.raises(SystemExit) as exit_:
+        doctor_cli(["report", str(tmp_path / "nope")])
+    assert exit_.value.code == 2 and "error: " in capsys.readouterr().err
 
 
 def test_format_report_is_an_aligned_table(run_dir):

@@ -3,7 +3,7 @@
 fire, and `train.doctor` = warn | stop | restore, after a resume and on two processes.
 
 Every run here scores 0 for every completion (tests.test_report.zero_reward): every group is zero-std, so the doctor's
-no_learning_signal is yellow from step 1 and red at step 5 (HealthThresholds.no_signal_steps = 5 dead steps in a row),
+no_learning_signal is yellow from step 1 and red at step 5 (DoctorThresholds.no_signal_steps = 5 dead steps in a row),
 on the fast tiny config of tests/trainer_helpers.py (a step takes well under a second).
 """
 
@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from grpo.run.doctor import ONLINE_CODES
+from grpo.run.doctor.thresholds import ONLINE_CODES
 from grpo.run.save_resume import saved_weights
 from tests.trainer_helpers import fast_config
 
@@ -27,7 +27,7 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 ROOT = Path(__file__).resolve().parents[1]
 ZERO = "tests.test_report:zero_reward:1.0"
 RED_AT = 5
-"""The step no_learning_signal turns red in a run dead from step 1 (HealthThresholds.no_signal_steps)."""
+"""The step no_learning_signal turns red in a run dead from step 1 (DoctorThresholds.no_signal_steps)."""
 DECAY = ["train.weight_decay=0.1", "train.eval_every=1"]
 """AdamW's decoupled weight decay moves the weights although every advantage is 0 (then the KL term pulls them back
 to the reference), so a restored Pareto point differs from the weights of the step the doctor fires at; with an

@@ -1,5 +1,5 @@
 """The pass@K diagnostic read against a uniform guess: a multiple-choice task whose right option is sampled no more
-often than chance before RL is a finding (grpo/run/doctor_checks.sampled_at_chance) in the run's report."""
+often than chance before RL is a finding (grpo/run/doctor/end_checks.sampled_at_chance) in the run's report."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from grpo.core.pass_at_k import guess_pass_at_k
-from grpo.run.doctor_checks import sampled_at_chance
+from grpo.run.doctor.end_checks import sampled_at_chance
 
 CONFIG = {"train": {"pass_at_k": 4}, "sft": {"max_examples": 48}}
 
@@ -34,7 +34,7 @@ def test_at_or_below_a_guess_is_a_yellow_finding_above_it_none():
 
 
 def test_the_report_turns_yellow_on_it_and_prints_both_figures(tmp_path):
-    from grpo.run.report import build_report, format_report
+    from grpo.run.doctor.report import build_report, format_report
 
     run_dir = tmp_path / "run"
     shutil.copytree(Path(__file__).resolve().parent / "fixtures" / "run_demo", run_dir,

@@ -251,8 +251,8 @@ def test_a_rollout_crosses_processes_without_its_environment():
 
 
 def test_a_run_whose_tools_come_from_an_environment_logs_the_doctors_tool_codes():
-    from grpo.run.doctor import Doctor, HealthThresholds
-    from grpo.run.doctor_checks import TOOL_CODES
+    from grpo.run.doctor.thresholds import TOOL_CODES, DoctorThresholds
+    from grpo.run.doctor.verdict import Doctor
 
-    doctor = Doctor(HealthThresholds(), config={"rollout": {"environment_factory": "m:GuessingGame"}})
+    doctor = Doctor(DoctorThresholds(), config={"rollout": {"environment_factory": "m:GuessingGame"}})
     assert all(f"doctor/{c}" in doctor.metrics() for c in TOOL_CODES)

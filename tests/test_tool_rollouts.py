@@ -467,16 +467,16 @@ def tool_rows(n: int, calls: float, failures: float, cut: float) -> list[dict]:
     (1.0, 0.1, 0.1, set()),
 ])
 def test_the_doctor_names_an_unused_tool_dominant_errors_and_loops(calls, failures, cut, want):
-    from grpo.run.doctor import Doctor, HealthThresholds
-    from grpo.run.doctor_checks import TOOL_CODES
+    from grpo.run.doctor.thresholds import TOOL_CODES, DoctorThresholds
+    from grpo.run.doctor.verdict import Doctor
 
-    doctor = Doctor(HealthThresholds(), config={"rollout": {"tools": ["m:calculator"]}, "sft": {"steps": 0}})
+    doctor = Doctor(DoctorThresholds(), config={"rollout": {"tools": ["m:calculator"]}, "sft": {"steps": 0}})
     for row in tool_rows(10, calls, failures, cut):
         doctor.update(row)
     found = {(f.code, f.level) for f in doctor.findings() if f.code in TOOL_CODES}
     assert found == want
     assert all(f"doctor/{c}" in doctor.metrics() for c in TOOL_CODES)
-    quiet = Doctor(HealthThresholds())  # a run without tools: no tool codes, no tool findings
+    quiet = Doctor(DoctorThresholds())  # a run without tools: no tool codes, no tool findings
     for row in tool_rows(10, 0.0, 0.0, 0.0):
         quiet.update({k: v for k, v in row.items() if not k.startswith("tools/")})
     assert not any(f.code in TOOL_CODES for f in quiet.findings())

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from grpo.run.doctor import check
+from grpo.run.doctor.verdict import check
 from grpo.run.tracking import (JsonlTracker, MultiTracker, NullTracker, TensorBoardTracker, WandbTracker,
                            format_step_line, make_trackers, progress_bar, read_metrics, scalars)
 

@@ -328,7 +328,7 @@ def test_preflight_refuses_a_reward_that_returns_none_for_every_row_and_report_j
 
     from grpo.grading.graders import GraderError, preflight
     from grpo.grading.scoring import RewardSpec
-    from grpo.run.report import build_report
+    from grpo.run.doctor.report import build_report
     from tests.test_graders import sample
 
     rows = [sample("t", f"Say {i}.") for i in range(4)]

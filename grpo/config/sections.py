@@ -112,7 +112,7 @@ class TrainConfig:
     sample_every: int = 10
     """Write sampled completions to samples/ every N steps."""
     doctor: str = "warn"
-    """What the run doctor (grpo/run/doctor.py: health checks over a moving window of the step metrics) does when a red
+    """What the run doctor (grpo/run/doctor/: health checks over a moving window of the step metrics) does when a red
     finding is active after an RL step. It always prints each finding when it fires and logs doctor/<code> every step.
     warn = go on | stop = end RL after that step (then the after-RL evaluation, final checkpoint and report as usual) |
     restore = the same, after loading the weights of the best Pareto point so far (best mean held-out score over the

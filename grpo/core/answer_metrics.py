@@ -1,6 +1,6 @@
 """What a step's completions say, per task: the most common answer class and its share, and the groups without signal.
 
-The run doctor (grpo/run/doctor.py) reads these step metrics to tell "the policy collapsed onto one answer" from "the
+The run doctor (grpo/run/doctor/) reads these step metrics to tell "the policy collapsed onto one answer" from "the
 policy learned the rule", and "this task has no learning signal" from "the whole batch has none":
   * `rollout/<task>/top_answer` (str), `rollout/<task>/top_share`, `rollout/<task>/answers` (distinct classes);
   * `adv/<task>/frac_zero_std`: the task's groups whose valid rewards are all equal (the rule of

@@ -5,7 +5,7 @@ train.skip_grad_norm; `WeightGuard` restores the last good weights when a step l
 with `TrainingUnstable` after `max_consecutive` bad steps in a row, saying what to change. Formula: grad norm = ||g||_2
 over all trainable parameters, as returned by torch.nn.utils.clip_grad_norm_.
 
-The checks over the metric history (findings, verdict, the online `Doctor`) live in grpo/run/doctor.py.
+The checks over the metric history (findings, verdict, the online `Doctor`) live in grpo/run/doctor/.
 """
 
 from __future__ import annotations

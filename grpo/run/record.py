@@ -18,7 +18,8 @@ from grpo.models.distributed import Dist
 from grpo.models.modeling import Policy
 
 if TYPE_CHECKING:  # the record names the wings' types; importing them would put the record above the wings
-    from grpo.run.doctor import Doctor, Finding
+    from grpo.run.doctor.thresholds import Finding
+    from grpo.run.doctor.verdict import Doctor
     from grpo.run.pareto import ParetoFrontier
     from grpo.run.step_owners import Generation, Rewarder, Updater
     from grpo.run.tracking import Tracker
@@ -97,7 +98,7 @@ class Run:
     progress: Progress = field(default_factory=Progress)
     start: Start = field(default_factory=Start)
     doctor: Doctor | None = None
-    """The run doctor on rank 0 (grpo/run/doctor.py): the health checks over a moving window of the RL step metrics,
+    """The run doctor on rank 0 (grpo/run/doctor/verdict.py): the health checks over a moving window of the RL step metrics,
     started by `start_doctor` (by the first `rl_step` when `main` did not, e.g. in a notebook); None on other ranks."""
 
     @property

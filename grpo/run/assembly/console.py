@@ -49,7 +49,7 @@ def preset_note(cfg: C.Config, training: Mapping[str, Sequence[Sample]]) -> str 
 def template_less(run: Run) -> dict[str, float]:
     """data/<task>/raw_prompts: the share of each task's training rows whose prompt is a plain string tokenized
     without the chat template the model has (data.prompt_format=trl, TRL's standard format), for the tasks that have
-    such rows; {} for a tokenizer without a template. The doctor reads it (grpo/run/doctor_checks.py,
+    such rows; {} for a tokenizer without a template. The doctor reads it (grpo/run/doctor/window_checks.py,
     empty_completions and template_less_prompts)."""
     if getattr(run.tokenizer, "chat_template", None) is None:
         return {}

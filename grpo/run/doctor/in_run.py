@@ -1,17 +1,18 @@
 """The run doctor inside a run (rank 0): started with the history metrics.jsonl holds, fed every RL step, its findings
 as the console shows them, and `train.doctor` stop / restore acted on by every process at the same step. The checks
-themselves are grpo/run/doctor.py's and grpo/run/doctor_checks.py's; the loop (grpo_train.py) sees the doctor through
-this module's `__all__` alone."""
+themselves are grpo/run/doctor/window_checks.py's and end_checks.py's, run by grpo/run/doctor/verdict.py's `Doctor`;
+the loop (grpo_train.py) sees the doctor through the face grpo/run/doctor/__init__.py alone."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from grpo import config as C
-from grpo.run.doctor import Doctor, Finding
-from grpo.run.save_resume import restore_best
-from grpo.run.report import kl_bands
+from grpo.run.doctor.report import kl_bands
+from grpo.run.doctor.thresholds import Finding
+from grpo.run.doctor.verdict import Doctor
 from grpo.run.record import Run
+from grpo.run.save_resume import restore_best
 from grpo.run.tracking import METRICS_FILE, read_metrics
 
 __all__ = ["start_doctor", "consult_doctor", "doctor_line", "doctor_stops"]

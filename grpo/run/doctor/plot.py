@@ -6,7 +6,7 @@ shaded (config["kl"][task]["band_low"/"band_high"]), β per task, completion len
 token entropy, gradient norm with the clip / skip limits and skipped / restored steps marked, the share of each
 step's most common answer (with the doctor's collapse limit and its red alarms shaded), zero-std groups per task.
 
-    python -m grpo.run.plot RUN_DIR
+    python -m grpo.run.doctor plot RUN_DIR
 
 Formula: moving average m_s = mean(x_{s-w+1..s}) over the last w = SMOOTH_WINDOW logged points (trailing, no lookahead).
 """
@@ -18,8 +18,8 @@ import math
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from grpo.run.report import kl_bands
-from grpo.run.doctor import HealthThresholds, series, tasks_in
+from grpo.run.doctor.report import kl_bands
+from grpo.run.doctor.thresholds import DoctorThresholds, series, tasks_in
 from grpo.run.tracking import read_metrics
 
 PLOT_FILE = "plot.png"
@@ -117,7 +117,7 @@ def _panel_truncation(ax, history, tasks, colors) -> None:
     _panel_per_task(ax, history, tasks, colors, "rollout/{task}/truncated", "Truncated completions (hit max_new_tokens)",
                     "fraction")
     top = max([max(line.get_ydata(), default=0.0) for line in ax.lines] + [0.0])
-    limit = HealthThresholds().truncation_max
+    limit = DoctorThresholds().truncation_max
     ax.axhline(limit, color="tab:red", linestyle=":", linewidth=1, alpha=0.7, label=f"health limit {limit:g}")
     # truncation is usually a few percent: scale to the data (with room) instead of 0..1, but never beyond 1
     ax.set_ylim(0, min(1.0, max(TRUNCATION_AXIS_MIN, 1.5 * top)))
@@ -128,7 +128,7 @@ def _panel_answers(ax, history, tasks, colors) -> None:
     steps where the doctor had a red alarm (doctor/red > 0) shaded."""
     _panel_per_task(ax, history, tasks, colors, "rollout/{task}/top_share", "Top answer share (collapse -> 1); "
                     "red alarms shaded", "fraction")
-    limit = HealthThresholds().collapse_share
+    limit = DoctorThresholds().collapse_share
     ax.axhline(limit, color="tab:red", linestyle=":", linewidth=1, alpha=0.7, label=f"collapse limit {limit:g}")
     ax.set_ylim(0, 1.05)
     for step, value in series(history, "doctor/red"):
@@ -225,17 +225,3 @@ def plot_run(run_dir: str | Path) -> Path:
     fig.savefig(out, dpi=DPI)
     plt.close(fig)
     return out
-
-
-if __name__ == "__main__":
-    import argparse
-    import sys
-
-    parser = argparse.ArgumentParser(description="Plot a grpo-dual run folder into RUN_DIR/plot.png.")
-    parser.add_argument("run_dir", help="folder holding metrics.jsonl (and optionally config.json, eval.json)")
-    args = parser.parse_args()
-    try:
-        print(plot_run(args.run_dir))
-    except (FileNotFoundError, ValueError) as err:
-        print(f"error: {err}", file=sys.stderr)
-        sys.exit(2)

@@ -2,7 +2,7 @@
 
 Reads RUN_DIR/metrics.jsonl, RUN_DIR/eval.json ({"before_sft"|"after_sft"|"after_rl": {task: reward}}, phases may
 be missing) and RUN_DIR/config.json (KL bands at config["kl"][task]["band_low"/"band_high"]); writes
-RUN_DIR/report.json. `python -m grpo.run.report RUN_DIR` prints it.
+RUN_DIR/report.json. `python -m grpo.run.doctor report RUN_DIR` prints it.
 
 Formulas (one line each): delta = after_rl - before_sft (whole pipeline); delta_sft = after_sft - before_sft;
 delta_rl = after_rl - after_sft (what RL added; source: the eval phases of grpo_train.py).
@@ -24,10 +24,10 @@ from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from grpo.run.doctor import (TOO_SHORT, Finding, HealthThresholds, check, replayed, rl_steps, series, tasks_in,
-                             verdict)
-from grpo.run.doctor_checks import (HOW_HELDOUT, heldout_collapse, heldout_fell, judged_from_training,
-                                    sampled_at_chance, unevaluated)
+from grpo.run.doctor.end_checks import (HOW_HELDOUT, heldout_collapse, heldout_fell, judged_from_training,
+                                        sampled_at_chance, unevaluated)
+from grpo.run.doctor.thresholds import DoctorThresholds, Finding, series, tasks_in
+from grpo.run.doctor.verdict import TOO_SHORT, check, replayed, rl_steps, verdict
 from grpo.run.pareto import RUN_SUBDIR as PARETO_SUBDIR, ParetoFrontier
 from grpo.run.tracking import read_metrics
 from grpo.run.trl.vocabulary import in_user_terms
@@ -203,7 +203,7 @@ def _summary(history: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def all_findings(run_dir: Path, history: list[dict[str, Any]], evals: Mapping[str, Any], config: Mapping[str, Any],
-                 thresholds: HealthThresholds | None, bands: Mapping[str, tuple[float, float]],
+                 thresholds: DoctorThresholds | None, bands: Mapping[str, tuple[float, float]],
                  coverage: Mapping[str, Any]) -> list[Finding]:
     """The run's findings, in its words (train.trl_names): the doctor's over the history (window and end of run),
     then those read from the run folder's evaluations (evals/: the held-out greedy answers, the per-prompt rewards)
@@ -211,12 +211,12 @@ def all_findings(run_dir: Path, history: list[dict[str, Any]], evals: Mapping[st
     findings = check(history, thresholds, bands, evals or None, config)
     return findings + [replace(f, message=in_user_terms(f.message, config),
                                suggestion=in_user_terms(f.suggestion, config))
-                       for f in heldout_collapse(heldout_answers(run_dir), evals, thresholds or HealthThresholds(),
+                       for f in heldout_collapse(heldout_answers(run_dir), evals, thresholds or DoctorThresholds(),
                                                  history, config) + heldout_fell(heldout_rewards(run_dir), evals, config)
                        + sampled_at_chance(coverage, config)]
 
 
-def build_report(run_dir: str | Path, thresholds: HealthThresholds | None = None) -> dict[str, Any]:
+def build_report(run_dir: str | Path, thresholds: DoctorThresholds | None = None) -> dict[str, Any]:
     """Build the report of a run folder, write it to RUN_DIR/report.json, and return it.
 
     Keys: run_dir, summary {rows, last_step, time_total_s, skipped_steps, restored_steps, host_peak_gb, gpu_peak_gb
@@ -225,7 +225,7 @@ def build_report(run_dir: str | Path, thresholds: HealthThresholds | None = None
     `recognition_table` row} (tasks with such rows only), pass_at_k (pass_at_k.json's figures, {} without it),
     findings [{level, code, message, suggestion, task, since}] (active at the end of the run; `since` = the step a
     window finding fired at), suggestions [str], verdict "green"|"yellow"|"too short to judge"|"red"
-    (grpo/run/doctor.verdict; the console shows the same words upper-cased), judged (the line saying the verdict
+    (grpo/run/doctor/verdict.verdict; the console shows the same words upper-cased), judged (the line saying the verdict
     was judged from the training rewards of the tasks without held-out rows, and how to get a held-out one; ""
     when every task was evaluated), stopped_early (why early stopping ended RL, also the first reason; "" when it did
     not), reasons [str], cleared [{code, task, level, first_step, last_step, message}] (alarms
@@ -352,17 +352,3 @@ def format_report(report: Mapping[str, Any]) -> str:
     for a in report.get("cleared", []):
         lines.append(f"  (cleared) [{a['level']}] {a['code']} steps {a['first_step']}-{a['last_step']}: {a['message']}")
     return "\n".join(lines)
-
-
-if __name__ == "__main__":
-    import argparse
-    import sys
-
-    parser = argparse.ArgumentParser(description="Write RUN_DIR/report.json and print the summary.")
-    parser.add_argument("run_dir", help="folder holding metrics.jsonl (and optionally config.json, eval.json)")
-    args = parser.parse_args()
-    try:
-        print(format_report(build_report(args.run_dir)))
-    except (FileNotFoundError, ValueError) as err:
-        print(f"error: {err}", file=sys.stderr)
-        sys.exit(2)

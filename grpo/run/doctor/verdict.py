@@ -1,6 +1,6 @@
-"""The run doctor: the health checks of grpo/run/doctor_checks.py over a moving window of the step metrics, online
+"""The run doctor: the checks of grpo/run/doctor/window_checks.py over a moving window of the step metrics, online
 (`Doctor.update` every RL step) and at the end of a run (`check`: the same Doctor replayed over metrics.jsonl, plus
-the whole-run counts and the held-out gains), and a verdict.
+the whole-run counts and the held-out gains of grpo/run/doctor/end_checks.py), and a verdict.
 
 Verdict (`verdict`), one word everywhere (report.json, `train()`'s run.report, and upper-cased on the console): red
 when any red finding is active at the end; else "too short to judge" when the run has fewer than `min_steps` RL
@@ -20,12 +20,13 @@ from collections import deque
 from dataclasses import dataclass, replace
 from typing import Any, Iterable, Mapping, Sequence
 
+from grpo.run.doctor.end_checks import heldout_gains, whole_run
+from grpo.run.doctor.thresholds import (GRAPH_CODES, ONLINE_CODES, PROMPT_CODES, TOOL_CODES, DoctorThresholds, Finding,
+                                        Level, is_rl_row, mean, number, series, tasks_in)
+from grpo.run.doctor.window_checks import WINDOW_CHECKS, dead_step
 from grpo.run.trl.vocabulary import in_user_terms
-from grpo.run.doctor_checks import (GRAPH_CODES, ONLINE_CODES, PROMPT_CODES, TOOL_CODES, WINDOW_CHECKS, Finding,
-                                    HealthThresholds, Level, dead_step, heldout_gains, is_rl_row, mean, number, series,
-                                    tasks_in, whole_run)
 
-__all__ = ["Alarm", "Doctor", "Finding", "HealthThresholds", "ONLINE_CODES", "TOO_SHORT", "check", "heldout_series",
+__all__ = ["Alarm", "Doctor", "Finding", "DoctorThresholds", "ONLINE_CODES", "TOO_SHORT", "check", "heldout_series",
            "replayed", "rl_steps", "series", "tasks_in", "verdict"]
 
 TOO_SHORT = "too short to judge"
@@ -79,7 +80,7 @@ class _Best:
 class Doctor:
     """The window checks, one RL step at a time.
 
-        doctor = Doctor(HealthThresholds(), kl_bands={"fairness": (0.0, 0.5)}, config=config_dict)
+        doctor = Doctor(DoctorThresholds(), kl_bands={"fairness": (0.0, 0.5)}, config=config_dict)
         for step ...:
             fired = doctor.update(metrics, evals)      # findings that became active at this step
             metrics |= doctor.metrics()                 # doctor/<code> = 1.0 while active, else 0.0
@@ -90,12 +91,12 @@ class Doctor:
     suggestions, and its train.trl_names the words they are given in (`spoken`). A finding stays active while its condition holds; `cleared` lists the ones that stopped holding.
     """
 
-    def __init__(self, thresholds: HealthThresholds | None = None,
+    def __init__(self, thresholds: DoctorThresholds | None = None,
                  kl_bands: Mapping[str, tuple[float, float]] | None = None,
                  config: Mapping[str, Any] | None = None) -> None:
-        self.th = thresholds or HealthThresholds()
+        self.th = thresholds or DoctorThresholds()
         if self.th.recent_window < 1 or self.th.no_signal_steps < 1 or self.th.kl_band_patience < 1:
-            raise ValueError(f"HealthThresholds: recent_window={self.th.recent_window}, no_signal_steps="
+            raise ValueError(f"DoctorThresholds: recent_window={self.th.recent_window}, no_signal_steps="
                              f"{self.th.no_signal_steps} and kl_band_patience={self.th.kl_band_patience} must be >= 1")
         self.kl_bands = dict(kl_bands or {})
         self.config = dict(config or {})
@@ -263,7 +264,7 @@ def heldout_series(evals: Mapping[str, Mapping[str, float]], step_now: int) -> d
     return {t: sorted(p, key=lambda sv: sv[0]) for t, p in points.items()}
 
 
-def check(history: Sequence[Mapping[str, Any]], thresholds: HealthThresholds | None = None,
+def check(history: Sequence[Mapping[str, Any]], thresholds: DoctorThresholds | None = None,
           kl_bands: Mapping[str, tuple[float, float]] | None = None,
           evals: Mapping[str, Mapping[str, float]] | None = None,
           config: Mapping[str, Any] | None = None) -> list[Finding]:
@@ -281,7 +282,7 @@ def check(history: Sequence[Mapping[str, Any]], thresholds: HealthThresholds | N
     return found + [doctor.spoken(f) for f in more]
 
 
-def replayed(history: Sequence[Mapping[str, Any]], thresholds: HealthThresholds | None = None,
+def replayed(history: Sequence[Mapping[str, Any]], thresholds: DoctorThresholds | None = None,
              kl_bands: Mapping[str, tuple[float, float]] | None = None,
              evals: Mapping[str, Mapping[str, float]] | None = None,
              config: Mapping[str, Any] | None = None) -> Doctor:
@@ -306,13 +307,13 @@ group's rewards were equal: nothing could be learned, however short the run)."""
 
 
 def verdict(findings: Sequence[Finding], steps: int | None = None,
-            thresholds: HealthThresholds | None = None, training_only: Sequence[str] = ()) -> tuple[str, list[str]]:
+            thresholds: DoctorThresholds | None = None, training_only: Sequence[str] = ()) -> tuple[str, list[str]]:
     """("green"|"yellow"|TOO_SHORT|"red", reasons). Red when any finding is red, except a LEARNING_CODES finding
     in a run shorter than thresholds.min_steps (`steps`: RL steps of the run, None = not known), which is then
     TOO_SHORT as a run without a red finding is; else the worst level present; green needs no finding at all.
     Reasons list red findings first. `training_only`: the tasks judged from their training rewards (no held-out
-    rows: doctor_checks.judged_from_training), which the green reason names."""
-    th = thresholds or HealthThresholds()
+    rows: end_checks.judged_from_training), which the green reason names."""
+    th = thresholds or DoctorThresholds()
     ordered = sorted(findings, key=lambda f: -LEVEL_ORDER[f.level])
     reasons = [f"[{f.level}] {f.code}: {f.message}" for f in ordered]
     short = steps is not None and steps < th.min_steps
