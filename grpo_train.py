@@ -49,21 +49,19 @@ from grpo.phases.evaluate import evaluate, part_means, record_measures, unscored
 from grpo.phases.sft import run_sft, sft_examples, stratified
 from grpo.phases.environments import environment_rewards, resolve_environment
 from grpo.phases.tools import build_toolbox, resolve_tools
-from grpo.run import checkpoint_files as ckpt
+from grpo.run.checkpoint import (RUN_SUBDIR as PARETO_SUBDIR, CheckpointError, FinalSaveError, ParetoFrontier,
+                                  check_evaluations, check_resume, discarded_if_unstarted, expand_home,
+                                  input_fingerprints, keep_if_best, last_checkpoint_line, prepare_run_dir,
+                                  publish_final, reference_weights, release_run_dir, require_heldout_rows, resume,
+                                  save_checkpoint, save_final_checkpoint, save_final_model, save_reference,
+                                  settle_best, stops_early)
 from grpo.run.api import loaded_model, python_config, with_tools
-from grpo.run.best_model import keep_if_best, settle_best, stops_early
-from grpo.run.save_resume import (FinalSaveError, check_resume, last_checkpoint_line, reference_weights, resume,
-                                  save_checkpoint, save_final_checkpoint, save_final_model)
 from grpo.run.config_check import check_config, registries_help
 from grpo.run.console import banner, preset_note, template_less, template_note, warm_up
 from grpo.run.doctor_in_run import consult_doctor, doctor_line, doctor_stops, start_doctor
-from grpo.run.pareto import RUN_SUBDIR as PARETO_SUBDIR, ParetoFrontier, check_evaluations, require_heldout_rows
 from grpo.run.plot import plot_run
 from grpo.run.start_checks import check_start
 from grpo.run.report import build_report, format_report
-from grpo.run.fingerprints import input_fingerprints
-from grpo.run.run_folder import (discarded_if_unstarted, expand_home, prepare_run_dir, publish_final,
-                                 release_run_dir)
 from grpo.run.exits import USER_ERRORS, interrupted, user_error
 from grpo.run.setup_parts import (build_trackers, check_precision, check_sharding, check_task_entries, choose_device,
                                   choose_graph_memory, fit_prompts, load_samples, parse_task_mix, policy_from_config,
@@ -238,7 +236,7 @@ def sft_phase(run: Run) -> list[float]:
     run.updater.restart()
     weights = reference_weights(run.policy, run.dist)  # a collective when sharded
     if run.dist.is_main:
-        ckpt.save_reference(run.run_dir, weights)
+        save_reference(run.run_dir, weights)
     run.dist.barrier()
     run.tracker.log({"sft/loss_first": losses[0], "sft/loss_last": losses[-1], **memory_metrics(run.device)}, 0)
     return losses
@@ -555,7 +553,7 @@ def cli(argv: list[str]) -> int:
     with signals_raise():  # Ctrl-C / SIGTERM before or after the RL loop: a message and 130 / 143
         try:
             run = setup(cfg)  # data, graders, judge, run folder, model: what fails here is the user's input
-        except ckpt.CheckpointError as e:  # a resume that cannot go on, named before the model loads
+        except CheckpointError as e:  # a resume that cannot go on, named before the model loads
             return user_error(e, 1)  # exits as a checkpoint error found later did
         except USER_ERRORS as e:
             return user_error(error_in_user_terms(e, C.to_dict(cfg)), 2)  # TRL's flag where TRL's flags set it
@@ -563,7 +561,7 @@ def cli(argv: list[str]) -> int:
             return interrupted(e, "during set-up")
         try:
             main(cfg, run)
-        except (*USER_ERRORS, ckpt.CheckpointError, TrainingUnstable) as e:  # known failure modes get their message;
+        except (*USER_ERRORS, CheckpointError, TrainingUnstable) as e:  # known failure modes get their message;
             return user_error(error_in_user_terms(e, C.to_dict(cfg)), 1)  # the last checkpoint (if any) is intact
         except (Interrupted, KeyboardInterrupt) as e:
             return interrupted(e, f"in {run.run_dir}")

@@ -1,4 +1,4 @@
-"""File helpers without heavy imports, shared by grpo/run/checkpoint_files.py and grpo/models/pretrained.py (which must stay importable
+"""File helpers without heavy imports, shared by grpo/run/checkpoint/files.py and grpo/models/pretrained.py (which must stay importable
 before torch: `check_model_name` runs before anything heavy)."""
 
 from __future__ import annotations

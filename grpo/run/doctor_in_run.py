@@ -9,7 +9,7 @@ from typing import Any
 
 from grpo import config as C
 from grpo.run.doctor import Doctor, Finding
-from grpo.run.save_resume import restore_best
+from grpo.run.checkpoint.save_resume import restore_best
 from grpo.run.report import kl_bands
 from grpo.run.record import Run
 from grpo.run.tracking import METRICS_FILE, read_metrics
