@@ -40,12 +40,10 @@ from grpo.run.assembly import (ModelPackageMissing, banner, build_owners, check_
                                choose_graph_memory, fit_prompts, parse_command_line, policy_from_config, prepare_process,
                                preset_note, processes, relaunch_if_asked, seed_everything, template_less, template_note,
                                warm_up, with_epochs)
-from grpo.run.checkpoint_files import CheckpointError, save_reference
-from grpo.run.best_model import offer_evaluation, settle_best, stops_early
-from grpo.run.save_resume import (FinalSaveError, check_resume, last_checkpoint_line, reference_weights, resume,
-                                  save_checkpoint, save_final_checkpoint, save_final_model)
-from grpo.run.run_folder import (discarded_if_unstarted, expand_home, prepare_run_dir, publish_final,
-                                 release_run_dir)
+from grpo.run.checkpoint import (CheckpointError, FinalSaveError, check_resume, discarded_if_unstarted, expand_home,
+                                 last_checkpoint_line, offer_evaluation, prepare_run_dir, publish_final,
+                                 reference_weights, release_run_dir, resume, save_checkpoint, save_final_checkpoint,
+                                 save_final_model, save_reference, settle_best, stops_early)
 from grpo.run.doctor import build_report, consult_doctor, doctor_line, doctor_stops, format_report, plot_run, start_doctor
 from grpo.run.exits import RUN_FAILURES, USER_ERRORS, exit_interrupted, user_error
 from grpo.run.record import Run, Start, TaskSamples

@@ -403,7 +403,6 @@ def phase_medians(side: str, phases: dict[str, list[float]], warmup: int) -> dic
 # ------------------------------------------------------------------------------------------------------- part c
 def part_c(cpu: bool, work: Path) -> dict[str, Any]:
     """torch.profiler over one steady RL step of 8 decode steps (the update whole)."""
-    import torch
     from torch.profiler import ProfilerActivity, profile
 
     from benchmarks import vs_trl

@@ -38,7 +38,7 @@ from typing import Callable
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from grpo.run import checkpoint_files as ckpt  # noqa: E402
+import grpo.run.checkpoint.files as ckpt  # noqa: E402
 from grpo.run.tracking import MEASURED_PREFIXES  # noqa: E402
 
 TINY = ["--model.tiny_hidden", "32", "--model.tiny_layers", "1", "--model.tiny_heads", "2", "--data.demo_size", "40",

@@ -1,4 +1,4 @@
-"""The best evaluated model and early stopping, as transformers' Trainer keeps them for TRL (grpo/run/best_model.py):
+"""The best evaluated model and early stopping, as transformers' Trainer keeps them for TRL (grpo/run/checkpoint/best_model.py):
 transformers' own rules on hand-made sequences and against EarlyStoppingCallback itself; a run whose held-out reward
 peaks before its end leaves the best evaluation's model in final/ and output_dir (re-evaluated, it scores the recorded
 best); early stopping ends RL after `patience` evaluations without an improvement and says so in the verdict; TRL's
@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from grpo import config as C
-from grpo.run.best_model import best_of_run, better, patience_count, step_evaluations
+from grpo.run.checkpoint.best_model import best_of_run, better, patience_count, step_evaluations
 from grpo.run.doctor.end_checks import FELL_Z, heldout_fell
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -69,7 +69,7 @@ def test_a_run_that_peaks_before_its_end_keeps_the_best_evaluations_model(tmp_pa
     from safetensors.torch import load_file
 
     from grpo.phases.evaluate import evaluate
-    from grpo.run.save_resume import load_weights
+    from grpo.run.checkpoint.save_resume import load_weights
 
     out = tmp_path / "output_dir"
     cfg = C.load_config("demo", [*PEAKED, f"train.output_dir={tmp_path}", "checkpoint.keep_best=true",

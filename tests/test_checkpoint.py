@@ -17,7 +17,7 @@ import pytest
 import torch
 
 import grpo_train as G
-from grpo.run import checkpoint_files as ckpt
+from grpo.run.checkpoint import files as ckpt
 from grpo.run.tracking import MEASURED_PREFIXES
 from tests.trainer_helpers import fast_config
 

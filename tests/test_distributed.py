@@ -100,7 +100,7 @@ def test_resume_from_a_two_process_checkpoint_is_exact(two_process, scenario):
     weights = torch.load(two_process / f"{scenario}.pt")
     assert max_diff(weights["straight"], weights["resumed"]) == 0.0
     folder = two_process / "cut" / scenario / "checkpoints"
-    from grpo.run import checkpoint_files as ckpt
+    from grpo.run.checkpoint import files as ckpt
 
     state, _ = ckpt.load(next(folder.glob("step_*")))
     assert len(state["rng_ranks"]) == 2  # every rank's RNG state
@@ -275,7 +275,7 @@ def test_sigterm_stops_every_rank_after_the_same_step_and_the_run_resumes(tmp_pa
     import signal
     import time
 
-    from grpo.run import checkpoint_files as ckpt
+    from grpo.run.checkpoint import files as ckpt
 
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     args = ["grpo_train.py", "--preset", "demo", "--device", "cpu", "--output-dir", str(tmp_path), "--run-name", "r",

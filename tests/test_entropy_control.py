@@ -12,7 +12,7 @@ import grpo_train as G
 from grpo.config import LossConfig
 from grpo.core.entropy_control import AdaptiveEntropyCoef
 from grpo.phases.update import Learner, StepSettings, update_passes
-from grpo.run.save_resume import checkpoint_state
+from grpo.run.checkpoint.save_resume import checkpoint_state
 from tests.trainer_helpers import fast_config, rollout_batch
 
 

@@ -161,8 +161,8 @@ def test_a_checkpoint_from_before_the_registry_resumes():
     """A config.json written when the loss parameters were loss section fields (loss.cispo_max_ratio ...) is the
     same config as this checkout's with those values left to their registered defaults; a changed value is still a
     change."""
-    from grpo.run.checkpoint_files import config_differences
-    from grpo.run.save_resume import config_defaults
+    from grpo.run.checkpoint.files import config_differences
+    from grpo.run.checkpoint.save_resume import config_defaults
 
     cfg = C.load_config("demo", ["loss.policy_loss=cispo"])
     saved = C.to_dict(cfg)

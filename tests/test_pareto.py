@@ -8,7 +8,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from grpo.run.pareto import ParetoFrontier, crowding_distances, dominates, scalarize_scores
+from grpo.run.checkpoint.pareto import ParetoFrontier, crowding_distances, dominates, scalarize_scores
 
 
 def saver(value):
@@ -184,7 +184,7 @@ def test_empty_scores_are_refused_with_a_clear_error(tmp_path):
 
 
 def test_every_task_needs_training_and_heldout_rows():
-    from grpo.run.pareto import require_heldout_rows
+    from grpo.run.checkpoint.pareto import require_heldout_rows
 
     require_heldout_rows({"a": [1, 2, 3], "b": [1]}, {"a": [4], "b": [2]}, 0.2)  # fine: no error
     with pytest.raises(ValueError) as err:
@@ -199,7 +199,7 @@ def test_a_kill_while_a_dominated_point_is_deleted_leaves_nothing_behind(tmp_pat
     """A kill inside the deletion of a dominated point: an rmtree killed after the marker and before the weights
     leaves a step folder that is not the frontier's and stays forever. Deleting goes through a rename, and the
     resumed frontier's `remove_orphans` sweeps what the kill left."""
-    import grpo.run.pareto as P
+    import grpo.run.checkpoint.pareto as P
 
     fr = ParetoFrontier(cap=4, root_dir=tmp_path)
     fr.offer(1, {"a": 0.0, "b": 0.0}, saver(1))

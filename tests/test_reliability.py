@@ -393,7 +393,7 @@ def _craft(root: Path, kind: str) -> Path:
 def test_resume_auto_skips_a_newer_unusable_folder_and_says_so(tmp_path, kind, capsys):
     import torch
 
-    from grpo.run import checkpoint_files as ckpt
+    from grpo.run.checkpoint import files as ckpt
 
     good = ckpt.save(tmp_path, 3, {"step": 3, "weights": {"w": torch.arange(3.0)}}, {"a": 1}, keep_last=3)
     crafted = _craft(tmp_path, kind)

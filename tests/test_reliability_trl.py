@@ -410,7 +410,7 @@ def test_an_output_dir_holding_what_no_run_wrote_is_refused_before_the_model_loa
 
 
 def test_an_output_dir_a_run_wrote_is_written_again_and_only_its_files(user, tmp_path):
-    from grpo.run.run_folder import FINAL_MANIFEST, check_final_model_dir, publish_final
+    from grpo.run.checkpoint.folder import FINAL_MANIFEST, check_final_model_dir, publish_final
 
     final = tmp_path / "run" / "final"
     final.mkdir(parents=True)
@@ -597,7 +597,7 @@ def _loadable(folder: Path) -> None:
 
 @pytest.mark.slow
 def test_optional_writes_that_fail_at_the_end_do_not_stop_the_final_model(user, monkeypatch):
-    monkeypatch.setattr("grpo.run.pareto.ParetoFrontier.offer", _full)  # the final model's Pareto point
+    monkeypatch.setattr("grpo.run.checkpoint.pareto.ParetoFrontier.offer", _full)  # the final model's Pareto point
     monkeypatch.setattr("grpo_train.plot_run", _full)
     code, text = cli_output(["--config", str(user.config), *SMALL])
     assert code == 0 and "Traceback" not in text, text
@@ -612,7 +612,7 @@ def test_optional_writes_that_fail_at_the_end_do_not_stop_the_final_model(user, 
 def test_a_final_save_that_fails_names_the_last_checkpoint_and_resume_auto_writes_it(user, monkeypatch):
     argv = ["--config", str(user.config), *SMALL, "--save_strategy", "steps", "--save_steps", "1"]
     with monkeypatch.context() as patched:
-        patched.setattr("grpo.run.save_resume.save_pretrained", _full)  # the disk fills as the final model is written
+        patched.setattr("grpo.run.checkpoint.save_resume.save_pretrained", _full)  # the disk fills as the final model is written
         code, text = cli_output(argv)
     run_dir = user.out / "grpo-dual"
     assert code == 1 and "Traceback" not in text, text
@@ -630,7 +630,7 @@ def test_a_final_save_that_fails_names_the_last_checkpoint_and_resume_auto_write
 
 @pytest.mark.slow
 def test_a_final_checkpoint_that_fails_still_saves_the_final_model_and_names_the_last_checkpoint(user, monkeypatch):
-    from grpo.run import checkpoint_files as ckpt
+    from grpo.run.checkpoint import files as ckpt
 
     write_folder = ckpt._write_folder
 

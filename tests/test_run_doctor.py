@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from grpo.run.doctor.thresholds import ONLINE_CODES
-from grpo.run.save_resume import saved_weights
+from grpo.run.checkpoint.save_resume import saved_weights
 from tests.trainer_helpers import fast_config
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -49,7 +49,7 @@ def doctor_lines(out: str) -> list[str]:
 
 def test_stop_ends_rl_at_the_step_the_doctor_fires_then_finishes_the_run(tmp_path, capsys):
     import grpo_train as G
-    from grpo.run import checkpoint_files as ckpt
+    from grpo.run.checkpoint import files as ckpt
 
     run = G.main(zero_config(tmp_path, "train.max_steps=9", "train.doctor=stop"))
     out = capsys.readouterr().out

@@ -19,7 +19,7 @@ import pytest
 
 import grpo_train as G
 from tests.trainer_helpers import TINY_CLI as TINY, blocks_fresh_start, cli_output
-from grpo.run.run_folder import LOCK_FILE, MARKER, RunFolderError, prepare_run_dir, release_run_dir
+from grpo.run.checkpoint.folder import LOCK_FILE, MARKER, RunFolderError, prepare_run_dir, release_run_dir
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -92,7 +92,7 @@ def test_a_tilde_output_dir_is_the_home_folder_never_a_folder_named_tilde(tmp_pa
 # ------------------------------------------------------------------------------------------ one run, one folder
 HOLDER = """
 import sys, time
-from grpo.run.run_folder import prepare_run_dir
+from grpo.run.checkpoint.folder import prepare_run_dir
 prepare_run_dir(sys.argv[1], "", False)
 open(sys.argv[1] + "/metrics.jsonl", "w").write('{"step": 1}\\n')  # a run that has started writing
 print("locked", flush=True)
@@ -148,7 +148,7 @@ def test_the_lock_is_released_at_the_end_of_a_run_and_train_runs_twice_in_one_pr
         G.train(overrides + ["train.max_steps=1"])
         run = G.train(overrides + ["train.max_steps=2", "checkpoint.resume=auto"])
     assert run.progress.step == 2
-    probe = subprocess.run([sys.executable, "-c", "import sys; from grpo.run.run_folder import prepare_run_dir; "
+    probe = subprocess.run([sys.executable, "-c", "import sys; from grpo.run.checkpoint.folder import prepare_run_dir; "
                             "prepare_run_dir(sys.argv[1], 'auto', False); print('ok')", str(tmp_path / "r")],
                            cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert probe.stdout.strip() == "ok", probe.stderr
@@ -269,7 +269,7 @@ def test_a_reward_functions_source_is_its_own_text_and_a_rows_change_is_named_wi
     (a Hub dataset, the demo's generator) are named by task."""
     import importlib.util
 
-    from grpo.run.fingerprints import input_changes, source_hash
+    from grpo.run.checkpoint.fingerprints import input_changes, source_hash
 
     def load(name: str, text: str):
         (tmp_path / f"{name}.py").write_text(text)

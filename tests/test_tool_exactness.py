@@ -5,7 +5,6 @@ penalty counts the model's tokens of a trajectory, not its tool results and temp
 from __future__ import annotations
 
 import pytest
-import torch
 
 from grpo.config import RolloutConfig
 from grpo.core.step_types import Rollout, Sample

@@ -245,7 +245,7 @@ def test_a_torn_last_line_is_dropped_on_resume(tmp_path):
 
 # ------------------------------------------------------------------------------------------------- run folder
 def test_a_fresh_run_into_a_used_run_folder_stops_with_both_ways_out(tmp_path):
-    from grpo.run.run_folder import RunFolderError, prepare_run_dir
+    from grpo.run.checkpoint.folder import RunFolderError, prepare_run_dir
 
     run = tmp_path / "runs" / "r"
     assert prepare_run_dir(run, resume="", overwrite=False) == run and run.is_dir()  # created
@@ -268,7 +268,7 @@ def test_a_fresh_run_into_a_used_run_folder_stops_with_both_ways_out(tmp_path):
 def test_an_output_dir_that_is_a_file_or_read_only_gives_a_clear_error(tmp_path):
     import os
 
-    from grpo.run.run_folder import RunFolderError, prepare_run_dir
+    from grpo.run.checkpoint.folder import RunFolderError, prepare_run_dir
 
     afile = tmp_path / "file.txt"
     afile.write_text("x")

@@ -190,7 +190,7 @@ def test_per_task_beta_moves_in_opposite_directions(tmp_path):
     assert f_end > 0.1 and h_end < 0.1
     assert f_end <= 0.3 + 1e-12 and h_end >= 0.02 - 1e-12
     assert betas[0] == (0.1, 0.1)  # a step trains with the β its controller held before the step
-    from grpo.run.save_resume import checkpoint_state
+    from grpo.run.checkpoint.save_resume import checkpoint_state
 
     state = checkpoint_state(run)["controllers"]
     assert state["fairness"] != state["hallucination"]

@@ -23,7 +23,7 @@ import torch
 from grpo import config as C
 from grpo.config.command_line import split_argv
 import grpo_train as G
-from grpo.run import checkpoint_files as ckpt
+from grpo.run.checkpoint import files as ckpt
 
 ROOT = Path(__file__).resolve().parents[1]
 DOC = ROOT / "docs" / "VALIDATION.md"
@@ -104,7 +104,7 @@ def data_rows(tmp, mp):
 
 
 def no_heldout(tmp, mp):
-    from grpo.run.pareto import require_heldout_rows
+    from grpo.run.checkpoint.pareto import require_heldout_rows
 
     return raised(require_heldout_rows, {"qa": [1, 2, 3]}, {}, 0.2)
 
@@ -126,7 +126,7 @@ def best_without_evaluations(tmp, mp):
 
 
 def empty_scores(tmp, mp):
-    from grpo.run.pareto import ParetoFrontier
+    from grpo.run.checkpoint.pareto import ParetoFrontier
 
     return raised(ParetoFrontier(3, tmp / "pareto").offer, 3, {}, lambda path: None)
 
@@ -152,7 +152,7 @@ def garbage_replies(tmp, mp):
 
 
 def run_folder_used(tmp, mp):
-    from grpo.run.run_folder import prepare_run_dir
+    from grpo.run.checkpoint.folder import prepare_run_dir
 
     (tmp / "r").mkdir()
     (tmp / "r" / ".grpo-dual-run").write_text("{}\n")  # a run folder this program made (its marker)
@@ -161,7 +161,7 @@ def run_folder_used(tmp, mp):
 
 
 def run_folder_not_ours(tmp, mp):
-    from grpo.run.run_folder import prepare_run_dir
+    from grpo.run.checkpoint.folder import prepare_run_dir
 
     (tmp / "r").mkdir()
     (tmp / "r" / "config.json").write_text("{}\n")  # a model folder holds config.json too
@@ -173,9 +173,9 @@ def run_folder_locked(tmp, mp):
     import subprocess
     import sys
 
-    from grpo.run.run_folder import prepare_run_dir
+    from grpo.run.checkpoint.folder import prepare_run_dir
 
-    holder = subprocess.Popen([sys.executable, "-c", "import sys, time; from grpo.run.run_folder import "
+    holder = subprocess.Popen([sys.executable, "-c", "import sys, time; from grpo.run.checkpoint.folder import "
                                "prepare_run_dir; prepare_run_dir(sys.argv[1], '', False); print('locked', flush=True); "
                                "time.sleep(60)", str(tmp / "r")], cwd=ROOT, stdout=subprocess.PIPE, text=True)
     try:
@@ -187,7 +187,7 @@ def run_folder_locked(tmp, mp):
 
 
 def output_dir_file(tmp, mp):
-    from grpo.run.run_folder import prepare_run_dir
+    from grpo.run.checkpoint.folder import prepare_run_dir
 
     (tmp / "file.txt").write_text("x")
     return raised(prepare_run_dir, tmp / "file.txt" / "r", "", False)
@@ -196,7 +196,7 @@ def output_dir_file(tmp, mp):
 def output_dir_read_only(tmp, mp):
     import os
 
-    from grpo.run.run_folder import prepare_run_dir
+    from grpo.run.checkpoint.folder import prepare_run_dir
 
     if os.geteuid() == 0:  # root ignores permission bits: sysfs refuses everyone
         base = Path("/sys")
@@ -500,7 +500,7 @@ def disk_full_at_the_end(tmp, mp):
     def full(*args, **kwargs):
         raise OSError(28, "No space left on device")
 
-    mp.setattr("grpo.run.save_resume.save_pretrained", full)
+    mp.setattr("grpo.run.checkpoint.save_resume.save_pretrained", full)
     return cli([*TINY, "--train.max_steps", "1", "--output-dir", str(tmp)])
 
 

@@ -6,7 +6,6 @@ the verdict's next step, the start's notes and the errors after set-up use them.
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 

@@ -13,7 +13,7 @@ import torch
 
 from grpo import config as C
 from grpo.core.tool_calls import DEFAULT_FORMAT
-from grpo.run.run_folder import BOOKKEEPING, MARKER, RESTARTABLE
+from grpo.run.checkpoint.folder import BOOKKEEPING, MARKER, RESTARTABLE
 from grpo.run.tracking import MEASURED_PREFIXES
 
 
@@ -100,7 +100,7 @@ def call_text(name: str, arguments: Mapping[str, Any]) -> str:
 
 
 def blocks_fresh_start(path: str | Path) -> bool:
-    """True when a fresh run into `path` would stop (grpo/run/run_folder.prepare_run_dir): a folder with run contents,
+    """True when a fresh run into `path` would stop (grpo/run/checkpoint/folder.prepare_run_dir): a folder with run contents,
     not marked restartable, or with contents and no marker, or holding a checkpoint."""
     path = Path(path)
     if not path.is_dir():

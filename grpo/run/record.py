@@ -20,7 +20,7 @@ from grpo.models.modeling import Policy
 if TYPE_CHECKING:  # the record names the wings' types; importing them would put the record above the wings
     from grpo.run.doctor.thresholds import Finding
     from grpo.run.doctor.verdict import Doctor
-    from grpo.run.pareto import ParetoFrontier
+    from grpo.run.checkpoint.pareto import ParetoFrontier
     from grpo.run.step_owners import Generation, Rewarder, Updater
     from grpo.run.tracking import Tracker
 
@@ -64,7 +64,7 @@ class Start:
     """What the run started from, fixed at set-up."""
 
     inputs: dict[str, Any] = field(default_factory=dict)
-    """Fingerprints of the data files, task rows and reward functions (grpo/run/fingerprints.py; rank 0), saved with
+    """Fingerprints of the data files, task rows and reward functions (grpo/run/checkpoint/fingerprints.py; rank 0), saved with
     every checkpoint: a resume names what changed."""
     resume_from: Path | None = None
     """The checkpoint `setup` checked against this run's config and inputs (checkpoint.resume), which `main` loads."""

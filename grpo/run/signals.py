@@ -1,6 +1,6 @@
 """Ctrl-C / SIGTERM. In the RL loop (`StopRequest`): finish the current step, write a checkpoint, then the command
 line exits 130 / 143. Anywhere else (set-up, SFT, evaluations: `signals_raise` + `Interrupted`): a one-line message
-and the same exit status, no traceback; a run folder without a checkpoint stays restartable (grpo/run/run_folder.py)."""
+and the same exit status, no traceback; a run folder without a checkpoint stays restartable (grpo/run/checkpoint/folder.py)."""
 
 from __future__ import annotations
 

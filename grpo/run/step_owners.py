@@ -8,7 +8,7 @@
                 the micro-batch size and the out-of-memory retry, the old-log-prob and reference passes
 
 `grpo_train.rl_step` passes records between them (Rollout -> Scored -> Rewarded -> TrainBatch -> metrics) and times each phase
-with a `StepTimer`. The owners' state is what a checkpoint saves (grpo/run/save_resume.py), under the same keys.
+with a `StepTimer`. The owners' state is what a checkpoint saves (grpo/run/checkpoint/save_resume.py), under the same keys.
 """
 
 from __future__ import annotations

@@ -116,7 +116,7 @@ def plan_writes(cfg: C.Config, train_rows: Mapping[str, list], run_dir: Path, de
         plan.parts["best model (best/)"] = model_save
     plan.folders[run_dir] = sum(plan.parts.values())
     if cfg.checkpoint.final_model_dir:
-        from grpo.run.run_folder import expand_home
+        from grpo.run.checkpoint.folder import expand_home
 
         folder = expand_home(cfg.checkpoint.final_model_dir)
         plan.parts["final model in checkpoint.final_model_dir"] = model_save

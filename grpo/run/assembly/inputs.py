@@ -13,8 +13,8 @@ from grpo.grading.judge import Judge
 from grpo.models.distributed import Dist
 from grpo.phases.environments import environment_rewards, resolve_environment
 from grpo.phases.tools import resolve_tools
-from grpo.run.fingerprints import input_fingerprints
-from grpo.run.pareto import check_evaluations, require_heldout_rows
+from grpo.run.checkpoint.fingerprints import input_fingerprints
+from grpo.run.checkpoint.pareto import check_evaluations, require_heldout_rows
 from grpo.run.assembly.reward_setup import check_task_entries, reward_specs
 from grpo.run.assembly.samples import load_samples, group_by_task
 from grpo.run.step_owners import prompt_copies
@@ -40,7 +40,7 @@ class CheckedInputs:
     """How many times a step draws prompts_per_step prompts (`prompt_copies`)."""
 
     def fingerprints(self, cfg: C.Config) -> dict[str, Any]:
-        """What the run starts with besides its config (grpo/run/fingerprints.py): a resume goes on only from the
+        """What the run starts with besides its config (grpo/run/checkpoint/fingerprints.py): a resume goes on only from the
         same, or names what changed."""
         return input_fingerprints(cfg.data, cfg.tasks, self.rows.every, self.graders, term_names(self.specs))
 

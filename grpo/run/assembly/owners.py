@@ -10,7 +10,7 @@ from grpo.data.batching import TaskBalancedSampler
 from grpo.grading.judge import Judge
 from grpo.phases.tools import build_toolbox
 from grpo.run.assembly.samples import parse_task_mix
-from grpo.run.pareto import RUN_SUBDIR as PARETO_SUBDIR, ParetoFrontier
+from grpo.run.checkpoint.pareto import RUN_SUBDIR as PARETO_SUBDIR, ParetoFrontier
 from grpo.run.record import Run
 from grpo.run.step_owners import Generation, Rewarder, Updater
 from grpo.run.tracking import NullTracker

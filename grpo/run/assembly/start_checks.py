@@ -16,7 +16,7 @@ from typing import Any, Mapping
 
 from grpo import config as C
 from grpo.run.assembly.disk_plan import disk_line
-from grpo.run.run_folder import check_final_model_dir
+from grpo.run.checkpoint.folder import check_final_model_dir
 from grpo.run.trl.record_tables import ALL_LINEAR, model_architecture
 
 OTHER_TARGETS = ("embed_tokens", "lm_head")
@@ -83,7 +83,7 @@ def check_start(cfg: C.Config, run_dir: Path, device: Any, announce: bool, train
     """What grpo_train.setup checks before the run folder is made and the model loads, beside the data and the
     graders: each setting that cannot act printed as a note (`announce`: this process speaks for the run), LoRA
     targets the model lacks refused, checkpoint.final_model_dir (TRL's output_dir) refused when it holds what no run
-    wrote (grpo/run/run_folder.py: `check_final_model_dir`), and what the run will write against the free disk space
+    wrote (grpo/run/checkpoint/folder.py: `check_final_model_dir`), and what the run will write against the free disk space
     (grpo/run/assembly/disk_plan.py; `train_rows` and `world`, the draws a step, count its steps). Returns the banner's disk
     line ("" where this process does not speak)."""
     for line in inert_settings(cfg, device) if announce else []:

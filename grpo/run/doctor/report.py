@@ -28,7 +28,7 @@ from grpo.run.doctor.end_checks import (HOW_HELDOUT, heldout_collapse, heldout_f
                                         sampled_at_chance, unevaluated)
 from grpo.run.doctor.thresholds import DoctorThresholds, Finding, series, tasks_in
 from grpo.run.doctor.verdict import TOO_SHORT, check, replayed, rl_steps, verdict
-from grpo.run.pareto import RUN_SUBDIR as PARETO_SUBDIR, ParetoFrontier
+from grpo.run.checkpoint.pareto import RUN_SUBDIR as PARETO_SUBDIR, ParetoFrontier
 from grpo.run.tracking import read_metrics
 from grpo.run.trl.vocabulary import in_user_terms
 
@@ -161,7 +161,7 @@ def heldout_answers(run_dir: Path) -> dict[str, dict[str, list[str]]]:
 
 def early_stop(history: Sequence[Mapping[str, Any]], config: Mapping[str, Any]) -> str:
     """Why RL ended before train.max_steps when early stopping ended it (the row early_stopping/* it logged:
-    grpo/run/best_model.stops_early), in the run's words; "" otherwise."""
+    grpo/run/checkpoint/best_model.stops_early), in the run's words; "" otherwise."""
     row = next((r for r in history if r.get("early_stopping/stopped")), None)
     if row is None:
         return ""

@@ -1,6 +1,6 @@
 """A run's checkpoints: what one holds (everything needed to continue bit for bit), saving it from every process,
 resuming from it, the post-SFT reference's weights, and loading a Pareto point's weights back (`train.doctor=restore`).
-The files themselves (temporary folder, manifest of sha256, atomic rename, verification) are grpo/run/checkpoint_files.py's.
+The files themselves (temporary folder, manifest of sha256, atomic rename, verification) are grpo/run/checkpoint/files.py's.
 """
 
 from __future__ import annotations
@@ -20,9 +20,11 @@ from grpo import config as C
 from grpo.core.losses import POLICY_LOSSES
 from grpo.models.distributed import Dist, rank_rng_state
 from grpo.models.modeling import Policy, save_pretrained
-from grpo.run import checkpoint_files as ckpt
-from grpo.run.fingerprints import input_changes
-from grpo.run.run_folder import run_started
+from grpo.run.checkpoint.files import (PREFIX, CheckpointError, config_differences, list_complete, load, load_reference,
+                                       load_trainable_state, resolve_resume, rng_state, save, saved_run, set_rng_state,
+                                       trainable_state, verify)
+from grpo.run.checkpoint.fingerprints import input_changes
+from grpo.run.checkpoint.folder import run_started
 from grpo.run.record import Run
 
 
@@ -54,14 +56,14 @@ def load_weights(run: Run, folder: Path) -> Path:
         result = set_peft_model_state_dict(model, state)
         trainable = sum(p.requires_grad for p in model.parameters())
         if result.unexpected_keys or len(state) != trainable:
-            raise ckpt.CheckpointError(f"saved weights {folder} do not fit this adapter: {len(state)} tensors for "
+            raise CheckpointError(f"saved weights {folder} do not fit this adapter: {len(state)} tensors for "
                                        f"{trainable} trainable ones, unexpected {list(result.unexpected_keys)[:5]}")
     else:
         state = saved_weights(folder, "model")
         names = set(model.state_dict())
         missing, unexpected = names - set(state) - tied_names(model), set(state) - names
         if missing or unexpected:  # a tied output embedding is saved once, under the input embedding's name
-            raise ckpt.CheckpointError(f"saved weights {folder} do not fit this model: missing {sorted(missing)[:5]}, "
+            raise CheckpointError(f"saved weights {folder} do not fit this model: missing {sorted(missing)[:5]}, "
                                        f"unexpected {sorted(unexpected)[:5]}")
         run.dist.load_full_state(model, state, strict=False)
     run.updater.guard.snapshot()
@@ -76,7 +78,7 @@ def saved_weights(folder: Path, stem: str) -> dict[str, torch.Tensor]:
     files = (sorted(set(json.loads(index.read_text())["weight_map"].values())) if index.is_file()
              else [f"{stem}.safetensors"])
     if not all((folder / name).is_file() for name in files):
-        raise ckpt.CheckpointError(f"Pareto point {folder} has no {stem}.safetensors (or its shards): was it "
+        raise CheckpointError(f"Pareto point {folder} has no {stem}.safetensors (or its shards): was it "
                                    "written by save_pretrained of this run?")
     return {k: v for name in files for k, v in load_file(str(folder / name)).items()}
 
@@ -122,8 +124,8 @@ def checkpoint_state(run: Run, rng_ranks: list[dict[str, Any]] | None = None,
                      gathered: tuple[dict, dict] | None = None) -> dict[str, Any]:
     """Everything needed to continue the run bit-for-bit. `rng_ranks`: every rank's RNG state (rank order);
     `gathered`: (weights, optimizer state) gathered from the shards when sharded."""
-    rng_ranks = rng_ranks or [ckpt.rng_state()]
-    weights, optimizer = gathered or (ckpt.trainable_state(run.policy.model), run.updater.optimizer.state_dict())
+    rng_ranks = rng_ranks or [rng_state()]
+    weights, optimizer = gathered or (trainable_state(run.policy.model), run.updater.optimizer.state_dict())
     update = run.updater
     return {"step": run.progress.step, "weights": weights, "optimizer": optimizer, "scheduler": update.scheduler.state_dict(),
             "controllers": {t: c.state_dict() for t, c in update.controllers.items()},
@@ -141,12 +143,12 @@ class FinalSaveError(OSError):
 def last_checkpoint_line(run: Run) -> str:
     """Where a run whose final save failed can go on from: its newest complete checkpoint, and what --resume auto
     does from it."""
-    complete = ckpt.list_complete(run.run_dir)
+    complete = list_complete(run.run_dir)
     if not complete:
         return ("No complete checkpoint was written (checkpoint.every=0 writes only the final one): free space and "
                 "train again, with checkpoint.every N to keep some")
     newest = complete[-1]
-    finished = newest.name == f"{ckpt.PREFIX}{run.progress.step:06d}" and run.progress.finished
+    finished = newest.name == f"{PREFIX}{run.progress.step:06d}" and run.progress.finished
     return (f"The last complete checkpoint is {newest}: free space, then run the same command with --resume auto ("
             + ("the run is finished there: it writes the final model without training again)" if finished else
                "it trains on from there)"))
@@ -165,7 +167,7 @@ def save_final_checkpoint(run: Run) -> OSError | None:
 def save_checkpoint(run: Run, final: bool = False) -> Path:
     """Rank 0 writes the checkpoint (weights are the same on every rank) with every rank's RNG state. `final`: a
     write the disk refuses is raised after every rank has left the collectives (save_final_checkpoint)."""
-    rng_ranks = run.dist.gather(ckpt.rng_state())
+    rng_ranks = run.dist.gather(rng_state())
     gathered = None
     if run.dist.sharded:  # collectives: every rank takes part, rank 0 receives the whole state
         gathered = (run.dist.full_state(run.policy.model),
@@ -173,7 +175,7 @@ def save_checkpoint(run: Run, final: bool = False) -> Path:
     folder, failed = None, None
     if run.dist.is_main:
         try:
-            folder = ckpt.save(run.run_dir, run.progress.step, checkpoint_state(run, rng_ranks, gathered),
+            folder = save(run.run_dir, run.progress.step, checkpoint_state(run, rng_ranks, gathered),
                                C.to_dict(run.cfg), run.cfg.checkpoint.keep_last, inputs=run.start.inputs)
             run_started(run.run_dir)  # a checkpoint to resume from: the folder is no longer restartable
         except OSError as err:
@@ -194,20 +196,20 @@ def check_resume(run_dir: Path, cfg: C.Config, inputs: dict[str, Any]) -> Path:
     """The checkpoint folder that checkpoint.resume names, once this run may go on from it; before the model loads.
 
     Refused (CheckpointError): a checkpoint past train.max_steps (naming both steps); a config, data file, task rows
-    or reward function source that differs from the checkpoint's (`inputs`, grpo/run/fingerprints.py), every change
+    or reward function source that differs from the checkpoint's (`inputs`, grpo/run/checkpoint/fingerprints.py), every change
     named, unless checkpoint.accept_changes, which prints them and appends them to the run folder's ACCEPTED file."""
     trust = cfg.checkpoint.trust_pickle
-    folder = ckpt.resolve_resume(run_dir, cfg.checkpoint.resume, trust)
+    folder = resolve_resume(run_dir, cfg.checkpoint.resume, trust)
     if cfg.checkpoint.resume != "auto":  # "auto" verified it while choosing it
-        ckpt.verify(folder)
-    step, saved_cfg, saved_inputs = ckpt.saved_run(folder)
+        verify(folder)
+    step, saved_cfg, saved_inputs = saved_run(folder)
     counted = getattr(cfg.train, "num_epochs", 0)  # train.max_steps is counted from the rows later: `resume` checks
     if step is not None and step > cfg.train.max_steps and not counted:
-        raise ckpt.CheckpointError(f"checkpoint {folder} is at step {step}, past train.max_steps={cfg.train.max_steps}"
+        raise CheckpointError(f"checkpoint {folder} is at step {step}, past train.max_steps={cfg.train.max_steps}"
                                    f" (--max-steps): a resume goes on from step {step}, it cannot end at step "
                                    f"{cfg.train.max_steps}; give --max-steps {step} or more (or start a new run)")
     kinds = {}
-    diffs = ckpt.config_differences(saved_cfg, C.to_dict(cfg), config_defaults(cfg))
+    diffs = config_differences(saved_cfg, C.to_dict(cfg), config_defaults(cfg))
     changed = input_changes(saved_inputs, inputs) if saved_inputs is not None else []
     for line in changed:
         kinds["data" if line.startswith(("data file", "the rows")) else "reward functions"] = True
@@ -222,7 +224,7 @@ def check_resume(run_dir: Path, cfg: C.Config, inputs: dict[str, Any]) -> Path:
     listed = "\n  ".join(changes)
     if not cfg.checkpoint.accept_changes:
         what = "a different config" if list(kinds) == ["config"] else f"different {', '.join(kinds)}"
-        raise ckpt.CheckpointError(f"checkpoint {folder} was written with {what}:\n  {listed}"
+        raise CheckpointError(f"checkpoint {folder} was written with {what}:\n  {listed}"
                                    "\nresume with the same settings, data and reward functions; or go on with these "
                                    "changes with --accept-changes (checkpoint.accept_changes=true; recorded in "
                                    f"{Path(run_dir) / ACCEPTED}); or start a new run")
@@ -238,16 +240,16 @@ def resume(run: Run, where: str) -> None:
     """Load the checkpoint `where` ("auto" = newest complete one of the run folder; `grpo_train.setup` hands in the
     folder `check_resume` chose, checked against this run's config and inputs) into `run`."""
     trust = run.cfg.checkpoint.trust_pickle
-    folder = ckpt.resolve_resume(run.run_dir, where, trust)
-    state, saved_cfg = ckpt.load(folder, trust_pickle=trust)
-    diffs = ckpt.config_differences(saved_cfg, C.to_dict(run.cfg), config_defaults(run.cfg))
+    folder = resolve_resume(run.run_dir, where, trust)
+    state, saved_cfg = load(folder, trust_pickle=trust)
+    diffs = config_differences(saved_cfg, C.to_dict(run.cfg), config_defaults(run.cfg))
     if diffs and not run.cfg.checkpoint.accept_changes:  # check_resume named them already, unless not called
-        raise ckpt.CheckpointError(f"checkpoint {folder} was written with a different config:\n  "
+        raise CheckpointError(f"checkpoint {folder} was written with a different config:\n  "
                                    + "\n  ".join(diffs) + "\nresume with the same settings, or start a new run")
     if state["step"] > run.cfg.train.max_steps:  # check_resume said so before the model loaded; a notebook may not
-        raise ckpt.CheckpointError(f"checkpoint {folder} is at step {state['step']}, past train.max_steps="
+        raise CheckpointError(f"checkpoint {folder} is at step {state['step']}, past train.max_steps="
                                    f"{run.cfg.train.max_steps}; give --max-steps {state['step']} or more")
-    ref = ckpt.load_reference(folder.parent.parent, trust_pickle=trust)  # the run the checkpoint belongs to
+    ref = load_reference(folder.parent.parent, trust_pickle=trust)  # the run the checkpoint belongs to
     if ref is not None:  # the run had an SFT warm-up: restore its reference (and, under LoRA, the merged base)
         run.dist.load_full_state(run.policy.model if run.policy.is_lora else run.policy.ref_model, ref)
         run.updater.restart()  # under LoRA the trainable parameters are new objects
@@ -255,7 +257,7 @@ def resume(run: Run, where: str) -> None:
         run.dist.load_full_state(run.policy.model, state["weights"])
         run.dist.load_optimizer_state(run.policy.model, run.updater.optimizer, state["optimizer"])
     else:
-        ckpt.load_trainable_state(run.policy.model, state["weights"], folder)
+        load_trainable_state(run.policy.model, state["weights"], folder)
         run.updater.optimizer.load_state_dict(state["optimizer"])
     update = run.updater
     update.scheduler.load_state_dict(state["scheduler"])
@@ -276,7 +278,7 @@ def resume(run: Run, where: str) -> None:
     run.progress.measures = state.get("measures", {})
     run.progress.step = state["step"]
     run.progress.finished = bool(state.get("finished")) and run.progress.step >= run.cfg.train.max_steps  # not when extended
-    ckpt.set_rng_state(rank_rng_state(state, run.dist))
+    set_rng_state(rank_rng_state(state, run.dist))
     if run.dist.is_main:
         run.tracker.resume_at(run.progress.step, state.get("metrics_rows"))  # metrics.jsonl, csv, samples, TensorBoard
         print(f"resumed from {folder} at step {run.progress.step}")

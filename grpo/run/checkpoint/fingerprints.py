@@ -1,6 +1,6 @@
 """What a run was started with, beyond its config: a sha256 of every local data file its sources name, of each task's
 rows as loaded, and of each user reward function's source. Saved with every checkpoint (inputs.json); a resume
-compares them with its own (`input_changes`) and names what changed (grpo/run/save_resume.py: check_resume).
+compares them with its own (`input_changes`) and names what changed (grpo/run/checkpoint/save_resume.py: check_resume).
 
     files    {path: {"sha256", "setting"}}  every file under data.source / tasks.<task>.path, data_files, heldout
                                             (a folder: each file in it) and data.data_dir's bbq/ and halueval/ for

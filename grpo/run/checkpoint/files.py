@@ -4,9 +4,9 @@ A checkpoint folder `checkpoints/step_000123/` holds
   * `tensors.safetensors`: every tensor of the state (trainable weights, optimizer moments, RNG states, ...);
   * `state.json`: the rest of the state (scheduler, KL controllers, sampler position, guard and monitor state,
     counters, python / numpy RNG states) with each tensor replaced by its name in the tensor file
-    (the tree codec of grpo/run/treecodec.py: JSON node kinds only, nothing is imported or called on load);
+    (the tree codec of grpo/run/checkpoint/treecodec.py: JSON node kinds only, nothing is imported or called on load);
   * `config.json`, `inputs.json` (the fingerprints of the run's data files, rows and reward functions:
-    grpo/run/fingerprints.py; absent in checkpoints written before it) and `manifest.json` (format version, step,
+    grpo/run/checkpoint/fingerprints.py; absent in checkpoints written before it) and `manifest.json` (format version, step,
     sha256 and size of every other file).
 The manifest is written last, and the folder only gets its final name by an atomic rename, so a crash mid-save
 leaves a `.tmp-*` folder that is never taken for a checkpoint. A folder whose files do not match its manifest is
@@ -38,7 +38,7 @@ from safetensors.torch import load_file, save_file
 from grpo.core.plumbing import fsync as _fsync
 from grpo.core.plumbing import sha256 as _sha256
 from grpo.core.plumbing import writing
-from grpo.run.treecodec import TreeCodecError, decode_tree, encode_tree
+from grpo.run.checkpoint.treecodec import TreeCodecError, decode_tree, encode_tree
 
 FORMAT_VERSION = 2
 LEGACY_VERSION = 1
@@ -113,9 +113,9 @@ def _write_folder(tmp: Path, final: Path, files: dict[str, bytes | None], meta: 
 def save(run_dir: Path, step: int, state: dict[str, Any], config: dict[str, Any], keep_last: int,
          inputs: dict[str, Any] | None = None) -> Path:
     """Write checkpoint `step` atomically and keep the newest `keep_last`. Returns its folder. `inputs`: the run's
-    input fingerprints (grpo/run/fingerprints.py), written as inputs.json when given.
+    input fingerprints (grpo/run/checkpoint/fingerprints.py), written as inputs.json when given.
 
-    `state` is a tree of tensors, numpy arrays, numbers, strings, None, lists, tuples and dicts (grpo/run/treecodec.py);
+    `state` is a tree of tensors, numpy arrays, numbers, strings, None, lists, tuples and dicts (grpo/run/checkpoint/treecodec.py);
     anything else raises CheckpointError naming its key before a file is written."""
     try:
         tree_json, tensors = encode_tree(state)

@@ -134,7 +134,7 @@ def settle_best(run: Run) -> Path | None:
     load its weights (RUN/best/) into the policy on every process, and make eval.json's after_rl (what the report
     and the Pareto point read as the final model's) its scores, the last step's going to step_<last>. Returns the
     folder loaded, or None (the last step is the best, or nothing to keep)."""
-    from grpo.run.save_resume import load_weights
+    from grpo.run.checkpoint.save_resume import load_weights
 
     if not run.cfg.checkpoint.keep_best:
         return None
