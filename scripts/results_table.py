@@ -27,7 +27,7 @@ import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:  # `python scripts/results_table.py`: the project's modules (grpo.phases.evaluate for --parts)
+if str(ROOT) not in sys.path:  # `python scripts/results_table.py`: the project's modules (grpo.phases.evaluation for --parts)
     sys.path.insert(0, str(ROOT))
 from benchmarks.common import has_record, read_record  # noqa: E402  (after the path fix above)
 
@@ -65,8 +65,8 @@ def table_rows(run_dir: Path) -> list[str]:
 
 def part_rows(run_dir: Path) -> list[str]:
     """Each grader's own held-out mean per phase (evals/<phase>.jsonl, written by every evaluation; averaged by
-    grpo.phases.evaluate.part_means, as the run's eval_part/<task>/<grader> metrics are)."""
-    from grpo.phases.evaluate import part_means  # imports torch: only when --parts asks for it
+    grpo.phases.evaluation.part_means, as the run's eval_part/<task>/<grader> metrics are)."""
+    from grpo.phases.evaluation import part_means  # imports torch: only when --parts asks for it
 
     seed = json.loads((run_dir / "config.json").read_text())["train"]["seed"]
     phases = [p for p in ("before_sft", "after_sft", "after_rl") if has_record(run_dir / "evals" / f"{p}.jsonl")]

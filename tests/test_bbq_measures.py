@@ -136,7 +136,7 @@ def _scored(task, category, cond, pol, target, label, unknown, text):
 
 def test_record_measures_puts_one_evaluations_bbq_measures_under_its_tag_and_returns_metrics():
     from grpo.core.step_types import Rollout, Sample, Scored
-    from grpo.phases.evaluate import record_measures
+    from grpo.phases.evaluation import record_measures
 
     scored = [
         _scored("fairness", "Age", "ambig", "neg", "A", "C", "C", "Answer: A"),  # target on neg: biased, wrong

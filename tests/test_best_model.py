@@ -68,7 +68,7 @@ def test_a_run_that_peaks_before_its_end_keeps_the_best_evaluations_model(tmp_pa
     import grpo_train
     from safetensors.torch import load_file
 
-    from grpo.phases.evaluate import evaluate
+    from grpo.phases.evaluation import evaluate
     from grpo.run.checkpoint.save_resume import load_weights
 
     out = tmp_path / "output_dir"

@@ -1,10 +1,10 @@
-"""Held-out evaluation records: each grader's own mean per task (grpo.phases.evaluate.part_means)."""
+"""Held-out evaluation records: each grader's own mean per task (grpo.phases.evaluation.part_means)."""
 
 from __future__ import annotations
 
 import math
 
-from grpo.phases.evaluate import part_means
+from grpo.phases.evaluation import part_means
 from grpo.core.step_types import Rollout, Sample, Scored
 
 
@@ -23,7 +23,7 @@ def test_part_means_are_per_task_and_per_grader_and_skip_failed_parts():
 
 
 def test_evaluate_batches_prompts_by_length_and_returns_rows_in_sample_order(monkeypatch):
-    import grpo.phases.evaluate as E
+    import grpo.phases.evaluation as E
     from grpo.config import RolloutConfig
 
     words = [9, 1, 7, 3, 8, 2]  # prompt lengths in words, out of order

@@ -485,23 +485,36 @@ def test_the_entry_point_check_names_what_goes_round_a_face():
                                              "modules", "grpo.run.assembly.no_such_name is not in its face's __all__"]
 
 
-def face_problems(package: str) -> list[str]:
+def face_problems(package: str, text: str | None = None, modules: set[str] | None = None) -> list[str]:
     """A face holds a docstring, imports from its own package's modules and `__all__`, nothing else; `__all__`
-    lists exactly the names it imports."""
-    text = path_of(package).read_text()
+    lists exactly the names it imports, none of them the name of one of its modules (the name would hide the module:
+    `grpo.phases.evaluate` a function, and a test's monkeypatch of the module's names would fail). `text` and
+    `modules` (its modules' names) default to the package's own."""
+    text = path_of(package).read_text() if text is None else text
+    if modules is None:
+        modules = {p.stem for p in path_of(package).parent.glob("*.py")}
     body = ast.parse(text).body
-    out, imported = [], []
-    for n in body[1:] if body and isinstance(body[0], ast.Expr) else (body or [None]):
+    out, imported, exported = [], [], None
+    for n in body[1:] if body and isinstance(body[0], ast.Expr) else body:
         if isinstance(n, ast.ImportFrom):
             imported += [a.asname or a.name for a in n.names]
-        elif not (isinstance(n, ast.Assign) and [t.id for t in n.targets if isinstance(t, ast.Name)] == ["__all__"]):
-            out.append(f"{package}: line {getattr(n, 'lineno', 0)} is neither an import nor __all__")
-    exported = face_names(package)
+        elif isinstance(n, ast.Assign) and [t.id for t in n.targets if isinstance(t, ast.Name)] == ["__all__"]:
+            exported = list(ast.literal_eval(n.value))
+        else:
+            out.append(f"{package}: line {n.lineno} is neither an import nor __all__")
+    out += [f"{package}.{n} hides its module {n}.py" for n in imported if n in modules]
     if exported is None:
         out.append(f"{package} has no __all__")
     elif sorted(exported) != sorted(imported):
         out.append(f"{package}: __all__ {sorted(set(exported) ^ set(imported))} differ from its imports")
     return out
+
+
+def test_the_face_check_names_code_a_missing_name_and_a_hidden_module():
+    text = '"""A wing."""\nfrom w.evaluate import evaluate, part\nX = 1\n__all__ = ["evaluate"]\n'
+    assert face_problems("w", text, {"evaluate", "__init__"}) == [
+        "w: line 3 is neither an import nor __all__", "w.evaluate hides its module evaluate.py",
+        "w: __all__ ['part'] differ from its imports"]
 
 
 def test_every_face_holds_only_its_imports_and_their_names():

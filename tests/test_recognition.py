@@ -128,7 +128,7 @@ def test_data_halueval_subsets_general_recognition_reads_the_general_file():
 
 def test_record_measures_reports_balanced_accuracy_per_task_and_subset():
     from grpo.core.step_types import Rollout, Sample, Scored
-    from grpo.phases.evaluate import record_measures
+    from grpo.phases.evaluation import record_measures
 
     def scored(subset, label, text):
         sample = Sample(task="hallucination", id=f"{subset}{label}{text}", messages=(),

@@ -50,7 +50,7 @@ class Progress:
     """Held-out reward per task under each evaluation tag (before_sft, after_sft, step_N, after_rl)."""
     measures: dict[str, dict[str, Any]] = field(default_factory=dict)
     """Gold-label measures per evaluation tag ({tag: {"bbq" | "recognition": {task: ...}}}: BBQ's accuracies and bias
-    scores, HaluEval recognition's balanced accuracy; grpo/phases/evaluate.record_measures), in measures.json."""
+    scores, HaluEval recognition's balanced accuracy; grpo/phases/evaluation.record_measures), in measures.json."""
     frontier: ParetoFrontier | None = None
     """Pareto frontier of per-task held-out scores, with a saved adapter/model per point (set by `setup`)."""
     alarms: list[Finding] = field(default_factory=list)
