@@ -45,11 +45,10 @@ from grpo.run.checkpoint import (CheckpointError, FinalSaveError, check_resume, 
                                  reference_weights, release_run_dir, resume, save_checkpoint, save_final_checkpoint,
                                  save_final_model, save_reference, settle_best, stops_early)
 from grpo.run.doctor import build_report, consult_doctor, doctor_line, doctor_stops, format_report, plot_run, start_doctor
-from grpo.run.exits import RUN_FAILURES, USER_ERRORS, exit_interrupted, user_error
+from grpo.run.exits import (RUN_FAILURES, USER_ERRORS, Interrupted, StopRequest, exit_interrupted, signals_raise,
+                             user_error)
 from grpo.run.record import Run, Start, TaskSamples
-from grpo.run.signals import Interrupted, StopRequest, signals_raise
-from grpo.run.step_owners import StepTimer
-from grpo.run.tracking import format_step_line, progress_bar, write_samples, write_scored
+from grpo.run.tracking import StepTimer, format_step_line, progress_bar, write_samples, write_scored
 from grpo.run.trl import error_in_user_terms
 
 

@@ -381,7 +381,7 @@ PHASE_KEYS = {
              "reference": ("time/ref_logps", "time/old_logps"), "update": ("time/update",)},
     "trl": {"generate": ("generate",), "grading": ("reward",), "reference": ("no_grad_logps",), "update": ("train",)},
 }
-"""Each side's timed phases by common name (both on CUDA events on a GPU: grpo/run/step_owners.py StepTimer and
+"""Each side's timed phases by common name (both on CUDA events on a GPU: grpo/run/tracking.py StepTimer and
 vs_trl.py's `_instrument`): generation, grading (the reward functions), the no-grad reference / old-policy passes,
 and the update (TRL's: the cycle minus its generate-and-score, so its forward, backward and optimizer step)."""
 

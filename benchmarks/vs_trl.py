@@ -246,7 +246,7 @@ def _demo_reward(lengths: list[int]):
 def _instrument(trainer, events: list[tuple[str, float, Any]]) -> None:
     """Wrap TRL's phase methods on the instance to record (phase, host start, duration) events. On CUDA the duration
     is a pair of CUDA events around the call, read after training (`resolve_events`): the host clock would charge a
-    phase's queued kernels to a later one, and our phase timers read CUDA events too (grpo/run/step_owners.py:
+    phase's queued kernels to a later one, and our phase timers read CUDA events too (grpo/run/tracking.py:
     StepTimer)."""
     import torch
 

@@ -72,11 +72,11 @@ def test_the_counter_sees_every_kind_of_read():
 
 
 def test_the_phase_timer_adds_up_to_the_step():
-    """StepTimer (grpo/run/step_owners.py): each phase is the time since the previous one ended, so they add up to
+    """StepTimer (grpo/run/tracking.py): each phase is the time since the previous one ended, so they add up to
     time/step; on the CPU the host clock (on CUDA, events on the stream, read once at the end)."""
     import time
 
-    from grpo.run.step_owners import StepTimer
+    from grpo.run.tracking import StepTimer
 
     timer = StepTimer()
     with timer("generate"):

@@ -8,19 +8,17 @@
                 the micro-batch size and the out-of-memory retry, the old-log-prob and reference passes
 
 `grpo_train.rl_step` passes records between them (Rollout -> Scored -> Rewarded -> TrainBatch -> metrics) and times each phase
-with a `StepTimer`. The owners' state is what a checkpoint saves (grpo/run/checkpoint/save_resume.py), under the same keys.
+with a `StepTimer` (grpo/run/tracking.py). The owners' state is what a checkpoint saves (grpo/run/checkpoint/save_resume.py), under the same keys.
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import math
 import sys
-import time
 from collections import Counter
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
 import torch
 
@@ -48,42 +46,6 @@ from grpo.phases.tools import ToolBox, tool_rollouts
 from grpo.phases.update import Learner, StepSettings, TaskGradientSurgery, adamw, update_passes
 from grpo.core.gradient_surgery import ConflictMonitor
 from grpo.models.logprobs import shared_prompt_blocker, shares_by_size
-
-
-class StepTimer:
-    """`with timer("generate"): ...` records time/generate: the time since the previous phase ended (the step's
-    start for the first), so the phases add up to time/step, which `metrics()` adds (up to the last phase's end).
-
-    On CUDA the clock is the device's: a CUDA event is recorded on the stream at the step's start and at each
-    phase's end, and `metrics()` waits for the last one (its one host sync) and reads the times between them. The
-    host's clock would charge a phase's queued kernels to whichever later phase first waits on the queue."""
-
-    def __init__(self, device: torch.device | None = None) -> None:
-        self.cuda = device is not None and device.type == "cuda"
-        self.marks: list[tuple[str, Any]] = [("", self._now())]
-
-    def _now(self) -> Any:
-        if not self.cuda:
-            return time.perf_counter()
-        event = torch.cuda.Event(enable_timing=True)
-        event.record()
-        return event
-
-    @contextlib.contextmanager
-    def __call__(self, phase: str) -> Iterator[None]:
-        try:
-            yield
-        finally:
-            self.marks.append((f"time/{phase}", self._now()))
-
-    def metrics(self) -> dict[str, float]:
-        if self.cuda:
-            self.marks[-1][1].synchronize()
-            seconds = [0.0] + [self.marks[0][1].elapsed_time(mark) / 1000 for _, mark in self.marks[1:]]
-        else:
-            seconds = [mark - self.marks[0][1] for _, mark in self.marks]
-        times = {name: seconds[i] - seconds[i - 1] for i, (name, _) in enumerate(self.marks) if i}
-        return {**times, "time/step": seconds[-1]}
 
 
 def completion_share(n_prompts: int, k: int, world: int, rank: int) -> range:

@@ -18,6 +18,7 @@ then the kept rows of the purged steps written again), so every derived file equ
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import html
 import importlib
@@ -443,3 +444,41 @@ def write_samples(run_dir: Path, tracker: Tracker, scored: list[Scored], step: i
     write_scored(run_dir / "samples" / f"step_{step:06d}.jsonl", scored)
     tracker.log_text("samples", "\n\n".join(f"[{s.rollout.sample.task}] {s.rollout.text!r} -> {s.reward}"
                                              for s in scored[:8]), step)
+
+
+class StepTimer:
+    """`with timer("generate"): ...` records time/generate: the time since the previous phase ended (the step's
+    start for the first), so the phases add up to time/step, which `metrics()` adds (up to the last phase's end).
+
+    On CUDA the clock is the device's: a CUDA event is recorded on the stream at the step's start and at each
+    phase's end, and `metrics()` waits for the last one (its one host sync) and reads the times between them. The
+    host's clock would charge a phase's queued kernels to whichever later phase first waits on the queue."""
+
+    def __init__(self, device: Any = None) -> None:
+        self.cuda = device is not None and device.type == "cuda"
+        self.marks: list[tuple[str, Any]] = [("", self._now())]
+
+    def _now(self) -> Any:
+        if not self.cuda:
+            return time.perf_counter()
+        import torch  # loaded by then: tracking itself stays importable without it (report, plot)
+
+        event = torch.cuda.Event(enable_timing=True)
+        event.record()
+        return event
+
+    @contextlib.contextmanager
+    def __call__(self, phase: str) -> Iterator[None]:
+        try:
+            yield
+        finally:
+            self.marks.append((f"time/{phase}", self._now()))
+
+    def metrics(self) -> dict[str, float]:
+        if self.cuda:
+            self.marks[-1][1].synchronize()
+            seconds = [0.0] + [self.marks[0][1].elapsed_time(mark) / 1000 for _, mark in self.marks[1:]]
+        else:
+            seconds = [mark - self.marks[0][1] for _, mark in self.marks]
+        times = {name: seconds[i] - seconds[i - 1] for i, (name, _) in enumerate(self.marks) if i}
+        return {**times, "time/step": seconds[-1]}
