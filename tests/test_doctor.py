@@ -7,7 +7,7 @@ answers rotating over three classes; each test changes one series and says by ha
 
 import pytest
 
-from grpo.run.doctor.verdict import (ONLINE_CODES, Doctor, DoctorThresholds, Finding, check, heldout_series, rl_steps,
+from grpo.run.doctor.verdict import (ONLINE_CODES, Doctor, DoctorThresholds, Finding, check_history, heldout_series, rl_steps,
                                      verdict)
 
 BANDS = {"fairness": (0.01, 0.08)}
@@ -51,14 +51,14 @@ def codes(findings: list[Finding]) -> dict[str, str]:
 
 
 def found(rows, code, **kw) -> list[Finding]:
-    return [f for f in check(rows, kw.pop("th", TH), kw.pop("bands", BANDS), config=CONFIG, **kw) if f.code == code]
+    return [f for f in check_history(rows, kw.pop("th", TH), kw.pop("bands", BANDS), config=CONFIG, **kw) if f.code == code]
 
 
 def test_healthy_run_is_green_and_too_short_below_min_steps():
-    assert check(healthy(), TH, BANDS, config=CONFIG) == []
+    assert check_history(healthy(), TH, BANDS, config=CONFIG) == []
     assert verdict([], rl_steps(healthy()), TH)[0] == "green"
     # 19 RL steps < min_steps 20: too short to judge, even with nothing wrong; 20 is enough
-    assert check(healthy(19), TH, BANDS) == []
+    assert check_history(healthy(19), TH, BANDS) == []
     level, reasons = verdict([], rl_steps(healthy(19)), TH)
     assert level == "too short to judge" and reasons[0].startswith("too short to judge: 19 RL step(s)")
     assert verdict([], rl_steps(healthy(20)), TH)[0] == "green"
@@ -92,7 +92,7 @@ def test_a_run_dead_from_its_first_step_is_yellow_until_five_steps_then_red():
     rows = set_last(healthy(4), "adv/frac_zero_std", 1.0, 4)
     (f,) = found(rows, "no_learning_signal")
     assert f.level == "yellow" and "in any of the 4 step(s) so far" in f.message and "red at 5 steps" in f.message
-    assert verdict(check(rows, TH, BANDS), rl_steps(rows), TH)[0] == "too short to judge"
+    assert verdict(check_history(rows, TH, BANDS), rl_steps(rows), TH)[0] == "too short to judge"
     doctor, fired = Doctor(TH, BANDS, CONFIG), []
     for row in set_last(healthy(6), "adv/frac_zero_std", 1.0, 6):
         fired += [(row["step"], f.level) for f in doctor.update(row) if f.code == "no_learning_signal"]
@@ -141,7 +141,7 @@ def test_reward_stuck_needs_min_steps():
     # the warm-up ended far from its targets: under LoRA the adapter could not fit them; else it needs more steps
     rows.insert(1, {"step": 0, "sft/loss_first": 6.0, "sft/loss_last": 3.96})
     lora = {**CONFIG, "model": {"lora": True}}
-    (f,) = [f for f in check(rows, TH, BANDS, config=lora) if f.code == "reward_stuck"]
+    (f,) = [f for f in check_history(rows, TH, BANDS, config=lora) if f.code == "reward_stuck"]
     assert f.suggestion.startswith("try `model.lora=false`: the warm-up ended at loss 3.96 nats per token (above 1)")
     (f,) = found(rows, "reward_stuck")
     assert f.suggestion.startswith("try `sft.steps=70`: the warm-up ended at loss 3.96 nats per token")
@@ -210,10 +210,10 @@ def test_answer_collapse_needs_the_share_to_have_risen_from_the_first_window():
 
 def test_entropy_collapse_is_red_only_with_a_falling_heldout_reward():
     rows = set_last(healthy(), "entropy/fairness", 0.04, 10)  # the whole last window below the 0.05 floor
-    assert codes(check(rows, TH, BANDS)) == {}  # held-out still rising: converged, not collapsed
+    assert codes(check_history(rows, TH, BANDS)) == {}  # held-out still rising: converged, not collapsed
     next(r for r in rows if r["step"] == 10 and "eval/fairness/reward" in r)["eval/fairness/reward"] = 0.45  # moving
     rows[-1]["eval/fairness/reward"] = 0.54  # best 0.6 at step 20: 0.54 < 0.6 - 0.05 is falling
-    got = codes(check(rows, TH, BANDS))
+    got = codes(check_history(rows, TH, BANDS))
     assert got["entropy_collapse"] == "red"
     (f,) = found(rows, "entropy_collapse")
     assert "fell to 0.540 (step 30) from its best 0.600" in f.message and "`loss.entropy_coef=0.01`" in f.suggestion
@@ -252,10 +252,10 @@ def test_entropy_drop_without_heldout_is_yellow_when_the_reward_falls():
     rows = [r for r in collapsed(share=0.4, last=0.7) if "loss/total" in r or r["step"] == 0]  # no eval after RL
     for row in rl(rows)[-10:]:
         row["entropy/fairness"] = 0.04
-    assert codes(check(rows, TH, BANDS))["entropy_drop"] == "yellow"
+    assert codes(check_history(rows, TH, BANDS))["entropy_drop"] == "yellow"
     for row in rl(rows):
         row["reward/fairness/mean"] = 0.8  # reward at its best: nothing to warn about
-    assert "entropy_drop" not in codes(check(rows, TH, BANDS))
+    assert "entropy_drop" not in codes(check_history(rows, TH, BANDS))
 
 
 def test_kl_out_of_band_for_patience_steps_and_runaway_above_three_times_its_top():
@@ -265,12 +265,12 @@ def test_kl_out_of_band_for_patience_steps_and_runaway_above_three_times_its_top
     assert f.suggestion.startswith("try `kl.fairness.beta=0.08`")
     assert found(set_last(healthy(), "kl/fairness", 0.12, 19), "kl_out_of_band") == []
     # 0.25 > 3 × 0.08 = 0.24 for 20 steps: a runaway (red), not a mere excursion; 0.24 is not above it
-    assert codes(check(set_last(healthy(), "kl/fairness", 0.25, 20), TH, BANDS)) == {"kl_runaway": "red"}
-    assert codes(check(set_last(healthy(), "kl/fairness", 0.24, 20), TH, BANDS)) == {"kl_out_of_band": "yellow"}
-    assert codes(check(set_last(healthy(), "kl/fairness", 0.25, 19), TH, BANDS)) == {}
+    assert codes(check_history(set_last(healthy(), "kl/fairness", 0.25, 20), TH, BANDS)) == {"kl_runaway": "red"}
+    assert codes(check_history(set_last(healthy(), "kl/fairness", 0.24, 20), TH, BANDS)) == {"kl_out_of_band": "yellow"}
+    assert codes(check_history(set_last(healthy(), "kl/fairness", 0.25, 19), TH, BANDS)) == {}
     # without a band: the absolute 1 nat per token
-    assert codes(check(set_last(healthy(), "kl/fairness", 1.01, 20), TH, None)) == {"kl_runaway": "red"}
-    assert codes(check(set_last(healthy(), "kl/fairness", 1.0, 20), TH, None)) == {}
+    assert codes(check_history(set_last(healthy(), "kl/fairness", 1.01, 20), TH, None)) == {"kl_runaway": "red"}
+    assert codes(check_history(set_last(healthy(), "kl/fairness", 1.0, 20), TH, None)) == {}
 
 
 def test_kl_below_band_counts_only_consecutive_steps():
@@ -283,16 +283,16 @@ def test_kl_below_band_counts_only_consecutive_steps():
 
 
 def test_judge_failures_yellow_above_five_percent_red_above_a_quarter():
-    assert codes(check(set_last(healthy(), "judge/failures", 2.0, 10), TH, BANDS)) == {"judge_failures": "yellow"}
-    assert check(set_last(healthy(), "judge/failures", 1.0, 10), TH, BANDS) == []  # 1/32 = 3.1%
-    assert codes(check(set_last(healthy(), "judge/failures", 8.0, 10), TH, BANDS)) == {"judge_failures": "yellow"}
-    assert codes(check(set_last(healthy(), "judge/failures", 9.0, 10), TH, BANDS)) == {"judge_failures": "red"}
+    assert codes(check_history(set_last(healthy(), "judge/failures", 2.0, 10), TH, BANDS)) == {"judge_failures": "yellow"}
+    assert check_history(set_last(healthy(), "judge/failures", 1.0, 10), TH, BANDS) == []  # 1/32 = 3.1%
+    assert codes(check_history(set_last(healthy(), "judge/failures", 8.0, 10), TH, BANDS)) == {"judge_failures": "yellow"}
+    assert codes(check_history(set_last(healthy(), "judge/failures", 9.0, 10), TH, BANDS)) == {"judge_failures": "red"}
 
 
 def test_truncation_and_unexplained_zero_std_groups():
-    assert codes(check(set_last(healthy(), "rollout/fairness/truncated", 0.21, 10), TH, BANDS)) == {
+    assert codes(check_history(set_last(healthy(), "rollout/fairness/truncated", 0.21, 10), TH, BANDS)) == {
         "truncation": "yellow"}
-    assert check(set_last(healthy(), "rollout/fairness/truncated", 0.2, 10), TH, BANDS) == []
+    assert check_history(set_last(healthy(), "rollout/fairness/truncated", 0.2, 10), TH, BANDS) == []
     # reward 0.61..0.7 in the last window (mean 0.655): zero-std 1.0 leaves 34.5% unexplained (< 50%), but at 0.1
     # reward the window's 90%-zero-std groups leave 80% unexplained
     rows = set_last(healthy(), "adv/fairness/frac_zero_std", 0.99, 10)
@@ -319,28 +319,28 @@ def test_non_finite_skipped_and_restored_over_the_whole_run():
     rows = healthy()
     for i in (3, 9, 15, 21):  # 4 of 30 = 13% > 10%
         rl(rows)[i]["health/skipped"] = 1.0
-    assert codes(check(rows, TH, BANDS)) == {"skipped_steps": "red"}
+    assert codes(check_history(rows, TH, BANDS)) == {"skipped_steps": "red"}
     rows = healthy()
     rl(rows)[5]["health/skipped"] = 1.0  # 1 of 30: fine
-    assert check(rows, TH, BANDS) == []
+    assert check_history(rows, TH, BANDS) == []
     rl(rows)[7]["health/restored"] = 1.0
-    assert codes(check(rows, TH, BANDS)) == {"restored_weights": "yellow"}
+    assert codes(check_history(rows, TH, BANDS)) == {"restored_weights": "yellow"}
 
 
 def test_heldout_gains_from_eval_json_and_the_solved_ceiling():
     evals = {"before_sft": {"fairness": 0.3}, "after_sft": {"fairness": 0.5}, "after_rl": {"fairness": 0.4}}
-    assert codes(check(healthy(), TH, BANDS, evals)) == {"reward_regressed": "red"}  # -0.1 < -0.05
+    assert codes(check_history(healthy(), TH, BANDS, evals)) == {"reward_regressed": "red"}  # -0.1 < -0.05
     evals["after_rl"]["fairness"] = 0.5
-    assert codes(check(healthy(), TH, BANDS, evals)) == {"reward_flat": "yellow"}
+    assert codes(check_history(healthy(), TH, BANDS, evals)) == {"reward_flat": "yellow"}
     evals["after_rl"]["fairness"] = 0.52
-    assert check(healthy(), TH, BANDS, evals) == []
+    assert check_history(healthy(), TH, BANDS, evals) == []
     solved = {"before_sft": {"fairness": 0.0}, "after_sft": {"fairness": 1.0}, "after_rl": {"fairness": 1.0}}
-    assert check(healthy(), TH, BANDS, solved) == []  # nothing left to gain
+    assert check_history(healthy(), TH, BANDS, solved) == []  # nothing left to gain
     judge = {"after_sft": {"fairness": 0.95}, "after_rl": {"fairness": 0.95}}  # a 0-10 judge at 0.95: not solved
     rows = healthy()
     for row in rl(rows):
         row["reward/fairness/mean"] *= 10  # 4.1 .. 7.0
-    assert codes(check(rows, TH, BANDS, judge)) == {"reward_flat": "yellow"}
+    assert codes(check_history(rows, TH, BANDS, judge)) == {"reward_flat": "yellow"}
     no_eval = [r for r in healthy() if "loss/total" in r]
     (f,) = found(no_eval, "no_heldout")
     assert f.level == "yellow" and "`train.eval_every=20`" in f.suggestion
@@ -564,5 +564,5 @@ def test_the_demos_records_have_no_empty_or_template_less_completions(fixture):
     folder = Path(__file__).parent / "fixtures" / fixture
     rows = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines() if line.strip()]
     config = json.loads((folder / "config.json").read_text())
-    assert not [f for f in check(rows, TH, config=config) if f.code in ("empty_completions", "template_less_prompts")]
+    assert not [f for f in check_history(rows, TH, config=config) if f.code in ("empty_completions", "template_less_prompts")]
     assert not any(k.startswith("data/") and k.endswith("/raw_prompts") for row in rows for k in row)

@@ -407,21 +407,21 @@ def test_resume_auto_skips_a_newer_unusable_folder_and_says_so(tmp_path, kind, c
 # ------------------------------------------------------------------------------------- the doctor on None / inf rewards
 @pytest.mark.parametrize("value", [float("nan"), float("inf")], ids=["rewards-none", "rewards-infinite"])
 def test_the_doctor_does_not_advise_a_learning_rate_for_broken_rewards(value):
-    from grpo.run.doctor.verdict import check
+    from grpo.run.doctor.verdict import check_history
     from tests.test_doctor import BANDS, CONFIG, TH, healthy, rl
 
     rows = healthy()
     for row in rl(rows)[-10:]:  # the judge stopped answering: every reward None, the mean NaN (or a grader gave inf)
         row["reward/fairness/mean"] = value
         row["reward/fairness/std"] = float("nan")
-    findings = check(rows, TH, BANDS, config=CONFIG)
+    findings = check_history(rows, TH, BANDS, config=CONFIG)
     (bad,) = [f for f in findings if f.code == "non_finite"]
     assert "rewards.fairness" in bad.suggestion and "a smaller train.lr cannot help" in bad.suggestion, bad.suggestion
     assert bad.task == "fairness"
     assert not [f for f in findings if "train.lr=" in f.suggestion], [(f.code, f.suggestion) for f in findings]
     rows = healthy()
     rl(rows)[6]["loss/total"] = float("nan")  # not a reward: the step size is still the advice
-    (bad,) = [f for f in check(rows, TH, BANDS, config=CONFIG) if f.code == "non_finite"]
+    (bad,) = [f for f in check_history(rows, TH, BANDS, config=CONFIG) if f.code == "non_finite"]
     assert "train.lr=" in bad.suggestion
 
 

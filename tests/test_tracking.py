@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from grpo.run.doctor.verdict import check
+from grpo.run.doctor.verdict import check_history
 from grpo.run.tracking import (JsonlTracker, MultiTracker, NullTracker, TensorBoardTracker, WandbTracker,
                            format_step_line, make_trackers, progress_bar, read_metrics, scalars)
 
@@ -64,7 +64,7 @@ def test_nan_round_trips_through_jsonl_so_health_sees_it(tmp_path):
     t.close()
     rows = read_metrics(tmp_path)
     assert math.isnan(rows[0]["loss/total"])
-    assert [f.code for f in check(rows)] == ["non_finite"]
+    assert [f.code for f in check_history(rows)] == ["non_finite"]
 
 
 def test_read_metrics_errors_name_the_path(tmp_path):

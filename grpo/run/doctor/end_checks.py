@@ -1,6 +1,6 @@
 """The run doctor's checks at the end of a run, over the whole history and the held-out evaluations.
 
-End of run (grpo/run/doctor/verdict.check only): red skipped_steps / yellow restored_weights (the weight guard's
+End of run (grpo/run/doctor/verdict.check_history only): red skipped_steps / yellow restored_weights (the weight guard's
 counts), red reward_regressed / yellow reward_flat (held-out after RL vs before RL; for a task without held-out rows
 under data.heldout_fraction=0, TRL's split, the training reward's last window vs its first), yellow no_heldout (a
 trained task never evaluated).

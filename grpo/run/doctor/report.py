@@ -27,7 +27,7 @@ from typing import Any, Mapping, Sequence
 from grpo.run.doctor.end_checks import (HOW_HELDOUT, heldout_collapse, heldout_fell, judged_from_training,
                                         sampled_at_chance, unevaluated)
 from grpo.run.doctor.thresholds import DoctorThresholds, Finding, series, tasks_in
-from grpo.run.doctor.verdict import TOO_SHORT, check, replayed, rl_steps, verdict
+from grpo.run.doctor.verdict import TOO_SHORT, check_history, replayed, rl_steps, verdict
 from grpo.run.checkpoint.pareto import RUN_SUBDIR as PARETO_SUBDIR, ParetoFrontier
 from grpo.run.tracking import read_metrics
 from grpo.run.trl.vocabulary import in_user_terms
@@ -208,7 +208,7 @@ def all_findings(run_dir: Path, history: list[dict[str, Any]], evals: Mapping[st
     """The run's findings, in its words (train.trl_names): the doctor's over the history (window and end of run),
     then those read from the run folder's evaluations (evals/: the held-out greedy answers, the per-prompt rewards)
     and the pass@K diagnostic before RL."""
-    findings = check(history, thresholds, bands, evals or None, config)
+    findings = check_history(history, thresholds, bands, evals or None, config)
     return findings + [replace(f, message=in_user_terms(f.message, config),
                                suggestion=in_user_terms(f.suggestion, config))
                        for f in heldout_collapse(heldout_answers(run_dir), evals, thresholds or DoctorThresholds(),

@@ -1,5 +1,5 @@
 """The run doctor: the checks of grpo/run/doctor/window_checks.py over a moving window of the step metrics, online
-(`Doctor.update` every RL step) and at the end of a run (`check`: the same Doctor replayed over metrics.jsonl, plus
+(`Doctor.update` every RL step) and at the end of a run (`check_history`: the same Doctor replayed over metrics.jsonl, plus
 the whole-run counts and the held-out gains of grpo/run/doctor/end_checks.py), and a verdict.
 
 Verdict (`verdict`), one word everywhere (report.json, `train()`'s run.report, and upper-cased on the console): red
@@ -26,7 +26,7 @@ from grpo.run.doctor.thresholds import (GRAPH_CODES, ONLINE_CODES, PROMPT_CODES,
 from grpo.run.doctor.window_checks import WINDOW_CHECKS, dead_step
 from grpo.run.trl.vocabulary import in_user_terms
 
-__all__ = ["Alarm", "Doctor", "Finding", "DoctorThresholds", "ONLINE_CODES", "TOO_SHORT", "check", "heldout_series",
+__all__ = ["Alarm", "Doctor", "Finding", "DoctorThresholds", "ONLINE_CODES", "TOO_SHORT", "check_history", "heldout_series",
            "replayed", "rl_steps", "series", "tasks_in", "verdict"]
 
 TOO_SHORT = "too short to judge"
@@ -264,7 +264,7 @@ def heldout_series(evals: Mapping[str, Mapping[str, float]], step_now: int) -> d
     return {t: sorted(p, key=lambda sv: sv[0]) for t, p in points.items()}
 
 
-def check(history: Sequence[Mapping[str, Any]], thresholds: DoctorThresholds | None = None,
+def check_history(history: Sequence[Mapping[str, Any]], thresholds: DoctorThresholds | None = None,
           kl_bands: Mapping[str, tuple[float, float]] | None = None,
           evals: Mapping[str, Mapping[str, float]] | None = None,
           config: Mapping[str, Any] | None = None) -> list[Finding]:
