@@ -27,6 +27,7 @@ from hypothesis import strategies as st
 from types import SimpleNamespace
 
 from grpo import config as C
+from grpo.config.building import _field_types
 import grpo_train as G
 from grpo.data.sources import TaskSource, load_source_samples
 
@@ -49,13 +50,13 @@ def config_fields() -> list[str]:
         if section == "preset":
             continue
         if section == "kl":
-            out += [f"kl.{task}.{f}" for task in ("fairness", "default") for f in C._field_types(C.TaskKLConfig)]
+            out += [f"kl.{task}.{f}" for task in ("fairness", "default") for f in _field_types(C.TaskKLConfig)]
         elif section == "rewards":
             out += ["rewards.fairness", "rewards.qa"]
         elif section in C.DICT_SECTIONS:  # tasks.<task>, reward_models.<name>
-            out += [f"{section}.qa.{f}" for f in C._field_types(C.DICT_SECTIONS[section])]
+            out += [f"{section}.qa.{f}" for f in _field_types(C.DICT_SECTIONS[section])]
         else:
-            out += [f"{section}.{f}" for f in C._field_types(cls)]
+            out += [f"{section}.{f}" for f in _field_types(cls)]
     return out
 
 

@@ -413,7 +413,7 @@ def test_a_registry_refuses_a_name_twice_and_decorates():
 # ---------------------------------------------------------------------------------------------- wings and faces
 WINGS = ("grpo.run.trl", "grpo.run.checkpoint", "grpo.run.doctor", "grpo.run.assembly")
 """grpo/run/'s sub-packages, each behind its face (its __init__.py: imports and __all__)."""
-FACES = (*WINGS, "grpo.phases")
+FACES = (*WINGS, "grpo.phases", "grpo.config")
 LOOP_MODULES = {"grpo.run.record", "grpo.run.tracking", "grpo.run.exits", "grpo.run.api"}
 """The loop's own modules at grpo/run/'s top: the Run record, tracking (metrics, progress, the step's timer), how a
 run ends early, train()'s config. The step's owners are built by the assembly and reached through the Run."""
@@ -457,8 +457,8 @@ def entry_point_problems(imports: list[tuple[str, list[str]]]) -> list[str]:
     before torch; and more than MAX_ENTRY_MODULES project modules."""
     out, modules = [], set()
     for module, names in imports:
-        if module == "grpo" and names == ["config"]:
-            module = "grpo.config"
+        if module == "grpo" and names == ["config"]:  # `from grpo import config as C`: the package itself
+            module, names = "grpo.config", []
         if not module.startswith("grpo"):
             continue
         modules.add(module)
