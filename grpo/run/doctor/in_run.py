@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 from grpo import config as C
-from grpo.run.doctor.report import kl_bands
+from grpo.run.doctor.report import configured_kl_bands
 from grpo.run.doctor.thresholds import Finding
 from grpo.run.doctor.verdict import Doctor
 from grpo.run.record import Run
@@ -24,7 +24,7 @@ def start_doctor(run: Run) -> None:
     if not run.dist.is_main:
         return
     settings = C.to_dict(run.cfg)
-    run.doctor = Doctor(kl_bands=kl_bands(settings, run.tasks), config=settings)
+    run.doctor = Doctor(kl_bands=configured_kl_bands(settings, run.tasks), config=settings)
     if (run.run_dir / METRICS_FILE).is_file():
         run.doctor.replay(read_metrics(run.run_dir))
 

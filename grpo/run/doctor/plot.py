@@ -18,7 +18,7 @@ import math
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from grpo.run.doctor.report import kl_bands
+from grpo.run.doctor.report import configured_kl_bands
 from grpo.run.doctor.thresholds import DoctorThresholds, series, tasks_in
 from grpo.run.tracking import read_metrics
 
@@ -197,7 +197,7 @@ def plot_run(run_dir: str | Path) -> Path:
             tasks.append(task)
     palette = plt.get_cmap("tab10").colors
     colors = {t: palette[i % len(palette)] for i, t in enumerate(tasks)}
-    bands = kl_bands(config, tasks)
+    bands = configured_kl_bands(config, tasks)
 
     fig, axes = plt.subplots(5, 2, figsize=(14, 17), sharex=True)
     _panel_eval(axes[0, 0], history, tasks, colors, evals)

@@ -133,7 +133,7 @@ def _bbq_verdict(base_phase: str | None, before, after, row: Mapping[str, Any]) 
     return f"RL did not reduce ambiguous-context bias ({amb}, {dis}; after {base_phase}){abstained}"
 
 
-def kl_bands(config: Mapping[str, Any], tasks: Sequence[str]) -> dict[str, tuple[float, float]]:
+def configured_kl_bands(config: Mapping[str, Any], tasks: Sequence[str]) -> dict[str, tuple[float, float]]:
     """task -> (band_low, band_high) for the tasks whose KL controller is a band (config["kl"][task], else the
     "default" entry, as the trainer resolves it); other controllers have no band to draw or check."""
     sections = config.get("kl") or {}
@@ -238,7 +238,7 @@ def build_report(run_dir: str | Path, thresholds: DoctorThresholds | None = None
     evals = _load_json(run_dir / "eval.json")
     measures = _load_json(run_dir / MEASURES_FILE)
     config = _load_json(run_dir / "config.json")
-    bands = kl_bands(config, tasks_in(history, "kl/"))
+    bands = configured_kl_bands(config, tasks_in(history, "kl/"))
     coverage = _load_json(run_dir / "pass_at_k.json")  # train.pass_at_k: the diagnostic before RL
     findings = all_findings(run_dir, history, evals, config, thresholds, bands, coverage)
     training_only = unevaluated(history, evals) if judged_from_training(config) else []

@@ -207,7 +207,7 @@ def empty_fix(raw: bool) -> str:
                                 "demonstrations of a reply (sft.steps)")
 
 
-def empty_share(rows: Sequence[Mapping[str, Any]], task: str) -> float:
+def empty_reply_share(rows: Sequence[Mapping[str, Any]], task: str) -> float:
     """Mean share of a task's completions that held no word (EMPTY_ANSWER: no text, or only punctuation) over
     `rows`: a step's top answer class and its share (grpo/core/answer_metrics.py) say it exactly when most were (that class
     is then the top one); a step whose top class is another counts 0 (at most half of it was). NaN without a row of
@@ -224,7 +224,7 @@ def _empty_completions(d: Window, _found: list[Finding]) -> list[Finding]:
     template_less_prompts."""
     out = []
     for task in d.tasks():
-        share, raw = empty_share(d.window, task), d.raw_prompts.get(task, 0.0) > 0
+        share, raw = empty_reply_share(d.window, task), d.raw_prompts.get(task, 0.0) > 0
         cause = f"; {RAW_CAUSE}" if raw else ""
         if math.isfinite(share) and share > d.th.empty_share:
             out.append(Finding("red" if share > d.th.empty_red else "yellow", "empty_completions",
