@@ -11,6 +11,7 @@ Nothing runs at import.
 
 from __future__ import annotations
 
+import argparse
 import gzip
 import resource
 import statistics
@@ -49,6 +50,16 @@ SHAPES: dict[str, Shape] = {
     "qwen2.5-0.5b": Shape(arch="qwen2", hidden=896, layers=24, heads=14, kv_heads=2, intermediate=4864,
                           vocab=151936, tied=True, max_positions=32768),
 }
+
+
+def step_shape_flags(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """The flags of a timed RL step's shape that the real-model benchmarks share: repeats, prompts, K and prompt
+    tokens (real_model_parts.py, real_model_settings.py)."""
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--prompts", type=int, default=4)
+    parser.add_argument("--k", type=int, default=8)
+    parser.add_argument("--prompt-tokens", type=int, default=60)
+    return parser
 
 
 def build_and_save_model(shape: Shape, out_dir: Path, seed: int, dtype_name: str) -> dict[str, Any]:

@@ -30,6 +30,8 @@ from typing import Callable
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from benchmarks.common import step_shape_flags  # noqa: E402  (after the path fix above)
+
 NEW_TOKENS = 12
 """Completion length of every part: the presets' short answers."""
 
@@ -43,10 +45,7 @@ def timed(fn: Callable[[], object]) -> float:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--prompts", type=int, default=4)
-    parser.add_argument("--k", type=int, default=8)
-    parser.add_argument("--prompt-tokens", type=int, default=60)
+    step_shape_flags(parser)
     args = parser.parse_args(argv)
 
     import torch

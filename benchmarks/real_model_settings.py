@@ -33,6 +33,8 @@ from typing import Callable
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from benchmarks.common import step_shape_flags  # noqa: E402  (after the path fix above)
+
 NEW_TOKENS = 16
 """Completion length: the smollm2 presets' rollout.max_new_tokens."""
 MODEL = "smollm2-135m-instruct"
@@ -70,10 +72,7 @@ def bf16_units() -> str | None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--prompts", type=int, default=4)
-    parser.add_argument("--k", type=int, default=8)
-    parser.add_argument("--prompt-tokens", type=int, default=60)
+    step_shape_flags(parser)
     parser.add_argument("--parts", default="reference,micro-batch,threads,bf16,shared-prompts",
                         help="which parts to run, comma-separated")
     args = parser.parse_args(argv)
