@@ -445,7 +445,7 @@ def top_level_imports(source: str, module: str) -> list[tuple[str, list[str]]]:
 
 
 def face_names(package: str) -> list[str] | None:
-    """A package's `__all__` (its face), or None when its __init__.py has none."""
+    """A package's `__all__` (its face, in its __init__.py) or a module's, or None when it has none."""
     for n in ast.parse(path_of(package).read_text()).body:
         if isinstance(n, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "__all__" for t in n.targets):
             return list(ast.literal_eval(n.value))
@@ -453,8 +453,9 @@ def face_names(package: str) -> list[str] | None:
 
 
 def entry_point_problems(imports: list[tuple[str, list[str]]]) -> list[str]:
-    """What the entry point imports besides the faces (names in their __all__), the loop's modules and what runs
-    before torch; and more than MAX_ENTRY_MODULES project modules."""
+    """What the entry point imports besides the faces: the wings', the phases', the config's, and the `__all__` of
+    each of the loop's modules and of what runs before torch; a name outside its face's `__all__`; more than
+    MAX_ENTRY_MODULES project modules."""
     out, modules = [], set()
     for module, names in imports:
         if module == "grpo" and names == ["config"]:  # `from grpo import config as C`: the package itself
@@ -462,11 +463,13 @@ def entry_point_problems(imports: list[tuple[str, list[str]]]) -> list[str]:
         if not module.startswith("grpo"):
             continue
         modules.add(module)
-        if module in FACES:
-            exported = face_names(module) or []
-            out += [f"{module}.{n} is not in its face's __all__" for n in names if n not in exported]
-        elif module not in LOOP_MODULES | BEFORE_TORCH | {"grpo.config"}:
+        if module not in {*FACES, *LOOP_MODULES, *BEFORE_TORCH}:
             out.append(f"{module} is neither a wing's face nor one of the loop's modules")
+            continue
+        exported = face_names(module)
+        if exported is None:
+            out.append(f"{module} has no __all__")
+        out += [f"{module}.{n} is not in its face's __all__" for n in names if n not in (exported or [])]
     if len(modules) > MAX_ENTRY_MODULES:
         out.append(f"{len(modules)} project modules imported (at most {MAX_ENTRY_MODULES}): {sorted(modules)}")
     return out
@@ -480,9 +483,10 @@ def test_the_entry_point_imports_the_wings_faces():
 
 def test_the_entry_point_check_names_what_goes_round_a_face():
     imports = [("grpo.run.doctor", ["plot_run"]), ("grpo.run.doctor.plot", ["plot_run"]),
-               ("grpo.run.assembly", ["no_such_name"]), ("torch", [])]
+               ("grpo.run.assembly", ["no_such_name"]), ("grpo.run.api", ["deep_merge"]), ("torch", [])]
     assert entry_point_problems(imports) == ["grpo.run.doctor.plot is neither a wing's face nor one of the loop's "
-                                             "modules", "grpo.run.assembly.no_such_name is not in its face's __all__"]
+                                             "modules", "grpo.run.assembly.no_such_name is not in its face's __all__",
+                                             "grpo.run.api.deep_merge is not in its face's __all__"]
 
 
 def face_problems(package: str, text: str | None = None, modules: set[str] | None = None) -> list[str]:

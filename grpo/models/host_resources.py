@@ -21,6 +21,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, MutableMapping
 
+__all__ = ["memory_metrics", "quiet_openmp"]
+"""The names the entry point takes from this module, its face (tests/test_house.py); the rest serve the package."""
+
 GB = 2**30
 """The memory/ metrics count GiB (2^30 bytes), as `free -g` and /proc's kB (KiB) do."""
 OPENMP_WAIT = {"OMP_WAIT_POLICY": "PASSIVE", "GOMP_SPINCOUNT": "1000"}

@@ -12,6 +12,9 @@ from __future__ import annotations
 import re
 import warnings
 
+__all__ = ["quiet_third_party"]
+"""The names the entry point takes from this module, its face (tests/test_house.py); the rest serve the package."""
+
 QUIET: tuple[tuple[type[Warning], str, str], ...] = (
     # transformers 5 renamed gradient checkpointing to activation checkpointing; TRL 1.16's GRPOConfig still sets the
     # old field (its default, True), so every GRPOConfig warns, whatever the user wrote

@@ -22,6 +22,9 @@ from grpo.run.assembly.config_check import check_config
 from grpo.run.trl.row_files import write_rows
 from grpo.run.trl.translation import from_trl
 
+__all__ = ["loaded_model", "python_config", "with_tools"]
+"""The names the entry point takes from this module, its face (tests/test_house.py); the rest serve the package."""
+
 HELDOUT_SPLITS = ("test", "validation", "eval")
 """The split of a DatasetDict that becomes the held-out rows (the first present), as TRL's eval_dataset."""
 

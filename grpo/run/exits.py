@@ -23,6 +23,10 @@ from grpo.core.weight_guard import TrainingUnstable
 from grpo.data.json_rows import DataFileError
 from grpo.grading.graders import GraderError
 
+__all__ = ["RUN_FAILURES", "USER_ERRORS", "Interrupted", "StopRequest", "exit_interrupted", "signals_raise",
+           "user_error"]
+"""The names the entry point takes from this module, its face (tests/test_house.py); the rest serve the package."""
+
 
 class Interrupted(Exception):
     """SIGINT / SIGTERM outside the RL loop; `code` = 128 + the signal number (130, 143)."""

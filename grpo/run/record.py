@@ -24,6 +24,9 @@ if TYPE_CHECKING:  # the record names the wings' types; importing them would put
     from grpo.run.step_owners import Generation, Rewarder, Updater
     from grpo.run.tracking import Tracker
 
+__all__ = ["Run", "Start", "TaskSamples"]
+"""The names the entry point takes from this module, its face (tests/test_house.py); the rest serve the package."""
+
 
 @dataclass
 class TaskSamples:
