@@ -21,6 +21,7 @@ import math
 import shutil
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
@@ -48,8 +49,10 @@ from grpo.run.doctor import build_report, consult_doctor, doctor_line, doctor_st
 from grpo.run.exits import (RUN_FAILURES, USER_ERRORS, Interrupted, StopRequest, exit_interrupted, signals_raise,
                              user_error)
 from grpo.run.record import Run, Start, TaskSamples
-from grpo.run.tracking import StepTimer, format_step_line, progress_bar, write_samples, write_scored
-from grpo.run.trl import error_in_user_terms
+from grpo.run.tracking import JsonlTracker, StepTimer, format_step_line, progress_bar, write_samples, write_scored
+from grpo.run.trainer import (CallbackError, Events, callback_args, check_train_keywords, check_trainer_keywords,
+                              save_model_folder, trainer_inputs)
+from grpo.run.trl import GRPOConfig, error_in_user_terms
 
 
 def setup(cfg: C.Config, *, callables: Mapping[str, Callable[..., Any]] | None = None,
@@ -303,11 +306,14 @@ def before_rl(run: Run, say: Callable[..., Any]) -> None:
         say(f"pass@{cfg.train.pass_at_k} before RL ...", pass_at_k_phase(run))
 
 
-def main(cfg: C.Config, run: Run | None = None) -> Run:
+def main(cfg: C.Config, run: Run | None = None, events: Events | None = None) -> Run:
     """The whole run: `setup` (unless `run` is one already set up, as `train` hands it in), evaluations, SFT, the
-    RL loop with its evaluations and checkpoints, `finish`."""
+    RL loop with its evaluations and checkpoints, `finish`. `events`: transformers' TrainerCallbacks and TRL's
+    TrainerState (grpo/run/trainer.py; `GRPOTrainer`, `train(callbacks=...)`), told of each step, log, evaluation
+    and save; a callback's control.should_training_stop / should_save / should_evaluate is honoured."""
     run = run if run is not None else setup(cfg)
     cfg = run.cfg  # as set up: train.num_epochs counted into train.max_steps
+    events = events if events is not None else Events()
     say = print if run.dist.is_main else (lambda *a, **k: None)  # one voice: rank 0
     say(banner(run))
     if cfg.checkpoint.resume:
@@ -319,22 +325,14 @@ def main(cfg: C.Config, run: Run | None = None) -> Run:
         say(doctor_line(f, f"active since step {f.since}, before the resume"), flush=True)
     stop = StopRequest()
     with stop.installed():
+        events.begin(run)
         bar = progress_bar(range(run.progress.step + 1, cfg.train.max_steps + 1), "RL", enabled=run.dist.is_main)
         for step in bar:
+            events.step_begin(step)
             metrics = rl_step(run, step)
-            if hasattr(bar, "set_postfix_str"):  # a tqdm bar on a terminal: per-task reward / KL / β in the postfix
-                bar.set_postfix_str(" | ".join(
-                    f"{t[:5]} r={metrics.get(f'reward/{t}/mean', math.nan):.2f} kl={metrics.get(f'kl/{t}', 0.0):.3f}"
-                    f" β={metrics[f'beta/{t}']:.3f}" for t in run.tasks), refresh=False)
-            elif step % cfg.train.log_every == 0:  # logs: one plain line per step
-                say(format_step_line(metrics, run.tasks), flush=True)
-            if cfg.train.eval_every and step % cfg.train.eval_every == 0 and step < cfg.train.max_steps:
-                evaluate_phase(run, f"step_{step}")
-                if stops_early(run):  # train.early_stopping_patience evaluations without an improvement
-                    break
-            for f in run.progress.alarms:
-                say(doctor_line(f, f"step {step}"), flush=True)
-            if doctor_stops(run):  # train.doctor=stop | restore and a red finding is active: on to the end of the run
+            show_step(run, bar, step, metrics, say)
+            events.step_end(step, metrics)
+            if after_step(run, step, events, say):  # early stopping, the doctor, a callback: on to the end
                 break
             if run.dist.any(stop.requested):  # every rank stops after the same step
                 folder = save_checkpoint(run)
@@ -345,24 +343,52 @@ def main(cfg: C.Config, run: Run | None = None) -> Run:
                 run.tracker.close()
                 release_run_dir(run.run_dir)
                 return run
-            if cfg.checkpoint.every and step % cfg.checkpoint.every == 0:
-                save_checkpoint(run)
+            if cfg.checkpoint.every and step % cfg.checkpoint.every == 0 or events.control.should_save:
+                events.save(save_checkpoint(run))
+            if run.dist.any(events.control.should_training_stop):  # a callback (EarlyStoppingCallback, ...)
+                break
     failed = None
     if not run.progress.finished:  # else resumed from the final checkpoint: evaluated and saved already
         if any(run.samples.heldout.values()):
-            evaluate_phase(run, "after_rl")
+            events.evaluate(evaluate_phase(run, "after_rl"))
             settle_best(run)  # checkpoint.keep_best: the best evaluation's weights, when they beat the last step's
         run.progress.finished = True
         failed = save_final_checkpoint(run)  # a full disk: the final model may still fit, `finish` says which
     finish(run, failed)
+    events.end()
     return run
+
+
+def show_step(run: Run, bar: Any, step: int, metrics: Mapping[str, Any], say: Callable[..., Any]) -> None:
+    """The step on the console: per-task reward / KL / β in a tqdm bar's postfix on a terminal, else a plain line
+    every train.log_every steps (logs)."""
+    if hasattr(bar, "set_postfix_str"):
+        bar.set_postfix_str(" | ".join(
+            f"{t[:5]} r={metrics.get(f'reward/{t}/mean', math.nan):.2f} kl={metrics.get(f'kl/{t}', 0.0):.3f}"
+            f" β={metrics[f'beta/{t}']:.3f}" for t in run.tasks), refresh=False)
+    elif step % run.cfg.train.log_every == 0:
+        say(format_step_line(metrics, run.tasks), flush=True)
+
+
+def after_step(run: Run, step: int, events: Events, say: Callable[..., Any]) -> bool:
+    """After a step's log: the evaluation every train.eval_every steps (or when a callback asks), early stopping,
+    the doctor's alarms; whether RL ends here (early stopping, or train.doctor=stop | restore with a red finding)."""
+    every = run.cfg.train.eval_every
+    if (every and step % every == 0 or events.control.should_evaluate) and step < run.cfg.train.max_steps:
+        events.evaluate(evaluate_phase(run, f"step_{step}"))
+        if stops_early(run):  # train.early_stopping_patience evaluations without an improvement
+            return True
+    for f in run.progress.alarms:
+        say(doctor_line(f, f"step {step}"), flush=True)
+    return doctor_stops(run)
 
 
 def train(config: C.Config | str | Sequence[str] | None = None, *,
           tasks: Mapping[str, Any] | None = None, rewards: Mapping[str, Any] | None = None,
           model: Any = None, processing_class: Any = None, peft_config: Any = None, args: Any = None,
           eval_dataset: Any = None, tools: Sequence[Callable[..., Any] | str] | None = None,
-          environment_factory: Callable[[], Any] | str | None = None, **sections: Mapping[str, Any]) -> Run:
+          environment_factory: Callable[[], Any] | str | None = None, callbacks: Sequence[Any] | None = None,
+          **sections: Mapping[str, Any]) -> Run:
     """The command line's run from Python (a notebook, a script): returns the finished Run, its `report` filled in.
 
         run = train(tasks={"qa": "qa.csv"}, rewards={"qa": [my_reward]}, train={"max_steps": 40})
@@ -391,11 +417,15 @@ def train(config: C.Config | str | Sequence[str] | None = None, *,
     environment_factory: a stateful task's environment (TRL's environment_factory): a class or function making one
               per trajectory, `reset(**row)` at its start, its public methods tools, reward functions get
               `environments` (rollout.environment_factory; grpo/phases/environments.py).
+    callbacks: transformers TrainerCallbacks (objects or classes), told of each step, log, evaluation and save
+              with (args, state, control), as TRL's trainer tells them (grpo/run/trainer.py: Events); args is the
+              GRPOConfig given, else one of ours with the run's settings.
     sections: a section's fields as a dict, e.g. train={"max_steps": 40}, rollout={"k": 8}.
 
     Errors are the command line's, raised instead of printed: ConfigError (config), DataFileError (data),
     GraderError (the reward preflight, before the model loads), ModelPackageMissing. For the phases one by one,
     call `setup`, `evaluate_phase`, `sft_phase`, `rl_step`, `finish` (notebooks/quickstart.ipynb)."""
+    check_train_keywords(sections)  # a GRPOTrainer keyword or a misspelt one, named before any work
     model = loaded_model(model, processing_class)
     cfg, callables = python_config(config, tasks, rewards, model, sections, peft_config, trl_args=args,
                                    eval_dataset=eval_dataset)
@@ -403,18 +433,170 @@ def train(config: C.Config | str | Sequence[str] | None = None, *,
     loaded = model if isinstance(model, tuple) else None
     if loaded is None:
         check_model_available(cfg.model)
+    return run_python(cfg, callables, loaded, Events(callbacks or (), callback_args(cfg, args)))
+
+
+def run_python(cfg: C.Config, callables: Mapping[str, Callable[..., Any]], loaded: tuple[Any, Any] | None,
+               events: Events, run: Run | None = None) -> Run:
+    """`train`'s and `GRPOTrainer.train`'s run: `setup` (unless `run` is set up already) and `main`, errors named
+    as the user wrote them, the run folder's lock released after a failure too; report.json read into the Run."""
     try:
-        run = setup(cfg, callables=callables, model=loaded)
+        run = run if run is not None else setup(cfg, callables=callables, model=loaded)
     except C.ConfigError as err:  # named as the user wrote it: TRL's field where a GRPOConfig set it
         raise error_in_user_terms(err, C.to_dict(cfg)) from None
     try:
-        main(cfg, run)
+        main(cfg, run, events)
     finally:  # also after a failure: the same train(...) may run again at once, another process too
         release_run_dir(run.run_dir)
     report = run.run_dir / "report.json"
     if report.is_file():
         run.progress.report = json.loads(report.read_text())
     return run
+
+
+class GRPOTrainer:
+    """TRL's GRPOTrainer, for a TRL script as it is: `from grpo_train import GRPOTrainer` in place of TRL's import
+    (docs/TRL.md, "GRPOTrainer"). The same keywords (TRL 1.16's; each honoured, or refused here with what to use),
+    `train(resume_from_checkpoint=None | True | path)`, `evaluate()`, `save_model(dir)`, `log(dict)`,
+    `push_to_hub()`, `add_callback` / `remove_callback` / `pop_callback`, and `model`, `processing_class`, `args`,
+    `state` (transformers' TrainerState: global_step in TRL's optimizer steps, log_history with TRL's keys,
+    best_metric, best_model_checkpoint). The run is `train`'s: one code path (`run_python`), one run folder
+    (output_dir/grpo-dual/), the doctor, the report and the evaluations; the model loads when the run is set up (at
+    `train()`, or when `model` / `evaluate()` needs it first). Bad keywords stop here, before anything is written."""
+
+    def __init__(self, model: Any = None, reward_funcs: Any = None, args: Any = None, train_dataset: Any = None,
+                 eval_dataset: Any = None, processing_class: Any = None, reward_processing_classes: Any = None,
+                 callbacks: Sequence[Any] | None = None, optimizers: tuple[Any, Any] = (None, None),
+                 quantization_config: Any = None, peft_config: Any = None, tools: Sequence[Any] | None = None,
+                 rollout_func: Any = None, environment_factory: Any = None, **unknown: Any) -> None:
+        check_trainer_keywords(unknown)
+        if model is None:
+            raise C.ConfigError("GRPOTrainer(model=...) is required: a model's name or folder, or a loaded model",
+                                field="model")
+        given = {k: v for k, v in locals().items() if k not in ("self", "unknown", "__class__")}
+        inputs = trainer_inputs(given)
+        self._loaded = loaded_model(inputs["model"], inputs["processing_class"])
+        cfg, self._callables = python_config(None, inputs["tasks"], inputs["rewards"], self._loaded,
+                                             {"model": inputs["model_section"]} if inputs["model_section"] else {},
+                                             inputs["peft_config"], trl_args=inputs["args"],
+                                             eval_dataset=inputs["eval_dataset"])
+        self._cfg, self._callables = with_tools(cfg, self._callables, inputs["tools"], inputs["environment_factory"])
+        if not isinstance(self._loaded, tuple):
+            check_model_available(self._cfg.model)
+        self.args = callback_args(self._cfg, inputs["args"] if args is not None else None)
+        if args is None:
+            self.args.output_dir = inputs["args"]["output_dir"]
+        self.events = Events(callbacks or (), self.args)
+        self.run: Run | None = None
+        self.events.call("on_init_end")
+
+    # ------------------------------------------------------------------------------------------------- the run
+    def _set_up(self, resume: str = "") -> Run:
+        """The run, set up once (again with checkpoint.resume when a resume is asked of a run set up without)."""
+        if self.run is not None and (not resume or self.run.cfg.checkpoint.resume == resume):
+            return self.run
+        if self.run is not None:
+            release_run_dir(self.run.run_dir)
+        cfg = self._cfg if not resume else replace(self._cfg, checkpoint=replace(self._cfg.checkpoint, resume=resume))
+        try:
+            self.run = setup(cfg, callables=self._callables,
+                             model=self._loaded if isinstance(self._loaded, tuple) else None)
+        except C.ConfigError as err:
+            raise error_in_user_terms(err, C.to_dict(cfg)) from None
+        return self.run
+
+    def train(self, resume_from_checkpoint: bool | str | None = None, trial: Any = None,
+              ignore_keys_for_eval: Any = None, **kwargs: Any) -> Any:
+        """The run, from the start or resumed (True: the last complete checkpoint; a path: TRL's checkpoint-N or the
+        run's checkpoints/step_N); TrainOutput(global_step, training_loss, metrics) as TRL returns it."""
+        from transformers.trainer_utils import TrainOutput
+
+        if trial is not None or kwargs:
+            raise C.ConfigError(f"GRPOTrainer.train() takes resume_from_checkpoint only here; got "
+                                f"{['trial'] if trial is not None else sorted(kwargs)}", field="resume_from_checkpoint")
+        resume = "auto" if resume_from_checkpoint is True else str(resume_from_checkpoint or "")
+        run = self._set_up(resume)
+        run_python(run.cfg, self._callables, None, self.events, run=run)
+        metrics = self.state.log_history[-1] if self.state.log_history else {}
+        return TrainOutput(self.state.global_step, metrics.get("train_loss", math.nan), dict(metrics))
+
+    @property
+    def state(self) -> Any:
+        """transformers' TrainerState of the run (grpo/run/trainer.py Events)."""
+        return self.events.state
+
+    @property
+    def model(self) -> Any:
+        """The policy being trained (the PeftModel under LoRA), as TRL's trainer.model."""
+        return self._set_up().policy.model
+
+    @property
+    def processing_class(self) -> Any:
+        """The tokenizer, as TRL's trainer.processing_class."""
+        return self._set_up().policy.tokenizer
+
+    def evaluate(self, eval_dataset: Any = None, ignore_keys: Any = None, metric_key_prefix: str = "eval") -> dict:
+        """The held-out greedy evaluation now (grpo-dual's: eval_dataset's rows), as TRL's eval_* metrics."""
+        if eval_dataset is not None or metric_key_prefix != "eval":
+            raise C.ConfigError("GRPOTrainer.evaluate() evaluates the eval_dataset given to GRPOTrainer(...) under "
+                                "eval_*: give the rows there", field="eval_dataset")
+        run = self._set_up()
+        if not any(run.samples.heldout.values()):
+            raise C.ConfigError("GRPOTrainer.evaluate(): no held-out rows; give GRPOTrainer(eval_dataset=...)",
+                                field="eval_dataset")
+        tracker, finished = run.tracker, run.progress.finished
+        if finished:  # after train(): the run's trackers are closed; the row goes to metrics.jsonl all the same
+            run.tracker = JsonlTracker(run.run_dir)
+        try:
+            return self.events.evaluate(evaluate_phase(run, f"evaluate_{run.progress.step}"))
+        finally:
+            if finished:
+                run.tracker.close()
+                run.tracker = tracker
+
+    def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:
+        """The model (or LoRA adapter), its tokenizer and card into output_dir (args.output_dir when None)."""
+        save_model_folder(self._set_up(), Path(output_dir or self.args.output_dir))
+
+    def log(self, logs: Mapping[str, float], start_time: float | None = None) -> None:
+        """A row of the user's own numbers: state.log_history, the callbacks' on_log, and metrics.jsonl while the
+        run is training."""
+        if self.run is not None and not self.run.progress.finished:
+            self.run.tracker.log(dict(logs), self.run.progress.step)
+        self.events.log(logs)
+
+    def push_to_hub(self, commit_message: str | None = "End of training", blocking: bool = True,
+                    token: str | None = None, revision: str | None = None, **kwargs: Any) -> Any:
+        """output_dir uploaded to the Hub repo args.hub_model_id (else output_dir's name), as TRL does; without a
+        reachable Hub, a RuntimeError naming what would go where."""
+        folder = Path(self.args.output_dir)
+        repo = getattr(self.args, "hub_model_id", None) or folder.resolve().name
+        try:
+            from huggingface_hub import HfApi
+
+            api = HfApi(token=token)
+            api.create_repo(repo, exist_ok=True)
+            return api.upload_folder(repo_id=repo, folder_path=str(folder), commit_message=commit_message,
+                                     revision=revision)
+        except Exception as err:  # noqa: BLE001 - offline, no token, no such repo: each named with the same fix
+            files = sorted(p.name for p in folder.iterdir()) if folder.is_dir() else []
+            raise RuntimeError(f"push_to_hub: the Hub could not be reached or refused ({type(err).__name__}: {err}); "
+                               f"it would push {folder} ({', '.join(files) or 'no files yet'}) to the Hub repo "
+                               f"{repo!r}. Push from a machine with access: huggingface-cli upload {repo} "
+                               f"{folder}") from err
+
+    def add_callback(self, callback: Any) -> None:
+        self.events.callbacks.append(callback() if isinstance(callback, type) else callback)
+
+    def pop_callback(self, callback: Any) -> Any:
+        for cb in self.events.callbacks:
+            if cb is callback or (isinstance(callback, type) and type(cb) is callback):
+                self.events.callbacks.remove(cb)
+                return cb
+        return None
+
+    def remove_callback(self, callback: Any) -> None:
+        self.pop_callback(callback)
 
 
 def cli(argv: list[str]) -> int:

@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any, Iterable, Iterator, Mapping, Protocol, Se
 if TYPE_CHECKING:
     from grpo.core.step_types import Scored
 
-__all__ = ["StepTimer", "format_step_line", "progress_bar", "write_samples", "write_scored"]
+__all__ = ["JsonlTracker", "StepTimer", "format_step_line", "progress_bar", "write_samples", "write_scored"]
 """The names the entry point takes from this module, its face (tests/test_house.py); the rest serve the package."""
 
 METRICS_FILE = "metrics.jsonl"

@@ -6,7 +6,8 @@ that set what it advises (vocabulary.py); docs/TRL.md is generated from the tabl
 This wing imports no other wing."""
 
 from .command_line import read_config_file, trl_flags
+from .grpo_config import GRPOConfig
 from .translation import from_trl
 from .vocabulary import error_in_user_terms
 
-__all__ = ["error_in_user_terms", "from_trl", "read_config_file", "trl_flags"]
+__all__ = ["GRPOConfig", "error_in_user_terms", "from_trl", "read_config_file", "trl_flags"]

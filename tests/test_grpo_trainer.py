@@ -1,0 +1,280 @@
+"""A TRL script as it is: TRL 1.16's own GRPOTrainer scripts run with one import line changed
+(`from grpo_train import GRPOTrainer`), each beside TRL's GRPOTrainer on the same script, tiny model, CPU: the same
+global_step, TRL's log_history keys (ours may add), output_dir and checkpoint-N loadable the same way; transformers'
+callbacks and EarlyStoppingCallback; the keywords checked before anything is written."""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+import pytest
+import torch
+
+pytest.importorskip("trl")
+datasets = pytest.importorskip("datasets")
+
+from grpo import config as C  # noqa: E402
+
+TRL_IMPORT = "from trl import GRPOConfig, GRPOTrainer"
+OUR_IMPORT = "from trl import GRPOConfig\nfrom grpo_train import GRPOTrainer"
+
+HEADER = f'''
+{TRL_IMPORT}
+from datasets import Dataset
+
+def reward_len(completions, **kwargs):
+    return [-abs(20 - len(str(c))) for c in completions]
+'''
+ARGS = ("output_dir='out', max_steps=2, per_device_train_batch_size=4, num_generations=4, max_completion_length=6, "
+        "use_cpu=True, report_to='none', logging_steps=1, save_steps=1, seed=0")
+
+SCRIPTS = {
+    # TRL's quickstart (its docs' GRPO example), on the tiny model and a short run
+    "quickstart": HEADER + f'''
+dataset = Dataset.from_list([{{"prompt": f"Describe the number {{i}}."}} for i in range(16)])
+training_args = GRPOConfig({ARGS})
+trainer = GRPOTrainer(model=MODEL, reward_funcs=reward_len, args=training_args, train_dataset=dataset)
+trainer.train()
+''',
+    # two reward functions weighed by reward_weights, conversational prompts
+    "two_rewards_conversational": HEADER + f'''
+def reward_short(completions, **kwargs):
+    return [-float(len(c[0]["content"])) for c in completions]
+
+def reward_chat(completions, **kwargs):
+    return [1.0 if c[0]["role"] == "assistant" else 0.0 for c in completions]
+
+dataset = Dataset.from_list([{{"prompt": [{{"role": "user", "content": f"Describe the number {{i}}."}}]}}
+                             for i in range(16)])
+training_args = GRPOConfig({ARGS}, reward_weights=[1.0, 0.5])
+trainer = GRPOTrainer(model=MODEL, reward_funcs=[reward_short, reward_chat], args=training_args,
+                      train_dataset=dataset)
+trainer.train()
+''',
+    # peft's default LoraConfig: no target_modules, peft's default for the architecture
+    "peft_default": HEADER + f'''
+from peft import LoraConfig
+
+dataset = Dataset.from_list([{{"prompt": f"Describe the number {{i}}."}} for i in range(16)])
+training_args = GRPOConfig({ARGS})
+trainer = GRPOTrainer(model=MODEL, reward_funcs=reward_len, args=training_args, train_dataset=dataset,
+                      peft_config=LoraConfig(r=8, lora_alpha=16, task_type="CAUSAL_LM"))
+trainer.train()
+''',
+    # an eval split, load_best_model_at_end, EarlyStoppingCallback and a custom TrainerCallback
+    "early_stopping": HEADER + '''
+from transformers import EarlyStoppingCallback, TrainerCallback
+
+def constant(completions, **kwargs):  # never improves: patience 1 stops after the second evaluation
+    return [1.0 for c in completions]
+
+class Events(TrainerCallback):
+    def __init__(self):
+        self.seen = []
+    def on_train_begin(self, args, state, control, **kwargs):
+        self.seen.append("train_begin")
+    def on_evaluate(self, args, state, control, metrics=None, **kwargs):
+        self.seen.append(("evaluate", state.global_step, round(metrics["eval_reward"], 4)))
+    def on_save(self, args, state, control, **kwargs):
+        self.seen.append(("save", state.global_step))
+    def on_train_end(self, args, state, control, **kwargs):
+        self.seen.append("train_end")
+
+events = Events()
+train = Dataset.from_list([{"prompt": f"Describe the number {i}."} for i in range(16)])
+test = Dataset.from_list([{"prompt": f"Name the number {i}."} for i in range(4)])
+training_args = GRPOConfig(output_dir="out", max_steps=6, per_device_train_batch_size=4, num_generations=4,
+                           max_completion_length=4, use_cpu=True, report_to="none", logging_steps=1, seed=0,
+                           eval_strategy="steps", eval_steps=1, save_steps=1, load_best_model_at_end=True,
+                           metric_for_best_model="reward", per_device_eval_batch_size=4)
+trainer = GRPOTrainer(model=MODEL, reward_funcs=constant, args=training_args, train_dataset=train,
+                      eval_dataset=test, callbacks=[EarlyStoppingCallback(early_stopping_patience=1), events])
+trainer.train()
+''',
+}
+
+
+@pytest.fixture(scope="module")
+def tiny_folder(tmp_path_factory) -> Path:
+    """A tiny Llama and its tokenizer saved as a model folder, the kind a TRL script names."""
+    from transformers import LlamaForCausalLM
+
+    from grpo.models.modeling import build_tiny_tokenizer, tiny_model_config
+
+    folder = tmp_path_factory.mktemp("tiny") / "model"
+    tok = build_tiny_tokenizer([f"Describe the number {i}." for i in range(50)] + ["Name the number 3."],
+                               vocab_size=300)
+    torch.manual_seed(0)
+    LlamaForCausalLM(tiny_model_config(len(tok), hidden=32, layers=1, heads=2, kv_heads=1)).save_pretrained(folder)
+    tok.save_pretrained(folder)
+    return folder
+
+
+def run_script(script: str, folder: Path, model: Path, ours: bool) -> dict:
+    """The script run in `folder` (TRL's, or ours with the import line changed): its namespace."""
+    text = script.replace(TRL_IMPORT, OUR_IMPORT) if ours else script
+    assert (OUR_IMPORT in text) == ours
+    folder.mkdir(parents=True)
+    here = os.getcwd()
+    os.chdir(folder)
+    try:
+        namespace = {"MODEL": str(model), "__name__": "__main__"}
+        exec(compile(text, f"<{'ours' if ours else 'trl'} script>", "exec"), namespace)
+        return namespace
+    finally:
+        os.chdir(here)
+
+
+def train_keys(trainer) -> set[str]:
+    return {k for row in trainer.state.log_history if "loss" in row for k in row}
+
+
+@pytest.fixture
+def isolated(tmp_path, monkeypatch):
+    monkeypatch.setenv("GRPO_DUAL_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    return tmp_path
+
+
+@pytest.mark.parametrize("name", ["quickstart", "two_rewards_conversational", "peft_default"])
+def test_a_trl_script_runs_with_only_the_import_changed_beside_trls_own(name, tiny_folder, isolated):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    theirs = run_script(SCRIPTS[name], isolated / "trl", tiny_folder, ours=False)["trainer"]
+    ours = run_script(SCRIPTS[name], isolated / "ours", tiny_folder, ours=True)["trainer"]
+    assert ours.state.global_step == theirs.state.global_step == 2
+    missing = train_keys(theirs) - train_keys(ours)
+    assert not missing, f"TRL's log_history keys missing from ours: {sorted(missing)}"
+    reward_keys = {k for k in train_keys(theirs) if k.startswith("rewards/")}
+    assert reward_keys and reward_keys <= train_keys(ours)
+    trl_points = sorted(p.name for p in (isolated / "trl" / "out").glob("checkpoint-*"))
+    our_points = sorted(p.name for p in (isolated / "ours" / "out").glob("checkpoint-*"))
+    assert our_points == trl_points == ["checkpoint-1", "checkpoint-2"]
+    for side in ("trl", "ours"):
+        for folder in [isolated / side / "out" / p for p in trl_points]:
+            if name == "peft_default":
+                from peft import AutoPeftModelForCausalLM
+
+                assert AutoPeftModelForCausalLM.from_pretrained(folder) is not None
+            else:
+                assert AutoModelForCausalLM.from_pretrained(folder) is not None
+            assert AutoTokenizer.from_pretrained(folder) is not None
+    if name == "peft_default":  # peft's default modules for a Llama, as TRL's own trainer takes them
+        assert sorted(ours.model.peft_config["default"].target_modules) == \
+            sorted(theirs.model.peft_config["default"].target_modules) == ["q_proj", "v_proj"]
+
+
+def test_early_stopping_and_a_custom_callback_see_what_trls_trainer_shows_them(tiny_folder, isolated):
+    theirs = run_script(SCRIPTS["early_stopping"], isolated / "trl", tiny_folder, ours=False)
+    ours = run_script(SCRIPTS["early_stopping"], isolated / "ours", tiny_folder, ours=True)
+    # a constant reward never improves: patience 1 stops both after the second evaluation, at the same step
+    assert ours["trainer"].state.global_step == theirs["trainer"].state.global_step == 2
+    assert [e for e in ours["events"].seen if e[0] != "save"] == [e for e in theirs["events"].seen if e[0] != "save"]
+    assert ours["events"].seen[0] == "train_begin" and ours["events"].seen[-1] == "train_end"
+    assert ("save", 1) in ours["events"].seen and ("save", 2) in ours["events"].seen
+    assert ours["trainer"].state.best_metric == pytest.approx(theirs["trainer"].state.best_metric) == 1.0
+    assert Path(ours["trainer"].state.best_model_checkpoint).name == "checkpoint-1"
+    assert {"eval_reward", "epoch", "step"} <= {k for r in ours["trainer"].state.log_history if "eval_reward" in r
+                                                for k in r}
+
+
+def test_a_callback_that_raises_stops_the_run_with_its_name_and_the_checkpoint_stays(tiny_folder, isolated):
+    from transformers import TrainerCallback
+
+    from grpo_train import CallbackError, GRPOTrainer
+    from grpo.run.trl import GRPOConfig
+
+    class Broken(TrainerCallback):
+        def on_step_end(self, args, state, control, **kwargs):
+            if state.global_step == 2:
+                raise ZeroDivisionError("my bug")
+
+    rows = datasets.Dataset.from_list([{"prompt": f"Describe the number {i}."} for i in range(8)])
+    out = isolated / "out"
+    args = GRPOConfig(output_dir=str(out), max_steps=3, per_device_train_batch_size=4, num_generations=4,
+                      max_completion_length=4, use_cpu=True, save_steps=1, report_to="none")
+    trainer = GRPOTrainer(model=str(tiny_folder), reward_funcs=lambda completions, **kw: [0.0] * len(completions),
+                          args=args, train_dataset=rows, callbacks=[Broken])
+    with pytest.raises(CallbackError, match=r"callback Broken\.on_step_end raised ZeroDivisionError: my bug"):
+        trainer.train()
+    assert (out / "grpo-dual" / "checkpoints" / "step_000001" / "manifest.json").is_file()
+    again = GRPOTrainer(model=str(tiny_folder), reward_funcs=lambda completions, **kw: [0.0] * len(completions),
+                        args=args, train_dataset=rows)
+    again.train(resume_from_checkpoint=True)  # the same run goes on from its last checkpoint
+    assert again.state.global_step == 3
+
+
+def test_train_takes_callbacks_and_grpo_configs_of_ours_without_trl(tiny_folder, isolated):
+    from transformers import TrainerCallback
+
+    from grpo_train import GRPOConfig, train
+
+    seen = []
+
+    class Stop(TrainerCallback):
+        def on_log(self, args, state, control, logs=None, **kwargs):
+            seen.append((state.global_step, "reward" in logs or "reward/trl/mean" in logs))
+            if state.global_step == 2:
+                control.should_training_stop = True
+
+    rows = [{"prompt": f"Describe the number {i}."} for i in range(8)]
+    args = GRPOConfig(output_dir=str(isolated / "out"), max_steps=5, per_device_train_batch_size=4,
+                      num_generations=4, max_completion_length=4, use_cpu=True, logging_steps=1)
+    run = train(tasks={"t": rows}, rewards={"t": [lambda completions, **kw: [0.0] * len(completions)]},
+                model=str(tiny_folder), args=args, callbacks=[Stop()])
+    assert run.progress.step == 2 and [s for s, _ in seen] == [1, 2] and all(r for _, r in seen)
+
+
+# ------------------------------------------------------------------------------------ keywords, before any work
+def _trainer(**kw):
+    from grpo_train import GRPOTrainer
+
+    base = {"model": "builtin:tiny", "reward_funcs": lambda completions, **k: [0.0] * len(completions),
+            "train_dataset": datasets.Dataset.from_list([{"prompt": "hi"}] * 4)}
+    return GRPOTrainer(**{**base, **kw})
+
+
+@pytest.mark.parametrize("keyword, value, says", [
+    ("model", 3, "a model's name or folder"),
+    ("reward_funcs", [3], "a reward function, a reward model's name or folder"),
+    ("reward_funcs", [], "no reward function"),
+    ("train_dataset", 3, "a datasets Dataset"),
+    ("eval_dataset", 3, "a Dataset or a dict of Datasets"),
+    ("callbacks", ["x"], "TrainerCallback"),
+    ("tools", "calc", "a list of functions"),
+    ("optimizers", (torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.1), None), "optimizers=(None, None)"),
+    ("rollout_func", lambda prompts, trainer: {}, "tools=[...] or environment_factory"),
+    ("reward_processing_classes", [None, None], "one per function"),
+    ("args", 3, "a GRPOConfig or a dict"),
+])
+def test_each_keyword_of_a_wrong_type_is_named_with_what_trl_accepts(keyword, value, says, isolated, monkeypatch):
+    monkeypatch.chdir(isolated)
+    with pytest.raises(C.ConfigError, match=re.escape(says)) as err:
+        _trainer(**{keyword: value})
+    assert err.value.field == keyword or keyword == "args"
+    assert sorted(p.name for p in isolated.iterdir()) == []  # nothing written: no folder, no row files
+
+
+def test_an_unknown_keyword_gets_did_you_mean_and_train_names_the_trainer(isolated, monkeypatch):
+    from grpo_train import train
+
+    monkeypatch.chdir(isolated)
+    with pytest.raises(C.ConfigError, match=r"no keyword\(s\) \['reward_fns'\] \(did you mean `reward_funcs`\?\)"):
+        _trainer(reward_fns=[len])
+    with pytest.raises(C.ConfigError, match=r"train\(reward_funcs=\.\.\.\) is a keyword of GRPOTrainer.*"
+                                            r"rewards=\{task: \[functions\]\}"):
+        train(reward_funcs=[len])
+    with pytest.raises(C.ConfigError, match=r"train\(train_dataset=\.\.\.\).*tasks=\{task: dataset\}"):
+        train(train_dataset=[{"prompt": "x"}])
+    with pytest.raises(C.ConfigError, match=r"train\(\) has no keyword 'rolout' \(did you mean `rollout`\?\)"):
+        train(rolout={"k": 2})
+    assert sorted(p.name for p in isolated.iterdir()) == []
+
+
+def test_push_to_hub_without_a_hub_names_what_would_go_where(tiny_folder, isolated, monkeypatch):
+    monkeypatch.chdir(isolated)
+    trainer = _trainer(model=str(tiny_folder), args={"output_dir": str(isolated / "mine"), "use_cpu": True})
+    with pytest.raises(RuntimeError, match=r"it would push .*mine \(no files yet\) to the Hub repo 'mine'"):
+        trainer.push_to_hub()
