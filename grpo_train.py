@@ -350,7 +350,9 @@ def main(cfg: C.Config, run: Run | None = None, events: Events | None = None) ->
     failed = None
     if not run.progress.finished:  # else resumed from the final checkpoint: evaluated and saved already
         if any(run.samples.heldout.values()):
-            events.evaluate(evaluate_phase(run, "after_rl"))
+            results = evaluate_phase(run, "after_rl")
+            if cfg.train.eval_every and f"step_{run.progress.step}" not in run.progress.evals:  # TRL's last eval
+                events.evaluate(results)
             settle_best(run)  # checkpoint.keep_best: the best evaluation's weights, when they beat the last step's
         run.progress.finished = True
         failed = save_final_checkpoint(run)  # a full disk: the final model may still fit, `finish` says which
