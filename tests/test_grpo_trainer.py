@@ -127,6 +127,10 @@ def run_script(script: str, folder: Path, model: Path, ours: bool) -> dict:
         os.chdir(here)
 
 
+def zero(completions, **kwargs):
+    return [0.0] * len(completions)
+
+
 def train_keys(trainer) -> set[str]:
     return {k for row in trainer.state.log_history if "loss" in row for k in row}
 
@@ -195,13 +199,11 @@ def test_a_callback_that_raises_stops_the_run_with_its_name_and_the_checkpoint_s
     out = isolated / "out"
     args = GRPOConfig(output_dir=str(out), max_steps=3, per_device_train_batch_size=4, num_generations=4,
                       max_completion_length=4, use_cpu=True, save_steps=1, report_to="none")
-    trainer = GRPOTrainer(model=str(tiny_folder), reward_funcs=lambda completions, **kw: [0.0] * len(completions),
-                          args=args, train_dataset=rows, callbacks=[Broken])
+    trainer = GRPOTrainer(model=str(tiny_folder), reward_funcs=zero, args=args, train_dataset=rows, callbacks=[Broken])
     with pytest.raises(CallbackError, match=r"callback Broken\.on_step_end raised ZeroDivisionError: my bug"):
         trainer.train()
     assert (out / "grpo-dual" / "checkpoints" / "step_000001" / "manifest.json").is_file()
-    again = GRPOTrainer(model=str(tiny_folder), reward_funcs=lambda completions, **kw: [0.0] * len(completions),
-                        args=args, train_dataset=rows)
+    again = GRPOTrainer(model=str(tiny_folder), reward_funcs=zero, args=args, train_dataset=rows)
     again.train(resume_from_checkpoint=True)  # the same run goes on from its last checkpoint
     assert again.state.global_step == 3
 
@@ -215,7 +217,7 @@ def test_train_takes_callbacks_and_grpo_configs_of_ours_without_trl(tiny_folder,
 
     class Stop(TrainerCallback):
         def on_log(self, args, state, control, logs=None, **kwargs):
-            seen.append((state.global_step, "reward" in logs or "reward/trl/mean" in logs))
+            seen.append((state.global_step, "reward/t/mean" in logs))
             if state.global_step == 2:
                 control.should_training_stop = True
 
@@ -224,7 +226,8 @@ def test_train_takes_callbacks_and_grpo_configs_of_ours_without_trl(tiny_folder,
                       num_generations=4, max_completion_length=4, use_cpu=True, logging_steps=1)
     run = train(tasks={"t": rows}, rewards={"t": [lambda completions, **kw: [0.0] * len(completions)]},
                 model=str(tiny_folder), args=args, callbacks=[Stop()])
-    assert run.progress.step == 2 and [s for s, _ in seen] == [1, 2] and all(r for _, r in seen)
+    assert run.progress.step == 2 and [s for s, step_row in seen if step_row] == [1, 2]
+    assert seen[-1] == (2, False)  # the train_runtime row at the end, as Trainer.train logs it
 
 
 # ------------------------------------------------------------------------------------ keywords, before any work
