@@ -465,10 +465,10 @@ def test_smollm2_dual_warm_up_demonstrates_both_tasks_within_the_target_cap(conv
 
 # --------------------------------------------------------------------------- the README's example on a real model
 def readme_example() -> tuple[str, str]:
-    """The README's Python example: (its code up to the train(...) call, the whole of it)."""
+    """The README's Python example: (its code up to the GRPOConfig, the whole of it)."""
     text = (Path(__file__).resolve().parents[1] / "README.md").read_text()
     code = text.split("## Your own tasks, from Python", 1)[1].split("```python\n", 1)[1].split("```", 1)[0]
-    return code.split("run = train(", 1)[0], code
+    return code.split("args = GRPOConfig(", 1)[0], code
 
 
 @needs_model
@@ -483,10 +483,11 @@ def test_the_readme_example_trains_smollm2_and_plain_string_prompts_get_the_prom
     from grpo_train import train
     from grpo.run.doctor.window_checks import RAW_FIX
 
-    head, _ = readme_example()
+    head, code = readme_example()
+    assert "from grpo_train import GRPOConfig, GRPOTrainer" in head and "max_steps=20" in code
     scope: dict = {}
     exec(head, scope)  # noqa: S102 - the README's own code: its rows and its reward function
-    rows, reward_len = scope["rows"].select(range(8)), scope["reward_len"]
+    rows, reward_len = scope["dataset"].select(range(8)), scope["reward_len"]
     assert isinstance(rows[0]["prompt"], list)  # the example is conversational
 
     def run(dataset, name):
@@ -496,7 +497,13 @@ def test_the_readme_example_trains_smollm2_and_plain_string_prompts_get_the_prom
                      peft_config=__import__("peft").LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"],
                                                                 task_type="CAUSAL_LM"))
 
-    chat = run(rows, "chat")
+    # the README's script itself, as written but for a 2-step run on 8 rows in a folder of the test's
+    short = code.replace("max_steps=20", "max_steps=2").replace("range(64)", "range(8)").replace(
+        'output_dir="numbers-grpo"', f"output_dir={str(tmp_path / 'chat')!r}")
+    scope = {"__name__": "__main__"}
+    exec(short, scope)  # noqa: S102 - the README's example, run as a user runs it
+    assert scope["trainer"].state.global_step == 2
+    chat = scope["trainer"].run
     codes = {f["code"] for f in chat.report["findings"]}
     assert not codes & {"empty_completions", "template_less_prompts"}, chat.report["findings"]
     plain = rows.map(lambda row: {"prompt": row["prompt"][0]["content"]})

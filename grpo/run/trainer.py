@@ -20,15 +20,12 @@ from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 from grpo import config as C
+from grpo.run.trl.trainer_table import TRAINER_KEYWORDS
 
 __all__ = ["CallbackError", "Events", "TRAINER_KEYWORDS", "callback_args", "check_train_keywords",
            "check_trainer_keywords", "save_model_folder", "trainer_inputs"]
 """The names the entry point takes from this module, its face (tests/test_house.py); the rest serve the package."""
 
-TRAINER_KEYWORDS = ("model", "reward_funcs", "args", "train_dataset", "eval_dataset", "processing_class",
-                    "reward_processing_classes", "callbacks", "optimizers", "quantization_config", "peft_config",
-                    "tools", "rollout_func", "environment_factory")
-"""TRL 1.16's GRPOTrainer.__init__ keywords, in its order."""
 
 TRAIN_KEYWORDS = ("config", "tasks", "rewards", "model", "processing_class", "peft_config", "args", "eval_dataset",
                   "tools", "environment_factory", "callbacks")
