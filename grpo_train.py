@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import json
 import math
-import shutil
 import sys
 import time
 from dataclasses import replace
@@ -42,6 +41,7 @@ from grpo.run.assembly import (ModelPackageMissing, banner, build_owners, check_
                                preset_note, processes, relaunch_if_asked, seed_everything, template_less, template_note,
                                warm_up, with_epochs)
 from grpo.run.checkpoint import (CheckpointError, FinalSaveError, check_resume, discarded_if_unstarted, expand_home,
+                                 offer_final_point, optional_write,
                                  last_checkpoint_line, offer_evaluation, prepare_run_dir, publish_final,
                                  reference_weights, release_run_dir, resume, save_checkpoint, save_final_checkpoint,
                                  save_final_model, save_reference, settle_best, stops_early)
@@ -49,9 +49,9 @@ from grpo.run.doctor import build_report, consult_doctor, doctor_line, doctor_st
 from grpo.run.exits import (RUN_FAILURES, USER_ERRORS, Interrupted, StopRequest, exit_interrupted, signals_raise,
                              user_error)
 from grpo.run.record import Run, Start, TaskSamples
-from grpo.run.tracking import JsonlTracker, StepTimer, format_step_line, progress_bar, write_samples, write_scored
+from grpo.run.tracking import StepTimer, format_step_line, progress_bar, write_samples, write_scored
 from grpo.run.trainer import (CallbackError, Events, callback_args, check_train_keywords, check_trainer_keywords,
-                              save_model_folder, trainer_inputs)
+                              evaluate_now, push_folder, save_model_folder, trainer_config)
 from grpo.run.trl import GRPOConfig, error_in_user_terms
 
 
@@ -261,32 +261,6 @@ def finish(run: Run, failed: OSError | None = None) -> dict[str, Any]:
     return report
 
 
-def optional_write(what: str, write: Callable[[], Any]) -> Any:
-    """`write()`'s result, or None with a warning when it fails: an optional write (a full disk, a plot that cannot
-    be drawn) must never lose a finished run."""
-    try:
-        return write()
-    except (OSError, ValueError, RuntimeError) as err:
-        print(f"warning: could not write {what}: {err}", file=sys.stderr)
-        return None
-
-
-def offer_final_point(run: Run, final: Path) -> None:
-    """The final model offered to the Pareto frontier with its after_rl scores (a copy of final/), after it is
-    saved: a point that cannot be written is a warning. Offered again by a run resumed from its final checkpoint."""
-    results = run.progress.evals.get("after_rl")
-    frontier = run.progress.frontier
-    if not results or frontier is None or any(p.step == run.progress.step for p in frontier.points):
-        return
-
-    def copy_final(path: Path) -> None:
-        for item in final.iterdir():
-            shutil.copyfile(item, path / item.name)
-
-    optional_write(f"the Pareto point of step {run.progress.step}",
-                   lambda: frontier.offer(run.progress.step, results, save_fn=copy_final))
-
-
 def before_rl(run: Run, say: Callable[..., Any]) -> None:
     """A fresh run's phases before RL: the note on plain-string prompts for a chat model (logged for the doctor), the
     held-out evaluation before SFT, the SFT warm-up and the evaluation after it, the pass@K diagnostic. Nothing is
@@ -308,9 +282,8 @@ def before_rl(run: Run, say: Callable[..., Any]) -> None:
 
 def main(cfg: C.Config, run: Run | None = None, events: Events | None = None) -> Run:
     """The whole run: `setup` (unless `run` is one already set up, as `train` hands it in), evaluations, SFT, the
-    RL loop with its evaluations and checkpoints, `finish`. `events`: transformers' TrainerCallbacks and TRL's
-    TrainerState (grpo/run/trainer.py; `GRPOTrainer`, `train(callbacks=...)`), told of each step, log, evaluation
-    and save; a callback's control.should_training_stop / should_save / should_evaluate is honoured."""
+    RL loop with its evaluations and checkpoints, `finish`. `events`: the TrainerCallbacks (grpo/run/trainer.py),
+    told of each step, log, evaluation and save; their control's stop / save / evaluate is honoured."""
     run = run if run is not None else setup(cfg)
     cfg = run.cfg  # as set up: train.num_epochs counted into train.max_steps
     events = events if events is not None else Events()
@@ -362,8 +335,7 @@ def main(cfg: C.Config, run: Run | None = None, events: Events | None = None) ->
 
 
 def show_step(run: Run, bar: Any, step: int, metrics: Mapping[str, Any], say: Callable[..., Any]) -> None:
-    """The step on the console: per-task reward / KL / β in a tqdm bar's postfix on a terminal, else a plain line
-    every train.log_every steps (logs)."""
+    """The step on the console: a tqdm bar's postfix on a terminal, else a line every train.log_every steps."""
     if hasattr(bar, "set_postfix_str"):
         bar.set_postfix_str(" | ".join(
             f"{t[:5]} r={metrics.get(f'reward/{t}/mean', math.nan):.2f} kl={metrics.get(f'kl/{t}', 0.0):.3f}"
@@ -440,8 +412,8 @@ def train(config: C.Config | str | Sequence[str] | None = None, *,
 
 def run_python(cfg: C.Config, callables: Mapping[str, Callable[..., Any]], loaded: tuple[Any, Any] | None,
                events: Events, run: Run | None = None) -> Run:
-    """`train`'s and `GRPOTrainer.train`'s run: `setup` (unless `run` is set up already) and `main`, errors named
-    as the user wrote them, the run folder's lock released after a failure too; report.json read into the Run."""
+    """`train`'s and `GRPOTrainer.train`'s run: `setup` (unless given `run`) and `main`, errors in the user's terms,
+    the run folder released after a failure too; report.json read into the Run."""
     try:
         run = run if run is not None else setup(cfg, callables=callables, model=loaded)
     except C.ConfigError as err:  # named as the user wrote it: TRL's field where a GRPOConfig set it
@@ -457,14 +429,10 @@ def run_python(cfg: C.Config, callables: Mapping[str, Callable[..., Any]], loade
 
 
 class GRPOTrainer:
-    """TRL's GRPOTrainer, for a TRL script as it is: `from grpo_train import GRPOTrainer` in place of TRL's import
-    (docs/TRL.md, "GRPOTrainer"). The same keywords (TRL 1.16's; each honoured, or refused here with what to use),
-    `train(resume_from_checkpoint=None | True | path)`, `evaluate()`, `save_model(dir)`, `log(dict)`,
-    `push_to_hub()`, `add_callback` / `remove_callback` / `pop_callback`, and `model`, `processing_class`, `args`,
-    `state` (transformers' TrainerState: global_step in TRL's optimizer steps, log_history with TRL's keys,
-    best_metric, best_model_checkpoint). The run is `train`'s: one code path (`run_python`), one run folder
-    (output_dir/grpo-dual/), the doctor, the report and the evaluations; the model loads when the run is set up (at
-    `train()`, or when `model` / `evaluate()` needs it first). Bad keywords stop here, before anything is written."""
+    """TRL's GRPOTrainer for a TRL script as it is (`from grpo_train import GRPOTrainer`): TRL 1.16's keywords,
+    methods, callbacks and `state` (docs/TRL.md, "GRPOTrainer"; grpo/run/trainer.py). The run is `train`'s: one code
+    path (`run_python`), one run folder (output_dir/grpo-dual/); the model loads when the run is set up (at `train()`,
+    or when `model` / `evaluate()` needs it first). Bad keywords stop here, before anything is written."""
 
     def __init__(self, model: Any = None, reward_funcs: Any = None, args: Any = None, train_dataset: Any = None,
                  eval_dataset: Any = None, processing_class: Any = None, reward_processing_classes: Any = None,
@@ -472,34 +440,22 @@ class GRPOTrainer:
                  quantization_config: Any = None, peft_config: Any = None, tools: Sequence[Any] | None = None,
                  rollout_func: Any = None, environment_factory: Any = None, **unknown: Any) -> None:
         check_trainer_keywords(unknown)
-        if model is None:
-            raise C.ConfigError("GRPOTrainer(model=...) is required: a model's name or folder, or a loaded model",
-                                field="model")
         given = {k: v for k, v in locals().items() if k not in ("self", "unknown", "__class__")}
-        inputs = trainer_inputs(given)
-        self._loaded = loaded_model(inputs["model"], inputs["processing_class"])
-        cfg, self._callables = python_config(None, inputs["tasks"], inputs["rewards"], self._loaded,
-                                             {"model": inputs["model_section"]} if inputs["model_section"] else {},
-                                             inputs["peft_config"], trl_args=inputs["args"],
-                                             eval_dataset=inputs["eval_dataset"])
-        self._cfg, self._callables = with_tools(cfg, self._callables, inputs["tools"], inputs["environment_factory"])
+        self._cfg, self._callables, self._loaded, self.args = trainer_config(given)
         if not isinstance(self._loaded, tuple):
             check_model_available(self._cfg.model)
-        self.args = callback_args(self._cfg, inputs["args"] if args is not None else None)
-        if args is None:
-            self.args.output_dir = inputs["args"]["output_dir"]
         self.events = Events(callbacks or (), self.args)
         self.run: Run | None = None
         self.events.call("on_init_end")
 
     # ------------------------------------------------------------------------------------------------- the run
-    def _set_up(self, resume: str = "") -> Run:
+    def _set_up(self, where: str = "") -> Run:
         """The run, set up once (again with checkpoint.resume when a resume is asked of a run set up without)."""
-        if self.run is not None and (not resume or self.run.cfg.checkpoint.resume == resume):
+        if self.run is not None and (not where or self.run.cfg.checkpoint.resume == where):
             return self.run
         if self.run is not None:
             release_run_dir(self.run.run_dir)
-        cfg = self._cfg if not resume else replace(self._cfg, checkpoint=replace(self._cfg.checkpoint, resume=resume))
+        cfg = self._cfg if not where else replace(self._cfg, checkpoint=replace(self._cfg.checkpoint, resume=where))
         try:
             self.run = setup(cfg, callables=self._callables,
                              model=self._loaded if isinstance(self._loaded, tuple) else None)
@@ -516,8 +472,7 @@ class GRPOTrainer:
         if trial is not None or kwargs:
             raise C.ConfigError(f"GRPOTrainer.train() takes resume_from_checkpoint only here; got "
                                 f"{['trial'] if trial is not None else sorted(kwargs)}", field="resume_from_checkpoint")
-        resume = "auto" if resume_from_checkpoint is True else str(resume_from_checkpoint or "")
-        run = self._set_up(resume)
+        run = self._set_up("auto" if resume_from_checkpoint is True else str(resume_from_checkpoint or ""))
         run_python(run.cfg, self._callables, None, self.events, run=run)
         metrics = self.state.log_history[-1] if self.state.log_history else {}
         return TrainOutput(self.state.global_step, metrics.get("train_loss", math.nan), dict(metrics))
@@ -542,19 +497,8 @@ class GRPOTrainer:
         if eval_dataset is not None or metric_key_prefix != "eval":
             raise C.ConfigError("GRPOTrainer.evaluate() evaluates the eval_dataset given to GRPOTrainer(...) under "
                                 "eval_*: give the rows there", field="eval_dataset")
-        run = self._set_up()
-        if not any(run.samples.heldout.values()):
-            raise C.ConfigError("GRPOTrainer.evaluate(): no held-out rows; give GRPOTrainer(eval_dataset=...)",
-                                field="eval_dataset")
-        tracker, finished = run.tracker, run.progress.finished
-        if finished:  # after train(): the run's trackers are closed; the row goes to metrics.jsonl all the same
-            run.tracker = JsonlTracker(run.run_dir)
-        try:
-            return self.events.evaluate(evaluate_phase(run, f"evaluate_{run.progress.step}"))
-        finally:
-            if finished:
-                run.tracker.close()
-                run.tracker = tracker
+        return evaluate_now(self._set_up(), lambda run: evaluate_phase(run, f"evaluate_{run.progress.step}"),
+                            self.events)
 
     def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:
         """The model (or LoRA adapter), its tokenizer and card into output_dir (args.output_dir when None)."""
@@ -569,36 +513,18 @@ class GRPOTrainer:
 
     def push_to_hub(self, commit_message: str | None = "End of training", blocking: bool = True,
                     token: str | None = None, revision: str | None = None, **kwargs: Any) -> Any:
-        """output_dir uploaded to the Hub repo args.hub_model_id (else output_dir's name), as TRL does; without a
-        reachable Hub, a RuntimeError naming what would go where."""
-        folder = Path(self.args.output_dir)
-        repo = getattr(self.args, "hub_model_id", None) or folder.resolve().name
-        try:
-            from huggingface_hub import HfApi
-
-            api = HfApi(token=token)
-            api.create_repo(repo, exist_ok=True)
-            return api.upload_folder(repo_id=repo, folder_path=str(folder), commit_message=commit_message,
-                                     revision=revision)
-        except Exception as err:  # noqa: BLE001 - offline, no token, no such repo: each named with the same fix
-            files = sorted(p.name for p in folder.iterdir()) if folder.is_dir() else []
-            raise RuntimeError(f"push_to_hub: the Hub could not be reached or refused ({type(err).__name__}: {err}); "
-                               f"it would push {folder} ({', '.join(files) or 'no files yet'}) to the Hub repo "
-                               f"{repo!r}. Push from a machine with access: huggingface-cli upload {repo} "
-                               f"{folder}") from err
+        """output_dir to the Hub repo args.hub_model_id (else output_dir's name), as TRL; no Hub: an error naming
+        what would go where."""
+        return push_folder(Path(self.args.output_dir), getattr(self.args, "hub_model_id", None), token,
+                           commit_message, revision)
 
     def add_callback(self, callback: Any) -> None:
-        self.events.callbacks.append(callback() if isinstance(callback, type) else callback)
+        self.events.add(callback)
 
     def pop_callback(self, callback: Any) -> Any:
-        for cb in self.events.callbacks:
-            if cb is callback or (isinstance(callback, type) and type(cb) is callback):
-                self.events.callbacks.remove(cb)
-                return cb
-        return None
+        return self.events.pop(callback)
 
-    def remove_callback(self, callback: Any) -> None:
-        self.pop_callback(callback)
+    remove_callback = pop_callback  # transformers' returns nothing; the removed callback is no harm to return
 
 
 def cli(argv: list[str]) -> int:

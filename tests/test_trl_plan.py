@@ -366,7 +366,9 @@ def test_docs_trl_md_is_the_table():
     assert len(TABLE) == len(ROWS)
     custom = (ROOT / "docs" / "CUSTOM_TASKS.md").read_text()  # it never mentioned GRPOConfig
     assert "](TRL.md)" in custom and "GRPOConfig" in custom
-    assert "+run = train(" in custom and "-trainer.train()" in custom  # the TRL script, before and after
+    diff = custom.split("### 5.1", 1)[1].split("```diff\n", 1)[1].split("```", 1)[0].splitlines()
+    changed = [line for line in diff if line[:1] in "+-"]  # the TRL script, before and after: one import line
+    assert changed == ["-from trl import GRPOConfig, GRPOTrainer", "+from grpo_train import GRPOConfig, GRPOTrainer"]
 
 
 def test_bf16_means_bfloat16_weights_on_a_gpu_and_is_named_not_switched_on_on_the_cpu(monkeypatch, tmp_path):

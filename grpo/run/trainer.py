@@ -20,10 +20,11 @@ from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 from grpo import config as C
+from grpo.run.api import loaded_model, python_config, with_tools
 from grpo.run.trl.trainer_table import TRAINER_KEYWORDS
 
 __all__ = ["CallbackError", "Events", "TRAINER_KEYWORDS", "callback_args", "check_train_keywords",
-           "check_trainer_keywords", "save_model_folder", "trainer_inputs"]
+           "check_trainer_keywords", "evaluate_now", "push_folder", "save_model_folder", "trainer_config"]
 """The names the entry point takes from this module, its face (tests/test_house.py); the rest serve the package."""
 
 
@@ -243,6 +244,21 @@ def trainer_inputs(kw: Mapping[str, Any]) -> dict[str, Any]:
             "model_section": {"load_in_4bit": True} if kw["quantization_config"] is not None else {}}
 
 
+def trainer_config(given: Mapping[str, Any]) -> tuple[C.Config, dict[str, Callable[..., Any]], Any, Any]:
+    """GRPOTrainer's keywords as (the checked Config, the reward functions and tools by name, the loaded (model,
+    tokenizer) or the model's name, the args the callbacks read), through `train`'s own python_config."""
+    inputs = trainer_inputs(given)
+    loaded = loaded_model(inputs["model"], inputs["processing_class"])
+    cfg, callables = python_config(None, inputs["tasks"], inputs["rewards"], loaded,
+                                   {"model": inputs["model_section"]} if inputs["model_section"] else {},
+                                   inputs["peft_config"], trl_args=inputs["args"], eval_dataset=inputs["eval_dataset"])
+    cfg, callables = with_tools(cfg, callables, inputs["tools"], inputs["environment_factory"])
+    args = callback_args(cfg, inputs["args"] if given["args"] is not None else None)
+    if given["args"] is None:  # TRL's default GRPOConfig names its output_dir after the model
+        args.output_dir = inputs["args"]["output_dir"]
+    return cfg, callables, loaded, args
+
+
 def callback_args(cfg: C.Config, trl_args: Any) -> Any:
     """The `args` a TrainerCallback reads: the GRPOConfig given, else one of ours (grpo/run/trl/grpo_config.py) with
     the fields callbacks read set from the run's config (output_dir, logging / eval / save steps and strategies,
@@ -302,6 +318,18 @@ class Events:
         self.run: Any = None
         self.started = 0.0
         self._new_best = False
+
+    def add(self, callback: Any) -> None:
+        """A callback (an object, or a class made here) added last, as Trainer.add_callback."""
+        self.callbacks.append(callback() if isinstance(callback, type) else callback)
+
+    def pop(self, callback: Any) -> Any:
+        """The callback (the object, or the first of the class) removed and returned; None when absent."""
+        for cb in self.callbacks:
+            if cb is callback or (isinstance(callback, type) and type(cb) is callback):
+                self.callbacks.remove(cb)
+                return cb
+        return None
 
     # ---------------------------------------------------------------------------------------------- the handler
     def call(self, event: str, **kwargs: Any) -> None:
@@ -418,3 +446,40 @@ def save_model_folder(run: Any, folder: Path) -> Path:
     from grpo.models.modeling import save_pretrained
 
     return save_pretrained(run.policy, folder)
+
+
+def evaluate_now(run: Any, evaluate: Callable[[Any], dict[str, float]], events: Events) -> dict[str, float]:
+    """GRPOTrainer.evaluate(): `evaluate(run)` (grpo_train.evaluate_phase) as TRL's eval_* metrics, told to the
+    callbacks. After train() the run's trackers are closed: the evaluation's row goes to metrics.jsonl through a
+    tracker opened for it."""
+    from grpo.run.tracking import JsonlTracker
+
+    if not any(run.samples.heldout.values()):
+        raise C.ConfigError("GRPOTrainer.evaluate(): no held-out rows; give GRPOTrainer(eval_dataset=...)",
+                            field="eval_dataset")
+    tracker, finished = run.tracker, run.progress.finished
+    if finished:
+        run.tracker = JsonlTracker(run.run_dir)
+    try:
+        return events.evaluate(evaluate(run))
+    finally:
+        if finished:
+            run.tracker.close()
+            run.tracker = tracker
+
+
+def push_folder(folder: Path, repo: str | None, token: str | None, message: str | None, revision: str | None) -> Any:
+    """GRPOTrainer.push_to_hub(): `folder` uploaded to the Hub repo `repo` (else the folder's name), as TRL pushes
+    output_dir; without a reachable Hub (offline, no token, refused) a RuntimeError naming what would go where."""
+    repo = repo or folder.resolve().name
+    try:
+        from huggingface_hub import HfApi
+
+        api = HfApi(token=token)
+        api.create_repo(repo, exist_ok=True)
+        return api.upload_folder(repo_id=repo, folder_path=str(folder), commit_message=message, revision=revision)
+    except Exception as err:  # noqa: BLE001 - offline, no token, no such repo: each named with the same fix
+        files = sorted(p.name for p in folder.iterdir()) if folder.is_dir() else []
+        raise RuntimeError(f"push_to_hub: the Hub could not be reached or refused ({type(err).__name__}: {err}); it "
+                           f"would push {folder} ({', '.join(files) or 'no files yet'}) to the Hub repo {repo!r}. "
+                           f"Push from a machine with access: huggingface-cli upload {repo} {folder}") from err

@@ -3,14 +3,14 @@ as safetensors + JSON by treecodec), what a checkpoint holds and how a run saves
 input fingerprints a resume compares (fingerprints), the run folder and the final model's folder (folder), the Pareto
 frontier of evaluated checkpoints (pareto) and the best evaluated model with early stopping (best_model)."""
 
-from grpo.run.checkpoint.best_model import offer_evaluation, settle_best, stops_early
-from grpo.run.checkpoint.files import CheckpointError, save_reference
+from grpo.run.checkpoint.best_model import offer_evaluation, offer_final_point, settle_best, stops_early
+from grpo.run.checkpoint.files import CheckpointError, optional_write, save_reference
 from grpo.run.checkpoint.folder import (discarded_if_unstarted, expand_home, prepare_run_dir, publish_final,
                                         release_run_dir)
 from grpo.run.checkpoint.save_resume import (FinalSaveError, check_resume, last_checkpoint_line, reference_weights,
                                              resume, save_checkpoint, save_final_checkpoint, save_final_model)
 
 __all__ = ["CheckpointError", "FinalSaveError", "check_resume", "discarded_if_unstarted", "expand_home",
-           "last_checkpoint_line", "offer_evaluation", "prepare_run_dir", "publish_final", "reference_weights",
+           "last_checkpoint_line", "offer_evaluation", "offer_final_point", "optional_write", "prepare_run_dir", "publish_final", "reference_weights",
            "release_run_dir", "resume", "save_checkpoint", "save_final_checkpoint", "save_final_model",
            "save_reference", "settle_best", "stops_early"]

@@ -26,6 +26,7 @@ from typing import Any, Mapping, Sequence
 
 from grpo import config as C
 from grpo.models.modeling import save_pretrained
+from grpo.run.checkpoint.files import optional_write
 from grpo.run.record import Run
 from grpo.run.trl.vocabulary import in_user_terms
 
@@ -188,3 +189,19 @@ def offer_evaluation(run: Run, results: dict[str, float], state: dict[str, Any] 
     run.progress.frontier.offer(step, results, save_fn=lambda path: save_pretrained(run.policy, path, state))
     if run.cfg.checkpoint.keep_best:  # RUN/best/: the best evaluation's weights, for the final model
         keep_if_best(run, step, results, state)
+
+
+def offer_final_point(run: Run, final: Path) -> None:
+    """The final model offered to the Pareto frontier with its after_rl scores (a copy of final/), after it is
+    saved: a point that cannot be written is a warning. Offered again by a run resumed from its final checkpoint."""
+    results = run.progress.evals.get("after_rl")
+    frontier = run.progress.frontier
+    if not results or frontier is None or any(p.step == run.progress.step for p in frontier.points):
+        return
+
+    def copy_final(path: Path) -> None:
+        for item in final.iterdir():
+            shutil.copyfile(item, path / item.name)
+
+    optional_write(f"the Pareto point of step {run.progress.step}",
+                   lambda: frontier.offer(run.progress.step, results, save_fn=copy_final))

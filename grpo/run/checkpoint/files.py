@@ -28,7 +28,7 @@ import random
 import shutil
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import torch
@@ -377,3 +377,13 @@ def load_reference(run_dir: Path, *, trust_pickle: bool = False) -> dict[str, to
     legacy.unlink()
     print(f"note: {legacy} was rewritten as {folder} (safetensors under a manifest)", file=sys.stderr)
     return weights
+
+
+def optional_write(what: str, write: Callable[[], Any]) -> Any:
+    """`write()`'s result, or None with a warning when it fails: an optional write (a full disk, a plot that cannot
+    be drawn) must never lose a finished run."""
+    try:
+        return write()
+    except (OSError, ValueError, RuntimeError) as err:
+        print(f"warning: could not write {what}: {err}", file=sys.stderr)
+        return None
