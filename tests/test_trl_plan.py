@@ -367,7 +367,7 @@ def test_docs_trl_md_is_the_table():
     custom = (ROOT / "docs" / "CUSTOM_TASKS.md").read_text()  # it never mentioned GRPOConfig
     assert "](TRL.md)" in custom and "GRPOConfig" in custom
     diff = custom.split("### 5.1", 1)[1].split("```diff\n", 1)[1].split("```", 1)[0].splitlines()
-    changed = [line for line in diff if line[:1] in "+-"]  # the TRL script, before and after: one import line
+    changed = [line for line in diff if line.startswith(("+", "-"))]  # the TRL script, before and after: one import line
     assert changed == ["-from trl import GRPOConfig, GRPOTrainer", "+from grpo_train import GRPOConfig, GRPOTrainer"]
 
 
