@@ -281,3 +281,57 @@ def test_push_to_hub_without_a_hub_names_what_would_go_where(tiny_folder, isolat
     trainer = _trainer(model=str(tiny_folder), args={"output_dir": str(isolated / "mine"), "use_cpu": True})
     with pytest.raises(RuntimeError, match=r"it would push .*mine \(no files yet\) to the Hub repo 'mine'"):
         trainer.push_to_hub()
+
+
+# ------------------------------------------------------------------------------------ tools, a reward model
+def test_the_docs_tools_script_runs_through_grpotrainer_with_only_the_import_changed(isolated, monkeypatch):
+    """docs/CUSTOM_TASKS.md section 6's TRL script (a loaded model and tokenizer, tools=[multiply]) with its import
+    line changed; only the model is a tiny one and the GRPOConfig a 2-step run. (TRL's own trainer is not run beside
+    it here: its tool loop needs a chat template that parses tool calls, which the tiny tokenizer's does not.)"""
+    from grpo.models.modeling import build_tiny_model, build_tiny_tokenizer
+    from tests.test_tool_rollouts import CORPUS
+
+    text = (Path(__file__).resolve().parents[1] / "docs" / "CUSTOM_TASKS.md").read_text()
+    script = next(b for b in re.findall(r"```python\n(.*?)```", text, re.S) if "tools=[multiply]" in b
+                  and "GRPOTrainer(" in b)
+    assert TRL_IMPORT in script
+    script = script.replace(TRL_IMPORT, "from grpo_train import GRPOConfig, GRPOTrainer").replace(
+        "GRPOConfig(num_generations=8)", f"GRPOConfig(num_generations=8, output_dir={str(isolated / 'out')!r}, "
+        "max_steps=2, max_completion_length=12)")
+    tokenizer = build_tiny_tokenizer(CORPUS, vocab_size=320)
+    namespace = {"model": build_tiny_model(tokenizer, seed=3, hidden=64, layers=2, heads=4, kv_heads=2),
+                 "tokenizer": tokenizer}
+    monkeypatch.chdir(isolated)
+    exec(compile(script, "docs/CUSTOM_TASKS.md", "exec"), namespace)
+    trainer = namespace["trainer"]
+    assert trainer.state.global_step == 2 and trainer.run.generation.toolbox.names == ["multiply"]
+    assert trainer.model is namespace["model"]  # a loaded model is trained in place, as in TRL
+    assert any("tools/calls_per_rollout" in r for r in trainer.state.log_history)
+
+
+def test_a_reward_model_by_folder_and_loaded_is_named_and_scored_as_trls(tiny_folder, isolated):
+    from transformers import AutoTokenizer, LlamaForSequenceClassification
+
+    from grpo.models.modeling import tiny_model_config
+    from grpo.run.trainer import model_reward
+
+    tok = AutoTokenizer.from_pretrained(tiny_folder)
+    config = tiny_model_config(len(tok), hidden=32, layers=1, heads=2, kv_heads=1)
+    config.num_labels, config.pad_token_id = 1, tok.pad_token_id
+    torch.manual_seed(0)
+    LlamaForSequenceClassification(config).save_pretrained(isolated / "my-rm")
+    tok.save_pretrained(isolated / "my-rm")
+    rm = LlamaForSequenceClassification.from_pretrained(isolated / "my-rm")
+    reward = model_reward(rm, tok)
+    assert reward.__name__ == "my-rm"  # TRL's name: the last part of the model's id
+    prompts, completions = ["Describe the number 1.", "Describe the number 22."], [" one", " twenty two, it is"]
+    batch = tok(text=[p + c for p, c in zip(prompts, completions)], return_tensors="pt", padding=True,
+                padding_side="right", add_special_tokens=False)
+    with torch.no_grad():  # TRL's GRPOTrainer._calculate_rewards for a model, by hand
+        by_hand = rm(**batch).logits[:, 0].tolist()
+    assert reward(prompts=prompts, completions=completions) == pytest.approx(by_hand, abs=1e-6)
+    script = SCRIPTS["quickstart"].replace("reward_funcs=reward_len", "reward_funcs=[reward_len, RM]")
+    for side, ours in (("trl", False), ("ours", True)):
+        text = script.replace("MODEL", "MODEL").replace("RM", repr(str(isolated / "my-rm")))
+        trainer = run_script(text, isolated / side, tiny_folder, ours=ours)["trainer"]
+        assert {"rewards/my-rm/mean", "rewards/reward_len/mean"} <= train_keys(trainer), side

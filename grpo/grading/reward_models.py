@@ -23,6 +23,7 @@ import torch
 
 from grpo.config import RewardModelConfig, field_error
 from grpo.core.step_types import Rollout
+from grpo.models.tokens import raw_prompt
 
 PROMPT_JOIN = "\n\n"  # between message contents when the reward model's tokenizer has no chat template
 
@@ -87,6 +88,8 @@ class RewardModel:
     def text(self, rollout: Rollout) -> str:
         """The reward model's input for one completion (see the module docstring)."""
         messages = list(rollout.sample.messages)
+        if raw_prompt(rollout.sample):  # TRL's standard-form prompt, as TRL scores it: its text and the completion's
+            return messages[0]["content"] + rollout.text
         if getattr(self.tokenizer, "chat_template", None):
             return self.tokenizer.apply_chat_template(messages + [{"role": "assistant", "content": rollout.text}],
                                                       tokenize=False)
