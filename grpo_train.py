@@ -49,7 +49,7 @@ from grpo.run.exits import (RUN_FAILURES, USER_ERRORS, Interrupted, StopRequest,
                              user_error)
 from grpo.run.record import Run, Start, TaskSamples
 from grpo.run.tracking import StepTimer, format_step_line, progress_bar, write_samples, write_scored
-from grpo.run.trl import error_in_user_terms
+from grpo.run.trl import error_in_user_terms, trl_log_keys
 
 
 def setup(cfg: C.Config, *, callables: Mapping[str, Callable[..., Any]] | None = None,
@@ -215,6 +215,8 @@ def log_step(run: Run, step: int, metrics: dict[str, Any], scored: list) -> dict
     check (after the step is logged) and, every train.sample_every steps, the step's completions."""
     run.progress.step = step
     metrics = {k: v if isinstance(v, (str, int)) else float(v) for k, v in metrics.items()}
+    metrics.update(trl_log_keys(metrics, scored, step, sum(map(len, run.samples.training.values())),
+                                run.cfg.prompts_per_step * run.dist.world))  # TRL's keys: loss, reward, kl, epoch, ...
     metrics.update(consult_doctor(run, metrics))
     run.tracker.log(metrics, step)
     run.rewarder.stop_if_judge_silent(metrics, run.cfg.judge.max_fallback_share, step)  # the judge stopped answering: stop
