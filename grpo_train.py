@@ -52,7 +52,7 @@ from grpo.run.record import Run, Start, TaskSamples
 from grpo.run.tracking import StepTimer, format_step_line, progress_bar, write_samples, write_scored
 from grpo.run.trainer import (CallbackError, Events, callback_args, check_train_keywords, check_trainer_keywords,
                               evaluate_now, push_folder, save_model_folder, trainer_config)
-from grpo.run.trl import GRPOConfig, error_in_user_terms
+from grpo.run.trl import GRPOConfig, error_in_user_terms, trl_log_keys
 
 
 def setup(cfg: C.Config, *, callables: Mapping[str, Callable[..., Any]] | None = None,
@@ -218,6 +218,8 @@ def log_step(run: Run, step: int, metrics: dict[str, Any], scored: list) -> dict
     check (after the step is logged) and, every train.sample_every steps, the step's completions."""
     run.progress.step = step
     metrics = {k: v if isinstance(v, (str, int)) else float(v) for k, v in metrics.items()}
+    metrics.update(trl_log_keys(metrics, scored, step, sum(map(len, run.samples.training.values())),
+                                run.cfg.prompts_per_step * run.dist.world))  # TRL's keys: loss, reward, kl, epoch, ...
     metrics.update(consult_doctor(run, metrics))
     run.tracker.log(metrics, step)
     run.rewarder.stop_if_judge_silent(metrics, run.cfg.judge.max_fallback_share, step)  # the judge stopped answering: stop

@@ -237,6 +237,7 @@ def test_rewards_equal_trls_on_the_same_functions_and_rows_and_each_term_is_logg
     import torch
 
     trl_grpo = pytest.importorskip("trl.trainer.grpo_trainer")
+    trl_utils = pytest.importorskip("trl.trainer.utils")
     monkeypatch.setattr(trl_grpo, "logger", SimpleNamespace(warning=lambda *a, **k: None))  # needs accelerate's state
     from grpo.grading.graders import preflight
     from grpo.grading.scoring import RewardSpec, reward_metrics, score_rollouts
@@ -275,9 +276,14 @@ def test_rewards_equal_trls_on_the_same_functions_and_rows_and_each_term_is_logg
     meaned, _ = score_rollouts([rollout(s, t) for t in texts], {"t": mean_spec}, graders=graders)
     assert [x.reward for x in meaned] == [(10 + 0.5) / 2.5, (40 + 2) / 2.5, None, None]  # any None voids it
 
-    logged = reward_metrics(scored, ["t"])
-    assert logged["rewards/t/length/mean"] == pytest.approx((5 + 20 + 4) / 3)  # over the rows it applied to
-    assert logged["rewards/t/words/mean"] == pytest.approx(2.5) and logged["rewards/t/words/std"] == pytest.approx(1.5)
+    logged = reward_metrics(scored, ["t"])  # TRL's keys and values: torch.nanmean, nanstd of each column
+    assert logged["rewards/length/mean"] == pytest.approx((5 + 20 + 4) / 3)  # over the rows it applied to
+    assert logged["rewards/words/mean"] == pytest.approx(2.5) and logged["rewards/words/std"] == pytest.approx(
+        math.sqrt(((1 - 2.5) ** 2 + (4 - 2.5) ** 2) / (2 - 1)))  # Bessel's correction, as TRL's nanstd
+    for i, name in enumerate(["length", "words"]):
+        assert logged[f"rewards/{name}/mean"] == pytest.approx(torch.nanmean(per_func[:, i]).item())
+        assert logged[f"rewards/{name}/std"] == pytest.approx(trl_utils.nanstd(per_func[:, i]).item())
+    assert not [k for k in logged if k.startswith("rewards/t/")]  # one task: TRL's keys alone
     assert logged["reward/t/mean"] == pytest.approx((10.5 + 42 + 8) / 3) and logged["reward/t/failed"] == 1.0
 
 
@@ -304,14 +310,14 @@ def test_a_length_reward_smoke_test_logs_each_function_everywhere_and_is_too_sho
                                                  "wandb_project": "smoke", "output_dir": str(tmp_path),
                                                  "run_name": "len"}})
     rows = [json.loads(line) for line in (run.run_dir / "metrics.jsonl").read_text().splitlines()]
-    stepped = [r for r in rows if "rewards/caps/reward_len/mean" in r]
-    assert len(stepped) == 5 and all("rewards/caps/reward_words/std" in r for r in stepped)
-    assert all(r["reward/caps/mean"] == pytest.approx(r["rewards/caps/reward_len/mean"]
-                                                      + r["rewards/caps/reward_words/mean"]) for r in stepped)
+    stepped = [r for r in rows if "rewards/reward_len/mean" in r]  # TRL's keys
+    assert len(stepped) == 5 and all("rewards/reward_words/std" in r for r in stepped)
+    assert all(r["reward/caps/mean"] == pytest.approx(r["rewards/reward_len/mean"]
+                                                      + r["rewards/reward_words/mean"]) for r in stepped)
     events = EventAccumulator(str(run.run_dir / "tb")).Reload()
-    assert {"rewards/caps/reward_len/mean", "rewards/caps/reward_words/std"} <= set(events.Tags()["scalars"])
+    assert {"rewards/reward_len/mean", "rewards/reward_words/std"} <= set(events.Tags()["scalars"])
     (wandb_file,) = (run.run_dir / "wandb").glob("offline-run-*/run-*.wandb")
-    assert b"rewards/caps/reward_len/mean" in wandb_file.read_bytes()
+    assert b"rewards/reward_len/mean" in wandb_file.read_bytes()
     assert run.report["verdict"] == "too short to judge", run.report["reasons"]
     assert "\nVerdict: TOO SHORT TO JUDGE: 5 RL step(s)" in capsys.readouterr().out
     assert not [f for f in run.report["findings"] if f["code"] == "zero_std_groups"]

@@ -10,6 +10,14 @@ Every grader is called ONCE per task per batch, on all of the task's rollouts; t
 of the batch goes to the Judge as ONE batch (its thread pool). A judge failure uses the spec's fallback grader in
 its place (provider "fallback:<name>"); with no fallback the reward is None — excluded from the group statistics and
 counted in `scoring/<task>/failed`, never turned into 0, under either aggregation.
+Metric names: a term's values are logged and written (Scored.parts, rewards/<name>/..., eval_part/, samples, evals)
+under `metric_names`' name for it, TRL 1.16's (GRPOTrainer.reward_func_names): a function imported by a
+"module:function" or "path/to/file.py:function" term is its own name (`callable_name`: a functools.partial
+unwrapped, a callable instance its class's name), never the path; a reward model is the last part of its config's
+model id; a built-in grader, "llm_judge" or a function handed to `train` is its term. Clashes: one function used by
+several tasks is one name (TRL's rewards/<fn>/mean over every completion it scored; a run of several tasks adds
+rewards/<task>/<fn>/mean); two DIFFERENT terms with one name are told apart, the later one (tasks sorted, terms in
+order) named <fn>_2, <fn>_3, ... (TRL would merge them into one key, averaging two functions' values).
 A grader that raises, returns a wrong value, or (a user function) outlives train.reward_timeout_s or exits, stops the
 step with a GraderError naming the task and the grader; so does a weighted reward beyond MAX_ABS_REWARD (weights
 too large for the advantages' float32), naming the task's weights.
@@ -17,6 +25,7 @@ too large for the advantages' float32), naming the task's weights.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections import Counter
 from dataclasses import dataclass, replace
@@ -26,7 +35,7 @@ import torch
 
 from grpo.core.step_types import Rollout, Scored
 from grpo.core.registry import Registry
-from grpo.grading.graders import JUDGE_TERM, MAX_ABS_REWARD, Grader, GraderError, resolve_graders
+from grpo.grading.graders import JUDGE_TERM, MAX_ABS_REWARD, USER_KINDS, Grader, GraderError, resolve_graders
 from grpo.grading.judge import Judge, JudgeItem, JudgeResult
 
 __all__ = ["JUDGE_TERM", "RewardSpec", "score_rollouts", "term_matrix"]
@@ -66,6 +75,44 @@ class RewardSpec:
     @property
     def uses_judge(self) -> bool:
         return any(name == JUDGE_TERM for name, _ in self.terms)
+
+
+def callable_name(fn: Any) -> str:
+    """TRL's name of a reward function (trl/trainer/utils.py get_callable_name): a functools.partial unwrapped, a
+    callable instance its class's name."""
+    while isinstance(fn, functools.partial):
+        fn = fn.func
+    return getattr(fn, "__name__", type(fn).__name__)
+
+
+def _own_name(term: str, grader: Grader | None) -> str:
+    """A term's name before clashes are told apart (the module docstring's rule): never a file path."""
+    if grader is not None and grader.kind == "reward_model":  # TRL: the last part of the config's model id
+        model = getattr(getattr(grader.fn, "__self__", None), "model", None)
+        model_id = str(getattr(getattr(model, "config", None), "_name_or_path", "") or term)
+        return model_id.rstrip("/").split("/")[-1] or "reward_model"
+    if grader is not None and grader.kind in USER_KINDS and ":" in term:  # imported by "module:fn" / "file.py:fn"
+        return callable_name(grader.fn)
+    return term
+
+
+def metric_names(graders: Mapping[str, Grader], specs: Mapping[str, RewardSpec]) -> dict[str, str]:
+    """term -> the name its values are logged and written under (the module docstring's rule): every term and
+    fallback grader of `specs` (tasks sorted, terms in order); a term without a grader in `graders` ("llm_judge")
+    keeps its own name. Two different terms of one name: the later ones get _2, _3, ... (a name no term owns)."""
+    terms = list(dict.fromkeys(name for task in sorted(specs) for name in
+                               [*(n for n, _ in specs[task].terms), *([specs[task].fallback] if specs[task].fallback
+                                                                     else [])]))
+    own = {term: _own_name(term, graders.get(term)) for term in terms}
+    owned, used, names = set(own.values()), set(), {}
+    for term in terms:
+        name, n = own[term], 1
+        while name in used or (n > 1 and name in owned):
+            n += 1
+            name = f"{own[term]}_{n}"
+        used.add(name)
+        names[term] = name
+    return names
 
 
 def _judge_all(rollouts: list[Rollout], specs: dict[str, RewardSpec], judge: Judge | None) -> dict[int, JudgeResult]:
@@ -119,7 +166,10 @@ def _term_values(rollouts: list[Rollout], specs: Mapping[str, RewardSpec], grade
     return values
 
 
-def _combine(rollout: Rollout, spec: RewardSpec, parts: dict[str, float | None], verdict: JudgeResult | None) -> Scored:
+def _combine(rollout: Rollout, spec: RewardSpec, parts: dict[str, float | None], verdict: JudgeResult | None,
+             names: Mapping[str, str]) -> Scored:
+    """The rollout's reward from its terms' values (`parts`, by term); the Scored's parts and provider carry the
+    terms' metric names (`names`)."""
     provider = "rule"
     total, weights = 0.0, 0.0
     failed = False
@@ -129,38 +179,41 @@ def _combine(rollout: Rollout, spec: RewardSpec, parts: dict[str, float | None],
             assert verdict is not None  # _judge_all scored every rollout whose spec uses the judge
             provider = verdict.provider
             if value is None and spec.fallback:
-                value, provider = parts[f"fallback:{spec.fallback}"], f"fallback:{spec.fallback}"
+                value, provider = parts[f"fallback:{spec.fallback}"], f"fallback:{names[spec.fallback]}"
         if value is None:
             # under `sum` a function's None is "not applicable" (TRL); a failed judge call voids the reward anyway
             failed = failed or spec.aggregation == "mean" or name == JUDGE_TERM
         else:
             total, weights = total + weight * value, weights + weight
+    named = {(f"fallback:{names[k.removeprefix('fallback:')]}" if k.startswith("fallback:") else names.get(k, k)): v for k, v in parts.items()}
     if failed or weights == 0:  # weights == 0: every term left out
-        return Scored(rollout=rollout, reward=None, parts=parts, provider=provider)
+        return Scored(rollout=rollout, reward=None, parts=named, provider=provider)
     reward = total if spec.aggregation == "sum" else total / weights
     if not abs(reward) <= MAX_ABS_REWARD:  # each value is within it; large weights can still carry the sum past it
         raise GraderError(f"task {spec.task!r}: the weighted reward {reward:g} of its terms {dict(spec.terms)} "
                           f"(values {parts}) is beyond the largest reward magnitude {MAX_ABS_REWARD:g} "
                           f"(MAX_ABS_REWARD: larger ones overflow the float32 advantages); lower the weights in "
                           f"rewards.{spec.task}")
-    return Scored(rollout=rollout, reward=reward, parts=parts, provider=provider)
+    return Scored(rollout=rollout, reward=reward, parts=named, provider=provider)
 
 
-def term_matrix(scored: list[Scored], specs: Mapping[str, RewardSpec]) -> tuple[torch.Tensor, torch.Tensor]:
+def term_matrix(scored: list[Scored], specs: Mapping[str, RewardSpec],
+                names: Mapping[str, str]) -> tuple[torch.Tensor, torch.Tensor]:
     """(values_BM, weights_BM) of the rollouts' reward terms for grpo/core/advantages.normalize_then_sum (GDPO): one
     column per term name over every task's spec, in first-seen order; a value is the term's raw score (the judge's,
     or its fallback grader's where the judge failed, as in the weighted mean), NaN when it failed or is not a term
-    of the row's task; a weight is the term's weight in the row's task, else 0."""
-    names = list(dict.fromkeys(name for spec in specs.values() for name, _ in spec.terms))
-    values = torch.full((len(scored), len(names)), float("nan"), dtype=torch.float64)
-    weights = torch.zeros(len(scored), len(names), dtype=torch.float64)
+    of the row's task; a weight is the term's weight in the row's task, else 0. `names`: `metric_names`, the keys
+    of the Scored's parts."""
+    columns = list(dict.fromkeys(name for spec in specs.values() for name, _ in spec.terms))
+    values = torch.full((len(scored), len(columns)), float("nan"), dtype=torch.float64)
+    weights = torch.zeros(len(scored), len(columns), dtype=torch.float64)
     for i, s in enumerate(scored):
         spec = specs[s.rollout.sample.task]
         for name, weight in spec.terms:
-            value = s.parts.get(name)
+            value = s.parts.get(names.get(name, name))
             if name == JUDGE_TERM and value is None and spec.fallback:
-                value = s.parts.get(f"fallback:{spec.fallback}")
-            j = names.index(name)
+                value = s.parts.get(f"fallback:{names[spec.fallback]}")
+            j = columns.index(name)
             weights[i, j] = weights[i, j] + weight
             values[i, j] = math.nan if value is None else float(value)
     return values, weights
@@ -170,9 +223,8 @@ def score_rollouts(
     rollouts: list[Rollout], specs: Mapping[str, RewardSpec], judge: Judge | None = None,
     graders: Mapping[str, Grader] | None = None,
 ) -> tuple[list[Scored], dict[str, float]]:
-    """One Scored per rollout (input order; its `extra`: the columns TRL-style functions gave `log_extra`) and the
-    metrics `scoring/<task>/failed`, `scoring/<task>/fallback`
-    (counts in this batch) plus the judge's cumulative `judge/*` counters when a judge was used.
+    """One Scored per rollout (input order; its parts by `metric_names`; its `extra`: the columns TRL-style functions
+    gave `log_extra`) and the metrics `scoring/<task>/failed`, `scoring/<task>/fallback` (counts in this batch) plus the judge's cumulative `judge/*` counters when a judge was used.
 
     graders: the resolved graders by name, from `grpo.grading.graders.preflight` (built once per run: a reward model is
     loaded there); None = resolve the specs' names here (no reward-model names then: each call would load it)."""
@@ -184,7 +236,8 @@ def score_rollouts(
     verdicts = _judge_all(rollouts, specs, judge)
     extra: list[dict[str, Any]] = [{} for _ in rollouts]
     values = _term_values(rollouts, specs, graders, verdicts, extra)
-    scored = [replace(_combine(r, specs[r.sample.task], values[i], verdicts.get(i)), extra=extra[i])
+    names = metric_names(graders, specs)
+    scored = [replace(_combine(r, specs[r.sample.task], values[i], verdicts.get(i), names), extra=extra[i])
               for i, r in enumerate(rollouts)]
     failed: Counter[str] = Counter()
     fallback: Counter[str] = Counter()
@@ -224,10 +277,19 @@ def _mean_std(values: list[float | None]) -> tuple[float, float, int]:
     return valid.mean().item(), valid.std(unbiased=False).item(), len(valid)
 
 
+def trl_mean_std(values: list[float | None]) -> tuple[float, float]:
+    """TRL's (torch.nanmean, nanstd) of values where None (and NaN) is left out: the mean, and the std with Bessel's
+    correction (NaN with fewer than 2 values), as GRPOTrainer logs rewards/<fn>/mean|std and reward / reward_std."""
+    valid = torch.tensor([v for v in values if v is not None and math.isfinite(v)], dtype=torch.float64)
+    mean = valid.mean().item() if len(valid) else math.nan
+    return mean, valid.std(unbiased=True).item() if len(valid) > 1 else math.nan
+
+
 def reward_metrics(scored: list[Scored], tasks: list[str]) -> dict[str, float]:
     """reward/<task>/mean and /std over the valid rewards of a step, /failed the count of failed ones (None, NaN);
-    rewards/<task>/<term>/mean and /std for each reward term (as TRL's rewards/<function>/mean, over the completions
-    it scored: None left out)."""
+    TRL's rewards/<fn>/mean and /std for each reward term by its metric name (`metric_names`: never a path), over
+    every completion it scored, None left out (`trl_mean_std`); a run of several `tasks` adds the same per task,
+    rewards/<task>/<fn>/mean and /std."""
     out: dict[str, float] = {}
     for t in tasks:
         mine = [s for s in scored if s.rollout.sample.task == t]
@@ -235,9 +297,12 @@ def reward_metrics(scored: list[Scored], tasks: list[str]) -> dict[str, float]:
             continue
         out[f"reward/{t}/mean"], out[f"reward/{t}/std"], n = _mean_std([s.reward for s in mine])
         out[f"reward/{t}/failed"] = float(len(mine) - n)
-        for term in dict.fromkeys(k for s in mine for k in s.parts if not k.startswith("fallback:")):
-            mean, std, _ = _mean_std([s.parts.get(term) for s in mine])
-            out[f"rewards/{t}/{term}/mean"], out[f"rewards/{t}/{term}/std"] = mean, std
+        if len(tasks) > 1:
+            for name in dict.fromkeys(k for s in mine for k in s.parts if not k.startswith("fallback:")):
+                out[f"rewards/{t}/{name}/mean"], out[f"rewards/{t}/{name}/std"] = trl_mean_std(
+                    [s.parts.get(name) for s in mine])
+    for name in dict.fromkeys(k for s in scored for k in s.parts if not k.startswith("fallback:")):
+        out[f"rewards/{name}/mean"], out[f"rewards/{name}/std"] = trl_mean_std([s.parts.get(name) for s in scored])
     return out
 
 

@@ -141,8 +141,10 @@ class _StepStats:
             if not k.endswith("_BT"):
                 self.scalars.setdefault(k, []).append(v.float())
 
-    def finish(self, tasks: Sequence[str], dist: Any = None, overall: bool = False) -> dict[str, float]:
-        """Per-task means over the step; with `dist` the sums (and max / min) are taken over every rank first."""
+    def finish(self, tasks: Sequence[str], dist: Any = None) -> dict[str, float]:
+        """Per-task means over the step, and kl/all, entropy/all: the token-weighted means over every task (TRL's
+        kl and entropy; what adaptive entropy control measures); with `dist` the sums (and max / min) are taken over
+        every rank first."""
         if dist is not None and dist.active:
             sums = dist.sum(torch.cat([self.kl, self.entropy, self.tokens, self.kl_k1, self.pg[None],
                                        self.loss[None]]))
@@ -159,14 +161,14 @@ class _StepStats:
         reduced = [(stacked.max() if k.endswith("_max") else stacked.min() if k.endswith("_min") else stacked.mean())
                    for k, stacked in ((k, torch.stack(self.scalars[k])) for k in names)]
         n = len(tasks)
-        head = [self.loss, self.pg / tok.sum()] + ([self.entropy.sum() / tok.sum()] if overall else [])
+        head = [self.loss, self.pg / tok.sum(), self.entropy.sum() / tok.sum(), self.kl.sum() / tok.sum()]
         values = torch.cat([torch.stack([self.kl, self.kl_k1, self.entropy]).div(tok).flatten(), self.tokens,
                             torch.stack(head + reduced).float()]).tolist()  # the pass's one host sync
         kl, kl_k1, ent, tokens, rest = values[:n], values[n:2 * n], values[2 * n:3 * n], values[3 * n:4 * n], \
             values[4 * n:]
         out = {"loss/total": rest[0], "loss/policy_token_mean": rest[1]}
-        if overall:  # the token-weighted mean entropy over every task (what adaptive entropy control measures)
-            out["entropy/all"] = rest[2]
+        if sum(tokens) > 0:
+            out["entropy/all"], out["kl/all"] = rest[2], rest[3]
         for i, t in enumerate(tasks):
             if tokens[i] > 0:
                 out[f"kl/{t}"] = kl[i]
@@ -263,7 +265,7 @@ def update_passes(learner: Learner, batch: TrainBatch, betas_N: torch.Tensor, lo
         if pass_index == 0 and loss.mu > 1 and batch.old_logps_BT is None:
             logps_BT = batch.from_micro_batches([lp.float() for lp in stats.logps], settings.micro_batch_seqs)
             batch.old_logps_BT = logps_BT * batch.completion_mask_BT
-        passes.append(stats.finish(tasks, dist, overall=settings.entropy_coef is not None))
+        passes.append(stats.finish(tasks, dist))
     return {**metrics, **_across_passes(passes, norms, loss, settings.skip_grad_norm)}
 
 

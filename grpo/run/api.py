@@ -244,6 +244,7 @@ def reward_terms(task: str, terms: Any, callables: dict[str, Callable[..., Any]]
     names and (grader, weight) pairs; each function is entered in `callables` under a name of its own (its
     __name__, made unique, never a built-in grader's or a reward model's)."""
     from grpo.grading.graders import JUDGE_TERM
+    from grpo.grading.scoring import callable_name
     from grpo.core.rule_graders import GRADERS
 
     if isinstance(terms, str):
@@ -252,7 +253,7 @@ def reward_terms(task: str, terms: Any, callables: dict[str, Callable[..., Any]]
     for item in [terms] if callable(terms) or isinstance(terms, tuple) else list(terms):
         grader, weight = item if isinstance(item, tuple) else (item, None)
         if callable(grader):
-            base = re.sub(r"[^\w.-]", "_", getattr(grader, "__name__", type(grader).__name__)) or "reward"
+            base = re.sub(r"[^\w.-]", "_", callable_name(grader)) or "reward"  # TRL's name: a partial's function
             name, n = base, 1
             while (name in GRADERS or name == JUDGE_TERM or name in taken
                    or (name in callables and callables[name] is not grader)):

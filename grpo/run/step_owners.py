@@ -34,8 +34,8 @@ from grpo.core.tool_calls import tool_metrics
 from grpo.data.batching import TaskBalancedSampler
 from grpo.grading.graders import Grader, reward_logs, set_trainer_state
 from grpo.grading.judge import Judge
-from grpo.grading.scoring import (RewardSpec, check_fallback_share, fallback_shares, per_step_counts, reward_metrics, score_rollouts,
-                                  term_matrix)
+from grpo.grading.scoring import (RewardSpec, check_fallback_share, fallback_shares, metric_names, per_step_counts,
+                                  reward_metrics, score_rollouts, term_matrix)
 from grpo.models.distributed import Dist
 from grpo.models.graph_decode import GRAPH_COUNTS, graph_counts, release_graph_slots
 from grpo.models.modeling import Policy, has_dropout, rebase_reference, reference
@@ -251,6 +251,10 @@ class Rewarder:
                 metrics.update(tool_metrics([s.rollout.tool_use for s in everyone], self.tool_names))
             counts = dict(zip(counts, dist.sum_numbers(list(counts.values()))))
         metrics = {**metrics, **per_step_counts(counts, self.counters)}
+        # TRL's num_tokens: the prompt and model-written completion tokens of every step so far (checkpointed)
+        self.counters["tokens_seen"] = self.counters.get("tokens_seen", 0.0) + float(
+            sum(len(s.rollout.prompt_ids) + s.rollout.model_tokens for s in sampled))
+        metrics["rollout/tokens_seen"] = self.counters["tokens_seen"]
         metrics.update(reward_logs())  # what reward functions passed to TRL's log_metric this step
         advantages_B = self._group_advantages(everyone, metrics)
         if kl_only_rows:  # train.dynamic_sampling_keep_kl: those groups carry their KL term only (an overlong
@@ -267,7 +271,8 @@ class Rewarder:
         rewards_B = torch.tensor([math.nan if s.reward is None else s.reward for s in scored], dtype=torch.float32)
         combine_terms = MULTI_OBJECTIVE_AGGREGATIONS.get(self.loss.multi_objective_aggregation)
         if combine_terms is not None:  # GDPO (normalize_then_sum): each term normalised in its group, then summed
-            rewards_B = combine_terms(*term_matrix(scored, self.specs), self.rollout.k)
+            rewards_B = combine_terms(*term_matrix(scored, self.specs, metric_names(self.graders, self.specs)),
+                                      self.rollout.k)
         if self.rollout.overlong_buffer:  # DAPO's soft overlong punishment, on top of the graders' rewards
             penalty_B = overlong_penalty(torch.tensor([s.rollout.model_tokens for s in scored]),
                                          self.rollout.max_new_tokens, self.rollout.overlong_buffer,
