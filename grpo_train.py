@@ -43,7 +43,8 @@ from grpo.run.assembly import (ModelPackageMissing, banner, build_owners, check_
 from grpo.run.checkpoint import (CheckpointError, FinalSaveError, check_resume, discarded_if_unstarted, expand_home,
                                  last_checkpoint_line, offer_evaluation, prepare_run_dir, publish_final,
                                  reference_weights, release_run_dir, resume, save_checkpoint, save_final_checkpoint,
-                                 save_final_model, save_reference, settle_best, stops_early)
+                                 save_final_model, save_reference, settle_best, stops_early,
+                                 write_final_cards)
 from grpo.run.doctor import build_report, consult_doctor, doctor_line, doctor_stops, format_report, plot_run, start_doctor
 from grpo.run.exits import (RUN_FAILURES, USER_ERRORS, Interrupted, StopRequest, exit_interrupted, signals_raise,
                              user_error)
@@ -246,6 +247,7 @@ def finish(run: Run, failed: OSError | None = None) -> dict[str, Any]:
               f"{last_checkpoint_line(run)}", file=sys.stderr)
     offer_final_point(run, final)
     report = optional_write("report.json", lambda: build_report(run.run_dir)) or {}  # pareto_best: the frontier's
+    optional_write("the model cards", lambda: write_final_cards(run))  # with the verdict and the last evaluation
     if report:
         print(format_report(report))
     best = report.get("pareto_best")

@@ -19,12 +19,14 @@ import torch
 from grpo import config as C
 from grpo.core.losses import POLICY_LOSSES
 from grpo.models.distributed import Dist, rank_rng_state
-from grpo.models.modeling import Policy, save_pretrained
+from grpo.models.modeling import Policy
 from grpo.run.checkpoint.files import (PREFIX, CheckpointError, config_differences, list_complete, load, load_reference,
                                        load_trainable_state, resolve_resume, rng_state, save, saved_run, set_rng_state,
                                        trainable_state, verify)
 from grpo.run.checkpoint.fingerprints import input_changes
 from grpo.run.checkpoint.folder import run_started
+from grpo.run.checkpoint.model_folder import save_model_folder
+from grpo.run.checkpoint.trl_folders import save_trl_checkpoint
 from grpo.run.record import Run
 
 
@@ -106,7 +108,7 @@ def save_final_model(run: Run, state: dict | None = None) -> Path:
         shutil.rmtree(stale, ignore_errors=True)
     tmp = run.run_dir / f".tmp-final-{os.getpid()}"
     try:
-        save_pretrained(run.policy, tmp, state)
+        save_model_folder(run, tmp, state, say=True)
     except OSError as err:
         shutil.rmtree(tmp, ignore_errors=True)
         raise OSError(err.errno, f"could not write the final model {final}: {err.strerror or err}") from None
@@ -177,6 +179,7 @@ def save_checkpoint(run: Run, final: bool = False) -> Path:
         try:
             folder = save(run.run_dir, run.progress.step, checkpoint_state(run, rng_ranks, gathered),
                                C.to_dict(run.cfg), run.cfg.checkpoint.keep_last, inputs=run.start.inputs)
+            save_trl_checkpoint(run, folder, gathered[0] if gathered else None)  # TRL's output_dir/checkpoint-N
             run_started(run.run_dir)  # a checkpoint to resume from: the folder is no longer restartable
         except OSError as err:
             if not final:
