@@ -204,3 +204,39 @@ def test_a_resume_from_checkpoint_n_goes_on_as_one_from_step_n(tiny_folder, tmp_
     foreign.mkdir(parents=True)
     with pytest.raises(CheckpointError, match="no grpo-dual run wrote it"):
         resolve_resume(out / "grpo-dual", str(foreign))
+
+
+# ------------------------------------------------------------------------------------------- SmolLM2 (real model)
+@pytest.mark.usefixtures("one_thread")  # tests/conftest.py: threads only contend on a shared 2-core box
+def test_a_smollm2_adapter_names_its_hub_id_and_the_conversion_and_grpo_dual_loads_it_offline(smollm2_folder,
+                                                                                             tmp_path, monkeypatch):
+    """One LoRA step on SmolLM2-135M-Instruct (the packaged GGUF, converted): output_dir's adapter names the Hub id a
+    user loads the base by, not the machine-local cache folder; its card says the weights were a dequantized Q4_1
+    GGUF; grpo-dual loads the output (model.name=<output_dir>) offline from the local conversion, and the memory tool
+    reads its base's shape."""
+    import huggingface_hub.constants
+
+    import grpo_train as G
+    from grpo.config import ModelConfig
+    from grpo.models.modeling import load_policy
+    from grpo.run.assembly.memory_inputs import resolve_shape
+    from tests.trainer_helpers import fast_config
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    out = tmp_path / "out"
+    run = G.main(fast_config(tmp_path, "model.name=smollm2-135m-instruct", "model.lora=true", "model.lora_r=4",
+                             "rollout.k=2", "train.prompts_per_micro_step=1", "rollout.max_new_tokens=4",
+                             "train.max_steps=1", "data.eval_size=1", f"checkpoint.final_model_dir={out}"))
+    config = json.loads((out / "adapter_config.json").read_text())
+    assert config["base_model_name_or_path"] == SMOLLM2_HUB
+    text = (out / "README.md").read_text()
+    assert f"base_model: {SMOLLM2_HUB}" in text and "SmolLM2-135M-Instruct.Q4_1.gguf" in text
+    assert "dequantized" in text and TEMPLATE not in text and str(smollm2_folder) not in text
+    loaded = load_policy(ModelConfig(name=str(out)), attn_implementation="sdpa")
+    ids = run.tokenizer("The sky is", return_tensors="pt").input_ids
+    with torch.no_grad():
+        torch.testing.assert_close(loaded.model.eval()(ids).logits, run.policy.model.eval()(ids).logits, rtol=0,
+                                   atol=1e-4)  # eval(): LoRA's dropout off
+    assert resolve_shape(ModelConfig(name=str(out))).hidden == json.loads(
+        (smollm2_folder / "config.json").read_text())["hidden_size"]
