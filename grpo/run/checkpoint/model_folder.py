@@ -25,7 +25,6 @@ from typing import Any
 
 from grpo.models.modeling import save_pretrained
 from grpo.models.pretrained import conversion_note, hub_name, local_model_name
-from grpo.run.checkpoint.folder import expand_home
 from grpo.run.checkpoint.model_card import model_card
 from grpo.run.record import Run
 
@@ -173,12 +172,3 @@ def save_model_folder(run: Run, folder: str | Path, state: dict | None = None, w
     write_card(run, out, what)
     return out
 
-
-def write_final_cards(run: Run) -> list[Path]:
-    """The final model's cards written again once the run's report.json (the doctor's verdict) and its last
-    evaluation exist: in RUN/final/ and in checkpoint.final_model_dir (TRL's output_dir) when set."""
-    from grpo.run.checkpoint.save_resume import FINAL_DIR  # which imports this module
-
-    folders = [run.run_dir / FINAL_DIR] + ([expand_home(run.cfg.checkpoint.final_model_dir)]
-                                           if run.cfg.checkpoint.final_model_dir else [])
-    return [write_card(run, folder) for folder in folders if (folder / CARD).is_file()]

@@ -24,8 +24,8 @@ from grpo.run.checkpoint.files import (PREFIX, CheckpointError, config_differenc
                                        load_trainable_state, resolve_resume, rng_state, save, saved_run, set_rng_state,
                                        trainable_state, verify)
 from grpo.run.checkpoint.fingerprints import input_changes
-from grpo.run.checkpoint.folder import run_started
-from grpo.run.checkpoint.model_folder import save_model_folder
+from grpo.run.checkpoint.folder import expand_home, run_started
+from grpo.run.checkpoint.model_folder import CARD, save_model_folder, write_card
 from grpo.run.checkpoint.trl_folders import save_trl_checkpoint
 from grpo.run.record import Run
 
@@ -120,6 +120,14 @@ def save_final_model(run: Run, state: dict | None = None) -> Path:
     else:
         os.replace(tmp, final)
     return final
+
+
+def write_final_cards(run: Run) -> list[Path]:
+    """The final model's cards written again once the run's report.json (the doctor's verdict) and its last
+    evaluation exist: in RUN/final/ and in checkpoint.final_model_dir (TRL's output_dir) when set."""
+    folders = [run.run_dir / FINAL_DIR] + ([expand_home(run.cfg.checkpoint.final_model_dir)]
+                                           if run.cfg.checkpoint.final_model_dir else [])
+    return [write_card(run, folder) for folder in folders if (folder / CARD).is_file()]
 
 
 def checkpoint_state(run: Run, rng_ranks: list[dict[str, Any]] | None = None,

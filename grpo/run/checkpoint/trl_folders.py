@@ -61,7 +61,7 @@ def _best(run: Run, out: Path) -> tuple[float | None, int | None, str | None]:
     return float(best["value"]), step, str(out / f"checkpoint-{step}")
 
 
-def trainer_state(run: Run, out: Path, global_step: int) -> dict:
+def trainer_state_record(run: Run, out: Path, global_step: int) -> dict:
     """transformers' trainer_state.json of the checkpoint at `global_step`."""
     from transformers import TrainerState
 
@@ -92,7 +92,7 @@ def save_trl_checkpoint(run: Run, exact: Path, state: dict | None = None) -> Pat
     shutil.rmtree(tmp, ignore_errors=True)
     try:
         save_model_folder(run, tmp, state, what=f"checkpoint-{global_step} (RL step {run.progress.step})")
-        (tmp / STATE_FILE).write_text(json.dumps(trainer_state(run, out, global_step), indent=2) + "\n")
+        (tmp / STATE_FILE).write_text(json.dumps(trainer_state_record(run, out, global_step), indent=2) + "\n")
         record = {"checkpoint": os.path.relpath(exact, out), "manifest_sha256": sha256(exact / MANIFEST),
                   "step": run.progress.step, "global_step": global_step, "run_dir": os.path.relpath(run.run_dir, out)}
         (tmp / TRL_MARKER).write_text(json.dumps(record, indent=1) + "\n")
