@@ -44,14 +44,15 @@ from grpo.run.checkpoint import (CheckpointError, FinalSaveError, check_resume, 
                                  offer_final_point, optional_write,
                                  last_checkpoint_line, offer_evaluation, prepare_run_dir, publish_final,
                                  reference_weights, release_run_dir, resume, save_checkpoint, save_final_checkpoint,
-                                 save_final_model, save_reference, settle_best, stops_early)
+                                 save_final_model, save_reference, settle_best, stops_early,
+                                 write_final_cards)
 from grpo.run.doctor import build_report, consult_doctor, doctor_line, doctor_stops, format_report, plot_run, start_doctor
 from grpo.run.exits import (RUN_FAILURES, USER_ERRORS, Interrupted, StopRequest, exit_interrupted, signals_raise,
                              user_error)
 from grpo.run.record import Run, Start, TaskSamples
 from grpo.run.tracking import StepTimer, format_step_line, progress_bar, write_samples, write_scored
 from grpo.run.trainer import (CallbackError, Events, callback_args, check_train_keywords, check_trainer_keywords,
-                              evaluate_now, push_folder, save_model_folder, trainer_config)
+                              evaluate_now, push_folder, trainer_config)
 from grpo.run.trl import GRPOConfig, error_in_user_terms, trl_log_keys
 
 
@@ -251,6 +252,7 @@ def finish(run: Run, failed: OSError | None = None) -> dict[str, Any]:
               f"{last_checkpoint_line(run)}", file=sys.stderr)
     offer_final_point(run, final)
     report = optional_write("report.json", lambda: build_report(run.run_dir)) or {}  # pareto_best: the frontier's
+    optional_write("the model cards", lambda: write_final_cards(run))  # with the verdict and the last evaluation
     if report:
         print(format_report(report))
     best = report.get("pareto_best")
@@ -504,7 +506,7 @@ class GRPOTrainer:
 
     def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:
         """The model (or LoRA adapter), its tokenizer and card into output_dir (args.output_dir when None)."""
-        save_model_folder(self._set_up(), Path(output_dir or self.args.output_dir))
+        save_model_folder(self._set_up(), Path(output_dir or self.args.output_dir), what="save_model's copy")
 
     def log(self, logs: Mapping[str, float], start_time: float | None = None) -> None:
         """A row of the user's own numbers: state.log_history, the callbacks' on_log, and metrics.jsonl while the

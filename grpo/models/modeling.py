@@ -267,12 +267,12 @@ def _load_base(model_cfg: ModelConfig, *, dtype, attn_implementation: str, seed:
         model = build_tiny_model(tokenizer, seed, attn_implementation=attn_implementation,
                                  dtype=torch.float32 if dt == "auto" else dt, **sizes)
         return model, tokenizer
-    from grpo.models.pretrained import resolve_model_name
+    from grpo.models.pretrained import adapter_base, resolve_model_name
 
     name = resolve_model_name(name)  # a catalog name (grpo/models/pretrained.py) → its converted local folder
     check_weight_files(name)
     with hub_errors_named(name):
-        return _from_pretrained(name, dtype=dtype, attn_implementation=attn_implementation,
+        return _from_pretrained(name, dtype=dtype, attn_implementation=attn_implementation, base=adapter_base(name),
                                 load_in_4bit=load_in_4bit, trust_remote_code=model_cfg.trust_remote_code)
 
 
@@ -321,8 +321,10 @@ def hub_errors_named(name: str) -> Iterator[None]:
         raise HubCacheError(why) from None
 
 
-def _from_pretrained(name: str, *, dtype, attn_implementation: str, load_in_4bit: bool, trust_remote_code: bool):
-    """(model, tokenizer) of a local folder or hub id, through transformers' Auto classes."""
+def _from_pretrained(name: str, *, dtype, attn_implementation: str, load_in_4bit: bool, trust_remote_code: bool,
+                     base: str | None = None):
+    """(model, tokenizer) of a local folder or hub id, through transformers' Auto classes. `base`: for an adapter
+    folder, the local folder to load its base from (what transformers does with the adapter's own base name)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(name, trust_remote_code=trust_remote_code)
@@ -336,7 +338,9 @@ def _from_pretrained(name: str, *, dtype, attn_implementation: str, load_in_4bit
         kwargs["quantization_config"] = BitsAndBytesConfig(
             load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,
             bnb_4bit_compute_dtype=torch.bfloat16 if compute == "auto" else compute)
-    model = AutoModelForCausalLM.from_pretrained(name, **kwargs)
+    model = AutoModelForCausalLM.from_pretrained(base or name, **kwargs)
+    if base is not None:
+        model.load_adapter(name)
     ready_for_batches(model, tokenizer)
     return model, tokenizer
 

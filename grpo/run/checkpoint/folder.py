@@ -329,6 +329,21 @@ def _looks_like(entries: list[str]) -> str:
     return "a folder of other files"
 
 
+def _trl_checkpoint(path: Path, run_dir: Path) -> bool:
+    """Whether `path` is a TRL checkpoint folder (checkpoint-N) of the run of `run_dir`, or one it was writing."""
+    from grpo.run.checkpoint.files import TRL_CHECKPOINT, TRL_MARKER
+
+    if re.fullmatch(r"\.(tmp|old)-checkpoint-\d+-\d+", path.name):
+        return True
+    try:
+        record = json.loads((path / TRL_MARKER).read_text())
+    except (OSError, ValueError):
+        return False
+    named = record.get("run_dir") if isinstance(record, dict) else None
+    return bool(TRL_CHECKPOINT.fullmatch(path.name)) and isinstance(named, str) and \
+        (path.parent / named).resolve() == run_dir.resolve()
+
+
 def check_final_model_dir(folder: str | Path, run_dir: Path, model_name: str) -> None:
     """checkpoint.final_model_dir (TRL's output_dir) before anything is written or loaded: RunFolderError when it is
     the folder of the model being trained, or holds an entry no run wrote there (a model, a dataset, another run's
@@ -347,6 +362,7 @@ def check_final_model_dir(folder: str | Path, run_dir: Path, model_name: str) ->
     foreign = sorted(e.name for e in folder.iterdir() if e.name not in (FINAL_MANIFEST, *own)
                      and not _partial(e.name, own)
                      and not (e.name == run_dir.name and run_dir.parent.resolve() == folder.resolve())
+                     and not _trl_checkpoint(folder / e.name, run_dir)
                      and not _same_as_final(folder, e.name, run_dir))
     if foreign:
         raise RunFolderError(f"output folder {folder} (checkpoint.final_model_dir, TRL's output_dir) holds files no "

@@ -19,12 +19,14 @@ import torch
 from grpo import config as C
 from grpo.core.losses import POLICY_LOSSES
 from grpo.models.distributed import Dist, rank_rng_state
-from grpo.models.modeling import Policy, save_pretrained
+from grpo.models.modeling import Policy
 from grpo.run.checkpoint.files import (PREFIX, CheckpointError, config_differences, list_complete, load, load_reference,
                                        load_trainable_state, resolve_resume, rng_state, save, saved_run, set_rng_state,
                                        trainable_state, verify)
 from grpo.run.checkpoint.fingerprints import input_changes
-from grpo.run.checkpoint.folder import run_started
+from grpo.run.checkpoint.folder import expand_home, run_started
+from grpo.run.checkpoint.model_folder import CARD, save_model_folder, write_card
+from grpo.run.checkpoint.trl_folders import save_trl_checkpoint
 from grpo.run.record import Run
 
 
@@ -106,7 +108,7 @@ def save_final_model(run: Run, state: dict | None = None) -> Path:
         shutil.rmtree(stale, ignore_errors=True)
     tmp = run.run_dir / f".tmp-final-{os.getpid()}"
     try:
-        save_pretrained(run.policy, tmp, state)
+        save_model_folder(run, tmp, state, say=True)
     except OSError as err:
         shutil.rmtree(tmp, ignore_errors=True)
         raise OSError(err.errno, f"could not write the final model {final}: {err.strerror or err}") from None
@@ -118,6 +120,14 @@ def save_final_model(run: Run, state: dict | None = None) -> Path:
     else:
         os.replace(tmp, final)
     return final
+
+
+def write_final_cards(run: Run) -> list[Path]:
+    """The final model's cards written again once the run's report.json (the doctor's verdict) and its last
+    evaluation exist: in RUN/final/ and in checkpoint.final_model_dir (TRL's output_dir) when set."""
+    folders = [run.run_dir / FINAL_DIR] + ([expand_home(run.cfg.checkpoint.final_model_dir)]
+                                           if run.cfg.checkpoint.final_model_dir else [])
+    return [write_card(run, folder) for folder in folders if (folder / CARD).is_file()]
 
 
 def checkpoint_state(run: Run, rng_ranks: list[dict[str, Any]] | None = None,
@@ -177,6 +187,7 @@ def save_checkpoint(run: Run, final: bool = False) -> Path:
         try:
             folder = save(run.run_dir, run.progress.step, checkpoint_state(run, rng_ranks, gathered),
                                C.to_dict(run.cfg), run.cfg.checkpoint.keep_last, inputs=run.start.inputs)
+            save_trl_checkpoint(run, folder, gathered[0] if gathered else None)  # TRL's output_dir/checkpoint-N
             run_started(run.run_dir)  # a checkpoint to resume from: the folder is no longer restartable
         except OSError as err:
             if not final:
