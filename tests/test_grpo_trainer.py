@@ -206,6 +206,10 @@ def test_a_callback_that_raises_stops_the_run_with_its_name_and_the_checkpoint_s
     again = GRPOTrainer(model=str(tiny_folder), reward_funcs=zero, args=args, train_dataset=rows)
     again.train(resume_from_checkpoint=True)  # the same run goes on from its last checkpoint
     assert again.state.global_step == 3
+    # TRL's way: a checkpoint-N folder of output_dir (the exact-resume state it stands for)
+    third = GRPOTrainer(model=str(tiny_folder), reward_funcs=zero, args=args, train_dataset=rows)
+    out_rows = third.train(resume_from_checkpoint=str(out / "checkpoint-1"))
+    assert out_rows.global_step == 3 and third.state.log_history[0]["step"] == 1
 
 
 def test_train_takes_callbacks_and_grpo_configs_of_ours_without_trl(tiny_folder, isolated):
