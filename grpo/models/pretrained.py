@@ -314,7 +314,8 @@ def _convert_into_place(folder: Path, source: Path, source_sha: str, convert: Gg
         if source_sha != _sha256(source):
             raise ModelCacheError(f"{source} does not match the sha256 its package recorded: the installed file is "
                                   "damaged or was replaced; reinstall the package")
-        convert(source, tmp)
+        with random_state_kept():  # the first run, which converts, samples what the later ones do
+            convert(source, tmp)
         _write_checksums(tmp, source, source_sha)
         try:
             os.rename(tmp, folder)  # atomic on one filesystem: the folder appears complete or not at all
@@ -328,6 +329,27 @@ def _convert_into_place(folder: Path, source: Path, source_sha: str, convert: Gg
     size = sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
     print(f"converted in {time.perf_counter() - t0:.0f} s: {folder} ({size / 2**20:.0f} MiB)", flush=True)
     return folder
+
+
+@contextlib.contextmanager
+def random_state_kept() -> Iterator[None]:
+    """Python's, numpy's and torch's random states (the CPU's, and each initialised CUDA device's) as they were on
+    entry, whatever the block drew. A conversion runs after the run is seeded and draws (`from_config` initialises
+    random weights before the GGUF's replace them); only the first run of a name converts, so it would otherwise
+    sample other completions than every later run of the same command and seed."""
+    import random
+
+    import numpy as np
+    import torch
+
+    python_state, numpy_state = random.getstate(), np.random.get_state()
+    devices = list(range(torch.cuda.device_count())) if torch.cuda.is_initialized() else []
+    try:
+        with torch.random.fork_rng(devices=devices):
+            yield
+    finally:
+        random.setstate(python_state)
+        np.random.set_state(numpy_state)
 
 
 # ------------------------------------------------------------------------------------------------------ converting
