@@ -500,7 +500,7 @@ def disk_full_at_the_end(tmp, mp):
     def full(*args, **kwargs):
         raise OSError(28, "No space left on device")
 
-    mp.setattr("grpo.run.checkpoint.save_resume.save_pretrained", full)
+    mp.setattr("grpo.run.checkpoint.save_resume.save_model_folder", full)
     return cli([*TINY, "--train.max_steps", "1", "--output-dir", str(tmp)])
 
 

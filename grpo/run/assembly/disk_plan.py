@@ -120,7 +120,10 @@ def plan_writes(cfg: C.Config, train_rows: Mapping[str, list], run_dir: Path, de
 
         folder = expand_home(cfg.checkpoint.final_model_dir)
         plan.parts["final model in checkpoint.final_model_dir"] = model_save
-        plan.folders[folder] = plan.folders.get(folder, 0) + model_save
+        trl = kept * model_save if cfg.checkpoint.every else 0  # TRL's checkpoint-N (grpo/run/checkpoint/trl_folders.py)
+        if trl:
+            plan.parts[f"checkpoint-N folders in checkpoint.final_model_dir ({kept} at once)"] = trl
+        plan.folders[folder] = plan.folders.get(folder, 0) + model_save + trl
         plan.flat.add(folder)
     return plan
 

@@ -88,11 +88,23 @@ across grpo-dual's names and TRL's (`lerning_rate`: `learning_rate`; `--train.le
 What it leaves. `output_dir` holds the final model (or LoRA adapter) and its tokenizer, as TRL's
 `trainer.save_model(output_dir)` leaves them: `AutoModelForCausalLM.from_pretrained(output_dir)` (with a LoRA
 adapter, `AutoPeftModelForCausalLM.from_pretrained(output_dir)`, or `PeftModel.from_pretrained(base, output_dir)`)
-loads it. grpo-dual's run folder is `output_dir/grpo-dual/`: config.json, metrics.jsonl, checkpoints/, the
-evaluations, report.json, and the final model again in final/. An `output_dir` that holds what no run wrote there
-(the model being trained, a dataset, another run's files, anything else) is refused before the model loads, nothing
-in it touched: give a new or empty folder. The files a run wrote at its top are listed in its `.grpo-dual-final`, so
-the same command may write them again (`--overwrite`, `--resume auto`).
+loads it, on any machine: a LoRA adapter's `base_model_name_or_path` is the name a user loads the base by (a
+packaged model's Hub id, `smollm2-135m-instruct` -> `HuggingFaceTB/SmolLM2-135M-Instruct`; a folder whose config
+names a Hub id -> that id; any other folder -> its path, with a note), and grpo-dual maps a packaged model's Hub id
+back to its local conversion when it loads such an output (`--model_name_or_path output_dir`). Beside the model is
+its card (`README.md`, as TRL writes one): the base model, grpo-dual's GRPO or GSPO (`loss.policy_loss`), the data,
+the settings (K, β, learning rate, steps, LoRA), the held-out results, the doctor's verdict, the framework versions
+and the citations; it says when the weights trained on were a conversion (SmolLM2's Q4_1 GGUF, dequantized). With
+`save_strategy="steps"` each checkpoint also leaves `output_dir/checkpoint-N` (N = TRL's global step: RL steps x
+`num_iterations`): the model or adapter, its tokenizer and card, and a `trainer_state.json` as transformers writes
+it, loadable with `from_pretrained`; `save_total_limit` keeps the newest (and the best under
+`load_best_model_at_end`); `--resume output_dir/checkpoint-N` (checkpoint.resume) goes on from the
+exact-resume checkpoint it stands for. grpo-dual's run folder is `output_dir/grpo-dual/`: config.json,
+metrics.jsonl, checkpoints/ (the exact-resume state), the evaluations, report.json, and the final model again in
+final/. An `output_dir` that holds what no run wrote there (the model being trained, a dataset, another run's
+files, anything else) is refused before the model loads, nothing in it touched: give a new or empty folder. The
+files a run wrote at its top are listed in its `.grpo-dual-final`, so the same command may write them again
+(`--overwrite`, `--resume auto`).
 '''
 """docs/TRL.md's section on TRL's command line (grpo/run/trl/command_line.py)."""
 
