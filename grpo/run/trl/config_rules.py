@@ -44,7 +44,21 @@ def _loss_param(loss_type: str) -> Converter:
 
 
 # ----------------------------------------------------------------------------------------- the converters
+COUNTS = {"per_device_train_batch_size": "completions in a micro-batch",
+          "gradient_accumulation_steps": "micro-batches an optimizer step", "num_generations": "completions a prompt",
+          "num_iterations": "optimizer steps a generation"}
+"""The TRL counts the batch and step arithmetic divides by or multiplies with: each must be a whole number >= 1."""
+
+
+def _counts(fields: Mapping[str, Any]) -> None:
+    """ConfigError naming the first of COUNTS below 1, before any arithmetic reads it."""
+    for name, what in COUNTS.items():
+        if int(fields[name]) < 1:
+            raise _error(name, fields[name], f"it counts {what}: use a whole number >= 1")
+
+
 def _batch(value: int, fields: Mapping[str, Any], out: dict, notes: list) -> None:
+    _counts(fields)
     b, ga, k = int(value), int(fields["gradient_accumulation_steps"]), int(fields["num_generations"])
     world = int(fields.get("world_size") or 1)
     if (b * ga) % k and (b * ga * world) % k == 0:  # a group spans processes: the global batch holds whole groups
@@ -95,6 +109,8 @@ def _steps(value: int, fields: Mapping[str, Any], out: dict, notes: list) -> Non
 
 def _rl_steps(field: str, n: float, fields: Mapping[str, Any], notes: list) -> int:
     """TRL's interval of `n` optimizer steps in RL steps (an RL step takes num_iterations optimizer steps)."""
+    if n <= 0:
+        raise _error(field, n, "it counts optimizer steps between two of them: use a whole number >= 1")
     if n < 1:
         raise _error(field, n, "a share of the run is not translated; give a whole number of steps")
     mu = int(fields["num_iterations"])
