@@ -296,7 +296,8 @@ def _evaluating(value: Any, fields: Mapping[str, Any], out: dict, notes: list) -
 def _best_model(value: Any, fields: Mapping[str, Any], out: dict, notes: list) -> None:
     metric, greater = fields["metric_for_best_model"], fields["greater_is_better"]
     name = None if metric is None else str(metric).removeprefix("eval_")
-    if name == "loss" and value:  # transformers' default under load_best_model_at_end (a GRPOConfig holds it set)
+    if name in ("loss", None) and value:  # transformers' default under load_best_model_at_end (a GRPOConfig holds
+        # it set; a file or dict leaves it unset, which transformers reads as the loss)
         _note(notes, "metric_for_best_model", metric, "grpo-dual's held-out evaluation scores greedy completions with "
               "the reward functions and has no loss: the best model is the one of the best mean held-out reward "
               "(metric_for_best_model=reward, greater_is_better=true)")
