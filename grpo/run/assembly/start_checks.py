@@ -9,6 +9,7 @@ the model does not have.
 
 from __future__ import annotations
 
+import os
 import re
 import sys
 from pathlib import Path
@@ -50,6 +51,11 @@ def inert_settings(cfg: C.Config, device: Any) -> list[str]:
                    f"(rollout.engine={rollout.engine}{'' if rollout.engine == engine else ': the static cache or FSDP'})")
             notes.append(f"rollout.fold_lora={rollout.fold_lora} does nothing in this run: only the graph engine "
                          f"folds LoRA, and {why}")
+    omp = os.environ.get("OMP_NUM_THREADS")
+    if omp is not None and not (omp.strip().isdigit() and int(omp) >= 1):
+        notes.append(f"OMP_NUM_THREADS={omp!r} is not a whole number >= 1: OpenMP ignores it and the thread count "
+                     "falls back to its default; set a number (e.g. OMP_NUM_THREADS=2) or unset it (train.threads "
+                     "sets this run's torch threads)")
     if rollout.sampling_rng == "global" and engine == "graph":
         notes.append("rollout.sampling_rng=global under rollout.engine=graph: the graph engine always samples with "
                      "its per-row sampler (grpo/models/sampling.py), each row's key drawn from torch's RNG; "

@@ -96,6 +96,8 @@ def typed(name: str, value: Any, kind: Any) -> Any:
         if not isinstance(value, (list, tuple)):
             raise C.field_error(name, value, "expected a list of numbers, one weight per reward function")
         return [C.coerce_value(v, float, name) for v in value]
+    if kind in (bool, bool | None) and type(value) is int and value in (0, 1):  # as the flag's 1 / 0: one rule
+        return bool(value)
     if kind in (str, str | None) and isinstance(value, (int, float)) and not isinstance(value, bool):
         return str(value)  # `run_name: 2024` in a YAML file is a name
     return C.coerce_value(value, kind, name)
