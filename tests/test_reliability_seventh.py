@@ -217,3 +217,43 @@ def test_use_peft_1_is_one_rule_in_a_file_and_as_a_flag(user):
     in_file = read_config_file(str(user.write_config(use_peft=1)))
     as_flag = read_config_file(str(user.write_config()), {"use_peft": "1"})
     assert in_file["model"]["lora"] is True and as_flag["model"]["lora"] is True
+
+
+def test_a_read_only_folder_is_named_read_only_not_short_of_space(user):
+    from tests.test_reliability_trl import _tmpfs
+
+    small = _tmpfs(user.root / "ro", "1m,ro")
+    try:
+        text = refused(user, "--output_dir", str(small))
+        assert f"{small} is read-only for this process" in text and "not enough disk space" not in text, text
+        assert "choose another --output_dir (train.output_dir)" in text, text  # in the words the user wrote
+    finally:
+        subprocess.run(["umount", str(small)], check=False)
+
+
+def test_resume_from_a_pareto_point_says_what_it_is_and_what_to_give(tmp_path):
+    from grpo.run.checkpoint.files import CheckpointError, resolve_resume
+
+    point = tmp_path / "run" / "pareto" / "step_000002"
+    point.mkdir(parents=True)
+    (point / ".pareto_point").write_text("2\n")
+    (point / "config.json").write_text("{}")
+    with pytest.raises(CheckpointError) as err:
+        resolve_resume(tmp_path / "run", str(point))
+    text = str(err.value)
+    assert f"{point} is a Pareto point" in text and "not a training checkpoint" in text, text
+    assert f"--model.name {point}" in text and "a save was interrupted" not in text, text
+
+
+def test_a_truncated_reference_checkpoint_names_the_way_out(tmp_path):
+    import torch
+
+    from grpo.run.checkpoint.files import CheckpointError, load_reference, save_reference
+
+    folder = save_reference(tmp_path, {"w": torch.arange(64, dtype=torch.float32)})
+    weights = next(p for p in folder.iterdir() if p.suffix == ".safetensors")
+    weights.write_bytes(weights.read_bytes()[:40])  # cut short, as a full disk or a killed copy leaves it
+    with pytest.raises(CheckpointError) as err:
+        load_reference(tmp_path)
+    text = str(err.value)
+    assert "the post-SFT reference model" in text and "--overwrite" in text and "--run-name" in text, text

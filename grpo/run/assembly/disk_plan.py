@@ -143,13 +143,17 @@ def _written(folder: Path, flat: bool) -> float:
 
 
 def check_disk(plan: DiskPlan, resume: bool) -> str:
-    """DiskSpaceError when the planned writes into the folders of one file system exceed its free space; else the
-    plan's line for the banner (with a warning when the margin is thin)."""
+    """DiskSpaceError when a folder it writes to is read-only, or the planned writes into the folders of one file
+    system exceed its free space; else the plan's line for the banner (with a warning when the margin is thin)."""
     by_device: dict[int, tuple[Path, float]] = {}
     for folder, size in plan.folders.items():
         if resume:  # what the run folder holds already is counted as written
             size = max(size - _written(folder, folder in plan.flat), 0.0)
         where = _existing(folder)
+        if not os.access(where, os.W_OK):  # a read-only file system or folder: no amount of free space helps
+            raise DiskSpaceError(f"{where} is read-only for this process (the run would write {folder} there): "
+                                 "choose another train.output_dir (or checkpoint.final_model_dir) on a file system "
+                                 "it can write to")
         device = os.stat(where).st_dev
         shown, before = by_device.get(device, (folder, 0.0))
         by_device[device] = (shown, before + size)
