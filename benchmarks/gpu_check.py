@@ -521,8 +521,11 @@ def machine(cpu: bool) -> dict[str, Any]:
 
 
 def out_problem(out: Path) -> str | None:
-    """Why --out cannot take this report (None = it can): a file, a folder holding an earlier report (never written
-    over), or one this process cannot create or write in."""
+    """Why --out cannot take this report (None = it can): an empty name (Path("") is the current folder, which the
+    user did not name), a file, a folder holding an earlier report (never written over), or one this process cannot
+    create or write in."""
+    if not str(out).strip() or str(out) == ".":
+        return "--out is empty; name the folder for the report (it will hold gpu_check.json, gpu_check.log and work/)"
     if out.exists() and not out.is_dir():
         return f"--out {out} is a file; give a folder (it will hold gpu_check.json, gpu_check.log and work/)"
     for name in ("gpu_check.json", "gpu_check.log"):
@@ -553,15 +556,20 @@ def main(argv: list[str]) -> int:
     args = p.parse_args(argv)
     if args.part:
         return child(args)
-    import torch
-
-    if not args.cpu and not torch.cuda.is_available():
-        raise SystemExit("gpu_check.py: no CUDA GPU is visible; run it on a GPU machine, or pass --cpu")
     parts = [x.strip() for x in args.parts.split(",") if x.strip()]
     unknown = sorted(set(parts) - set(PARTS))
     if unknown:
         raise SystemExit(f"--parts: unknown part(s) {unknown}; use some of {', '.join(PARTS)}")
+    if not parts:  # else nothing runs and the exit status says all passed
+        p.error(f"--parts {args.parts!r} names no part; use some of {', '.join(PARTS)}, e.g. --parts "
+                f"{','.join(DEFAULT_PARTS)}")
+    if not args.out.strip():  # before anything else: Path("") is the current folder, which nobody named
+        p.error(out_problem(Path("")))
     out = Path(args.out)
+    import torch
+
+    if not args.cpu and not torch.cuda.is_available():
+        raise SystemExit("gpu_check.py: no CUDA GPU is visible; run it on a GPU machine, or pass --cpu")
     problem = out_problem(out)
     if problem:
         p.error(problem)

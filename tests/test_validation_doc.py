@@ -476,6 +476,18 @@ def output_dir_foreign(tmp, mp):
     return cli(["--config", str(trl_file(tmp, mp)), *SMALL, "--output_dir", str(tmp / "math")])
 
 
+def trl_count(tmp, mp):
+    return cli(["--config", str(trl_file(tmp, mp)), *SMALL, "--num_generations", "0"])
+
+
+def final_in_run_folder(tmp, mp):
+    return cli([*TINY, "--output-dir", str(tmp), "--checkpoint.final_model_dir", str(tmp / "r")])
+
+
+def trl_and_our_flag(tmp, mp):
+    return cli(["--config", str(trl_file(tmp, mp)), *SMALL, "--learning_rate", "1e-5", "--train.lr", "3e-5"])
+
+
 def memory_tool(tmp, mp):
     from grpo.run.assembly.gpu_memory_check import check_gpu_memory
 
@@ -572,6 +584,12 @@ TRIALS = {
     "model's": memory_tool,
     "a run whose planned writes do not fit the free space of a file system it writes to": disk_full,
     "a disk that fills up at the end of a run": disk_full_at_the_end,
+    "a TRL count below 1 that the batch arithmetic divides by or repeats (`num_generations`, "
+    "`per_device_train_batch_size`, `gradient_accumulation_steps`, `num_iterations`); an interval (`save_steps`, "
+    "`eval_steps`, `logging_steps`) of 0 or less": trl_count,
+    "`checkpoint.final_model_dir` the run folder itself or inside its `checkpoints/`": final_in_run_folder,
+    "a TRL flag and our flag for one setting on one command line (`--learning_rate 1e-5 --train.lr 3e-5`)":
+        trl_and_our_flag,
 }
 ROWS = table_rows()
 

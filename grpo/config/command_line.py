@@ -456,6 +456,44 @@ def trainer_parser(prog: str, description: str, preset: str = DEFAULT_PRESET, mo
     return parser
 
 
+def _one_value_each(overrides: list[str], theirs: Mapping[str, Any], origins: Mapping[str, tuple]) -> None:
+    """ConfigError when another program's flag (TRL's --learning_rate) and our --section.field flag (--train.lr) both
+    set one field on the command line: one would be dropped without a word, as a flag given twice would (refused)."""
+    for dotted in (o.split("=", 1)[0] for o in overrides):
+        source = origins.get(dotted)
+        if source is not None and source[2] and source[0] in theirs:
+            raise C.ConfigError(f"--{source[0]} and --{dotted} both set {dotted} on this command line: one value "
+                                f"would be dropped; give one of them", field=source[0])
+
+
+FOLDER_FIELDS = ("train.output_dir", "train.run_name")
+"""Our fields that name where the run goes (--output-dir, --run-name)."""
+
+
+def _own_folders(tree: FileTree, overrides: list[str], other: OtherFlags | None) -> None:
+    """Where another program's config leaves its output folder unset (TRL's output_dir: its default trainer_output,
+    origin value None), the folders the user named decide: --output-dir X holds the final model and the run folder,
+    as output_dir X would; --run-name alone leaves the preset's output folder. With neither, that program's default
+    applies, and a note says so. Nothing is written where the user named no folder."""
+    source = tree.origins.get("checkpoint.final_model_dir")
+    if source is None or source[1] is not None:
+        return
+    flagged = dict(o.split("=", 1) for o in overrides)
+    named = [f for f in FOLDER_FIELDS if f in flagged]
+    owner = other.owner if other is not None else "the other program"
+    if not named:
+        folder = tree.get("checkpoint", {}).get("final_model_dir")
+        print(f"note: {source[0]} is not set: the run and its final model go to {folder} ({owner}'s default); name "
+              f"the folder with --{source[0]} or --output-dir", file=sys.stderr)
+        return
+    for dotted in ("checkpoint.final_model_dir", "train.output_dir"):  # the unset default's, not the user's
+        section, _, field = dotted.partition(".")
+        if tree.origins.get(dotted, ("",))[0] == source[0]:
+            tree.get(section, {}).pop(field, None)
+    if "train.output_dir" in flagged:  # the run folder keeps the name it has under that program's folder
+        tree.setdefault("checkpoint", {})["final_model_dir"] = flagged["train.output_dir"]
+
+
 def parse_trainer_argv(argv: list[str], prog: str, description: str, more_help: str = "",
                        read_file: Callable[[str, dict[str, Any]], dict[str, Any]] | None = None,
                        other: OtherFlags | None = None) -> tuple[C.Config, argparse.Namespace]:
@@ -483,6 +521,9 @@ def parse_trainer_argv(argv: list[str], prog: str, description: str, more_help: 
         tree = read_file(args.config, theirs)
     given = any(a == "--preset" or a.startswith("--preset=") for a in rest)
     preset = args.preset if given or "preset" not in tree else str(tree["preset"])
+    if isinstance(tree, FileTree):
+        _one_value_each(overrides, theirs, tree.origins)
+        _own_folders(tree, overrides, other)
     if isinstance(tree.get("train"), dict) and tree["train"].get("trl_names"):  # a field given as --section.field
         flagged = {o.split("=", 1)[0] for o in overrides}  # is named as the user wrote it, not by TRL's flag
         tree["train"]["trl_names"] = {f: n for f, n in tree["train"]["trl_names"].items() if f not in flagged}

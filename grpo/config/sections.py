@@ -198,6 +198,9 @@ class TrainConfig:
                "train.early_stopping_patience", self.early_stopping_patience,
                "it counts held-out evaluations during RL, which train.eval_every=0 turns off: set train.eval_every "
                "(e.g. 20) too, or leave it at 0")
+        _check(self.early_stopping_patience or not self.early_stopping_threshold, "train.early_stopping_threshold",
+               self.early_stopping_threshold, "it is the margin early stopping counts by, and "
+               "train.early_stopping_patience=0 turns early stopping off: set the patience too, or leave it at 0")
         _check(self.dynamic_sampling or not self.dynamic_sampling_keep_kl, "train.dynamic_sampling_keep_kl",
                self.dynamic_sampling_keep_kl, "it applies to dynamic sampling only: set train.dynamic_sampling=true "
                "too, or leave it off")

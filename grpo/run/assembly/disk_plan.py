@@ -110,7 +110,7 @@ def plan_writes(cfg: C.Config, train_rows: Mapping[str, list], run_dir: Path, de
         f"checkpoints ({kept} at once)": kept * checkpoint,
         f"Pareto points ({min(offers, cfg.multi.pareto_cap + 1)} at most)": min(offers, cfg.multi.pareto_cap + 1)
         * model_save,
-        "metrics and evaluations": steps * METRICS_BYTES_PER_STEP + evaluations * heldout_rows * EVAL_BYTES_PER_ROW
+        f"metrics and evaluations of {steps} RL steps (train.max_steps)": steps * METRICS_BYTES_PER_STEP + evaluations * heldout_rows * EVAL_BYTES_PER_ROW
         + PLOT_BYTES})
     if cfg.checkpoint.keep_best:  # the best evaluation's weights, kept until the final model is written
         plan.parts["best model (best/)"] = model_save
@@ -146,13 +146,17 @@ def _written(folder: Path, flat: bool) -> float:
 
 
 def check_disk(plan: DiskPlan, resume: bool) -> str:
-    """DiskSpaceError when the planned writes into the folders of one file system exceed its free space; else the
-    plan's line for the banner (with a warning when the margin is thin)."""
+    """DiskSpaceError when a folder it writes to is read-only, or the planned writes into the folders of one file
+    system exceed its free space; else the plan's line for the banner (with a warning when the margin is thin)."""
     by_device: dict[int, tuple[Path, float]] = {}
     for folder, size in plan.folders.items():
         if resume:  # what the run folder holds already is counted as written
             size = max(size - _written(folder, folder in plan.flat), 0.0)
         where = _existing(folder)
+        if not os.access(where, os.W_OK):  # a read-only file system or folder: no amount of free space helps
+            raise DiskSpaceError(f"{where} is read-only for this process (the run would write {folder} there): "
+                                 "choose another train.output_dir (or checkpoint.final_model_dir) on a file system "
+                                 "it can write to")
         device = os.stat(where).st_dev
         shown, before = by_device.get(device, (folder, 0.0))
         by_device[device] = (shown, before + size)
@@ -162,9 +166,9 @@ def check_disk(plan: DiskPlan, resume: bool) -> str:
         if need > free:
             raise DiskSpaceError(f"not enough disk space: this run will write about {need / MB:.1f} MB under "
                                  f"{shown} ({plan.describe()}), and that file system has {free / MB:.1f} MB free. "
-                                 "Free space there, choose another --output-dir (train.output_dir), or write less: "
-                                 "a smaller checkpoint.keep_last or checkpoint.every 0 (only the final checkpoint), "
-                                 "a smaller multi.pareto_cap, train.eval_every 0, model.lora=true")
+                                 "Free space there, choose another train.output_dir, or write less: fewer "
+                                 "train.max_steps, a smaller checkpoint.keep_last or checkpoint.every 0 (only the "
+                                 "final checkpoint), a smaller multi.pareto_cap, train.eval_every 0, model.lora=true")
         thin = free - need < max(THIN_MARGIN * need, THIN_MARGIN_MIN)
         lines.append(f"{need / MB:.1f} MB under {shown} ({free / MB:.1f} MB free"
                      + (": warning, a thin margin: the run may run out of space if anything else writes there)"
@@ -183,5 +187,10 @@ def disk_line(cfg: C.Config, train_rows: Mapping[str, list], run_dir: Path, devi
         plan = plan_writes(counted, train_rows, run_dir, device_type)
     except (ValueError, OSError):  # a shape not known here (a Hub id not bundled): nothing to estimate from
         return ""
-    return check_disk(plan, bool(cfg.checkpoint.resume))
+    try:
+        return check_disk(plan, bool(cfg.checkpoint.resume))
+    except DiskSpaceError as err:  # its advice in the fields the user wrote (TRL's where a TRL config set them)
+        from grpo.run.trl.vocabulary import in_user_terms
+
+        raise DiskSpaceError(in_user_terms(str(err), C.to_dict(cfg))) from None
 

@@ -9,6 +9,7 @@ the model does not have.
 
 from __future__ import annotations
 
+import os
 import re
 import sys
 from pathlib import Path
@@ -18,6 +19,7 @@ from grpo import config as C
 from grpo.run.assembly.disk_plan import disk_line
 from grpo.run.checkpoint.folder import check_final_model_dir
 from grpo.run.trl.record_tables import ALL_LINEAR, model_architecture
+from grpo.run.trl.vocabulary import in_user_terms
 
 OTHER_TARGETS = ("embed_tokens", "lm_head")
 """Modules besides the decoder's linear layers that peft may adapt in the architectures of ALL_LINEAR."""
@@ -49,11 +51,36 @@ def inert_settings(cfg: C.Config, device: Any) -> list[str]:
                    f"(rollout.engine={rollout.engine}{'' if rollout.engine == engine else ': the static cache or FSDP'})")
             notes.append(f"rollout.fold_lora={rollout.fold_lora} does nothing in this run: only the graph engine "
                          f"folds LoRA, and {why}")
+    omp = os.environ.get("OMP_NUM_THREADS")
+    if omp is not None and not (omp.strip().isdigit() and int(omp) >= 1):
+        notes.append(f"OMP_NUM_THREADS={omp!r} is not a whole number >= 1: OpenMP ignores it and the thread count "
+                     "falls back to its default; set a number (e.g. OMP_NUM_THREADS=2) or unset it (train.threads "
+                     "sets this run's torch threads)")
     if rollout.sampling_rng == "global" and engine == "graph":
         notes.append("rollout.sampling_rng=global under rollout.engine=graph: the graph engine always samples with "
                      "its per-row sampler (grpo/models/sampling.py), each row's key drawn from torch's RNG; "
                      "transformers' sampler, which global means on the lean and hf engines, is not used")
     return notes
+
+
+def warmup_beyond_run(cfg: C.Config, train_rows: Mapping[str, list], world: int) -> str:
+    """A note when train.warmup_steps reaches the RL phase's last optimizer step (max_steps x loss.mu, the steps
+    counted from the rows as the run counts them): the learning rate would climb all run and never reach train.lr,
+    a run at a fraction of the rate asked for. "" otherwise."""
+    if not cfg.train.warmup_steps:
+        return ""
+    from grpo.run.assembly.samples import with_epochs
+
+    try:
+        counted = with_epochs(cfg, train_rows, world, announce=False)
+    except (ValueError, OSError):  # the rows' own errors are named where they are loaded
+        return ""
+    updates = counted.train.max_steps * cfg.loss.mu
+    if cfg.train.warmup_steps < updates:
+        return ""
+    return (f"train.warmup_steps={cfg.train.warmup_steps} is not below this run's {updates} optimizer steps: the "
+            f"learning rate climbs all run and ends at {updates / cfg.train.warmup_steps:.2g} x train.lr; use fewer "
+            f"warm-up steps (e.g. {max(1, updates // 10)}) or 0")
 
 
 def check_lora_targets(model: C.ModelConfig) -> None:
@@ -93,6 +120,9 @@ def check_start(cfg: C.Config, run_dir: Path, device: Any, announce: bool, train
         check_final_model_dir(cfg.checkpoint.final_model_dir, run_dir, cfg.model.name)
     if not announce:
         return ""
+    warmup = warmup_beyond_run(cfg, train_rows, world)
+    if warmup:
+        print(f"note: {in_user_terms(warmup, C.to_dict(cfg))}", file=sys.stderr)
     disk = disk_line(cfg, train_rows, run_dir, getattr(device, "type", str(device)), world)
     if "warning" in disk:
         print(disk, file=sys.stderr)

@@ -144,6 +144,8 @@ def settle_best(run: Run) -> Path | None:
     if run.dist.is_main:
         best = best_of_run(progress.evals, train.best_metric, train.greater_is_better, progress.step)
         kept = json.loads((folder / BEST_FILE).read_text()) if (folder / BEST_FILE).is_file() else {}
+        if best is not None and best[0] == progress.step and kept.get("step") not in (None, best[0]):
+            _last_won(run, kept, best)
         if best is not None and best[0] != progress.step:
             if kept.get("step") == best[0]:
                 chosen = str(folder)
@@ -157,11 +159,30 @@ def settle_best(run: Run) -> Path | None:
     if run.dist.is_main:
         last = progress.evals["after_rl"]
         _relabel(run, best[0])
+        _write_final(folder, best[0], best[1], "this folder's weights (the best evaluation's)")
         print(in_user_terms(f"final model: the best evaluation's, step {best[0]} ({train.best_metric} {best[1]:.4g}), "
                             f"not the last step's ({metric_value(last, train.best_metric)}): checkpoint.keep_best=true",
                             C.to_dict(run.cfg)), flush=True)
     run.dist.barrier()
     return Path(chosen)
+
+
+def _write_final(folder: Path, step: int, value: float, what: str) -> None:
+    """best.json's `final_model` {step, value, holds}: which model final/ (and the output folder) holds."""
+    kept = json.loads((folder / BEST_FILE).read_text())
+    kept["final_model"] = {"step": step, "value": value, "holds": what}
+    (folder / BEST_FILE).write_text(json.dumps(kept))
+
+
+def _last_won(run: Run, kept: Mapping[str, Any], best: tuple[int, float]) -> None:
+    """The last step's evaluation beat best/'s: final/ holds the last step's model, best/ an earlier, worse one.
+    best.json and the console say so, so that best/ is not read as the model the run chose."""
+    _write_final(run.run_dir / BEST_SUBDIR, best[0], best[1], "the last step's weights, not this folder's: the last "
+                 "step's evaluation beat this one")
+    print(in_user_terms(f"final model: the last step's, step {best[0]} ({run.cfg.train.best_metric} {best[1]:.4g}), "
+                        f"which beat every earlier evaluation; {run.run_dir / BEST_SUBDIR} keeps step "
+                        f"{kept.get('step')}'s weights ({kept.get('value')}): checkpoint.keep_best=true",
+                        C.to_dict(run.cfg)), flush=True)
 
 
 def _relabel(run: Run, step: int) -> None:

@@ -39,6 +39,7 @@ from safetensors.torch import load_file, save_file
 from grpo.core.plumbing import fsync as _fsync
 from grpo.core.plumbing import sha256 as _sha256
 from grpo.core.plumbing import writing
+from grpo.run.checkpoint.pareto import MARKER as PARETO_MARKER
 from grpo.run.checkpoint.treecodec import TreeCodecError, decode_tree, encode_tree
 
 FORMAT_VERSION = 2
@@ -268,6 +269,11 @@ def resolve_resume(run_dir: Path, where: str, trust_pickle: bool = False) -> Pat
                               f"{MANIFEST}) or the run folder")
     if (path / TRL_MARKER).is_file() or TRL_CHECKPOINT.fullmatch(path.name):  # TRL's output_dir/checkpoint-N
         return exact_checkpoint(path)
+    if (path / PARETO_MARKER).is_file() or (not (path / MANIFEST).exists() and (path / "config.json").is_file()):
+        what = "a Pareto point (a saved model" if (path / PARETO_MARKER).is_file() else "a saved model (weights"
+        raise CheckpointError(f"--resume {where}: {path} is {what} without the optimizer state or the step), not a "
+                              f"training checkpoint: give the run's checkpoint (RUN/{CKPT_DIR}/{PREFIX}000050, the run "
+                              f"folder, or auto), or train on from this model in a new run with --model.name {path}")
     if (path / MANIFEST).exists() or path.name.startswith(PREFIX):
         return path  # verified (and a missing manifest reported) by `load`
     run = path.parent if path.name == CKPT_DIR else path
@@ -393,11 +399,17 @@ def load_reference(run_dir: Path, *, trust_pickle: bool = False) -> dict[str, to
     root = Path(run_dir) / CKPT_DIR
     folder, legacy = root / REFERENCE_DIR, root / LEGACY_REFERENCE
     if folder.exists():
-        verify(folder)
+        way_out = ("; the KL reference of the run's checkpoints is gone with it, so no checkpoint of this run can "
+                   "resume: start the run again with --overwrite (or another --run-name), or restore the folder "
+                   "from a copy")
         try:
+            verify(folder)
             weights = decode_tree((folder / STATE_JSON).read_text(), load_file(str(folder / REFERENCE_WEIGHTS)))
+        except CheckpointError as e:
+            raise CheckpointError(f"{e} (the post-SFT reference model){way_out}") from None
         except (SafetensorError, TreeCodecError, OSError, UnicodeDecodeError) as e:
-            raise CheckpointError(f"checkpoint {folder} (the post-SFT reference model) cannot be read: {e}") from None
+            raise CheckpointError(f"checkpoint {folder} (the post-SFT reference model) cannot be read: {e}"
+                                  f"{way_out}") from None
         return weights
     if not legacy.exists():
         return None

@@ -350,6 +350,13 @@ def check_final_model_dir(folder: str | Path, run_dir: Path, model_name: str) ->
     files: anything but this run's own folder and the files FINAL_MANIFEST lists). The final save would write its
     config.json and weights over them; nothing is ever written into such a folder."""
     folder = expand_home(folder)
+    inside = folder.resolve()
+    if inside == run_dir.resolve() or inside.is_relative_to(run_dir.resolve() / "checkpoints"):
+        where = "the run folder itself" if inside == run_dir.resolve() else "inside the run's checkpoints/"
+        raise RunFolderError(f"checkpoint.final_model_dir {folder} is {where} ({run_dir}): the final model's "
+                             "config.json would be written over the run's own record, or mixed among its "
+                             "checkpoints. The run keeps its final model in final/ anyway; choose a folder outside "
+                             f"{run_dir} (or leave checkpoint.final_model_dir empty); nothing was touched")
     model = Path(model_name).expanduser()
     if model.exists() and folder.exists() and os.path.samefile(model, folder):
         raise RunFolderError(f"output folder {folder} (checkpoint.final_model_dir, TRL's output_dir) is the folder of "

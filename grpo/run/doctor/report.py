@@ -230,7 +230,8 @@ def build_report(run_dir: str | Path, thresholds: DoctorThresholds | None = None
     when every task was evaluated), stopped_early (why early stopping ended RL, also the first reason; "" when it did
     not), reasons [str], cleared [{code, task, level, first_step, last_step, message}] (alarms
     that fired during the run and stopped), pareto_best {step, scores, path} (the Pareto frontier's point with the best
-    mean held-out score, from pareto/pareto.json; absent without one). A run without eval.json still gets its health
+    mean held-out score, from pareto/pareto.json; absent without one), final_model {step, value, holds} (under
+    checkpoint.keep_best: which model final/ holds, from best/best.json; absent without it). A run without eval.json still gets its health
     findings; a run without metrics.jsonl raises FileNotFoundError naming the path.
     """
     run_dir = Path(run_dir)
@@ -272,6 +273,9 @@ def build_report(run_dir: str | Path, thresholds: DoctorThresholds | None = None
     best = ParetoFrontier.load(1, run_dir / PARETO_SUBDIR).best()  # the cap bounds later offers; reading needs none
     if best is not None:  # the Pareto point with the best mean held-out score, and where its weights are
         report["pareto_best"] = {"step": best.step, "scores": best.scores, "path": str(best.path)}
+    final = _load_json(run_dir / "best" / "best.json").get("final_model")  # checkpoint.keep_best: which model
+    if final:  # final/ holds, the best evaluation's (best/) or the last step's that beat it
+        report["final_model"] = final
     report = finite_or_null(report)  # strict JSON: a task every completion of which went unscored has NaN means
     (run_dir / REPORT_FILE).write_text(json.dumps(report, indent=2, allow_nan=False) + "\n")
     return report

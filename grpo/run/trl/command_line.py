@@ -202,6 +202,9 @@ def read_file_tree(path: str) -> dict[str, Any]:
     """A config file (YAML or JSON) as the table it holds; ConfigError naming --config when it cannot be read, or a
     key is given twice in one table (the parsers would keep the last silently)."""
     file = Path(path)
+    if file.is_dir():
+        raise C.ConfigError(f"--config {path} is a folder: give the YAML or JSON config file itself (e.g. "
+                            f"--config {file / 'config.yaml'})", field="config")
     if not file.is_file():
         raise C.ConfigError(f"--config {path}: no such file", field="config")
     try:
@@ -217,8 +220,13 @@ def read_file_tree(path: str) -> dict[str, Any]:
     except Exception as err:  # json.JSONDecodeError, yaml.YAMLError: the parser's message names the line
         raise C.ConfigError(f"--config {path} is not valid {'JSON' if file.suffix == '.json' else 'YAML'}: "
                             f"{err}", field="config") from None
+    if tree is None:  # YAML reads an empty file (or one of comments only) as nothing at all
+        raise C.ConfigError(f"--config {path} is empty: give a table of fields (TRL's, e.g. `model_name_or_path: "
+                            "...`, or grpo-dual's sections), or leave --config out", field="config")
     if not isinstance(tree, dict):
-        raise C.ConfigError(f"--config {path} must hold a table of fields, not a {type(tree).__name__}",
+        what = {"list": "a list", "str": "a line of text", "int": "a number", "float": "a number", "bool": "true or "
+                "false"}.get(type(tree).__name__, type(tree).__name__)
+        raise C.ConfigError(f"--config {path} must hold a table of fields (name: value lines), not {what}",
                             field="config")
     return tree
 

@@ -44,7 +44,21 @@ def _loss_param(loss_type: str) -> Converter:
 
 
 # ----------------------------------------------------------------------------------------- the converters
+COUNTS = {"per_device_train_batch_size": "completions in a micro-batch",
+          "gradient_accumulation_steps": "micro-batches an optimizer step", "num_generations": "completions a prompt",
+          "num_iterations": "optimizer steps a generation"}
+"""The TRL counts the batch and step arithmetic divides by or multiplies with: each must be a whole number >= 1."""
+
+
+def _counts(fields: Mapping[str, Any]) -> None:
+    """ConfigError naming the first of COUNTS below 1, before any arithmetic reads it."""
+    for name, what in COUNTS.items():
+        if int(fields[name]) < 1:
+            raise _error(name, fields[name], f"it counts {what}: use a whole number >= 1")
+
+
 def _batch(value: int, fields: Mapping[str, Any], out: dict, notes: list) -> None:
+    _counts(fields)
     b, ga, k = int(value), int(fields["gradient_accumulation_steps"]), int(fields["num_generations"])
     world = int(fields.get("world_size") or 1)
     if (b * ga) % k and (b * ga * world) % k == 0:  # a group spans processes: the global batch holds whole groups
@@ -95,6 +109,8 @@ def _steps(value: int, fields: Mapping[str, Any], out: dict, notes: list) -> Non
 
 def _rl_steps(field: str, n: float, fields: Mapping[str, Any], notes: list) -> int:
     """TRL's interval of `n` optimizer steps in RL steps (an RL step takes num_iterations optimizer steps)."""
+    if n <= 0:
+        raise _error(field, n, "it counts optimizer steps between two of them: use a whole number >= 1")
     if n < 1:
         raise _error(field, n, "a share of the run is not translated; give a whole number of steps")
     mu = int(fields["num_iterations"])
@@ -280,7 +296,8 @@ def _evaluating(value: Any, fields: Mapping[str, Any], out: dict, notes: list) -
 def _best_model(value: Any, fields: Mapping[str, Any], out: dict, notes: list) -> None:
     metric, greater = fields["metric_for_best_model"], fields["greater_is_better"]
     name = None if metric is None else str(metric).removeprefix("eval_")
-    if name == "loss" and value:  # transformers' default under load_best_model_at_end (a GRPOConfig holds it set)
+    if name in ("loss", None) and value:  # transformers' default under load_best_model_at_end (a GRPOConfig holds
+        # it set; a file or dict leaves it unset, which transformers reads as the loss)
         _note(notes, "metric_for_best_model", metric, "grpo-dual's held-out evaluation scores greedy completions with "
               "the reward functions and has no loss: the best model is the one of the best mean held-out reward "
               "(metric_for_best_model=reward, greater_is_better=true)")
@@ -316,6 +333,12 @@ def _report_to(value: Any, fields: Mapping[str, Any], out: dict, notes: list) ->
     if unknown:
         raise _error("report_to", value, f"{sorted(unknown)} have no equivalent here (tensorboard and wandb have)")
     _set(out, "train.tensorboard", bool(names & {"tensorboard", "all"}))
+    if "wandb" in names:  # named here, in the user's words: train.wandb_project is not what they wrote
+        from grpo.run.tracking import wandb_installed
+
+        if not wandb_installed():
+            raise _error("report_to", value, "Weights & Biases is not installed here: `pip install wandb`, or leave "
+                         "wandb out of report_to")
     _set(out, "train.wandb_project", str(fields["project"]) if names & {"wandb"} else "")
     if "all" in names:
         _note(notes, "report_to", value, "TensorBoard only (W&B: report_to=[tensorboard, wandb])")

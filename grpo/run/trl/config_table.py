@@ -57,7 +57,8 @@ TABLE: tuple[Row, ...] = (
       "linear, cosine, constant_with_warmup (train.lr_scheduler=constant) or constant (no warm-up, as in TRL), over "
       "the run's optimizer steps, with transformers' formulas", _scheduler),
     R("warmup_steps", "train.warmup_steps, train.warmup_ratio", 0,
-      ">= 1: warmup_steps (whole steps, as int() gives); in (0, 1): warmup_ratio", _part_of("lr_scheduler_type")),
+      ">= 1: warmup_steps (whole steps, as int() gives); in (0, 1): warmup_ratio", _part_of("lr_scheduler_type"),
+      copies="train.warmup_steps"),
     R("lr_scheduler_kwargs", "", None, "unset only", _part_of("lr_scheduler_type")),
     R("weight_decay", "train.weight_decay", 0.0, "AdamW's weight decay"),
     R("max_grad_norm", "train.max_grad_norm", 1.0, "the gradient-norm clip"),

@@ -48,6 +48,11 @@ TEXT_OR_LIST = "a name or a list of names"
 """The type of the fields TRL takes as one word or several (reward_funcs, lora_target_modules)."""
 NUMBERS = "a list of numbers"
 """The type of reward_weights."""
+NOT_EMPTY = {"output_dir": "an empty folder name: name the folder the run writes into, or leave it unset (TRL's "
+                           "default: trainer_output)",
+             "metric_for_best_model": "an empty metric name: use reward (the mean held-out reward), or leave it "
+                                      "unset"}
+"""TRL fields whose empty text would be read as unset (TRL's default) without a word: refused, with the fix."""
 FIELD_TYPES: dict[str, Any] = {
     **dict.fromkeys(("steps_per_generation", "generation_batch_size", "max_tool_calling_iterations", "top_k",
                      "save_total_limit", "num_completions_to_print", "num_generations_eval"), int | None),
@@ -81,6 +86,8 @@ def typed(name: str, value: Any, kind: Any) -> Any:
     before any converter reads it."""
     if kind is Any or value is None and kind not in (int, float, bool, str):
         return value
+    if name in NOT_EMPTY and isinstance(value, str) and not value.strip():  # else read as unset: TRL's default
+        raise C.field_error(name, value, NOT_EMPTY[name])
     if kind is TEXT_OR_LIST:
         if isinstance(value, str) or (isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value)):
             return value if isinstance(value, str) else list(value)
@@ -89,6 +96,8 @@ def typed(name: str, value: Any, kind: Any) -> Any:
         if not isinstance(value, (list, tuple)):
             raise C.field_error(name, value, "expected a list of numbers, one weight per reward function")
         return [C.coerce_value(v, float, name) for v in value]
+    if kind in (bool, bool | None) and type(value) is int and value in (0, 1):  # as the flag's 1 / 0: one rule
+        return bool(value)
     if kind in (str, str | None) and isinstance(value, (int, float)) and not isinstance(value, bool):
         return str(value)  # `run_name: 2024` in a YAML file is a name
     return C.coerce_value(value, kind, name)
