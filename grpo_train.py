@@ -41,8 +41,9 @@ from grpo.run.assembly import (ModelPackageMissing, banner, build_owners, check_
                                preset_note, processes, relaunch_if_asked, seed_everything, template_less, template_note,
                                warm_up, with_epochs)
 from grpo.run.checkpoint import (CheckpointError, FinalSaveError, check_resume, discarded_if_unstarted, expand_home,
-                                 last_checkpoint_line, offer_evaluation, prepare_run_dir, publish_final,
-                                 reference_weights, release_run_dir, resume, save_checkpoint, save_final_checkpoint,
+                                 last_checkpoint_line, note_command_line, offer_evaluation, prepare_run_dir,
+                                 publish_final, reference_weights, release_run_dir, resume, resume_advice,
+                                 save_checkpoint, save_final_checkpoint,
                                  save_final_model, save_reference, settle_best, stops_early)
 from grpo.run.doctor import build_report, consult_doctor, doctor_line, doctor_stops, format_report, plot_run, start_doctor
 from grpo.run.exits import (RUN_FAILURES, USER_ERRORS, Interrupted, StopRequest, exit_interrupted, signals_raise,
@@ -339,9 +340,7 @@ def main(cfg: C.Config, run: Run | None = None) -> Run:
             if run.dist.any(stop.requested):  # every rank stops after the same step
                 folder = save_checkpoint(run)
                 run.progress.stopped_by = stop.signum
-                say(f"\ninterrupted: checkpoint {folder} written. Resume with:\n  python grpo_train.py "
-                      f"--preset {cfg.preset} --run-name {run.run_dir.name} --output-dir {cfg.train.output_dir} "
-                      f"--resume auto [your other overrides]")
+                say(f"\ninterrupted: checkpoint {folder} written. {resume_advice(run.run_dir, cfg.train.run_name)}")
                 run.tracker.close()
                 release_run_dir(run.run_dir)
                 return run
@@ -396,6 +395,7 @@ def train(config: C.Config | str | Sequence[str] | None = None, *,
     Errors are the command line's, raised instead of printed: ConfigError (config), DataFileError (data),
     GraderError (the reward preflight, before the model loads), ModelPackageMissing. For the phases one by one,
     call `setup`, `evaluate_phase`, `sft_phase`, `rl_step`, `finish` (notebooks/quickstart.ipynb)."""
+    note_command_line(None)  # the advice after an early end is this call's, not a command line's
     model = loaded_model(model, processing_class)
     cfg, callables = python_config(config, tasks, rewards, model, sections, peft_config, trl_args=args,
                                    eval_dataset=eval_dataset)
@@ -417,10 +417,11 @@ def train(config: C.Config | str | Sequence[str] | None = None, *,
     return run
 
 
-def cli(argv: list[str]) -> int:
+def cli(argv: list[str], program: str = "grpo_train.py") -> int:
     """Parse argv into a Config (grpo/config/command_line.py) and run. Exit status: 0 done; 2 an error of the input
     found while setting up (config, data, graders, judge, run folder, model.name); 1 a run failure; 130 / 143 stopped
-    by SIGINT / SIGTERM (grpo/run/exits.py)."""
+    by SIGINT / SIGTERM (grpo/run/exits.py). `program`: sys.argv[0], for the line that resumes a stopped run."""
+    note_command_line([program, *argv])
     try:
         cfg, args = parse_command_line(argv, __doc__)  # our sections, TRL's flags and config files, checked
     except C.ConfigError as e:
@@ -442,13 +443,17 @@ def cli(argv: list[str]) -> int:
         except USER_ERRORS as e:
             return user_error(error_in_user_terms(e, C.to_dict(cfg)), 2)  # TRL's flag where TRL's flags set it
         except (Interrupted, KeyboardInterrupt) as e:
-            return exit_interrupted(e, "during set-up")
+            named = cfg.train.run_name and expand_home(cfg.train.output_dir) / cfg.train.run_name
+            return exit_interrupted(e, "during set-up", resume_advice(named or None, cfg.train.run_name))
         try:
             main(cfg, run)
         except (*RUN_FAILURES, CheckpointError) as e:  # known failure modes get their message;
-            return user_error(error_in_user_terms(e, C.to_dict(cfg)), 1)  # the last checkpoint (if any) is intact
+            code = user_error(error_in_user_terms(e, C.to_dict(cfg)), 1)  # the last checkpoint (if any) is intact
+            if not isinstance(e, (CheckpointError, FinalSaveError)):  # these name their own way out
+                print(resume_advice(run.run_dir, cfg.train.run_name), file=sys.stderr)
+            return code
         except (Interrupted, KeyboardInterrupt) as e:
-            return exit_interrupted(e, f"in {run.run_dir}")
+            return exit_interrupted(e, f"in {run.run_dir}", resume_advice(run.run_dir, cfg.train.run_name))
         finally:
             release_run_dir(run.run_dir)  # the run folder's lock (a no-op once `finish` released it)
         run.dist.close()  # every rank got here: they leave together (Dist.close)
@@ -458,7 +463,7 @@ def cli(argv: list[str]) -> int:
 def command() -> int:
     """`python grpo_train.py ...` and the installed `grpo-dual ...` command: the command line of this process."""
     relaunch_if_asked(sys.argv)  # `accelerate launch --cpu --num_processes N` started only this one
-    return cli(sys.argv[1:])
+    return cli(sys.argv[1:], sys.argv[0])
 
 
 if __name__ == "__main__":

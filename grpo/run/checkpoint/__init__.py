@@ -7,10 +7,11 @@ from grpo.run.checkpoint.best_model import offer_evaluation, settle_best, stops_
 from grpo.run.checkpoint.files import CheckpointError, save_reference
 from grpo.run.checkpoint.folder import (discarded_if_unstarted, expand_home, prepare_run_dir, publish_final,
                                         release_run_dir)
+from grpo.run.checkpoint.resume_line import note_command_line, resume_advice
 from grpo.run.checkpoint.save_resume import (FinalSaveError, check_resume, last_checkpoint_line, reference_weights,
                                              resume, save_checkpoint, save_final_checkpoint, save_final_model)
 
 __all__ = ["CheckpointError", "FinalSaveError", "check_resume", "discarded_if_unstarted", "expand_home",
-           "last_checkpoint_line", "offer_evaluation", "prepare_run_dir", "publish_final", "reference_weights",
-           "release_run_dir", "resume", "save_checkpoint", "save_final_checkpoint", "save_final_model",
+           "last_checkpoint_line", "note_command_line", "offer_evaluation", "prepare_run_dir", "publish_final", "reference_weights",
+           "release_run_dir", "resume", "resume_advice", "save_checkpoint", "save_final_checkpoint", "save_final_model",
            "save_reference", "settle_best", "stops_early"]
