@@ -12,6 +12,6 @@ from grpo.run.checkpoint.save_resume import (FinalSaveError, check_resume, last_
                                              resume, save_checkpoint, save_final_checkpoint, save_final_model)
 
 __all__ = ["CheckpointError", "FinalSaveError", "check_resume", "discarded_if_unstarted", "expand_home",
-           "last_checkpoint_line", "note_command_line", "offer_evaluation", "prepare_run_dir", "publish_final", "reference_weights",
-           "release_run_dir", "resume", "resume_advice", "save_checkpoint", "save_final_checkpoint", "save_final_model",
-           "save_reference", "settle_best", "stops_early"]
+           "last_checkpoint_line", "note_command_line", "offer_evaluation", "prepare_run_dir", "publish_final",
+           "reference_weights", "release_run_dir", "resume", "resume_advice", "save_checkpoint",
+           "save_final_checkpoint", "save_final_model", "save_reference", "settle_best", "stops_early"]
