@@ -148,21 +148,23 @@ def test_after_sigterm_a_trl_config_resumes_as_printed(tmp_path):
 
 
 @pytest.mark.slow
-def test_a_second_ctrl_c_names_the_last_checkpoint_and_resumes_as_printed(tmp_path, monkeypatch):
+@pytest.mark.parametrize("where", ["rl_step", "evaluate_phase"], ids=["second-ctrl-c-mid-run", "ctrl-c-at-the-end"])
+def test_a_ctrl_c_that_exits_at_once_names_the_last_checkpoint_and_resumes_as_printed(tmp_path, monkeypatch, where):
     import grpo_train
 
-    step = grpo_train.rl_step
+    original = getattr(grpo_train, where)
 
-    def second_ctrl_c(run, n):  # what StopRequest raises on a second Ctrl-C
-        if n == 4:
+    def interrupted(run, at):  # a second Ctrl-C in step 4 (StopRequest raises), or one in the final evaluation
+        if at in (4, "after_rl"):
             raise KeyboardInterrupt
-        return step(run, n)
+        return original(run, at)
 
-    monkeypatch.setattr(grpo_train, "rl_step", second_ctrl_c)
+    monkeypatch.setattr(grpo_train, where, interrupted)
     code, text = cli_output(["--output-dir", str(tmp_path), *OURS, "--checkpoint.every", "1"])
     assert code == 130, text
     assert "can be started again with the same command" not in text, text
-    assert f"The last complete checkpoint is {next(tmp_path.glob('*/checkpoints/step_000003'))}" in text, text
+    last = "step_000003" if where == "rl_step" else "step_000006"
+    assert f"The last complete checkpoint is {next(tmp_path.glob(f'*/checkpoints/{last}'))}" in text, text
     monkeypatch.undo()
     resumes(printed_line(text), ROOT)
 
