@@ -473,8 +473,8 @@ def test_a_gpu_memory_that_is_no_cards_is_refused(gib):
 
 
 def test_a_small_gpu_memory_is_estimated_against_and_not_taken_as_unset():
-    code, text = memory_tool("--estimate", "--preset", "llama3-8b-dual", "--gpu-mem", "0.5")
-    assert code == 0 and "on 0.5 GiB (--gpu-mem)" in text and "DOES NOT FIT on a 0.5 GiB GPU" in text, text
+    code, text = memory_tool("--estimate", "--preset", "llama3-8b-dual", "--gpu-mem", "1")  # the smallest card taken
+    assert code == 0 and "on 1 GiB (--gpu-mem)" in text and "DOES NOT FIT on a 1.0 GiB GPU" in text, text
 
 
 @pytest.mark.parametrize("content,says", [("garbage{", "is not JSON (Expecting value"),
