@@ -41,11 +41,10 @@ from grpo.run.assembly import (ModelPackageMissing, banner, build_owners, check_
                                preset_note, processes, relaunch_if_asked, seed_everything, template_less, template_note,
                                warm_up, with_epochs)
 from grpo.run.checkpoint import (CheckpointError, FinalSaveError, check_resume, discarded_if_unstarted, expand_home,
-                                 offer_final_point, optional_write,
-                                 last_checkpoint_line, offer_evaluation, prepare_run_dir, publish_final,
-                                 reference_weights, release_run_dir, resume, save_checkpoint, save_final_checkpoint,
-                                 save_final_model, save_reference, settle_best, stops_early,
-                                 write_final_cards)
+                                 last_checkpoint_line, note_command_line, offer_evaluation, offer_final_point,
+                                 optional_write, prepare_run_dir, publish_final, reference_weights, release_run_dir,
+                                 resume, resume_advice, save_checkpoint, save_final_checkpoint, save_final_model,
+                                 save_reference, settle_best, stops_early, write_final_cards)
 from grpo.run.doctor import build_report, consult_doctor, doctor_line, doctor_stops, format_report, plot_run, start_doctor
 from grpo.run.exits import (RUN_FAILURES, USER_ERRORS, Interrupted, StopRequest, exit_interrupted, signals_raise,
                              user_error)
@@ -314,9 +313,7 @@ def main(cfg: C.Config, run: Run | None = None, events: Events | None = None) ->
             if run.dist.any(stop.requested):  # every rank stops after the same step
                 folder = save_checkpoint(run)
                 run.progress.stopped_by = stop.signum
-                say(f"\ninterrupted: checkpoint {folder} written. Resume with:\n  python grpo_train.py "
-                      f"--preset {cfg.preset} --run-name {run.run_dir.name} --output-dir {cfg.train.output_dir} "
-                      f"--resume auto [your other overrides]")
+                say(f"\ninterrupted: checkpoint {folder} written. {resume_advice(run.run_dir, cfg.train.run_name)}")
                 run.tracker.close()
                 release_run_dir(run.run_dir)
                 return run
@@ -418,6 +415,7 @@ def run_python(cfg: C.Config, callables: Mapping[str, Callable[..., Any]], loade
                events: Events, run: Run | None = None) -> Run:
     """`train`'s and `GRPOTrainer.train`'s run: `setup` (unless given `run`) and `main`, errors in the user's terms,
     the run folder released after a failure too; report.json read into the Run."""
+    note_command_line(None)  # the advice after an early end is this call's, not a command line's
     try:
         run = run if run is not None else setup(cfg, callables=callables, model=loaded)
     except C.ConfigError as err:  # named as the user wrote it: TRL's field where a GRPOConfig set it
@@ -531,10 +529,11 @@ class GRPOTrainer:
     remove_callback = pop_callback  # transformers' returns nothing; the removed callback is no harm to return
 
 
-def cli(argv: list[str]) -> int:
+def cli(argv: list[str], program: str = "grpo_train.py") -> int:
     """Parse argv into a Config (grpo/config/command_line.py) and run. Exit status: 0 done; 2 an error of the input
     found while setting up (config, data, graders, judge, run folder, model.name); 1 a run failure; 130 / 143 stopped
-    by SIGINT / SIGTERM (grpo/run/exits.py)."""
+    by SIGINT / SIGTERM (grpo/run/exits.py). `program`: sys.argv[0], for the line that resumes a stopped run."""
+    note_command_line([program, *argv])
     try:
         cfg, args = parse_command_line(argv, __doc__)  # our sections, TRL's flags and config files, checked
     except C.ConfigError as e:
@@ -556,13 +555,17 @@ def cli(argv: list[str]) -> int:
         except USER_ERRORS as e:
             return user_error(error_in_user_terms(e, C.to_dict(cfg)), 2)  # TRL's flag where TRL's flags set it
         except (Interrupted, KeyboardInterrupt) as e:
-            return exit_interrupted(e, "during set-up")
+            named = cfg.train.run_name and expand_home(cfg.train.output_dir) / cfg.train.run_name
+            return exit_interrupted(e, "during set-up", resume_advice(named or None, cfg.train.run_name))
         try:
             main(cfg, run)
         except (*RUN_FAILURES, CheckpointError) as e:  # known failure modes get their message;
-            return user_error(error_in_user_terms(e, C.to_dict(cfg)), 1)  # the last checkpoint (if any) is intact
+            code = user_error(error_in_user_terms(e, C.to_dict(cfg)), 1)  # the last checkpoint (if any) is intact
+            if not isinstance(e, (CheckpointError, FinalSaveError)):  # these name their own way out
+                print(resume_advice(run.run_dir, cfg.train.run_name), file=sys.stderr)
+            return code
         except (Interrupted, KeyboardInterrupt) as e:
-            return exit_interrupted(e, f"in {run.run_dir}")
+            return exit_interrupted(e, f"in {run.run_dir}", resume_advice(run.run_dir, cfg.train.run_name))
         finally:
             release_run_dir(run.run_dir)  # the run folder's lock (a no-op once `finish` released it)
         run.dist.close()  # every rank got here: they leave together (Dist.close)
@@ -572,7 +575,7 @@ def cli(argv: list[str]) -> int:
 def command() -> int:
     """`python grpo_train.py ...` and the installed `grpo-dual ...` command: the command line of this process."""
     relaunch_if_asked(sys.argv)  # `accelerate launch --cpu --num_processes N` started only this one
-    return cli(sys.argv[1:])
+    return cli(sys.argv[1:], sys.argv[0])
 
 
 if __name__ == "__main__":

@@ -473,8 +473,8 @@ def test_a_gpu_memory_that_is_no_cards_is_refused(gib):
 
 
 def test_a_small_gpu_memory_is_estimated_against_and_not_taken_as_unset():
-    code, text = memory_tool("--estimate", "--preset", "llama3-8b-dual", "--gpu-mem", "0.5")
-    assert code == 0 and "on 0.5 GiB (--gpu-mem)" in text and "DOES NOT FIT on a 0.5 GiB GPU" in text, text
+    code, text = memory_tool("--estimate", "--preset", "llama3-8b-dual", "--gpu-mem", "1")  # the smallest card taken
+    assert code == 0 and "on 1 GiB (--gpu-mem)" in text and "DOES NOT FIT on a 1.0 GiB GPU" in text, text
 
 
 @pytest.mark.parametrize("content,says", [("garbage{", "is not JSON (Expecting value"),
@@ -617,8 +617,9 @@ def test_a_final_save_that_fails_names_the_last_checkpoint_and_resume_auto_write
     run_dir = user.out / "grpo-dual"
     assert code == 1 and "Traceback" not in text, text
     assert f"could not write the final model {run_dir / 'final'}: No space left on device. The last complete " \
-           f"checkpoint is {run_dir / 'checkpoints' / 'step_000002'}: free space, then run the same command with " \
-           "--resume auto (the run is finished there: it writes the final model without training again)" in text, text
+           f"checkpoint is {run_dir / 'checkpoints' / 'step_000002'}: free space, then resume with:\n  python " \
+           f"grpo_train.py --config {user.config} " in text, text  # the user's own command (tests/test_resume_line.py)
+    assert "--resume auto\n(the run is finished there: it writes the final model without training again)" in text, text
     assert not (run_dir / "final").exists() and not list(run_dir.glob(".tmp-final-*"))  # no torn copy left
     rows = (run_dir / "metrics.jsonl").read_text()
     code, text = cli_output([*argv, "--resume", "auto"])
@@ -645,8 +646,9 @@ def test_a_final_checkpoint_that_fails_still_saves_the_final_model_and_names_the
                              "--save_steps", "2"])
     run_dir = user.out / "grpo-dual"
     assert code == 0 and "warning: the final checkpoint could not be written" in text, text
-    assert f"The last complete checkpoint is {run_dir / 'checkpoints' / 'step_000002'}: free space, then run the same " \
-           "command with --resume auto (it trains on from there)" in text, text
+    assert f"The last complete checkpoint is {run_dir / 'checkpoints' / 'step_000002'}: free space, then resume " \
+           "with:\n  python grpo_train.py --config " in text, text
+    assert "--resume auto\n(it trains on from there)" in text, text
     assert not list((run_dir / "checkpoints").glob(".tmp-*"))  # the partial copy's space went back
     _loadable(run_dir / "final")
 

@@ -398,6 +398,7 @@ def test_the_memory_estimate_sees_a_micro_batch_that_splits_a_group():
     from grpo.run.assembly.memory_inputs import inputs_from_config
 
     cfg = C.from_dict(C.config_tree("custom", [], translate(
-        {"per_device_train_batch_size": 4, "num_generations": 8, "gradient_accumulation_steps": 2}).tree))
+        {"per_device_train_batch_size": 4, "num_generations": 8, "gradient_accumulation_steps": 2,
+         "max_completion_length": 64}).tree))  # within builtin:tiny's 512 positions, as the estimate requires
     x = inputs_from_config(cfg)
     assert (x.micro_batch_seqs, x.gen_batch_seqs) == (4, 8)

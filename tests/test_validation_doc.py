@@ -516,6 +516,36 @@ def disk_full_at_the_end(tmp, mp):
     return cli([*TINY, "--train.max_steps", "1", "--output-dir", str(tmp)])
 
 
+def stopped_early(tmp, mp):
+    write_folder = ckpt._write_folder
+
+    def full_at_step_2(folder, final, files, meta):
+        if meta.get("step") == 2:
+            raise OSError(28, "No space left on device")
+        return write_folder(folder, final, files, meta)
+
+    mp.setattr(ckpt, "_write_folder", full_at_step_2)
+    return cli([*TINY, "--train.max_steps", "3", "--checkpoint.every", "1", "--output-dir", str(tmp)])
+
+
+def memory_tool_configs(tmp, mp):
+    from grpo.run.assembly.gpu_memory_check import check_gpu_memory
+
+    shape = {"hidden_size": 576, "num_hidden_layers": 30, "num_attention_heads": 9, "num_key_value_heads": 3,
+             "intermediate_size": 1536, "vocab_size": 49152, "max_position_embeddings": 8192}
+    texts, codes = [], []
+    for name, extra, argv in (("q", {"quantization_config": {"quant_method": "hqq"}}, []),
+                              ("p", {}, ["--data.max_prompt_tokens", "100000000"])):
+        (tmp / name).mkdir()
+        (tmp / name / "config.json").write_text(json.dumps({**shape, **extra}))
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
+            codes.append(check_gpu_memory(["--estimate", "--set", f"model.name={tmp / name}", *argv]))
+        texts.append(out.getvalue())
+    assert codes == [2, 2], texts
+    return Outcome(" ".join(texts), 2)
+
+
 TRIALS = {
     "config value (type, range, choice)": config_error("--rollout.k", "1"),
     "config value of the wrong type": config_error("--train.lr", "abc"),
@@ -590,6 +620,11 @@ TRIALS = {
     "`checkpoint.final_model_dir` the run folder itself or inside its `checkpoints/`": final_in_run_folder,
     "a TRL flag and our flag for one setting on one command line (`--learning_rate 1e-5 --train.lr 3e-5`)":
         trl_and_our_flag,
+    "a run stopped early: Ctrl-C or SIGTERM (once or twice), a disk that fills up mid-run, a failure after set-up":
+        stopped_early,
+    "the memory tool on a `config.json` that is not a dense, unquantized model: a mixture of experts, weights saved "
+    "quantized (`quantization_config`), a `data.max_prompt_tokens` beyond `max_position_embeddings`":
+        memory_tool_configs,
 }
 ROWS = table_rows()
 

@@ -76,6 +76,9 @@ class ModelShape:
     """0 → hidden // heads."""
     attn_bias: bool = False
     """q/k/v projections carry a bias (Qwen2)."""
+    resident_width: int = 0
+    """Experts: every expert's MLP width together, all resident (`intermediate`: a token's); 0 = a dense MLP."""
+    positions: int = 0  # max_position_embeddings, 0 = not known
 
     def __post_init__(self) -> None:
         if self.head_dim == 0:
@@ -96,7 +99,8 @@ def shape_from_hf_config(d: dict[str, Any], name: str = "") -> ModelShape:
                       heads=d["num_attention_heads"], kv_heads=d.get("num_key_value_heads") or d["num_attention_heads"],
                       intermediate=d["intermediate_size"], vocab=d["vocab_size"],
                       tie_embeddings=bool(d.get("tie_word_embeddings", False)), head_dim=d.get("head_dim") or 0,
-                      attn_bias=bool(d.get("attention_bias", d.get("model_type") == "qwen2")))
+                      attn_bias=bool(d.get("attention_bias", d.get("model_type") == "qwen2")),
+                      positions=int(d.get("max_position_embeddings") or 0))
 
 
 def _known() -> dict[str, ModelShape]:
@@ -111,6 +115,7 @@ def _known() -> dict[str, ModelShape]:
         "Qwen/Qwen2.5-3B": (2048, 36, 16, 2, 11008, 151936, True, True),
         "Qwen/Qwen2.5-7B": (3584, 28, 28, 4, 18944, 152064, False, True),
         "mistralai/Mistral-7B-v0.1": (4096, 32, 32, 8, 14336, 32000, False, False),
+        "HuggingFaceTB/SmolLM2-135M": (576, 30, 9, 3, 1536, 49152, True, False),
     }
     out = {}
     for name, (h, n_layers, heads, kv, inter, vocab, tied, bias) in rows.items():
@@ -143,6 +148,8 @@ def param_counts(shape: ModelShape) -> dict[str, int]:
     """{"linear": decoder linears, "other": norms, biases, embeddings, head; "total"}."""
     dims = linear_dims(shape)
     linear = shape.layers * sum(i * o for i, o in dims.values())
+    if shape.resident_width:  # every expert's gate, up and down projections are in memory, not only the routed ones
+        linear += shape.layers * 3 * shape.hidden * (shape.resident_width - shape.intermediate)
     bias = (dims["q_proj"][1] + 2 * dims["k_proj"][1]) if shape.attn_bias else 0
     embed = shape.vocab * shape.hidden * (1 if shape.tie_embeddings else 2)
     other = shape.layers * (2 * shape.hidden + bias) + embed + shape.hidden
@@ -222,6 +229,8 @@ class EstimateInputs:
     graph_kept_bytes: float | None = None
     """Bytes of decoding buffers the graph engine keeps between rollouts (its slots: grpo/models/graph_decode.py
     `GraphStep.keep_bytes`); None = what the run decides, `graph_cache_budget`."""
+    quantized_bytes: float = 0.0
+    """Bytes per decoder-linear weight of a checkpoint quantized when saved (GPTQ, AWQ, bitsandbytes); 0 = none."""
     cuda_overhead_gb: float = DEFAULT_CUDA_OVERHEAD_GB
     allocator_slack: float = DEFAULT_ALLOCATOR_SLACK
 
@@ -302,6 +311,8 @@ def _weights(x: EstimateInputs, counts: dict[str, int]) -> float:
         nf4 = NF4_BYTES_PER_PARAM_DQ if x.double_quant else NF4_BYTES_PER_PARAM
         # bitsandbytes quantises the decoder linears only; embeddings, norms and lm_head stay unquantised
         return counts["linear"] * nf4 + counts["other"] * (4 if x.kbit_fp32_upcast else 2)
+    if x.quantized_bytes:
+        return counts["linear"] * x.quantized_bytes + counts["other"] * DTYPE_BYTES[x.weight_dtype]
     return counts["total"] * DTYPE_BYTES[x.weight_dtype]
 
 

@@ -109,9 +109,10 @@ def user_error(error: BaseException, code: int) -> int:
     return code
 
 
-def exit_interrupted(error: BaseException, where: str) -> int:
-    """Ctrl-C (KeyboardInterrupt or Interrupted(SIGINT)) -> 130, SIGTERM -> 143, with one line saying where."""
+def exit_interrupted(error: BaseException, where: str, advice: str) -> int:
+    """Ctrl-C (KeyboardInterrupt or Interrupted(SIGINT)) -> 130, SIGTERM -> 143, with one line saying where, then
+    `advice`: how to go on (grpo/run/checkpoint/resume_line.py's resume_advice)."""
     signum = error.signum if isinstance(error, Interrupted) else signal.SIGINT
-    print(f"\ninterrupted by {signal.Signals(signum).name} {where}: no checkpoint written since the last one; a run "
-          "without a checkpoint can be started again with the same command", file=sys.stderr)
+    print(f"\ninterrupted by {signal.Signals(signum).name} {where}: no checkpoint written since the last one. {advice}",
+          file=sys.stderr)
     return 128 + int(signum)

@@ -5,13 +5,17 @@ command `grpo-check-gpu-memory`; in a checkout `python check_gpu_memory.py` runs
     grpo-check-gpu-memory                                        # every GPU, every process, this process's allocator
     grpo-check-gpu-memory --estimate --preset llama3-8b-dual --gpu a100-40
     python check_gpu_memory.py --estimate --preset llama3-8b-dual --gpu-mem 24 --set model.load_in_4bit=true
-    grpo-check-gpu-memory --estimate --config grpo.yaml          # a config file, TRL's included, as the trainer reads it
-    grpo-check-gpu-memory --estimate --model_name_or_path Qwen/Qwen2.5-0.5B --per_device_train_batch_size 8 --gpu l4-24
+    grpo-check-gpu-memory --estimate --config examples/trl_grpo/grpo.yaml  # a config file, TRL's too (from a checkout)
+    grpo-check-gpu-memory --estimate --model_name_or_path Qwen/Qwen2.5-0.5B --dataset_name trl-lib/DeepMath-103K \\
+        --reward_funcs accuracy_reward --per_device_train_batch_size 8 --gpu l4-24   # TRL's flags, as `trl grpo`'s
+    grpo-check-gpu-memory --estimate --preset smollm2-demo       # the project's packaged model, no network needed
 
 The config is built as the trainer builds it (grpo/config/command_line.py, grpo/run/trl/command_line.py): --preset,
 --config (grpo-dual's sections or TRL's fields), TRL's flags, --section.field / --set overrides; a TRL command line is
 read as for a run on a GPU, its dataset not read (the rows do not change the estimate). --gpu-mem must be a finite number of
-GiB above 0: a tool meant to prevent out-of-memory crashes says FITS only against a real card.
+GiB of a real card (from MIN_GPU_GIB): a tool meant to prevent out-of-memory crashes says FITS only against a real card.
+A model folder's config.json is counted as it is stored: every expert of a mixture (num_local_experts, num_experts,
+n_routed_experts), weights saved quantized (GPTQ / AWQ bits, bitsandbytes); a quantization it cannot count is refused.
 
 Inside a training process call `report_live()` (it never creates a CUDA context of its own).
 The estimate comes from grpo/models/memory_estimate.py (pure arithmetic; see its docstring for every formula and the phase model).
@@ -35,12 +39,15 @@ GPUS: dict[str, tuple[float, tuple[int, int]]] = {
     "v100-32": (32768 / 1024, (7, 0)),
     "t4-16": (15360 / 1024, (7, 5)),
 }
+MIN_GPU_GIB = 1.0
+"""The smallest --gpu-mem taken (GiB): below any card that trains a model; a smaller number is a typo (MiB, bytes)."""
 MAX_GPU_GIB = 1e5
 """The largest --gpu-mem taken (GiB): far above any card or node; a bigger number is a typo (1e400 is infinite)."""
 
 
 def gpu_gib(text: str) -> float:
-    """--gpu-mem's value: a finite number of GiB in (0, MAX_GPU_GIB] (argparse's type; its error names the option)."""
+    """--gpu-mem's value: a finite number of GiB in [MIN_GPU_GIB, MAX_GPU_GIB] (argparse's type; its error names the
+    option)."""
     import argparse
     import math
 
@@ -48,9 +55,9 @@ def gpu_gib(text: str) -> float:
         value = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not a number of GiB, e.g. 24") from None
-    if not math.isfinite(value) or not 0 < value <= MAX_GPU_GIB:
-        raise argparse.ArgumentTypeError(f"{text} GiB is not a GPU's memory: give a number of GiB above 0 (and at "
-                                         f"most {MAX_GPU_GIB:g}), e.g. 24")
+    if not math.isfinite(value) or not MIN_GPU_GIB <= value <= MAX_GPU_GIB:
+        raise argparse.ArgumentTypeError(f"{text} GiB is not a GPU's memory: give the card's memory in GiB, from "
+                                         f"{MIN_GPU_GIB:g} to {MAX_GPU_GIB:g}, e.g. 24")
     return value
 
 
@@ -97,10 +104,10 @@ def check_gpu_memory(argv: list[str] | None = None) -> int:
     import argparse
 
     from grpo.config import ConfigError
-    from grpo.config.command_line import split_argv
+    from grpo.config.command_line import WrappedHelp, split_argv
 
     overrides, rest = split_argv(sys.argv[1:] if argv is None else argv)
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=WrappedHelp,
                                      epilog="Config overrides: --set section.field=value (repeatable) or "
                                             "--section.field VALUE; TRL's flags (--model_name_or_path, "
                                             "--per_device_train_batch_size, ...) as grpo-dual's command line reads "
@@ -110,9 +117,10 @@ def check_gpu_memory(argv: list[str] | None = None) -> int:
     parser.add_argument("--config", metavar="FILE", default="",
                         help="a YAML or JSON config file: grpo-dual's sections or TRL's fields, as grpo-dual reads it")
     group = parser.add_mutually_exclusive_group()
-    group.add_argument("--gpu", choices=sorted(GPUS), default=None, help="target card (default a100-40)")
+    group.add_argument("--gpu", choices=sorted(GPUS), default=None, metavar="CARD",
+                       help=f"target card: {', '.join(sorted(GPUS))} (default a100-40)")
     group.add_argument("--gpu-mem", type=gpu_gib, default=None,
-                       help="target memory in GiB, above 0 (bf16-capable GPU assumed)")
+                       help=f"target memory in GiB, from {MIN_GPU_GIB:g} (bf16-capable GPU assumed)")
     try:
         theirs, rest = _trl_flags().take(rest, {"estimate", "preset", "config", "gpu", "gpu-mem", "help"})
     except ConfigError as err:

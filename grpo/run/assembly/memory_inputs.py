@@ -16,39 +16,104 @@ from grpo.core.kernels import DEFAULT_LOGPROB_CHUNK_ROWS
 from grpo.models.logprobs import shares_by_size
 from grpo.models.modeling import tiny_model_config
 from grpo.models.pretrained import adapter_base
-from grpo.models.memory_estimate import GIB, KNOWN_SHAPES, EstimateInputs, ModelShape, estimate, graph_cache_budget, \
-    graph_slot_bytes, lookup_known_shape, param_counts, shape_from_hf_config
+from grpo.run.assembly.samples import prompt_token_limit
+from grpo.models.memory_estimate import (GIB, KNOWN_SHAPES, NF4_BYTES_PER_PARAM, NF4_BYTES_PER_PARAM_DQ, EstimateInputs,
+                                         ModelShape, estimate, graph_cache_budget, graph_slot_bytes, lookup_known_shape,
+                                         param_counts, shape_from_hf_config)
+
+PACKAGED_SHAPES = {"smollm2-135m-instruct": ("HuggingFaceTB/SmolLM2-135M-Instruct", 8192)}
+"""The project's packaged models (grpo/models/pretrained.py): the model each was converted from, its positions."""
+EXPERT_FIELDS = ("num_local_experts", "num_experts", "n_routed_experts", "moe_num_experts")
+"""config.json's count of experts per layer (Mixtral, Qwen-MoE / OLMoE, DeepSeek, ...): each one's weights resident."""
+
 
 def resolve_shape(model_cfg: Any) -> ModelShape:
-    """The model's shape: a local folder's config.json, builtin:tiny, or KNOWN_SHAPES; a clear error otherwise."""
+    """The model's shape: a local folder's config.json (every expert of a mixture counted), builtin:tiny, a packaged
+    model or KNOWN_SHAPES; a clear error otherwise."""
     name = model_cfg.name
     if name == "builtin:tiny":
         return _tiny_shape(model_cfg)
     folder = Path(name).expanduser()
     if (folder / "adapter_config.json").is_file() and not (folder / "config.json").is_file():
         name = adapter_base(name) or _adapter_base_name(folder)  # a LoRA adapter's output: its base's shape
-        folder = Path(name).expanduser()
-    if folder.is_dir():
-        config_file = folder / "config.json"
-        if not config_file.is_file():
-            raise ValueError(f"model.name={name!r} is a folder without config.json: point it at a Hugging Face "
-                             "model folder (the one holding config.json and the weights)")
+    d = model_config_json(name)
+    if d is not None:
         try:
-            d = json.loads(config_file.read_text())
-        except (ValueError, UnicodeDecodeError) as err:  # JSONDecodeError is a ValueError
-            raise ValueError(f"{config_file} is not JSON ({err}): a model folder's config.json is") from None
-        try:
-            return shape_from_hf_config(d.get("text_config", d), name=name)
+            return _with_experts(shape_from_hf_config(d, name=name), d)
         except (KeyError, TypeError, AttributeError) as err:  # a field the shape needs is missing or of another type
-            raise ValueError(f"{config_file} lacks what the estimate needs ({type(err).__name__}: {err}): a "
-                             "transformers model's config.json holds hidden_size, num_hidden_layers, "
-                             "num_attention_heads, intermediate_size and vocab_size") from None
-    shape = lookup_known_shape(name)
+            raise ValueError(f"{Path(name).expanduser() / 'config.json'} lacks what the estimate needs "
+                             f"({type(err).__name__}: {err}): a transformers model's config.json holds hidden_size, "
+                             "num_hidden_layers, num_attention_heads, intermediate_size and vocab_size") from None
+    known, positions = PACKAGED_SHAPES.get(name, (name, 0))
+    shape = lookup_known_shape(known)
     if shape is None:
-        known = "\n  ".join(sorted(KNOWN_SHAPES))
+        known = "\n  ".join(sorted([*KNOWN_SHAPES, *PACKAGED_SHAPES]))
         raise ValueError(f"model.name={name!r}: its shape is not bundled and it is not a local folder. Known names:\n  "
                          f"{known}\nor pass a local path holding config.json (`--set model.name=/path/to/model`).")
-    return shape
+    return replace(shape, name=name, positions=positions) if positions else shape
+
+
+def model_config_json(name: str) -> dict[str, Any] | None:
+    """A local model folder's config.json (its text model's, for a multimodal one); None when `name` is no folder."""
+    folder = Path(name).expanduser()
+    if not folder.is_dir():
+        return None
+    config_file = folder / "config.json"
+    if not config_file.is_file():
+        raise ValueError(f"model.name={name!r} is a folder without config.json: point it at a Hugging Face "
+                         "model folder (the one holding config.json and the weights)")
+    try:
+        d = json.loads(config_file.read_text())
+    except (ValueError, UnicodeDecodeError) as err:  # JSONDecodeError is a ValueError
+        raise ValueError(f"{config_file} is not JSON ({err}): a model folder's config.json is") from None
+    if not isinstance(d, dict):
+        raise ValueError(f"{config_file} is not a JSON object: a model folder's config.json is")
+    text = d.get("text_config", d)
+    return {**text, "quantization_config": d.get("quantization_config", text.get("quantization_config"))}
+
+
+def _with_experts(shape: ModelShape, d: dict[str, Any]) -> ModelShape:
+    """A mixture of experts' shape: a token runs through num_experts_per_tok experts (and the shared ones), but every
+    expert's weights are in memory."""
+    experts = next((int(d[k]) for k in EXPERT_FIELDS if d.get(k)), 0)
+    if experts <= 1:
+        return shape
+    width = int(d.get("moe_intermediate_size") or shape.intermediate)
+    shared = int(d.get("shared_expert_intermediate_size") or (d.get("n_shared_experts") or 0) * width)
+    routed = int(d.get("num_experts_per_tok") or 1)
+    return replace(shape, intermediate=routed * width + shared, resident_width=experts * width + shared)
+
+
+def quantized_bytes(name: str) -> float:
+    """Bytes per decoder-linear weight of a model folder saved quantized (its config.json's quantization_config):
+    GPTQ / AWQ at `bits` with a 16-bit scale and a packed zero point per group, bitsandbytes 4-bit (nf4) or 8-bit;
+    0.0 when not quantized. Any other way of saving is refused: counted as unquantized it would be a guess."""
+    q = (model_config_json(name) or {}).get("quantization_config")
+    if not q:
+        return 0.0
+    method, bits = str(q.get("quant_method", "")).lower(), q.get("bits")
+    if method == "bitsandbytes" and (q.get("load_in_4bit") or q.get("load_in_8bit")):
+        double = NF4_BYTES_PER_PARAM_DQ if q.get("bnb_4bit_use_double_quant") else NF4_BYTES_PER_PARAM
+        return double if q.get("load_in_4bit") else 1.0
+    if method in ("gptq", "awq") and isinstance(bits, int) and bits in (2, 3, 4, 8):
+        group = int(q.get("group_size") or 128)
+        return bits / 8 + ((2 + bits / 8) / group if group > 0 else 0.0)  # group_size -1: one scale per column
+    raise ValueError(f"{Path(name).expanduser() / 'config.json'}: quantization_config quant_method={method or '?'!r}"
+                     f"{f', bits={bits!r}' if bits is not None else ''} is a way of saving weights the estimate "
+                     "cannot count (it counts GPTQ and AWQ with bits 2, 3, 4 or 8, and bitsandbytes 4- or 8-bit); "
+                     "refused rather than counted as unquantized weights")
+
+
+def estimated_prompt_tokens(shape: ModelShape, prompt_tokens: int, new_tokens: int) -> int:
+    """The prompt length the run would use: data.max_prompt_tokens, lowered as the trainer lowers it where the
+    model's positions cannot hold it and the completion (grpo/run/assembly/samples.py); a limit beyond the model's
+    positions on its own is refused, naming both."""
+    if shape.positions and prompt_tokens > shape.positions:
+        raise ValueError(f"data.max_prompt_tokens={prompt_tokens} is beyond {shape.name}'s max_position_embeddings="
+                         f"{shape.positions}: the model takes at most {shape.positions} tokens, prompt and completion "
+                         f"together; give data.max_prompt_tokens at most {shape.positions} (less "
+                         f"rollout.max_new_tokens={new_tokens})")
+    return prompt_token_limit(prompt_tokens, new_tokens, shape.positions or None)[0]
 
 
 def _adapter_base_name(folder: Path) -> str:
@@ -90,7 +155,8 @@ def inputs_from_config(cfg: Any, compute_capability: tuple[int, int] = (8, 0)) -
         shape=shape,
         micro_batch_seqs=getattr(cfg.train, "micro_batch_size", 0) or cfg.train.prompts_per_micro_step * k,
         gen_batch_seqs=cfg.train.prompts_per_micro_step * cfg.train.grad_accum * k,
-        prompt_len=cfg.data.max_prompt_tokens, new_tokens=cfg.rollout.max_new_tokens,
+        prompt_len=estimated_prompt_tokens(shape, cfg.data.max_prompt_tokens, cfg.rollout.max_new_tokens),
+        new_tokens=cfg.rollout.max_new_tokens,
         weight_dtype=dtype, load_in_4bit=m.load_in_4bit, lora=m.lora, lora_r=m.lora_r,
         lora_targets=tuple(m.lora_target_modules), lora_dropout=getattr(m, "lora_dropout", 0.0),
         grad_checkpointing=m.gradient_checkpointing, k=k, mu=cfg.loss.mu, ref_pass=bool(cfg.kl_enabled),
@@ -102,6 +168,7 @@ def inputs_from_config(cfg: Any, compute_capability: tuple[int, int] = (8, 0)) -
         count_penalties=bool(getattr(cfg.rollout, "presence_penalty", 0.0) or getattr(cfg.rollout, "frequency_penalty",
                                                                                       0.0)),
         stop_ids=1 + len(getattr(cfg.rollout, "stop_strings", ()) or ()),
+        quantized_bytes=quantized_bytes(m.name),
     )
     if graph and m.lora and getattr(cfg.rollout, "fold_lora", "off") == "auto" and fold_keeps_peak(x)[0]:
         x = replace(x, fold_lora=True)

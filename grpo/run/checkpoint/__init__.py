@@ -9,13 +9,14 @@ from grpo.run.checkpoint.best_model import offer_evaluation, offer_final_point, 
 from grpo.run.checkpoint.files import CheckpointError, exact_checkpoint, optional_write, save_reference
 from grpo.run.checkpoint.folder import (discarded_if_unstarted, expand_home, prepare_run_dir, publish_final,
                                         release_run_dir)
+from grpo.run.checkpoint.resume_line import note_command_line, resume_advice
 from grpo.run.checkpoint.save_resume import (FinalSaveError, check_resume, last_checkpoint_line, reference_weights,
                                              resume, save_checkpoint, save_final_checkpoint, save_final_model,
                                              write_final_cards)
 from grpo.run.checkpoint.model_folder import save_model_folder
 
 __all__ = ["CheckpointError", "FinalSaveError", "check_resume", "discarded_if_unstarted", "exact_checkpoint",
-           "expand_home", "last_checkpoint_line", "offer_evaluation", "offer_final_point", "optional_write",
-           "prepare_run_dir", "publish_final", "reference_weights", "release_run_dir", "resume", "save_checkpoint",
-           "save_final_checkpoint", "save_final_model", "save_model_folder", "save_reference", "settle_best",
-           "stops_early", "write_final_cards"]
+           "expand_home", "last_checkpoint_line", "note_command_line", "offer_evaluation", "offer_final_point",
+           "optional_write", "prepare_run_dir", "publish_final", "reference_weights", "release_run_dir", "resume",
+           "resume_advice", "save_checkpoint", "save_final_checkpoint", "save_final_model", "save_model_folder",
+           "save_reference", "settle_best", "stops_early", "write_final_cards"]

@@ -379,15 +379,19 @@ def save_reference(run_dir: Path, weights: dict[str, torch.Tensor]) -> Path:
     for stale in root.glob(f".tmp-{REFERENCE_DIR}*"):
         shutil.rmtree(stale, ignore_errors=True)
     tmp = root / f".tmp-{REFERENCE_DIR}-{os.getpid()}"
-    tmp.mkdir()
     try:
         tree_json, tensors = encode_tree(dict(weights))
     except TreeCodecError as e:
         raise CheckpointError(f"the reference model cannot be saved: {e}") from None
-    with writing(tmp / REFERENCE_WEIGHTS):
-        save_file(tensors, str(tmp / REFERENCE_WEIGHTS))
-    _write_folder(tmp, root / REFERENCE_DIR, {REFERENCE_WEIGHTS: None, STATE_JSON: tree_json.encode()},
-                  {"kind": "reference"})
+    tmp.mkdir()
+    try:
+        with writing(tmp / REFERENCE_WEIGHTS):
+            save_file(tensors, str(tmp / REFERENCE_WEIGHTS))
+        _write_folder(tmp, root / REFERENCE_DIR, {REFERENCE_WEIGHTS: None, STATE_JSON: tree_json.encode()},
+                      {"kind": "reference"})
+    except Exception:  # a full disk: no empty or partial `.tmp-reference-N` left, its space goes back
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
     return root / REFERENCE_DIR
 
 

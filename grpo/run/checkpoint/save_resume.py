@@ -26,6 +26,7 @@ from grpo.run.checkpoint.files import (PREFIX, CheckpointError, config_differenc
 from grpo.run.checkpoint.fingerprints import input_changes
 from grpo.run.checkpoint.folder import expand_home, run_started
 from grpo.run.checkpoint.model_folder import CARD, save_model_folder, write_card
+from grpo.run.checkpoint.resume_line import resume_advice
 from grpo.run.checkpoint.trl_folders import save_trl_checkpoint
 from grpo.run.record import Run
 
@@ -151,17 +152,15 @@ class FinalSaveError(OSError):
 
 
 def last_checkpoint_line(run: Run) -> str:
-    """Where a run whose final save failed can go on from: its newest complete checkpoint, and what --resume auto
-    does from it."""
+    """Where a run whose final save failed can go on from: its newest complete checkpoint, the command that resumes
+    it (grpo/run/checkpoint/resume_line.py) and what that does from there."""
     complete = list_complete(run.run_dir)
+    advice = resume_advice(run.run_dir, run.cfg.train.run_name, "free space")
     if not complete:
-        return ("No complete checkpoint was written (checkpoint.every=0 writes only the final one): free space and "
-                "train again, with checkpoint.every N to keep some")
-    newest = complete[-1]
-    finished = newest.name == f"{PREFIX}{run.progress.step:06d}" and run.progress.finished
-    return (f"The last complete checkpoint is {newest}: free space, then run the same command with --resume auto ("
-            + ("the run is finished there: it writes the final model without training again)" if finished else
-               "it trains on from there)"))
+        return advice + " (checkpoint.every N keeps some checkpoints on the way)"
+    finished = complete[-1].name == f"{PREFIX}{run.progress.step:06d}" and run.progress.finished
+    return advice + ("\n(the run is finished there: it writes the final model without training again)" if finished
+                     else "\n(it trains on from there)")
 
 
 def save_final_checkpoint(run: Run) -> OSError | None:
