@@ -18,6 +18,8 @@ from grpo.run.assembly.config_check import check_config, check_loss_params
 from grpo.run.trl.translation import translate
 from tests.trainer_helpers import TINY_CLI, cli_output
 
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py: a tiny model gains nothing from threads
+
 NAME = "test_scaled"
 
 
