@@ -256,6 +256,10 @@ def _trainer(**kw):
     ("rollout_func", lambda prompts, trainer: {}, "tools=[...] or environment_factory"),
     ("reward_processing_classes", [None, None], "one per function"),
     ("args", 3, "a GRPOConfig or a dict"),
+    ("processing_class", 3, "a tokenizer"),
+    ("peft_config", {"r": 8}, "a peft LoraConfig"),
+    ("quantization_config", "4bit", "a transformers BitsAndBytesConfig"),
+    ("environment_factory", 3, "a class or function that makes an environment"),
 ])
 def test_each_keyword_of_a_wrong_type_is_named_with_what_trl_accepts(keyword, value, says, isolated, monkeypatch):
     monkeypatch.chdir(isolated)
