@@ -179,6 +179,13 @@ def _check_types(kw: Mapping[str, Any]) -> None:
         raise _wrong("tools", kw["tools"], "a list of functions")
     if kw["processing_class"] is not None and not callable(kw["processing_class"]):
         raise _wrong("processing_class", kw["processing_class"], "a tokenizer (PreTrainedTokenizerBase)")
+    if kw["peft_config"] is not None and not hasattr(kw["peft_config"], "target_modules"):
+        raise _wrong("peft_config", kw["peft_config"], "a peft LoraConfig")
+    if kw["quantization_config"] is not None and not hasattr(kw["quantization_config"], "load_in_4bit"):
+        raise _wrong("quantization_config", kw["quantization_config"], "a transformers BitsAndBytesConfig")
+    if kw["environment_factory"] is not None and not (callable(kw["environment_factory"])
+                                                      or isinstance(kw["environment_factory"], str)):
+        raise _wrong("environment_factory", kw["environment_factory"], "a class or function that makes an environment")
 
 
 def _refused(kw: Mapping[str, Any]) -> None:
