@@ -43,8 +43,8 @@ from grpo.run.assembly import (ModelPackageMissing, banner, build_owners, check_
 from grpo.run.checkpoint import (CheckpointError, FinalSaveError, check_resume, discarded_if_unstarted, expand_home,
                                  last_checkpoint_line, note_command_line, offer_evaluation, prepare_run_dir,
                                  publish_final, reference_weights, release_run_dir, resume, resume_advice,
-                                 save_checkpoint, save_final_checkpoint,
-                                 save_final_model, save_reference, settle_best, stops_early)
+                                 save_checkpoint, save_final_checkpoint, save_final_model, save_reference, settle_best,
+                                 stops_early)
 from grpo.run.doctor import build_report, consult_doctor, doctor_line, doctor_stops, format_report, plot_run, start_doctor
 from grpo.run.exits import (RUN_FAILURES, USER_ERRORS, Interrupted, StopRequest, exit_interrupted, signals_raise,
                              user_error)
