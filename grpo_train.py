@@ -44,7 +44,7 @@ from grpo.run.checkpoint import (CheckpointError, FinalSaveError, check_resume, 
                                  last_checkpoint_line, note_command_line, offer_evaluation, offer_final_point,
                                  optional_write, prepare_run_dir, publish_final, reference_weights, release_run_dir,
                                  resume, resume_advice, save_checkpoint, save_final_checkpoint, save_final_model,
-                                 save_reference, settle_best, stops_early, write_final_cards)
+                                 save_model_folder, save_reference, settle_best, stops_early, write_final_cards)
 from grpo.run.doctor import build_report, consult_doctor, doctor_line, doctor_stops, format_report, plot_run, start_doctor
 from grpo.run.exits import (RUN_FAILURES, USER_ERRORS, Interrupted, StopRequest, exit_interrupted, signals_raise,
                              user_error)
