@@ -165,6 +165,9 @@ def test_a_trl_script_runs_with_only_the_import_changed_beside_trls_own(name, ti
             else:
                 assert AutoModelForCausalLM.from_pretrained(folder) is not None
             assert AutoTokenizer.from_pretrained(folder) is not None
+    ours.save_model(str(isolated / "saved"))  # TRL's trainer.save_model(dir): the model, tokenizer and card
+    card = (isolated / "saved" / "README.md").read_text()
+    assert "More Information Needed" not in card and "GRPO" in card and AutoTokenizer.from_pretrained(isolated / "saved")
     if name == "peft_default":  # peft's default modules for a Llama, as TRL's own trainer takes them
         assert sorted(ours.model.peft_config["default"].target_modules) == \
             sorted(theirs.model.peft_config["default"].target_modules) == ["q_proj", "v_proj"]
