@@ -21,6 +21,8 @@ from grpo.run.checkpoint import files as ckpt
 from grpo.run.tracking import MEASURED_PREFIXES
 from tests.trainer_helpers import fast_config
 
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py: a tiny model gains nothing from threads
+
 ROOT = Path(__file__).resolve().parents[1]
 BASE = ["sft.steps=3", "sft.lr=1e-3", "checkpoint.every=2", "train.eval_every=2"]
 

@@ -15,6 +15,8 @@ from grpo.phases.update import Learner, StepSettings, update_passes
 from grpo.run.checkpoint.save_resume import checkpoint_state
 from tests.trainer_helpers import fast_config, rollout_batch
 
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py: a tiny model gains nothing from threads
+
 
 def test_hand_sequence():
     c = AdaptiveEntropyCoef(coef=0.01, target=0.5, delta=0.01, coef_min=0.0, coef_max=0.025)

@@ -31,6 +31,8 @@ from grpo.config.building import _field_types
 import grpo_train as G
 from grpo.data.sources import TaskSource, load_source_samples
 
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py: a tiny model gains nothing from threads
+
 RESERVED = ("task", "id", "prompt", "messages", "target", "meta", "gold")
 """The column names the generic row format gives a meaning (grpo/data/generic.py, grpo/data/sources.TaskSource)."""
 

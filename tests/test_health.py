@@ -8,6 +8,8 @@ import torch
 
 from grpo.core.weight_guard import TrainingUnstable, WeightGuard, bad_step_reason
 
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py: a tiny model gains nothing from threads
+
 
 def _one_update(monkeypatch, skip_grad_norm, scale=1.0):
     """One update_passes of a single weight w (log-probs w·base; the forward replaced), its metrics and w after it."""

@@ -14,6 +14,8 @@ from grpo.phases.batch import batch_logprobs
 from grpo.models.modeling import reference
 from tests.trainer_helpers import fast_config, rollout_batch
 
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py: a tiny model gains nothing from threads
+
 ROOT = Path(__file__).resolve().parents[1]
 
 

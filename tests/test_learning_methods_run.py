@@ -11,6 +11,8 @@ import torch
 import grpo_train as G
 from tests.trainer_helpers import fast_config
 
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py: a tiny model gains nothing from threads
+
 
 def _moved(run, before):
     return any(not torch.equal(p.detach(), before[n]) for n, p in run.policy.model.named_parameters())

@@ -14,6 +14,8 @@ from grpo.core.step_types import Scored
 from grpo.phases.coverage import pass_at_k_eval
 from tests.trainer_helpers import fast_config
 
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py: a tiny model gains nothing from threads
+
 
 def test_pass_at_k_hand_values():
     assert pass_at_k(5, 2, 1) == pytest.approx(0.4)  # pass@1 = c / n

@@ -21,6 +21,8 @@ import grpo_train as G
 from tests.trainer_helpers import TINY_CLI as TINY, blocks_fresh_start, cli_output
 from grpo.run.checkpoint.folder import LOCK_FILE, MARKER, RunFolderError, prepare_run_dir, release_run_dir
 
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py: a tiny model gains nothing from threads
+
 ROOT = Path(__file__).resolve().parents[1]
 
 

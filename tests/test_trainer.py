@@ -20,6 +20,8 @@ from grpo.grading.scoring import score_rollouts
 from grpo.phases.update import Learner, StepSettings, update_passes
 from tests.trainer_helpers import fast_config, rollout_batch
 
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py: a tiny model gains nothing from threads
+
 
 def _params(model):
     return {n: p.detach().clone() for n, p in model.named_parameters()}

@@ -17,6 +17,8 @@ from grpo.grading.graders import GraderError, preflight, reward_logs, set_traine
 from grpo.grading.scoring import RewardSpec, score_rollouts
 from tests.test_graders import rollout
 
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py: a tiny model gains nothing from threads
+
 trl = pytest.importorskip("trl")
 ROWS = [{"prompt": f"Write the word number {i} in capitals.", "answer": f"W{i}", "level": i % 3} for i in range(24)]
 

@@ -15,6 +15,8 @@ import torch
 from grpo import config as C
 from grpo.run.trl.translation import translate
 
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py: a tiny model gains nothing from threads
+
 trl = pytest.importorskip("trl")
 ROWS = [{"prompt": f"Write the word number {i} in capitals."} for i in range(24)]
 SMALL = ["model.tiny_hidden=32", "model.tiny_layers=1", "model.tiny_heads=2", "sft.steps=0", "data.eval_size=2"]
