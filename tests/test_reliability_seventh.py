@@ -181,6 +181,9 @@ def test_best_model_and_the_report_say_final_holds_the_last_step_when_it_beat_th
         final["holds"]
     assert "final model: the last step's, step 6 (reward 0.5), which beat every earlier evaluation" in \
         capsys.readouterr().out
+    from grpo.run.doctor.report import _kept_models  # what report.json gets beside pareto_best
+
+    assert _kept_models(tmp_path)["final_model"] == final
 
 
 # ------------------------------------------------------------------ 6. messages in the words the user wrote

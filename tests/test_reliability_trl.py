@@ -108,7 +108,7 @@ def test_every_numeric_or_bool_trl_flag_given_a_word_is_refused_naming_it(user, 
 
 YAML_TYPES = [
     ({"use_peft": "maybe"}, "`use_peft` = 'maybe' is invalid: use true or false"),
-    ({"use_peft": 1}, "`use_peft` = 1 is invalid: expected bool"),
+    ({"use_peft": 2}, "`use_peft` = 2 is invalid: expected bool"),  # 0 / 1 read as the flag's (the seventh pass)
     ({"max_steps": 2.7}, "`max_steps` = 2.7 is invalid: expected int"),
     ({"per_device_train_batch_size": "abc"}, "`per_device_train_batch_size` = 'abc' is invalid: expected int"),
     ({"num_generations": [4]}, "`num_generations` = [4] is invalid: expected int"),
@@ -136,7 +136,7 @@ def test_a_yaml_number_written_without_a_dot_is_read_as_the_number(user):
 NAMED = [
     (["--max_completion_length", "0"], "`max_completion_length` = 0 is invalid: use a positive integer (TRL's "
      "max_completion_length is grpo-dual's rollout.max_new_tokens)"),
-    (["--gradient_accumulation_steps", "0"], "`gradient_accumulation_steps` = 0 is invalid"),
+    (["--gradient_accumulation_steps", "0"], "GRPOConfig.gradient_accumulation_steps=0: it counts micro-batches"),
     (["--learning_rate", "-1"], "`learning_rate` = -1.0 is invalid: use a learning rate in (0, 1]"),
     (["--rollout.max_new_tokens", "100000000"], "`rollout.max_new_tokens` = '100000000' is invalid: it breaks the "
      "rule of `rollout.max_trajectory_tokens` (from TRL's max_completion_length=8)"),
@@ -523,7 +523,7 @@ def test_a_run_whose_writes_do_not_fit_is_refused_before_the_model_loads_with_th
     _free(monkeypatch, 3 * 10**6)
     text = refused(user, "--save_strategy", "steps", "--save_steps", "1")
     assert "not enough disk space: this run will write about " in text and "that file system has 3.0 MB free" in text
-    assert "final model " in text and "checkpoints (" in text and "choose another --output-dir" in text, text
+    assert "final model " in text and "checkpoints (" in text and "choose another --output_dir" in text, text
     assert not user.out.exists()
 
 

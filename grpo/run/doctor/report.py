@@ -270,15 +270,24 @@ def build_report(run_dir: str | Path, thresholds: DoctorThresholds | None = None
         "reasons": reasons,
         "cleared": [asdict(a) for a in cleared],
     }
-    best = ParetoFrontier.load(1, run_dir / PARETO_SUBDIR).best()  # the cap bounds later offers; reading needs none
-    if best is not None:  # the Pareto point with the best mean held-out score, and where its weights are
-        report["pareto_best"] = {"step": best.step, "scores": best.scores, "path": str(best.path)}
-    final = _load_json(run_dir / "best" / "best.json").get("final_model")  # checkpoint.keep_best: which model
-    if final:  # final/ holds, the best evaluation's (best/) or the last step's that beat it
-        report["final_model"] = final
+    report.update(_kept_models(run_dir))
     report = finite_or_null(report)  # strict JSON: a task every completion of which went unscored has NaN means
     (run_dir / REPORT_FILE).write_text(json.dumps(report, indent=2, allow_nan=False) + "\n")
     return report
+
+
+def _kept_models(run_dir: Path) -> dict[str, Any]:
+    """pareto_best (the Pareto point with the best mean held-out score, and where its weights are) and final_model
+    (under checkpoint.keep_best: which model final/ holds, the best evaluation's in best/ or the last step's that
+    beat it), each where the run has one."""
+    kept: dict[str, Any] = {}
+    best = ParetoFrontier.load(1, run_dir / PARETO_SUBDIR).best()  # the cap bounds later offers; reading needs none
+    if best is not None:
+        kept["pareto_best"] = {"step": best.step, "scores": best.scores, "path": str(best.path)}
+    final = _load_json(run_dir / "best" / "best.json").get("final_model")
+    if final:
+        kept["final_model"] = final
+    return kept
 
 
 def finite_or_null(value: Any) -> Any:
