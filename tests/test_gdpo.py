@@ -81,7 +81,8 @@ def test_term_matrix_reads_the_terms_of_each_rows_task_with_the_judge_fallback()
     scored = [_scored("x", {"fmt": 1.0, JUDGE_TERM: 0.5}, 0.625),
               _scored("x", {"fmt": 0.0, JUDGE_TERM: None, "fallback:rule": 1.0}, 0.75),
               _scored("y", {"fmt": 0.5, "other": None}, None)]
-    values, weights = term_matrix(scored, specs)
+    names = {"fmt": "fmt", JUDGE_TERM: JUDGE_TERM, "rule": "rule", "other": "other"}  # the parts' keys
+    values, weights = term_matrix(scored, specs, names)
     nan = float("nan")
     torch.testing.assert_close(values, torch.tensor([[1.0, 0.5, nan], [0.0, 1.0, nan], [0.5, nan, nan]],
                                                     dtype=F64), equal_nan=True)

@@ -52,11 +52,13 @@ def _named(environ: Mapping[str, str]) -> str:
     return ", ".join(f"{k}={environ[k]}" for k in OPENMP_WAIT if environ.get(k))
 
 
-SPINNING = ("OpenMP threads spin while they wait (torch was imported before grpo_train): measured 1.6x the time "
-            "beside one busy process, 2.9x beside two (benchmarks/RESULTS.md)")
-"""The banner's note when torch loaded OpenMP before `quiet_openmp` could ask: what spinning cost the demo beside
-busy neighbours on 2 cores (benchmarks/RESULTS.md, "Beside busy neighbours": 627b4ca, which spun, against the code
-that asks, 2.42x / 1.56x and 5.91x / 2.06x of the idle time); alone it costs nothing."""
+SPINNING = ("OpenMP: its threads spin while they wait, because torch was imported before grpo_train (a TRL script's "
+            "`from trl import ...` first does it), and this process can no longer ask them to sleep; beside busy "
+            "processes the run takes about twice as long (benchmarks/RESULTS.md, \"Import order\"). Fix: import "
+            "grpo_train before trl / torch, or `export OMP_WAIT_POLICY=PASSIVE` before starting python")
+"""The banner's line (its own, after the CPU line) when torch loaded OpenMP before `quiet_openmp` could ask: libgomp
+reads its wait policy once, when it loads, and exports no way to change it later; the run's report repeats it as the
+doctor's openmp_spinning finding."""
 
 
 def quiet_openmp(environ: MutableMapping[str, str] = os.environ, loaded: bool | None = None) -> str:
@@ -72,6 +74,12 @@ def quiet_openmp(environ: MutableMapping[str, str] = os.environ, loaded: bool | 
         note = SPINNING if loaded else ""
     _openmp["note"] = note
     return note
+
+
+def openmp_spins() -> bool:
+    """Whether this process's OpenMP threads spin while they wait: torch loaded OpenMP before `quiet_openmp` asked
+    and the environment says nothing of the wait (the run logs host/openmp_spinning for the doctor)."""
+    return openmp_note() == SPINNING
 
 
 def openmp_note() -> str:

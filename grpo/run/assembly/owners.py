@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 
 from grpo.data.batching import TaskBalancedSampler
 from grpo.grading.judge import Judge
+from grpo.models.host_resources import openmp_spins
 from grpo.phases.tools import build_toolbox
 from grpo.run.assembly.samples import parse_task_mix
 from grpo.run.checkpoint.pareto import RUN_SUBDIR as PARETO_SUBDIR, ParetoFrontier
@@ -47,6 +48,8 @@ def build_owners(run: Run, checked: CheckedInputs) -> None:
     """The run's tracker, the three owners of its RL step and its Pareto frontier."""
     cfg, policy, dist, run_dir = run.cfg, run.policy, run.dist, run.run_dir
     run.tracker = build_trackers(cfg.train, run_dir) if dist.is_main else NullTracker()
+    if openmp_spins():  # torch came before grpo_train: the report's openmp_spinning finding reads it
+        run.tracker.log({"host/openmp_spinning": 1.0}, 0)
     toolbox = build_toolbox(cfg.rollout, policy.tokenizer, checked.callables, checked.environments)  # rollout.tools; None without
     sampler = TaskBalancedSampler(run.samples.training, seed=cfg.train.seed, mix=parse_task_mix(cfg.data.task_mix))
     run.generation = Generation(policy, cfg.rollout, dist, sampler, stop_token_ids(cfg.rollout, policy.tokenizer),

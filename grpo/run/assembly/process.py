@@ -10,7 +10,7 @@ import torch
 
 from grpo import config as C
 from grpo.models.distributed import Dist, make_dist, relaunch_on_cpu, requested_cpu_processes
-from grpo.models.host_resources import cpu_share, openmp_note, thread_count
+from grpo.models.host_resources import SPINNING, cpu_share, openmp_note, thread_count
 
 
 def choose_device(requested: str) -> torch.device:
@@ -39,6 +39,8 @@ def prepare_process(threads_setting: int) -> str:
 
     hf_logging.disable_progress_bar()
     waits = openmp_note()
+    if waits == SPINNING:  # a cost with a fix: a line of its own, not a clause
+        return f"CPU: {threads} torch thread(s) ({why})\n{waits}"
     return f"CPU: {threads} torch thread(s) ({why})" + (f"; {waits}" if waits else "")
 
 

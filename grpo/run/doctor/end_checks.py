@@ -3,7 +3,8 @@
 End of run (grpo/run/doctor/verdict.check_history only): red skipped_steps / yellow restored_weights (the weight guard's
 counts), red reward_regressed / yellow reward_flat (held-out after RL vs before RL; for a task without held-out rows
 under data.heldout_fraction=0, TRL's split, the training reward's last window vs its first), yellow no_heldout (a
-trained task never evaluated).
+trained task never evaluated); yellow openmp_spinning (host/openmp_spinning: torch was imported before grpo_train, so
+OpenMP's threads spin while they wait, grpo/models/host_resources.py), with its fix.
 From the per-prompt held-out rewards (`heldout_fell`, read by grpo/run/doctor/report.py from evals/): yellow
 heldout_fell when a task's held-out reward after RL is below its best evaluation during RL by more than FELL_Z
 standard errors of the per-prompt difference.
@@ -49,6 +50,12 @@ def whole_run(history: Sequence[Mapping[str, Any]], th: DoctorThresholds, config
                            f"steps (max {100 * th.skipped_max:.0f}%)", lower_lr))
     elif restored > 0:
         out.append(Finding("yellow", "restored_weights", f"weights were restored {int(restored)} time(s)", lower_lr))
+    if any(row.get("host/openmp_spinning") for row in history):
+        out.append(Finding("yellow", "openmp_spinning", "OpenMP's threads spun while they waited: torch was imported "
+                           "before grpo_train (a TRL script's `from trl import ...` first), too late to ask them to "
+                           "sleep; beside busy processes that took about twice as long (benchmarks/RESULTS.md)",
+                           "import grpo_train before trl / torch, or `export OMP_WAIT_POLICY=PASSIVE` before "
+                           "starting python"))
     return out
 
 
