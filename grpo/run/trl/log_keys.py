@@ -22,8 +22,9 @@ grpo-dual's own (one call, where the step's metrics are logged: grpo_train.log_s
 A key whose source the step does not have (a loss without clipping, a skipped update) is left out. The
 completions and rewards are the ones the step trained on (`rl_step`'s `everyone`: every completion, unless dynamic
 sampling dropped groups). TRL's rewards/<fn>/mean|std are the reward side's (grpo/grading/scoring.reward_metrics).
-TRL's clip_ratio/low_min and high_max (the extremes over processes) have no equivalent: the step's metrics are
-already reduced over processes.
+TRL's clip_ratio/low_min and high_max are the extremes of the clipped shares over processes: over one process they
+are the shares themselves, TRL's value exactly; over several, grpo-dual's shares are already the step's over every
+process, and these keys hold them (no per-process extreme is kept).
 """
 
 from __future__ import annotations
@@ -36,7 +37,8 @@ from grpo.grading.scoring import trl_mean_std
 RENAMED = {"loss": "loss/total", "grad_norm": "health/grad_norm", "learning_rate": "lr",
            "frac_reward_zero_std": "adv/frac_zero_std", "kl": "kl/all", "entropy": "entropy/all",
            "num_tokens": "rollout/tokens_seen", "clip_ratio/low_mean": "loss/clip_frac_low",
-           "clip_ratio/high_mean": "loss/clip_frac_high", "step_time": "time/step"}
+           "clip_ratio/high_mean": "loss/clip_frac_high", "clip_ratio/low_min": "loss/clip_frac_low",
+           "clip_ratio/high_max": "loss/clip_frac_high", "step_time": "time/step"}
 """TRL's key -> the step metric that holds its value."""
 
 
