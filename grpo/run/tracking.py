@@ -39,9 +39,9 @@ __all__ = ["JsonlTracker", "StepTimer", "format_step_line", "progress_bar", "wri
 METRICS_FILE = "metrics.jsonl"
 CSV_FILE = "metrics.csv"
 SAMPLES_FILE = "samples.jsonl"
-MEASURED_PREFIXES = ("time/", "memory/")
-"""Metric keys measured, not computed: read from a clock or from the allocator, they differ between two runs of the
-same code. Every comparison of two runs (resume, the demo's regression fixture and fingerprint, the kill/resume soak)
+MEASURED_PREFIXES = ("time/", "memory/", "step_time")
+"""Metric keys measured, not computed: read from a clock or from the allocator (TRL's step_time is time/step), they
+differ between two runs of the same code. Every comparison of two runs (resume, the demo's regression fixture and fingerprint, the kill/resume soak)
 leaves them out."""
 PLAIN_PROGRESS_LINES = 10  # without a TTY, print about this many lines per phase: enough to see it move, not spam
 
