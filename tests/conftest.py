@@ -1,12 +1,16 @@
 import sys
 from pathlib import Path
 
-import pytest
-import torch
-
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
+
+from grpo.models.host_resources import quiet_openmp  # noqa: E402  (standard library only)
+
+quiet_openmp()  # before torch loads OpenMP, as grpo_train does: the tests' runs wait as a user's runs do
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
 
 SHARED_DATA = ROOT.parent / "shared" / "data"
 

@@ -111,8 +111,8 @@ def test_trl_reward_functions_copied_from_the_docs_run_unchanged(tmp_path):
         "sky": [sky], "math": maths, "chat": [chat]}))
     # sky: " blue." has 6 characters, " in the sky." 12: (1·(-|20-6|) + 3·6 + 1·1) / 5 and (1·(-8) + 3·12 + 1) / 5.
     assert [s.reward for s in scored] == [pytest.approx(5 / 5), pytest.approx(29 / 5), 1.0, 0.0, 1.0, 0.0]
-    assert scored[0].parts == {f"{standard}:reward_len": -14.0, f"{standard}:reward_func": 6.0,
-                               f"{standard}:async_reward_func": 1.0}
+    # by TRL's function names, no path; two files' reward_func told apart (math's comes first, tasks sorted)
+    assert scored[0].parts == {"reward_len": -14.0, "reward_func_2": 6.0, "async_reward_func": 1.0}
     assert metrics == {f"scoring/{t}/{m}": 0.0 for t in ("chat", "math", "sky") for m in ("failed", "fallback")}
 
 

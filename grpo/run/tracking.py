@@ -33,15 +33,15 @@ from typing import TYPE_CHECKING, Any, Iterable, Iterator, Mapping, Protocol, Se
 if TYPE_CHECKING:
     from grpo.core.step_types import Scored
 
-__all__ = ["JsonlTracker", "StepTimer", "format_step_line", "progress_bar", "write_samples", "write_scored"]
+__all__ = ["StepTimer", "format_step_line", "progress_bar", "write_samples", "write_scored"]
 """The names the entry point takes from this module, its face (tests/test_house.py); the rest serve the package."""
 
 METRICS_FILE = "metrics.jsonl"
 CSV_FILE = "metrics.csv"
 SAMPLES_FILE = "samples.jsonl"
 MEASURED_PREFIXES = ("time/", "memory/", "step_time")
-"""Metric keys measured, not computed: read from a clock or from the allocator (TRL's step_time is time/step), they
-differ between two runs of the same code. Every comparison of two runs (resume, the demo's regression fixture and fingerprint, the kill/resume soak)
+"""Metric keys measured, not computed: read from a clock or from the allocator, they differ between two runs of the
+same code (step_time: TRL's name of time/step). Every comparison of two runs (resume, the demo's regression fixture and fingerprint, the kill/resume soak)
 leaves them out."""
 PLAIN_PROGRESS_LINES = 10  # without a TTY, print about this many lines per phase: enough to see it move, not spam
 
