@@ -485,6 +485,7 @@ def test_the_readme_example_trains_smollm2_and_plain_string_prompts_get_the_prom
 
     head, code = readme_example()
     assert "from grpo_train import GRPOConfig, GRPOTrainer" in head and "max_steps=20" in code
+    assert 'model="builtin:tiny"' in code  # the README's model; here the real instruct model it names in its comment
     scope: dict = {}
     exec(head, scope)  # noqa: S102 - the README's own code: its rows and its reward function
     rows, reward_len = scope["dataset"].select(range(8)), scope["reward_len"]
@@ -499,7 +500,8 @@ def test_the_readme_example_trains_smollm2_and_plain_string_prompts_get_the_prom
 
     # the README's script itself, as written but for a 2-step run on 8 rows in a folder of the test's
     short = code.replace("max_steps=20", "max_steps=2").replace("range(64)", "range(8)").replace(
-        'output_dir="smollm2-numbers"', f"output_dir={str(tmp_path / 'chat')!r}")
+        'output_dir="numbers_run"', f"output_dir={str(tmp_path / 'chat')!r}").replace('model="builtin:tiny"',
+                                                                                      f"model={NAME!r}")
     scope = {"__name__": "__main__"}
     exec(short, scope)  # noqa: S102 - the README's example, run as a user runs it
     assert scope["trainer"].state.global_step == 2

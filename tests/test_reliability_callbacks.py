@@ -259,9 +259,12 @@ def test_prompts_per_step_may_use_every_row_once_and_no_more():
     rows = {t: [r.sample for r in _rollouts(n, t)] for t, n in (("a", 3), ("b", 2))}  # 5 training rows
     check_prompts_per_step(rows, 5, 1)
     check_prompts_per_step(rows, 1, 5)
-    with pytest.raises(C.ConfigError) as err:
+    with pytest.raises(C.ConfigError) as err:  # the micro-step alone fits: the accumulation is what draws too many
         check_prompts_per_step(rows, 3, 2)
-    assert err.value.field == "train.prompts_per_micro_step" and "at most 2" in str(err.value)
+    assert err.value.field == "train.grad_accum" and "at most 1 train.grad_accum" in str(err.value)
+    with pytest.raises(C.ConfigError) as err:  # a micro-step beyond the rows is its own fault
+        check_prompts_per_step(rows, 6, 1)
+    assert err.value.field == "train.prompts_per_micro_step" and "at most 5" in str(err.value)
     with pytest.raises(C.ConfigError, match="on each of 2 processes"):
         check_prompts_per_step(rows, 3, 1, world=2)
 

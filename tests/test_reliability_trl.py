@@ -479,7 +479,7 @@ def test_a_small_gpu_memory_is_estimated_against_and_not_taken_as_unset():
 
 @pytest.mark.parametrize("content,says", [("garbage{", "is not JSON (Expecting value"),
                                           ('{"hidden_size": "wide", "num_hidden_layers": 2}', "lacks"),
-                                          ("[1, 2]", "lacks")])
+                                          ("[1, 2]", "is not a JSON object")])
 def test_a_garbage_config_json_is_named_with_its_file(tmp_path, content, says):
     (tmp_path / "config.json").write_text(content)
     code, text = memory_tool("--estimate", "--set", f"model.name={tmp_path}")

@@ -109,6 +109,7 @@ def test_trl_top_level_keys_equal_hand_computed_values():
     assert out == pytest.approx({
         "loss": 0.25, "grad_norm": 1.5, "learning_rate": 1e-5, "frac_reward_zero_std": 0.5, "kl": 0.02,
         "entropy": 0.7, "num_tokens": 123.0, "clip_ratio/low_mean": 0.1, "clip_ratio/high_mean": 0.05,
+        "clip_ratio/low_min": 0.1, "clip_ratio/high_max": 0.05,  # one process: the shares themselves, as TRL's
         "clip_ratio/region_mean": 0.15, "step_time": 2.0,
         "reward": mean, "reward_std": math.sqrt(((1 - mean) ** 2 + (3 - mean) ** 2 + (4 - mean) ** 2) / 2),
         "completions/mean_length": (3 + 1 + 5 + 2) / 4, "completions/min_length": 1.0,

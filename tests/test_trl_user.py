@@ -482,8 +482,10 @@ def test_a_trl_config_trains_every_row_and_without_an_eval_split_is_judged_from_
 
 @pytest.mark.slow
 def test_the_readmes_python_example_runs_as_written(tmp_path):
-    """The README's Python example, copied into a script as it is (conversational prompts, a TRL reward function,
-    20 steps of the built-in model), runs from another folder and prints a verdict word."""
+    """The README's Python example, copied into a script as it is (a TRL script: GRPOTrainer, conversational prompts,
+    a TRL reward function, 20 steps of the built-in model), runs from another folder and prints TRL's logged reward
+    and a verdict word."""
+    import math
     import subprocess
     import sys
     from pathlib import Path
@@ -497,5 +499,7 @@ def test_the_readmes_python_example_runs_as_written(tmp_path):
     done = subprocess.run([sys.executable, "example.py"], cwd=tmp_path, capture_output=True, text=True, timeout=900,
                           env=env)
     assert done.returncode == 0, done.stderr[-3000:]
-    assert done.stdout.strip().splitlines()[-1] in ("green", "yellow", "red", "too short to judge")
+    *_, reward, verdict = done.stdout.strip().splitlines()
+    assert math.isfinite(float(reward)) and verdict in ("green", "yellow", "red", "too short to judge")
+    assert (tmp_path / "numbers_run" / "config.json").is_file()  # the model where TRL's save_model leaves it
     assert "Warning" not in done.stderr, done.stderr

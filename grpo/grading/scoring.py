@@ -269,20 +269,28 @@ def per_step_counts(metrics: dict[str, float], totals: dict[str, float]) -> dict
     return out
 
 
+def _finite(values: list[float | None]) -> list[float]:
+    return [float(v) for v in values if v is not None and math.isfinite(v)]
+
+
 def _mean_std(values: list[float | None]) -> tuple[float, float, int]:
-    """(mean, population std, count) of the finite values (NaN, NaN, 0 when there are none)."""
-    valid = torch.tensor([v for v in values if v is not None and math.isfinite(v)], dtype=torch.float64)
-    if not len(valid):
+    """(mean, population std, count) of the finite values (NaN, NaN, 0 when there are none). Plain Python over the
+    step's reward floats: a tensor here would read the device once a value (tests/test_host_syncs.py)."""
+    valid = _finite(values)
+    if not valid:
         return math.nan, math.nan, 0
-    return valid.mean().item(), valid.std(unbiased=False).item(), len(valid)
+    mean = math.fsum(valid) / len(valid)
+    return mean, math.sqrt(math.fsum((v - mean) ** 2 for v in valid) / len(valid)), len(valid)
 
 
 def trl_mean_std(values: list[float | None]) -> tuple[float, float]:
     """TRL's (torch.nanmean, nanstd) of values where None (and NaN) is left out: the mean, and the std with Bessel's
     correction (NaN with fewer than 2 values), as GRPOTrainer logs rewards/<fn>/mean|std and reward / reward_std."""
-    valid = torch.tensor([v for v in values if v is not None and math.isfinite(v)], dtype=torch.float64)
-    mean = valid.mean().item() if len(valid) else math.nan
-    return mean, valid.std(unbiased=True).item() if len(valid) > 1 else math.nan
+    valid = _finite(values)
+    mean = math.fsum(valid) / len(valid) if valid else math.nan
+    if len(valid) < 2:
+        return mean, math.nan
+    return mean, math.sqrt(math.fsum((v - mean) ** 2 for v in valid) / (len(valid) - 1))
 
 
 def reward_metrics(scored: list[Scored], tasks: list[str]) -> dict[str, float]:
