@@ -133,7 +133,7 @@ def card_text(run: Run, folder: Path, what: str) -> str:
     base, note = base_name(run.cfg.model.name)
     evals = run.progress.evals
     results = {p: evals[p] for p in ("before_sft", "after_sft", "after_rl") if p in evals}
-    return model_card(model_id=str(folder), base_model=base, base_note=note, adapter=run.policy.is_lora,
+    return model_card(model_id=Path(folder).name, base_model=base, base_note=note, adapter=run.policy.is_lora,
                       policy_loss=run.cfg.loss.policy_loss, agg_mode=run.cfg.loss.agg_mode, step=run.progress.step,
                       what=what, data=_data(run), settings=settings(run), results=results,
                       verdict=_verdict(run.run_dir), versions=_versions())
