@@ -24,7 +24,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
-from grpo.models.host_resources import memory_metrics, quiet_openmp
+from grpo.machine.host_resources import memory_metrics, quiet_openmp
 from grpo.models.third_party import quiet_third_party
 
 quiet_openmp()  # before torch loads libgomp, which reads it once: waiting threads sleep instead of spinning
@@ -208,7 +208,7 @@ def rl_step(run: Run, step: int) -> dict[str, float]:
         run.updater.reference_logps(batch)
     with timer("update"):
         stats = run.updater.update(batch)  # μ passes, then the β / entropy controllers and the weight guard
-    memory = memory_metrics(run.device)  # memory/: after handing back what the step freed (grpo/models/host_resources.py)
+    memory = memory_metrics(run.device)  # memory/: after handing back what the step freed (grpo/machine/host_resources.py)
     return log_step(run, step, {**rewarded.metrics, **stats, "step": step, **timer.metrics(), "lr": run.updater.lr,
                                 **memory}, rewarded.everyone)
 

@@ -152,7 +152,7 @@ def part_a(cpu: bool, work: Path) -> dict[str, Any]:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from grpo.models.sampling import row_keys
+    from grpo.decoding.sampling import row_keys
 
     device = _device(cpu)
     # the Qwen2.5-0.5B widths with 2 layers: exactness does not need the depth, and the graph step compiles faster
@@ -220,7 +220,7 @@ def step_logprob_change(model, tok, completions: list[list[int]], device: str) -
     import torch
 
     from grpo.config import RolloutConfig
-    from grpo.models import graph_decode as G
+    from grpo.decoding import graph_decode as G
     from grpo.models.modeling import generation_mode
     from grpo.models.tokens import left_pad
 
@@ -263,7 +263,7 @@ def fold_change(model_dir: Path, tok, device: str, new: int = 32) -> dict[str, f
     from transformers import AutoModelForCausalLM
 
     from grpo.config import RolloutConfig
-    from grpo.models import graph_decode as G
+    from grpo.decoding import graph_decode as G
     from grpo.models.modeling import generation_mode
     from grpo.models.tokens import left_pad
 
@@ -327,7 +327,7 @@ def part_b(cpu: bool, work: Path) -> dict[str, Any]:
     floor_ms = 1000 * (n_params * dtype.itemsize + kv_bytes) / bandwidth
     out["decode_floor_ms"] = floor_ms
     decode: dict[str, Any] = {}
-    from grpo.models.graph_decode import graph_counts
+    from grpo.decoding.graph_decode import graph_counts
 
     for engine in ("lean", "hf", "graph"):
         times = []
@@ -405,8 +405,8 @@ def part_c(cpu: bool, work: Path) -> dict[str, Any]:
     """torch.profiler over one steady RL step of 8 decode steps (the update whole)."""
     from torch.profiler import ProfilerActivity, profile
 
-    from benchmarks import vs_trl
     import grpo_train
+    from benchmarks import vs_trl
 
     preset = vs_trl.PRESETS["quick" if cpu else "cuda"]
     spec = vs_trl.scenario("grpo", dict(preset["base"], max_new_tokens=8, cycles=4, warmup_cycles=1))

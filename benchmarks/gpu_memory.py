@@ -1,4 +1,4 @@
-"""Measure real RL steps of the seed config on a GPU and compare them with the memory estimator (grpo/models/memory_estimate.py).
+"""Measure real RL steps of the seed config on a GPU and compare them with the memory estimator (grpo/machine/memory_estimate.py).
 
     python benchmarks/gpu_memory.py --out $OUT                      # the default GPU cases (H100: ~5-7 minutes)
     python benchmarks/gpu_memory.py --cases llama8b-lora-bf16 --steps 4 --out /tmp/mem
@@ -165,8 +165,8 @@ class PhaseMeter:
 
 def estimate_for(cfg: Any, prompt_len: int, cc: tuple[int, int]) -> dict[str, Any]:
     """The estimator's prediction for `cfg` at the measured prompt length (random:<shape> → the shape's name)."""
+    from grpo.machine.memory_estimate import estimate, format_table
     from grpo.run.assembly.memory_inputs import inputs_from_config
-    from grpo.models.memory_estimate import estimate, format_table
 
     shape_cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, name=cfg.model.name[len("random:"):]))
     x = dataclasses.replace(inputs_from_config(shape_cfg, cc), prompt_len=prompt_len)
@@ -185,9 +185,9 @@ def run_child(case: Case, tiny: bool, work: Path, steps: int, warmup: int) -> di
     """Set up the run and time `steps` RL steps; everything measured goes into the returned dict."""
     import torch
 
-    from grpo import config as C
     import grpo.run.step_owners as step_owners
     import grpo_train as T
+    from grpo import config as C
 
     if not tiny and not torch.cuda.is_available():
         raise RuntimeError("the GPU cases need a CUDA GPU and none is visible; on a CPU machine run --tiny")

@@ -92,8 +92,8 @@ class SyncCounter(TorchDispatchMode):
 def cuda_cadence() -> Iterator[None]:
     """The decoding loops' accelerator settings on the CPU: "rows still running" read every few steps, not every
     step (the CPU reads it every step because a read costs nothing there)."""
-    import grpo.models.decode as lean
-    import grpo.models.graph_decode as graph
+    import grpo.decoding.decode as lean
+    import grpo.decoding.graph_decode as graph
 
     saved = lean._sync_every, graph.sync_every
     lean._sync_every = lambda device: 8
@@ -133,8 +133,8 @@ def count_step(run: Any, step: int) -> dict[str, SyncCounter]:
 
 def quick_run(work: Path, new_tokens: int = 32, engine: str = "graph"):
     """grpo_train.setup of vs_trl.py's --quick workload (tiny Llama, fp32) in `work`, with rollout.engine=`engine`."""
-    from benchmarks import common, vs_trl
     import grpo_train
+    from benchmarks import common, vs_trl
 
     spec = vs_trl.scenario("grpo", dict(vs_trl.PRESETS["quick"]["base"], max_new_tokens=new_tokens, cycles=4,
                                         warmup_cycles=1))

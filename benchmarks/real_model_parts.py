@@ -2,7 +2,7 @@
 
     python benchmarks/real_model_parts.py [--threads 1] [--repeats 3] [--prompts 4] [--k 8] [--prompt-tokens 60]
 
-1. rollout prefill: grpo/models/decode.py computes each distinct prompt once (an RL batch repeats every prompt K times)
+1. rollout prefill: grpo/decoding/decode.py computes each distinct prompt once (an RL batch repeats every prompt K times)
    against a prefill of all prompts × K rows; a whole `decode` of 12 new tokens each way.
 2. logits the fused head does not need: a forward with `logits_to_keep` = 1 (the fewest transformers keeps: 0 keeps
    all) against an empty index (grpo/models/logprobs.no_logits), over prompts × K rows of prompt + 12 tokens.
@@ -51,12 +51,12 @@ def main(argv: list[str] | None = None) -> int:
     import torch
     from transformers import AutoModelForCausalLM
 
-    from grpo.core import kernels
     from grpo.config import RolloutConfig
-    from grpo.models.decode import LoopSwitches, decode
+    from grpo.core import kernels
+    from grpo.core.weight_guard import WeightGuard
+    from grpo.decoding.decode import LoopSwitches, decode
     from grpo.models.logprobs import no_logits
     from grpo.models.pretrained import resolve_model_name
-    from grpo.core.weight_guard import WeightGuard
     from grpo.phases.update import adamw
 
     torch.set_num_threads(args.threads)

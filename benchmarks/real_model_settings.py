@@ -82,7 +82,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     from grpo.config import LLAMA_LORA_TARGETS, ModelConfig, RolloutConfig
-    from grpo.models.decode import decode
+    from grpo.decoding.decode import decode
     from grpo.models.logprobs import completion_logprobs
     from grpo.models.modeling import load_policy, reference
     from grpo.models.pretrained import resolve_model_name

@@ -1,4 +1,4 @@
-"""GPU check of batch-invariant sampling (grpo/models/sampling.py): the hashed uniforms are bit-identical on CPU and CUDA,
+"""GPU check of batch-invariant sampling (grpo/decoding/sampling.py): the hashed uniforms are bit-identical on CPU and CUDA,
 the race picks the same tokens on both and compiled, and the per-step cost of the draw at a Qwen-sized vocabulary,
 eager and compiled. Prints figures; needs a CUDA GPU.
 
@@ -15,7 +15,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from grpo.models.sampling import keyed_choice, row_keys, uniforms  # noqa: E402
+from grpo.decoding.sampling import keyed_choice, row_keys, uniforms  # noqa: E402
 
 
 def main() -> int:

@@ -111,7 +111,7 @@ def main(out: str, scenarios: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    from grpo.models.distributed import relaunch_on_cpu, requested_cpu_processes
+    from grpo.machine.distributed import relaunch_on_cpu, requested_cpu_processes
 
     n_processes = requested_cpu_processes()  # reads the launcher's command line once
     if n_processes > 1:

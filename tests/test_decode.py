@@ -1,4 +1,4 @@
-"""The lean decoding loop (grpo/models/decode.py): transformers' generate token for token, stopped rows dropped from the
+"""The lean decoding loop (grpo/decoding/decode.py): transformers' generate token for token, stopped rows dropped from the
 batch, dropout off, and the choice between the two engines."""
 
 from dataclasses import replace
@@ -7,17 +7,17 @@ import pytest
 import torch
 
 from grpo.config import Config, ConfigError, RolloutConfig
-from grpo.models.decode import (
+from grpo.core.step_types import Sample
+from grpo.decoding.decode import (
     CompletionPenaltyProcessor,
     SanitizeLogitsProcessor,
     distinct_rows,
     lean_blocker,
     sampling_processors,
 )
+from grpo.decoding.sampling import row_keys
 from grpo.models.modeling import build_tiny_model, build_tiny_tokenizer
-from grpo.core.step_types import Sample
 from grpo.phases.generate import SamplingPlan, choose_engine, generate_rollouts, greedy_complete
-from grpo.models.sampling import row_keys
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 CORPUS = ["the answer is yes", "the answer is no", "who was more likely to forget the keys?"] * 5
@@ -91,20 +91,20 @@ def test_lean_loop_samples_what_generate_samples(model, tok, stops, greedy_stops
     after rows stopped and were dropped from the model's batch (here as soon as any row stops, so every setting
     runs through several compactions), with the prefill computed once per distinct prompt. Both kinds of decoding step: the Llama family's FastSteps, and the model's
     whole forward (HFSteps, what every other model gets)."""
-    import grpo.models.decode
-    import grpo.models.decode_steps
+    import grpo.decoding.decode
+    import grpo.decoding.decode_steps
 
-    monkeypatch.setattr(grpo.models.decode, "COMPACT_FRACTION", 0.99)
+    monkeypatch.setattr(grpo.decoding.decode, "COMPACT_FRACTION", 0.99)
     if steps == "HFSteps":
-        monkeypatch.setattr(grpo.models.decode_steps, "FAST_STEP_ARCHITECTURES", frozenset())
+        monkeypatch.setattr(grpo.decoding.decode_steps, "FAST_STEP_ARCHITECTURES", frozenset())
     made: list[str] = []
-    shipped = grpo.models.decode.make_steps
+    shipped = grpo.decoding.decode.make_steps
 
     def spy(*args, **kwargs):
         made.append(type(stepper := shipped(*args, **kwargs)).__name__)
         return stepper
 
-    monkeypatch.setattr(grpo.models.decode, "make_steps", spy)
+    monkeypatch.setattr(grpo.decoding.decode, "make_steps", spy)
     sizes, handle = rows_per_forward(model)
     lengths, shrank = set(), False
     try:
@@ -145,7 +145,7 @@ def test_distinct_rows_maps_every_row_to_the_first_row_like_it():
 
 
 def test_lean_loop_with_per_completion_keys_equals_generate(model, tok, stops):
-    """The per-completion sampler (grpo/models/sampling.py) is one of the caller's processors: same tokens on both."""
+    """The per-completion sampler (grpo/decoding/sampling.py) is one of the caller's processors: same tokens on both."""
     keys = row_keys(0, 1, range(len(SAMPLES)), K)
     out = {engine: generate_rollouts(model, tok, SAMPLES, RolloutConfig(k=K, max_new_tokens=NEW, top_p=0.95,
                                                                          engine=engine), stops,
@@ -157,11 +157,11 @@ def test_lean_loop_with_per_completion_keys_equals_generate(model, tok, stops):
 def test_deferred_stop_checks_change_nothing(model, tok, stops, monkeypatch):
     """On an accelerator the loop reads "rows still running" every 8 steps (no host sync per step); the extra steps
     after the last stop only append padding, so the rollouts are the same."""
-    import grpo.models.decode
+    import grpo.decoding.decode
 
     rollout = RolloutConfig(k=K, max_new_tokens=NEW, engine="lean")
     every_step = generate_rollouts(model, tok, SAMPLES, rollout, stops, plan=SamplingPlan(generator_seed=1))[0]
-    monkeypatch.setattr(grpo.models.decode, "_sync_every", lambda device: 3)
+    monkeypatch.setattr(grpo.decoding.decode, "_sync_every", lambda device: 3)
     deferred = generate_rollouts(model, tok, SAMPLES, rollout, stops, plan=SamplingPlan(generator_seed=1))[0]
     assert [(r.completion_ids, r.stopped) for r in deferred] == [(r.completion_ids, r.stopped) for r in every_step]
 
@@ -194,7 +194,7 @@ def test_the_lean_processors_carry_every_setting(model, tok, monkeypatch):
         TopPLogitsWarper,
     )
 
-    import grpo.models.decode as D
+    import grpo.decoding.decode as D
 
     seen = {}
     original = D.sampling_processors

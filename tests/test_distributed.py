@@ -1,4 +1,4 @@
-"""Data parallelism (grpo/models/distributed.py): a run on 2 CPU processes equals the 1-process run with the same global
+"""Data parallelism (grpo/machine/distributed.py): a run on 2 CPU processes equals the 1-process run with the same global
 batch. The 2-process side is `accelerate launch --num_processes 2 --cpu tests/dist_worker.py`, started once."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from grpo import config as C
-from grpo.models.distributed import Dist, check_strategy, num_processes_from_launch
+from grpo.machine.distributed import Dist, check_strategy, num_processes_from_launch
 from tests.dist_worker import SCENARIOS, one_step
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -244,8 +244,8 @@ def test_deepspeed_is_refused_by_name():
 
 
 def test_fsdp_refuses_what_it_does_not_support(tmp_path):
-    from grpo import config as C
     import grpo_train as T
+    from grpo import config as C
     from tests.trainer_helpers import fast_config
 
     dist = Dist()

@@ -14,13 +14,13 @@ import re
 from functools import cache
 
 import pytest
+from conftest import ROOT
 
 from grpo import config as C
-from conftest import ROOT
+from grpo.core.kernels import DEFAULT_LOGPROB_CHUNK_ROWS
+from grpo.machine.memory_estimate import DEFAULT_ALLOCATOR_SLACK, DEFAULT_CUDA_OVERHEAD_GB
 from grpo.run.doctor import end_checks, window_checks
 from grpo.run.doctor.thresholds import ONLINE_CODES, DoctorThresholds
-from grpo.core.kernels import DEFAULT_LOGPROB_CHUNK_ROWS
-from grpo.models.memory_estimate import DEFAULT_ALLOCATOR_SLACK, DEFAULT_CUDA_OVERHEAD_GB
 
 TH = DoctorThresholds()
 DOCS = {name: " ".join((ROOT / name).read_text().split())

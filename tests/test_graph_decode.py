@@ -1,4 +1,4 @@
-"""The graph engine (grpo/models/graph_decode.py): one fixed-shape decoding step with the sampler inside. It samples
+"""The graph engine (grpo/decoding/graph_decode.py): one fixed-shape decoding step with the sampler inside. It samples
 what transformers' generate samples with the same per-row sampler, its step gives the model's logits, it compiles as
 one graph with no break, it reads nothing back to the host, and LoRA folded for the rollout changes only rounding."""
 
@@ -9,12 +9,12 @@ import torch
 from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config, Qwen3Config
 
 from grpo.config import ConfigError, RolloutConfig
-from grpo.models import graph_decode as G
+from grpo.decoding import graph_decode as G
+from grpo.decoding.sampling import row_keys
 from grpo.models.modeling import build_tiny_model, build_tiny_tokenizer, generation_mode
-from grpo.models.sampling import row_keys
 from grpo.models.tokens import left_pad
 from grpo.phases.generate import SamplingPlan, choose_engine, generate_rollouts, greedy_complete
-from tests.test_decode import CORPUS, K, NEW, SAMPLES, stops  # noqa: F401 - stops: a fixture (the same prompts)
+from tests.test_decode import CORPUS, NEW, SAMPLES, K, stops  # noqa: F401 - stops: a fixture (the same prompts)
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 SETTINGS = {

@@ -6,8 +6,13 @@ import types
 
 import pytest
 
-from grpo.models.hardware import (choose_attention, choose_precision, detect_capabilities, nvml_report,
-                           torch_allocator_report)
+from grpo.machine.hardware import (
+    choose_attention,
+    choose_precision,
+    detect_capabilities,
+    nvml_report,
+    torch_allocator_report,
+)
 
 
 # -------------------------------------------------------------------------------------------------- precision

@@ -1,4 +1,4 @@
-"""The host a run gets (grpo/models/host_resources.py): the CPU share from the affinity mask and the cgroup quota (v1 and v2,
+"""The host a run gets (grpo/machine/host_resources.py): the CPU share from the affinity mask and the cgroup quota (v1 and v2,
 read from crafted trees), torch's thread count from train.threads, the OpenMP wait policy, the memory readers."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ import sys
 
 import pytest
 
-from grpo.models import host_resources
-from grpo.models.host_resources import CpuShare, cgroup_cpu_quota, host_memory, quiet_openmp, thread_count
+from grpo.machine import host_resources
+from grpo.machine.host_resources import CpuShare, cgroup_cpu_quota, host_memory, quiet_openmp, thread_count
 
 
 def write(path, text):
@@ -101,7 +101,7 @@ def test_openmp_is_asked_to_sleep_after_a_short_spin_unless_the_environment_says
 def test_the_trainer_started_from_the_command_line_asks_before_torch_loads_openmp():
     import subprocess
 
-    code = ("import os, grpo_train; from grpo.models.host_resources import openmp_note; "
+    code = ("import os, grpo_train; from grpo.machine.host_resources import openmp_note; "
             "print(os.environ['OMP_WAIT_POLICY'], os.environ['GOMP_SPINCOUNT'], openmp_note())")
     env = {k: v for k, v in __import__("os").environ.items() if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")}
     out = subprocess.run([sys.executable, "-c", code], cwd=host_resources.Path(__file__).parents[1], env=env,
@@ -147,7 +147,7 @@ def test_a_trl_script_importing_trl_first_gets_the_banner_line_and_the_doctors_f
     from grpo.run.doctor.end_checks import whole_run
     from grpo.run.doctor.thresholds import DoctorThresholds
 
-    code = ("{first}; import grpo_train; from grpo.models.host_resources import openmp_spins; "
+    code = ("{first}; import grpo_train; from grpo.machine.host_resources import openmp_spins; "
             "from grpo.run.assembly.process import prepare_process; print(openmp_spins()); print(prepare_process(1))")
     env = {k: v for k, v in __import__("os").environ.items() if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")}
     root = host_resources.Path(__file__).parents[1]

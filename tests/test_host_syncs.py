@@ -21,7 +21,7 @@ HOST_SIDE = {
 
 def budgets(new_tokens: int) -> dict[str, int]:
     """The most device reads each phase may make (2-prompt micro-steps x 2, K 4, μ 1, β > 0), and why."""
-    from grpo.models.graph_decode import SYNC_EVERY
+    from grpo.decoding.graph_decode import SYNC_EVERY
 
     mask_check = 2  # transformers' sdpa mask builder asks whether a padding mask can be dropped: two reads a forward
     return {

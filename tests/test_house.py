@@ -268,9 +268,9 @@ def hops_to(target: str, engine: str, tmp_path: Path, monkeypatch) -> list[str]:
 def test_a_token_is_drawn_three_calls_below_rl_step(tmp_path, monkeypatch):
     """lean: rl_step -> Generation.generate -> generate_rollouts -> decode, whose loop calls the sampler `draw`;
     graph: the same down to decode_graph, whose loop runs the step that samples (GraphStep.sample)."""
-    assert hops_to("grpo.models.decode.draw", "lean", tmp_path / "lean", monkeypatch) == [
+    assert hops_to("grpo.decoding.decode.draw", "lean", tmp_path / "lean", monkeypatch) == [
         "generate", "generate_rollouts", "decode"]
-    assert hops_to("grpo.models.graph_decode.keyed_choice", "graph", tmp_path / "graph", monkeypatch)[:3] == [
+    assert hops_to("grpo.decoding.graph_decode.keyed_choice", "graph", tmp_path / "graph", monkeypatch)[:3] == [
         "generate", "generate_rollouts", "decode_graph"]
 
 
@@ -417,7 +417,7 @@ FACES = (*WINGS, "grpo.phases", "grpo.config")
 LOOP_MODULES = {"grpo.run.record", "grpo.run.tracking", "grpo.run.exits", "grpo.run.api", "grpo.run.trainer"}
 """The loop's own modules at grpo/run/'s top: the Run record, tracking (metrics, progress, the step's timer), how a
 run ends early, train()'s config, TRL's GRPOTrainer surface (its keywords, callbacks and state). The step's owners are built by the assembly and reached through the Run."""
-BEFORE_TORCH = {"grpo.models.host_resources", "grpo.models.third_party"}
+BEFORE_TORCH = {"grpo.machine.host_resources", "grpo.models.third_party"}
 """What the entry point calls before torch loads (OpenMP's wait policy, warning filters)."""
 MAX_ENTRY_MODULES = 13
 

@@ -1,4 +1,4 @@
-"""grpo/models/memory_estimate.py arithmetic on hand-worked shapes, the phase model, the fixes, and check_gpu_memory.py's CLI (grpo/run/assembly/gpu_memory_check.py)."""
+"""grpo/machine/memory_estimate.py arithmetic on hand-worked shapes, the phase model, the fixes, and check_gpu_memory.py's CLI (grpo/run/assembly/gpu_memory_check.py)."""
 
 import os
 import re
@@ -8,14 +8,27 @@ import types
 from dataclasses import replace
 
 import pytest
-
 from conftest import ROOT
 
-from grpo.models.memory_estimate import (GIB, KNOWN_SHAPES, LLAMA_TARGETS, EstimateInputs, ModelShape, cheapest_fixes,
-                                         estimate, fits, format_table, graph_cache_budget,
-                                         graph_slot_bytes, logit_bytes,
-                                         lookup_known_shape, lora_param_count, param_counts, pass_tokens,
-                                         shape_from_hf_config)
+from grpo.machine.memory_estimate import (
+    GIB,
+    KNOWN_SHAPES,
+    LLAMA_TARGETS,
+    EstimateInputs,
+    ModelShape,
+    cheapest_fixes,
+    estimate,
+    fits,
+    format_table,
+    graph_cache_budget,
+    graph_slot_bytes,
+    logit_bytes,
+    lookup_known_shape,
+    lora_param_count,
+    param_counts,
+    pass_tokens,
+    shape_from_hf_config,
+)
 
 # A 2-layer shape small enough to work out by hand: h=8, heads=2 (head_dim 4), kv_heads=1 (kvo 4), I=16, V=10.
 TINY = ModelShape("hand", hidden=8, layers=2, heads=2, kv_heads=1, intermediate=16, vocab=10, tie_embeddings=False)
@@ -326,6 +339,7 @@ def test_the_installed_commands_name_importable_callables():
     """pyproject.toml's [project.scripts] (what `pip install .` puts on PATH: `grpo-dual`, `grpo-check-gpu-memory`)
     each name a function that imports; the memory tool's is the one the root check_gpu_memory.py runs."""
     import importlib
+
     import tomllib
 
     scripts = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
@@ -347,7 +361,7 @@ def test_the_root_script_still_runs():
 
 # ------------------------------------------------------------------------------------------ the graph engine
 def test_graph_generation_bytes_by_hand():
-    """The graph engine (grpo/models/graph_decode.py): the rollout's slot (KV buffers of the bucketed prompt + new
+    """The graph engine (grpo/decoding/graph_decode.py): the rollout's slot (KV buffers of the bucketed prompt + new
     tokens, the next-token logits, the per-row buffers), the slots it keeps between rollouts, the prefill's cache of
     the distinct prompts, their one-layer temporaries, the step's sampler temporaries, and the folded LoRA copy only
     when asked."""
@@ -407,7 +421,7 @@ def test_the_estimators_graph_slot_is_what_the_engine_allocates(settings):
     from transformers import AutoModelForCausalLM, LlamaConfig
 
     from grpo.config import RolloutConfig
-    from grpo.models import graph_decode as G
+    from grpo.decoding import graph_decode as G
     from grpo.models.tokens import left_pad
     from grpo.run.assembly.memory_inputs import inputs_from_config
 

@@ -17,8 +17,8 @@ import shlex
 from functools import cache
 
 import pytest
-
 from conftest import ROOT
+
 from grpo.run.assembly import gpu_memory_check
 
 DOC = (ROOT / "docs" / "MEMORY.md").read_text()
@@ -33,7 +33,7 @@ def figures(*sets: str, gpu: str = "a100-40", **changes) -> dict:
     once, as the tool's own lines do): peak, peak phase, phase totals, parts by (phase, name), headroom on the card.
     `changes` set inputs the command line cannot (logits_to_keep, the k-bit fp32 upcast)."""
     from grpo.config import load_config
-    from grpo.models.memory_estimate import GIB, estimate
+    from grpo.machine.memory_estimate import GIB, estimate
     from grpo.run.assembly.memory_inputs import inputs_from_config
 
     gpu_gib, capability = gpu_memory_check.GPUS[gpu]

@@ -110,9 +110,9 @@ def test_the_end_of_turn_token_stops_a_rollout_and_is_trained_on_though_it_is_al
     final <|im_end|> is a trained token although its id is the pad id (masks come from lengths, never from ids)."""
     import torch
 
-    from grpo.phases.batch import build_train_batch
-    from grpo.core.step_types import Scored
     from grpo.config import RolloutConfig
+    from grpo.core.step_types import Scored
+    from grpo.phases.batch import build_train_batch
     from grpo.phases.generate import greedy_complete
 
     rollout_cfg = RolloutConfig(max_new_tokens=16)  # no stop ids given: the tokenizer's end of turn
@@ -131,13 +131,13 @@ def test_the_end_of_turn_token_stops_a_rollout_and_is_trained_on_though_it_is_al
 @needs_model
 @pytest.mark.parametrize("do_sample", [False, True], ids=["greedy", "sampled"])
 def test_the_lean_loop_with_fast_steps_decodes_what_generate_decodes(policy, do_sample, monkeypatch):
-    import grpo.models.decode
+    import grpo.decoding.decode
     from grpo.config import RolloutConfig
     from grpo.phases.generate import SamplingPlan, generate_rollouts, greedy_complete
 
     made: list[str] = []
-    shipped = grpo.models.decode.make_steps
-    monkeypatch.setattr(grpo.models.decode, "make_steps",
+    shipped = grpo.decoding.decode.make_steps
+    monkeypatch.setattr(grpo.decoding.decode, "make_steps",
                         lambda *a, **k: made.append(type(s := shipped(*a, **k)).__name__) or s)
     samples = [user("Is the sky blue? Answer yes or no.", 0), user("Say hi.", 1)]
     out = {}
@@ -438,12 +438,12 @@ def test_smollm2_dual_warm_up_demonstrates_both_tasks_within_the_target_cap(conv
     quotes the context's evidence)."""
     from collections import Counter
 
+    from transformers import AutoTokenizer
+
     from grpo import config as C
     from grpo.phases.sft import sft_examples, stratified
-    from grpo.run.assembly.samples import load_samples, group_by_task
+    from grpo.run.assembly.samples import group_by_task, load_samples
     from tests.conftest import SHARED_DATA
-
-    from transformers import AutoTokenizer
 
     if not (SHARED_DATA / "bbq").is_dir():
         pytest.skip(f"{SHARED_DATA} is absent")
@@ -480,8 +480,8 @@ def test_the_readme_example_trains_smollm2_and_plain_string_prompts_get_the_prom
     strings (TRL's standard format, which TRL tokenizes without the template, as here) get the finding that names
     the cause and the fix, not a KL knob (the doctor advised doubling beta on such a run)."""
     trl = pytest.importorskip("trl")
-    from grpo_train import train
     from grpo.run.doctor.window_checks import RAW_FIX
+    from grpo_train import train
 
     head, code = readme_example()
     assert "from grpo_train import GRPOConfig, GRPOTrainer" in head and "max_steps=20" in code

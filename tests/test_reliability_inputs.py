@@ -15,7 +15,8 @@ import torch
 
 from grpo import config as C
 from grpo.run.assembly.config_check import check_config
-from tests.trainer_helpers import TINY_CLI as TINY, cli_output
+from tests.trainer_helpers import TINY_CLI as TINY
+from tests.trainer_helpers import cli_output
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -233,7 +234,7 @@ def test_values_at_the_bounds_are_accepted(overrides):
 
 # ----------------------------------------------------------------------- the bounds protect what they say they do
 def test_the_logit_bound_is_the_samplers_replacement_for_inf():
-    from grpo.models.decode import NEGINF_LOGIT, POSINF_LOGIT
+    from grpo.decoding.decode import NEGINF_LOGIT, POSINF_LOGIT
 
     assert POSINF_LOGIT == C.LOGIT_BOUND == -NEGINF_LOGIT == C.MAX_LOGIT_PENALTY
 
@@ -242,8 +243,7 @@ def test_sampling_at_every_bound_at_once_stays_finite_and_1e300_did_not():
     """Logits at ±LOGIT_BOUND through the sampler's own processors at the most extreme accepted settings, a million
     completion tokens counted: finite, and a valid distribution; values past the config's bounds (1e-300, -1e300)
     are not."""
-    from grpo.models.decode import sampling_processors
-    from grpo.models.decode import CompletionPenaltyProcessor
+    from grpo.decoding.decode import CompletionPenaltyProcessor, sampling_processors
 
     V, P, N = 16, 2, 64
     ids_BL = torch.cat([torch.zeros(1, P, dtype=torch.long), torch.arange(N).remainder(V // 2)[None]], dim=1)  # half the tokens repeated

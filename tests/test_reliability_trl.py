@@ -246,7 +246,7 @@ def test_fp16_on_the_cpu_is_named_not_dropped_silently(user):
 
 @pytest.mark.parametrize("over", [1, 100_000, 10**30])
 def test_train_threads_above_the_processs_cpus_is_refused_before_the_data_loads(user, over):
-    from grpo.models.host_resources import cpu_share
+    from grpo.machine.host_resources import cpu_share
 
     threads = str(cpu_share().affinity + over)  # 64 on 2 CPUs ran silently, 100000 and 10**30 failed late
     text = refused(user, "--train.threads", threads)

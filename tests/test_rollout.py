@@ -4,24 +4,24 @@ import pytest
 import torch
 
 from grpo.config import ConfigError, ModelConfig, RolloutConfig
-from grpo.models.modeling import build_tiny_model, build_tiny_tokenizer
 from grpo.core.step_types import Rollout, Sample
-from grpo.models.decode import (
+from grpo.decoding.decode import (
     NAN_LOGIT,
     NEGINF_LOGIT,
     POSINF_LOGIT,
     CompletionPenaltyProcessor,
     SanitizeLogitsProcessor,
 )
+from grpo.models.modeling import build_tiny_model, build_tiny_tokenizer
+from grpo.models.tokens import encode_prompt, sft_example
 from grpo.phases.generate import (
-    SamplingPlan,
     STATIC_PROMPT_BUCKET,
+    SamplingPlan,
     build_generation_config,
     generate_rollouts,
     greedy_complete,
     rollout_metrics,
 )
-from grpo.models.tokens import encode_prompt, sft_example
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 CORPUS = ["the answer is yes", "the answer is no", "who was more likely to forget the keys?"] * 5
@@ -315,10 +315,10 @@ def test_every_rollout_setting_is_read_by_the_code_it_configures(model, tok, sam
     code, the stop-token resolution, the toolbox (tools, environments) or the trainer's sampling-stream choice."""
     import dataclasses
 
-    from grpo.models.distributed import Dist
+    from grpo.machine.distributed import Dist
     from grpo.phases.tools import build_toolbox
-    from grpo.run.step_owners import per_completion_sampling
     from grpo.run.assembly.owners import stop_token_ids
+    from grpo.run.step_owners import per_completion_sampling
 
     read: set[str] = set()
 

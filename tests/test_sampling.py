@@ -1,4 +1,4 @@
-"""Batch-invariant sampling (grpo/models/sampling.py): the hash, the exponential race, and generate's output per row."""
+"""Batch-invariant sampling (grpo/decoding/sampling.py): the hash, the exponential race, and generate's output per row."""
 
 from __future__ import annotations
 
@@ -8,11 +8,18 @@ import pytest
 import torch
 
 from grpo.config import RolloutConfig
-from grpo.models.modeling import build_tiny_model, build_tiny_tokenizer
 from grpo.core.step_types import Sample
+from grpo.decoding.sampling import (
+    SeededSampler,
+    keyed_choice,
+    race_scores,
+    row_keys,
+    splitmix64,
+    splitmix64_int,
+    uniforms,
+)
+from grpo.models.modeling import build_tiny_model, build_tiny_tokenizer
 from grpo.phases.generate import SamplingPlan, generate_rollouts, greedy_complete
-from grpo.models.sampling import (SeededSampler, keyed_choice, race_scores, row_keys, splitmix64, splitmix64_int,
-                                  uniforms)
 
 
 def test_splitmix64_matches_the_published_sequence():

@@ -1,4 +1,4 @@
-"""The lean loop's decoding steps (grpo/models/decode_steps.py): FastSteps, the Llama family's layers called one by one over
+"""The lean loop's decoding steps (grpo/decoding/decode_steps.py): FastSteps, the Llama family's layers called one by one over
 in-place KV buffers, gives the logits of the model's whole forward bit for bit; and it is only used where it applies."""
 
 import pytest
@@ -13,7 +13,7 @@ from transformers import (
     Qwen3Config,
 )
 
-from grpo.models.decode_steps import FastSteps, HFSteps, fast_steps_blocker, make_steps
+from grpo.decoding.decode_steps import FastSteps, HFSteps, fast_steps_blocker, make_steps
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 V = 97
@@ -53,7 +53,7 @@ def prompt(padded: bool, B: int = 5, P: int = 9, seed: int = 1) -> tuple[torch.T
 def run_steps(model, ids_BP, mask_BP, kind: type, n: int = 6, drop_after: int = 2,
               rows_B: torch.Tensor | None = None) -> list[torch.Tensor]:
     """Prefill, then n steps fed the same tokens; after step `drop_after` rows 1 and 3 leave the batch. `rows_B`: the
-    prefill runs on the given (distinct) rows, and the batch is their rows rows_B (as grpo/models/decode.py shares it)."""
+    prefill runs on the given (distinct) rows, and the batch is their rows rows_B (as grpo/decoding/decode.py shares it)."""
     pos_BP = (mask_BP.cumsum(-1) - 1).clamp(min=0)
     with torch.no_grad():
         out = model(input_ids=ids_BP, attention_mask=None if bool(mask_BP.all()) else mask_BP, position_ids=pos_BP,

@@ -20,9 +20,9 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+import grpo_train as G
 from grpo import config as C
 from grpo.config.command_line import split_argv
-import grpo_train as G
 from grpo.run.checkpoint import files as ckpt
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -138,8 +138,9 @@ def unusable_replies(tmp, mp):
 
 
 def garbage_replies(tmp, mp):
-    from grpo.grading.judge import Judge, JudgeItem
     from judge_server import JudgeServer, Reply
+
+    from grpo.grading.judge import Judge, JudgeItem
 
     with JudgeServer(lambda body, n: Reply.garbage() if n % 2 == 0 else Reply.empty_choices()) as server:
         cfg = C.JudgeConfig(base_url=server.url, api_key_env="", max_retries=2, rate_limit_per_s=1000.0)
@@ -281,7 +282,7 @@ def numerics(tmp, mp):
 
 
 def deepspeed(tmp, mp):
-    from grpo.models.distributed import check_strategy
+    from grpo.machine.distributed import check_strategy
 
     return raised(check_strategy, "DEEPSPEED")
 
@@ -296,7 +297,7 @@ def fsdp_one_process(tmp, mp):
 
 
 def cpu_relaunch(tmp, mp):
-    import grpo.models.distributed as D
+    import grpo.machine.distributed as D
 
     class Exec(Exception):
         pass
@@ -313,7 +314,7 @@ def cpu_relaunch(tmp, mp):
 
 
 def other_process_count(tmp, mp):
-    from grpo.models.distributed import Dist, rank_rng_state
+    from grpo.machine.distributed import Dist, rank_rng_state
 
     rng = ckpt.rng_state()
     with warnings.catch_warnings(record=True) as caught:

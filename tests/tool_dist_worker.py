@@ -16,9 +16,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tests.trainer_helpers import call_text  # noqa: E402
 from tests.dist_worker import dist_config, parameters  # noqa: E402
 from tests.test_tool_environments import GuessingGame  # noqa: E402
+from tests.trainer_helpers import call_text  # noqa: E402
 
 
 class LockedGame(GuessingGame):
@@ -72,7 +72,7 @@ def tool_step(out_dir: Path, scenario: str, world: int, install: Callable[[Calla
 
 
 if __name__ == "__main__":
-    from grpo.models.distributed import relaunch_on_cpu, requested_cpu_processes
+    from grpo.machine.distributed import relaunch_on_cpu, requested_cpu_processes
     from grpo.phases import tools as T
 
     n_processes = requested_cpu_processes()

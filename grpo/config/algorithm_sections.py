@@ -12,10 +12,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from grpo.config.checks import (
+    MAX_LOGIT_PENALTY,
+    MAX_LOSS_WEIGHT,
+    MAX_REPETITION_PENALTY,
+    MIN_TEMPERATURE,
+    _check,
+    _one_of,
+)
 from grpo.core.clip_rules import CLIP_HIGH, CLIP_LOW, DUAL_CLIP, clip_problems
-
-from grpo.config.checks import (MAX_LOGIT_PENALTY, MAX_LOSS_WEIGHT, MAX_REPETITION_PENALTY, MIN_TEMPERATURE, _check,
-                                _one_of)
 
 
 @dataclass
@@ -49,9 +54,9 @@ class RolloutConfig:
     benchmarks/RESULTS.md, `vs_trl.py --ours-cache static`). On CPU nothing is compiled and it is slower. Evaluation always
     uses the dynamic cache (its batch shapes vary)."""
     engine: str = "auto"
-    """auto | lean | graph | hf: the decoding loop of rollouts and evaluation. lean (grpo/models/decode.py) samples
+    """auto | lean | graph | hf: the decoding loop of rollouts and evaluation. lean (grpo/decoding/decode.py) samples
     exactly the tokens transformers' generate samples (same processors, same random numbers; tested token for token)
-    with less Python per step, and drops finished completions from the batch. graph (grpo/models/graph_decode.py):
+    with less Python per step, and drops finished completions from the batch. graph (grpo/decoding/graph_decode.py):
     one fixed-shape decoding step with the sampler inside, compiled and, on CUDA, captured as a CUDA graph and
     replayed per token (the Llama family; it samples with the per-row sampler of rollout.sampling_rng=per_completion,
     its keys drawn from the torch RNG when the run has none). auto = graph on CUDA where it applies, else lean unless
@@ -65,7 +70,7 @@ class RolloutConfig:
     the copy fits in the free memory, off never folds."""
     sampling_rng: str = "auto"
     """global | per_completion | auto. per_completion draws every completion from its own random stream keyed by
-    (seed, step, prompt, k) (grpo/models/sampling.py), so it does not depend on the batch it was generated in: a run on N
+    (seed, step, prompt, k) (grpo/decoding/sampling.py), so it does not depend on the batch it was generated in: a run on N
     processes then samples exactly what the one-process run samples. auto = per_completion under several
     processes, global (torch's RNG, Hugging Face's sampler) otherwise."""
     overlong_buffer: int = 0

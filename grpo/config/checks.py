@@ -72,7 +72,7 @@ LLAMA_LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_p
 # Bounds on the numbers that scale logits, losses and weights: past them a value means nothing more and only turns the
 # run non-finite, far from the setting (tests/test_reliability_inputs.py checks each against the code it protects).
 LOGIT_BOUND = 1e4
-"""The largest logit magnitude the sampler is built for: grpo/models/decode.py POSINF_LOGIT (= this) replaces +Inf
+"""The largest logit magnitude the sampler is built for: grpo/decoding/decode.py POSINF_LOGIT (= this) replaces +Inf
 by it, and a model's ordinary logits stay below ~100. Every factor bounded below keeps such a logit finite in fp32."""
 MIN_TEMPERATURE = 1e-20
 """Smallest rollout.temperature. The sampler and every log-prob pass divide the fp32 logits by it; with the penalties

@@ -18,10 +18,18 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from grpo.config.checks import (JUDGE_RATE_MAX_STEP_S, MAX_LOSS_WEIGHT, MAX_LR, MAX_SEED, _check, _env_name,
-                                 _inside_folder, _one_of)
-from grpo.config.input_sections import DataConfig, ModelConfig, RewardModelConfig, TaskSourceConfig
 from grpo.config.algorithm_sections import LossConfig, MultiConfig, RolloutConfig, TaskKLConfig
+from grpo.config.checks import (
+    JUDGE_RATE_MAX_STEP_S,
+    MAX_LOSS_WEIGHT,
+    MAX_LR,
+    MAX_SEED,
+    _check,
+    _env_name,
+    _inside_folder,
+    _one_of,
+)
+from grpo.config.input_sections import DataConfig, ModelConfig, RewardModelConfig, TaskSourceConfig
 
 LR_SCHEDULERS = ("constant", "linear", "cosine")
 """train.lr_scheduler values (grpo/run/step_owners.lr_factor computes each)."""
@@ -83,7 +91,7 @@ class TrainConfig:
     """torch's intra-op CPU threads. 0 = the whole cores this process may use: its CPU affinity mask, capped by its
     cgroup CPU quota (a container's --cpus) rounded down, not the machine's core count; a lower count set before the
     run (OMP_NUM_THREADS, torch.set_num_threads) is kept. The start of the run prints the count and why
-    (grpo/models/host_resources.py)."""
+    (grpo/machine/host_resources.py)."""
     sharding: str = "auto"
     """Under several processes: none (every process holds the whole model, DDP) | fsdp (FSDP2 full shard of the
     model and the reference over the processes; full fine-tuning, multi.combine=sum) | auto (fsdp when the

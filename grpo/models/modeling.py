@@ -151,7 +151,7 @@ def check_4bit_available() -> None:
 
 
 RANDOM_PREFIX = "random:"
-"""`load_policy("random:<shape>")`: random weights of a shape from grpo.models.memory_estimate.KNOWN_SHAPES (case-insensitive) or of a
+"""`load_policy("random:<shape>")`: random weights of a shape from grpo.machine.memory_estimate.KNOWN_SHAPES (case-insensitive) or of a
 local folder's config.json, with the tiny tokenizer. Memory and speed do not depend on weight values, so this measures
 a real model's footprint with no download (benchmarks/gpu_memory.py)."""
 RANDOM_MAX_POSITIONS = 8192
@@ -166,7 +166,7 @@ def random_model_config(name: str, tokenizer):
 
     from transformers import LlamaConfig, Qwen2Config
 
-    from grpo.models.memory_estimate import KNOWN_SHAPES, lookup_known_shape, shape_from_hf_config
+    from grpo.machine.memory_estimate import KNOWN_SHAPES, lookup_known_shape, shape_from_hf_config
 
     key = name[len(RANDOM_PREFIX):]
     config_file = Path(key).expanduser() / "config.json"
@@ -174,7 +174,7 @@ def random_model_config(name: str, tokenizer):
              else lookup_known_shape(key))
     if shape is None:
         raise ValueError(f"model.name={name!r}: unknown shape {key!r}; use random:<name> with a name from "
-                         f"grpo.models.memory_estimate.KNOWN_SHAPES ({', '.join(sorted(KNOWN_SHAPES))}) or random:<folder with "
+                         f"grpo.machine.memory_estimate.KNOWN_SHAPES ({', '.join(sorted(KNOWN_SHAPES))}) or random:<folder with "
                          "config.json>")
     if shape.vocab < len(tokenizer):
         raise ValueError(f"model.name={name!r}: vocab {shape.vocab} is smaller than the tiny tokenizer's "
@@ -375,7 +375,7 @@ def load_policy(model_cfg: ModelConfig, *, dtype: str | torch.dtype = "float32",
     """Load the policy `model_cfg.name` ("builtin:tiny", "random:<shape>", a packaged model, a local directory or a
     hub id) ready to train, with the section's LoRA, 4-bit, checkpointing, remote-code and tiny-shape settings.
 
-    `dtype` and `attn_implementation` are the ones chosen for this machine (grpo/models/hardware.py), not the
+    `dtype` and `attn_implementation` are the ones chosen for this machine (grpo/machine/hardware.py), not the
     section's "auto"; `tiny_corpus` trains the built-in tiny tokenizer; `device` is where "random:<shape>" weights
     are built (default: CUDA when available). LoRA wraps the model with peft (`task_type=CAUSAL_LM`); QLoRA
     (`load_in_4bit`, needs CUDA + bitsandbytes) loads NF4 double-quantised weights and runs

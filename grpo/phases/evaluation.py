@@ -23,7 +23,7 @@ def evaluate(model, tokenizer, samples_by_task: dict[str, Sequence[Sample]], rol
     no sampling); failed scores are left out of the mean. Prompts are batched in order of their token length (a batch
     is padded to its longest prompt: HaluEval's run from 100 to 500 tokens), and the scored rows come back in the
     samples' order.
-    `synced_gpus`: sharded model, every process runs this same evaluation (see grpo/models/distributed.py).
+    `synced_gpus`: sharded model, every process runs this same evaluation (see grpo/machine/distributed.py).
     `tools`: the run's tools: each completion is a greedy multi-turn trajectory (grpo/phases/tools.py)."""
     results: dict[str, float] = {}
     all_scored: list[Scored] = []

@@ -4,7 +4,7 @@
 
     graph   grpo/models/graph_decode.decode_graph: a fixed-shape step, compiled and (CUDA) captured, sampler inside
     lean    grpo/models/decode.decode: a Python loop over the model's one-token steps; draws at `# THE SAMPLER`
-    hf      `decode_hf` here: transformers' `generate` (the seeded sampler of grpo/models/sampling.py as its last
+    hf      `decode_hf` here: transformers' `generate` (the seeded sampler of grpo/decoding/sampling.py as its last
             processor when each completion has its own stream)
 
     rollouts[i*K:(i+1)*K] are the K completions of samples[i]
@@ -27,12 +27,12 @@ from typing import Any, Callable, Iterator, Sequence
 import torch
 
 from grpo.config import RolloutConfig
-from grpo.models.decode import check_keys, decode, lean_blocker, ours
-from grpo.models.graph_decode import decode_graph, graph_blocker
-from grpo.models.modeling import generation_mode
-from grpo.models.sampling import SeededSampler
-from grpo.core.step_types import Rollout, Sample
 from grpo.core.registry import Registry
+from grpo.core.step_types import Rollout, Sample
+from grpo.decoding.decode import check_keys, decode, lean_blocker, ours
+from grpo.decoding.graph_decode import decode_graph, graph_blocker
+from grpo.decoding.sampling import SeededSampler
+from grpo.models.modeling import generation_mode
 from grpo.models.tokens import encode_prompt, left_pad, stop_token_id
 
 CACHE_IMPLEMENTATIONS: Registry[None] = Registry("rollout.cache_implementation", "KV cache of generate")
@@ -49,10 +49,10 @@ ENGINES: Registry[Callable[..., Any] | None] = Registry("rollout.engine", "decod
 """How rollouts are decoded, by name (rollout.engine): each a `DecodeEngine` (below); "auto" has none of its own, it picks
 one per call (`choose_engine`)."""
 ENGINES.register("auto", "graph on CUDA where it applies, else lean where it applies, else hf", None)
-ENGINES.register("lean", "a Python loop over the model's one-token steps, stopped rows dropped (grpo/models/decode.py)",
+ENGINES.register("lean", "a Python loop over the model's one-token steps, stopped rows dropped (grpo/decoding/decode.py)",
                  decode)
 ENGINES.register("graph", "one fixed-shape step, compiled and (CUDA) captured, replayed per token "
-                 "(grpo/models/graph_decode.py)", decode_graph)
+                 "(grpo/decoding/graph_decode.py)", decode_graph)
 
 _WARNED: set[str] = set()
 
@@ -170,7 +170,7 @@ class SamplingPlan:
     generator_seed: int | None = None
     """Seed the sampling RNG for this call only; None = the global torch RNG."""
     row_keys: Sequence[int] | None = None
-    """One key per completion: each is drawn from its own random stream (grpo/models/sampling.py), so it does not
+    """One key per completion: each is drawn from its own random stream (grpo/decoding/sampling.py), so it does not
     depend on the other prompts of the batch (data-parallel runs shard prompts over processes)."""
 
     def k(self, rollout: RolloutConfig) -> int:
@@ -248,7 +248,7 @@ def decode_hf(model, rows: Sequence[Sequence[int]], rollout: RolloutConfig, stop
               greedy: bool, row_keys: Sequence[int] | None = None,
               synced_gpus: bool = False) -> tuple[list[list[int]], torch.Tensor | int]:
     """The hf engine: transformers' `generate` on `rows`, with our processors (`ours`) where it puts a caller's and,
-    given `row_keys`, the seeded sampler (grpo/models/sampling.py) drawing each row from its own stream."""
+    given `row_keys`, the seeded sampler (grpo/decoding/sampling.py) drawing each row from its own stream."""
     from transformers import LogitsProcessorList
 
     do_sample = not greedy

@@ -33,9 +33,16 @@ import torch
 from grpo.config import ConfigError, RolloutConfig
 from grpo.core.plumbing import UserCodeError, import_callable
 from grpo.core.step_types import Rollout, Sample
-from grpo.core.tool_calls import (DEFAULT_FORMAT, CallFormat, ToolCall, Trajectory, parse_tool_calls, tool_instructions,
-                                  tool_metrics)
-from grpo.models.sampling import splitmix64_int
+from grpo.core.tool_calls import (
+    DEFAULT_FORMAT,
+    CallFormat,
+    ToolCall,
+    Trajectory,
+    parse_tool_calls,
+    tool_instructions,
+    tool_metrics,
+)
+from grpo.decoding.sampling import splitmix64_int
 from grpo.models.tokens import SYSTEM_JOIN, _ids_from_template, _with_system, encode_prompt, stop_token_id
 from grpo.phases.environments import Environments, ToolError, callable_spec, resolve_environment, tool_schema
 from grpo.phases.generate import SamplingPlan, _seeded, cut_completion, decoder, rollout_metrics

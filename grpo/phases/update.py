@@ -26,7 +26,7 @@ import torch
 from grpo.config import LossConfig
 from grpo.core.losses import LOG_RATIOS, POLICY_LOSSES, aggregate, importance_ratio, kl_penalty, top_entropy_mask
 from grpo.core.step_types import TrainBatch
-from grpo.models.distributed import Dist, as_float
+from grpo.machine.distributed import Dist, as_float
 from grpo.models.logprobs import completion_logprobs
 from grpo.phases.batch import batch_entropies
 
@@ -370,7 +370,7 @@ class TaskGradientSurgery:
 
     def __call__(self, micro_batches: Sequence[TrainBatch], terms: Terms, agg: BoundAggregate, stats: "_StepStats",
                  dist: Any = None) -> dict[str, float]:
-        from grpo.core.gradient_surgery import assign_flat_grad, apply_surgery, flat_grad, gradient_stats
+        from grpo.core.gradient_surgery import apply_surgery, assign_flat_grad, flat_grad, gradient_stats
 
         extra = None
         for mb in micro_batches:

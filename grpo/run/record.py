@@ -14,13 +14,13 @@ import torch
 
 from grpo import config as C
 from grpo.core.step_types import Sample
-from grpo.models.distributed import Dist
+from grpo.machine.distributed import Dist
 from grpo.models.modeling import Policy
 
 if TYPE_CHECKING:  # the record names the wings' types; importing them would put the record above the wings
+    from grpo.run.checkpoint.pareto import ParetoFrontier
     from grpo.run.doctor.thresholds import Finding
     from grpo.run.doctor.verdict import Doctor
-    from grpo.run.checkpoint.pareto import ParetoFrontier
     from grpo.run.step_owners import Generation, Rewarder, Updater
     from grpo.run.tracking import Tracker
 
@@ -72,7 +72,7 @@ class Start:
     resume_from: Path | None = None
     """The checkpoint `setup` checked against this run's config and inputs (checkpoint.resume), which `main` loads."""
     host: str = ""
-    """The banner's CPU line: torch's thread count and why (train.threads), how OpenMP waits (grpo/models/host_resources.py)."""
+    """The banner's CPU line: torch's thread count and why (train.threads), how OpenMP waits (grpo/machine/host_resources.py)."""
     disk: str = ""
     """The banner's disk line: what the run will write and the free space (grpo/run/assembly/disk_plan.py)."""
 
@@ -86,7 +86,7 @@ class Run:
     run_dir: Path
     """output_dir/run_name: metrics, samples, evaluations, checkpoints, the final model."""
     dist: Dist
-    """The processes of the run and this one's device (grpo/models/distributed.py); one process unless started by
+    """The processes of the run and this one's device (grpo/machine/distributed.py); one process unless started by
     `accelerate launch`."""
     policy: Policy
     samples: TaskSamples

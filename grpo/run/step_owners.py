@@ -27,25 +27,33 @@ from grpo.core.advantages import MULTI_OBJECTIVE_AGGREGATIONS, group_advantages
 from grpo.core.answer_metrics import step_answer_metrics
 from grpo.core.dapo import fill_informative_groups, overlong_penalty
 from grpo.core.entropy_control import AdaptiveEntropyCoef
-from grpo.core.weight_guard import WeightGuard, bad_step_reason
+from grpo.core.gradient_surgery import ConflictMonitor
 from grpo.core.kl_control import Controller, controller_from_config
 from grpo.core.step_types import Rollout, Sample, Scored, TrainBatch
 from grpo.core.tool_calls import tool_metrics
+from grpo.core.weight_guard import WeightGuard, bad_step_reason
 from grpo.data.batching import TaskBalancedSampler
+from grpo.decoding.graph_decode import GRAPH_COUNTS, graph_counts, release_graph_slots
+from grpo.decoding.sampling import row_keys
 from grpo.grading.graders import Grader, reward_logs, set_trainer_state
 from grpo.grading.judge import Judge
-from grpo.grading.scoring import (RewardSpec, check_fallback_share, fallback_shares, metric_names, per_step_counts,
-                                  reward_metrics, score_rollouts, term_matrix)
-from grpo.models.distributed import Dist
-from grpo.models.graph_decode import GRAPH_COUNTS, graph_counts, release_graph_slots
+from grpo.grading.scoring import (
+    RewardSpec,
+    check_fallback_share,
+    fallback_shares,
+    metric_names,
+    per_step_counts,
+    reward_metrics,
+    score_rollouts,
+    term_matrix,
+)
+from grpo.machine.distributed import Dist
+from grpo.models.logprobs import shared_prompt_blocker, shares_by_size
 from grpo.models.modeling import Policy, has_dropout, rebase_reference, reference
-from grpo.models.sampling import row_keys
 from grpo.phases.batch import batch_logprobs, build_train_batch
 from grpo.phases.generate import SamplingPlan, generate_rollouts, rollout_metrics
 from grpo.phases.tools import ToolBox, tool_rollouts
 from grpo.phases.update import Learner, StepSettings, TaskGradientSurgery, adamw, update_passes
-from grpo.core.gradient_surgery import ConflictMonitor
-from grpo.models.logprobs import shared_prompt_blocker, shares_by_size
 
 
 def completion_share(n_prompts: int, k: int, world: int, rank: int) -> range:

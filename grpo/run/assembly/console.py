@@ -8,10 +8,10 @@ from typing import Mapping, Sequence
 import torch
 
 from grpo import config as C
-from grpo.core.step_types import Sample
-from grpo.models.tokens import raw_prompt
 from grpo.config.presets import CUSTOM_PRESET
-from grpo.models.memory_estimate import estimate
+from grpo.core.step_types import Sample
+from grpo.machine.memory_estimate import estimate
+from grpo.models.tokens import raw_prompt
 from grpo.run.assembly.memory_inputs import inputs_from_config
 from grpo.run.record import Run
 from grpo.run.trl.vocabulary import in_user_terms

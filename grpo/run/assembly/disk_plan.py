@@ -74,7 +74,7 @@ def _weight_bytes(dtype: str, device_type: str) -> int:
 
 def _counts(model: C.ModelConfig) -> tuple[int, int, int]:
     """(all weights, trainable weights, vocabulary) from the model's shape; ValueError when it is not known here."""
-    from grpo.models.memory_estimate import lora_param_count, param_counts
+    from grpo.machine.memory_estimate import lora_param_count, param_counts
     from grpo.run.assembly.memory_inputs import resolve_shape
 
     shape = resolve_shape(model)

@@ -18,7 +18,7 @@ A model folder's config.json is counted as it is stored: every expert of a mixtu
 n_routed_experts), weights saved quantized (GPTQ / AWQ bits, bitsandbytes); a quantization it cannot count is refused.
 
 Inside a training process call `report_live()` (it never creates a CUDA context of its own).
-The estimate comes from grpo/models/memory_estimate.py (pure arithmetic; see its docstring for every formula and the phase model).
+The estimate comes from grpo/machine/memory_estimate.py (pure arithmetic; see its docstring for every formula and the phase model).
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-from grpo.models.memory_estimate import GIB, cheapest_fixes, estimate, format_table
+from grpo.machine.memory_estimate import GIB, cheapest_fixes, estimate, format_table
 
 NO_GPU_LINE = "No CUDA GPU visible (torch.cuda.is_available() is False); nothing to report."
 GPUS: dict[str, tuple[float, tuple[int, int]]] = {
@@ -65,7 +65,7 @@ def report_live() -> str:
     """The live report: NVML view of all GPUs and processes + this process's torch allocator, or NO_GPU_LINE."""
     import torch
 
-    from grpo.models.hardware import live_gpu_report, nvml_report
+    from grpo.machine.hardware import live_gpu_report, nvml_report
 
     if torch.cuda.is_available():
         return live_gpu_report()

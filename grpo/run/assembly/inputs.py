@@ -10,13 +10,13 @@ from grpo import config as C
 from grpo.data.batching import check_prompts_per_step
 from grpo.grading.graders import preflight, set_trainer_state, term_names
 from grpo.grading.judge import Judge
-from grpo.models.distributed import Dist
+from grpo.machine.distributed import Dist
 from grpo.phases.environments import environment_rewards, resolve_environment
 from grpo.phases.tools import resolve_tools
+from grpo.run.assembly.reward_setup import check_task_entries, reward_specs
+from grpo.run.assembly.samples import group_by_task, load_samples
 from grpo.run.checkpoint.fingerprints import input_fingerprints
 from grpo.run.checkpoint.pareto import check_evaluations, require_heldout_rows
-from grpo.run.assembly.reward_setup import check_task_entries, reward_specs
-from grpo.run.assembly.samples import load_samples, group_by_task
 from grpo.run.step_owners import prompt_copies
 
 

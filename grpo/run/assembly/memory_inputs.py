@@ -1,4 +1,4 @@
-"""What the memory estimator (grpo/models/memory_estimate.py, pure arithmetic) needs to know about a config: the model's shape and
+"""What the memory estimator (grpo/machine/memory_estimate.py, pure arithmetic) needs to know about a config: the model's shape and
 the run's batch, precision and features. Used by grpo/run/assembly/gpu_memory_check.py and by the trainer's banner on a GPU.
 
 `cfg` is a config.Config or any object with the same fields (benchmarks pass stand-ins).
@@ -11,15 +11,26 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from grpo.models.hardware import choose_precision
 from grpo.core.kernels import DEFAULT_LOGPROB_CHUNK_ROWS
+from grpo.machine.hardware import choose_precision
+from grpo.machine.memory_estimate import (
+    GIB,
+    KNOWN_SHAPES,
+    NF4_BYTES_PER_PARAM,
+    NF4_BYTES_PER_PARAM_DQ,
+    EstimateInputs,
+    ModelShape,
+    estimate,
+    graph_cache_budget,
+    graph_slot_bytes,
+    lookup_known_shape,
+    param_counts,
+    shape_from_hf_config,
+)
 from grpo.models.logprobs import shares_by_size
 from grpo.models.modeling import tiny_model_config
 from grpo.models.pretrained import adapter_base
 from grpo.run.assembly.samples import prompt_token_limit
-from grpo.models.memory_estimate import (GIB, KNOWN_SHAPES, NF4_BYTES_PER_PARAM, NF4_BYTES_PER_PARAM_DQ, EstimateInputs,
-                                         ModelShape, estimate, graph_cache_budget, graph_slot_bytes, lookup_known_shape,
-                                         param_counts, shape_from_hf_config)
 
 PACKAGED_SHAPES = {"smollm2-135m-instruct": ("HuggingFaceTB/SmolLM2-135M-Instruct", 8192)}
 """The project's packaged models (grpo/models/pretrained.py): the model each was converted from, its positions."""

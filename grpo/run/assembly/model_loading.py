@@ -13,7 +13,7 @@ import torch
 
 from grpo import config as C
 from grpo.config import ConfigError
-from grpo.models.distributed import Dist
+from grpo.machine.distributed import Dist
 from grpo.models.modeling import Policy, check_4bit_available
 from grpo.models.pretrained import check_model_name
 
@@ -47,7 +47,7 @@ def policy_from_config(model_cfg, device: torch.device, corpus: Iterable[str], s
     """Load the policy named by the model section, with precision and attention chosen for this machine; or, with
     `loaded` = (model, tokenizer) handed in from Python, train that model (in place, in its own dtype and attention)
     with the section's LoRA, checkpointing and compile settings."""
-    from grpo.models.hardware import choose_attention, choose_precision, detect_capabilities
+    from grpo.machine.hardware import choose_attention, choose_precision, detect_capabilities
     from grpo.models.modeling import load_policy, policy_from_model, ready_for_batches
 
     on_cuda = device.type == "cuda"
@@ -98,11 +98,11 @@ def check_sharding(cfg: C.Config, policy: Policy, dist: Dist) -> None:
 
 def choose_graph_memory(cfg: C.Config, policy: Policy, device: torch.device, announce: bool) -> None:
     """What the graph engine may hold on a GPU, decided once from the memory estimate and recorded on the model's
-    graph step (grpo/models/graph_decode.py): rollout.fold_lora=auto folds LoRA for the rollouts where the copy leaves
+    graph step (grpo/decoding/graph_decode.py): rollout.fold_lora=auto folds LoRA for the rollouts where the copy leaves
     the step's peak where it is (`lora_fold_choice`; on / off need no decision, the CPU folds: host memory, nothing to
     estimate), and the decoding buffers kept between rollouts are what the step's peak phase leaves free
     (`graph_cache_choice`). Printed once."""
-    from grpo.models.graph_decode import graph_step_for
+    from grpo.decoding.graph_decode import graph_step_for
     from grpo.phases.generate import choose_engine
     from grpo.run.assembly.memory_inputs import graph_cache_choice, lora_fold_choice
 

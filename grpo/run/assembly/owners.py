@@ -8,10 +8,11 @@ from typing import TYPE_CHECKING
 
 from grpo.data.batching import TaskBalancedSampler
 from grpo.grading.judge import Judge
-from grpo.models.host_resources import openmp_spins
+from grpo.machine.host_resources import openmp_spins
 from grpo.phases.tools import build_toolbox
 from grpo.run.assembly.samples import parse_task_mix
-from grpo.run.checkpoint.pareto import RUN_SUBDIR as PARETO_SUBDIR, ParetoFrontier
+from grpo.run.checkpoint.pareto import RUN_SUBDIR as PARETO_SUBDIR
+from grpo.run.checkpoint.pareto import ParetoFrontier
 from grpo.run.record import Run
 from grpo.run.step_owners import Generation, Rewarder, Updater
 from grpo.run.tracking import NullTracker

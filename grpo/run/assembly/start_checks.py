@@ -58,7 +58,7 @@ def inert_settings(cfg: C.Config, device: Any) -> list[str]:
                      "sets this run's torch threads)")
     if rollout.sampling_rng == "global" and engine == "graph":
         notes.append("rollout.sampling_rng=global under rollout.engine=graph: the graph engine always samples with "
-                     "its per-row sampler (grpo/models/sampling.py), each row's key drawn from torch's RNG; "
+                     "its per-row sampler (grpo/decoding/sampling.py), each row's key drawn from torch's RNG; "
                      "transformers' sampler, which global means on the lean and hf engines, is not used")
     return notes
 

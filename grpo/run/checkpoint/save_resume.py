@@ -18,11 +18,24 @@ import torch
 
 from grpo import config as C
 from grpo.core.losses import POLICY_LOSSES
-from grpo.models.distributed import Dist, rank_rng_state
+from grpo.machine.distributed import Dist, rank_rng_state
 from grpo.models.modeling import Policy
-from grpo.run.checkpoint.files import (PREFIX, CheckpointError, config_differences, list_complete, load, load_reference,
-                                       load_trainable_state, resolve_resume, rng_state, save, saved_run, set_rng_state,
-                                       trainable_state, verify)
+from grpo.run.checkpoint.files import (
+    PREFIX,
+    CheckpointError,
+    config_differences,
+    list_complete,
+    load,
+    load_reference,
+    load_trainable_state,
+    resolve_resume,
+    rng_state,
+    save,
+    saved_run,
+    set_rng_state,
+    trainable_state,
+    verify,
+)
 from grpo.run.checkpoint.fingerprints import input_changes
 from grpo.run.checkpoint.folder import expand_home, run_started
 from grpo.run.checkpoint.model_folder import CARD, save_model_folder, write_card

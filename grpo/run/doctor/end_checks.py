@@ -4,7 +4,7 @@ End of run (grpo/run/doctor/verdict.check_history only): red skipped_steps / yel
 counts), red reward_regressed / yellow reward_flat (held-out after RL vs before RL; for a task without held-out rows
 under data.heldout_fraction=0, TRL's split, the training reward's last window vs its first), yellow no_heldout (a
 trained task never evaluated); yellow openmp_spinning (host/openmp_spinning: torch was imported before grpo_train, so
-OpenMP's threads spin while they wait, grpo/models/host_resources.py), with its fix.
+OpenMP's threads spin while they wait, grpo/machine/host_resources.py), with its fix.
 From the per-prompt held-out rewards (`heldout_fell`, read by grpo/run/doctor/report.py from evals/): yellow
 heldout_fell when a task's held-out reward after RL is below its best evaluation during RL by more than FELL_Z
 standard errors of the per-prompt difference.
@@ -24,8 +24,20 @@ import math
 from typing import Any, Mapping, Sequence
 
 from grpo.core.answer_metrics import EMPTY_ANSWER, answer_shares
-from grpo.run.doctor.thresholds import (DoctorThresholds, Finding, Window, _longer, _scaled, _setting, _try,
-                                        is_rl_row, mean, number, series, tasks_in)
+from grpo.run.doctor.thresholds import (
+    DoctorThresholds,
+    Finding,
+    Window,
+    _longer,
+    _scaled,
+    _setting,
+    _try,
+    is_rl_row,
+    mean,
+    number,
+    series,
+    tasks_in,
+)
 from grpo.run.doctor.window_checks import _non_finite_finding, _unit_scale, empty_fix, reward_spread
 
 

@@ -95,7 +95,7 @@ class DoctorThresholds:
     memory_rise_steps: float = 0.8
     """Share of a window's steps at which host memory (memory/host_rss_gb) must have risen for it to be "growing step
     over step": a leak adds at every step, while a run's working set (and what its allocator keeps free, up to
-    grpo/models/host_resources.py's TRIM_FROM_BYTES) moves up and down around a level."""
+    grpo/machine/host_resources.py's TRIM_FROM_BYTES) moves up and down around a level."""
     memory_growth_share: float = 0.1
     """How much host memory must have grown over that window, as a share of its first step's: 10 % in 10 steps is a
     run that doubles its memory every ~100 steps."""

@@ -209,7 +209,7 @@ def _tool_turns(value: int | None, fields: Mapping[str, Any], out: dict, notes: 
 
 def _precision(value: Any, fields: Mapping[str, Any], out: dict, notes: list) -> None:
     bf16 = (not fields["fp16"]) if value is None else bool(value)  # TRL's __post_init__: bf16 unless fp16
-    if fields["fp16"] and on_cpu(fields):  # fp16 training needs a CUDA GradScaler (grpo/models/hardware.py)
+    if fields["fp16"] and on_cpu(fields):  # fp16 training needs a CUDA GradScaler (grpo/machine/hardware.py)
         _set(out, "model.dtype", "float32")
         _note(notes, "fp16", True, "not applied: this run is on the CPU, where grpo-dual trains in float32 "
               "(model.dtype=float32); fp16 training needs a CUDA GPU's gradient scaler")

@@ -1,4 +1,4 @@
-"""Compiling and capturing a decoding step over fixed buffers (the graph engine's, grpo/models/graph_decode.py).
+"""Compiling and capturing a decoding step over fixed buffers (the graph engine's, grpo/decoding/graph_decode.py).
 
     compile   torch.compile(step, fullgraph=True) with a backend that counts its compiles (`counting_backend`):
               (the graph engine compiles on a stand-in whose rows and columns are dynamic: one graph for every shape)

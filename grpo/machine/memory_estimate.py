@@ -227,7 +227,7 @@ class EstimateInputs:
     stop_ids: int = 1
     """Token ids that end a completion (the end-of-turn token and rollout.stop_strings)."""
     graph_kept_bytes: float | None = None
-    """Bytes of decoding buffers the graph engine keeps between rollouts (its slots: grpo/models/graph_decode.py
+    """Bytes of decoding buffers the graph engine keeps between rollouts (its slots: grpo/decoding/graph_decode.py
     `GraphStep.keep_bytes`); None = what the run decides, `graph_cache_budget`."""
     quantized_bytes: float = 0.0
     """Bytes per decoder-linear weight of a checkpoint quantized when saved (GPTQ, AWQ, bitsandbytes); 0 = none."""
@@ -361,7 +361,7 @@ def _larger(a: dict[str, float], b: dict[str, float]) -> dict[str, float]:
 
 
 GRAPH_PROMPT_BUCKET = 64
-"""The graph engine pads prompts to a multiple of this many columns (grpo/models/graph_decode.py PROMPT_BUCKET)."""
+"""The graph engine pads prompts to a multiple of this many columns (grpo/decoding/graph_decode.py PROMPT_BUCKET)."""
 SAMPLER_FP32_TEMPS = 4
 """(rows, vocab) fp32 tensors alive at once in the graph step's sampler: the scores, a warped copy, top-p's sorted
 copy and the race's values; with the hash's int64 bits beside them when the step runs uncompiled."""
@@ -369,7 +369,7 @@ copy and the race's values; with the hash's int64 bits beside them when the step
 
 def graph_slot_bytes(x: EstimateInputs) -> dict[str, float]:
     """The buffers one slot of the graph engine keeps between rollouts, for rows = gen_batch_seqs, the prompt rounded
-    up to GRAPH_PROMPT_BUCKET and new_tokens columns: exactly what grpo/models/graph_decode.py `build_state`
+    up to GRAPH_PROMPT_BUCKET and new_tokens columns: exactly what grpo/decoding/graph_decode.py `build_state`
     allocates (its `state_bytes`; tests/test_memory.py checks the two agree)."""
     s, a = x.shape, act_bytes(x)
     B, N = x.gen_batch_seqs, x.new_tokens

@@ -1,4 +1,4 @@
-"""The one-token decoding steps of the lean loop (grpo/models/decode.py): what runs the model between two sampled tokens.
+"""The one-token decoding steps of the lean loop (grpo/decoding/decode.py): what runs the model between two sampled tokens.
 
     HFSteps    model(next_R1, step mask, positions, DynamicCache): transformers' whole forward, for any model
     FastSteps  the same layers called one by one, for the Llama family (FAST_STEP_ARCHITECTURES):

@@ -1,4 +1,4 @@
-"""The graph engine's buffers (grpo/models/graph_decode.py): every tensor its decoding step reads or writes, laid out
+"""The graph engine's buffers (grpo/decoding/graph_decode.py): every tensor its decoding step reads or writes, laid out
 before the loop (a CUDA graph replays fixed addresses) by `build_state`, which prefills the prompts into them, or
 writes a new rollout into the buffers of an earlier one of the same shape (`into`).
 
@@ -18,8 +18,8 @@ from typing import Any, Sequence
 import torch
 
 from grpo.config import RolloutConfig
+from grpo.decoding.sampling import warpers
 from grpo.models.model_calls import accepts_logits_to_keep, cache_kwarg, position_ids_from_mask, returned_cache
-from grpo.models.sampling import warpers
 
 SAMPLING_FIELDS = ("temperature", "top_k", "top_p", "min_p", "repetition_penalty", "presence_penalty",
                    "frequency_penalty", "min_new_tokens")

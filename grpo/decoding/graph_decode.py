@@ -4,14 +4,14 @@ and, on CUDA, captured as a CUDA graph once per shape of the rollout and replaye
     buffers    K_i, V_i (B, KVH, L, D) zeros, L = P̂ + N: the prompt padded on the left to P̂ (a multiple of
                PROMPT_BUCKET, so shapes repeat from step to step) and N = max_new_tokens columns for the completion;
                out_BN = pad; the step's column n = P̂ + t and t live in device tensors, not in Python
-               (grpo/models/graph_state.py)
+               (grpo/decoding/graph_state.py)
     prefill    the model's own forward over the distinct prompt rows (an RL batch repeats each prompt K times), copied
                into the buffers (row b from distinct row src_B[b]); its last logits start the loop
     step t     scores_BV = logits_BV in fp32, then, in generate's order: repetition penalty (seen_BV: prompt and
                completion tokens), min_new_tokens (stop ids at -inf while t < min_new_tokens), presence / frequency
                penalties (counts_BV: completion tokens), the sanitiser (NaN / ±Inf rows made finite, counted on the
                device), then with sampling the warpers temperature, top-k, top-p, min-p (transformers' own classes)
-               next_B = argmax_v(scores_BV − log E(key_b, t, v))      (the exponential race, grpo/models/sampling.py)
+               next_B = argmax_v(scores_BV − log E(key_b, t, v))      (the exponential race, grpo/decoding/sampling.py)
                         argmax(scores_BV) when greedy
                next_B = pad on rows that stopped;  out[:, t] = next_B;  running_B &= next_B ∉ stop_ids
                logits_BV = the model on next_B at column n: per layer q, k, v from the layer's projections, rotary
@@ -22,7 +22,7 @@ and, on CUDA, captured as a CUDA graph once per shape of the rollout and replaye
 
 Nothing in the step reads a value back to the host, allocates a shape that depends on the data, or branches in Python
 on a tensor: it compiles as one graph (`torch.compile(fullgraph=True)`, tests/test_graph_decode.py checks with
-`torch._dynamo.explain`) and, on CUDA, is captured (`torch.cuda.CUDAGraph`, grpo/models/graph_capture.py) and
+`torch._dynamo.explain`) and, on CUDA, is captured (`torch.cuda.CUDAGraph`, grpo/decoding/graph_capture.py) and
 replayed N times, so a decoding step costs one graph launch instead of a Python-dispatched kernel launch per op.
 Stopped rows keep running (masked), so the shapes never change within a rollout.
 
@@ -64,13 +64,20 @@ import torch
 import torch.nn.functional as F
 
 from grpo.config import RolloutConfig
-from grpo.models.decode import NAN_LOGIT, NEGINF_LOGIT, POSINF_LOGIT, check_keys
-from grpo.models.graph_capture import Captured, counting_backend
-from grpo.models.graph_state import (MUTABLE_FIELDS, DecodeState, StepSampling, build_state, distinct_lists,
-                                     state_bytes, tracer_state)
+from grpo.decoding.decode import NAN_LOGIT, NEGINF_LOGIT, POSINF_LOGIT, check_keys
+from grpo.decoding.decode_steps import fast_steps_blocker
+from grpo.decoding.graph_capture import Captured, counting_backend
+from grpo.decoding.graph_state import (
+    MUTABLE_FIELDS,
+    DecodeState,
+    StepSampling,
+    build_state,
+    distinct_lists,
+    state_bytes,
+    tracer_state,
+)
+from grpo.decoding.sampling import keyed_choice
 from grpo.models.modeling import base_model, generation_mode
-from grpo.models.sampling import keyed_choice
-from grpo.models.decode_steps import fast_steps_blocker
 from grpo.models.tokens import left_pad
 
 PROMPT_BUCKET = 64
@@ -178,8 +185,9 @@ class GraphStep:
     rollout: its compiled forms (one per settings), its kept slots (one per shape) and what it did (`counts`)."""
 
     def __init__(self, model: torch.nn.Module):
-        from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
         import sys
+
+        from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
         base = base_model(model)
         self.model = model
@@ -280,7 +288,7 @@ class GraphStep:
         return freed
 
     def pool(self) -> Any:
-        """The memory pool every CUDA graph of this engine is captured into (grpo/models/graph_capture.py)."""
+        """The memory pool every CUDA graph of this engine is captured into (grpo/decoding/graph_capture.py)."""
         if self._pool is None:
             self._pool = torch.cuda.graph_pool_handle()
         return self._pool

@@ -16,7 +16,7 @@ dropped from the model's batch.
                logits are zeros), so every row draws what it would draw without compaction: the sampler takes its
                random numbers per row whatever the row holds, and the stopped row's draw is replaced by pad_id.
 
-The one-token steps are grpo/models/decode_steps.py's: for the Llama family (Llama, Mistral, Qwen2, Qwen3) the layers are
+The one-token steps are grpo/decoding/decode_steps.py's: for the Llama family (Llama, Mistral, Qwen2, Qwen3) the layers are
 called one by one over KV buffers written in place (`FastSteps`); any other model runs its whole forward per step
 (`HFSteps`). Both give the forward's logits bit for bit.
 
@@ -42,10 +42,10 @@ from typing import Any, Callable, Sequence
 import torch
 
 from grpo.config import RolloutConfig
+from grpo.decoding.decode_steps import make_steps
+from grpo.decoding.sampling import draw, warpers
 from grpo.models.model_calls import accepts_logits_to_keep, cache_kwarg, position_ids_from_mask, returned_cache
 from grpo.models.modeling import base_model, generation_mode
-from grpo.models.sampling import draw, warpers
-from grpo.models.decode_steps import make_steps
 from grpo.models.tokens import left_pad
 
 COMPACT_FRACTION = 0.75
@@ -204,7 +204,7 @@ class LoopSwitches:
     compact: bool = True
     """Drop stopped rows from the model's batch (COMPACT_FRACTION)."""
     fast_steps: bool = True
-    """One-token steps that replay the model's layers (grpo/models/decode_steps.py: FastSteps) where they apply."""
+    """One-token steps that replay the model's layers (grpo/decoding/decode_steps.py: FastSteps) where they apply."""
     share_prefill: bool = True
     """Prefill each distinct prompt once and repeat its cache for its K rows (`distinct_rows`)."""
 
@@ -255,7 +255,7 @@ def decode(model: torch.nn.Module, rows: Sequence[Sequence[int]], rollout: Rollo
     """The lean engine: the new ids of each of `rows` (token ids, unpadded; at most rollout.max_new_tokens each, rows
     that stopped padded with `pad_id` after their stop token, as `generate` pads them) and the sanitiser's count of
     fixed logit rows. Sampled with `rollout`'s settings (`greedy`: argmax), each row from the torch RNG (seed it
-    around the call) or, given `row_keys`, from its own stream (grpo/models/sampling.py).
+    around the call) or, given `row_keys`, from its own stream (grpo/decoding/sampling.py).
 
     On the CPU the result is `generate`'s, token for token. On an accelerator the loop may run up to 7 steps past the
     last stop (see `_sync_every`), which adds padding columns and draws more random numbers, nothing else."""
