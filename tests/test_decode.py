@@ -1,5 +1,5 @@
-"""The lean decoding loop (grpo/decoding/decode.py): transformers' generate token for token, stopped rows dropped from the
-batch, dropout off, and the choice between the two engines."""
+"""The lean decoding loop (grpo/decoding/decode.py): transformers' generate token for token, stopped rows dropped from
+the batch, dropout off, and the choice between the two engines."""
 
 from dataclasses import replace
 
@@ -8,16 +8,11 @@ import torch
 
 from grpo.config import Config, ConfigError, RolloutConfig
 from grpo.core.step_types import Sample
-from grpo.decoding.decode import (
-    CompletionPenaltyProcessor,
-    SanitizeLogitsProcessor,
-    distinct_rows,
-    lean_blocker,
-    sampling_processors,
-)
-from grpo.decoding.sampling import row_keys
+from grpo.decoding.decode import distinct_rows, lean_blocker
+from grpo.decoding.sampling import keyed_choice, row_keys
 from grpo.models.modeling import build_tiny_model, build_tiny_tokenizer
-from grpo.phases.generate import SamplingPlan, choose_engine, generate_rollouts, greedy_complete
+from grpo.models.tokens import left_pad
+from grpo.phases.generate import SamplingPlan, choose_engine, cut_completion, generate_rollouts, greedy_complete
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 CORPUS = ["the answer is yes", "the answer is no", "who was more likely to forget the keys?"] * 5
@@ -47,7 +42,8 @@ def model(request, tok):
 def stops(model, tok):
     """The three tokens the model samples most: as stop ids they end completions at many different lengths."""
     rollout = RolloutConfig(k=K, max_new_tokens=NEW, engine="hf")
-    rollouts, _ = generate_rollouts(model, tok, SAMPLES, rollout, [tok.pad_token_id], plan=SamplingPlan(generator_seed=0))
+    rollouts, _ = generate_rollouts(model, tok, SAMPLES, rollout, [tok.pad_token_id],
+                                    plan=SamplingPlan(generator_seed=0))
     ids, counts = torch.tensor([t for r in rollouts for t in r.completion_ids]).unique(return_counts=True)
     return ids[counts.argsort(descending=True)[:3]].tolist()
 
@@ -75,8 +71,66 @@ def rows_per_forward(model) -> tuple[list[int], object]:
     return sizes, handle
 
 
-SETTINGS = {
-    "plain": {},
+class CompletionPenalty:
+    """Presence and frequency penalties over the completion tokens only, from their definition (OpenAI's API
+    reference): the test's own, independent of the package's sampler."""
+
+    def __init__(self, prompt_len: int, presence: float, frequency: float):
+        self.prompt_len, self.presence, self.frequency = prompt_len, presence, frequency
+
+    def __call__(self, input_ids, scores_BV):
+        completion_BN = input_ids[:, self.prompt_len:]
+        counts_BV = torch.zeros_like(scores_BV)
+        counts_BV.scatter_add_(1, completion_BN, torch.ones_like(completion_BN, dtype=scores_BV.dtype))
+        return scores_BV - self.frequency * counts_BV - self.presence * (counts_BV > 0).to(scores_BV.dtype)
+
+
+class KeyedDraw:
+    """The last processor given row keys: transformers' warpers, then the exponential race over each row's key,
+    returned one-hot so that generate, decoding greedily, emits the drawn token."""
+
+    def __init__(self, keys, prompt_len: int, rollout: RolloutConfig):
+        from transformers import MinPLogitsWarper, TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
+
+        self.keys_B, self.prompt_len = torch.tensor(list(keys)), prompt_len
+        self.warps = [w for w, on in ((TemperatureLogitsWarper(rollout.temperature), rollout.temperature != 1.0),
+                                      (TopKLogitsWarper(max(rollout.top_k, 1)), rollout.top_k > 0),
+                                      (TopPLogitsWarper(rollout.top_p), rollout.top_p < 1.0),
+                                      (MinPLogitsWarper(rollout.min_p), rollout.min_p > 0)) if on]
+
+    def __call__(self, input_ids, scores_BV):
+        for warp in self.warps:
+            scores_BV = warp(input_ids, scores_BV)
+        choice_B = keyed_choice(scores_BV, self.keys_B, int(input_ids.shape[1]) - self.prompt_len)
+        return torch.full_like(scores_BV, float("-inf")).scatter_(1, choice_B[:, None], 0.0)
+
+
+def transformers_reference(model, rows, rollout: RolloutConfig, stops, pad_id: int, *, greedy: bool = False,
+                           keys=None, seed: int = 0) -> list[tuple[tuple[int, ...], bool]]:
+    """(completion ids, stopped) of each row as transformers' own `generate` samples them: its own repetition
+    penalty, min_new_tokens, warpers and multinomial draw (seeded), the completion-only penalties as a caller's
+    processor, or, given row keys, the keyed race as the last processor. What the engines' one sampler must equal."""
+    from transformers import GenerationConfig, LogitsProcessorList
+
+    ids_BP, mask_BP = left_pad(rows, pad_id)
+    P = ids_BP.shape[1]
+    sample = not greedy and keys is None
+    extra = dict(temperature=rollout.temperature, top_k=rollout.top_k, top_p=rollout.top_p,
+                 **({"min_p": rollout.min_p} if rollout.min_p else {})) if sample else {}
+    config = GenerationConfig(do_sample=sample, max_new_tokens=rollout.max_new_tokens,
+                              min_new_tokens=rollout.min_new_tokens, repetition_penalty=rollout.repetition_penalty,
+                              eos_token_id=list(stops), pad_token_id=pad_id, **extra)
+    processors = [CompletionPenalty(P, rollout.presence_penalty, rollout.frequency_penalty)]
+    if keys is not None and not greedy:
+        processors.append(KeyedDraw(keys, P, rollout))
+    with torch.random.fork_rng(devices=[]), torch.no_grad():
+        torch.manual_seed(seed)
+        out = model.generate(input_ids=ids_BP, attention_mask=mask_BP, generation_config=config,
+                             logits_processor=LogitsProcessorList(processors))
+    return [(tuple(ids), stopped) for ids, stopped in (cut_completion(row, stops) for row in out[:, P:].tolist())]
+
+
+SETTINGS = {    "plain": {},
     "warpers": {"temperature": 0.7, "top_k": 20, "top_p": 0.9, "min_p": 0.02, "repetition_penalty": 1.3,
                 "min_new_tokens": 3},
     "penalties": {"temperature": 1.5, "presence_penalty": 0.5, "frequency_penalty": 0.3, "repetition_penalty": 0.8},
@@ -87,7 +141,8 @@ SETTINGS = {
 @pytest.mark.parametrize("steps", ["FastSteps", "HFSteps"])
 @pytest.mark.parametrize("name", sorted(SETTINGS))
 def test_lean_loop_samples_what_generate_samples(model, tok, stops, greedy_stops, name, steps, monkeypatch):
-    """Same seed, same settings: the lean loop and transformers' generate give the same tokens, row for row, also
+    """Same seed, same settings: the lean loop, the hf engine (generate through the one sampler) and transformers'
+    own generate (its processors and sampler: `transformers_reference`) give the same tokens, row for row, also
     after rows stopped and were dropped from the model's batch (here as soon as any row stops, so every setting
     runs through several compactions), with the prefill computed once per distinct prompt. Both kinds of decoding step: the Llama family's FastSteps, and the model's
     whole forward (HFSteps, what every other model gets)."""
@@ -116,9 +171,13 @@ def test_lean_loop_samples_what_generate_samples(model, tok, stops, greedy_stops
                 if name == "greedy":
                     rollouts, _ = greedy_complete(model, tok, SAMPLES, rollout, greedy_stops)
                 else:
-                    rollouts, _ = generate_rollouts(model, tok, SAMPLES, rollout, stops, plan=SamplingPlan(generator_seed=seed))
+                    rollouts, _ = generate_rollouts(model, tok, SAMPLES, rollout, stops,
+                                                    plan=SamplingPlan(generator_seed=seed))
                 out[engine] = [(r.completion_ids, r.stopped) for r in rollouts], list(sizes)
-            assert out["lean"][0] == out["hf"][0], (name, seed)
+            prompts = [r.prompt_ids for r in rollouts]
+            reference = transformers_reference(model, prompts, rollout, greedy_stops if name == "greedy" else stops,
+                                               tok.pad_token_id, greedy=name == "greedy", seed=seed)
+            assert out["lean"][0] == out["hf"][0] == reference, (name, seed)
             lean_sizes = out["lean"][1]
             rows = len(SAMPLES) * (1 if name == "greedy" else K)
             # the prefill computes each distinct prompt once (the K repeats share it), every step the running rows
@@ -145,12 +204,16 @@ def test_distinct_rows_maps_every_row_to_the_first_row_like_it():
 
 
 def test_lean_loop_with_per_completion_keys_equals_generate(model, tok, stops):
-    """The per-completion sampler (grpo/decoding/sampling.py) is one of the caller's processors: same tokens on both."""
+    """The per-completion sampler (grpo/decoding/sampling.py): the same tokens from the lean loop, the hf engine and
+    transformers' own generate with the keyed race as its last processor."""
     keys = row_keys(0, 1, range(len(SAMPLES)), K)
-    out = {engine: generate_rollouts(model, tok, SAMPLES, RolloutConfig(k=K, max_new_tokens=NEW, top_p=0.95,
-                                                                         engine=engine), stops,
+    rollout = RolloutConfig(k=K, max_new_tokens=NEW, top_p=0.95, presence_penalty=0.3)
+    out = {engine: generate_rollouts(model, tok, SAMPLES, replace(rollout, engine=engine), stops,
                                      plan=SamplingPlan(row_keys=keys))[0]
            for engine in ("hf", "lean")}
+    reference = transformers_reference(model, [r.prompt_ids for r in out["lean"]], rollout, stops, tok.pad_token_id,
+                                       keys=keys)
+    assert [(r.completion_ids, r.stopped) for r in out["lean"]] == reference
     assert [r.completion_ids for r in out["lean"]] == [r.completion_ids for r in out["hf"]]
 
 
@@ -183,46 +246,42 @@ def test_dropout_is_off_while_decoding(tok):
     assert model.training
 
 
-def test_the_lean_processors_carry_every_setting(model, tok, monkeypatch):
-    """The processors handed to the loop: generate's, with its values, in its order, ours in between."""
-    from transformers import (
-        MinNewTokensLengthLogitsProcessor,
-        MinPLogitsWarper,
-        RepetitionPenaltyLogitsProcessor,
-        TemperatureLogitsWarper,
-        TopKLogitsWarper,
-        TopPLogitsWarper,
-    )
+def test_the_one_sampler_carries_every_setting(model, tok, monkeypatch):
+    """What every engine hands `next_token`: the rollout section with its values, transformers' warpers in
+    generate's order, the stop ids, the penalties' history where a penalty is on; neutral values add nothing, and
+    greedy decoding drops the warps."""
+    from transformers import MinPLogitsWarper, TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 
     import grpo.decoding.decode as D
+    from grpo.decoding.next_token import StepSampling
 
-    seen = {}
-    original = D.sampling_processors
+    seen = []
+    original = D.next_token
 
-    def spy(rollout, **kw):
-        processors = original(rollout, **kw)
-        seen.update(processors=list(processors), **kw)
-        return processors
+    def spy(scores_BV, sampling, t, **kw):
+        seen.append((sampling, t, kw))
+        return original(scores_BV, sampling, t, **kw)
 
-    monkeypatch.setattr(D, "sampling_processors", spy)
+    monkeypatch.setattr(D, "next_token", spy)
     rollout = RolloutConfig(k=2, temperature=0.7, top_k=5, top_p=0.9, min_p=0.05, repetition_penalty=1.3,
-                            presence_penalty=0.2, max_new_tokens=6, min_new_tokens=2)
+                            presence_penalty=0.2, max_new_tokens=6, min_new_tokens=2, engine="lean")
     rollouts, _ = generate_rollouts(model, tok, SAMPLES, rollout, [4, 5])
-    kinds = [type(p) for p in seen["processors"]]
-    assert kinds == [RepetitionPenaltyLogitsProcessor, MinNewTokensLengthLogitsProcessor, CompletionPenaltyProcessor,
-                     SanitizeLogitsProcessor, TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper,
-                     MinPLogitsWarper]
-    rep, min_new, penalty, _, temp, top_k, top_p, min_p = seen["processors"]
-    assert (rep.penalty, min_new.min_new_tokens, min_new.eos_token_id.tolist()) == (1.3, 2, [4, 5])
-    assert (penalty.presence, temp.temperature, top_k.top_k, top_p.top_p, min_p.min_p) == (0.2, 0.7, 5, 0.9, 0.05)
-    assert (list(seen["stop_ids"]), seen["do_sample"]) == ([4, 5], True)
+    sampling, _, kw = seen[0]
+    assert [type(w) for w in sampling.warps] == [TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper,
+                                                 MinPLogitsWarper]
+    temp, top_k, top_p, min_p = sampling.warps
+    assert (temp.temperature, top_k.top_k, top_p.top_p, min_p.min_p) == (0.7, 5, 0.9, 0.05)
+    assert sampling.rollout is rollout and sampling.do_sample and sampling.stop_ids == (4, 5)
+    assert kw["stops_S"].tolist() == [4, 5] and kw["seen_BV"] is not None and kw["counts_BV"] is not None
+    assert [t for _, t, _ in seen] == list(range(len(seen)))  # one call per token, the step counted from 0
     assert max(len(r.completion_ids) for r in rollouts) <= 6
-    # neutral values add nothing, as in generate; greedy drops the sampling warpers
-    mask = torch.ones(1, 3, dtype=torch.long)
-    neutral = RolloutConfig(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, repetition_penalty=1.0, min_new_tokens=0)
-    at = dict(prompt_len=3, mask_BP=mask, stop_ids=[4])
-    assert sampling_processors(neutral, do_sample=True, **at) == []
-    assert sampling_processors(replace(neutral, temperature=0.5, top_k=3), do_sample=False, **at) == []
+    neutral = RolloutConfig(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0)
+    assert StepSampling(neutral, do_sample=True, stop_ids=(4,), pad_id=0).warps == []
+    hot = replace(neutral, temperature=0.5, top_k=3)
+    assert StepSampling(hot, do_sample=False, stop_ids=(4,), pad_id=0).warps == []
+    seen.clear()
+    generate_rollouts(model, tok, SAMPLES, replace(rollout, repetition_penalty=1.0, presence_penalty=0.0), [4, 5])
+    assert seen[0][2]["seen_BV"] is None and seen[0][2]["counts_BV"] is None  # penalties off: no history kept
 
 
 def test_the_engine_is_chosen_by_what_applies(model, tok):

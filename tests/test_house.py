@@ -266,12 +266,105 @@ def hops_to(target: str, engine: str, tmp_path: Path, monkeypatch) -> list[str]:
 
 
 def test_a_token_is_drawn_three_calls_below_rl_step(tmp_path, monkeypatch):
-    """lean: rl_step -> Generation.generate -> generate_rollouts -> decode, whose loop calls the sampler `draw`;
-    graph: the same down to decode_graph, whose loop runs the step that samples (GraphStep.sample)."""
-    assert hops_to("grpo.decoding.decode.draw", "lean", tmp_path / "lean", monkeypatch) == [
+    """lean: rl_step -> Generation.generate -> generate_rollouts -> decode, whose loop calls the one sampler
+    `next_token`; graph: the same down to decode_graph, whose loop runs the step that samples (GraphStep.sample)."""
+    assert hops_to("grpo.decoding.decode.next_token", "lean", tmp_path / "lean", monkeypatch) == [
         "generate", "generate_rollouts", "decode"]
-    assert hops_to("grpo.decoding.graph_decode.keyed_choice", "graph", tmp_path / "graph", monkeypatch)[:3] == [
+    assert hops_to("grpo.decoding.graph_decode.next_token", "graph", tmp_path / "graph", monkeypatch)[:3] == [
         "generate", "generate_rollouts", "decode_graph"]
+
+
+# ---------------------------------------------------------------------------------------------- one sampler
+SAMPLER = "next_token"
+SAMPLER_CALLERS = {"lean": ("grpo/decoding/decode.py", "decode"),
+                   "graph": ("grpo/decoding/graph_decode.py", "GraphStep.sample"),
+                   "hf": ("grpo/phases/generate.py", "decode_hf")}
+"""Where each engine of rollout.engine draws its tokens: the function that calls `next_token`, itself or through a
+logits processor whose __call__ does (generate's)."""
+SANITISER = ("grpo/decoding/next_token.py", "sanitised")
+SANITISER_MARKS = {"nan_to_num", "NAN_LOGIT", "POSINF_LOGIT", "NEGINF_LOGIT"}
+"""What the logit sanitiser is made of: a function of the decoding code (grpo/decoding/, grpo/phases/) that calls
+nan_to_num or reads one of its replacement values writes a sanitiser."""
+
+
+def functions_of(source: str) -> dict[str, ast.FunctionDef]:
+    """Every function and method of a module by its qualified name (`Class.method`)."""
+    out: dict[str, ast.FunctionDef] = {}
+
+    def visit(body: list[ast.stmt], prefix: str) -> None:
+        for node in body:
+            if isinstance(node, ast.ClassDef):
+                visit(node.body, f"{prefix}{node.name}.")
+            elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                out[f"{prefix}{node.name}"] = node
+                visit(node.body, f"{prefix}{node.name}.")
+
+    visit(ast.parse(source).body, "")
+    return out
+
+
+def called_names(fn: ast.AST) -> set[str]:
+    """The names `fn` calls (`f(...)`, `x.f(...)`: f) and reads (`NAN_LOGIT`, `torch.nan_to_num`: the last part)."""
+    out = set()
+    for node in ast.walk(fn):
+        if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load):
+            out.add(node.id)
+        elif isinstance(node, ast.Attribute):
+            out.add(node.attr)
+    return out
+
+
+def sampler_problems(sources: dict[str, str], callers: dict[str, tuple[str, str]]) -> list[str]:
+    """`next_token` defined anywhere but once; an engine whose sampling function calls neither `next_token` nor a
+    class of the package whose __call__ does; the sanitiser's marks in any function of the decoding code but
+    SANITISER."""
+    functions = {(path, name): fn for path, text in sources.items() for name, fn in functions_of(text).items()}
+    defined = sorted(f"{path}:{name}" for path, name in functions if name.rsplit(".", 1)[-1] == SAMPLER)
+    out = [] if len(defined) == 1 else [f"{SAMPLER} defined {len(defined)} times: {defined}"]
+    sampling_classes = {name.rsplit(".", 1)[0] for (_, name), fn in functions.items()
+                        if name.endswith(".__call__") and SAMPLER in called_names(fn)}
+    for engine, (path, name) in sorted(callers.items()):
+        fn = functions.get((path, name))
+        if fn is None:
+            out.append(f"{engine}: no {name} in {path}")
+        elif not ({SAMPLER} | sampling_classes) & called_names(fn):
+            out.append(f"{engine}: {path}:{name} does not draw through {SAMPLER}")
+    out += sorted(f"the sanitiser written again in {path}:{name}" for (path, name), fn in functions.items()
+                  if path.startswith(("grpo/decoding/", "grpo/phases/")) and (path, name) != SANITISER
+                  and SANITISER_MARKS & called_names(fn))
+    return out
+
+
+def test_every_engine_draws_through_the_one_sampler_and_the_sanitiser_is_written_once():
+    from grpo.phases.generate import ENGINES
+
+    assert set(ENGINES) - {"auto"} == set(SAMPLER_CALLERS)  # every engine has its line
+    sources = {str(p.relative_to(ROOT)): p.read_text() for p in (ROOT / "grpo").rglob("*.py")}
+    assert not sampler_problems(sources, SAMPLER_CALLERS)
+
+
+def test_the_sampler_check_sees_a_second_sampler_an_engine_around_it_and_a_second_sanitiser():
+    good = {"grpo/decoding/next_token.py": ("NAN_LOGIT = -1e4\n"
+                                            "def sanitised(s):\n    return s.nan_to_num(nan=NAN_LOGIT)\n"
+                                            "def next_token(s):\n    return sanitised(s)\n"
+                                            "class Processor:\n    def __call__(self, ids, s):\n"
+                                            "        return next_token(s)\n"),
+            "grpo/decoding/decode.py": "def decode(s):\n    return next_token(s)\n",
+            "grpo/phases/generate.py": "def decode_hf(s):\n    return generate(logits_processor=[Processor()])\n"}
+    callers = {"lean": ("grpo/decoding/decode.py", "decode"), "hf": ("grpo/phases/generate.py", "decode_hf")}
+    assert sampler_problems(good, callers) == []
+    twice = {**good, "grpo/decoding/graph_decode.py": ("class GraphStep:\n    def sample(self, s):\n"
+                                                       "        return torch.nan_to_num(s).argmax(-1)\n"
+                                                       "def next_token(s):\n    return s\n")}
+    assert sampler_problems(twice, {**callers, "graph": ("grpo/decoding/graph_decode.py", "GraphStep.sample")}) == [
+        "next_token defined 2 times: ['grpo/decoding/graph_decode.py:next_token', "
+        "'grpo/decoding/next_token.py:next_token']",
+        "graph: grpo/decoding/graph_decode.py:GraphStep.sample does not draw through next_token",
+        "the sanitiser written again in grpo/decoding/graph_decode.py:GraphStep.sample"]
+    own = {**good, "grpo/phases/generate.py": "def decode_hf(s):\n    return generate(s, do_sample=True)\n"}
+    assert sampler_problems(own, callers) == ["hf: grpo/phases/generate.py:decode_hf does not draw through next_token"]
+    assert sampler_problems(good, {"lean": ("grpo/decoding/decode.py", "gone")}) == [
+        "lean: no gone in grpo/decoding/decode.py"]
 
 
 def calls_below_rl_step(code, tmp_path: Path, *overrides: str) -> list[str]:

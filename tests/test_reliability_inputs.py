@@ -234,31 +234,31 @@ def test_values_at_the_bounds_are_accepted(overrides):
 
 # ----------------------------------------------------------------------- the bounds protect what they say they do
 def test_the_logit_bound_is_the_samplers_replacement_for_inf():
-    from grpo.decoding.decode import NEGINF_LOGIT, POSINF_LOGIT
+    from grpo.decoding.next_token import NEGINF_LOGIT, POSINF_LOGIT
 
     assert POSINF_LOGIT == C.LOGIT_BOUND == -NEGINF_LOGIT == C.MAX_LOGIT_PENALTY
 
 
 def test_sampling_at_every_bound_at_once_stays_finite_and_1e300_did_not():
-    """Logits at ±LOGIT_BOUND through the sampler's own processors at the most extreme accepted settings, a million
-    completion tokens counted: finite, and a valid distribution; values past the config's bounds (1e-300, -1e300)
-    are not."""
-    from grpo.decoding.decode import CompletionPenaltyProcessor, sampling_processors
+    """Logits at ±LOGIT_BOUND through the sampler's own penalties and warps (`next_token` without its sanitiser) at
+    the most extreme accepted settings, a million completion tokens counted: finite, and a valid distribution;
+    values past the config's bounds (1e-300, -1e300) are not."""
+    from grpo.decoding.next_token import StepSampling, penalised, penalty_history, remember, warped
 
     V, P, N = 16, 2, 64
-    ids_BL = torch.cat([torch.zeros(1, P, dtype=torch.long), torch.arange(N).remainder(V // 2)[None]], dim=1)  # half the tokens repeated
+    completion_N = torch.arange(N).remainder(V // 2)  # half the tokens repeated
     logits_BV = torch.linspace(-C.LOGIT_BOUND, C.LOGIT_BOUND, V)[None].float()
 
     def scores(temperature, repetition, presence, frequency, tokens=1e6):
-        out = logits_BV.clone()
-        penalties = CompletionPenaltyProcessor(P, presence, frequency * tokens / N)  # as if each repeat counted 1e6/N
         section = C.RolloutConfig(top_k=0, top_p=1.0, min_p=0.0, min_new_tokens=0)
         # set after construction, past its checks: the values the config refuses are probed here too
         section.temperature, section.repetition_penalty = temperature, repetition
-        for proc in sampling_processors(section, do_sample=True, prompt_len=P, mask_BP=torch.ones(1, P), stop_ids=[0],
-                                        extra=[penalties]):
-            out = proc(ids_BL, out)
-        return out
+        section.presence_penalty, section.frequency_penalty = presence, frequency * tokens / N  # 1e6/N per repeat
+        sampling = StepSampling(section, do_sample=True, stop_ids=(0,), pad_id=0)
+        seen_BV, counts_BV = penalty_history(torch.zeros(1, P, dtype=torch.long), torch.ones(1, P), V, section)
+        for token in completion_N:
+            remember(token.view(1), seen_BV, counts_BV)
+        return warped(penalised(logits_BV.clone(), sampling, N, torch.tensor([0]), seen_BV, counts_BV), sampling)
 
     for repetition in (1 / C.MAX_REPETITION_PENALTY, C.MAX_REPETITION_PENALTY):
         for sign in (1, -1):

@@ -5,12 +5,15 @@ import torch
 
 from grpo.config import ConfigError, ModelConfig, RolloutConfig
 from grpo.core.step_types import Rollout, Sample
-from grpo.decoding.decode import (
+from grpo.decoding.next_token import (
     NAN_LOGIT,
     NEGINF_LOGIT,
     POSINF_LOGIT,
-    CompletionPenaltyProcessor,
-    SanitizeLogitsProcessor,
+    StepSampling,
+    penalised,
+    penalty_history,
+    remember,
+    sanitised,
 )
 from grpo.models.modeling import build_tiny_model, build_tiny_tokenizer
 from grpo.models.tokens import encode_prompt, sft_example
@@ -67,21 +70,37 @@ def repeat(ids, k=2):
 
 def test_penalties_count_completion_tokens_only():
     # prompt = [7, 3], completion so far = [3, 5, 3]
-    processor = CompletionPenaltyProcessor(prompt_len=2, presence=0.5, frequency=0.25)
-    scores = processor(torch.tensor([[7, 3, 3, 5, 3]]), torch.zeros(1, 8))
+    rollout = RolloutConfig(presence_penalty=0.5, frequency_penalty=0.25)
+    sampling = StepSampling(rollout, do_sample=True, stop_ids=(0,), pad_id=0)
+    seen_BV, counts_BV = penalty_history(torch.tensor([[7, 3]]), torch.ones(1, 2), 8, rollout)
+    for token in (3, 5, 3):
+        remember(torch.tensor([token]), seen_BV, counts_BV)
+    scores = penalised(torch.zeros(1, 8), sampling, 3, torch.tensor([0]), seen_BV, counts_BV)
     expected = torch.zeros(1, 8)
     expected[0, 3] = -(2 * 0.25 + 0.5)  # generated twice: 2 × frequency + presence (its prompt copy not counted)
     expected[0, 5] = -(0.25 + 0.5)  # generated once
     # token 7 appears only in the prompt: untouched
-    assert torch.equal(scores, expected)
+    assert seen_BV is None and torch.equal(scores, expected)
+
+
+def test_repetition_penalty_counts_the_prompts_real_tokens_and_the_completion():
+    """CTRL's penalty, by hand: a seen positive logit divided by 1.5, a seen negative one multiplied; the left
+    padding (id 2 under a 0 in the mask) is not seen, as in generate."""
+    rollout = RolloutConfig(repetition_penalty=1.5)
+    sampling = StepSampling(rollout, do_sample=True, stop_ids=(0,), pad_id=0)
+    seen_BV, counts_BV = penalty_history(torch.tensor([[2, 4, 6]]), torch.tensor([[0, 1, 1]]), 8, rollout)
+    remember(torch.tensor([1]), seen_BV, counts_BV)
+    scores = torch.tensor([[3.0, 3.0, 3.0, 3.0, -3.0, 3.0, 0.0, 3.0]])
+    out = penalised(scores, sampling, 1, torch.tensor([0]), seen_BV, counts_BV)
+    assert counts_BV is None and out.tolist() == [[3.0, 2.0, 3.0, 3.0, -4.5, 3.0, 0.0, 3.0]]
 
 
 def test_sanitiser_replaces_nan_and_inf():
-    processor = SanitizeLogitsProcessor()
+    fixed = torch.zeros((), dtype=torch.long)
     scores = torch.tensor([[float("nan"), float("inf"), float("-inf"), 1.5], [0.0, 1.0, 2.0, 3.0]])
-    out = processor(torch.zeros(2, 1, dtype=torch.long), scores)
+    out = sanitised(scores, fixed)
     assert out.tolist() == [[NAN_LOGIT, POSINF_LOGIT, NEGINF_LOGIT, 1.5], [0.0, 1.0, 2.0, 3.0]]
-    assert int(processor.rows_fixed) == 1
+    assert int(fixed) == 1
 
 
 def test_rollouts_are_grouped_per_sample_with_exact_prompt_ids(model, tok, samples):
@@ -108,16 +127,22 @@ def spy_generate(model, monkeypatch) -> dict:
     return seen
 
 
-def test_generation_config_carries_every_setting(model, tok, samples, monkeypatch):
-    """With transformers' generate (rollout.engine=hf); tests/test_decode.py checks the lean loop's processors."""
+def test_generate_applies_every_setting_once_through_the_one_sampler(model, tok, samples, monkeypatch):
+    """With transformers' generate (rollout.engine=hf): its own sampling and processors are off (neutral values passed
+    explicitly, so a model's generation_config.json cannot add them), and its one logits processor carries the
+    section; tests/test_decode.py checks that the tokens are transformers' own processors'."""
+    from grpo.decoding.next_token import NextTokenProcessor
+
     seen = spy_generate(model, monkeypatch)
     rollout = RolloutConfig(k=2, temperature=0.7, top_k=5, top_p=0.9, min_p=0.05, repetition_penalty=1.3,
                             max_new_tokens=6, min_new_tokens=2, engine="hf")
     generate_rollouts(model, tok, samples, rollout, stop_ids=[4, 5])
     config = seen["generation_config"]
-    assert (config.temperature, config.top_k, config.top_p, config.min_p) == (0.7, 5, 0.9, 0.05)
-    assert (config.repetition_penalty, config.max_new_tokens, config.min_new_tokens) == (1.3, 6, 2)
-    assert config.eos_token_id == [4, 5] and config.do_sample is True and config.pad_token_id == tok.pad_token_id
+    assert (config.do_sample, config.repetition_penalty, config.min_new_tokens) == (False, 1.0, 0)
+    assert config.max_new_tokens == 6 and config.eos_token_id == [4, 5] and config.pad_token_id == tok.pad_token_id
+    (sampler,) = seen["logits_processor"]
+    assert type(sampler) is NextTokenProcessor and sampler.sampling.rollout is rollout
+    assert sampler.sampling.do_sample and sampler.sampling.stop_ids == (4, 5) and len(sampler.sampling.warps) == 4
 
 
 def test_each_sampling_setting_changes_behaviour(model, tok, samples):
@@ -214,14 +239,14 @@ def test_rollout_metrics_by_hand():
 def test_an_ignored_setting_is_reported(monkeypatch):
     import transformers
 
-    class DropsMinP(transformers.GenerationConfig):
+    class DropsMinNewTokens(transformers.GenerationConfig):
         def __init__(self, **kwargs):
-            kwargs.pop("min_p", None)
+            kwargs.pop("min_new_tokens", None)
             super().__init__(**kwargs)
 
-    monkeypatch.setattr(transformers, "GenerationConfig", DropsMinP)
-    with pytest.warns(RuntimeWarning, match="min_p"):
-        build_generation_config(RolloutConfig(min_p=0.1), pad_id=0, stop_ids=[1])
+    monkeypatch.setattr(transformers, "GenerationConfig", DropsMinNewTokens)
+    with pytest.warns(RuntimeWarning, match="min_new_tokens"):
+        build_generation_config(RolloutConfig(), pad_id=0, stop_ids=[1])
 
 
 def test_lora_policy_with_checkpointing_generates_and_gets_its_state_back(samples):
@@ -283,30 +308,25 @@ def test_static_cache_and_bucket_padding_sample_the_same_ids(model, tok, samples
         model.train()
 
 
-def test_sanitiser_off_cpu_fixes_bad_rows_without_a_host_sync(monkeypatch):
-    """Off the CPU the sanitiser rewrites bad rows with a select instead of branching on `.any()`; same result."""
+def test_sanitiser_fixes_bad_rows_without_a_host_sync(monkeypatch):
+    """Unless the caller allows a host read, the sanitiser rewrites bad rows with a select instead of branching on
+    `.any()` (the graph engine's step, compiled and captured); the same result as with the read."""
     scores = torch.tensor([[0.0, float("nan"), 1.0], [0.0, float("-inf"), 2.0], [float("inf"), 0.0, 0.0]])
-    cpu = SanitizeLogitsProcessor()(None, scores.clone())
-
-    class FakeDevice:
-        type = "cuda"
-
-    class OffCpu(torch.Tensor):
-        @property
-        def device(self):
-            return FakeDevice()
+    read = sanitised(scores.clone(), torch.zeros((), dtype=torch.long), may_read_host=True)
 
     def no_sync(self):
         raise AssertionError("host sync")
 
-    fake = scores.clone().as_subclass(OffCpu)
     monkeypatch.setattr(torch.Tensor, "__bool__", no_sync)
-    proc = SanitizeLogitsProcessor()
-    out = torch.Tensor.as_subclass(proc(None, fake), torch.Tensor)
+    fixed = torch.zeros((), dtype=torch.long)
+    out = sanitised(scores.clone(), fixed)
     monkeypatch.undo()
-    torch.testing.assert_close(out[[0, 2]], cpu[[0, 2]])  # the bad rows (NaN, +inf) fixed as on the CPU
+    torch.testing.assert_close(out, read)
+    torch.testing.assert_close(out[[0, 2]], read[[0, 2]])  # the bad rows (NaN, +inf) fixed
     torch.testing.assert_close(out[1], scores[1])  # a good row, with its legitimate -inf mask, left alone
-    assert int(proc.rows_fixed) == 2
+    assert int(fixed) == 2
+    clean = torch.tensor([[0.0, 1.0]])
+    assert sanitised(clean, torch.zeros((), dtype=torch.long), may_read_host=True) is clean  # no rewrite at all
 
 
 def test_every_rollout_setting_is_read_by_the_code_it_configures(model, tok, samples):

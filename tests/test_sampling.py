@@ -1,4 +1,5 @@
-"""Batch-invariant sampling (grpo/decoding/sampling.py): the hash, the exponential race, and generate's output per row."""
+"""Batch-invariant sampling (grpo/decoding/sampling.py): the hash, the exponential race, and generate's output per
+row; the one sampler's draws (grpo/decoding/next_token.py) against the distributions its warps and penalties leave."""
 
 from __future__ import annotations
 
@@ -9,8 +10,8 @@ import torch
 
 from grpo.config import RolloutConfig
 from grpo.core.step_types import Sample
+from grpo.decoding.next_token import NextTokenProcessor, StepSampling, next_token
 from grpo.decoding.sampling import (
-    SeededSampler,
     keyed_choice,
     race_scores,
     row_keys,
@@ -64,16 +65,27 @@ def chi_square(picks: torch.Tensor, p: torch.Tensor) -> float:
 
 LOGITS = torch.tensor([3.0, 2.2, 1.5, 1.0, 0.2, -0.5, -1.3, -2.0])
 CHI2_999 = {1: 10.83, 2: 13.82, 3: 16.27, 4: 18.47, 5: 20.52, 6: 22.46, 7: 24.32}
-"""The 0.999 quantiles of chi-square by degrees of freedom: a wrong sampler fails, a right one passes 999 runs in 1000."""
+"""The 0.999 quantiles of chi-square by degrees of freedom: a wrong sampler fails, a right one passes 999 runs in
+1000."""
+
+
+SEEN = (0, 2)
+"""The penalty cases' history: tokens 0 and 2 in the prompt, completion so far [1, 1, 3]."""
 
 
 def expected(name: str) -> torch.Tensor:
-    """The distribution each warper leaves of softmax(LOGITS), worked out from its definition, not from its code."""
+    """The distribution each warp or penalty leaves of softmax(LOGITS), worked out from its definition, not from its
+    code."""
     p = torch.softmax(LOGITS.double(), 0)
     if name == "plain":
         return p
     if name == "temperature 0.7":
         return torch.softmax(LOGITS.double() / 0.7, 0)
+    if name == "repetition 1.5":  # seen positive logits divided by 1.5 (no seen logit is negative here)
+        return torch.softmax(torch.tensor([3.0 / 1.5, 2.2 / 1.5, 1.5 / 1.5, 1.0 / 1.5, 0.2, -0.5, -1.3, -2.0],
+                                          dtype=torch.float64), 0)
+    if name == "presence 0.5, frequency 0.25":  # token 1 twice in the completion, token 3 once; the prompt not
+        return torch.softmax(LOGITS.double() - torch.tensor([0, 2 * 0.25 + 0.5, 0, 0.25 + 0.5, 0, 0, 0, 0]), 0)
     if name == "top-k 3":
         keep = torch.zeros(8, dtype=torch.bool)
         keep[:3] = True  # LOGITS are sorted: the three largest
@@ -87,22 +99,50 @@ def expected(name: str) -> torch.Tensor:
 
 
 SAMPLER_SETTINGS = {"plain": {}, "temperature 0.7": {"temperature": 0.7}, "top-k 3": {"top_k": 3},
-                    "top-p 0.8": {"top_p": 0.8}, "min-p 0.1": {"min_p": 0.1}}
+                    "top-p 0.8": {"top_p": 0.8}, "min-p 0.1": {"min_p": 0.1},
+                    "repetition 1.5": {"repetition_penalty": 1.5},
+                    "presence 0.5, frequency 0.25": {"presence_penalty": 0.5, "frequency_penalty": 0.25}}
 
 
 @pytest.mark.parametrize("name", sorted(SAMPLER_SETTINGS))
 def test_the_draw_follows_the_warped_softmax(name):
-    """10^5 keyed draws from fixed logits through the seeded sampler (Hugging Face's warper, then the race): a
-    chi-square test against the distribution the warper leaves, computed from its definition."""
+    """10^5 keyed draws from fixed logits through the one sampler as generate runs it (`NextTokenProcessor`: the
+    penalties over the prompt [0, 2] and the completion [1, 1, 3], Hugging Face's warper, then the race): a
+    chi-square test against the distribution the warp or penalty leaves, computed from its definition."""
     n = 100_000
     p = expected(name)
-    assert name in ("plain", "temperature 0.7") or (p == 0).any()  # the filters filter something
-    sampler = SeededSampler(row_keys(11, 0, range(n), 1), prompt_len=0, **SAMPLER_SETTINGS[name])
-    onehot = sampler(torch.zeros(n, 0, dtype=torch.long), LOGITS.expand(n, 8).clone())
+    assert name in ("plain", "temperature 0.7") or (p != torch.softmax(LOGITS.double(), 0)).any()  # it acts
+    sampling = StepSampling(RolloutConfig(**SAMPLER_SETTINGS[name]), do_sample=True, stop_ids=(99,), pad_id=99)
+    sampler = NextTokenProcessor(sampling, torch.ones(n, 2), torch.tensor(row_keys(11, 0, range(n), 1)))
+    history = torch.tensor([[*SEEN, 1, 1, 3]]).expand(n, -1)
+    for t in range(4):  # generate hands the processor one more column per step; its history follows; the last counts
+        onehot = sampler(history[:, :2 + t], LOGITS.expand(n, 8).clone())
     picks = onehot.argmax(dim=-1)
     assert torch.equal((onehot == 0).sum(dim=-1), torch.ones(n, dtype=torch.long))  # one-hot: one 0, the rest −inf
     dof = int((p > 0).sum()) - 1
     assert chi_square(picks, p) < CHI2_999[dof], (name, torch.bincount(picks, minlength=8).tolist(), p.tolist())
+
+
+def test_the_one_sampler_draws_greedy_keyed_or_from_the_torch_rng():
+    """`next_token`'s three draws: argmax when greedy, the keyed race given keys (whatever the torch RNG), and
+    multinomial(softmax) from the torch RNG without keys, as generate draws."""
+    scores_BV = torch.randn(6, 50)
+    keys_B = torch.tensor(row_keys(4, 0, range(6), 1))
+    kw = dict(stops_S=torch.tensor([49]), seen_BV=None, counts_BV=None, fixed=torch.zeros((), dtype=torch.long))
+
+    def rule(do_sample: bool) -> StepSampling:
+        return StepSampling(RolloutConfig(), do_sample=do_sample, stop_ids=(49,), pad_id=0)
+
+    assert torch.equal(next_token(scores_BV, rule(False), 0, keys_B=keys_B, **kw), scores_BV.argmax(-1))
+    torch.manual_seed(0)
+    keyed = next_token(scores_BV, rule(True), 3, keys_B=keys_B, **kw)
+    torch.manual_seed(1)
+    assert torch.equal(keyed, next_token(scores_BV, rule(True), 3, keys_B=keys_B, **kw))
+    assert torch.equal(keyed, keyed_choice(scores_BV, keys_B, 3))
+    torch.manual_seed(2)
+    drawn = next_token(scores_BV, rule(True), 0, keys_B=None, **kw)
+    torch.manual_seed(2)
+    assert torch.equal(drawn, torch.multinomial(torch.softmax(scores_BV, -1), 1).squeeze(1))
 
 
 def test_the_draw_follows_the_softmax_of_a_wide_vocabulary():
@@ -156,7 +196,8 @@ SAMPLES = [Sample("fairness", str(i), ({"role": "user", "content": text},))
 
 def seeded(model, tok, samples, indices, step=1, **kw):
     rollout = RolloutConfig(k=3, max_new_tokens=10, min_new_tokens=10, **kw)
-    rollouts, _ = generate_rollouts(model, tok, samples, rollout, plan=SamplingPlan(row_keys=row_keys(0, step, indices, 3)))
+    rollouts, _ = generate_rollouts(model, tok, samples, rollout,
+                                    plan=SamplingPlan(row_keys=row_keys(0, step, indices, 3)))
     return [r.completion_ids for r in rollouts]
 
 
@@ -190,7 +231,8 @@ def test_seeded_token_frequencies_follow_the_model(model, tok):
         p = torch.softmax(model(torch.tensor([prompt])).logits[0, -1].double(), -1)
     n = 600
     rollout = RolloutConfig(k=n, max_new_tokens=1)  # no min_new_tokens: the stop token keeps its probability
-    rollouts, _ = generate_rollouts(model, tok, SAMPLES[:1], rollout, plan=SamplingPlan(row_keys=row_keys(3, 0, [0], n)))
+    rollouts, _ = generate_rollouts(model, tok, SAMPLES[:1], rollout,
+                                    plan=SamplingPlan(row_keys=row_keys(3, 0, [0], n)))
     counts = torch.bincount(torch.tensor([r.completion_ids[0] for r in rollouts]), minlength=p.numel()).double()
     top = torch.argsort(p, descending=True)[:3]  # the three likeliest tokens: observed share within 4.5 sigma
     for v in top.tolist():

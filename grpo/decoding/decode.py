@@ -4,15 +4,13 @@ dropped from the model's batch.
     prefill    logits_U = model(prompt_UP, mask_UP, pos_UP = cumsum(mask) − 1 (0 on padding), logits_to_keep=1) over
                the U distinct prompt rows (an RL batch repeats each prompt K times: U = B / K); the KV cache and
                logits are then gathered back to the B rows (row b takes distinct row src_B[b])
-    step t     scores_BV = processors(seq_BL, logits_BV)       (HF's order: repetition penalty, min-new-tokens mask,
-                                                                ours: penalties, sanitiser; then the warpers
-                                                                temperature, top-k, top-p, min-p)
-               next_B = multinomial(softmax(scores_BV)) when sampling (given per-completion keys, the exponential
-                        race over row b's stream at step t: grpo/models/sampling.draw), argmax(scores_BV) otherwise
+    step t     next_B = next_token(logits_BV, step t)     (grpo/decoding/next_token.py, the one sampler: penalties,
+                                                          sanitiser, warps, then the draw: keyed per row, from the
+                                                          torch RNG as generate draws, or argmax when greedy)
                next_B = pad_id on rows that already stopped;  a row stops when next ∈ stop_ids
                done when every row stopped, or after max_new_tokens tokens
     compaction when the rows still running fall to ≤ COMPACT_FRACTION of the rows the model computes, the KV cache
-               keeps only the running rows. The processors and the sampler still see all B rows (a stopped row's
+               keeps only the running rows. The sampler still sees all B rows (a stopped row's
                logits are zeros), so every row draws what it would draw without compaction: the sampler takes its
                random numbers per row whatever the row holds, and the stopped row's draw is replaced by pad_id.
 
@@ -37,13 +35,13 @@ have many of (K samples of one prompt end at very different lengths). A GPU run 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any, Sequence
 
 import torch
 
 from grpo.config import RolloutConfig
 from grpo.decoding.decode_steps import make_steps
-from grpo.decoding.sampling import draw, warpers
+from grpo.decoding.next_token import StepSampling, next_token, penalty_history, remember
 from grpo.models.model_calls import accepts_logits_to_keep, cache_kwarg, position_ids_from_mask, returned_cache
 from grpo.models.modeling import base_model, generation_mode
 from grpo.models.tokens import left_pad
@@ -62,55 +60,6 @@ GENERATION_FIELDS_NOT_REPLAYED = (
 """GenerationConfig fields that `generate` would take from a model's generation_config.json and that this loop does
 not apply. A model that sets one of them decodes with `generate` under `rollout.engine=auto`
 (see `fields_generate_would_add`)."""
-
-Processor = Callable[[torch.LongTensor, torch.Tensor], torch.Tensor]
-
-NAN_LOGIT = -1e4
-"""NaN logits become this: exp(-1e4 - max) is 0 in fp32, so a NaN token is never picked unless all are NaN, and it
-stays finite after division by any temperature ≥ 1e-30 in fp32 (|x| < 3e38)."""
-POSINF_LOGIT = 1e4
-"""+Inf logits become this: finite, but beats every ordinary logit (|logit| < ~100 in practice)."""
-NEGINF_LOGIT = -1e4
-"""-Inf logits (masks from min_new_tokens, or an overflowing model) become this; a row of all -Inf would otherwise
-make softmax NaN. Like NAN_LOGIT it carries zero probability next to any ordinary logit."""
-
-
-class CompletionPenaltyProcessor:
-    """Presence and frequency penalties over the COMPLETION tokens only (columns ≥ prompt_len of the left-padded
-    batch), so a token that only appears in the prompt is not penalised."""
-
-    def __init__(self, prompt_len: int, presence: float, frequency: float):
-        self.prompt_len, self.presence, self.frequency = prompt_len, presence, frequency
-
-    def __call__(self, input_ids: torch.LongTensor, scores_BV: torch.Tensor) -> torch.Tensor:
-        completion_BN = input_ids[:, self.prompt_len:]
-        counts_BV = torch.zeros_like(scores_BV)
-        counts_BV.scatter_add_(1, completion_BN, torch.ones_like(completion_BN, dtype=scores_BV.dtype))
-        return scores_BV - self.frequency * counts_BV - self.presence * (counts_BV > 0).to(scores_BV.dtype)
-
-
-class SanitizeLogitsProcessor:
-    """Replaces NaN/±Inf logits by finite values; counts the rows it had to fix (without a device sync)."""
-
-    def __init__(self) -> None:
-        self.rows_fixed: torch.Tensor | int = 0
-
-    def __call__(self, input_ids: torch.LongTensor, scores_BV: torch.Tensor) -> torch.Tensor:
-        # One reduction finds the bad rows: a NaN or +Inf anywhere makes the row sum NaN or +Inf. A -Inf alone
-        # (a token masked by min_new_tokens or a bad-words list) is legitimate and left alone. Only when a row is
-        # bad is the whole tensor rewritten, so the common case costs one pass, not two plus a copy.
-        sum_B = scores_BV.sum(dim=-1)
-        bad_B = torch.isnan(sum_B) | (sum_B == float("inf"))
-        self.rows_fixed = self.rows_fixed + bad_B.sum()
-        if scores_BV.device.type != "cpu":
-            # On an accelerator `bool(bad_B.any())` would be a host sync per decoding step, stalling the launch
-            # queue; rewriting the bad rows with a select costs one cheap elementwise pass instead.
-            fixed_BV = torch.nan_to_num(scores_BV, nan=NAN_LOGIT, posinf=POSINF_LOGIT, neginf=NEGINF_LOGIT)
-            return torch.where(bad_B.unsqueeze(-1), fixed_BV, scores_BV)
-        if not bool(bad_B.any()):
-            return scores_BV
-        return torch.nan_to_num(scores_BV, nan=NAN_LOGIT, posinf=POSINF_LOGIT, neginf=NEGINF_LOGIT)
-
 
 def fields_generate_would_add(model: torch.nn.Module) -> list[str]:
     """Names of GENERATION_FIELDS_NOT_REPLAYED that the model's own generation config sets to a non-default value
@@ -144,32 +93,6 @@ def lean_blocker(model: torch.nn.Module, cache_implementation: str, synced_gpus:
     if fields:
         return f"the model's generation_config sets {fields}, which generate applies and the lean loop does not"
     return None
-
-
-def sampling_processors(rollout: RolloutConfig, *, do_sample: bool, prompt_len: int, mask_BP: torch.Tensor,
-                        stop_ids: Sequence[int], extra: Sequence[Processor] = ()) -> list[Processor]:
-    """The processors `generate` builds for the rollout section's repetition penalty, min_new_tokens and (with
-    `do_sample`) temperature, top_k, top_p and min_p, in its order (`_get_logits_processor`), with `extra` (the
-    caller's own processors) where `generate` puts a user's `logits_processor` list: after its processors and before
-    the sampling warpers. Neutral values add nothing, as in `generate`."""
-    from transformers import MinNewTokensLengthLogitsProcessor, RepetitionPenaltyLogitsProcessor
-
-    processors: list[Processor] = []
-    repetition_penalty, min_new_tokens = rollout.repetition_penalty, rollout.min_new_tokens
-    if repetition_penalty != 1.0:
-        padding_lengths_B = (mask_BP != 0).int().argmax(dim=1)  # left padding: the first real column of each row
-        try:
-            processors.append(RepetitionPenaltyLogitsProcessor(repetition_penalty,
-                                                               prompt_ignore_length=padding_lengths_B))
-        except TypeError:  # transformers before `prompt_ignore_length`: its generate does not pass it either
-            processors.append(RepetitionPenaltyLogitsProcessor(repetition_penalty))
-    if min_new_tokens > 0:
-        processors.append(MinNewTokensLengthLogitsProcessor(prompt_len, min_new_tokens, list(stop_ids),
-                                                            device=mask_BP.device))
-    processors.extend(extra)
-    if do_sample:
-        processors.extend(warpers(rollout.temperature, rollout.top_k, rollout.top_p, rollout.min_p))
-    return processors
 
 
 def distinct_rows(ids_BP: torch.Tensor, mask_BP: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
@@ -207,15 +130,6 @@ class LoopSwitches:
     """One-token steps that replay the model's layers (grpo/decoding/decode_steps.py: FastSteps) where they apply."""
     share_prefill: bool = True
     """Prefill each distinct prompt once and repeat its cache for its K rows (`distinct_rows`)."""
-
-
-def ours(rollout: RolloutConfig, prompt_len: int) -> tuple[list[Processor], SanitizeLogitsProcessor]:
-    """The processors every engine runs besides Hugging Face's: the completion-only presence / frequency penalties
-    (when set) and, last, the sanitiser (returned too: it counts the rows it fixed)."""
-    sanitizer = SanitizeLogitsProcessor()
-    penalties = [CompletionPenaltyProcessor(prompt_len, rollout.presence_penalty, rollout.frequency_penalty)] \
-        if rollout.presence_penalty or rollout.frequency_penalty else []
-    return [*penalties, sanitizer], sanitizer
 
 
 def check_keys(row_keys: Sequence[int], rows: Sequence[Sequence[int]]) -> None:
@@ -262,21 +176,19 @@ def decode(model: torch.nn.Module, rows: Sequence[Sequence[int]], rollout: Rollo
     max_new_tokens = rollout.max_new_tokens
     if max_new_tokens < 1:
         raise ValueError(f"decode: max_new_tokens={max_new_tokens}; use at least 1")
-    do_sample = not greedy
+    sampling = StepSampling(rollout, do_sample=not greedy, stop_ids=tuple(int(i) for i in stop_ids), pad_id=int(pad_id))
     device = next(model.parameters()).device
     ids_BP, mask_BP = (x.to(device) for x in left_pad(rows, pad_id))
     prompt_len, B = int(ids_BP.shape[1]), ids_BP.shape[0]
-    extra, sanitizer = ours(rollout, prompt_len)
-    processors = sampling_processors(rollout, do_sample=do_sample, prompt_len=prompt_len, mask_BP=mask_BP,
-                                     stop_ids=stop_ids, extra=extra)
     keys_B = None
-    if row_keys is not None and do_sample:
+    if row_keys is not None and sampling.do_sample:
         check_keys(row_keys, rows)
         keys_B = torch.tensor(list(row_keys), dtype=torch.int64, device=device)
-    stops = torch.tensor([int(i) for i in stop_ids], device=device)
-    pad = torch.tensor(int(pad_id), device=device)
+    stops_S = torch.tensor(sampling.stop_ids, dtype=torch.long, device=device)
+    fixed = torch.zeros((), dtype=torch.long, device=device)
     with generation_mode(model), torch.no_grad():
-        steps, logits_RV, next_pos_R1 = _prefill(model, ids_BP, mask_BP, max_new_tokens, switches)
+        forward_one, logits_RV, next_pos_R1 = _prefill(model, ids_BP, mask_BP, max_new_tokens, switches)
+        seen_BV, counts_BV = penalty_history(ids_BP, mask_BP, logits_RV.shape[-1], rollout)
         sync_every = _sync_every(device)
         rows_R: torch.Tensor | None = None  # the batch rows the model computes; None = all B
         running_B = torch.ones(B, dtype=torch.bool, device=device)
@@ -288,12 +200,12 @@ def decode(model: torch.nn.Module, rows: Sequence[Sequence[int]], rollout: Rollo
             else:
                 logits_BV = logits_RV.new_zeros(B, logits_RV.shape[-1])
                 logits_BV[rows_R] = logits_RV
-            for processor in processors:
-                logits_BV = processor(seq_BL, logits_BV)
-            next_B = draw(logits_BV, keys_B, t) if do_sample else torch.argmax(logits_BV, dim=-1)  # THE SAMPLER
-            next_B = torch.where(running_B, next_B, pad)
+            next_B = next_token(logits_BV, sampling, t, stops_S=stops_S, keys_B=keys_B, seen_BV=seen_BV,
+                                counts_BV=counts_BV, fixed=fixed, may_read_host=device.type == "cpu")
+            next_B = torch.where(running_B, next_B, sampling.pad_id)
+            remember(next_B, seen_BV, counts_BV)
             seq_BL = torch.cat([seq_BL, next_B[:, None]], dim=-1)
-            running_B = running_B & ~torch.isin(next_B, stops)
+            running_B = running_B & ~torch.isin(next_B, stops_S)
             if t == max_new_tokens - 1:
                 break
             if (t + 1) % sync_every == 0:
@@ -303,9 +215,9 @@ def decode(model: torch.nn.Module, rows: Sequence[Sequence[int]], rollout: Rollo
                 computed = B if rows_R is None else int(rows_R.numel())
                 if switches.compact and n_running <= COMPACT_FRACTION * computed:
                     keep_R = (running_B if rows_R is None else running_B[rows_R]).nonzero().squeeze(1)
-                    steps.select(keep_R)
+                    forward_one.select(keep_R)
                     next_pos_R1 = next_pos_R1[keep_R]
                     rows_R = running_B.nonzero().squeeze(1)
-            logits_RV = steps((next_B if rows_R is None else next_B[rows_R])[:, None], next_pos_R1)
+            logits_RV = forward_one((next_B if rows_R is None else next_B[rows_R])[:, None], next_pos_R1)
             next_pos_R1 = next_pos_R1 + 1
-    return seq_BL[:, prompt_len:].tolist(), sanitizer.rows_fixed
+    return seq_BL[:, prompt_len:].tolist(), fixed

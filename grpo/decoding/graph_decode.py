@@ -7,12 +7,9 @@ and, on CUDA, captured as a CUDA graph once per shape of the rollout and replaye
                (grpo/decoding/graph_state.py)
     prefill    the model's own forward over the distinct prompt rows (an RL batch repeats each prompt K times), copied
                into the buffers (row b from distinct row src_B[b]); its last logits start the loop
-    step t     scores_BV = logits_BV in fp32, then, in generate's order: repetition penalty (seen_BV: prompt and
-               completion tokens), min_new_tokens (stop ids at -inf while t < min_new_tokens), presence / frequency
-               penalties (counts_BV: completion tokens), the sanitiser (NaN / ±Inf rows made finite, counted on the
-               device), then with sampling the warpers temperature, top-k, top-p, min-p (transformers' own classes)
-               next_B = argmax_v(scores_BV − log E(key_b, t, v))      (the exponential race, grpo/decoding/sampling.py)
-                        argmax(scores_BV) when greedy
+    step t     next_B = next_token(logits_BV in fp32, t)   (grpo/decoding/next_token.py, the one sampler every engine
+                        calls: the penalties over seen_BV / counts_BV, the sanitiser counting its rows on the device,
+                        the warps, the exponential race over each row's key, or argmax when greedy)
                next_B = pad on rows that stopped;  out[:, t] = next_B;  running_B &= next_B ∉ stop_ids
                logits_BV = the model on next_B at column n: per layer q, k, v from the layer's projections, rotary
                            at each row's position, K_i[:, :, n] = k and V_i[:, :, n] = v written in place, attention
@@ -64,19 +61,18 @@ import torch
 import torch.nn.functional as F
 
 from grpo.config import RolloutConfig
-from grpo.decoding.decode import NAN_LOGIT, NEGINF_LOGIT, POSINF_LOGIT, check_keys
+from grpo.decoding.decode import check_keys
 from grpo.decoding.decode_steps import fast_steps_blocker
 from grpo.decoding.graph_capture import Captured, counting_backend
 from grpo.decoding.graph_state import (
     MUTABLE_FIELDS,
     DecodeState,
-    StepSampling,
     build_state,
     distinct_lists,
     state_bytes,
     tracer_state,
 )
-from grpo.decoding.sampling import keyed_choice
+from grpo.decoding.next_token import StepSampling, next_token, remember
 from grpo.models.modeling import base_model, generation_mode
 from grpo.models.tokens import left_pad
 
@@ -88,8 +84,6 @@ from the mask: the tokens are the same."""
 SYNC_EVERY = 16
 """On an accelerator, decoding steps between host reads of "does any row still run" (each read waits for the queue to
 drain). At most SYNC_EVERY − 1 steps run after the last row stopped; they only write padding."""
-
-NEGINF = float("-inf")
 
 PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 """The linear layers of a Llama-family decoder layer that the step calls (and folds, when they carry LoRA)."""
@@ -209,9 +203,9 @@ class GraphStep:
         self.slots: OrderedDict[tuple, Slot] = OrderedDict()
         """The kept slots, least recently used first, within `keep_bytes` (`trim`)."""
         self.keep_bytes: int | None = None
-        """How many bytes of slots stay between rollouts, decided once by the run on a GPU (grpo/run/assembly/model_loading.py:
-        `choose_graph_memory`, from the memory estimate: what the step's peak phase leaves free); None = at most
-        GRAPH_CACHE_SLOTS times the largest slot."""
+        """How many bytes of slots stay between rollouts, decided once by the run on a GPU
+        (grpo/run/assembly/model_loading.py: `choose_graph_memory`, from the memory estimate: what the step's peak
+        phase leaves free); None = at most GRAPH_CACHE_SLOTS times the largest slot."""
         self._pool: Any = None
         self.uncompilable: set[tuple] = set()
         """The keys (`step_key`) whose compile or captured compiled step failed once: later rollouts take the eager
@@ -304,38 +298,15 @@ class GraphStep:
     # -- the step, as pure tensor code over the state ------------------------------------------------------------
 
     def sample(self, s: DecodeState, sampling: StepSampling) -> None:
-        """Draw step t's token from s.logits_BV into s.out_BN[:, t] and s.next_B; update the running rows and the
-        penalty counts."""
-        scores_BV = s.logits_BV.float()
-        if s.seen_BV is not None:
-            penalty = sampling.rollout.repetition_penalty
-            penalised_BV = torch.where(scores_BV < 0, scores_BV * penalty, scores_BV / penalty)
-            scores_BV = torch.where(s.seen_BV, penalised_BV, scores_BV)
-        if sampling.rollout.min_new_tokens > 0:
-            is_stop_V = torch.isin(torch.arange(scores_BV.shape[-1], device=scores_BV.device), s.stops)
-            scores_BV = torch.where(is_stop_V & (s.t < sampling.rollout.min_new_tokens), NEGINF, scores_BV)
-        if s.counts_BV is not None:
-            scores_BV = (scores_BV - sampling.rollout.frequency_penalty * s.counts_BV
-                         - sampling.rollout.presence_penalty * (s.counts_BV > 0).to(scores_BV.dtype))
-        sum_B = scores_BV.sum(dim=-1)
-        bad_B = torch.isnan(sum_B) | (sum_B == float("inf"))
-        s.fixed.add_(bad_B.sum())
-        fixed_BV = torch.nan_to_num(scores_BV, nan=NAN_LOGIT, posinf=POSINF_LOGIT, neginf=NEGINF_LOGIT)
-        scores_BV = torch.where(bad_B[:, None], fixed_BV, scores_BV)
-        if sampling.do_sample:
-            for warp in sampling.warps:
-                scores_BV = warp(None, scores_BV)
-            next_B = keyed_choice(scores_BV, s.keys_B, s.t)
-        else:
-            next_B = torch.argmax(scores_BV, dim=-1)
+        """Draw step t's token from s.logits_BV with the one sampler (grpo/decoding/next_token.py `next_token`) into
+        s.out_BN[:, t] and s.next_B; update the running rows and the penalties' history."""
+        next_B = next_token(s.logits_BV.float(), sampling, s.t, stops_S=s.stops, keys_B=s.keys_B, seen_BV=s.seen_BV,
+                            counts_BV=s.counts_BV, fixed=s.fixed)
         next_B = torch.where(s.running_B, next_B, sampling.pad_id)
         s.out_BN.index_copy_(1, s.t.view(1), next_B[:, None])
         s.running_B.logical_and_(~torch.isin(next_B, s.stops))
         s.next_B.copy_(next_B)
-        if s.seen_BV is not None:
-            s.seen_BV.scatter_(1, next_B[:, None], True)
-        if s.counts_BV is not None:
-            s.counts_BV.scatter_add_(1, next_B[:, None], torch.ones_like(s.counts_BV[:, :1]))
+        remember(next_B, s.seen_BV, s.counts_BV)
 
     def forward(self, s: DecodeState) -> None:
         """The model on s.next_B at column s.n: its keys / values written in place, s.logits_BV the next logits."""

@@ -13,42 +13,12 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Sequence
 
 import torch
 
-from grpo.config import RolloutConfig
-from grpo.decoding.sampling import warpers
+from grpo.decoding.next_token import StepSampling, penalty_history
 from grpo.models.model_calls import accepts_logits_to_keep, cache_kwarg, position_ids_from_mask, returned_cache
-
-SAMPLING_FIELDS = ("temperature", "top_k", "top_p", "min_p", "repetition_penalty", "presence_penalty",
-                   "frequency_penalty", "min_new_tokens")
-"""The rollout section's fields the step applies (each neutral value adds nothing, as in `generate`)."""
-
-
-@dataclass(frozen=True, eq=False)
-class StepSampling:
-    """One call's sampling: the rollout section (its SAMPLING_FIELDS) and the call's own values."""
-
-    rollout: RolloutConfig
-    do_sample: bool
-    """False = greedy (evaluation): the warpers do not apply."""
-    stop_ids: tuple[int, ...]
-    pad_id: int
-
-    @property
-    def key(self) -> tuple:
-        """What the compiled step depends on (its cache key)."""
-        return (self.do_sample, self.stop_ids, self.pad_id) + tuple(getattr(self.rollout, f) for f in SAMPLING_FIELDS)
-
-    warps: list[Any] = field(init=False, repr=False)
-    """Hugging Face's sampling warpers for these settings (none when greedy), built here, once: building them imports
-    transformers, and an import inside the compiled step is a graph break (torch 2.11's dynamo refuses one of a lazy
-    module, so the step was neither compiled whole nor captured)."""
-
-    def __post_init__(self) -> None:
-        r = self.rollout
-        object.__setattr__(self, "warps", warpers(r.temperature, r.top_k, r.top_p, r.min_p) if self.do_sample else [])
 
 
 @dataclass
@@ -92,8 +62,8 @@ def build_state(model: torch.nn.Module, ids_BP: torch.Tensor, mask_BP: torch.Ten
     src_B = None if distinct is None else torch.tensor(distinct[1], device=device)
     pick = (lambda x: x) if first is None else (lambda x: x[first])
     extra = {"logits_to_keep": 1} if accepts_logits_to_keep(model) else {}
-    out = model(input_ids=pick(ids_BP), attention_mask=pick(prefill_mask),
-                position_ids=pick(pos_BP), **{cache_kwarg(model) or "past_key_values": DynamicCache(config=model.config)},
+    cache_arg = {cache_kwarg(model) or "past_key_values": DynamicCache(config=model.config)}
+    out = model(input_ids=pick(ids_BP), attention_mask=pick(prefill_mask), position_ids=pick(pos_BP), **cache_arg,
                 use_cache=True, **extra)
     cache = returned_cache(out)
     logits_BV = (out.logits[:, -1] if src_B is None else out.logits[src_B, -1]).clone()
@@ -124,16 +94,8 @@ def _with_buffers(into: DecodeState | None, K: list[torch.Tensor], V: list[torch
     """The loop's other buffers for the prefilled K, V and logits: new, or copied into `into`'s (REFILLED_FIELDS)."""
     device = ids_BP.device
     B, P = ids_BP.shape
-    V_size = logits_BV.shape[-1]
     attend_BL = torch.cat([mask_BP.bool(), torch.ones(B, max_new_tokens, dtype=torch.bool, device=device)], dim=1)
-    seen_BV = None
-    if sampling.rollout.repetition_penalty != 1.0:  # the prompt's real tokens count as seen (left padding does not)
-        seen_BV = torch.zeros(B, V_size + 1, dtype=torch.bool, device=device)
-        seen_BV.scatter_(1, torch.where(mask_BP.bool(), ids_BP.clamp(max=V_size), V_size), True)
-        seen_BV = seen_BV[:, :V_size].contiguous()
-    counts_BV = None
-    if sampling.rollout.presence_penalty or sampling.rollout.frequency_penalty:
-        counts_BV = torch.zeros(B, V_size, dtype=torch.float32, device=device)
+    seen_BV, counts_BV = penalty_history(ids_BP, mask_BP, logits_BV.shape[-1], sampling.rollout)
     fresh = DecodeState(K=K, V=V, attend_BL=attend_BL, cols_L=torch.arange(P + max_new_tokens, device=device),
                         logits_BV=logits_BV, next_B=torch.full((B,), sampling.pad_id, dtype=torch.long, device=device),
                         pos_B1=pos_BP[:, -1:] + 1, t=torch.zeros((), dtype=torch.long, device=device),

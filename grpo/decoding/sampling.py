@@ -20,12 +20,13 @@ and a search over 151,936 columns, which inductor's CUDA code generator refused 
 comes from 63 hashed bits rounded once to float32, which keeps 24 significant bits however small U is, so E near 0
 (where the winners are) is as fine-grained as float32 allows; U is held below 1 − 2⁻²⁴, so E ≤ 16.6 stays finite.
 
-The warpers (temperature, top-k, top-p, min-p) are Hugging Face's own classes, applied in generate's order.
+The scores come warped from grpo/decoding/next_token.py `next_token`, the one sampler every engine calls; this module
+is its keyed draw.
 """
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Sequence
 
 import torch
 
@@ -115,53 +116,3 @@ def keyed_choice(scores_BV: torch.Tensor, keys_B: torch.Tensor, t: int | torch.T
         choice_B = torch.where(better_B, index_B + start, choice_B)
     return choice_B
 
-
-def warpers(temperature: float, top_k: int, top_p: float, min_p: float) -> list[Any]:
-    """Hugging Face's sampling warpers for these settings, in `generate`'s order (neutral values add none)."""
-    from transformers import MinPLogitsWarper, TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
-
-    out: list[Any] = []
-    if temperature != 1.0:
-        out.append(TemperatureLogitsWarper(temperature))
-    if top_k:
-        out.append(TopKLogitsWarper(top_k=top_k))
-    if top_p < 1.0:
-        out.append(TopPLogitsWarper(top_p=top_p))
-    if min_p > 0:
-        out.append(MinPLogitsWarper(min_p=min_p))
-    return out
-
-
-def draw(scores_BV: torch.Tensor, keys_B: torch.Tensor | None, t: int) -> torch.Tensor:
-    """The sampled token of each row at decoding step t, from softmax(scores): from the torch RNG as `generate`
-    samples (keys_B None), or from each row's own stream (`keyed_choice`)."""
-    if keys_B is None:
-        return torch.multinomial(torch.softmax(scores_BV, dim=-1), num_samples=1).squeeze(1)
-    return keyed_choice(scores_BV, keys_B, t)
-
-
-class SeededSampler:
-    """A logits processor that samples each row from its own stream and returns one-hot scores (0 at the chosen
-    token, −inf elsewhere), so that `generate` in greedy mode emits exactly the sampled token.
-
-    Use it LAST, with generate's own sampling off (do_sample=False): Hugging Face's non-sampling processors
-    (repetition penalty, min_new_tokens) and the caller's processors run before it, as they would before sampling.
-    """
-
-    def __init__(self, keys: Sequence[int], prompt_len: int, temperature: float = 1.0, top_k: int = 0,
-                 top_p: float = 1.0, min_p: float = 0.0) -> None:
-        self.keys_B = torch.tensor(list(keys), dtype=torch.int64)
-        self.prompt_len = prompt_len
-        self.warpers = warpers(temperature, top_k, top_p, min_p)
-
-    def __call__(self, input_ids: torch.LongTensor, scores_BV: torch.Tensor) -> torch.Tensor:
-        if input_ids.shape[0] != self.keys_B.numel():
-            raise ValueError(f"SeededSampler: {input_ids.shape[0]} rows but {self.keys_B.numel()} keys")
-        for warp in self.warpers:
-            scores_BV = warp(input_ids, scores_BV)
-        if self.keys_B.device != scores_BV.device:  # once: no host-to-device copy on every decoding step
-            self.keys_B = self.keys_B.to(scores_BV.device)
-        t = int(input_ids.shape[1]) - self.prompt_len  # decoding step: 0 for the first new token
-        choice_B = keyed_choice(scores_BV, self.keys_B, t)
-        onehot_BV = torch.full_like(scores_BV, float("-inf"))
-        return onehot_BV.scatter_(1, choice_B[:, None], 0.0)

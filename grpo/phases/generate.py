@@ -1,18 +1,13 @@
 """The generate phase: one batched decode for all prompts × K, cut at the first stop token, as typed `Rollout` records.
 
-`generate_rollouts` calls the engine that `decoder` picks (rollout.engine), and each engine holds its one sampler:
+`generate_rollouts` calls the engine that `decoder` picks (rollout.engine); every engine draws each token by the one
+sampler, grpo/decoding/next_token.py `next_token` (penalties, sanitiser, warps, the draw):
 
-    graph   grpo/models/graph_decode.decode_graph: a fixed-shape step, compiled and (CUDA) captured, sampler inside
-    lean    grpo/models/decode.decode: a Python loop over the model's one-token steps; draws at `# THE SAMPLER`
-    hf      `decode_hf` here: transformers' `generate` (the seeded sampler of grpo/decoding/sampling.py as its last
-            processor when each completion has its own stream)
+    graph   grpo/decoding/graph_decode.decode_graph: a fixed-shape step, compiled and (CUDA) captured, sampler inside
+    lean    grpo/decoding/decode.decode: a Python loop over the model's one-token forwards, `next_token` per token
+    hf      `decode_hf` here: transformers' `generate`, its one logits processor `NextTokenProcessor`
 
     rollouts[i*K:(i+1)*K] are the K completions of samples[i]
-    frequency / presence penalty: logit_j -= c_j · frequency + 1[c_j > 0] · presence, c_j = count of j in the
-        completion so far (prompt excluded)                                   (OpenAI API reference, "Parameter details")
-    sanitiser: NaN → NAN_LOGIT, +Inf → POSINF_LOGIT, -Inf → NEGINF_LOGIT, so the sampler never sees a non-finite value
-    temperature / top-k / top-p / min-p / repetition penalty: Hugging Face's own warpers
-        (note: HF's repetition penalty, unlike the two penalties above, also counts prompt tokens)
 """
 
 from __future__ import annotations
@@ -29,9 +24,9 @@ import torch
 from grpo.config import RolloutConfig
 from grpo.core.registry import Registry
 from grpo.core.step_types import Rollout, Sample
-from grpo.decoding.decode import check_keys, decode, lean_blocker, ours
+from grpo.decoding.decode import check_keys, decode, lean_blocker
 from grpo.decoding.graph_decode import decode_graph, graph_blocker
-from grpo.decoding.sampling import SeededSampler
+from grpo.decoding.next_token import NextTokenProcessor, StepSampling
 from grpo.models.modeling import generation_mode
 from grpo.models.tokens import encode_prompt, left_pad, stop_token_id
 
@@ -46,11 +41,11 @@ decoding step) takes one of a few shapes instead of a new one, and a recompile, 
 Padding is masked and position ids come from the mask, so the sampled ids and their log-probs stay the same."""
 
 ENGINES: Registry[Callable[..., Any] | None] = Registry("rollout.engine", "decoding engine")
-"""How rollouts are decoded, by name (rollout.engine): each a `DecodeEngine` (below); "auto" has none of its own, it picks
-one per call (`choose_engine`)."""
+"""How rollouts are decoded, by name (rollout.engine): each a `DecodeEngine` (below); "auto" has none of its own, it
+picks one per call (`choose_engine`)."""
 ENGINES.register("auto", "graph on CUDA where it applies, else lean where it applies, else hf", None)
-ENGINES.register("lean", "a Python loop over the model's one-token steps, stopped rows dropped (grpo/decoding/decode.py)",
-                 decode)
+ENGINES.register("lean", "a Python loop over the model's one-token forwards, stopped rows dropped "
+                 "(grpo/decoding/decode.py)", decode)
 ENGINES.register("graph", "one fixed-shape step, compiled and (CUDA) captured, replayed per token "
                  "(grpo/decoding/graph_decode.py)", decode_graph)
 
@@ -63,22 +58,19 @@ def _warn_once(message: str) -> None:
         warnings.warn(message, RuntimeWarning, stacklevel=3)
 
 
-def build_generation_config(rollout: RolloutConfig, pad_id: int, stop_ids: Sequence[int], *, do_sample: bool = True,
+def build_generation_config(rollout: RolloutConfig, pad_id: int, stop_ids: Sequence[int], *,
                             cache_implementation: str = "dynamic"):
-    """A GenerationConfig carrying every setting of `rollout` (sampling ones only when `do_sample`); warns (once) if
-    the installed transformers does not know or does not keep one of them, or judges the combination invalid,
-    instead of letting it be dropped silently. Neutral values are passed explicitly, so a model's
-    generation_config.json default (e.g. top_k=20) never sneaks in."""
+    """The GenerationConfig of the hf engine: lengths, stop ids, padding and the KV cache, with generate's own
+    sampling and processors off (do_sample=False, so no warps; repetition_penalty and min_new_tokens neutral): the
+    sampling settings are applied once, by the one logits processor over `next_token` (`decode_hf`). The neutral
+    values are passed explicitly, so a model's generation_config.json default (e.g. do_sample=True,
+    repetition_penalty=1.1) never sneaks in. Warns (once) if the installed transformers does not know or does not
+    keep one of them, or judges the combination invalid."""
     from transformers import GenerationConfig
 
-    wanted: dict[str, Any] = {"do_sample": do_sample, "max_new_tokens": rollout.max_new_tokens,
-                              "min_new_tokens": rollout.min_new_tokens,
-                              "repetition_penalty": rollout.repetition_penalty,
-                              "eos_token_id": [int(i) for i in stop_ids], "pad_token_id": int(pad_id)}
-    if do_sample:
-        wanted.update(temperature=rollout.temperature, top_k=rollout.top_k, top_p=rollout.top_p)
-        if rollout.min_p > 0:  # min_p=0.0 would still add a full-vocabulary softmax per step in transformers
-            wanted["min_p"] = rollout.min_p
+    wanted: dict[str, Any] = {"do_sample": False, "max_new_tokens": rollout.max_new_tokens, "min_new_tokens": 0,
+                              "repetition_penalty": 1.0, "eos_token_id": [int(i) for i in stop_ids],
+                              "pad_token_id": int(pad_id)}
     if cache_implementation != "dynamic":  # None = transformers' default, the dynamic cache
         wanted["cache_implementation"] = cache_implementation
     known = GenerationConfig()
@@ -86,8 +78,7 @@ def build_generation_config(rollout: RolloutConfig, pad_id: int, stop_ids: Seque
     for key, value in wanted.items():
         if not hasattr(known, key) or getattr(config, key, None) != value:
             _warn_once(f"generation setting {key}={value!r} is not supported by the installed transformers and "
-                       "would be ignored; upgrade transformers (pip install -U transformers) or leave it at its "
-                       "neutral value")
+                       "would be ignored; upgrade transformers (pip install -U transformers)")
     try:
         config.validate(strict=True)
     except ValueError as err:
@@ -184,7 +175,8 @@ GREEDY = SamplingPlan(greedy=True)
 
 def generate_rollouts(model, tokenizer, samples: Sequence[Sample], rollout: RolloutConfig,
                       stop_ids: Sequence[int] | None = None, *, system_prompt: str | None = None,
-                      plan: SamplingPlan = SamplingPlan(), synced_gpus: bool = False) -> tuple[list[Rollout], dict[str, float]]:
+                      plan: SamplingPlan = SamplingPlan(),
+                      synced_gpus: bool = False) -> tuple[list[Rollout], dict[str, float]]:
     """`plan.k(rollout)` completions per sample (rollout.k sampled ones, or one greedy one: see `SamplingPlan`) from ONE
     batched decode by the engine `decoder` picks (rollout.engine). `stop_ids`: the ids that end a completion (kept
     as its last id; `grpo.run.assembly.owners.stop_token_ids` resolves rollout.stop_strings); None = the tokenizer's
@@ -207,7 +199,7 @@ def generate_rollouts(model, tokenizer, samples: Sequence[Sample], rollout: Roll
                                               row_keys=plan.row_keys)
 
     rollouts = []
-    for row, (prompt, raw) in enumerate(zip(repeated, completions)):
+    for row, (prompt, raw) in enumerate(zip(repeated, completions, strict=True)):
         ids, stopped = cut_completion(raw, stop_ids)
         rollouts.append(Rollout(sample=samples[row // k], prompt_ids=tuple(prompt), completion_ids=tuple(ids),
                                 text=tokenizer.decode(ids, skip_special_tokens=True), stopped=stopped,
@@ -243,32 +235,29 @@ def decoder(model, rollout: RolloutConfig, greedy: bool, synced_gpus: bool = Fal
     return functools.partial(fn, synced_gpus=synced_gpus) if engine == "hf" else fn
 
 
-@ENGINES.register("hf", "transformers' generate (with the seeded sampler when each completion has its own stream)")
+@ENGINES.register("hf", "transformers' generate, sampling through one logits processor over the one sampler")
 def decode_hf(model, rows: Sequence[Sequence[int]], rollout: RolloutConfig, stop_ids: Sequence[int], pad_id: int, *,
               greedy: bool, row_keys: Sequence[int] | None = None,
               synced_gpus: bool = False) -> tuple[list[list[int]], torch.Tensor | int]:
-    """The hf engine: transformers' `generate` on `rows`, with our processors (`ours`) where it puts a caller's and,
-    given `row_keys`, the seeded sampler (grpo/decoding/sampling.py) drawing each row from its own stream."""
+    """The hf engine: transformers' `generate` on `rows`, its own processors and sampling off, with one logits
+    processor (grpo/decoding/next_token.py `NextTokenProcessor`) that draws each token by `next_token`, as the other
+    engines do: each row from its own stream given `row_keys`, else from the torch RNG as generate would."""
     from transformers import LogitsProcessorList
 
-    do_sample = not greedy
     cache_implementation = "dynamic" if greedy else rollout.cache_implementation
     bucket = STATIC_PROMPT_BUCKET if cache_implementation == "static" else 1
     ids_BP, mask_BP = left_pad(rows, pad_id, multiple_of=bucket)
-    prompt_len = int(ids_BP.shape[1])
-    processors, sanitizer = ours(rollout, prompt_len)
-    if row_keys is not None and do_sample:
+    sampling = StepSampling(rollout, do_sample=not greedy, stop_ids=tuple(int(i) for i in stop_ids), pad_id=int(pad_id))
+    keys_B = None
+    if row_keys is not None and not greedy:
         check_keys(row_keys, rows)
-        # our sampler draws the token (warpers included); generate then only takes its one-hot argmax
-        processors.append(SeededSampler(row_keys, prompt_len, rollout.temperature, rollout.top_k, rollout.top_p,
-                                        rollout.min_p))
-        do_sample = False
-    config = build_generation_config(rollout, pad_id, stop_ids, do_sample=do_sample,
-                                     cache_implementation=cache_implementation)
+        keys_B = torch.tensor(list(row_keys), dtype=torch.int64)
+    sampler = NextTokenProcessor(sampling, mask_BP, keys_B)
+    config = build_generation_config(rollout, pad_id, stop_ids, cache_implementation=cache_implementation)
     device = next(model.parameters()).device
     with generation_mode(model), torch.no_grad():
         out = model.generate(input_ids=ids_BP.to(device), attention_mask=mask_BP.to(device), generation_config=config,
-                             logits_processor=LogitsProcessorList(processors),
+                             logits_processor=LogitsProcessorList([sampler]),
                              **({"synced_gpus": True} if synced_gpus else {}))
     sequences = out if isinstance(out, torch.Tensor) else out.sequences
-    return sequences[:, prompt_len:].tolist(), sanitizer.rows_fixed
+    return sequences[:, ids_BP.shape[1]:].tolist(), sampler.fixed
