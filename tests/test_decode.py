@@ -65,7 +65,7 @@ def greedy_stops(model, tok):
 
 def rows_per_forward(model) -> tuple[list[int], object]:
     """Batch size of every forward (filled in as the model runs) and the hook handle. The LM head runs once per
-    forward on both engines (the lean loop's fast steps call the layers, not the model's forward)."""
+    forward on both engines (the lean loop's layer-by-layer forward calls the layers, not the model's forward)."""
     sizes: list[int] = []
     handle = model.lm_head.register_forward_pre_hook(lambda module, args: sizes.append(int(args[0].shape[0])))
     return sizes, handle
@@ -138,28 +138,29 @@ SETTINGS = {    "plain": {},
 }
 
 
-@pytest.mark.parametrize("steps", ["FastSteps", "HFSteps"])
+@pytest.mark.parametrize("forward_kind", ["LayerForward", "WholeForward"])
 @pytest.mark.parametrize("name", sorted(SETTINGS))
-def test_lean_loop_samples_what_generate_samples(model, tok, stops, greedy_stops, name, steps, monkeypatch):
+def test_lean_loop_samples_what_generate_samples(model, tok, stops, greedy_stops, name, forward_kind, monkeypatch):
     """Same seed, same settings: the lean loop, the hf engine (generate through the one sampler) and transformers'
     own generate (its processors and sampler: `transformers_reference`) give the same tokens, row for row, also
     after rows stopped and were dropped from the model's batch (here as soon as any row stops, so every setting
-    runs through several compactions), with the prefill computed once per distinct prompt. Both kinds of decoding step: the Llama family's FastSteps, and the model's
-    whole forward (HFSteps, what every other model gets)."""
+    runs through several compactions), with the prefill computed once per distinct prompt. Both kinds of one-token
+    forward: the Llama family's LayerForward, and the model's whole forward (WholeForward, what every other model
+    gets)."""
     import grpo.decoding.decode
-    import grpo.decoding.decode_steps
+    import grpo.decoding.token_forward
 
     monkeypatch.setattr(grpo.decoding.decode, "COMPACT_FRACTION", 0.99)
-    if steps == "HFSteps":
-        monkeypatch.setattr(grpo.decoding.decode_steps, "FAST_STEP_ARCHITECTURES", frozenset())
+    if forward_kind == "WholeForward":
+        monkeypatch.setattr(grpo.decoding.token_forward, "LAYER_FORWARD_ARCHITECTURES", frozenset())
     made: list[str] = []
-    shipped = grpo.decoding.decode.make_steps
+    shipped = grpo.decoding.decode.token_forward
 
     def spy(*args, **kwargs):
-        made.append(type(stepper := shipped(*args, **kwargs)).__name__)
-        return stepper
+        made.append(type(forward_one := shipped(*args, **kwargs)).__name__)
+        return forward_one
 
-    monkeypatch.setattr(grpo.decoding.decode, "make_steps", spy)
+    monkeypatch.setattr(grpo.decoding.decode, "token_forward", spy)
     sizes, handle = rows_per_forward(model)
     lengths, shrank = set(), False
     try:
@@ -189,7 +190,7 @@ def test_lean_loop_samples_what_generate_samples(model, tok, stops, greedy_stops
     finally:
         handle.remove()
     assert len(lengths) > 2 and shrank  # rows ended at different lengths, and the lean loop dropped stopped rows
-    assert set(made) == {steps}
+    assert set(made) == {forward_kind}
 
 
 def test_distinct_rows_maps_every_row_to_the_first_row_like_it():

@@ -136,8 +136,8 @@ def test_the_lean_loop_with_fast_steps_decodes_what_generate_decodes(policy, do_
     from grpo.phases.generate import SamplingPlan, generate_rollouts, greedy_complete
 
     made: list[str] = []
-    shipped = grpo.decoding.decode.make_steps
-    monkeypatch.setattr(grpo.decoding.decode, "make_steps",
+    shipped = grpo.decoding.decode.token_forward
+    monkeypatch.setattr(grpo.decoding.decode, "token_forward",
                         lambda *a, **k: made.append(type(s := shipped(*a, **k)).__name__) or s)
     samples = [user("Is the sky blue? Answer yes or no.", 0), user("Say hi.", 1)]
     out = {}
@@ -151,7 +151,7 @@ def test_the_lean_loop_with_fast_steps_decodes_what_generate_decodes(policy, do_
                                           rollout_cfg)
         out[engine] = [(r.completion_ids, r.stopped) for r in rollouts]
     assert out["lean"] == out["hf"]
-    assert made == ["FastSteps"]
+    assert made == ["LayerForward"]
     if not do_sample:  # "No." stops after 3 tokens, "Hello there! ..." runs on: rows leave the batch midway
         assert {stopped for _, stopped in out["lean"]} == {True, False}
 

@@ -1,5 +1,6 @@
-"""The lean loop's decoding steps (grpo/decoding/decode_steps.py): FastSteps, the Llama family's layers called one by one over
-in-place KV buffers, gives the logits of the model's whole forward bit for bit; and it is only used where it applies."""
+"""The lean loop's one-token forwards (grpo/decoding/token_forward.py): LayerForward, the Llama family's layers called
+one by one over in-place KV buffers, gives the logits of the model's whole forward bit for bit; and it is only used
+where it applies."""
 
 import pytest
 import torch
@@ -13,7 +14,7 @@ from transformers import (
     Qwen3Config,
 )
 
-from grpo.decoding.decode_steps import FastSteps, HFSteps, fast_steps_blocker, make_steps
+from grpo.decoding.token_forward import LayerForward, WholeForward, layer_forward_blocker, token_forward
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 V = 97
@@ -52,8 +53,9 @@ def prompt(padded: bool, B: int = 5, P: int = 9, seed: int = 1) -> tuple[torch.T
 
 def run_steps(model, ids_BP, mask_BP, kind: type, n: int = 6, drop_after: int = 2,
               rows_B: torch.Tensor | None = None) -> list[torch.Tensor]:
-    """Prefill, then n steps fed the same tokens; after step `drop_after` rows 1 and 3 leave the batch. `rows_B`: the
-    prefill runs on the given (distinct) rows, and the batch is their rows rows_B (as grpo/decoding/decode.py shares it)."""
+    """Prefill, then n one-token forwards fed the same tokens; after the `drop_after`-th rows 1 and 3 leave the batch.
+    `rows_B`: the prefill runs on the given (distinct) rows, and the batch is their rows rows_B (as
+    grpo/decoding/decode.py shares it)."""
     pos_BP = (mask_BP.cumsum(-1) - 1).clamp(min=0)
     with torch.no_grad():
         out = model(input_ids=ids_BP, attention_mask=None if bool(mask_BP.all()) else mask_BP, position_ids=pos_BP,
@@ -61,17 +63,18 @@ def run_steps(model, ids_BP, mask_BP, kind: type, n: int = 6, drop_after: int = 
         logits = [out.logits[:, -1]]
         if rows_B is not None:
             mask_BP, pos_BP, logits = mask_BP[rows_B], pos_BP[rows_B], [logits[0][rows_B]]
-        steps = (FastSteps(model, out.past_key_values, mask_BP, out.logits.dtype, n, rows_B) if kind is FastSteps
-                 else HFSteps(model, out.past_key_values, mask_BP, out.logits.dtype, rows_B))
+        cache, dtype = out.past_key_values, out.logits.dtype
+        forward_one = (LayerForward(model, cache, mask_BP, dtype, n, rows_B) if kind is LayerForward
+                       else WholeForward(model, cache, mask_BP, dtype, rows_B))
         g = torch.Generator().manual_seed(2)
         next_R1 = torch.randint(1, V, (mask_BP.shape[0], 1), generator=g)
         pos_R1 = pos_BP[:, -1:] + 1
         for t in range(n):
             if t == drop_after:
                 keep_R = torch.tensor([0, 2, 4])
-                steps.select(keep_R)
+                forward_one.select(keep_R)
                 next_R1, pos_R1 = next_R1[keep_R], pos_R1[keep_R]
-            logits.append(steps(next_R1, pos_R1))
+            logits.append(forward_one(next_R1, pos_R1))
             next_R1 = torch.randint(1, V, (next_R1.shape[0], 1), generator=g)
             pos_R1 = pos_R1 + 1
     return logits
@@ -82,16 +85,16 @@ def run_steps(model, ids_BP, mask_BP, kind: type, n: int = 6, drop_after: int = 
 @pytest.mark.parametrize("arch", sorted(CONFIGS))
 def test_fast_steps_give_the_forwards_logits_bit_for_bit(arch, attn, padded):
     model = build(arch, attn)
-    assert fast_steps_blocker(model) is None
+    assert layer_forward_blocker(model) is None
     ids_BP, mask_BP = prompt(padded)
-    fast = run_steps(model, ids_BP, mask_BP, FastSteps)
-    whole = run_steps(model, ids_BP, mask_BP, HFSteps)
+    fast = run_steps(model, ids_BP, mask_BP, LayerForward)
+    whole = run_steps(model, ids_BP, mask_BP, WholeForward)
     assert [x.shape for x in fast] == [x.shape for x in whole]
-    for t, (a, b) in enumerate(zip(fast, whole)):
+    for t, (a, b) in enumerate(zip(fast, whole, strict=True)):
         assert torch.equal(a, b), (arch, attn, padded, t, (a - b).abs().max().item())
 
 
-@pytest.mark.parametrize("kind", [FastSteps, HFSteps])
+@pytest.mark.parametrize("kind", [LayerForward, WholeForward])
 def test_a_prefill_of_the_distinct_rows_gives_the_whole_batchs_logits_bit_for_bit(kind):
     """The lean loop prefills each distinct prompt once and gathers the cache back to the batch's rows (an RL batch
     holds every prompt K times): every step's logits are those of the prefill over all rows, also after rows left
@@ -102,12 +105,12 @@ def test_a_prefill_of_the_distinct_rows_gives_the_whole_batchs_logits_bit_for_bi
     whole = run_steps(model, ids_UP[rows_B], mask_UP[rows_B], kind)
     shared = run_steps(model, ids_UP, mask_UP, kind, rows_B=rows_B)
     assert [x.shape[0] for x in shared] == [5, 5, 5, 3, 3, 3, 3]  # prefill, steps 0-1, then rows 1 and 3 leave
-    for t, (a, b) in enumerate(zip(shared, whole)):  # a matmul over 3 rows may round differently than over 5
-        torch.testing.assert_close(a, b, rtol=0, atol=1e-6, msg=lambda m: f"step {t}: {m}")
+    for t, (a, b) in enumerate(zip(shared, whole, strict=True)):  # a matmul over 3 rows may round differently
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-6, msg=lambda m, t=t: f"step {t}: {m}")
 
 
 def test_fast_steps_run_lora_adapters():
-    """Under PEFT the projections are LoRA layers: FastSteps calls them, so the adapter's contribution is in its
+    """Under PEFT the projections are LoRA layers: LayerForward calls them, so the adapter's contribution is in its
     logits exactly as in the forward's (and it does change them)."""
     from peft import LoraConfig, get_peft_model
 
@@ -118,49 +121,49 @@ def test_fast_steps_run_lora_adapters():
             if "lora_B" in name:
                 p.uniform_(-0.5, 0.5)
     model.eval()
-    assert fast_steps_blocker(model) is None
+    assert layer_forward_blocker(model) is None
     ids_BP, mask_BP = prompt(True)
-    fast = run_steps(model, ids_BP, mask_BP, FastSteps)
-    assert all(torch.equal(a, b) for a, b in zip(fast, run_steps(model, ids_BP, mask_BP, HFSteps)))
+    fast = run_steps(model, ids_BP, mask_BP, LayerForward)
+    assert all(torch.equal(a, b) for a, b in zip(fast, run_steps(model, ids_BP, mask_BP, WholeForward), strict=True))
     with model.disable_adapter():
-        plain = run_steps(model, ids_BP, mask_BP, FastSteps)
+        plain = run_steps(model, ids_BP, mask_BP, LayerForward)
     assert not torch.equal(fast[-1], plain[-1])
 
 
 def test_fast_steps_write_their_cache_in_place():
-    """The KV buffers are allocated once at P + steps columns; a step writes a column, it does not grow a copy."""
+    """The KV buffers are allocated once at P + new_columns columns; a step writes a column, it does not grow a copy."""
     model = build("llama", "sdpa")
     ids_BP, mask_BP = prompt(True)
     out = model(input_ids=ids_BP, attention_mask=mask_BP, past_key_values=DynamicCache(config=model.config),
                 use_cache=True, logits_to_keep=1)
-    steps = FastSteps(model, out.past_key_values, mask_BP, out.logits.dtype, 4)
-    buffers = [K.data_ptr() for K in steps.K]
-    assert steps.K[0].shape[2] == ids_BP.shape[1] + 4
+    forward_one = LayerForward(model, out.past_key_values, mask_BP, out.logits.dtype, 4)
+    buffers = [K.data_ptr() for K in forward_one.K]
+    assert forward_one.K[0].shape[2] == ids_BP.shape[1] + 4
     with torch.no_grad():
         for t in range(4):
-            steps(torch.full((5, 1), 7), torch.full((5, 1), 10 + t))
-    assert [K.data_ptr() for K in steps.K] == buffers and steps.n == ids_BP.shape[1] + 4
+            forward_one(torch.full((5, 1), 7), torch.full((5, 1), 10 + t))
+    assert [K.data_ptr() for K in forward_one.K] == buffers and forward_one.n == ids_BP.shape[1] + 4
 
 
 def test_fast_steps_apply_only_where_they_replay_the_model():
-    assert fast_steps_blocker(build("qwen2", "sdpa")) is None
+    assert layer_forward_blocker(build("qwen2", "sdpa")) is None
     windowed = AutoModelForCausalLM.from_config(MistralConfig(**SIZES, sliding_window=4), attn_implementation="sdpa")
-    assert "sliding-window" in fast_steps_blocker(windowed)
+    assert "sliding-window" in layer_forward_blocker(windowed)
     phi3 = AutoModelForCausalLM.from_config(Phi3Config(**SIZES, pad_token_id=0), attn_implementation="sdpa")
-    assert "Phi3ForCausalLM" in fast_steps_blocker(phi3)
+    assert "Phi3ForCausalLM" in layer_forward_blocker(phi3)
     flex = build("llama", "sdpa")
     flex.config._attn_implementation = "flex_attention"
-    assert "flex_attention" in fast_steps_blocker(flex)
+    assert "flex_attention" in layer_forward_blocker(flex)
     offloaded = build("llama", "sdpa")
     offloaded.model.layers[1]._hf_hook = object()  # what accelerate's device_map attaches to a layer
-    assert "accelerate hooks" in fast_steps_blocker(offloaded)
+    assert "accelerate hooks" in layer_forward_blocker(offloaded)
     ids_BP, mask_BP = prompt(True)
-    for model, kind in ((build("llama", "eager"), FastSteps), (windowed, HFSteps), (phi3, HFSteps)):
+    for model, kind in ((build("llama", "eager"), LayerForward), (windowed, WholeForward), (phi3, WholeForward)):
         out = model(input_ids=ids_BP, attention_mask=mask_BP, past_key_values=DynamicCache(config=model.config),
                     use_cache=True, logits_to_keep=1)
-        assert type(make_steps(model, out.past_key_values, mask_BP, out.logits.dtype, 3)) is kind
-    assert type(make_steps(build("llama", "sdpa"), out.past_key_values, mask_BP, out.logits.dtype, 3,
-                           fast=False)) is HFSteps
+        assert type(token_forward(model, out.past_key_values, mask_BP, out.logits.dtype, 3)) is kind
+    assert type(token_forward(build("llama", "sdpa"), out.past_key_values, mask_BP, out.logits.dtype, 3,
+                           layer_by_layer=False)) is WholeForward
 
 
 def test_fast_steps_empty_the_prefill_cache_layer_by_layer():
@@ -187,6 +190,6 @@ def test_fast_steps_empty_the_prefill_cache_layer_by_layer():
             return func(*args, **(kwargs or {}))
 
     with AliveAtAllocation() as mode:
-        FastSteps(model, out.past_key_values, mask_BP, out.logits.dtype, 4)
+        LayerForward(model, out.past_key_values, mask_BP, out.logits.dtype, 4)
     assert mode.counts[:4] == [4, 4, 2, 2]  # layer 0's K and V buffers, then layer 1's once layer 0 is gone
     assert all(r() is None for r in refs)

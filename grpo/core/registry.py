@@ -3,7 +3,7 @@ classes, specs), each registered once beside its code, that the config check, th
 
     ENGINES = Registry("rollout.engine", "decoding engine")
 
-    @ENGINES.register("lean", "a Python loop over the model's one-token steps")
+    @ENGINES.register("lean", "a Python loop over the model's one-token forwards")
     def decode(...): ...
 
     ENGINES.get(name)      # the registered thing, or a ValueError naming the field and listing the valid names

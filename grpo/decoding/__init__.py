@@ -1,1 +1,2 @@
-"""decoding: the lean loop, the graph engine, the one-token steps and the keyed sampling; the rollouts call it."""
+"""decoding: the one sampler (next_token), the lean loop, the graph engine, the one-token forwards and the keyed
+draw; the rollouts call it."""

@@ -14,9 +14,9 @@ dropped from the model's batch.
                logits are zeros), so every row draws what it would draw without compaction: the sampler takes its
                random numbers per row whatever the row holds, and the stopped row's draw is replaced by pad_id.
 
-The one-token steps are grpo/decoding/decode_steps.py's: for the Llama family (Llama, Mistral, Qwen2, Qwen3) the layers are
-called one by one over KV buffers written in place (`FastSteps`); any other model runs its whole forward per step
-(`HFSteps`). Both give the forward's logits bit for bit.
+The one-token forwards are grpo/decoding/token_forward.py's: for the Llama family (Llama, Mistral, Qwen2, Qwen3) the
+layers are called one by one over KV buffers written in place (`LayerForward`); any other model runs its whole
+forward per token (`WholeForward`). Both give the forward's logits bit for bit.
 
 The shared prefill: the prompt forward is most of a rollout's compute when completions are short (SmolLM2-135M,
 4 prompts × K 8: `python benchmarks/real_model_parts.py` times it). A row's logits and keys / values do not depend
@@ -28,7 +28,7 @@ On the CPU the output equals `model.generate`'s, token for token under the same 
 (tests/test_decode.py: every group of settings, sdpa and eager attention, both kinds of step), which is what lets
 `rollout.engine=auto` use it. What it saves: `generate`'s per-step Python (model-input preparation, processor
 signature inspection, stopping criteria, a 4D attention mask rebuilt on every forward), the forward's own
-bookkeeping and cache concatenation (FastSteps), and the compute of rows that already stopped, which RL rollouts
+bookkeeping and cache concatenation (LayerForward), and the compute of rows that already stopped, which RL rollouts
 have many of (K samples of one prompt end at very different lengths). A GPU run of it has not been measured yet.
 """
 
@@ -40,8 +40,8 @@ from typing import Any, Sequence
 import torch
 
 from grpo.config import RolloutConfig
-from grpo.decoding.decode_steps import make_steps
 from grpo.decoding.next_token import StepSampling, next_token, penalty_history, remember
+from grpo.decoding.token_forward import token_forward
 from grpo.models.model_calls import accepts_logits_to_keep, cache_kwarg, position_ids_from_mask, returned_cache
 from grpo.models.modeling import base_model, generation_mode
 from grpo.models.tokens import left_pad
@@ -126,8 +126,9 @@ class LoopSwitches:
 
     compact: bool = True
     """Drop stopped rows from the model's batch (COMPACT_FRACTION)."""
-    fast_steps: bool = True
-    """One-token steps that replay the model's layers (grpo/decoding/decode_steps.py: FastSteps) where they apply."""
+    layer_forward: bool = True
+    """One-token forwards that replay the model's layers (grpo/decoding/token_forward.py: LayerForward) where they
+    apply."""
     share_prefill: bool = True
     """Prefill each distinct prompt once and repeat its cache for its K rows (`distinct_rows`)."""
 
@@ -140,7 +141,7 @@ def check_keys(row_keys: Sequence[int], rows: Sequence[Sequence[int]]) -> None:
 
 def _prefill(model: torch.nn.Module, ids_BP: torch.Tensor, mask_BP: torch.Tensor, max_new_tokens: int,
              switches: LoopSwitches) -> tuple[Any, torch.Tensor, torch.Tensor]:
-    """The prompt forward (each distinct row once with switches.share_prefill): the one-token steps over its cache,
+    """The prompt forward (each distinct row once with switches.share_prefill): the one-token forward over its cache,
     the last logits of each row and the position of each row's next token."""
     from transformers import DynamicCache
 
@@ -155,12 +156,12 @@ def _prefill(model: torch.nn.Module, ids_BP: torch.Tensor, mask_BP: torch.Tensor
                 attention_mask=prefill_mask if prefill_mask is None or first_U is None else prefill_mask[first_U],
                 position_ids=pos_BP if first_U is None else pos_BP[first_U],
                 **{cache_kwarg(model) or "past_key_values": DynamicCache(config=model.config)}, use_cache=True, **kept)
-    # FastSteps copies the prefill's cache (row b from row src_B[b]) into its own buffers; `out` is dropped when this
+    # LayerForward copies the prefill's cache (row b from row src_B[b]) into its own buffers; `out` is dropped when this
     # returns, and the copy with it
-    steps = make_steps(model, returned_cache(out), mask_BP, out.logits.dtype, max_new_tokens - 1,
-                       fast=switches.fast_steps, rows_B=src_B)
+    forward_one = token_forward(model, returned_cache(out), mask_BP, out.logits.dtype, max_new_tokens - 1,
+                                layer_by_layer=switches.layer_forward, rows_B=src_B)
     logits_RV = out.logits[:, -1] if src_B is None else out.logits[src_B, -1]
-    return steps, logits_RV, pos_BP[:, -1:] + 1
+    return forward_one, logits_RV, pos_BP[:, -1:] + 1
 
 
 def decode(model: torch.nn.Module, rows: Sequence[Sequence[int]], rollout: RolloutConfig, stop_ids: Sequence[int],

@@ -34,7 +34,7 @@ out-of-memory error in the update frees them); greedy calls (evaluation batches,
 Sampling always goes through the batch-invariant sampler (counter-based uniforms per row, step and token): with
 rollout.sampling_rng=per_completion the rows' keys are the run's; otherwise each row's key is drawn from the torch RNG
 at the start of the call, so a seeded call is reproducible. The tokens are exact draws from the same distributions as
-`generate`'s, and, for the same keys, the same tokens as `generate` with the seeded sampler and as the lean loop
+`generate`'s, and, for the same keys, the same tokens as `generate` through the one sampler and as the lean loop
 (tests).
 
 LoRA folded (rollout.fold_lora): a LoRA layer's update is added into a copy of its base weight for the rollout
@@ -45,7 +45,8 @@ forward (grpo/models/logprobs.py), which runs the adapter as it is. What the fol
 log-probs is rounding: `python benchmarks/gpu_check.py` reports the largest difference (its figures:
 benchmarks/RESULTS.md).
 
-Applies where the lean loop's fast steps apply (the Llama family with sdpa or eager attention: `graph_blocker`).
+Applies where the lean loop's layer-by-layer forward applies (the Llama family with sdpa or eager attention:
+`graph_blocker`).
 """
 
 from __future__ import annotations
@@ -62,7 +63,6 @@ import torch.nn.functional as F
 
 from grpo.config import RolloutConfig
 from grpo.decoding.decode import check_keys
-from grpo.decoding.decode_steps import fast_steps_blocker
 from grpo.decoding.graph_capture import Captured, counting_backend
 from grpo.decoding.graph_state import (
     MUTABLE_FIELDS,
@@ -73,6 +73,7 @@ from grpo.decoding.graph_state import (
     tracer_state,
 )
 from grpo.decoding.next_token import StepSampling, next_token, remember
+from grpo.decoding.token_forward import layer_forward_blocker
 from grpo.models.modeling import base_model, generation_mode
 from grpo.models.tokens import left_pad
 
@@ -99,7 +100,7 @@ def sync_every(device: torch.device) -> int:
 
 def graph_blocker(model: torch.nn.Module) -> str | None:
     """Why the graph engine cannot decode for `model` (None = it can)."""
-    blocker = fast_steps_blocker(model)
+    blocker = layer_forward_blocker(model)
     if blocker is not None:
         return blocker
     layer = base_model(model).model.layers[0]

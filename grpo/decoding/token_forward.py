@@ -1,7 +1,8 @@
-"""The one-token decoding steps of the lean loop (grpo/decoding/decode.py): what runs the model between two sampled tokens.
+"""The lean loop's one-token forwards (grpo/decoding/decode.py): what runs the model once per sampled token, from that
+token to the next one's logits.
 
-    HFSteps    model(next_R1, step mask, positions, DynamicCache): transformers' whole forward, for any model
-    FastSteps  the same layers called one by one, for the Llama family (FAST_STEP_ARCHITECTURES):
+    WholeForward  model(next_R1, step mask, positions, DynamicCache): transformers' whole forward, for any model
+    LayerForward  the same layers called one by one, for the Llama family (LAYER_FORWARD_ARCHITECTURES):
                  h = embed(next_R1);  cos, sin = rotary(h, pos_R1)
                  per layer:  x = input_norm(h)
                              q, k, v = q_proj(x), k_proj(x), v_proj(x)  (Qwen3: q_norm / k_norm per head)
@@ -10,7 +11,7 @@
                              h = h + mlp(post_attention_norm(h))
                  logits = lm_head(norm(h))
 
-FastSteps calls the model's own modules (so LoRA layers, quantised linears and patched norms / MLPs run as they
+LayerForward calls the model's own modules (so LoRA layers, quantised linears and patched norms / MLPs run as they
 would) and transformers' own attention function and rotary embedding; what it leaves out is the forward's
 bookkeeping around them: the 4D mask built per forward, the output-capturing hooks, the config-default merging, the
 Cache object, and the KV cache grown by concatenation (a copy of the whole cache per layer per step). Its KV cache is
@@ -28,26 +29,27 @@ import torch
 from grpo.models.model_calls import cache_kwarg, returned_cache
 from grpo.models.modeling import base_model, has_sliding_window
 
-FAST_STEP_ARCHITECTURES = frozenset({"LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM",
-                                     "Qwen3ForCausalLM"})
-"""Causal LMs whose decoder layer is exactly the pre-norm block FastSteps replays (read from transformers' modeling
-files: same attention, rotary, residuals and final norm; Qwen3 adds per-head q/k norms, which FastSteps applies).
-Any other model decodes with HFSteps."""
+LAYER_FORWARD_ARCHITECTURES = frozenset({"LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM",
+                                         "Qwen3ForCausalLM"})
+"""Causal LMs whose decoder layer is exactly the pre-norm block LayerForward replays (read from transformers' modeling
+files: same attention, rotary, residuals and final norm; Qwen3 adds per-head q/k norms, which LayerForward applies).
+Any other model decodes with WholeForward."""
 
-FAST_STEP_ATTENTION = ("sdpa", "eager")
-"""Attention kernels whose masks FastSteps builds itself (boolean for sdpa, additive for eager, as transformers'
-`sdpa_mask` / `eager_mask` build them). Flash and flex take other mask forms: HFSteps."""
+LAYER_FORWARD_ATTENTION = ("sdpa", "eager")
+"""Attention kernels whose masks LayerForward builds itself (boolean for sdpa, additive for eager, as transformers'
+`sdpa_mask` / `eager_mask` build them). Flash and flex take other mask forms: WholeForward."""
 
 
-def fast_steps_blocker(model: torch.nn.Module) -> str | None:
-    """Why FastSteps cannot decode for `model` (None = it can, with the same logits as the model's forward)."""
+def layer_forward_blocker(model: torch.nn.Module) -> str | None:
+    """Why LayerForward cannot decode for `model` (None = it can, with the same logits as the model's forward)."""
     base = base_model(model)
     name = type(base).__name__
-    if name not in FAST_STEP_ARCHITECTURES or not type(base).__module__.startswith("transformers.models."):
-        return f"{name} is not one of the architectures the fast steps replay ({sorted(FAST_STEP_ARCHITECTURES)})"
+    if name not in LAYER_FORWARD_ARCHITECTURES or not type(base).__module__.startswith("transformers.models."):
+        return (f"{name} is not one of the architectures the layer-by-layer forward replays "
+                f"({sorted(LAYER_FORWARD_ARCHITECTURES)})")
     attn = getattr(base.config, "_attn_implementation", None)
-    if attn not in FAST_STEP_ATTENTION:
-        return f"attention implementation {attn!r} (the fast steps build sdpa / eager masks only)"
+    if attn not in LAYER_FORWARD_ATTENTION:
+        return f"attention implementation {attn!r} (the layer-by-layer forward builds sdpa / eager masks only)"
     if has_sliding_window(base.config):
         return "sliding-window attention layers"
     if getattr(base, "use_kernels", False):
@@ -59,8 +61,8 @@ def fast_steps_blocker(model: torch.nn.Module) -> str | None:
     return None
 
 
-class HFSteps:
-    """Each step is one call of the model's whole forward with its DynamicCache (any decoder-only model).
+class WholeForward:
+    """One token a call through the model's whole forward with its DynamicCache (any decoder-only model).
 
     transformers rebuilds a 4D mask from the 2D padding mask on every forward (`create_causal_mask`; its cost on the
     CPU: benchmarks/NOTES.md, the lean decoding loop's row); a one-token query may attend to every cached column that
@@ -77,7 +79,7 @@ class HFSteps:
                 layer.batch_select_indices(rows_B)
         self.model, self.cache, self.cache_arg = model, cache, cache_kwarg(model) or "past_key_values"
         attn_implementation = getattr(model.config, "_attn_implementation", None)
-        plain = attn_implementation in FAST_STEP_ATTENTION and not has_sliding_window(model.config)
+        plain = attn_implementation in LAYER_FORWARD_ATTENTION and not has_sliding_window(model.config)
         self.kind = attn_implementation if plain else "2d"
         self.mask: torch.Tensor | None = None
         if not bool(mask_BP.all()):
@@ -108,14 +110,16 @@ class HFSteps:
             self.mask = self.mask[keep_R]
 
 
-class FastSteps:
-    """The Llama-family decoding step, layer by layer over in-place KV buffers (see the module docstring).
+class LayerForward:
+    """One token a call through the Llama family's layers, one by one, over in-place KV buffers (see the module
+    docstring).
 
-    Built from the prefill's DynamicCache, which it empties: its keys / values are moved into buffers of P + `steps`
+    Built from the prefill's DynamicCache, which it empties: its keys / values are moved into buffers of
+    P + `new_columns`
     columns, layer by layer (row b from the cache's row `rows_B[b]` when given), and every later step writes its
     column in place."""
 
-    def __init__(self, model: torch.nn.Module, cache: Any, mask_BP: torch.Tensor, dtype: torch.dtype, steps: int,
+    def __init__(self, model: torch.nn.Module, cache: Any, mask_BP: torch.Tensor, dtype: torch.dtype, new_columns: int,
                  rows_B: torch.Tensor | None = None):
         from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
@@ -131,8 +135,8 @@ class FastSteps:
         self.K, self.V = [], []
         for layer in cache.layers:
             keys, values = layer.keys, layer.values  # (B, KVH, P, D)
-            K = keys.new_empty(B, keys.shape[1], P + steps, keys.shape[-1])
-            V = values.new_empty(B, values.shape[1], P + steps, values.shape[-1])
+            K = keys.new_empty(B, keys.shape[1], P + new_columns, keys.shape[-1])
+            V = values.new_empty(B, values.shape[1], P + new_columns, values.shape[-1])
             K[:, :, :P], V[:, :, :P] = (keys, values) if rows_B is None else (keys[rows_B], values[rows_B])
             self.K.append(K)
             self.V.append(V)
@@ -140,9 +144,9 @@ class FastSteps:
             # a time on top of the buffers, not the whole prompt cache
             layer.keys = layer.values = None
             del keys, values
-        self.mask: torch.Tensor | None = None  # (B, 1, 1, P + steps), sliced to the columns written
+        self.mask: torch.Tensor | None = None  # (B, 1, 1, P + new_columns), sliced to the columns written
         if not bool(mask_BP.all()):
-            keep = torch.cat([mask_BP.bool(), mask_BP.new_ones(B, steps, dtype=torch.bool)], dim=-1)
+            keep = torch.cat([mask_BP.bool(), mask_BP.new_ones(B, new_columns, dtype=torch.bool)], dim=-1)
             if base.config._attn_implementation == "sdpa":
                 self.mask = keep[:, None, None, :]
             else:
@@ -182,11 +186,11 @@ class FastSteps:
             self.mask = self.mask[keep_R]
 
 
-def make_steps(model: torch.nn.Module, cache: Any, mask_BP: torch.Tensor, dtype: torch.dtype, steps: int,
-               fast: bool = True, rows_B: torch.Tensor | None = None) -> HFSteps | FastSteps:
-    """FastSteps where `fast_steps_blocker` allows it and `fast` is on, else HFSteps. `cache` is the prefill's
-    DynamicCache, `steps` the most decoding steps that will follow; `rows_B`: the cache holds distinct rows only,
-    batch row b is its row rows_B[b] (grpo/models/decode.distinct_rows)."""
-    if fast and fast_steps_blocker(model) is None:
-        return FastSteps(model, cache, mask_BP, dtype, steps, rows_B)
-    return HFSteps(model, cache, mask_BP, dtype, rows_B)
+def token_forward(model: torch.nn.Module, cache: Any, mask_BP: torch.Tensor, dtype: torch.dtype, new_columns: int,
+                  layer_by_layer: bool = True, rows_B: torch.Tensor | None = None) -> WholeForward | LayerForward:
+    """LayerForward where `layer_forward_blocker` allows it and `layer_by_layer` is on, else WholeForward. `cache` is
+    the prefill's DynamicCache, `new_columns` the most one-token forwards that will follow; `rows_B`: the cache holds
+    distinct rows only, batch row b is its row rows_B[b] (grpo/decoding/decode.py `distinct_rows`)."""
+    if layer_by_layer and layer_forward_blocker(model) is None:
+        return LayerForward(model, cache, mask_BP, dtype, new_columns, rows_B)
+    return WholeForward(model, cache, mask_BP, dtype, rows_B)
