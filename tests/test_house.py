@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import functools
 import inspect
 import re
 import sys
@@ -102,7 +103,8 @@ def test_every_module_a_step_imports_is_in_designs_module_table():
 
 
 def test_the_table_check_reads_files_and_folders():
-    text = "| module | line |\n|---|---|\n| `grpo_train.py` | x |\n| `grpo/run/record.py`, `grpo/grading/rubrics/` | y |\n"
+    text = ("| module | line |\n|---|---|\n| `grpo_train.py` | x |\n"
+            "| `grpo/run/record.py`, `grpo/grading/rubrics/` | y |\n")
     assert table_paths(text) == {"grpo_train.py", "grpo/run/record.py", "grpo/grading/rubrics/"}
     assert missing_from_table({"grpo_train", "grpo.run.record", "grpo.run.tracking", "grpo.run"},
                               table_paths(text)) == ["grpo/run/tracking.py"]
@@ -309,7 +311,48 @@ def test_the_grpo_clip_is_six_calls_below_rl_step(tmp_path):
     from grpo.core import losses
 
     assert calls_below_rl_step(losses._clipped_policy_loss.__code__, tmp_path) == [
-        "update", "update_passes", "_backward", "micro_batch_terms", "loss_fn", "_clipped_policy_loss"]
+        "update", "update_passes", "_backward", "micro_batch_terms", "grpo_loss", "_clipped_policy_loss"]
+
+
+def closure_losses(registry) -> list[str]:
+    """Registered policy losses whose function is not a plain module-level def of its own name: a closure or a
+    lambda (`<locals>` in its qualified name), a partial or a renamed function (the module does not hold it under
+    its `__name__`), or a function registered under two names."""
+    out, seen = [], {}
+    for name, spec in registry.items():
+        fn = spec.fn
+        qualname, fn_name = getattr(fn, "__qualname__", ""), getattr(fn, "__name__", "")
+        module = sys.modules.get(getattr(fn, "__module__", ""))
+        if "<locals>" in qualname or qualname != fn_name or getattr(module, fn_name, None) is not fn:
+            out.append(f"{name}: {qualname or repr(fn)} is not a module-level def")
+        elif fn_name in seen:
+            out.append(f"{name}: {fn_name} is {seen[fn_name]}'s function too")
+        seen.setdefault(fn_name, name)
+    return out
+
+
+def test_every_registered_policy_loss_is_a_def_of_its_own():
+    from grpo.core.losses import POLICY_LOSSES
+
+    assert not closure_losses(POLICY_LOSSES)
+
+
+def test_the_loss_check_sees_a_closure_a_partial_and_a_shared_function():
+    from grpo.core import losses
+
+    def factory():
+        def loss_fn(logps_BT, old_logps_BT, advantages_B, mask_BT):
+            return logps_BT, {}
+        return loss_fn
+
+    spec = losses.POLICY_LOSSES["grpo"]
+    crafted = {"closure": dataclasses.replace(spec, fn=factory()),
+               "partial": dataclasses.replace(spec, fn=functools.partial(losses.grpo_loss, clip_low=0.1)),
+               "grpo": spec, "twin": spec}
+    assert closure_losses(crafted) == [
+        "closure: test_the_loss_check_sees_a_closure_a_partial_and_a_shared_function.<locals>.factory.<locals>."
+        "loss_fn is not a module-level def", f"partial: {crafted['partial'].fn!r} is not a module-level def",
+        "twin: grpo_loss is grpo's function too"]
 
 
 # ---------------------------------------------------------------------------------------------- the questions
@@ -388,7 +431,7 @@ def test_every_choice_by_name_is_one_kind_of_registry():
         with pytest.raises(ValueError, match=re.escape(dotted) + r".*use one of \["):
             registry.get("no such name")
         assert all(registry.docs[name] for name in registry), dotted  # every name says what it is in --help
-    assert isinstance(KL_CONTROLLERS, Registry) and isinstance(GRADERS, Registry) and isinstance(POLICY_LOSSES, Registry)
+    assert all(isinstance(r, Registry) for r in (KL_CONTROLLERS, GRADERS, POLICY_LOSSES))
     assert "loss.policy_loss" in REGISTRY_FIELDS and REGISTRY_FIELDS["loss.policy_loss"] is POLICY_LOSSES
     text = registries_help()
     assert all(f"{dotted} (" in text for dotted in REGISTRY_FIELDS if dotted != "loss.policy_loss")
@@ -416,7 +459,8 @@ WINGS = ("grpo.run.trl", "grpo.run.checkpoint", "grpo.run.doctor", "grpo.run.ass
 FACES = (*WINGS, "grpo.phases", "grpo.config")
 LOOP_MODULES = {"grpo.run.record", "grpo.run.tracking", "grpo.run.exits", "grpo.run.api", "grpo.run.trainer"}
 """The loop's own modules at grpo/run/'s top: the Run record, tracking (metrics, progress, the step's timer), how a
-run ends early, train()'s config, TRL's GRPOTrainer surface (its keywords, callbacks and state). The step's owners are built by the assembly and reached through the Run."""
+run ends early, train()'s config, TRL's GRPOTrainer surface (its keywords, callbacks and state). The step's owners
+are built by the assembly and reached through the Run."""
 BEFORE_TORCH = {"grpo.machine.host_resources", "grpo.models.third_party"}
 """What the entry point calls before torch loads (OpenMP's wait policy, warning filters)."""
 MAX_ENTRY_MODULES = 13
@@ -432,7 +476,8 @@ def top_level_imports(source: str, module: str) -> list[tuple[str, list[str]]]:
             if isinstance(n, ast.Import):
                 out.extend((a.name, []) for a in n.names)
             elif isinstance(n, ast.ImportFrom):
-                stem = ".".join(module.split(".")[:-n.level] + ([n.module] if n.module else [])) if n.level else n.module
+                stem = (".".join(module.split(".")[:-n.level] + ([n.module] if n.module else [])) if n.level
+                        else n.module)
                 out.append((stem, [a.name for a in n.names]))
             elif isinstance(n, ast.If) and "TYPE_CHECKING" not in ast.unparse(n.test):
                 visit(n.body)
