@@ -108,7 +108,7 @@ def test_a_checkpoint_older_than_a_config_field_still_resumes():
 
 def test_second_ctrl_c_exits_at_once():
     """The first SIGINT asks for a clean stop after the step; a second one interrupts immediately."""
-    stop = G.StopRequest()
+    stop = G.exits.StopRequest()
     before = signal.getsignal(signal.SIGINT)  # default_int_handler, or SIG_IGN in a background job without job control
     with stop.installed():
         os.kill(os.getpid(), signal.SIGINT)

@@ -464,6 +464,9 @@ are built by the assembly and reached through the Run."""
 BEFORE_TORCH = {"grpo.machine.host_resources", "grpo.models.third_party"}
 """What the entry point calls before torch loads (OpenMP's wait policy, warning filters)."""
 MAX_ENTRY_MODULES = 13
+MAX_ENTRY_NAMES = 20
+"""Names the entry point takes from the project: the wings are read as namespaces (`checkpoint.save_checkpoint`),
+as the config is (`C.Config`), so a reader of grpo_train.py sees where each call goes."""
 
 
 def top_level_imports(source: str, module: str) -> list[tuple[str, list[str]]]:
@@ -497,14 +500,30 @@ def face_names(package: str) -> list[str] | None:
     return None
 
 
+def as_namespaces(imports: list[tuple[str, list[str]]]) -> list[tuple[str, list[str]]]:
+    """`from grpo.run import checkpoint, doctor` as ("grpo.run.checkpoint", []), ("grpo.run.doctor", []): a module
+    imported whole, read as a namespace; other imports as they are."""
+    out: list[tuple[str, list[str]]] = []
+    for module, names in imports:
+        whole = [n for n in names if module.startswith("grpo") and path_of(f"{module}.{n}") is not None]
+        out += [(f"{module}.{n}", []) for n in whole]
+        if len(whole) < len(names) or not names:
+            out.append((module, [n for n in names if n not in whole]))
+    return out
+
+
+def entry_point_names(imports: list[tuple[str, list[str]]]) -> int:
+    """How many names the entry point takes from the project: each name a `from` import binds, 1 for a module."""
+    return sum(len(names) or 1 for module, names in imports if module.startswith("grpo") or module == "grpo_train")
+
+
 def entry_point_problems(imports: list[tuple[str, list[str]]]) -> list[str]:
     """What the entry point imports besides the faces: the wings', the phases', the config's, and the `__all__` of
     each of the loop's modules and of what runs before torch; a name outside its face's `__all__`; more than
-    MAX_ENTRY_MODULES project modules."""
+    MAX_ENTRY_MODULES project modules; more than MAX_ENTRY_NAMES names from the project."""
     out, modules = [], set()
-    for module, names in imports:
-        if module == "grpo" and names == ["config"]:  # `from grpo import config as C`: the package itself
-            module, names = "grpo.config", []
+    names_taken = entry_point_names(imports)
+    for module, names in as_namespaces(imports):
         if not module.startswith("grpo"):
             continue
         modules.add(module)
@@ -517,13 +536,29 @@ def entry_point_problems(imports: list[tuple[str, list[str]]]) -> list[str]:
         out += [f"{module}.{n} is not in its face's __all__" for n in names if n not in (exported or [])]
     if len(modules) > MAX_ENTRY_MODULES:
         out.append(f"{len(modules)} project modules imported (at most {MAX_ENTRY_MODULES}): {sorted(modules)}")
+    if names_taken > MAX_ENTRY_NAMES:
+        out.append(f"{names_taken} names imported from the project (at most {MAX_ENTRY_NAMES}): import a wing as a "
+                   "namespace (`from grpo.run import checkpoint`) and call `checkpoint.save_checkpoint(...)`")
     return out
 
 
 def test_the_entry_point_imports_the_wings_faces():
     imports = top_level_imports((ROOT / "grpo_train.py").read_text(), "grpo_train")
     assert not entry_point_problems(imports)
-    assert {m for m, _ in imports} >= set(WINGS)  # every wing is reached through its face
+    assert {m for m, _ in as_namespaces(imports)} >= set(WINGS)  # every wing is reached through its face
+    assert entry_point_names(imports) <= MAX_ENTRY_NAMES
+
+
+def test_the_entry_point_check_counts_the_names_taken_from_the_project():
+    """A wing read as a namespace is one name; the same wing's functions imported one by one are one name each."""
+    assert as_namespaces([("grpo.run", ["checkpoint", "doctor"]), ("grpo", ["config"]), ("torch", [])]) == [
+        ("grpo.run.checkpoint", []), ("grpo.run.doctor", []), ("grpo.config", []), ("torch", [])]
+    one_by_one = [("grpo.run.checkpoint", face_names("grpo.run.checkpoint")[:MAX_ENTRY_NAMES + 1])]
+    assert len(one_by_one[0][1]) == MAX_ENTRY_NAMES + 1
+    assert entry_point_problems(one_by_one) == [
+        f"{MAX_ENTRY_NAMES + 1} names imported from the project (at most {MAX_ENTRY_NAMES}): import a wing as a "
+        "namespace (`from grpo.run import checkpoint`) and call `checkpoint.save_checkpoint(...)`"]
+    assert not entry_point_problems([("grpo.run", ["checkpoint", "doctor", "assembly", "trl"])])
 
 
 def test_the_entry_point_check_names_what_goes_round_a_face():

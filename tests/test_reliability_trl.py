@@ -598,7 +598,7 @@ def _loadable(folder: Path) -> None:
 @pytest.mark.slow
 def test_optional_writes_that_fail_at_the_end_do_not_stop_the_final_model(user, monkeypatch):
     monkeypatch.setattr("grpo.run.checkpoint.pareto.ParetoFrontier.offer", _full)  # the final model's Pareto point
-    monkeypatch.setattr("grpo_train.plot_run", _full)
+    monkeypatch.setattr("grpo.run.doctor.plot_run", _full)
     code, text = cli_output(["--config", str(user.config), *SMALL])
     assert code == 0 and "Traceback" not in text, text
     assert "warning: could not write the Pareto point of step 2: [Errno 28] No space left on device" in text, text

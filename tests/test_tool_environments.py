@@ -197,7 +197,7 @@ def keep_tokenizer(monkeypatch, fixture):
         fixture.tokenizer = p.tokenizer
         return p
 
-    monkeypatch.setattr(grpo_train, "policy_from_config", policy)
+    monkeypatch.setattr(grpo_train.assembly, "policy_from_config", policy)
 
 
 def test_train_with_an_environment_factory_hands_rewards_the_environments(tmp_path, guesses_sometimes, monkeypatch):

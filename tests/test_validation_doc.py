@@ -289,7 +289,7 @@ def deepspeed(tmp, mp):
 
 def fsdp_unsupported(tmp, mp):
     cfg = C.load_config("demo", ["model.lora=true", "multi.combine=pcgrad"])
-    return raised(G.check_sharding, cfg, SimpleNamespace(grad_scaler=None), SimpleNamespace(world=2))
+    return raised(G.assembly.check_sharding, cfg, SimpleNamespace(grad_scaler=None), SimpleNamespace(world=2))
 
 
 def fsdp_one_process(tmp, mp):
