@@ -612,7 +612,8 @@ def test_optional_writes_that_fail_at_the_end_do_not_stop_the_final_model(user, 
 def test_a_final_save_that_fails_names_the_last_checkpoint_and_resume_auto_writes_it(user, monkeypatch):
     argv = ["--config", str(user.config), *SMALL, "--save_strategy", "steps", "--save_steps", "1"]
     with monkeypatch.context() as patched:
-        patched.setattr("grpo.run.checkpoint.save_resume.save_model_folder", _full)  # the disk fills as the final model is written
+        # the disk fills as the final model is written
+        patched.setattr("grpo.run.checkpoint.save_resume.save_model_folder", _full)
         code, text = cli_output(argv)
     run_dir = user.out / "grpo-dual"
     assert code == 1 and "Traceback" not in text, text

@@ -123,7 +123,7 @@ MULTI_OBJECTIVE_AGGREGATIONS: Registry[Callable[..., torch.Tensor] | None] = Reg
     "loss.multi_objective_aggregation", "multi-objective aggregation")
 """How a task's reward terms reach the advantages, by name (loss.multi_objective_aggregation; TRL's
 multi_objective_aggregation): the function that turns the term matrix into rewards, or None for the task's reward
-itself (grpo/run/step_owners.py Rewarder.advantages)."""
+itself (grpo/run/step_owners.py Rewarder._group_advantages)."""
 MULTI_OBJECTIVE_AGGREGATIONS.register("sum_then_normalize", "the task's reward (loss.reward_aggregation), then group "
                                       "advantages", None)
 
