@@ -55,8 +55,7 @@ DEFAULT_CUDA_OVERHEAD_GB = 0.75
 """CUDA context + cuBLAS workspace of a torch process (NVML's process use minus torch's reserved): the largest
 reading on an H100 (docs/RESULTS.md, "Figures behind constants")."""
 DEFAULT_ALLOCATOR_SLACK = 0.05
-"""Caching-allocator fragmentation: reserved above peak allocated in the measured 8B LoRA step, with a margin
-(docs/RESULTS.md, "Figures behind constants")."""
+"""Caching-allocator fragmentation over peak allocated, with a margin (docs/RESULTS.md, "Figures behind constants")."""
 MIN_K = 2
 """GRPO needs at least two completions per prompt for a group standard deviation."""
 
@@ -174,8 +173,7 @@ def lora_param_count(shape: ModelShape, r: int, targets: tuple[str, ...] | list[
 
 @dataclass(frozen=True)
 class EstimateInputs:
-    """Plain values that decide memory; `grpo/run/assembly/memory_inputs.py: inputs_from_config` builds one from the
-    Config."""
+    """Plain values that decide memory; `grpo/run/assembly/memory_inputs.py: inputs_from_config` builds one."""
 
     shape: ModelShape
     micro_batch_seqs: int
