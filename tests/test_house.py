@@ -1,8 +1,9 @@
 """The house a newcomer walks, read from the source: every module a step imports has its line in
 docs/DESIGN.md's table; no module of the package runs past 600 lines and no function past 60; `Run` holds at
 most 12 fields; a public name names one thing; from `rl_step` to the line that draws a token is three calls; the
-newcomer's questions in DESIGN.md point at the lines that answer them; the entry point imports the wings of grpo/run/
-through their faces, and the wings load in one order. Each check is also run on a crafted case."""
+newcomer's questions in DESIGN.md point at the lines that answer them; every registered policy loss is a def of its
+own, no closure; the entry point imports the wings of grpo/run/ through their faces, as namespaces (at most 20 names
+from the project), and the wings load in one order. Each check is also run on a crafted case."""
 
 from __future__ import annotations
 
