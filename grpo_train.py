@@ -32,82 +32,68 @@ quiet_third_party()  # before a script builds its GRPOConfig: TRL's own default 
 
 import torch  # noqa: E402
 
-from grpo import config as C
-from grpo.phases import evaluate, part_means, pass_at_k_eval, record_measures, run_sft, sft_examples, stratified, unscored
-from grpo.run.api import loaded_model, python_config, with_tools
-from grpo.run.assembly import (ModelPackageMissing, banner, build_owners, check_config, check_inputs,
-                               check_model_available, check_precision, check_sharding, check_start,
-                               choose_graph_memory, fit_prompts, parse_command_line, policy_from_config, prepare_process,
-                               preset_note, processes, relaunch_if_asked, seed_everything, template_less, template_note,
-                               warm_up, with_epochs)
-from grpo.run.checkpoint import (CheckpointError, FinalSaveError, check_resume, discarded_if_unstarted, expand_home,
-                                 last_checkpoint_line, note_command_line, offer_evaluation, offer_final_point,
-                                 optional_write, prepare_run_dir, publish_final, reference_weights, release_run_dir,
-                                 resume, resume_advice, save_checkpoint, save_final_checkpoint, save_final_model,
-                                 save_model_folder, save_reference, settle_best, stops_early, write_final_cards)
-from grpo.run.doctor import build_report, consult_doctor, doctor_line, doctor_stops, format_report, plot_run, start_doctor
-from grpo.run.exits import (RUN_FAILURES, USER_ERRORS, Interrupted, StopRequest, exit_interrupted, signals_raise,
-                             user_error)
-from grpo.run.record import Run, Start, TaskSamples
-from grpo.run.tracking import StepTimer, format_step_line, progress_bar, write_samples, write_scored
-from grpo.run.trainer import (CallbackError, Events, callback_args, check_train_keywords, check_trainer_keywords,
-                              evaluate_now, push_folder, trainer_config)
-from grpo.run.trl import GRPOConfig, error_in_user_terms, trl_log_keys
+from grpo import config as C  # noqa: E402  (after the settings above, as torch)
+from grpo import phases  # noqa: E402
+from grpo.run import api, assembly, checkpoint, doctor, exits, tracking, trainer, trl  # noqa: E402
+from grpo.run.record import Run, Start, TaskSamples  # noqa: E402
+from grpo.run.trainer import CallbackError  # noqa: E402, F401  (`from grpo_train import CallbackError`, as TRL's)
+from grpo.run.trl import GRPOConfig  # noqa: E402, F401  (`from grpo_train import GRPOConfig, GRPOTrainer`)
 
 
 def setup(cfg: C.Config, *, callables: Mapping[str, Callable[..., Any]] | None = None,
           model: tuple[Any, Any] | None = None) -> Run:
     """Build the model, data, optimizer, controllers and trackers of a run; write its resolved config.
 
-    Order: the config is checked against the registries (grpo/run/assembly/config_check.py); the data are loaded and every
-    grader of every task is resolved and tried on a real row (grpo.grading.graders.preflight): a bad source or grader
-    stops the run with DataFileError / GraderError before the run folder is touched or the model loads. Then the
-    run folder, the policy, the rest. `callables`: reward functions by the names rewards.<task> gives them (the
+    Order: the config is checked against the registries (grpo/run/assembly/config_check.py); the data are loaded and
+    every grader of every task is resolved and tried on a real row (grpo.grading.graders.preflight): a bad source or
+    grader stops the run with DataFileError / GraderError before the run folder is touched or the model loads. Then
+    the run folder, the policy, the rest. `callables`: reward functions by the names rewards.<task> gives them (the
     Python entry point, `train`); `model`: an already-loaded (model, tokenizer) to train instead of model.name.
 
     Under `accelerate launch` (several processes) every rank builds the same run (same seed, same weights, same
     prompt order); rank 0 alone logs, evaluates and saves.
     """
-    check_config(cfg)
-    seed_everything(cfg.train.seed)
-    host = prepare_process(cfg.train.threads)
-    dist = processes(cfg.train)
+    assembly.check_config(cfg)
+    assembly.seed_everything(cfg.train.seed)
+    host = assembly.prepare_process(cfg.train.threads)
+    dist = assembly.processes(cfg.train)
     device = dist.device
     name = dist.broadcast(cfg.train.run_name or f"{cfg.preset}-{time.strftime('%Y%m%d-%H%M%S')}")
-    run_dir = expand_home(cfg.train.output_dir) / name  # `~/runs` given where no shell expanded it
-    checked = check_inputs(cfg, callables, dist)  # data, graders, tools: stops here, before the folder or model
-    note = preset_note(cfg, checked.train_rows)
+    run_dir = checkpoint.expand_home(cfg.train.output_dir) / name  # `~/runs` given where no shell expanded it
+    checked = assembly.check_inputs(cfg, callables, dist)  # data, graders, tools: stops here, before folder or model
+    note = assembly.preset_note(cfg, checked.train_rows)
     if note and dist.is_main:
         print(note)
-    disk = check_start(cfg, run_dir, device, dist.is_main, checked.train_rows, checked.draws)  # no-ops named, disk
+    # the no-op settings named, the disk checked
+    disk = assembly.check_start(cfg, run_dir, device, dist.is_main, checked.train_rows, checked.draws)
     made_here = not run_dir.exists() and not cfg.train.run_name  # named after this start's clock: a retry gets another
     if dist.is_main:  # before any expensive work: one run folder, one run (locked until the run ends)
-        prepare_run_dir(run_dir, cfg.checkpoint.resume, cfg.train.overwrite)
+        checkpoint.prepare_run_dir(run_dir, cfg.checkpoint.resume, cfg.train.overwrite)
     dist.barrier()
-    with discarded_if_unstarted(run_dir, dist.is_main and made_here):  # a failed build leaves no empty folder
+    with checkpoint.discarded_if_unstarted(run_dir, dist.is_main and made_here):  # a failed build: no empty folder
         inputs, resume_from = {}, None
         if dist.is_main:  # what the run starts with: a resume goes on only from the same, or names what changed
             inputs = checked.fingerprints(cfg)
             if cfg.checkpoint.resume:
-                resume_from = check_resume(run_dir, cfg, inputs)
+                resume_from = checkpoint.check_resume(run_dir, cfg, inputs)
         resume_from = dist.broadcast(resume_from)
         # the builtin tokenizer learns from prompts and, separately, from completions exactly as they are generated
         # (right after the assistant marker, no leading space)
         every = checked.rows.every
         corpus = [s.messages[-1]["content"] for s in every] + [s.target for s in every if s.target]
-        policy = policy_from_config(cfg.model, device, corpus, seed=cfg.train.seed, loaded=model)
-        train_rows, heldout = fit_prompts(checked.train_rows, checked.heldout, policy, cfg.data, cfg.rollout,
-                                          dist.is_main)
-        choose_graph_memory(cfg, policy, device, dist.is_main)  # the graph engine on a GPU: from the estimate
-        cfg = with_epochs(cfg, train_rows, checked.draws, dist.is_main)  # train.num_epochs: the steps from the rows
-        check_precision(cfg.multi, policy)  # fp16 with gradient surgery: refused
+        policy = assembly.policy_from_config(cfg.model, device, corpus, seed=cfg.train.seed, loaded=model)
+        train_rows, heldout = assembly.fit_prompts(checked.train_rows, checked.heldout, policy, cfg.data,
+                                                   cfg.rollout, dist.is_main)
+        assembly.choose_graph_memory(cfg, policy, device, dist.is_main)  # the graph engine on a GPU: from the estimate
+        cfg = assembly.with_epochs(cfg, train_rows, checked.draws, dist.is_main)  # train.num_epochs: steps from rows
+        assembly.check_precision(cfg.multi, policy)  # fp16 with gradient surgery: refused
         if dist.sharded:  # FSDP2: the parameters become shards in place; the optimizer is built on them below
-            check_sharding(cfg, policy, dist)
+            assembly.check_sharding(cfg, policy, dist)
             dist.shard(policy.model)
             dist.shard(policy.ref_model)
         run = Run(cfg, run_dir, dist, policy, TaskSamples(train_rows, heldout),
                   start=Start(inputs, resume_from, host, disk))
-        build_owners(run, checked)
+        assembly.build_owners(run, checked)
         if dist.is_main:
             (run_dir / "config.json").write_text(C.dumps(cfg))
         if dist.active and not run.generation.per_completion:
@@ -124,19 +110,20 @@ def sft_phase(run: Run) -> list[float]:
     toolbox = run.generation.toolbox
     system = toolbox.system_prompt if toolbox is not None else None  # the prompts the rollouts see
     encode = None if toolbox is None else (lambda messages: toolbox.encode_prompt(run.tokenizer, messages))
-    examples = sft_examples(run.tokenizer, [x for t in run.tasks for x in run.samples.training[t]], system, s.max_target_tokens,
-                            encode=encode)
+    rows = [x for t in run.tasks for x in run.samples.training[t]]
+    examples = phases.sft_examples(run.tokenizer, rows, system, s.max_target_tokens, encode=encode)
     if not examples:  # the banner said so (grpo/run/assembly/console.warm_up)
         run.tracker.log({"sft/skipped": 1.0}, 0)  # the doctor then advises no warm-up
         return []
     if s.max_examples:
-        examples = stratified([x for t in run.tasks for x in run.samples.training[t] if x.target], examples, s.max_examples)
-    losses = run_sft(run.policy, examples, s, device=run.device, seed=run.cfg.train.seed,
-                     progress=lambda it: progress_bar(it, "SFT", enabled=run.dist.is_main), dist=run.dist)
+        examples = phases.stratified([x for x in rows if x.target], examples, s.max_examples)
+    losses = phases.run_sft(run.policy, examples, s, device=run.device, seed=run.cfg.train.seed,
+                            progress=lambda it: tracking.progress_bar(it, "SFT", enabled=run.dist.is_main),
+                            dist=run.dist)
     run.updater.after_sft(run.cfg.train.seed)  # RL is regularised towards the SFT model from here on
-    weights = reference_weights(run.policy, run.dist)  # a collective when sharded
+    weights = checkpoint.reference_weights(run.policy, run.dist)  # a collective when sharded
     if run.dist.is_main:
-        save_reference(run.run_dir, weights)
+        checkpoint.save_reference(run.run_dir, weights)
     run.dist.barrier()
     run.tracker.log({"sft/loss_first": losses[0], "sft/loss_last": losses[-1], **memory_metrics(run.device)}, 0)
     return losses
@@ -150,9 +137,10 @@ def evaluate_phase(run: Run, tag: str) -> dict[str, float]:
     if not dist.is_main and not dist.sharded:
         dist.barrier()
         return {}
-    scorer = (lambda rollouts: run.rewarder.score(rollouts)[0]) if dist.is_main else unscored
-    results, scored = evaluate(run.policy.model, run.tokenizer, run.samples.heldout, run.cfg.rollout, run.generation.stop_ids,
-                               scorer, synced_gpus=dist.sharded, tools=run.generation.toolbox)
+    scorer = (lambda rollouts: run.rewarder.score(rollouts)[0]) if dist.is_main else phases.unscored
+    results, scored = phases.evaluate(run.policy.model, run.tokenizer, run.samples.heldout, run.cfg.rollout,
+                                      run.generation.stop_ids, scorer, synced_gpus=dist.sharded,
+                                      tools=run.generation.toolbox)
     dist.reshard(run.policy.model)
     offered = tag.startswith("step_")  # RL checkpoints compete for the Pareto frontier (after_rl's: `finish`)
     state = dist.full_state(run.policy.model) if dist.sharded and offered else None
@@ -161,15 +149,16 @@ def evaluate_phase(run: Run, tag: str) -> dict[str, float]:
         return {}
     run.progress.evals[tag] = results
     (run.run_dir / "eval.json").write_text(json.dumps(run.progress.evals, indent=2))
-    if measured := record_measures(run.progress.measures, tag, scored):  # BBQ's bias scores, recognition balanced accuracy
+    # BBQ's bias scores, recognition balanced accuracy
+    if measured := phases.record_measures(run.progress.measures, tag, scored):
         (run.run_dir / "measures.json").write_text(json.dumps(run.progress.measures, indent=2))
-    write_scored(run.run_dir / "evals" / f"{tag}.jsonl", scored)  # the greedy completions and every grader's score
-    means = part_means((s.rollout.sample.task, s.parts) for s in scored)
+    tracking.write_scored(run.run_dir / "evals" / f"{tag}.jsonl", scored)  # the greedy completions, every score
+    means = phases.part_means((s.rollout.sample.task, s.parts) for s in scored)
     parts = {f"eval_part/{t}/{name}": v for t, by_name in means.items() for name, v in by_name.items()}
     run.tracker.log({**{f"eval/{t}/reward": r for t, r in results.items()}, **parts, **measured,
                      **memory_metrics(run.device)}, run.progress.step)
     if offered:
-        offer_evaluation(run, results, state)  # the Pareto frontier; best/ with checkpoint.keep_best
+        checkpoint.offer_evaluation(run, results, state)  # the Pareto frontier; best/ with checkpoint.keep_best
     dist.barrier()
     return results
 
@@ -182,8 +171,8 @@ def pass_at_k_phase(run: Run) -> dict[str, float]:
         raise RuntimeError("train.pass_at_k runs on one process; turn it off under several processes")
     if run.generation.toolbox is not None:
         raise RuntimeError("train.pass_at_k samples single-turn completions; turn it off with rollout.tools")
-    metrics = pass_at_k_eval(run.policy.model, run.tokenizer, run.samples.heldout, cfg.rollout, cfg.train,
-                             run.generation.stop_ids, lambda rollouts: run.rewarder.score(rollouts)[0])
+    metrics = phases.pass_at_k_eval(run.policy.model, run.tokenizer, run.samples.heldout, cfg.rollout, cfg.train,
+                                    run.generation.stop_ids, lambda rollouts: run.rewarder.score(rollouts)[0])
     (run.run_dir / "pass_at_k.json").write_text(json.dumps(metrics, indent=2))
     run.tracker.log(metrics, run.progress.step)
     return metrics
@@ -192,7 +181,7 @@ def pass_at_k_phase(run: Run) -> dict[str, float]:
 def rl_step(run: Run, step: int) -> dict[str, float]:
     """One RL step: sample → roll out → score → batch → update → log. The owners (grpo/run/step_owners.py) hold the
     state; each phase's wall time is time/<phase>."""
-    timer = StepTimer(run.device)
+    timer = tracking.StepTimer(run.device)
     with timer("generate"):  # this process's share of the step's prompts, K completions each
         rollouts, metrics = run.generation.generate(step)
     with timer("reward"):
@@ -208,7 +197,7 @@ def rl_step(run: Run, step: int) -> dict[str, float]:
         run.updater.reference_logps(batch)
     with timer("update"):
         stats = run.updater.update(batch)  # μ passes, then the β / entropy controllers and the weight guard
-    memory = memory_metrics(run.device)  # memory/: after handing back what the step freed (grpo/machine/host_resources.py)
+    memory = memory_metrics(run.device)  # memory/: after handing back what the step freed (machine/host_resources.py)
     return log_step(run, step, {**rewarded.metrics, **stats, "step": step, **timer.metrics(), "lr": run.updater.lr,
                                 **memory}, rewarded.everyone)
 
@@ -218,14 +207,14 @@ def log_step(run: Run, step: int, metrics: dict[str, Any], scored: list) -> dict
     check (after the step is logged) and, every train.sample_every steps, the step's completions."""
     run.progress.step = step
     metrics = {k: v if isinstance(v, (str, int)) else float(v) for k, v in metrics.items()}
-    metrics.update(trl_log_keys(metrics, scored, step, sum(map(len, run.samples.training.values())),
-                                run.cfg.prompts_per_step * run.dist.world))  # TRL's keys: loss, reward, kl, epoch, ...
-    metrics.update(consult_doctor(run, metrics))
+    metrics.update(trl.trl_log_keys(metrics, scored, step, sum(map(len, run.samples.training.values())),
+                                    run.cfg.prompts_per_step * run.dist.world))  # TRL's keys: loss, reward, kl, ...
+    metrics.update(doctor.consult_doctor(run, metrics))
     run.tracker.log(metrics, step)
-    run.rewarder.stop_if_judge_silent(metrics, run.cfg.judge.max_fallback_share, step)  # the judge stopped answering: stop
+    run.rewarder.stop_if_judge_silent(metrics, run.cfg.judge.max_fallback_share, step)  # the judge fell silent: stop
     every = run.cfg.train.sample_every
     if every and step % every == 0 and run.dist.is_main:
-        write_samples(run.run_dir, run.tracker, scored, step)
+        tracking.write_samples(run.run_dir, run.tracker, scored, step)
     return metrics
 
 
@@ -240,27 +229,29 @@ def finish(run: Run, failed: OSError | None = None) -> dict[str, Any]:
     if not run.dist.is_main:
         return {}
     try:
-        final = save_final_model(run, state)
+        final = checkpoint.save_final_model(run, state)
         if run.cfg.checkpoint.final_model_dir:  # TRL's output_dir: the model where trainer.save_model() leaves it
-            saved = publish_final(final, run.cfg.checkpoint.final_model_dir)
+            saved = checkpoint.publish_final(final, run.cfg.checkpoint.final_model_dir)
             print(f"final model{' (LoRA adapter)' if run.policy.is_lora else ''} and tokenizer: {saved}")
     except OSError as err:
-        raise FinalSaveError(err.errno, f"{err.strerror or err}. {last_checkpoint_line(run)}") from None
+        last = checkpoint.last_checkpoint_line(run)
+        raise checkpoint.FinalSaveError(err.errno, f"{err.strerror or err}. {last}") from None
     if failed is not None:
         print(f"warning: the final checkpoint could not be written ({failed}); the final model is saved in {final}. "
-              f"{last_checkpoint_line(run)}", file=sys.stderr)
-    offer_final_point(run, final)
-    report = optional_write("report.json", lambda: build_report(run.run_dir)) or {}  # pareto_best: the frontier's
-    optional_write("the model cards", lambda: write_final_cards(run))  # with the verdict and the last evaluation
+              f"{checkpoint.last_checkpoint_line(run)}", file=sys.stderr)
+    checkpoint.offer_final_point(run, final)
+    # report.json's pareto_best: the frontier's; the model cards carry the verdict and the last evaluation
+    report = checkpoint.optional_write("report.json", lambda: doctor.build_report(run.run_dir)) or {}
+    checkpoint.optional_write("the model cards", lambda: checkpoint.write_final_cards(run))
     if report:
-        print(format_report(report))
+        print(doctor.format_report(report))
     best = report.get("pareto_best")
     if best is not None:
         print(f"Pareto frontier: {len(run.progress.frontier.points)} point(s); best by mean score: step {best['step']} "
               f"{ {t: round(v, 3) for t, v in best['scores'].items()} } -> {best['path']}")
-    optional_write("plot.png", lambda: plot_run(run.run_dir))
+    checkpoint.optional_write("plot.png", lambda: doctor.plot_run(run.run_dir))
     print(f"run folder: {run.run_dir}")
-    release_run_dir(run.run_dir)
+    checkpoint.release_run_dir(run.run_dir)
     return report
 
 
@@ -269,13 +260,13 @@ def before_rl(run: Run, say: Callable[..., Any]) -> None:
     held-out evaluation before SFT, the SFT warm-up and the evaluation after it, the pass@K diagnostic. Nothing is
     evaluated where nothing is held out (TRL's split without an eval split)."""
     cfg = run.cfg
-    raw = template_less(run)
+    raw = assembly.template_less(run)
     if raw:
-        say(template_note(raw, cfg.model.name))
+        say(assembly.template_note(raw, cfg.model.name))
         run.tracker.log(raw, 0)
     evaluated = any(run.samples.heldout.values())
     if evaluated:
-        first = "SFT" if warm_up(cfg.sft.steps, run.samples.training).startswith("SFT") else "training"
+        first = "SFT" if assembly.warm_up(cfg.sft.steps, run.samples.training).startswith("SFT") else "training"
         say(f"evaluating before {first} ...", evaluate_phase(run, "before_sft"))
     if cfg.sft.steps and sft_phase(run) and evaluated:
         say("evaluating after SFT ...", evaluate_phase(run, "after_sft"))
@@ -283,26 +274,27 @@ def before_rl(run: Run, say: Callable[..., Any]) -> None:
         say(f"pass@{cfg.train.pass_at_k} before RL ...", pass_at_k_phase(run))
 
 
-def main(cfg: C.Config, run: Run | None = None, events: Events | None = None) -> Run:
+def main(cfg: C.Config, run: Run | None = None, events: trainer.Events | None = None) -> Run:
     """The whole run: `setup` (unless `run` is one already set up, as `train` hands it in), evaluations, SFT, the
     RL loop with its evaluations and checkpoints, `finish`. `events`: the TrainerCallbacks (grpo/run/trainer.py),
     told of each step, log, evaluation and save; their control's stop / save / evaluate is honoured."""
     run = run if run is not None else setup(cfg)
     cfg = run.cfg  # as set up: train.num_epochs counted into train.max_steps
-    events = events if events is not None else Events()
+    events = events if events is not None else trainer.Events()
     say = print if run.dist.is_main else (lambda *a, **k: None)  # one voice: rank 0
-    say(banner(run))
+    say(assembly.banner(run))
     if cfg.checkpoint.resume:
-        resume(run, str(run.start.resume_from or cfg.checkpoint.resume))
+        checkpoint.resume(run, str(run.start.resume_from or cfg.checkpoint.resume))
     else:
         before_rl(run, say)
-    start_doctor(run)
+    doctor.start_doctor(run)
     for f in run.doctor.findings() if run.doctor is not None else []:  # after a resume: active at the checkpoint
-        say(doctor_line(f, f"active since step {f.since}, before the resume"), flush=True)
-    stop = StopRequest()
+        say(doctor.doctor_line(f, f"active since step {f.since}, before the resume"), flush=True)
+    stop = exits.StopRequest()
     with stop.installed():
         events.begin(run)
-        bar = progress_bar(range(run.progress.step + 1, cfg.train.max_steps + 1), "RL", enabled=run.dist.is_main)
+        bar = tracking.progress_bar(range(run.progress.step + 1, cfg.train.max_steps + 1), "RL",
+                                    enabled=run.dist.is_main)
         for step in bar:
             events.step_begin(step)
             metrics = rl_step(run, step)
@@ -311,14 +303,15 @@ def main(cfg: C.Config, run: Run | None = None, events: Events | None = None) ->
             if after_step(run, step, events, say):  # early stopping, the doctor, a callback: on to the end
                 break
             if run.dist.any(stop.requested):  # every rank stops after the same step
-                folder = save_checkpoint(run)
+                folder = checkpoint.save_checkpoint(run)
                 run.progress.stopped_by = stop.signum
-                say(f"\ninterrupted: checkpoint {folder} written. {resume_advice(run.run_dir, cfg.train.run_name)}")
+                advice = checkpoint.resume_advice(run.run_dir, cfg.train.run_name)
+                say(f"\ninterrupted: checkpoint {folder} written. {advice}")
                 run.tracker.close()
-                release_run_dir(run.run_dir)
+                checkpoint.release_run_dir(run.run_dir)
                 return run
             if cfg.checkpoint.every and step % cfg.checkpoint.every == 0 or events.control.should_save:
-                events.save(save_checkpoint(run))
+                events.save(checkpoint.save_checkpoint(run))
             if run.dist.any(events.control.should_training_stop):  # a callback (EarlyStoppingCallback, ...)
                 break
     failed = None
@@ -327,9 +320,9 @@ def main(cfg: C.Config, run: Run | None = None, events: Events | None = None) ->
             results = evaluate_phase(run, "after_rl")
             if cfg.train.eval_every and f"step_{run.progress.step}" not in run.progress.evals:  # TRL's last eval
                 events.evaluate(results)
-            settle_best(run)  # checkpoint.keep_best: the best evaluation's weights, when they beat the last step's
+            checkpoint.settle_best(run)  # checkpoint.keep_best: the best evaluation's weights, if they beat the last
         run.progress.finished = True
-        failed = save_final_checkpoint(run)  # a full disk: the final model may still fit, `finish` says which
+        failed = checkpoint.save_final_checkpoint(run)  # a full disk: the final model may still fit (`finish` says)
     finish(run, failed)
     events.end()
     return run
@@ -342,20 +335,20 @@ def show_step(run: Run, bar: Any, step: int, metrics: Mapping[str, Any], say: Ca
             f"{t[:5]} r={metrics.get(f'reward/{t}/mean', math.nan):.2f} kl={metrics.get(f'kl/{t}', 0.0):.3f}"
             f" β={metrics[f'beta/{t}']:.3f}" for t in run.tasks), refresh=False)
     elif step % run.cfg.train.log_every == 0:
-        say(format_step_line(metrics, run.tasks), flush=True)
+        say(tracking.format_step_line(metrics, run.tasks), flush=True)
 
 
-def after_step(run: Run, step: int, events: Events, say: Callable[..., Any]) -> bool:
+def after_step(run: Run, step: int, events: trainer.Events, say: Callable[..., Any]) -> bool:
     """After a step's log: the evaluation every train.eval_every steps (or when a callback asks), early stopping,
     the doctor's alarms; whether RL ends here (early stopping, or train.doctor=stop | restore with a red finding)."""
     every = run.cfg.train.eval_every
     if (every and step % every == 0 or events.control.should_evaluate) and step < run.cfg.train.max_steps:
         events.evaluate(evaluate_phase(run, f"step_{step}"))
-        if stops_early(run):  # train.early_stopping_patience evaluations without an improvement
+        if checkpoint.stops_early(run):  # train.early_stopping_patience evaluations without an improvement
             return True
     for f in run.progress.alarms:
-        say(doctor_line(f, f"step {step}"), flush=True)
-    return doctor_stops(run)
+        say(doctor.doctor_line(f, f"step {step}"), flush=True)
+    return doctor.doctor_stops(run)
 
 
 def train(config: C.Config | str | Sequence[str] | None = None, *,
@@ -400,30 +393,30 @@ def train(config: C.Config | str | Sequence[str] | None = None, *,
     Errors are the command line's, raised instead of printed: ConfigError (config), DataFileError (data),
     GraderError (the reward preflight, before the model loads), ModelPackageMissing. For the phases one by one,
     call `setup`, `evaluate_phase`, `sft_phase`, `rl_step`, `finish` (notebooks/quickstart.ipynb)."""
-    check_train_keywords(sections)  # a GRPOTrainer keyword or a misspelt one, named before any work
-    model = loaded_model(model, processing_class)
-    cfg, callables = python_config(config, tasks, rewards, model, sections, peft_config, trl_args=args,
-                                   eval_dataset=eval_dataset)
-    cfg, callables = with_tools(cfg, callables, tools, environment_factory)
+    trainer.check_train_keywords(sections)  # a GRPOTrainer keyword or a misspelt one, named before any work
+    model = api.loaded_model(model, processing_class)
+    cfg, callables = api.python_config(config, tasks, rewards, model, sections, peft_config, trl_args=args,
+                                       eval_dataset=eval_dataset)
+    cfg, callables = api.with_tools(cfg, callables, tools, environment_factory)
     loaded = model if isinstance(model, tuple) else None
     if loaded is None:
-        check_model_available(cfg.model)
-    return run_python(cfg, callables, loaded, Events(callbacks or (), callback_args(cfg, args)))
+        assembly.check_model_available(cfg.model)
+    return run_python(cfg, callables, loaded, trainer.Events(callbacks or (), trainer.callback_args(cfg, args)))
 
 
 def run_python(cfg: C.Config, callables: Mapping[str, Callable[..., Any]], loaded: tuple[Any, Any] | None,
-               events: Events, run: Run | None = None) -> Run:
+               events: trainer.Events, run: Run | None = None) -> Run:
     """`train`'s and `GRPOTrainer.train`'s run: `setup` (unless given `run`) and `main`, errors in the user's terms,
     the run folder released after a failure too; report.json read into the Run."""
-    note_command_line(None)  # the advice after an early end is this call's, not a command line's
+    checkpoint.note_command_line(None)  # the advice after an early end is this call's, not a command line's
     try:
         run = run if run is not None else setup(cfg, callables=callables, model=loaded)
     except C.ConfigError as err:  # named as the user wrote it: TRL's field where a GRPOConfig set it
-        raise error_in_user_terms(err, C.to_dict(cfg)) from None
+        raise trl.error_in_user_terms(err, C.to_dict(cfg)) from None
     try:
         main(cfg, run, events)
     finally:  # also after a failure: the same train(...) may run again at once, another process too
-        release_run_dir(run.run_dir)
+        checkpoint.release_run_dir(run.run_dir)
     report = run.run_dir / "report.json"
     if report.is_file():
         run.progress.report = json.loads(report.read_text())
@@ -441,12 +434,12 @@ class GRPOTrainer:
                  callbacks: Sequence[Any] | None = None, optimizers: tuple[Any, Any] = (None, None),
                  quantization_config: Any = None, peft_config: Any = None, tools: Sequence[Any] | None = None,
                  rollout_func: Any = None, environment_factory: Any = None, **unknown: Any) -> None:
-        check_trainer_keywords(unknown)
+        trainer.check_trainer_keywords(unknown)
         given = {k: v for k, v in locals().items() if k not in ("self", "unknown", "__class__")}
-        self._cfg, self._callables, self._loaded, self.args = trainer_config(given)
+        self._cfg, self._callables, self._loaded, self.args = trainer.trainer_config(given)
         if not isinstance(self._loaded, tuple):
-            check_model_available(self._cfg.model)
-        self.events = Events(callbacks or (), self.args)
+            assembly.check_model_available(self._cfg.model)
+        self.events = trainer.Events(callbacks or (), self.args)
         self.run: Run | None = None
         self.events.call("on_init_end")
 
@@ -456,13 +449,13 @@ class GRPOTrainer:
         if self.run is not None and (not where or self.run.cfg.checkpoint.resume == where):
             return self.run
         if self.run is not None:
-            release_run_dir(self.run.run_dir)
+            checkpoint.release_run_dir(self.run.run_dir)
         cfg = self._cfg if not where else replace(self._cfg, checkpoint=replace(self._cfg.checkpoint, resume=where))
         try:
             self.run = setup(cfg, callables=self._callables,
                              model=self._loaded if isinstance(self._loaded, tuple) else None)
         except C.ConfigError as err:
-            raise error_in_user_terms(err, C.to_dict(cfg)) from None
+            raise trl.error_in_user_terms(err, C.to_dict(cfg)) from None
         return self.run
 
     def train(self, resume_from_checkpoint: bool | str | None = None, trial: Any = None,
@@ -499,12 +492,12 @@ class GRPOTrainer:
         if eval_dataset is not None or metric_key_prefix != "eval":
             raise C.ConfigError("GRPOTrainer.evaluate() evaluates the eval_dataset given to GRPOTrainer(...) under "
                                 "eval_*: give the rows there", field="eval_dataset")
-        return evaluate_now(self._set_up(), lambda run: evaluate_phase(run, f"evaluate_{run.progress.step}"),
-                            self.events)
+        return trainer.evaluate_now(self._set_up(), lambda run: evaluate_phase(run, f"evaluate_{run.progress.step}"),
+                                    self.events)
 
     def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:
         """The model (or LoRA adapter), its tokenizer and card into output_dir (args.output_dir when None)."""
-        save_model_folder(self._set_up(), Path(output_dir or self.args.output_dir), what="save_model's copy")
+        checkpoint.save_model_folder(self._set_up(), Path(output_dir or self.args.output_dir), what="save_model's copy")
 
     def log(self, logs: Mapping[str, float], start_time: float | None = None) -> None:
         """A row of the user's own numbers: state.log_history, the callbacks' on_log, and metrics.jsonl while the
@@ -517,8 +510,8 @@ class GRPOTrainer:
                     token: str | None = None, revision: str | None = None, **kwargs: Any) -> Any:
         """output_dir to the Hub repo args.hub_model_id (else output_dir's name), as TRL; no Hub: an error naming
         what would go where."""
-        return push_folder(Path(self.args.output_dir), getattr(self.args, "hub_model_id", None), token,
-                           commit_message, revision)
+        return trainer.push_folder(Path(self.args.output_dir), getattr(self.args, "hub_model_id", None), token,
+                                   commit_message, revision)
 
     def add_callback(self, callback: Any) -> None:
         self.events.add(callback)
@@ -533,9 +526,9 @@ def cli(argv: list[str], program: str = "grpo_train.py") -> int:
     """Parse argv into a Config (grpo/config/command_line.py) and run. Exit status: 0 done; 2 an error of the input
     found while setting up (config, data, graders, judge, run folder, model.name); 1 a run failure; 130 / 143 stopped
     by SIGINT / SIGTERM (grpo/run/exits.py). `program`: sys.argv[0], for the line that resumes a stopped run."""
-    note_command_line([program, *argv])
+    checkpoint.note_command_line([program, *argv])
     try:
-        cfg, args = parse_command_line(argv, __doc__)  # our sections, TRL's flags and config files, checked
+        cfg, args = assembly.parse_command_line(argv, __doc__)  # our sections, TRL's flags and config files, checked
     except C.ConfigError as e:
         print(f"config error: {e}", file=sys.stderr)
         return 2
@@ -543,38 +536,40 @@ def cli(argv: list[str], program: str = "grpo_train.py") -> int:
         print(C.dumps(cfg))
         return 0
     try:
-        check_model_available(cfg.model)  # a missing package, 4-bit without bitsandbytes or a GPU: before any work
-    except (ModelPackageMissing, C.ConfigError) as e:
+        assembly.check_model_available(cfg.model)  # a missing package, 4-bit without bitsandbytes or a GPU: first
+    except (assembly.ModelPackageMissing, C.ConfigError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    with signals_raise():  # Ctrl-C / SIGTERM before or after the RL loop: a message and 130 / 143
+    with exits.signals_raise():  # Ctrl-C / SIGTERM before or after the RL loop: a message and 130 / 143
         try:
             run = setup(cfg)  # data, graders, judge, run folder, model: what fails here is the user's input
-        except CheckpointError as e:  # a resume that cannot go on, named before the model loads
-            return user_error(e, 1)  # exits as a checkpoint error found later did
-        except USER_ERRORS as e:
-            return user_error(error_in_user_terms(e, C.to_dict(cfg)), 2)  # TRL's flag where TRL's flags set it
-        except (Interrupted, KeyboardInterrupt) as e:
-            named = cfg.train.run_name and expand_home(cfg.train.output_dir) / cfg.train.run_name
-            return exit_interrupted(e, "during set-up", resume_advice(named or None, cfg.train.run_name))
+        except checkpoint.CheckpointError as e:  # a resume that cannot go on, named before the model loads
+            return exits.user_error(e, 1)  # exits as a checkpoint error found later did
+        except exits.USER_ERRORS as e:
+            return exits.user_error(trl.error_in_user_terms(e, C.to_dict(cfg)), 2)  # TRL's flag where one set it
+        except (exits.Interrupted, KeyboardInterrupt) as e:
+            named = cfg.train.run_name and checkpoint.expand_home(cfg.train.output_dir) / cfg.train.run_name
+            advice = checkpoint.resume_advice(named or None, cfg.train.run_name)
+            return exits.exit_interrupted(e, "during set-up", advice)
         try:
             main(cfg, run)
-        except (*RUN_FAILURES, CheckpointError) as e:  # known failure modes get their message;
-            code = user_error(error_in_user_terms(e, C.to_dict(cfg)), 1)  # the last checkpoint (if any) is intact
-            if not isinstance(e, (CheckpointError, FinalSaveError)):  # these name their own way out
-                print(resume_advice(run.run_dir, cfg.train.run_name), file=sys.stderr)
+        except (*exits.RUN_FAILURES, checkpoint.CheckpointError) as e:  # known failure modes get their message;
+            code = exits.user_error(trl.error_in_user_terms(e, C.to_dict(cfg)), 1)  # the last checkpoint is intact
+            if not isinstance(e, (checkpoint.CheckpointError, checkpoint.FinalSaveError)):  # these name their way out
+                print(checkpoint.resume_advice(run.run_dir, cfg.train.run_name), file=sys.stderr)
             return code
-        except (Interrupted, KeyboardInterrupt) as e:
-            return exit_interrupted(e, f"in {run.run_dir}", resume_advice(run.run_dir, cfg.train.run_name))
+        except (exits.Interrupted, KeyboardInterrupt) as e:
+            advice = checkpoint.resume_advice(run.run_dir, cfg.train.run_name)
+            return exits.exit_interrupted(e, f"in {run.run_dir}", advice)
         finally:
-            release_run_dir(run.run_dir)  # the run folder's lock (a no-op once `finish` released it)
+            checkpoint.release_run_dir(run.run_dir)  # the run folder's lock (a no-op once `finish` released it)
         run.dist.close()  # every rank got here: they leave together (Dist.close)
     return 128 + run.progress.stopped_by if run.progress.stopped_by else 0
 
 
 def command() -> int:
     """`python grpo_train.py ...` and the installed `grpo-dual ...` command: the command line of this process."""
-    relaunch_if_asked(sys.argv)  # `accelerate launch --cpu --num_processes N` started only this one
+    assembly.relaunch_if_asked(sys.argv)  # `accelerate launch --cpu --num_processes N` started only this one
     return cli(sys.argv[1:], sys.argv[0])
 
 

@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from grpo.core.advantages import group_advantages
+from grpo.core.advantages import group_advantages, masked_std
 
 NAN = float("nan")
 # Group 1: [1, 0, 1, 0]  mean 0.5, unbiased std sqrt(1/3) → ±0.5·sqrt(3) = ±0.8660254.
@@ -17,6 +17,18 @@ H = 0.5 * math.sqrt(3)
 
 def close(actual, expected, atol=1e-5):
     torch.testing.assert_close(actual, torch.tensor(expected, dtype=actual.dtype), atol=atol, rtol=0)
+
+
+def test_masked_std_hand_values_along_either_axis():
+    """Row [1, 2, 4, (3 masked)]: mean 7/3, squared deviations 16/9 + 1/9 + 25/9 = 42/9, over n − 1 = 2: 7/3, so
+    std sqrt(7/3) = 1.5275252; row [5, (9 masked), (9), (9)]: one valid, std 0; row [2, 2, 6, 6]: mean 4, 4·4 / 3,
+    std sqrt(16/3) = 2.3094011. The same numbers laid along dim 1 of a (G, K, M) tensor give the same stds."""
+    x = torch.tensor([[1.0, 2.0, 4.0, 3.0], [5.0, 9.0, 9.0, 9.0], [2.0, 2.0, 6.0, 6.0]], dtype=torch.float64)
+    valid = torch.tensor([[True, True, True, False], [True, False, False, False], [True] * 4])
+    mean = torch.tensor([7 / 3, 5.0, 4.0], dtype=torch.float64)
+    want = [math.sqrt(7 / 3), 0.0, math.sqrt(16 / 3)]
+    close(masked_std(x, valid, mean), want, atol=1e-12)
+    close(masked_std(x.T.unsqueeze(0), valid.T.unsqueeze(0), mean.unsqueeze(0), dim=1), [want], atol=1e-12)
 
 
 def test_group_scale_hand_values_and_metrics():

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from grpo.core.advantages import group_advantages
-from grpo.core.dapo import fill_informative_groups, informative_groups, overlong_penalty
+from grpo.core.dapo import fill_informative_groups, informative_groups, kl_only_advantages, overlong_penalty
 
 
 def test_overlong_penalty_hand_values():
@@ -88,3 +88,15 @@ def test_failed_rewards_count_as_missing():
     produce, _ = _rounds(per_round)
     kept, _ = fill_informative_groups(produce, lambda x: x[2], K, target_groups=1, max_rounds=0)
     assert [i for _, i, _ in kept] == [4, 5]
+
+
+def test_kl_only_rows_get_advantage_zero_and_the_rest_are_kept():
+    """Advantages [0.5, −0.5, 0.25, −0.25] with the last 2 rows KL-only: [0.5, −0.5, 0, 0]; none KL-only: unchanged;
+    more KL-only rows than rows is an error, not a silent clip."""
+    adv = torch.tensor([0.5, -0.5, 0.25, -0.25])
+    assert kl_only_advantages(adv, 2).tolist() == [0.5, -0.5, 0.0, 0.0]
+    assert adv.tolist() == [0.5, -0.5, 0.25, -0.25]  # the input is left as it was
+    assert kl_only_advantages(adv, 0).tolist() == [0.5, -0.5, 0.25, -0.25]
+    assert kl_only_advantages(adv, 4).tolist() == [0.0] * 4
+    with pytest.raises(ValueError, match="kl_only_rows=5"):
+        kl_only_advantages(adv, 5)

@@ -1,13 +1,15 @@
 """The house a newcomer walks, read from the source: every module a step imports has its line in
 docs/DESIGN.md's table; no module of the package runs past 600 lines and no function past 60; `Run` holds at
 most 12 fields; a public name names one thing; from `rl_step` to the line that draws a token is three calls; the
-newcomer's questions in DESIGN.md point at the lines that answer them; the entry point imports the wings of grpo/run/
-through their faces, and the wings load in one order. Each check is also run on a crafted case."""
+newcomer's questions in DESIGN.md point at the lines that answer them; every registered policy loss is a def of its
+own, no closure; the entry point imports the wings of grpo/run/ through their faces, as namespaces (at most 20 names
+from the project), and the wings load in one order. Each check is also run on a crafted case."""
 
 from __future__ import annotations
 
 import ast
 import dataclasses
+import functools
 import inspect
 import re
 import sys
@@ -102,7 +104,8 @@ def test_every_module_a_step_imports_is_in_designs_module_table():
 
 
 def test_the_table_check_reads_files_and_folders():
-    text = "| module | line |\n|---|---|\n| `grpo_train.py` | x |\n| `grpo/run/record.py`, `grpo/grading/rubrics/` | y |\n"
+    text = ("| module | line |\n|---|---|\n| `grpo_train.py` | x |\n"
+            "| `grpo/run/record.py`, `grpo/grading/rubrics/` | y |\n")
     assert table_paths(text) == {"grpo_train.py", "grpo/run/record.py", "grpo/grading/rubrics/"}
     assert missing_from_table({"grpo_train", "grpo.run.record", "grpo.run.tracking", "grpo.run"},
                               table_paths(text)) == ["grpo/run/tracking.py"]
@@ -402,7 +405,48 @@ def test_the_grpo_clip_is_six_calls_below_rl_step(tmp_path):
     from grpo.core import losses
 
     assert calls_below_rl_step(losses._clipped_policy_loss.__code__, tmp_path) == [
-        "update", "update_passes", "_backward", "micro_batch_terms", "loss_fn", "_clipped_policy_loss"]
+        "update", "update_passes", "_backward", "micro_batch_terms", "grpo_loss", "_clipped_policy_loss"]
+
+
+def closure_losses(registry) -> list[str]:
+    """Registered policy losses whose function is not a plain module-level def of its own name: a closure or a
+    lambda (`<locals>` in its qualified name), a partial or a renamed function (the module does not hold it under
+    its `__name__`), or a function registered under two names."""
+    out, seen = [], {}
+    for name, spec in registry.items():
+        fn = spec.fn
+        qualname, fn_name = getattr(fn, "__qualname__", ""), getattr(fn, "__name__", "")
+        module = sys.modules.get(getattr(fn, "__module__", ""))
+        if "<locals>" in qualname or qualname != fn_name or getattr(module, fn_name, None) is not fn:
+            out.append(f"{name}: {qualname or repr(fn)} is not a module-level def")
+        elif fn_name in seen:
+            out.append(f"{name}: {fn_name} is {seen[fn_name]}'s function too")
+        seen.setdefault(fn_name, name)
+    return out
+
+
+def test_every_registered_policy_loss_is_a_def_of_its_own():
+    from grpo.core.losses import POLICY_LOSSES
+
+    assert not closure_losses(POLICY_LOSSES)
+
+
+def test_the_loss_check_sees_a_closure_a_partial_and_a_shared_function():
+    from grpo.core import losses
+
+    def factory():
+        def loss_fn(logps_BT, old_logps_BT, advantages_B, mask_BT):
+            return logps_BT, {}
+        return loss_fn
+
+    spec = losses.POLICY_LOSSES["grpo"]
+    crafted = {"closure": dataclasses.replace(spec, fn=factory()),
+               "partial": dataclasses.replace(spec, fn=functools.partial(losses.grpo_loss, clip_low=0.1)),
+               "grpo": spec, "twin": spec}
+    assert closure_losses(crafted) == [
+        "closure: test_the_loss_check_sees_a_closure_a_partial_and_a_shared_function.<locals>.factory.<locals>."
+        "loss_fn is not a module-level def", f"partial: {crafted['partial'].fn!r} is not a module-level def",
+        "twin: grpo_loss is grpo's function too"]
 
 
 # ---------------------------------------------------------------------------------------------- the questions
@@ -481,7 +525,7 @@ def test_every_choice_by_name_is_one_kind_of_registry():
         with pytest.raises(ValueError, match=re.escape(dotted) + r".*use one of \["):
             registry.get("no such name")
         assert all(registry.docs[name] for name in registry), dotted  # every name says what it is in --help
-    assert isinstance(KL_CONTROLLERS, Registry) and isinstance(GRADERS, Registry) and isinstance(POLICY_LOSSES, Registry)
+    assert all(isinstance(r, Registry) for r in (KL_CONTROLLERS, GRADERS, POLICY_LOSSES))
     assert "loss.policy_loss" in REGISTRY_FIELDS and REGISTRY_FIELDS["loss.policy_loss"] is POLICY_LOSSES
     text = registries_help()
     assert all(f"{dotted} (" in text for dotted in REGISTRY_FIELDS if dotted != "loss.policy_loss")
@@ -509,10 +553,14 @@ WINGS = ("grpo.run.trl", "grpo.run.checkpoint", "grpo.run.doctor", "grpo.run.ass
 FACES = (*WINGS, "grpo.phases", "grpo.config")
 LOOP_MODULES = {"grpo.run.record", "grpo.run.tracking", "grpo.run.exits", "grpo.run.api", "grpo.run.trainer"}
 """The loop's own modules at grpo/run/'s top: the Run record, tracking (metrics, progress, the step's timer), how a
-run ends early, train()'s config, TRL's GRPOTrainer surface (its keywords, callbacks and state). The step's owners are built by the assembly and reached through the Run."""
+run ends early, train()'s config, TRL's GRPOTrainer surface (its keywords, callbacks and state). The step's owners
+are built by the assembly and reached through the Run."""
 BEFORE_TORCH = {"grpo.machine.host_resources", "grpo.models.third_party"}
 """What the entry point calls before torch loads (OpenMP's wait policy, warning filters)."""
 MAX_ENTRY_MODULES = 13
+MAX_ENTRY_NAMES = 20
+"""Names the entry point takes from the project: the wings are read as namespaces (`checkpoint.save_checkpoint`),
+as the config is (`C.Config`), so a reader of grpo_train.py sees where each call goes."""
 
 
 def top_level_imports(source: str, module: str) -> list[tuple[str, list[str]]]:
@@ -525,7 +573,8 @@ def top_level_imports(source: str, module: str) -> list[tuple[str, list[str]]]:
             if isinstance(n, ast.Import):
                 out.extend((a.name, []) for a in n.names)
             elif isinstance(n, ast.ImportFrom):
-                stem = ".".join(module.split(".")[:-n.level] + ([n.module] if n.module else [])) if n.level else n.module
+                stem = (".".join(module.split(".")[:-n.level] + ([n.module] if n.module else [])) if n.level
+                        else n.module)
                 out.append((stem, [a.name for a in n.names]))
             elif isinstance(n, ast.If) and "TYPE_CHECKING" not in ast.unparse(n.test):
                 visit(n.body)
@@ -545,14 +594,30 @@ def face_names(package: str) -> list[str] | None:
     return None
 
 
+def as_namespaces(imports: list[tuple[str, list[str]]]) -> list[tuple[str, list[str]]]:
+    """`from grpo.run import checkpoint, doctor` as ("grpo.run.checkpoint", []), ("grpo.run.doctor", []): a module
+    imported whole, read as a namespace; other imports as they are."""
+    out: list[tuple[str, list[str]]] = []
+    for module, names in imports:
+        whole = [n for n in names if module.startswith("grpo") and path_of(f"{module}.{n}") is not None]
+        out += [(f"{module}.{n}", []) for n in whole]
+        if len(whole) < len(names) or not names:
+            out.append((module, [n for n in names if n not in whole]))
+    return out
+
+
+def entry_point_names(imports: list[tuple[str, list[str]]]) -> int:
+    """How many names the entry point takes from the project: each name a `from` import binds, 1 for a module."""
+    return sum(len(names) or 1 for module, names in imports if module.startswith("grpo") or module == "grpo_train")
+
+
 def entry_point_problems(imports: list[tuple[str, list[str]]]) -> list[str]:
     """What the entry point imports besides the faces: the wings', the phases', the config's, and the `__all__` of
     each of the loop's modules and of what runs before torch; a name outside its face's `__all__`; more than
-    MAX_ENTRY_MODULES project modules."""
+    MAX_ENTRY_MODULES project modules; more than MAX_ENTRY_NAMES names from the project."""
     out, modules = [], set()
-    for module, names in imports:
-        if module == "grpo" and names == ["config"]:  # `from grpo import config as C`: the package itself
-            module, names = "grpo.config", []
+    names_taken = entry_point_names(imports)
+    for module, names in as_namespaces(imports):
         if not module.startswith("grpo"):
             continue
         modules.add(module)
@@ -565,13 +630,29 @@ def entry_point_problems(imports: list[tuple[str, list[str]]]) -> list[str]:
         out += [f"{module}.{n} is not in its face's __all__" for n in names if n not in (exported or [])]
     if len(modules) > MAX_ENTRY_MODULES:
         out.append(f"{len(modules)} project modules imported (at most {MAX_ENTRY_MODULES}): {sorted(modules)}")
+    if names_taken > MAX_ENTRY_NAMES:
+        out.append(f"{names_taken} names imported from the project (at most {MAX_ENTRY_NAMES}): import a wing as a "
+                   "namespace (`from grpo.run import checkpoint`) and call `checkpoint.save_checkpoint(...)`")
     return out
 
 
 def test_the_entry_point_imports_the_wings_faces():
     imports = top_level_imports((ROOT / "grpo_train.py").read_text(), "grpo_train")
     assert not entry_point_problems(imports)
-    assert {m for m, _ in imports} >= set(WINGS)  # every wing is reached through its face
+    assert {m for m, _ in as_namespaces(imports)} >= set(WINGS)  # every wing is reached through its face
+    assert entry_point_names(imports) <= MAX_ENTRY_NAMES
+
+
+def test_the_entry_point_check_counts_the_names_taken_from_the_project():
+    """A wing read as a namespace is one name; the same wing's functions imported one by one are one name each."""
+    assert as_namespaces([("grpo.run", ["checkpoint", "doctor"]), ("grpo", ["config"]), ("torch", [])]) == [
+        ("grpo.run.checkpoint", []), ("grpo.run.doctor", []), ("grpo.config", []), ("torch", [])]
+    one_by_one = [("grpo.run.checkpoint", face_names("grpo.run.checkpoint")[:MAX_ENTRY_NAMES + 1])]
+    assert len(one_by_one[0][1]) == MAX_ENTRY_NAMES + 1
+    assert entry_point_problems(one_by_one) == [
+        f"{MAX_ENTRY_NAMES + 1} names imported from the project (at most {MAX_ENTRY_NAMES}): import a wing as a "
+        "namespace (`from grpo.run import checkpoint`) and call `checkpoint.save_checkpoint(...)`"]
+    assert not entry_point_problems([("grpo.run", ["checkpoint", "doctor", "assembly", "trl"])])
 
 
 def test_the_entry_point_check_names_what_goes_round_a_face():

@@ -9,8 +9,18 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from grpo.core.kernels import entropy_from_logits
-from grpo.core.losses import (AGG_MODES, CLIP_FIELDS, KL_ESTIMATORS, LOG_RATIO_CLAMP, POLICY_LOSSES, aggregate,
-                              importance_ratio, kl_penalty, masked_mean, policy_loss)
+from grpo.core.losses import (
+    AGG_MODES,
+    CLIP_FIELDS,
+    KL_ESTIMATORS,
+    LOG_RATIO_CLAMP,
+    POLICY_LOSSES,
+    aggregate,
+    importance_ratio,
+    kl_penalty,
+    masked_mean,
+    policy_loss,
+)
 
 F64 = torch.float64
 
@@ -192,6 +202,23 @@ def test_the_clipped_losses_and_the_loss_section_share_the_clip_defaults_and_rul
         assert float(loss) == -1.0  # on-policy, A = 1: −A·r
 
 
+@pytest.mark.parametrize("name", CLIPPED)
+def test_a_clipped_loss_is_the_one_clip_on_its_registered_ratio(name):
+    """Each clipped loss is its own def calling `_clipped_policy_loss` with a ratio name written in its body: the
+    ratio its registration declares (what the KL importance weight and --help read) is the one it clips. The sequence
+    ratio and the token ratio differ on GSPO_LOGPS, and a clip of 0.05 binds on both."""
+    from grpo.core.losses import _clipped_policy_loss
+
+    spec = POLICY_LOSSES[name]
+    args = (t(GSPO_LOGPS, grad=True), t(GSPO_OLD), t([1.0, -1.0]), t(GSPO_MASK))
+    got, got_m = spec.fn(*args, clip_low=0.05, clip_high=0.05)
+    want, want_m = _clipped_policy_loss(spec.ratio, *args, 0.05, 0.05, None)
+    assert torch.equal(got, want) and got_m.keys() == want_m.keys()
+    assert all(torch.equal(got_m[k], want_m[k]) for k in want_m)
+    other = "sequence" if spec.ratio == "token" else "token"  # (sequence_token has the sequence ratio's value)
+    assert not torch.equal(got, _clipped_policy_loss(other, *args, 0.05, 0.05, None)[0])
+
+
 def test_padding_gets_zero_loss_and_huge_log_ratios_stay_finite():
     logps = t([[-1.0, 50.0]], grad=True)  # padding holds garbage
     loss, m = policy_loss("grpo", logps, t([[-1.0, -80.0]]), t([-1.0]), t([[1.0, 0.0]]))
@@ -209,7 +236,7 @@ def test_every_loss_takes_its_ratio_from_importance_ratio_clamped_on_both_sides(
     assert float(importance_ratio(t(-30.0))) == pytest.approx(math.exp(-LOG_RATIO_CLAMP), rel=1e-12)
     assert float(importance_ratio(t(30.0))) == pytest.approx(math.exp(LOG_RATIO_CLAMP), rel=1e-12)
     assert float(importance_ratio(t(0.5))) == pytest.approx(math.exp(0.5), rel=1e-12)
-    for name, spec in POLICY_LOSSES.items():
+    for name in POLICY_LOSSES:
         for log_ratio in (-30.0, 30.0):
             _, m = policy_loss(name, t([[log_ratio]]), t([[0.0]]), t([1.0]), t([[1.0]]))
             expected = math.exp(math.copysign(LOG_RATIO_CLAMP, log_ratio))
@@ -301,7 +328,7 @@ def test_accumulation_equivalence_over_random_splits(lengths, data):
     B = len(lengths)
     cuts = sorted(data.draw(st.sets(st.integers(1, B - 1), max_size=B - 1)))
     bounds = [0, *cuts, B]
-    _accumulation_matches([b - a for a, b in zip(bounds, bounds[1:])], lengths, seed=B)
+    _accumulation_matches([b - a for a, b in zip(bounds, bounds[1:], strict=False)], lengths, seed=B)
 
 
 def test_masked_mean():

@@ -598,7 +598,7 @@ def _loadable(folder: Path) -> None:
 @pytest.mark.slow
 def test_optional_writes_that_fail_at_the_end_do_not_stop_the_final_model(user, monkeypatch):
     monkeypatch.setattr("grpo.run.checkpoint.pareto.ParetoFrontier.offer", _full)  # the final model's Pareto point
-    monkeypatch.setattr("grpo_train.plot_run", _full)
+    monkeypatch.setattr("grpo.run.doctor.plot_run", _full)
     code, text = cli_output(["--config", str(user.config), *SMALL])
     assert code == 0 and "Traceback" not in text, text
     assert "warning: could not write the Pareto point of step 2: [Errno 28] No space left on device" in text, text
@@ -612,7 +612,8 @@ def test_optional_writes_that_fail_at_the_end_do_not_stop_the_final_model(user, 
 def test_a_final_save_that_fails_names_the_last_checkpoint_and_resume_auto_writes_it(user, monkeypatch):
     argv = ["--config", str(user.config), *SMALL, "--save_strategy", "steps", "--save_steps", "1"]
     with monkeypatch.context() as patched:
-        patched.setattr("grpo.run.checkpoint.save_resume.save_model_folder", _full)  # the disk fills as the final model is written
+        # the disk fills as the final model is written
+        patched.setattr("grpo.run.checkpoint.save_resume.save_model_folder", _full)
         code, text = cli_output(argv)
     run_dir = user.out / "grpo-dual"
     assert code == 1 and "Traceback" not in text, text

@@ -18,8 +18,9 @@ from pathlib import Path
 import pytest
 
 import grpo_train as G
-from tests.trainer_helpers import TINY_CLI as TINY, blocks_fresh_start, cli_output
 from grpo.run.checkpoint.folder import LOCK_FILE, MARKER, RunFolderError, prepare_run_dir, release_run_dir
+from tests.trainer_helpers import TINY_CLI as TINY
+from tests.trainer_helpers import blocks_fresh_start, cli_output
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py: a tiny model gains nothing from threads
 
@@ -197,7 +198,7 @@ def test_a_resume_with_a_changed_data_file_names_it_before_the_model_loads(tmp_p
     assert cli(*argv)[0] == 0
     _custom_task(tmp_path, [w.upper() + "zz" for w in WORDS])  # other rows: another vocabulary
     with monkeypatch.context() as mp:
-        mp.setattr(G, "policy_from_config", lambda *a, **k: pytest.fail("the model loaded first"))
+        mp.setattr(G.assembly, "policy_from_config", lambda *a, **k: pytest.fail("the model loaded first"))
         code, text = cli(*argv, "--resume", "auto", "--max-steps", "2")
     assert code == 1 and "Traceback" not in text and "shape" not in text, text
     assert f"data file {tmp_path / 'qa.jsonl'} (tasks.qa.path) changed" in text and "--accept-changes" in text, text
@@ -219,7 +220,7 @@ def test_a_resume_with_a_changed_reward_function_names_it(tmp_path, monkeypatch)
     assert cli(*argv)[0] == 0
     (tmp_path / "rew.py").write_text(REWARD.format(n=3))
     with monkeypatch.context() as mp:
-        mp.setattr(G, "policy_from_config", lambda *a, **k: pytest.fail("the model loaded first"))
+        mp.setattr(G.assembly, "policy_from_config", lambda *a, **k: pytest.fail("the model loaded first"))
         code, text = cli(*argv, "--resume", "auto", "--max-steps", "2")
     assert code == 1 and "different reward functions" in text, text
     assert f"reward function '{tmp_path / 'rew.py'}:score' (rewards.qa): its source changed" in text, text

@@ -174,11 +174,12 @@ def test_the_warm_up_renders_its_prompts_as_the_rollouts_do_with_a_template_that
     rows = [{"prompt": f"What is 12*{i}?", "target": CallFormat("<tool_call>", "</tool_call>").write(
         "calculator", {"expression": f"12*{i}"}), "answer": str(12 * i)} for i in range(1, 13)]
     seen = []
-    real = G.sft_examples
-    monkeypatch.setattr(G, "sft_examples", lambda *a, **kw: seen.append(real(*a, **kw)) or seen[-1])
+    real = G.phases.sft_examples
+    monkeypatch.setattr(G.phases, "sft_examples", lambda *a, **kw: seen.append(real(*a, **kw)) or seen[-1])
 
     def exact(completions, answer, **kwargs):
-        return [float(c.strip().endswith(a)) for c, a in zip(completions, answer)]  # the final reply's text
+        # the final reply's text
+        return [float(c.strip().endswith(a)) for c, a in zip(completions, answer, strict=True)]
 
     run = G.train(["model.tiny_hidden=32"], tasks={"calc": rows}, rewards={"calc": [exact]}, tools=[calculator],
                   model=(model, tok), sft={"steps": 1, "batch_size": 2},

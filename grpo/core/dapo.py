@@ -84,3 +84,15 @@ def fill_informative_groups(produce: Callable[[int], Sequence[T]], reward: Calla
     metrics = {"rollout/dynamic_rounds": float(rounds), "rollout/dynamic_kept_groups": float(len(kept) // group_size),
                "rollout/dynamic_dropped_groups": float(dropped), "rollout/dynamic_short": float(short)}
     return (kept if kept else first), metrics
+
+
+def kl_only_advantages(advantages_B: torch.Tensor, kl_only_rows: int) -> torch.Tensor:
+    """The advantages with the last `kl_only_rows` set to 0: groups kept for their KL term only
+    (train.dynamic_sampling_keep_kl), appended after the informative ones. Their group advantages are 0 already
+    unless a shaping term (DAPO's overlong penalty) tells their completions apart; 0 keeps them out of the policy
+    gradient. A new tensor; `advantages_B` is left as it is."""
+    if not 0 <= kl_only_rows <= advantages_B.numel():
+        raise ValueError(f"kl_only_advantages: kl_only_rows={kl_only_rows} must lie in [0, {advantages_B.numel()}]")
+    if not kl_only_rows:
+        return advantages_B
+    return torch.cat([advantages_B[:-kl_only_rows], advantages_B.new_zeros(kl_only_rows)])

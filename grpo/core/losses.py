@@ -4,21 +4,26 @@ entropy kernels are grpo/core/kernels.py's).
 Shapes: B = sequences, T = completion tokens, V = vocabulary. Every `mask_BT` is 1.0 on trained tokens, 0.0 on padding.
 
 Formulas (one line each, with the source):
-- ratio, GRPO:        r_i,t = exp(logp_i,t − old_i,t)                                   (DeepSeekMath arXiv 2402.03300, eq. 3)
-- ratio, GSPO:        s_i = exp( Σ_t m_i,t (logp_i,t − old_i,t) / Σ_t m_i,t ), broadcast over t   (GSPO arXiv 2507.18071, eq. 7)
-- ratio, GSPO-token:  s_i,t = sg[s_i] · exp(logp_i,t − sg[logp_i,t])   (same value as s_i, per-token gradient path; GSPO eq. 13)
-- clipped loss:       ℓ = max(−A·r, −A·clip(r, 1 − ε_low, 1 + ε_high))                  (PPO arXiv 1707.06347; clip-higher: DAPO arXiv 2503.14476)
-- dual clip (A < 0):  ℓ = min(ℓ, −c·A), c > 1                                             (Dual-clip PPO arXiv 1912.09729; verl `clip_ratio_c`)
+- ratio, GRPO:        r_i,t = exp(logp_i,t − old_i,t)   (DeepSeekMath arXiv 2402.03300, eq. 3)
+- ratio, GSPO:        s_i = exp( Σ_t m_i,t (logp_i,t − old_i,t) / Σ_t m_i,t ), broadcast over t
+                      (GSPO arXiv 2507.18071, eq. 7)
+- ratio, GSPO-token:  s_i,t = sg[s_i] · exp(logp_i,t − sg[logp_i,t])
+                      (same value as s_i, per-token gradient path; GSPO eq. 13)
+- clipped loss:       ℓ = max(−A·r, −A·clip(r, 1 − ε_low, 1 + ε_high))
+                      (PPO arXiv 1707.06347; clip-higher: DAPO arXiv 2503.14476)
+- dual clip (A < 0):  ℓ = min(ℓ, −c·A), c > 1   (Dual-clip PPO arXiv 1912.09729; verl `clip_ratio_c`)
 - CISPO:  ℓ = −sg[min(r, ε_max)]·A·logp: a clipped, detached ratio weight   (MiniMax-M1 arXiv 2506.13585; TRL `cispo`)
-- SAPO:   ℓ = −(4/τ)·σ(τ·(r − 1))·A, τ = τ_pos if A > 0 else τ_neg: a soft gate, no clip   (arXiv 2511.20347; TRL `sapo`)
+- SAPO:   ℓ = −(4/τ)·σ(τ·(r − 1))·A, τ = τ_pos if A > 0 else τ_neg: a soft gate, no clip
+                      (arXiv 2511.20347; TRL `sapo`)
 - LUSPO:  GSPO's clipped loss aggregated by `seq-mean-token-sum` (each sequence weighted by its length)   (TRL `luspo`)
 - VESPO:  ℓ = −sg[φ(w)]·A·logp, log w = Σ_t m·(logp − old), φ(w) = e^λ·w^k·e^(−λw), (k, λ) by sign(A)   (TRL `vespo`)
 - token-mean:                Σ_i,t m·ℓ / N_tokens(step)                                   (DAPO; verl `agg_loss`)
-- seq-mean-token-mean:       Σ_i [Σ_t m·ℓ / Σ_t m] / N_seqs(step)                         (GRPO as in DeepSeekMath eq. 3)
+- seq-mean-token-mean:       Σ_i [Σ_t m·ℓ / Σ_t m] / N_seqs(step)   (GRPO as in DeepSeekMath eq. 3)
 - seq-mean-token-sum:        Σ_i [Σ_t m·ℓ] / N_seqs(step)                                 (verl `agg_loss`)
 - seq-mean-token-sum-norm:   Σ_i [Σ_t m·ℓ / C] / N_seqs(step), C = max completion length   (Dr.GRPO arXiv 2503.20783)
-- KL k1 = logp − ref;  k2 = ½(logp − ref)²;  k3 = exp(ref − logp) − (ref − logp) − 1       (Schulman, "Approximating KL divergence", 2020)
-- KL k3+ = k2 + sg[k3 − k2]  (value of k3, gradient of k2)                                 (verl `low_var_kl+` / straight-through)
+- KL k1 = logp − ref;  k2 = ½(logp − ref)²;  k3 = exp(ref − logp) − (ref − logp) − 1
+                      (Schulman, "Approximating KL divergence", 2020)
+- KL k3+ = k2 + sg[k3 − k2]  (value of k3, gradient of k2)   (verl `low_var_kl+` / straight-through)
 
 Each policy loss is registered once, beside its function, by `register_policy_loss` (verl's decorator): its name, ratio,
 hyper-parameters with their defaults, rules and docs, the loss-section fields it takes and its metrics. The config
@@ -139,7 +144,8 @@ def at_least(bound: float) -> Rule:
 @dataclass(frozen=True)
 class LossParam:
     """A loss's own hyper-parameter, set as `loss.params.<name>`: default and type from the loss function's
-    signature, doc and rule from its registration (grpo/run/assembly/config_check.py applies the rule, naming the field)."""
+    signature, doc and rule from its registration (grpo/run/assembly/config_check.py applies the rule, naming the
+    field)."""
     name: str
     default: float
     doc: str
@@ -199,8 +205,9 @@ def register_policy_loss(name: str, *, ratio: str, doc: str, params: dict[str, t
                          fields: tuple[str, ...] = (), agg_mode: str | None = None,
                          metrics: tuple[str, ...] = ()) -> Callable[[Callable], Callable]:
     """Decorator: register `fn(logps_BT, old_logps_BT, advantages_B, mask_BT, **hyper-parameters)` as the policy loss
-    `name` (verl's `register_policy_loss`). That is all a new loss needs: the config check (grpo/run/assembly/config_check.py),
-    --help (`losses_help`), the update (grpo/phases/update.py) and TRL's `loss_type` read it from here.
+    `name` (verl's `register_policy_loss`). That is all a new loss needs: the config check
+    (grpo/run/assembly/config_check.py), --help (`losses_help`), the update (grpo/phases/update.py) and TRL's
+    `loss_type` read it from here.
 
     params: doc and Rule of each hyper-parameter of `fn` that is its own (`loss.params.<name>`); its default and type
     are the signature's. fields: the loss section's fields it takes instead (CLIP_FIELDS). agg_mode: the `loss.agg_mode`
@@ -235,14 +242,16 @@ def register_policy_loss(name: str, *, ratio: str, doc: str, params: dict[str, t
     return register
 
 
-def _clipped_policy_loss(log_ratio_BT: torch.Tensor, logps_BT: torch.Tensor, old_logps_BT: torch.Tensor,
-                         advantages_B: torch.Tensor, mask_BT: torch.Tensor, clip_low: float, clip_high: float,
+def _clipped_policy_loss(ratio: str, logps_BT: torch.Tensor, old_logps_BT: torch.Tensor, advantages_B: torch.Tensor,
+                         mask_BT: torch.Tensor, clip_low: float, clip_high: float,
                          dual_clip: float | None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """The PPO clipped surrogate shared by every ratio. Returns the per-token loss (0 on padding) and metrics.
-    The clip's rules are grpo/core/clip_rules.py's, which the loss section applies too: a call here and a config
-    refuse the same values."""
+    """The PPO clipped surrogate on the LOG_RATIOS[ratio] importance ratio, the one clip every clipped loss below
+    calls. Returns the per-token loss (0 on padding) and metrics. The clip's rules are grpo/core/clip_rules.py's,
+    which the loss section applies too: a call here and a config refuse the same values."""
     for field_name, value, fix in clip_problems(clip_low, clip_high, dual_clip):
         raise ValueError(f"{field_name}={value!r}: {fix}")
+    old_logps_BT = old_logps_BT.detach()
+    log_ratio_BT = LOG_RATIOS[ratio](logps_BT, old_logps_BT, mask_BT)
     adv_BT = _advantages_BT(advantages_B, logps_BT)
     ratio_BT = importance_ratio(log_ratio_BT)
     unclipped_BT = -adv_BT * ratio_BT
@@ -265,30 +274,44 @@ def _clipped_policy_loss(log_ratio_BT: torch.Tensor, logps_BT: torch.Tensor, old
     return loss_BT, metrics
 
 
-def clipped_loss(ratio: str) -> Callable[..., tuple[torch.Tensor, dict[str, torch.Tensor]]]:
-    """PPO's clipped surrogate on the LOG_RATIOS[ratio] importance ratio."""
-    log_ratio_fn = LOG_RATIOS[ratio]
-
-    def loss_fn(logps_BT: torch.Tensor, old_logps_BT: torch.Tensor, advantages_B: torch.Tensor,
-                mask_BT: torch.Tensor, clip_low: float = CLIP_LOW, clip_high: float = CLIP_HIGH,
-                dual_clip: float | None = DUAL_CLIP) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        log_ratio_BT = log_ratio_fn(logps_BT, old_logps_BT.detach(), mask_BT)
-        return _clipped_policy_loss(log_ratio_BT, logps_BT, old_logps_BT.detach(), advantages_B, mask_BT,
-                                    clip_low, clip_high, dual_clip)
-
-    loss_fn.__name__ = f"clipped_{ratio}_loss"
-    loss_fn.__doc__ = f"Clipped surrogate with the {ratio} importance ratio; see `policy_loss`."
-    return loss_fn
+@register_policy_loss("grpo", ratio="token", fields=CLIP_FIELDS, doc="""PPO's clipped surrogate on the token ratio
+    (DeepSeekMath).""")
+def grpo_loss(logps_BT: torch.Tensor, old_logps_BT: torch.Tensor, advantages_B: torch.Tensor, mask_BT: torch.Tensor,
+              clip_low: float = CLIP_LOW, clip_high: float = CLIP_HIGH,
+              dual_clip: float | None = DUAL_CLIP) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """GRPO: the clipped surrogate on the per-token ratio; see `policy_loss`."""
+    return _clipped_policy_loss("token", logps_BT, old_logps_BT, advantages_B, mask_BT, clip_low, clip_high,
+                                dual_clip)
 
 
-register_policy_loss("grpo", ratio="token", fields=CLIP_FIELDS, doc="""PPO's clipped surrogate on the token ratio
-    (DeepSeekMath).""")(clipped_loss("token"))
-register_policy_loss("gspo", ratio="sequence", fields=CLIP_FIELDS, doc="""the clipped surrogate on the sequence ratio
-    (GSPO; its paper clips at ~3e-4 / 4e-4).""")(clipped_loss("sequence"))
-register_policy_loss("gspo_token", ratio="sequence_token", fields=CLIP_FIELDS, doc="""GSPO's value with a per-token
-    gradient path (GSPO-token).""")(clipped_loss("sequence_token"))
-register_policy_loss("luspo", ratio="sequence", fields=CLIP_FIELDS, agg_mode="seq-mean-token-sum", doc="""GSPO's
-    clipped loss, each sequence weighted by its length (TRL's luspo).""")(clipped_loss("sequence"))
+@register_policy_loss("gspo", ratio="sequence", fields=CLIP_FIELDS, doc="""the clipped surrogate on the sequence ratio
+    (GSPO; its paper clips at ~3e-4 / 4e-4).""")
+def gspo_loss(logps_BT: torch.Tensor, old_logps_BT: torch.Tensor, advantages_B: torch.Tensor, mask_BT: torch.Tensor,
+              clip_low: float = CLIP_LOW, clip_high: float = CLIP_HIGH,
+              dual_clip: float | None = DUAL_CLIP) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """GSPO: the clipped surrogate on the length-normalised sequence ratio; see `policy_loss`."""
+    return _clipped_policy_loss("sequence", logps_BT, old_logps_BT, advantages_B, mask_BT, clip_low, clip_high,
+                                dual_clip)
+
+
+@register_policy_loss("gspo_token", ratio="sequence_token", fields=CLIP_FIELDS, doc="""GSPO's value with a per-token
+    gradient path (GSPO-token).""")
+def gspo_token_loss(logps_BT: torch.Tensor, old_logps_BT: torch.Tensor, advantages_B: torch.Tensor,
+                    mask_BT: torch.Tensor, clip_low: float = CLIP_LOW, clip_high: float = CLIP_HIGH,
+                    dual_clip: float | None = DUAL_CLIP) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """GSPO-token: the sequence ratio's value with each token's own gradient path; see `policy_loss`."""
+    return _clipped_policy_loss("sequence_token", logps_BT, old_logps_BT, advantages_B, mask_BT, clip_low,
+                                clip_high, dual_clip)
+
+
+@register_policy_loss("luspo", ratio="sequence", fields=CLIP_FIELDS, agg_mode="seq-mean-token-sum", doc="""GSPO's
+    clipped loss, each sequence weighted by its length (TRL's luspo).""")
+def luspo_loss(logps_BT: torch.Tensor, old_logps_BT: torch.Tensor, advantages_B: torch.Tensor, mask_BT: torch.Tensor,
+               clip_low: float = CLIP_LOW, clip_high: float = CLIP_HIGH,
+               dual_clip: float | None = DUAL_CLIP) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """LUSPO: GSPO's clipped loss; the length weighting is its aggregation (seq-mean-token-sum); see `policy_loss`."""
+    return _clipped_policy_loss("sequence", logps_BT, old_logps_BT, advantages_B, mask_BT, clip_low, clip_high,
+                                dual_clip)
 
 
 @register_policy_loss("cispo", ratio="token", metrics=("loss/cispo_clip_frac",), doc="""a clipped, detached ratio
@@ -412,8 +435,8 @@ def policy_loss(name: str, logps_BT: torch.Tensor, old_logps_BT: torch.Tensor, a
 
 def losses_help() -> str:
     """The registered policy losses for --help: each with its ratio, what it is and its hyper-parameters."""
-    lines = ["", "", "Policy losses for loss.policy_loss (grpo/core/losses.py POLICY_LOSSES; a loss's own hyper-parameters "
-             "are set as --loss.params.<name> VALUE):"]
+    lines = ["", "", "Policy losses for loss.policy_loss (grpo/core/losses.py POLICY_LOSSES; a loss's own "
+             "hyper-parameters are set as --loss.params.<name> VALUE):"]
     for spec in POLICY_LOSSES.values():
         needs = f"; needs loss.agg_mode {spec.agg_mode}" if spec.agg_mode else ""
         takes = f"; takes {', '.join(f'loss.{f}' for f in spec.fields)}" if spec.fields else ""

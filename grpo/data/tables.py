@@ -19,8 +19,9 @@ datasets 5.2, that builder rejects a whole file for one blank line or for a colu
 line (file:line) like the BBQ and HaluEval loaders do. Why CSV columns are text: CSV has no types, and inference
 turns an id "007" into 7 and an answer "1e3" into 1000.0.
 
-A Hub id is tried only after a quick connection check (`HUB_PROBE_TIMEOUT_S`): offline, datasets retries for about
-25 s per file before failing; here the error comes at once and says what to do. With HF_HUB_OFFLINE=1 or
+A Hub id is tried only after a quick connection check (`HUB_PROBE_TIMEOUT_S`): offline, datasets retries for a long
+while per file before failing (docs/RESULTS.md, "Figures behind constants"); here the error comes at once and says
+what to do. With HF_HUB_OFFLINE=1 or
 HF_DATASETS_OFFLINE=1 the local cache is used and nothing is probed.
 """
 

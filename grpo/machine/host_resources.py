@@ -242,9 +242,10 @@ class _MallInfo2(ctypes.Structure):
 
 TRIM_FROM_BYTES = 512 * 2**20
 """Free memory glibc must hold before `release_freed_memory` hands it back. What is handed back is faulted in again
-(zeroed pages) when the next step allocates it: the demo frees 100-130 MB of its 500 MB every step, and handing that
-back every step cost it more than it saved; `--preset smollm2-tools` kept 5-6 GB free after its warm-up and after an
-RL step before its micro-batches shrank (benchmarks/RESULTS.md, "Beside busy neighbours", says why)."""
+(zeroed pages) when the next step allocates it: the demo frees part of its memory every step, and handing that
+back every step cost it more than it saved; `--preset smollm2-tools` kept gigabytes free after its warm-up and after
+an RL step before its micro-batches shrank (benchmarks/RESULTS.md, "Beside busy neighbours", says why; the sizes:
+docs/RESULTS.md, "Figures behind constants")."""
 
 
 def release_freed_memory(at_least: int = TRIM_FROM_BYTES) -> bool:

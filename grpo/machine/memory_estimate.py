@@ -52,10 +52,10 @@ SOFTMAX_TEMPS = 2
 TRAIN_LOGITS_COPIES = 2
 """Training holds the saved logits plus one full-size grad at a time in backward (measured: docs/MEMORY.md)."""
 DEFAULT_CUDA_OVERHEAD_GB = 0.75
-"""CUDA context + cuBLAS workspace of a torch process: NVML process use − torch reserved measured 0.66–0.75 GiB on
-an H100 (torch 2.11, CUDA 13); ~0.5–1 GiB is the usual range on A100/H100."""
+"""CUDA context + cuBLAS workspace of a torch process (NVML's process use minus torch's reserved): the largest
+reading on an H100 (docs/RESULTS.md, "Figures behind constants")."""
 DEFAULT_ALLOCATOR_SLACK = 0.05
-"""Caching-allocator fragmentation: reserved was 1–4% above peak allocated in the measured 8B LoRA step; 5% margin."""
+"""Caching-allocator fragmentation over peak allocated, with a margin (docs/RESULTS.md, "Figures behind constants")."""
 MIN_K = 2
 """GRPO needs at least two completions per prompt for a group standard deviation."""
 
@@ -173,7 +173,7 @@ def lora_param_count(shape: ModelShape, r: int, targets: tuple[str, ...] | list[
 
 @dataclass(frozen=True)
 class EstimateInputs:
-    """Plain values that decide memory; `grpo/run/assembly/memory_inputs.py: inputs_from_config` builds one from the Config."""
+    """Plain values that decide memory; `grpo/run/assembly/memory_inputs.py: inputs_from_config` builds one."""
 
     shape: ModelShape
     micro_batch_seqs: int
@@ -325,7 +325,7 @@ def _persistent(x: EstimateInputs, counts: dict[str, int], n_train: int) -> dict
         out["LoRA grads (fp32)"] = n_train * ADAPTER_BYTES
         out["AdamW states (2× fp32)"] = 2 * n_train * ADAPTER_BYTES
     else:
-        out["reference copy (frozen)"] = weights  # grpo/models/modeling.load_policy deep-copies it under full FT, β or not
+        out["reference copy (frozen)"] = weights  # modeling.load_policy deep-copies it under full FT, β or not
         out["grads"] = n_train * p
         out[f"AdamW states (2× {x.weight_dtype})"] = 2 * n_train * p
         out["fp32 master weights"] = n_train * 4 if (x.fp32_master and p < 4) else 0

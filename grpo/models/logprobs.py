@@ -1,6 +1,7 @@
 """Per-token log-probs of the sampled completion tokens: the one place that runs the model for training.
 
-Layout (see grpo/core/step_types.py): `input_ids_BL = [left-padded prompt (P columns) | right-padded completion (T columns)]`.
+Layout (see grpo/core/step_types.py):
+`input_ids_BL = [left-padded prompt (P columns) | right-padded completion (T columns)]`.
 The logits at column P − 1 + t predict completion token t.
 
 Formulas (one line each, with the source):
@@ -39,8 +40,8 @@ def no_logits(like: torch.Tensor) -> torch.Tensor:
     """`logits_to_keep` that keeps no position, for forwards whose logits the fused head computes itself from the
     hooked hidden states. transformers slices `hidden_states[:, logits_to_keep, :]`, and a 1-D index tensor is taken
     as the positions to keep (an int 0 would keep them all), so an empty one gives (B, 0, V) logits for free. One
-    kept position costs a head product per row (B matrix-vector products through a strided slice): 2 % of a
-    32-row × 72-token SmolLM2 forward on one CPU thread, within noise (`python benchmarks/real_model_parts.py`)."""
+    kept position costs a head product per row (B matrix-vector products through a strided slice), within noise of
+    a SmolLM2 forward (docs/RESULTS.md, "Figures behind constants")."""
     return torch.empty(0, dtype=torch.long, device=like.device)
 
 
@@ -52,7 +53,8 @@ def fused_head_parts(model: torch.nn.Module) -> tuple[torch.nn.Module, torch.nn.
         return None
     head = base.get_output_embeddings()
     decoder = base.get_decoder() if hasattr(base, "get_decoder") else None
-    if type(head) is not torch.nn.Linear or head.bias is not None or hasattr(head.weight, "to_local") or decoder is None:
+    if (type(head) is not torch.nn.Linear or head.bias is not None or hasattr(head.weight, "to_local")
+            or decoder is None):
         return None
     return decoder, head
 

@@ -55,13 +55,14 @@ def adamw(params: list[torch.nn.Parameter], lr: float, weight_decay: float) -> t
     return torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay, fused=True if plain and params else None)
 
 
-def micro_batch_terms(model: torch.nn.Module, mb: TrainBatch, betas_N: torch.Tensor, loss: LossConfig,
+def micro_batch_terms(model: torch.nn.Module, mb: TrainBatch, betas_N: torch.Tensor, objective: LossConfig,
                       temperature: float, fused_head: bool, entropy_coef: float | None = None,
                       loss_fn: Callable[..., tuple[torch.Tensor, dict[str, torch.Tensor]]] | None = None,
                       ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
     """Per-token loss terms of one micro-batch: (policy_BT, regulariser_BT = β_task·KL − c·entropy, mask_BT, parts).
 
-    betas_N: the KL coefficient per task index; each sequence uses its own task's β. `temperature`: the sampling
+    `objective`: the loss section. betas_N: the KL coefficient per task index; each sequence uses its own task's β.
+    `temperature`: the sampling
     temperature (rollout.temperature), so the log-probs are those of the distribution the rollouts came from.
     `fused_head` (model.fused_lm_head): apply the LM head inside the log-prob computation (grpo/core/kernels.py).
     `entropy_coef`: the adaptive entropy controller's coefficient for this step; None = loss.entropy_coef.
@@ -73,7 +74,7 @@ def micro_batch_terms(model: torch.nn.Module, mb: TrainBatch, betas_N: torch.Ten
                                                group_size=mb.group_size)
     mask_BT = mb.completion_mask_BT.to(logps_BT.dtype)
     old_BT = logps_BT.detach() if mb.old_logps_BT is None else mb.old_logps_BT
-    loss_fn = loss_fn or bound_policy_loss(loss)
+    loss_fn = loss_fn or bound_policy_loss(objective)
     pg_BT, pg_metrics = loss_fn(logps_BT, old_BT, mb.advantages_B, mask_BT)
     if mb.entropy_mask_BT is not None:  # top-entropy tokens only (loss.top_entropy_quantile); denominators unchanged
         pg_BT = pg_BT * mb.entropy_mask_BT.to(pg_BT.dtype)
@@ -81,14 +82,14 @@ def micro_batch_terms(model: torch.nn.Module, mb: TrainBatch, betas_N: torch.Ten
     kl_value_BT = torch.zeros_like(logps_BT)
     kl_k1_BT = torch.zeros_like(logps_BT)
     if mb.ref_logps_BT is not None:
-        kl_BT = kl_penalty(logps_BT, mb.ref_logps_BT, loss.kl_estimator)
-        if loss.kl_importance_weight:  # TRL's use_bias_correction_kl: times the loss's ratio, not detached
-            log_ratio_BT = LOG_RATIOS[POLICY_LOSSES[loss.policy_loss].ratio](logps_BT, old_BT.detach(), mask_BT)
+        kl_BT = kl_penalty(logps_BT, mb.ref_logps_BT, objective.kl_estimator)
+        if objective.kl_importance_weight:  # TRL's use_bias_correction_kl: times the loss's ratio, not detached
+            log_ratio_BT = LOG_RATIOS[POLICY_LOSSES[objective.policy_loss].ratio](logps_BT, old_BT.detach(), mask_BT)
             kl_BT = kl_BT * importance_ratio(log_ratio_BT)
         reg_BT = reg_BT + betas_B.to(kl_BT.dtype)[:, None] * kl_BT
         kl_value_BT = kl_penalty(logps_BT.detach(), mb.ref_logps_BT, KL_METRIC_ESTIMATOR)
         kl_k1_BT = kl_penalty(logps_BT.detach(), mb.ref_logps_BT, KL_TAIL_ESTIMATOR)
-    coef = loss.entropy_coef if entropy_coef is None else entropy_coef
+    coef = objective.entropy_coef if entropy_coef is None else entropy_coef
     if coef > 0:
         reg_BT = reg_BT - coef * entropy_BT
     parts = {"pg_BT": pg_BT.detach(), "kl_BT": kl_value_BT, "kl_k1_BT": kl_k1_BT, "entropy_BT": entropy_BT.detach(),
@@ -97,12 +98,12 @@ def micro_batch_terms(model: torch.nn.Module, mb: TrainBatch, betas_N: torch.Ten
     return pg_BT, reg_BT, mask_BT, parts
 
 
-def bound_policy_loss(loss: LossConfig) -> Callable[..., tuple[torch.Tensor, dict[str, torch.Tensor]]]:
+def bound_policy_loss(objective: LossConfig) -> Callable[..., tuple[torch.Tensor, dict[str, torch.Tensor]]]:
     """loss.policy_loss with its hyper-parameters bound, once per update: the clip's (loss.clip_low, loss.clip_high,
-    loss.dual_clip) where it is a clipped loss, and its loss.params. It then takes (logps_BT, old_logps_BT,
-    advantages_B, mask_BT) and gives (loss_BT, metrics)."""
-    return POLICY_LOSSES[loss.policy_loss].bind(loss.params, clip_low=loss.clip_low, clip_high=loss.clip_high,
-                                                dual_clip=loss.dual_clip)
+    loss.dual_clip) where it is a clipped loss, and its loss.params; `objective` is the loss section. It then takes
+    (logps_BT, old_logps_BT, advantages_B, mask_BT) and gives (loss_BT, metrics)."""
+    return POLICY_LOSSES[objective.policy_loss].bind(objective.params, clip_low=objective.clip_low,
+                                                     clip_high=objective.clip_high, dual_clip=objective.dual_clip)
 
 
 Terms = Callable[[TrainBatch], tuple[torch.Tensor, torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]]
@@ -153,8 +154,8 @@ class _StepStats:
             self.kl_k1, self.pg, self.loss = sums[3 * n:4 * n], sums[4 * n], sums[4 * n + 1]
             for k, vs in self.scalars.items():
                 op = "max" if k.endswith("_max") else "min" if k.endswith("_min") else "sum"
-                value = torch.stack(vs).max() if op == "max" else torch.stack(vs).min() if op == "min" \
-                    else torch.stack(vs).mean() / dist.world
+                value = (torch.stack(vs).max() if op == "max" else torch.stack(vs).min() if op == "min"
+                         else torch.stack(vs).mean() / dist.world)
                 self.scalars[k] = [dist.reduce(value.reshape(1).clone(), op)[0]]
         tok = self.tokens.clamp(min=1)
         names = list(self.scalars)
@@ -164,8 +165,8 @@ class _StepStats:
         head = [self.loss, self.pg / tok.sum(), self.entropy.sum() / tok.sum(), self.kl.sum() / tok.sum()]
         values = torch.cat([torch.stack([self.kl, self.kl_k1, self.entropy]).div(tok).flatten(), self.tokens,
                             torch.stack(head + reduced).float()]).tolist()  # the pass's one host sync
-        kl, kl_k1, ent, tokens, rest = values[:n], values[n:2 * n], values[2 * n:3 * n], values[3 * n:4 * n], \
-            values[4 * n:]
+        kl, kl_k1, ent, tokens = values[:n], values[n:2 * n], values[2 * n:3 * n], values[3 * n:4 * n]
+        rest = values[4 * n:]
         out = {"loss/total": rest[0], "loss/policy_token_mean": rest[1]}
         if sum(tokens) > 0:
             out["entropy/all"], out["kl/all"] = rest[2], rest[3]
@@ -174,7 +175,7 @@ class _StepStats:
                 out[f"kl/{t}"] = kl[i]
                 out[f"kl_k1/{t}"] = kl_k1[i]
                 out[f"entropy/{t}"] = ent[i]
-        out.update(zip(names, rest[len(head):]))
+        out.update(zip(names, rest[len(head):], strict=True))
         return out
 
 
@@ -214,19 +215,19 @@ class StepSettings:
     """The adaptive entropy controller's current coefficient (run state, not config); None = loss.entropy_coef."""
 
 
-def update_passes(learner: Learner, batch: TrainBatch, betas_N: torch.Tensor, loss: LossConfig, tasks: Sequence[str],
-                  settings: StepSettings) -> dict[str, float]:
-    """loss.mu optimizer steps of `learner` over `batch` (the loss section: policy loss, clipping, aggregation, KL
-    estimator, entropy bonus, μ). betas_N: β per task index. Returns metrics + health.
+def update_passes(learner: Learner, batch: TrainBatch, betas_N: torch.Tensor, objective: LossConfig,
+                  tasks: Sequence[str], settings: StepSettings) -> dict[str, float]:
+    """loss.mu optimizer steps of `learner` over `batch` (`objective`, the loss section: policy loss, clipping,
+    aggregation, KL estimator, entropy bonus, μ). betas_N: β per task index. Returns metrics + health.
 
     Loss, per-task KL and entropy are the first pass's (measured on the rollout policy, which is what the KL
     controllers steer); the ratio / clip metrics (PER_PASS_PREFIXES) cover all μ passes: mean of the means, max of
     the maxima, min of the minima. `health/grad_norm` is the first pass's, `health/grad_norm_max` the largest.
 
     The surgery is called as surgery(micro_batches, terms, agg, stats, dist=dist) (see `Terms`,
-    `BoundAggregate`). With μ > 1 and `batch.old_logps_BT` None, the first pass's own log-probs (detached) become the old
-    log-probs of the later passes: the caller skips the separate old-log-prob forward when train mode has no dropout,
-    because the first pass then computes exactly those values.
+    `BoundAggregate`). With μ > 1 and `batch.old_logps_BT` None, the first pass's own log-probs (detached) become the
+    old log-probs of the later passes: the caller skips the separate old-log-prob forward when train mode has no
+    dropout, because the first pass then computes exactly those values.
     With `learner.dist`, `batch` is this rank's share; token and sequence counts are summed over ranks, and gradients
     are summed once per optimizer step (DDP on the last micro-batch, `no_sync` on the others; the loss is multiplied
     by the world size because DDP averages).
@@ -234,25 +235,25 @@ def update_passes(learner: Learner, batch: TrainBatch, betas_N: torch.Tensor, lo
     model, dist = learner.model, learner.dist
     num_tokens, num_seqs, world = _global_counts(batch, dist)  # counted ONCE for the whole optimizer step
     if num_tokens == 0:
-        if loss.mask_truncated:  # every completion was truncated and masked: nothing to learn from this batch
+        if objective.mask_truncated:  # every completion was truncated and masked: nothing to learn from this batch
             return {"loss/total": 0.0, "loss/no_tokens": 1.0, "health/grad_norm": 0.0, "health/grad_norm_max": 0.0,
                     "health/skipped": 0.0, "health/skipped_passes": 0.0}
         raise ValueError("the rollout batch has no completion tokens to train on (every completion is empty)")
     metrics: dict[str, float] = {}
-    if loss.top_entropy_quantile < 1.0:
-        metrics.update(select_top_entropy(model, batch, loss.top_entropy_quantile, settings, dist))
+    if objective.top_entropy_quantile < 1.0:
+        metrics.update(select_top_entropy(model, batch, objective.top_entropy_quantile, settings, dist))
 
     # one micro-batch's terms and its share of the step's loss, with everything else bound once for the step
-    terms: Terms = functools.partial(micro_batch_terms, model, betas_N=betas_N, loss=loss,
+    terms: Terms = functools.partial(micro_batch_terms, model, betas_N=betas_N, objective=objective,
                                      temperature=settings.temperature, fused_head=settings.fused_head,
-                                     entropy_coef=settings.entropy_coef, loss_fn=bound_policy_loss(loss))
-    agg: BoundAggregate = functools.partial(aggregate, mode=loss.agg_mode, num_tokens=num_tokens, num_seqs=num_seqs,
-                                       constant=settings.agg_constant)
+                                     entropy_coef=settings.entropy_coef, loss_fn=bound_policy_loss(objective))
+    agg: BoundAggregate = functools.partial(aggregate, mode=objective.agg_mode, num_tokens=num_tokens,
+                                            num_seqs=num_seqs, constant=settings.agg_constant)
 
     model.train()
     passes: list[dict[str, float]] = []
     norms: list[float] = []
-    for pass_index in range(loss.mu):
+    for pass_index in range(objective.mu):
         learner.optimizer.zero_grad(set_to_none=True)
         stats = _StepStats(len(tasks), batch.advantages_B.device)
         micro = list(batch.micro_batches(settings.micro_batch_seqs))
@@ -262,11 +263,11 @@ def update_passes(learner: Learner, batch: TrainBatch, betas_N: torch.Tensor, lo
         else:
             _backward(learner, micro, terms, agg, stats, world)
         norms.append(_optimizer_step(learner, settings))
-        if pass_index == 0 and loss.mu > 1 and batch.old_logps_BT is None:
+        if pass_index == 0 and objective.mu > 1 and batch.old_logps_BT is None:
             logps_BT = batch.from_micro_batches([lp.float() for lp in stats.logps], settings.micro_batch_seqs)
             batch.old_logps_BT = logps_BT * batch.completion_mask_BT
         passes.append(stats.finish(tasks, dist))
-    return {**metrics, **_across_passes(passes, norms, loss, settings.skip_grad_norm)}
+    return {**metrics, **_across_passes(passes, norms, objective, settings.skip_grad_norm)}
 
 
 def _global_counts(batch: TrainBatch, dist: Dist | None) -> tuple[int, int, int]:
@@ -316,15 +317,15 @@ def _optimizer_step(learner: Learner, settings: StepSettings) -> float:
     return grad_norm
 
 
-def _across_passes(passes: list[dict[str, float]], norms: list[float], loss: LossConfig,
+def _across_passes(passes: list[dict[str, float]], norms: list[float], objective: LossConfig,
                    skip_grad_norm: float) -> dict[str, float]:
     """The step's metrics from its μ passes: the first pass's, with the PER_PASS_PREFIXES ones and the loss's own
     metrics over all passes (mean of the means, max of the maxima, min of the minima), and health/."""
     metrics = dict(passes[0])
-    for key in [k for k in passes[0] if k.startswith(PER_PASS_PREFIXES + POLICY_LOSSES[loss.policy_loss].metrics)]:
+    for key in [k for k in passes[0] if k.startswith(PER_PASS_PREFIXES + POLICY_LOSSES[objective.policy_loss].metrics)]:
         values = [p[key] for p in passes if key in p]
-        metrics[key] = max(values) if key.endswith("_max") else min(values) if key.endswith("_min") \
-            else sum(values) / len(values)
+        metrics[key] = (max(values) if key.endswith("_max") else min(values) if key.endswith("_min")
+                        else sum(values) / len(values))
     skipped = sum(not (n == n and n <= skip_grad_norm) for n in norms)
     metrics["health/grad_norm"] = norms[0]
     metrics["health/grad_norm_max"] = max(norms, key=lambda n: n if n == n else math.inf)  # NaN counts as largest
@@ -351,7 +352,8 @@ def select_top_entropy(model: torch.nn.Module, batch: TrainBatch, quantile: floa
 
 
 class TaskGradientSurgery:
-    """Per-task gradients, accumulated over the micro-batches of one optimizer step, combined once (grpo/core/gradient_surgery.py).
+    """Per-task gradients, accumulated over the micro-batches of one optimizer step, combined once
+    (grpo/core/gradient_surgery.py).
 
     Per micro-batch: one forward, then one backward per task present (its policy loss, normalised by the whole
     step's token count) and one for the KL/entropy terms, which are added after the surgery when `policy_only`.

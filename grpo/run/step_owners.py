@@ -7,8 +7,9 @@
     Updater     optimizer, scheduler, weight guard, gradient surgery, the β controllers and the entropy controller,
                 the micro-batch size and the out-of-memory retry, the old-log-prob and reference passes
 
-`grpo_train.rl_step` passes records between them (Rollout -> Scored -> Rewarded -> TrainBatch -> metrics) and times each phase
-with a `StepTimer` (grpo/run/tracking.py). The owners' state is what a checkpoint saves (grpo/run/checkpoint/save_resume.py), under the same keys.
+`grpo_train.rl_step` passes records between them (Rollout -> Scored -> Rewarded -> TrainBatch -> metrics) and times
+each phase with a `StepTimer` (grpo/run/tracking.py). The owners' state is what a checkpoint saves
+(grpo/run/checkpoint/save_resume.py), under the same keys.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ import torch
 from grpo import config as C
 from grpo.core.advantages import MULTI_OBJECTIVE_AGGREGATIONS, group_advantages
 from grpo.core.answer_metrics import step_answer_metrics
-from grpo.core.dapo import fill_informative_groups, overlong_penalty
+from grpo.core.dapo import fill_informative_groups, kl_only_advantages, overlong_penalty
 from grpo.core.entropy_control import AdaptiveEntropyCoef
 from grpo.core.gradient_surgery import ConflictMonitor
 from grpo.core.kl_control import Controller, controller_from_config
@@ -248,30 +249,50 @@ class Rewarder:
         these, also when dynamic sampling trains on a filtered batch: a task collapsed onto one answer would vanish
         from its kept groups); the last `kl_only_rows` rows of `kept` get advantage 0; `metrics`, `counts`: the
         rollouts' metrics and the scoring counts of this process."""
-        k, dist, everyone, offset = self.rollout.k, self.dist, kept, 0
-        if dist.active:  # metrics and group advantages over the global batch (train.split_groups: a group may span)
-            parts = dist.gather(kept)  # (dynamic sampling: one process)
-            offset = sum(len(part) for part in parts[:dist.rank])
-            everyone = sampled = [s for part in parts for s in part]
-            metrics = {**rollout_metrics([s.rollout for s in everyone]),
-                       "rollout/nonfinite_logit_rows": dist.sum_numbers([metrics["rollout/nonfinite_logit_rows"]])[0]}
-            if self.tool_names is not None:
-                metrics.update(tool_metrics([s.rollout.tool_use for s in everyone], self.tool_names))
-            counts = dict(zip(counts, dist.sum_numbers(list(counts.values()))))
-        metrics = {**metrics, **per_step_counts(counts, self.counters)}
-        # TRL's num_tokens: the prompt and model-written completion tokens of every step so far (checkpointed)
+        everyone, offset = kept, 0
+        if self.dist.active:  # metrics, advantages over the global batch (train.split_groups: a group may span)
+            everyone, offset = self._gather(kept)  # (dynamic sampling: one process)
+            sampled = everyone
+            metrics = self._global_rollout_metrics(everyone, metrics)
+            counts = dict(zip(counts, self.dist.sum_numbers(list(counts.values())), strict=True))
+        metrics = {**metrics, **self._counter_metrics(counts, sampled)}
+        metrics.update(reward_logs())  # what reward functions passed to TRL's log_metric this step
+        advantages_B = kl_only_advantages(self._group_advantages(everyone, metrics), kl_only_rows)
+        metrics.update(self._reply_metrics(sampled))
+        return Rewarded(kept, advantages_B[offset:offset + len(kept)], everyone, metrics)
+
+    def _gather(self, kept: list[Scored]) -> tuple[list[Scored], int]:
+        """Every process's rows to train on, in rank order, and where this process's rows start among them."""
+        parts = self.dist.gather(kept)
+        return [s for part in parts for s in part], sum(len(part) for part in parts[:self.dist.rank])
+
+    def _global_rollout_metrics(self, everyone: list[Scored], metrics: dict[str, Any]) -> dict[str, Any]:
+        """rollout/ metrics (and the tools' with rollout.tools) over every process's rollouts; the rows with
+        non-finite logits are this process's count in `metrics`, summed."""
+        out = {**rollout_metrics([s.rollout for s in everyone]),
+               "rollout/nonfinite_logit_rows": self.dist.sum_numbers([metrics["rollout/nonfinite_logit_rows"]])[0]}
+        if self.tool_names is not None:
+            out.update(tool_metrics([s.rollout.tool_use for s in everyone], self.tool_names))
+        return out
+
+    def _counter_metrics(self, counts: dict[str, float], sampled: list[Scored]) -> dict[str, float]:
+        """The scoring counts with this step's share of the judge's running counters, and rollout/tokens_seen
+        (TRL's num_tokens: the prompt and model-written completion tokens of every step so far); both totals are
+        the run's counters, checkpointed."""
+        out = per_step_counts(counts, self.counters)
         self.counters["tokens_seen"] = self.counters.get("tokens_seen", 0.0) + float(
             sum(len(s.rollout.prompt_ids) + s.rollout.model_tokens for s in sampled))
-        metrics["rollout/tokens_seen"] = self.counters["tokens_seen"]
-        metrics.update(reward_logs())  # what reward functions passed to TRL's log_metric this step
-        advantages_B = self._group_advantages(everyone, metrics)
-        if kl_only_rows:  # train.dynamic_sampling_keep_kl: those groups carry their KL term only (an overlong
-            advantages_B[-kl_only_rows:] = 0.0  # penalty could otherwise tell their completions apart)
-        metrics.update(reward_metrics(sampled, self.tasks))
-        metrics.update(fallback_shares(sampled, self.specs))  # tasks whose judge has a fallback grader
-        metrics.update(step_answer_metrics([s.rollout.sample.task for s in sampled],
-                                           [s.rollout.text for s in sampled], [s.reward for s in sampled], k))
-        return Rewarded(kept, advantages_B[offset:offset + len(kept)], everyone, metrics)
+        out["rollout/tokens_seen"] = self.counters["tokens_seen"]
+        return out
+
+    def _reply_metrics(self, sampled: list[Scored]) -> dict[str, float]:
+        """What the policy replied, per task: reward/ metrics, the judge's fallback shares (tasks whose judge has a
+        fallback grader) and the answer metrics of each group of K."""
+        out = reward_metrics(sampled, self.tasks)
+        out.update(fallback_shares(sampled, self.specs))
+        out.update(step_answer_metrics([s.rollout.sample.task for s in sampled], [s.rollout.text for s in sampled],
+                                       [s.reward for s in sampled], self.rollout.k))
+        return out
 
     def _group_advantages(self, scored: list[Scored], metrics: dict[str, Any]) -> torch.Tensor:
         """Group advantages of the rewards (failed: NaN, left out of their group), aggregated per
@@ -293,7 +314,8 @@ class Rewarder:
         return advantages_B
 
 
-OOM_KNOBS = ("train.prompts_per_micro_step (smaller micro-batches, more grad_accum)", "model.gradient_checkpointing=true",
+OOM_KNOBS = ("train.prompts_per_micro_step (smaller micro-batches, more grad_accum)",
+             "model.gradient_checkpointing=true",
              "rollout.max_new_tokens", "model.load_in_4bit=true (QLoRA)", "rollout.k")
 
 

@@ -38,22 +38,23 @@ class DoctorThresholds:
     """A task's window-mean reward within this of its start (and never above start + this) is "flat": one right answer
     in 20 samples, below what a learning policy adds in a window."""
     zero_std_max: float = 0.5
-    """Fraction of a task's groups that are zero-std (advantage 0 everywhere) above which they are "most" (reward_stuck);
-    and the fraction of zero-std groups not explained by solved prompts (z − r, see `_zero_std`) that is a warning."""
+    """Fraction of a task's groups that are zero-std (advantage 0 everywhere) above which they are "most"
+    (reward_stuck); and the fraction of zero-std groups not explained by solved prompts (z − r, see `_zero_std`) that
+    is a warning."""
     solved_reward: float = 0.9
-    """Mean reward at or above which equal rewards in a group mean "solved", not "no signal" (rule graders score 0..1)."""
+    """Mean reward at or above which equal rewards in a group mean "solved", not "no signal" (rule graders score
+    0..1)."""
     collapse_share: float = 0.6
-    """Window-mean share of the top answer class that is flagged. The demo's tasks have three balanced answers, 8
-    prompts of a task per step: measured over 10-step windows, a policy that answers right stays at or below 0.50
-    (seeds 0 and 1), and seed 1's plateau of mixed "no" / "unknown" answers (held-out 0.69) peaked at 0.60."""
+    """Window-mean share of the top answer class that is flagged. The demo's tasks have three balanced answers: a
+    policy that answers right stays below it over 10-step windows, and a plateau of mixed answers reaches it
+    (docs/RESULTS.md, "Figures behind constants")."""
     collapse_rise: float = 0.1
     """How much the window's top-answer share must have risen above the first window's for a dominant answer to be a
     collapse: a reply opening most samples share from the start is the task's format (free-form replies that all begin
-    "Based on the context"), not a collapse RL caused. Measured with the Doctor on the demo fixtures: the collapses
-    fired at 0.40 -> 0.62 (seed 1 as reported) and 0.30 -> 0.61 (seed 1 at lr 1e-3); 0.1 is half the smaller rise and
-    about five times the noise of a 10-step mean over the demo's 48 samples per task and step. An entropy fall would
-    not tell them apart: healthy seeds 0 and 1 lose 75-85% of their first window's entropy, more than the reported
-    collapse had lost (38%) when it fired, and free-form replies lose entropy during RL too."""
+    "Based on the context"), not a collapse RL caused. On the demo fixtures it is half the smaller rise of the
+    collapses the doctor fired on and several times the noise of a 10-step mean. An entropy fall would not tell them
+    apart: healthy runs lose more of their first window's entropy than the reported collapse had when it fired, and
+    free-form replies lose entropy during RL too (the figures: docs/RESULTS.md, "Figures behind constants")."""
     collapse_reward_gap: float = 0.05
     """How far below its best window a task's reward must be for a dominant answer to count as collapse (and for an
     entropy fall to be a warning): a collapse onto the right answer of an easy task is not a failure."""
@@ -67,7 +68,8 @@ class DoctorThresholds:
     """Consecutive steps `kl/<task>` may sit outside its band before it is flagged. A band controller needs a few
     tens of steps to pull KL back, so a short excursion is normal."""
     kl_runaway_factor: float = 3.0
-    """KL above this multiple of its band's top for `kl_band_patience` steps is a runaway (red): β is not catching up."""
+    """KL above this multiple of its band's top for `kl_band_patience` steps is a runaway (red): β is not catching
+    up."""
     kl_runaway_nats: float = 1.0
     """Per-token KL (nats) that is a runaway for a task without a band: the policy's tokens are e times less likely
     under the reference on average."""
@@ -150,8 +152,8 @@ GRAPH_CODES = ("graph_recompiling",)
 
 
 class Window(Protocol):
-    """What a window check reads of the run doctor (grpo.run.doctor.verdict.Doctor is one). Declared here, where the checks
-    are, so that they need not import the doctor that calls them: the two modules import one way."""
+    """What a window check reads of the run doctor (grpo.run.doctor.verdict.Doctor is one). Declared here, where the
+    checks are, so that they need not import the doctor that calls them: the two modules import one way."""
 
     th: DoctorThresholds
     config: dict[str, Any]
@@ -248,4 +250,6 @@ def _longer(config: Mapping[str, Any], why: str) -> str:
 
 def _scaled(config: Mapping[str, Any], dotted: str, factor: float, cast=float) -> Any:
     value = _setting(config, dotted)
-    return cast(value * factor) if isinstance(value, (int, float)) and not isinstance(value, bool) else f"<{factor:g}× now>"
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return cast(value * factor)
+    return f"<{factor:g}× now>"
