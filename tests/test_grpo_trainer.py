@@ -100,6 +100,17 @@ trainer.train()
 }
 
 
+@pytest.fixture(scope="module", autouse=True)
+def no_plot():
+    """Our runs here leave plot.png out: no assertion of this module reads it (tests/test_plot.py and the demo's
+    tests do), and matplotlib's layout of it costs more than the rest of a 2-step tiny run."""
+    import grpo_train
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(grpo_train, "plot_run", lambda run_dir: None)
+        yield
+
+
 @pytest.fixture(scope="module")
 def tiny_folder(tmp_path_factory) -> Path:
     """A tiny Llama and its tokenizer saved as a model folder, the kind a TRL script names."""
@@ -385,7 +396,7 @@ def calling_model():
     call = f"<tool_call>\n{json.dumps(TOOL_CALL)}\n</tool_call>"
     tok.add_tokens([call])
     tok.eos_token, tok.chat_template = "<|im_end|>", qwen2_5_chat_template
-    model = build_tiny_model(tok, seed=3, hidden=64, layers=1, heads=4, kv_heads=2, max_positions=1024)
+    model = build_tiny_model(tok, seed=3, hidden=32, layers=1, heads=2, kv_heads=1, max_positions=1024)
     with torch.no_grad():
         for layer in model.model.layers:
             layer.self_attn.o_proj.weight.zero_()
@@ -401,16 +412,17 @@ def calling_model():
 def test_the_docs_tools_script_runs_beside_trls_own_with_only_the_import_changed(calling_model, isolated):
     """docs/CUSTOM_TASKS.md section 6's TRL script (a loaded model and tokenizer, tools=[multiply]) run by TRL's
     GRPOTrainer and by ours with the import line changed; only the model is a tiny one that calls the tool on every
-    turn and the GRPOConfig a 2-step CPU run with one tool round (max_tool_calling_iterations=1): both run the tool
-    once per completion, the same steps, keys and checkpoints."""
+    turn and the GRPOConfig a 2-step CPU run of 4 completions a step with one tool round
+    (max_tool_calling_iterations=1): both run the tool once per completion, the same steps, keys and checkpoints."""
     tokenizer, model = calling_model
     text = (Path(__file__).resolve().parents[1] / "docs" / "CUSTOM_TASKS.md").read_text()
     script = next(b for b in re.findall(r"```python\n(.*?)```", text, re.S) if "tools=[multiply]" in b
                   and "GRPOTrainer(" in b)
     assert TRL_IMPORT in script and "GRPOConfig(num_generations=8)" in script
-    script = script.replace("GRPOConfig(num_generations=8)", "GRPOConfig(num_generations=8, output_dir='out', "
-                            "max_steps=2, max_completion_length=48, max_tool_calling_iterations=1, use_cpu=True, "
-                            "report_to='none', logging_steps=1, save_steps=1, seed=0)")
+    script = script.replace("GRPOConfig(num_generations=8)", "GRPOConfig(num_generations=4, output_dir='out', "
+                            "per_device_train_batch_size=4, max_steps=2, max_completion_length=48, "
+                            "max_tool_calling_iterations=1, use_cpu=True, report_to='none', logging_steps=1, "
+                            "save_steps=1, seed=0)")
     runs = side_by_side(script, isolated, Path("unused"),
                         lambda: {"model": copy.deepcopy(model), "tokenizer": copy.deepcopy(tokenizer)})
     assert_runs_alike(runs, steps=2)
