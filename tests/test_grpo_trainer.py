@@ -217,10 +217,10 @@ def test_a_trl_script_runs_with_only_the_import_changed_beside_trls_own(name, ti
 
 
 def test_early_stopping_and_a_custom_callback_see_what_trls_trainer_shows_them(tiny_folder, isolated):
-    theirs = run_script(SCRIPTS["early_stopping"], isolated / "trl", tiny_folder, ours=False)
-    ours = run_script(SCRIPTS["early_stopping"], isolated / "ours", tiny_folder, ours=True)
+    runs = side_by_side(SCRIPTS["early_stopping"], isolated, tiny_folder)
+    theirs, ours = runs.theirs, runs.ours
     # a constant reward never improves: patience 1 stops both after the second evaluation, at the same step
-    assert ours["trainer"].state.global_step == theirs["trainer"].state.global_step == 2
+    assert_runs_alike(runs, steps=2)
     assert [e for e in ours["events"].seen if e[0] != "save"] == [e for e in theirs["events"].seen if e[0] != "save"]
     assert ours["events"].seen[0] == "train_begin" and ours["events"].seen[-1] == "train_end"
     assert ("save", 1) in ours["events"].seen and ("save", 2) in ours["events"].seen
