@@ -11,9 +11,11 @@ import pytest
 
 from grpo.config import ConfigError, RolloutConfig
 from grpo.core.step_types import Sample
+from grpo.core.tool_calls import tool_metrics
 from grpo.models.modeling import build_tiny_model, build_tiny_tokenizer
 from grpo.phases import tools as T
 from grpo.phases.generate import GREEDY
+from grpo.run.trl.log_keys import tool_frequencies
 from grpo.run.trl.translation import translate
 from tests.trainer_helpers import call_text
 
@@ -36,9 +38,9 @@ def ping(x: int) -> str:
 CALL = {"type": "function", "function": {"name": "ping", "arguments": {"x": 1}}}
 
 
-def trl_rounds(iterations: int | None, cap: int = 50) -> tuple[int, int]:
-    """(tool runs, replies) of TRL's own loop for one trajectory whose every reply calls ping; `cap`: replies after
-    which the stub model stops calling (TRL's unlimited loop needs an end)."""
+def trl_rounds(iterations: int | None, cap: int = 50) -> tuple[int, int, float]:
+    """(tool runs, replies, tools/call_frequency) of TRL's own loop for one trajectory whose every reply calls ping;
+    `cap`: replies after which the stub model stops calling (TRL's unlimited loop needs an end)."""
     from trl.trainer import grpo_trainer
 
     replies = [1]  # the first reply, sampled before the loop
@@ -62,13 +64,13 @@ def trl_rounds(iterations: int | None, cap: int = 50) -> tuple[int, int]:
     original = grpo_trainer.parse_response
     grpo_trainer.parse_response = parse
     try:
-        grpo_trainer.GRPOTrainer._tool_call_loop(
+        counted = grpo_trainer.GRPOTrainer._tool_call_loop(
             stub, prompts=[[{"role": "user", "content": "go"}]], prompt_ids=[[1, 2]], completion_ids=[[7]],
             completions=[[{"role": "assistant", "content": "", "tool_calls": [CALL]}]], logprobs=None, images=None,
             multimodal_fields=None)
     finally:
         grpo_trainer.parse_response = original
-    return len(RUNS), len(replies)
+    return len(RUNS), len(replies), counted[4] / 1  # TRL's tool_call_count over its one completion
 
 
 @pytest.fixture(scope="module")
@@ -81,7 +83,8 @@ def model(tok):
     return build_tiny_model(tok, seed=1, hidden=32, layers=1, heads=2, kv_heads=1)
 
 
-def our_rounds(tok, model, monkeypatch, max_tool_turns: int, cap: int = 50) -> tuple[int, int]:
+def our_rounds(tok, model, monkeypatch, max_tool_turns: int, cap: int = 50) -> tuple[int, int, float]:
+    """(tool runs, replies, TRL's tools/call_frequency) of grpo-dual's tool_rollouts, as trl_rounds."""
     call = tok(call_text("ping", {"x": 1}), add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
     answer = tok("pong", add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
     replies = []
@@ -93,22 +96,24 @@ def our_rounds(tok, model, monkeypatch, max_tool_turns: int, cap: int = 50) -> t
     monkeypatch.setattr(T, "decoder", lambda *a, **k: fake)
     box = T.ToolBox(T.resolve_tools([ping]), timeout_s=5.0, max_result_tokens=16)
     RUNS.clear()
-    T.tool_rollouts(model, tok, [Sample(task="t", id="0", messages=({"role": "user", "content": "go"},))],
-                    RolloutConfig(max_new_tokens=64, max_tool_turns=max_tool_turns), tools=box, plan=GREEDY)
-    return len(RUNS), len(replies)
+    out = T.tool_rollouts(model, tok, [Sample(task="t", id="0", messages=({"role": "user", "content": "go"},))],
+                          RolloutConfig(max_new_tokens=64, max_tool_turns=max_tool_turns), tools=box, plan=GREEDY)
+    frequency = tool_frequencies(tool_metrics([r.tool_use for r in out[0]]))["tools/call_frequency"]
+    return len(RUNS), len(replies), frequency
 
 
 @pytest.mark.parametrize("iterations", [1, 2, 3])
 def test_max_tool_calling_iterations_runs_as_many_rounds_as_trls_loop(iterations, tok, model, monkeypatch):
     ours = translate({"max_tool_calling_iterations": iterations}).tree["rollout"]["max_tool_turns"]
-    assert our_rounds(tok, model, monkeypatch, ours) == trl_rounds(iterations) == (iterations, iterations + 1)
+    rounds = (iterations, iterations + 1, iterations)  # the last reply's call is not run, nor counted by TRL
+    assert our_rounds(tok, model, monkeypatch, ours) == trl_rounds(iterations) == rounds
 
 
 def test_unset_max_tool_calling_iterations_leaves_the_budget_to_end_the_trajectory(tok, model, monkeypatch):
     tree = translate({"max_completion_length": 40}).tree["rollout"]
     assert tree["max_trajectory_tokens"] == tree["max_new_tokens"] == 40  # TRL's budget of the whole trajectory
     assert tree["max_tool_turns"] == 40  # each round takes >= 1 token of it: the budget binds first
-    assert our_rounds(tok, model, monkeypatch, tree["max_tool_turns"], cap=6) == trl_rounds(None, cap=6) == (5, 6)
+    assert our_rounds(tok, model, monkeypatch, tree["max_tool_turns"], cap=6) == trl_rounds(None, cap=6) == (5, 6, 5)
     with pytest.raises(ConfigError, match="max_tool_calling_iterations") as err:
         translate({"max_tool_calling_iterations": 0})
     assert err.value.field == "max_tool_calling_iterations"

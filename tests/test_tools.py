@@ -252,11 +252,11 @@ def test_the_model_mask_marks_exactly_the_models_own_tokens():
 def test_tool_metrics_by_hand():
     uses = [ToolUse(calls=(("calculator", 2),), failures=(("calculator", 1),), turns=3),
             ToolUse(calls=(("calculator", 1), (INVALID_TOOL, 1)), failures=((INVALID_TOOL, 1),), turns=2,
-                    cut_by_limit=True),
+                    cut_by_limit=True, unrun=1),
             ToolUse(turns=1), ToolUse(turns=1)]
     m = tool_metrics(uses, ["calculator", "lookup"])
     assert m["tools/calls_per_rollout"] == 4 / 4 and m["tools/failure_rate"] == 2 / 4
-    assert m["tools/turns"] == 7 / 4 and m["tools/cut_by_limit"] == 1 / 4
+    assert m["tools/turns"] == 7 / 4 and m["tools/cut_by_limit"] == 1 / 4 and m["tools/unrun_per_rollout"] == 1 / 4
     assert m["tools/calculator/calls_per_rollout"] == 3 / 4 and m["tools/calculator/failure_rate"] == 1 / 3
     assert m["tools/lookup/calls_per_rollout"] == 0.0 and m["tools/lookup/failure_rate"] == 0.0  # logged uncalled
     assert m["tools/invalid/calls_per_rollout"] == 1 / 4 and m["tools/invalid/failure_rate"] == 1.0

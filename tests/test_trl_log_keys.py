@@ -162,3 +162,15 @@ def test_a_run_logs_trls_keys_without_paths_in_metrics_tensorboard_and_samples(t
     tags = set(EventAccumulator(str(run.run_dir / "tb")).Reload().Tags()["scalars"])
     numeric = {k for r in stepped for k, v in r.items() if isinstance(v, float) and k != "step"}
     assert numeric <= tags, numeric - tags
+
+
+def test_trls_tool_keys_count_the_calls_that_ran_by_hand():
+    """4 completions, 6 calls of which 2 a turn limit kept from running, 2 failed: TRL's loop counts 4 calls (it
+    never reaches the last ones), 4 / 4 per completion, 2 of them failed."""
+    from grpo.run.trl.log_keys import tool_frequencies
+
+    metrics = {"tools/calls_per_rollout": 6 / 4, "tools/unrun_per_rollout": 2 / 4, "tools/failure_rate": 2 / 6}
+    assert tool_frequencies(metrics) == pytest.approx({"tools/call_frequency": 1.0, "tools/failure_frequency": 0.5})
+    only_unrun = {"tools/calls_per_rollout": 0.25, "tools/unrun_per_rollout": 0.25, "tools/failure_rate": 0.0}
+    assert tool_frequencies(only_unrun) == {"tools/call_frequency": 0.0, "tools/failure_frequency": 0.0}
+    assert tool_frequencies({"loss/total": 1.0}) == {}  # no tools, no tools/ keys (as TRL without tools)

@@ -133,6 +133,8 @@ class ToolUse:
     cut_by_limit: bool = False
     """The trajectory ended on a limit (rollout.max_tool_turns, the token budget, max_new_tokens in a reply) rather
     than on a reply without a call."""
+    unrun: int = 0
+    """Calls of `calls` that did not run: the last reply called again with no round of calls left (max_tool_turns)."""
 
     @property
     def n_calls(self) -> int:
@@ -156,6 +158,7 @@ class Trajectory:
     failures: Counter = field(default_factory=Counter)
     turns: int = 0
     cut_by_limit: bool = False
+    unrun: int = 0
     done: bool = False
 
     def add_reply(self, ids: Sequence[int], text: str, calls: Sequence[ToolCall]) -> None:
@@ -186,12 +189,13 @@ class Trajectory:
 
     def use(self) -> ToolUse:
         return ToolUse(calls=tuple(sorted(self.calls.items())), failures=tuple(sorted(self.failures.items())),
-                       turns=self.turns, cut_by_limit=self.cut_by_limit)
+                       turns=self.turns, cut_by_limit=self.cut_by_limit, unrun=self.unrun)
 
 
 def tool_metrics(uses: Sequence[ToolUse], names: Sequence[str] = ()) -> dict[str, float]:
     """`tools/calls_per_rollout`, `tools/failure_rate` (failed / calls, 0 without calls), `tools/turns` (replies per
-    rollout), `tools/cut_by_limit` (share of trajectories), and `tools/<name>/{calls_per_rollout,failure_rate}` for
+    rollout), `tools/cut_by_limit` (share of trajectories), `tools/unrun_per_rollout` (calls a turn limit kept from
+    running: counted in calls_per_rollout, never failed), and `tools/<name>/{calls_per_rollout,failure_rate}` for
     every tool of `names` (called or not) and every other name calls were counted under (malformed / unknown)."""
     n = max(1, len(uses))
     calls: Counter = Counter()
@@ -201,7 +205,8 @@ def tool_metrics(uses: Sequence[ToolUse], names: Sequence[str] = ()) -> dict[str
         failures.update(dict(u.failures))
     total, failed = sum(calls.values()), sum(failures.values())
     out = {"tools/calls_per_rollout": total / n, "tools/failure_rate": failed / total if total else 0.0,
-           "tools/turns": sum(u.turns for u in uses) / n, "tools/cut_by_limit": sum(u.cut_by_limit for u in uses) / n}
+           "tools/turns": sum(u.turns for u in uses) / n, "tools/cut_by_limit": sum(u.cut_by_limit for u in uses) / n,
+           "tools/unrun_per_rollout": sum(u.unrun for u in uses) / n}
     for name in sorted(set(names) | set(calls)):
         out[f"tools/{name}/calls_per_rollout"] = calls[name] / n
         out[f"tools/{name}/failure_rate"] = failures[name] / calls[name] if calls[name] else 0.0

@@ -425,6 +425,7 @@ def _take_turn(traj: Trajectory, new: Sequence[int], turn: int, tokenizer, rollo
         return stopped, text
     if turn == rollout.max_tool_turns:  # it calls again, but no round of calls is left: counted, not run
         traj.count((c.name if c.name in tools.names else INVALID_TOOL, None, False) for c in calls)
+        traj.unrun += len(calls)
         traj.cut_by_limit = traj.done = True
         return stopped, text
     results = [tools.run(tokenizer, c, env) for c in calls]

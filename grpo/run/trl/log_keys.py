@@ -17,6 +17,11 @@ grpo-dual's own (one call, where the step's metrics are logged: grpo_train.log_s
     clip_ratio/low_mean, high_mean       loss/clip_frac_low, loss/clip_frac_high (the clipped losses only)
     clip_ratio/region_mean               their sum (a token clipped from below has A < 0, from above A > 0)
     step_time                            time/step
+    tools/call_frequency                 the calls that ran over completions: tools/calls_per_rollout less
+                                         tools/unrun_per_rollout (TRL counts no call its iteration limit kept
+                                         from running)
+    tools/failure_frequency              failed calls over the calls that ran (0 without any); a malformed call,
+                                         plain text to TRL, is a failed call here
     epoch                                TRL's count: the step over the RL steps of an epoch (train prompts //
                                          prompts a step over every process)
 A key whose source the step does not have (a loss without clipping, a skipped update) is left out. The
@@ -55,6 +60,17 @@ def completion_lengths(lengths: Sequence[int], truncated: Sequence[bool]) -> dic
             "completions/max_terminated_length": float(max(ended))}
 
 
+def tool_frequencies(metrics: Mapping[str, Any]) -> dict[str, float]:
+    """TRL's tools/ keys from a step's tools/ metrics (grpo.core.tool_calls.tool_metrics); none in a run without
+    tools. A call the turn limit kept from running is never failed, so the failures all ran."""
+    if "tools/calls_per_rollout" not in metrics:
+        return {}
+    calls = float(metrics["tools/calls_per_rollout"])
+    ran = calls - float(metrics.get("tools/unrun_per_rollout", 0.0))
+    failed = float(metrics["tools/failure_rate"]) * calls
+    return {"tools/call_frequency": ran, "tools/failure_frequency": failed / ran if ran > 0 else 0.0}
+
+
 def trl_log_keys(metrics: Mapping[str, Any], scored: Sequence[Scored], step: int, train_prompts: int,
                  prompts_per_step: int) -> dict[str, float]:
     """TRL's top-level keys of one RL step (the module docstring's table): `metrics` the step's metrics, `scored`
@@ -65,6 +81,7 @@ def trl_log_keys(metrics: Mapping[str, Any], scored: Sequence[Scored], step: int
         out["clip_ratio/region_mean"] = float(metrics["loss/clip_frac_low"]) + float(metrics["loss/clip_frac_high"])
     if scored:
         out["reward"], out["reward_std"] = trl_mean_std([s.reward for s in scored])
+    out.update(tool_frequencies(metrics))
     out.update(completion_lengths([s.rollout.model_tokens for s in scored], [s.rollout.truncated for s in scored]))
     per_epoch = train_prompts // prompts_per_step if prompts_per_step > 0 else 0
     if per_epoch > 0:  # TRL's epoch: global steps over the steps of an epoch (the last incomplete batch dropped)
