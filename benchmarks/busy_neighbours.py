@@ -1,6 +1,6 @@
 """The demo beside busy neighbours: how much longer it takes with one and with two processes spinning on the CPU.
 
-    python benchmarks/busy_neighbours.py [--repeats 3] [--cpus 0,1] [--repo PATH] [--json OUT]
+    python -m benchmarks.busy_neighbours [--repeats 3] [--cpus 0,1] [--repo PATH] [--json OUT]
                                          [-- trainer arguments, default: --seed 0 --max-steps 40]
 
 For each load (0, 1, 2 neighbours) it starts that many `python -c "while True: pass"` processes, runs

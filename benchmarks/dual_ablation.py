@@ -1,19 +1,19 @@
 """What the RL phase of a dual-objective run (BBQ + HaluEval recognition) did, per run and per variant: the table of
 benchmarks/RESULTS.md's "Dual objective on SmolLM2" section.
 
-    python benchmarks/dual_ablation.py --runs DIR [DIR ...]            # finished run folders -> the table
-    python benchmarks/dual_ablation.py --runs DIR [DIR ...] --phases   # each measure before SFT, after SFT, after RL
+    python -m benchmarks.dual_ablation --runs DIR [DIR ...]            # finished run folders -> the table
+    python -m benchmarks.dual_ablation --runs DIR [DIR ...] --phases   # each measure before SFT, after SFT, after RL
                                                                        # (seed mean, min-max); --short: the summary's
-    python benchmarks/dual_ablation.py --runs DIR [DIR ...] --against preset  # each variant minus preset, seed by seed
-    python benchmarks/dual_ablation.py --runs DIR [DIR ...] --letters  # what always answering one letter scores
-    python benchmarks/dual_ablation.py --runs DIR [DIR ...] --regrade  # BBQ accuracy as recorded and as this
+    python -m benchmarks.dual_ablation --runs DIR [DIR ...] --against preset  # each variant minus preset, seed by seed
+    python -m benchmarks.dual_ablation --runs DIR [DIR ...] --letters  # what always answering one letter scores
+    python -m benchmarks.dual_ablation --runs DIR [DIR ...] --regrade  # BBQ accuracy as recorded and as this
                                                                        # checkout's bbq_rule grades the same replies
-    python benchmarks/dual_ablation.py --out DIR --seeds 0 1 2 \\
+    python -m benchmarks.dual_ablation --out DIR --seeds 0 1 2 \\
         --variant base= --variant lr3e-4="--train.lr 3e-4"               # runs each variant x seed, then the table
         [--common "--preset smollm2-dual ..."]                           # flags every variant shares
-    python benchmarks/dual_ablation.py --runs DIR ... --keep DEST      # also copy each run's records to DEST/<run>
+    python -m benchmarks.dual_ablation --runs DIR ... --keep DEST      # also copy each run's records to DEST/<run>
                                                                        # (the .jsonl records gzipped, as git keeps them)
-    python benchmarks/dual_ablation.py --runs KEPT ... --unpack DEST   # a kept copy back as a plain run folder, for
+    python -m benchmarks.dual_ablation --runs KEPT ... --unpack DEST   # a kept copy back as a plain run folder, for
                                                                        # `python -m grpo.run.doctor plot DEST/<run>` (curves)
 
 Every figure is the RL phase's: after SFT -> after RL (before SFT -> after RL for a run without SFT, sft.steps 0),
@@ -44,10 +44,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from benchmarks.common import GZ, has_record, read_record, write_packed
+
 ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:  # grpo (answer classes, bbq_rule) from this checkout, as the other benchmarks do
-    sys.path.insert(0, str(ROOT))
-from benchmarks.common import GZ, has_record, read_record, write_packed  # noqa: E402  (after the path fix above)
 
 BAR = 0.10
 """The success bar: the RL phase raises BBQ accuracy and the recognition balanced accuracy by at least this."""

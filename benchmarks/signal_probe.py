@@ -1,6 +1,6 @@
 """What a model tells apart on the dual objective's data before any training: the signal RL would have to sharpen.
 
-    python benchmarks/signal_probe.py [--model smollm2-135m-instruct] [--bbq-per-category 20]
+    python -m benchmarks.signal_probe [--model smollm2-135m-instruct] [--bbq-per-category 20]
                                       [--recognition-rows 120] [--threads 2] [--json OUT]
 
 RL raises what a policy already samples more often when it is right (pass@K, `train.pass_at_k`); this asks the same of
@@ -35,15 +35,14 @@ from typing import Any, Sequence
 
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from grpo.config import ModelConfig
+from grpo.core.recognition_measures import recognition_measures
+from grpo.data.bbq import LETTERS, load_bbq
+from grpo.data.halueval import load_halueval
+from grpo.models.modeling import load_policy
+from grpo.models.tokens import encode_prompt
 
-from grpo.core.recognition_measures import recognition_measures  # noqa: E402
-from grpo.data.bbq import LETTERS, load_bbq  # noqa: E402
-from grpo.data.halueval import load_halueval  # noqa: E402
-from grpo.config import ModelConfig  # noqa: E402
-from grpo.models.modeling import load_policy  # noqa: E402
-from grpo.models.tokens import encode_prompt  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 ANSWER_PREFIX = "Answer:"
 """What the probe writes at the start of the reply before reading the next token's log-probabilities."""

@@ -2,20 +2,17 @@
 the race picks the same tokens on both and compiled, and the per-step cost of the draw at a Qwen-sized vocabulary,
 eager and compiled. Prints figures; needs a CUDA GPU.
 
-    python scripts/gpu_sampling_check.py
+    python -m scripts.gpu_sampling_check
 """
 
 from __future__ import annotations
 
 import sys
 import time
-from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from grpo.decoding.sampling import keyed_choice, row_keys, uniforms  # noqa: E402
+from grpo.decoding.sampling import keyed_choice, row_keys, uniforms
 
 
 def main() -> int:

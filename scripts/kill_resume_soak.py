@@ -1,6 +1,6 @@
 """Soak test of crash safety: SIGKILL a training run at chosen moments, resume it each time, compare every output.
 
-    python scripts/kill_resume_soak.py [--kills 20] [--steps 150] [--seed 0] [--out /tmp/grpo_soak]
+    python -m scripts.kill_resume_soak [--kills 20] [--steps 150] [--seed 0] [--out /tmp/grpo_soak]
 
 1. An uninterrupted reference run of the tiny demo config (evaluation every --eval-every steps, so the Pareto
    frontier saves points; TensorBoard on; a checkpoint every step).
@@ -35,11 +35,10 @@ import time
 from pathlib import Path
 from typing import Callable
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+import grpo.run.checkpoint.files as ckpt
+from grpo.run.tracking import MEASURED_PREFIXES
 
-import grpo.run.checkpoint.files as ckpt  # noqa: E402
-from grpo.run.tracking import MEASURED_PREFIXES  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 TINY = ["--model.tiny_hidden", "32", "--model.tiny_layers", "1", "--model.tiny_heads", "2", "--data.demo_size", "40",
         "--data.eval_size", "4", "--rollout.max_new_tokens", "6", "--sft.steps", "4", "--train.tensorboard", "true",

@@ -1,8 +1,8 @@
 """A tester's probe of the command line: bad inputs and faults a user meets, each tried as a user would.
 
-    python scripts/reliability_probe.py                   # every case (about 15 minutes on 2 CPU cores)
-    python scripts/reliability_probe.py --only seed-2e70-config temperature-1e-300
-    python scripts/reliability_probe.py --list            # the cases, their groups and the words each message needs
+    python -m scripts.reliability_probe                   # every case (about 15 minutes on 2 CPU cores)
+    python -m scripts.reliability_probe --only seed-2e70-config temperature-1e-300
+    python -m scripts.reliability_probe --list            # the cases, their groups and the words each message needs
 
 Each case writes what it needs (rows, a reward function, a config file, a fake model folder) into a temporary folder
 of its own, runs `python grpo_train.py` there on the tiny demo model (a few RL steps, no warm-up) under a time limit,

@@ -1,11 +1,11 @@
 """The demo's results table (docs/RESULTS.md), from real runs: run the demo for seeds 0-2 (or read run folders) and
 print it.
 
-    python scripts/results_table.py                       # runs `python grpo_train.py --seed N` for N = 0, 1, 2
-    python scripts/results_table.py --write               # ... and replaces the table in docs/RESULTS.md
-    python scripts/results_table.py --runs DIR0 DIR1 DIR2 # reads finished run folders instead (seed from config.json)
-    python scripts/results_table.py --seeds 0 1 2 3 4 --out /tmp/demo_runs
-    python scripts/results_table.py --preset smollm2-dual --out runs/smollm2-dual   # another preset's table
+    python -m scripts.results_table                       # runs `python grpo_train.py --seed N` for N = 0, 1, 2
+    python -m scripts.results_table --write               # ... and replaces the table in docs/RESULTS.md
+    python -m scripts.results_table --runs DIR0 DIR1 DIR2 # reads finished run folders instead (seed from config.json)
+    python -m scripts.results_table --seeds 0 1 2 3 4 --out /tmp/demo_runs
+    python -m scripts.results_table --preset smollm2-dual --out runs/smollm2-dual   # another preset's table
 
 Columns, per seed and task, from the run's eval.json (greedy held-out reward, rule graders): before SFT, after SFT,
 after RL, RL gain = after RL − after SFT; the wall time of the whole run (from config.json, written at start-up, to
@@ -26,10 +26,9 @@ import sys
 import tempfile
 from pathlib import Path
 
+from benchmarks.common import has_record, read_record
+
 ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:  # `python scripts/results_table.py`: the project's modules (grpo.phases.evaluation for --parts)
-    sys.path.insert(0, str(ROOT))
-from benchmarks.common import has_record, read_record  # noqa: E402  (after the path fix above)
 
 TABLE_DOC = ROOT / "docs" / "RESULTS.md"
 """Where the demo's table stands (its first section) and where --write writes it."""

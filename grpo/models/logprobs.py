@@ -40,7 +40,7 @@ def no_logits(like: torch.Tensor) -> torch.Tensor:
     hooked hidden states. transformers slices `hidden_states[:, logits_to_keep, :]`, and a 1-D index tensor is taken
     as the positions to keep (an int 0 would keep them all), so an empty one gives (B, 0, V) logits for free. One
     kept position costs a head product per row (B matrix-vector products through a strided slice): 2 % of a
-    32-row × 72-token SmolLM2 forward on one CPU thread, within noise (`python benchmarks/real_model_parts.py`)."""
+    32-row × 72-token SmolLM2 forward on one CPU thread, within noise (`python -m benchmarks.real_model_parts`)."""
     return torch.empty(0, dtype=torch.long, device=like.device)
 
 
