@@ -14,7 +14,7 @@ benchmarks/RESULTS.md's "Dual objective on SmolLM2" section.
     python -m benchmarks.dual_ablation --runs DIR ... --keep DEST      # also copy each run's records to DEST/<run>
                                                                        # (the .jsonl records gzipped, as git keeps them)
     python -m benchmarks.dual_ablation --runs KEPT ... --unpack DEST   # a kept copy back as a plain run folder, for
-                                                                       # `python -m grpo.run.doctor plot DEST/<run>` (curves)
+                                                          # `python -m grpo.run.doctor plot DEST/<run>` (curves)
 
 Every figure is the RL phase's: after SFT -> after RL (before SFT -> after RL for a run without SFT, sft.steps 0),
 greedy held-out answers, graded by gold labels (measures.json, written by every evaluation):
@@ -174,8 +174,8 @@ def keep(run_dir: Path, dest: Path) -> Path:
 
 def unpack(kept_dir: Path, dest: Path) -> Path:
     """A kept copy (`keep`) as a plain run folder dest/<run name>: every file copied, each gzipped record written
-    plain, so that what reads a trainer's run folder (`python -m grpo.run.doctor plot`, `python -m grpo.run.doctor report`) reads
-    it."""
+    plain, so that what reads a trainer's run folder (`python -m grpo.run.doctor plot`, `python -m grpo.run.doctor
+    report`) reads it."""
     out = dest / kept_dir.name
     for path in sorted(p for p in kept_dir.rglob("*") if p.is_file()):
         target = out / path.relative_to(kept_dir)
@@ -239,7 +239,8 @@ def paired_differences(runs: list[tuple[str, int, dict[str, Any]]], baseline: st
     if not base:
         raise SystemExit(f"--against {baseline}: no run of that variant among --runs "
                          f"(variants: {', '.join(sorted({name for name, _, _ in runs}))})")
-    lines = ["| variant | seeds | " + " | ".join(label for label, _ in PAIRED) + " |", "|---|---|" + "---|" * len(PAIRED)]
+    lines = ["| variant | seeds | " + " | ".join(label for label, _ in PAIRED) + " |",
+             "|---|---|" + "---|" * len(PAIRED)]
     variants: dict[str, dict[int, dict[str, Any]]] = {}
     for name, seed, f in runs:
         if name != baseline and seed in base:
@@ -315,7 +316,8 @@ def regraded_accuracy(run_dir: Path, phase: str) -> tuple[float, float] | None:
     from grpo.core.rule_graders import bbq_rule
 
     gold = shown_gold(run_dir, phase)
-    rows = [r for line in read_record(path).splitlines() if line.strip() and (r := json.loads(line))["task"] == "fairness"]
+    rows = [r for line in read_record(path).splitlines()
+            if line.strip() and (r := json.loads(line))["task"] == "fairness"]
     recorded = [r["parts"]["bbq_rule"] for r in rows]
     today = [bbq_rule(r["completion"], {"answers": gold[r["id"]][0], "label_letter": gold[r["id"]][1]}) for r in rows]
     return statistics.fmean(recorded), statistics.fmean(today)
@@ -324,7 +326,8 @@ def regraded_accuracy(run_dir: Path, phase: str) -> tuple[float, float] | None:
 def regrade_table(run_dirs: list[Path]) -> str:
     """Per run: BBQ accuracy of each phase's greedy held-out replies as recorded -> graded by this checkout's bbq_rule
     (`regraded_accuracy`), and the RL phase's change under each (from after SFT, or before SFT without a warm-up)."""
-    lines = ["| run | seed | before SFT | after SFT | after RL | Δ RL, recorded | Δ RL, today |", "|---|---|---|---|---|---|---|"]
+    lines = ["| run | seed | before SFT | after SFT | after RL | Δ RL, recorded | Δ RL, today |",
+             "|---|---|---|---|---|---|---|"]
     for run_dir in run_dirs:
         pairs = {phase: regraded_accuracy(run_dir, phase) for phase in PHASES}
         start = pairs["after_sft"] or pairs["before_sft"]

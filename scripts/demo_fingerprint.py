@@ -5,8 +5,9 @@
     ... change the code, run again as `after` ...
     python -m scripts.demo_fingerprint /tmp/runs/after > after.json && diff before.json after.json
 
-Covers every value of metrics.jsonl except the measured ones (clock and memory readings: MEASURED_PREFIXES), eval.json, the sampled completions
-(samples/*.jsonl) and the sha256 of every final/*.safetensors file. The last line is one sha256 over all of it.
+Covers every value of metrics.jsonl except the measured ones (clock and memory readings: MEASURED_PREFIXES), eval.json,
+the sampled completions (samples/*.jsonl) and the sha256 of every final/*.safetensors file. The last line is one sha256
+over all of it.
 Exact equality (repr of every float): meant for the same machine and the same torch build.
 
 A refactor that moves a module a grader lives in renames that grader (its spec `package.module:function` is its name in

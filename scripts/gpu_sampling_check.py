@@ -1,5 +1,5 @@
-"""GPU check of batch-invariant sampling (grpo/decoding/sampling.py): the hashed uniforms are bit-identical on CPU and CUDA,
-the race picks the same tokens on both and compiled, and the per-step cost of the draw at a Qwen-sized vocabulary,
+"""GPU check of batch-invariant sampling (grpo/decoding/sampling.py): the hashed uniforms are bit-identical on CPU and
+CUDA, the race picks the same tokens on both and compiled, and the per-step cost of the draw at a Qwen-sized vocabulary,
 eager and compiled. Prints figures; needs a CUDA GPU.
 
     python -m scripts.gpu_sampling_check
@@ -28,9 +28,10 @@ def main() -> int:
              compiled(scores, keys.cuda(), torch.tensor(7, device="cuda")).cpu()]
     agree = [int((p == picks[0]).sum()) for p in picks[1:]]
     print(f"tokens equal to the CPU's, of 64 rows: CUDA eager {agree[0]}, CUDA compiled {agree[1]}")
-    for label, fn in [("race, eager (ours)", lambda t: keyed_choice(scores, keys.cuda(), t)),
-                      ("race, compiled (ours)", lambda t: compiled(scores, keys.cuda(), torch.tensor(t, device="cuda"))),
-                      ("softmax + multinomial (HF)", lambda t: torch.multinomial(torch.softmax(scores.float(), -1), 1))]:
+    ways = [("race, eager (ours)", lambda t: keyed_choice(scores, keys.cuda(), t)),
+            ("race, compiled (ours)", lambda t: compiled(scores, keys.cuda(), torch.tensor(t, device="cuda"))),
+            ("softmax + multinomial (HF)", lambda t: torch.multinomial(torch.softmax(scores.float(), -1), 1))]
+    for label, fn in ways:
         fn(0)
         torch.cuda.synchronize()
         start = time.perf_counter()

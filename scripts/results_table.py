@@ -11,8 +11,9 @@ Columns, per seed and task, from the run's eval.json (greedy held-out reward, ru
 after RL, RL gain = after RL − after SFT; the wall time of the whole run (from config.json, written at start-up, to
 report.json, written at the end) and its peak host memory (report.json's summary.host_peak_gb), on the seed's first
 row. The rewards are deterministic for a given machine and thread count (the demo pins every RNG); the time and the
-memory are not, so `tests/test_results_table.py` compares the reward columns exactly and only the format of those two. Runs use OMP_NUM_THREADS=2 unless it is set (the table's
-"2 CPU cores"). A run folder's .jsonl records are read plain or gzipped (a kept copy: benchmarks/common.read_record).
+memory are not, so `tests/test_results_table.py` compares the reward columns exactly and only the format of those two.
+Runs use OMP_NUM_THREADS=2 unless it is set (the table's "2 CPU cores"). A run folder's .jsonl records are read plain or
+gzipped (a kept copy: benchmarks/common.read_record).
 """
 
 from __future__ import annotations
@@ -50,7 +51,8 @@ def table_rows(run_dir: Path) -> list[str]:
     seed = json.loads((run_dir / "config.json").read_text())["train"]["seed"]
     missing = [p for p in ("before_sft", "after_sft", "after_rl") if p not in evals]
     if missing:
-        raise ValueError(f"{run_dir / 'eval.json'} has no {missing} phase(s): is the run finished, with an SFT warm-up?")
+        raise ValueError(f"{run_dir / 'eval.json'} has no {missing} phase(s): is the run finished, with an SFT "
+                         "warm-up?")
     seconds = (run_dir / "report.json").stat().st_mtime - (run_dir / "config.json").stat().st_mtime
     peak = json.loads((run_dir / "report.json").read_text()).get("summary", {}).get("host_peak_gb")
     memory = "-" if peak is None else f"{peak:.2f} GB"
@@ -128,8 +130,8 @@ def rewards_differ(produced: str, committed: str, tolerance: float = REWARD_TOLE
     a, b = rewards_only(produced), rewards_only(committed)
     if [r[:2] for r in a] != [r[:2] for r in b]:
         return [f"rows differ: {[r[:2] for r in a]} vs {[r[:2] for r in b]}"]
-    return [f"seed {x[0]} {x[1]}: {x[2:]} vs {y[2:]}" for x, y in zip(a, b)
-            if any(abs(float(u) - float(v)) > tolerance for u, v in zip(x[2:], y[2:]))]
+    return [f"seed {x[0]} {x[1]}: {x[2:]} vs {y[2:]}" for x, y in zip(a, b, strict=True)  # the same rows, checked above
+            if len(x) != len(y) or any(abs(float(u) - float(v)) > tolerance for u, v in zip(x[2:], y[2:], strict=True))]
 
 
 def rewards_only(table_text: str) -> list[list[str]]:

@@ -136,7 +136,7 @@ def test_the_docs_table_is_what_the_committed_code_produces(tmp_path):
     committed = RT.doc_table(RT.TABLE_DOC.read_text())
     assert not RT.rewards_differ(produced, committed), (
         "docs/RESULTS.md's demo table is not what the code produces; regenerate it with "
-        f"`{sys.executable} scripts/results_table.py --write`. Produced:\n{produced}")
+        f"`{sys.executable} -m scripts.results_table --write`. Produced:\n{produced}")
 
 
 def test_part_rows_average_each_grader_per_phase(tmp_path):
