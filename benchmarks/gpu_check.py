@@ -4,8 +4,8 @@
     python -m benchmarks.gpu_check --out DIR --parts a,b,c,d,e      # with the demo on the card (e), 9.5 minutes
     python -m benchmarks.gpu_check --cpu --out DIR    # every part on tiny shapes on the CPU, under 3 minutes
 
-Run it from the checkout's root, in the module form above (`python benchmarks/gpu_check.py` no longer finds the
-project's modules). Needs trl and datasets (requirements/dev.txt) for part b's TRL run; a machine without network
+Run it from the checkout's root, in the module form above (the file run by its path no longer finds the project's
+modules). Needs trl and datasets (requirements/dev.txt) for part b's TRL run; a machine without network
 carries their wheels (../shared/measure-gpu/README.md shows how). Writes DIR/gpu_check.json (every figure, part by part,
 written after each part) and DIR/gpu_check.log (everything printed), and ends with the goals table: each goal of the
 fast-on-the-card work (benchmarks/gpu_goals.py), its figure and pass / miss / not measured, with the card, torch and the

@@ -1,7 +1,7 @@
 """Measure real RL steps of the seed config on a GPU and compare them with the memory estimator
 (grpo/machine/memory_estimate.py).
 
-    python -m benchmarks.gpu_memory --out $OUT                      # the default GPU cases (H100: ~5-7 minutes)
+    python -m benchmarks.gpu_memory --out $OUT                      # the default GPU cases
     python -m benchmarks.gpu_memory --cases llama8b-lora-bf16 --steps 4 --out /tmp/mem
     python -m benchmarks.gpu_memory --tiny --out /tmp/mem           # the same machinery on CPU with a tiny shape
 

@@ -43,7 +43,8 @@ GSPO_CLIP = (3e-4, 4e-4)
 """GSPO clips the per-sequence geometric-mean ratio, so its range is ~1000× narrower (GSPO paper §5.1)."""
 CPU_THREADS = 1
 """Threads per run on CPU. The 2-core machines are shared: with 2 OpenMP threads a busy neighbour makes every barrier
-spin and step times swing 3× (measured); one thread per run is steady, and both trainers get the same."""
+spin and step times swing (benchmarks/RESULTS.md, "Threads"); one thread per run is steady, and both trainers get the
+same."""
 OUR_TIME_KEYS = ("time/generate", "time/reward", "time/old_logps", "time/ref_logps", "time/update", "time/step")
 
 

@@ -1,6 +1,6 @@
 """A tester's probe of the command line: bad inputs and faults a user meets, each tried as a user would.
 
-    python -m scripts.reliability_probe                   # every case (about 15 minutes on 2 CPU cores)
+    python -m scripts.reliability_probe                   # every case (docs/VALIDATION.md: how long it takes)
     python -m scripts.reliability_probe --only seed-2e70-config temperature-1e-300
     python -m scripts.reliability_probe --list            # the cases, their groups and the words each message needs
 
