@@ -432,7 +432,7 @@ def run_variants(out: Path, variants: list[tuple[str, str]], seeds: list[int], c
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+    ap = argparse.ArgumentParser(prog="python -m benchmarks.dual_ablation", description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--runs", nargs="+", type=Path, help="finished run folders to read")
     ap.add_argument("--out", type=Path, help="where to run the variants (folders <variant>-s<seed>)")

@@ -23,7 +23,8 @@ from grpo.models.modeling import tiny_model_config
 
 
 def main(argv: list[str]) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(prog="python -m benchmarks.fused_head",
+                                description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--device", default="cpu")
     p.add_argument("--shape", default="tiny", choices=sorted(SHAPES))
     p.add_argument("--seqs", type=int, default=32, help="sequences per micro-batch (4 prompts x K 8)")

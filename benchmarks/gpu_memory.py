@@ -330,7 +330,8 @@ def run_case(case: Case, args: argparse.Namespace, work: Path, timeout_s: float,
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.gpu_memory",
+                                     description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--cases", default="", help="comma-separated case names (default: all of the mode)")
     parser.add_argument("--tiny", action="store_true", help="CPU mode: tiny random shape, 16 new tokens")
     parser.add_argument("--steps", type=int, default=3, help="RL steps per case (default 3)")

@@ -154,7 +154,7 @@ def main(argv: list[str]) -> int:
     import argparse
     import tempfile
 
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m benchmarks.host_syncs", description=__doc__.split("\n\n")[0])
     p.add_argument("--new", type=int, default=32, help="forced completion tokens")
     p.add_argument("--engine", default="graph", help="rollout.engine (auto | lean | graph | hf)")
     args = p.parse_args(argv)

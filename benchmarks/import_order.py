@@ -19,7 +19,7 @@ RUN_ARGS = ("--preset", "demo", "--seed", "0", "--max-steps", "3", "--sft.steps"
 
 
 def main(argv: list[str]) -> int:
-    order, rest = argv[0], argv[1:]
+    order, rest = (argv[0] if argv else ""), argv[1:]
     if order not in ("trl-first", "grpo-first"):
         raise SystemExit("usage: python -m benchmarks.import_order trl-first|grpo-first [--out DIR] [-- args]")
     out = rest[rest.index("--out") + 1] if "--out" in rest else tempfile.mkdtemp(prefix="import-order-")

@@ -142,7 +142,8 @@ def build_parts(model, prompts: int, k: int, prompt_tokens: int) -> list[Part]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.real_model_parts",
+                                     description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--threads", type=int, default=1)
     step_shape_flags(parser)
     args = parser.parse_args(argv)

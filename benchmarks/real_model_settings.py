@@ -255,7 +255,8 @@ PARTS: dict[str, Callable[[Batch], None]] = {"reference": reference_part, "micro
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.real_model_settings",
+                                     description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     step_shape_flags(parser)
     parser.add_argument("--parts", default=",".join(PARTS), help="which parts to run, comma-separated")
     args = parser.parse_args(argv)

@@ -240,7 +240,8 @@ def kill_in_turn(args: argparse.Namespace, out: Path, rng: random.Random) -> tup
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(prog="python -m scripts.kill_resume_soak",
+                                     description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--kills", type=int, default=20)
     parser.add_argument("--steps", type=int, default=150)
     parser.add_argument("--eval-every", type=int, default=5, help="evaluation (and Pareto offers) every N steps")

@@ -129,7 +129,8 @@ def summary(results: list[Result]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(prog="python -m scripts.reliability_probe",
+                                     description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--only", nargs="+", metavar="NAME", help="run these cases only")
     parser.add_argument("--list", action="store_true", help="list the cases and exit")
     parser.add_argument("--keep", metavar="DIR", help="write the case folders here and keep them (default: a "

@@ -141,7 +141,8 @@ def rewards_only(table_text: str) -> list[list[str]]:
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(prog="python -m scripts.results_table",
+                                     description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--runs", nargs="+", type=Path, help="finished run folders to read instead of running")
     parser.add_argument("--seeds", nargs="+", type=int, default=list(SEEDS), help="seeds to run (default 0 1 2)")
     parser.add_argument("--out", type=Path, default=None, help="where the runs go (default: a temporary folder)")
