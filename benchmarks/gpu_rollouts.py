@@ -10,7 +10,9 @@ from typing import Any
 PROMPTS = ["who forgot the keys?", "the answer is a much longer one than this, is it not?", "no",
            "which of the two was more careful with money", "keys", "tell me what the context says about the nurse",
            "yes or no", "what is 12 times 7"]
+"""The prompts every part decodes: short and long, questions and not."""
 K = 8
+"""Completions per prompt: 8 prompts × K 8 = 64 rows a rollout."""
 
 
 def log(*args: Any) -> None:
