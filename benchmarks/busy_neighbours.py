@@ -1,6 +1,6 @@
 """The demo beside busy neighbours: how much longer it takes with one and with two processes spinning on the CPU.
 
-    python benchmarks/busy_neighbours.py [--repeats 3] [--cpus 0,1] [--repo PATH] [--json OUT]
+    python -m benchmarks.busy_neighbours [--repeats 3] [--cpus 0,1] [--repo PATH] [--json OUT]
                                          [-- trainer arguments, default: --seed 0 --max-steps 40]
 
 For each load (0, 1, 2 neighbours) it starts that many `python -c "while True: pass"` processes, runs
@@ -109,7 +109,7 @@ def table(result: dict[int, dict[str, float]]) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> dict[int, dict[str, float]]:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.busy_neighbours", description=__doc__.split("\n\n")[0])
     parser.add_argument("--repeats", type=int, default=3, help="runs per load (the median is reported)")
     parser.add_argument("--cpus", default="", help="pin the trainer and its neighbours to these CPUs, e.g. 0,1")
     parser.add_argument("--repo", type=Path, default=ROOT, help="the checkout whose grpo_train.py runs")

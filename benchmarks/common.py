@@ -17,6 +17,7 @@ import resource
 import statistics
 import sys
 from dataclasses import dataclass
+from itertools import pairwise
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -149,7 +150,7 @@ def cycle_deltas(marks: Sequence[tuple[float, float]], mu: int) -> tuple[list[fl
     """(wall, CPU) seconds per rollout cycle from (wall, CPU) clock marks taken at the start and after every optimizer
     step; a cycle is `mu` optimizer steps."""
     kept = list(marks)[::mu]
-    return ([b[0] - a[0] for a, b in zip(kept, kept[1:])], [b[1] - a[1] for a, b in zip(kept, kept[1:])])
+    return [b[0] - a[0] for a, b in pairwise(kept)], [b[1] - a[1] for a, b in pairwise(kept)]
 
 
 def bucket_events(events: Sequence[tuple[str, float, float]], bounds: Sequence[float],

@@ -1,20 +1,20 @@
 """What the RL phase of a dual-objective run (BBQ + HaluEval recognition) did, per run and per variant: the table of
 benchmarks/RESULTS.md's "Dual objective on SmolLM2" section.
 
-    python benchmarks/dual_ablation.py --runs DIR [DIR ...]            # finished run folders -> the table
-    python benchmarks/dual_ablation.py --runs DIR [DIR ...] --phases   # each measure before SFT, after SFT, after RL
+    python -m benchmarks.dual_ablation --runs DIR [DIR ...]            # finished run folders -> the table
+    python -m benchmarks.dual_ablation --runs DIR [DIR ...] --phases   # each measure before SFT, after SFT, after RL
                                                                        # (seed mean, min-max); --short: the summary's
-    python benchmarks/dual_ablation.py --runs DIR [DIR ...] --against preset  # each variant minus preset, seed by seed
-    python benchmarks/dual_ablation.py --runs DIR [DIR ...] --letters  # what always answering one letter scores
-    python benchmarks/dual_ablation.py --runs DIR [DIR ...] --regrade  # BBQ accuracy as recorded and as this
+    python -m benchmarks.dual_ablation --runs DIR [DIR ...] --against preset  # each variant minus preset, seed by seed
+    python -m benchmarks.dual_ablation --runs DIR [DIR ...] --letters  # what always answering one letter scores
+    python -m benchmarks.dual_ablation --runs DIR [DIR ...] --regrade  # BBQ accuracy as recorded and as this
                                                                        # checkout's bbq_rule grades the same replies
-    python benchmarks/dual_ablation.py --out DIR --seeds 0 1 2 \\
+    python -m benchmarks.dual_ablation --out DIR --seeds 0 1 2 \\
         --variant base= --variant lr3e-4="--train.lr 3e-4"               # runs each variant x seed, then the table
         [--common "--preset smollm2-dual ..."]                           # flags every variant shares
-    python benchmarks/dual_ablation.py --runs DIR ... --keep DEST      # also copy each run's records to DEST/<run>
+    python -m benchmarks.dual_ablation --runs DIR ... --keep DEST      # also copy each run's records to DEST/<run>
                                                                        # (the .jsonl records gzipped, as git keeps them)
-    python benchmarks/dual_ablation.py --runs KEPT ... --unpack DEST   # a kept copy back as a plain run folder, for
-                                                                       # `python -m grpo.run.doctor plot DEST/<run>` (curves)
+    python -m benchmarks.dual_ablation --runs KEPT ... --unpack DEST   # a kept copy back as a plain run folder, for
+                                                          # `python -m grpo.run.doctor plot DEST/<run>` (curves)
 
 Every figure is the RL phase's: after SFT -> after RL (before SFT -> after RL for a run without SFT, sft.steps 0),
 greedy held-out answers, graded by gold labels (measures.json, written by every evaluation):
@@ -44,10 +44,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from benchmarks.common import GZ, has_record, read_record, write_packed
+
 ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:  # grpo (answer classes, bbq_rule) from this checkout, as the other benchmarks do
-    sys.path.insert(0, str(ROOT))
-from benchmarks.common import GZ, has_record, read_record, write_packed  # noqa: E402  (after the path fix above)
 
 BAR = 0.10
 """The success bar: the RL phase raises BBQ accuracy and the recognition balanced accuracy by at least this."""
@@ -175,8 +174,8 @@ def keep(run_dir: Path, dest: Path) -> Path:
 
 def unpack(kept_dir: Path, dest: Path) -> Path:
     """A kept copy (`keep`) as a plain run folder dest/<run name>: every file copied, each gzipped record written
-    plain, so that what reads a trainer's run folder (`python -m grpo.run.doctor plot`, `python -m grpo.run.doctor report`) reads
-    it."""
+    plain, so that what reads a trainer's run folder (`python -m grpo.run.doctor plot`, `python -m grpo.run.doctor
+    report`) reads it."""
     out = dest / kept_dir.name
     for path in sorted(p for p in kept_dir.rglob("*") if p.is_file()):
         target = out / path.relative_to(kept_dir)
@@ -240,7 +239,8 @@ def paired_differences(runs: list[tuple[str, int, dict[str, Any]]], baseline: st
     if not base:
         raise SystemExit(f"--against {baseline}: no run of that variant among --runs "
                          f"(variants: {', '.join(sorted({name for name, _, _ in runs}))})")
-    lines = ["| variant | seeds | " + " | ".join(label for label, _ in PAIRED) + " |", "|---|---|" + "---|" * len(PAIRED)]
+    lines = ["| variant | seeds | " + " | ".join(label for label, _ in PAIRED) + " |",
+             "|---|---|" + "---|" * len(PAIRED)]
     variants: dict[str, dict[int, dict[str, Any]]] = {}
     for name, seed, f in runs:
         if name != baseline and seed in base:
@@ -316,7 +316,8 @@ def regraded_accuracy(run_dir: Path, phase: str) -> tuple[float, float] | None:
     from grpo.core.rule_graders import bbq_rule
 
     gold = shown_gold(run_dir, phase)
-    rows = [r for line in read_record(path).splitlines() if line.strip() and (r := json.loads(line))["task"] == "fairness"]
+    rows = [r for line in read_record(path).splitlines()
+            if line.strip() and (r := json.loads(line))["task"] == "fairness"]
     recorded = [r["parts"]["bbq_rule"] for r in rows]
     today = [bbq_rule(r["completion"], {"answers": gold[r["id"]][0], "label_letter": gold[r["id"]][1]}) for r in rows]
     return statistics.fmean(recorded), statistics.fmean(today)
@@ -325,7 +326,8 @@ def regraded_accuracy(run_dir: Path, phase: str) -> tuple[float, float] | None:
 def regrade_table(run_dirs: list[Path]) -> str:
     """Per run: BBQ accuracy of each phase's greedy held-out replies as recorded -> graded by this checkout's bbq_rule
     (`regraded_accuracy`), and the RL phase's change under each (from after SFT, or before SFT without a warm-up)."""
-    lines = ["| run | seed | before SFT | after SFT | after RL | Δ RL, recorded | Δ RL, today |", "|---|---|---|---|---|---|---|"]
+    lines = ["| run | seed | before SFT | after SFT | after RL | Δ RL, recorded | Δ RL, today |",
+             "|---|---|---|---|---|---|---|"]
     for run_dir in run_dirs:
         pairs = {phase: regraded_accuracy(run_dir, phase) for phase in PHASES}
         start = pairs["after_sft"] or pairs["before_sft"]
@@ -430,7 +432,7 @@ def run_variants(out: Path, variants: list[tuple[str, str]], seeds: list[int], c
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+    ap = argparse.ArgumentParser(prog="python -m benchmarks.dual_ablation", description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--runs", nargs="+", type=Path, help="finished run folders to read")
     ap.add_argument("--out", type=Path, help="where to run the variants (folders <variant>-s<seed>)")

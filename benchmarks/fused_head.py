@@ -1,8 +1,8 @@
 """Peak memory and time of one training micro-batch (forward + backward of `completion_logprobs`), with the LM head
 fused into the log-prob computation (`grpo/core/kernels.head_logprobs`) and without (the model builds the logits).
 
-    python benchmarks/fused_head.py                       # CPU, the tiny shape
-    python benchmarks/fused_head.py --device cuda --shape qwen2.5-0.5b
+    python -m benchmarks.fused_head                       # CPU, the tiny shape
+    python -m benchmarks.fused_head --device cuda --shape qwen2.5-0.5b
 
 Prints one line per variant: peak memory above the model (GPU: torch.cuda.max_memory_allocated; CPU: not measured),
 median seconds over --repeats, and the largest log-prob / gradient-norm difference between the variants.
@@ -14,19 +14,17 @@ import argparse
 import statistics
 import sys
 import time
-from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from benchmarks.common import SHAPES  # noqa: E402
-from grpo.models.logprobs import completion_logprobs  # noqa: E402
-from grpo.models.modeling import tiny_model_config  # noqa: E402
+from benchmarks.common import SHAPES
+from grpo.models.logprobs import completion_logprobs
+from grpo.models.modeling import tiny_model_config
 
 
 def main(argv: list[str]) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(prog="python -m benchmarks.fused_head",
+                                description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--device", default="cpu")
     p.add_argument("--shape", default="tiny", choices=sorted(SHAPES))
     p.add_argument("--seqs", type=int, default=32, help="sequences per micro-batch (4 prompts x K 8)")

@@ -1,8 +1,9 @@
-"""Measure real RL steps of the seed config on a GPU and compare them with the memory estimator (grpo/machine/memory_estimate.py).
+"""Measure real RL steps of the seed config on a GPU and compare them with the memory estimator
+(grpo/machine/memory_estimate.py).
 
-    python benchmarks/gpu_memory.py --out $OUT                      # the default GPU cases (H100: ~5-7 minutes)
-    python benchmarks/gpu_memory.py --cases llama8b-lora-bf16 --steps 4 --out /tmp/mem
-    python benchmarks/gpu_memory.py --tiny --out /tmp/mem           # the same machinery on CPU with a tiny shape
+    python -m benchmarks.gpu_memory --out $OUT                      # the default GPU cases
+    python -m benchmarks.gpu_memory --cases llama8b-lora-bf16 --steps 4 --out /tmp/mem
+    python -m benchmarks.gpu_memory --tiny --out /tmp/mem           # the same machinery on CPU with a tiny shape
 
 Each case is the preset `llama3-8b-dual` with `model.name=random:<shape>` (random weights of the real shape, built on
 the GPU, no download: memory does not depend on weight values), demo prompts padded by a system prompt to ~300 tokens,
@@ -56,7 +57,8 @@ MIN_CASE_S = 45
 """A case with less time left than this is skipped (8B import + init alone take ~20 s)."""
 TINY_SHAPE = {"model_type": "llama", "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
               "num_key_value_heads": 2, "intermediate_size": 128, "vocab_size": 1024, "tie_word_embeddings": False}
-"""Vocab 1024 > the tiny tokenizer's ~500 tokens, as real shapes exceed it: sampled ids past the tokenizer decode fine."""
+"""Vocab 1024 > the tiny tokenizer's ~500 tokens, as real shapes exceed it: sampled ids past the tokenizer decode
+fine."""
 TINY_MODEL = "<tiny>"
 """Placeholder in a case's model: the child replaces it by random:<folder holding TINY_SHAPE as config.json>."""
 COLUMNS = ["case", "measured peak allocated GiB", "reserved GiB", "estimated GiB", "error %", "s/step", "gen s",
@@ -296,8 +298,9 @@ def format_markdown(results: list[dict[str, Any]]) -> str:
 def run_case(case: Case, args: argparse.Namespace, work: Path, timeout_s: float, log: Any) -> dict[str, Any]:
     """Run one case in its own process group; stream its output with a [case] prefix; kill it at the timeout."""
     result_path = work / f"{case.name}.json"
-    cmd = [sys.executable, str(Path(__file__).resolve()), "--child", case.name, "--result", str(result_path),
-           "--work", str(work), "--steps", str(args.steps), "--warmup", str(args.warmup)] + (["--tiny"] if args.tiny else [])
+    cmd = [sys.executable, "-m", "benchmarks.gpu_memory", "--child", case.name, "--result", str(result_path),
+           "--work", str(work), "--steps", str(args.steps), "--warmup", str(args.warmup),
+           *(["--tiny"] if args.tiny else [])]
     env = dict(os.environ, PYTHONUNBUFFERED="1", PYTHONPATH=os.pathsep.join(
         [str(ROOT)] + ([os.environ["PYTHONPATH"]] if os.environ.get("PYTHONPATH") else [])))
     tail: collections.deque[str] = collections.deque(maxlen=30)
@@ -327,7 +330,8 @@ def run_case(case: Case, args: argparse.Namespace, work: Path, timeout_s: float,
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.gpu_memory",
+                                     description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--cases", default="", help="comma-separated case names (default: all of the mode)")
     parser.add_argument("--tiny", action="store_true", help="CPU mode: tiny random shape, 16 new tokens")
     parser.add_argument("--steps", type=int, default=3, help="RL steps per case (default 3)")
@@ -344,7 +348,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     names = [c.strip() for c in args.cases.split(",") if c.strip()] or list(table)
     unknown = [n for n in names if n not in table]
     if unknown:
-        parser.error(f"unknown case(s) {unknown} for {'--tiny' if args.tiny else 'GPU'} mode; choose from {list(table)}")
+        parser.error(f"unknown case(s) {unknown} for {'--tiny' if args.tiny else 'GPU'} mode; choose from "
+                     f"{list(table)}")
     args.case_names = names
     return args
 
@@ -352,7 +357,6 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 def main(argv: list[str]) -> int:
     args = parse_args(argv)
     if args.child:
-        sys.path.insert(0, str(ROOT))
         return child_main(args)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

@@ -1,6 +1,6 @@
 """Host syncs and aten ops per phase of one RL step, counted on the CPU.
 
-    python benchmarks/host_syncs.py [--new 32] [--engine graph]
+    python -m benchmarks.host_syncs [--new 32] [--engine graph]
 
 A host sync is an op that brings a value from the device to the host: `.item()` / `float(t)` / `int(t)` / `bool(t)`
 (aten `_local_scalar_dense`), ops whose output shape depends on the data (`nonzero`, `masked_select`, `unique`),
@@ -23,11 +23,8 @@ import traceback
 from pathlib import Path
 from typing import Any, Iterator
 
-if __package__ in (None, ""):
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-import torch  # noqa: E402
-from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 ROOT = Path(__file__).resolve().parents[1]
 SYNC_OPS = frozenset({"_local_scalar_dense", "nonzero", "masked_select", "unique", "_unique2", "unique_consecutive",
@@ -157,7 +154,7 @@ def main(argv: list[str]) -> int:
     import argparse
     import tempfile
 
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m benchmarks.host_syncs", description=__doc__.split("\n\n")[0])
     p.add_argument("--new", type=int, default=32, help="forced completion tokens")
     p.add_argument("--engine", default="graph", help="rollout.engine (auto | lean | graph | hf)")
     args = p.parse_args(argv)

@@ -1,7 +1,7 @@
 """A TRL script's import order on a CPU: the same short demo run with TRL (and so torch and its OpenMP runtime)
 imported before grpo_train, and with grpo_train imported first.
 
-    python benchmarks/import_order.py trl-first|grpo-first [--out DIR] [-- trainer arguments]
+    python -m benchmarks.import_order trl-first|grpo-first [--out DIR] [-- trainer arguments]
 
 `trl-first` does what every TRL script does (`from trl import GRPOConfig, GRPOTrainer`, then grpo_train); torch then
 loads libgomp before grpo_train's `quiet_openmp` can ask its idle threads to sleep, so they spin. `grpo-first` imports
@@ -19,9 +19,9 @@ RUN_ARGS = ("--preset", "demo", "--seed", "0", "--max-steps", "3", "--sft.steps"
 
 
 def main(argv: list[str]) -> int:
-    order, rest = argv[0], argv[1:]
+    order, rest = (argv[0] if argv else ""), argv[1:]
     if order not in ("trl-first", "grpo-first"):
-        raise SystemExit("usage: python benchmarks/import_order.py trl-first|grpo-first [--out DIR] [-- args]")
+        raise SystemExit("usage: python -m benchmarks.import_order trl-first|grpo-first [--out DIR] [-- args]")
     out = rest[rest.index("--out") + 1] if "--out" in rest else tempfile.mkdtemp(prefix="import-order-")
     extra = rest[rest.index("--") + 1:] if "--" in rest else []
     if order == "trl-first":

@@ -1,6 +1,6 @@
 """What a model tells apart on the dual objective's data before any training: the signal RL would have to sharpen.
 
-    python benchmarks/signal_probe.py [--model smollm2-135m-instruct] [--bbq-per-category 20]
+    python -m benchmarks.signal_probe [--model smollm2-135m-instruct] [--bbq-per-category 20]
                                       [--recognition-rows 120] [--threads 2] [--json OUT]
 
 RL raises what a policy already samples more often when it is right (pass@K, `train.pass_at_k`); this asks the same of
@@ -8,7 +8,8 @@ the model's likelihoods, with no sampling noise and no reply format to learn. On
 (`--preset smollm2-dual`: BBQ with shuffled options, HaluEval general as recognition, balanced labels):
 
 BBQ, per context condition (ambiguous / disambiguated):
-  letter acc     the likeliest of " A" / " B" / " C" (summed over their tokens) after the preset's lettered prompt and "Answer:" is the gold one
+  letter acc     the likeliest of " A" / " B" / " C" (summed over their tokens) after the preset's lettered prompt and
+                 "Answer:" is the gold one
   top letter     share of rows whose likeliest letter is the most common one (the options are shuffled: 0.33 is none)
   cloze acc      the option text with the highest mean log-likelihood per token, as the whole reply to a prompt of
                  context and question only, is the gold one
@@ -35,15 +36,14 @@ from typing import Any, Sequence
 
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from grpo.config import ModelConfig
+from grpo.core.recognition_measures import recognition_measures
+from grpo.data.bbq import LETTERS, load_bbq
+from grpo.data.halueval import load_halueval
+from grpo.models.modeling import load_policy
+from grpo.models.tokens import encode_prompt
 
-from grpo.core.recognition_measures import recognition_measures  # noqa: E402
-from grpo.data.bbq import LETTERS, load_bbq  # noqa: E402
-from grpo.data.halueval import load_halueval  # noqa: E402
-from grpo.config import ModelConfig  # noqa: E402
-from grpo.models.modeling import load_policy  # noqa: E402
-from grpo.models.tokens import encode_prompt  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 ANSWER_PREFIX = "Answer:"
 """What the probe writes at the start of the reply before reading the next token's log-probabilities."""
@@ -140,10 +140,10 @@ def bbq_summary(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
 def recognition_summary(margins: Sequence[float], labels: Sequence[str]) -> dict[str, Any]:
     """AUC of the yes-minus-no margin against the gold label, and the measures of answering by its sign."""
     verdicts = ["yes" if m > 0 else "no" for m in margins]
-    measures = recognition_measures(zip(labels, verdicts))
+    measures = recognition_measures(zip(labels, verdicts, strict=True))
     return {"n": len(labels),
-            "auc": auc([m for m, y in zip(margins, labels) if y == "yes"], [m for m, y in zip(margins, labels)
-                                                                            if y == "no"]),
+            "auc": auc([m for m, y in zip(margins, labels, strict=True) if y == "yes"],
+                       [m for m, y in zip(margins, labels, strict=True) if y == "no"]),
             "balanced_accuracy": measures["balanced_accuracy"], "yes_rate": measures["yes_rate"]}
 
 
@@ -152,7 +152,7 @@ def fmt(x: float | None) -> str:
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+    ap = argparse.ArgumentParser(prog="python -m benchmarks.signal_probe", description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="smollm2-135m-instruct")
     ap.add_argument("--data-dir", type=Path, default=ROOT.parent / "shared" / "data")
@@ -198,8 +198,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         m = b[condition]
         print(f"| {name} | {m['n']} | {fmt(m['letter_acc'])} | {fmt(m['letter_top_share'])} | {fmt(m['cloze_acc'])} | "
               f"{fmt(m['cloze_persons_acc'])} | {fmt(m['unknown_top'])} |")
-    print(f"\nAUC ambiguity (unknown's margin, ambiguous above disambiguated): letters {fmt(b['auc_ambiguity_letter'])},"
-          f" cloze {fmt(b['auc_ambiguity_cloze'])}; chance 0.5 (one option of three: 0.333; one person of two: 0.5)")
+    print("\nAUC ambiguity (unknown's margin, ambiguous above disambiguated): letters "
+          f"{fmt(b['auc_ambiguity_letter'])}, cloze {fmt(b['auc_ambiguity_cloze'])}; chance 0.5 (one option of three: "
+          "0.333; one person of two: 0.5)")
     if "recognition" in report:
         r = report["recognition"]
         print(f"HaluEval recognition: AUC {fmt(r['auc'])} (chance 0.5), balanced accuracy of the sign "

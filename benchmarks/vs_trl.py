@@ -1,18 +1,18 @@
 """Side-by-side speed and memory of grpo-dual's RL step and TRL's GRPOTrainer on the same work.
 
-    python benchmarks/vs_trl.py --quick                                  # tiny model, 2 CPU cores, < 5 min
-    python benchmarks/vs_trl.py                                          # "small" model on CPU, more repeats
-    python benchmarks/vs_trl.py --device cuda --shape qwen2.5-0.5b       # random Qwen2.5-0.5B shape, bf16
-    python benchmarks/vs_trl.py --quick --out bench.json --scenarios grpo
-    python benchmarks/vs_trl.py --model smollm2-135m-instruct --prompts long   # the real model, BBQ-length prompts
+    python -m benchmarks.vs_trl --quick                                  # tiny model, 2 CPU cores, < 5 min
+    python -m benchmarks.vs_trl                                          # "small" model on CPU, more repeats
+    python -m benchmarks.vs_trl --device cuda --shape qwen2.5-0.5b       # random Qwen2.5-0.5B shape, bf16
+    python -m benchmarks.vs_trl --quick --out bench.json --scenarios grpo
+    python -m benchmarks.vs_trl --model smollm2-135m-instruct --prompts long   # the real model, BBQ-length prompts
 
 One model + tokenizer is built from a config (fixed seed) and saved once, or `--model NAME` names a packaged real
 model (grpo/models/pretrained.py; converted once into its cache folder); every run loads that folder, so both trainers
 start from identical weights. `--prompts long` puts BBQ-length contexts in front of every prompt (a system message of
-real BBQ contexts, LONG_CONTEXT_TOKENS tokens or so) on both sides. Each run is its own subprocess (peak RSS / GPU memory never mix), runs
-alternate (ours, TRL, ours, TRL ...), and warm-up rollout cycles are dropped. Generation is forced to full length
-(ours: rollout.min_new_tokens = max_new_tokens; TRL: generation_kwargs={"min_new_tokens": N}), so both sides
-generate and train on exactly the same number of tokens; the workers check it from what each run produced.
+real BBQ contexts, LONG_CONTEXT_TOKENS tokens or so) on both sides. Each run is its own subprocess (peak RSS / GPU
+memory never mix), runs alternate (ours, TRL, ours, TRL ...), and warm-up rollout cycles are dropped. Generation is
+forced to full length (ours: rollout.min_new_tokens = max_new_tokens; TRL: generation_kwargs={"min_new_tokens": N}), so
+both sides generate and train on exactly the same number of tokens; the workers check it from what each run produced.
 
     one rollout cycle = P prompts × K completions generated once, then μ optimizer steps over all of them
     completions per optimizer step: ours prompts_per_micro_step·K·grad_accum = TRL per_device_train_batch_size·GA
@@ -33,10 +33,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-if __package__ in (None, ""):  # run as `python benchmarks/vs_trl.py`: make the repository root importable
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from benchmarks import common  # noqa: E402  (after the path fix above)
+from benchmarks import common
 
 ROOT = Path(__file__).resolve().parents[1]
 TRAINERS = ("ours", "trl")
@@ -46,7 +43,8 @@ GSPO_CLIP = (3e-4, 4e-4)
 """GSPO clips the per-sequence geometric-mean ratio, so its range is ~1000× narrower (GSPO paper §5.1)."""
 CPU_THREADS = 1
 """Threads per run on CPU. The 2-core machines are shared: with 2 OpenMP threads a busy neighbour makes every barrier
-spin and step times swing 3× (measured); one thread per run is steady, and both trainers get the same."""
+spin and step times swing (benchmarks/RESULTS.md, "Threads"); one thread per run is steady, and both trainers get the
+same."""
 OUR_TIME_KEYS = ("time/generate", "time/reward", "time/old_logps", "time/ref_logps", "time/update", "time/step")
 
 
@@ -218,8 +216,7 @@ def trl_dataset(spec: BenchSpec, model_dir: str, out_dir: str):
     """The same training prompt pool our run draws from (same demo samples, same held-out split), as TRL rows."""
     from datasets import Dataset
 
-    from grpo.run.assembly.samples import load_samples
-    from grpo.run.assembly.samples import group_by_task
+    from grpo.run.assembly.samples import group_by_task, load_samples
 
     cfg = _our_config(spec, model_dir, out_dir)
     rows = load_samples(cfg.data, cfg.train.seed, cfg.tasks)
@@ -238,7 +235,7 @@ def _demo_reward(lengths: list[int]):
     def demo_rule_reward(prompts, completions, completion_ids, task, gold, **_: Any) -> list[float]:
         lengths.extend(len(c) for c in completion_ids)
         texts = [c[-1]["content"] if isinstance(c, list) else c for c in completions]
-        return [graders[t](x, json.loads(g)) for x, t, g in zip(texts, task, gold)]
+        return [graders[t](x, json.loads(g)) for x, t, g in zip(texts, task, gold, strict=True)]
 
     return demo_rule_reward
 
@@ -318,7 +315,7 @@ def run_trl(spec: BenchSpec, model_dir: str, out_dir: str) -> dict[str, Any]:
     wall, cpu = common.cycle_deltas(marks, spec.mu)  # a cycle = μ optimizer steps = one generation batch
     phases = common.bucket_events(resolve_events(events), [w for w, _ in marks[::spec.mu]],
                                   ("generate", "reward", "no_grad_logps", "generate_and_score"))
-    phases["train"] = [c - g for c, g in zip(wall, phases["generate_and_score"])]
+    phases["train"] = [c - g for c, g in zip(wall, phases["generate_and_score"], strict=True)]
     return {"cycle_times_s": wall, "cycle_cpu_s": cpu, "optimizer_steps": int(trainer.state.global_step),
             "rss_after_imports_mib": rss_imports, **common.length_counts(lengths), "phases": phases}
 
@@ -355,7 +352,7 @@ def check_same_work(spec: BenchSpec, runs: list[dict[str, Any]]) -> None:
 def spawn_run(trainer: str, spec: BenchSpec, model_dir: Path, work: Path, tag: str,
               threads: int | None) -> dict[str, Any]:
     """One run of `trainer` in a fresh subprocess (`--worker`), so peak RSS / GPU memory are its own."""
-    cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", trainer, "--spec-json", json.dumps(asdict(spec)),
+    cmd = [sys.executable, "-m", "benchmarks.vs_trl", "--worker", trainer, "--spec-json", json.dumps(asdict(spec)),
            "--model-dir", str(model_dir), "--work-dir", str(work / tag), "--result", str(work / f"{tag}.json")]
     return common.spawn(cmd, ROOT, work / f"{tag}.json", work / f"{tag}.log", threads)
 
@@ -428,7 +425,7 @@ def orchestrate(specs: list[BenchSpec], shape_name: str, repeats: int, work: Pat
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="vs_trl.py", description=__doc__,
+    p = argparse.ArgumentParser(prog="python -m benchmarks.vs_trl", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true", help="tiny model, 2 repeats, < 5 min on 2 CPU cores")
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")

@@ -1,19 +1,20 @@
 """Fingerprint of a finished run folder, to check that a refactor left the training bit-identical.
 
     python grpo_train.py --seed 0 --output-dir /tmp/runs --run-name base     # before the change
-    python scripts/demo_fingerprint.py /tmp/runs/base > before.json
+    python -m scripts.demo_fingerprint /tmp/runs/base > before.json
     ... change the code, run again as `after` ...
-    python scripts/demo_fingerprint.py /tmp/runs/after > after.json && diff before.json after.json
+    python -m scripts.demo_fingerprint /tmp/runs/after > after.json && diff before.json after.json
 
-Covers every value of metrics.jsonl except the measured ones (clock and memory readings: MEASURED_PREFIXES), eval.json, the sampled completions
-(samples/*.jsonl) and the sha256 of every final/*.safetensors file. The last line is one sha256 over all of it.
+Covers every value of metrics.jsonl except the measured ones (clock and memory readings: MEASURED_PREFIXES), eval.json,
+the sampled completions (samples/*.jsonl) and the sha256 of every final/*.safetensors file. The last line is one sha256
+over all of it.
 Exact equality (repr of every float): meant for the same machine and the same torch build.
 
 A refactor that moves a module a grader lives in renames that grader (its spec `package.module:function` is its name in
 metric keys and in the samples), and nothing else; `--rename NEW=OLD` (repeatable) writes NEW as OLD everywhere
 before the fingerprint is taken, so the two fingerprints compare what the run computed:
 
-    python scripts/demo_fingerprint.py /tmp/runs/after --rename grpo.data.demo_tasks=grpo.demo_tasks
+    python -m scripts.demo_fingerprint /tmp/runs/after --rename grpo.data.demo_tasks=grpo.demo_tasks
 """
 
 from __future__ import annotations
@@ -23,10 +24,9 @@ import json
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from grpo.run.tracking import MEASURED_PREFIXES
 
-from grpo.run.tracking import MEASURED_PREFIXES  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def is_timing(key: str) -> bool:

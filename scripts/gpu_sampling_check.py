@@ -1,21 +1,18 @@
-"""GPU check of batch-invariant sampling (grpo/decoding/sampling.py): the hashed uniforms are bit-identical on CPU and CUDA,
-the race picks the same tokens on both and compiled, and the per-step cost of the draw at a Qwen-sized vocabulary,
+"""GPU check of batch-invariant sampling (grpo/decoding/sampling.py): the hashed uniforms are bit-identical on CPU and
+CUDA, the race picks the same tokens on both and compiled, and the per-step cost of the draw at a Qwen-sized vocabulary,
 eager and compiled. Prints figures; needs a CUDA GPU.
 
-    python scripts/gpu_sampling_check.py
+    python -m scripts.gpu_sampling_check
 """
 
 from __future__ import annotations
 
 import sys
 import time
-from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from grpo.decoding.sampling import keyed_choice, row_keys, uniforms  # noqa: E402
+from grpo.decoding.sampling import keyed_choice, row_keys, uniforms
 
 
 def main() -> int:
@@ -31,9 +28,10 @@ def main() -> int:
              compiled(scores, keys.cuda(), torch.tensor(7, device="cuda")).cpu()]
     agree = [int((p == picks[0]).sum()) for p in picks[1:]]
     print(f"tokens equal to the CPU's, of 64 rows: CUDA eager {agree[0]}, CUDA compiled {agree[1]}")
-    for label, fn in [("race, eager (ours)", lambda t: keyed_choice(scores, keys.cuda(), t)),
-                      ("race, compiled (ours)", lambda t: compiled(scores, keys.cuda(), torch.tensor(t, device="cuda"))),
-                      ("softmax + multinomial (HF)", lambda t: torch.multinomial(torch.softmax(scores.float(), -1), 1))]:
+    ways = [("race, eager (ours)", lambda t: keyed_choice(scores, keys.cuda(), t)),
+            ("race, compiled (ours)", lambda t: compiled(scores, keys.cuda(), torch.tensor(t, device="cuda"))),
+            ("softmax + multinomial (HF)", lambda t: torch.multinomial(torch.softmax(scores.float(), -1), 1))]
+    for label, fn in ways:
         fn(0)
         torch.cuda.synchronize()
         start = time.perf_counter()

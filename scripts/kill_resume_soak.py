@@ -1,6 +1,6 @@
 """Soak test of crash safety: SIGKILL a training run at chosen moments, resume it each time, compare every output.
 
-    python scripts/kill_resume_soak.py [--kills 20] [--steps 150] [--seed 0] [--out /tmp/grpo_soak]
+    python -m scripts.kill_resume_soak [--kills 20] [--steps 150] [--seed 0] [--out /tmp/grpo_soak]
 
 1. An uninterrupted reference run of the tiny demo config (evaluation every --eval-every steps, so the Pareto
    frontier saves points; TensorBoard on; a checkpoint every step).
@@ -35,11 +35,10 @@ import time
 from pathlib import Path
 from typing import Callable
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+import grpo.run.checkpoint.files as ckpt
+from grpo.run.tracking import MEASURED_PREFIXES
 
-import grpo.run.checkpoint.files as ckpt  # noqa: E402
-from grpo.run.tracking import MEASURED_PREFIXES  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 TINY = ["--model.tiny_hidden", "32", "--model.tiny_layers", "1", "--model.tiny_heads", "2", "--data.demo_size", "40",
         "--data.eval_size", "4", "--rollout.max_new_tokens", "6", "--sft.steps", "4", "--train.tensorboard", "true",
@@ -188,14 +187,15 @@ def compare(reference: Path, soak: Path) -> dict[str, list[str]]:
         out[name] = [] if ja == jb else [f"{ja} vs {jb}"]
     sa, sb = _scalars(reference / "tb"), _scalars(soak / "tb")
     differing = [tag for tag in sorted(set(sa) | set(sb)) if sa.get(tag) != sb.get(tag)]
-    out["TensorBoard"] = [f"{len(differing)} tags, e.g. {tag}: {_first_difference(sa.get(tag) or [], sb.get(tag) or [])}"
-                          for tag in differing[:1]]
+    out["TensorBoard"] = [f"{len(differing)} tags, e.g. {tag}: "
+                          f"{_first_difference(sa.get(tag) or [], sb.get(tag) or [])}" for tag in differing[:1]]
     return out
 
 
 def _first_difference(a: list, b: list) -> str:
     """Where two sequences first differ, in a line (the step of a metrics row, the (step, value) of a scalar)."""
-    i = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+    # the two may differ in length: they part where the shorter one ends
+    i = next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
     def show(seq: list) -> str:
         if i >= len(seq):
             return "<end>"
@@ -204,27 +204,10 @@ def _first_difference(a: list, b: list) -> str:
     return f"at {i}: {show(a)} vs {show(b)}"
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--kills", type=int, default=20)
-    parser.add_argument("--steps", type=int, default=150)
-    parser.add_argument("--eval-every", type=int, default=5, help="evaluation (and Pareto offers) every N steps")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--out", default="/tmp/grpo_soak")
-    parser.add_argument("--max-delay", type=float, default=2.0,
-                        help="longest wait after a fresh checkpoint before a 'checkpoint' kill, seconds")
-    args = parser.parse_args()
-    out = Path(args.out)
-    shutil.rmtree(out, ignore_errors=True)
-    rng = random.Random(args.seed)
-
-    print("reference run (uninterrupted) ...", flush=True)
-    reference = subprocess.run(command(out, "reference", args.steps, args.seed, args.eval_every, False),
-                               capture_output=True, text=True)
-    if reference.returncode != 0:
-        print(f"the reference run failed (exit {reference.returncode}):\n{reference.stderr[-3000:]}")
-        return 1
-
+def kill_in_turn(args: argparse.Namespace, out: Path, rng: random.Random) -> tuple[int, int, dict[str, int]]:
+    """Start the soak run (resuming from its newest checkpoint once it has one) and kill it, --kills times, each kill
+    in the next mode of KILL_ORDER; every complete checkpoint verified before each start. Returns (kills, corrupt
+    checkpoints found, kills landed per mode)."""
     kills, corrupt, landed = 0, 0, {m: 0 for m in MODES}
     run_dir, logs = out / "soak", out / "logs"
     logs.mkdir(parents=True)
@@ -253,6 +236,33 @@ def main() -> int:
         newest = ckpt.find_resumable(run_dir) if run_dir.exists() else None
         print(f"  kill {kills:2d} [{mode:10s}] {where}; newest complete checkpoint: "
               f"{newest.name if newest else 'none'}", flush=True)
+    return kills, corrupt, landed
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(prog="python -m scripts.kill_resume_soak",
+                                     description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--kills", type=int, default=20)
+    parser.add_argument("--steps", type=int, default=150)
+    parser.add_argument("--eval-every", type=int, default=5, help="evaluation (and Pareto offers) every N steps")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", default="/tmp/grpo_soak")
+    parser.add_argument("--max-delay", type=float, default=2.0,
+                        help="longest wait after a fresh checkpoint before a 'checkpoint' kill, seconds")
+    args = parser.parse_args()
+    out = Path(args.out)
+    shutil.rmtree(out, ignore_errors=True)
+    rng = random.Random(args.seed)
+
+    print("reference run (uninterrupted) ...", flush=True)
+    reference = subprocess.run(command(out, "reference", args.steps, args.seed, args.eval_every, False),
+                               capture_output=True, text=True)
+    if reference.returncode != 0:
+        print(f"the reference run failed (exit {reference.returncode}):\n{reference.stderr[-3000:]}")
+        return 1
+
+    kills, corrupt, landed = kill_in_turn(args, out, rng)
+    run_dir = out / "soak"
     final = subprocess.run(command(out, "soak", args.steps, args.seed, args.eval_every,
                                    bool(ckpt.list_complete(run_dir))), capture_output=True, text=True)
     if final.returncode != 0:

@@ -1,18 +1,19 @@
 """The demo's results table (docs/RESULTS.md), from real runs: run the demo for seeds 0-2 (or read run folders) and
 print it.
 
-    python scripts/results_table.py                       # runs `python grpo_train.py --seed N` for N = 0, 1, 2
-    python scripts/results_table.py --write               # ... and replaces the table in docs/RESULTS.md
-    python scripts/results_table.py --runs DIR0 DIR1 DIR2 # reads finished run folders instead (seed from config.json)
-    python scripts/results_table.py --seeds 0 1 2 3 4 --out /tmp/demo_runs
-    python scripts/results_table.py --preset smollm2-dual --out runs/smollm2-dual   # another preset's table
+    python -m scripts.results_table                       # runs `python grpo_train.py --seed N` for N = 0, 1, 2
+    python -m scripts.results_table --write               # ... and replaces the table in docs/RESULTS.md
+    python -m scripts.results_table --runs DIR0 DIR1 DIR2 # reads finished run folders instead (seed from config.json)
+    python -m scripts.results_table --seeds 0 1 2 3 4 --out /tmp/demo_runs
+    python -m scripts.results_table --preset smollm2-dual --out runs/smollm2-dual   # another preset's table
 
 Columns, per seed and task, from the run's eval.json (greedy held-out reward, rule graders): before SFT, after SFT,
 after RL, RL gain = after RL − after SFT; the wall time of the whole run (from config.json, written at start-up, to
 report.json, written at the end) and its peak host memory (report.json's summary.host_peak_gb), on the seed's first
 row. The rewards are deterministic for a given machine and thread count (the demo pins every RNG); the time and the
-memory are not, so `tests/test_results_table.py` compares the reward columns exactly and only the format of those two. Runs use OMP_NUM_THREADS=2 unless it is set (the table's
-"2 CPU cores"). A run folder's .jsonl records are read plain or gzipped (a kept copy: benchmarks/common.read_record).
+memory are not, so `tests/test_results_table.py` compares the reward columns exactly and only the format of those two.
+Runs use OMP_NUM_THREADS=2 unless it is set (the table's "2 CPU cores"). A run folder's .jsonl records are read plain or
+gzipped (a kept copy: benchmarks/common.read_record).
 """
 
 from __future__ import annotations
@@ -26,10 +27,9 @@ import sys
 import tempfile
 from pathlib import Path
 
+from benchmarks.common import has_record, read_record
+
 ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:  # `python scripts/results_table.py`: the project's modules (grpo.phases.evaluation for --parts)
-    sys.path.insert(0, str(ROOT))
-from benchmarks.common import has_record, read_record  # noqa: E402  (after the path fix above)
 
 TABLE_DOC = ROOT / "docs" / "RESULTS.md"
 """Where the demo's table stands (its first section) and where --write writes it."""
@@ -51,7 +51,8 @@ def table_rows(run_dir: Path) -> list[str]:
     seed = json.loads((run_dir / "config.json").read_text())["train"]["seed"]
     missing = [p for p in ("before_sft", "after_sft", "after_rl") if p not in evals]
     if missing:
-        raise ValueError(f"{run_dir / 'eval.json'} has no {missing} phase(s): is the run finished, with an SFT warm-up?")
+        raise ValueError(f"{run_dir / 'eval.json'} has no {missing} phase(s): is the run finished, with an SFT "
+                         "warm-up?")
     seconds = (run_dir / "report.json").stat().st_mtime - (run_dir / "config.json").stat().st_mtime
     peak = json.loads((run_dir / "report.json").read_text()).get("summary", {}).get("host_peak_gb")
     memory = "-" if peak is None else f"{peak:.2f} GB"
@@ -129,8 +130,8 @@ def rewards_differ(produced: str, committed: str, tolerance: float = REWARD_TOLE
     a, b = rewards_only(produced), rewards_only(committed)
     if [r[:2] for r in a] != [r[:2] for r in b]:
         return [f"rows differ: {[r[:2] for r in a]} vs {[r[:2] for r in b]}"]
-    return [f"seed {x[0]} {x[1]}: {x[2:]} vs {y[2:]}" for x, y in zip(a, b)
-            if any(abs(float(u) - float(v)) > tolerance for u, v in zip(x[2:], y[2:]))]
+    return [f"seed {x[0]} {x[1]}: {x[2:]} vs {y[2:]}" for x, y in zip(a, b, strict=True)  # the same rows, checked above
+            if len(x) != len(y) or any(abs(float(u) - float(v)) > tolerance for u, v in zip(x[2:], y[2:], strict=True))]
 
 
 def rewards_only(table_text: str) -> list[list[str]]:
@@ -140,7 +141,8 @@ def rewards_only(table_text: str) -> list[list[str]]:
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(prog="python -m scripts.results_table",
+                                     description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--runs", nargs="+", type=Path, help="finished run folders to read instead of running")
     parser.add_argument("--seeds", nargs="+", type=int, default=list(SEEDS), help="seeds to run (default 0 1 2)")
     parser.add_argument("--out", type=Path, default=None, help="where the runs go (default: a temporary folder)")

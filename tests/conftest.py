@@ -1,11 +1,9 @@
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+from grpo.machine.host_resources import quiet_openmp  # standard library only
 
-from grpo.machine.host_resources import quiet_openmp  # noqa: E402  (standard library only)
+ROOT = Path(__file__).resolve().parents[1]  # on sys.path already: pyproject.toml's pytest `pythonpath`
 
 quiet_openmp()  # before torch loads OpenMP, as grpo_train does: the tests' runs wait as a user's runs do
 

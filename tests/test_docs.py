@@ -425,3 +425,43 @@ def test_files_the_docs_point_at_are_not_ignored_by_git():
     result = subprocess.run(["git", "check-ignore", "--no-index", *cited], cwd=ROOT, capture_output=True, text=True)
     ignored = result.stdout.split()
     assert not ignored, f"the docs cite files that .gitignore keeps out of the repository: {ignored}"
+
+
+# ------------------------------------------------------------------------------------ the benchmarks' commands
+TOOL_COMMAND = re.compile(r"python3?\s+(-m\s+)?((?:\./)?(?:benchmarks|scripts)[./][\w./]*\w)")
+"""`python -m benchmarks.x` (or a `python benchmarks/x.py` the check refuses), across a line break as the docs wrap."""
+
+
+def wrong_tool_commands(text: str, root: Path = ROOT) -> list[str]:
+    """Each command of a benchmark or script in `text` that is not the module form of a module under `root`."""
+    wrong = []
+    for flag, name in TOOL_COMMAND.findall(text):
+        if not flag or "/" in name:
+            module = name.removeprefix("./").removesuffix(".py").replace("/", ".")
+            wrong.append(f"python {name} (run it as a module: python -m {module})")
+        elif not (root / (name.replace(".", "/") + ".py")).is_file():
+            wrong.append(f"python -m {name} (no such module)")
+    return wrong
+
+
+def test_the_docs_run_the_benchmarks_and_scripts_as_modules():
+    """The benchmarks and scripts run from the checkout's root as modules: every command the docs, the benchmarks'
+    notes and the docstrings show is that form and names a module that exists."""
+    files = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md")), *sorted((ROOT / "benchmarks").glob("*.md")),
+             *sorted((ROOT / "benchmarks").glob("*.py")), *sorted((ROOT / "scripts").glob("*.py")),
+             *sorted((ROOT / "grpo").rglob("*.py"))]
+    wrong = [f"{p.relative_to(ROOT)}: {w}" for p in files for w in wrong_tool_commands(p.read_text())]
+    assert len(TOOL_COMMAND.findall((ROOT / "benchmarks" / "RESULTS.md").read_text())) > 10  # the check reads them
+    assert not wrong, wrong
+
+
+def test_the_command_check_refuses_the_path_form_and_a_missing_module(tmp_path):
+    (tmp_path / "benchmarks").mkdir()
+    (tmp_path / "benchmarks" / "vs_trl.py").write_text("")
+    text = ("`python -m benchmarks.vs_trl --quick`, `OMP_NUM_THREADS=1 python -m\n  benchmarks.vs_trl`, "
+            "`python benchmarks/vs_trl.py`, `python ./scripts/soak.py`, `python -m benchmarks.gone`, "
+            "`python grpo_train.py`, benchmarks/vs_trl.py alone")
+    assert wrong_tool_commands(text, tmp_path) == [
+        "python benchmarks/vs_trl.py (run it as a module: python -m benchmarks.vs_trl)",
+        "python ./scripts/soak.py (run it as a module: python -m scripts.soak)",
+        "python -m benchmarks.gone (no such module)"]

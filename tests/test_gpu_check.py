@@ -13,7 +13,7 @@ pytest.importorskip("trl")  # part b runs TRL's trainer beside ours
 
 
 def test_gpu_check_runs_every_part_on_the_cpu(tmp_path):
-    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu_check.py"), "--cpu", "--out",
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.gpu_check", "--cpu", "--out",
                            str(tmp_path), "--parts", "a,b,c,d,e"], cwd=ROOT, capture_output=True, text=True,
                           timeout=600)
     report = json.loads((tmp_path / "gpu_check.json").read_text())
@@ -50,7 +50,7 @@ def test_gpu_check_runs_every_part_on_the_cpu(tmp_path):
     assert goals["b. decode <= 5x the floor (0.5B shape, graph engine)"]["status"] != "not measured"
     assert "goals on cpu, torch" in proc.stdout and "commit " in proc.stdout
     # a folder that holds a report is refused, not written over
-    again = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu_check.py"), "--cpu", "--out",
+    again = subprocess.run([sys.executable, "-m", "benchmarks.gpu_check", "--cpu", "--out",
                             str(tmp_path), "--parts", "e"], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert again.returncode == 2 and "holds an earlier report (gpu_check.json)" in again.stderr
     assert json.loads((tmp_path / "gpu_check.json").read_text()) == report
@@ -58,13 +58,14 @@ def test_gpu_check_runs_every_part_on_the_cpu(tmp_path):
 
 def test_gpu_check_refuses_an_out_it_cannot_write(tmp_path):
     """--out naming a file, or a folder it cannot make or write in: a message naming it, exit 2, no traceback."""
-    script = str(ROOT / "benchmarks" / "gpu_check.py")
+    script = ["-m", "benchmarks.gpu_check"]
     afile = tmp_path / "report.txt"
     afile.write_text("keep me")
-    proc = subprocess.run([sys.executable, script, "--cpu", "--out", str(afile)], capture_output=True, text=True)
+    proc = subprocess.run([sys.executable, *script, "--cpu", "--out", str(afile)], cwd=ROOT, capture_output=True,
+                          text=True)
     assert proc.returncode == 2 and "is a file; give a folder" in proc.stderr and "Traceback" not in proc.stderr
     assert afile.read_text() == "keep me"
     # a folder that cannot be made (its parent is a file: what a read-only disk gives as well, an OSError)
-    proc = subprocess.run([sys.executable, script, "--cpu", "--out", str(afile / "sub")], capture_output=True,
-                          text=True)
+    proc = subprocess.run([sys.executable, *script, "--cpu", "--out", str(afile / "sub")], cwd=ROOT,
+                          capture_output=True, text=True)
     assert proc.returncode == 2 and "cannot write there" in proc.stderr and "Traceback" not in proc.stderr

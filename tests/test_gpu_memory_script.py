@@ -36,7 +36,7 @@ def shape_dir(tmp_path, **changes):
 
 def test_tiny_run_writes_the_table_and_json(tmp_path):
     env = dict(os.environ, OMP_NUM_THREADS="1")  # a 64-wide model gains nothing from threads on a shared CPU
-    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu_memory.py"), "--tiny", "--cases",
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.gpu_memory", "--tiny", "--cases",
                            "tiny-lora", "--steps", "1", "--warmup", "0", "--out", str(tmp_path)],
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=180)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]

@@ -769,3 +769,90 @@ def test_no_module_of_the_package_is_over_600_lines():
     found = [f"{p.relative_to(ROOT)} ({n} lines)" for p in files
              if (n := len(p.read_text().splitlines())) > MAX_MODULE_LINES]
     assert not found, found
+
+
+# ------------------------------------------------------------------------------------------ benchmarks/ and scripts/
+TOOL_FOLDERS = ("benchmarks", "scripts")
+"""The repository's tools, run as modules (`python -m benchmarks.gpu_check`): held to the package's sizes, not to its
+face rules."""
+
+
+def tool_files(root: Path) -> list[Path]:
+    """Every module of the tools' folders under `root`."""
+    return [p for folder in TOOL_FOLDERS for p in sorted((root / folder).rglob("*.py"))]
+
+
+def oversized(files: list[Path], root: Path) -> list[str]:
+    """'path (n lines)' for each module over MAX_MODULE_LINES, 'path:line name (n lines)' for each function over
+    MAX_LINES."""
+    found = []
+    for p in files:
+        source, where = p.read_text(), str(p.relative_to(root))
+        if (n := len(source.splitlines())) > MAX_MODULE_LINES:
+            found.append(f"{where} ({n} lines)")
+        found += long_functions(source, where)
+    return found
+
+
+def test_benchmarks_and_scripts_are_within_the_package_sizes():
+    files = tool_files(ROOT)
+    assert ROOT / "benchmarks" / "gpu_check.py" in files and ROOT / "scripts" / "reliability_probe.py" in files
+    found = oversized(files, ROOT)
+    assert not found, f"split these as grpo/'s modules are (600 lines a module, 60 a function): {found}"
+
+
+def test_the_tool_size_check_finds_a_long_module_and_a_long_function(tmp_path):
+    crafted = {"benchmarks/long.py": "x = 1\n" * (MAX_MODULE_LINES + 1),
+               "scripts/deep/long_main.py": "def main():\n" + "    x = 1\n" * MAX_LINES + "    return x\n",
+               # at the limits: a 600-line module whose function runs 60 lines
+               "benchmarks/fits.py": "x = 1\n" * (MAX_MODULE_LINES - MAX_LINES) + "def f():\n"
+                                     + "    x = 1\n" * (MAX_LINES - 1),
+               "grpo/elsewhere.py": "x = 1\n" * (MAX_MODULE_LINES + 1)}  # not a tool: the package's own test
+    for rel, text in crafted.items():
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text(text)
+    assert oversized(tool_files(tmp_path), tmp_path) == [f"benchmarks/long.py ({MAX_MODULE_LINES + 1} lines)",
+                                                         f"scripts/deep/long_main.py:1 main ({MAX_LINES + 2} lines)"]
+
+
+def sys_path_edits(source: str, where: str) -> list[str]:
+    """'file:line' for each statement of `source` that changes the import path: a method called on sys.path (insert,
+    append, ...), sys.path or a slice of it assigned or added to, `from sys import path`, or site.addsitedir. Reading
+    it (`x in sys.path`, `list(sys.path)`) is no edit."""
+    def is_sys_path(node: ast.AST) -> bool:
+        node = node.value if isinstance(node, ast.Subscript) else node
+        return (isinstance(node, ast.Attribute) and node.attr == "path" and isinstance(node.value, ast.Name)
+                and node.value.id == "sys")
+
+    found = []
+    for n in ast.walk(ast.parse(source)):
+        edits = (
+            isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)
+            and (is_sys_path(n.func.value) and n.func.attr != "index" and n.func.attr != "count"
+                 or n.func.attr == "addsitedir" and isinstance(n.func.value, ast.Name) and n.func.value.id == "site"))
+        edits |= isinstance(n, ast.Assign) and any(is_sys_path(t) for t in n.targets)
+        edits |= isinstance(n, (ast.AugAssign, ast.AnnAssign)) and is_sys_path(n.target)
+        edits |= isinstance(n, ast.ImportFrom) and n.module == "sys" and any(a.name == "path" for a in n.names)
+        if edits:
+            found.append(f"{where}:{n.lineno}")
+    return found
+
+
+def test_no_sys_path_edits_in_the_package_benchmarks_or_scripts():
+    """README installs the checkout; the tools run as modules from its root: nothing edits the import path."""
+    files = sorted((ROOT / "grpo").rglob("*.py")) + [ROOT / "grpo_train.py"] + tool_files(ROOT)
+    found = [f for p in files for f in sys_path_edits(p.read_text(), str(p.relative_to(ROOT)))]
+    assert not found, f"run the tool as a module (`python -m benchmarks.x`) instead of editing sys.path: {found}"
+
+
+def test_the_sys_path_check_finds_each_way_of_editing_it(tmp_path):
+    edits = ["sys.path.insert(0, str(ROOT))", "sys.path.append('..')", "sys.path[:0] = ['..']",
+             "sys.path += ['..']", "sys.path = ['..']", "from sys import path", "site.addsitedir('..')",
+             "sys.path.extend(['..'])"]
+    reads = ["if str(ROOT) not in sys.path:\n    pass", "before = list(sys.path)", "'sys.path.insert(0, ROOT)'",
+             "i = sys.path.index('..')", "path.insert(0, 'x')  # a local list named path"]
+    (tmp_path / "scripts").mkdir()
+    for i, line in enumerate(edits + reads):
+        (tmp_path / "scripts" / f"m{i:02d}.py").write_text(f"import site\nimport sys\n{line}\n")
+    found = [f for p in tool_files(tmp_path) for f in sys_path_edits(p.read_text(), p.name)]
+    assert found == [f"m{i:02d}.py:3" for i in range(len(edits))]

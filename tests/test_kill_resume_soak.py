@@ -17,7 +17,7 @@ import pytest
 from conftest import load_script
 
 ROOT = Path(__file__).resolve().parents[1]
-SCRIPT = ROOT / "scripts" / "kill_resume_soak.py"
+SCRIPT = ("-m", "scripts.kill_resume_soak")
 KILLS = 3  # one per moment the script aims at (checkpoint, evaluation, pareto)
 # 21 steps, evaluation every 3: seven evaluations. With 9 (three), a checkpoint kill that lands late and an evaluation
 # kill at step 6 leave the Pareto kill only step 9, which a slow machine misses ("pareto 0"); 15 steps are still too
@@ -29,7 +29,7 @@ STEPS = 21
 @pytest.fixture(scope="module")
 def soak(tmp_path_factory) -> tuple[subprocess.CompletedProcess, Path]:
     out = tmp_path_factory.mktemp("soak")
-    proc = subprocess.run([sys.executable, str(SCRIPT), "--kills", str(KILLS), "--steps", str(STEPS), "--eval-every", "3",
+    proc = subprocess.run([sys.executable, *SCRIPT, "--kills", str(KILLS), "--steps", str(STEPS), "--eval-every", "3",
                            "--max-delay", "0.5", "--out", str(out)], cwd=ROOT, capture_output=True, text=True,
                           timeout=600)
     return proc, out

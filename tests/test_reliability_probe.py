@@ -30,7 +30,7 @@ def test_every_case_has_a_unique_name_a_known_expectation_and_words_where_it_exp
 
 
 def test_the_list_prints_every_case():
-    out = subprocess.run([sys.executable, str(ROOT / "scripts" / "reliability_probe.py"), "--list"], cwd=ROOT,
+    out = subprocess.run([sys.executable, "-m", "scripts.reliability_probe", "--list"], cwd=ROOT,
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert [line.split()[0] for line in out.stdout.splitlines()] == [c.name for c in probe.CASES]
@@ -78,7 +78,7 @@ def test_words_known_only_at_run_time_and_alternatives_must_be_named():
 def test_the_control_case_and_one_refusal_run_through_the_script(tmp_path):
     """The probe's control (a valid tiny run) and one refused case, end to end: a line per case, the table, the
     count, and the exit status that follows from the outcomes."""
-    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "reliability_probe.py"), "--only", "baseline",
+    proc = subprocess.run([sys.executable, "-m", "scripts.reliability_probe", "--only", "baseline",
                            "binary-config", "--keep", str(tmp_path)], cwd=ROOT, capture_output=True, text=True,
                           timeout=300)
     progress = dict(line.strip().split(": ", 1) for line in proc.stdout.splitlines() if line.startswith("  "))

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import subprocess
 import sys
 import types
@@ -129,8 +130,8 @@ def test_final_model_dir_in_the_run_folder_or_its_checkpoints_is_refused_and_not
     (["--out", "x", "--parts", ","], "--parts ',' names no part"),
 ])
 def test_gpu_check_refuses_an_empty_out_or_parts(tmp_path, argv, said):
-    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu_check.py"), "--cpu", *argv], cwd=tmp_path,
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.gpu_check", "--cpu", *argv], cwd=tmp_path,
+                          env=dict(os.environ, PYTHONPATH=str(ROOT)), capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and said in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
     assert list(tmp_path.iterdir()) == []  # nothing written in the current folder
 

@@ -99,6 +99,6 @@ def test_the_timing_check_finds_the_timings_docstrings_once_held():
             "(`create_causal_mask`, ~0.5 ms a step on the CPU)"]
     for text in held:
         assert timings_in_docstrings(f'X = 1\n"""{text}"""\n'), text
-    for text in ("stops the run after 300 s", "`python benchmarks/real_model_parts.py --repeats 3`",
+    for text in ("stops the run after 300 s", "`python -m benchmarks.real_model_parts --repeats 3`",
                  "e.g. `step 12 | gnorm 1.230 | 4.21s`"):
         assert not timings_in_docstrings(f'def f():\n    """{text}"""\n'), text

@@ -4,7 +4,7 @@ The fast tests check the script's rows against a run folder worked out by hand a
 script's format. The slow one runs the demo for seeds 0-2 (about a minute each on 2 CPU cores) and checks that the
 committed table holds the rewards the committed code produces (within two held-out prompts: other CPUs'
 float kernels may flip a greedy answer); the wall-time column differs from run
-to run and is only checked for its format. Regenerate the table with `python scripts/results_table.py --write`.
+to run and is only checked for its format. Regenerate the table with `python -m scripts.results_table --write`.
 """
 
 from __future__ import annotations
@@ -136,7 +136,7 @@ def test_the_docs_table_is_what_the_committed_code_produces(tmp_path):
     committed = RT.doc_table(RT.TABLE_DOC.read_text())
     assert not RT.rewards_differ(produced, committed), (
         "docs/RESULTS.md's demo table is not what the code produces; regenerate it with "
-        f"`{sys.executable} scripts/results_table.py --write`. Produced:\n{produced}")
+        f"`{sys.executable} -m scripts.results_table --write`. Produced:\n{produced}")
 
 
 def test_part_rows_average_each_grader_per_phase(tmp_path):

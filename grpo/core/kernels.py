@@ -29,7 +29,7 @@ DEFAULT_ENTROPY_CHUNK_ROWS = 512
 KEEP_LOG_SOFTMAX_BYTES = 512 * 2**20
 """The fused head keeps its forward's fp32 log-softmax chunks for backward, instead of recomputing them from the
 hidden states, when they total at most this many bytes and live in host memory. Recomputing costs a head product
-as large as the forward's (keeping is faster on SmolLM2's head: `python benchmarks/real_model_parts.py`, its timings
+as large as the forward's (keeping is faster on SmolLM2's head: `python -m benchmarks.real_model_parts`, its timings
 in benchmarks/RESULTS.md), while host memory is plentiful: 512 MiB holds 2,700 rows at a 49k
 vocabulary, 880 at Qwen's 152k. On an accelerator the fused head exists to save memory, so it always recomputes
 there."""

@@ -102,7 +102,7 @@ class WeightGuard:
         """True when no trainable parameter holds NaN or inf (one sync with the device).
 
         First each parameter's fp32 sum: a NaN or ±inf anywhere makes its sum non-finite, and a sum reads the tensor
-        once without writing a mask (far faster than isfinite + all: `python benchmarks/real_model_parts.py`, its
+        once without writing a mask (far faster than isfinite + all: `python -m benchmarks.real_model_parts`, its
         timings in benchmarks/RESULTS.md). A finite sum of every tensor means all finite;
         otherwise the element-wise check decides, since a sum of finite values can overflow."""
         import torch

@@ -19,7 +19,7 @@ layers are called one by one over KV buffers written in place (`LayerForward`); 
 forward per token (`WholeForward`). Both give the forward's logits bit for bit.
 
 The shared prefill: the prompt forward is most of a rollout's compute when completions are short (SmolLM2-135M,
-4 prompts × K 8: `python benchmarks/real_model_parts.py` times it). A row's logits and keys / values do not depend
+4 prompts × K 8: `python -m benchmarks.real_model_parts` times it). A row's logits and keys / values do not depend
 on the other rows of the batch, so computing each distinct prompt once gives the same cache and logits up to float
 rounding (a matmul over fewer rows may round differently: ~1e-7 in tests/test_steppers.py; the sampled tokens equal
 `generate`'s in tests/test_decode.py).

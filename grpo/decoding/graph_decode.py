@@ -42,7 +42,7 @@ LoRA folded (rollout.fold_lora): a LoRA layer's update is added into a copy of i
 three; the copy is freed when the rollout ends (the update gets the memory back), so a kept slot that reads it is
 captured again at its next rollout (no warm-up, no compile). The log-probs the loss uses still come from the training
 forward (grpo/models/logprobs.py), which runs the adapter as it is. What the fold changes in the sampled tokens'
-log-probs is rounding: `python benchmarks/gpu_check.py` reports the largest difference (its figures:
+log-probs is rounding: `python -m benchmarks.gpu_check` reports the largest difference (its figures:
 benchmarks/RESULTS.md).
 
 Applies where the lean loop's layer-by-layer forward applies (the Llama family with sdpa or eager attention:

@@ -47,8 +47,8 @@ FUSED_ADAMW_DEVICES = ("cpu", "cuda", "mps", "xpu")
 def adamw(params: list[torch.nn.Parameter], lr: float, weight_decay: float) -> torch.optim.AdamW:
     """AdamW for the SFT warm-up and the RL phase: the fused kernel (one pass over every parameter per step, as
     transformers' default `adamw_torch_fused`, so TRL's, uses) wherever it applies, else torch's default. On the CPU
-    torch's default is the per-tensor loop, several times slower on a 135M-parameter model (`python
-    benchmarks/real_model_parts.py`; its timings in benchmarks/RESULTS.md). The update is the same up to float rounding
+    torch's default is the per-tensor loop, several times slower on a 135M-parameter model (`python -m
+    benchmarks.real_model_parts`; its timings in benchmarks/RESULTS.md). The update is the same up to float rounding
     (tests/test_update_optimizer.py). Sharded parameters (FSDP2's DTensors) keep torch's default."""
     plain = all(type(p.data) is torch.Tensor and p.device.type in FUSED_ADAMW_DEVICES and p.is_floating_point()
                 for p in params)
