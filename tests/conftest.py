@@ -56,3 +56,21 @@ def smollm2_folder():
         except P.ModelPackageMissing as e:
             pytest.skip(f"real-model tests skipped: {e}")
         yield folder
+
+
+def pytest_collection_finish(session):
+    """The subprocess work of the collected slow tests that registered it (tests/background.py) starts now, in the
+    background, in the order the session will reach them."""
+    if session.config.option.collectonly:
+        return
+    from tests import background
+
+    background.start([background.key_of(item.path.name, getattr(item, "originalname", item.name))
+                      for item in session.items])
+
+
+def pytest_sessionfinish(session):
+    """The background worker and what it started end with the session (tests/background.py)."""
+    from tests import background
+
+    background.stop()

@@ -24,9 +24,12 @@ import site
 import subprocess
 import sys
 import sysconfig
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
+
+from tests import background
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.slow
@@ -95,37 +98,62 @@ def run_ok(cmd: list[str], cwd: Path, timeout: int = 600) -> subprocess.Complete
     return proc
 
 
-def check_the_package(python: Path, bin_dir: Path, home: Path, tmp_path: Path) -> None:
+def use_the_package(python: Path, bin_dir: Path, tmp_path: Path) -> dict[str, str]:
     """From a folder outside the checkout: the `grpo-dual` command trains the demo for a few steps,
-    `grpo-check-gpu-memory --help` runs, the Python API trains; `grpo` and `grpo_train` are the ones under `home`."""
+    `grpo-check-gpu-memory --help` runs, the Python API trains; their outputs and the run's files (`check_the_package`
+    reads them)."""
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
-    out = run_ok([str(bin_dir / "grpo-dual"), *SHORT, "--output-dir", "out", "--run-name", "cli"], cwd=elsewhere).stdout
-    report = json.loads((elsewhere / "out" / "cli" / "report.json").read_text())
-    assert report["verdict"] and "run folder: out/cli" in out
-    assert (elsewhere / "out" / "cli" / "final").is_dir()
-    memory = run_ok([str(bin_dir / "grpo-check-gpu-memory"), "--help"], cwd=elsewhere).stdout
-    assert "--estimate" in memory  # the tool the out-of-memory message names, installed with the package
-
     (elsewhere / "use_api.py").write_text(API_SCRIPT)
-    result = json.loads(run_ok([str(python), "use_api.py"], cwd=elsewhere).stdout.strip().splitlines()[-1])
+    # the three at once, each its own process (the runs in their own folders, out/cli and out/api): a short run of the
+    # tiny model keeps less than two cores busy, so together they end sooner than one after another
+    commands = [[str(bin_dir / "grpo-dual"), *SHORT, "--output-dir", "out", "--run-name", "cli"],
+                [str(bin_dir / "grpo-check-gpu-memory"), "--help"], [str(python), "use_api.py"]]
+    with ThreadPoolExecutor(len(commands)) as pool:
+        cli, memory, api = (done.stdout for done in pool.map(lambda cmd: run_ok(cmd, cwd=elsewhere), commands))
+    return {"cli": cli, "memory": memory, "api": api, "elsewhere": str(elsewhere)}
+
+
+def check_the_package(used: dict[str, str], home: Path) -> None:
+    """What `use_the_package` saw: the demo trained (a verdict, the final model) in its folder, the memory tool's help,
+    and the API's run; `grpo` and `grpo_train` are the ones under `home`."""
+    elsewhere = Path(used["elsewhere"])
+    report = json.loads((elsewhere / "out" / "cli" / "report.json").read_text())
+    assert report["verdict"] and "run folder: out/cli" in used["cli"]
+    assert (elsewhere / "out" / "cli" / "final").is_dir()
+    assert "--estimate" in used["memory"]  # the tool the out-of-memory message names, installed with the package
+
+    result = json.loads(used["api"].strip().splitlines()[-1])
     assert result["steps"] == 2 and result["verdict"] and result["lora"]
     assert Path(result["grpo"]).is_relative_to(home) and Path(result["grpo_train"]).is_relative_to(home)
     assert result["generic"] == []
 
 
-def test_pip_install_puts_the_package_alone_into_site_packages_and_it_trains_from_another_folder(tmp_path):
-    source = tracked_copy(tmp_path / "checkout")
-    python = fresh_venv(tmp_path / "venv")
-    run_ok([str(python), "-m", "pip", "install", "-q", "--no-build-isolation", str(source)], cwd=tmp_path)
+PIP_INSTALL = background.key_of(
+    "test_install.py", "test_pip_install_puts_the_package_alone_into_site_packages_and_it_trains_from_another_folder")
+
+
+@background.job(PIP_INSTALL)
+def pip_installed(root: Path) -> dict:
+    """`pip install` of a clean copy of the checkout into a fresh virtualenv, then the package used from another
+    folder: its site-packages and what `use_the_package` saw (tests/background.py may do it before the test's turn)."""
+    source = tracked_copy(root / "checkout")
+    python = fresh_venv(root / "venv")
+    run_ok([str(python), "-m", "pip", "install", "-q", "--no-build-isolation", str(source)], cwd=root)
     purelib = Path(subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
                                   capture_output=True, text=True, check=True).stdout.strip())
+    listed = sorted(p.name for p in purelib.iterdir() if p.name not in ("__pycache__", "outer.pth"))
+    return {"purelib": purelib, "listed": listed, "used": use_the_package(python, root / "venv" / "bin", root)}
+
+
+def test_pip_install_puts_the_package_alone_into_site_packages_and_it_trains_from_another_folder(tmp_path):
+    installed = background.result(PIP_INSTALL, tmp_path)
+    purelib = installed["purelib"]
     dist_info = next(purelib.glob("grpo_dual-*.dist-info"))
-    # what site-packages holds: the package, the trainer module, the metadata, the .pth
-    assert sorted(p.name for p in purelib.iterdir() if p.name not in ("__pycache__", "outer.pth")) == \
-        sorted(["grpo", "grpo_train.py", dist_info.name])
+    # what site-packages holds right after the install: the package, the trainer module, the metadata, the .pth
+    assert installed["listed"] == sorted(["grpo", "grpo_train.py", dist_info.name])
     assert (purelib / "grpo" / "grading" / "rubrics" / "fairness.txt").is_file()  # package data travels
-    check_the_package(python, tmp_path / "venv" / "bin", purelib, tmp_path)
+    check_the_package(installed["used"], purelib)
 
 
 # ------------------------------------------------------------------------------ the README's set-up, then the docs
@@ -185,11 +213,16 @@ def as_typed(line: str, setup: dict, timeout: int = 600) -> subprocess.Completed
                           env=env)
 
 
-@pytest.fixture(scope="module")
-def readme_setup_done(tmp_path_factory) -> dict:
-    """A clean copy of the checkout and a fresh virtualenv, after the README's set-up command in it: {checkout,
-    python, bin}."""
-    root = tmp_path_factory.mktemp("readme")
+README_SETUP = background.key_of("test_install.py", "readme_setup_done")
+
+
+@background.job(README_SETUP, wanted_by=tuple(background.key_of("test_install.py", name) for name in (
+    "test_the_readme_setup_installs_the_checkout_and_its_commands",
+    "test_every_documented_command_runs_as_written_after_the_readme_setup",
+    "test_the_documented_smollm2_runs_train_as_written_and_output_dir_loads")))
+def readme_setup_in(root: Path) -> dict:
+    """A clean copy of the checkout and a fresh virtualenv under `root`, after the README's set-up command in it:
+    {checkout, python, bin} (tests/background.py may do it before the first test that uses it)."""
     checkout = tracked_copy(root / "checkout")
     python = fresh_venv(root / "venv")
     words = readme_setup()
@@ -198,12 +231,19 @@ def readme_setup_done(tmp_path_factory) -> dict:
     return {"checkout": checkout, "python": python, "bin": root / "venv" / "bin"}
 
 
+@pytest.fixture(scope="module")
+def readme_setup_done(tmp_path_factory) -> dict:
+    """`readme_setup_in`, once for the module."""
+    return background.result(README_SETUP, tmp_path_factory.mktemp("readme"))
+
+
 def test_the_readme_setup_installs_the_checkout_and_its_commands(readme_setup_done, tmp_path):
     """The README's first command leaves `grpo-dual` and `grpo-check-gpu-memory` on the PATH (they were not, and the
     docs' `grpo-dual --config ...` answered `command not found`), running the checkout's code."""
     for command in COMMANDS:
         assert (readme_setup_done["bin"] / command).is_file(), f"the README's set-up does not install {command}"
-    check_the_package(readme_setup_done["python"], readme_setup_done["bin"], readme_setup_done["checkout"], tmp_path)
+    check_the_package(use_the_package(readme_setup_done["python"], readme_setup_done["bin"], tmp_path),
+                      readme_setup_done["checkout"])
 
 
 SMOLLM2 = "smollm2-135m-instruct"
@@ -216,8 +256,9 @@ def test_every_documented_command_runs_as_written_after_the_readme_setup(readme_
     lines = [line for line in documented_commands() if SMOLLM2 not in line and "examples/trl_grpo/grpo.yaml" not in line]
     assert any(line.startswith("grpo-dual --help") for line in lines)
     assert any(line.startswith("grpo-check-gpu-memory --estimate") for line in lines)
-    for line in lines:
-        done = as_typed(line, readme_setup_done)
+    with ThreadPoolExecutor(2) as pool:  # each its own process, none writes: two at a time on two cores
+        dones = list(pool.map(lambda line: as_typed(line, readme_setup_done), lines))
+    for line, done in zip(lines, dones, strict=True):
         assert done.returncode != 127, f"`{line}`: command not found"
         hub = hub_ids(line, readme_setup_done["checkout"])
         if hub:
@@ -239,7 +280,7 @@ def test_the_documented_smollm2_runs_train_as_written_and_output_dir_loads(readm
     lines = [line for line in documented_commands() if SMOLLM2 in line or "examples/trl_grpo/grpo.yaml" in line]
     assert any("--config examples/trl_grpo/grpo.yaml" in line for line in lines) and len(lines) >= 2, lines
     checkout = readme_setup_done["checkout"]
-    for line in lines:
+    for line in lines:  # one after another: two at once share the cores, and each must end within as_typed's limit
         done = as_typed(line, readme_setup_done)
         assert done.returncode == 0, f"`{line}` exited {done.returncode}:\n{done.stdout[-2000:]}\n{done.stderr[-2000:]}"
         words = line.split()

@@ -4,6 +4,8 @@ import csv
 import io
 import json
 import math
+import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -11,8 +13,20 @@ import pytest
 import torch
 
 from grpo.run.doctor.verdict import check_history
-from grpo.run.tracking import (JsonlTracker, MultiTracker, NullTracker, TensorBoardTracker, WandbTracker,
-                           format_step_line, make_trackers, progress_bar, read_metrics, scalars)
+from grpo.run.tracking import (
+    JsonlTracker,
+    MultiTracker,
+    NullTracker,
+    TensorBoardTracker,
+    WandbTracker,
+    format_step_line,
+    make_trackers,
+    progress_bar,
+    read_metrics,
+    scalars,
+)
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def read_csv(path):
@@ -289,3 +303,48 @@ def test_an_output_dir_that_is_a_file_or_read_only_gives_a_clear_error(tmp_path)
         read_only.mkdir(mode=0o500)
     with pytest.raises(RunFolderError, match="cannot be created or written .* writable --output-dir"):
         prepare_run_dir(read_only / "runs" / "r", resume="", overwrite=False)
+
+
+WANDB_ANSWERS = """
+import os
+from grpo.run.tracking import wandb_can_log
+seen = [wandb_can_log()]
+os.environ["WANDB_MODE"] = "offline"
+seen.append(wandb_can_log())
+del os.environ["WANDB_MODE"]
+os.environ["WANDB_API_KEY"] = "a" * 40
+seen.append(wandb_can_log())
+print(seen)
+"""
+
+
+def test_wandb_can_log_with_a_key_or_an_offline_mode_and_not_without(tmp_path):
+    """wandb itself, in a process of its own (it reads its settings once a process), with a HOME that holds no
+    ~/.netrc: no key and no mode cannot log (wandb.init() would raise its UsageError, "No API key configured", from
+    inside the run); WANDB_MODE=offline can, and so can a key, without a network or a prompt."""
+    pytest.importorskip("wandb")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("WANDB_")}
+    env.update(HOME=str(tmp_path), PYTHONPATH=str(ROOT))
+    done = subprocess.run([sys.executable, "-c", WANDB_ANSWERS], cwd=tmp_path, env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0 and "[False, True, True]" in done.stdout.splitlines(), done.stdout + done.stderr
+
+
+def test_wandb_without_a_key_is_refused_before_the_run_naming_the_field_the_user_wrote(tmp_path, monkeypatch):
+    """`report_to: wandb` (TRL) or train.wandb_project with wandb installed but not logged in: one line before the
+    model loads, naming the field as written and both ways out (it ended in wandb's UsageError traceback)."""
+    from tests.test_reliability_inputs import refused as refused_ours
+    from tests.test_reliability_trl import User, refused
+
+    pytest.importorskip("wandb")
+    monkeypatch.setattr("grpo.run.tracking.wandb_can_log", lambda: False)  # read by the TRL rule at its call
+    monkeypatch.setattr("grpo.run.assembly.config_check.wandb_can_log", lambda: False)
+    monkeypatch.setenv("GRPO_DUAL_CACHE", str(tmp_path / "cache"))
+    user = User(tmp_path / "user")
+    user.config = user.write_config(report_to="wandb")
+    text = refused(user)
+    assert "GRPOConfig.report_to='wandb'" in text and "wandb_project" not in text, text
+    assert "`wandb login`" in text and "WANDB_MODE=offline" in text and "UsageError" not in text, text
+    text = refused_ours(tmp_path / "ours", "--train.wandb_project", "my-project")
+    assert "`train.wandb_project` = 'my-project'" in text, text
+    assert "`wandb login`" in text and "WANDB_MODE=offline" in text, text

@@ -280,6 +280,31 @@ def wandb_installed() -> bool:
     return True
 
 
+WANDB_NO_KEY = ("Weights & Biases has no API key here, and wandb.init() would stop the run after the model loads: "
+                "run `wandb login` (or set WANDB_API_KEY), or set WANDB_MODE=offline to log into the run folder "
+                "(`wandb sync` uploads it later)")
+"""What to do when W&B is asked for and `wandb` is installed but cannot log (config checks say it before the run)."""
+WANDB_LOCAL_MODES = ("offline", "disabled", "dryrun")
+"""wandb modes that need no API key (WANDB_MODE, or the settings file `wandb offline` writes)."""
+
+
+def wandb_can_log() -> bool:
+    """Whether wandb.init() starts without asking for a key: a local mode (WANDB_MODE, `wandb offline`'s settings) or a
+    key (WANDB_API_KEY, ~/.netrc after `wandb login`). Without either it raises a UsageError from inside the run, a
+    traceback after the model has loaded. Call only when `wandb_installed()`."""
+    import wandb
+
+    # WANDB_MODE read here each time: wandb.setup()'s settings are read once per process
+    if os.environ.get("WANDB_MODE", "").lower() in WANDB_LOCAL_MODES:
+        return True
+    if wandb.setup().settings.mode in WANDB_LOCAL_MODES:  # `wandb offline`'s settings file
+        return True
+    try:
+        return bool(wandb.login(prompt=False, verify=False))  # no network, no prompt: is a key configured
+    except TypeError:  # a wandb without login(prompt=): its deprecated look-up, which does not prompt either
+        return getattr(wandb.api, "api_key", None) is not None
+
+
 class WandbTracker:
     """Weights & Biases run; `wandb` must be installed and logged in (`wandb login`) or WANDB_MODE=offline."""
 

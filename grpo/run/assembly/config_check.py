@@ -7,8 +7,8 @@ holds, and a kl.<task> section when its controller accepts its arguments (grpo/c
 live here, next to the registries, and each entry point runs
 `check_config` right after building the Config, before any model or data is loaded (grpo_train.setup / cli,
 grpo/run/assembly/gpu_memory_check.py). Every error is a ConfigError naming the field, the bad value and the fix. `check_installed` adds
-what a config asks of this machine that a look can tell before any data or model is loaded (the W&B package for
-train.wandb_project, a judge.cache_path that is not a folder).
+what a config asks of this machine that a look can tell before any data or model is loaded (the W&B package and a key
+for train.wandb_project, a judge.cache_path that is not a folder).
 """
 
 from __future__ import annotations
@@ -19,17 +19,17 @@ from typing import Any
 
 from grpo.config import Config, LossConfig, TaskKLConfig, did_you_mean, field_error
 from grpo.config.command_line import command_typed, parse_trainer_argv, repeated_note, smoke_test_note
-from grpo.core.registry import Registry
 from grpo.core.advantages import ADV_SCALES, MULTI_OBJECTIVE_AGGREGATIONS
+from grpo.core.gradient_surgery import SURGERY_METHODS
 from grpo.core.kl_control import CONFIG_FIELDS, KL_CONTROLLERS, controller_args, controller_problem
 from grpo.core.losses import AGG_MODES, KL_ESTIMATORS, POLICY_LOSSES, losses_help
-from grpo.core.gradient_surgery import SURGERY_METHODS
+from grpo.core.registry import Registry
 from grpo.grading.graders import graders_help
 from grpo.grading.judge import CACHE_FILE as JUDGE_CACHE_FILE
 from grpo.grading.reward_models import check_spec as check_reward_model
 from grpo.grading.scoring import REWARD_AGGREGATIONS
 from grpo.phases.generate import CACHE_IMPLEMENTATIONS, ENGINES
-from grpo.run.tracking import WANDB_MISSING, wandb_installed
+from grpo.run.tracking import WANDB_MISSING, WANDB_NO_KEY, wandb_can_log, wandb_installed
 from grpo.run.trl.command_line import read_config_file, trl_flags
 
 REGISTRY_FIELDS: dict[str, Registry[Any]] = {
@@ -132,9 +132,12 @@ def check_config(cfg: Config) -> Config:
 
 def check_installed(cfg: Config) -> None:
     """What the config asks of this machine that a look can tell, before data or model load: the W&B package when
-    train.wandb_project is set, and a judge.cache_path that a SQLite file can take (not a folder)."""
+    train.wandb_project is set, and an API key or an offline mode for it, and a judge.cache_path that a SQLite file can
+    take (not a folder)."""
     if cfg.train.wandb_project and not wandb_installed():
         raise field_error("train.wandb_project", cfg.train.wandb_project, WANDB_MISSING)
+    if cfg.train.wandb_project and not wandb_can_log():
+        raise field_error("train.wandb_project", cfg.train.wandb_project, WANDB_NO_KEY)
     if cfg.judge.cache_path and Path(cfg.judge.cache_path).expanduser().is_dir():
         raise field_error("judge.cache_path", cfg.judge.cache_path,
                           f"it is a folder; name the SQLite file to keep there, e.g. "

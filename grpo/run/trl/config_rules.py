@@ -334,11 +334,13 @@ def _report_to(value: Any, fields: Mapping[str, Any], out: dict, notes: list) ->
         raise _error("report_to", value, f"{sorted(unknown)} have no equivalent here (tensorboard and wandb have)")
     _set(out, "train.tensorboard", bool(names & {"tensorboard", "all"}))
     if "wandb" in names:  # named here, in the user's words: train.wandb_project is not what they wrote
-        from grpo.run.tracking import wandb_installed
+        from grpo.run.tracking import WANDB_NO_KEY, wandb_can_log, wandb_installed
 
         if not wandb_installed():
             raise _error("report_to", value, "Weights & Biases is not installed here: `pip install wandb`, or leave "
                          "wandb out of report_to")
+        if not wandb_can_log():
+            raise _error("report_to", value, f"{WANDB_NO_KEY}; or leave wandb out of report_to")
     _set(out, "train.wandb_project", str(fields["project"]) if names & {"wandb"} else "")
     if "all" in names:
         _note(notes, "report_to", value, "TensorBoard only (W&B: report_to=[tensorboard, wandb])")
