@@ -266,7 +266,7 @@ def test_fsdp_refuses_what_it_does_not_support(tmp_path):
     cfg = fast_config(tmp_path, "model.lora=true", "multi.combine=pcgrad", "sft.steps=2", "sft.batch_size=3")
     run = T.setup(fast_config(tmp_path))
     with pytest.raises(C.ConfigError, match="LoRA.*multi.combine=sum.*sft.batch_size"):
-        T.check_sharding(cfg, run.policy, dist)
+        T.assembly.check_sharding(cfg, run.policy, dist)
     with pytest.raises(ValueError, match="needs several processes"):
         T.setup(fast_config(tmp_path, "train.sharding=fsdp"))
 
