@@ -107,7 +107,7 @@ def no_plot():
     import grpo_train
 
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(grpo_train, "plot_run", lambda run_dir: None)
+        patch.setattr(grpo_train.doctor, "plot_run", lambda run_dir: None)
         yield
 
 
