@@ -25,8 +25,16 @@ import os
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from grpo.data.tables import (BUILDER_OF_SUFFIX, DATA_SUFFIXES, OFFLINE_VARS, DataSourceError, _datasets,
-                              hub_reachable, is_saved_dataset, looks_like_hub_id)
+from grpo.data.tables import (
+    BUILDER_OF_SUFFIX,
+    DATA_SUFFIXES,
+    OFFLINE_VARS,
+    DataSourceError,
+    _datasets,
+    hub_reachable,
+    is_saved_dataset,
+    looks_like_hub_id,
+)
 
 DictRows = list[dict[str, Any]]
 MIXTURE_KEYS = ("path", "name", "data_dir", "data_files", "split", "columns", "fraction")

@@ -33,8 +33,8 @@ from typing import Any, Mapping
 
 import torch
 
-from grpo.core.step_types import Rollout, Scored
 from grpo.core.registry import Registry
+from grpo.core.step_types import Rollout, Scored
 from grpo.grading.graders import JUDGE_TERM, MAX_ABS_REWARD, USER_KINDS, Grader, GraderError, resolve_graders
 from grpo.grading.judge import Judge, JudgeItem, JudgeResult
 

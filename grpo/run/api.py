@@ -243,9 +243,9 @@ def reward_terms(task: str, terms: Any, callables: dict[str, Callable[..., Any]]
     """A rewards.<task> entry from `train`'s rewards[task]: a spec string as it is, or a list of functions, grader
     names and (grader, weight) pairs; each function is entered in `callables` under a name of its own (its
     __name__, made unique, never a built-in grader's or a reward model's)."""
+    from grpo.core.rule_graders import GRADERS
     from grpo.grading.graders import JUDGE_TERM
     from grpo.grading.scoring import callable_name
-    from grpo.core.rule_graders import GRADERS
 
     if isinstance(terms, str):
         return terms

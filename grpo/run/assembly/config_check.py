@@ -19,11 +19,11 @@ from typing import Any
 
 from grpo.config import Config, LossConfig, TaskKLConfig, did_you_mean, field_error
 from grpo.config.command_line import command_typed, parse_trainer_argv, repeated_note, smoke_test_note
-from grpo.core.registry import Registry
 from grpo.core.advantages import ADV_SCALES, MULTI_OBJECTIVE_AGGREGATIONS
+from grpo.core.gradient_surgery import SURGERY_METHODS
 from grpo.core.kl_control import CONFIG_FIELDS, KL_CONTROLLERS, controller_args, controller_problem
 from grpo.core.losses import AGG_MODES, KL_ESTIMATORS, POLICY_LOSSES, losses_help
-from grpo.core.gradient_surgery import SURGERY_METHODS
+from grpo.core.registry import Registry
 from grpo.grading.graders import graders_help
 from grpo.grading.judge import CACHE_FILE as JUDGE_CACHE_FILE
 from grpo.grading.reward_models import check_spec as check_reward_model

@@ -15,7 +15,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
-
 from grpo import config as C
 from grpo.config import ConfigError
 from grpo.core.step_types import Sample

@@ -8,11 +8,11 @@ from __future__ import annotations
 from typing import Any
 
 from grpo import config as C
+from grpo.run.checkpoint.save_resume import restore_best
 from grpo.run.doctor.report import configured_kl_bands
 from grpo.run.doctor.thresholds import Finding
 from grpo.run.doctor.verdict import Doctor
 from grpo.run.record import Run
-from grpo.run.checkpoint.save_resume import restore_best
 from grpo.run.tracking import METRICS_FILE, read_metrics
 
 __all__ = ["start_doctor", "consult_doctor", "doctor_line", "doctor_stops"]

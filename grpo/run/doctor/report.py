@@ -24,11 +24,18 @@ from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from grpo.run.doctor.end_checks import (HOW_HELDOUT, heldout_collapse, heldout_fell, judged_from_training,
-                                        sampled_at_chance, unevaluated)
+from grpo.run.checkpoint.pareto import RUN_SUBDIR as PARETO_SUBDIR
+from grpo.run.checkpoint.pareto import ParetoFrontier
+from grpo.run.doctor.end_checks import (
+    HOW_HELDOUT,
+    heldout_collapse,
+    heldout_fell,
+    judged_from_training,
+    sampled_at_chance,
+    unevaluated,
+)
 from grpo.run.doctor.thresholds import DoctorThresholds, Finding, series, tasks_in
 from grpo.run.doctor.verdict import TOO_SHORT, check_history, replayed, rl_steps, verdict
-from grpo.run.checkpoint.pareto import RUN_SUBDIR as PARETO_SUBDIR, ParetoFrontier
 from grpo.run.tracking import read_metrics
 from grpo.run.trl.vocabulary import in_user_terms
 

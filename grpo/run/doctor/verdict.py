@@ -21,8 +21,20 @@ from dataclasses import dataclass, replace
 from typing import Any, Iterable, Mapping, Sequence
 
 from grpo.run.doctor.end_checks import heldout_gains, whole_run
-from grpo.run.doctor.thresholds import (GRAPH_CODES, ONLINE_CODES, PROMPT_CODES, TOOL_CODES, DoctorThresholds, Finding,
-                                        Level, is_rl_row, mean, number, series, tasks_in)
+from grpo.run.doctor.thresholds import (
+    GRAPH_CODES,
+    ONLINE_CODES,
+    PROMPT_CODES,
+    TOOL_CODES,
+    DoctorThresholds,
+    Finding,
+    Level,
+    is_rl_row,
+    mean,
+    number,
+    series,
+    tasks_in,
+)
 from grpo.run.doctor.window_checks import WINDOW_CHECKS, dead_step
 from grpo.run.trl.vocabulary import in_user_terms
 

@@ -54,8 +54,18 @@ from collections import Counter
 from typing import Any, Mapping, Sequence
 
 from grpo.core.answer_metrics import EMPTY_ANSWER
-from grpo.run.doctor.thresholds import (DoctorThresholds, Finding, Level, Window, _scaled, _setting, _try, mean,
-                                        number, tasks_in)
+from grpo.run.doctor.thresholds import (
+    DoctorThresholds,
+    Finding,
+    Level,
+    Window,
+    _scaled,
+    _setting,
+    _try,
+    mean,
+    number,
+    tasks_in,
+)
 
 ZERO_SIGNAL = 1e-10
 """|loss| and grad norm at or below this are "no update": an all-zero-advantage step with the policy still equal to

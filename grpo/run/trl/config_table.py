@@ -16,11 +16,35 @@ evaluations) keeps grpo-dual's defaults: the preset `custom` for a TRL config fi
 
 from __future__ import annotations
 
-from grpo.run.trl.config_rules import (IS_LEVELS, LOSS_TYPE_AGG, TRL_RUN_FOLDER, _adaptive_entropy, _batch, _best_model,
-                                       _beta, _completion_length, _device, _entropy_coef, _entropy_target, _epsilon,
-                                       _evaluating, _generation, _logging, _loss_param, _loss_type, _model_init,
-                                       _none_is, _output_dir, _precision, _report_to, _saving, _scale_rewards,
-                                       _scheduler, _steps, _tool_turns)
+from grpo.run.trl.config_rules import (
+                                       IS_LEVELS,
+                                       LOSS_TYPE_AGG,
+                                       TRL_RUN_FOLDER,
+                                       _adaptive_entropy,
+                                       _batch,
+                                       _best_model,
+                                       _beta,
+                                       _completion_length,
+                                       _device,
+                                       _entropy_coef,
+                                       _entropy_target,
+                                       _epsilon,
+                                       _evaluating,
+                                       _generation,
+                                       _logging,
+                                       _loss_param,
+                                       _loss_type,
+                                       _model_init,
+                                       _none_is,
+                                       _output_dir,
+                                       _precision,
+                                       _report_to,
+                                       _saving,
+                                       _scale_rewards,
+                                       _scheduler,
+                                       _steps,
+                                       _tool_turns,
+)
 from grpo.run.trl.rows import Row, _noted, _only, _part_of, bind
 
 R = Row

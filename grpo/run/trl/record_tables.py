@@ -26,7 +26,6 @@ from grpo.grading import trl_rewards
 from grpo.run.trl.row_files import write_rows
 from grpo.run.trl.rows import ESTIMATING, Row, _name, _noted, _only, _part_of, _set, bind, error, note, on_cpu
 
-
 # ----------------------------------------------------------------------------------------- the dataset
 TRL_RUN_TASK = "trl"
 """The task a TRL command line's dataset becomes when its name gives none (a mixture, a name that is no word)."""
