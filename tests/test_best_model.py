@@ -65,9 +65,9 @@ def test_a_run_that_peaks_before_its_end_keeps_the_best_evaluations_model(tmp_pa
     """checkpoint.keep_best (TRL's load_best_model_at_end): final/ and checkpoint.final_model_dir hold the weights of
     the best evaluation, here step 1's, not the last step's; loaded and evaluated again they score the recorded best;
     eval.json's after_rl is that score, the last step's moved to its step_N."""
-    import grpo_train
     from safetensors.torch import load_file
 
+    import grpo_train
     from grpo.phases.evaluation import evaluate
     from grpo.run.checkpoint.save_resume import load_weights
 

@@ -17,11 +17,11 @@ from typing import Any
 import pytest
 
 import grpo.config
-from grpo.config import checks
 from grpo import config as C
-from grpo.run.assembly.config_check import REGISTRY_FIELDS, check_config
+from grpo.config import checks
 from grpo.core.kl_control import CONFIG_FIELDS, NOT_CONFIGURED, RULES, controller_args, controller_problem
 from grpo.core.losses import AGG_MODES, POLICY_LOSSES
+from grpo.run.assembly.config_check import REGISTRY_FIELDS, check_config
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG_DIR = Path(grpo.config.__file__).parent

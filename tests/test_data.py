@@ -10,10 +10,10 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-
 from conftest import SHARED_DATA
-from grpo.data.loading import DataSpec, load_bbq, load_halueval, load_task, split_heldout_samples
+
 from grpo.data.json_rows import read_records
+from grpo.data.loading import DataSpec, load_bbq, load_halueval, load_task, split_heldout_samples
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 BBQ_DIR = SHARED_DATA / "bbq"
@@ -233,8 +233,8 @@ def test_halueval_file_that_is_not_json_stops_the_run_naming_the_file(tmp_path):
     drop the whole task from the run."""
     from types import SimpleNamespace
 
-    from grpo.run.assembly.samples import load_samples
     from grpo.data.json_rows import DataFileError
+    from grpo.run.assembly.samples import load_samples
 
     bad = tmp_path / "halueval" / "qa_data.json"
     bad.parent.mkdir()

@@ -38,9 +38,9 @@ ATOL = 1e-6
 
 def run_short_demo(out_dir: Path) -> dict:
     """Run the short demo into `out_dir`; return its metric lines, evaluations and per-tensor weight statistics."""
+    import grpo_train
     from grpo import config as C
     from grpo.run.tracking import MEASURED_PREFIXES  # clock and memory readings (they depend on the machine)
-    import grpo_train
 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # one thread: the same reduction order on every machine with the same kernels

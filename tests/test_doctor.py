@@ -7,8 +7,16 @@ answers rotating over three classes; each test changes one series and says by ha
 
 import pytest
 
-from grpo.run.doctor.verdict import (ONLINE_CODES, Doctor, DoctorThresholds, Finding, check_history, heldout_series, rl_steps,
-                                     verdict)
+from grpo.run.doctor.verdict import (
+    ONLINE_CODES,
+    Doctor,
+    DoctorThresholds,
+    Finding,
+    check_history,
+    heldout_series,
+    rl_steps,
+    verdict,
+)
 
 BANDS = {"fairness": (0.01, 0.08)}
 STEPS = 30

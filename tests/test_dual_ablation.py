@@ -6,11 +6,10 @@ import gzip
 import json
 
 import pytest
+from conftest import ROOT, SHARED_DATA
+from conftest import load_script as _load
 
 from benchmarks.common import read_record
-from conftest import ROOT, SHARED_DATA, load_script as _load
-
-
 
 
 def _bbq(acc_a, acc_d, s_amb, n_a=10, n_d=30, always_unknown=False):

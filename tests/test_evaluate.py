@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import math
 
-from grpo.phases.evaluation import part_means
 from grpo.core.step_types import Rollout, Sample, Scored
+from grpo.phases.evaluation import part_means
 
 
 def _scored(task: str, reward: float | None, parts: dict) -> Scored:

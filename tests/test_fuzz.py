@@ -19,16 +19,15 @@ import re
 import string
 import typing
 import warnings
+from types import SimpleNamespace
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from types import SimpleNamespace
-
+import grpo_train as G
 from grpo import config as C
 from grpo.config.building import _field_types
-import grpo_train as G
 from grpo.data.sources import TaskSource, load_source_samples
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py: a tiny model gains nothing from threads

@@ -12,11 +12,18 @@ import torch
 
 from grpo.core.advantages import group_advantages
 from grpo.core.plumbing import FILE_MODULE_PREFIX
-from grpo.grading.graders import (GraderError, builtin_graders, grader_kind, preflight, resolve_grader, resolve_graders,
-                                  trl_inputs)
-from grpo.core.step_types import Rollout, Sample
-from grpo.grading.reward_models import RewardModelSpec, normalize_scores
 from grpo.core.rule_graders import GRADERS, bbq_rule, format_reward, token_f1
+from grpo.core.step_types import Rollout, Sample
+from grpo.grading.graders import (
+    GraderError,
+    builtin_graders,
+    grader_kind,
+    preflight,
+    resolve_grader,
+    resolve_graders,
+    trl_inputs,
+)
+from grpo.grading.reward_models import RewardModelSpec, normalize_scores
 from grpo.grading.scoring import RewardSpec, score_rollouts
 
 pytestmark = pytest.mark.usefixtures("one_thread")

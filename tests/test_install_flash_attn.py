@@ -5,7 +5,6 @@ import shutil
 import subprocess
 
 import pytest
-
 from conftest import ROOT
 
 SCRIPT = ROOT / "install_flash_attn.sh"

@@ -10,8 +10,8 @@ import pytest
 import torch
 
 import grpo_train as G
-from grpo.phases.batch import batch_logprobs
 from grpo.models.modeling import reference
+from grpo.phases.batch import batch_logprobs
 from tests.trainer_helpers import fast_config, rollout_batch
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py: a tiny model gains nothing from threads

@@ -13,13 +13,13 @@ import threading
 import time
 
 import pytest
+from judge_server import JudgeServer, Reply
 
 from grpo.config import JudgeConfig
-from grpo.grading.judge import Judge, JudgeItem, RateLimiter
 from grpo.core.step_types import Rollout, Sample
+from grpo.grading.judge import Judge, JudgeItem, RateLimiter
 from grpo.grading.rubrics import JudgeReplyError, load_rubric, parse_score
 from grpo.grading.scoring import RewardSpec, score_rollouts
-from judge_server import JudgeServer, Reply
 
 SECRET = "sk-test-SECRET-5d1f0a9e"  # recognisable, so a leak is found by grepping bytes
 KEY_ENV = "GRPO_TEST_JUDGE_KEY"

@@ -9,8 +9,18 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from grpo.core.kernels import entropy_from_logits
-from grpo.core.losses import (AGG_MODES, CLIP_FIELDS, KL_ESTIMATORS, LOG_RATIO_CLAMP, POLICY_LOSSES, aggregate,
-                              importance_ratio, kl_penalty, masked_mean, policy_loss)
+from grpo.core.losses import (
+    AGG_MODES,
+    CLIP_FIELDS,
+    KL_ESTIMATORS,
+    LOG_RATIO_CLAMP,
+    POLICY_LOSSES,
+    aggregate,
+    importance_ratio,
+    kl_penalty,
+    masked_mean,
+    policy_loss,
+)
 
 F64 = torch.float64
 

@@ -6,11 +6,11 @@ import copy
 import torch
 
 from grpo.config import LossConfig
-from grpo.phases.batch import batch_logprobs
+from grpo.core.step_types import TrainBatch
 from grpo.models.logprobs import completion_logprobs
 from grpo.models.modeling import build_tiny_model, build_tiny_tokenizer
-from grpo.core.step_types import TrainBatch
 from grpo.models.tokens import collate
+from grpo.phases.batch import batch_logprobs
 from grpo.phases.update import Learner, StepSettings, update_passes
 
 CORPUS = ["the answer is yes", "the answer is no", "who was more likely to forget the keys?"] * 5

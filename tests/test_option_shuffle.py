@@ -10,8 +10,15 @@ import pytest
 
 from grpo.core.rule_graders import LETTERS, bbq_rule
 from grpo.data.batching import TaskBalancedSampler
-from grpo.data.bbq import (balanced_heldout, balanced_positions, for_epoch, load_bbq, option_order,
-                           order_with_gold_at, permuted_row)
+from grpo.data.bbq import (
+    balanced_heldout,
+    balanced_positions,
+    for_epoch,
+    load_bbq,
+    option_order,
+    order_with_gold_at,
+    permuted_row,
+)
 
 BBQ_DIR = Path(__file__).resolve().parents[1] / ".." / "shared" / "data" / "bbq"
 needs_bbq = pytest.mark.skipif(not BBQ_DIR.is_dir(), reason="shared BBQ data absent")
@@ -162,7 +169,7 @@ def test_the_evaluated_rows_make_every_one_letter_answer_score_a_third_in_each_c
 @needs_bbq
 def test_a_run_evaluates_the_balanced_rows():
     from grpo.config.command_line import parse_trainer_argv
-    from grpo.run.assembly.samples import load_samples, group_by_task
+    from grpo.run.assembly.samples import group_by_task, load_samples
 
     cfg = parse_trainer_argv(["--preset", "smollm2-dual", "--data.data_dir", str(BBQ_DIR.parent)], "t", "t")[0]
     rows = load_samples(cfg.data, cfg.train.seed)

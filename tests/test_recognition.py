@@ -8,8 +8,8 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-
 from conftest import SHARED_DATA
+
 from grpo.core.recognition_measures import recognition_measures
 from grpo.core.rule_graders import GRADERS, halueval_recognition, halueval_rule, recognition_verdict
 from grpo.data.halueval import load_halueval

@@ -18,10 +18,11 @@ from pathlib import Path
 import pytest
 
 import grpo_train as G
+from grpo import config as C
 from grpo.core.step_types import Sample
 from grpo.run.assembly.samples import duplicate_report, load_samples
-from grpo import config as C
-from tests.trainer_helpers import TINY_CLI as TINY, blocks_fresh_start, cli_output
+from tests.trainer_helpers import TINY_CLI as TINY
+from tests.trainer_helpers import blocks_fresh_start, cli_output
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = ROOT.parent / "shared" / "data"
@@ -322,8 +323,7 @@ def test_a_working_judge_is_called_once_per_judged_task_before_the_model(tmp_pat
 
 
 def test_fallback_shares_count_the_fallback_providers():
-    from grpo.core.step_types import Rollout
-    from grpo.core.step_types import Scored
+    from grpo.core.step_types import Rollout, Scored
     from grpo.grading.scoring import RewardSpec, check_fallback_share, fallback_shares
 
     def scored(task, provider):

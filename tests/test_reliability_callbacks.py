@@ -28,7 +28,8 @@ from grpo.data.tables import DataSourceError, read_tables
 from grpo.grading import graders as GR
 from grpo.grading.judge import RateLimiter
 from grpo.grading.scoring import RewardSpec, score_rollouts
-from tests.trainer_helpers import TINY_CLI as TINY, cli_output
+from tests.trainer_helpers import TINY_CLI as TINY
+from tests.trainer_helpers import cli_output
 
 ROOT = Path(__file__).resolve().parents[1]
 REWARDS = '''

@@ -141,8 +141,8 @@ def test_a_real_run_that_cannot_learn_is_red(tmp_path):
 
 def demo_run(tmp_path, *overrides: str):
     """`python grpo_train.py` (the demo preset) with `overrides`, through grpo_train.main; returns the run folder."""
-    from grpo import config as C
     import grpo_train as G
+    from grpo import config as C
 
     cfg = C.load_config("demo", [f"train.output_dir={tmp_path}", "train.run_name=r", "train.tensorboard=false",
                                  *overrides])

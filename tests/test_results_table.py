@@ -14,11 +14,8 @@ import os
 import sys
 
 import pytest
-
-from conftest import ROOT, load_script as _load
-
-
-
+from conftest import ROOT
+from conftest import load_script as _load
 
 RT = _load("scripts/results_table.py")
 

@@ -18,8 +18,9 @@ from pathlib import Path
 import pytest
 
 import grpo_train as G
-from tests.trainer_helpers import TINY_CLI as TINY, blocks_fresh_start, cli_output
 from grpo.run.checkpoint.folder import LOCK_FILE, MARKER, RunFolderError, prepare_run_dir, release_run_dir
+from tests.trainer_helpers import TINY_CLI as TINY
+from tests.trainer_helpers import blocks_fresh_start, cli_output
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py: a tiny model gains nothing from threads
 

@@ -10,9 +10,9 @@ import pytest
 import torch
 
 from grpo import config as C
+from grpo.core.step_types import TrainBatch
 from grpo.models.logprobs import completion_logprobs, groups_share_prompts, shared_prompt_blocker
 from grpo.models.modeling import build_tiny_model, build_tiny_tokenizer, enable_checkpointing
-from grpo.core.step_types import TrainBatch
 from grpo.models.tokens import collate
 from grpo.phases.update import Learner, StepSettings, update_passes
 

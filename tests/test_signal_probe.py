@@ -6,8 +6,8 @@ import json
 
 import pytest
 import torch
-
-from conftest import ROOT, load_script as _load
+from conftest import ROOT
+from conftest import load_script as _load
 
 DATA = ROOT.parent / "shared" / "data"
 

@@ -11,11 +11,30 @@ import types
 import pytest
 
 from grpo.config import ConfigError, RolloutConfig
-from grpo.core.tool_calls import (CALL_CLOSE, CALL_OPEN, ToolCall, ToolUse, Trajectory, parse_tool_calls,
-                                  tool_instructions, tool_metrics)
+from grpo.core.tool_calls import (
+    CALL_CLOSE,
+    CALL_OPEN,
+    ToolCall,
+    ToolUse,
+    Trajectory,
+    parse_tool_calls,
+    tool_instructions,
+    tool_metrics,
+)
 from grpo.models.modeling import build_tiny_tokenizer
-from grpo.phases.tools import (CUT_MARK, INVALID_TOOL, ToolBox, ToolError, build_toolbox, call_with_timeout,
-                               resolve_tools, result_text, tool_schema, tool_specs, tool_suffix_ids)
+from grpo.phases.tools import (
+    CUT_MARK,
+    INVALID_TOOL,
+    ToolBox,
+    ToolError,
+    build_toolbox,
+    call_with_timeout,
+    resolve_tools,
+    result_text,
+    tool_schema,
+    tool_specs,
+    tool_suffix_ids,
+)
 from tests.trainer_helpers import call_text
 
 KNOWN = {"calculator", "lookup"}

@@ -11,8 +11,18 @@ import pytest
 import torch
 
 from grpo.run.doctor.verdict import check_history
-from grpo.run.tracking import (JsonlTracker, MultiTracker, NullTracker, TensorBoardTracker, WandbTracker,
-                           format_step_line, make_trackers, progress_bar, read_metrics, scalars)
+from grpo.run.tracking import (
+    JsonlTracker,
+    MultiTracker,
+    NullTracker,
+    TensorBoardTracker,
+    WandbTracker,
+    format_step_line,
+    make_trackers,
+    progress_bar,
+    read_metrics,
+    scalars,
+)
 
 
 def read_csv(path):

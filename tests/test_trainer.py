@@ -10,13 +10,13 @@ from dataclasses import replace
 import pytest
 import torch
 
-from grpo import config as C
-import grpo_train as G
 import grpo.run.step_owners as owners
-from grpo.phases.batch import batch_logprobs, build_train_batch
-from grpo.models.logprobs import completion_logprobs
-from grpo.phases.generate import generate_rollouts
+import grpo_train as G
+from grpo import config as C
 from grpo.grading.scoring import score_rollouts
+from grpo.models.logprobs import completion_logprobs
+from grpo.phases.batch import batch_logprobs, build_train_batch
+from grpo.phases.generate import generate_rollouts
 from grpo.phases.update import Learner, StepSettings, update_passes
 from tests.trainer_helpers import fast_config, rollout_batch
 

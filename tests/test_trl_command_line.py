@@ -19,8 +19,13 @@ import pytest
 import torch
 
 from grpo import config as C
-from grpo.run.trl.command_line import (OTHER_RECORD_FIELDS, flag_value, read_config_file, translate_command_line,
-                                       trl_flags)
+from grpo.run.trl.command_line import (
+    OTHER_RECORD_FIELDS,
+    flag_value,
+    read_config_file,
+    translate_command_line,
+    trl_flags,
+)
 from grpo.run.trl.config_table import INSTEAD, ROWS, TABLE
 from grpo.run.trl.record_tables import MODEL_TABLE, RECORDS
 
@@ -350,9 +355,10 @@ def test_a_trl_file_trains_two_steps_of_the_tiny_model_and_output_dir_holds_the_
     """`grpo-dual --config grpo.yaml` (LoRA, a reward function by import path) trains 2 steps; output_dir holds the
     adapter and tokenizer as TRL's trainer.save_model leaves them: peft loads it onto the base, and it is the
     trained adapter."""
-    import grpo_train
     from peft import PeftModel
     from transformers import AutoTokenizer
+
+    import grpo_train
 
     path = trl_yaml(tmp_path, max_steps=2, per_device_train_batch_size=4, gradient_accumulation_steps=1,
                     max_completion_length=4, gradient_checkpointing=False)

@@ -126,8 +126,9 @@ def test_a_run_logs_trls_keys_without_paths_in_metrics_tensorboard_and_samples(t
     """A run whose reward function lives in a file in another folder: rewards/<fn>/mean in metrics.jsonl and
     TensorBoard (it was rewards/<task>/<path>:<fn>/mean), no key anywhere holds the path, the step's TRL keys
     equal those computed from the step's completions (samples/), and TensorBoard has every key metrics.jsonl has."""
-    import grpo_train
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    import grpo_train
 
     monkeypatch.setenv("GRPO_DUAL_CACHE", str(tmp_path / "cache"))
     path = reward_file(tmp_path / "elsewhere" / "rewards")

@@ -17,8 +17,8 @@ import torch
 
 from grpo import config as C
 from grpo.run.api import python_config
-from grpo.run.step_owners import build_optimizer
 from grpo.run.assembly.samples import with_epochs
+from grpo.run.step_owners import build_optimizer
 from grpo.run.trl.config_table import DEFAULTS, ROWS, TABLE
 from grpo.run.trl.docs import markdown
 from grpo.run.trl.translation import translate

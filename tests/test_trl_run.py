@@ -41,8 +41,8 @@ def grpo_config(tmp_path, **fields):
 def test_a_group_spanning_micro_batches_makes_the_whole_batchs_optimizer_step():
     """per_device_train_batch_size=4, num_generations=8, gradient_accumulation_steps=2 (TRL accepts it): one prompt's
     8 completions a step, trained 4 at a time; the update equals the one on all 8 at once."""
-    from grpo.phases.update import Learner, StepSettings, update_passes
     from grpo.models.modeling import build_tiny_model, build_tiny_tokenizer
+    from grpo.phases.update import Learner, StepSettings, update_passes
     from tests.test_micro_batches import CORPUS, make_batch
 
     cfg = C.from_dict(C.config_tree("custom", [], translate(
@@ -67,8 +67,9 @@ def test_a_group_spanning_micro_batches_makes_the_whole_batchs_optimizer_step():
 
 
 def test_a_trl_config_trains_its_epochs_schedule_checkpoints_and_logging_into_output_dir(tmp_path):
-    import grpo_train
     from transformers import get_scheduler
+
+    import grpo_train
 
     args = grpo_config(tmp_path, num_train_epochs=2, per_device_train_batch_size=4, num_generations=4,
                        gradient_accumulation_steps=2, learning_rate=1e-3, lr_scheduler_type="linear", warmup_steps=2,

@@ -296,8 +296,9 @@ def test_a_length_reward_smoke_test_logs_each_function_everywhere_and_is_too_sho
     the same words in the API's report and on the console (the API said "too_short" where the console said "TOO SHORT
     TO JUDGE")."""
     pytest.importorskip("wandb")
-    import grpo_train
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    import grpo_train
 
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.setenv("WANDB_SILENT", "true")
