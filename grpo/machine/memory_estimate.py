@@ -173,7 +173,8 @@ def lora_param_count(shape: ModelShape, r: int, targets: tuple[str, ...] | list[
 
 @dataclass(frozen=True)
 class EstimateInputs:
-    """Plain values that decide memory; `grpo/run/assembly/memory_inputs.py: inputs_from_config` builds one from the Config."""
+    """Plain values that decide memory; `grpo/run/assembly/memory_inputs.py: inputs_from_config` builds one from the
+    Config."""
 
     shape: ModelShape
     micro_batch_seqs: int
@@ -325,7 +326,8 @@ def _persistent(x: EstimateInputs, counts: dict[str, int], n_train: int) -> dict
         out["LoRA grads (fp32)"] = n_train * ADAPTER_BYTES
         out["AdamW states (2× fp32)"] = 2 * n_train * ADAPTER_BYTES
     else:
-        out["reference copy (frozen)"] = weights  # grpo/models/modeling.load_policy deep-copies it under full FT, β or not
+        # grpo/models/modeling.load_policy deep-copies it under full FT, β or not
+        out["reference copy (frozen)"] = weights
         out["grads"] = n_train * p
         out[f"AdamW states (2× {x.weight_dtype})"] = 2 * n_train * p
         out["fp32 master weights"] = n_train * 4 if (x.fp32_master and p < 4) else 0

@@ -1,7 +1,7 @@
 """Per-token log-probs of the sampled completion tokens: the one place that runs the model for training.
 
-Layout (see grpo/core/step_types.py): `input_ids_BL = [left-padded prompt (P columns) | right-padded completion (T columns)]`.
-The logits at column P − 1 + t predict completion token t.
+Layout (see grpo/core/step_types.py): `input_ids_BL = [left-padded prompt (P columns) | right-padded completion (T
+columns)]`. The logits at column P − 1 + t predict completion token t.
 
 Formulas (one line each, with the source):
 - log p(y_t) = z_t[y_t]/τ − logsumexp(z_t/τ)                    (softmax with temperature τ, as sampled by `generate`)
@@ -52,7 +52,8 @@ def fused_head_parts(model: torch.nn.Module) -> tuple[torch.nn.Module, torch.nn.
         return None
     head = base.get_output_embeddings()
     decoder = base.get_decoder() if hasattr(base, "get_decoder") else None
-    if type(head) is not torch.nn.Linear or head.bias is not None or hasattr(head.weight, "to_local") or decoder is None:
+    if (type(head) is not torch.nn.Linear or head.bias is not None or hasattr(head.weight, "to_local")
+            or decoder is None):
         return None
     return decoder, head
 
