@@ -9,7 +9,7 @@
 
     rollouts[i*K:(i+1)*K] are the K completions of samples[i]
     frequency / presence penalty: logit_j -= c_j · frequency + 1[c_j > 0] · presence, c_j = count of j in the
-        completion so far (prompt excluded)                                   (OpenAI API reference, "Parameter details")
+        completion so far (prompt excluded)                           (OpenAI API reference, "Parameter details")
     sanitiser: NaN → NAN_LOGIT, +Inf → POSINF_LOGIT, -Inf → NEGINF_LOGIT, so the sampler never sees a non-finite value
     temperature / top-k / top-p / min-p / repetition penalty: Hugging Face's own warpers
         (note: HF's repetition penalty, unlike the two penalties above, also counts prompt tokens)
@@ -46,10 +46,11 @@ decoding step) takes one of a few shapes instead of a new one, and a recompile, 
 Padding is masked and position ids come from the mask, so the sampled ids and their log-probs stay the same."""
 
 ENGINES: Registry[Callable[..., Any] | None] = Registry("rollout.engine", "decoding engine")
-"""How rollouts are decoded, by name (rollout.engine): each a `DecodeEngine` (below); "auto" has none of its own, it picks
-one per call (`choose_engine`)."""
+"""How rollouts are decoded, by name (rollout.engine): each a `DecodeEngine` (below); "auto" has none of its own, it
+picks one per call (`choose_engine`)."""
 ENGINES.register("auto", "graph on CUDA where it applies, else lean where it applies, else hf", None)
-ENGINES.register("lean", "a Python loop over the model's one-token steps, stopped rows dropped (grpo/decoding/decode.py)",
+ENGINES.register("lean",
+                 "a Python loop over the model's one-token steps, stopped rows dropped (grpo/decoding/decode.py)",
                  decode)
 ENGINES.register("graph", "one fixed-shape step, compiled and (CUDA) captured, replayed per token "
                  "(grpo/decoding/graph_decode.py)", decode_graph)
@@ -184,7 +185,8 @@ GREEDY = SamplingPlan(greedy=True)
 
 def generate_rollouts(model, tokenizer, samples: Sequence[Sample], rollout: RolloutConfig,
                       stop_ids: Sequence[int] | None = None, *, system_prompt: str | None = None,
-                      plan: SamplingPlan = SamplingPlan(), synced_gpus: bool = False) -> tuple[list[Rollout], dict[str, float]]:
+                      plan: SamplingPlan = SamplingPlan(),
+                      synced_gpus: bool = False) -> tuple[list[Rollout], dict[str, float]]:
     """`plan.k(rollout)` completions per sample (rollout.k sampled ones, or one greedy one: see `SamplingPlan`) from ONE
     batched decode by the engine `decoder` picks (rollout.engine). `stop_ids`: the ids that end a completion (kept
     as its last id; `grpo.run.assembly.owners.stop_token_ids` resolves rollout.stop_strings); None = the tokenizer's
@@ -207,7 +209,7 @@ def generate_rollouts(model, tokenizer, samples: Sequence[Sample], rollout: Roll
                                               row_keys=plan.row_keys)
 
     rollouts = []
-    for row, (prompt, raw) in enumerate(zip(repeated, completions)):
+    for row, (prompt, raw) in enumerate(zip(repeated, completions, strict=True)):
         ids, stopped = cut_completion(raw, stop_ids)
         rollouts.append(Rollout(sample=samples[row // k], prompt_ids=tuple(prompt), completion_ids=tuple(ids),
                                 text=tokenizer.decode(ids, skip_special_tokens=True), stopped=stopped,
