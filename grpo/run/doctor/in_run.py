@@ -31,7 +31,8 @@ def start_doctor(run: Run) -> None:
 
 def consult_doctor(run: Run, metrics: dict[str, Any]) -> dict[str, float]:
     """Feed one RL step's metrics (and the held-out evaluations so far) to the doctor on rank 0; the findings that
-    fired go to `run.progress.alarms`. Returns doctor/<code> (1.0 while active) and doctor/red for the step's row; {} elsewhere."""
+    fired go to `run.progress.alarms`. Returns doctor/<code> (1.0 while active) and doctor/red for the step's row; {}
+    elsewhere."""
     if not run.dist.is_main:
         return {}
     if run.doctor is None:

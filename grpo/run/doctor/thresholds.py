@@ -38,10 +38,12 @@ class DoctorThresholds:
     """A task's window-mean reward within this of its start (and never above start + this) is "flat": one right answer
     in 20 samples, below what a learning policy adds in a window."""
     zero_std_max: float = 0.5
-    """Fraction of a task's groups that are zero-std (advantage 0 everywhere) above which they are "most" (reward_stuck);
-    and the fraction of zero-std groups not explained by solved prompts (z − r, see `_zero_std`) that is a warning."""
+    """Fraction of a task's groups that are zero-std (advantage 0 everywhere) above which they are "most"
+    (reward_stuck); and the fraction of zero-std groups not explained by solved prompts (z − r, see `_zero_std`) that is
+    a warning."""
     solved_reward: float = 0.9
-    """Mean reward at or above which equal rewards in a group mean "solved", not "no signal" (rule graders score 0..1)."""
+    """Mean reward at or above which equal rewards in a group mean "solved", not "no signal" (rule graders score
+    0..1)."""
     collapse_share: float = 0.6
     """Window-mean share of the top answer class that is flagged. The demo's tasks have three balanced answers, 8
     prompts of a task per step: measured over 10-step windows, a policy that answers right stays at or below 0.50
@@ -67,7 +69,8 @@ class DoctorThresholds:
     """Consecutive steps `kl/<task>` may sit outside its band before it is flagged. A band controller needs a few
     tens of steps to pull KL back, so a short excursion is normal."""
     kl_runaway_factor: float = 3.0
-    """KL above this multiple of its band's top for `kl_band_patience` steps is a runaway (red): β is not catching up."""
+    """KL above this multiple of its band's top for `kl_band_patience` steps is a runaway (red): β is not catching
+    up."""
     kl_runaway_nats: float = 1.0
     """Per-token KL (nats) that is a runaway for a task without a band: the policy's tokens are e times less likely
     under the reference on average."""
@@ -150,8 +153,8 @@ GRAPH_CODES = ("graph_recompiling",)
 
 
 class Window(Protocol):
-    """What a window check reads of the run doctor (grpo.run.doctor.verdict.Doctor is one). Declared here, where the checks
-    are, so that they need not import the doctor that calls them: the two modules import one way."""
+    """What a window check reads of the run doctor (grpo.run.doctor.verdict.Doctor is one). Declared here, where the
+    checks are, so that they need not import the doctor that calls them: the two modules import one way."""
 
     th: DoctorThresholds
     config: dict[str, Any]
@@ -248,4 +251,5 @@ def _longer(config: Mapping[str, Any], why: str) -> str:
 
 def _scaled(config: Mapping[str, Any], dotted: str, factor: float, cast=float) -> Any:
     value = _setting(config, dotted)
-    return cast(value * factor) if isinstance(value, (int, float)) and not isinstance(value, bool) else f"<{factor:g}× now>"
+    return cast(value * factor) if isinstance(value, (int, float)) and not isinstance(value,
+                                                                                      bool) else f"<{factor:g}× now>"

@@ -11,7 +11,8 @@ Window checks (rows = the last `recent_window` RL steps; "start" = the first win
                               that, while no step of the run had a signal)
   red     reward_stuck        a task's mean reward never rose more than `stuck_tolerance` above its start and is
                               still there, with more than `zero_std_max` of its groups zero-std
-  red     answer_collapse     one answer class (rollout/<task>/top_answer, grpo/core/answer_metrics.py) is the top answer in most
+  red     answer_collapse     one answer class (rollout/<task>/top_answer, grpo/core/answer_metrics.py) is the top
+  answer in most
                               window steps and holds ≥ `collapse_share` of the task's samples on average, at least
                               `collapse_rise` more than the top share of the first window, while the task's reward is
                               more than `collapse_reward_gap` below its best window or below `solved_reward` (one
@@ -51,6 +52,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
+from itertools import pairwise
 from typing import Any, Mapping, Sequence
 
 from grpo.core.answer_metrics import EMPTY_ANSWER
@@ -132,7 +134,8 @@ def _format_fix(d: Window) -> str:
                     "differ; read samples/ and check the reward function on them")
     if loss is not None and loss > SFT_UNTAUGHT_LOSS and _setting(d.config, "model.lora"):
         return _try("model.lora", "false", f"the warm-up ended at loss {loss:.2f} nats per token (above "
-                    f"{SFT_UNTAUGHT_LOSS:g}): the adapter could not fit the demonstrations, the whole model can (on the "
+                    f"{SFT_UNTAUGHT_LOSS:g}): the adapter could not fit the demonstrations, the whole model can (on "
+                    f"the "
                     "demo's randomly initialised model, full fine-tuning ends the same warm-up at 0.38; a 10× SFT "
                     "learning rate left LoRA at 3.85)")
     if loss is not None and loss > SFT_UNTAUGHT_LOSS:
@@ -219,9 +222,9 @@ def empty_fix(raw: bool) -> str:
 
 def empty_reply_share(rows: Sequence[Mapping[str, Any]], task: str) -> float:
     """Mean share of a task's completions that held no word (EMPTY_ANSWER: no text, or only punctuation) over
-    `rows`: a step's top answer class and its share (grpo/core/answer_metrics.py) say it exactly when most were (that class
-    is then the top one); a step whose top class is another counts 0 (at most half of it was). NaN without a row of
-    the task."""
+    `rows`: a step's top answer class and its share (grpo/core/answer_metrics.py) say it exactly when most were (that
+    class is then the top one); a step whose top class is another counts 0 (at most half of it was). NaN without a row
+    of the task."""
     shares = [(number(r.get(f"rollout/{task}/top_share")) or 0.0) if r.get(f"rollout/{task}/top_answer") == EMPTY_ANSWER
               else 0.0 for r in rows if f"rollout/{task}/top_answer" in r]
     return mean(shares)
@@ -325,7 +328,8 @@ def _kl(d: Window, _found: list[Finding]) -> list[Finding]:
         if streak.length >= th.kl_band_patience:
             limit = f"{th.kl_runaway_factor:g}× its band's top {band[1]:g}" if band else f"{th.kl_runaway_nats:g} nats"
             out.append(Finding("red", "kl_runaway",
-                               f"kl/{task} above {limit} for {streak.length} steps (steps {streak.start}-{d.last_step}), "
+                               f"kl/{task} above {limit} for {streak.length} steps (steps "
+                               f"{streak.start}-{d.last_step}), "
                                f"{d.wmean(f'kl/{task}'):.3g} on average in {d.span()}",
                                _try("train.lr", _scaled(d.config, "train.lr", 0.5),
                                     "half the step size lets β hold the policy near the reference"), task))
@@ -353,7 +357,8 @@ def _judge(d: Window, _found: list[Finding]) -> list[Finding]:
         return []
     level: Level = "red" if fails / calls > d.th.judge_failure_red else "yellow"
     return [Finding(level, "judge_failures",
-                    f"{100 * fails / calls:.1f}% of the judge calls in {d.span()} failed ({int(fails)} of {int(calls)}; "
+                    f"{100 * fails / calls:.1f}% of the judge calls in {d.span()} failed ({int(fails)} of "
+                    f"{int(calls)}; "
                     f"yellow above {100 * d.th.judge_failure_max:.0f}%, red above {100 * d.th.judge_failure_red:.0f}%)",
                     _try("judge.timeout_s", _scaled(d.config, "judge.timeout_s", 2),
                          "failed calls are left out of their groups; check the endpoint and its rate limit too"))]
@@ -471,7 +476,7 @@ def _memory_growth(d: Window, _found: list[Finding]) -> list[Finding]:
     values = [v for r in d.window if (v := number(r.get("memory/host_rss_gb"))) is not None and math.isfinite(v)]
     if not _full(d) or len(values) < d.th.recent_window:
         return []
-    rises = sum(b > a for a, b in zip(values, values[1:]))
+    rises = sum(b > a for a, b in pairwise(values))
     grown = values[-1] - values[0]
     if (rises < d.th.memory_rise_steps * (len(values) - 1)
             or grown <= max(d.th.memory_growth_min_gb, d.th.memory_growth_share * values[0])):

@@ -184,7 +184,8 @@ TABLE: tuple[Row, ...] = (
     R("num_completions_to_print", "", None, "named in a note when set",
       _noted("samples/ holds every completion of a logged step; none are printed")),
     R("save_strategy", "checkpoint.every, checkpoint.every_epoch", "steps", "steps: a checkpoint every save_steps "
-      "optimizer steps (also as output_dir/checkpoint-N); epoch: at the end of each epoch (checkpoint.every_epoch: every = an epoch's RL steps, once the "
+      "optimizer steps (also as output_dir/checkpoint-N); epoch: at the end of each epoch (checkpoint.every_epoch: "
+      "every = an epoch's RL steps, once the "
       "rows are loaded); no: checkpoint.every=0 (the final checkpoint is still written)", _saving),
     R("save_steps", "checkpoint.every", 500, "see save_strategy", _part_of("save_strategy")),
     R("save_total_limit", "checkpoint.keep_last", None, "checkpoints kept, checkpoint-N folders too (unset: all, "
