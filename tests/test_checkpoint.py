@@ -154,7 +154,7 @@ def _same(a, b, path="state"):
             _same(a[k], b[k], f"{path}[{k!r}]")
     elif isinstance(a, (list, tuple)):
         assert len(a) == len(b), path
-        for i, (x, y) in enumerate(zip(a, b)):
+        for i, (x, y) in enumerate(zip(a, b, strict=True)):
             _same(x, y, f"{path}[{i}]")
     elif isinstance(a, float) and math.isnan(a):
         assert math.isnan(b), path
@@ -227,7 +227,8 @@ def test_crafted_legacy_state_pt_is_refused_and_runs_nothing(tmp_path):
     with pytest.raises(ckpt.CheckpointError) as err:
         ckpt.load(folder)
     message = str(err.value)
-    assert "state.pt is a Python pickle" in message and "refused" in message and "checkpoint.trust_pickle=true" in message
+    assert "state.pt is a Python pickle" in message and "refused" in message
+    assert "checkpoint.trust_pickle=true" in message
     assert not marker.exists()
     state, _ = ckpt.load(folder, trust_pickle=True)  # the switch really unpickles: the payload ran, in tmp_path
     state["evil"].close()

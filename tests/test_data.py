@@ -152,8 +152,8 @@ def test_halueval_dialogue_and_summarization_fixtures():
     cut = load_halueval(FIXTURES / "halueval" / "summarization.jsonl", max_doc_chars=60).samples[0]
     # The first 60 chars end inside "new budget on Tuesday." — cut back to the last space, then the mark.
     assert cut.gold["knowledge"] == "The city council approved a new budget on Tuesday. The plan …"
-    assert cut.meta["truncated"] and "Document: The city council approved a new budget on Tuesday. The plan …" in \
-        cut.messages[-1]["content"]
+    assert (cut.meta["truncated"] and "Document: The city council approved a new budget on Tuesday. The plan …" in
+            cut.messages[-1]["content"])
 
 
 def test_malformed_file_reports_file_and_line_and_skips():

@@ -1,5 +1,5 @@
-"""The lean decoding loop (grpo/decoding/decode.py): transformers' generate token for token, stopped rows dropped from the
-batch, dropout off, and the choice between the two engines."""
+"""The lean decoding loop (grpo/decoding/decode.py): transformers' generate token for token, stopped rows dropped from
+the batch, dropout off, and the choice between the two engines."""
 
 from dataclasses import replace
 
@@ -43,13 +43,18 @@ def model(request, tok):
     return tiny_model(tok, request.param)
 
 
-@pytest.fixture(scope="module")
-def stops(model, tok):
+def most_sampled(model, tok) -> list[int]:
     """The three tokens the model samples most: as stop ids they end completions at many different lengths."""
     rollout = RolloutConfig(k=K, max_new_tokens=NEW, engine="hf")
-    rollouts, _ = generate_rollouts(model, tok, SAMPLES, rollout, [tok.pad_token_id], plan=SamplingPlan(generator_seed=0))
+    rollouts, _ = generate_rollouts(model, tok, SAMPLES, rollout, [tok.pad_token_id],
+                                    plan=SamplingPlan(generator_seed=0))
     ids, counts = torch.tensor([t for r in rollouts for t in r.completion_ids]).unique(return_counts=True)
     return ids[counts.argsort(descending=True)[:3]].tolist()
+
+
+@pytest.fixture(scope="module")
+def stops(model, tok):
+    return most_sampled(model, tok)
 
 
 @pytest.fixture(scope="module")
@@ -89,8 +94,8 @@ SETTINGS = {
 def test_lean_loop_samples_what_generate_samples(model, tok, stops, greedy_stops, name, steps, monkeypatch):
     """Same seed, same settings: the lean loop and transformers' generate give the same tokens, row for row, also
     after rows stopped and were dropped from the model's batch (here as soon as any row stops, so every setting
-    runs through several compactions), with the prefill computed once per distinct prompt. Both kinds of decoding step: the Llama family's FastSteps, and the model's
-    whole forward (HFSteps, what every other model gets)."""
+    runs through several compactions), with the prefill computed once per distinct prompt. Both kinds of decoding step:
+    the Llama family's FastSteps, and the model's whole forward (HFSteps, what every other model gets)."""
     import grpo.decoding.decode
     import grpo.decoding.decode_steps
 
@@ -116,7 +121,8 @@ def test_lean_loop_samples_what_generate_samples(model, tok, stops, greedy_stops
                 if name == "greedy":
                     rollouts, _ = greedy_complete(model, tok, SAMPLES, rollout, greedy_stops)
                 else:
-                    rollouts, _ = generate_rollouts(model, tok, SAMPLES, rollout, stops, plan=SamplingPlan(generator_seed=seed))
+                    rollouts, _ = generate_rollouts(model, tok, SAMPLES, rollout, stops,
+                                                    plan=SamplingPlan(generator_seed=seed))
                 out[engine] = [(r.completion_ids, r.stopped) for r in rollouts], list(sizes)
             assert out["lean"][0] == out["hf"][0], (name, seed)
             lean_sizes = out["lean"][1]

@@ -371,7 +371,8 @@ def test_values_are_checked_when_scoring_and_failures_name_task_and_grader():
                        graders=resolve_graders({"t": RewardSpec("t", (("boom", 1.0),))}, callables={"boom": explodes}))
     out_of_range = resolve_graders(specs, callables={"mine": sometimes})
     out_of_range["format"] = out_of_range["format"].__class__("format", "rule", lambda c, g: 1.5, (0.0, 1.0))
-    with pytest.raises(GraderError, match=r"task 't', grader 'format': it returned 1.5, outside its range \[0.0, 1.0\]"):
+    with pytest.raises(GraderError,
+                       match=r"task 't', grader 'format': it returned 1.5, outside its range \[0.0, 1.0\]"):
         score_rollouts([rollout(s, "x")], specs, graders=out_of_range)
 
 

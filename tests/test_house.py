@@ -102,7 +102,8 @@ def test_every_module_a_step_imports_is_in_designs_module_table():
 
 
 def test_the_table_check_reads_files_and_folders():
-    text = "| module | line |\n|---|---|\n| `grpo_train.py` | x |\n| `grpo/run/record.py`, `grpo/grading/rubrics/` | y |\n"
+    text = ("| module | line |\n|---|---|\n| `grpo_train.py` | x |\n"
+            "| `grpo/run/record.py`, `grpo/grading/rubrics/` | y |\n")
     assert table_paths(text) == {"grpo_train.py", "grpo/run/record.py", "grpo/grading/rubrics/"}
     assert missing_from_table({"grpo_train", "grpo.run.record", "grpo.run.tracking", "grpo.run"},
                               table_paths(text)) == ["grpo/run/tracking.py"]
@@ -388,7 +389,8 @@ def test_every_choice_by_name_is_one_kind_of_registry():
         with pytest.raises(ValueError, match=re.escape(dotted) + r".*use one of \["):
             registry.get("no such name")
         assert all(registry.docs[name] for name in registry), dotted  # every name says what it is in --help
-    assert isinstance(KL_CONTROLLERS, Registry) and isinstance(GRADERS, Registry) and isinstance(POLICY_LOSSES, Registry)
+    assert isinstance(KL_CONTROLLERS, Registry) and isinstance(GRADERS, Registry) and isinstance(POLICY_LOSSES,
+                                                                                                 Registry)
     assert "loss.policy_loss" in REGISTRY_FIELDS and REGISTRY_FIELDS["loss.policy_loss"] is POLICY_LOSSES
     text = registries_help()
     assert all(f"{dotted} (" in text for dotted in REGISTRY_FIELDS if dotted != "loss.policy_loss")
@@ -416,7 +418,8 @@ WINGS = ("grpo.run.trl", "grpo.run.checkpoint", "grpo.run.doctor", "grpo.run.ass
 FACES = (*WINGS, "grpo.phases", "grpo.config")
 LOOP_MODULES = {"grpo.run.record", "grpo.run.tracking", "grpo.run.exits", "grpo.run.api", "grpo.run.trainer"}
 """The loop's own modules at grpo/run/'s top: the Run record, tracking (metrics, progress, the step's timer), how a
-run ends early, train()'s config, TRL's GRPOTrainer surface (its keywords, callbacks and state). The step's owners are built by the assembly and reached through the Run."""
+run ends early, train()'s config, TRL's GRPOTrainer surface (its keywords, callbacks and state). The step's owners are
+built by the assembly and reached through the Run."""
 BEFORE_TORCH = {"grpo.machine.host_resources", "grpo.models.third_party"}
 """What the entry point calls before torch loads (OpenMP's wait policy, warning filters)."""
 MAX_ENTRY_MODULES = 13
@@ -432,7 +435,8 @@ def top_level_imports(source: str, module: str) -> list[tuple[str, list[str]]]:
             if isinstance(n, ast.Import):
                 out.extend((a.name, []) for a in n.names)
             elif isinstance(n, ast.ImportFrom):
-                stem = ".".join(module.split(".")[:-n.level] + ([n.module] if n.module else [])) if n.level else n.module
+                stem = ".".join(module.split(".")[:-n.level] + ([n.module] if n.module
+                                                                else [])) if n.level else n.module
                 out.append((stem, [a.name for a in n.names]))
             elif isinstance(n, ast.If) and "TYPE_CHECKING" not in ast.unparse(n.test):
                 visit(n.body)

@@ -1,8 +1,8 @@
 """The kill/resume soak (scripts/kill_resume_soak.py) runs: a short version of it, as a subprocess, on every test run.
 
 A script that no test runs can die at import unnoticed while docs/VALIDATION.md cites it. Here it runs itself, end to
-end, with three SIGKILLs (one per kill moment: after a checkpoint, during an evaluation, during a Pareto save), so an import, a flag
-or a file the script reads that moves breaks this test.
+end, with three SIGKILLs (one per kill moment: after a checkpoint, during an evaluation, during a Pareto save), so an
+import, a flag or a file the script reads that moves breaks this test.
 """
 
 from __future__ import annotations
@@ -28,7 +28,8 @@ STEPS = 21
 @pytest.fixture(scope="module")
 def soak(tmp_path_factory) -> tuple[subprocess.CompletedProcess, Path]:
     out = tmp_path_factory.mktemp("soak")
-    proc = subprocess.run([sys.executable, str(SCRIPT), "--kills", str(KILLS), "--steps", str(STEPS), "--eval-every", "3",
+    proc = subprocess.run([sys.executable, str(SCRIPT), "--kills", str(KILLS), "--steps", str(STEPS), "--eval-every",
+                           "3",
                            "--max-delay", "0.5", "--out", str(out)], cwd=ROOT, capture_output=True, text=True,
                           timeout=600)
     return proc, out

@@ -2,6 +2,7 @@
 
 import inspect
 import math
+from itertools import pairwise
 
 import pytest
 import torch
@@ -219,7 +220,7 @@ def test_every_loss_takes_its_ratio_from_importance_ratio_clamped_on_both_sides(
     assert float(importance_ratio(t(-30.0))) == pytest.approx(math.exp(-LOG_RATIO_CLAMP), rel=1e-12)
     assert float(importance_ratio(t(30.0))) == pytest.approx(math.exp(LOG_RATIO_CLAMP), rel=1e-12)
     assert float(importance_ratio(t(0.5))) == pytest.approx(math.exp(0.5), rel=1e-12)
-    for name, spec in POLICY_LOSSES.items():
+    for name in POLICY_LOSSES:
         for log_ratio in (-30.0, 30.0):
             _, m = policy_loss(name, t([[log_ratio]]), t([[0.0]]), t([1.0]), t([[1.0]]))
             expected = math.exp(math.copysign(LOG_RATIO_CLAMP, log_ratio))
@@ -311,7 +312,7 @@ def test_accumulation_equivalence_over_random_splits(lengths, data):
     B = len(lengths)
     cuts = sorted(data.draw(st.sets(st.integers(1, B - 1), max_size=B - 1)))
     bounds = [0, *cuts, B]
-    _accumulation_matches([b - a for a, b in zip(bounds, bounds[1:])], lengths, seed=B)
+    _accumulation_matches([b - a for a, b in pairwise(bounds)], lengths, seed=B)
 
 
 def test_masked_mean():

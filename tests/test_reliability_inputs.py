@@ -246,7 +246,8 @@ def test_sampling_at_every_bound_at_once_stays_finite_and_1e300_did_not():
     from grpo.decoding.decode import CompletionPenaltyProcessor, sampling_processors
 
     V, P, N = 16, 2, 64
-    ids_BL = torch.cat([torch.zeros(1, P, dtype=torch.long), torch.arange(N).remainder(V // 2)[None]], dim=1)  # half the tokens repeated
+    # half the tokens repeated
+    ids_BL = torch.cat([torch.zeros(1, P, dtype=torch.long), torch.arange(N).remainder(V // 2)[None]], dim=1)
     logits_BV = torch.linspace(-C.LOGIT_BOUND, C.LOGIT_BOUND, V)[None].float()
 
     def scores(temperature, repetition, presence, frequency, tokens=1e6):

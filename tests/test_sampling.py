@@ -1,4 +1,5 @@
-"""Batch-invariant sampling (grpo/decoding/sampling.py): the hash, the exponential race, and generate's output per row."""
+"""Batch-invariant sampling (grpo/decoding/sampling.py): the hash, the exponential race, and generate's output per
+row."""
 
 from __future__ import annotations
 
@@ -64,7 +65,8 @@ def chi_square(picks: torch.Tensor, p: torch.Tensor) -> float:
 
 LOGITS = torch.tensor([3.0, 2.2, 1.5, 1.0, 0.2, -0.5, -1.3, -2.0])
 CHI2_999 = {1: 10.83, 2: 13.82, 3: 16.27, 4: 18.47, 5: 20.52, 6: 22.46, 7: 24.32}
-"""The 0.999 quantiles of chi-square by degrees of freedom: a wrong sampler fails, a right one passes 999 runs in 1000."""
+"""The 0.999 quantiles of chi-square by degrees of freedom: a wrong sampler fails, a right one passes 999 runs in
+1000."""
 
 
 def expected(name: str) -> torch.Tensor:
@@ -156,7 +158,8 @@ SAMPLES = [Sample("fairness", str(i), ({"role": "user", "content": text},))
 
 def seeded(model, tok, samples, indices, step=1, **kw):
     rollout = RolloutConfig(k=3, max_new_tokens=10, min_new_tokens=10, **kw)
-    rollouts, _ = generate_rollouts(model, tok, samples, rollout, plan=SamplingPlan(row_keys=row_keys(0, step, indices, 3)))
+    rollouts, _ = generate_rollouts(model, tok, samples, rollout,
+                                    plan=SamplingPlan(row_keys=row_keys(0, step, indices, 3)))
     return [r.completion_ids for r in rollouts]
 
 
@@ -190,7 +193,8 @@ def test_seeded_token_frequencies_follow_the_model(model, tok):
         p = torch.softmax(model(torch.tensor([prompt])).logits[0, -1].double(), -1)
     n = 600
     rollout = RolloutConfig(k=n, max_new_tokens=1)  # no min_new_tokens: the stop token keeps its probability
-    rollouts, _ = generate_rollouts(model, tok, SAMPLES[:1], rollout, plan=SamplingPlan(row_keys=row_keys(3, 0, [0], n)))
+    rollouts, _ = generate_rollouts(model, tok, SAMPLES[:1], rollout,
+                                    plan=SamplingPlan(row_keys=row_keys(3, 0, [0], n)))
     counts = torch.bincount(torch.tensor([r.completion_ids[0] for r in rollouts]), minlength=p.numel()).double()
     top = torch.argsort(p, descending=True)[:3]  # the three likeliest tokens: observed share within 4.5 sigma
     for v in top.tolist():

@@ -1,5 +1,6 @@
-"""The lean loop's decoding steps (grpo/decoding/decode_steps.py): FastSteps, the Llama family's layers called one by one over
-in-place KV buffers, gives the logits of the model's whole forward bit for bit; and it is only used where it applies."""
+"""The lean loop's decoding steps (grpo/decoding/decode_steps.py): FastSteps, the Llama family's layers called one by
+one over in-place KV buffers, gives the logits of the model's whole forward bit for bit; and it is only used where it
+applies."""
 
 import pytest
 import torch
@@ -53,7 +54,8 @@ def prompt(padded: bool, B: int = 5, P: int = 9, seed: int = 1) -> tuple[torch.T
 def run_steps(model, ids_BP, mask_BP, kind: type, n: int = 6, drop_after: int = 2,
               rows_B: torch.Tensor | None = None) -> list[torch.Tensor]:
     """Prefill, then n steps fed the same tokens; after step `drop_after` rows 1 and 3 leave the batch. `rows_B`: the
-    prefill runs on the given (distinct) rows, and the batch is their rows rows_B (as grpo/decoding/decode.py shares it)."""
+    prefill runs on the given (distinct) rows, and the batch is their rows rows_B (as grpo/decoding/decode.py shares
+    it)."""
     pos_BP = (mask_BP.cumsum(-1) - 1).clamp(min=0)
     with torch.no_grad():
         out = model(input_ids=ids_BP, attention_mask=None if bool(mask_BP.all()) else mask_BP, position_ids=pos_BP,
@@ -87,7 +89,7 @@ def test_fast_steps_give_the_forwards_logits_bit_for_bit(arch, attn, padded):
     fast = run_steps(model, ids_BP, mask_BP, FastSteps)
     whole = run_steps(model, ids_BP, mask_BP, HFSteps)
     assert [x.shape for x in fast] == [x.shape for x in whole]
-    for t, (a, b) in enumerate(zip(fast, whole)):
+    for t, (a, b) in enumerate(zip(fast, whole, strict=True)):
         assert torch.equal(a, b), (arch, attn, padded, t, (a - b).abs().max().item())
 
 
@@ -102,8 +104,9 @@ def test_a_prefill_of_the_distinct_rows_gives_the_whole_batchs_logits_bit_for_bi
     whole = run_steps(model, ids_UP[rows_B], mask_UP[rows_B], kind)
     shared = run_steps(model, ids_UP, mask_UP, kind, rows_B=rows_B)
     assert [x.shape[0] for x in shared] == [5, 5, 5, 3, 3, 3, 3]  # prefill, steps 0-1, then rows 1 and 3 leave
-    for t, (a, b) in enumerate(zip(shared, whole)):  # a matmul over 3 rows may round differently than over 5
-        torch.testing.assert_close(a, b, rtol=0, atol=1e-6, msg=lambda m: f"step {t}: {m}")
+    # a matmul over 3 rows may round differently than over 5
+    for t, (a, b) in enumerate(zip(shared, whole, strict=True)):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-6, msg=lambda m, t=t: f"step {t}: {m}")
 
 
 def test_fast_steps_run_lora_adapters():
@@ -121,7 +124,7 @@ def test_fast_steps_run_lora_adapters():
     assert fast_steps_blocker(model) is None
     ids_BP, mask_BP = prompt(True)
     fast = run_steps(model, ids_BP, mask_BP, FastSteps)
-    assert all(torch.equal(a, b) for a, b in zip(fast, run_steps(model, ids_BP, mask_BP, HFSteps)))
+    assert all(torch.equal(a, b) for a, b in zip(fast, run_steps(model, ids_BP, mask_BP, HFSteps), strict=True))
     with model.disable_adapter():
         plain = run_steps(model, ids_BP, mask_BP, FastSteps)
     assert not torch.equal(fast[-1], plain[-1])

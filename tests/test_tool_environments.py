@@ -131,7 +131,7 @@ def test_each_trajectory_has_its_own_environment_reset_on_its_row(tok, model, mo
     assert metrics["tools/guess/calls_per_rollout"] == 1.0
     turn.clear()
     again, _ = T.tool_rollouts(model, tok, [sample(2, 1)], RolloutConfig(k=2), tools=box)  # pooled: reset, reused
-    assert all(r.environment is g for r, g in zip(again, games[:2]))
+    assert all(r.environment is g for r, g in zip(again, games[:2], strict=True))
     assert [r.environment.guesses for r in again] == [[4], [5]] and again[0].environment.secret == 1
 
 

@@ -178,7 +178,8 @@ def test_the_warm_up_renders_its_prompts_as_the_rollouts_do_with_a_template_that
     monkeypatch.setattr(G, "sft_examples", lambda *a, **kw: seen.append(real(*a, **kw)) or seen[-1])
 
     def exact(completions, answer, **kwargs):
-        return [float(c.strip().endswith(a)) for c, a in zip(completions, answer)]  # the final reply's text
+        # the final reply's text
+        return [float(c.strip().endswith(a)) for c, a in zip(completions, answer, strict=True)]
 
     run = G.train(["model.tiny_hidden=32"], tasks={"calc": rows}, rewards={"calc": [exact]}, tools=[calculator],
                   model=(model, tok), sft={"steps": 1, "batch_size": 2},

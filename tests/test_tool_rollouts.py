@@ -369,7 +369,7 @@ def calls_sometimes(monkeypatch):
     """Real decoding, except that each first reply whose first sampled id is even becomes a calculator call: a
     randomly initialised model would never write one, and the runs below need tool turns. Deterministic given the
     sampled ids, so an interrupted and resumed run decides as the uninterrupted one does."""
-    real, turn = T.decoder, {"rows": None}
+    real = T.decoder
 
     def forced(model, rows, rollout, stop_ids, pad_id, **kw):
         out, fixed = real(model, rollout, kw["greedy"])(model, rows, rollout, stop_ids, pad_id, **kw)
@@ -401,7 +401,7 @@ def test_train_with_tools_runs_logs_tool_metrics_and_rewards_see_the_trajectory(
 
     def reward_used_tool(completions, trajectory, tool_calls, tool_failures, answer, **kwargs):
         seen.append((completions, trajectory, tool_calls, tool_failures))
-        return [float(n > 0 and m[-1]["content"] == a) for n, m, a in zip(tool_calls, completions, answer)]
+        return [float(n > 0 and m[-1]["content"] == a) for n, m, a in zip(tool_calls, completions, answer, strict=True)]
 
     run = grpo_train.train(TINY, tasks={"calc": ROWS}, rewards={"calc": [reward_used_tool]}, tools=[calculator],
                            **{**SHORT, "train": {**SHORT["train"], "output_dir": str(tmp_path), "run_name": "t"}})
@@ -412,7 +412,7 @@ def test_train_with_tools_runs_logs_tool_metrics_and_rewards_see_the_trajectory(
             "doctor/tool_unused", "doctor/tool_loops"} <= set(rl[0])
     assert json.loads((run.run_dir / "config.json").read_text())["rollout"]["tools"] == [
         T.tool_specs([calculator])[0][0]]
-    with_call = [(c, t, n, f) for batch in seen for c, t, n, f in zip(*batch) if n]
+    with_call = [(c, t, n, f) for batch in seen for c, t, n, f in zip(*batch, strict=True) if n]
     assert with_call  # the reward function got whole trajectories: prompt, the call, the tool message, the reply
     completion, trajectory, n, failures = with_call[0]
     assert [m["role"] for m in completion] == ["assistant", "tool", "assistant"] and completion[1]["content"] == "36"

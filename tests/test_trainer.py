@@ -110,9 +110,9 @@ def test_grad_accumulation_equivalence(tmp_path, agg):
                    run.tasks, StepSettings(micro_batch_seqs=micro, temperature=1.0, max_grad_norm=1e9,
                                            skip_grad_norm=1e9, agg_constant=6.0))
         results.append(params)
-    for a, b in zip(*results):
+    for a, b in zip(*results, strict=True):
         torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
-    moved = max((a - b).abs().max().item() for a, b in zip(results[0], run.policy.model.parameters()))
+    moved = max((a - b).abs().max().item() for a, b in zip(results[0], run.policy.model.parameters(), strict=True))
     assert moved > 1e-4, "the step must move the weights, or the comparison proves nothing"
 
 

@@ -189,8 +189,8 @@ def test_a_misspelt_field_in_a_trl_file_and_trl_flags_beside_our_sections_get_a_
     path = tmp_path / "grpo.yaml"
     path.write_text("model_name_or_path: builtin:tiny\nlerning_rate: 1.0e-5\nuse_pef: true\n")
     assert grpo_train.cli(["--config", str(path)]) == 2
-    assert "have no field(s) ['lerning_rate', 'use_pef'] (did you mean `learning_rate`, `use_peft`?)" in \
-        capsys.readouterr().err
+    assert ("have no field(s) ['lerning_rate', 'use_pef'] (did you mean `learning_rate`, `use_peft`?)" in
+            capsys.readouterr().err)
     ours = tmp_path / "ours.yaml"
     ours.write_text("preset: demo\ntrain:\n  max_steps: 3\n")
     assert grpo_train.cli(["--config", str(ours), "--learning_rate", "1e-5"]) == 2

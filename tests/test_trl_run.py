@@ -61,9 +61,9 @@ def test_a_group_spanning_micro_batches_makes_the_whole_batchs_optimizer_step():
                    cfg.loss, ["a", "b"], StepSettings(micro_batch_seqs=size, temperature=1.0, max_grad_norm=1e9,
                                                       skip_grad_norm=1e9))
         after[size] = params
-    for a, b in zip(after[4], after[8]):
+    for a, b in zip(after[4], after[8], strict=True):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
-    assert max((a - b).abs().max().item() for a, b in zip(after[4], model.parameters())) > 1e-5
+    assert max((a - b).abs().max().item() for a, b in zip(after[4], model.parameters(), strict=True)) > 1e-5
 
 
 def test_a_trl_config_trains_its_epochs_schedule_checkpoints_and_logging_into_output_dir(tmp_path):
@@ -90,12 +90,13 @@ def test_a_trl_config_trains_its_epochs_schedule_checkpoints_and_logging_into_ou
     n_train = len(run.samples.training["caps"])
     assert n_train == 20
     steps = 2 * (n_train // 2)
-    assert run.progress.step == steps and run.run_dir == tmp_path / "out" / "grpo-dual"  # the run folder, inside output_dir
+    # the run folder, inside output_dir
+    assert run.progress.step == steps and run.run_dir == tmp_path / "out" / "grpo-dual"
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     saved = AutoModelForCausalLM.from_pretrained(tmp_path / "out")  # output_dir: the final model, as TRL leaves it
     assert AutoTokenizer.from_pretrained(tmp_path / "out").vocab_size == run.tokenizer.vocab_size
-    for (name, a), (_, b) in zip(run.policy.model.named_parameters(), saved.named_parameters()):
+    for (name, a), (_, b) in zip(run.policy.model.named_parameters(), saved.named_parameters(), strict=True):
         assert torch.equal(a.detach(), b), name
     rows = [json.loads(line) for line in (run.run_dir / "metrics.jsonl").read_text().splitlines()]
     logged = {r["step"]: r["lr"] for r in rows if "lr" in r}
@@ -162,7 +163,8 @@ def test_the_learning_rate_schedule_resumes_bit_identically(tmp_path):
                                checkpoint={"resume": "auto"})
     assert (full.cfg.micro_batch_seqs, full.cfg.seqs_per_step, full.cfg.model.gradient_checkpointing) == (2, 4, True)
     assert resumed.updater.scheduler.state_dict() == full.updater.scheduler.state_dict()
-    for (name, a), (_, b) in zip(full.policy.model.named_parameters(), resumed.policy.model.named_parameters()):
+    for (name, a), (_, b) in zip(full.policy.model.named_parameters(), resumed.policy.model.named_parameters(),
+                                 strict=True):
         assert torch.equal(a, b), name
 
 

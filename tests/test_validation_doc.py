@@ -50,7 +50,7 @@ def table_rows() -> list[dict[str, str]]:
             continue
         cells = [c.strip() for c in re.split(r"(?<!\\)\|", line.strip().strip("|"))]
         assert len(cells) == 4, f"a row of {DOC.name} needs 4 cells: {line}"
-        rows.append(dict(zip(("input", "where", "happens", "example"), cells)))
+        rows.append(dict(zip(("input", "where", "happens", "example"), cells, strict=True)))
     return rows
 
 
@@ -505,7 +505,8 @@ def disk_full(tmp, mp):
     import collections
 
     usage = collections.namedtuple("usage", "total used free")
-    mp.setattr("grpo.run.assembly.disk_plan.shutil.disk_usage", lambda path: usage(10**12, 10**12 - 3 * 10**6, 3 * 10**6))
+    mp.setattr("grpo.run.assembly.disk_plan.shutil.disk_usage",
+               lambda path: usage(10**12, 10**12 - 3 * 10**6, 3 * 10**6))
     return cli([*TINY, "--output-dir", str(tmp)])
 
 
@@ -561,7 +562,8 @@ TRIALS = {
     "has held-out rows (`data.heldout_fraction=0`, TRL's split, and no eval split)": nothing_held_out,
     "the best model or early stopping without an evaluation to rank (`checkpoint.keep_best`, "
     "`train.early_stopping_patience` with `train.eval_every=0`), a `train.best_metric` naming no evaluated task, TRL's "
-    "`load_best_model_at_end` against transformers' rules (an eval strategy, the save strategy the same, `save_steps` a "
+    "`load_best_model_at_end` against transformers' rules (an eval strategy, the save strategy the same, `save_steps` "
+    "a "
     "multiple of `eval_steps`)": best_without_evaluations,
     "Pareto scores of no task": empty_scores,
     "judge replies without a usable score": unusable_replies,

@@ -74,7 +74,8 @@ def assert_resume_is_bit_identical(tmp_path, extra: list[str], used_metric: str)
 
     a, b = lines(full.run_dir), lines(resumed.run_dir)
     assert a == b and sum(r.get(used_metric, 0) for r in a) > 0
-    for (name, pa), (_, pb) in zip(full.policy.model.named_parameters(), resumed.policy.model.named_parameters()):
+    for (name, pa), (_, pb) in zip(full.policy.model.named_parameters(), resumed.policy.model.named_parameters(),
+                                   strict=True):
         assert torch.equal(pa, pb), name
 
 
@@ -99,8 +100,8 @@ def call_text(name: str, arguments: Mapping[str, Any]) -> str:
 
 
 def blocks_fresh_start(path: str | Path) -> bool:
-    """True when a fresh run into `path` would stop (grpo/run/checkpoint/folder.prepare_run_dir): a folder with run contents,
-    not marked restartable, or with contents and no marker, or holding a checkpoint."""
+    """True when a fresh run into `path` would stop (grpo/run/checkpoint/folder.prepare_run_dir): a folder with run
+    contents, not marked restartable, or with contents and no marker, or holding a checkpoint."""
     path = Path(path)
     if not path.is_dir():
         return False
