@@ -69,8 +69,8 @@ def differences(expected, actual, where: str = "") -> list[str]:
     if isinstance(expected, list):
         if not isinstance(actual, list) or len(expected) != len(actual):
             return [f"{where}: length {len(expected)} expected, got {actual!r:.80}"]
-        return [d for i,
-                (e, a) in enumerate(zip(expected, actual, strict=True)) for d in differences(e, a, f"{where}[{i}]")]
+        return [d for i, (e, a) in enumerate(zip(expected, actual, strict=True))
+                for d in differences(e, a, f"{where}[{i}]")]
     if isinstance(expected, float) or isinstance(actual, float):
         if isinstance(expected, float) and math.isnan(expected) and isinstance(actual, float) and math.isnan(actual):
             return []

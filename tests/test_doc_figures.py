@@ -56,9 +56,8 @@ def demo_parameters() -> int:
         return sum(p.numel() for p in run.policy.model.parameters())
 
 
-LLAMA_SHAPE = ("(Llama-3-8B shape, LoRA r {8}, {bf16}, {gradient checkpointing}, {2} prompts × K {4} × GA {2}, {96} "
-               "new "
-               "tokens)")
+LLAMA_SHAPE = ("(Llama-3-8B shape, LoRA r {8}, {bf16}, {gradient checkpointing}, {2} prompts × K {4} × GA {2}, "
+               "{96} new tokens)")
 LLAMA_SOURCES = [lambda: LLAMA().model.lora_r, lambda: DTYPE_WORDS[LLAMA().model.dtype],
                  lambda: "gradient checkpointing" if LLAMA().model.gradient_checkpointing else "no checkpointing",
                  lambda: LLAMA().train.prompts_per_micro_step, lambda: LLAMA().rollout.k,
@@ -84,10 +83,9 @@ CLAIMS = [
      [lambda: DUAL().data.halueval_per_subset // 2, lambda: DUAL().data.max_prompt_tokens]),
     ("docs/RESULTS.md",
      "LoRA r {16}, {30} SFT steps on {48} demonstrations (BBQ's three letters and the two verdicts in "
-                        "turn, references cut to {16} tokens), then {30} RL steps of {4} prompts × K {16} at "
-                        "temperature "
-                        "{1.0}, {replies stopped at their first line} (at most {8} new tokens), {dynamic sampling}, lr "
-                        "{0.0001}, β {0.04}; pass@{4} before RL. Greedy held-out answers on {64} prompts per task",
+     "turn, references cut to {16} tokens), then {30} RL steps of {4} prompts × K {16} at temperature "
+     "{1.0}, {replies stopped at their first line} (at most {8} new tokens), {dynamic sampling}, lr "
+     "{0.0001}, β {0.04}; pass@{4} before RL. Greedy held-out answers on {64} prompts per task",
      [lambda: DUAL().model.lora_r, lambda: DUAL().sft.steps, lambda: DUAL().sft.max_examples,
       lambda: DUAL().sft.max_target_tokens, lambda: DUAL().train.max_steps, lambda: DUAL().train.prompts_per_micro_step,
       lambda: DUAL().rollout.k, lambda: DUAL().rollout.temperature,
@@ -110,7 +108,7 @@ CLAIMS = [
     ("docs/GETTING_STARTED.md", "watches the last {10} RL steps after every step", [lambda: TH.recent_window]),
     ("docs/GETTING_STARTED.md",
      "no red finding, but fewer than {20} RL steps: the checks compare the first {10} steps with the "
-                       "last {10}", [lambda: TH.min_steps, lambda: TH.recent_window, lambda: TH.recent_window]),
+     "last {10}", [lambda: TH.min_steps, lambda: TH.recent_window, lambda: TH.recent_window]),
     ("docs/GETTING_STARTED.md", "(or sits at the solved level, {0.9} for 0..1 rewards)", [lambda: TH.solved_reward]),
     ("docs/GETTING_STARTED.md", "| `empty_completions` | red above {80}%, yellow above {50}% |",
      [lambda: pct(TH.empty_red), lambda: pct(TH.empty_share)]),
@@ -123,16 +121,16 @@ CLAIMS = [
      [lambda: window_checks.SFT_UNTAUGHT_LOSS]),
     ("docs/GETTING_STARTED.md",
      "never rose more than {0.05} above its first {10} steps (after at least {20} steps), with more "
-                       "than {0.5} of its groups zero-std",
+     "than {0.5} of its groups zero-std",
      [lambda: TH.stuck_tolerance, lambda: TH.recent_window, lambda: TH.min_steps, lambda: TH.zero_std_max]),
     ("docs/GETTING_STARTED.md",
      "the top answer in at least {50}% of the last {10} steps and holds at least {0.6} of the task's "
-                       "samples, {0.1} more than in the first {10} steps, while the reward is {0.05} below its best",
+     "samples, {0.1} more than in the first {10} steps, while the reward is {0.05} below its best",
      [lambda: pct(window_checks.COLLAPSE_DOMINANCE), lambda: TH.recent_window, lambda: TH.collapse_share,
       lambda: TH.collapse_rise, lambda: TH.recent_window, lambda: TH.collapse_reward_gap]),
     ("docs/GETTING_STARTED.md",
      "entropy below {0.05} nats or down more than {80}% from the first {10} steps, while the held-out "
-                       "reward fell {0.05} below its best or stalled below the solved level over {3} evaluations",
+     "reward fell {0.05} below its best or stalled below the solved level over {3} evaluations",
      [lambda: TH.entropy_floor, lambda: pct(TH.entropy_drop_max), lambda: TH.recent_window, lambda: TH.heldout_drop,
       lambda: window_checks.STALL_EVALS]),
     ("docs/GETTING_STARTED.md", "KL above {3}× its band's top ({1} nat without a band) for {20} steps in a row",

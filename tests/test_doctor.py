@@ -292,11 +292,11 @@ def test_kl_below_band_counts_only_consecutive_steps():
 
 
 def test_judge_failures_yellow_above_five_percent_red_above_a_quarter():
-    assert codes(check_history(set_last(healthy(), "judge/failures", 2.0, 10), TH,
-                               BANDS)) == {"judge_failures": "yellow"}
+    assert codes(check_history(set_last(healthy(), "judge/failures", 2.0, 10), TH, BANDS)) == {
+        "judge_failures": "yellow"}
     assert check_history(set_last(healthy(), "judge/failures", 1.0, 10), TH, BANDS) == []  # 1/32 = 3.1%
-    assert codes(check_history(set_last(healthy(), "judge/failures", 8.0, 10), TH,
-                               BANDS)) == {"judge_failures": "yellow"}
+    assert codes(check_history(set_last(healthy(), "judge/failures", 8.0, 10), TH, BANDS)) == {
+        "judge_failures": "yellow"}
     assert codes(check_history(set_last(healthy(), "judge/failures", 9.0, 10), TH, BANDS)) == {"judge_failures": "red"}
 
 

@@ -240,8 +240,8 @@ def test_top_answer_share_reads_the_greedy_answers_of_one_task(tmp_path):
     assert m.top_answer_share(run, "after_sft") is None
     free = [("fairness", "The grandson"), ("fairness", "The grandson"), ("fairness", "Answer: A"),
             ("fairness", "A 50-year-old")]  # before SFT: option texts, not letters
-    (run / "evals" / "before_sft.jsonl").write_text("\n".join(json.dumps({"task": t, "completion": c}) for t,
-                                                              c in free))
+    (run / "evals" / "before_sft.jsonl").write_text("\n".join(json.dumps({"task": t, "completion": c})
+                                                              for t, c in free))
     assert m.top_answer_share(run, "before_sft") == 0.25  # "a" once of four: a repeated text is not a letter
     lettered = [("fairness", "B) Not enough info"), ("fairness", "(B) The sister"), ("fairness", "C) Unknown"),
                 ("fairness", "The sister")]  # the letter, then the option's text

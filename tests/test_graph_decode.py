@@ -434,8 +434,8 @@ def test_five_rollouts_over_two_prompt_buckets_compile_once_and_capture_twice(to
     assert (graph.counts["compiles"], graph.counts["captures"], FakeCaptured.made) == (1, 2, 2), graph.counts
     assert len(graph.slots) == 2 and graph.counts["fallbacks"] == 0
     fresh = [G.decode_graph(model, rows, RolloutConfig(temperature=0.8, top_k=50, max_new_tokens=8), (3, 4), 0,
-                            row_keys=k, graph=G.GraphStep(model), compile_step=False)[0] for rows,
-             k in zip(calls, keys, strict=True)]
+                            row_keys=k, graph=G.GraphStep(model), compile_step=False)[0]
+             for rows, k in zip(calls, keys, strict=True)]
     assert kept == fresh
     assert len({tuple(map(tuple, out)) for out in kept}) == len(calls)  # the keys made every rollout differ
     torch._dynamo.reset()

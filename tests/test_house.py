@@ -389,8 +389,7 @@ def test_every_choice_by_name_is_one_kind_of_registry():
         with pytest.raises(ValueError, match=re.escape(dotted) + r".*use one of \["):
             registry.get("no such name")
         assert all(registry.docs[name] for name in registry), dotted  # every name says what it is in --help
-    assert isinstance(KL_CONTROLLERS, Registry) and isinstance(GRADERS, Registry) and isinstance(POLICY_LOSSES,
-                                                                                                 Registry)
+    assert all(isinstance(r, Registry) for r in (KL_CONTROLLERS, GRADERS, POLICY_LOSSES))
     assert "loss.policy_loss" in REGISTRY_FIELDS and REGISTRY_FIELDS["loss.policy_loss"] is POLICY_LOSSES
     text = registries_help()
     assert all(f"{dotted} (" in text for dotted in REGISTRY_FIELDS if dotted != "loss.policy_loss")
@@ -435,8 +434,8 @@ def top_level_imports(source: str, module: str) -> list[tuple[str, list[str]]]:
             if isinstance(n, ast.Import):
                 out.extend((a.name, []) for a in n.names)
             elif isinstance(n, ast.ImportFrom):
-                stem = ".".join(module.split(".")[:-n.level] + ([n.module] if n.module
-                                                                else [])) if n.level else n.module
+                stem = (".".join(module.split(".")[:-n.level] + ([n.module] if n.module else [])) if n.level
+                        else n.module)
                 out.append((stem, [a.name for a in n.names]))
             elif isinstance(n, ast.If) and "TYPE_CHECKING" not in ast.unparse(n.test):
                 visit(n.body)

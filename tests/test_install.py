@@ -250,6 +250,6 @@ def test_the_documented_smollm2_runs_train_as_written_and_output_dir_loads(readm
         loaded = AutoModelForCausalLM.from_pretrained(out)  # as after TRL's trainer.save_model(output_dir)
         final = AutoModelForCausalLM.from_pretrained(out / "grpo-dual" / "final")
         assert type(loaded).__name__ == "LlamaForCausalLM" and loaded.num_parameters() > 100_000_000
-        assert all(torch.equal(a, b) for a,
-                   b in zip(loaded.state_dict().values(), final.state_dict().values(), strict=True))
+        assert all(torch.equal(a, b)
+                   for a, b in zip(loaded.state_dict().values(), final.state_dict().values(), strict=True))
         assert AutoTokenizer.from_pretrained(out).eos_token == "<|im_end|>"

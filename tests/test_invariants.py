@@ -37,7 +37,7 @@ def test_nothing_happens_at_import(tmp_path):
     """Importing every module creates no file, parses no argv and loads no model."""
     modules = ["config", "grpo_train", "check_gpu_memory"] + [
         ".".join(p.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__")
-                                                              for p in sorted((ROOT / "grpo").rglob("*.py"))]
+        for p in sorted((ROOT / "grpo").rglob("*.py"))]
     code = ("import sys, importlib; sys.argv = ['x', '--definitely-not-a-flag']\n"
             f"sys.path.insert(0, {str(ROOT)!r})\n"
             f"for m in {modules!r}: importlib.import_module(m)\n"

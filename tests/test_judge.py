@@ -232,8 +232,8 @@ def test_cache_hits_on_repeat_and_persists(tmp_path):
             again = judge.score_batch([item("a"), item("b")])
             metrics = judge.metrics()
         assert server.count == 2
-        assert [r.provider for r in first] == ["judge:model-0"] * 2 and [r.provider
-                                                                         for r in again] == ["cache:model-0"] * 2
+        assert [r.provider for r in first] == ["judge:model-0"] * 2
+        assert [r.provider for r in again] == ["cache:model-0"] * 2
         assert [r.score for r in again] == [0.8, 0.8] and metrics["judge/cache_hits"] == 2.0
         with make_judge(server, cache_path=str(db)) as judge:  # a new Judge reads the same file
             assert judge.score_batch([item("a")])[0].provider == "cache:model-0"

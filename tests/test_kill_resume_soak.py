@@ -28,10 +28,9 @@ STEPS = 21
 @pytest.fixture(scope="module")
 def soak(tmp_path_factory) -> tuple[subprocess.CompletedProcess, Path]:
     out = tmp_path_factory.mktemp("soak")
-    proc = subprocess.run([sys.executable, str(SCRIPT), "--kills", str(KILLS), "--steps", str(STEPS), "--eval-every",
-                           "3",
-                           "--max-delay", "0.5", "--out", str(out)], cwd=ROOT, capture_output=True, text=True,
-                          timeout=600)
+    proc = subprocess.run([sys.executable, str(SCRIPT), "--kills", str(KILLS), "--steps", str(STEPS),
+                           "--eval-every", "3", "--max-delay", "0.5", "--out", str(out)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=600)
     return proc, out
 
 

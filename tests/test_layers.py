@@ -19,8 +19,8 @@ LAYERS = ("core", "config", "machine", "data", "models", "decoding", "grading", 
 """grpo's sub-packages from the bottom up (docs/DESIGN.md): a module may import its own layer and the ones before it."""
 ENTRY_POINTS = {"grpo_train", "check_gpu_memory"}
 APART = {("models", "data"): "the models need only core's file plumbing (grpo/core/plumbing.py), not the tasks' rows",
-         ("phases",
-          "grading"): "the tools import the user's code through core (grpo/core/plumbing.py), not the graders"}
+         ("phases", "grading"):
+             "the tools import the user's code through core (grpo/core/plumbing.py), not the graders"}
 """Layers that stand one above the other and still do not import each other: importer's layer, imported's -> why."""
 
 

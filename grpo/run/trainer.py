@@ -93,8 +93,8 @@ def model_reward(model: Any, tokenizer: Any) -> Callable[..., list[float]]:
 
     def reward(prompts: list[Any], completions: list[Any], **kwargs: Any) -> list[float]:
         if isinstance(prompts[0], list):  # conversational: the whole conversation through the template
-            texts = [tokenizer.apply_chat_template(p + c, tokenize=False) for p,
-                     c in zip(prompts, completions, strict=True)]
+            texts = [tokenizer.apply_chat_template(p + c, tokenize=False)
+                     for p, c in zip(prompts, completions, strict=True)]
         else:
             texts = [p + c for p, c in zip(prompts, completions, strict=True)]
         batch = tokenizer(text=texts, return_tensors="pt", padding=True, padding_side="right", add_special_tokens=False)
