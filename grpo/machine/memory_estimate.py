@@ -173,8 +173,7 @@ def lora_param_count(shape: ModelShape, r: int, targets: tuple[str, ...] | list[
 
 @dataclass(frozen=True)
 class EstimateInputs:
-    """Plain values that decide memory; `grpo/run/assembly/memory_inputs.py: inputs_from_config` builds one from the
-    Config."""
+    """Plain values that decide memory; grpo/run/assembly/memory_inputs.inputs_from_config builds one from a Config."""
 
     shape: ModelShape
     micro_batch_seqs: int
@@ -326,8 +325,7 @@ def _persistent(x: EstimateInputs, counts: dict[str, int], n_train: int) -> dict
         out["LoRA grads (fp32)"] = n_train * ADAPTER_BYTES
         out["AdamW states (2× fp32)"] = 2 * n_train * ADAPTER_BYTES
     else:
-        # grpo/models/modeling.load_policy deep-copies it under full FT, β or not
-        out["reference copy (frozen)"] = weights
+        out["reference copy (frozen)"] = weights  # models/modeling.load_policy deep-copies it under full FT, β or not
         out["grads"] = n_train * p
         out[f"AdamW states (2× {x.weight_dtype})"] = 2 * n_train * p
         out["fp32 master weights"] = n_train * 4 if (x.fp32_master and p < 4) else 0
