@@ -17,6 +17,7 @@ from grpo.core.step_types import Rollout, Sample
 from grpo.grading.graders import (
     GraderError,
     builtin_graders,
+    extra_logger,
     grader_kind,
     preflight,
     resolve_grader,
@@ -421,3 +422,14 @@ def test_a_kl_entry_for_no_task_of_the_run_is_an_error_naming_it():
     assert err.value.field == "kl.fairnes"
     check_task_entries(["default", "fairness", "hallucination"], ["reviews"])  # presets' entries for built-in tasks
     check_task_entries(["default", "reviews"], ["reviews"])
+
+
+def test_log_extra_fills_one_column_per_completion_and_drops_the_preflights_values():
+    """`log_extra` puts value i into row i; without rows (the preflight's calls, extra=None) it drops the values
+    instead of pairing them with nothing."""
+    rows: list[dict] = [{}, {}]
+    extra_logger(rows, "f")("length", [3, 5])
+    assert rows == [{"length": 3}, {"length": 5}]
+    extra_logger(None, "f")("length", [3, 5])  # no rows to fill, and no error
+    with pytest.raises(GraderError, match=r"got 1 values for 2 completions"):
+        extra_logger(rows, "f")("length", [3])
