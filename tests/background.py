@@ -1,8 +1,9 @@
 """Subprocess work of a slow test, started in the background when the session's collection ends.
 
 Most of the suite runs in the pytest process on one core; a test whose work is only command lines run in
-subprocesses (the demo for the results table, a pip install) need not wait for its turn to start them. When such a test is among the collected ones, tests/conftest.py starts its work (`start`) in one worker
-process of its own, one job after another, so that it fills the core the in-process tests leave idle; the test then
+subprocesses (the demo for the results table, a pip install) need not wait for its turn to start them. When such a
+test is among the collected ones, tests/conftest.py starts its work (`start`) in one worker process of its own, one
+job after another, so that it fills the core the in-process tests leave idle; the test then
 takes the finished result (`result`) and checks it exactly as it would have checked a run of its own. The worker is a
 process, not a thread: it keeps the environment and the working folder of the session's start, whatever a test
 running meanwhile sets (monkeypatch.setenv, chdir). Run alone, or with -k, the test does the same work itself and

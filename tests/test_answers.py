@@ -4,8 +4,15 @@ import math
 
 import pytest
 
-from grpo.core.answer_metrics import (ANSWER_CLASS_CHARS, EMPTY_ANSWER, AnswerShares, answer_class, answer_shares,
-                          step_answer_metrics, zero_std_fraction)
+from grpo.core.answer_metrics import (
+    ANSWER_CLASS_CHARS,
+    EMPTY_ANSWER,
+    AnswerShares,
+    answer_class,
+    answer_shares,
+    step_answer_metrics,
+    zero_std_fraction,
+)
 
 
 def test_answer_class_of_the_demo_replies_and_of_free_text():

@@ -6,8 +6,8 @@ from collections import Counter
 
 import pytest
 
-from grpo.data.batching import TaskBalancedSampler
 from grpo.core.step_types import Sample
+from grpo.data.batching import TaskBalancedSampler
 
 
 def _samples(task: str, n: int) -> list[Sample]:

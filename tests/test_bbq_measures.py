@@ -209,7 +209,8 @@ def test_report_names_a_rise_of_unknown_on_disambiguated_rows_as_abstention(demo
     _write_bbq(demo_run_dir, {"after_sft": m(0.290, 0.303, -0.129, 0.364), "after_rl": m(0.516, 0.273, 0.097, 0.485)})
     row = build_report(demo_run_dir)["bbq"]["fairness"]
     assert ABSTENTION_RISE == 0.1 and row["abstention_rose"] is True and row["always_unknown"] == []
-    assert "but lowered" in row["verdict"] and '"unknown" rose on disambiguated rows too (0.364 -> 0.485)' in row["verdict"]
+    assert "but lowered" in row["verdict"]
+    assert '"unknown" rose on disambiguated rows too (0.364 -> 0.485)' in row["verdict"]
     _write_bbq(demo_run_dir, {"after_sft": m(0.290, 0.303, -0.129, 0.364), "after_rl": m(0.516, 0.303, 0.097, 0.454)})
     row = build_report(demo_run_dir)["bbq"]["fairness"]  # +0.09: below the rise that is named
     assert row["abstention_rose"] is False and "abstains" not in row["verdict"]

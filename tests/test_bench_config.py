@@ -11,10 +11,10 @@ import importlib.util
 from dataclasses import replace
 
 import pytest
-
-from grpo import config as C
-from benchmarks import common, vs_trl
 from conftest import SHARED_DATA
+
+from benchmarks import common, vs_trl
+from grpo import config as C
 
 HAS_TRL = importlib.util.find_spec("trl") is not None and importlib.util.find_spec("datasets") is not None
 BASE = {"prompts_per_micro_step": 3, "grad_accum": 2, "k": 4, "max_new_tokens": 16, "cycles": 5}

@@ -1,9 +1,9 @@
-"""The best evaluated model and early stopping, as transformers' Trainer keeps them for TRL (grpo/run/checkpoint/best_model.py):
-transformers' own rules on hand-made sequences and against EarlyStoppingCallback itself; a run whose held-out reward
-peaks before its end leaves the best evaluation's model in final/ and output_dir (re-evaluated, it scores the recorded
-best); early stopping ends RL after `patience` evaluations without an improvement and says so in the verdict; TRL's
-load_best_model_at_end / metric_for_best_model / greater_is_better translate with transformers' rules; and the report
-finds a held-out reward that fell from its best by more than its sampling error."""
+"""The best evaluated model and early stopping, as transformers' Trainer keeps them for TRL
+(grpo/run/checkpoint/best_model.py): transformers' own rules on hand-made sequences and against EarlyStoppingCallback
+itself; a run whose held-out reward peaks before its end leaves the best evaluation's model in final/ and output_dir
+(re-evaluated, it scores the recorded best); early stopping ends RL after `patience` evaluations without an improvement
+and says so in the verdict; TRL's load_best_model_at_end / metric_for_best_model / greater_is_better translate with
+transformers' rules; and the report finds a held-out reward that fell from its best by more than its sampling error."""
 
 from __future__ import annotations
 
@@ -65,9 +65,9 @@ def test_a_run_that_peaks_before_its_end_keeps_the_best_evaluations_model(tmp_pa
     """checkpoint.keep_best (TRL's load_best_model_at_end): final/ and checkpoint.final_model_dir hold the weights of
     the best evaluation, here step 1's, not the last step's; loaded and evaluated again they score the recorded best;
     eval.json's after_rl is that score, the last step's moved to its step_N."""
-    import grpo_train
     from safetensors.torch import load_file
 
+    import grpo_train
     from grpo.phases.evaluation import evaluate
     from grpo.run.checkpoint.save_resume import load_weights
 
@@ -128,7 +128,8 @@ def test_trls_best_model_fields_translate_with_transformers_rules(tmp_path):
     assert args.metric_for_best_model == "loss" and args.greater_is_better is False
     done = translate(args)
     assert (done.tree["train"]["best_metric"], done.tree["train"]["greater_is_better"]) == ("reward", True)
-    assert any(n.startswith("GRPOConfig.metric_for_best_model='loss': grpo-dual's held-out evaluation") for n in done.notes)
+    assert any(n.startswith("GRPOConfig.metric_for_best_model='loss': grpo-dual's held-out evaluation")
+               for n in done.notes)
     for fields, field, message in [
             ({"eval_strategy": "no"}, "load_best_model_at_end", "eval_strategy=no evaluates nothing"),
             ({"eval_strategy": "steps", "eval_steps": 5, "save_strategy": "epoch"}, "save_strategy",
@@ -156,7 +157,7 @@ def test_a_held_out_reward_that_fell_from_its_best_by_more_than_its_sampling_err
 
     (finding,) = fell(4)
     assert finding.level == "yellow" and finding.task == "t" and FELL_Z == 2.0
-    assert "fell from its best 0.750 (step 20) to 0.500 after RL: -0.250 over 16 prompts, 2.2 standard errors" in \
-        finding.message
+    assert ("fell from its best 0.750 (step 20) to 0.500 after RL: -0.250 over 16 prompts, 2.2 standard errors" in
+            finding.message)
     assert finding.suggestion.startswith("try `train.lr=5e-05`") and "checkpoint.keep_best=true" in finding.suggestion
     assert fell(3) == [] and fell(0) == []

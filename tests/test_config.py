@@ -109,8 +109,8 @@ def test_every_registry_name_is_accepted_and_nothing_else():
     """The config accepts exactly the names each registry holds (grpo/run/assembly/config_check.py REGISTRY_FIELDS)."""
     import dataclasses
 
-    from grpo.run.assembly.config_check import REGISTRY_FIELDS
     from grpo.core.kl_control import KL_CONTROLLERS, controller_from_config
+    from grpo.run.assembly.config_check import REGISTRY_FIELDS
 
     for dotted, names in REGISTRY_FIELDS.items():
         section, name = dotted.split(".")

@@ -1,6 +1,7 @@
 """Every config check names the field at fault: one bad value per check, and meta-tests that every check in the code
-(the `_check` / `_one_of` call sites of every grpo/config module, the registry fields of grpo/run/assembly/config_check.py,
-every rule of the KL controllers) has its row here. A new check without a row fails `test_every_*`."""
+(the `_check` / `_one_of` call sites of every grpo/config module, the registry fields of
+grpo/run/assembly/config_check.py, every rule of the KL controllers) has its row here. A new check without a row fails
+`test_every_*`."""
 
 from __future__ import annotations
 
@@ -17,11 +18,11 @@ from typing import Any
 import pytest
 
 import grpo.config
-from grpo.config import checks
 from grpo import config as C
-from grpo.run.assembly.config_check import REGISTRY_FIELDS, check_config
+from grpo.config import checks
 from grpo.core.kl_control import CONFIG_FIELDS, NOT_CONFIGURED, RULES, controller_args, controller_problem
 from grpo.core.losses import AGG_MODES, POLICY_LOSSES
+from grpo.run.assembly.config_check import REGISTRY_FIELDS, check_config
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG_DIR = Path(grpo.config.__file__).parent
@@ -366,7 +367,8 @@ def test_every_controller_rule_has_a_row():
     """Each rule of each KL controller on an argument the config sets is the one a row breaks."""
     broken = set()
     for dotted, value, extra in BAD:
-        if (dotted, value, extra) in NON_FINITE + BOUNDS:  # refused before any controller rule (building._finite, bounds)
+        # refused before any controller rule (building._finite, bounds)
+        if (dotted, value, extra) in NON_FINITE + BOUNDS:
             continue
         if dotted.startswith("kl.default.") and dotted != "kl.default.controller":
             section = dataclasses.replace(C.TaskKLConfig(), **C.to_dict(C.load_config("demo"))["kl"]["default"])

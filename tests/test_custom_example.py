@@ -15,10 +15,10 @@ import subprocess
 import sys
 
 import pytest
+from conftest import ROOT
 
 from grpo import config as C
 from grpo.config.command_line import parse_trainer_argv
-from conftest import ROOT
 
 DOC = ROOT / "docs" / "CUSTOM_TASKS.md"
 EXAMPLE = "examples/custom_task/"

@@ -10,10 +10,10 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-
 from conftest import SHARED_DATA
-from grpo.data.loading import DataSpec, load_bbq, load_halueval, load_task, split_heldout_samples
+
 from grpo.data.json_rows import read_records
+from grpo.data.loading import DataSpec, load_bbq, load_halueval, load_task, split_heldout_samples
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 BBQ_DIR = SHARED_DATA / "bbq"
@@ -152,8 +152,8 @@ def test_halueval_dialogue_and_summarization_fixtures():
     cut = load_halueval(FIXTURES / "halueval" / "summarization.jsonl", max_doc_chars=60).samples[0]
     # The first 60 chars end inside "new budget on Tuesday." — cut back to the last space, then the mark.
     assert cut.gold["knowledge"] == "The city council approved a new budget on Tuesday. The plan …"
-    assert cut.meta["truncated"] and "Document: The city council approved a new budget on Tuesday. The plan …" in \
-        cut.messages[-1]["content"]
+    assert (cut.meta["truncated"] and "Document: The city council approved a new budget on Tuesday. The plan …" in
+            cut.messages[-1]["content"])
 
 
 def test_malformed_file_reports_file_and_line_and_skips():
@@ -233,8 +233,8 @@ def test_halueval_file_that_is_not_json_stops_the_run_naming_the_file(tmp_path):
     drop the whole task from the run."""
     from types import SimpleNamespace
 
-    from grpo.run.assembly.samples import load_samples
     from grpo.data.json_rows import DataFileError
+    from grpo.run.assembly.samples import load_samples
 
     bad = tmp_path / "halueval" / "qa_data.json"
     bad.parent.mkdir()

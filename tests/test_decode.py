@@ -38,14 +38,18 @@ def model(request, tok):
     return tiny_model(tok, request.param)
 
 
-@pytest.fixture(scope="module")
-def stops(model, tok):
+def most_sampled(model, tok) -> list[int]:
     """The three tokens the model samples most: as stop ids they end completions at many different lengths."""
     rollout = RolloutConfig(k=K, max_new_tokens=NEW, engine="hf")
     rollouts, _ = generate_rollouts(model, tok, SAMPLES, rollout, [tok.pad_token_id],
                                     plan=SamplingPlan(generator_seed=0))
     ids, counts = torch.tensor([t for r in rollouts for t in r.completion_ids]).unique(return_counts=True)
     return ids[counts.argsort(descending=True)[:3]].tolist()
+
+
+@pytest.fixture(scope="module")
+def stops(model, tok):
+    return most_sampled(model, tok)
 
 
 @pytest.fixture(scope="module")

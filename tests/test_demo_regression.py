@@ -38,9 +38,9 @@ ATOL = 1e-6
 
 def run_short_demo(out_dir: Path) -> dict:
     """Run the short demo into `out_dir`; return its metric lines, evaluations and per-tensor weight statistics."""
+    import grpo_train
     from grpo import config as C
     from grpo.run.tracking import MEASURED_PREFIXES  # clock and memory readings (they depend on the machine)
-    import grpo_train
 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # one thread: the same reduction order on every machine with the same kernels
@@ -69,7 +69,8 @@ def differences(expected, actual, where: str = "") -> list[str]:
     if isinstance(expected, list):
         if not isinstance(actual, list) or len(expected) != len(actual):
             return [f"{where}: length {len(expected)} expected, got {actual!r:.80}"]
-        return [d for i, (e, a) in enumerate(zip(expected, actual)) for d in differences(e, a, f"{where}[{i}]")]
+        return [d for i, (e, a) in enumerate(zip(expected, actual, strict=True))
+                for d in differences(e, a, f"{where}[{i}]")]
     if isinstance(expected, float) or isinstance(actual, float):
         if isinstance(expected, float) and math.isnan(expected) and isinstance(actual, float) and math.isnan(actual):
             return []

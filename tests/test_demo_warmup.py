@@ -11,8 +11,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from grpo import config as C
 import grpo_train as G
+from grpo import config as C
 from grpo.models.tokens import encode_prompt
 
 pytestmark = pytest.mark.usefixtures("one_thread")

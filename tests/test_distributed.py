@@ -1,5 +1,5 @@
-"""Data parallelism (grpo/machine/distributed.py): a run on 2 CPU processes equals the 1-process run with the same global
-batch. The 2-process side is `accelerate launch --num_processes 2 --cpu tests/dist_worker.py`, started once."""
+"""Data parallelism (grpo/machine/distributed.py): a run on 2 CPU processes equals the 1-process run with the same
+global batch. The 2-process side is `accelerate launch --num_processes 2 --cpu tests/dist_worker.py`, started once."""
 
 from __future__ import annotations
 
@@ -90,7 +90,7 @@ def test_later_steps_stay_equal(two_process, tmp_path):
     one = one_step(tmp_path, "three_steps", world=1)
     two_history = json.loads((two_process / "three_steps.history.json").read_text())
     assert len(one["history"]) == len(two_history) == 3
-    for m1, m2 in zip(one["history"], two_history):
+    for m1, m2 in zip(one["history"], two_history, strict=True):
         assert m1["rollout/tokens"] == m2["rollout/tokens"]
         for task in ("fairness", "hallucination"):
             assert m1[f"reward/{task}/mean"] == pytest.approx(m2[f"reward/{task}/mean"], abs=1e-12)
@@ -125,7 +125,8 @@ def test_resume_from_a_two_process_checkpoint_is_exact(two_process, scenario):
 
 
 def test_metrics_are_written_once(two_process):
-    rows = [json.loads(line) for line in (two_process / "straight" / "resume" / "metrics.jsonl").read_text().splitlines()]
+    rows = [json.loads(line)
+            for line in (two_process / "straight" / "resume" / "metrics.jsonl").read_text().splitlines()]
     rl_steps = [r["step"] for r in rows if "loss/total" in r]
     assert rl_steps == [1, 2, 3]
     assert all(r["rollout/num"] == 16.0 for r in rows if "rollout/num" in r)  # the global batch, not a share
@@ -226,8 +227,8 @@ def test_split_groups_is_checked_before_the_model_loads_and_trl_maps_onto_it(tmp
                   num_generations=4, use_cpu=True)
     tree = translate(TwoProcesses(**fields)).tree
     assert tree["train"]["split_groups"] is True
-    assert (tree["train"]["prompts_per_micro_step"], tree["train"]["grad_accum"], tree["train"]["micro_batch_size"]) \
-        == (1, 1, 2)  # one prompt in all, each process trains its 2 completions
+    assert ((tree["train"]["prompts_per_micro_step"], tree["train"]["grad_accum"], tree["train"]["micro_batch_size"])
+            == (1, 1, 2))  # one prompt in all, each process trains its 2 completions
     with pytest.raises(C.ConfigError, match="not a multiple of num_generations=4"):  # (TRL's own object refuses it)
         translate({k: v for k, v in fields.items() if k != "output_dir"})
 

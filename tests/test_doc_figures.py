@@ -56,8 +56,8 @@ def demo_parameters() -> int:
         return sum(p.numel() for p in run.policy.model.parameters())
 
 
-LLAMA_SHAPE = ("(Llama-3-8B shape, LoRA r {8}, {bf16}, {gradient checkpointing}, {2} prompts × K {4} × GA {2}, {96} new "
-               "tokens)")
+LLAMA_SHAPE = ("(Llama-3-8B shape, LoRA r {8}, {bf16}, {gradient checkpointing}, {2} prompts × K {4} × GA {2}, "
+               "{96} new tokens)")
 LLAMA_SOURCES = [lambda: LLAMA().model.lora_r, lambda: DTYPE_WORDS[LLAMA().model.dtype],
                  lambda: "gradient checkpointing" if LLAMA().model.gradient_checkpointing else "no checkpointing",
                  lambda: LLAMA().train.prompts_per_micro_step, lambda: LLAMA().rollout.k,
@@ -75,35 +75,40 @@ CLAIMS = [
     # docs/RESULTS.md: the real model on BBQ + HaluEval
     ("docs/RESULTS.md", "categories × {60} rows, {the three options in a seeded random order} per row and epoch",
      [lambda: DUAL().data.bbq_per_category,
-      lambda: "the three options in a seeded random order" if DUAL().data.shuffle_options else "options in file order"]),
+      lambda: "the three options in a seeded random order" if DUAL().data.shuffle_options
+      else "options in file order"]),
     ("docs/RESULTS.md", "HaluEval general as {hallucination recognition}",
      [lambda: "hallucination recognition" if DUAL().data.halueval_subsets == ["general_recognition"] else "?"]),
     ("docs/RESULTS.md", "the first {300} rows of each label), prompts over {256} tokens left out",
      [lambda: DUAL().data.halueval_per_subset // 2, lambda: DUAL().data.max_prompt_tokens]),
-    ("docs/RESULTS.md", "LoRA r {16}, {30} SFT steps on {48} demonstrations (BBQ's three letters and the two verdicts in "
-                        "turn, references cut to {16} tokens), then {30} RL steps of {4} prompts × K {16} at temperature "
-                        "{1.0}, {replies stopped at their first line} (at most {8} new tokens), {dynamic sampling}, lr "
-                        "{0.0001}, β {0.04}; pass@{4} before RL. Greedy held-out answers on {64} prompts per task",
+    ("docs/RESULTS.md",
+     "LoRA r {16}, {30} SFT steps on {48} demonstrations (BBQ's three letters and the two verdicts in "
+     "turn, references cut to {16} tokens), then {30} RL steps of {4} prompts × K {16} at temperature "
+     "{1.0}, {replies stopped at their first line} (at most {8} new tokens), {dynamic sampling}, lr "
+     "{0.0001}, β {0.04}; pass@{4} before RL. Greedy held-out answers on {64} prompts per task",
      [lambda: DUAL().model.lora_r, lambda: DUAL().sft.steps, lambda: DUAL().sft.max_examples,
       lambda: DUAL().sft.max_target_tokens, lambda: DUAL().train.max_steps, lambda: DUAL().train.prompts_per_micro_step,
       lambda: DUAL().rollout.k, lambda: DUAL().rollout.temperature,
       lambda: "replies stopped at their first line" if DUAL().rollout.stop_strings == ["\n"] else "not stopped",
       lambda: DUAL().rollout.max_new_tokens,
-      lambda: "dynamic sampling" if DUAL().train.dynamic_sampling else "no dynamic sampling", lambda: DUAL().train.lr, lambda: DUAL().kl_for("fairness").beta, lambda: DUAL().train.pass_at_k,
+      lambda: "dynamic sampling" if DUAL().train.dynamic_sampling else "no dynamic sampling", lambda: DUAL().train.lr,
+      lambda: DUAL().kl_for("fairness").beta, lambda: DUAL().train.pass_at_k,
       lambda: DUAL().data.eval_size]),
     # docs/GETTING_STARTED.md: the demo's output, healthy metrics, the doctor and the verdict
     ("docs/GETTING_STARTED.md", "(`data.eval_size` ({64} in the demo preset)", [lambda: DEMO().data.eval_size]),
     ("docs/GETTING_STARTED.md", "with `sft.steps` > 0 ({50} in the demo: {24} demonstrations, trained until",
      [lambda: DEMO().sft.steps, lambda: DEMO().sft.max_examples]),
-    ("docs/GETTING_STARTED.md", "| `adv/frac_zero_std`, `adv/<task>/frac_zero_std` | well below {0.5}:", [lambda: TH.zero_std_max]),
+    ("docs/GETTING_STARTED.md", "| `adv/frac_zero_std`, `adv/<task>/frac_zero_std` | well below {0.5}:",
+     [lambda: TH.zero_std_max]),
     ("docs/GETTING_STARTED.md", "| `rollout/<task>/truncated` | below {0.2}:", [lambda: TH.truncation_max]),
     ("docs/GETTING_STARTED.md", "its first {40} characters) and that answer: below {0.6} for a task",
      [lambda: symptoms_answer_chars(), lambda: TH.collapse_share]),
     ("docs/GETTING_STARTED.md", "truncation high (`rollout/<task>/truncated` > {0.2}; doctor: `truncation`)",
      [lambda: TH.truncation_max]),
     ("docs/GETTING_STARTED.md", "watches the last {10} RL steps after every step", [lambda: TH.recent_window]),
-    ("docs/GETTING_STARTED.md", "no red finding, but fewer than {20} RL steps: the checks compare the first {10} steps with the "
-                       "last {10}", [lambda: TH.min_steps, lambda: TH.recent_window, lambda: TH.recent_window]),
+    ("docs/GETTING_STARTED.md",
+     "no red finding, but fewer than {20} RL steps: the checks compare the first {10} steps with the "
+     "last {10}", [lambda: TH.min_steps, lambda: TH.recent_window, lambda: TH.recent_window]),
     ("docs/GETTING_STARTED.md", "(or sits at the solved level, {0.9} for 0..1 rewards)", [lambda: TH.solved_reward]),
     ("docs/GETTING_STARTED.md", "| `empty_completions` | red above {80}%, yellow above {50}% |",
      [lambda: pct(TH.empty_red), lambda: pct(TH.empty_share)]),
@@ -112,26 +117,33 @@ CLAIMS = [
     ("docs/GETTING_STARTED.md", "| `no_learning_signal` | red after {5} steps in a row", [lambda: TH.no_signal_steps]),
     ("docs/GETTING_STARTED.md", "below its best evaluation during RL by more than {2} standard errors",
      [lambda: end_checks.FELL_Z]),
-    ("docs/GETTING_STARTED.md", "when the warm-up loss stayed above {1} nat per token", [lambda: window_checks.SFT_UNTAUGHT_LOSS]),
-    ("docs/GETTING_STARTED.md", "never rose more than {0.05} above its first {10} steps (after at least {20} steps), with more "
-                       "than {0.5} of its groups zero-std",
+    ("docs/GETTING_STARTED.md", "when the warm-up loss stayed above {1} nat per token",
+     [lambda: window_checks.SFT_UNTAUGHT_LOSS]),
+    ("docs/GETTING_STARTED.md",
+     "never rose more than {0.05} above its first {10} steps (after at least {20} steps), with more "
+     "than {0.5} of its groups zero-std",
      [lambda: TH.stuck_tolerance, lambda: TH.recent_window, lambda: TH.min_steps, lambda: TH.zero_std_max]),
-    ("docs/GETTING_STARTED.md", "the top answer in at least {50}% of the last {10} steps and holds at least {0.6} of the task's "
-                       "samples, {0.1} more than in the first {10} steps, while the reward is {0.05} below its best",
+    ("docs/GETTING_STARTED.md",
+     "the top answer in at least {50}% of the last {10} steps and holds at least {0.6} of the task's "
+     "samples, {0.1} more than in the first {10} steps, while the reward is {0.05} below its best",
      [lambda: pct(window_checks.COLLAPSE_DOMINANCE), lambda: TH.recent_window, lambda: TH.collapse_share,
       lambda: TH.collapse_rise, lambda: TH.recent_window, lambda: TH.collapse_reward_gap]),
-    ("docs/GETTING_STARTED.md", "entropy below {0.05} nats or down more than {80}% from the first {10} steps, while the held-out "
-                       "reward fell {0.05} below its best or stalled below the solved level over {3} evaluations",
+    ("docs/GETTING_STARTED.md",
+     "entropy below {0.05} nats or down more than {80}% from the first {10} steps, while the held-out "
+     "reward fell {0.05} below its best or stalled below the solved level over {3} evaluations",
      [lambda: TH.entropy_floor, lambda: pct(TH.entropy_drop_max), lambda: TH.recent_window, lambda: TH.heldout_drop,
       lambda: window_checks.STALL_EVALS]),
     ("docs/GETTING_STARTED.md", "KL above {3}× its band's top ({1} nat without a band) for {20} steps in a row",
      [lambda: TH.kl_runaway_factor, lambda: TH.kl_runaway_nats, lambda: TH.kl_band_patience]),
     ("docs/GETTING_STARTED.md", "KL outside its band for {20} steps in a row", [lambda: TH.kl_band_patience]),
-    ("docs/GETTING_STARTED.md", "| yellow above {5}%, red above {25}% | the share of failed judge calls over the last {10} steps",
+    ("docs/GETTING_STARTED.md",
+     "| yellow above {5}%, red above {25}% | the share of failed judge calls over the last {10} steps",
      [lambda: pct(TH.judge_failure_max), lambda: pct(TH.judge_failure_red), lambda: TH.recent_window]),
-    ("docs/GETTING_STARTED.md", "more than {0.2} of a task's completions hit `rollout.max_new_tokens`", [lambda: TH.truncation_max]),
+    ("docs/GETTING_STARTED.md", "more than {0.2} of a task's completions hit `rollout.max_new_tokens`",
+     [lambda: TH.truncation_max]),
     ("docs/GETTING_STARTED.md", "(the zero-std share minus the mean reward above {0.5})", [lambda: TH.zero_std_max]),
-    ("docs/GETTING_STARTED.md", "| red above {10}% of the steps, else yellow for any restore", [lambda: pct(TH.skipped_max)]),
+    ("docs/GETTING_STARTED.md", "| red above {10}% of the steps, else yellow for any restore",
+     [lambda: pct(TH.skipped_max)]),
     ("docs/GETTING_STARTED.md", "red for a held-out fall of more than {0.05}, yellow for no gain",
      [lambda: TH.reward_regression_red]),
     # docs/MEMORY.md: the seed config in prose, and the estimator's constants
@@ -180,7 +192,7 @@ def test_doc_figure_equals_the_code(doc, claim, sources):
     quoted = re.findall(r"\{([^}]+)\}", claim)
     assert len(quoted) == len(sources), "one source per figure in braces"
     assert claim.replace("{", "").replace("}", "") in DOCS[doc], f"{doc} no longer says {claim!r}"
-    for figure, source in zip(quoted, sources):
+    for figure, source in zip(quoted, sources, strict=True):
         value = written(source(), figure)
         assert value == figure, f"{doc} says {figure} in {claim!r}; the code gives {value}"
 

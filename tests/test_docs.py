@@ -31,7 +31,8 @@ DOC_NAMES = ["README.md", *ROOT_GUIDES, "docs/README.md", *ROOT_GUIDES.values(),
              "docs/RESULTS.md"]
 DOCS = {name: (ROOT / name).read_text() for name in DOC_NAMES if (ROOT / name).exists()}
 FILE_SUFFIXES = {"py", "md", "txt", "json", "jsonl", "sh", "png", "csv", "pt", "sqlite", "ipynb", "toml", "jinja"}
-ENTRY_FLAGS = {"--preset", "--print-config", "--help", "--help-all", "-h"}  # handled by grpo_train.cli itself, not config fields
+# handled by grpo_train.cli itself, not config fields
+ENTRY_FLAGS = {"--preset", "--print-config", "--help", "--help-all", "-h"}
 
 
 # ------------------------------------------------------------------------------------------------------- helpers
@@ -138,7 +139,8 @@ ROOT_MAX_LINES = 25
 @pytest.mark.parametrize("guide", sorted(ROOT_GUIDES))
 def test_each_root_guide_is_short_and_points_to_its_home(guide):
     text = DOCS[guide]
-    assert len(text.splitlines()) <= ROOT_MAX_LINES, f"{guide} is {len(text.splitlines())} lines: keep the body in docs/"
+    n_lines = len(text.splitlines())
+    assert n_lines <= ROOT_MAX_LINES, f"{guide} is {n_lines} lines: keep the body in docs/"
     home = ROOT_GUIDES[guide]
     assert f"]({home})" in text, f"{guide} does not link to its home {home}"
     anchors = {heading_anchor(h) for h in re.findall(r"^#+ (.+)$", (ROOT / home).read_text(), re.M)}
@@ -152,9 +154,10 @@ def heading_anchor(heading: str) -> str:
 
 
 def test_heading_anchor_is_githubs():
-    assert heading_anchor("3. The A100 preset: Llama-3-8B-Instruct, BBQ + HaluEval") == \
-        "3-the-a100-preset-llama-3-8b-instruct-bbq--halueval"
-    assert heading_anchor("Estimates for the seed config (`llama3-8b-dual`)") == "estimates-for-the-seed-config-llama3-8b-dual"
+    assert (heading_anchor("3. The A100 preset: Llama-3-8B-Instruct, BBQ + HaluEval") ==
+            "3-the-a100-preset-llama-3-8b-instruct-bbq--halueval")
+    assert (heading_anchor("Estimates for the seed config (`llama3-8b-dual`)")
+            == "estimates-for-the-seed-config-llama3-8b-dual")
 
 
 def test_the_docs_index_names_every_doc_in_docs():
@@ -163,7 +166,8 @@ def test_the_docs_index_names_every_doc_in_docs():
     index = DOCS["docs/README.md"]
     listed = set(re.findall(r"^- \[[^\]]+\]\(([^)#]+)\):", index, re.M))
     present = {p.name for p in (ROOT / "docs").glob("*.md") if p.name != "README.md"} | {"runs/"}
-    assert listed == present, f"docs/README.md lists {sorted(listed - present)} (not there) and misses {sorted(present - listed)}"
+    assert listed == present, (f"docs/README.md lists {sorted(listed - present)} (not there) and misses "
+                               f"{sorted(present - listed)}")
     assert "](docs/README.md)" in DOCS["README.md"]
 
 
@@ -211,7 +215,8 @@ def test_readme_demo_command_pins_the_same_torch_and_runs_the_trainer():
     assert parts[-1] == "python grpo_train.py"
     installs = [p for p in parts if p.startswith("pip install")]  # the checkout as a package: `grpo-dual` on the PATH
     assert len(installs) == 1 and re.search(r"(^| )-e \.( |$)", installs[0]), installs
-    assert "-r ../requirements.txt" in (ROOT / "requirements" / "dev.txt").read_text()  # pip reads it from requirements/
+    # pip reads it from requirements/
+    assert "-r ../requirements.txt" in (ROOT / "requirements" / "dev.txt").read_text()
 
 
 # ------------------------------------------------------------------------------------------------------- fields
@@ -224,7 +229,8 @@ def test_every_config_field_named_in_the_docs_exists(doc):
 
 def test_field_check_catches_a_wrong_name():
     """The check above is not vacuous: it finds fields in real text and rejects wrong ones."""
-    refs = field_refs("use `rollout.k`, --train.max_steps 5, --set kl.fairness.beta=0.2, grpo/grading/judge.py, loss.backward()")
+    refs = field_refs("use `rollout.k`, --train.max_steps 5, --set kl.fairness.beta=0.2, grpo/grading/judge.py, "
+                      "loss.backward()")
     assert refs == {"rollout.k", "train.max_steps", "kl.fairness.beta"}
     assert all(field_error(r) is None for r in refs)
     assert field_error("rollout.kk") and field_error("kl.fairness.betta") and field_error("nosection.x")
@@ -259,7 +265,8 @@ def test_preset_tables_match_the_presets():
         for ref, text in rows:
             assert field_error(ref) is None, field_error(ref)
             if not same_value(text, ref, value_of(cfg, ref)):
-                wrong.append(f"{preset}: {ref} documented {text!r}, grpo/config/__init__.py gives {value_of(cfg, ref)!r}")
+                wrong.append(f"{preset}: {ref} documented {text!r}, grpo/config/__init__.py gives "
+                             f"{value_of(cfg, ref)!r}")
     assert not wrong, "\n".join(wrong)
 
 
@@ -309,7 +316,8 @@ def test_help_exits_zero_and_lists_every_field():
 def test_help_fits_the_terminal_and_maps_each_trl_flag_to_what_it_sets(columns):
     """--help and --help-all wrap to the terminal (COLUMNS, as argparse reads it): no line is wider (they ran to 935
     characters). --help is short (no field list: --help-all has it) and has TRL's flags, each with the grpo-dual
-    field(s) it sets, generated from the TRL tables (grpo/run/trl/config_table.py TABLE, grpo/run/trl/record_tables.py RECORDS)."""
+    field(s) it sets, generated from the TRL tables (grpo/run/trl/config_table.py TABLE, grpo/run/trl/record_tables.py
+    RECORDS)."""
     from grpo.run.trl.config_table import TABLE
     from grpo.run.trl.record_tables import RECORDS
 
@@ -329,8 +337,8 @@ def test_help_fits_the_terminal_and_maps_each_trl_flag_to_what_it_sets(columns):
     assert "--num_generations -> rollout.k" in flat and "--learning_rate -> train.lr" in flat
 
 
-HELP_LINE = re.compile(r"^  --([a-z_]+)\.([a-z_0-9<>]+)(?:\.([a-z_0-9]+))? \([^,]+, default (.*?)(, set by preset [\w-]+)?\): ",
-                       re.M)
+HELP_LINE = re.compile(r"^  --([a-z_]+)\.([a-z_0-9<>]+)(?:\.([a-z_0-9]+))? "
+                       r"\([^,]+, default (.*?)(, set by preset [\w-]+)?\): ", re.M)
 
 
 @pytest.mark.parametrize("preset", sorted(PRESETS))
@@ -341,8 +349,8 @@ def test_help_shows_every_fields_value_under_the_preset(preset):
     text = describe_fields(preset)
     shown = HELP_LINE.findall(text)
     keyed = {name: {f.name for f in dataclasses.fields(cls)} for name, cls in C.DICT_SECTIONS.items()}
-    assert len(shown) == sum(len(dataclasses.fields(cls)) for name, cls in SECTIONS.items()
-                             if cls is not None and name not in keyed) + len(TASK_KL_FIELDS) + sum(map(len, keyed.values()))
+    plain = sum(len(dataclasses.fields(cls)) for name, cls in SECTIONS.items() if cls is not None and name not in keyed)
+    assert len(shown) == plain + len(TASK_KL_FIELDS) + sum(map(len, keyed.values()))
     for section, name, kl_field, value, marked in shown:
         if section in keyed:  # tasks.<task>.path, reward_models.<name>.path: the dataclass defaults
             assert kl_field in keyed[section] and value == repr(getattr(C.DICT_SECTIONS[section](), kl_field))
@@ -394,7 +402,8 @@ def test_test_names_in_the_docs_exist(doc):
 def test_files_and_functions_the_docs_point_at_exist(doc):
     text = DOCS[doc]
     wrong = []
-    for path in re.findall(r"(?<![\w/])((?:grpo|tests|docs|notebooks|benchmarks|scripts|requirements)/[\w/.-]*\w)", text):
+    for path in re.findall(r"(?<![\w/])((?:grpo|tests|docs|notebooks|benchmarks|scripts|requirements)/[\w/.-]*\w)",
+                           text):
         if not (ROOT / path).exists():
             wrong.append(path)
     for path in re.findall(r"\[[^\]]*\]\(([^)#:]+)\)", text):  # relative markdown links
@@ -420,7 +429,8 @@ def test_files_the_docs_point_at_are_not_ignored_by_git():
         pytest.skip("not a git checkout")
     cited = set()
     for text in DOCS.values():
-        cited.update(re.findall(r"(?<![\w/])((?:grpo|tests|docs|notebooks|benchmarks|scripts|requirements)/[\w/.-]*\w)", text))
+        cited.update(re.findall(r"(?<![\w/])((?:grpo|tests|docs|notebooks|benchmarks|scripts|requirements)/[\w/.-]*\w)",
+                                text))
     cited = sorted(path for path in cited if (ROOT / path).exists())
     result = subprocess.run(["git", "check-ignore", "--no-index", *cited], cwd=ROOT, capture_output=True, text=True)
     ignored = result.stdout.split()

@@ -1,5 +1,5 @@
-"""grpo.run.doctor (the Doctor and its checks) on crafted metric histories: every finding fires at the edge of its threshold and not just inside it,
-the verdict's levels, and the online Doctor's firing / clearing / metrics.
+"""grpo.run.doctor (the Doctor and its checks) on crafted metric histories: every finding fires at the edge of its
+threshold and not just inside it, the verdict's levels, and the online Doctor's firing / clearing / metrics.
 
 The base history is a healthy 30-step run (window 10, min_steps 20): reward rising, held-out rising, entropy 1 nat,
 answers rotating over three classes; each test changes one series and says by hand what the window sees.
@@ -7,8 +7,16 @@ answers rotating over three classes; each test changes one series and says by ha
 
 import pytest
 
-from grpo.run.doctor.verdict import (ONLINE_CODES, Doctor, DoctorThresholds, Finding, check_history, heldout_series, rl_steps,
-                                     verdict)
+from grpo.run.doctor.verdict import (
+    ONLINE_CODES,
+    Doctor,
+    DoctorThresholds,
+    Finding,
+    check_history,
+    heldout_series,
+    rl_steps,
+    verdict,
+)
 
 BANDS = {"fairness": (0.01, 0.08)}
 STEPS = 30
@@ -51,7 +59,8 @@ def codes(findings: list[Finding]) -> dict[str, str]:
 
 
 def found(rows, code, **kw) -> list[Finding]:
-    return [f for f in check_history(rows, kw.pop("th", TH), kw.pop("bands", BANDS), config=CONFIG, **kw) if f.code == code]
+    return [f for f in check_history(rows, kw.pop("th", TH), kw.pop("bands", BANDS), config=CONFIG, **kw)
+            if f.code == code]
 
 
 def test_healthy_run_is_green_and_too_short_below_min_steps():
@@ -283,9 +292,11 @@ def test_kl_below_band_counts_only_consecutive_steps():
 
 
 def test_judge_failures_yellow_above_five_percent_red_above_a_quarter():
-    assert codes(check_history(set_last(healthy(), "judge/failures", 2.0, 10), TH, BANDS)) == {"judge_failures": "yellow"}
+    assert codes(check_history(set_last(healthy(), "judge/failures", 2.0, 10), TH, BANDS)) == {
+        "judge_failures": "yellow"}
     assert check_history(set_last(healthy(), "judge/failures", 1.0, 10), TH, BANDS) == []  # 1/32 = 3.1%
-    assert codes(check_history(set_last(healthy(), "judge/failures", 8.0, 10), TH, BANDS)) == {"judge_failures": "yellow"}
+    assert codes(check_history(set_last(healthy(), "judge/failures", 8.0, 10), TH, BANDS)) == {
+        "judge_failures": "yellow"}
     assert codes(check_history(set_last(healthy(), "judge/failures", 9.0, 10), TH, BANDS)) == {"judge_failures": "red"}
 
 
@@ -564,5 +575,6 @@ def test_the_demos_records_have_no_empty_or_template_less_completions(fixture):
     folder = Path(__file__).parent / "fixtures" / fixture
     rows = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines() if line.strip()]
     config = json.loads((folder / "config.json").read_text())
-    assert not [f for f in check_history(rows, TH, config=config) if f.code in ("empty_completions", "template_less_prompts")]
+    assert not [f for f in check_history(rows, TH, config=config)
+                if f.code in ("empty_completions", "template_less_prompts")]
     assert not any(k.startswith("data/") and k.endswith("/raw_prompts") for row in rows for k in row)

@@ -6,11 +6,10 @@ import gzip
 import json
 
 import pytest
+from conftest import ROOT, SHARED_DATA
+from conftest import load_script as _load
 
 from benchmarks.common import read_record
-from conftest import ROOT, SHARED_DATA, load_script as _load
-
-
 
 
 def _bbq(acc_a, acc_d, s_amb, n_a=10, n_d=30, always_unknown=False):
@@ -47,8 +46,8 @@ def test_a_run_without_sft_is_measured_from_before_sft(tmp_path):
 def test_pooled_accuracy_weights_each_condition_by_its_rows():
     m = _load("benchmarks/dual_ablation.py")
     # 10 ambiguous rows at 0.2 and 30 disambiguated at 0.4: (2 + 12) / 40
-    assert m.pooled_accuracy({"acc_ambig": 0.2, "acc_disambig": 0.4, "n_ambig": 10, "n_disambig": 30}) == \
-        pytest.approx(0.35)
+    assert (m.pooled_accuracy({"acc_ambig": 0.2, "acc_disambig": 0.4, "n_ambig": 10, "n_disambig": 30}) ==
+            pytest.approx(0.35))
     assert m.pooled_accuracy({"acc_ambig": None, "acc_disambig": 0.4, "n_ambig": 0, "n_disambig": 30}) is None
 
 
@@ -130,7 +129,8 @@ def test_a_kept_copy_reads_as_its_run_with_the_runs_wall_time(tmp_path):
     os.utime(run / "config.json", (1000.0, 1000.0))
     os.utime(run / "report.json", (1000.0 + 1500.0, 1000.0 + 1500.0))  # 25 min from start-up to the report
     copy = m.keep(run, tmp_path / "kept")
-    assert copy == tmp_path / "kept" / "base-s2" and json.loads((copy / "timing.json").read_text()) == {"wall_s": 1500.0}
+    assert copy == tmp_path / "kept" / "base-s2"
+    assert json.loads((copy / "timing.json").read_text()) == {"wall_s": 1500.0}
     assert m.read_run(copy) == m.read_run(run) and m.read_run(copy)[2]["run_minutes"] == 25.0
     # the .jsonl records kept gzipped, byte for byte the same when kept again (from the run or from its copy)
     assert not (copy / "metrics.jsonl").exists()
@@ -179,12 +179,13 @@ def test_the_docs_tables_are_the_scripts_output_on_the_kept_runs():
     assert m.table([m.read_run(d) for d in seeds]) in results
     assert m.table([m.read_run(d) for d in screens]) in (ROOT / "benchmarks" / "RESULTS.md").read_text()
     one_flag = [kept / name for name in (
-        *(f"{v}-s0" for v in ("cispo", "gspo", "k16", "nodyn", "t07", "mu2", "cispo-mu2", "sapo-mu2", "luspo", "topent")),
+        *(f"{v}-s0" for v in ("cispo", "gspo", "k16", "nodyn", "t07", "mu2", "cispo-mu2", "sapo-mu2", "luspo",
+                              "topent")),
         "keepkl-s1")]
     old_seeds = sorted(kept.glob("preset-s*"))
     assert [d.name for d in old_seeds] == ["preset-s0", "preset-s1", "preset-s2"]
-    assert m.paired_differences([m.read_run(d) for d in one_flag + old_seeds], "preset") in \
-        (ROOT / "benchmarks" / "RESULTS.md").read_text()
+    assert (m.paired_differences([m.read_run(d) for d in one_flag + old_seeds], "preset") in
+            (ROOT / "benchmarks" / "RESULTS.md").read_text())
     # the comparison that chose K 16: the preset of before (8 prompts x K 8) against the preset's seeds, balanced rows
     balanced = ROOT / "benchmarks" / "results" / "dual_ablation_balanced"
     assert sorted(d.name for d in balanced.iterdir()) == [f"{v}-s{i}" for v in ("amb", "k8", "nosft") for i in range(3)]
@@ -221,11 +222,11 @@ def test_the_tables_of_the_2026_11_26_screens_are_the_scripts_output():
     assert m.regrade_table([balanced / f"nosft-s{i}" for i in range(3)]) in doc
     # the preset's seed 0, run again on another machine, gave the kept run's measures and greedy answers
     before = ROOT / "docs" / "runs" / "smollm2-dual" / "preset-s0"
-    assert json.loads((kept / "preset-s0" / "measures.json").read_text()) == \
-        json.loads((before / "measures.json").read_text())
+    assert (json.loads((kept / "preset-s0" / "measures.json").read_text()) ==
+            json.loads((before / "measures.json").read_text()))
     for phase in ("after_sft", "after_rl"):
-        assert read_record(kept / "preset-s0" / "evals" / f"{phase}.jsonl") == \
-            read_record(before / "evals" / f"{phase}.jsonl")
+        assert (read_record(kept / "preset-s0" / "evals" / f"{phase}.jsonl") ==
+                read_record(before / "evals" / f"{phase}.jsonl"))
 
 
 def test_top_answer_share_reads_the_greedy_answers_of_one_task(tmp_path):
@@ -239,7 +240,8 @@ def test_top_answer_share_reads_the_greedy_answers_of_one_task(tmp_path):
     assert m.top_answer_share(run, "after_sft") is None
     free = [("fairness", "The grandson"), ("fairness", "The grandson"), ("fairness", "Answer: A"),
             ("fairness", "A 50-year-old")]  # before SFT: option texts, not letters
-    (run / "evals" / "before_sft.jsonl").write_text("\n".join(json.dumps({"task": t, "completion": c}) for t, c in free))
+    (run / "evals" / "before_sft.jsonl").write_text("\n".join(json.dumps({"task": t, "completion": c})
+                                                              for t, c in free))
     assert m.top_answer_share(run, "before_sft") == 0.25  # "a" once of four: a repeated text is not a letter
     lettered = [("fairness", "B) Not enough info"), ("fairness", "(B) The sister"), ("fairness", "C) Unknown"),
                 ("fairness", "The sister")]  # the letter, then the option's text
@@ -262,8 +264,8 @@ def test_against_pairs_each_variant_with_the_baseline_seed_by_seed(tmp_path):
     out = m.paired_differences(runs, "base").splitlines()
     assert out[0] == "| variant | seeds | Δ BBQ acc | Δ acc_d | Δ BA |"
     # Δ acc: seed 0 +0.10 - 0 = +0.10, seed 1 0 - 0.10 = -0.10: mean 0; acc_d unchanged; Δ BA: +0.2 - 0, 0 - 0.1
-    assert out[2] == "| k16 − base | 0, 1 | +0.000 (-0.100 to +0.100) | +0.000 (+0.000 to +0.000) " \
-                     "| +0.050 (-0.100 to +0.200) |"
+    assert (out[2] == "| k16 − base | 0, 1 | +0.000 (-0.100 to +0.100) | +0.000 (+0.000 to +0.000) "
+                     "| +0.050 (-0.100 to +0.200) |")
     assert len(out) == 3
     with pytest.raises(SystemExit, match="no run of that variant.*base, k16"):
         m.paired_differences(runs, "preset")
@@ -283,7 +285,7 @@ def _letters_run(tmp_path, orders, labels=(0, 2, 2, 1)):
     (run / "evals").mkdir(parents=True)
     (run / "config.json").write_text(json.dumps({"train": {"seed": 3}, "data": {"data_dir": str(tmp_path / "data")}}))
     rows = [{"task": "fairness", "id": f"bbq/Age/{i}", "prompt": BBQ_TEMPLATE.format(**permuted_row(r, order))}
-            for i, (r, order) in enumerate(zip(file_rows, orders))]
+            for i, (r, order) in enumerate(zip(file_rows, orders, strict=True))]
     rows.append({"task": "hallucination", "id": "halueval/general/0", "prompt": "A) p0-0"})
     (run / "evals" / "after_rl.jsonl").write_text("\n".join(json.dumps(r) for r in rows))
     return run
@@ -326,8 +328,8 @@ def test_regrade_grades_the_kept_replies_again_with_todays_bbq_rule(tmp_path):
     assert m.regraded_accuracy(run, "after_rl") == (0.75, 0.25)
     assert m.regraded_accuracy(run, "before_sft") == (0.0, 0.25)  # "p0-0", the text of row 0's right option
     assert m.regraded_accuracy(run, "after_sft") is None
-    assert m.regrade_table([run]).splitlines()[2] == \
-        "| run-s3 | 3 | 0.000 → 0.250 | – | 0.750 → 0.250 | +0.750 | +0.000 |"
+    assert (m.regrade_table([run]).splitlines()[2] ==
+            "| run-s3 | 3 | 0.000 → 0.250 | – | 0.750 → 0.250 | +0.750 | +0.000 |")
 
 
 @pytest.mark.skipif(not (SHARED_DATA / "bbq").is_dir(), reason=f"shared BBQ data not found at {SHARED_DATA}")

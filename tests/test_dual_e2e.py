@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from grpo import config as C
 import grpo_train as G
+from grpo import config as C
 from tests.conftest import SHARED_DATA
 from tests.judge_server import JudgeServer
 

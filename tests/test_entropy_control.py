@@ -71,9 +71,9 @@ def test_step_coefficient_replaces_the_configured_one(tmp_path):
                                                            skip_grad_norm=1e9, entropy_coef=coef))
         params[name] = p
         assert "entropy/all" in metrics and "kl/all" in metrics  # TRL's entropy and kl, whatever the coefficient
-    for a, b in zip(params["config"], params["step"]):
+    for a, b in zip(params["config"], params["step"], strict=True):
         torch.testing.assert_close(a, b)
-    assert any(not torch.equal(a, b) for a, b in zip(params["config"], params["none"]))
+    assert any(not torch.equal(a, b) for a, b in zip(params["config"], params["none"], strict=True))
 
 
 def test_adaptive_control_in_real_steps_and_checkpoint(tmp_path):

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import math
 
-from grpo.phases.evaluation import part_means
 from grpo.core.step_types import Rollout, Sample, Scored
+from grpo.phases.evaluation import part_means
 
 
 def _scored(task: str, reward: float | None, parts: dict) -> Scored:
@@ -19,7 +19,8 @@ def test_part_means_are_per_task_and_per_grader_and_skip_failed_parts():
               _scored("fair", None, {"bbq_rule": None, "format": 0.0}),
               _scored("halu", 0.25, {"halueval_rule": 0.25, "format": math.nan})]
     # fair: bbq_rule (1 + 0) / 2 (the None is left out), format (0.5 + 1 + 0) / 3; halu: the NaN format is left out
-    assert part_means((s.rollout.sample.task, s.parts) for s in scored) == {"fair": {"bbq_rule": 0.5, "format": 0.5}, "halu": {"halueval_rule": 0.25}}
+    assert part_means((s.rollout.sample.task, s.parts) for s in scored) == {"fair": {"bbq_rule": 0.5, "format": 0.5},
+                                                                            "halu": {"halueval_rule": 0.25}}
 
 
 def test_evaluate_batches_prompts_by_length_and_returns_rows_in_sample_order(monkeypatch):

@@ -19,16 +19,15 @@ import re
 import string
 import typing
 import warnings
+from types import SimpleNamespace
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from types import SimpleNamespace
-
+import grpo_train as G
 from grpo import config as C
 from grpo.config.building import _field_types
-import grpo_train as G
 from grpo.data.sources import TaskSource, load_source_samples
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py: a tiny model gains nothing from threads
@@ -122,7 +121,8 @@ def test_config_overrides_end_in_a_config_or_an_error_naming_the_field(pairs):
 json_scalars = st.one_of(st.none(), st.booleans(), st.integers(-10**20, 10**20), st.floats(allow_nan=False),
                          st.text(max_size=10))
 json_values = st.recursive(json_scalars, lambda inner: st.one_of(st.lists(inner, max_size=3),
-                                                                 st.dictionaries(st.text(max_size=5), inner, max_size=3)),
+                                                                 st.dictionaries(st.text(max_size=5), inner,
+                                                                                 max_size=3)),
                            max_leaves=8)
 row_keys = st.sampled_from(list(RESERVED) + ["answer", "label_letter", "extra"])
 messages = st.lists(st.fixed_dictionaries({"role": st.sampled_from(["user", "system", "assistant"]),

@@ -11,8 +11,9 @@ import sys
 
 import pytest
 import torch
+from conftest import ROOT
+from conftest import load_script as _load
 
-from conftest import ROOT, load_script as _load
 from grpo.config import ModelConfig
 from grpo.models.modeling import RANDOM_PREFIX, build_tiny_tokenizer, load_policy, random_model_config
 

@@ -12,11 +12,19 @@ import torch
 
 from grpo.core.advantages import group_advantages
 from grpo.core.plumbing import FILE_MODULE_PREFIX
-from grpo.grading.graders import (GraderError, builtin_graders, grader_kind, preflight, resolve_grader, resolve_graders,
-                                  trl_inputs)
-from grpo.core.step_types import Rollout, Sample
-from grpo.grading.reward_models import RewardModelSpec, normalize_scores
 from grpo.core.rule_graders import GRADERS, bbq_rule, format_reward, token_f1
+from grpo.core.step_types import Rollout, Sample
+from grpo.grading.graders import (
+    GraderError,
+    builtin_graders,
+    extra_logger,
+    grader_kind,
+    preflight,
+    resolve_grader,
+    resolve_graders,
+    trl_inputs,
+)
+from grpo.grading.reward_models import RewardModelSpec, normalize_scores
 from grpo.grading.scoring import RewardSpec, score_rollouts
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -364,7 +372,8 @@ def test_values_are_checked_when_scoring_and_failures_name_task_and_grader():
                        graders=resolve_graders({"t": RewardSpec("t", (("boom", 1.0),))}, callables={"boom": explodes}))
     out_of_range = resolve_graders(specs, callables={"mine": sometimes})
     out_of_range["format"] = out_of_range["format"].__class__("format", "rule", lambda c, g: 1.5, (0.0, 1.0))
-    with pytest.raises(GraderError, match=r"task 't', grader 'format': it returned 1.5, outside its range \[0.0, 1.0\]"):
+    with pytest.raises(GraderError,
+                       match=r"task 't', grader 'format': it returned 1.5, outside its range \[0.0, 1.0\]"):
         score_rollouts([rollout(s, "x")], specs, graders=out_of_range)
 
 
@@ -413,3 +422,14 @@ def test_a_kl_entry_for_no_task_of_the_run_is_an_error_naming_it():
     assert err.value.field == "kl.fairnes"
     check_task_entries(["default", "fairness", "hallucination"], ["reviews"])  # presets' entries for built-in tasks
     check_task_entries(["default", "reviews"], ["reviews"])
+
+
+def test_log_extra_fills_one_column_per_completion_and_drops_the_preflights_values():
+    """`log_extra` puts value i into row i; without rows (the preflight's calls, extra=None) it drops the values
+    instead of pairing them with nothing."""
+    rows: list[dict] = [{}, {}]
+    extra_logger(rows, "f")("length", [3, 5])
+    assert rows == [{"length": 3}, {"length": 5}]
+    extra_logger(None, "f")("length", [3, 5])  # no rows to fill, and no error
+    with pytest.raises(GraderError, match=r"got 1 values for 2 completions"):
+        extra_logger(rows, "f")("length", [3])

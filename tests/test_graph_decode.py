@@ -14,7 +14,7 @@ from grpo.decoding.sampling import row_keys
 from grpo.models.modeling import build_tiny_model, build_tiny_tokenizer, generation_mode
 from grpo.models.tokens import left_pad
 from grpo.phases.generate import SamplingPlan, choose_engine, generate_rollouts, greedy_complete
-from tests.test_decode import CORPUS, NEW, SAMPLES, K, stops  # noqa: F401 - stops: a fixture (the same prompts)
+from tests.test_decode import CORPUS, NEW, SAMPLES, K, most_sampled
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 SETTINGS = {
@@ -36,6 +36,12 @@ def model(request, tok):
     model = build_tiny_model(tok, seed=3, hidden=64, layers=2, heads=4, kv_heads=2)
     model.set_attn_implementation(request.param)
     return model
+
+
+@pytest.fixture(scope="module")
+def stops(model, tok):
+    """tests/test_decode.py's stop ids (the same prompts), on this module's model."""
+    return most_sampled(model, tok)
 
 
 def completions(model, tok, engine, stops, settings, keys=None, seed=0, greedy=False):
@@ -161,8 +167,8 @@ def test_the_step_gives_the_forwards_logits(arch):
     ids_BP, mask_BP = padded_prompts()
     fed_BT = torch.randint(1, V, (4, 6), generator=torch.Generator().manual_seed(2))
     for t, (a, b) in enumerate(zip(step_logits(model, ids_BP, mask_BP, fed_BT),
-                                   forward_logits(model, ids_BP, mask_BP, fed_BT))):
-        torch.testing.assert_close(a, b, rtol=0, atol=1e-5, msg=lambda m: f"{arch} column {t}: {m}")
+                                   forward_logits(model, ids_BP, mask_BP, fed_BT), strict=True)):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-5, msg=lambda m, t=t: f"{arch} column {t}: {m}")
 
 
 def lora_model(arch: str = "llama", dtype=torch.float32):
@@ -192,7 +198,7 @@ def test_lora_folded_for_the_rollout_changes_only_rounding():
     assert graph.fold(False) == [] and all(slot is None for _, _, slot in graph.plan)
     unfolded = step_logits(model, ids_BP, mask_BP, fed_BT, fold=False)
     forward = forward_logits(model, ids_BP, mask_BP, fed_BT)
-    for a, b, c in zip(folded, unfolded, forward):
+    for a, b, c in zip(folded, unfolded, forward, strict=True):
         torch.testing.assert_close(a, c, rtol=0, atol=1e-5)
         torch.testing.assert_close(b, c, rtol=0, atol=1e-5)
     with model.disable_adapter():
@@ -211,7 +217,7 @@ def test_lora_folded_in_bf16_moves_log_probs_by_rounding_only():
     folded = step_logits(model, ids_BP, mask_BP, fed_BT, fold=True)
     unfolded = step_logits(model, ids_BP, mask_BP, fed_BT, fold=False)
     diff = max((torch.log_softmax(a.float(), -1) - torch.log_softmax(b.float(), -1)).abs().max().item()
-               for a, b in zip(folded[1:], unfolded[1:]))
+               for a, b in zip(folded[1:], unfolded[1:], strict=True))
     assert 0 < diff < 0.1
 
 
@@ -290,7 +296,7 @@ def test_the_step_compiles_as_one_graph_that_samples_what_generate_samples(tok):
             return logits + [state.out_BN.clone()]
 
     eager, compiled = run(False), run(True)
-    for a, b in zip(eager[:-1], compiled[:-1]):
+    for a, b in zip(eager[:-1], compiled[:-1], strict=True):
         torch.testing.assert_close(b, a, rtol=0, atol=1e-5)
     assert torch.equal(eager[-1], compiled[-1])
     # the whole engine with the compiled step: generate's tokens
@@ -424,11 +430,12 @@ def test_five_rollouts_over_two_prompt_buckets_compile_once_and_capture_twice(to
     graph = replayed_engine(model, monkeypatch)
     calls = [SHORT, LONG, SHORT, LONG, SHORT]
     keys = [[10 * i + r for r in range(3)] for i in range(len(calls))]
-    kept = [decode_rows(model, rows, graph, k) for rows, k in zip(calls, keys)]
+    kept = [decode_rows(model, rows, graph, k) for rows, k in zip(calls, keys, strict=True)]
     assert (graph.counts["compiles"], graph.counts["captures"], FakeCaptured.made) == (1, 2, 2), graph.counts
     assert len(graph.slots) == 2 and graph.counts["fallbacks"] == 0
     fresh = [G.decode_graph(model, rows, RolloutConfig(temperature=0.8, top_k=50, max_new_tokens=8), (3, 4), 0,
-                            row_keys=k, graph=G.GraphStep(model), compile_step=False)[0] for rows, k in zip(calls, keys)]
+                            row_keys=k, graph=G.GraphStep(model), compile_step=False)[0]
+             for rows, k in zip(calls, keys, strict=True)]
     assert kept == fresh
     assert len({tuple(map(tuple, out)) for out in kept}) == len(calls)  # the keys made every rollout differ
     torch._dynamo.reset()

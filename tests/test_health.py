@@ -1,5 +1,5 @@
-"""The step guard: update_passes's skip of a bad gradient norm, grpo.core.weight_guard's WeightGuard. The checks over the metric
-history are in test_doctor.py."""
+"""The step guard: update_passes's skip of a bad gradient norm, grpo.core.weight_guard's WeightGuard. The checks over
+the metric history are in test_doctor.py."""
 
 import math
 
@@ -135,7 +135,8 @@ def test_weight_guard_restores_from_a_cpu_snapshot_in_place():
         model.weight.fill_(math.nan)
         model.bias[0] = math.inf
     assert guard.restore_if_bad() is True
-    assert all(torch.equal(p, g) for p, g in zip(model.parameters(), good)) and model.weight.data_ptr() == ptr
+    assert all(torch.equal(p, g) for p, g in zip(model.parameters(), good, strict=True))
+    assert model.weight.data_ptr() == ptr
 
 
 def test_bad_step_reason_says_what_happened_and_names_the_field():
@@ -145,7 +146,8 @@ def test_bad_step_reason_says_what_happened_and_names_the_field():
     assert bad_step_reason(False, False, 0.5, 1000.0) == ""
     assert bad_step_reason(True, False, math.nan, 1000.0) == "non-finite gradient norm (nan)"
     assert bad_step_reason(True, False, math.inf, 1000.0) == "non-finite gradient norm (inf)"
-    assert bad_step_reason(True, False, 1234.5, 1000.0) == "gradient norm 1234 above train.skip_grad_norm=1000 (skipped)"
+    assert (bad_step_reason(True, False, 1234.5, 1000.0)
+            == "gradient norm 1234 above train.skip_grad_norm=1000 (skipped)")
     assert bad_step_reason(False, True, 0.0, 1000.0) == "non-finite weights (restored)"
     assert bad_step_reason(True, True, 2e3, 1e3) == ("gradient norm 2000 above train.skip_grad_norm=1000 (skipped); "
                                                       "non-finite weights (restored)")
@@ -165,4 +167,4 @@ def test_a_step_that_leaves_non_finite_weights_is_reported_as_such(tmp_path):
     with pytest.raises(TrainingUnstable, match=r"^1 consecutive bad optimizer steps \(last: non-finite weights "
                                                r"\(restored\)\); 0 skipped and 1 restored in total"):
         G.rl_step(run, 1)
-    assert all(torch.equal(p, g) for p, g in zip(run.policy.trainable_parameters(), good))
+    assert all(torch.equal(p, g) for p, g in zip(run.policy.trainable_parameters(), good, strict=True))

@@ -81,6 +81,7 @@ def test_one_letter_before_each_rows_own_option_text_is_one_answer(tmp_path):
     """The `nosft` runs of benchmarks/RESULTS.md: after RL every BBQ reply opens with "B)" and goes on with one of that
     row's options, a different text on each row; the doctor must see one answer there, not 64."""
     from conftest import ROOT, load_script
+
     from grpo.run.doctor.report import heldout_answers
 
     kept = ROOT / "benchmarks" / "results" / "dual_ablation_balanced" / "nosft-s1"  # its records gzipped, as kept

@@ -1,5 +1,6 @@
-"""The host a run gets (grpo/machine/host_resources.py): the CPU share from the affinity mask and the cgroup quota (v1 and v2,
-read from crafted trees), torch's thread count from train.threads, the OpenMP wait policy, the memory readers."""
+"""The host a run gets (grpo/machine/host_resources.py): the CPU share from the affinity mask and the cgroup quota (v1
+and v2, read from crafted trees), torch's thread count from train.threads, the OpenMP wait policy, the memory
+readers."""
 
 from __future__ import annotations
 

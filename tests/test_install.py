@@ -253,7 +253,8 @@ SMOLLM2 = "smollm2-135m-instruct"
 def test_every_documented_command_runs_as_written_after_the_readme_setup(readme_setup_done):
     """Each documented command but the SmolLM2 runs (next test): exit 0, or, for a Hub id without a network, the
     refusal docs/TRL.md describes (exit 2, the id named, before any work). `grpo-dual --help` fits the terminal."""
-    lines = [line for line in documented_commands() if SMOLLM2 not in line and "examples/trl_grpo/grpo.yaml" not in line]
+    lines = [line for line in documented_commands() if SMOLLM2 not in line
+             and "examples/trl_grpo/grpo.yaml" not in line]
     assert any(line.startswith("grpo-dual --help") for line in lines)
     assert any(line.startswith("grpo-check-gpu-memory --estimate") for line in lines)
     with ThreadPoolExecutor(2) as pool:  # each its own process, none writes: two at a time on two cores
@@ -265,7 +266,8 @@ def test_every_documented_command_runs_as_written_after_the_readme_setup(readme_
             assert done.returncode == 2 and any(f"={name!r}" in done.stderr for name in hub), (line, done.stderr)
             assert "Traceback" not in done.stderr and "HF_HUB_OFFLINE" in done.stderr, (line, done.stderr)
         else:
-            assert done.returncode == 0, f"`{line}` exited {done.returncode}:\n{done.stdout[-2000:]}\n{done.stderr[-2000:]}"
+            assert done.returncode == 0, (f"`{line}` exited {done.returncode}:\n{done.stdout[-2000:]}\n"
+                                          f"{done.stderr[-2000:]}")
 
 
 def test_the_documented_smollm2_runs_train_as_written_and_output_dir_loads(readme_setup_done, smollm2_folder):
@@ -289,5 +291,6 @@ def test_the_documented_smollm2_runs_train_as_written_and_output_dir_loads(readm
         loaded = AutoModelForCausalLM.from_pretrained(out)  # as after TRL's trainer.save_model(output_dir)
         final = AutoModelForCausalLM.from_pretrained(out / "grpo-dual" / "final")
         assert type(loaded).__name__ == "LlamaForCausalLM" and loaded.num_parameters() > 100_000_000
-        assert all(torch.equal(a, b) for a, b in zip(loaded.state_dict().values(), final.state_dict().values()))
+        assert all(torch.equal(a, b)
+                   for a, b in zip(loaded.state_dict().values(), final.state_dict().values(), strict=True))
         assert AutoTokenizer.from_pretrained(out).eos_token == "<|im_end|>"

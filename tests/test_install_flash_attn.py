@@ -5,7 +5,6 @@ import shutil
 import subprocess
 
 import pytest
-
 from conftest import ROOT
 
 SCRIPT = ROOT / "install_flash_attn.sh"
@@ -27,7 +26,7 @@ def test_a100_plan():
     assert out.returncode == 0, out.stderr
     lines = out.stdout.splitlines()
     assert "GPU compute capability: 8.0 (sm_80)" in lines
-    assert any(l.startswith("torch 2.4.0, CUDA 12.1, Python 3.11 (cp311), C++11 ABI FALSE") for l in lines)
+    assert any(line.startswith("torch 2.4.0, CUDA 12.1, Python 3.11 (cp311), C++11 ABI FALSE") for line in lines)
     assert "+cu12torch2.4cxx11abiFALSE-cp311-cp311-linux_" in out.stdout
     assert "pip install flash-attn --no-build-isolation" in out.stdout
     assert "MAX_JOBS=8 (RAM 32 GB / 4 GB per nvcc job)" in out.stdout   # 32 / 4 = 8

@@ -10,8 +10,8 @@ import pytest
 import torch
 
 import grpo_train as G
-from grpo.phases.batch import batch_logprobs
 from grpo.models.modeling import reference
+from grpo.phases.batch import batch_logprobs
 from tests.trainer_helpers import fast_config, rollout_batch
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py: a tiny model gains nothing from threads
@@ -36,11 +36,13 @@ def test_reference_is_the_post_sft_policy(tmp_path, lora):
 def test_nothing_happens_at_import(tmp_path):
     """Importing every module creates no file, parses no argv and loads no model."""
     modules = ["config", "grpo_train", "check_gpu_memory"] + [
-        ".".join(p.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__") for p in sorted((ROOT / "grpo").rglob("*.py"))]
+        ".".join(p.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__")
+        for p in sorted((ROOT / "grpo").rglob("*.py"))]
     code = ("import sys, importlib; sys.argv = ['x', '--definitely-not-a-flag']\n"
             f"sys.path.insert(0, {str(ROOT)!r})\n"
             f"for m in {modules!r}: importlib.import_module(m)\n"
-            "import torch.nn as nn; print('models:', sum(isinstance(o, nn.Module) for o in __import__('gc').get_objects()))")
+            "import torch.nn as nn; print('models:', sum(isinstance(o, nn.Module) for o in "
+            "__import__('gc').get_objects()))")
     out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert "models: 0" in out.stdout

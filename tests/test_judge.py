@@ -13,13 +13,13 @@ import threading
 import time
 
 import pytest
+from judge_server import JudgeServer, Reply
 
 from grpo.config import JudgeConfig
-from grpo.grading.judge import Judge, JudgeItem, RateLimiter
 from grpo.core.step_types import Rollout, Sample
+from grpo.grading.judge import Judge, JudgeItem, RateLimiter
 from grpo.grading.rubrics import JudgeReplyError, load_rubric, parse_score
 from grpo.grading.scoring import RewardSpec, score_rollouts
-from judge_server import JudgeServer, Reply
 
 SECRET = "sk-test-SECRET-5d1f0a9e"  # recognisable, so a leak is found by grepping bytes
 KEY_ENV = "GRPO_TEST_JUDGE_KEY"
@@ -36,7 +36,8 @@ def make_judge(*servers: JudgeServer, **overrides) -> Judge:
     """A Judge on judge.base_url = servers[0] (model "model-0") and, if given, judge.fallback_base_url = servers[1]
     ("model-1"); `overrides` are judge config fields."""
     fallback = dict(fallback_base_url=servers[1].url, fallback_model="model-1") if len(servers) > 1 else {}
-    cfg = JudgeConfig(base_url=servers[0].url, model="model-0", api_key_env=KEY_ENV, **fallback, **{**FAST, **overrides})
+    cfg = JudgeConfig(base_url=servers[0].url, model="model-0", api_key_env=KEY_ENV, **fallback,
+                      **{**FAST, **overrides})
     return Judge(cfg, **BACKOFF)
 
 
@@ -174,7 +175,8 @@ def test_the_judge_reads_its_config_section_with_the_configs_defaults(tmp_path):
     assert Judge.from_config(JudgeConfig(), tmp_path) is None  # no base_url: rule graders only
     cfg = JudgeConfig(base_url="http://127.0.0.1:9/v1", api_key_env=KEY_ENV, fallback_base_url="http://127.0.0.1:8/v1")
     with Judge.from_config(cfg, tmp_path) as judge:
-        # one home per setting: the defaults are grpo/config/__init__.py's (timeout 20 s, 8 requests/s), no second record's
+        # one home per setting: the defaults are grpo/config/__init__.py's (timeout 20 s, 8 requests/s), no second
+        # record's
         assert judge._clients[0].timeout_s == JudgeConfig().timeout_s == 20.0
         assert judge._limiter._interval == pytest.approx(1 / JudgeConfig().rate_limit_per_s)
         assert [(p.name, p.base_url) for p in judge.providers] == [
@@ -230,7 +232,8 @@ def test_cache_hits_on_repeat_and_persists(tmp_path):
             again = judge.score_batch([item("a"), item("b")])
             metrics = judge.metrics()
         assert server.count == 2
-        assert [r.provider for r in first] == ["judge:model-0"] * 2 and [r.provider for r in again] == ["cache:model-0"] * 2
+        assert [r.provider for r in first] == ["judge:model-0"] * 2
+        assert [r.provider for r in again] == ["cache:model-0"] * 2
         assert [r.score for r in again] == [0.8, 0.8] and metrics["judge/cache_hits"] == 2.0
         with make_judge(server, cache_path=str(db)) as judge:  # a new Judge reads the same file
             assert judge.score_batch([item("a")])[0].provider == "cache:model-0"

@@ -1,8 +1,8 @@
 """The kill/resume soak (scripts/kill_resume_soak.py) runs: a short version of it, as a subprocess, on every test run.
 
 A script that no test runs can die at import unnoticed while docs/VALIDATION.md cites it. Here it runs itself, end to
-end, with three SIGKILLs (one per kill moment: after a checkpoint, during an evaluation, during a Pareto save), so an import, a flag
-or a file the script reads that moves breaks this test.
+end, with three SIGKILLs (one per kill moment: after a checkpoint, during an evaluation, during a Pareto save), so an
+import, a flag or a file the script reads that moves breaks this test.
 """
 
 from __future__ import annotations
@@ -13,7 +13,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from conftest import load_script
 
 ROOT = Path(__file__).resolve().parents[1]

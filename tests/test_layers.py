@@ -19,7 +19,8 @@ LAYERS = ("core", "config", "machine", "data", "models", "decoding", "grading", 
 """grpo's sub-packages from the bottom up (docs/DESIGN.md): a module may import its own layer and the ones before it."""
 ENTRY_POINTS = {"grpo_train", "check_gpu_memory"}
 APART = {("models", "data"): "the models need only core's file plumbing (grpo/core/plumbing.py), not the tasks' rows",
-         ("phases", "grading"): "the tools import the user's code through core (grpo/core/plumbing.py), not the graders"}
+         ("phases", "grading"):
+             "the tools import the user's code through core (grpo/core/plumbing.py), not the graders"}
 """Layers that stand one above the other and still do not import each other: importer's layer, imported's -> why."""
 
 
@@ -149,8 +150,8 @@ def test_every_module_lives_in_a_layer_and_every_layer_is_a_package():
 def imported_names(path: Path) -> set[str]:
     """Every module an import statement of the file names (module level, in a function, under TYPE_CHECKING)."""
     tree = ast.parse(path.read_text())
-    return {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module and not n.level} | \
-        {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+    return ({n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module and not n.level} |
+            {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names})
 
 
 def outside_the_floor(modules: dict[str, Path]) -> dict[str, set[str]]:
@@ -175,7 +176,8 @@ def test_core_is_a_pure_bottom_floor():
 
 def test_the_config_layer_imports_no_torch():
     """The config layer (the Config, presets, the command line) imports no torch, and of the other layers only the
-    torch-free modules of core (the clip's rules, the plumbing's did_you_mean): the command line and the memory estimate's inputs stay light."""
+    torch-free modules of core (the clip's rules, the plumbing's did_you_mean): the command line and the memory
+    estimate's inputs stay light."""
     modules = package_modules(ROOT)
     for name, path in modules.items():
         if layer_of(name) != "config":
@@ -184,8 +186,8 @@ def test_the_config_layer_imports_no_torch():
             assert imported.split(".")[0] not in ("torch", "transformers"), (name, imported)
             if imported.startswith("grpo.") and not imported.startswith("grpo.config"):
                 assert layer_of(imported) == "core", (name, imported)
-                assert not {n.split(".")[0] for n in imported_names(modules[imported])} & {"torch", "transformers"}, \
-                    (name, imported)
+                heavy = {n.split(".")[0] for n in imported_names(modules[imported])} & {"torch", "transformers"}
+                assert not heavy, (name, imported)
 
 
 def reachable(name: str) -> set[str]:
@@ -273,7 +275,8 @@ def test_an_import_between_layers_kept_apart_is_caught(tmp_path):
 
 
 def test_the_floor_check_names_numpy_config_and_data(tmp_path):
-    write_tree(tmp_path, {**BASE, "grpo/core/plumbing.py": "import os\nimport torch.nn\nfrom grpo.core import losses\n"})
+    write_tree(tmp_path,
+               {**BASE, "grpo/core/plumbing.py": "import os\nimport torch.nn\nfrom grpo.core import losses\n"})
     assert outside_the_floor(package_modules(tmp_path)) == {}
     write_tree(tmp_path, {"grpo/core/plumbing.py": "import numpy as np\nfrom grpo.config import Config\n"
                                                    "def f():\n    from grpo.data import json_rows\n"})

@@ -1,5 +1,6 @@
-"""The learning-efficiency options (DAPO's, Dr.GRPO's, the entropy controls) inside a real RL step of the tiny model: each one switched on trains
-(finite loss, parameters moved) and reports its metrics; dynamic sampling trains on groups with signal only."""
+"""The learning-efficiency options (DAPO's, Dr.GRPO's, the entropy controls) inside a real RL step of the tiny model:
+each one switched on trains (finite loss, parameters moved) and reports its metrics; dynamic sampling trains on groups
+with signal only."""
 
 from __future__ import annotations
 

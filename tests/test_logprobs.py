@@ -135,7 +135,7 @@ PAD = 0
 def left_right_padded(prompts, completions):
     P, T = max(map(len, prompts)), max(map(len, completions))
     ids, attn = [], []
-    for p, c in zip(prompts, completions):
+    for p, c in zip(prompts, completions, strict=True):
         ids.append([PAD] * (P - len(p)) + p + c + [PAD] * (T - len(c)))
         attn.append([0] * (P - len(p)) + [1] * (len(p) + len(c)) + [0] * (T - len(c)))
     return torch.tensor(ids), torch.tensor(attn), P
@@ -153,7 +153,7 @@ def test_left_padded_rows_equal_each_row_alone(make_model):
     with torch.no_grad():
         logps, ent = completion_logprobs(model, ids, attn, P, temperature=0.9, with_entropy=True)
         assert logps.shape == (3, 4) and ent.shape == (3, 4) and torch.isfinite(ent).all()
-        for i, (p, c) in enumerate(zip(PROMPTS, COMPLETIONS)):
+        for i, (p, c) in enumerate(zip(PROMPTS, COMPLETIONS, strict=True)):
             alone, alone_ent = single_row(model, p, c, temperature=0.9, with_entropy=True)
             torch.testing.assert_close(logps[i, :len(c)], alone[0], atol=1e-5, rtol=0)
             torch.testing.assert_close(ent[i, :len(c)], alone_ent[0], atol=1e-5, rtol=0)
@@ -244,7 +244,7 @@ def test_head_logprobs_match_a_float64_log_softmax_with_gradients(temperature, c
             lp, ent = log_p.gather(-1, targets[..., None]).squeeze(-1), -(log_p.exp() * log_p).sum(-1)
         (lp * g_lp + ent * g_ent).sum().backward()
         results.append((lp.detach(), ent.detach(), hidden.grad.clone(), weight.grad.clone()))
-    for a, b in zip(*results):
+    for a, b in zip(*results, strict=True):
         torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
 
 
@@ -356,7 +356,7 @@ def test_kept_log_softmax_gives_the_recomputed_gradients_bit_for_bit_with_one_he
             (lp.sum() + (ent.sum() if with_entropy else 0)).backward()
         results[budget] = (lp, h.grad, w.grad, forward, counter.count - forward)
     recomputed, kept = results[0], results[grpo.core.kernels.KEEP_LOG_SOFTMAX_BYTES]
-    for a, b in zip(recomputed[:3], kept[:3]):
+    for a, b in zip(recomputed[:3], kept[:3], strict=True):
         assert torch.equal(a, b)
     assert (recomputed[3], recomputed[4]) == (3, 3) and (kept[3], kept[4]) == (3, 0)
     # the no-grad passes (old / reference log-probs) keep nothing and give the same values

@@ -13,6 +13,7 @@ import re
 import subprocess
 import sys
 import threading
+from itertools import pairwise
 from pathlib import Path
 
 import pytest
@@ -103,7 +104,7 @@ def test_300_steps_keep_memory_files_and_threads_flat(tmp_path, calls_sometimes,
     seen = follow_steps(monkeypatch, (EARLY, STEPS), tmp_path)
 
     def answered(completions, answer, **kwargs):  # a user reward function: each call on a worker thread
-        return [float(m[-1]["content"].strip() == a) for m, a in zip(completions, answer)]
+        return [float(m[-1]["content"].strip() == a) for m, a in zip(completions, answer, strict=True)]
 
     server, url = judge_server()
     try:
@@ -151,7 +152,7 @@ def test_a_reward_function_that_keeps_what_it_is_given_is_named_by_the_doctor(tm
         kept.append(block)
         kept.append(open(tmp_path / f"kept-{len(kept)}.txt", "w"))  # noqa: SIM115 - a file left open on purpose
         threading.Thread(target=release.wait, daemon=True).start()  # a thread left waiting on purpose
-        return [float(m[-1]["content"].strip() == a) for m, a in zip(completions, answer)]
+        return [float(m[-1]["content"].strip() == a) for m, a in zip(completions, answer, strict=True)]
 
     run = G.train(TINY, tasks={"calc": ROWS}, rewards={"calc": [hoarding]},
                   train={"max_steps": 14, "prompts_per_micro_step": 2, "eval_every": 0, "sample_every": 0,
@@ -160,7 +161,7 @@ def test_a_reward_function_that_keeps_what_it_is_given_is_named_by_the_doctor(tm
     rows = [json.loads(x) for x in (run.run_dir / "metrics.jsonl").read_text().splitlines() if x.strip()]
     steps = [r for r in rows if "loss/total" in r]
     rss = [r["memory/host_rss_gb"] for r in steps]
-    rises = [b - a for a, b in zip(rss, rss[1:])]
+    rises = [b - a for a, b in pairwise(rss)]
     assert rss[-1] - rss[0] > 0.8 * LEAK_MB / 1024 * len(rises)  # the metric sees the leak of every step
     assert sum(r > 0.5 * LEAK_MB / 1024 for r in rises) >= 0.9 * len(rises)  # step after step, not in one jump
     assert [r["doctor/memory_growth"] for r in steps] == [0.0] * 9 + [1.0] * 5  # from the first full window

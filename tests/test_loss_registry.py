@@ -109,7 +109,8 @@ def test_the_spelling_before_loss_params_names_the_new_one():
     assert "did you mean `loss.clip_high`?" in str(err.value) and "params" not in str(err.value).split(":")[0]
 
 
-@pytest.mark.parametrize("spelling", [["--loss.params.cispo_max_ratio", "3"], ["--set", "loss.params.cispo_max_ratio=3"],
+@pytest.mark.parametrize("spelling",
+                         [["--loss.params.cispo_max_ratio", "3"], ["--set", "loss.params.cispo_max_ratio=3"],
                                       ["--loss.params", "cispo_max_ratio=3"], ["--loss.params=cispo_max_ratio=3"]])
 def test_every_spelling_of_a_loss_parameter(spelling, tmp_path):
     code, out = cli_output(["--loss.policy_loss", "cispo", *spelling, "--print-config"])

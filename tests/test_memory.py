@@ -1,4 +1,5 @@
-"""grpo/machine/memory_estimate.py arithmetic on hand-worked shapes, the phase model, the fixes, and check_gpu_memory.py's CLI (grpo/run/assembly/gpu_memory_check.py)."""
+"""grpo/machine/memory_estimate.py arithmetic on hand-worked shapes, the phase model, the fixes, and
+check_gpu_memory.py's CLI (grpo/run/assembly/gpu_memory_check.py)."""
 
 import os
 import re
@@ -123,7 +124,8 @@ def test_generation_bytes_by_hand():
 
 def test_logits_bytes_by_hand():
     x = tiny_inputs()
-    # logits_to_keep: 2 seqs × (3 + 1) kept × V 10 × 2 B = 160; chunk min(2·3 rows, 512) × 10 × 4 B × 2 temporaries = 480
+    # logits_to_keep: 2 seqs × (3 + 1) kept × V 10 × 2 B = 160; chunk min(2·3 rows, 512) × 10 × 4 B × 2 temporaries =
+    # 480
     assert logit_bytes(x, 2, copies=1) == (160, 480)
     assert logit_bytes(x, 2, copies=2)[0] == 320                                   # training: logits + their grad
     assert logit_bytes(tiny_inputs(logits_to_keep=False), 2, copies=1)[0] == 320   # all 8 positions
@@ -183,8 +185,8 @@ def test_shared_prompt_tokens_by_hand():
     # the 8B seed config without checkpointing: 8 × 608 tokens → 2 × 512 + 8 × 96 per micro-batch
     full, shared = estimate(llama_inputs(grad_checkpointing=False)), estimate(
         llama_inputs(grad_checkpointing=False, shared_prompt=True))
-    ratio = shared.phases["training"]["saved activations (all layers)"] / \
-        full.phases["training"]["saved activations (all layers)"]
+    ratio = (shared.phases["training"]["saved activations (all layers)"] /
+             full.phases["training"]["saved activations (all layers)"])
     assert ratio == pytest.approx((2 * 512 + 8 * 96) / (8 * 608))
 
 
@@ -290,7 +292,8 @@ def test_inputs_from_config_stand_in():
     assert x.fused_head and not x.shared_prompt  # the fused head by default; the stand-in predates shared prompts
     assert inputs_from_config(_cfg_stand_in(shared_prompt_forward="auto", gradient_checkpointing=False)).shared_prompt
     assert inputs_from_config(_cfg_stand_in(shared_prompt_forward="auto")).shared_prompt  # checkpointing too
-    assert not inputs_from_config(_cfg_stand_in(shared_prompt_forward="off", gradient_checkpointing=False)).shared_prompt
+    assert not inputs_from_config(_cfg_stand_in(shared_prompt_forward="off",
+                                                gradient_checkpointing=False)).shared_prompt
     with pytest.raises(ValueError, match="Known names"):
         inputs_from_config(_cfg_stand_in(name="nobody/nothing"))
 
@@ -347,7 +350,8 @@ def test_the_installed_commands_name_importable_callables():
     for name, target in scripts.items():
         module, _, attr = target.partition(":")
         assert callable(getattr(importlib.import_module(module), attr)), f"{name} = {target!r} is not a callable"
-    assert "from grpo.run.assembly.gpu_memory_check import check_gpu_memory" in (ROOT / "check_gpu_memory.py").read_text()
+    shim = (ROOT / "check_gpu_memory.py").read_text()
+    assert "from grpo.run.assembly.gpu_memory_check import check_gpu_memory" in shim
 
 
 def test_the_root_script_still_runs():
@@ -356,7 +360,8 @@ def test_the_root_script_still_runs():
     assert out.returncode == 0, out.stderr
     assert "--estimate" in out.stdout and "grpo-check-gpu-memory" in out.stdout
     bad = _run("--preset", "demo")
-    assert bad.returncode == 2 and "--preset/--config/--gpu/--gpu-mem/--set and config flags need --estimate" in bad.stderr
+    assert bad.returncode == 2
+    assert "--preset/--config/--gpu/--gpu-mem/--set and config flags need --estimate" in bad.stderr
 
 
 # ------------------------------------------------------------------------------------------ the graph engine
@@ -407,7 +412,8 @@ def test_the_graph_engine_keeps_what_the_peak_leaves_free():
     assert budget_gib() == 0 and budget_gib(micro_batch_seqs=2) == 0
     big = llama_inputs(graph_decode=True, micro_batch_seqs=2, gen_batch_seqs=32)
     assert graph_cache_budget(big) == sum(graph_slot_bytes(big).values()) == pytest.approx(2.38 * GIB, rel=0.01)
-    for x in [llama_inputs(graph_decode=True, **kw) for kw in ({}, {"micro_batch_seqs": 2}, {"grad_checkpointing": False})] + [big]:
+    for x in [llama_inputs(graph_decode=True, **kw)
+              for kw in ({}, {"micro_batch_seqs": 2}, {"grad_checkpointing": False})] + [big]:
         assert estimate(x).peak_bytes <= estimate(replace(x, graph_kept_bytes=0.0)).peak_bytes * (1 + 1e-9)
 
 

@@ -118,12 +118,14 @@ CLAIMS = [
     ("({20.9} GiB at S=608", [peak(*OFF, "model.attn_implementation=eager")]),
     ("plus the prompt's KV repeated K times ({0.5} GiB without checkpointing)",
      [part("training", "prompt KV repeated K times (all layers)", "model.fused_lm_head=false", NO_CKPT)]),
-    ("Seed config (checkpointing on): training {20.4} → {18.3} GiB of its own; without checkpointing {68.6} → {37.0} GiB",
+    ("Seed config (checkpointing on): training {20.4} → {18.3} GiB of its own; without checkpointing {68.6} → {37.0} "
+     "GiB",
      [own("training", *OFF), own("training", "model.fused_lm_head=false"), peak(*OFF, NO_CKPT),
       peak("model.fused_lm_head=false", NO_CKPT)]),
     ("= 60 GiB before activations: {82} GiB, does not fit 80 GiB", [peak(*OFF, "model.lora=false")]),
     # the estimates table (the preset as it is)
-    ("| LoRA bf16, gradient checkpointing (the preset) | {18.7} GiB (generation) | fits, +{20.9} GiB | fits, +{61.3} GiB |",
+    ("| LoRA bf16, gradient checkpointing (the preset) | {18.7} GiB (generation) | fits, +{20.9} GiB | fits, +{61.3} "
+     "GiB |",
      [peak(), headroom(gpu="a100-40"), headroom(gpu="a100-80")]),
     ("| LoRA bf16, no checkpointing | {37.0} GiB (training) | fits, +{2.6} GiB | fits, +{43.0} GiB |",
      [peak(NO_CKPT), headroom(NO_CKPT, gpu="a100-40"), headroom(NO_CKPT, gpu="a100-80")]),
@@ -147,7 +149,7 @@ def test_doc_figure_equals_the_tool(claim, sources):
     quoted = re.findall(r"\{([^}]+)\}", claim)
     assert len(quoted) == len(sources), "one source per figure in braces"
     assert claim.replace("{", "").replace("}", "") in DOC, f"docs/MEMORY.md no longer says {claim!r}"
-    for figure, source in zip(quoted, sources):
+    for figure, source in zip(quoted, sources, strict=True):
         decimals = len(figure.split(".")[1]) if "." in figure else 0
         value = f"{source():.{decimals}f}"
         assert value == figure, f"docs/MEMORY.md says {figure} in {claim!r}; the tool gives {value}"

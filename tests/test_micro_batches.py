@@ -6,11 +6,11 @@ import copy
 import torch
 
 from grpo.config import LossConfig
-from grpo.phases.batch import batch_logprobs
+from grpo.core.step_types import TrainBatch
 from grpo.models.logprobs import completion_logprobs
 from grpo.models.modeling import build_tiny_model, build_tiny_tokenizer
-from grpo.core.step_types import TrainBatch
 from grpo.models.tokens import collate
+from grpo.phases.batch import batch_logprobs
 from grpo.phases.update import Learner, StepSettings, update_passes
 
 CORPUS = ["the answer is yes", "the answer is no", "who was more likely to forget the keys?"] * 5
@@ -39,7 +39,7 @@ def test_micro_batches_group_rows_by_length_and_drop_padding_columns():
     rows = batch.micro_batch_rows(2)
     assert [r.tolist() for r in rows] == [[0, 2], [4, 6], [7, 5], [3, 1]]  # by completion length, then prompt
     micro = list(batch.micro_batches(2))
-    for r, mb in zip(rows, micro):
+    for r, mb in zip(rows, micro, strict=True):
         prompt_lens = [PROMPT_LENGTHS[i] for i in r.tolist()]
         completion_lens = [COMPLETION_LENGTHS[i] for i in r.tolist()]
         assert mb.prompt_len == max(prompt_lens) and mb.completion_mask_BT.shape[1] == max(completion_lens)
@@ -72,7 +72,7 @@ def test_trimmed_micro_batches_give_the_same_log_probs_and_update():
                    LossConfig(mu=2), ["a", "b"],
                    StepSettings(micro_batch_seqs=size, temperature=1.0, max_grad_norm=1e9, skip_grad_norm=1e9))
         params_by_size[size] = params
-    for a, b in zip(params_by_size[2], params_by_size[8]):
+    for a, b in zip(params_by_size[2], params_by_size[8], strict=True):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
-    moved = max((a - b).abs().max().item() for a, b in zip(params_by_size[2], model.parameters()))
+    moved = max((a - b).abs().max().item() for a, b in zip(params_by_size[2], model.parameters(), strict=True))
     assert moved > 1e-4

@@ -149,7 +149,8 @@ def test_a_trl_run_leaves_trls_checkpoint_folders_each_loadable_with_its_card(ti
         text = (folder / "README.md").read_text()
         assert TEMPLATE not in text and "grpo-dual's GRPO" in text and f"{name} (RL step {name[11:]})" in text
         assert "library_name: transformers" in text and f"base_model: {tiny_folder.resolve()}" in text
-    for (n, a), (_, b) in zip(run.policy.model.named_parameters(), model.named_parameters()):  # the last: final's
+    # the last: final's
+    for (n, a), (_, b) in zip(run.policy.model.named_parameters(), model.named_parameters(), strict=True):
         assert torch.equal(a.detach(), b), n
     for folder in (out, run.run_dir / "final"):
         text = (folder / "README.md").read_text()
@@ -188,15 +189,15 @@ def test_a_resume_from_checkpoint_n_goes_on_as_one_from_step_n(tiny_folder, tmp_
     exact = ours(tmp_path / "c" / "out", tiny_folder, fields={"save_total_limit": None},
                  checkpoint={"resume": str(tmp_path / "c" / "out" / "grpo-dual" / "checkpoints" / "step_000002")})
     for (n, a), (_, b), (_, c) in zip(first.policy.model.named_parameters(), by_trl.policy.model.named_parameters(),
-                                      exact.policy.model.named_parameters()):
+                                      exact.policy.model.named_parameters(), strict=True):
         assert torch.equal(b, c) and torch.equal(a, b), n
     rows = [[{k: v for k, v in json.loads(line).items() if not k.startswith(("time/", "memory/", "step_time"))}
              for line in (tmp_path / x / "out" / "grpo-dual" / "metrics.jsonl").read_text().splitlines()]
             for x in "bc"]
     assert rows[0] == rows[1] and [r["step"] for r in rows[0] if "lr" in r] == [1, 2, 3]
     out = tmp_path / "b" / "out"
-    assert resolve_resume(out / "grpo-dual", str(out / "checkpoint-1")) == \
-        out / "grpo-dual" / "checkpoints" / "step_000001"
+    assert (resolve_resume(out / "grpo-dual", str(out / "checkpoint-1")) ==
+            out / "grpo-dual" / "checkpoints" / "step_000001")
     shutil.rmtree(out / "grpo-dual" / "checkpoints" / "step_000001")
     with pytest.raises(CheckpointError, match="checkpoint it stands for.*is gone"):
         resolve_resume(out / "grpo-dual", str(out / "checkpoint-1"))

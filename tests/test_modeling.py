@@ -158,7 +158,8 @@ def test_save_and_reload_lora_gives_the_same_logits(ids, tmp_path):
     base = AutoModelForCausalLM.from_pretrained(tmp_path / "base")
     reloaded = PeftModel.from_pretrained(base, tmp_path)
     assert torch.allclose(logits_of(reloaded, ids), logits_of(policy.model, ids), atol=1e-6)
-    assert AutoTokenizer.from_pretrained(tmp_path)("the answer")["input_ids"] == policy.tokenizer("the answer")["input_ids"]
+    reloaded_tokenizer = AutoTokenizer.from_pretrained(tmp_path)
+    assert reloaded_tokenizer("the answer")["input_ids"] == policy.tokenizer("the answer")["input_ids"]
 
 
 def test_save_and_reload_full_model_gives_the_same_logits(ids, tmp_path):
@@ -207,5 +208,5 @@ def test_load_policy_lora_settings_are_the_configs():
     assert not [n for n in inspect.signature(load_policy).parameters if n.startswith("lora")]
     section = tiny(lora=True, lora_target_modules=["q_proj"])
     adapter = load_policy(section, tiny_corpus=CORPUS).model.peft_config["default"]
-    assert (adapter.r, adapter.lora_alpha, adapter.lora_dropout, sorted(adapter.target_modules)) == \
-        (section.lora_r, section.lora_alpha, section.lora_dropout, ["q_proj"])
+    assert ((adapter.r, adapter.lora_alpha, adapter.lora_dropout, sorted(adapter.target_modules)) ==
+            (section.lora_r, section.lora_alpha, section.lora_dropout, ["q_proj"]))

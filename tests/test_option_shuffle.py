@@ -10,8 +10,15 @@ import pytest
 
 from grpo.core.rule_graders import LETTERS, bbq_rule
 from grpo.data.batching import TaskBalancedSampler
-from grpo.data.bbq import (balanced_heldout, balanced_positions, for_epoch, load_bbq, option_order,
-                           order_with_gold_at, permuted_row)
+from grpo.data.bbq import (
+    balanced_heldout,
+    balanced_positions,
+    for_epoch,
+    load_bbq,
+    option_order,
+    order_with_gold_at,
+    permuted_row,
+)
 
 BBQ_DIR = Path(__file__).resolve().parents[1] / ".." / "shared" / "data" / "bbq"
 needs_bbq = pytest.mark.skipif(not BBQ_DIR.is_dir(), reason="shared BBQ data absent")
@@ -87,8 +94,8 @@ def test_each_epoch_shows_its_own_order_and_the_sampler_uses_it():
     assert all(for_epoch(s, 0) is s for s in samples)
     later = [for_epoch(s, 1) for s in samples]
     assert [x.id for x in later] == [s.id for s in samples]
-    assert any(a.gold["answers"] != b.gold["answers"] for a, b in zip(samples, later))
-    for a, b in zip(samples, later):
+    assert any(a.gold["answers"] != b.gold["answers"] for a, b in zip(samples, later, strict=True))
+    for a, b in zip(samples, later, strict=True):
         assert b.gold["answers"][b.gold["label"]] == a.gold["answers"][a.gold["label"]]
         assert b.gold["answers"] == [b.meta["shuffled"]["row"][f"ans{i}"] for i in option_order(1, b.id, 1)]
     assert for_epoch(later[0], 1) is later[0] and for_epoch(later[0], 0).gold == samples[0].gold
@@ -117,8 +124,8 @@ def test_data_shuffle_options_reaches_the_builtin_bbq_source():
 def test_balanced_positions_hold_each_letter_equally_often_within_each_condition():
     conditions = ["ambig"] * 7 + ["disambig"] * 6 + ["ambig"] * 3  # 10 ambiguous rows, 6 disambiguated
     positions = balanced_positions(conditions, seed=4)
-    ambig = Counter(p for p, c in zip(positions, conditions) if c == "ambig")
-    disambig = Counter(p for p, c in zip(positions, conditions) if c == "disambig")
+    ambig = Counter(p for p, c in zip(positions, conditions, strict=True) if c == "ambig")
+    disambig = Counter(p for p, c in zip(positions, conditions, strict=True) if c == "disambig")
     assert disambig == {0: 2, 1: 2, 2: 2}
     assert sorted(ambig.values()) == [3, 3, 4] and set(ambig) == {0, 1, 2}  # 10 = 3 + 3 + 4
     assert positions == balanced_positions(conditions, seed=4)
@@ -147,13 +154,13 @@ def test_the_evaluated_rows_make_every_one_letter_answer_score_a_third_in_each_c
         rows = [s for s in shown if s.gold["context_condition"] == condition]
         counts = Counter(s.gold["label_letter"] for s in rows)
         assert set(counts) == set(LETTERS) and max(counts.values()) - min(counts.values()) <= 1, (condition, counts)
-    for a, b in zip(held, shown):  # the same question and options; the gold text and the SFT target follow
+    for a, b in zip(held, shown, strict=True):  # the same question and options; the gold text and the SFT target follow
         assert sorted(a.gold["answers"]) == sorted(b.gold["answers"])
         assert b.gold["answers"][b.gold["label"]] == a.gold["answers"][a.gold["label"]]
         assert f"{b.gold['label_letter']}) {b.gold['answers'][b.gold['label']]}\n" in b.messages[-1]["content"]
         assert b.target.startswith(f"Answer: {b.gold['label_letter']}\n") and bbq_rule(b.target, b.gold) == 1.0
-        assert b.gold["answers"][LETTERS.index(b.gold["unknown_letter"])] == \
-            a.gold["answers"][LETTERS.index(a.gold["unknown_letter"])]
+        assert (b.gold["answers"][LETTERS.index(b.gold["unknown_letter"])] ==
+                a.gold["answers"][LETTERS.index(a.gold["unknown_letter"])])
     assert balanced_heldout(shown) == shown  # a second pass shows the same
     plain = load_bbq(BBQ_DIR, categories=["Age"], n_per_category=8, seed=0).samples
     assert balanced_heldout(plain) == plain  # the file's order (shuffle_options off) is left alone
@@ -162,7 +169,7 @@ def test_the_evaluated_rows_make_every_one_letter_answer_score_a_third_in_each_c
 @needs_bbq
 def test_a_run_evaluates_the_balanced_rows():
     from grpo.config.command_line import parse_trainer_argv
-    from grpo.run.assembly.samples import load_samples, group_by_task
+    from grpo.run.assembly.samples import group_by_task, load_samples
 
     cfg = parse_trainer_argv(["--preset", "smollm2-dual", "--data.data_dir", str(BBQ_DIR.parent)], "t", "t")[0]
     rows = load_samples(cfg.data, cfg.train.seed)

@@ -67,7 +67,8 @@ def test_offer_keeps_folders_and_index_in_sync(tmp_path):
 
 
 def test_a_report_rebuilt_from_the_run_folder_names_the_best_pareto_point(tmp_path):
-    # the report of `python -m grpo.run.doctor report RUN` (no Run object) says which checkpoint is best, as finish() does
+    # the report of `python -m grpo.run.doctor report RUN` (no Run object) says which checkpoint is best, as finish()
+    # does
     import shutil
 
     from grpo.run.doctor.report import build_report

@@ -47,7 +47,8 @@ def test_a_uniform_guess_pass_at_k_by_hand():
 def test_pass_at_k_eval_gives_a_guess_for_tasks_whose_samples_count_their_options(tmp_path):
     run = G.setup(fast_config(tmp_path))
     first, second = sorted(run.samples.heldout)
-    heldout = {first: [replace(s, meta={**s.meta, "choices": c}) for s, c in zip(list(run.samples.heldout[first])[:2], (3, 2))],
+    heldout = {first: [replace(s, meta={**s.meta, "choices": c})
+                       for s, c in zip(list(run.samples.heldout[first])[:2], (3, 2), strict=True)],
                second: list(run.samples.heldout[second])[:2]}  # no "choices": free answers, no guess to compare with
     train = replace(run.cfg.train, pass_at_k=2, pass_at_k_samples=3, pass_threshold=1.0, seed=0)
     m = pass_at_k_eval(run.policy.model, run.tokenizer, heldout, run.cfg.rollout, train, run.generation.stop_ids,

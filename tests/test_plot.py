@@ -1,4 +1,5 @@
-"""grpo.run.doctor.plot: a non-empty PNG from the fixture run folder, in process and as `python -m grpo.run.doctor plot`."""
+"""grpo.run.doctor.plot: a non-empty PNG from the fixture run folder, in process and as `python -m grpo.run.doctor
+plot`."""
 
 import json
 import runpy
@@ -49,7 +50,8 @@ def test_plot_run_errors(tmp_path):
 
 
 def test_python_m_grpo_plot(run_dir):
-    done = subprocess.run([sys.executable, "-m", "grpo.run.doctor", "plot", str(run_dir)], cwd=ROOT, capture_output=True,
+    done = subprocess.run([sys.executable, "-m", "grpo.run.doctor", "plot", str(run_dir)], cwd=ROOT,
+                          capture_output=True,
                           text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == str(run_dir / "plot.png")
@@ -59,7 +61,8 @@ def test_python_m_grpo_plot(run_dir):
 def test_main_exits_2_with_a_message_on_a_missing_folder(tmp_path, monkeypatch, capsys):
     # in process (runpy), to spare a second interpreter start
     monkeypatch.setattr(sys, "argv", ["grpo.run.doctor", "plot", str(tmp_path / "nope")])
-    monkeypatch.delitem(sys.modules, "grpo.run.doctor.__main__", raising=False)  # runpy warns when the module is already loaded
+    # runpy warns when the module is already loaded
+    monkeypatch.delitem(sys.modules, "grpo.run.doctor.__main__", raising=False)
     with pytest.raises(SystemExit) as exit_:
         runpy.run_module("grpo.run.doctor", run_name="__main__")
     assert exit_.value.code == 2 and "does not exist" in capsys.readouterr().err

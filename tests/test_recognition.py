@@ -8,8 +8,8 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-
 from conftest import SHARED_DATA
+
 from grpo.core.recognition_measures import recognition_measures
 from grpo.core.rule_graders import GRADERS, halueval_recognition, halueval_rule, recognition_verdict
 from grpo.data.halueval import load_halueval
@@ -64,8 +64,8 @@ def test_a_constant_verdict_is_balanced_accuracy_one_half_whatever_the_class_bal
 def test_general_recognition_shows_chatgpts_reply_and_keeps_the_label():
     samples = load_halueval(GENERAL, subset="general_recognition").samples
     assert len(samples) == 4507 and Counter(s.gold["hallucination"] for s in samples) == {"no": 3692, "yes": 815}
-    rows = [json.loads(x) for x in GENERAL.read_text().splitlines()] if GENERAL.read_text().lstrip()[0] == "{" \
-        else json.loads(GENERAL.read_text())
+    rows = ([json.loads(x) for x in GENERAL.read_text().splitlines()] if GENERAL.read_text().lstrip()[0] == "{"
+            else json.loads(GENERAL.read_text()))
     first, row = samples[0], rows[0]
     prompt = first.messages[-1]["content"]
     assert first.id.startswith("halueval/general_recognition/") and first.gold["subset"] == "general_recognition"
@@ -85,15 +85,15 @@ def test_qa_recognition_shows_the_right_or_the_hallucinated_answer_seeded_per_ro
     path.write_text("\n".join(json.dumps(r) for r in rows))
     samples = load_halueval(path, subset="qa_recognition", seed=0).samples
     by_id = {s.id: s for s in samples}
-    for s, row in zip(samples, rows):
+    for s, row in zip(samples, rows, strict=True):
         shown = row["hallucinated_answer"] if s.gold["hallucination"] == "yes" else row["right_answer"]
         assert s.gold["shown_answer"] == shown and f"Proposed answer: {shown}\n" in s.messages[-1]["content"]
         assert halueval_recognition(s.target, s.gold) == 1.0
     assert 70 < sum(s.gold["hallucination"] == "yes" for s in samples) < 130  # ~ half of 200 (sd ~7)
-    assert {s.id: s.gold for s in load_halueval(path, subset="qa_recognition", seed=0).samples} == \
-        {i: s.gold for i, s in by_id.items()}  # deterministic
+    assert ({s.id: s.gold for s in load_halueval(path, subset="qa_recognition", seed=0).samples} ==
+            {i: s.gold for i, s in by_id.items()})  # deterministic
     other = load_halueval(path, subset="qa_recognition", seed=1).samples
-    assert any(a.gold["hallucination"] != b.gold["hallucination"] for a, b in zip(samples, other))
+    assert any(a.gold["hallucination"] != b.gold["hallucination"] for a, b in zip(samples, other, strict=True))
     # the pick is random.Random(f"{seed}:{row id}") < 0.5
     s0 = samples[0]
     assert (random.Random(f"0:{s0.id.split('/')[-1]}").random() < 0.5) == (s0.gold["hallucination"] == "yes")
@@ -168,8 +168,8 @@ def test_report_tables_recognition_balanced_accuracy(tmp_path):
     row = report["recognition"]["hallucination"]
     assert (row["before_sft"], row["after_sft"], row["after_rl"]) == (0.5, 0.55, 0.7)
     assert row["delta_rl"] == pytest.approx(0.15) and row["yes_rate_after_rl"] == 0.3
-    assert "Recognition hallucination (balanced accuracy): before_sft 0.500  after_sft 0.550  after_rl 0.700  " \
-           "Δ rl +0.150" in format_report(report)
+    assert ("Recognition hallucination (balanced accuracy): before_sft 0.500  after_sft 0.550  after_rl 0.700  "
+            "Δ rl +0.150" in format_report(report))
 
 
 @needs_general

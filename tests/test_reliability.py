@@ -18,10 +18,11 @@ from pathlib import Path
 import pytest
 
 import grpo_train as G
+from grpo import config as C
 from grpo.core.step_types import Sample
 from grpo.run.assembly.samples import duplicate_report, load_samples
-from grpo import config as C
-from tests.trainer_helpers import TINY_CLI as TINY, blocks_fresh_start, cli_output
+from tests.trainer_helpers import TINY_CLI as TINY
+from tests.trainer_helpers import blocks_fresh_start, cli_output
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = ROOT.parent / "shared" / "data"
@@ -232,9 +233,10 @@ def test_drop_long_prompts_keeps_exactly_the_prompts_that_fit():
     err = io.StringIO()
     with contextlib.redirect_stdout(err):
         kept = drop_long_prompts(rows, tok, limit, "training")
-    assert [s.id for s in kept["qa"]] == [s.id for s, n in zip(rows["qa"], lengths) if n <= limit]
+    assert [s.id for s in kept["qa"]] == [s.id for s, n in zip(rows["qa"], lengths, strict=True) if n <= limit]
     n_dropped = sum(n > limit for n in lengths)
-    assert f"{n_dropped} of {len(lengths)} training prompts of task 'qa' are longer than {limit} tokens" in err.getvalue()
+    dropped = f"{n_dropped} of {len(lengths)} training prompts of task 'qa' are longer than {limit} tokens"
+    assert dropped in err.getvalue()
     with pytest.raises(C.ConfigError) as e:
         drop_long_prompts(rows, tok, min(lengths) - 1, "training")
     assert e.value.field == "data.max_prompt_tokens"
@@ -271,7 +273,8 @@ def test_a_start_that_fails_in_a_folder_named_after_its_clock_leaves_no_folder(t
         ".grpo-dual-run", ".grpo-dual.lock", ".restartable"]  # bookkeeping only: the retry reuses it
 
 
-# ------------------------------------------------------------------------------------- the judge: tried before the model
+# ------------------------------------------------------------------------------------- the judge: tried before the
+# model
 JUDGE = ["--judge.api_key_env", "", "--judge.max_retries", "0", "--judge.timeout_s", "5", "--train.max_steps", "2"]
 REFUSED = "http://127.0.0.1:9/v1"  # nothing listens on port 9
 
@@ -322,8 +325,7 @@ def test_a_working_judge_is_called_once_per_judged_task_before_the_model(tmp_pat
 
 
 def test_fallback_shares_count_the_fallback_providers():
-    from grpo.core.step_types import Rollout
-    from grpo.core.step_types import Scored
+    from grpo.core.step_types import Rollout, Scored
     from grpo.grading.scoring import RewardSpec, check_fallback_share, fallback_shares
 
     def scored(task, provider):
@@ -364,7 +366,8 @@ def _has(module: str) -> bool:
     return importlib.util.find_spec(module) is not None
 
 
-# ------------------------------------------------------------------------------------- --resume auto and crafted folders
+# ------------------------------------------------------------------------------------- --resume auto and crafted
+# folders
 def _manifest(folder: Path, version: int, names: list[str]) -> None:
     import hashlib
 

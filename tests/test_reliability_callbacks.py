@@ -28,7 +28,8 @@ from grpo.data.tables import DataSourceError, read_tables
 from grpo.grading import graders as GR
 from grpo.grading.judge import RateLimiter
 from grpo.grading.scoring import RewardSpec, score_rollouts
-from tests.trainer_helpers import TINY_CLI as TINY, cli_output
+from tests.trainer_helpers import TINY_CLI as TINY
+from tests.trainer_helpers import cli_output
 
 ROOT = Path(__file__).resolve().parents[1]
 REWARDS = '''
@@ -85,8 +86,8 @@ def test_a_reward_function_that_hangs_in_the_preflight_stops_the_start_naming_it
     grader = f"{_rewards(tmp_path)}:hang"
     code, text, seconds = run_subprocess(tmp_path, "--rewards.fairness", grader, *TIMEOUT)
     assert code == 2, text
-    assert f"task 'fairness', grader '{grader}'" in text and "did not return within train.reward_timeout_s=1 s" \
-        in text, text
+    assert (f"task 'fairness', grader '{grader}'" in text and "did not return within train.reward_timeout_s=1 s"
+            in text), text
     assert "Traceback" not in text
     assert seconds < 120  # not the hour the call sleeps: the abandoned thread does not hold the process
     assert not (tmp_path / "runs" / "r").exists()  # before the run folder and the model

@@ -9,7 +9,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from conftest import load_script
 
 ROOT = Path(__file__).resolve().parents[1]

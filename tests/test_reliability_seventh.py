@@ -178,10 +178,10 @@ def test_best_model_and_the_report_say_final_holds_the_last_step_when_it_beat_th
     run = types.SimpleNamespace(cfg=cfg, run_dir=tmp_path, dist=dist, progress=progress)
     assert settle_best(run) is None  # the last step's weights stay: they are the best
     final = json.loads((best / "best.json").read_text())["final_model"]
-    assert final["step"] == 6 and final["value"] == 0.5 and "the last step's weights, not this folder's" in \
-        final["holds"]
-    assert "final model: the last step's, step 6 (reward 0.5), which beat every earlier evaluation" in \
-        capsys.readouterr().out
+    assert (final["step"] == 6 and final["value"] == 0.5 and "the last step's weights, not this folder's" in
+            final["holds"])
+    assert ("final model: the last step's, step 6 (reward 0.5), which beat every earlier evaluation" in
+            capsys.readouterr().out)
     from grpo.run.doctor.report import _kept_models  # what report.json gets beside pareto_best
 
     assert _kept_models(tmp_path)["final_model"] == final

@@ -297,8 +297,8 @@ def test_rows_without_a_prompt_column_name_the_users_dataset_not_the_cache_copy(
         path = user.data / f"{split}.jsonl"
         _write(path, [{"question": r["prompt"][0]["content"], "solution": r["solution"]} for r in _rows(path)])
     text = refused(user, "--print-config")
-    assert f"the rows of dataset_name='{user.data}' (split 'train') have no `prompt` column (its columns: " \
-           "['question', 'solution'])" in text and "cache" not in text, text
+    assert (f"the rows of dataset_name='{user.data}' (split 'train') have no `prompt` column (its columns: "
+            "['question', 'solution'])" in text and "cache" not in text), text
 
 
 def test_an_unknown_chat_role_names_the_dataset_split_and_row(user):
@@ -348,8 +348,8 @@ def test_an_uncached_hub_id_offline_says_the_hub_is_off_and_it_is_not_cached(use
     monkeypatch.setenv("HF_HOME", str(user.root / "hf"))
     monkeypatch.delenv("HF_HUB_CACHE", raising=False)
     text = refused(user, flag, "someone/not-cached", "--print-config")
-    assert f"{flag[2:]}='someone/not-cached': the Hugging Face Hub is switched off here (HF_HUB_OFFLINE=1) and " \
-           f"someone/not-cached is not in the local Hugging Face cache ({user.root / 'hf' / 'hub'})" in text, text
+    assert (f"{flag[2:]}='someone/not-cached': the Hugging Face Hub is switched off here (HF_HUB_OFFLINE=1) and "
+            f"someone/not-cached is not in the local Hugging Face cache ({user.root / 'hf' / 'hub'})" in text), text
     (user.root / "hf" / "hub" / f"{what}s--someone--not-cached").mkdir(parents=True)
     check_hub("someone/not-cached", flag[2:], what)  # cached: the offline load reads it
 
@@ -365,8 +365,8 @@ def test_our_own_model_name_offline_and_uncached_says_so(tmp_path, monkeypatch):
 
 def test_lora_target_modules_the_model_lacks_are_named_before_it_loads(user):
     text = refused(user, "--use_peft", "--lora_target_modules", "nonexistent_proj", "q_proj")
-    assert "`--lora_target_modules` (model.lora_target_modules) = ['nonexistent_proj', 'q_proj'] is invalid: " \
-           "builtin:tiny (llama) has no module named ['nonexistent_proj']" in text and "model.name" not in text, text
+    assert ("`--lora_target_modules` (model.lora_target_modules) = ['nonexistent_proj', 'q_proj'] is invalid: "
+            "builtin:tiny (llama) has no module named ['nonexistent_proj']" in text and "model.name" not in text), text
     assert not user.out.exists()
 
 
@@ -617,9 +617,10 @@ def test_a_final_save_that_fails_names_the_last_checkpoint_and_resume_auto_write
         code, text = cli_output(argv)
     run_dir = user.out / "grpo-dual"
     assert code == 1 and "Traceback" not in text, text
-    assert f"could not write the final model {run_dir / 'final'}: No space left on device. The last complete " \
-           f"checkpoint is {run_dir / 'checkpoints' / 'step_000002'}: free space, then resume with:\n  python " \
-           f"grpo_train.py --config {user.config} " in text, text  # the user's own command (tests/test_resume_line.py)
+    # the user's own command (tests/test_resume_line.py)
+    assert (f"could not write the final model {run_dir / 'final'}: No space left on device. The last complete "
+            f"checkpoint is {run_dir / 'checkpoints' / 'step_000002'}: free space, then resume with:\n  python "
+            f"grpo_train.py --config {user.config} " in text), text
     assert "--resume auto\n(the run is finished there: it writes the final model without training again)" in text, text
     assert not (run_dir / "final").exists() and not list(run_dir.glob(".tmp-final-*"))  # no torn copy left
     rows = (run_dir / "metrics.jsonl").read_text()
@@ -647,8 +648,8 @@ def test_a_final_checkpoint_that_fails_still_saves_the_final_model_and_names_the
                              "--save_steps", "2"])
     run_dir = user.out / "grpo-dual"
     assert code == 0 and "warning: the final checkpoint could not be written" in text, text
-    assert f"The last complete checkpoint is {run_dir / 'checkpoints' / 'step_000002'}: free space, then resume " \
-           "with:\n  python grpo_train.py --config " in text, text
+    assert (f"The last complete checkpoint is {run_dir / 'checkpoints' / 'step_000002'}: free space, then resume "
+            "with:\n  python grpo_train.py --config " in text), text
     assert "--resume auto\n(it trains on from there)" in text, text
     assert not list((run_dir / "checkpoints").glob(".tmp-*"))  # the partial copy's space went back
     _loadable(run_dir / "final")

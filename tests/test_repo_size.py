@@ -11,7 +11,6 @@ import re
 import subprocess
 
 import pytest
-
 from conftest import ROOT
 
 BUDGET_BYTES = 10_000_000

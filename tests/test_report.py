@@ -128,7 +128,8 @@ def test_a_real_run_that_cannot_learn_is_red(tmp_path):
     from tests.trainer_helpers import fast_config
 
     zero = "tests.test_report:zero_reward:1.0"
-    run = G.setup(fast_config(tmp_path, "train.max_steps=6", f"rewards.fairness={zero}", f"rewards.hallucination={zero}",
+    run = G.setup(fast_config(tmp_path, "train.max_steps=6", f"rewards.fairness={zero}",
+                              f"rewards.hallucination={zero}",
                               "rollout.k=2", "rollout.max_new_tokens=2", "train.prompts_per_micro_step=1"))
     for step in range(1, 7):
         G.rl_step(run, step)
@@ -136,13 +137,14 @@ def test_a_real_run_that_cannot_learn_is_red(tmp_path):
     report = build_report(run.run_dir)
     assert report["verdict"] == "red", report["reasons"]
     (signal,) = [f for f in report["findings"] if f["code"] == "no_learning_signal"]
-    assert "6 steps in a row (steps 1-6)" in signal["message"] and "every group had zero reward std" in signal["message"]
+    assert "6 steps in a row (steps 1-6)" in signal["message"]
+    assert "every group had zero reward std" in signal["message"]
 
 
 def demo_run(tmp_path, *overrides: str):
     """`python grpo_train.py` (the demo preset) with `overrides`, through grpo_train.main; returns the run folder."""
-    from grpo import config as C
     import grpo_train as G
+    from grpo import config as C
 
     cfg = C.load_config("demo", [f"train.output_dir={tmp_path}", "train.run_name=r", "train.tensorboard=false",
                                  *overrides])
@@ -198,7 +200,8 @@ def test_real_seed1_run_that_stalls_is_red(tmp_path):
     report = real_run(tmp_path, "run_seed1_lr1e-3")
     assert report["verdict"] == "red"
     found = {(f["code"], f["task"]) for f in report["findings"]}
-    assert {("entropy_collapse", "fairness"), ("entropy_collapse", "hallucination"), ("answer_collapse", "fairness")} <= found
+    assert {("entropy_collapse", "fairness"), ("entropy_collapse", "hallucination"),
+            ("answer_collapse", "fairness")} <= found
     stalled = next(f for f in report["findings"] if f["code"] == "entropy_collapse" and f["task"] == "hallucination")
     assert "stays at 0.688, below the solved level 0.9, over its last 3 evaluations" in stalled["message"]
     assert any(a["code"] == "answer_collapse" and "collapse onto `unknown`" in a["message"] for a in report["cleared"])

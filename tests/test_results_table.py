@@ -90,12 +90,12 @@ def test_the_readme_tools_table_is_the_kept_runs_of_the_committed_preset():
     for line in committed.splitlines()[2::2]:  # each seed's first row carries the run's wall time
         seconds = int(line.strip("|").split("|")[6].strip().removesuffix(" s"))
         assert seconds <= 30 * 60, f"{line}: the issue's budget is 30 min a run on 2 CPU cores"
-    for seed, run in zip(RT.SEEDS, runs):
+    for seed, run in zip(RT.SEEDS, runs, strict=True):
         kept = json.loads((run / "config.json").read_text())
         now = C.to_dict(C.load_config("smollm2-tools", [f"train.seed={seed}", f"train.run_name=seed{seed}",
                                                          f"train.output_dir={kept['train']['output_dir']}"]))
-        assert without_newer_defaults(json.loads(json.dumps(now)), kept, C.to_dict(C.Config())) == kept, \
-            f"{run}: not a run of the committed preset; rerun it"
+        assert without_newer_defaults(json.loads(json.dumps(now)), kept, C.to_dict(C.Config())) == kept, (
+            f"{run}: not a run of the committed preset; rerun it")
 
 
 def without_newer_defaults(now: dict, kept: dict, defaults: dict) -> dict:
@@ -124,7 +124,8 @@ def test_rewards_differ_allows_two_prompts_and_no_more():
 
 
 def test_write_replaces_only_the_table():
-    text = "intro\n\n" + RT.HEADER + "\n" + RT.RULE + "\n| 0 | a | 0.000 | 0.100 | 0.200 | +0.100 | 5 s | 1.00 GB |\n\nafter\n"
+    text = ("intro\n\n" + RT.HEADER + "\n" + RT.RULE
+            + "\n| 0 | a | 0.000 | 0.100 | 0.200 | +0.100 | 5 s | 1.00 GB |\n\nafter\n")
     new = RT.HEADER + "\n" + RT.RULE + "\n| 0 | a | 0.000 | 0.100 | 0.900 | +0.800 | 6 s | 1.10 GB |"
     assert RT.replace_table(text, new) == "intro\n\n" + new + "\n\nafter\n"
 

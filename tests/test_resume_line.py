@@ -135,7 +135,8 @@ def test_after_sigterm_a_trl_config_resumes_as_printed(tmp_path):
     config.write_text(yaml.safe_dump({
         "model_name_or_path": "builtin:tiny", "reward_funcs": ["tests.trainer_helpers.trl_length_reward"],
         "max_steps": 6, "per_device_train_batch_size": 4, "num_generations": 4, "max_completion_length": 8,
-        "use_cpu": True, "save_strategy": "no", "dataset_name": str(tmp_path / "math"), "output_dir": str(tmp_path / "out")}))
+        "use_cpu": True, "save_strategy": "no", "dataset_name": str(tmp_path / "math"),
+        "output_dir": str(tmp_path / "out")}))
     env = {**os.environ, "GRPO_DUAL_CACHE": str(tmp_path / "cache"), "HF_HUB_OFFLINE": "1",
            "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
     argv = ["--config", str(config), *TINY, "--data.eval_size", "2"]

@@ -6,10 +6,16 @@ import json
 from pathlib import Path
 
 import pytest
-
 from conftest import SHARED_DATA
+
 from grpo.core.rule_graders import (
-    bbq_parse, bbq_rule, extract_field, format_reward, halueval_general_rule, halueval_rule, token_f1,
+    bbq_parse,
+    bbq_rule,
+    extract_field,
+    format_reward,
+    halueval_general_rule,
+    halueval_rule,
+    token_f1,
 )
 from grpo.data.bbq import bbq_sample
 from grpo.data.halueval import load_halueval

@@ -289,8 +289,8 @@ def test_static_cache_and_bucket_padding_sample_the_same_ids(model, tok, samples
     from grpo.models.tokens import left_pad
 
     # top_k = 1: greedy decoding through the sampling path, which is the one that uses the static cache
-    assert completions(sample(model, tok, samples, seed=0, top_k=1, cache_implementation="static")) == \
-        completions(sample(model, tok, samples, seed=0, top_k=1))
+    assert (completions(sample(model, tok, samples, seed=0, top_k=1, cache_implementation="static")) ==
+            completions(sample(model, tok, samples, seed=0, top_k=1)))
     static = sample(model, tok, samples, seed=5, k=3, cache_implementation="static")
     assert completions(static) == completions(sample(model, tok, samples, seed=5, k=3))
     model.eval()

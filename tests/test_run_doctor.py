@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from grpo.run.doctor.thresholds import ONLINE_CODES
 from grpo.run.checkpoint.save_resume import saved_weights
+from grpo.run.doctor.thresholds import ONLINE_CODES
 from tests.trainer_helpers import fast_config
 
 pytestmark = pytest.mark.usefixtures("one_thread")

@@ -10,9 +10,9 @@ import pytest
 import torch
 
 from grpo import config as C
+from grpo.core.step_types import TrainBatch
 from grpo.models.logprobs import completion_logprobs, groups_share_prompts, shared_prompt_blocker
 from grpo.models.modeling import build_tiny_model, build_tiny_tokenizer, enable_checkpointing
-from grpo.core.step_types import TrainBatch
 from grpo.models.tokens import collate
 from grpo.phases.update import Learner, StepSettings, update_passes
 
@@ -32,7 +32,7 @@ def model():
 def make_batch(completion_lengths=COMPLETION_LENGTHS) -> TrainBatch:
     g = torch.Generator().manual_seed(0)
     prompts, completions = [], []
-    for n, lengths in zip(PROMPT_LENGTHS, completion_lengths):
+    for n, lengths in zip(PROMPT_LENGTHS, completion_lengths, strict=True):
         prompt = torch.randint(5, 250, (n,), generator=g).tolist()
         for m in lengths:
             prompts.append(prompt)
@@ -80,7 +80,7 @@ def test_shared_prompts_give_the_per_row_logprobs_entropies_and_gradients(model,
     torch.testing.assert_close(shared[0], per_row[0], rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(shared[1], per_row[1], rtol=1e-5, atol=1e-5)
     scale = max(g.abs().max().item() for g in per_row[2])
-    for a, b in zip(shared[2], per_row[2]):
+    for a, b in zip(shared[2], per_row[2], strict=True):
         torch.testing.assert_close(a, b, rtol=0, atol=1e-5 * scale)
     assert scale > 1e-3
 
@@ -144,9 +144,9 @@ def test_an_update_with_shared_prompts_equals_the_per_row_update(model):
                    torch.tensor([0.1, 0.3]), C.LossConfig(mu=2), ["a", "b"],
                    StepSettings(micro_batch_seqs=8, temperature=1.0, max_grad_norm=1e9, skip_grad_norm=1e9))
         after[group_size] = params
-    for a, b in zip(after[K], after[1]):
+    for a, b in zip(after[K], after[1], strict=True):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
-    assert max((a - b).abs().max().item() for a, b in zip(after[K], base.parameters())) > 1e-4
+    assert max((a - b).abs().max().item() for a, b in zip(after[K], base.parameters(), strict=True)) > 1e-4
 
 
 @pytest.mark.parametrize("lora", [False, True], ids=["full", "lora"])
@@ -179,7 +179,7 @@ def test_shared_prompts_under_activation_checkpointing_give_the_per_row_gradient
     assert len(calls) == 4
     torch.testing.assert_close(shared[0], per_row[0], rtol=1e-5, atol=1e-5)
     scale = max(g.abs().max().item() for g in per_row[2])
-    for a, b in zip(shared[2], per_row[2]):
+    for a, b in zip(shared[2], per_row[2], strict=True):
         torch.testing.assert_close(a, b, rtol=0, atol=1e-5 * scale)
     assert not any(hasattr(layer, "_can_checkpoint_with_cache") and "_can_checkpoint_with_cache" in vars(layer)
                    for layer in base.modules())  # the switch is back to transformers' class default

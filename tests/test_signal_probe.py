@@ -6,8 +6,8 @@ import json
 
 import pytest
 import torch
-
-from conftest import ROOT, load_script as _load
+from conftest import ROOT
+from conftest import load_script as _load
 
 DATA = ROOT.parent / "shared" / "data"
 
@@ -71,7 +71,7 @@ def test_reply_logprobs_match_one_unpadded_pass_per_reply():
     prompt, replies = [5, 6, 7, 8], [[9], [10, 11, 12]]
     got_sum = probe.reply_logprobs(model, prompt, replies, pad=0)
     got_mean = probe.reply_logprobs(model, prompt, replies, pad=0, per_token=True)
-    for reply, s, m in zip(replies, got_sum, got_mean):
+    for reply, s, m in zip(replies, got_sum, got_mean, strict=True):
         with torch.no_grad():
             logps = model(torch.tensor([prompt + reply])).logits[0].log_softmax(-1)
         want = [float(logps[len(prompt) - 1 + j, t]) for j, t in enumerate(reply)]

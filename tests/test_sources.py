@@ -12,8 +12,8 @@ import pytest
 
 datasets = pytest.importorskip("datasets")
 
-from grpo.data.sources import DataSourceError, TaskSource, load_source_samples, load_sources  # noqa: E402
 from grpo.data.heldout_split import stable_hash01  # noqa: E402
+from grpo.data.sources import DataSourceError, TaskSource, load_source_samples, load_sources  # noqa: E402
 from grpo.data.tables import HUB_PROBE_TIMEOUT_S  # noqa: E402
 
 ROWS = [

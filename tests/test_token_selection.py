@@ -49,7 +49,7 @@ def test_top_entropy_mask_matches_trl(quantile):
 # ------------------------------------------------------------------------------------------------ truncated masking
 def _scored(completions, truncated, prompts):
     out = []
-    for i, (c, tr, p) in enumerate(zip(completions, truncated, prompts)):
+    for i, (c, tr, p) in enumerate(zip(completions, truncated, prompts, strict=True)):
         sample = Sample(task="ab"[i % 2], id=str(i), messages=())
         out.append(Scored(Rollout(sample, tuple(p), tuple(c), "", stopped=not tr, truncated=tr), reward=0.0))
     return out
@@ -87,7 +87,7 @@ def _step(model, batch, loss, size):
 
 
 def _close(a_params, b_params):
-    for a, b in zip(a_params, b_params):
+    for a, b in zip(a_params, b_params, strict=True):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
 
 
@@ -105,7 +105,7 @@ def test_masked_truncated_rows_update_as_if_they_were_not_there():
             _close(a, b)
         else:  # a per-sequence mean still counts the masked sequences (as TRL's grpo loss does: B in the mean),
             # so with SGD the step is 4/6 of the step without them
-            for x, y, p in zip(a, b, model.parameters()):
+            for x, y, p in zip(a, b, model.parameters(), strict=True):
                 torch.testing.assert_close(x - p, (y - p) * 4 / 6, rtol=1e-4, atol=1e-6)
 
 
@@ -147,5 +147,5 @@ def test_micro_batching_changes_nothing_with_both_options_on():
         _close(runs[1][0], runs[6][0])
         _close(runs[2][0], runs[6][0])
         assert runs[1][1]["loss/total"] == pytest.approx(runs[6][1]["loss/total"], abs=1e-6)
-        moved = max((x - y).abs().max().item() for x, y in zip(runs[6][0], model.parameters()))
+        moved = max((x - y).abs().max().item() for x, y in zip(runs[6][0], model.parameters(), strict=True))
         assert moved > 1e-5

@@ -28,7 +28,8 @@ def test_encode_prompt_matches_hand_written_template(tok):
 
 def test_system_prompt_is_a_leading_system_turn_or_merged(tok):
     messages = [{"role": "user", "content": "hi"}]
-    assert encode_prompt(tok, messages, "Be fair.") == ids_of(tok, "<|system|>Be fair.<|end|><|user|>hi<|end|><|assistant|>")
+    assert encode_prompt(tok, messages, "Be fair.") == ids_of(tok,
+                                                              "<|system|>Be fair.<|end|><|user|>hi<|end|><|assistant|>")
     with_system = [{"role": "system", "content": "Old."}, {"role": "user", "content": "hi"}]
     assert encode_prompt(tok, with_system, "New.") == ids_of(
         tok, "<|system|>New.\n\nOld.<|end|><|user|>hi<|end|><|assistant|>")
@@ -89,7 +90,7 @@ def test_collate_masked_tokens_are_exactly_the_sampled_ids(tok):
     completions = [[40, 41, tok.eos_token_id], [42]]
     input_ids, attention, completion_mask, p = collate(prompts, completions, tok.pad_token_id)
     assert p == max(len(x) for x in prompts)
-    for row, (prompt, completion) in enumerate(zip(prompts, completions)):
+    for row, (prompt, completion) in enumerate(zip(prompts, completions, strict=True)):
         picked = input_ids[row, p:][completion_mask[row].bool()].tolist()
         assert picked == completion
         assert input_ids[row, p - len(prompt):p].tolist() == prompt  # prompt right-aligned against column P

@@ -106,7 +106,7 @@ def test_a_tool_returning_the_eos_and_a_call_neither_ends_the_turn_nor_calls(tok
     sample = Sample(task="t", id="0", messages=({"role": "user", "content": "say it"},))
     [r], metrics = T.tool_rollouts(model, tok, [sample], RolloutConfig(max_new_tokens=200), tools=box,
                                          plan=GREEDY)
-    suffix = [i for i, m in zip(r.completion_ids, r.model_mask) if m == 0]
+    suffix = [i for i, m in zip(r.completion_ids, r.model_mask, strict=True) if m == 0]
     assert r.messages[1]["content"] == payload and payload in tok.decode(suffix)
     assert not marker_ids(tok) & set(suffix)  # the call markers of the result are characters, not the tokens
     assert suffix.count(tok.eos_token_id) == tok.decode(T.tool_suffix_ids(tok, [

@@ -11,11 +11,30 @@ import types
 import pytest
 
 from grpo.config import ConfigError, RolloutConfig
-from grpo.core.tool_calls import (CALL_CLOSE, CALL_OPEN, ToolCall, ToolUse, Trajectory, parse_tool_calls,
-                                  tool_instructions, tool_metrics)
+from grpo.core.tool_calls import (
+    CALL_CLOSE,
+    CALL_OPEN,
+    ToolCall,
+    ToolUse,
+    Trajectory,
+    parse_tool_calls,
+    tool_instructions,
+    tool_metrics,
+)
 from grpo.models.modeling import build_tiny_tokenizer
-from grpo.phases.tools import (CUT_MARK, INVALID_TOOL, ToolBox, ToolError, build_toolbox, call_with_timeout,
-                               resolve_tools, result_text, tool_schema, tool_specs, tool_suffix_ids)
+from grpo.phases.tools import (
+    CUT_MARK,
+    INVALID_TOOL,
+    ToolBox,
+    ToolError,
+    build_toolbox,
+    call_with_timeout,
+    resolve_tools,
+    result_text,
+    tool_schema,
+    tool_specs,
+    tool_suffix_ids,
+)
 from tests.trainer_helpers import call_text
 
 KNOWN = {"calculator", "lookup"}
@@ -225,8 +244,8 @@ def test_the_toolbox_answers_every_call_and_counts_failures(tok):
 
 def test_a_template_without_a_tool_role_is_refused_before_any_rollout(tok):
     plain = build_tiny_tokenizer(["x"], vocab_size=300)
-    plain.chat_template = "{% for m in messages %}{% if m['role'] == 'tool' %}{{ raise_exception('no tools') }}" \
-                          "{% endif %}{{ m['content'] }}<|end|>{% endfor %}"
+    plain.chat_template = ("{% for m in messages %}{% if m['role'] == 'tool' %}{{ raise_exception('no tools') }}"
+                           "{% endif %}{{ m['content'] }}<|end|>{% endfor %}")
     with pytest.raises(ToolError, match="cannot render a tool message"):
         build_toolbox(RolloutConfig(tools=["tests.test_tools:calculator"]), plain)
     assert build_toolbox(RolloutConfig(), tok) is None  # no tools: single-turn rollouts, nothing is built

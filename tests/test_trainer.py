@@ -10,13 +10,13 @@ from dataclasses import replace
 import pytest
 import torch
 
-from grpo import config as C
-import grpo_train as G
 import grpo.run.step_owners as owners
-from grpo.phases.batch import batch_logprobs, build_train_batch
-from grpo.models.logprobs import completion_logprobs
-from grpo.phases.generate import generate_rollouts
+import grpo_train as G
+from grpo import config as C
 from grpo.grading.scoring import score_rollouts
+from grpo.models.logprobs import completion_logprobs
+from grpo.phases.batch import batch_logprobs, build_train_batch
+from grpo.phases.generate import generate_rollouts
 from grpo.phases.update import Learner, StepSettings, update_passes
 from tests.trainer_helpers import fast_config, rollout_batch
 
@@ -110,9 +110,9 @@ def test_grad_accumulation_equivalence(tmp_path, agg):
                    run.tasks, StepSettings(micro_batch_seqs=micro, temperature=1.0, max_grad_norm=1e9,
                                            skip_grad_norm=1e9, agg_constant=6.0))
         results.append(params)
-    for a, b in zip(*results):
+    for a, b in zip(*results, strict=True):
         torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
-    moved = max((a - b).abs().max().item() for a, b in zip(results[0], run.policy.model.parameters()))
+    moved = max((a - b).abs().max().item() for a, b in zip(results[0], run.policy.model.parameters(), strict=True))
     assert moved > 1e-4, "the step must move the weights, or the comparison proves nothing"
 
 

@@ -19,8 +19,13 @@ import pytest
 import torch
 
 from grpo import config as C
-from grpo.run.trl.command_line import (OTHER_RECORD_FIELDS, flag_value, read_config_file, translate_command_line,
-                                       trl_flags)
+from grpo.run.trl.command_line import (
+    OTHER_RECORD_FIELDS,
+    flag_value,
+    read_config_file,
+    translate_command_line,
+    trl_flags,
+)
 from grpo.run.trl.config_table import INSTEAD, ROWS, TABLE
 from grpo.run.trl.record_tables import MODEL_TABLE, RECORDS
 
@@ -184,8 +189,8 @@ def test_a_misspelt_field_in_a_trl_file_and_trl_flags_beside_our_sections_get_a_
     path = tmp_path / "grpo.yaml"
     path.write_text("model_name_or_path: builtin:tiny\nlerning_rate: 1.0e-5\nuse_pef: true\n")
     assert grpo_train.cli(["--config", str(path)]) == 2
-    assert "have no field(s) ['lerning_rate', 'use_pef'] (did you mean `learning_rate`, `use_peft`?)" in \
-        capsys.readouterr().err
+    assert ("have no field(s) ['lerning_rate', 'use_pef'] (did you mean `learning_rate`, `use_peft`?)" in
+            capsys.readouterr().err)
     ours = tmp_path / "ours.yaml"
     ours.write_text("preset: demo\ntrain:\n  max_steps: 3\n")
     assert grpo_train.cli(["--config", str(ours), "--learning_rate", "1e-5"]) == 2
@@ -350,9 +355,10 @@ def test_a_trl_file_trains_two_steps_of_the_tiny_model_and_output_dir_holds_the_
     """`grpo-dual --config grpo.yaml` (LoRA, a reward function by import path) trains 2 steps; output_dir holds the
     adapter and tokenizer as TRL's trainer.save_model leaves them: peft loads it onto the base, and it is the
     trained adapter."""
-    import grpo_train
     from peft import PeftModel
     from transformers import AutoTokenizer
+
+    import grpo_train
 
     path = trl_yaml(tmp_path, max_steps=2, per_device_train_batch_size=4, gradient_accumulation_steps=1,
                     max_completion_length=4, gradient_checkpointing=False)

@@ -75,8 +75,8 @@ def test_scored_parts_and_reward_metrics_carry_no_path_and_average_what_each_fun
              "zz": RewardSpec("zz", ((f"{here}:correct_len", 1.0), (f"{there}:correct_len", 2.0)),
                               aggregation="sum")}
     graders = resolve_graders(specs)
-    rows = [scored_row("qa", t, None).rollout for t in ("abcd", "skip", "ab")] + \
-        [scored_row("zz", t, None).rollout for t in ("abcdef", "a")]
+    rows = ([scored_row("qa", t, None).rollout for t in ("abcd", "skip", "ab")] +
+            [scored_row("zz", t, None).rollout for t in ("abcdef", "a")])
     scored, _ = score_rollouts(rows, specs, graders=graders)
     assert [s.parts for s in scored] == [{"correct_len": 4.0}, {"correct_len": None}, {"correct_len": 2.0},
                                          {"correct_len": 6.0, "correct_len_2": 6.0},
@@ -126,8 +126,9 @@ def test_a_run_logs_trls_keys_without_paths_in_metrics_tensorboard_and_samples(t
     """A run whose reward function lives in a file in another folder: rewards/<fn>/mean in metrics.jsonl and
     TensorBoard (it was rewards/<task>/<path>:<fn>/mean), no key anywhere holds the path, the step's TRL keys
     equal those computed from the step's completions (samples/), and TensorBoard has every key metrics.jsonl has."""
-    import grpo_train
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    import grpo_train
 
     monkeypatch.setenv("GRPO_DUAL_CACHE", str(tmp_path / "cache"))
     path = reward_file(tmp_path / "elsewhere" / "rewards")

@@ -17,8 +17,8 @@ import torch
 
 from grpo import config as C
 from grpo.run.api import python_config
-from grpo.run.step_owners import build_optimizer
 from grpo.run.assembly.samples import with_epochs
+from grpo.run.step_owners import build_optimizer
 from grpo.run.trl.config_table import DEFAULTS, ROWS, TABLE
 from grpo.run.trl.docs import markdown
 from grpo.run.trl.translation import translate
@@ -124,7 +124,8 @@ def our_plan(cfg: C.Config) -> dict:
         scheduler.step()
     beta = cfg.kl["default"].beta if cfg.kl["default"].controller == "fixed" else None
     return {"completions": cfg.seqs_per_step, "micro_batch": cfg.micro_batch_seqs, "steps": cfg.total_updates,
-            "lrs": lrs, "save_every": cfg.checkpoint.every * cfg.loss.mu, "eval_every": cfg.train.eval_every * cfg.loss.mu,
+            "lrs": lrs, "save_every": cfg.checkpoint.every * cfg.loss.mu,
+            "eval_every": cfg.train.eval_every * cfg.loss.mu,
             "seed": cfg.train.seed, "clip": (cfg.loss.clip_low, cfg.loss.clip_high), "beta": beta}
 
 
@@ -210,9 +211,9 @@ def trl_compute_loss(args, model: FixedForward, inputs: dict) -> torch.Tensor:
 @pytest.mark.parametrize("name", sorted(LOSSES))
 def test_our_loss_is_trls_compute_loss(name, tmp_path, monkeypatch):
     """The loss and its gradient of our update (grpo/phases/update.micro_batch_terms + aggregate over the step, as
-    update_passes does) equal TRL 1.16's own GRPOTrainer._compute_loss on the same log-probs, old and reference log-probs,
-    advantages and mask, for every loss_type TABLE translates: off-policy ratios (some clipped), negative and positive
-    advantages, completions of different lengths."""
+    update_passes does) equal TRL 1.16's own GRPOTrainer._compute_loss on the same log-probs, old and reference
+    log-probs, advantages and mask, for every loss_type TABLE translates: off-policy ratios (some clipped), negative and
+    positive advantages, completions of different lengths."""
     from grpo.core.losses import aggregate
     from grpo.core.step_types import TrainBatch
     from grpo.phases import update
@@ -232,7 +233,8 @@ def test_our_loss_is_trls_compute_loss(name, tmp_path, monkeypatch):
     ids_BT = torch.randint(5, 50, (B, T), generator=g)
 
     theirs_model = FixedForward(logps_BT, entropy_BT, P)
-    inputs = {"prompt_ids": torch.randint(5, 50, (B, P), generator=g), "prompt_mask": torch.ones(B, P, dtype=torch.long),
+    inputs = {"prompt_ids": torch.randint(5, 50, (B, P), generator=g),
+              "prompt_mask": torch.ones(B, P, dtype=torch.long),
               "completion_ids": ids_BT, "completion_mask": mask_BT.long(), "advantages": advantages_B,
               "old_per_token_logps": old_BT, "num_items_in_batch": mask_BT.sum()}
     if args.beta:
@@ -281,7 +283,8 @@ def test_the_object_and_its_yaml_give_the_same_plan(name, tmp_path, capsys):
     assert from_yaml.preset == "custom" and set(from_yaml.tasks) == {"t"}  # the user's task only, not the demo's
     assert our_plan(from_yaml) == our_plan(from_object)
     for section in ("train", "rollout", "loss", "model", "checkpoint"):
-        if section == "train":  # the same settings, named the user's way: TRL's flags for the file, fields for the object
+        # the same settings, named the user's way: TRL's flags for the file, fields for the object
+        if section == "train":
             yaml_names, object_names = from_yaml.train.trl_names, from_object.train.trl_names
             assert all(object_names.get(field) == name.removeprefix("--") for field, name in yaml_names.items())
             assert {"rollout.k", "train.lr", "rollout.max_new_tokens"} <= set(yaml_names)
@@ -306,8 +309,8 @@ def test_trl_defaults_apply_not_the_presets(tmp_path):
     assert cfg.model.dtype == "float32"  # bf16 resolved True by TRL, but the run is on the CPU: named, not switched on
     out = str(tmp_path / "out")  # output_dir gets the final model (TRL's save_model), the run folder inside it
     assert (cfg.checkpoint.final_model_dir, cfg.train.output_dir, cfg.train.run_name) == (out, out, "grpo-dual")
-    assert (cfg.train.log_every, cfg.train.sample_every, cfg.checkpoint.every, cfg.checkpoint.keep_last) == \
-        (10, 0, 500, 0)
+    assert ((cfg.train.log_every, cfg.train.sample_every, cfg.checkpoint.every, cfg.checkpoint.keep_last) ==
+            (10, 0, 500, 0))
 
 
 def test_the_table_holds_trls_defaults_and_every_field_outside_it_is_refused_when_set(tmp_path):
@@ -330,7 +333,8 @@ def test_what_cannot_be_honoured_is_refused_or_named(tmp_path):
                             ({"save_strategy": "best"}, "use steps, epoch or no"),
                             ({"eval_strategy": "best"}, "use steps, epoch or no"),
                             ({"adam_beta1": 0.8}, "torch's betas"),
-                            ({"importance_sampling_level": "sequence_token"}, "TRL 1.16 has"),  # TRL's trainer refuses it
+                            # TRL's trainer refuses it
+                            ({"importance_sampling_level": "sequence_token"}, "TRL 1.16 has"),
                             ({"num_generations": 8, "per_device_train_batch_size": 3}, "e.g. "
                              "per_device_train_batch_size=8")]:
         with pytest.raises(C.ConfigError, match=message):
@@ -341,7 +345,8 @@ def test_what_cannot_be_honoured_is_refused_or_named(tmp_path):
     assert not [n for n in translate({"loss_type": "dapo", "entropy_coef": 0.05}).notes if "entropy" in n]
     notes = translate({"disable_dropout": True, "beta": 0.1, "lr_scheduler_type": "constant", "warmup_steps": 5}).notes
     named = [n.split(":")[0] for n in notes]
-    assert {"GRPOConfig.warmup_steps=5.0", "GRPOConfig.disable_dropout=True"} <= set(named) and len(named) <= 3  # (bf16)
+    # (bf16)
+    assert {"GRPOConfig.warmup_steps=5.0", "GRPOConfig.disable_dropout=True"} <= set(named) and len(named) <= 3
     assert "GRPOConfig.use_bias_correction_kl=True" not in named  # applied: loss.kl_importance_weight
 
 
@@ -367,7 +372,8 @@ def test_docs_trl_md_is_the_table():
     custom = (ROOT / "docs" / "CUSTOM_TASKS.md").read_text()  # it never mentioned GRPOConfig
     assert "](TRL.md)" in custom and "GRPOConfig" in custom
     diff = custom.split("### 5.1", 1)[1].split("```diff\n", 1)[1].split("```", 1)[0].splitlines()
-    changed = [line for line in diff if line.startswith(("+", "-"))]  # the TRL script, before and after: one import line
+    # the TRL script, before and after: one import line
+    changed = [line for line in diff if line.startswith(("+", "-"))]
     assert changed == ["-from trl import GRPOConfig, GRPOTrainer", "+from grpo_train import GRPOConfig, GRPOTrainer"]
 
 

@@ -91,10 +91,11 @@ def test_a_reward_function_gets_every_keyword_trls_trainer_passes_with_trls_mean
     graders = preflight(spec, {"caps": [sample]}, callables={"reward_spy": spy(mine)})
     mine.clear()
     set_trainer_state(6, 10)
-    scored, _ = score_rollouts([rollout(sample, t, i) for t, i in zip(texts, ids)], spec, graders=graders)
+    scored, _ = score_rollouts([rollout(sample, t, i) for t, i in zip(texts, ids, strict=True)], spec, graders=graders)
     (ours,), (trls,) = mine, theirs
 
-    assert set(ours) - {"task"} == set(trls)  # every keyword TRL passes, no `environments` (TRL: none without a factory)
+    # every keyword TRL passes, no `environments` (TRL: none without a factory)
+    assert set(ours) - {"task"} == set(trls)
     assert ours["task"] == ["caps", "caps"]  # grpo-dual's own column, documented
     for key in sorted(set(trls) - {"trainer_state", "log_extra", "log_metric"}):  # prompts ... and the columns
         assert ours[key] == trls[key], key
@@ -166,7 +167,8 @@ def test_log_extra_columns_reach_the_logged_completions_of_a_run(tmp_path):
                               per_device_train_batch_size=4, num_generations=2, logging_steps=1,
                               log_completions=True, gradient_checkpointing=False)
     run = grpo_train.train(["model.tiny_hidden=32", "model.tiny_layers=1", "model.tiny_heads=2", "sft.steps=0",
-                            "data.eval_size=2"], tasks={"caps": ROWS[:-2]}, rewards={"caps": [reward_len, reward_words]},
+                            "data.eval_size=2"], tasks={"caps": ROWS[:-2]},
+                           rewards={"caps": [reward_len, reward_words]},
                            args=args, eval_dataset=ROWS[-2:])  # TRL evaluates an eval_dataset only
     assert len(run.samples.training["caps"]) == len(ROWS) - 2
     for step in (1, 2):

@@ -41,8 +41,8 @@ def grpo_config(tmp_path, **fields):
 def test_a_group_spanning_micro_batches_makes_the_whole_batchs_optimizer_step():
     """per_device_train_batch_size=4, num_generations=8, gradient_accumulation_steps=2 (TRL accepts it): one prompt's
     8 completions a step, trained 4 at a time; the update equals the one on all 8 at once."""
-    from grpo.phases.update import Learner, StepSettings, update_passes
     from grpo.models.modeling import build_tiny_model, build_tiny_tokenizer
+    from grpo.phases.update import Learner, StepSettings, update_passes
     from tests.test_micro_batches import CORPUS, make_batch
 
     cfg = C.from_dict(C.config_tree("custom", [], translate(
@@ -61,14 +61,15 @@ def test_a_group_spanning_micro_batches_makes_the_whole_batchs_optimizer_step():
                    cfg.loss, ["a", "b"], StepSettings(micro_batch_seqs=size, temperature=1.0, max_grad_norm=1e9,
                                                       skip_grad_norm=1e9))
         after[size] = params
-    for a, b in zip(after[4], after[8]):
+    for a, b in zip(after[4], after[8], strict=True):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
-    assert max((a - b).abs().max().item() for a, b in zip(after[4], model.parameters())) > 1e-5
+    assert max((a - b).abs().max().item() for a, b in zip(after[4], model.parameters(), strict=True)) > 1e-5
 
 
 def test_a_trl_config_trains_its_epochs_schedule_checkpoints_and_logging_into_output_dir(tmp_path):
-    import grpo_train
     from transformers import get_scheduler
+
+    import grpo_train
 
     args = grpo_config(tmp_path, num_train_epochs=2, per_device_train_batch_size=4, num_generations=4,
                        gradient_accumulation_steps=2, learning_rate=1e-3, lr_scheduler_type="linear", warmup_steps=2,
@@ -89,12 +90,13 @@ def test_a_trl_config_trains_its_epochs_schedule_checkpoints_and_logging_into_ou
     n_train = len(run.samples.training["caps"])
     assert n_train == 20
     steps = 2 * (n_train // 2)
-    assert run.progress.step == steps and run.run_dir == tmp_path / "out" / "grpo-dual"  # the run folder, inside output_dir
+    # the run folder, inside output_dir
+    assert run.progress.step == steps and run.run_dir == tmp_path / "out" / "grpo-dual"
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     saved = AutoModelForCausalLM.from_pretrained(tmp_path / "out")  # output_dir: the final model, as TRL leaves it
     assert AutoTokenizer.from_pretrained(tmp_path / "out").vocab_size == run.tokenizer.vocab_size
-    for (name, a), (_, b) in zip(run.policy.model.named_parameters(), saved.named_parameters()):
+    for (name, a), (_, b) in zip(run.policy.model.named_parameters(), saved.named_parameters(), strict=True):
         assert torch.equal(a.detach(), b), name
     rows = [json.loads(line) for line in (run.run_dir / "metrics.jsonl").read_text().splitlines()]
     logged = {r["step"]: r["lr"] for r in rows if "lr" in r}
@@ -161,7 +163,8 @@ def test_the_learning_rate_schedule_resumes_bit_identically(tmp_path):
                                checkpoint={"resume": "auto"})
     assert (full.cfg.micro_batch_seqs, full.cfg.seqs_per_step, full.cfg.model.gradient_checkpointing) == (2, 4, True)
     assert resumed.updater.scheduler.state_dict() == full.updater.scheduler.state_dict()
-    for (name, a), (_, b) in zip(full.policy.model.named_parameters(), resumed.policy.model.named_parameters()):
+    for (name, a), (_, b) in zip(full.policy.model.named_parameters(), resumed.policy.model.named_parameters(),
+                                 strict=True):
         assert torch.equal(a, b), name
 
 

@@ -107,7 +107,8 @@ def test_a_trl_dataset_trains_with_trl_reward_functions_and_skips_the_warm_up(tm
     header = out[:out.index("evaluating before training ...")]  # what will run, said before it runs
     assert "no SFT warm-up (no training row has a target)" in header and "SFT 50 steps" not in out
     assert "SFT warm-up skipped" not in out  # the header said it: no second line contradicting it
-    assert run.progress.step == 2 and "after_sft" not in run.progress.evals and set(run.progress.evals) == {"before_sft", "after_rl"}
+    assert run.progress.step == 2 and "after_sft" not in run.progress.evals
+    assert set(run.progress.evals) == {"before_sft", "after_rl"}
     assert seen and seen[0][1] == ("list" if conversational else "str")  # TRL passes messages for chat data
 
 
@@ -136,7 +137,8 @@ def test_a_misspelt_field_gets_a_did_you_mean(capsys, flag, guess):
     assert f"did you mean {guess}?" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("argv0, typed", [("/venv/bin/grpo-dual", "grpo-dual"), ("grpo_train.py", "python grpo_train.py")])
+@pytest.mark.parametrize("argv0, typed",
+                         [("/venv/bin/grpo-dual", "grpo-dual"), ("grpo_train.py", "python grpo_train.py")])
 def test_an_unknown_flag_gets_a_did_you_mean_naming_the_command_typed(capsys, monkeypatch, argv0, typed):
     """`--max-step 3` got argparse's bare "unrecognized arguments" under `usage: grpo_train.py` whatever was typed."""
     import grpo_train
@@ -163,8 +165,8 @@ def test_a_grpo_config_is_translated_field_by_field_and_untranslatable_fields_ar
     assert (cfg.train.lr, cfg.rollout.k, cfg.train.prompts_per_micro_step, cfg.train.grad_accum) == (1e-4, 4, 4, 2)
     assert cfg.kl["default"].controller == "fixed" and cfg.kl["default"].beta == 0.02
     assert (cfg.loss.clip_low, cfg.loss.clip_high) == (0.25, 0.25)  # TRL: epsilon_high defaults to epsilon
-    assert (cfg.loss.agg_mode, cfg.loss.policy_loss, cfg.loss.mu, cfg.loss.adv_scale) == \
-        ("seq-mean-token-sum-norm", "gspo", 2, "batch")
+    assert ((cfg.loss.agg_mode, cfg.loss.policy_loss, cfg.loss.mu, cfg.loss.adv_scale) ==
+            ("seq-mean-token-sum-norm", "gspo", 2, "batch"))
     assert (cfg.rollout.max_new_tokens, cfg.rollout.temperature, cfg.train.seed) == (32, 0.7, 3)
     assert (cfg.train.max_steps, cfg.total_updates) == (4, 8)  # TRL's 8 optimizer steps: 4 generations x mu 2
     assert (cfg.train.device, cfg.train.output_dir, cfg.train.run_name) == ("cpu", "out", "grpo-dual")
@@ -212,8 +214,8 @@ def test_config_files_hold_our_sections_or_trls_fields_and_flags_override_them(t
     rows.write_text("".join(json.dumps(r) + "\n" for r in ROWS))
     assert grpo_train.cli(["--config", str(trl_file), "--tasks.caps.path", str(rows), "--print-config"]) == 0
     printed = json.loads(capsys.readouterr().out)
-    assert (printed["train"]["lr"], printed["rollout"]["k"], printed["loss"]["agg_mode"]) == \
-        (0.0005, 4, "seq-mean-token-mean")
+    assert ((printed["train"]["lr"], printed["rollout"]["k"], printed["loss"]["agg_mode"]) ==
+            (0.0005, 4, "seq-mean-token-mean"))
     assert printed["kl"]["default"]["beta"] == 0.0 and printed["kl"]["default"]["controller"] == "fixed"
     for text, message in [('{"use_vllm": true}', "['use_vllm']"), ("rollout: [1", "not valid YAML"),
                           ('{"reward_weights": [1, 2]}', "reward_weights need the reward functions")]:
@@ -296,8 +298,9 @@ def test_a_length_reward_smoke_test_logs_each_function_everywhere_and_is_too_sho
     the same words in the API's report and on the console (the API said "too_short" where the console said "TOO SHORT
     TO JUDGE")."""
     pytest.importorskip("wandb")
-    import grpo_train
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    import grpo_train
 
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.setenv("WANDB_SILENT", "true")

@@ -20,9 +20,9 @@ def test_cpu_parameters_get_the_fused_kernel_and_its_steps_equal_the_per_tensor_
     a = adamw(fused, lr=0.1, weight_decay=0.01)
     b = torch.optim.AdamW(looped, lr=0.1, weight_decay=0.01, foreach=False)
     assert a.defaults["fused"] is True and not b.defaults["fused"]
-    for step in range(3):
+    for _ in range(3):
         a.step(), b.step()
-        for p, q in zip(fused, looped):
+        for p, q in zip(fused, looped, strict=True):
             torch.testing.assert_close(p, q, rtol=1e-6, atol=1e-6)
             p.grad, q.grad = p.grad * -0.5, q.grad * -0.5  # a different gradient for the next step
     # the state has the same entries, so a checkpoint from either loads into the other

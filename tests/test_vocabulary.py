@@ -27,7 +27,8 @@ def zero_reward(completions, **kwargs):
 
 def test_a_grpo_dual_field_is_named_by_the_trl_flag_that_set_it_ours_in_brackets():
     said = in_user_terms("try `rollout.k=16`: more samples; a smaller train.lr cannot help; try "
-                         "`kl.numbers.beta=<2× now>`: a stronger pull; kl.own.beta=0.1; `rollout.temperature=1.5`", FLAGS)
+                         "`kl.numbers.beta=<2× now>`: a stronger pull; kl.own.beta=0.1; `rollout.temperature=1.5`",
+                         FLAGS)
     assert said == ("try `--num_generations 16` (rollout.k): more samples; a smaller --learning_rate (train.lr) cannot "
                     "help; try `--beta <2× now>` (kl.default.beta): a stronger pull; kl.own.beta=0.1; "
                     "`rollout.temperature=1.5`")  # a task with its own kl entry, and a field TRL did not set: ours

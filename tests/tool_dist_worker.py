@@ -39,9 +39,10 @@ SCENARIOS = {  # name -> (config overrides, the call a forced first reply makes)
 
 
 def forcing(real: Callable[..., Any], call_text: str) -> Callable[..., Any]:
-    """The engine's decode (`real(model, rollout, greedy)`: grpo.phases.tools.decoder), except that a first reply whose first sampled id is even becomes `call_text` (a random tiny
-    model never writes a call): decided by the sampled ids alone, which per-completion sampling makes the same on any
-    number of processes. `.tokenizer` must be set to the run's before the first rollout."""
+    """The engine's decode (`real(model, rollout, greedy)`: grpo.phases.tools.decoder), except that a first reply whose
+    first sampled id is even becomes `call_text` (a random tiny model never writes a call): decided by the sampled ids
+    alone, which per-completion sampling makes the same on any number of processes. `.tokenizer` must be set to the
+    run's before the first rollout."""
     def forced(model, rows, rollout, stop_ids, pad_id, **kw):
         out, fixed = real(model, rollout, kw["greedy"])(model, rows, rollout, stop_ids, pad_id, **kw)
         tok = forced.tokenizer

@@ -16,7 +16,6 @@ from grpo.core.tool_calls import DEFAULT_FORMAT
 from grpo.run.checkpoint.folder import BOOKKEEPING, MARKER, RESTARTABLE
 from grpo.run.tracking import MEASURED_PREFIXES
 
-
 TINY_CLI = ["--model.tiny_hidden", "32", "--model.tiny_layers", "1", "--model.tiny_heads", "2", "--data.demo_size",
             "24", "--data.eval_size", "2", "--rollout.max_new_tokens", "4", "--rollout.k", "2", "--sft.steps", "0",
             "--train.eval_every", "0", "--train.sample_every", "0", "--train.tensorboard", "false",
@@ -75,16 +74,17 @@ def assert_resume_is_bit_identical(tmp_path, extra: list[str], used_metric: str)
 
     a, b = lines(full.run_dir), lines(resumed.run_dir)
     assert a == b and sum(r.get(used_metric, 0) for r in a) > 0
-    for (name, pa), (_, pb) in zip(full.policy.model.named_parameters(), resumed.policy.model.named_parameters()):
+    for (name, pa), (_, pb) in zip(full.policy.model.named_parameters(), resumed.policy.model.named_parameters(),
+                                   strict=True):
         assert torch.equal(pa, pb), name
 
 
 def rollout_batch(run, n_prompts: int = 2, k: int | None = None):
     """A collated TrainBatch of real rollouts of `run`'s policy, scored, with group advantages (no ref/old passes)."""
     from grpo.core.advantages import group_advantages
+    from grpo.grading.scoring import score_rollouts
     from grpo.phases.batch import build_train_batch
     from grpo.phases.generate import generate_rollouts
-    from grpo.grading.scoring import score_rollouts
 
     k = k or run.cfg.rollout.k
     rollouts, _ = generate_rollouts(run.policy.model, run.tokenizer, run.generation.sampler.next_batch(n_prompts),
@@ -100,8 +100,8 @@ def call_text(name: str, arguments: Mapping[str, Any]) -> str:
 
 
 def blocks_fresh_start(path: str | Path) -> bool:
-    """True when a fresh run into `path` would stop (grpo/run/checkpoint/folder.prepare_run_dir): a folder with run contents,
-    not marked restartable, or with contents and no marker, or holding a checkpoint."""
+    """True when a fresh run into `path` would stop (grpo/run/checkpoint/folder.prepare_run_dir): a folder with run
+    contents, not marked restartable, or with contents and no marker, or holding a checkpoint."""
     path = Path(path)
     if not path.is_dir():
         return False

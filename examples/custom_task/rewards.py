@@ -12,7 +12,7 @@ ANSWER = re.compile(r"answer\s*:\s*([A-Za-z]+)", re.IGNORECASE)
 def answer_matches(completions, answer, **kwargs):
     """TRL style: 1.0 when the word after "Answer:" is the row's `answer` column, else 0.0 (one per completion)."""
     rewards = []
-    for completion, gold in zip(completions, answer):
+    for completion, gold in zip(completions, answer, strict=True):
         found = ANSWER.search(completion)
         rewards.append(1.0 if found and found.group(1).lower() == gold.lower() else 0.0)
     return rewards

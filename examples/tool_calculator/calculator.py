@@ -49,7 +49,7 @@ def exact_answer(completions, answer, **kwargs):
     """TRL style: 1.0 when the last number of the final reply is the row's `answer`, else 0.0 (a reply that only
     calls the tool, or stops at the turn limit, has no answer)."""
     rewards = []
-    for completion, gold in zip(completions, answer):
+    for completion, gold in zip(completions, answer, strict=True):
         text = completion[-1]["content"] if isinstance(completion, list) else completion
         numbers = NUMBER.findall(text.replace(",", ""))
         rewards.append(1.0 if numbers and numbers[-1] == str(gold) else 0.0)

@@ -10,13 +10,43 @@ grpo/config/building.py's; the presets grpo/config/presets.py's, the command lin
 """
 
 from grpo.config.algorithm_sections import LossConfig, MultiConfig, RolloutConfig, TaskKLConfig, check_clip
-from grpo.config.building import (DICT_SECTIONS, MAX_FLOAT_INT, asdict_section, coerce_value, config_tree,
-                                  dumps, from_dict, load_config, parse_value, to_dict)
-from grpo.config.checks import (ENV_NAME, JUDGE_RATE_MAX_STEP_S, KEY_PREFIXES, LLAMA_LORA_TARGETS, LOGIT_BOUND,
-                                MAX_LOGIT_PENALTY, MAX_LOSS_WEIGHT, MAX_LR, MAX_REPETITION_PENALTY, MAX_SEED,
-                                MIN_TEMPERATURE, SHARED_PROMPT_MODES, TINY_MIN_VOCAB, ConfigError, field_error)
-from grpo.config.input_sections import (BUILTIN_SOURCES, PROMPT_FORMATS, DataConfig, ModelConfig, RewardModelConfig,
-                                        TaskSourceConfig)
+from grpo.config.building import (
+    DICT_SECTIONS,
+    MAX_FLOAT_INT,
+    asdict_section,
+    coerce_value,
+    config_tree,
+    dumps,
+    from_dict,
+    load_config,
+    parse_value,
+    to_dict,
+)
+from grpo.config.checks import (
+    ENV_NAME,
+    JUDGE_RATE_MAX_STEP_S,
+    KEY_PREFIXES,
+    LLAMA_LORA_TARGETS,
+    LOGIT_BOUND,
+    MAX_LOGIT_PENALTY,
+    MAX_LOSS_WEIGHT,
+    MAX_LR,
+    MAX_REPETITION_PENALTY,
+    MAX_SEED,
+    MIN_TEMPERATURE,
+    SHARED_PROMPT_MODES,
+    TINY_MIN_VOCAB,
+    ConfigError,
+    field_error,
+)
+from grpo.config.input_sections import (
+    BUILTIN_SOURCES,
+    PROMPT_FORMATS,
+    DataConfig,
+    ModelConfig,
+    RewardModelConfig,
+    TaskSourceConfig,
+)
 from grpo.config.presets import DEMO_KL, PRESETS
 from grpo.config.sections import LR_SCHEDULERS, CheckpointConfig, Config, JudgeConfig, SFTConfig, TrainConfig
 from grpo.core.plumbing import did_you_mean

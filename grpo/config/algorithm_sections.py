@@ -51,8 +51,8 @@ class RolloutConfig:
     cache_implementation: str = "dynamic"
     """KV cache of the RL rollouts: dynamic | static. static pads prompts to a multiple of 64 tokens and lets
     transformers compile the decoding step on CUDA, after a one-off compile (how much faster on an H100:
-    benchmarks/RESULTS.md, `vs_trl.py --ours-cache static`). On CPU nothing is compiled and it is slower. Evaluation always
-    uses the dynamic cache (its batch shapes vary)."""
+    benchmarks/RESULTS.md, `vs_trl.py --ours-cache static`). On CPU nothing is compiled and it is slower. Evaluation
+    always uses the dynamic cache (its batch shapes vary)."""
     engine: str = "auto"
     """auto | lean | graph | hf: the decoding loop of rollouts and evaluation. lean (grpo/decoding/decode.py) samples
     exactly the tokens transformers' generate samples (same processors, same random numbers; tested token for token)
@@ -70,8 +70,8 @@ class RolloutConfig:
     the copy fits in the free memory, off never folds."""
     sampling_rng: str = "auto"
     """global | per_completion | auto. per_completion draws every completion from its own random stream keyed by
-    (seed, step, prompt, k) (grpo/decoding/sampling.py), so it does not depend on the batch it was generated in: a run on N
-    processes then samples exactly what the one-process run samples. auto = per_completion under several
+    (seed, step, prompt, k) (grpo/decoding/sampling.py), so it does not depend on the batch it was generated in: a run
+    on N processes then samples exactly what the one-process run samples. auto = per_completion under several
     processes, global (torch's RNG, Hugging Face's sampler) otherwise."""
     overlong_buffer: int = 0
     """DAPO's soft overlong punishment (arXiv 2503.14476, eq. 13): L_cache, the last tokens before max_new_tokens
@@ -139,7 +139,8 @@ class RolloutConfig:
         _check(self.overlong_penalty_factor > 0, "rollout.overlong_penalty_factor", self.overlong_penalty_factor,
                "use a value > 0, e.g. 1.0")
         _check(self.engine not in ("lean", "graph") or self.cache_implementation == "dynamic", "rollout.engine",
-               self.engine, f"the {self.engine} engine keeps its own KV cache; with rollout.cache_implementation=static "
+               self.engine,
+               f"the {self.engine} engine keeps its own KV cache; with rollout.cache_implementation=static "
                "use engine=auto or hf")
 
 
@@ -200,9 +201,9 @@ class LossConfig:
     presets use it). A failed judge call voids the reward either way (or takes its fallback)."""
     multi_objective_aggregation: str = "sum_then_normalize"
     """How a task's reward terms (rewards.<task>) reach the advantages (TRL's multi_objective_aggregation):
-    sum_then_normalize = the reward (loss.reward_aggregation), then group advantages | normalize_then_sum = GDPO: each term normalised
-    within its group first, then the weighted sum (grpo/core/advantages.normalize_then_sum); TRL then scales by the
-    batch std (loss.adv_scale=batch). reward/<task> metrics stay the reward's."""
+    sum_then_normalize = the reward (loss.reward_aggregation), then group advantages | normalize_then_sum = GDPO: each
+    term normalised within its group first, then the weighted sum (grpo/core/advantages.normalize_then_sum); TRL then
+    scales by the batch std (loss.adv_scale=batch). reward/<task> metrics stay the reward's."""
     mask_truncated: bool = False
     """Completions that reached rollout.max_new_tokens without a stop token carry no loss (policy, KL, entropy) and
     are not counted in the step's token / sequence-length denominators (TRL's mask_truncated_completions; DAPO's
@@ -229,7 +230,8 @@ class LossConfig:
                "adaptive entropy control needs entropy_coef_min <= entropy_coef <= entropy_coef_max")
         _check(0 < self.top_entropy_quantile <= 1, "loss.top_entropy_quantile", self.top_entropy_quantile,
                "use a share in (0, 1], e.g. 0.2 (1 = every token)")
-        # loss.params and the agg_mode a loss needs: the loss registry's rules, applied by grpo/run/assembly/config_check.py
+        # loss.params and the agg_mode a loss needs: the loss registry's rules, applied by
+        # grpo/run/assembly/config_check.py
 
 
 @dataclass
@@ -258,7 +260,8 @@ class TaskKLConfig:
     beta_max: float = 1.0
     """Upper bound on beta (at most 1e3, MAX_LOSS_WEIGHT)."""
 
-    # The rules on these values belong to the controllers (grpo/core/kl_control.py RULES): grpo/run/assembly/config_check.py applies
+    # The rules on these values belong to the controllers (grpo/core/kl_control.py RULES):
+    # grpo/run/assembly/config_check.py applies
     # them to each kl.<task> section with the field named, so the config cannot accept what a controller refuses.
 
 

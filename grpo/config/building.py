@@ -138,7 +138,8 @@ def _coerce_section(cls: type, values: dict[str, Any], where: str) -> Any:
                           f": valid fields of `{where}` are {sorted(hints)}", field=f"{where}.{unknown[0]}")
     out = {}
     for key, value in values.items():
-        if isinstance(value, dict) and typing.get_origin(hints[key]) is not dict:  # `rollout.k.x=3`: a field used as if it were a section
+        # `rollout.k.x=3`: a field used as if it were a section
+        if isinstance(value, dict) and typing.get_origin(hints[key]) is not dict:
             raise ConfigError(f"unknown config field(s) {_leaves(value, f'{where}.{key}')}: `{where}.{key}` is a "
                               f"field, not a section; set it with {where}.{key}=value", field=f"{where}.{key}")
         out[key] = coerce_value(value, hints[key], f"{where}.{key}")

@@ -2,8 +2,9 @@
 the bad value and the fix) and the bounds on numbers that scale logits, losses and weights, with the reason for each.
 
 Standard library only. The section dataclasses are grpo/config/input_sections.py's (model, data, tasks.<task>,
-reward_models.<name>), grpo/config/algorithm_sections.py's (rollout, loss, kl.<task>, multi) and grpo/config/sections.py's
-(train, sft, judge, checkpoint and the whole `Config`); grpo/config/__init__.py re-exports every name of them.
+reward_models.<name>), grpo/config/algorithm_sections.py's (rollout, loss, kl.<task>, multi) and
+grpo/config/sections.py's (train, sft, judge, checkpoint and the whole `Config`); grpo/config/__init__.py re-exports
+every name of them.
 """
 
 from __future__ import annotations
@@ -34,8 +35,8 @@ def field_error(name: str, value: Any, fix: str) -> ConfigError:
 def _inside_folder(name: str) -> bool:
     """True when `name` is one plain folder name: no separator, not absolute, not `.` or `..`, no control character
     (a newline or tab in a folder name breaks every log line and shell command that prints it)."""
-    return "/" not in name and "\\" not in name and name not in (".", "..") and not name.startswith("~") \
-        and ":" not in name[:2] and not any(unicodedata.category(c) == "Cc" for c in name)
+    return ("/" not in name and "\\" not in name and name not in (".", "..") and not name.startswith("~")
+            and ":" not in name[:2] and not any(unicodedata.category(c) == "Cc" for c in name))
 
 
 def _env_name(value: str) -> bool:
@@ -56,7 +57,8 @@ def _one_of(name: str, value: Any, allowed: typing.Iterable[str]) -> None:
 
 # Names implemented by a registry (policy losses, aggregation modes, KL estimators, advantage scales, KL controllers,
 # combine methods, decoding engines, cache implementations) are checked against that registry by
-# grpo/run/assembly/config_check.py, which every entry point runs right after building the Config: this module imports no torch.
+# grpo/run/assembly/config_check.py, which every entry point runs right after building the Config: this module imports
+# no torch.
 SHARED_PROMPT_MODES = ("auto", "on", "off")
 JUDGE_RATE_MAX_STEP_S = 3600.0
 """The longest judge.rate_limit_per_s may hold one RL step's judge calls (seqs_per_step / rate): a rate slower than

@@ -6,7 +6,8 @@
                                                                  flags, which the run layer translates), when given
     anything else (--preset, --print-config, --help-all, ...) -> left for the entry point's own argparse parser
 
-Standard library only; the schema and its validation are grpo/config/sections.py's (and its parts'), `load_config` grpo/config/building.py's, the presets grpo/config/presets.py's.
+Standard library only; the schema and its validation are grpo/config/sections.py's (and its parts'), `load_config`
+grpo/config/building.py's, the presets grpo/config/presets.py's.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import re
 import sys
 import textwrap
 import typing
+from itertools import pairwise
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
@@ -128,8 +130,8 @@ def repeated_note(argv: list[str]) -> str | None:
         key, _, value = item.partition("=")
         values.setdefault(key, []).append(value)
     repeats = [f"{key} ({', '.join(v)}: {v[-1]} applies)" for key, v in values.items() if len(v) > 1]
-    return f"note: set more than once on the command line, the last value applies: {'; '.join(repeats)}" \
-        if repeats else None
+    return (f"note: set more than once on the command line, the last value applies: {'; '.join(repeats)}"
+            if repeats else None)
 
 
 class FileTree(dict):
@@ -197,8 +199,8 @@ def other_names_hint(err: C.ConfigError, other: OtherFlags | None) -> C.ConfigEr
     """`--train.lerning_rate`: an unknown field of a section whose name is close to one of `other`'s flags that
     means a grpo-dual field: the error with "did you mean `train.lr`?" (its message had no guess of its own)."""
     dotted = err.field or ""
-    if other is None or "did you mean" in str(err) or not str(err).startswith("unknown config field") or \
-            dotted.count(".") != 1:
+    if (other is None or "did you mean" in str(err) or not str(err).startswith("unknown config field") or
+            dotted.count(".") != 1):
         return err
     theirs = other.hint(dotted.split(".", 1)[1])
     same = other.equivalents.get(theirs or "")
@@ -305,7 +307,7 @@ def describe_fields(preset: str = DEFAULT_PRESET) -> str:
     for node in (n for module in modules for n in ast.parse(inspect.getsource(module)).body):
         if isinstance(node, ast.ClassDef):
             body = node.body
-            for a, b in zip(body, body[1:]):
+            for a, b in pairwise(body):
                 if isinstance(a, ast.AnnAssign) and isinstance(b, ast.Expr) and isinstance(b.value, ast.Constant):
                     docs.setdefault(node.name, {})[a.target.id] = " ".join(str(b.value.value).split())
     lines = []
@@ -332,7 +334,8 @@ def describe_fields(preset: str = DEFAULT_PRESET) -> str:
             elif sname == "rewards":
                 lines += [f"  preset {preset} sets rewards.{task} = {spec!r}" for task, spec in cfg.rewards.items()]
                 # the command line imports no grpo module (docs/DESIGN.md): grpo_train adds the built-in graders
-                lines.append("  a grader is a built-in name (listed at the end of grpo_train.py --help-all), llm_judge, a "
+                lines.append("  a grader is a built-in name (listed at the end of grpo_train.py --help-all), "
+                             "llm_judge, a "
                              "reward_models name, package.module:function or path/to/file.py:function")
             else:
                 cls = C.DICT_SECTIONS[sname]
@@ -438,7 +441,8 @@ def trainer_parser(prog: str, description: str, preset: str = DEFAULT_PRESET, mo
                                      "--section.field VALUE or --set section.field=VALUE; shortcuts: "
                                      + ", ".join(f"--{k}" for k in ALIASES) + "):" + describe_fields(preset)
                                      + more_help + (other_flags_help(other) if other is not None else ""))
-    parser.add_argument("--preset", default=DEFAULT_PRESET, help=f"one of {sorted(PRESETS)} (default: {DEFAULT_PRESET})")
+    parser.add_argument("--preset", default=DEFAULT_PRESET,
+                        help=f"one of {sorted(PRESETS)} (default: {DEFAULT_PRESET})")
     parser.add_argument("--config", metavar="FILE", default="",
                         help="a YAML or JSON config file: grpo-dual's sections, or the fields of TRL's `trl grpo` "
                              "records (GRPOScriptArguments, ModelConfig, DatasetMixtureConfig, GRPOConfig; translated "
@@ -452,7 +456,8 @@ def trainer_parser(prog: str, description: str, preset: str = DEFAULT_PRESET, mo
                              "folder this program made a run folder")
     parser.add_argument("--accept-changes", action="store_true",
                         help="with --resume: go on although the config, data files or reward functions differ from "
-                             "the checkpoint's, recording the changes in the run folder (checkpoint.accept_changes=true)")
+                             "the checkpoint's, recording the changes in the run folder "
+                             "(checkpoint.accept_changes=true)")
     return parser
 
 
@@ -528,8 +533,8 @@ def parse_trainer_argv(argv: list[str], prog: str, description: str, more_help: 
         flagged = {o.split("=", 1)[0] for o in overrides}  # is named as the user wrote it, not by TRL's flag
         tree["train"]["trl_names"] = {f: n for f, n in tree["train"]["trl_names"].items() if f not in flagged}
     args.preset = preset
-    flags = (["train.overwrite=true"] if args.overwrite else []) + \
-        (["checkpoint.accept_changes=true"] if args.accept_changes else [])
+    flags = ((["train.overwrite=true"] if args.overwrite else []) +
+             (["checkpoint.accept_changes=true"] if args.accept_changes else []))
     try:
         return C.load_config(preset, overrides + flags, tree), args
     except C.ConfigError as err:

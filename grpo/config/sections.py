@@ -255,7 +255,8 @@ class SFTConfig:
 @dataclass
 class JudgeConfig:
     base_url: str = ""
-    """OpenAI-compatible endpoint (OpenAI, vLLM, Ollama, LiteLLM ...), e.g. http://127.0.0.1:8000/v1. Empty = no judge."""
+    """OpenAI-compatible endpoint (OpenAI, vLLM, Ollama, LiteLLM ...), e.g. http://127.0.0.1:8000/v1. Empty = no
+    judge."""
     model: str = "gpt-4o-mini"
     """Judge model name sent to the server."""
     api_key_env: str = "OPENAI_API_KEY"

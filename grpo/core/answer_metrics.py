@@ -90,8 +90,8 @@ def zero_std_fraction(rewards: Sequence[float | None], group_size: int) -> float
 def step_answer_metrics(tasks: Sequence[str], completions: Sequence[str], rewards: Sequence[float | None],
                         group_size: int) -> dict[str, float | str]:
     """The doctor's per-task step metrics from a step's rollouts, parallel lists in rollout order (the K completions
-    of a prompt contiguous, as grpo/phases/generate.py returns them): rollout/<task>/top_answer, rollout/<task>/top_share,
-    rollout/<task>/answers and adv/<task>/frac_zero_std for every task present."""
+    of a prompt contiguous, as grpo/phases/generate.py returns them): rollout/<task>/top_answer,
+    rollout/<task>/top_share, rollout/<task>/answers and adv/<task>/frac_zero_std for every task present."""
     if not len(tasks) == len(completions) == len(rewards):
         raise ValueError(f"step_answer_metrics: {len(tasks)} tasks, {len(completions)} completions and "
                          f"{len(rewards)} rewards; pass one of each per rollout")

@@ -1,6 +1,6 @@
 """The clipped policy losses' ratio bounds: their defaults and their rules, in one place that the loss section of the
-config (grpo/config/algorithm_sections.py LossConfig) and the losses themselves (grpo/core/losses.py) both read, so a config
-and a direct call refuse the same values. Standard library only: the config layer stays free of torch.
+config (grpo/config/algorithm_sections.py LossConfig) and the losses themselves (grpo/core/losses.py) both read, so a
+config and a direct call refuse the same values. Standard library only: the config layer stays free of torch.
 
 A bound of 0 puts that side of the clip at ratio 1: every token whose ratio moved the way its advantage pushes it is
 clipped, so after the first pass it gets no gradient (and 1 − clip_low must stay > 0 to bound a ratio at all). A dual
@@ -22,5 +22,6 @@ def clip_problems(clip_low: float, clip_high: float, dual_clip: float | None) ->
     """(field, value, fix) of each clip rule the values break; empty when they hold."""
     checks = [(0 < clip_low < 1, "loss.clip_low", clip_low, "use a value in (0, 1), e.g. 0.2"),
               (clip_high > 0, "loss.clip_high", clip_high, "use a value > 0, e.g. 0.28"),
-              (dual_clip is None or dual_clip > 1, "loss.dual_clip", dual_clip, "use None or a value > 1 (verl uses 3)")]
+              (dual_clip is None or dual_clip > 1, "loss.dual_clip", dual_clip,
+               "use None or a value > 1 (verl uses 3)")]
     return [(field, value, fix) for holds, field, value, fix in checks if not holds]

@@ -224,7 +224,8 @@ def _pcgrad(grads_ND: torch.Tensor, labels: list[str], c: float, generator: torc
     return combined_D, {"multi/pcgrad/projections": float(projections)}
 
 
-@SURGERY_METHODS.register("cagrad", "the average gradient moved towards the least-improved task, within radius multi.cagrad_c")
+@SURGERY_METHODS.register("cagrad",
+                          "the average gradient moved towards the least-improved task, within radius multi.cagrad_c")
 def _cagrad(grads_ND: torch.Tensor, labels: list[str], c: float, generator: torch.Generator | None,
             rescale: bool) -> tuple[torch.Tensor, dict[str, float]]:
     """CAGrad: the average gradient moved towards the least-improved task, within radius c."""

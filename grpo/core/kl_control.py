@@ -1,9 +1,10 @@
 """KL coefficient (β) controllers: `.value` is the β to use, `.update(observed_kl)` adapts it once per step.
 
 Formulas (one line each, with the source):
-- FixedKL:     β stays constant                                                               (DeepSeekMath GRPO)
-- AdaptiveKL:  β ← β · (1 + clip(KL/target − 1, −0.2, 0.2) · n/horizon)                     (Ziegler et al. 2019, arXiv 1909.08593, §2.2)
-- BandKL:      every `window` updates, m = median(KL); m > high → β·up; m < low → β·down; β ∈ [β_min, β_max]   (this project)
+- FixedKL:     β stays constant                                          (DeepSeekMath GRPO)
+- AdaptiveKL:  β ← β · (1 + clip(KL/target − 1, −0.2, 0.2) · n/horizon)  (Ziegler et al. 2019, arXiv 1909.08593, §2.2)
+- BandKL:      every `window` updates, m = median(KL); m > high → β·up; m < low → β·down; β ∈ [β_min, β_max]
+               (this project)
 
 A NaN observed KL (e.g. a step whose KL term was not computed) is ignored, never averaged in, and counted in
 `num_nan_ignored`. Controllers hold plain Python floats, so `state_dict()` is JSON-serialisable.
@@ -55,7 +56,8 @@ RULES: dict[str, tuple[ArgumentRule, ...]] = {
              ("window", lambda a: int(a["window"]) == a["window"], "must be a whole number of updates")),
 }
 """Every rule on each controller's arguments, checked in order; the one home of these rules: the constructors
-raise on the first broken one, and the config check (grpo/run/assembly/config_check.py) reports it under the config field."""
+raise on the first broken one, and the config check (grpo/run/assembly/config_check.py) reports it under the config
+field."""
 
 
 def controller_problem(kind: str, **kwargs: Any) -> tuple[str, str] | None:

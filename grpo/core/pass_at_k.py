@@ -17,9 +17,8 @@ an answer prior, not the skill.
 
 from __future__ import annotations
 
-from typing import Iterable
-
 import math
+from typing import Iterable
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:

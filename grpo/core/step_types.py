@@ -110,7 +110,8 @@ class TrainBatch:
     """1.0 on the tokens whose policy loss trains (loss.top_entropy_quantile); None = every completion token."""
     group_size: int = 1
     """K > 1: rows g·K … g·K + K − 1 are the K completions of one prompt, and the forward passes encode that prompt
-    once for them (grpo/models/logprobs.completion_logprobs); micro-batches then hold whole groups. 1 = rows stand alone."""
+    once for them (grpo/models/logprobs.completion_logprobs); micro-batches then hold whole groups. 1 = rows stand
+    alone."""
 
     @property
     def size(self) -> int:
@@ -211,6 +212,6 @@ class TrainBatch:
         trimmed away are 0."""
         T = self.completion_mask_BT.shape[1]
         out_BT = parts[0].new_zeros(self.size, T)
-        for rows, part in zip(self.micro_batch_rows(size), parts):
+        for rows, part in zip(self.micro_batch_rows(size), parts, strict=True):
             out_BT[rows, :part.shape[1]] = part
         return out_BT

@@ -96,8 +96,8 @@ def parse_tool_calls(text: str, known: Collection[str], fmt: CallFormat = DEFAUL
             data = json.loads(body) if body[:1] in "{[" and body else None
         except json.JSONDecodeError:
             return []
-        named = isinstance(data, dict) and "name" in data or \
-            isinstance(data, list) and bool(data) and all(isinstance(d, dict) and "name" in d for d in data)
+        named = (isinstance(data, dict) and "name" in data or
+                 isinstance(data, list) and bool(data) and all(isinstance(d, dict) and "name" in d for d in data))
         return _calls(body, known, fmt) if named else []
     if not fmt.close:  # the calls run from the marker to the reply's end (Mistral)
         head, sep, body = text.partition(fmt.open)

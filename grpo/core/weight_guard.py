@@ -95,7 +95,7 @@ class WeightGuard:
 
     def snapshot(self) -> None:
         """Copy the current trainable parameters (the last known-good weights)."""
-        for buf, p in zip(self._copy, self.params):  # into the same buffers every time: no allocation
+        for buf, p in zip(self._copy, self.params, strict=True):  # into the same buffers every time: no allocation
             buf.copy_(p.detach(), non_blocking=True)  # stream-ordered: a later restore sees this copy
 
     def all_finite(self) -> bool:
@@ -118,7 +118,7 @@ class WeightGuard:
         import torch
 
         with torch.no_grad():
-            for p, saved in zip(self.params, self._copy):
+            for p, saved in zip(self.params, self._copy, strict=True):
                 p.copy_(saved.to(p.device))
 
     def restore_if_bad(self) -> bool:

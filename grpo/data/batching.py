@@ -31,7 +31,8 @@ def check_prompts_per_step(samples_by_task: Mapping[str, Sequence[Sample]], prom
             raise field_error("train.grad_accum", grad_accum, f"one RL step draws train.prompts_per_micro_step x "
                               f"train.grad_accum = {prompts_per_micro_step * grad_accum} prompts{on}, more than the "
                               f"{rows} training rows of the tasks together: each step would repeat its prompts; use "
-                              f"at most {max(1, rows // (prompts_per_micro_step * world))} train.grad_accum, or add rows")
+                              f"at most {max(1, rows // (prompts_per_micro_step * world))} train.grad_accum, or add "
+                              f"rows")
         raise field_error("train.prompts_per_micro_step", prompts_per_micro_step,
                           f"one RL step draws train.prompts_per_micro_step x train.grad_accum = "
                           f"{prompts_per_micro_step * grad_accum} prompts{on}, more than the {rows} training rows of "

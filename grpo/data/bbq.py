@@ -107,7 +107,7 @@ def balanced_positions(conditions: Sequence[str], seed: int) -> list[int]:
         rng = random.Random(f"{seed}:balanced:{condition}")
         cycle = [0, 1, 2] * (len(rows) // 3) + rng.sample([0, 1, 2], len(rows) % 3)
         rng.shuffle(cycle)
-        for i, position in zip(rows, cycle):
+        for i, position in zip(rows, cycle, strict=True):
             positions[i] = position
     return positions
 
@@ -209,7 +209,7 @@ def balanced_heldout(samples: Sequence[Sample]) -> list[Sample]:
     seed = samples[shuffled[0]].meta["shuffled"]["seed"]
     positions = balanced_positions([samples[i].gold["context_condition"] for i in shuffled], seed)
     out = list(samples)
-    for i, position in zip(shuffled, positions):
+    for i, position in zip(shuffled, positions, strict=True):
         s = samples[i]
         meta = s.meta["shuffled"]
         row = meta["row"]
@@ -260,7 +260,7 @@ def with_ambiguous_share(samples: Sequence[Sample], share: float, seed: int) -> 
             by_category.setdefault(category, {c: [] for c in CONDITIONS})[condition].append(i)
     dropped: set[int] = set()
     for category, rows in sorted(by_category.items()):
-        keep = dict(zip(CONDITIONS, condition_counts(len(rows["ambig"]), len(rows["disambig"]), share)))
+        keep = dict(zip(CONDITIONS, condition_counts(len(rows["ambig"]), len(rows["disambig"]), share), strict=True))
         rng = random.Random(f"{seed}:ambiguous_share:{category}")
         for condition, indices in rows.items():
             dropped.update(rng.sample(indices, len(indices) - keep[condition]))

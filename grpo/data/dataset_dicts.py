@@ -25,8 +25,16 @@ import os
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from grpo.data.tables import (BUILDER_OF_SUFFIX, DATA_SUFFIXES, OFFLINE_VARS, DataSourceError, _datasets,
-                              hub_reachable, is_saved_dataset, looks_like_hub_id)
+from grpo.data.tables import (
+    BUILDER_OF_SUFFIX,
+    DATA_SUFFIXES,
+    OFFLINE_VARS,
+    DataSourceError,
+    _datasets,
+    hub_reachable,
+    is_saved_dataset,
+    looks_like_hub_id,
+)
 
 DictRows = list[dict[str, Any]]
 MIXTURE_KEYS = ("path", "name", "data_dir", "data_files", "split", "columns", "fraction")
@@ -215,8 +223,8 @@ def load_mixture(entries: Sequence[Mapping[str, Any]], test_size: float | None, 
             raise DataSourceError(f"{where}: `fraction` is set for some datasets and not others; set it for all of "
                                   "them or none (as TRL requires)")
         weights = [float(f) / sum(float(x) for x in fractions) for f in fractions]
-        total = min(len(t) / w for t, w in zip(tables, weights) if w > 0)
-        tables = [t.select(range(round(w * total))) for t, w in zip(tables, weights)]
+        total = min(len(t) / w for t, w in zip(tables, weights, strict=True) if w > 0)
+        tables = [t.select(range(round(w * total))) for t, w in zip(tables, weights, strict=True)]
     combined = datasets.concatenate_datasets(tables)
     if test_size is not None:
         return _splits(combined.train_test_split(test_size=test_size, seed=seed))

@@ -22,8 +22,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from grpo.core.step_types import Sample
 from grpo.core.rule_graders import token_f1
+from grpo.core.step_types import Sample
 from grpo.data.heldout_split import content_id
 from grpo.data.json_rows import DataFileError, LoadResult, read_records
 from grpo.data.row_fields import TemplateFieldError, fill_template, missing_fields

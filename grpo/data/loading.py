@@ -16,12 +16,12 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from grpo.core.step_types import Sample
-from grpo.data.sources import DataSourceError, TaskSource, load_source_samples, load_sources
 from grpo.data.bbq import BBQ_CATEGORIES, BBQ_TEMPLATE, load_bbq
 from grpo.data.generic import row_to_sample
 from grpo.data.halueval import DEFAULT_MAX_DOC_CHARS, HALUEVAL_TEMPLATES, load_halueval
 from grpo.data.heldout_split import split_heldout, stable_hash01
 from grpo.data.json_rows import DataFileError, LoadResult, read_records
+from grpo.data.sources import DataSourceError, TaskSource, load_source_samples, load_sources
 
 __all__ = [
     "BBQ_CATEGORIES", "BBQ_TEMPLATE", "HALUEVAL_TEMPLATES", "DataFileError", "DataSourceError", "DataSpec",

@@ -35,8 +35,8 @@ __all__ = ["DataSourceError", "Loaded", "TaskSource", "load_source_samples", "lo
 
 
 TaskSource = TaskSourceConfig
-"""A task's source is its `tasks.<task>` config section itself (grpo/config/sections.py: fields, docstrings, `validate`): one
-home for the settings, whether they come from the command line, a config file or Python."""
+"""A task's source is its `tasks.<task>` config section itself (grpo/config/sections.py: fields, docstrings,
+`validate`): one home for the settings, whether they come from the command line, a config file or Python."""
 
 
 @dataclass
@@ -118,7 +118,8 @@ def _name(task: str, source: TaskSource) -> str:
     return f"tasks.{task}" if task else "data.source"
 
 
-def load_source_samples(task: str, source: TaskSource, system_prompt: str = "") -> tuple[list[Sample], dict[str, float]]:
+def load_source_samples(task: str, source: TaskSource,
+                        system_prompt: str = "") -> tuple[list[Sample], dict[str, float]]:
     """Every training row of one source as Samples (no split), and its `data/<task>/rows` / `skipped` counts.
     `task` names every row ("" only with `source.task_field`: then each row must name its own)."""
     where = _name(task, source)

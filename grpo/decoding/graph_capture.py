@@ -53,7 +53,8 @@ class Captured:
             with torch.cuda.graph(self.graph, pool=pool):
                 fn(state)
         finally:
-            for x, saved in zip(kept, snapshot):  # the warm-up calls ran (a capture runs nothing): undo them
+            # the warm-up calls ran (a capture runs nothing): undo them
+            for x, saved in zip(kept, snapshot, strict=True):
                 x.copy_(saved)
 
     def __call__(self, state: Any) -> None:

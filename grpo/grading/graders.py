@@ -180,10 +180,12 @@ def extra_logger(extra: Sequence[dict[str, Any]] | None, who: str) -> Callable[[
     preflight's calls): checked, then dropped."""
     def log_extra(column: str, values: Sequence[Any]) -> None:
         values = list(values)
-        if extra is not None and len(values) != len(extra):
+        if extra is None:  # the preflight's calls: nowhere to put them
+            return
+        if len(values) != len(extra):
             raise GraderError(f"log_extra({column!r}, ...) got {len(values)} values for {len(extra)} completions "
                               f"(reward function {who!r}): give one value per completion, in order")
-        for row, value in zip(extra or (), values):
+        for row, value in zip(extra, values, strict=True):
             row[str(column)] = _plain(value)
     return log_extra
 
@@ -321,7 +323,7 @@ def _call_batched(fn: Callable[..., Any], rollouts: Sequence[Rollout], invoke: C
             got = f"{len(values)} values" if isinstance(values, (list, tuple)) else f"a {type(values).__name__}"
             raise GraderError(f"it returned {got} for {len(index)} completions; a TRL-style reward function returns "
                               "a list with one float (or None) per completion")
-        for i, value in zip(index, values):
+        for i, value in zip(index, values, strict=True):
             out[i] = value
     return out
 

@@ -336,7 +336,7 @@ class Judge:
                     return JudgeResult(self._calibrate(hit[0]), f"cache:{hit[1]}")
         text = rubric.render(item.prompt, item.response, item.gold)
         error = "no provider tried"
-        for client, key in zip(self._clients, keys):
+        for client, key in zip(self._clients, keys, strict=True):
             try:
                 raw = self._call_with_retries(client, text)
             except _CallError as err:

@@ -65,13 +65,15 @@ def normalize_scores(logits_BC: torch.Tensor, normalize: str, label: int = 0, sh
 
 
 RewardModelSpec = RewardModelConfig
-"""One reward model and how its scores are read: the `reward_models.<name>` config section itself (grpo/config/sections.py);
-a reward term names it as `<name>`, or gives a folder path, which uses the section's defaults."""
+"""One reward model and how its scores are read: the `reward_models.<name>` config section itself
+(grpo/config/sections.py); a reward term names it as `<name>`, or gives a folder path, which uses the section's
+defaults."""
 
 
 def check_spec(spec: RewardModelSpec, where: str) -> None:
     """The section's ranges (its `validate`) and its names against the registries above; ConfigError naming
-    `<where>.<field>`, the bad value and the fix. grpo/run/assembly/config_check.py runs it on every reward_models entry."""
+    `<where>.<field>`, the bad value and the fix. grpo/run/assembly/config_check.py runs it on every reward_models
+    entry."""
     spec.validate(where)
     if spec.normalize not in NORMALIZERS:
         raise field_error(f"{where}.normalize", spec.normalize, f"use one of {sorted(NORMALIZERS)}")

@@ -33,8 +33,8 @@ from typing import Any, Mapping
 
 import torch
 
-from grpo.core.step_types import Rollout, Scored
 from grpo.core.registry import Registry
+from grpo.core.step_types import Rollout, Scored
 from grpo.grading.graders import JUDGE_TERM, MAX_ABS_REWARD, USER_KINDS, Grader, GraderError, resolve_graders
 from grpo.grading.judge import Judge, JudgeItem, JudgeResult
 
@@ -153,7 +153,7 @@ def _term_values(rollouts: list[Rollout], specs: Mapping[str, RewardSpec], grade
         spec = specs[task]
         for name in dict.fromkeys(n for n, _ in spec.terms if n != JUDGE_TERM):
             for i, value in zip(index, _grade(graders[name], task, [rollouts[i] for i in index],
-                                              [extra[i] for i in index])):
+                                              [extra[i] for i in index]), strict=True):
                 values[i][name] = value
         if spec.uses_judge:
             for i in index:
@@ -161,7 +161,7 @@ def _term_values(rollouts: list[Rollout], specs: Mapping[str, RewardSpec], grade
             failed = [i for i in index if verdicts[i].score is None]
             if spec.fallback and failed:
                 for i, value in zip(failed, _grade(graders[spec.fallback], task, [rollouts[i] for i in failed],
-                                                   [extra[i] for i in failed])):
+                                                   [extra[i] for i in failed]), strict=True):
                     values[i][f"fallback:{spec.fallback}"] = value
     return values
 
@@ -185,7 +185,8 @@ def _combine(rollout: Rollout, spec: RewardSpec, parts: dict[str, float | None],
             failed = failed or spec.aggregation == "mean" or name == JUDGE_TERM
         else:
             total, weights = total + weight * value, weights + weight
-    named = {(f"fallback:{names[k.removeprefix('fallback:')]}" if k.startswith("fallback:") else names.get(k, k)): v for k, v in parts.items()}
+    named = {(f"fallback:{names[k.removeprefix('fallback:')]}" if k.startswith("fallback:") else names.get(k, k)): v
+             for k, v in parts.items()}
     if failed or weights == 0:  # weights == 0: every term left out
         return Scored(rollout=rollout, reward=None, parts=named, provider=provider)
     reward = total if spec.aggregation == "sum" else total / weights
@@ -224,7 +225,8 @@ def score_rollouts(
     graders: Mapping[str, Grader] | None = None,
 ) -> tuple[list[Scored], dict[str, float]]:
     """One Scored per rollout (input order; its parts by `metric_names`; its `extra`: the columns TRL-style functions
-    gave `log_extra`) and the metrics `scoring/<task>/failed`, `scoring/<task>/fallback` (counts in this batch) plus the judge's cumulative `judge/*` counters when a judge was used.
+    gave `log_extra`) and the metrics `scoring/<task>/failed`, `scoring/<task>/fallback` (counts in this batch) plus the
+    judge's cumulative `judge/*` counters when a judge was used.
 
     graders: the resolved graders by name, from `grpo.grading.graders.preflight` (built once per run: a reward model is
     loaded there); None = resolve the specs' names here (no reward-model names then: each call would load it)."""

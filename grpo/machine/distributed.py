@@ -114,7 +114,7 @@ class Dist:
         grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
         flat = self.sum(torch.cat([g.reshape(-1).float() for g in grads]))
         offset = 0
-        for p, g in zip(params, grads):
+        for p, g in zip(params, grads, strict=True):
             n = g.numel()
             p.grad = flat[offset:offset + n].view_as(g).to(g.dtype)
             offset += n
@@ -314,8 +314,8 @@ def num_processes_from_launch(argv: Sequence[str]) -> int:
         return 0
     for i, a in enumerate(argv):
         for flag in ("--num_processes", "--num-processes"):
-            value = argv[i + 1] if a == flag and i + 1 < len(argv) else a.split("=", 1)[1] \
-                if a.startswith(flag + "=") else None
+            value = (argv[i + 1] if a == flag and i + 1 < len(argv) else a.split("=", 1)[1]
+                     if a.startswith(flag + "=") else None)
             if value is not None:
                 return int(value) if value.isdigit() else 0
     return 0

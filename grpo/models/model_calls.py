@@ -1,7 +1,8 @@
-"""How this code calls a causal LM's forward, shared by the training forward (grpo/models/logprobs.py) and the decoding loop
-(grpo/decoding/decode.py): position ids derived from the attention mask, and `logits_to_keep` where the model takes it.
+"""How this code calls a causal LM's forward, shared by the training forward (grpo/models/logprobs.py) and the decoding
+loop (grpo/decoding/decode.py): position ids derived from the attention mask, and `logits_to_keep` where the model takes
+it.
 
-    position_ids = cumsum(attention_mask) − 1, 0 on padding          (transformers `_prepare_position_ids_for_generation`)
+    position_ids = cumsum(attention_mask) − 1, 0 on padding    (transformers `_prepare_position_ids_for_generation`)
 """
 
 from __future__ import annotations

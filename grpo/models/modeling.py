@@ -53,7 +53,8 @@ CHECKPOINTING_KWARGS = {"use_reentrant": False}
 """Non-reentrant checkpointing works with frozen inputs (LoRA) and is the PyTorch-recommended variant."""
 
 
-def build_tiny_tokenizer(corpus: Iterable[str] | None = None, vocab_size: int = 512, save_dir: str | Path | None = None):
+def build_tiny_tokenizer(corpus: Iterable[str] | None = None, vocab_size: int = 512,
+                         save_dir: str | Path | None = None):
     """A byte-level BPE fast tokenizer trained in code on `corpus` (any text encodes, training takes well under 1 s).
 
     Specials `<|pad|> <|bos|> <|system|> <|user|> <|assistant|> <|end|>`; pad = `<|pad|>`, eos = `<|end|>`; the chat
@@ -151,9 +152,9 @@ def check_4bit_available() -> None:
 
 
 RANDOM_PREFIX = "random:"
-"""`load_policy("random:<shape>")`: random weights of a shape from grpo.machine.memory_estimate.KNOWN_SHAPES (case-insensitive) or of a
-local folder's config.json, with the tiny tokenizer. Memory and speed do not depend on weight values, so this measures
-a real model's footprint with no download (benchmarks/gpu_memory.py)."""
+"""`load_policy("random:<shape>")`: random weights of a shape from grpo.machine.memory_estimate.KNOWN_SHAPES
+(case-insensitive) or of a local folder's config.json, with the tiny tokenizer. Memory and speed do not depend on weight
+values, so this measures a real model's footprint with no download (benchmarks/gpu_memory.py)."""
 RANDOM_MAX_POSITIONS = 8192
 """RoPE table length of random models: longer than any prompt + completion the benchmarks run."""
 RANDOM_CHECKPOINTS = "grpo-random-models"
@@ -174,7 +175,8 @@ def random_model_config(name: str, tokenizer):
              else lookup_known_shape(key))
     if shape is None:
         raise ValueError(f"model.name={name!r}: unknown shape {key!r}; use random:<name> with a name from "
-                         f"grpo.machine.memory_estimate.KNOWN_SHAPES ({', '.join(sorted(KNOWN_SHAPES))}) or random:<folder with "
+                         f"grpo.machine.memory_estimate.KNOWN_SHAPES ({', '.join(sorted(KNOWN_SHAPES))}) or "
+                         f"random:<folder with "
                          "config.json>")
     if shape.vocab < len(tokenizer):
         raise ValueError(f"model.name={name!r}: vocab {shape.vocab} is smaller than the tiny tokenizer's "

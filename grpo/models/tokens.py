@@ -4,7 +4,7 @@ the ids scored in training are exactly the ids that were sampled, with the same 
     prompt ids  = apply_chat_template([system?] + messages, add_generation_prompt=True)
     SFT example = (prompt ids, tokenize(target) + [EOS])   # EOS = end of turn = the RL stage's stop token
     batch row   = [left-padded prompt (P) | right-padded completion (T)]; completion token t sits at column P + t
-                  and its log-prob comes from the logits at column P - 1 + t              (grpo/core/step_types.py TrainBatch)
+                  and its log-prob comes from the logits at column P - 1 + t     (grpo/core/step_types.py TrainBatch)
 """
 
 from __future__ import annotations
@@ -175,7 +175,7 @@ def show_mask(tokenizer, input_ids_L: Sequence[int] | torch.Tensor, mask_L: Sequ
         raise ValueError(f"show_mask: mask has {len(mask)} entries for {len(ids)} ids")
     mask = [0.0] * (len(ids) - len(mask)) + mask
     parts = []
-    for tok_id, m in zip(ids, mask):
+    for tok_id, m in zip(ids, mask, strict=True):
         piece = tokenizer.decode([tok_id])
         if m > 0:
             parts.append(f"\x1b[32m{piece}\x1b[0m" if color else f"[{piece}]")

@@ -10,8 +10,8 @@ from typing import Sequence
 
 import torch
 
-from grpo.models.logprobs import completion_logprobs
 from grpo.core.step_types import Scored, TrainBatch
+from grpo.models.logprobs import completion_logprobs
 from grpo.models.tokens import collate, right_pad
 
 

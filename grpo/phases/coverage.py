@@ -16,11 +16,12 @@ def pass_at_k_eval(model, tokenizer, samples_by_task: dict[str, Sequence[Sample]
                    train: TrainConfig, stop_ids: Sequence[int] | None,
                    score: Callable[[list[Rollout]], list[Scored]], *, prompts_per_batch: int = 8) -> dict[str, float]:
     """n = train.pass_at_k_samples sampled completions (rollout's sampling settings) of every held-out prompt, scored;
-    a completion is right when its reward ≥ train.pass_threshold (a failed score is wrong); k = train.pass_at_k. Returns eval/<task>/pass_at_k (the unbiased pass@k over
-    the prompts) and eval/<task>/pass_at_1 (the share of right samples); for a task whose samples all say how many
-    options they offer (meta["choices"]: BBQ 3, HaluEval recognition 2), eval/<task>/pass_at_k_guess and
-    eval/<task>/pass_at_1_guess, the same figures for a uniform guess among them. Each batch of prompts is sampled from its
-    own seed (train.seed + batch index), so the run's global random stream is left as it was."""
+    a completion is right when its reward ≥ train.pass_threshold (a failed score is wrong); k = train.pass_at_k. Returns
+    eval/<task>/pass_at_k (the unbiased pass@k over the prompts) and eval/<task>/pass_at_1 (the share of right samples);
+    for a task whose samples all say how many options they offer (meta["choices"]: BBQ 3, HaluEval recognition 2),
+    eval/<task>/pass_at_k_guess and eval/<task>/pass_at_1_guess, the same figures for a uniform guess among them. Each
+    batch of prompts is sampled from its own seed (train.seed + batch index), so the run's global random stream is left
+    as it was."""
     k, n, threshold, seed = train.pass_at_k, train.pass_at_k_samples, train.pass_threshold, train.seed
     if not 1 <= k <= n:
         raise ValueError(f"pass_at_k_eval: need 1 <= k <= n, got k={k}, n={n}")

@@ -73,8 +73,8 @@ class Environments:
         try:
             return self.factory()
         except Exception as err:  # the user's constructor: named, with what it raised
-            raise EnvironmentFailure(f"environment {self.name}: building one raised {type(err).__name__}: {err}") \
-                from err
+            raise EnvironmentFailure(f"environment {self.name}: building one raised "
+                                     f"{type(err).__name__}: {err}") from err
 
     def reset(self, env: Any, sample: Sample) -> tuple[dict[str, Any], ...]:
         """Reset `env` for `sample`'s row; the prompt's messages with the observation appended (TRL's rule)."""

@@ -114,13 +114,13 @@ replies, each its own class): `stratified` counts all its targets as one class."
 
 def stratified(samples: list[Sample], examples: list, n: int) -> list:
     """`n` of `examples` (parallel to `samples`), round-robin over (task, answer class) so that every answer of every
-    task is demonstrated before any is repeated; the class is grpo.core.answer_metrics.answer_class of the target. A free-form
-    task (more than FREE_FORM_CLASSES classes) is one class: else its answers, every one its own class, took every
-    demonstration from the tasks with a few answers."""
+    task is demonstrated before any is repeated; the class is grpo.core.answer_metrics.answer_class of the target. A
+    free-form task (more than FREE_FORM_CLASSES classes) is one class: else its answers, every one its own class, took
+    every demonstration from the tasks with a few answers."""
     classes_per_task = Counter(task for task, _ in {(s.task, answer_class(s.target or "")) for s in samples})
     free_form = {task for task, n in classes_per_task.items() if n > FREE_FORM_CLASSES}
     groups: dict[tuple[str, str], list] = {}
-    for sample, example in zip(samples, examples):
+    for sample, example in zip(samples, examples, strict=True):
         key = (sample.task, "" if sample.task in free_form else answer_class(sample.target or ""))
         groups.setdefault(key, []).append(example)
     keys, picked, i = sorted(groups), [], 0

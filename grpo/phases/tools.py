@@ -8,9 +8,9 @@ again, until a reply without a call, `rollout.max_tool_turns` rounds of calls, o
                      with the end-of-turn token (TRL 1.16 `_get_tool_suffix_ids`: a dummy conversation rendered with
                      and without the tool messages; the difference after its last EOS)
 
-Each turn continues the exact ids so far (the engine `decoder` of grpo/phases/generate.py picks: same processors, sampler),
-so the ids that are scored in training are the ids that were sampled and rendered; nothing is re-tokenised. The K
-trajectories of a prompt stay rows i·K … i·K + K − 1, one group.
+Each turn continues the exact ids so far (the engine `decoder` of grpo/phases/generate.py picks: same processors,
+sampler), so the ids that are scored in training are the ids that were sampled and rendered; nothing is re-tokenised.
+The K trajectories of a prompt stay rows i·K … i·K + K − 1, one group.
 
 Safety: tools come only from the run's code or config (`rollout.tools`, `train(tools=...)`), never from a data row; a
 call runs in a daemon thread with `rollout.tool_timeout_s` (a call that overruns is abandoned: Python cannot kill a
@@ -147,8 +147,8 @@ def literal_ids(tokenizer, text: str) -> list[int]:
     if backend is None:
         return [int(i) for i in tokenizer(text, add_special_tokens=False, split_special_tokens=True)["input_ids"]]
     normalized = backend.normalizer.normalize_str(text) if backend.normalizer is not None else text
-    pieces = backend.pre_tokenizer.pre_tokenize_str(normalized) if backend.pre_tokenizer is not None \
-        else [(normalized, None)]
+    pieces = (backend.pre_tokenizer.pre_tokenize_str(normalized) if backend.pre_tokenizer is not None
+              else [(normalized, None)])
     return [token.id for piece, _ in pieces for token in backend.model.tokenize(piece)]
 
 
@@ -172,10 +172,10 @@ def _literal_render(tokenizer, messages: Sequence[Mapping[str, Any]], contents: 
     n_before = len(messages) - len(contents)
     marks = [LITERAL_MARK.format(i) for i in range(len(contents))]
     marked = [dict(m) for m in messages[:n_before]] + [{**m, "content": mark}
-                                                        for m, mark in zip(messages[n_before:], marks)]
+                                                        for m, mark in zip(messages[n_before:], marks, strict=True)]
     text = tokenizer.apply_chat_template(marked, add_generation_prompt=True, tokenize=False)
     ids: list[int] = []
-    for mark, content in zip(marks, contents):
+    for mark, content in zip(marks, contents, strict=True):
         if text.count(mark) != 1:
             raise ToolError(f"the chat template of {type(tokenizer).__name__} does not render a tool message's "
                             "content as it is (it leaves it out, changes or repeats it), so the model would not see a "
@@ -218,8 +218,8 @@ def renders_tools(tokenizer, schemas: Sequence[Mapping[str, Any]]) -> bool:
         text = tokenizer.apply_chat_template(hi, tools=list(schemas), tokenize=False, add_generation_prompt=True)
     except Exception:  # a template that refuses `tools` renders none (jinja2 errors have no common base here)
         return False
-    return all(s["function"]["name"] in text for s in schemas) and \
-        text != tokenizer.apply_chat_template(hi, tokenize=False, add_generation_prompt=True)
+    return (all(s["function"]["name"] in text for s in schemas) and
+            text != tokenizer.apply_chat_template(hi, tokenize=False, add_generation_prompt=True))
 
 
 PROBE_CALL = {"name": "probe_tool", "arguments": {"probe_argument": 7}}
@@ -253,8 +253,8 @@ def template_call_format(tokenizer, schemas: Sequence[Mapping[str, Any]]) -> Cal
         except json.JSONDecodeError:
             continue
         found = data[0] if isinstance(data, list) and len(data) == 1 else data
-        if isinstance(found, dict) and found.get("name") == PROBE_CALL["name"] and \
-                PROBE_CALL["arguments"] in (found.get("arguments"), found.get("parameters")):
+        if (isinstance(found, dict) and found.get("name") == PROBE_CALL["name"] and
+                PROBE_CALL["arguments"] in (found.get("arguments"), found.get("parameters"))):
             before, after = turn[:start].strip().splitlines(), turn[stop:].strip().splitlines()
             return CallFormat(before[-1].strip() if before else "", after[0].strip() if after else "")
     return None
@@ -356,7 +356,8 @@ def turn_keys(keys: Sequence[int] | None, turn: int) -> list[int] | None:
 
 def tool_rollouts(model, tokenizer, samples: Sequence[Sample], rollout: RolloutConfig,
                   stop_ids: Sequence[int] | None = None, *, tools: ToolBox, system_prompt: str | None = None,
-                  plan: SamplingPlan = SamplingPlan(), synced_gpus: bool = False) -> tuple[list[Rollout], dict[str, float]]:
+                  plan: SamplingPlan = SamplingPlan(),
+                  synced_gpus: bool = False) -> tuple[list[Rollout], dict[str, float]]:
     """`generate_rollouts` with tool turns: `plan.k(rollout)` trajectories per sample, sampled (row keys: the first
     reply's are `plan.row_keys`, later ones derived per turn) or, `plan.greedy`, one greedy trajectory per sample as
     `greedy_complete`.
@@ -394,12 +395,12 @@ def tool_rollouts(model, tokenizer, samples: Sequence[Sample], rollout: RolloutC
             raw, fixed = decode_with(model, [repeated[i] + trajs[i].ids for i in active], rollout, stop_ids, pad_id,
                                      greedy=plan.greedy, row_keys=keys)
             rows_fixed = rows_fixed + fixed
-            for i, new in zip(active, raw):
+            for i, new in zip(active, raw, strict=True):
                 stopped[i], last[i] = _take_turn(trajs[i], new, turn, tokenizer, rollout, tools, stop_ids, envs[i])
     rollouts = [Rollout(sample=samples[i // k], prompt_ids=tuple(p), completion_ids=tuple(t.ids), text=last[i],
                         stopped=stopped[i], truncated=not stopped[i], model_mask=tuple(t.model_mask),
                         messages=tuple(t.messages), tool_use=t.use(), environment=envs[i])
-                for i, (p, t) in enumerate(zip(repeated, trajs))]
+                for i, (p, t) in enumerate(zip(repeated, trajs, strict=True))]
     metrics = rollout_metrics(rollouts)
     metrics.update(tool_metrics([r.tool_use for r in rollouts], tools.names))
     metrics["rollout/nonfinite_logit_rows"] = float(rows_fixed)
@@ -416,8 +417,8 @@ def _take_turn(traj: Trajectory, new: Sequence[int], turn: int, tokenizer, rollo
         ids, stopped, traj.cut_by_limit = ids[:budget - len(traj.ids)], False, True
     text = tokenizer.decode(ids, skip_special_tokens=True)
     # a template's own markers may be special tokens (Mistral's [TOOL_CALLS]): read with them, the stop id cut
-    seen = text if tools.call_format == DEFAULT_FORMAT else \
-        tokenizer.decode(ids[:-1] if stopped else ids, skip_special_tokens=False)
+    seen = (text if tools.call_format == DEFAULT_FORMAT else
+            tokenizer.decode(ids[:-1] if stopped else ids, skip_special_tokens=False))
     calls = parse_tool_calls(seen, tools.names, tools.call_format) if stopped else []
     traj.add_reply(ids, text, calls)
     if not calls:  # a final answer, or a reply cut by max_new_tokens / the budget

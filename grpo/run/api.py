@@ -66,10 +66,10 @@ def python_config(config: C.Config | str | Sequence[str] | None, tasks: Mapping[
         tree["model"]["name"] = getattr(model[0], "name_or_path", "") or f"python:{type(model[0]).__name__}"
     if peft_config is not None:
         tree["model"].update(lora_fields(peft_config))
-    set_here = {f"{name}.{key}" for name, fields in sections.items() for key in fields} | \
-        {o.split("=", 1)[0].strip() for o in overrides} | \
-        ({f"model.{key}" for key in lora_fields(peft_config)} if peft_config is not None else set()) | \
-        ({"model.name"} if model is not None else set())
+    set_here = ({f"{name}.{key}" for name, fields in sections.items() for key in fields} |
+                {o.split("=", 1)[0].strip() for o in overrides} |
+                ({f"model.{key}" for key in lora_fields(peft_config)} if peft_config is not None else set()) |
+                ({"model.name"} if model is not None else set()))
     names = tree.get("train", {}).get("trl_names") or {}
     tree["train"]["trl_names"] = {f: n for f, n in names.items()  # ours where ours were given
                                   if not any(f == g or f.startswith(f"{g}.") for g in set_here)}
@@ -110,8 +110,8 @@ def deep_merge(base: dict[str, Any], extra: Mapping[str, Any]) -> dict[str, Any]
     """`base` with `extra`'s values put in, table by table."""
     out = dict(base)
     for key, value in extra.items():
-        out[key] = deep_merge(out[key], value) if isinstance(value, Mapping) and isinstance(out.get(key), dict) \
-            else value
+        out[key] = (deep_merge(out[key], value) if isinstance(value, Mapping) and isinstance(out.get(key), dict)
+                    else value)
     return out
 
 
@@ -124,7 +124,7 @@ def weighted(rewards: Mapping[str, Any] | None, weights: list[float]) -> dict[st
             raise C.ConfigError(f"GRPOConfig.reward_weights has {len(weights)} weights: rewards[{task!r}] must be a "
                                 f"list of as many reward functions (without weights of their own)",
                                 field=f"rewards.{task}")
-        out[task] = list(zip(items, weights))
+        out[task] = list(zip(items, weights, strict=True))
     if not out:
         raise C.ConfigError("GRPOConfig.reward_weights needs train(rewards={task: [functions]}) to weigh",
                             field="reward_weights")
@@ -154,8 +154,8 @@ def task_section(task: str, source: Any, eval_dataset: Any = None) -> dict[str, 
     (whose `path` may itself be rows in memory); or rows in memory (Dataset, DatasetDict, DataFrame, list of dicts).
     `eval_dataset`: the task's held-out rows in memory (TRL's eval_dataset), for a task given as rows."""
     if eval_dataset is not None:
-        if isinstance(source, (str, Path, Mapping)) and not is_dataset_dict(source) or \
-                dataclasses.is_dataclass(source):
+        if (isinstance(source, (str, Path, Mapping)) and not is_dataset_dict(source) or
+                dataclasses.is_dataclass(source)):
             raise C.ConfigError(f"train(eval_dataset=...) for task {task!r}, whose rows come from a file or source: "
                                 f"name its held-out file as tasks.{task}.heldout instead", field="eval_dataset")
         train_rows, given = rows_in_memory(task, source)
@@ -243,9 +243,9 @@ def reward_terms(task: str, terms: Any, callables: dict[str, Callable[..., Any]]
     """A rewards.<task> entry from `train`'s rewards[task]: a spec string as it is, or a list of functions, grader
     names and (grader, weight) pairs; each function is entered in `callables` under a name of its own (its
     __name__, made unique, never a built-in grader's or a reward model's)."""
+    from grpo.core.rule_graders import GRADERS
     from grpo.grading.graders import JUDGE_TERM
     from grpo.grading.scoring import callable_name
-    from grpo.core.rule_graders import GRADERS
 
     if isinstance(terms, str):
         return terms

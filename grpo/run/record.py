@@ -67,12 +67,13 @@ class Start:
     """What the run started from, fixed at set-up."""
 
     inputs: dict[str, Any] = field(default_factory=dict)
-    """Fingerprints of the data files, task rows and reward functions (grpo/run/checkpoint/fingerprints.py; rank 0), saved with
-    every checkpoint: a resume names what changed."""
+    """Fingerprints of the data files, task rows and reward functions (grpo/run/checkpoint/fingerprints.py; rank 0),
+    saved with every checkpoint: a resume names what changed."""
     resume_from: Path | None = None
     """The checkpoint `setup` checked against this run's config and inputs (checkpoint.resume), which `main` loads."""
     host: str = ""
-    """The banner's CPU line: torch's thread count and why (train.threads), how OpenMP waits (grpo/machine/host_resources.py)."""
+    """The banner's CPU line: torch's thread count and why (train.threads), how OpenMP waits
+    (grpo/machine/host_resources.py)."""
     disk: str = ""
     """The banner's disk line: what the run will write and the free space (grpo/run/assembly/disk_plan.py)."""
 
@@ -101,8 +102,9 @@ class Run:
     progress: Progress = field(default_factory=Progress)
     start: Start = field(default_factory=Start)
     doctor: Doctor | None = None
-    """The run doctor on rank 0 (grpo/run/doctor/verdict.py): the health checks over a moving window of the RL step metrics,
-    started by `start_doctor` (by the first `rl_step` when `main` did not, e.g. in a notebook); None on other ranks."""
+    """The run doctor on rank 0 (grpo/run/doctor/verdict.py): the health checks over a moving window of the RL step
+    metrics, started by `start_doctor` (by the first `rl_step` when `main` did not, e.g. in a notebook); None on other
+    ranks."""
 
     @property
     def device(self) -> torch.device:

@@ -41,8 +41,8 @@ CSV_FILE = "metrics.csv"
 SAMPLES_FILE = "samples.jsonl"
 MEASURED_PREFIXES = ("time/", "memory/", "step_time")
 """Metric keys measured, not computed: read from a clock or from the allocator, they differ between two runs of the
-same code (step_time: TRL's name of time/step). Every comparison of two runs (resume, the demo's regression fixture and fingerprint, the kill/resume soak)
-leaves them out."""
+same code (step_time: TRL's name of time/step). Every comparison of two runs (resume, the demo's regression fixture and
+fingerprint, the kill/resume soak) leaves them out."""
 PLAIN_PROGRESS_LINES = 10  # without a TTY, print about this many lines per phase: enough to see it move, not spam
 
 
@@ -267,7 +267,8 @@ WANDB_MODULE = "wandb"
 
 
 WANDB_MISSING = "Weights & Biases is not installed: `pip install wandb`, or leave train.wandb_project empty"
-"""What to do when train.wandb_project is set and `wandb` is missing (grpo/run/assembly/config_check.py says it up front)."""
+"""What to do when train.wandb_project is set and `wandb` is missing (grpo/run/assembly/config_check.py says it up
+front)."""
 
 
 def wandb_installed() -> bool:

@@ -70,7 +70,8 @@ def check_train_keywords(sections: Mapping[str, Any]) -> None:
                             "train_dataset=...).train() (from grpo_train import GRPOTrainer)", field=name)
     unknown = sorted(set(sections) - set(SECTIONS))
     if unknown:
-        raise C.ConfigError(f"train() has no keyword {unknown[0]!r}{C.did_you_mean(unknown, [*TRAIN_KEYWORDS, *SECTIONS])}"
+        raise C.ConfigError(f"train() has no keyword "
+                            f"{unknown[0]!r}{C.did_you_mean(unknown, [*TRAIN_KEYWORDS, *SECTIONS])}"
                             f" (its keywords: {', '.join(TRAIN_KEYWORDS)}; a config section's fields as a dict: "
                             f"{', '.join(SECTIONS)})", field=unknown[0])
 
@@ -92,9 +93,10 @@ def model_reward(model: Any, tokenizer: Any) -> Callable[..., list[float]]:
 
     def reward(prompts: list[Any], completions: list[Any], **kwargs: Any) -> list[float]:
         if isinstance(prompts[0], list):  # conversational: the whole conversation through the template
-            texts = [tokenizer.apply_chat_template(p + c, tokenize=False) for p, c in zip(prompts, completions)]
+            texts = [tokenizer.apply_chat_template(p + c, tokenize=False)
+                     for p, c in zip(prompts, completions, strict=True)]
         else:
-            texts = [p + c for p, c in zip(prompts, completions)]
+            texts = [p + c for p, c in zip(prompts, completions, strict=True)]
         batch = tokenizer(text=texts, return_tensors="pt", padding=True, padding_side="right", add_special_tokens=False)
         device = next(model.parameters()).device
         with torch.inference_mode():
@@ -113,14 +115,14 @@ def _reward_functions(reward_funcs: Any, processing: Any) -> list[Any]:
     if not items:
         raise C.ConfigError("GRPOTrainer(reward_funcs=[]) has no reward function: give at least one",
                             field="reward_funcs")
-    classes = list(processing) if isinstance(processing, (list, tuple)) else [processing] * len(items) \
-        if processing is not None else [None] * len(items)
+    classes = (list(processing) if isinstance(processing, (list, tuple)) else [processing] * len(items)
+               if processing is not None else [None] * len(items))
     if len(classes) != len(items):
         raise C.ConfigError(f"GRPOTrainer(reward_processing_classes=...) has {len(classes)} entries for "
                             f"{len(items)} reward functions: give one per function (None for a function)",
                             field="reward_processing_classes")
     out = []
-    for item, tok in zip(items, classes):
+    for item, tok in zip(items, classes, strict=True):
         if isinstance(item, (str, Path)) and tok is not None:
             from transformers import AutoModelForSequenceClassification
 
@@ -216,8 +218,8 @@ def peft_default_targets(peft_config: Any, model: Any) -> Any:
 
     from grpo.run.trl.record_tables import model_architecture
 
-    kind = getattr(getattr(model, "config", None), "model_type", None) if _is_model(model) else \
-        model_architecture(str(model))
+    kind = (getattr(getattr(model, "config", None), "model_type", None) if _is_model(model) else
+            model_architecture(str(model)))
     targets = PEFT_DEFAULTS.get(kind) if kind else None
     if not targets:
         raise C.ConfigError(f"GRPOTrainer(peft_config=LoraConfig(target_modules=None)): peft has no default modules "

@@ -7,8 +7,13 @@ from grpo.models.pretrained import ModelPackageMissing
 from grpo.run.assembly.config_check import check_config, parse_command_line
 from grpo.run.assembly.console import banner, preset_note, template_less, template_note, warm_up
 from grpo.run.assembly.inputs import CheckedInputs, check_inputs
-from grpo.run.assembly.model_loading import (check_model_available, check_precision, check_sharding, choose_graph_memory,
-                                             policy_from_config)
+from grpo.run.assembly.model_loading import (
+    check_model_available,
+    check_precision,
+    check_sharding,
+    choose_graph_memory,
+    policy_from_config,
+)
 from grpo.run.assembly.owners import build_owners
 from grpo.run.assembly.process import prepare_process, processes, relaunch_if_asked, seed_everything
 from grpo.run.assembly.samples import fit_prompts, with_epochs

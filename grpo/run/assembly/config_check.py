@@ -1,14 +1,14 @@
 """The config checks that need the code: names against the registries that own them, and the KL controllers' rules.
 
 The config layer is standard library only, so its section dataclasses (grpo/config/sections.py, input_sections.py,
-algorithm_sections.py) check what needs no code (ranges, types, combinations of fields) in `__post_init__`. A name such as
-`loss.policy_loss` is valid when the registry that implements it holds it (grpo/core/losses.py POLICY_LOSSES, ...), `loss.params` when the chosen loss's registration takes each and its rule
-holds, and a kl.<task> section when its controller accepts its arguments (grpo/core/kl_control.py RULES): those checks
-live here, next to the registries, and each entry point runs
-`check_config` right after building the Config, before any model or data is loaded (grpo_train.setup / cli,
-grpo/run/assembly/gpu_memory_check.py). Every error is a ConfigError naming the field, the bad value and the fix. `check_installed` adds
-what a config asks of this machine that a look can tell before any data or model is loaded (the W&B package and a key
-for train.wandb_project, a judge.cache_path that is not a folder).
+algorithm_sections.py) check what needs no code (ranges, types, combinations of fields) in `__post_init__`. A name such
+as `loss.policy_loss` is valid when the registry that implements it holds it (grpo/core/losses.py POLICY_LOSSES, ...),
+`loss.params` when the chosen loss's registration takes each and its rule holds, and a kl.<task> section when its
+controller accepts its arguments (grpo/core/kl_control.py RULES): those checks live here, next to the registries, and
+each entry point runs `check_config` right after building the Config, before any model or data is loaded
+(grpo_train.setup / cli, grpo/run/assembly/gpu_memory_check.py). Every error is a ConfigError naming the field, the bad
+value and the fix. `check_installed` adds what a config asks of this machine that a look can tell before any data or
+model is loaded (the W&B package and a key for train.wandb_project, a judge.cache_path that is not a folder).
 """
 
 from __future__ import annotations
@@ -61,8 +61,9 @@ def choices_help() -> str:
 
 def parse_command_line(argv: list[str], description: str) -> tuple[Config, Any]:
     """The trainer's command line as one checked Config and argparse's namespace: grpo-dual's sections and flags, a
-    `--config` file of ours or of TRL's records, TRL's flags (grpo/config/command_line.py, grpo/run/trl/command_line.py);
-    then the notes on a short run's long warm-up and on a field set twice. A ConfigError names the field."""
+    `--config` file of ours or of TRL's records, TRL's flags (grpo/config/command_line.py,
+    grpo/run/trl/command_line.py); then the notes on a short run's long warm-up and on a field set twice. A ConfigError
+    names the field."""
     cfg, args = parse_trainer_argv(argv, prog=command_typed(), description=description, more_help=choices_help(),
                                    read_file=read_config_file, other=trl_flags())
     check_config(cfg)
@@ -121,7 +122,8 @@ def check_config(cfg: Config) -> Config:
     check_loss_params(cfg.loss)
     for task, section in cfg.kl.items():
         check_kl_section(f"kl.{task}", section)
-    if cfg.data.source == "none" and not cfg.tasks:  # checked here, not in grpo/config/sections.py: `--preset custom --help` works
+    # checked here, not in grpo/config/sections.py: `--preset custom --help` works
+    if cfg.data.source == "none" and not cfg.tasks:
         raise field_error("data.source", "none", "none trains only your own tasks: add one, --tasks.<task>.path FILE "
                           "(or use demo / dual)")
     for name, section in cfg.reward_models.items():  # normalize and dtype against grpo/grading/reward_models.py's names

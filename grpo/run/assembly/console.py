@@ -36,8 +36,8 @@ def preset_note(cfg: C.Config, training: Mapping[str, Sequence[Sample]]) -> str 
     change = (f"override any of them, e.g. rollout.max_new_tokens={2 * cfg.rollout.max_new_tokens}"
               if cfg.preset == CUSTOM_PRESET else f"--preset {CUSTOM_PRESET} starts from settings made for your own "
                                                   "tasks")
-    steps = f"train.num_epochs={cfg.train.num_epochs:g}" if cfg.train.num_epochs else \
-        f"train.max_steps={cfg.train.max_steps}"
+    steps = (f"train.num_epochs={cfg.train.num_epochs:g}" if cfg.train.num_epochs else
+             f"train.max_steps={cfg.train.max_steps}")
     source = ("the TRL config (docs/TRL.md) and, for the rest, preset " if cfg.data.prompt_format == "trl"
               else "preset ")  # prompt_format trl: set by a GRPOConfig
     return in_user_terms(f"tasks {', '.join(sorted(cfg.tasks))}: the settings of {source}{cfg.preset!r} apply: "
@@ -82,7 +82,8 @@ def banner(run: Run) -> str:
              + f", {cfg.rollout.max_new_tokens} new tokens max",
              f"loss {cfg.loss.policy_loss}, agg {cfg.loss.agg_mode}, KL {cfg.loss.kl_estimator}, mu {cfg.loss.mu}, "
              f"clip [{1 - cfg.loss.clip_low:g}, {1 + cfg.loss.clip_high:g}]",
-             "tasks: " + ", ".join(f"{t} ({len(run.samples.training[t])} train / {len(run.samples.heldout.get(t, []))} held out, "
+             "tasks: " + ", ".join(f"{t} ({len(run.samples.training[t])} train / {len(run.samples.heldout.get(t, []))} "
+                                   f"held out, "
                                    f"beta {cfg.kl_for(t).beta:g}, {cfg.kl_for(t).controller} controller"
                                    + (f" [{cfg.kl_for(t).band_low:g}, {cfg.kl_for(t).band_high:g}]"
                                       if cfg.kl_for(t).controller == "band" else "") + ")" for t in run.tasks)]
@@ -94,7 +95,8 @@ def banner(run: Run) -> str:
         try:
             peak = estimate(inputs_from_config(cfg)).peak_bytes / 2**30
             total = torch.cuda.get_device_properties(run.device).total_memory / 2**30
-            lines.append(f"GPU {torch.cuda.get_device_name(run.device)}: {total:.0f} GiB; estimated peak {peak:.1f} GiB "
+            lines.append(f"GPU {torch.cuda.get_device_name(run.device)}: {total:.0f} GiB; estimated peak {peak:.1f} "
+                         f"GiB "
                          "(grpo-check-gpu-memory --estimate, or python check_gpu_memory.py --estimate in a checkout, "
                          "for the breakdown)")
         except (ValueError, KeyError) as e:  # a model the estimator has no shape for

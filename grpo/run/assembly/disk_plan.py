@@ -15,8 +15,8 @@ the fix, not found out after hours of training when its final save fails; a thin
     metrics              = METRICS_BYTES_PER_STEP a step, EVAL_BYTES_PER_ROW a held-out row an evaluation, a plot
 
 A resumed run counts what its run folder holds already as written. The parameter count comes from the model's
-shape (grpo/run/assembly/memory_inputs.resolve_shape: builtin:tiny, a local folder's config.json, the bundled Hub shapes);
-a model whose shape is not known here gets no estimate (and the banner no disk line).
+shape (grpo/run/assembly/memory_inputs.resolve_shape: builtin:tiny, a local folder's config.json, the bundled Hub
+shapes); a model whose shape is not known here gets no estimate (and the banner no disk line).
 """
 
 from __future__ import annotations
@@ -110,8 +110,9 @@ def plan_writes(cfg: C.Config, train_rows: Mapping[str, list], run_dir: Path, de
         f"checkpoints ({kept} at once)": kept * checkpoint,
         f"Pareto points ({min(offers, cfg.multi.pareto_cap + 1)} at most)": min(offers, cfg.multi.pareto_cap + 1)
         * model_save,
-        f"metrics and evaluations of {steps} RL steps (train.max_steps)": steps * METRICS_BYTES_PER_STEP + evaluations * heldout_rows * EVAL_BYTES_PER_ROW
-        + PLOT_BYTES})
+        f"metrics and evaluations of {steps} RL steps (train.max_steps)": (steps * METRICS_BYTES_PER_STEP
+                                                                           + evaluations * heldout_rows
+                                                                           * EVAL_BYTES_PER_ROW + PLOT_BYTES)})
     if cfg.checkpoint.keep_best:  # the best evaluation's weights, kept until the final model is written
         plan.parts["best model (best/)"] = model_save
     plan.folders[run_dir] = sum(plan.parts.values())
@@ -120,7 +121,8 @@ def plan_writes(cfg: C.Config, train_rows: Mapping[str, list], run_dir: Path, de
 
         folder = expand_home(cfg.checkpoint.final_model_dir)
         plan.parts["final model in checkpoint.final_model_dir"] = model_save
-        trl = kept * model_save if cfg.checkpoint.every else 0  # TRL's checkpoint-N (grpo/run/checkpoint/trl_folders.py)
+        # TRL's checkpoint-N (grpo/run/checkpoint/trl_folders.py)
+        trl = kept * model_save if cfg.checkpoint.every else 0
         if trl:
             plan.parts[f"checkpoint-N folders in checkpoint.final_model_dir ({kept} at once)"] = trl
         plan.folders[folder] = plan.folders.get(folder, 0) + model_save + trl

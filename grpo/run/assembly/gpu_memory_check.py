@@ -12,13 +12,15 @@ command `grpo-check-gpu-memory`; in a checkout `python check_gpu_memory.py` runs
 
 The config is built as the trainer builds it (grpo/config/command_line.py, grpo/run/trl/command_line.py): --preset,
 --config (grpo-dual's sections or TRL's fields), TRL's flags, --section.field / --set overrides; a TRL command line is
-read as for a run on a GPU, its dataset not read (the rows do not change the estimate). --gpu-mem must be a finite number of
-GiB of a real card (from MIN_GPU_GIB): a tool meant to prevent out-of-memory crashes says FITS only against a real card.
-A model folder's config.json is counted as it is stored: every expert of a mixture (num_local_experts, num_experts,
-n_routed_experts), weights saved quantized (GPTQ / AWQ bits, bitsandbytes); a quantization it cannot count is refused.
+read as for a run on a GPU, its dataset not read (the rows do not change the estimate). --gpu-mem must be a finite
+number of GiB of a real card (from MIN_GPU_GIB): a tool meant to prevent out-of-memory crashes says FITS only against a
+real card. A model folder's config.json is counted as it is stored: every expert of a mixture (num_local_experts,
+num_experts, n_routed_experts), weights saved quantized (GPTQ / AWQ bits, bitsandbytes); a quantization it cannot count
+is refused.
 
 Inside a training process call `report_live()` (it never creates a CUDA context of its own).
-The estimate comes from grpo/machine/memory_estimate.py (pure arithmetic; see its docstring for every formula and the phase model).
+The estimate comes from grpo/machine/memory_estimate.py (pure arithmetic; see its docstring for every formula and the
+phase model).
 """
 
 from __future__ import annotations
@@ -77,7 +79,8 @@ def report_live() -> str:
 
 
 def estimate_report(cfg: Any, gpu: str | None, gpu_mem: float | None) -> str:
-    """The estimate table for `cfg` on the named card (or `gpu_mem` GiB) and, if it does not fit, the 3 cheapest fixes."""
+    """The estimate table for `cfg` on the named card (or `gpu_mem` GiB) and, if it does not fit, the 3 cheapest
+    fixes."""
     from grpo.run.assembly.memory_inputs import inputs_from_config  # imports torch: not for --help or the live report
 
     gpu_gb, cc = (gpu_mem, (8, 0)) if gpu_mem is not None else GPUS[gpu or "a100-40"]

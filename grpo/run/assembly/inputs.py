@@ -40,8 +40,8 @@ class CheckedInputs:
     """How many times a step draws prompts_per_step prompts (`prompt_copies`)."""
 
     def fingerprints(self, cfg: C.Config) -> dict[str, Any]:
-        """What the run starts with besides its config (grpo/run/checkpoint/fingerprints.py): a resume goes on only from the
-        same, or names what changed."""
+        """What the run starts with besides its config (grpo/run/checkpoint/fingerprints.py): a resume goes on only from
+        the same, or names what changed."""
         return input_fingerprints(cfg.data, cfg.tasks, self.rows.every, self.graders, term_names(self.specs))
 
 

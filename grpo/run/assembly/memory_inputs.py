@@ -1,5 +1,6 @@
-"""What the memory estimator (grpo/machine/memory_estimate.py, pure arithmetic) needs to know about a config: the model's shape and
-the run's batch, precision and features. Used by grpo/run/assembly/gpu_memory_check.py and by the trainer's banner on a GPU.
+"""What the memory estimator (grpo/machine/memory_estimate.py, pure arithmetic) needs to know about a config: the
+model's shape and the run's batch, precision and features. Used by grpo/run/assembly/gpu_memory_check.py and by the
+trainer's banner on a GPU.
 
 `cfg` is a config.Config or any object with the same fields (benchmarks pass stand-ins).
 """

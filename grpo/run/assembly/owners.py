@@ -51,7 +51,8 @@ def build_owners(run: Run, checked: CheckedInputs) -> None:
     run.tracker = build_trackers(cfg.train, run_dir) if dist.is_main else NullTracker()
     if openmp_spins():  # torch came before grpo_train: the report's openmp_spinning finding reads it
         run.tracker.log({"host/openmp_spinning": 1.0}, 0)
-    toolbox = build_toolbox(cfg.rollout, policy.tokenizer, checked.callables, checked.environments)  # rollout.tools; None without
+    # rollout.tools; None without
+    toolbox = build_toolbox(cfg.rollout, policy.tokenizer, checked.callables, checked.environments)
     sampler = TaskBalancedSampler(run.samples.training, seed=cfg.train.seed, mix=parse_task_mix(cfg.data.task_mix))
     run.generation = Generation(policy, cfg.rollout, dist, sampler, stop_token_ids(cfg.rollout, policy.tokenizer),
                                 toolbox, prompts_per_step=cfg.prompts_per_step, train=cfg.train)

@@ -30,7 +30,8 @@ def seed_everything(seed: int) -> None:
 def prepare_process(threads_setting: int) -> str:
     """This process's torch thread count (train.threads: the cores it may use, not the machine's; setting it also
     pins MKL's count) and transformers' progress bars off (one progress display per phase is ours). Returns the
-    banner's CPU line (how OpenMP waits only where it costs something or the user set it: grpo/machine/host_resources.py)."""
+    banner's CPU line (how OpenMP waits only where it costs something or the user set it:
+    grpo/machine/host_resources.py)."""
     threads, why = thread_count(threads_setting, torch.get_num_threads(), cpu_share())
     if threads != torch.get_num_threads():
         torch.set_num_threads(threads)

@@ -15,7 +15,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
-
 from grpo import config as C
 from grpo.config import ConfigError
 from grpo.core.step_types import Sample
@@ -68,7 +67,8 @@ def load_samples(data, seed: int, tasks: Mapping[str, Any] | None = None, *, ann
     for line in repeats if announce else ():
         print(f"warning: {line}", file=sys.stderr)
     if not train:
-        why = f" ({'; '.join(repeats)}: the split hashes ids, so rows sharing an id land on one side)" if repeats else ""
+        why = (f" ({'; '.join(repeats)}: the split hashes ids, so rows sharing an id land on one side)" if repeats
+               else "")
         raise ValueError(f"data.source={data.source!r} and tasks {sorted(tasks)} gave no training rows{why}")
     if data.prompt_format == "trl":  # TRL's standard-form prompts: the text as it is, no chat template
         every, train, heldout = raw_prompts(every), raw_prompts(train), raw_prompts(heldout)

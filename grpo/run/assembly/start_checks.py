@@ -48,7 +48,8 @@ def inert_settings(cfg: C.Config, device: Any) -> list[str]:
         elif engine in ("lean", "hf"):
             why = ("rollout.engine=auto picks it on a CUDA GPU only, and this run is on the CPU"
                    if rollout.engine == "auto" and engine == "lean" else f"this run decodes with the {engine} engine "
-                   f"(rollout.engine={rollout.engine}{'' if rollout.engine == engine else ': the static cache or FSDP'})")
+                   f"(rollout.engine={rollout.engine}"
+                   f"{'' if rollout.engine == engine else ': the static cache or FSDP'})")
             notes.append(f"rollout.fold_lora={rollout.fold_lora} does nothing in this run: only the graph engine "
                          f"folds LoRA, and {why}")
     omp = os.environ.get("OMP_NUM_THREADS")
@@ -110,9 +111,9 @@ def check_start(cfg: C.Config, run_dir: Path, device: Any, announce: bool, train
     """What grpo_train.setup checks before the run folder is made and the model loads, beside the data and the
     graders: each setting that cannot act printed as a note (`announce`: this process speaks for the run), LoRA
     targets the model lacks refused, checkpoint.final_model_dir (TRL's output_dir) refused when it holds what no run
-    wrote (grpo/run/checkpoint/folder.py: `check_final_model_dir`), and what the run will write against the free disk space
-    (grpo/run/assembly/disk_plan.py; `train_rows` and `world`, the draws a step, count its steps). Returns the banner's disk
-    line ("" where this process does not speak)."""
+    wrote (grpo/run/checkpoint/folder.py: `check_final_model_dir`), and what the run will write against the free disk
+    space (grpo/run/assembly/disk_plan.py; `train_rows` and `world`, the draws a step, count its steps). Returns the
+    banner's disk line ("" where this process does not speak)."""
     for line in inert_settings(cfg, device) if announce else []:
         print(f"note: {line}", file=sys.stderr)
     check_lora_targets(cfg.model)  # before the weights load: peft's own error would come after them

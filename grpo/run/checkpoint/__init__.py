@@ -7,13 +7,26 @@ as a folder that loads anywhere with its card (model_folder, model_card) and TRL
 
 from grpo.run.checkpoint.best_model import offer_evaluation, offer_final_point, settle_best, stops_early
 from grpo.run.checkpoint.files import CheckpointError, exact_checkpoint, optional_write, save_reference
-from grpo.run.checkpoint.folder import (discarded_if_unstarted, expand_home, prepare_run_dir, publish_final,
-                                        release_run_dir)
-from grpo.run.checkpoint.resume_line import note_command_line, resume_advice
-from grpo.run.checkpoint.save_resume import (FinalSaveError, check_resume, last_checkpoint_line, reference_weights,
-                                             resume, save_checkpoint, save_final_checkpoint, save_final_model,
-                                             write_final_cards)
+from grpo.run.checkpoint.folder import (
+    discarded_if_unstarted,
+    expand_home,
+    prepare_run_dir,
+    publish_final,
+    release_run_dir,
+)
 from grpo.run.checkpoint.model_folder import save_model_folder
+from grpo.run.checkpoint.resume_line import note_command_line, resume_advice
+from grpo.run.checkpoint.save_resume import (
+    FinalSaveError,
+    check_resume,
+    last_checkpoint_line,
+    reference_weights,
+    resume,
+    save_checkpoint,
+    save_final_checkpoint,
+    save_final_model,
+    write_final_cards,
+)
 
 __all__ = ["CheckpointError", "FinalSaveError", "check_resume", "discarded_if_unstarted", "exact_checkpoint",
            "expand_home", "last_checkpoint_line", "note_command_line", "offer_evaluation", "offer_final_point",

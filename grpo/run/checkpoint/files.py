@@ -6,8 +6,8 @@ A checkpoint folder `checkpoints/step_000123/` holds
     counters, python / numpy RNG states) with each tensor replaced by its name in the tensor file
     (the tree codec of grpo/run/checkpoint/treecodec.py: JSON node kinds only, nothing is imported or called on load);
   * `config.json`, `inputs.json` (the fingerprints of the run's data files, rows and reward functions:
-    grpo/run/checkpoint/fingerprints.py; absent in checkpoints written before it) and `manifest.json` (format version, step,
-    sha256 and size of every other file).
+    grpo/run/checkpoint/fingerprints.py; absent in checkpoints written before it) and `manifest.json` (format version,
+    step, sha256 and size of every other file).
 The manifest is written last, and the folder only gets its final name by an atomic rename, so a crash mid-save
 leaves a `.tmp-*` folder that is never taken for a checkpoint. A folder whose files do not match its manifest is
 reported by name and skipped in favour of the previous one. The manifest detects corruption, not tampering (the
@@ -117,8 +117,8 @@ def save(run_dir: Path, step: int, state: dict[str, Any], config: dict[str, Any]
     """Write checkpoint `step` atomically and keep the newest `keep_last`. Returns its folder. `inputs`: the run's
     input fingerprints (grpo/run/checkpoint/fingerprints.py), written as inputs.json when given.
 
-    `state` is a tree of tensors, numpy arrays, numbers, strings, None, lists, tuples and dicts (grpo/run/checkpoint/treecodec.py);
-    anything else raises CheckpointError naming its key before a file is written."""
+    `state` is a tree of tensors, numpy arrays, numbers, strings, None, lists, tuples and dicts
+    (grpo/run/checkpoint/treecodec.py); anything else raises CheckpointError naming its key before a file is written."""
     try:
         tree_json, tensors = encode_tree(state)
     except TreeCodecError as e:
@@ -190,8 +190,8 @@ def unusable(folder: Path, manifest: dict[str, Any], trust_pickle: bool = False)
     hand-made folder)."""
     if manifest.get("format_version") == LEGACY_VERSION:
         if not trust_pickle:
-            return f"checkpoint {folder} is in the old pickle format ({LEGACY_STATE}), refused without " \
-                   "checkpoint.trust_pickle"
+            return (f"checkpoint {folder} is in the old pickle format ({LEGACY_STATE}), refused without "
+                    "checkpoint.trust_pickle")
         needed = {LEGACY_STATE, "config.json"}
     else:
         needed = {TENSORS, STATE_JSON, "config.json"}

@@ -114,8 +114,8 @@ def _holder(fd: int) -> str:
         info = {}
     if not isinstance(info, dict) or "pid" not in info:
         return "a process that is starting (PID not written yet)"
-    return f"PID {info['pid']}" + (f" on host {info['host']}" if info.get("host") else "") + \
-        (f" since {info['since']}" if info.get("since") else "")
+    return (f"PID {info['pid']}" + (f" on host {info['host']}" if info.get("host") else "") +
+            (f" since {info['since']}" if info.get("since") else ""))
 
 
 def lock_run_dir(path: str | Path) -> RunLock:
@@ -340,8 +340,8 @@ def _trl_checkpoint(path: Path, run_dir: Path) -> bool:
     except (OSError, ValueError):
         return False
     named = record.get("run_dir") if isinstance(record, dict) else None
-    return bool(TRL_CHECKPOINT.fullmatch(path.name)) and isinstance(named, str) and \
-        (path.parent / named).resolve() == run_dir.resolve()
+    return (bool(TRL_CHECKPOINT.fullmatch(path.name)) and isinstance(named, str) and
+            (path.parent / named).resolve() == run_dir.resolve())
 
 
 def check_final_model_dir(folder: str | Path, run_dir: Path, model_name: str) -> None:

@@ -11,10 +11,10 @@ from typing import Mapping, Sequence
 
 CITATIONS = {
     "GRPO": ("DeepSeekMath: Pushing the Limits of Mathematical Reasoning in Open Language Models (GRPO)",
-             "@article{shao2024deepseekmath,\n    title   = {{DeepSeekMath: Pushing the Limits of Mathematical Reasoning "
-             "in Open Language Models}},\n    author  = {Zhihong Shao and Peiyi Wang and Qihao Zhu and Runxin Xu and "
-             "Junxiao Song and Mingchuan Zhang and Y. K. Li and Y. Wu and Daya Guo},\n    year    = 2024,\n"
-             "    eprint  = {arXiv:2402.03300},\n}"),
+             "@article{shao2024deepseekmath,\n    title   = {{DeepSeekMath: Pushing the Limits of Mathematical "
+             "Reasoning in Open Language Models}},\n    author  = {Zhihong Shao and Peiyi Wang and Qihao Zhu and "
+             "Runxin Xu and Junxiao Song and Mingchuan Zhang and Y. K. Li and Y. Wu and Daya Guo},\n"
+             "    year    = 2024,\n    eprint  = {arXiv:2402.03300},\n}"),
     "GSPO": ("Group Sequence Policy Optimization (GSPO), Zheng et al. 2025",
              "@article{zheng2025gspo,\n    title   = {{Group Sequence Policy Optimization}},\n    author  = {Chujie "
              "Zheng and Shixuan Liu and Mingze Li and Xiong-Hui Chen and Bowen Yu and Chang Gao and Kai Dang and "
@@ -65,8 +65,8 @@ def _results(results: Mapping[str, Mapping[str, float]]) -> list[str]:
     phases = list(results)
     tasks = sorted({t for scores in results.values() for t in scores})
     rows = [[t] + [_number(results[p].get(t, "—")) for p in phases] for t in tasks]
-    return ["The mean reward on the held-out rows (greedy decoding), per task:", ""] + \
-        _table(["task"] + phases, rows) + [""]
+    return (["The mean reward on the held-out rows (greedy decoding), per task:", ""] +
+            _table(["task"] + phases, rows) + [""])
 
 
 def model_card(*, model_id: str, base_model: str | None, base_note: str | None, adapter: bool, policy_loss: str,
@@ -81,8 +81,8 @@ def model_card(*, model_id: str, base_model: str | None, base_note: str | None, 
     order); verdict: the doctor's (report.json), None before it exists; versions: {package: version}."""
     method = method_of(policy_loss)
     kind = "a LoRA adapter for" if adapter else "a fine-tuned version of"
-    base = f"[{base_model}](https://huggingface.co/{base_model})" if base_model and "/" in base_model and \
-        not base_model.startswith(("/", ".", "~")) else f"`{base_model or 'a model built in grpo-dual'}`"
+    base = (f"[{base_model}](https://huggingface.co/{base_model})" if base_model and "/" in base_model and
+            not base_model.startswith(("/", ".", "~")) else f"`{base_model or 'a model built in grpo-dual'}`")
     lines = _front_matter(base_model, adapter, method)
     lines += [f"# {model_id.rstrip('/').rsplit('/', 1)[-1]}", "",
               f"This model is {kind} {base}, trained with grpo-dual's {method} (loss.policy_loss={policy_loss}, "

@@ -90,7 +90,8 @@ def _data(run: Run) -> dict[str, dict[str, object]]:
     rows = {}
     for task in run.tasks:
         spec = cfg.tasks.get(task)
-        source = (spec.path or spec.builder or "rows in memory") if spec is not None else f"data.source={cfg.data.source}"
+        source = ((spec.path or spec.builder or "rows in memory") if spec is not None
+                  else f"data.source={cfg.data.source}")
         rows[task] = {"training rows": len(samples.training.get(task, [])),
                       "held-out rows": len(samples.heldout.get(task, [])), "source": source}
     return rows
@@ -108,7 +109,8 @@ def settings(run: Run) -> dict[str, object]:
     """The settings that define the run, as a card lists them (each named by its config field)."""
     cfg = run.cfg
     m = cfg.model
-    lora = (f"r={m.lora_r}, alpha={m.lora_alpha}, dropout={m.lora_dropout:g}, targets={', '.join(m.lora_target_modules)}"
+    lora = (f"r={m.lora_r}, alpha={m.lora_alpha}, dropout={m.lora_dropout:g}, "
+            f"targets={', '.join(m.lora_target_modules)}"
             if run.policy.is_lora else "none: full fine-tuning")
     return {"K: completions per prompt (rollout.k)": cfg.rollout.k, "prompts per RL step": cfg.prompts_per_step,
             "max new tokens (rollout.max_new_tokens)": cfg.rollout.max_new_tokens,
@@ -116,7 +118,8 @@ def settings(run: Run) -> dict[str, object]:
             "learning rate (train.lr)": cfg.train.lr, "lr schedule (train.lr_scheduler)": cfg.train.lr_scheduler,
             "RL steps (train.max_steps)": cfg.train.max_steps, "optimizer steps per RL step (loss.mu)": cfg.loss.mu,
             "clip (loss.clip_low, loss.clip_high)": f"{cfg.loss.clip_low:g}, {cfg.loss.clip_high:g}",
-            "LoRA (model.lora)": lora, "SFT warm-up steps (sft.steps)": cfg.sft.steps, "seed (train.seed)": cfg.train.seed}
+            "LoRA (model.lora)": lora, "SFT warm-up steps (sft.steps)": cfg.sft.steps,
+            "seed (train.seed)": cfg.train.seed}
 
 
 def _verdict(run_dir: Path) -> str | None:

@@ -55,7 +55,7 @@ def dominates(a: Mapping[str, float] | Sequence[float], b: Mapping[str, float] |
     else:
         if len(a) != len(b):
             raise ValueError(f"pareto.dominates: {len(a)} scores vs {len(b)}")
-        pairs = list(zip(a, b))  # type: ignore[arg-type]
+        pairs = list(zip(a, b, strict=True))  # type: ignore[arg-type]
     return all(x >= y for x, y in pairs) and any(x > y for x, y in pairs)
 
 
@@ -123,7 +123,8 @@ def check_evaluations(train: Any, heldout: Mapping[str, Sequence[object]], keep_
     task = train.best_metric.removeprefix("reward/")
     if (keep_best or train.early_stopping_patience) and train.best_metric != "reward" and not heldout.get(task):
         raise C.ConfigError(f"config field `train.best_metric` = {train.best_metric!r} is invalid: no task of this run "
-                            f"named {task!r} has held-out rows (evaluated: {sorted(t for t, r in heldout.items() if r)})"
+                            f"named {task!r} has held-out rows (evaluated: "
+                            f"{sorted(t for t, r in heldout.items() if r)})"
                             f"{C.did_you_mean([task], [t for t, r in heldout.items() if r])}; use reward (the mean) "
                             "or reward/<one of them>", field="train.best_metric")
     if any(heldout.values()):

@@ -81,8 +81,9 @@ def resume_advice(run_dir: Path | None, run_name: str, first: str = "") -> str:
     complete = list_complete(run_dir) if run_dir is not None else []
     argv = _started_by
     if not complete:
-        again = "the same call" if argv is None else f"the same command:\n  {shlex.join([*_program(argv[0]), *argv[1:]])}"
+        again = ("the same call" if argv is None
+                 else f"the same command:\n  {shlex.join([*_program(argv[0]), *argv[1:]])}")
         return f"No complete checkpoint was written: {first + ', then ' if first else ''}start it again with {again}"
-    how = python_resume() if argv is None else \
-        "resume with:\n  " + resume_command(argv, "" if run_name else Path(run_dir).name)
+    how = (python_resume() if argv is None else
+           "resume with:\n  " + resume_command(argv, "" if run_name else Path(run_dir).name))
     return f"The last complete checkpoint is {complete[-1]}: {first + ', then ' if first else ''}{how}"

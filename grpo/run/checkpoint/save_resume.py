@@ -1,6 +1,7 @@
 """A run's checkpoints: what one holds (everything needed to continue bit for bit), saving it from every process,
 resuming from it, the post-SFT reference's weights, and loading a Pareto point's weights back (`train.doctor=restore`).
-The files themselves (temporary folder, manifest of sha256, atomic rename, verification) are grpo/run/checkpoint/files.py's.
+The files themselves (temporary folder, manifest of sha256, atomic rename, verification) are
+grpo/run/checkpoint/files.py's.
 """
 
 from __future__ import annotations
@@ -87,7 +88,8 @@ def load_weights(run: Run, folder: Path) -> Path:
 
 
 def saved_weights(folder: Path, stem: str) -> dict[str, torch.Tensor]:
-    """The tensors save_pretrained wrote into `folder` as STEM.safetensors, or as its shards (STEM.safetensors.index.json)."""
+    """The tensors save_pretrained wrote into `folder` as STEM.safetensors, or as its shards
+    (STEM.safetensors.index.json)."""
     from safetensors.torch import load_file
 
     index = folder / f"{stem}.safetensors.index.json"
@@ -151,12 +153,16 @@ def checkpoint_state(run: Run, rng_ranks: list[dict[str, Any]] | None = None,
     rng_ranks = rng_ranks or [rng_state()]
     weights, optimizer = gathered or (trainable_state(run.policy.model), run.updater.optimizer.state_dict())
     update = run.updater
-    return {"step": run.progress.step, "weights": weights, "optimizer": optimizer, "scheduler": update.scheduler.state_dict(),
+    return {"step": run.progress.step, "weights": weights, "optimizer": optimizer,
+            "scheduler": update.scheduler.state_dict(),
             "controllers": {t: c.state_dict() for t, c in update.controllers.items()},
             "entropy_control": update.entropy_control.state_dict() if update.entropy_control is not None else None,
-            "sampler": run.generation.sampler.state_dict(), "guard": update.guard.state_dict(), "evals": run.progress.evals,
-            "measures": run.progress.measures, "surgery": update.surgery.state_dict() if update.surgery is not None else None,
-            "frontier": run.progress.frontier.state_dict(), "counters": dict(run.rewarder.counters), "rng": rng_ranks[0],
+            "sampler": run.generation.sampler.state_dict(), "guard": update.guard.state_dict(),
+            "evals": run.progress.evals,
+            "measures": run.progress.measures,
+            "surgery": update.surgery.state_dict() if update.surgery is not None else None,
+            "frontier": run.progress.frontier.state_dict(), "counters": dict(run.rewarder.counters),
+            "rng": rng_ranks[0],
             "rng_ranks": rng_ranks, "metrics_rows": run.tracker.rows_logged, "finished": run.progress.finished}
 
 
@@ -219,8 +225,9 @@ def check_resume(run_dir: Path, cfg: C.Config, inputs: dict[str, Any]) -> Path:
     """The checkpoint folder that checkpoint.resume names, once this run may go on from it; before the model loads.
 
     Refused (CheckpointError): a checkpoint past train.max_steps (naming both steps); a config, data file, task rows
-    or reward function source that differs from the checkpoint's (`inputs`, grpo/run/checkpoint/fingerprints.py), every change
-    named, unless checkpoint.accept_changes, which prints them and appends them to the run folder's ACCEPTED file."""
+    or reward function source that differs from the checkpoint's (`inputs`, grpo/run/checkpoint/fingerprints.py), every
+    change named, unless checkpoint.accept_changes, which prints them and appends them to the run folder's ACCEPTED
+    file."""
     trust = cfg.checkpoint.trust_pickle
     folder = resolve_resume(run_dir, cfg.checkpoint.resume, trust)
     if cfg.checkpoint.resume != "auto":  # "auto" verified it while choosing it
@@ -300,7 +307,8 @@ def resume(run: Run, where: str) -> None:
     run.progress.evals = state["evals"]
     run.progress.measures = state.get("measures", {})
     run.progress.step = state["step"]
-    run.progress.finished = bool(state.get("finished")) and run.progress.step >= run.cfg.train.max_steps  # not when extended
+    # not when extended
+    run.progress.finished = bool(state.get("finished")) and run.progress.step >= run.cfg.train.max_steps
     set_rng_state(rank_rng_state(state, run.dist))
     if run.dist.is_main:
         run.tracker.resume_at(run.progress.step, state.get("metrics_rows"))  # metrics.jsonl, csv, samples, TensorBoard

@@ -110,8 +110,8 @@ def heldout_gains(history: Sequence[Mapping[str, Any]], th: DoctorThresholds, ev
                                f"-> {after:.3f} ({gain:+.3f})",
                                _longer(config, "train longer, once the window checks show a learning signal"),
                                task))
-    out += training_gains(doctor, unevaluated(history, evals)) if doctor is not None and \
-        judged_from_training(config) else []
+    out += (training_gains(doctor, unevaluated(history, evals)) if doctor is not None and
+            judged_from_training(config) else [])
     for task in [] if judged_from_training(config) else unevaluated(history, evals):
         out.append(Finding("yellow", "no_heldout", f"{task} was trained but never evaluated on held-out prompts: "
                            "whether it learned is unknown",
@@ -132,7 +132,8 @@ def judged_from_training(config: Mapping[str, Any]) -> bool:
 
 
 HOW_HELDOUT = ("for a held-out verdict, give an eval split (TRL's dataset_test_split or eval_dataset, a "
-               "DatasetDict's test split, tasks.<task>.heldout) or hold out a share of the rows (data.heldout_fraction, "
+               "DatasetDict's test split, tasks.<task>.heldout) or hold out a share of the rows "
+               "(data.heldout_fraction, "
                "e.g. 0.2)")
 """How a run judged from its training rewards gets a held-out verdict (the report says it with the verdict)."""
 

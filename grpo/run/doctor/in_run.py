@@ -8,11 +8,11 @@ from __future__ import annotations
 from typing import Any
 
 from grpo import config as C
+from grpo.run.checkpoint.save_resume import restore_best
 from grpo.run.doctor.report import configured_kl_bands
 from grpo.run.doctor.thresholds import Finding
 from grpo.run.doctor.verdict import Doctor
 from grpo.run.record import Run
-from grpo.run.checkpoint.save_resume import restore_best
 from grpo.run.tracking import METRICS_FILE, read_metrics
 
 __all__ = ["start_doctor", "consult_doctor", "doctor_line", "doctor_stops"]
@@ -31,7 +31,8 @@ def start_doctor(run: Run) -> None:
 
 def consult_doctor(run: Run, metrics: dict[str, Any]) -> dict[str, float]:
     """Feed one RL step's metrics (and the held-out evaluations so far) to the doctor on rank 0; the findings that
-    fired go to `run.progress.alarms`. Returns doctor/<code> (1.0 while active) and doctor/red for the step's row; {} elsewhere."""
+    fired go to `run.progress.alarms`. Returns doctor/<code> (1.0 while active) and doctor/red for the step's row; {}
+    elsewhere."""
     if not run.dist.is_main:
         return {}
     if run.doctor is None:

@@ -114,7 +114,8 @@ def _panel_per_task(ax, history, tasks, colors, key: str, title: str, ylabel: st
 
 
 def _panel_truncation(ax, history, tasks, colors) -> None:
-    _panel_per_task(ax, history, tasks, colors, "rollout/{task}/truncated", "Truncated completions (hit max_new_tokens)",
+    _panel_per_task(ax, history, tasks, colors, "rollout/{task}/truncated",
+                    "Truncated completions (hit max_new_tokens)",
                     "fraction")
     top = max([max(line.get_ydata(), default=0.0) for line in ax.lines] + [0.0])
     limit = DoctorThresholds().truncation_max
@@ -124,8 +125,8 @@ def _panel_truncation(ax, history, tasks, colors) -> None:
 
 
 def _panel_answers(ax, history, tasks, colors) -> None:
-    """Share of each step's most common answer class per task (grpo/core/answer_metrics.py), and the doctor's collapse limit; the
-    steps where the doctor had a red alarm (doctor/red > 0) shaded."""
+    """Share of each step's most common answer class per task (grpo/core/answer_metrics.py), and the doctor's collapse
+    limit; the steps where the doctor had a red alarm (doctor/red > 0) shaded."""
     _panel_per_task(ax, history, tasks, colors, "rollout/{task}/top_share", "Top answer share (collapse -> 1); "
                     "red alarms shaded", "fraction")
     limit = DoctorThresholds().collapse_share
@@ -161,7 +162,7 @@ def _panel_grad(ax, history, config) -> None:
         limit = _find_key(config, key)
         if isinstance(limit, (int, float)) and limit > 0:
             ax.axhline(limit, color="tab:red", linestyle=style, linewidth=1, alpha=0.7, label=f"{key} = {limit:g}")
-    norm_at = dict(zip(x, y))
+    norm_at = dict(zip(x, y, strict=True))
     for key, marker, color, label in (("health/skipped", "x", "tab:red", "skipped step"),
                                       ("health/restored", "D", "tab:purple", "weights restored")):
         steps = [s for s, v in series(history, key) if v > 0]

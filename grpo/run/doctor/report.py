@@ -24,11 +24,18 @@ from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from grpo.run.doctor.end_checks import (HOW_HELDOUT, heldout_collapse, heldout_fell, judged_from_training,
-                                        sampled_at_chance, unevaluated)
+from grpo.run.checkpoint.pareto import RUN_SUBDIR as PARETO_SUBDIR
+from grpo.run.checkpoint.pareto import ParetoFrontier
+from grpo.run.doctor.end_checks import (
+    HOW_HELDOUT,
+    heldout_collapse,
+    heldout_fell,
+    judged_from_training,
+    sampled_at_chance,
+    unevaluated,
+)
 from grpo.run.doctor.thresholds import DoctorThresholds, Finding, series, tasks_in
 from grpo.run.doctor.verdict import TOO_SHORT, check_history, replayed, rl_steps, verdict
-from grpo.run.checkpoint.pareto import RUN_SUBDIR as PARETO_SUBDIR, ParetoFrontier
 from grpo.run.tracking import read_metrics
 from grpo.run.trl.vocabulary import in_user_terms
 
@@ -212,7 +219,8 @@ def all_findings(run_dir: Path, history: list[dict[str, Any]], evals: Mapping[st
     return findings + [replace(f, message=in_user_terms(f.message, config),
                                suggestion=in_user_terms(f.suggestion, config))
                        for f in heldout_collapse(heldout_answers(run_dir), evals, thresholds or DoctorThresholds(),
-                                                 history, config) + heldout_fell(heldout_rewards(run_dir), evals, config)
+                                                 history, config) + heldout_fell(heldout_rewards(run_dir), evals,
+                                                                                 config)
                        + sampled_at_chance(coverage, config)]
 
 
@@ -221,18 +229,18 @@ def build_report(run_dir: str | Path, thresholds: DoctorThresholds | None = None
 
     Keys: run_dir, summary {rows, last_step, time_total_s, skipped_steps, restored_steps, host_peak_gb, gpu_peak_gb
     (the most memory the process held, the largest memory/host_peak_gb / memory/gpu_peak_gb logged; None when no row
-    has it)}, tasks {task: {before_sft, after_sft, after_rl, delta, delta_sft, delta_rl}}, bbq {task: `bbq_table` row}, recognition {task:
-    `recognition_table` row} (tasks with such rows only), pass_at_k (pass_at_k.json's figures, {} without it),
-    findings [{level, code, message, suggestion, task, since}] (active at the end of the run; `since` = the step a
-    window finding fired at), suggestions [str], verdict "green"|"yellow"|"too short to judge"|"red"
+    has it)}, tasks {task: {before_sft, after_sft, after_rl, delta, delta_sft, delta_rl}}, bbq {task: `bbq_table` row},
+    recognition {task: `recognition_table` row} (tasks with such rows only), pass_at_k (pass_at_k.json's figures, {}
+    without it), findings [{level, code, message, suggestion, task, since}] (active at the end of the run; `since` = the
+    step a window finding fired at), suggestions [str], verdict "green"|"yellow"|"too short to judge"|"red"
     (grpo/run/doctor/verdict.verdict; the console shows the same words upper-cased), judged (the line saying the verdict
     was judged from the training rewards of the tasks without held-out rows, and how to get a held-out one; ""
     when every task was evaluated), stopped_early (why early stopping ended RL, also the first reason; "" when it did
     not), reasons [str], cleared [{code, task, level, first_step, last_step, message}] (alarms
     that fired during the run and stopped), pareto_best {step, scores, path} (the Pareto frontier's point with the best
     mean held-out score, from pareto/pareto.json; absent without one), final_model {step, value, holds} (under
-    checkpoint.keep_best: which model final/ holds, from best/best.json; absent without it). A run without eval.json still gets its health
-    findings; a run without metrics.jsonl raises FileNotFoundError naming the path.
+    checkpoint.keep_best: which model final/ holds, from best/best.json; absent without it). A run without eval.json
+    still gets its health findings; a run without metrics.jsonl raises FileNotFoundError naming the path.
     """
     run_dir = Path(run_dir)
     history = read_metrics(run_dir)

@@ -1,6 +1,6 @@
 """The run doctor: the checks of grpo/run/doctor/window_checks.py over a moving window of the step metrics, online
-(`Doctor.update` every RL step) and at the end of a run (`check_history`: the same Doctor replayed over metrics.jsonl, plus
-the whole-run counts and the held-out gains of grpo/run/doctor/end_checks.py), and a verdict.
+(`Doctor.update` every RL step) and at the end of a run (`check_history`: the same Doctor replayed over metrics.jsonl,
+plus the whole-run counts and the held-out gains of grpo/run/doctor/end_checks.py), and a verdict.
 
 Verdict (`verdict`), one word everywhere (report.json, `train()`'s run.report, and upper-cased on the console): red
 when any red finding is active at the end; else "too short to judge" when the run has fewer than `min_steps` RL
@@ -21,12 +21,25 @@ from dataclasses import dataclass, replace
 from typing import Any, Iterable, Mapping, Sequence
 
 from grpo.run.doctor.end_checks import heldout_gains, whole_run
-from grpo.run.doctor.thresholds import (GRAPH_CODES, ONLINE_CODES, PROMPT_CODES, TOOL_CODES, DoctorThresholds, Finding,
-                                        Level, is_rl_row, mean, number, series, tasks_in)
+from grpo.run.doctor.thresholds import (
+    GRAPH_CODES,
+    ONLINE_CODES,
+    PROMPT_CODES,
+    TOOL_CODES,
+    DoctorThresholds,
+    Finding,
+    Level,
+    is_rl_row,
+    mean,
+    number,
+    series,
+    tasks_in,
+)
 from grpo.run.doctor.window_checks import WINDOW_CHECKS, dead_step
 from grpo.run.trl.vocabulary import in_user_terms
 
-__all__ = ["Alarm", "Doctor", "Finding", "DoctorThresholds", "ONLINE_CODES", "TOO_SHORT", "check_history", "heldout_series",
+__all__ = ["Alarm", "Doctor", "Finding", "DoctorThresholds", "ONLINE_CODES", "TOO_SHORT", "check_history",
+           "heldout_series",
            "replayed", "rl_steps", "series", "tasks_in", "verdict"]
 
 TOO_SHORT = "too short to judge"
@@ -88,7 +101,8 @@ class Doctor:
     `metrics` is one step's row as the trainer logs it; rows that are not RL steps (eval rows: eval/<task>/reward)
     only feed the held-out series. `evals` is eval.json's dict ({"before_sft"|"after_sft"|"step_N"|"after_rl": {task:
     reward}}) and replaces that series when given. `config` (config.json's dict) fills in the values of the
-    suggestions, and its train.trl_names the words they are given in (`spoken`). A finding stays active while its condition holds; `cleared` lists the ones that stopped holding.
+    suggestions, and its train.trl_names the words they are given in (`spoken`). A finding stays active while its
+    condition holds; `cleared` lists the ones that stopped holding.
     """
 
     def __init__(self, thresholds: DoctorThresholds | None = None,
@@ -120,7 +134,8 @@ class Doctor:
         """A prompt-format finding fired or plain-string prompts were logged: their doctor/<code> metrics are too."""
 
     # ----- feeding -----
-    def update(self, metrics: Mapping[str, Any], evals: Mapping[str, Mapping[str, float]] | None = None) -> list[Finding]:
+    def update(self, metrics: Mapping[str, Any],
+               evals: Mapping[str, Mapping[str, float]] | None = None) -> list[Finding]:
         """Feed one logged row; return the findings that fired at this step (active now, not at the previous step)."""
         step = int(metrics.get("step", self.last_step + 1))
         if number(metrics.get("sft/loss_last")) is not None:

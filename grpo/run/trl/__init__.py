@@ -2,8 +2,8 @@
 TRL's four records (GRPOConfig's TABLE with its rules; GRPOScriptArguments', ModelConfig's and DatasetMixtureConfig's;
 the rows' shared machinery) translate a TRL configuration into grpo-dual's config tree (translation.py,
 command_line.py); a TRL command line's dataset is written as row files (row_files.py); the advice names the TRL fields
-that set what it advises (vocabulary.py); a step's metrics get TRL's log keys (log_keys.py); docs/TRL.md is generated from the tables (`python -m grpo.run.trl.docs`).
-This wing imports no other wing."""
+that set what it advises (vocabulary.py); a step's metrics get TRL's log keys (log_keys.py); docs/TRL.md is generated
+from the tables (`python -m grpo.run.trl.docs`). This wing imports no other wing."""
 
 from .command_line import read_config_file, trl_flags
 from .grpo_config import GRPOConfig

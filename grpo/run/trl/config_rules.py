@@ -130,7 +130,8 @@ def _scheduler(value: Any, fields: Mapping[str, Any], out: dict, notes: list) ->
         raise _error("lr_scheduler_kwargs", fields["lr_scheduler_kwargs"], "not translated; leave it unset")
     _set(out, "train.lr_scheduler", ours[name])
     if name == "constant" and warmup:
-        _note(notes, "warmup_steps", fields["warmup_steps"], "TRL's constant schedule has no warm-up; neither has this run "
+        _note(notes, "warmup_steps", fields["warmup_steps"],
+              "TRL's constant schedule has no warm-up; neither has this run "
               "(lr_scheduler_type=constant_with_warmup has one)")
         warmup = 0.0
     _set(out, "train.warmup_steps", int(warmup) if warmup >= 1 else 0)
@@ -350,7 +351,8 @@ def _entropy_coef(value: float, fields: Mapping[str, Any], out: dict, notes: lis
     _set(out, "loss.entropy_coef", float(value))
     mode = LOSS_TYPE_AGG.get(fields["loss_type"])
     if (value or fields["use_adaptive_entropy"]) and mode not in (None, "token-mean"):
-        _note(notes, "entropy_coef", value, f"applied, the entropy bonus averaged as the loss is (loss.agg_mode={mode}, "
+        _note(notes, "entropy_coef", value,
+              f"applied, the entropy bonus averaged as the loss is (loss.agg_mode={mode}, "
               f"verl's rule); TRL averages it over the completion tokens whatever the loss_type, so under "
               f"loss_type={fields['loss_type']} the bonus differs (a token-mean loss_type, e.g. dapo, averages both "
               "alike)")

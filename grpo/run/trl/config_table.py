@@ -16,11 +16,35 @@ evaluations) keeps grpo-dual's defaults: the preset `custom` for a TRL config fi
 
 from __future__ import annotations
 
-from grpo.run.trl.config_rules import (IS_LEVELS, LOSS_TYPE_AGG, TRL_RUN_FOLDER, _adaptive_entropy, _batch, _best_model,
-                                       _beta, _completion_length, _device, _entropy_coef, _entropy_target, _epsilon,
-                                       _evaluating, _generation, _logging, _loss_param, _loss_type, _model_init,
-                                       _none_is, _output_dir, _precision, _report_to, _saving, _scale_rewards,
-                                       _scheduler, _steps, _tool_turns)
+from grpo.run.trl.config_rules import (
+    IS_LEVELS,
+    LOSS_TYPE_AGG,
+    TRL_RUN_FOLDER,
+    _adaptive_entropy,
+    _batch,
+    _best_model,
+    _beta,
+    _completion_length,
+    _device,
+    _entropy_coef,
+    _entropy_target,
+    _epsilon,
+    _evaluating,
+    _generation,
+    _logging,
+    _loss_param,
+    _loss_type,
+    _model_init,
+    _none_is,
+    _output_dir,
+    _precision,
+    _report_to,
+    _saving,
+    _scale_rewards,
+    _scheduler,
+    _steps,
+    _tool_turns,
+)
 from grpo.run.trl.rows import Row, _noted, _only, _part_of, bind
 
 R = Row
@@ -160,7 +184,8 @@ TABLE: tuple[Row, ...] = (
     R("num_completions_to_print", "", None, "named in a note when set",
       _noted("samples/ holds every completion of a logged step; none are printed")),
     R("save_strategy", "checkpoint.every, checkpoint.every_epoch", "steps", "steps: a checkpoint every save_steps "
-      "optimizer steps (also as output_dir/checkpoint-N); epoch: at the end of each epoch (checkpoint.every_epoch: every = an epoch's RL steps, once the "
+      "optimizer steps (also as output_dir/checkpoint-N); epoch: at the end of each epoch (checkpoint.every_epoch: "
+      "every = an epoch's RL steps, once the "
       "rows are loaded); no: checkpoint.every=0 (the final checkpoint is still written)", _saving),
     R("save_steps", "checkpoint.every", 500, "see save_strategy", _part_of("save_strategy")),
     R("save_total_limit", "checkpoint.keep_last", None, "checkpoints kept, checkpoint-N folders too (unset: all, "

@@ -26,7 +26,6 @@ from grpo.grading import trl_rewards
 from grpo.run.trl.row_files import write_rows
 from grpo.run.trl.rows import ESTIMATING, Row, _name, _noted, _only, _part_of, _set, bind, error, note, on_cpu
 
-
 # ----------------------------------------------------------------------------------------- the dataset
 TRL_RUN_TASK = "trl"
 """The task a TRL command line's dataset becomes when its name gives none (a mixture, a name that is no word)."""
@@ -60,8 +59,8 @@ def _choose_splits(splits: Mapping[str, list], fields: Mapping[str, Any], where:
 def _check_rows(rows: tuple[list, list | None], fields: Mapping[str, Any], shown: str) -> None:
     """TRL's contract of a GRPO dataset, checked on the user's rows (the message names the dataset the user gave,
     its split and row, not the copy written under the cache): a `prompt` column, and chat messages of known roles."""
-    record, field = ("DatasetMixtureConfig", "datasets") if shown.startswith("the mixture") else \
-        ("GRPOScriptArguments", "dataset_name")
+    record, field = (("DatasetMixtureConfig", "datasets") if shown.startswith("the mixture") else
+                     ("GRPOScriptArguments", "dataset_name"))
     splits = {str(fields["dataset_train_split"]): rows[0], str(fields["dataset_test_split"]): rows[1] or []}
     for split, table in splits.items():
         if table and not any("prompt" in row for row in table):
@@ -208,7 +207,7 @@ def _rewards(value: Any, fields: Mapping[str, Any], out: dict, notes: list) -> N
         if len(weights) != len(terms):
             raise error("GRPOConfig", "reward_weights", weights, f"{len(weights)} weights for {len(terms)} reward "
                         "functions (reward_model_name_or_path first, then reward_funcs): give one weight each")
-        terms = [f"{t}:{float(w)!r}" for t, w in zip(terms, weights)]
+        terms = [f"{t}:{float(w)!r}" for t, w in zip(terms, weights, strict=True)]
     for task in tasks:
         _set(out, f"rewards.{task}", ",".join(terms))
 
@@ -279,8 +278,8 @@ def _model_name(value: Any, fields: Mapping[str, Any], out: dict, notes: list) -
     from grpo.models.pretrained import catalog_entry
 
     local = Path(name).expanduser()
-    if not local.exists() and catalog_entry(name) is None and not name.startswith(("builtin:", "random:")) and \
-            not ESTIMATING.get():  # an estimate reads a Hub id's shape from the bundled table
+    if (not local.exists() and catalog_entry(name) is None and not name.startswith(("builtin:", "random:")) and
+            not ESTIMATING.get()):  # an estimate reads a Hub id's shape from the bundled table
         if not looks_like_hub_id(name):
             raise error("ModelConfig", "model_name_or_path", name, "no such folder: give a model folder, a packaged "
                         "model (smollm2-135m-instruct) or a Hub id")

@@ -215,8 +215,8 @@ def bind(table: tuple[Row, ...], record: str) -> None:
 
 
 ESTIMATING: contextvars.ContextVar[bool] = contextvars.ContextVar("estimating", default=False)
-"""True while a TRL command line is translated for the GPU-memory estimate (grpo/run/assembly/gpu_memory_check.py): the run
-it describes is on a GPU whatever this machine has, and its dataset and model are not read (the estimate needs their
+"""True while a TRL command line is translated for the GPU-memory estimate (grpo/run/assembly/gpu_memory_check.py): the
+run it describes is on a GPU whatever this machine has, and its dataset and model are not read (the estimate needs their
 shapes, not their rows; a Hub id's shape comes from the bundled table)."""
 
 

@@ -11,9 +11,9 @@ finding, the verdict's next step, an error) so that each such field is named as 
     kl.<task>.beta=0.08            ->  --beta 0.08 (kl.default.beta)                   (a task without its own kl entry)
 
 A field TRL has no name for, or one the user set with grpo-dual's own flag, stays as it is; a text without TRL names
-is returned unchanged. Applied once to each text, where it is shown (doctor/verdict.py, doctor/report.py, the entry point's
-errors); a second application changes nothing (a field already shown in brackets is left alone). Pure text and the
-config's dict (config.json's), no torch.
+is returned unchanged. Applied once to each text, where it is shown (doctor/verdict.py, doctor/report.py, the entry
+point's errors); a second application changes nothing (a field already shown in brackets is left alone). Pure text and
+the config's dict (config.json's), no torch.
 """
 
 from __future__ import annotations
