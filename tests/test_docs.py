@@ -349,8 +349,9 @@ def test_help_shows_every_fields_value_under_the_preset(preset):
     text = describe_fields(preset)
     shown = HELP_LINE.findall(text)
     keyed = {name: {f.name for f in dataclasses.fields(cls)} for name, cls in C.DICT_SECTIONS.items()}
-    plain = sum(len(dataclasses.fields(cls)) for name, cls in SECTIONS.items() if cls is not None and name not in keyed)
-    assert len(shown) == plain + len(TASK_KL_FIELDS) + sum(map(len, keyed.values()))
+    n_plain = sum(len(dataclasses.fields(cls)) for name, cls in SECTIONS.items()
+                  if cls is not None and name not in keyed)
+    assert len(shown) == n_plain + len(TASK_KL_FIELDS) + sum(map(len, keyed.values()))
     for section, name, kl_field, value, marked in shown:
         if section in keyed:  # tasks.<task>.path, reward_models.<name>.path: the dataclass defaults
             assert kl_field in keyed[section] and value == repr(getattr(C.DICT_SECTIONS[section](), kl_field))
