@@ -212,8 +212,8 @@ def test_a_trl_script_runs_with_only_the_import_changed_beside_trls_own(name, ti
     assert AutoTokenizer.from_pretrained(isolated / "saved") is not None
     if name == "peft_default":  # peft's default modules for a Llama, as TRL's own trainer takes them
         assert (isolated / "ours" / "out" / "checkpoint-1" / "adapter_config.json").is_file()
-        assert sorted(ours.model.peft_config["default"].target_modules) == \
-            sorted(theirs.model.peft_config["default"].target_modules) == ["q_proj", "v_proj"]
+        assert (sorted(ours.model.peft_config["default"].target_modules)
+                == sorted(theirs.model.peft_config["default"].target_modules) == ["q_proj", "v_proj"])
 
 
 def test_early_stopping_and_a_custom_callback_see_what_trls_trainer_shows_them(tiny_folder, isolated):

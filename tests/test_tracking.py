@@ -5,7 +5,6 @@ import io
 import json
 import math
 import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -305,29 +304,35 @@ def test_an_output_dir_that_is_a_file_or_read_only_gives_a_clear_error(tmp_path)
         prepare_run_dir(read_only / "runs" / "r", resume="", overwrite=False)
 
 
-WANDB_ANSWERS = """
-import os
-from grpo.run.tracking import wandb_can_log
-seen = [wandb_can_log()]
-os.environ["WANDB_MODE"] = "offline"
-seen.append(wandb_can_log())
-del os.environ["WANDB_MODE"]
-os.environ["WANDB_API_KEY"] = "a" * 40
-seen.append(wandb_can_log())
-print(seen)
-"""
+def test_wandb_can_log_with_a_key_or_an_offline_mode_and_not_without(tmp_path, monkeypatch):
+    """With a HOME that holds no ~/.netrc and no settings: no key and no mode cannot log (wandb.init() would raise its
+    UsageError, "No API key configured", from inside the run); WANDB_MODE=offline can, so can `wandb offline`'s
+    settings file, a key in the environment, and the netrc entry `wandb login` writes. Read from files alone: the
+    check never starts wandb's service (which, without a network, waited 300 s here)."""
+    from grpo.run.tracking import wandb_can_log
 
-
-def test_wandb_can_log_with_a_key_or_an_offline_mode_and_not_without(tmp_path):
-    """wandb itself, in a process of its own (it reads its settings once a process), with a HOME that holds no
-    ~/.netrc: no key and no mode cannot log (wandb.init() would raise its UsageError, "No API key configured", from
-    inside the run); WANDB_MODE=offline can, and so can a key, without a network or a prompt."""
-    pytest.importorskip("wandb")
-    env = {k: v for k, v in os.environ.items() if not k.startswith("WANDB_")}
-    env.update(HOME=str(tmp_path), PYTHONPATH=str(ROOT))
-    done = subprocess.run([sys.executable, "-c", WANDB_ANSWERS], cwd=tmp_path, env=env, capture_output=True,
-                          text=True, timeout=300)
-    assert done.returncode == 0 and "[False, True, True]" in done.stdout.splitlines(), done.stdout + done.stderr
+    for name in [k for k in os.environ if k.startswith("WANDB_")] + ["NETRC"]:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.chdir(tmp_path)
+    home = tmp_path / "home"
+    home.mkdir()
+    assert wandb_can_log(home) is False
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    assert wandb_can_log(home) is True
+    monkeypatch.delenv("WANDB_MODE")
+    monkeypatch.setenv("WANDB_API_KEY", "a" * 40)
+    assert wandb_can_log(home) is True
+    monkeypatch.delenv("WANDB_API_KEY")
+    (tmp_path / "wandb").mkdir()
+    (tmp_path / "wandb" / "settings").write_text("[default]\nmode = offline\n")
+    assert wandb_can_log(home) is True
+    (tmp_path / "wandb" / "settings").write_text("[default]\nmode = online\n")
+    assert wandb_can_log(home) is False
+    (home / ".netrc").write_text("machine api.wandb.ai\n  login user\n  password " + "b" * 40 + "\n")
+    (home / ".netrc").chmod(0o600)
+    assert wandb_can_log(home) is True
+    (home / ".netrc").write_text("machine example.org\n  login user\n  password x\n")
+    assert wandb_can_log(home) is False
 
 
 def test_wandb_without_a_key_is_refused_before_the_run_naming_the_field_the_user_wrote(tmp_path, monkeypatch):

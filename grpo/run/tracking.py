@@ -18,15 +18,18 @@ then the kept rows of the purged steps written again), so every derived file equ
 
 from __future__ import annotations
 
+import configparser
 import contextlib
 import csv
 import html
 import importlib
 import json
 import math
+import netrc
 import os
 import sys
 import time
+import urllib.parse
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterable, Iterator, Mapping, Protocol, Sequence, TextIO
 
@@ -289,21 +292,29 @@ WANDB_LOCAL_MODES = ("offline", "disabled", "dryrun")
 """wandb modes that need no API key (WANDB_MODE, or the settings file `wandb offline` writes)."""
 
 
-def wandb_can_log() -> bool:
-    """Whether wandb.init() starts without asking for a key: a local mode (WANDB_MODE, `wandb offline`'s settings) or a
-    key (WANDB_API_KEY, ~/.netrc after `wandb login`). Without either it raises a UsageError from inside the run, a
-    traceback after the model has loaded. Call only when `wandb_installed()`."""
-    import wandb
+def wandb_can_log(home: Path | None = None) -> bool:
+    """Whether wandb.init() starts without asking for a key: a local mode (WANDB_MODE, `wandb offline`'s settings
+    file in ./wandb/ or the config folder) or a key (WANDB_API_KEY, the netrc entry `wandb login` writes). Without
+    either it raises a UsageError from inside the run, a traceback after the model has loaded.
 
-    # WANDB_MODE read here each time: wandb.setup()'s settings are read once per process
-    if os.environ.get("WANDB_MODE", "").lower() in WANDB_LOCAL_MODES:
+    Read from the environment and the files alone: wandb.setup() or wandb.login() would start wandb's service and, on a
+    machine without a network, wait on it (a check before the run must not hang it)."""
+    home = home or Path.home()
+    if os.environ.get("WANDB_MODE", "").lower() in WANDB_LOCAL_MODES or os.environ.get("WANDB_API_KEY"):
         return True
-    if wandb.setup().settings.mode in WANDB_LOCAL_MODES:  # `wandb offline`'s settings file
-        return True
+    config_dir = Path(os.environ.get("WANDB_CONFIG_DIR") or home / ".config" / "wandb")
+    for settings in (Path("wandb") / "settings", config_dir / "settings"):
+        parser = configparser.ConfigParser()
+        with contextlib.suppress(OSError, configparser.Error):
+            parser.read(settings)
+            if parser.get("default", "mode", fallback="").lower() in WANDB_LOCAL_MODES:
+                return True
+    host = urllib.parse.urlparse(os.environ.get("WANDB_BASE_URL") or "https://api.wandb.ai").hostname or ""
     try:
-        return bool(wandb.login(prompt=False, verify=False))  # no network, no prompt: is a key configured
-    except TypeError:  # a wandb without login(prompt=): its deprecated look-up, which does not prompt either
-        return getattr(wandb.api, "api_key", None) is not None
+        entry = netrc.netrc(os.environ.get("NETRC") or str(home / ".netrc")).authenticators(host)
+    except (OSError, netrc.NetrcParseError):
+        return False
+    return bool(entry and entry[2])
 
 
 class WandbTracker:
