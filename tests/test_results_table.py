@@ -19,8 +19,6 @@ import pytest
 from conftest import ROOT
 from conftest import load_script as _load
 
-from tests import background
-
 RT = _load("scripts/results_table.py")
 
 
@@ -130,15 +128,11 @@ def test_write_replaces_only_the_table():
     assert RT.replace_table(text, new) == "intro\n\n" + new + "\n\nafter\n"
 
 
-DEMO_RUNS = background.key_of("test_results_table.py", "test_the_docs_table_is_what_the_committed_code_produces")
-
-
-@background.job(DEMO_RUNS)
 def demo_runs(out: Path) -> list[Path]:
-    """`python grpo_train.py --seed N` for N = 0, 1, 2 into `out`, by the script's own runner (tests/background.py may
-    start them before the test's turn). The three go at once, each in its own process and folder with the thread count
-    the script gives it: a run's numbers depend on its seed and its thread count, not on what else the machine runs,
-    and a tiny model's run keeps less than two cores busy, so together they end sooner than one after another."""
+    """`python grpo_train.py --seed N` for N = 0, 1, 2 into `out`, by the script's own runner. The three go at once,
+    each in its own process and folder with the thread count the script gives it: a run's numbers depend on its seed
+    and its thread count, not on what else the machine runs, and a tiny model's run keeps less than two cores busy,
+    so together they end sooner than one after another."""
     with ThreadPoolExecutor(len(RT.SEEDS)) as pool:
         return list(pool.map(lambda seed: RT.run_demo(seed, out), RT.SEEDS))
 
@@ -146,7 +140,7 @@ def demo_runs(out: Path) -> list[Path]:
 @pytest.mark.slow
 def test_the_docs_table_is_what_the_committed_code_produces(tmp_path):
     """The demo for seeds 0, 1, 2 (`demo_runs`): every reward cell of the committed table is what they produce."""
-    runs = background.result(DEMO_RUNS, tmp_path)
+    runs = demo_runs(tmp_path)
     produced = RT.table(runs)
     committed = RT.doc_table(RT.TABLE_DOC.read_text())
     assert not RT.rewards_differ(produced, committed), (

@@ -13,7 +13,6 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests import background
 from tests.test_distributed import accelerate_cli, max_diff
 from tests.tool_dist_worker import SCENARIOS, tool_step
 
@@ -21,13 +20,8 @@ ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
-TWO_PROCESS = background.key_of("test_tool_distributed.py", "two_process")
-
-
-@background.job(TWO_PROCESS, wanted_by=(background.key_of("test_tool_distributed.py",
-                                                          "test_two_processes_with_tools_equal_one_process"),))
 def two_process_runs(out: Path) -> tuple[subprocess.CompletedProcess, Path]:
-    """The 2-process side into `out` (tests/background.py may run it before the test's turn)."""
+    """The 2-process side into `out`."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
     cmd = [*accelerate_cli(), "launch", "--num_processes", "2", "--cpu", str(ROOT / "tests" / "tool_dist_worker.py"),
            str(out), *SCENARIOS]
@@ -36,7 +30,7 @@ def two_process_runs(out: Path) -> tuple[subprocess.CompletedProcess, Path]:
 
 @pytest.fixture(scope="module")
 def two_process(tmp_path_factory) -> Path:
-    proc, out = background.result(TWO_PROCESS, tmp_path_factory.mktemp("two_process_tools"))
+    proc, out = two_process_runs(tmp_path_factory.mktemp("two_process_tools"))
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
     assert "starting 2 CPU processes" in proc.stderr
     return out

@@ -308,7 +308,7 @@ def test_wandb_can_log_with_a_key_or_an_offline_mode_and_not_without(tmp_path, m
     """With a HOME that holds no ~/.netrc and no settings: no key and no mode cannot log (wandb.init() would raise its
     UsageError, "No API key configured", from inside the run); WANDB_MODE=offline can, so can `wandb offline`'s
     settings file, a key in the environment, and the netrc entry `wandb login` writes. Read from files alone: the
-    check never starts wandb's service (which, without a network, waited 300 s here)."""
+    check never starts wandb's service (which, without a network, waits for its time-out)."""
     from grpo.run.tracking import wandb_can_log
 
     for name in [k for k in os.environ if k.startswith("WANDB_")] + ["NETRC"]:
