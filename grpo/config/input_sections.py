@@ -42,7 +42,8 @@ class ModelConfig:
     load_in_4bit: bool = False
     """QLoRA: load the base in 4-bit nf4 through bitsandbytes (CUDA only; needs lora = true)."""
     gradient_checkpointing: bool = False
-    """Recompute activations in the training backward (less memory, ~30% slower). Off during generation."""
+    """Recompute activations in the training backward (less memory; each layer's forward runs again). Off during
+    generation."""
     compile: bool = False
     """torch.compile the training forward. Off by default until measured on your hardware."""
     fused_lm_head: bool = True

@@ -519,7 +519,7 @@ def _candidate_fixes(x: EstimateInputs) -> list[_Fix]:
              lambda y: y.attention == "eager"),
         _Fix("fold", 1, "rollout.fold_lora=off (LoRA run unfolded in rollouts: slower decoding, no weight copy)",
              lambda y: replace(y, fold_lora=False), lambda y: y.fold_lora and y.lora and not y.load_in_4bit),
-        _Fix("ckpt", 2, "gradient checkpointing on (~30% slower backward)",
+        _Fix("ckpt", 2, "gradient checkpointing on (a slower backward: each layer's forward runs again)",
              lambda y: replace(y, grad_checkpointing=True), lambda y: not y.grad_checkpointing),
     ]
     for i, div in enumerate((2, 4, 8)):
